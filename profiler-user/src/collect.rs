@@ -1,0 +1,182 @@
+//! Loads the kernel sampler, attaches it to every online CPU, and reads its ring buffer.
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+    util::online_cpus,
+};
+use profiler_common::{COMM_LEN, HEADER_LEN, SampleHeader, counter};
+use tokio::io::unix::AsyncFd;
+
+/// The sampler, built by build.rs from profiler-ebpf.
+static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("loading the BPF program failed: {0}. The daemon needs root (or CAP_BPF and CAP_PERFMON) and a kernel with BPF ring buffers (5.8+)")]
+    Load(#[source] aya::EbpfError),
+    #[error("the BPF program has no {0}: the embedded object does not match this build")]
+    Missing(&'static str),
+    #[error("the BPF program was rejected by the kernel: {0}")]
+    Program(#[from] aya::programs::ProgramError),
+    #[error("opening the {0} map failed: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+    #[error("cannot list online CPUs ({0}): {1}")]
+    Cpus(&'static str, #[source] std::io::Error),
+    #[error("attaching to the cpu-clock event of CPU {cpu} failed: {source}. Is perf_event_paranoid too strict, or the process missing CAP_PERFMON?")]
+    Attach { cpu: u32, source: aya::programs::ProgramError },
+    #[error("watching the ring buffer failed: {0}")]
+    Poll(#[source] std::io::Error),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("ring-buffer record of {0} bytes is shorter than a sample header")]
+    Short(usize),
+    #[error("ring-buffer record of {len} bytes cannot hold {frames} frames")]
+    Frames { len: usize, frames: usize },
+}
+
+/// Decodes one ring-buffer record into its header and stacks (leaf first).
+pub fn parse_record(bytes: &[u8], kernel: &mut Vec<u64>, user: &mut Vec<u64>) -> Result<SampleHeader, RecordError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(RecordError::Short(bytes.len()));
+    }
+    // SAFETY: SampleHeader is plain old data and the length was checked.
+    let header: SampleHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let (nk, nu) = (header.kernel_frames as usize, header.user_frames as usize);
+    if bytes.len() < HEADER_LEN + (nk + nu) * 8 {
+        return Err(RecordError::Frames { len: bytes.len(), frames: nk + nu });
+    }
+    let mut frames = bytes[HEADER_LEN..].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap()));
+    kernel.clear();
+    kernel.extend(frames.by_ref().take(nk));
+    user.clear();
+    user.extend(frames.take(nu));
+    Ok(header)
+}
+
+/// The comm bytes up to the first NUL, lossily as UTF-8.
+pub fn comm_str(comm: &[u8; COMM_LEN]) -> std::borrow::Cow<'_, str> {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+    String::from_utf8_lossy(&comm[..end])
+}
+
+pub struct CollectConfig {
+    pub frequency_hz: u64,
+    /// Ring buffer size; rounded up to a power of two of at least one page.
+    pub ring_bytes: u32,
+}
+
+/// Kernel-side counters summed over a CPU.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CpuCounters {
+    pub seen: u64,
+    pub ringbuf_full: u64,
+    pub kernel_stack_errors: u64,
+    pub user_stack_errors: u64,
+}
+
+pub struct Collector {
+    // Dropping the Ebpf object detaches the perf events: keep it for the collector's life.
+    _ebpf: Ebpf,
+    pub ring: AsyncFd<RingBuf<MapData>>,
+    counters: PerCpuArray<MapData, u64>,
+    pub cpus: Vec<u32>,
+}
+
+impl Collector {
+    pub fn start(config: &CollectConfig) -> Result<Self, CollectError> {
+        let ring_bytes = config.ring_bytes.max(4096).next_power_of_two();
+        // Wake the reader when a quarter of the ring is used; the daemon's tick drains the rest.
+        let wakeup = u64::from(ring_bytes / 4);
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("SAMPLES", ring_bytes)
+            .override_global("WAKEUP_BYTES", &wakeup, true)
+            .load(PROGRAM)
+            .map_err(CollectError::Load)?;
+        let program: &mut PerfEvent =
+            ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
+        program.load()?;
+        let cpus = online_cpus().map_err(|(what, e)| CollectError::Cpus(what, e))?;
+        for &cpu in &cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(config.frequency_hz),
+                    true,
+                )
+                .map_err(|source| CollectError::Attach { cpu, source })?;
+        }
+        let ring = ebpf.take_map("SAMPLES").ok_or(CollectError::Missing("map SAMPLES"))?;
+        let ring = RingBuf::try_from(ring).map_err(|e| CollectError::Map("SAMPLES", e))?;
+        let counters = ebpf.take_map("COUNTERS").ok_or(CollectError::Missing("map COUNTERS"))?;
+        let counters = PerCpuArray::try_from(counters).map_err(|e| CollectError::Map("COUNTERS", e))?;
+        // SAFETY: the RingBuf owns its map fd, which stays open and unchanged until the
+        // AsyncFd (which owns the RingBuf) is dropped.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+            .map_err(|e| CollectError::Poll(e.into()))?;
+        Ok(Self { _ebpf: ebpf, ring, counters, cpus })
+    }
+
+    /// Cumulative kernel-side counters per CPU (index = CPU id).
+    pub fn counters(&self) -> Result<Vec<CpuCounters>, CollectError> {
+        let get = |index| self.counters.get(&index, 0).map_err(|e| CollectError::Map("COUNTERS", e));
+        let seen = get(counter::SEEN)?;
+        let full = get(counter::RINGBUF_FULL)?;
+        let kerr = get(counter::KERNEL_STACK_ERROR)?;
+        let uerr = get(counter::USER_STACK_ERROR)?;
+        Ok((0..seen.len())
+            .map(|cpu| CpuCounters {
+                seen: seen[cpu],
+                ringbuf_full: full[cpu],
+                kernel_stack_errors: kerr[cpu],
+                user_stack_errors: uerr[cpu],
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(h: SampleHeader, frames: &[u64]) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_LEN];
+        unsafe { std::ptr::write_unaligned(b.as_mut_ptr().cast(), h) };
+        for f in frames {
+            b.extend_from_slice(&f.to_ne_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn splits_kernel_and_user_frames() {
+        let h = SampleHeader { pid: 7, kernel_frames: 2, user_frames: 1, ..Default::default() };
+        let (mut k, mut u) = (Vec::new(), Vec::new());
+        let got = parse_record(&record(h, &[1, 2, 3]), &mut k, &mut u).unwrap();
+        assert_eq!(got, h);
+        assert_eq!((k, u), (vec![1, 2], vec![3]));
+    }
+
+    #[test]
+    fn rejects_truncated_records() {
+        let (mut k, mut u) = (Vec::new(), Vec::new());
+        assert_eq!(parse_record(&[0; 8], &mut k, &mut u), Err(RecordError::Short(8)));
+        let h = SampleHeader { kernel_frames: 3, ..Default::default() };
+        assert!(matches!(parse_record(&record(h, &[1]), &mut k, &mut u), Err(RecordError::Frames { .. })));
+    }
+
+    #[test]
+    fn comm_stops_at_nul() {
+        let mut c = [0u8; COMM_LEN];
+        c[..4].copy_from_slice(b"spin");
+        assert_eq!(comm_str(&c), "spin");
+        assert_eq!(comm_str(&[b'a'; COMM_LEN]), "a".repeat(COMM_LEN));
+    }
+}

@@ -1,0 +1,276 @@
+//! The profiling daemon: collect → symbolize → store, until SIGINT or SIGTERM.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use profiler_common::{COMM_LEN, FLAG_IDLE};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    collect::{CollectConfig, CollectError, Collector, CpuCounters, comm_str, parse_record},
+    model::Sample,
+    store::{self, Meta, StoreError, StoreWriter, format::FORMAT_VERSION},
+    symbolize::Symbolizer,
+    timespec::now_ns,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Collect(#[from] CollectError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot install the {0} handler: {1}")]
+    Signal(&'static str, #[source] std::io::Error),
+}
+
+pub struct DaemonConfig {
+    pub data_dir: PathBuf,
+    pub frequency_hz: u64,
+    pub ring_bytes: u32,
+    /// How often buffered samples are written (and so how fresh queries are).
+    pub flush_interval: Duration,
+    /// How often the daemon logs a one-line report.
+    pub report_interval: Duration,
+}
+
+/// `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns: BPF stamps samples with boot time (monotonic, counts
+/// suspend); the store keeps wall-clock time. Re-read on every flush so NTP steps are followed.
+fn boot_to_unix_offset() -> i128 {
+    let read = |clock| {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid clock id and pointer.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+    };
+    let boot = read(libc::CLOCK_BOOTTIME);
+    let real = read(libc::CLOCK_REALTIME);
+    real - boot
+}
+
+/// Resident set size and CPU time of this process, for the report line.
+fn self_usage() -> (u64, Duration) {
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096);
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (rss, tv(usage.ru_utime) + tv(usage.ru_stime))
+}
+
+struct Pipeline {
+    symbolizer: Symbolizer,
+    writer: StoreWriter,
+    comms: HashMap<[u8; COMM_LEN], Arc<str>>,
+    offset: i128,
+    kernel: Vec<u64>,
+    user: Vec<u64>,
+    samples: u64,
+    idle: u64,
+    bad_records: u64,
+}
+
+impl Pipeline {
+    fn handle(&mut self, bytes: &[u8]) {
+        let header = match parse_record(bytes, &mut self.kernel, &mut self.user) {
+            Ok(h) => h,
+            Err(e) => {
+                self.bad_records += 1;
+                log::debug!("{e}");
+                return;
+            }
+        };
+        let ts_ns = (header.ts_ns as i128 + self.offset).max(0) as u64;
+        if header.flags & FLAG_IDLE != 0 {
+            self.idle += 1;
+            self.writer.push_idle(ts_ns, header.cpu);
+            return;
+        }
+        self.samples += 1;
+        let comm = match self.comms.get(&header.comm) {
+            Some(c) => c.clone(),
+            None => {
+                if self.comms.len() > 65_536 {
+                    self.comms.clear();
+                }
+                let c: Arc<str> = Arc::from(comm_str(&header.comm).as_ref());
+                self.comms.insert(header.comm, c.clone());
+                c
+            }
+        };
+        let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
+        self.writer.push(&Sample {
+            ts_ns,
+            cpu: header.cpu,
+            pid: header.pid,
+            tid: header.tid,
+            cgroup_id: header.cgroup_id,
+            comm,
+            stack,
+        });
+    }
+}
+
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, pipeline: &mut Pipeline) {
+    while let Some(item) = ring.next() {
+        pipeline.handle(&item);
+    }
+}
+
+/// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
+pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    let _lock = store::create_and_lock(&config.data_dir)?;
+    let mut collector = Collector::start(&CollectConfig {
+        frequency_hz: config.frequency_hz,
+        ring_bytes: config.ring_bytes,
+    })?;
+    let cpus = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(collector.cpus.len() as u32);
+    Meta {
+        format_version: FORMAT_VERSION,
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        cpus,
+        frequency_hz: config.frequency_hz,
+        started_ns: now_ns(),
+    }
+    .write(&config.data_dir)?;
+    log::info!(
+        "profiling {} CPUs at {} Hz into {} (flush every {} ms)",
+        collector.cpus.len(),
+        config.frequency_hz,
+        config.data_dir.display(),
+        config.flush_interval.as_millis()
+    );
+
+    let mut pipeline = Pipeline {
+        symbolizer: Symbolizer::new(),
+        writer: StoreWriter::new(&store::segments_dir(&config.data_dir)),
+        comms: HashMap::new(),
+        offset: boot_to_unix_offset(),
+        kernel: Vec::new(),
+        user: Vec::new(),
+        samples: 0,
+        idle: 0,
+        bad_records: 0,
+    };
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
+    let mut flush = tokio::time::interval(config.flush_interval);
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut report = Report::new(collector.cpus.len());
+    let mut last_counters: Vec<CpuCounters> = Vec::new();
+    let mut write_failing = false;
+
+    enum Event {
+        Data,
+        Tick,
+        Stop(&'static str),
+    }
+    loop {
+        let event = tokio::select! {
+            ready = collector.ring.readable_mut() => {
+                match ready {
+                    Ok(mut guard) => guard.clear_ready(),
+                    Err(e) => return Err(CollectError::Poll(e).into()),
+                }
+                Event::Data
+            }
+            _ = flush.tick() => Event::Tick,
+            _ = sigint.recv() => Event::Stop("SIGINT"),
+            _ = sigterm.recv() => Event::Stop("SIGTERM"),
+        };
+        drain(collector.ring.get_mut(), &mut pipeline);
+        if matches!(event, Event::Data) {
+            continue;
+        }
+        // Counters: what the kernel side could not deliver since the last tick.
+        match collector.counters() {
+            Ok(now) => {
+                for (cpu, c) in now.iter().enumerate() {
+                    let prev = last_counters.get(cpu).copied().unwrap_or_default();
+                    let lost = (c.ringbuf_full - prev.ringbuf_full)
+                        + (c.kernel_stack_errors - prev.kernel_stack_errors)
+                        + (c.user_stack_errors - prev.user_stack_errors);
+                    pipeline.writer.add_lost(cpu as u32, lost);
+                    report.lost += lost;
+                }
+                last_counters = now;
+            }
+            Err(e) => log::warn!("{e}"),
+        }
+        pipeline.offset = boot_to_unix_offset();
+        match pipeline.writer.flush(now_ns()) {
+            Ok(f) => {
+                report.bytes += f.bytes;
+                if write_failing {
+                    log::info!("writing to {} works again", config.data_dir.display());
+                    write_failing = false;
+                }
+            }
+            Err(e) => {
+                // Keep sampling; the samples of this flush are lost, and the log says so once.
+                if !write_failing {
+                    log::error!("cannot write samples: {e}; retrying every flush");
+                    write_failing = true;
+                }
+            }
+        }
+        if let Event::Stop(signal) = event {
+            log::info!("{signal}: flushed, exiting");
+            report.log(&pipeline);
+            return Ok(());
+        }
+        if report.due(config.report_interval) {
+            report.log(&pipeline);
+            pipeline.symbolizer.expire();
+        }
+    }
+}
+
+/// The periodic one-line self report.
+struct Report {
+    cpus: usize,
+    since: Instant,
+    samples: u64,
+    idle: u64,
+    lost: u64,
+    bytes: u64,
+    cpu_time: Duration,
+}
+
+impl Report {
+    fn new(cpus: usize) -> Self {
+        Self { cpus, since: Instant::now(), samples: 0, idle: 0, lost: 0, bytes: 0, cpu_time: self_usage().1 }
+    }
+
+    fn due(&self, interval: Duration) -> bool {
+        self.since.elapsed() >= interval
+    }
+
+    fn log(&mut self, p: &Pipeline) {
+        let secs = self.since.elapsed().as_secs_f64().max(1e-3);
+        let (samples, idle) = (p.samples - self.samples, p.idle - self.idle);
+        let (rss, cpu_time) = self_usage();
+        let s = p.symbolizer.stats();
+        log::info!(
+            "{:.1} samples/s per CPU ({samples} busy, {idle} idle), lost {}, {} bytes written, \
+             daemon CPU {:.2}%, RSS {:.1} MiB, {} processes and {} modules cached, stack cache hits {}/{}",
+            (samples + idle) as f64 / secs / self.cpus.max(1) as f64,
+            self.lost,
+            self.bytes,
+            (cpu_time - self.cpu_time).as_secs_f64() / secs * 100.0,
+            rss as f64 / 1048576.0,
+            s.processes,
+            s.modules,
+            s.stack_hits,
+            s.stack_hits + s.stack_misses,
+        );
+        *self = Self { samples: p.samples, idle: p.idle, ..Self::new(self.cpus) };
+    }
+}

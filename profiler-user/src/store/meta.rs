@@ -1,0 +1,38 @@
+//! `DATA_DIR/meta.json`: facts about the machine and the daemon that queries need (which CPUs
+//! exist, the sampling frequency), written by the daemon when it starts.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    pub format_version: u32,
+    pub hostname: String,
+    /// Number of possible CPUs: valid CPU ids are `0..cpus`.
+    pub cpus: u32,
+    pub frequency_hz: u64,
+    pub started_ns: u64,
+}
+
+impl Meta {
+    const FILE: &'static str = "meta.json";
+
+    /// Written to a temporary file and renamed, so a reader never sees half of it.
+    pub fn write(&self, data_dir: &Path) -> Result<(), StoreError> {
+        let path = data_dir.join(Self::FILE);
+        let tmp = data_dir.join("meta.json.tmp");
+        let json = serde_json::to_vec_pretty(self).expect("meta serialises");
+        std::fs::write(&tmp, json).map_err(|e| StoreError::Io(tmp.clone(), e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| StoreError::Io(path, e))
+    }
+
+    /// `None` when no daemon has written one (or it is unreadable): callers then skip the
+    /// checks it enables.
+    pub fn read(data_dir: &Path) -> Option<Self> {
+        let bytes = std::fs::read(data_dir.join(Self::FILE)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}
