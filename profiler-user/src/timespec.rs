@@ -36,12 +36,21 @@ pub fn parse(input: &str, now_ns: u64) -> Result<u64, TimeError> {
             .ok_or_else(|| TimeError::OutOfRange(input.to_string()));
     }
     if s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        let secs: f64 = s.parse().map_err(|_| unparsable())?;
-        // f64 holds unix seconds to ~0.2 µs today: more than the 1 ms the store keeps.
-        if !(0.0..4.0e9).contains(&secs) {
-            return Err(TimeError::OutOfRange(input.to_string()));
+        // Integer and fraction apart, so 1795000923.25 is exactly .250 000 000, not a float's guess.
+        let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+        if int.is_empty() || frac.contains('.') {
+            return Err(unparsable());
         }
-        return Ok((secs * 1e9).round() as u64);
+        let secs: u64 = int.parse().map_err(|_| TimeError::OutOfRange(input.to_string()))?;
+        let mut nanos = 0u64;
+        for (i, d) in frac.bytes().take(9).enumerate() {
+            nanos += u64::from(d - b'0') * 10u64.pow(8 - i as u32);
+        }
+        return secs
+            .checked_mul(1_000_000_000)
+            .and_then(|ns| ns.checked_add(nanos))
+            .filter(|&ns| ns < 4_000_000_000 * 1_000_000_000)
+            .ok_or_else(|| TimeError::OutOfRange(input.to_string()));
     }
     let ts: jiff::Timestamp = s.parse().map_err(|_| unparsable())?;
     u64::try_from(ts.as_nanosecond()).map_err(|_| TimeError::OutOfRange(input.to_string()))

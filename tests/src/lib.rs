@@ -1,1 +1,153 @@
+//! Helpers for the integration tests: running the real `profiler` binary, waiting for
+//! conditions with deadlines, and the privilege check that skips (or, under CI, fails).
 
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET bounds-checks through the libc macro.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// True when the tests may load BPF programs. Otherwise says why, and under `CI=true`
+/// panics: CI must run them, never skip them silently.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        return true;
+    }
+    let why = format!("{test}: needs root to load BPF programs and open perf events");
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{why}, and CI=true: refusing to skip");
+    }
+    eprintln!("SKIPPED {why}");
+    false
+}
+
+/// The `profiler` binary under test: `PROFILER_BIN` (set by `cargo xtask test`), else the
+/// workspace's debug build.
+pub fn profiler_bin() -> PathBuf {
+    let bin = std::env::var_os("PROFILER_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/profiler")
+    });
+    assert!(bin.exists(), "{} does not exist: run the tests with `cargo xtask test`", bin.display());
+    bin
+}
+
+pub fn helper_bin() -> PathBuf {
+    // Built with this package: cargo puts it next to the test binary's parent directory.
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("busy-helper");
+    assert!(bin.exists(), "{} does not exist", bin.display());
+    bin
+}
+
+pub fn now_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A daemon started for one test, killed (SIGTERM, then SIGKILL) if the test panics.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        let log = data_dir.with_extension("log");
+        let log_file = std::fs::File::create(&log).expect("daemon log");
+        let child = Command::new(profiler_bin())
+            .args(["run", "--data-dir"])
+            .arg(data_dir)
+            .args(["--flush-ms", "200"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("start profiler run");
+        Self { child: Some(child), data_dir: data_dir.to_path_buf(), log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the daemon has written its first block.
+    pub fn wait_ready(&mut self) {
+        let dir = self.data_dir.clone();
+        wait_for("the daemon's first block", Duration::from_secs(30), || {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(st)) = child.try_wait()
+            {
+                panic!("the daemon exited ({st}) before writing anything:\n{}", self.log_text());
+            }
+            let span = status_json(&dir)?["summary"]["span"].as_array()?.len();
+            (span == 2).then_some(())
+        });
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        wait_for("the daemon to exit after SIGTERM", Duration::from_secs(10), || child.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs `profiler ARGS`.
+pub fn profiler(args: &[&str]) -> Output {
+    Command::new(profiler_bin()).args(args).output().expect("run profiler")
+}
+
+pub fn status_json(data_dir: &Path) -> Option<serde_json::Value> {
+    let out = profiler(&["status", "--format", "json", "--data-dir", data_dir.to_str()?]);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Parses folded output into (stack, count) pairs.
+pub fn parse_folded(text: &str) -> Vec<(String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let (stack, count) = l.rsplit_once(' ')?;
+            Some((stack.to_string(), count.parse().ok()?))
+        })
+        .collect()
+}

@@ -1,1 +1,132 @@
-fn main(){}
+//! `cargo xtask`: everything that is not a plain `cargo build`.
+//!
+//!   setup   install what a fresh machine lacks to build the eBPF program
+//!   build   build the profiler (release)
+//!   run     setup, build, and run the daemon in the foreground
+//!   test    setup, build, and run every test (unit, then real-BPF integration)
+
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install nightly's rust-src and bpf-linker (skips what is already there).
+    Setup,
+    /// Build the profiler in release mode.
+    Build,
+    /// Build and run the daemon (arguments after `--` go to `profiler run`).
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run every test: unit tests, then the integration tests that load the real BPF program.
+    Test {
+        /// Extra arguments for the test binaries (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("xtask: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Runs `cmd`, failing with its command line if it fails.
+fn status(mut cmd: Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    let st = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    if !st.success() {
+        bail!("{shown} failed ({st})");
+    }
+    Ok(())
+}
+
+fn build(release: bool) -> anyhow::Result<PathBuf> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--package", "profiler-user", "--bin", "profiler"]);
+    if release {
+        cmd.arg("--release");
+    }
+    status(cmd)?;
+    Ok(workspace_root().join("target").join(if release { "release" } else { "debug" }).join("profiler"))
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Cmd::Setup => setup::ensure(),
+        Cmd::Build => {
+            setup::ensure()?;
+            let bin = build(true)?;
+            println!("built {}", bin.display());
+            Ok(())
+        }
+        Cmd::Run { args } => {
+            setup::ensure()?;
+            let bin = build(true)?;
+            link_on_path(&bin);
+            let mut cmd = Command::new(&bin);
+            cmd.arg("run").args(args);
+            // exec: signals (Ctrl-C, SIGTERM) go straight to the daemon.
+            use std::os::unix::process::CommandExt;
+            Err(cmd.exec()).with_context(|| format!("cannot start {}", bin.display()))
+        }
+        Cmd::Test { args } => {
+            setup::ensure()?;
+            let bin = build(false)?;
+            // Unit tests first: fast, no root.
+            let mut unit = cargo();
+            unit.args(["test", "--workspace", "--exclude", "integration-tests", "--exclude", "profiler-ebpf", "--"]).args(&args);
+            status(unit)?;
+            // Then the real thing, one test at a time: each profiles the whole machine.
+            let mut integration = cargo();
+            integration
+                .args(["test", "--package", "integration-tests", "--", "--test-threads=1"])
+                .args(&args)
+                .env("PROFILER_BIN", &bin);
+            status(integration)
+        }
+    }
+}
+
+/// `profiler` on PATH for the second terminal: a symlink in cargo's bin directory.
+fn link_on_path(bin: &Path) {
+    let Some(home) = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+    else {
+        return;
+    };
+    let link = home.join("bin").join("profiler");
+    let _ = std::fs::remove_file(&link);
+    match std::os::unix::fs::symlink(bin, &link) {
+        Ok(()) => eprintln!("xtask: `profiler` now points at {} (via {})", bin.display(), link.display()),
+        Err(e) => eprintln!("xtask: could not link {} ({e}); use {} directly", link.display(), bin.display()),
+    }
+}

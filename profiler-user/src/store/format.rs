@@ -67,7 +67,8 @@ impl SegmentHeader {
     }
 }
 
-/// Fixed-size block header; `crc` covers the other header bytes and the payload.
+/// Fixed-size block header. On disk: magic, payload_len, start_ns, end_ns, samples, idle,
+/// 4 reserved bytes (zero), then a CRC-32 of the 36 bytes before it and the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockHeader {
     pub payload_len: u32,
@@ -95,7 +96,7 @@ impl BlockHeader {
 
 fn crc(header: &[u8; BLOCK_HEADER_LEN], payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
-    h.update(&header[..32]);
+    h.update(&header[..36]);
     h.update(payload);
     h.finalize()
 }
@@ -104,7 +105,7 @@ fn crc(header: &[u8; BLOCK_HEADER_LEN], payload: &[u8]) -> u32 {
 pub fn encode_block(header: &BlockHeader, payload: &[u8]) -> Vec<u8> {
     let mut head = header.encode_without_crc();
     let sum = crc(&head, payload);
-    head[32..36].copy_from_slice(&sum.to_le_bytes());
+    head[36..40].copy_from_slice(&sum.to_le_bytes());
     let mut out = Vec::with_capacity(BLOCK_HEADER_LEN + payload.len());
     out.extend_from_slice(&head);
     out.extend_from_slice(payload);
@@ -186,7 +187,7 @@ impl<'a> Iterator for Blocks<'a> {
             return stop(self, Tail::Incomplete { offset: self.offset });
         }
         let payload = &rest[BLOCK_HEADER_LEN..end];
-        if crc(head, payload) != le32(32..36) {
+        if crc(head, payload) != le32(36..40) {
             return stop(self, Tail::Corrupt { offset: self.offset, reason: "checksum mismatch" });
         }
         self.offset += end;
