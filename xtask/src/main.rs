@@ -4,7 +4,9 @@
 //!   build   build the profiler (release)
 //!   run     setup, build, and run the daemon in the foreground
 //!   test    setup, build, and run every test (unit, then real-BPF integration)
+//!   bench   measure (see bench.rs)
 
+mod bench;
 mod setup;
 
 use std::{
@@ -32,6 +34,14 @@ enum Cmd {
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Measure: `spine` (issue 2's figures: sample rate, lost, daemon CPU and RSS, query time).
+    Bench {
+        #[arg(default_value = "spine")]
+        which: String,
+        /// Length of the profiled run.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
     },
     /// Run every test: unit tests, then the integration tests that load the real BPF program.
     Test {
@@ -96,6 +106,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             // exec: signals (Ctrl-C, SIGTERM) go straight to the daemon.
             use std::os::unix::process::CommandExt;
             Err(cmd.exec()).with_context(|| format!("cannot start {}", bin.display()))
+        }
+        Cmd::Bench { which, seconds } => {
+            setup::ensure()?;
+            let profiler = build(true)?;
+            let mut helper = cargo();
+            helper.args(["build", "--release", "--package", "integration-tests", "--bin", "busy-helper"]);
+            status(helper)?;
+            let helper = workspace_root().join("target/release/busy-helper");
+            match which.as_str() {
+                "spine" => bench::spine(&profiler, &helper, seconds),
+                other => bail!("unknown benchmark {other}; available: spine"),
+            }
         }
         Cmd::Test { args } => {
             setup::ensure()?;
