@@ -199,3 +199,236 @@ pub fn fold(store: &mut Store, window: Window, filter: &Filter) -> Result<Folded
     }
     Ok(folded)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        model::{Sample, Stack},
+        store::{StoreWriter, format::NS_PER_SEC, segments_dir},
+    };
+
+    const T0: u64 = 1_795_000_000 * NS_PER_SEC; // on a minute boundary
+
+    fn stack(user: &[&str], kernel: &[&str]) -> Arc<Stack> {
+        let frames = user.iter().chain(kernel).map(|f| Arc::from(*f)).collect();
+        Arc::new(Stack { frames, user_len: user.len() })
+    }
+
+    /// A deterministic mix: 3 CPUs, 4 processes, 3 stacks, spread over 130 s (3 segments).
+    fn samples() -> Vec<Sample> {
+        let stacks = [stack(&["main", "spin"], &[]), stack(&["main", "read"], &["ksys_read", "vfs_read"]), stack(&[], &["kthread", "worker"])];
+        let comms: [Arc<str>; 4] = ["app".into(), "db".into(), "kworker/0:1".into(), "semi;colon".into()];
+        (0..5000u64)
+            .map(|i| {
+                let x = i.wrapping_mul(2654435761) % 1000;
+                Sample {
+                    ts_ns: T0 + i * 26_000_000 + x,
+                    cpu: (x % 3) as u32,
+                    pid: 100 + (x % 4) as u32,
+                    tid: 1000 + (x % 7) as u32,
+                    cgroup_id: x % 5,
+                    comm: comms[(x % 4) as usize].clone(),
+                    stack: stacks[(x % 3) as usize].clone(),
+                }
+            })
+            .collect()
+    }
+
+    fn write_store(samples: &[Sample], idle: &[(u64, u32)]) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        crate::store::create_and_lock(dir.path()).unwrap();
+        let mut w = StoreWriter::new(&segments_dir(dir.path()));
+        for (i, s) in samples.iter().enumerate() {
+            w.push(s);
+            if i % 700 == 0 {
+                w.flush(s.ts_ns).unwrap(); // several blocks per second, as the daemon writes them
+            }
+        }
+        for &(ts, cpu) in idle {
+            w.push_idle(ts, cpu);
+        }
+        w.add_lost(2, 5);
+        w.flush(T0).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
+    /// What `fold` should return, computed the obvious way.
+    fn naive(samples: &[Sample], w: Window, f: &Filter) -> HashMap<String, u64> {
+        let mut out = HashMap::new();
+        for s in samples.iter().filter(|s| {
+            w.contains(s.ts_ns)
+                && (f.cpus.is_empty() || f.cpus.contains(&s.cpu))
+                && f.pid.is_none_or(|p| p == s.pid)
+                && f.comm.as_deref().is_none_or(|c| c == &*s.comm)
+        }) {
+            let mut line = s.comm.replace(';', ":");
+            for (i, fr) in s.stack.frames.iter().enumerate() {
+                line.push(';');
+                line.push_str(fr);
+                if i >= s.stack.user_len {
+                    line.push_str("_[k]");
+                }
+            }
+            *out.entry(line).or_default() += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn store_round_trip_keeps_every_field() {
+        let input = samples();
+        let (_dir, mut store) = write_store(&input, &[]);
+        let mut got = Vec::new();
+        store
+            .scan(0, u64::MAX, true, |h, b| {
+                let b = b.unwrap();
+                for (i, ts) in b.timestamps(h.start_ns).enumerate() {
+                    assert!((h.start_ns..h.end_ns).contains(&ts));
+                    let st = &b.stacks[b.stack[i] as usize];
+                    let frames = st.frames.iter().map(|&f| Arc::from(b.strings[f as usize].as_str())).collect();
+                    got.push(Sample {
+                        ts_ns: ts,
+                        cpu: b.cpu[i],
+                        pid: b.pid[i],
+                        tid: b.tid[i],
+                        cgroup_id: b.cgroup[i],
+                        comm: Arc::from(b.strings[b.comm[i] as usize].as_str()),
+                        stack: Arc::new(Stack { frames, user_len: st.user_len as usize }),
+                    });
+                }
+            })
+            .unwrap();
+        got.sort_by_key(|s| (s.ts_ns, s.tid));
+        let mut want = input.clone();
+        want.sort_by_key(|s| (s.ts_ns, s.tid));
+        assert_eq!(got, want);
+        assert!(store.take_warnings().is_empty());
+        assert_eq!(store.segments().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn fold_equals_naive_count_for_windows_and_filters() {
+        let input = samples();
+        let (_dir, mut store) = write_store(&input, &[]);
+        let windows = [(0, 130), (5, 6), (59, 61), (17, 95), (0, 1)];
+        let filters = [
+            Filter::default(),
+            Filter { cpus: vec![1], ..Default::default() },
+            Filter { cpus: vec![0, 2], pid: Some(101), ..Default::default() },
+            Filter { comm: Some("db".into()), ..Default::default() },
+            Filter { comm: Some("semi;colon".into()), ..Default::default() },
+        ];
+        for (a, b) in windows {
+            let w = Window::new(T0 + a * NS_PER_SEC + 123, T0 + b * NS_PER_SEC + 456).unwrap();
+            for f in &filters {
+                let want = naive(&input, w, f);
+                match fold(&mut store, w, f) {
+                    Ok(got) => assert_eq!(got.stacks, want, "window {a}..{b}, {f:?}"),
+                    Err(e) => assert!(want.is_empty(), "window {a}..{b}, {f:?}: {e}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn idle_counts_per_cpu_only_with_include_idle_and_whole_seconds() {
+        let input = samples();
+        // 10 idle samples on CPU 0 and 4 on CPU 1 in second 3; 7 on CPU 0 in second 4.
+        let mut idle: Vec<(u64, u32)> = (0..10).map(|i| (T0 + 3 * NS_PER_SEC + i * 1_000_000, 0)).collect();
+        idle.extend((0..4).map(|i| (T0 + 3 * NS_PER_SEC + i, 1)));
+        idle.extend((0..7).map(|i| (T0 + 4 * NS_PER_SEC + i, 0)));
+        let (_dir, mut store) = write_store(&input, &idle);
+        let whole = Window::new(T0 + 3 * NS_PER_SEC, T0 + 5 * NS_PER_SEC).unwrap();
+        let busy = fold(&mut store, whole, &Filter::default()).unwrap();
+        assert!(!busy.stacks.contains_key(IDLE_FRAME));
+        let with_idle = fold(&mut store, whole, &Filter { include_idle: true, ..Default::default() }).unwrap();
+        assert_eq!(with_idle.stacks[IDLE_FRAME], 21);
+        assert_eq!(with_idle.per_cpu[&0].1, 17);
+        assert_eq!(with_idle.per_cpu[&1].1, 4);
+        let cpu1 = fold(&mut store, whole, &Filter { include_idle: true, cpus: vec![1], ..Default::default() }).unwrap();
+        assert_eq!(cpu1.stacks[IDLE_FRAME], 4);
+        // Half of second 4 only: its idle count cannot be split, so it is left out.
+        let half = Window::new(T0 + 3 * NS_PER_SEC, T0 + 4 * NS_PER_SEC + NS_PER_SEC / 2).unwrap();
+        let h = fold(&mut store, half, &Filter { include_idle: true, ..Default::default() }).unwrap();
+        assert_eq!(h.stacks[IDLE_FRAME], 14);
+        // Idle samples belong to no process: a pid or comm filter drops them.
+        let p = fold(&mut store, whole, &Filter { include_idle: true, pid: Some(100), ..Default::default() }).unwrap();
+        assert!(!p.stacks.contains_key(IDLE_FRAME));
+        // And the store's summary counts them, with the lost samples.
+        let s = store.summary().unwrap();
+        assert_eq!(s.cpus[&0].idle, 17);
+        assert_eq!(s.cpus[&2].lost, 5);
+        assert_eq!(s.cpus.values().map(|c| c.samples).sum::<u64>(), input.len() as u64);
+    }
+
+    #[test]
+    fn empty_windows_say_what_the_store_holds() {
+        let (_dir, mut store) = write_store(&samples(), &[]);
+        let before = Window::new(T0 - 100 * NS_PER_SEC, T0 - 50 * NS_PER_SEC).unwrap();
+        let err = fold(&mut store, before, &Filter::default()).unwrap_err().to_string();
+        assert!(err.contains("no samples between") && err.contains("it holds 2026-"), "{err}");
+        let w = Window::new(T0, T0 + 10 * NS_PER_SEC).unwrap();
+        let err = fold(&mut store, w, &Filter { pid: Some(4242), ..Default::default() }).unwrap_err().to_string();
+        assert!(err.contains("no samples match --pid 4242"), "{err}");
+        assert!(matches!(Window::new(5, 4), Err(QueryError::Reversed { .. })));
+        assert!(matches!(Window::new(5, 5), Err(QueryError::Empty(_))));
+    }
+
+    #[test]
+    fn unknown_cpu_is_refused_when_the_machine_is_known() {
+        let meta = Meta { format_version: 1, hostname: "h".into(), cpus: 2, frequency_hz: 99, started_ns: 0 };
+        let f = Filter { cpus: vec![0, 7], ..Default::default() };
+        let err = check_filter(&f, Some(&meta)).unwrap_err().to_string();
+        assert_eq!(err, "CPU 7 does not exist on the profiled machine (it has CPUs 0-1)");
+        assert!(check_filter(&f, None).is_ok());
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_later_blocks_stay_readable() {
+        let input = samples();
+        let (dir, mut store) = write_store(&input[..100], &[]);
+        let (_, path) = store.segments().unwrap()[0].clone();
+        // A daemon killed mid-write: half a block at the end.
+        let len = std::fs::metadata(&path).unwrap().len();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, b"PBLK\x20\x00\x00\x00half a block").unwrap();
+        let torn = fold(&mut store, Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap(), &Filter::default()).unwrap();
+        assert_eq!(torn.total(), 100);
+        assert!(store.take_warnings().is_empty(), "an incomplete tail is not a warning");
+        // The next daemon cuts the tail before appending.
+        let mut w = StoreWriter::new(&segments_dir(dir.path()));
+        for s in &input[100..200] {
+            w.push(s);
+        }
+        w.flush(T0).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() > len);
+        let all = fold(&mut store, Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap(), &Filter::default()).unwrap();
+        assert_eq!(all.total(), 200);
+        assert!(store.take_warnings().is_empty());
+    }
+
+    #[test]
+    fn corrupt_bytes_are_skipped_with_a_warning_naming_the_file() {
+        let (_dir, mut store) = write_store(&samples(), &[]);
+        let (_, path) = store.segments().unwrap()[1].clone();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let w = Window::new(T0, T0 + 200 * NS_PER_SEC).unwrap();
+        let got = fold(&mut store, w, &Filter::default()).unwrap();
+        assert!(got.total() > 0 && got.total() < 5000);
+        let warnings = store.take_warnings();
+        assert!(warnings.iter().any(|w| w.contains(path.to_str().unwrap())), "{warnings:?}");
+        // A segment of another version is skipped, named.
+        bytes[8] = 9;
+        std::fs::write(&path, &bytes).unwrap();
+        fold(&mut store, w, &Filter::default()).unwrap();
+        let warnings = store.take_warnings();
+        assert!(warnings.iter().any(|w| w.contains("version 9")), "{warnings:?}");
+    }
+}
