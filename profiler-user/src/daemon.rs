@@ -42,7 +42,10 @@ pub struct DaemonConfig {
 /// suspend); the store keeps wall-clock time. Re-read on every flush so NTP steps are followed.
 fn boot_to_unix_offset() -> i128 {
     let read = |clock| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: valid clock id and pointer.
         unsafe { libc::clock_gettime(clock, &mut ts) };
         ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
@@ -105,7 +108,9 @@ impl Pipeline {
                 c
             }
         };
-        let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
+        let stack = self
+            .symbolizer
+            .stack(header.pid, &comm, &self.kernel, &self.user);
         self.writer.push(&Sample {
             ts_ns,
             cpu: header.cpu,
@@ -131,10 +136,15 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         frequency_hz: config.frequency_hz,
         ring_bytes: config.ring_bytes,
     })?;
-    let cpus = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(collector.cpus.len() as u32);
+    let cpus = aya::util::nr_cpus()
+        .map(|n| n as u32)
+        .unwrap_or(collector.cpus.len() as u32);
     Meta {
         format_version: FORMAT_VERSION,
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
         cpus,
         frequency_hz: config.frequency_hz,
         started_ns: now_ns(),
@@ -159,8 +169,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         idle: 0,
         bad_records: 0,
     };
-    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
+    let mut sigterm =
+        signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
     let mut flush = tokio::time::interval(config.flush_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut report = Report::new(collector.cpus.len());
@@ -246,7 +258,15 @@ struct Report {
 
 impl Report {
     fn new(cpus: usize) -> Self {
-        Self { cpus, since: Instant::now(), samples: 0, idle: 0, lost: 0, bytes: 0, cpu_time: self_usage().1 }
+        Self {
+            cpus,
+            since: Instant::now(),
+            samples: 0,
+            idle: 0,
+            lost: 0,
+            bytes: 0,
+            cpu_time: self_usage().1,
+        }
     }
 
     fn due(&self, interval: Duration) -> bool {
@@ -271,6 +291,10 @@ impl Report {
             s.stack_hits,
             s.stack_hits + s.stack_misses,
         );
-        *self = Self { samples: p.samples, idle: p.idle, ..Self::new(self.cpus) };
+        *self = Self {
+            samples: p.samples,
+            idle: p.idle,
+            ..Self::new(self.cpus)
+        };
     }
 }

@@ -20,7 +20,11 @@ use profiler::{
 const DEFAULT_DATA_DIR: &str = "/var/lib/profiler";
 
 #[derive(Parser)]
-#[command(name = "profiler", version, about = "Always-on eBPF CPU profiler with a time axis")]
+#[command(
+    name = "profiler",
+    version,
+    about = "Always-on eBPF CPU profiler with a time axis"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -126,7 +130,13 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { dir, frequency, ring_buffer_kib, flush_ms, report_secs } => {
+        Command::Run {
+            dir,
+            frequency,
+            ring_buffer_kib,
+            flush_ms,
+            report_secs,
+        } => {
             let config = DaemonConfig {
                 data_dir: dir.data_dir,
                 frequency_hz: frequency,
@@ -141,10 +151,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.block_on(daemon::run(config))?;
             Ok(())
         }
-        Command::Flamegraph { dir, from, to, cpu, pid, comm, include_idle, format, output } => {
+        Command::Flamegraph {
+            dir,
+            from,
+            to,
+            cpu,
+            pid,
+            comm,
+            include_idle,
+            format,
+            output,
+        } => {
             let now = timespec::now_ns();
             let window = Window::new(timespec::parse(&from, now)?, timespec::parse(&to, now)?)?;
-            let filter = Filter { cpus: cpu, pid, comm, include_idle };
+            let filter = Filter {
+                cpus: cpu,
+                pid,
+                comm,
+                include_idle,
+            };
             let mut store = Store::open(&dir.data_dir)?;
             let result = query::fold(&mut store, window, &filter);
             for w in store.take_warnings() {
@@ -159,7 +184,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         [] => "CPU flamegraph".to_string(),
                         cpus => format!(
                             "CPU flamegraph, CPU {}",
-                            cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                            cpus.iter()
+                                .map(u32::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     };
                     let subtitle = format!(
@@ -210,9 +238,19 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("data dir     {}", data_dir.display());
-    println!("daemon       {}", if daemon_running { "running" } else { "not running" });
+    println!(
+        "daemon       {}",
+        if daemon_running {
+            "running"
+        } else {
+            "not running"
+        }
+    );
     if let Some(m) = &meta {
-        println!("machine      {} ({} CPUs), sampled at {} Hz", m.hostname, m.cpus, m.frequency_hz);
+        println!(
+            "machine      {} ({} CPUs), sampled at {} Hz",
+            m.hostname, m.cpus, m.frequency_hz
+        );
     }
     println!(
         "store        {:.2} MiB in {} segments, {} blocks",
@@ -241,6 +279,9 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         idle += c.idle;
         lost += c.lost;
     }
-    println!("total        {} samples ({busy} busy, {idle} idle), {lost} lost", busy + idle);
+    println!(
+        "total        {} samples ({busy} busy, {idle} idle), {lost} lost",
+        busy + idle
+    );
     Ok(())
 }

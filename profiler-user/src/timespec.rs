@@ -41,7 +41,9 @@ pub fn parse(input: &str, now_ns: u64) -> Result<u64, TimeError> {
         if int.is_empty() || frac.contains('.') {
             return Err(unparsable());
         }
-        let secs: u64 = int.parse().map_err(|_| TimeError::OutOfRange(input.to_string()))?;
+        let secs: u64 = int
+            .parse()
+            .map_err(|_| TimeError::OutOfRange(input.to_string()))?;
         let mut nanos = 0u64;
         for (i, d) in frac.bytes().take(9).enumerate() {
             nanos += u64::from(d - b'0') * 10u64.pow(8 - i as u32);
@@ -143,9 +145,15 @@ mod tests {
     fn garbage_is_a_clear_error() {
         for bad in ["", "yesterday", "-", "-5x", "-s", "10:02", "1.2.3"] {
             let err = parse(bad, NOW).unwrap_err();
-            assert!(err.to_string().contains("cannot read") || matches!(err, TimeError::OutOfRange(_)), "{bad}: {err}");
+            assert!(
+                err.to_string().contains("cannot read") || matches!(err, TimeError::OutOfRange(_)),
+                "{bad}: {err}"
+            );
         }
-        assert!(matches!(parse("-100000d", NOW), Err(TimeError::OutOfRange(_))));
+        assert!(matches!(
+            parse("-100000d", NOW),
+            Err(TimeError::OutOfRange(_))
+        ));
     }
 
     #[test]

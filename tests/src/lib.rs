@@ -38,10 +38,14 @@ pub fn privileged(test: &str) -> bool {
 /// The `profiler` binary under test: `PROFILER_BIN` (set by `cargo xtask test`), else the
 /// workspace's debug build.
 pub fn profiler_bin() -> PathBuf {
-    let bin = std::env::var_os("PROFILER_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/profiler")
-    });
-    assert!(bin.exists(), "{} does not exist: run the tests with `cargo xtask test`", bin.display());
+    let bin = std::env::var_os("PROFILER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/profiler"));
+    assert!(
+        bin.exists(),
+        "{} does not exist: run the tests with `cargo xtask test`",
+        bin.display()
+    );
     bin
 }
 
@@ -55,7 +59,10 @@ pub fn helper_bin() -> PathBuf {
 }
 
 pub fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
@@ -65,7 +72,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
         if let Some(v) = check() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -90,7 +100,11 @@ impl Daemon {
             .stderr(log_file)
             .spawn()
             .expect("start profiler run");
-        Self { child: Some(child), data_dir: data_dir.to_path_buf(), log }
+        Self {
+            child: Some(child),
+            data_dir: data_dir.to_path_buf(),
+            log,
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -104,7 +118,10 @@ impl Daemon {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(st)) = child.try_wait()
             {
-                panic!("the daemon exited ({st}) before writing anything:\n{}", self.log_text());
+                panic!(
+                    "the daemon exited ({st}) before writing anything:\n{}",
+                    self.log_text()
+                );
             }
             let span = status_json(&dir)?["summary"]["span"].as_array()?.len();
             (span == 2).then_some(())
@@ -116,7 +133,11 @@ impl Daemon {
         let mut child = self.child.take().expect("daemon running");
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        wait_for("the daemon to exit after SIGTERM", Duration::from_secs(10), || child.try_wait().ok().flatten())
+        wait_for(
+            "the daemon to exit after SIGTERM",
+            Duration::from_secs(10),
+            || child.try_wait().ok().flatten(),
+        )
     }
 }
 
@@ -131,11 +152,20 @@ impl Drop for Daemon {
 
 /// Runs `profiler ARGS`.
 pub fn profiler(args: &[&str]) -> Output {
-    Command::new(profiler_bin()).args(args).output().expect("run profiler")
+    Command::new(profiler_bin())
+        .args(args)
+        .output()
+        .expect("run profiler")
 }
 
 pub fn status_json(data_dir: &Path) -> Option<serde_json::Value> {
-    let out = profiler(&["status", "--format", "json", "--data-dir", data_dir.to_str()?]);
+    let out = profiler(&[
+        "status",
+        "--format",
+        "json",
+        "--data-dir",
+        data_dir.to_str()?,
+    ]);
     if !out.status.success() {
         return None;
     }

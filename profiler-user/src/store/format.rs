@@ -63,7 +63,10 @@ impl SegmentHeader {
         if version != FORMAT_VERSION {
             return Err(FormatError::Version(version));
         }
-        Ok(Self { version, start_ns: u64::from_le_bytes(b[16..24].try_into().unwrap()) })
+        Ok(Self {
+            version,
+            start_ns: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+        })
     }
 }
 
@@ -134,7 +137,11 @@ pub struct Blocks<'a> {
 impl<'a> Blocks<'a> {
     /// `data` is the whole file, header included.
     pub fn new(data: &'a [u8]) -> Self {
-        Self { data, offset: SEGMENT_HEADER_LEN.min(data.len()), tail: None }
+        Self {
+            data,
+            offset: SEGMENT_HEADER_LEN.min(data.len()),
+            tail: None,
+        }
     }
 
     /// Valid until `next` returned `None`.
@@ -164,11 +171,22 @@ impl<'a> Iterator for Blocks<'a> {
             return stop(self, Tail::Clean);
         }
         if rest.len() < BLOCK_HEADER_LEN {
-            return stop(self, Tail::Incomplete { offset: self.offset });
+            return stop(
+                self,
+                Tail::Incomplete {
+                    offset: self.offset,
+                },
+            );
         }
         let head: &[u8; BLOCK_HEADER_LEN] = rest[..BLOCK_HEADER_LEN].try_into().unwrap();
         if head[..4] != BLOCK_MAGIC {
-            return stop(self, Tail::Corrupt { offset: self.offset, reason: "bad block magic" });
+            return stop(
+                self,
+                Tail::Corrupt {
+                    offset: self.offset,
+                    reason: "bad block magic",
+                },
+            );
         }
         let le32 = |r: std::ops::Range<usize>| u32::from_le_bytes(head[r].try_into().unwrap());
         let le64 = |r: std::ops::Range<usize>| u64::from_le_bytes(head[r].try_into().unwrap());
@@ -180,15 +198,32 @@ impl<'a> Iterator for Blocks<'a> {
             idle: le32(28..32),
         };
         if header.payload_len > MAX_PAYLOAD {
-            return stop(self, Tail::Corrupt { offset: self.offset, reason: "block length out of range" });
+            return stop(
+                self,
+                Tail::Corrupt {
+                    offset: self.offset,
+                    reason: "block length out of range",
+                },
+            );
         }
         let end = BLOCK_HEADER_LEN + header.payload_len as usize;
         if rest.len() < end {
-            return stop(self, Tail::Incomplete { offset: self.offset });
+            return stop(
+                self,
+                Tail::Incomplete {
+                    offset: self.offset,
+                },
+            );
         }
         let payload = &rest[BLOCK_HEADER_LEN..end];
         if crc(head, payload) != le32(36..40) {
-            return stop(self, Tail::Corrupt { offset: self.offset, reason: "checksum mismatch" });
+            return stop(
+                self,
+                Tail::Corrupt {
+                    offset: self.offset,
+                    reason: "checksum mismatch",
+                },
+            );
         }
         self.offset += end;
         Some((header, payload))
@@ -239,10 +274,19 @@ impl BlockData {
 
     pub fn decode(payload: &[u8]) -> Result<Self, FormatError> {
         // A block's uncompressed size is bounded by what one second of samples can hold.
-        let raw = zstd::stream::decode_all(payload).map_err(|e| FormatError::Payload(e.to_string()))?;
-        let data: Self = postcard::from_bytes(&raw).map_err(|e| FormatError::Payload(e.to_string()))?;
+        let raw =
+            zstd::stream::decode_all(payload).map_err(|e| FormatError::Payload(e.to_string()))?;
+        let data: Self =
+            postcard::from_bytes(&raw).map_err(|e| FormatError::Payload(e.to_string()))?;
         let n = data.ts_delta.len();
-        let columns = [data.cpu.len(), data.pid.len(), data.tid.len(), data.comm.len(), data.cgroup.len(), data.stack.len()];
+        let columns = [
+            data.cpu.len(),
+            data.pid.len(),
+            data.tid.len(),
+            data.comm.len(),
+            data.cgroup.len(),
+            data.stack.len(),
+        ];
         if columns.iter().any(|&l| l != n)
             || data.comm.iter().any(|&c| c as usize >= data.strings.len())
             || data.stack.iter().any(|&s| s as usize >= data.stacks.len())
@@ -251,7 +295,9 @@ impl BlockData {
                     || s.frames.iter().any(|&f| f as usize >= data.strings.len())
             })
         {
-            return Err(FormatError::Payload("columns or dictionary ids inconsistent".into()));
+            return Err(FormatError::Payload(
+                "columns or dictionary ids inconsistent".into(),
+            ));
         }
         Ok(data)
     }
@@ -270,7 +316,12 @@ mod tests {
     use super::*;
 
     fn segment_with(blocks: &[(BlockHeader, Vec<u8>)]) -> Vec<u8> {
-        let mut file = SegmentHeader { version: FORMAT_VERSION, start_ns: 0 }.encode().to_vec();
+        let mut file = SegmentHeader {
+            version: FORMAT_VERSION,
+            start_ns: 0,
+        }
+        .encode()
+        .to_vec();
         for (h, p) in blocks {
             file.extend(encode_block(h, p));
         }
@@ -278,7 +329,13 @@ mod tests {
     }
 
     fn header(len: usize) -> BlockHeader {
-        BlockHeader { payload_len: len as u32, start_ns: 1, end_ns: 2, samples: 3, idle: 4 }
+        BlockHeader {
+            payload_len: len as u32,
+            start_ns: 1,
+            end_ns: 2,
+            samples: 3,
+            idle: 4,
+        }
     }
 
     #[test]
@@ -294,7 +351,10 @@ mod tests {
             let mut it = Blocks::new(&file[..cut]);
             let n = it.by_ref().count();
             assert!(n <= 1);
-            assert!(matches!(it.tail(), Some(Tail::Incomplete { .. }) | Some(Tail::Clean)), "cut {cut}");
+            assert!(
+                matches!(it.tail(), Some(Tail::Incomplete { .. }) | Some(Tail::Clean)),
+                "cut {cut}"
+            );
         }
     }
 
@@ -313,21 +373,39 @@ mod tests {
 
     #[test]
     fn segment_header_checks() {
-        let h = SegmentHeader { version: FORMAT_VERSION, start_ns: 42 };
+        let h = SegmentHeader {
+            version: FORMAT_VERSION,
+            start_ns: 42,
+        };
         assert_eq!(SegmentHeader::decode(&h.encode()).unwrap(), h);
-        assert!(matches!(SegmentHeader::decode(b"short"), Err(FormatError::Short)));
+        assert!(matches!(
+            SegmentHeader::decode(b"short"),
+            Err(FormatError::Short)
+        ));
         let mut v2 = h.encode();
         v2[8] = 2;
-        assert!(matches!(SegmentHeader::decode(&v2), Err(FormatError::Version(2))));
+        assert!(matches!(
+            SegmentHeader::decode(&v2),
+            Err(FormatError::Version(2))
+        ));
         let mut bad = h.encode();
         bad[0] = b'X';
-        assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::BadMagic)));
+        assert!(matches!(
+            SegmentHeader::decode(&bad),
+            Err(FormatError::BadMagic)
+        ));
     }
 
     #[test]
     fn payload_validation_rejects_dangling_ids() {
-        let mut d = BlockData { strings: vec!["a".into()], ..Default::default() };
-        d.stacks.push(StoredStack { frames: vec![0], user_len: 1 });
+        let mut d = BlockData {
+            strings: vec!["a".into()],
+            ..Default::default()
+        };
+        d.stacks.push(StoredStack {
+            frames: vec![0],
+            user_len: 1,
+        });
         d.ts_delta = vec![1];
         d.cpu = vec![0];
         d.pid = vec![1];

@@ -40,7 +40,10 @@ pub struct StoreSummary {
 impl Store {
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
         check_dir(data_dir)?;
-        Ok(Self { data_dir: data_dir.to_path_buf(), warnings: Vec::new() })
+        Ok(Self {
+            data_dir: data_dir.to_path_buf(),
+            warnings: Vec::new(),
+        })
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -63,7 +66,10 @@ impl Store {
         for entry in entries {
             let entry = entry.map_err(|e| StoreError::Io(dir.clone(), e))?;
             let name = entry.file_name();
-            let Some(secs) = name.to_str().and_then(|n| n.strip_suffix(".seg")).and_then(|n| n.parse::<u64>().ok())
+            let Some(secs) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".seg"))
+                .and_then(|n| n.parse::<u64>().ok())
             else {
                 continue;
             };
@@ -93,7 +99,8 @@ impl Store {
                 Err(e) => return Err(StoreError::Io(path, e)),
             };
             if let Err(e) = SegmentHeader::decode(&data) {
-                self.warnings.push(format!("skipped {}: {e}", path.display()));
+                self.warnings
+                    .push(format!("skipped {}: {e}", path.display()));
                 continue;
             }
             let mut blocks = Blocks::new(&data);
@@ -107,7 +114,9 @@ impl Store {
                 }
                 match BlockData::decode(payload) {
                     Ok(block) => visit(&header, Some(&block)),
-                    Err(e) => self.warnings.push(format!("skipped a block of {}: {e}", path.display())),
+                    Err(e) => self
+                        .warnings
+                        .push(format!("skipped a block of {}: {e}", path.display())),
                 }
             }
             if let Some(Tail::Corrupt { offset, reason }) = blocks.tail() {

@@ -49,13 +49,17 @@ impl BlockBuilder {
             None => {
                 let frames = s.stack.frames.iter().map(|f| self.intern(f)).collect();
                 let id = self.stacks.len() as u32;
-                self.stacks.push(StoredStack { frames, user_len: s.stack.user_len as u32 });
+                self.stacks.push(StoredStack {
+                    frames,
+                    user_len: s.stack.user_len as u32,
+                });
                 self.stack_ids.insert(s.stack.clone(), id);
                 id
             }
         };
         let comm = self.intern(&s.comm);
-        self.rows.push((s.ts_ns, s.cpu, s.pid, s.tid, comm, s.cgroup_id, stack));
+        self.rows
+            .push((s.ts_ns, s.cpu, s.pid, s.tid, comm, s.cgroup_id, stack));
     }
 
     fn finish(mut self, start_ns: u64, lost: Vec<CpuCount>) -> (BlockHeader, Vec<u8>) {
@@ -63,7 +67,11 @@ impl BlockBuilder {
         let mut data = BlockData {
             strings: self.strings.iter().map(|s| s.to_string()).collect(),
             stacks: self.stacks,
-            idle: self.idle.iter().map(|(&cpu, &count)| CpuCount { cpu, count }).collect(),
+            idle: self
+                .idle
+                .iter()
+                .map(|(&cpu, &count)| CpuCount { cpu, count })
+                .collect(),
             lost,
             ..Default::default()
         };
@@ -110,15 +118,29 @@ pub struct StoreWriter {
 impl StoreWriter {
     /// `dir` is the store's segment directory; it must exist.
     pub fn new(dir: &Path) -> Self {
-        Self { dir: dir.to_path_buf(), pending: BTreeMap::new(), lost: BTreeMap::new(), recovered: HashSet::new() }
+        Self {
+            dir: dir.to_path_buf(),
+            pending: BTreeMap::new(),
+            lost: BTreeMap::new(),
+            recovered: HashSet::new(),
+        }
     }
 
     pub fn push(&mut self, sample: &Sample) {
-        self.pending.entry(sample.ts_ns / NS_PER_SEC).or_default().push(sample);
+        self.pending
+            .entry(sample.ts_ns / NS_PER_SEC)
+            .or_default()
+            .push(sample);
     }
 
     pub fn push_idle(&mut self, ts_ns: u64, cpu: u32) {
-        *self.pending.entry(ts_ns / NS_PER_SEC).or_default().idle.entry(cpu).or_default() += 1;
+        *self
+            .pending
+            .entry(ts_ns / NS_PER_SEC)
+            .or_default()
+            .idle
+            .entry(cpu)
+            .or_default() += 1;
     }
 
     /// Samples the kernel side dropped; recorded with the next block written.
@@ -130,20 +152,27 @@ impl StoreWriter {
 
     /// Samples buffered and not yet written.
     pub fn pending_samples(&self) -> usize {
-        self.pending.values().map(|b| b.rows.len() + b.idle.len()).sum()
+        self.pending
+            .values()
+            .map(|b| b.rows.len() + b.idle.len())
+            .sum()
     }
 
     /// Writes everything buffered. `now_ns` places lost counts when no sample is pending.
     pub fn flush(&mut self, now_ns: u64) -> Result<Flushed, StoreError> {
         if self.pending.is_empty() && !self.lost.is_empty() {
-            self.pending.insert(now_ns / NS_PER_SEC, BlockBuilder::default());
+            self.pending
+                .insert(now_ns / NS_PER_SEC, BlockBuilder::default());
         }
         let mut flushed = Flushed::default();
         let last = self.pending.keys().next_back().copied();
         let mut by_segment: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         for (second, block) in std::mem::take(&mut self.pending) {
             let lost = if Some(second) == last {
-                std::mem::take(&mut self.lost).into_iter().map(|(cpu, count)| CpuCount { cpu, count }).collect()
+                std::mem::take(&mut self.lost)
+                    .into_iter()
+                    .map(|(cpu, count)| CpuCount { cpu, count })
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -152,7 +181,10 @@ impl StoreWriter {
             flushed.samples += u64::from(header.samples);
             flushed.idle += u64::from(header.idle);
             let segment = second * NS_PER_SEC / SEGMENT_NS * SEGMENT_NS;
-            by_segment.entry(segment).or_default().extend(encode_block(&header, &payload));
+            by_segment
+                .entry(segment)
+                .or_default()
+                .extend(encode_block(&header, &payload));
         }
         for (segment, bytes) in by_segment {
             self.append(segment, &bytes)?;
@@ -165,11 +197,23 @@ impl StoreWriter {
     fn append(&mut self, segment_start: u64, bytes: &[u8]) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, segment_start);
         let io = |e| StoreError::Io(path.clone(), e);
-        let mut file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(&path).map_err(io)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
-            file.write_all(&SegmentHeader { version: FORMAT_VERSION, start_ns: segment_start }.encode())
-                .map_err(io)?;
+            file.write_all(
+                &SegmentHeader {
+                    version: FORMAT_VERSION,
+                    start_ns: segment_start,
+                }
+                .encode(),
+            )
+            .map_err(io)?;
         } else if self.recovered.insert(segment_start) {
             recover(&path, &mut file, segment_start)?;
         }
@@ -189,8 +233,17 @@ fn recover(path: &Path, file: &mut File, segment_start: u64) -> Result<(), Store
         let aside = path.with_extension("corrupt");
         log::warn!("{}: {e}; moved to {}", path.display(), aside.display());
         fs::rename(path, &aside).map_err(io)?;
-        *file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path).map_err(io)?;
-        let header = SegmentHeader { version: FORMAT_VERSION, start_ns: segment_start };
+        *file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io)?;
+        let header = SegmentHeader {
+            version: FORMAT_VERSION,
+            start_ns: segment_start,
+        };
         return file.write_all(&header.encode()).map_err(io);
     }
     let mut blocks = Blocks::new(&data);
