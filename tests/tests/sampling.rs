@@ -183,6 +183,8 @@ fn store_is_readable_by_root_only() {
     assert!(daemon.stop().success());
     let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "data dir mode {mode:o}");
+    let meta = std::fs::metadata(data.join("meta.json")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(meta, 0o600, "meta.json mode {meta:o}");
     for entry in std::fs::read_dir(data.join("segments")).unwrap() {
         let mode = entry.unwrap().metadata().unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "segment mode {mode:o}");

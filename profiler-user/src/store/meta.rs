@@ -25,7 +25,13 @@ impl Meta {
         let path = data_dir.join(Self::FILE);
         let tmp = data_dir.join("meta.json.tmp");
         let json = serde_json::to_vec_pretty(self).expect("meta serialises");
-        std::fs::write(&tmp, json).map_err(|e| StoreError::Io(tmp.clone(), e))?;
+        let write = || -> std::io::Result<()> {
+            use std::{io::Write, os::unix::fs::OpenOptionsExt};
+            let mut f =
+                std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+            f.write_all(&json)
+        };
+        write().map_err(|e| StoreError::Io(tmp.clone(), e))?;
         std::fs::rename(&tmp, &path).map_err(|e| StoreError::Io(path, e))
     }
 
