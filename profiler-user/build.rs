@@ -4,10 +4,7 @@ use anyhow::{Context as _, anyhow};
 use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
-    let metadata = cargo_metadata::MetadataCommand::new()
-        .no_deps()
-        .exec()
-        .context("cargo metadata")?;
+    let metadata = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
     let ebpf = metadata
         .packages
         .into_iter()
@@ -19,14 +16,8 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("profiler-ebpf manifest has no parent directory"))?
         .to_string();
     aya_build::build_ebpf(
-        [Package {
-            name: ebpf.name.as_str(),
-            root_dir: &root_dir,
-            ..Default::default()
-        }],
+        [Package { name: ebpf.name.as_str(), root_dir: &root_dir, ..Default::default() }],
         Toolchain::default(),
     )
-    .context(
-        "building the eBPF program failed; `cargo xtask setup` installs nightly's rust-src and bpf-linker",
-    )
+    .context("building the eBPF program failed; `cargo xtask setup` installs nightly's rust-src and bpf-linker")
 }

@@ -19,18 +19,15 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid,
-        generated::{
-            bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack,
-            bpf_ktime_get_boot_ns,
-        },
+        generated::{bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_boot_ns},
     },
     macros::{map, perf_event},
     maps::{PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
-    FLAG_IDLE, FLAG_KERNEL_STACK_ERROR, FLAG_USER_MODE, FLAG_USER_STACK_ERROR, HEADER_LEN,
-    MAX_KERNEL_FRAMES, MAX_USER_FRAMES, SampleHeader, counter,
+    FLAG_IDLE, FLAG_KERNEL_STACK_ERROR, FLAG_USER_MODE, FLAG_USER_STACK_ERROR, HEADER_LEN, MAX_KERNEL_FRAMES,
+    MAX_USER_FRAMES, SampleHeader, counter,
 };
 
 /// Room for both stacks; the user stack starts right after the kernel one.
@@ -111,14 +108,8 @@ fn try_sample(ctx: &PerfEventContext) {
         if user_mode {
             header.flags |= FLAG_USER_MODE;
         } else {
-            let ret = unsafe {
-                bpf_get_stack(
-                    ctx.as_ptr(),
-                    frames.cast::<c_void>(),
-                    (MAX_KERNEL_FRAMES * 8) as u32,
-                    0,
-                )
-            };
+            let ret =
+                unsafe { bpf_get_stack(ctx.as_ptr(), frames.cast::<c_void>(), (MAX_KERNEL_FRAMES * 8) as u32, 0) };
             if ret < 0 {
                 header.flags |= FLAG_KERNEL_STACK_ERROR;
                 count(counter::KERNEL_STACK_ERROR);

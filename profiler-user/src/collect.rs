@@ -32,10 +32,7 @@ pub enum CollectError {
     #[error(
         "attaching to the cpu-clock event of CPU {cpu} failed: {source}. Is perf_event_paranoid too strict, or the process missing CAP_PERFMON?"
     )]
-    Attach {
-        cpu: u32,
-        source: aya::programs::ProgramError,
-    },
+    Attach { cpu: u32, source: aya::programs::ProgramError },
     #[error("watching the ring buffer failed: {0}")]
     Poll(#[source] std::io::Error),
 }
@@ -49,11 +46,7 @@ pub enum RecordError {
 }
 
 /// Decodes one ring-buffer record into its header and stacks (leaf first).
-pub fn parse_record(
-    bytes: &[u8],
-    kernel: &mut Vec<u64>,
-    user: &mut Vec<u64>,
-) -> Result<SampleHeader, RecordError> {
+pub fn parse_record(bytes: &[u8], kernel: &mut Vec<u64>, user: &mut Vec<u64>) -> Result<SampleHeader, RecordError> {
     if bytes.len() < HEADER_LEN {
         return Err(RecordError::Short(bytes.len()));
     }
@@ -61,14 +54,9 @@ pub fn parse_record(
     let header: SampleHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     let (nk, nu) = (header.kernel_frames as usize, header.user_frames as usize);
     if bytes.len() < HEADER_LEN + (nk + nu) * 8 {
-        return Err(RecordError::Frames {
-            len: bytes.len(),
-            frames: nk + nu,
-        });
+        return Err(RecordError::Frames { len: bytes.len(), frames: nk + nu });
     }
-    let mut frames = bytes[HEADER_LEN..]
-        .chunks_exact(8)
-        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()));
+    let mut frames = bytes[HEADER_LEN..].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap()));
     kernel.clear();
     kernel.extend(frames.by_ref().take(nk));
     user.clear();
@@ -115,10 +103,8 @@ impl Collector {
             .override_global("WAKEUP_BYTES", &wakeup, true)
             .load(PROGRAM)
             .map_err(CollectError::Load)?;
-        let program: &mut PerfEvent = ebpf
-            .program_mut("sample")
-            .ok_or(CollectError::Missing("program `sample`"))?
-            .try_into()?;
+        let program: &mut PerfEvent =
+            ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
         program.load()?;
         let cpus = online_cpus().map_err(|(what, e)| CollectError::Cpus(what, e))?;
         for &cpu in &cpus {
@@ -131,34 +117,20 @@ impl Collector {
                 )
                 .map_err(|source| CollectError::Attach { cpu, source })?;
         }
-        let ring = ebpf
-            .take_map("SAMPLES")
-            .ok_or(CollectError::Missing("map SAMPLES"))?;
+        let ring = ebpf.take_map("SAMPLES").ok_or(CollectError::Missing("map SAMPLES"))?;
         let ring = RingBuf::try_from(ring).map_err(|e| CollectError::Map("SAMPLES", e))?;
-        let counters = ebpf
-            .take_map("COUNTERS")
-            .ok_or(CollectError::Missing("map COUNTERS"))?;
-        let counters =
-            PerCpuArray::try_from(counters).map_err(|e| CollectError::Map("COUNTERS", e))?;
+        let counters = ebpf.take_map("COUNTERS").ok_or(CollectError::Missing("map COUNTERS"))?;
+        let counters = PerCpuArray::try_from(counters).map_err(|e| CollectError::Map("COUNTERS", e))?;
         // SAFETY: the RingBuf owns its map fd, which stays open and unchanged until the
         // AsyncFd (which owns the RingBuf) is dropped.
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| CollectError::Poll(e.into()))?;
-        Ok(Self {
-            _ebpf: ebpf,
-            ring,
-            counters,
-            cpus,
-        })
+        Ok(Self { _ebpf: ebpf, ring, counters, cpus })
     }
 
     /// Cumulative kernel-side counters per CPU (index = CPU id).
     pub fn counters(&self) -> Result<Vec<CpuCounters>, CollectError> {
-        let get = |index| {
-            self.counters
-                .get(&index, 0)
-                .map_err(|e| CollectError::Map("COUNTERS", e))
-        };
+        let get = |index| self.counters.get(&index, 0).map_err(|e| CollectError::Map("COUNTERS", e));
         let seen = get(counter::SEEN)?;
         let full = get(counter::RINGBUF_FULL)?;
         let kerr = get(counter::KERNEL_STACK_ERROR)?;
@@ -189,12 +161,7 @@ mod tests {
 
     #[test]
     fn splits_kernel_and_user_frames() {
-        let h = SampleHeader {
-            pid: 7,
-            kernel_frames: 2,
-            user_frames: 1,
-            ..Default::default()
-        };
+        let h = SampleHeader { pid: 7, kernel_frames: 2, user_frames: 1, ..Default::default() };
         let (mut k, mut u) = (Vec::new(), Vec::new());
         let got = parse_record(&record(h, &[1, 2, 3]), &mut k, &mut u).unwrap();
         assert_eq!(got, h);
@@ -204,18 +171,9 @@ mod tests {
     #[test]
     fn rejects_truncated_records() {
         let (mut k, mut u) = (Vec::new(), Vec::new());
-        assert_eq!(
-            parse_record(&[0; 8], &mut k, &mut u),
-            Err(RecordError::Short(8))
-        );
-        let h = SampleHeader {
-            kernel_frames: 3,
-            ..Default::default()
-        };
-        assert!(matches!(
-            parse_record(&record(h, &[1]), &mut k, &mut u),
-            Err(RecordError::Frames { .. })
-        ));
+        assert_eq!(parse_record(&[0; 8], &mut k, &mut u), Err(RecordError::Short(8)));
+        let h = SampleHeader { kernel_frames: 3, ..Default::default() };
+        assert!(matches!(parse_record(&record(h, &[1]), &mut k, &mut u), Err(RecordError::Frames { .. })));
     }
 
     #[test]

@@ -42,10 +42,7 @@ pub struct DaemonConfig {
 /// suspend); the store keeps wall-clock time. Re-read on every flush so NTP steps are followed.
 fn boot_to_unix_offset() -> i128 {
     let read = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: valid clock id and pointer.
         unsafe { libc::clock_gettime(clock, &mut ts) };
         ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
@@ -108,9 +105,7 @@ impl Pipeline {
                 c
             }
         };
-        let stack = self
-            .symbolizer
-            .stack(header.pid, &comm, &self.kernel, &self.user);
+        let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
         self.writer.push(&Sample {
             ts_ns,
             cpu: header.cpu,
@@ -132,19 +127,12 @@ fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, pipeline: &mut Pipel
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
 pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let _lock = store::create_and_lock(&config.data_dir)?;
-    let mut collector = Collector::start(&CollectConfig {
-        frequency_hz: config.frequency_hz,
-        ring_bytes: config.ring_bytes,
-    })?;
-    let cpus = aya::util::nr_cpus()
-        .map(|n| n as u32)
-        .unwrap_or(collector.cpus.len() as u32);
+    let mut collector =
+        Collector::start(&CollectConfig { frequency_hz: config.frequency_hz, ring_bytes: config.ring_bytes })?;
+    let cpus = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(collector.cpus.len() as u32);
     Meta {
         format_version: FORMAT_VERSION,
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
         cpus,
         frequency_hz: config.frequency_hz,
         started_ns: now_ns(),
@@ -169,10 +157,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         idle: 0,
         bad_records: 0,
     };
-    let mut sigint =
-        signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
-    let mut sigterm =
-        signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
     let mut flush = tokio::time::interval(config.flush_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut report = Report::new(collector.cpus.len());
@@ -258,15 +244,7 @@ struct Report {
 
 impl Report {
     fn new(cpus: usize) -> Self {
-        Self {
-            cpus,
-            since: Instant::now(),
-            samples: 0,
-            idle: 0,
-            lost: 0,
-            bytes: 0,
-            cpu_time: self_usage().1,
-        }
+        Self { cpus, since: Instant::now(), samples: 0, idle: 0, lost: 0, bytes: 0, cpu_time: self_usage().1 }
     }
 
     fn due(&self, interval: Duration) -> bool {
@@ -291,10 +269,6 @@ impl Report {
             s.stack_hits,
             s.stack_hits + s.stack_misses,
         );
-        *self = Self {
-            samples: p.samples,
-            idle: p.idle,
-            ..Self::new(self.cpus)
-        };
+        *self = Self { samples: p.samples, idle: p.idle, ..Self::new(self.cpus) };
     }
 }

@@ -21,12 +21,7 @@ pub fn write_folded(folded: &Folded, mut out: impl Write) -> Result<(), RenderEr
 
 /// An interactive SVG flamegraph. Colours are derived from frame names (inferno's `hash`
 /// mode), so the same input always gives the same picture.
-pub fn write_svg(
-    folded: &Folded,
-    title: &str,
-    subtitle: &str,
-    out: impl Write,
-) -> Result<(), RenderError> {
+pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) -> Result<(), RenderError> {
     let lines = folded.lines();
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_string();
@@ -54,10 +49,7 @@ mod tests {
     fn folded_is_sorted_with_counts() {
         let mut out = Vec::new();
         write_folded(&sample(), &mut out).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "app;main;read;ksys_read_[k] 3\napp;main;spin 7\n"
-        );
+        assert_eq!(String::from_utf8(out).unwrap(), "app;main;read;ksys_read_[k] 3\napp;main;spin 7\n");
     }
 
     #[test]
@@ -69,11 +61,7 @@ mod tests {
         };
         let a = render();
         // inferno reads the `_[k]` annotation: it colours the frame as kernel and drops the suffix.
-        assert!(
-            a.contains("<svg")
-                && a.contains("spin (7 samples")
-                && a.contains("ksys_read (3 samples")
-        );
+        assert!(a.contains("<svg") && a.contains("spin (7 samples") && a.contains("ksys_read (3 samples"));
         assert_eq!(a, render());
     }
 }

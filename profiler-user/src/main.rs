@@ -20,11 +20,7 @@ use profiler::{
 const DEFAULT_DATA_DIR: &str = "/var/lib/profiler";
 
 #[derive(Parser)]
-#[command(
-    name = "profiler",
-    version,
-    about = "Always-on eBPF CPU profiler with a time axis"
-)]
+#[command(name = "profiler", version, about = "Always-on eBPF CPU profiler with a time axis")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -106,9 +102,7 @@ enum StatusFormat {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_target(false)
-        .init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).format_target(false).init();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -130,13 +124,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run {
-            dir,
-            frequency,
-            ring_buffer_kib,
-            flush_ms,
-            report_secs,
-        } => {
+        Command::Run { dir, frequency, ring_buffer_kib, flush_ms, report_secs } => {
             let config = DaemonConfig {
                 data_dir: dir.data_dir,
                 frequency_hz: frequency,
@@ -151,25 +139,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.block_on(daemon::run(config))?;
             Ok(())
         }
-        Command::Flamegraph {
-            dir,
-            from,
-            to,
-            cpu,
-            pid,
-            comm,
-            include_idle,
-            format,
-            output,
-        } => {
+        Command::Flamegraph { dir, from, to, cpu, pid, comm, include_idle, format, output } => {
             let now = timespec::now_ns();
             let window = Window::new(timespec::parse(&from, now)?, timespec::parse(&to, now)?)?;
-            let filter = Filter {
-                cpus: cpu,
-                pid,
-                comm,
-                include_idle,
-            };
+            let filter = Filter { cpus: cpu, pid, comm, include_idle };
             let mut store = Store::open(&dir.data_dir)?;
             let result = query::fold(&mut store, window, &filter);
             for w in store.take_warnings() {
@@ -184,10 +157,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         [] => "CPU flamegraph".to_string(),
                         cpus => format!(
                             "CPU flamegraph, CPU {}",
-                            cpus.iter()
-                                .map(u32::to_string)
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
                         ),
                     };
                     let subtitle = format!(
@@ -222,11 +192,8 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         log::warn!("{w}");
     }
     let meta = Meta::read(data_dir);
-    let daemon_running = std::fs::OpenOptions::new()
-        .write(true)
-        .open(data_dir.join("LOCK"))
-        .ok()
-        .is_some_and(|f| f.try_lock().is_err());
+    let daemon_running =
+        std::fs::OpenOptions::new().write(true).open(data_dir.join("LOCK")).ok().is_some_and(|f| f.try_lock().is_err());
     if let StatusFormat::Json = format {
         let json = serde_json::json!({
             "data_dir": data_dir,
@@ -238,19 +205,9 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("data dir     {}", data_dir.display());
-    println!(
-        "daemon       {}",
-        if daemon_running {
-            "running"
-        } else {
-            "not running"
-        }
-    );
+    println!("daemon       {}", if daemon_running { "running" } else { "not running" });
     if let Some(m) = &meta {
-        println!(
-            "machine      {} ({} CPUs), sampled at {} Hz",
-            m.hostname, m.cpus, m.frequency_hz
-        );
+        println!("machine      {} ({} CPUs), sampled at {} Hz", m.hostname, m.cpus, m.frequency_hz);
     }
     println!(
         "store        {:.2} MiB in {} segments, {} blocks",
@@ -271,17 +228,11 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     let (mut busy, mut idle, mut lost) = (0, 0, 0);
     for (cpu, c) in &summary.cpus {
         let total = c.samples + c.idle;
-        println!(
-            "cpu {cpu:<8} {total} samples ({} busy, {} idle), {} lost",
-            c.samples, c.idle, c.lost
-        );
+        println!("cpu {cpu:<8} {total} samples ({} busy, {} idle), {} lost", c.samples, c.idle, c.lost);
         busy += c.samples;
         idle += c.idle;
         lost += c.lost;
     }
-    println!(
-        "total        {} samples ({busy} busy, {idle} idle), {lost} lost",
-        busy + idle
-    );
+    println!("total        {} samples ({busy} busy, {idle} idle), {lost} lost", busy + idle);
     Ok(())
 }

@@ -7,7 +7,11 @@ use std::{
 };
 
 use crate::{
-    store::{Meta, Store, StoreError, format::BlockData},
+    store::{
+        Meta, Store, StoreError,
+        format::Dict,
+        reader::{BlockView, Need, Visitor},
+    },
     timespec::{format, format_duration},
 };
 
@@ -25,21 +29,11 @@ pub enum QueryError {
     #[error("CPU {cpu} does not exist on the profiled machine (it has CPUs 0-{last})")]
     UnknownCpu { cpu: u32, last: u32 },
     #[error("no samples between {from} and {to} in {dir} ({held})")]
-    NoData {
-        from: String,
-        to: String,
-        dir: PathBuf,
-        held: String,
-    },
+    NoData { from: String, to: String, dir: PathBuf, held: String },
     #[error(
         "no samples match {filter} between {from} and {to} ({total} samples of other processes or CPUs in that window)"
     )]
-    NoMatch {
-        filter: String,
-        from: String,
-        to: String,
-        total: u64,
-    },
+    NoMatch { filter: String, from: String, to: String, total: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -61,22 +55,13 @@ impl Filter {
 
     /// Idle samples belong to pid 0 and no comm.
     fn idle_ok(&self, cpu: u32) -> bool {
-        self.include_idle
-            && self.cpu_ok(cpu)
-            && self.pid.is_none_or(|p| p == 0)
-            && self.comm.is_none()
+        self.include_idle && self.cpu_ok(cpu) && self.pid.is_none_or(|p| p == 0) && self.comm.is_none()
     }
 
     fn describe(&self) -> String {
         let mut parts = Vec::new();
         if !self.cpus.is_empty() {
-            parts.push(
-                self.cpus
-                    .iter()
-                    .map(|c| format!("--cpu {c}"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            );
+            parts.push(self.cpus.iter().map(|c| format!("--cpu {c}")).collect::<Vec<_>>().join(" "));
         }
         if let Some(p) = self.pid {
             parts.push(format!("--pid {p}"));
@@ -84,11 +69,7 @@ impl Filter {
         if let Some(c) = &self.comm {
             parts.push(format!("--comm {c}"));
         }
-        if parts.is_empty() {
-            "the filters".into()
-        } else {
-            parts.join(" ")
-        }
+        if parts.is_empty() { "the filters".into() } else { parts.join(" ") }
     }
 }
 
@@ -102,10 +83,7 @@ pub struct Window {
 impl Window {
     pub fn new(from_ns: u64, to_ns: u64) -> Result<Self, QueryError> {
         if from_ns > to_ns {
-            return Err(QueryError::Reversed {
-                from: format(from_ns),
-                to: format(to_ns),
-            });
+            return Err(QueryError::Reversed { from: format(from_ns), to: format(to_ns) });
         }
         if from_ns == to_ns {
             return Err(QueryError::Empty(format(from_ns)));
@@ -134,33 +112,25 @@ impl Folded {
 
     /// `stack count` lines, sorted, as inferno and `flamegraph.pl` read them.
     pub fn lines(&self) -> Vec<String> {
-        let mut v: Vec<_> = self
-            .stacks
-            .iter()
-            .map(|(s, c)| format!("{s} {c}"))
-            .collect();
+        let mut v: Vec<_> = self.stacks.iter().map(|(s, c)| format!("{s} {c}")).collect();
         v.sort_unstable();
         v
     }
 }
 
 /// Frame names can not contain the folded format's separators.
-fn push_frame(line: &mut String, name: &str) {
-    line.push(';');
+fn push_name(line: &mut String, name: &str) {
     line.extend(name.chars().map(|c| if c == ';' { ':' } else { c }));
 }
 
 /// The folded line of one stored stack: comm, user frames, kernel frames marked `_[k]`.
-pub fn fold_line(block: &BlockData, comm: u32, stack: u32) -> String {
+pub fn fold_line(dict: &Dict, comm: u32, stack: u32) -> String {
     let mut line = String::new();
-    line.extend(
-        block.strings[comm as usize]
-            .chars()
-            .map(|c| if c == ';' { ':' } else { c }),
-    );
-    let stack = &block.stacks[stack as usize];
+    push_name(&mut line, &dict.strings[comm as usize]);
+    let stack = &dict.stacks[stack as usize];
     for (i, &f) in stack.frames.iter().enumerate() {
-        push_frame(&mut line, &block.strings[f as usize]);
+        line.push(';');
+        push_name(&mut line, &dict.strings[f as usize]);
         if i >= stack.user_len as usize {
             line.push_str(KERNEL_SUFFIX);
         }
@@ -173,10 +143,7 @@ pub fn check_filter(filter: &Filter, meta: Option<&Meta>) -> Result<(), QueryErr
     if let Some(meta) = meta
         && let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= meta.cpus)
     {
-        return Err(QueryError::UnknownCpu {
-            cpu,
-            last: meta.cpus.saturating_sub(1),
-        });
+        return Err(QueryError::UnknownCpu { cpu, last: meta.cpus.saturating_sub(1) });
     }
     Ok(())
 }
@@ -185,77 +152,72 @@ pub fn check_filter(filter: &Filter, meta: Option<&Meta>) -> Result<(), QueryErr
 fn held(store: &mut Store) -> Result<String, StoreError> {
     Ok(match store.span()? {
         None => "the store is empty: is the daemon running?".into(),
-        Some((a, b)) => format!(
-            "it holds {} to {}, {}",
-            format(a),
-            format(b),
-            format_duration(b - a)
-        ),
+        Some((a, b)) => format!("it holds {} to {}, {}", format(a), format(b), format_duration(b - a)),
     })
+}
+
+/// Folds blocks as a scan hands them over: counts per (comm, stack) id while a dictionary
+/// lasts, turned into folded lines once per dictionary rather than once per block.
+struct FoldVisitor<'a> {
+    window: Window,
+    filter: &'a Filter,
+    counts: HashMap<(u32, u32), u64>,
+    folded: Folded,
+    in_window: u64,
+}
+
+impl Visitor for FoldVisitor<'_> {
+    fn block(&mut self, b: BlockView<'_>) {
+        let (Some(samples), Some(summary)) = (b.samples, b.summary) else { return };
+        let comm_id = self.filter.comm.as_deref().map(|c| b.dict.strings.iter().position(|s| s == c));
+        for (i, ts) in samples.timestamps(b.header.start_ns).enumerate() {
+            if !self.window.contains(ts) {
+                continue;
+            }
+            let n = samples.count(i);
+            self.in_window += n;
+            let cpu = samples.cpu[i];
+            if !self.filter.cpu_ok(cpu)
+                || self.filter.pid.is_some_and(|p| p != samples.pid[i])
+                || comm_id.is_some_and(|id| id != Some(samples.comm[i] as usize))
+            {
+                continue;
+            }
+            *self.counts.entry((samples.comm[i], samples.stack[i])).or_default() += n;
+            self.folded.per_cpu.entry(cpu).or_default().0 += n;
+        }
+        // Idle counts are per block (one second): kept when the block lies inside the window,
+        // so a window that cuts a second in two does not count its idle samples twice.
+        if b.header.start_ns >= self.window.from_ns && b.header.end_ns <= self.window.to_ns {
+            for c in summary.cpus.iter().filter(|c| c.idle > 0) {
+                self.in_window += c.idle;
+                if self.filter.idle_ok(c.cpu) {
+                    self.folded.per_cpu.entry(c.cpu).or_default().1 += c.idle;
+                    *self.folded.stacks.entry(IDLE_FRAME.to_string()).or_default() += c.idle;
+                }
+            }
+        }
+    }
+
+    fn dict_done(&mut self, dict: &Dict) {
+        for ((comm, stack), n) in self.counts.drain() {
+            *self.folded.stacks.entry(fold_line(dict, comm, stack)).or_default() += n;
+        }
+    }
 }
 
 /// Folds the samples of `window` that match `filter`.
 pub fn fold(store: &mut Store, window: Window, filter: &Filter) -> Result<Folded, QueryError> {
     check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
-    let mut folded = Folded::default();
-    let mut in_window = 0u64;
-    let mut blocks_seen = false;
-    store.scan(window.from_ns, window.to_ns, true, |header, block| {
-        let Some(block) = block else { return };
-        blocks_seen = true;
-        let mut counts: HashMap<(u32, u32), u64> = HashMap::new();
-        for (i, ts) in block.timestamps(header.start_ns).enumerate() {
-            if !window.contains(ts) {
-                continue;
-            }
-            in_window += 1;
-            let cpu = block.cpu[i];
-            if !filter.cpu_ok(cpu)
-                || filter.pid.is_some_and(|p| p != block.pid[i])
-                || filter
-                    .comm
-                    .as_deref()
-                    .is_some_and(|c| c != block.strings[block.comm[i] as usize])
-            {
-                continue;
-            }
-            *counts.entry((block.comm[i], block.stack[i])).or_default() += 1;
-            folded.per_cpu.entry(cpu).or_default().0 += 1;
-        }
-        for ((comm, stack), n) in counts {
-            *folded
-                .stacks
-                .entry(fold_line(block, comm, stack))
-                .or_default() += n;
-        }
-        // Idle counts are per block (one second): kept when the block lies inside the window,
-        // so a window that cuts a second in two does not count its idle samples twice.
-        if header.start_ns >= window.from_ns && header.end_ns <= window.to_ns {
-            for c in &block.idle {
-                in_window += c.count;
-                if filter.idle_ok(c.cpu) {
-                    folded.per_cpu.entry(c.cpu).or_default().1 += c.count;
-                    *folded.stacks.entry(IDLE_FRAME.to_string()).or_default() += c.count;
-                }
-            }
-        }
-    })?;
+    let mut v = FoldVisitor { window, filter, counts: HashMap::new(), folded: Folded::default(), in_window: 0 };
+    store.scan(window.from_ns, window.to_ns, Need::Samples, &mut v)?;
+    let FoldVisitor { folded, in_window, .. } = v;
     if folded.stacks.is_empty() {
         let (from, to) = (format(window.from_ns), format(window.to_ns));
-        if !blocks_seen || in_window == 0 {
-            return Err(QueryError::NoData {
-                from,
-                to,
-                dir: store.data_dir().to_path_buf(),
-                held: held(store)?,
-            });
+        if in_window == 0 {
+            return Err(QueryError::NoData { from, to, dir: store.data_dir().to_path_buf(), held: held(store)? });
         }
-        return Err(QueryError::NoMatch {
-            filter: filter.describe(),
-            from,
-            to,
-            total: in_window,
-        });
+        return Err(QueryError::NoMatch { filter: filter.describe(), from, to, total: in_window });
     }
     Ok(folded)
 }
@@ -267,17 +229,14 @@ mod tests {
     use super::*;
     use crate::{
         model::{Sample, Stack},
-        store::{StoreWriter, format::NS_PER_SEC, segments_dir},
+        store::{StoreWriter, format::NS_PER_SEC, segments_dir, writer::WriterLimits},
     };
 
     const T0: u64 = 1_795_000_000 * NS_PER_SEC; // on a minute boundary
 
     fn stack(user: &[&str], kernel: &[&str]) -> Arc<Stack> {
         let frames = user.iter().chain(kernel).map(|f| Arc::from(*f)).collect();
-        Arc::new(Stack {
-            frames,
-            user_len: user.len(),
-        })
+        Arc::new(Stack { frames, user_len: user.len() })
     }
 
     /// A deterministic mix: 3 CPUs, 4 processes, 3 stacks, spread over 130 s (3 segments).
@@ -287,17 +246,12 @@ mod tests {
             stack(&["main", "read"], &["ksys_read", "vfs_read"]),
             stack(&[], &["kthread", "worker"]),
         ];
-        let comms: [Arc<str>; 4] = [
-            "app".into(),
-            "db".into(),
-            "kworker/0:1".into(),
-            "semi;colon".into(),
-        ];
+        let comms: [Arc<str>; 4] = ["app".into(), "db".into(), "kworker/0:1".into(), "semi;colon".into()];
         (0..5000u64)
             .map(|i| {
                 let x = i.wrapping_mul(2654435761) % 1000;
                 Sample {
-                    ts_ns: T0 + i * 26_000_000 + x,
+                    ts_ns: T0 + i * 26_000_000 + x * 1000,
                     cpu: (x % 3) as u32,
                     pid: 100 + (x % 4) as u32,
                     tid: 1000 + (x % 7) as u32,
@@ -310,9 +264,13 @@ mod tests {
     }
 
     fn write_store(samples: &[Sample], idle: &[(u64, u32)]) -> (tempfile::TempDir, Store) {
+        write_store_with(samples, idle, WriterLimits::default())
+    }
+
+    fn write_store_with(samples: &[Sample], idle: &[(u64, u32)], limits: WriterLimits) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         crate::store::create_and_lock(dir.path()).unwrap();
-        let mut w = StoreWriter::new(&segments_dir(dir.path()));
+        let mut w = StoreWriter::with_limits(&segments_dir(dir.path()), limits);
         for (i, s) in samples.iter().enumerate() {
             w.push(s);
             if i % 700 == 0 {
@@ -356,27 +314,20 @@ mod tests {
         let (_dir, mut store) = write_store(&input, &[]);
         let mut got = Vec::new();
         store
-            .scan(0, u64::MAX, true, |h, b| {
-                let b = b.unwrap();
+            .scan(0, u64::MAX, Need::Samples, &mut |v: BlockView<'_>| {
+                let (b, h, d) = (v.samples.unwrap(), v.header, v.dict);
                 for (i, ts) in b.timestamps(h.start_ns).enumerate() {
                     assert!((h.start_ns..h.end_ns).contains(&ts));
-                    let st = &b.stacks[b.stack[i] as usize];
-                    let frames = st
-                        .frames
-                        .iter()
-                        .map(|&f| Arc::from(b.strings[f as usize].as_str()))
-                        .collect();
+                    let st = &d.stacks[b.stack[i] as usize];
+                    let frames = st.frames.iter().map(|&f| Arc::from(d.strings[f as usize].as_str())).collect();
                     got.push(Sample {
                         ts_ns: ts,
                         cpu: b.cpu[i],
                         pid: b.pid[i],
                         tid: b.tid[i],
                         cgroup_id: b.cgroup[i],
-                        comm: Arc::from(b.strings[b.comm[i] as usize].as_str()),
-                        stack: Arc::new(Stack {
-                            frames,
-                            user_len: st.user_len as usize,
-                        }),
+                        comm: Arc::from(d.strings[b.comm[i] as usize].as_str()),
+                        stack: Arc::new(Stack { frames, user_len: st.user_len as usize }),
                     });
                 }
             })
@@ -396,23 +347,10 @@ mod tests {
         let windows = [(0, 130), (5, 6), (59, 61), (17, 95), (0, 1)];
         let filters = [
             Filter::default(),
-            Filter {
-                cpus: vec![1],
-                ..Default::default()
-            },
-            Filter {
-                cpus: vec![0, 2],
-                pid: Some(101),
-                ..Default::default()
-            },
-            Filter {
-                comm: Some("db".into()),
-                ..Default::default()
-            },
-            Filter {
-                comm: Some("semi;colon".into()),
-                ..Default::default()
-            },
+            Filter { cpus: vec![1], ..Default::default() },
+            Filter { cpus: vec![0, 2], pid: Some(101), ..Default::default() },
+            Filter { comm: Some("db".into()), ..Default::default() },
+            Filter { comm: Some("semi;colon".into()), ..Default::default() },
         ];
         for (a, b) in windows {
             let w = Window::new(T0 + a * NS_PER_SEC + 123, T0 + b * NS_PER_SEC + 456).unwrap();
@@ -427,123 +365,66 @@ mod tests {
     }
 
     #[test]
+    fn a_tiny_dictionary_cap_resets_often_and_loses_nothing() {
+        let input = samples();
+        let (_dir, mut store) = write_store_with(&input, &[], WriterLimits { dict_cap: 3, max_pending: 1 << 20 });
+        let w = Window::new(T0, T0 + 200 * NS_PER_SEC).unwrap();
+        let got = fold(&mut store, w, &Filter::default()).unwrap();
+        assert_eq!(got.stacks, naive(&input, w, &Filter::default()));
+        assert!(store.take_warnings().is_empty());
+    }
+
+    #[test]
     fn idle_counts_per_cpu_only_with_include_idle_and_whole_seconds() {
         let input = samples();
         // 10 idle samples on CPU 0 and 4 on CPU 1 in second 3; 7 on CPU 0 in second 4.
-        let mut idle: Vec<(u64, u32)> = (0..10)
-            .map(|i| (T0 + 3 * NS_PER_SEC + i * 1_000_000, 0))
-            .collect();
+        let mut idle: Vec<(u64, u32)> = (0..10).map(|i| (T0 + 3 * NS_PER_SEC + i * 1_000_000, 0)).collect();
         idle.extend((0..4).map(|i| (T0 + 3 * NS_PER_SEC + i, 1)));
         idle.extend((0..7).map(|i| (T0 + 4 * NS_PER_SEC + i, 0)));
         let (_dir, mut store) = write_store(&input, &idle);
         let whole = Window::new(T0 + 3 * NS_PER_SEC, T0 + 5 * NS_PER_SEC).unwrap();
         let busy = fold(&mut store, whole, &Filter::default()).unwrap();
         assert!(!busy.stacks.contains_key(IDLE_FRAME));
-        let with_idle = fold(
-            &mut store,
-            whole,
-            &Filter {
-                include_idle: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let with_idle = fold(&mut store, whole, &Filter { include_idle: true, ..Default::default() }).unwrap();
         assert_eq!(with_idle.stacks[IDLE_FRAME], 21);
         assert_eq!(with_idle.per_cpu[&0].1, 17);
         assert_eq!(with_idle.per_cpu[&1].1, 4);
-        let cpu1 = fold(
-            &mut store,
-            whole,
-            &Filter {
-                include_idle: true,
-                cpus: vec![1],
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let cpu1 =
+            fold(&mut store, whole, &Filter { include_idle: true, cpus: vec![1], ..Default::default() }).unwrap();
         assert_eq!(cpu1.stacks[IDLE_FRAME], 4);
         // Half of second 4 only: its idle count cannot be split, so it is left out.
         let half = Window::new(T0 + 3 * NS_PER_SEC, T0 + 4 * NS_PER_SEC + NS_PER_SEC / 2).unwrap();
-        let h = fold(
-            &mut store,
-            half,
-            &Filter {
-                include_idle: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let h = fold(&mut store, half, &Filter { include_idle: true, ..Default::default() }).unwrap();
         assert_eq!(h.stacks[IDLE_FRAME], 14);
         // Idle samples belong to no process: a pid or comm filter drops them.
-        let p = fold(
-            &mut store,
-            whole,
-            &Filter {
-                include_idle: true,
-                pid: Some(100),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let p = fold(&mut store, whole, &Filter { include_idle: true, pid: Some(100), ..Default::default() }).unwrap();
         assert!(!p.stacks.contains_key(IDLE_FRAME));
         // And the store's summary counts them, with the lost samples.
         let s = store.summary().unwrap();
         assert_eq!(s.cpus[&0].idle, 17);
         assert_eq!(s.cpus[&2].lost, 5);
-        assert_eq!(
-            s.cpus.values().map(|c| c.samples).sum::<u64>(),
-            input.len() as u64
-        );
+        assert_eq!(s.cpus.values().map(|c| c.samples).sum::<u64>(), input.len() as u64);
     }
 
     #[test]
     fn empty_windows_say_what_the_store_holds() {
         let (_dir, mut store) = write_store(&samples(), &[]);
         let before = Window::new(T0 - 100 * NS_PER_SEC, T0 - 50 * NS_PER_SEC).unwrap();
-        let err = fold(&mut store, before, &Filter::default())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("no samples between") && err.contains("it holds 2026-"),
-            "{err}"
-        );
+        let err = fold(&mut store, before, &Filter::default()).unwrap_err().to_string();
+        assert!(err.contains("no samples between") && err.contains("it holds 2026-"), "{err}");
         let w = Window::new(T0, T0 + 10 * NS_PER_SEC).unwrap();
-        let err = fold(
-            &mut store,
-            w,
-            &Filter {
-                pid: Some(4242),
-                ..Default::default()
-            },
-        )
-        .unwrap_err()
-        .to_string();
+        let err = fold(&mut store, w, &Filter { pid: Some(4242), ..Default::default() }).unwrap_err().to_string();
         assert!(err.contains("no samples match --pid 4242"), "{err}");
-        assert!(matches!(
-            Window::new(5, 4),
-            Err(QueryError::Reversed { .. })
-        ));
+        assert!(matches!(Window::new(5, 4), Err(QueryError::Reversed { .. })));
         assert!(matches!(Window::new(5, 5), Err(QueryError::Empty(_))));
     }
 
     #[test]
     fn unknown_cpu_is_refused_when_the_machine_is_known() {
-        let meta = Meta {
-            format_version: 1,
-            hostname: "h".into(),
-            cpus: 2,
-            frequency_hz: 99,
-            started_ns: 0,
-        };
-        let f = Filter {
-            cpus: vec![0, 7],
-            ..Default::default()
-        };
+        let meta = Meta { format_version: 1, hostname: "h".into(), cpus: 2, frequency_hz: 99, started_ns: 0 };
+        let f = Filter { cpus: vec![0, 7], ..Default::default() };
         let err = check_filter(&f, Some(&meta)).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            "CPU 7 does not exist on the profiled machine (it has CPUs 0-1)"
-        );
+        assert_eq!(err, "CPU 7 does not exist on the profiled machine (it has CPUs 0-1)");
         assert!(check_filter(&f, None).is_ok());
     }
 
@@ -554,22 +435,11 @@ mod tests {
         let (_, path) = store.segments().unwrap()[0].clone();
         // A daemon killed mid-write: half a block at the end.
         let len = std::fs::metadata(&path).unwrap().len();
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
         std::io::Write::write_all(&mut f, b"PBLK\x20\x00\x00\x00half a block").unwrap();
-        let torn = fold(
-            &mut store,
-            Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap(),
-            &Filter::default(),
-        )
-        .unwrap();
+        let torn = fold(&mut store, Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap(), &Filter::default()).unwrap();
         assert_eq!(torn.total(), 100);
-        assert!(
-            store.take_warnings().is_empty(),
-            "an incomplete tail is not a warning"
-        );
+        assert!(store.take_warnings().is_empty(), "an incomplete tail is not a warning");
         // The next daemon cuts the tail before appending.
         let mut w = StoreWriter::new(&segments_dir(dir.path()));
         for s in &input[100..200] {
@@ -577,12 +447,7 @@ mod tests {
         }
         w.flush(T0).unwrap();
         assert!(std::fs::metadata(&path).unwrap().len() > len);
-        let all = fold(
-            &mut store,
-            Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap(),
-            &Filter::default(),
-        )
-        .unwrap();
+        let all = fold(&mut store, Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap(), &Filter::default()).unwrap();
         assert_eq!(all.total(), 200);
         assert!(store.take_warnings().is_empty());
     }
@@ -599,18 +464,12 @@ mod tests {
         let got = fold(&mut store, w, &Filter::default()).unwrap();
         assert!(got.total() > 0 && got.total() < 5000);
         let warnings = store.take_warnings();
-        assert!(
-            warnings.iter().any(|w| w.contains(path.to_str().unwrap())),
-            "{warnings:?}"
-        );
+        assert!(warnings.iter().any(|w| w.contains(path.to_str().unwrap())), "{warnings:?}");
         // A segment of another version is skipped, named.
         bytes[8] = 9;
         std::fs::write(&path, &bytes).unwrap();
         fold(&mut store, w, &Filter::default()).unwrap();
         let warnings = store.take_warnings();
-        assert!(
-            warnings.iter().any(|w| w.contains("version 9")),
-            "{warnings:?}"
-        );
+        assert!(warnings.iter().any(|w| w.contains("version 9")), "{warnings:?}");
     }
 }

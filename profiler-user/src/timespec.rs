@@ -16,10 +16,7 @@ pub enum TimeError {
 
 /// Nanoseconds since the unix epoch, now.
 pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 /// Parses `input` relative to `now_ns`.
@@ -31,9 +28,7 @@ pub fn parse(input: &str, now_ns: u64) -> Result<u64, TimeError> {
     }
     if let Some(rest) = s.strip_prefix('-') {
         let ago = parse_duration_ns(rest).ok_or_else(unparsable)?;
-        return now_ns
-            .checked_sub(ago)
-            .ok_or_else(|| TimeError::OutOfRange(input.to_string()));
+        return now_ns.checked_sub(ago).ok_or_else(|| TimeError::OutOfRange(input.to_string()));
     }
     if s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         // Integer and fraction apart, so 1795000923.25 is exactly .250 000 000, not a float's guess.
@@ -41,9 +36,7 @@ pub fn parse(input: &str, now_ns: u64) -> Result<u64, TimeError> {
         if int.is_empty() || frac.contains('.') {
             return Err(unparsable());
         }
-        let secs: u64 = int
-            .parse()
-            .map_err(|_| TimeError::OutOfRange(input.to_string()))?;
+        let secs: u64 = int.parse().map_err(|_| TimeError::OutOfRange(input.to_string()))?;
         let mut nanos = 0u64;
         for (i, d) in frac.bytes().take(9).enumerate() {
             nanos += u64::from(d - b'0') * 10u64.pow(8 - i as u32);
@@ -66,17 +59,13 @@ pub fn parse_duration_ns(s: &str) -> Option<u64> {
         return None;
     }
     while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         if num_len == 0 {
             return None;
         }
         let value: f64 = rest[..num_len].parse().ok()?;
         rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
         let scale = match &rest[..unit_len] {
             "ns" => 1.0,
             "us" | "µs" => 1e3,
@@ -145,15 +134,9 @@ mod tests {
     fn garbage_is_a_clear_error() {
         for bad in ["", "yesterday", "-", "-5x", "-s", "10:02", "1.2.3"] {
             let err = parse(bad, NOW).unwrap_err();
-            assert!(
-                err.to_string().contains("cannot read") || matches!(err, TimeError::OutOfRange(_)),
-                "{bad}: {err}"
-            );
+            assert!(err.to_string().contains("cannot read") || matches!(err, TimeError::OutOfRange(_)), "{bad}: {err}");
         }
-        assert!(matches!(
-            parse("-100000d", NOW),
-            Err(TimeError::OutOfRange(_))
-        ));
+        assert!(matches!(parse("-100000d", NOW), Err(TimeError::OutOfRange(_))));
     }
 
     #[test]

@@ -41,11 +41,7 @@ pub fn profiler_bin() -> PathBuf {
     let bin = std::env::var_os("PROFILER_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/profiler"));
-    assert!(
-        bin.exists(),
-        "{} does not exist: run the tests with `cargo xtask test`",
-        bin.display()
-    );
+    assert!(bin.exists(), "{} does not exist: run the tests with `cargo xtask test`", bin.display());
     bin
 }
 
@@ -59,10 +55,7 @@ pub fn helper_bin() -> PathBuf {
 }
 
 pub fn now_secs() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
@@ -72,10 +65,7 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
         if let Some(v) = check() {
             return v;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -100,11 +90,7 @@ impl Daemon {
             .stderr(log_file)
             .spawn()
             .expect("start profiler run");
-        Self {
-            child: Some(child),
-            data_dir: data_dir.to_path_buf(),
-            log,
-        }
+        Self { child: Some(child), data_dir: data_dir.to_path_buf(), log }
     }
 
     pub fn log_text(&self) -> String {
@@ -118,10 +104,7 @@ impl Daemon {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(st)) = child.try_wait()
             {
-                panic!(
-                    "the daemon exited ({st}) before writing anything:\n{}",
-                    self.log_text()
-                );
+                panic!("the daemon exited ({st}) before writing anything:\n{}", self.log_text());
             }
             let span = status_json(&dir)?["summary"]["span"].as_array()?.len();
             (span == 2).then_some(())
@@ -133,11 +116,7 @@ impl Daemon {
         let mut child = self.child.take().expect("daemon running");
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        wait_for(
-            "the daemon to exit after SIGTERM",
-            Duration::from_secs(10),
-            || child.try_wait().ok().flatten(),
-        )
+        wait_for("the daemon to exit after SIGTERM", Duration::from_secs(10), || child.try_wait().ok().flatten())
     }
 }
 
@@ -152,20 +131,11 @@ impl Drop for Daemon {
 
 /// Runs `profiler ARGS`.
 pub fn profiler(args: &[&str]) -> Output {
-    Command::new(profiler_bin())
-        .args(args)
-        .output()
-        .expect("run profiler")
+    Command::new(profiler_bin()).args(args).output().expect("run profiler")
 }
 
 pub fn status_json(data_dir: &Path) -> Option<serde_json::Value> {
-    let out = profiler(&[
-        "status",
-        "--format",
-        "json",
-        "--data-dir",
-        data_dir.to_str()?,
-    ]);
+    let out = profiler(&["status", "--format", "json", "--data-dir", data_dir.to_str()?]);
     if !out.status.success() {
         return None;
     }

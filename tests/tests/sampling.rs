@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use integration_tests::{
-    Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, status_json, wait_for,
-};
+use integration_tests::{Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, status_json, wait_for};
 
 const HOT: &str = "profiler_test_hot_loop";
 const FREQ: f64 = 99.0;
@@ -13,17 +11,7 @@ const HELPER_SECS: f64 = 6.0;
 
 fn folded(dir: &str, from: f64, to: f64, extra: &[&str]) -> Result<Vec<(String, u64)>, String> {
     let (from, to) = (format!("{from:.3}"), format!("{to:.3}"));
-    let mut args = vec![
-        "flamegraph",
-        "--data-dir",
-        dir,
-        "--from",
-        &from,
-        "--to",
-        &to,
-        "--format",
-        "folded",
-    ];
+    let mut args = vec!["flamegraph", "--data-dir", dir, "--from", &from, "--to", &to, "--format", "folded"];
     args.extend_from_slice(extra);
     let out = profiler(&args);
     if out.status.success() {
@@ -56,97 +44,50 @@ fn profiles_a_pinned_busy_process_on_its_cpu() {
     assert!(out.status.success(), "helper failed: {}", out.status);
 
     // Freshness: what the daemon saw up to the helper's exit is queryable within 2 s.
-    let visible = wait_for(
-        "samples up to the helper's exit to be queryable",
-        Duration::from_secs(2),
-        || {
-            let span = status_json(&data)?["summary"]["span"][1].as_u64()?;
-            (span as f64 / 1e9 >= ended).then_some(now_secs())
-        },
-    );
-    eprintln!(
-        "data visible {:.2}s after the helper exited",
-        visible - ended
-    );
+    let visible = wait_for("samples up to the helper's exit to be queryable", Duration::from_secs(2), || {
+        let span = status_json(&data)?["summary"]["span"][1].as_u64()?;
+        (span as f64 / 1e9 >= ended).then_some(now_secs())
+    });
+    eprintln!("data visible {:.2}s after the helper exited", visible - ended);
 
     // The helper's window, a little inside its start and end.
     let (from, to) = (started + 0.5, ended - 0.3);
     let stacks = folded(dir, from, to, &["--cpu", "1"]).expect("flamegraph of the helper's window");
     let total: u64 = stacks.iter().map(|(_, c)| c).sum();
-    let hot: u64 = stacks
-        .iter()
-        .filter(|(s, _)| s.split(';').any(|f| f == HOT))
-        .map(|(_, c)| c)
-        .sum();
+    let hot: u64 = stacks.iter().filter(|(s, _)| s.split(';').any(|f| f == HOT)).map(|(_, c)| c).sum();
     let share = hot as f64 / total as f64;
-    eprintln!(
-        "CPU 1: {hot} of {total} non-idle samples in {HOT} ({:.1} %)",
-        share * 100.0
-    );
-    assert!(
-        share >= 0.8,
-        "{HOT} holds only {:.1} % of CPU 1's samples:\n{stacks:#?}",
-        share * 100.0
-    );
+    eprintln!("CPU 1: {hot} of {total} non-idle samples in {HOT} ({:.1} %)", share * 100.0);
+    assert!(share >= 0.8, "{HOT} holds only {:.1} % of CPU 1's samples:\n{stacks:#?}", share * 100.0);
     // It is a user frame under the helper's comm, not a kernel one.
-    assert!(
-        stacks
-            .iter()
-            .any(|(s, _)| s.starts_with("busy-helper;") && s.contains(&format!(";{HOT}")))
-    );
-    assert!(
-        !stacks
-            .iter()
-            .any(|(s, _)| s.contains(&format!("{HOT}_[k]")))
-    );
+    assert!(stacks.iter().any(|(s, _)| s.starts_with("busy-helper;") && s.contains(&format!(";{HOT}"))));
+    assert!(!stacks.iter().any(|(s, _)| s.contains(&format!("{HOT}_[k]"))));
 
     // The sampling rate on the busy CPU: every sample there is non-idle.
     let with_idle = folded(dir, from, to, &["--cpu", "1", "--include-idle"]).unwrap();
     let n: u64 = with_idle.iter().map(|(_, c)| c).sum();
     let rate = n as f64 / (to - from);
-    eprintln!(
-        "CPU 1: {n} samples in {:.2}s = {rate:.1} Hz (configured {FREQ} Hz)",
-        to - from
-    );
-    assert!(
-        (rate - FREQ).abs() <= 0.1 * FREQ,
-        "CPU 1 sampled at {rate:.1} Hz, configured {FREQ} Hz"
-    );
+    eprintln!("CPU 1: {n} samples in {:.2}s = {rate:.1} Hz (configured {FREQ} Hz)", to - from);
+    assert!((rate - FREQ).abs() <= 0.1 * FREQ, "CPU 1 sampled at {rate:.1} Hz, configured {FREQ} Hz");
 
     // A window that ends before the helper started does not contain it.
     match folded(dir, before - 30.0, before, &["--include-idle"]) {
-        Ok(stacks) => assert!(
-            stacks.iter().all(|(s, _)| !s.contains(HOT)),
-            "{HOT} before it ran: {stacks:?}"
-        ),
+        Ok(stacks) => assert!(stacks.iter().all(|(s, _)| !s.contains(HOT)), "{HOT} before it ran: {stacks:?}"),
         Err(e) => assert!(e.contains("no samples"), "unexpected error: {e}"),
     }
 
     // Other CPUs: the helper never ran there.
     if let Ok(stacks) = folded(dir, from, to, &["--cpu", "0"]) {
-        assert!(
-            stacks.iter().all(|(s, _)| !s.contains(HOT)),
-            "{HOT} on CPU 0: {stacks:?}"
-        );
+        assert!(stacks.iter().all(|(s, _)| !s.contains(HOT)), "{HOT} on CPU 0: {stacks:?}");
     }
 
     let st = daemon.stop();
     assert!(st.success(), "daemon exit {st}: {}", daemon.log_text());
-    assert!(
-        daemon.log_text().contains("flushed"),
-        "{}",
-        daemon.log_text()
-    );
+    assert!(daemon.log_text().contains("flushed"), "{}", daemon.log_text());
 
     // After the daemon stopped the store still answers, and status counts CPU 1's samples.
     let status = status_json(&data).expect("status after stop");
-    let cpu1 = status["summary"]["cpus"]["1"]["samples"]
-        .as_u64()
-        .unwrap_or(0);
-    assert!(
-        cpu1 >= hot,
-        "status counts {cpu1} samples on CPU 1, the flamegraph {hot}"
-    );
+    let cpu1 = status["summary"]["cpus"]["1"]["samples"].as_u64().unwrap_or(0);
+    assert!(cpu1 >= hot, "status counts {cpu1} samples on CPU 1, the flamegraph {hot}");
     assert_eq!(status["daemon_running"], false);
 }
 
@@ -162,10 +103,7 @@ fn a_second_daemon_on_the_same_data_dir_is_refused() {
     let out = profiler(&["run", "--data-dir", data.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("another profiler daemon already writes to"),
-        "{err}"
-    );
+    assert!(err.contains("another profiler daemon already writes to"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(first.stop().success());
 }

@@ -59,10 +59,7 @@ fn main() {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 fn cargo() -> Command {
@@ -74,9 +71,7 @@ fn cargo() -> Command {
 /// Runs `cmd`, failing with its command line if it fails.
 fn status(mut cmd: Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
-    let st = cmd
-        .status()
-        .with_context(|| format!("cannot start {shown}"))?;
+    let st = cmd.status().with_context(|| format!("cannot start {shown}"))?;
     if !st.success() {
         bail!("{shown} failed ({st})");
     }
@@ -90,10 +85,7 @@ fn build(release: bool) -> anyhow::Result<PathBuf> {
         cmd.arg("--release");
     }
     status(cmd)?;
-    Ok(workspace_root()
-        .join("target")
-        .join(if release { "release" } else { "debug" })
-        .join("profiler"))
+    Ok(workspace_root().join("target").join(if release { "release" } else { "debug" }).join("profiler"))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -119,14 +111,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             setup::ensure()?;
             let profiler = build(true)?;
             let mut helper = cargo();
-            helper.args([
-                "build",
-                "--release",
-                "--package",
-                "integration-tests",
-                "--bin",
-                "busy-helper",
-            ]);
+            helper.args(["build", "--release", "--package", "integration-tests", "--bin", "busy-helper"]);
             status(helper)?;
             let helper = workspace_root().join("target/release/busy-helper");
             match which.as_str() {
@@ -139,27 +124,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let bin = build(false)?;
             // Unit tests first: fast, no root.
             let mut unit = cargo();
-            unit.args([
-                "test",
-                "--workspace",
-                "--exclude",
-                "integration-tests",
-                "--exclude",
-                "profiler-ebpf",
-                "--",
-            ])
-            .args(&args);
+            unit.args(["test", "--workspace", "--exclude", "integration-tests", "--exclude", "profiler-ebpf", "--"])
+                .args(&args);
             status(unit)?;
             // Then the real thing, one test at a time: each profiles the whole machine.
             let mut integration = cargo();
             integration
-                .args([
-                    "test",
-                    "--package",
-                    "integration-tests",
-                    "--",
-                    "--test-threads=1",
-                ])
+                .args(["test", "--package", "integration-tests", "--", "--test-threads=1"])
                 .args(&args)
                 .env("PROFILER_BIN", &bin);
             status(integration)
@@ -178,15 +149,7 @@ fn link_on_path(bin: &Path) {
     let link = home.join("bin").join("profiler");
     let _ = std::fs::remove_file(&link);
     match std::os::unix::fs::symlink(bin, &link) {
-        Ok(()) => eprintln!(
-            "xtask: `profiler` now points at {} (via {})",
-            bin.display(),
-            link.display()
-        ),
-        Err(e) => eprintln!(
-            "xtask: could not link {} ({e}); use {} directly",
-            link.display(),
-            bin.display()
-        ),
+        Ok(()) => eprintln!("xtask: `profiler` now points at {} (via {})", bin.display(), link.display()),
+        Err(e) => eprintln!("xtask: could not link {} ({e}); use {} directly", link.display(), bin.display()),
     }
 }

@@ -7,15 +7,11 @@ use anyhow::{Context as _, bail};
 
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
-    let st = cmd
-        .status()
-        .with_context(|| format!("cannot start the command that installs {what}"))?;
+    let st = cmd.status().with_context(|| format!("cannot start the command that installs {what}"))?;
     if !st.success() {
         bail!("could not install {what} ({st}); see the output above");
     }
@@ -24,32 +20,19 @@ fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
 
 pub fn ensure() -> anyhow::Result<()> {
     if output(Command::new("rustup").arg("--version")).is_none() {
-        bail!(
-            "rustup was not found: the eBPF build needs rustup's nightly toolchain (https://rustup.rs)"
-        );
+        bail!("rustup was not found: the eBPF build needs rustup's nightly toolchain (https://rustup.rs)");
     }
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"])).unwrap_or_default();
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
         eprintln!("xtask: installing the nightly toolchain");
         run(
-            Command::new("rustup").args([
-                "toolchain",
-                "install",
-                "nightly",
-                "--profile",
-                "minimal",
-            ]),
+            Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]),
             "the nightly Rust toolchain",
         )?;
     }
-    let components = output(Command::new("rustup").args([
-        "component",
-        "list",
-        "--toolchain",
-        "nightly",
-        "--installed",
-    ]))
-    .unwrap_or_default();
+    let components =
+        output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
+            .unwrap_or_default();
     if !components.lines().any(|l| l.starts_with("rust-src")) {
         eprintln!("xtask: installing rust-src for nightly");
         run(
@@ -67,17 +50,14 @@ fn install_bpf_linker() -> anyhow::Result<()> {
     let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
         .context("cannot ask nightly rustc for its sysroot")?;
     let sysroot = std::path::PathBuf::from(sysroot.trim());
-    let version = output(Command::new("rustc").args(["+nightly", "-vV"]))
-        .context("cannot run nightly rustc")?;
+    let version = output(Command::new("rustc").args(["+nightly", "-vV"])).context("cannot run nightly rustc")?;
     let Some(major) = version
         .lines()
         .find_map(|l| l.strip_prefix("LLVM version: "))
         .and_then(|v| v.split('.').next())
         .map(str::to_string)
     else {
-        bail!(
-            "nightly rustc does not report its LLVM version, so bpf-linker cannot be matched to it"
-        );
+        bail!("nightly rustc does not report its LLVM version, so bpf-linker cannot be matched to it");
     };
     // llvm-sys links against a plain libLLVM.so; the toolchain ships only the versioned name.
     let lib = sysroot.join("lib");
@@ -85,29 +65,18 @@ fn install_bpf_linker() -> anyhow::Result<()> {
         .with_context(|| format!("cannot list {}", lib.display()))?
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|n| {
-            n.starts_with("libLLVM.so.") || (n.starts_with("libLLVM-") && n.ends_with(".so"))
-        });
+        .find(|n| n.starts_with("libLLVM.so.") || (n.starts_with("libLLVM-") && n.ends_with(".so")));
     let Some(versioned) = versioned else {
-        bail!(
-            "nightly's {} has no libLLVM shared library to build bpf-linker against",
-            lib.display()
-        );
+        bail!("nightly's {} has no libLLVM shared library to build bpf-linker against", lib.display());
     };
     let plain = lib.join("libLLVM.so");
     if !plain.exists() {
-        std::os::unix::fs::symlink(&versioned, &plain)
-            .with_context(|| format!("cannot create {}", plain.display()))?;
+        std::os::unix::fs::symlink(&versioned, &plain).with_context(|| format!("cannot create {}", plain.display()))?;
     }
     eprintln!("xtask: building bpf-linker against nightly's LLVM {major} (about a minute)");
     run(
         Command::new("cargo")
-            .args([
-                "install",
-                "bpf-linker",
-                "--no-default-features",
-                "--features",
-            ])
+            .args(["install", "bpf-linker", "--no-default-features", "--features"])
             .arg(format!("llvm-{major}"))
             .env("LLVM_PREFIX", &sysroot),
         "bpf-linker",

@@ -1,26 +1,48 @@
-//! The on-disk format, version 1. `docs/store.md` describes it for other readers.
+//! The on-disk format, version 2. `docs/store.md` describes it for other readers.
 //!
-//! A segment file holds one minute of wall-clock time. It starts with a 24-byte header and is
-//! followed by blocks, appended as the daemon flushes. A block covers samples of one wall-clock
-//! second (several blocks may cover the same second: each flush writes what arrived since the
-//! last one). Every block is written with a single `write` and carries a CRC-32 over its header
-//! and payload, so a reader that races the writer, or opens a file whose writer was killed,
+//! A segment file holds one wall-clock minute: a 24-byte header, then blocks appended as the
+//! daemon flushes. A block covers one wall-clock second (a second may have several blocks: each
+//! flush writes what arrived since the last) or, in a rolled-up segment, ten seconds.
+//!
+//! Each block has three separately compressed sections, so a reader decodes only what it needs:
+//! - `dict`: the strings and stacks first used in this block. Ids are per segment: a block may
+//!   use any entry of the blocks before it in the same file (unless it sets `FLAG_RESET_DICT`,
+//!   which starts the dictionary over; the writer does so to bound its memory).
+//! - `summary`: per-CPU busy/idle/lost counts and busy samples per 10 ms of the second, enough
+//!   for status and subsecond heatmaps without touching the samples.
+//! - `samples`: one column per field, sorted by CPU then time.
+//!
+//! Every block is written with a single `write` and carries a CRC-32 over its header and
+//! sections, so a reader that races the writer, or opens a file whose writer was killed,
 //! recognises a torn tail and stops there.
 
 use serde::{Deserialize, Serialize};
 
 /// Magic at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"PROFSEG\0";
-/// Bumped on any incompatible change to segment, block or payload layout.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped on any incompatible change to segment, block or section layout.
+pub const FORMAT_VERSION: u32 = 2;
 pub const SEGMENT_HEADER_LEN: usize = 24;
 pub const BLOCK_MAGIC: [u8; 4] = *b"PBLK";
-pub const BLOCK_HEADER_LEN: usize = 40;
+pub const BLOCK_HEADER_LEN: usize = 48;
 /// Wall-clock span of one segment file.
 pub const SEGMENT_NS: u64 = 60 * NS_PER_SEC;
 pub const NS_PER_SEC: u64 = 1_000_000_000;
+pub const NS_PER_US: u64 = 1_000;
+/// Subsecond resolution of the per-block summary.
+pub const BUCKETS_PER_SEC: usize = 100;
+pub const BUCKET_NS: u64 = NS_PER_SEC / BUCKETS_PER_SEC as u64;
+
+/// The block's dictionary starts over: ids count from 0 again.
+pub const FLAG_RESET_DICT: u32 = 1 << 0;
+/// A rolled-up block: samples carry counts and the block's start as their time.
+pub const FLAG_ROLLUP: u32 = 1 << 1;
+
 /// Refuse to allocate for absurd lengths found in a corrupt header.
-const MAX_PAYLOAD: u32 = 256 << 20;
+const MAX_SECTION: u32 = 256 << 20;
+/// Decompressed sections larger than this are refused (a corrupt or hostile frame could
+/// otherwise claim gigabytes).
+const MAX_DECOMPRESSED: usize = 1 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
@@ -30,8 +52,10 @@ pub enum FormatError {
     Version(u32),
     #[error("file shorter than a segment header")]
     Short,
-    #[error("block payload does not decode: {0}")]
-    Payload(String),
+    #[error("block section does not decode: {0}")]
+    Section(String),
+    #[error("block refers to dictionary entries that do not exist")]
+    DanglingId,
 }
 
 /// Segment file header.
@@ -63,55 +87,95 @@ impl SegmentHeader {
         if version != FORMAT_VERSION {
             return Err(FormatError::Version(version));
         }
-        Ok(Self {
-            version,
-            start_ns: u64::from_le_bytes(b[16..24].try_into().unwrap()),
-        })
+        Ok(Self { version, start_ns: u64::from_le_bytes(b[16..24].try_into().unwrap()) })
     }
 }
 
-/// Fixed-size block header. On disk: magic, payload_len, start_ns, end_ns, samples, idle,
-/// 4 reserved bytes (zero), then a CRC-32 of the 36 bytes before it and the payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Fixed-size block header (little endian): magic, flags, start_ns, end_ns, samples, idle,
+/// dict_len, summary_len, samples_len, then a CRC-32 of the 44 bytes before it and the three
+/// sections that follow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlockHeader {
-    pub payload_len: u32,
-    /// The second the block covers: `[start_ns, end_ns)`.
+    pub flags: u32,
+    /// The span the block covers: `[start_ns, end_ns)`.
     pub start_ns: u64,
     pub end_ns: u64,
-    /// Non-idle samples in the block.
+    /// Non-idle samples in the block (in a rollup: the sum of counts).
     pub samples: u32,
     /// Idle samples in the block.
     pub idle: u32,
+    pub dict_len: u32,
+    pub summary_len: u32,
+    pub samples_len: u32,
 }
 
 impl BlockHeader {
     fn encode_without_crc(&self) -> [u8; BLOCK_HEADER_LEN] {
         let mut b = [0u8; BLOCK_HEADER_LEN];
         b[..4].copy_from_slice(&BLOCK_MAGIC);
-        b[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[4..8].copy_from_slice(&self.flags.to_le_bytes());
         b[8..16].copy_from_slice(&self.start_ns.to_le_bytes());
         b[16..24].copy_from_slice(&self.end_ns.to_le_bytes());
         b[24..28].copy_from_slice(&self.samples.to_le_bytes());
         b[28..32].copy_from_slice(&self.idle.to_le_bytes());
+        b[32..36].copy_from_slice(&self.dict_len.to_le_bytes());
+        b[36..40].copy_from_slice(&self.summary_len.to_le_bytes());
+        b[40..44].copy_from_slice(&self.samples_len.to_le_bytes());
         b
+    }
+
+    fn decode(b: &[u8; BLOCK_HEADER_LEN]) -> Self {
+        let le32 = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let le64 = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        Self {
+            flags: le32(4),
+            start_ns: le64(8),
+            end_ns: le64(16),
+            samples: le32(24),
+            idle: le32(28),
+            dict_len: le32(32),
+            summary_len: le32(36),
+            samples_len: le32(40),
+        }
+    }
+
+    fn body_len(&self) -> usize {
+        self.dict_len as usize + self.summary_len as usize + self.samples_len as usize
     }
 }
 
-fn crc(header: &[u8; BLOCK_HEADER_LEN], payload: &[u8]) -> u32 {
+fn crc(header: &[u8; BLOCK_HEADER_LEN], body: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
-    h.update(&header[..36]);
-    h.update(payload);
+    h.update(&header[..44]);
+    h.update(body);
     h.finalize()
 }
 
-/// Header and payload as one buffer, ready for a single `write`.
-pub fn encode_block(header: &BlockHeader, payload: &[u8]) -> Vec<u8> {
-    let mut head = header.encode_without_crc();
-    let sum = crc(&head, payload);
-    head[36..40].copy_from_slice(&sum.to_le_bytes());
-    let mut out = Vec::with_capacity(BLOCK_HEADER_LEN + payload.len());
-    out.extend_from_slice(&head);
-    out.extend_from_slice(payload);
+/// A block's three compressed sections, as they lie in the file.
+#[derive(Debug, Clone, Copy)]
+pub struct Sections<'a> {
+    pub dict: &'a [u8],
+    pub summary: &'a [u8],
+    pub samples: &'a [u8],
+}
+
+/// Header and sections as one buffer, ready for a single `write`. The header's lengths are
+/// filled in from the sections.
+pub fn encode_block(header: &BlockHeader, dict: &[u8], summary: &[u8], samples: &[u8]) -> Vec<u8> {
+    let header = BlockHeader {
+        dict_len: dict.len() as u32,
+        summary_len: summary.len() as u32,
+        samples_len: samples.len() as u32,
+        ..*header
+    };
+    let mut out = Vec::with_capacity(BLOCK_HEADER_LEN + header.body_len());
+    out.extend_from_slice(&header.encode_without_crc());
+    out.extend_from_slice(dict);
+    out.extend_from_slice(summary);
+    out.extend_from_slice(samples);
+    let head: &[u8; BLOCK_HEADER_LEN] = out[..BLOCK_HEADER_LEN].try_into().unwrap();
+    let sum = crc(head, &out[BLOCK_HEADER_LEN..]);
+    out[44..48].copy_from_slice(&sum.to_le_bytes());
     out
 }
 
@@ -120,8 +184,8 @@ pub fn encode_block(header: &BlockHeader, payload: &[u8]) -> Vec<u8> {
 pub enum Tail {
     /// Clean end of file.
     Clean,
-    /// A block header or payload runs past the end of the file: a write in progress, or
-    /// one cut short by a crash. Expected; not an error.
+    /// A block runs past the end of the file: a write in progress, or one cut short by a
+    /// crash. Expected; not an error.
     Incomplete { offset: usize },
     /// Bytes that are not a valid block: corruption.
     Corrupt { offset: usize, reason: &'static str },
@@ -137,14 +201,10 @@ pub struct Blocks<'a> {
 impl<'a> Blocks<'a> {
     /// `data` is the whole file, header included.
     pub fn new(data: &'a [u8]) -> Self {
-        Self {
-            data,
-            offset: SEGMENT_HEADER_LEN.min(data.len()),
-            tail: None,
-        }
+        Self { data, offset: SEGMENT_HEADER_LEN.min(data.len()), tail: None }
     }
 
-    /// Valid until `next` returned `None`.
+    /// Valid once `next` returned `None`.
     pub fn tail(&self) -> Option<&Tail> {
         self.tail.as_ref()
     }
@@ -153,84 +213,53 @@ impl<'a> Blocks<'a> {
     pub fn valid_len(&self) -> usize {
         self.offset
     }
+
+    fn stop(&mut self, tail: Tail) -> Option<(BlockHeader, Sections<'a>)> {
+        self.tail = Some(tail);
+        None
+    }
 }
 
 impl<'a> Iterator for Blocks<'a> {
-    type Item = (BlockHeader, &'a [u8]);
+    type Item = (BlockHeader, Sections<'a>);
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.tail.is_some() {
             return None;
         }
-        let rest = &self.data[self.offset..];
-        let stop = |this: &mut Self, tail| {
-            this.tail = Some(tail);
-            None
-        };
+        let data = self.data;
+        let rest = &data[self.offset..];
+        let offset = self.offset;
         if rest.is_empty() {
-            return stop(self, Tail::Clean);
+            return self.stop(Tail::Clean);
         }
         if rest.len() < BLOCK_HEADER_LEN {
-            return stop(
-                self,
-                Tail::Incomplete {
-                    offset: self.offset,
-                },
-            );
+            return self.stop(Tail::Incomplete { offset });
         }
         let head: &[u8; BLOCK_HEADER_LEN] = rest[..BLOCK_HEADER_LEN].try_into().unwrap();
         if head[..4] != BLOCK_MAGIC {
-            return stop(
-                self,
-                Tail::Corrupt {
-                    offset: self.offset,
-                    reason: "bad block magic",
-                },
-            );
+            return self.stop(Tail::Corrupt { offset, reason: "bad block magic" });
         }
-        let le32 = |r: std::ops::Range<usize>| u32::from_le_bytes(head[r].try_into().unwrap());
-        let le64 = |r: std::ops::Range<usize>| u64::from_le_bytes(head[r].try_into().unwrap());
-        let header = BlockHeader {
-            payload_len: le32(4..8),
-            start_ns: le64(8..16),
-            end_ns: le64(16..24),
-            samples: le32(24..28),
-            idle: le32(28..32),
-        };
-        if header.payload_len > MAX_PAYLOAD {
-            return stop(
-                self,
-                Tail::Corrupt {
-                    offset: self.offset,
-                    reason: "block length out of range",
-                },
-            );
+        let header = BlockHeader::decode(head);
+        if [header.dict_len, header.summary_len, header.samples_len].iter().any(|&l| l > MAX_SECTION) {
+            return self.stop(Tail::Corrupt { offset, reason: "block length out of range" });
         }
-        let end = BLOCK_HEADER_LEN + header.payload_len as usize;
+        let end = BLOCK_HEADER_LEN + header.body_len();
         if rest.len() < end {
-            return stop(
-                self,
-                Tail::Incomplete {
-                    offset: self.offset,
-                },
-            );
+            return self.stop(Tail::Incomplete { offset });
         }
-        let payload = &rest[BLOCK_HEADER_LEN..end];
-        if crc(head, payload) != le32(36..40) {
-            return stop(
-                self,
-                Tail::Corrupt {
-                    offset: self.offset,
-                    reason: "checksum mismatch",
-                },
-            );
+        let body = &rest[BLOCK_HEADER_LEN..end];
+        if crc(head, body) != u32::from_le_bytes(head[44..48].try_into().unwrap()) {
+            return self.stop(Tail::Corrupt { offset, reason: "checksum mismatch" });
         }
         self.offset += end;
-        Some((header, payload))
+        let (dict, body) = body.split_at(header.dict_len as usize);
+        let (summary, samples) = body.split_at(header.summary_len as usize);
+        Some((header, Sections { dict, summary, samples }))
     }
 }
 
-/// Index of a string in [`BlockData::strings`].
+/// Index of a string in the segment's dictionary.
 pub type StrId = u32;
 
 /// A stack as stored: string ids, root first; `frames[..user_len]` are user frames.
@@ -240,74 +269,139 @@ pub struct StoredStack {
     pub user_len: u32,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuCount {
-    pub cpu: u32,
-    pub count: u64,
-}
-
-/// A block's payload (postcard, then zstd). Samples are columns, sorted by time; strings and
-/// stacks are dictionaries local to the block, so every block decodes on its own.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct BlockData {
+/// Dictionary entries first used in a block; their ids follow those of earlier blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DictDelta {
     pub strings: Vec<String>,
     pub stacks: Vec<StoredStack>,
-    /// Per sample: ns since the previous sample (the first: since the block's start).
-    pub ts_delta: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuCounts {
+    pub cpu: u32,
+    pub busy: u64,
+    pub idle: u64,
+    /// Samples the kernel side could not deliver, counted since the previous block.
+    pub lost: u64,
+}
+
+/// Counts that answer status and heatmap questions without decoding samples.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub cpus: Vec<CpuCounts>,
+    /// Busy samples of all CPUs per 10 ms of the block's second (empty in rollups).
+    pub buckets: Vec<u32>,
+}
+
+/// The samples of a block, one column per field, sorted by CPU and then time.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleColumns {
+    /// Per sample, microseconds since the previous sample of the same CPU (the first of each
+    /// CPU: since the block's start). Sorting by CPU makes these near-constant (the sampling
+    /// period), which is what lets them compress to a fraction of a byte.
+    pub ts_delta_us: Vec<u64>,
     pub cpu: Vec<u32>,
     pub pid: Vec<u32>,
     pub tid: Vec<u32>,
     pub comm: Vec<StrId>,
     pub cgroup: Vec<u64>,
     pub stack: Vec<u32>,
-    /// Idle samples per CPU in this block.
-    pub idle: Vec<CpuCount>,
-    /// Samples the kernel side could not deliver, per CPU, counted since the previous block.
-    pub lost: Vec<CpuCount>,
+    /// Samples each row stands for; empty means 1 each (rollups fill it).
+    pub count: Vec<u32>,
 }
 
-impl BlockData {
-    pub fn encode(&self) -> Vec<u8> {
-        let raw = postcard::to_stdvec(self).expect("serialising to memory cannot fail");
-        zstd::bulk::compress(&raw, 3).expect("zstd compression into memory cannot fail")
+impl SampleColumns {
+    pub fn len(&self) -> usize {
+        self.cpu.len()
     }
 
-    pub fn decode(payload: &[u8]) -> Result<Self, FormatError> {
-        // A block's uncompressed size is bounded by what one second of samples can hold.
-        let raw =
-            zstd::stream::decode_all(payload).map_err(|e| FormatError::Payload(e.to_string()))?;
-        let data: Self =
-            postcard::from_bytes(&raw).map_err(|e| FormatError::Payload(e.to_string()))?;
-        let n = data.ts_delta.len();
-        let columns = [
-            data.cpu.len(),
-            data.pid.len(),
-            data.tid.len(),
-            data.comm.len(),
-            data.cgroup.len(),
-            data.stack.len(),
-        ];
-        if columns.iter().any(|&l| l != n)
-            || data.comm.iter().any(|&c| c as usize >= data.strings.len())
-            || data.stack.iter().any(|&s| s as usize >= data.stacks.len())
-            || data.stacks.iter().any(|s| {
-                s.user_len as usize > s.frames.len()
-                    || s.frames.iter().any(|&f| f as usize >= data.strings.len())
-            })
-        {
-            return Err(FormatError::Payload(
-                "columns or dictionary ids inconsistent".into(),
-            ));
-        }
-        Ok(data)
+    pub fn is_empty(&self) -> bool {
+        self.cpu.is_empty()
     }
 
-    /// Sample timestamps, undoing the delta encoding.
+    pub fn count(&self, i: usize) -> u64 {
+        self.count.get(i).map_or(1, |&c| u64::from(c))
+    }
+
+    /// Sample timestamps in ns, undoing the per-CPU delta encoding.
     pub fn timestamps(&self, start_ns: u64) -> impl Iterator<Item = u64> + '_ {
-        self.ts_delta.iter().scan(start_ns, |t, d| {
-            *t = t.saturating_add(*d);
-            Some(*t)
+        let mut prev_cpu = None;
+        let mut t = start_ns;
+        self.ts_delta_us.iter().zip(&self.cpu).map(move |(&d, &cpu)| {
+            if prev_cpu != Some(cpu) {
+                prev_cpu = Some(cpu);
+                t = start_ns;
+            }
+            t = t.saturating_add(d.saturating_mul(NS_PER_US));
+            t
         })
+    }
+
+    /// Checks the columns against each other and against a dictionary of the given sizes.
+    pub fn validate(&self, strings: usize, stacks: usize) -> Result<(), FormatError> {
+        let n = self.len();
+        let lens = [
+            self.ts_delta_us.len(),
+            self.pid.len(),
+            self.tid.len(),
+            self.comm.len(),
+            self.cgroup.len(),
+            self.stack.len(),
+        ];
+        if lens.iter().any(|&l| l != n) || !(self.count.is_empty() || self.count.len() == n) {
+            return Err(FormatError::Section("sample columns differ in length".into()));
+        }
+        if self.comm.iter().any(|&c| c as usize >= strings) || self.stack.iter().any(|&s| s as usize >= stacks) {
+            return Err(FormatError::DanglingId);
+        }
+        Ok(())
+    }
+}
+
+/// Serialises and compresses one section.
+pub fn pack<T: Serialize>(value: &T) -> Vec<u8> {
+    let raw = postcard::to_stdvec(value).expect("serialising to memory cannot fail");
+    zstd::bulk::compress(&raw, 3).expect("zstd compression into memory cannot fail")
+}
+
+/// Decompresses and deserialises one section.
+pub fn unpack<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, FormatError> {
+    let size = zstd::zstd_safe::get_frame_content_size(bytes)
+        .map_err(|_| FormatError::Section("not a zstd frame".into()))?
+        .ok_or_else(|| FormatError::Section("zstd frame without a content size".into()))?;
+    if size > MAX_DECOMPRESSED as u64 {
+        return Err(FormatError::Section(format!("claims {size} bytes uncompressed")));
+    }
+    let raw = zstd::bulk::decompress(bytes, size as usize).map_err(|e| FormatError::Section(e.to_string()))?;
+    postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))
+}
+
+/// A segment's dictionary as a reader rebuilds it block by block.
+#[derive(Debug, Default)]
+pub struct Dict {
+    pub strings: Vec<String>,
+    pub stacks: Vec<StoredStack>,
+}
+
+impl Dict {
+    /// Applies a block's dictionary section.
+    pub fn apply(&mut self, header: &BlockHeader, section: &[u8]) -> Result<(), FormatError> {
+        if header.flags & FLAG_RESET_DICT != 0 {
+            self.strings.clear();
+            self.stacks.clear();
+        }
+        let delta: DictDelta = unpack(section)?;
+        let strings = self.strings.len() + delta.strings.len();
+        if delta
+            .stacks
+            .iter()
+            .any(|s| s.user_len as usize > s.frames.len() || s.frames.iter().any(|&f| f as usize >= strings))
+        {
+            return Err(FormatError::DanglingId);
+        }
+        self.strings.extend(delta.strings);
+        self.stacks.extend(delta.stacks);
+        Ok(())
     }
 }
 
@@ -315,107 +409,95 @@ impl BlockData {
 mod tests {
     use super::*;
 
-    fn segment_with(blocks: &[(BlockHeader, Vec<u8>)]) -> Vec<u8> {
-        let mut file = SegmentHeader {
-            version: FORMAT_VERSION,
-            start_ns: 0,
-        }
-        .encode()
-        .to_vec();
-        for (h, p) in blocks {
-            file.extend(encode_block(h, p));
+    fn segment_with(blocks: &[Vec<u8>]) -> Vec<u8> {
+        let mut file = SegmentHeader { version: FORMAT_VERSION, start_ns: 0 }.encode().to_vec();
+        for b in blocks {
+            file.extend(b);
         }
         file
     }
 
-    fn header(len: usize) -> BlockHeader {
-        BlockHeader {
-            payload_len: len as u32,
-            start_ns: 1,
-            end_ns: 2,
-            samples: 3,
-            idle: 4,
-        }
+    fn block(a: &[u8], b: &[u8], c: &[u8]) -> Vec<u8> {
+        encode_block(&BlockHeader { start_ns: 1, end_ns: 2, samples: 3, idle: 4, ..Default::default() }, a, b, c)
     }
 
     #[test]
     fn blocks_round_trip_and_torn_tail_is_incomplete() {
-        let file = segment_with(&[(header(5), b"hello".to_vec()), (header(3), b"abc".to_vec())]);
+        let file = segment_with(&[block(b"d", b"su", b"sam"), block(b"", b"x", b"")]);
         let mut it = Blocks::new(&file);
-        assert_eq!(it.next().unwrap().1, b"hello");
-        assert_eq!(it.next().unwrap(), (header(3), &b"abc"[..]));
+        let (h, s) = it.next().unwrap();
+        assert_eq!((s.dict, s.summary, s.samples), (&b"d"[..], &b"su"[..], &b"sam"[..]));
+        assert_eq!((h.samples, h.idle, h.dict_len), (3, 4, 1));
+        assert_eq!(it.next().unwrap().1.summary, b"x");
         assert!(it.next().is_none());
         assert_eq!(it.tail(), Some(&Tail::Clean));
 
+        let boundary = SEGMENT_HEADER_LEN + BLOCK_HEADER_LEN + 6;
         for cut in SEGMENT_HEADER_LEN + 1..file.len() {
             let mut it = Blocks::new(&file[..cut]);
-            let n = it.by_ref().count();
-            assert!(n <= 1);
-            assert!(
-                matches!(it.tail(), Some(Tail::Incomplete { .. }) | Some(Tail::Clean)),
-                "cut {cut}"
-            );
+            assert_eq!(it.by_ref().count(), usize::from(cut >= boundary));
+            let want = if cut == boundary {
+                Tail::Clean
+            } else {
+                Tail::Incomplete { offset: if cut < boundary { 24 } else { boundary } }
+            };
+            assert_eq!(it.tail(), Some(&want), "cut {cut}");
         }
     }
 
     #[test]
-    fn flipped_byte_is_corrupt() {
-        let file = segment_with(&[(header(5), b"hello".to_vec())]);
+    fn any_flipped_byte_is_detected() {
+        let file = segment_with(&[block(b"dict", b"summary", b"samples")]);
         for i in SEGMENT_HEADER_LEN..file.len() {
             let mut bad = file.clone();
             bad[i] ^= 0x40;
             let mut it = Blocks::new(&bad);
-            let got: Vec<_> = it.by_ref().collect();
-            assert!(got.is_empty(), "byte {i} flipped still decoded");
-            assert!(it.tail().is_some());
+            assert_eq!(it.by_ref().count(), 0, "byte {i} flipped still decoded");
+            assert!(it.tail().is_some_and(|t| *t != Tail::Clean));
         }
     }
 
     #[test]
     fn segment_header_checks() {
-        let h = SegmentHeader {
-            version: FORMAT_VERSION,
-            start_ns: 42,
-        };
+        let h = SegmentHeader { version: FORMAT_VERSION, start_ns: 42 };
         assert_eq!(SegmentHeader::decode(&h.encode()).unwrap(), h);
-        assert!(matches!(
-            SegmentHeader::decode(b"short"),
-            Err(FormatError::Short)
-        ));
-        let mut v2 = h.encode();
-        v2[8] = 2;
-        assert!(matches!(
-            SegmentHeader::decode(&v2),
-            Err(FormatError::Version(2))
-        ));
+        assert!(matches!(SegmentHeader::decode(b"short"), Err(FormatError::Short)));
+        let mut v9 = h.encode();
+        v9[8] = 9;
+        assert!(matches!(SegmentHeader::decode(&v9), Err(FormatError::Version(9))));
         let mut bad = h.encode();
         bad[0] = b'X';
-        assert!(matches!(
-            SegmentHeader::decode(&bad),
-            Err(FormatError::BadMagic)
-        ));
+        assert!(matches!(SegmentHeader::decode(&bad), Err(FormatError::BadMagic)));
     }
 
     #[test]
-    fn payload_validation_rejects_dangling_ids() {
-        let mut d = BlockData {
-            strings: vec!["a".into()],
-            ..Default::default()
+    fn dictionary_and_columns_are_validated() {
+        let mut dict = Dict::default();
+        let h = BlockHeader::default();
+        let delta = DictDelta { strings: vec!["a".into()], stacks: vec![StoredStack { frames: vec![0], user_len: 1 }] };
+        dict.apply(&h, &pack(&delta)).unwrap();
+        let dangling = DictDelta { strings: vec![], stacks: vec![StoredStack { frames: vec![5], user_len: 0 }] };
+        assert!(matches!(dict.apply(&h, &pack(&dangling)), Err(FormatError::DanglingId)));
+        let reset = BlockHeader { flags: FLAG_RESET_DICT, ..h };
+        dict.apply(&reset, &pack(&DictDelta::default())).unwrap();
+        assert!(dict.strings.is_empty());
+
+        let cols = SampleColumns {
+            ts_delta_us: vec![5, 10, 7],
+            cpu: vec![0, 0, 1],
+            pid: vec![1; 3],
+            tid: vec![1; 3],
+            comm: vec![0; 3],
+            cgroup: vec![0; 3],
+            stack: vec![0; 3],
+            count: vec![],
         };
-        d.stacks.push(StoredStack {
-            frames: vec![0],
-            user_len: 1,
-        });
-        d.ts_delta = vec![1];
-        d.cpu = vec![0];
-        d.pid = vec![1];
-        d.tid = vec![1];
-        d.comm = vec![0];
-        d.cgroup = vec![0];
-        d.stack = vec![0];
-        assert_eq!(BlockData::decode(&d.encode()).unwrap(), d);
-        d.stack = vec![7];
-        assert!(BlockData::decode(&d.encode()).is_err());
-        assert!(BlockData::decode(b"not zstd").is_err());
+        cols.validate(1, 1).unwrap();
+        assert_eq!(cols.timestamps(1000).collect::<Vec<_>>(), vec![6000, 16000, 8000]);
+        assert!(cols.validate(1, 0).is_err());
+        let short = SampleColumns { pid: vec![1], ..cols.clone() };
+        assert!(short.validate(1, 1).is_err());
+        assert_eq!(unpack::<SampleColumns>(&pack(&cols)).unwrap(), cols);
+        assert!(unpack::<SampleColumns>(b"not zstd").is_err());
     }
 }

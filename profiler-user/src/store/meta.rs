@@ -27,8 +27,7 @@ impl Meta {
         let json = serde_json::to_vec_pretty(self).expect("meta serialises");
         let write = || -> std::io::Result<()> {
             use std::{io::Write, os::unix::fs::OpenOptionsExt};
-            let mut f =
-                std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
             f.write_all(&json)
         };
         write().map_err(|e| StoreError::Io(tmp.clone(), e))?;

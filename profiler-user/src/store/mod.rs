@@ -21,15 +21,11 @@ pub enum StoreError {
         "data directory {0} does not exist: start the daemon with `profiler run --data-dir {0}`, or pass the --data-dir it writes to"
     )]
     Missing(PathBuf),
-    #[error(
-        "cannot read data directory {0}: permission denied (the store is readable by root only)"
-    )]
+    #[error("cannot read data directory {0}: permission denied (the store is readable by root only)")]
     PermissionDenied(PathBuf),
     #[error("{0} is not a directory")]
     NotADirectory(PathBuf),
-    #[error(
-        "another profiler daemon already writes to {0} (it holds {0}/LOCK); stop it or choose another --data-dir"
-    )]
+    #[error("another profiler daemon already writes to {0} (it holds {0}/LOCK); stop it or choose another --data-dir")]
     Locked(PathBuf),
     #[error("{0}: {1}")]
     Io(PathBuf, #[source] std::io::Error),
@@ -56,9 +52,7 @@ pub fn check_dir(data_dir: &Path) -> Result<(), StoreError> {
             }
             Err(e) => Err(StoreError::Io(data_dir.to_path_buf(), e)),
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(StoreError::Missing(data_dir.to_path_buf()))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::Missing(data_dir.to_path_buf())),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             Err(StoreError::PermissionDenied(data_dir.to_path_buf()))
         }
@@ -75,11 +69,7 @@ pub fn create_and_lock(data_dir: &Path) -> Result<std::fs::File, StoreError> {
         move |e| StoreError::Io(p, e)
     };
     let segments = segments_dir(data_dir);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&segments)
-        .map_err(io(&segments))?;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&segments).map_err(io(&segments))?;
     // Samples name processes and their code: root only, even if the directory existed before.
     {
         use std::os::unix::fs::PermissionsExt;

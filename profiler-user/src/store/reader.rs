@@ -7,9 +7,43 @@ use std::{
 
 use super::{
     StoreError, check_dir,
-    format::{BlockData, BlockHeader, Blocks, SEGMENT_NS, SegmentHeader, Tail},
+    format::{BlockHeader, Blocks, Dict, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail, unpack},
     segments_dir,
 };
+
+/// How much of each block a scan decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Need {
+    /// Headers only (time span, sample counts).
+    Headers,
+    /// Headers and the summary section (per-CPU counts, 10 ms buckets).
+    Summary,
+    /// Everything: dictionary, summary and sample columns.
+    Samples,
+}
+
+/// One block as a visitor sees it.
+pub struct BlockView<'a> {
+    pub header: &'a BlockHeader,
+    /// The segment's dictionary as of this block (empty unless `Need::Samples`).
+    pub dict: &'a Dict,
+    pub summary: Option<&'a Summary>,
+    pub samples: Option<&'a SampleColumns>,
+}
+
+/// Receives the blocks of a scan.
+pub trait Visitor {
+    fn block(&mut self, block: BlockView<'_>);
+    /// Called before the dictionary is reset or dropped (end of a segment), with the
+    /// dictionary the blocks since the previous call used.
+    fn dict_done(&mut self, _dict: &Dict) {}
+}
+
+impl<F: FnMut(BlockView<'_>)> Visitor for F {
+    fn block(&mut self, block: BlockView<'_>) {
+        self(block)
+    }
+}
 
 /// A read-only view of a data directory.
 pub struct Store {
@@ -28,7 +62,7 @@ pub struct CpuSummary {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StoreSummary {
-    /// Earliest and latest second covered, `[first, last)` in ns since the epoch.
+    /// Earliest and latest time covered, `[first, last)` in ns since the epoch.
     pub span: Option<(u64, u64)>,
     pub segments: usize,
     pub bytes: u64,
@@ -37,13 +71,31 @@ pub struct StoreSummary {
     pub cpus: BTreeMap<u32, CpuSummary>,
 }
 
+/// Segment files with their start time, oldest first.
+pub fn list_segments(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let dir = segments_dir(data_dir);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::Io(dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::Io(dir.clone(), e))?;
+        let name = entry.file_name();
+        let Some(secs) = name.to_str().and_then(|n| n.strip_suffix(".seg")).and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        out.push((secs * 1_000_000_000, entry.path()));
+    }
+    out.sort();
+    Ok(out)
+}
+
 impl Store {
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
         check_dir(data_dir)?;
-        Ok(Self {
-            data_dir: data_dir.to_path_buf(),
-            warnings: Vec::new(),
-        })
+        Ok(Self { data_dir: data_dir.to_path_buf(), warnings: Vec::new() })
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -54,42 +106,15 @@ impl Store {
         std::mem::take(&mut self.warnings)
     }
 
-    /// Segment files with their start time, oldest first.
     pub fn segments(&self) -> Result<Vec<(u64, PathBuf)>, StoreError> {
-        let dir = segments_dir(&self.data_dir);
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(StoreError::Io(dir, e)),
-        };
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| StoreError::Io(dir.clone(), e))?;
-            let name = entry.file_name();
-            let Some(secs) = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".seg"))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            out.push((secs * 1_000_000_000, entry.path()));
-        }
-        out.sort();
-        Ok(out)
+        list_segments(&self.data_dir)
     }
 
-    /// Calls `visit` for every valid block overlapping `[from_ns, to_ns)`, in time order per
-    /// segment. With `decode == false` the payload is not decoded and `visit` gets `None`.
-    pub fn scan(
-        &mut self,
-        from_ns: u64,
-        to_ns: u64,
-        decode: bool,
-        mut visit: impl FnMut(&BlockHeader, Option<&BlockData>),
-    ) -> Result<(), StoreError> {
+    /// Visits every valid block overlapping `[from_ns, to_ns)`, in time order per segment,
+    /// decoded as far as `need` asks.
+    pub fn scan(&mut self, from_ns: u64, to_ns: u64, need: Need, visitor: &mut impl Visitor) -> Result<(), StoreError> {
         for (start, path) in self.segments()? {
-            if start >= to_ns || start + SEGMENT_NS <= from_ns {
+            if start >= to_ns || start.saturating_add(SEGMENT_NS) <= from_ns {
                 continue;
             }
             let data = match std::fs::read(&path) {
@@ -99,38 +124,85 @@ impl Store {
                 Err(e) => return Err(StoreError::Io(path, e)),
             };
             if let Err(e) = SegmentHeader::decode(&data) {
-                self.warnings
-                    .push(format!("skipped {}: {e}", path.display()));
+                self.warnings.push(format!("skipped {}: {e}", path.display()));
                 continue;
             }
-            let mut blocks = Blocks::new(&data);
-            for (header, payload) in blocks.by_ref() {
-                if header.start_ns >= to_ns || header.end_ns <= from_ns {
-                    continue;
-                }
-                if !decode {
-                    visit(&header, None);
-                    continue;
-                }
-                match BlockData::decode(payload) {
-                    Ok(block) => visit(&header, Some(&block)),
-                    Err(e) => self
-                        .warnings
-                        .push(format!("skipped a block of {}: {e}", path.display())),
-                }
-            }
-            if let Some(Tail::Corrupt { offset, reason }) = blocks.tail() {
-                self.warnings.push(format!(
-                    "{}: {reason} at byte {offset}; the {} bytes after it were skipped",
-                    path.display(),
-                    data.len() - offset
-                ));
-            }
+            self.scan_segment(&path, &data, from_ns, to_ns, need, visitor);
         }
         Ok(())
     }
 
-    /// Span, sizes and per-CPU counts of the whole store.
+    fn scan_segment(
+        &mut self,
+        path: &Path,
+        data: &[u8],
+        from_ns: u64,
+        to_ns: u64,
+        need: Need,
+        visitor: &mut impl Visitor,
+    ) {
+        let mut dict = Dict::default();
+        let mut blocks = Blocks::new(data);
+        for (header, sections) in blocks.by_ref() {
+            let overlaps = header.start_ns < to_ns && header.end_ns > from_ns;
+            if need == Need::Samples {
+                if header.flags & super::format::FLAG_RESET_DICT != 0 {
+                    visitor.dict_done(&dict);
+                }
+                // Every block's dictionary counts, even outside the window: later ids build on it.
+                if let Err(e) = dict.apply(&header, sections.dict) {
+                    self.warnings.push(format!("{}: {e}; skipped the rest of the file", path.display()));
+                    visitor.dict_done(&dict);
+                    return;
+                }
+            }
+            if !overlaps {
+                continue;
+            }
+            let summary = if need >= Need::Summary {
+                match unpack::<Summary>(sections.summary) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        self.warnings.push(format!("skipped a block of {}: {e}", path.display()));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let samples = if need == Need::Samples {
+                match unpack::<SampleColumns>(sections.samples)
+                    .and_then(|c| c.validate(dict.strings.len(), dict.stacks.len()).map(|()| c))
+                {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        self.warnings.push(format!("skipped a block of {}: {e}", path.display()));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            visitor.block(BlockView {
+                header: &header,
+                dict: &dict,
+                summary: summary.as_ref(),
+                samples: samples.as_ref(),
+            });
+        }
+        if need == Need::Samples {
+            visitor.dict_done(&dict);
+        }
+        if let Some(Tail::Corrupt { offset, reason }) = blocks.tail() {
+            self.warnings.push(format!(
+                "{}: {reason} at byte {offset}; the {} bytes after it were skipped",
+                path.display(),
+                data.len() - offset
+            ));
+        }
+    }
+
+    /// Span, sizes and per-CPU counts of the whole store, from block summaries.
     pub fn summary(&mut self) -> Result<StoreSummary, StoreError> {
         let mut summary = StoreSummary::default();
         for (_, path) in self.segments()? {
@@ -140,21 +212,14 @@ impl Store {
         let mut span: Option<(u64, u64)> = None;
         let mut cpus = BTreeMap::<u32, CpuSummary>::new();
         let mut blocks = 0;
-        self.scan(0, u64::MAX, true, |h, block| {
+        self.scan(0, u64::MAX, Need::Summary, &mut |b: BlockView<'_>| {
             blocks += 1;
-            span = Some(match span {
-                None => (h.start_ns, h.end_ns),
-                Some((a, b)) => (a.min(h.start_ns), b.max(h.end_ns)),
-            });
-            let Some(block) = block else { return };
-            for &cpu in &block.cpu {
-                cpus.entry(cpu).or_default().samples += 1;
-            }
-            for c in &block.idle {
-                cpus.entry(c.cpu).or_default().idle += c.count;
-            }
-            for c in &block.lost {
-                cpus.entry(c.cpu).or_default().lost += c.count;
+            span = Some(extend(span, b.header));
+            for c in &b.summary.expect("summary decoded").cpus {
+                let e = cpus.entry(c.cpu).or_default();
+                e.samples += c.busy;
+                e.idle += c.idle;
+                e.lost += c.lost;
             }
         })?;
         summary.span = span;
@@ -163,15 +228,17 @@ impl Store {
         Ok(summary)
     }
 
-    /// `[first, last)` second held, from block headers only.
+    /// `[first, last)` covered, from block headers only.
     pub fn span(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
         let mut span: Option<(u64, u64)> = None;
-        self.scan(0, u64::MAX, false, |h, _| {
-            span = Some(match span {
-                None => (h.start_ns, h.end_ns),
-                Some((a, b)) => (a.min(h.start_ns), b.max(h.end_ns)),
-            });
-        })?;
+        self.scan(0, u64::MAX, Need::Headers, &mut |b: BlockView<'_>| span = Some(extend(span, b.header)))?;
         Ok(span)
+    }
+}
+
+fn extend(span: Option<(u64, u64)>, h: &BlockHeader) -> (u64, u64) {
+    match span {
+        None => (h.start_ns, h.end_ns),
+        Some((a, b)) => (a.min(h.start_ns), b.max(h.end_ns)),
     }
 }

@@ -1,8 +1,13 @@
 //! Appends samples to the store: buffers them per wall-clock second and, on each flush, writes
 //! one block per second into that second's minute segment.
+//!
+//! Memory stays bounded whatever the rate and the number of distinct stacks: samples wait at
+//! most one flush interval (or, while writing fails, up to `max_pending` rows, oldest dropped
+//! first), and each segment's dictionary is capped: past `dict_cap` entries the next block
+//! starts the dictionary over (`FLAG_RESET_DICT`).
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     fs::{self, File, OpenOptions},
     io::{Read, Seek, SeekFrom, Write},
     os::unix::fs::OpenOptionsExt,
@@ -13,88 +18,96 @@ use std::{
 use super::{
     StoreError,
     format::{
-        BlockData, BlockHeader, Blocks, CpuCount, FORMAT_VERSION, NS_PER_SEC, SEGMENT_HEADER_LEN,
-        SEGMENT_NS, SegmentHeader, StoredStack, Tail, encode_block,
+        BUCKET_NS, BUCKETS_PER_SEC, BlockHeader, Blocks, CpuCounts, DictDelta, FLAG_RESET_DICT, FORMAT_VERSION,
+        NS_PER_SEC, NS_PER_US, SEGMENT_HEADER_LEN, SEGMENT_NS, SampleColumns, SegmentHeader, StoredStack, Summary,
+        Tail, encode_block, pack,
     },
     segment_path,
 };
 use crate::model::{Sample, Stack};
 
-/// Samples of one second, interned into the block's dictionaries as they arrive.
+/// Bounds on the writer's memory.
+#[derive(Debug, Clone, Copy)]
+pub struct WriterLimits {
+    /// Dictionary entries (strings + stacks) per segment before it starts over.
+    pub dict_cap: usize,
+    /// Samples held while writing fails; beyond it the oldest seconds are dropped.
+    pub max_pending: usize,
+}
+
+impl Default for WriterLimits {
+    fn default() -> Self {
+        Self { dict_cap: 200_000, max_pending: 2_000_000 }
+    }
+}
+
+struct Row {
+    ts_ns: u64,
+    cpu: u32,
+    pid: u32,
+    tid: u32,
+    cgroup: u64,
+    comm: Arc<str>,
+    stack: Arc<Stack>,
+}
+
+/// One second of samples, waiting for the next flush.
 #[derive(Default)]
-struct BlockBuilder {
-    strings: Vec<Arc<str>>,
-    string_ids: HashMap<Arc<str>, u32>,
-    stacks: Vec<StoredStack>,
-    stack_ids: HashMap<Arc<Stack>, u32>,
-    /// (ts, cpu, pid, tid, comm, cgroup, stack)
-    rows: Vec<(u64, u32, u32, u32, u32, u64, u32)>,
+struct Second {
+    rows: Vec<Row>,
     idle: BTreeMap<u32, u64>,
 }
 
-impl BlockBuilder {
-    fn intern(&mut self, s: &Arc<str>) -> u32 {
-        if let Some(&id) = self.string_ids.get(s) {
+/// The dictionary of the segment being appended to.
+#[derive(Default)]
+struct SegmentDict {
+    strings: HashMap<Arc<str>, u32>,
+    /// By allocation: the symbolizer hands out one `Arc` per distinct stack, so this is the
+    /// common hit. The `Arc` is kept, so its address cannot be reused by another stack.
+    stacks_by_ptr: HashMap<usize, (Arc<Stack>, u32)>,
+    /// By content, for equal stacks in different allocations.
+    stacks: HashMap<StoredStack, u32>,
+    /// The next block must reset readers' dictionaries (first block this writer writes here).
+    reset: bool,
+}
+
+impl SegmentDict {
+    fn new() -> Self {
+        Self { reset: true, ..Default::default() }
+    }
+
+    fn entries(&self) -> usize {
+        self.strings.len() + self.stacks.len()
+    }
+
+    fn string(&mut self, s: &Arc<str>, delta: &mut DictDelta) -> u32 {
+        if let Some(&id) = self.strings.get(s) {
             return id;
         }
         let id = self.strings.len() as u32;
-        self.strings.push(s.clone());
-        self.string_ids.insert(s.clone(), id);
+        self.strings.insert(s.clone(), id);
+        delta.strings.push(s.to_string());
         id
     }
 
-    fn push(&mut self, s: &Sample) {
-        let stack = match self.stack_ids.get(&s.stack) {
+    fn stack(&mut self, s: &Arc<Stack>, delta: &mut DictDelta) -> u32 {
+        let ptr = Arc::as_ptr(s) as usize;
+        if let Some((_, id)) = self.stacks_by_ptr.get(&ptr) {
+            return *id;
+        }
+        let frames = s.frames.iter().map(|f| self.string(f, delta)).collect();
+        let stored = StoredStack { frames, user_len: s.user_len as u32 };
+        let id = match self.stacks.get(&stored) {
             Some(&id) => id,
             None => {
-                let frames = s.stack.frames.iter().map(|f| self.intern(f)).collect();
                 let id = self.stacks.len() as u32;
-                self.stacks.push(StoredStack {
-                    frames,
-                    user_len: s.stack.user_len as u32,
-                });
-                self.stack_ids.insert(s.stack.clone(), id);
+                delta.stacks.push(stored.clone());
+                self.stacks.insert(stored, id);
                 id
             }
         };
-        let comm = self.intern(&s.comm);
-        self.rows
-            .push((s.ts_ns, s.cpu, s.pid, s.tid, comm, s.cgroup_id, stack));
-    }
-
-    fn finish(mut self, start_ns: u64, lost: Vec<CpuCount>) -> (BlockHeader, Vec<u8>) {
-        self.rows.sort_unstable_by_key(|r| r.0);
-        let mut data = BlockData {
-            strings: self.strings.iter().map(|s| s.to_string()).collect(),
-            stacks: self.stacks,
-            idle: self
-                .idle
-                .iter()
-                .map(|(&cpu, &count)| CpuCount { cpu, count })
-                .collect(),
-            lost,
-            ..Default::default()
-        };
-        let mut prev = start_ns;
-        for &(ts, cpu, pid, tid, comm, cgroup, stack) in &self.rows {
-            data.ts_delta.push(ts - prev);
-            prev = ts;
-            data.cpu.push(cpu);
-            data.pid.push(pid);
-            data.tid.push(tid);
-            data.comm.push(comm);
-            data.cgroup.push(cgroup);
-            data.stack.push(stack);
-        }
-        let payload = data.encode();
-        let header = BlockHeader {
-            payload_len: payload.len() as u32,
-            start_ns,
-            end_ns: start_ns + NS_PER_SEC,
-            samples: self.rows.len() as u32,
-            idle: self.idle.values().sum::<u64>() as u32,
-        };
-        (header, payload)
+        self.stacks_by_ptr.insert(ptr, (s.clone(), id));
+        id
     }
 }
 
@@ -109,38 +122,52 @@ pub struct Flushed {
 
 pub struct StoreWriter {
     dir: PathBuf,
-    pending: BTreeMap<u64, BlockBuilder>,
+    limits: WriterLimits,
+    pending: BTreeMap<u64, Second>,
+    pending_rows: usize,
     lost: BTreeMap<u32, u64>,
-    /// Segments checked for a torn tail since this writer started.
-    recovered: HashSet<u64>,
+    /// Dictionaries of the segments written recently, by segment start.
+    dicts: BTreeMap<u64, SegmentDict>,
+    /// Samples dropped because writing failed for longer than `max_pending` allows.
+    dropped: u64,
 }
 
 impl StoreWriter {
     /// `dir` is the store's segment directory; it must exist.
     pub fn new(dir: &Path) -> Self {
+        Self::with_limits(dir, WriterLimits::default())
+    }
+
+    pub fn with_limits(dir: &Path, limits: WriterLimits) -> Self {
         Self {
             dir: dir.to_path_buf(),
+            limits,
             pending: BTreeMap::new(),
+            pending_rows: 0,
             lost: BTreeMap::new(),
-            recovered: HashSet::new(),
+            dicts: BTreeMap::new(),
+            dropped: 0,
         }
     }
 
-    pub fn push(&mut self, sample: &Sample) {
-        self.pending
-            .entry(sample.ts_ns / NS_PER_SEC)
-            .or_default()
-            .push(sample);
+    pub fn push(&mut self, s: &Sample) {
+        self.pending.entry(s.ts_ns / NS_PER_SEC).or_default().rows.push(Row {
+            ts_ns: s.ts_ns,
+            cpu: s.cpu,
+            pid: s.pid,
+            tid: s.tid,
+            cgroup: s.cgroup_id,
+            comm: s.comm.clone(),
+            stack: s.stack.clone(),
+        });
+        self.pending_rows += 1;
+        if self.pending_rows > self.limits.max_pending {
+            self.drop_oldest();
+        }
     }
 
     pub fn push_idle(&mut self, ts_ns: u64, cpu: u32) {
-        *self
-            .pending
-            .entry(ts_ns / NS_PER_SEC)
-            .or_default()
-            .idle
-            .entry(cpu)
-            .or_default() += 1;
+        *self.pending.entry(ts_ns / NS_PER_SEC).or_default().idle.entry(cpu).or_default() += 1;
     }
 
     /// Samples the kernel side dropped; recorded with the next block written.
@@ -150,75 +177,161 @@ impl StoreWriter {
         }
     }
 
-    /// Samples buffered and not yet written.
+    /// Non-idle samples buffered and not yet written.
     pub fn pending_samples(&self) -> usize {
-        self.pending
-            .values()
-            .map(|b| b.rows.len() + b.idle.len())
-            .sum()
+        self.pending_rows
     }
 
-    /// Writes everything buffered. `now_ns` places lost counts when no sample is pending.
+    /// Samples dropped so far because they could not be written in time.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    fn drop_oldest(&mut self) {
+        while self.pending_rows > self.limits.max_pending {
+            let Some((_, second)) = self.pending.pop_first() else { break };
+            self.pending_rows -= second.rows.len();
+            self.dropped += second.rows.len() as u64 + second.idle.values().sum::<u64>();
+        }
+    }
+
+    /// Writes everything buffered. On failure nothing buffered is lost: it is written by a
+    /// later flush (memory permitting). `now_ns` places lost counts when no sample is pending.
     pub fn flush(&mut self, now_ns: u64) -> Result<Flushed, StoreError> {
         if self.pending.is_empty() && !self.lost.is_empty() {
-            self.pending
-                .insert(now_ns / NS_PER_SEC, BlockBuilder::default());
+            self.pending.insert(now_ns / NS_PER_SEC, Second::default());
         }
         let mut flushed = Flushed::default();
         let last = self.pending.keys().next_back().copied();
-        let mut by_segment: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-        for (second, block) in std::mem::take(&mut self.pending) {
-            let lost = if Some(second) == last {
-                std::mem::take(&mut self.lost)
-                    .into_iter()
-                    .map(|(cpu, count)| CpuCount { cpu, count })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let (header, payload) = block.finish(second * NS_PER_SEC, lost);
-            flushed.blocks += 1;
-            flushed.samples += u64::from(header.samples);
-            flushed.idle += u64::from(header.idle);
-            let segment = second * NS_PER_SEC / SEGMENT_NS * SEGMENT_NS;
-            by_segment
-                .entry(segment)
-                .or_default()
-                .extend(encode_block(&header, &payload));
+        // Seconds grouped by segment, in time order.
+        let mut groups: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for &second in self.pending.keys() {
+            groups.entry(second * NS_PER_SEC / SEGMENT_NS * SEGMENT_NS).or_default().push(second);
         }
-        for (segment, bytes) in by_segment {
-            self.append(segment, &bytes)?;
+        for (segment, seconds) in groups {
+            let known = self.dicts.contains_key(&segment);
+            let mut dict = match self.dicts.remove(&segment) {
+                Some(d) if d.entries() < self.limits.dict_cap => d,
+                _ => SegmentDict::new(),
+            };
+            let mut bytes = Vec::new();
+            let mut stats = Flushed::default();
+            for &second in &seconds {
+                let lost = if Some(second) == last { Some(&self.lost) } else { None };
+                let block = encode_second(&self.pending[&second], second * NS_PER_SEC, &mut dict, lost);
+                stats.blocks += 1;
+                stats.samples += u64::from(block.1.samples);
+                stats.idle += u64::from(block.1.idle);
+                bytes.extend(block.0);
+            }
+            // On failure the dictionary may hold entries no reader will see: drop it, so the
+            // next attempt starts the segment's dictionary over.
+            self.append(segment, &bytes, !known)?;
+            self.dicts.insert(segment, dict);
+            for second in seconds {
+                if let Some(s) = self.pending.remove(&second) {
+                    self.pending_rows -= s.rows.len();
+                }
+                if Some(second) == last {
+                    self.lost.clear();
+                }
+            }
+            flushed.blocks += stats.blocks;
+            flushed.samples += stats.samples;
+            flushed.idle += stats.idle;
             flushed.bytes += bytes.len() as u64;
+        }
+        // Only the newest segments receive samples; keep their dictionaries, no more.
+        while self.dicts.len() > 2 {
+            self.dicts.pop_first();
         }
         Ok(flushed)
     }
 
     /// Appends whole blocks to a segment with one `write`, so readers see all or a torn tail.
-    fn append(&mut self, segment_start: u64, bytes: &[u8]) -> Result<(), StoreError> {
+    /// A failed write (a full disk) is undone, so no torn block is left before later ones.
+    fn append(&mut self, segment_start: u64, bytes: &[u8], first_time: bool) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, segment_start);
         let io = |e| StoreError::Io(path.clone(), e);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io)?;
+        let mut file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(&path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
-            file.write_all(
-                &SegmentHeader {
-                    version: FORMAT_VERSION,
-                    start_ns: segment_start,
-                }
-                .encode(),
-            )
-            .map_err(io)?;
-        } else if self.recovered.insert(segment_start) {
+            let header = SegmentHeader { version: FORMAT_VERSION, start_ns: segment_start }.encode();
+            if let Err(e) = file.write_all(&header) {
+                let _ = file.set_len(0);
+                return Err(io(e));
+            }
+        } else if first_time {
             recover(&path, &mut file, segment_start)?;
         }
-        file.write_all(bytes).map_err(io)
+        let before = file.metadata().map_err(io)?.len();
+        if let Err(e) = file.write_all(bytes) {
+            let _ = file.set_len(before);
+            return Err(io(e));
+        }
+        Ok(())
     }
+}
+
+/// Encodes one second as a block, interning into the segment's dictionary.
+fn encode_second(
+    second: &Second,
+    start_ns: u64,
+    dict: &mut SegmentDict,
+    lost: Option<&BTreeMap<u32, u64>>,
+) -> (Vec<u8>, BlockHeader) {
+    let mut delta = DictDelta::default();
+    let flags = if std::mem::take(&mut dict.reset) { FLAG_RESET_DICT } else { 0 };
+    let mut order: Vec<&Row> = second.rows.iter().collect();
+    order.sort_unstable_by_key(|r| (r.cpu, r.ts_ns));
+    let n = order.len();
+    let mut cols = SampleColumns {
+        ts_delta_us: Vec::with_capacity(n),
+        cpu: Vec::with_capacity(n),
+        pid: Vec::with_capacity(n),
+        tid: Vec::with_capacity(n),
+        comm: Vec::with_capacity(n),
+        cgroup: Vec::with_capacity(n),
+        stack: Vec::with_capacity(n),
+        count: Vec::new(),
+    };
+    let mut cpus: BTreeMap<u32, CpuCounts> = BTreeMap::new();
+    let mut buckets = vec![0u32; BUCKETS_PER_SEC];
+    let mut prev: Option<(u32, u64)> = None;
+    for r in order {
+        let us = (r.ts_ns - start_ns) / NS_PER_US;
+        let base = match prev {
+            Some((cpu, t)) if cpu == r.cpu => t,
+            _ => 0,
+        };
+        prev = Some((r.cpu, us));
+        cols.ts_delta_us.push(us - base);
+        cols.cpu.push(r.cpu);
+        cols.pid.push(r.pid);
+        cols.tid.push(r.tid);
+        cols.comm.push(dict.string(&r.comm, &mut delta));
+        cols.cgroup.push(r.cgroup);
+        cols.stack.push(dict.stack(&r.stack, &mut delta));
+        cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() }).busy += 1;
+        buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)] += 1;
+    }
+    for (&cpu, &count) in &second.idle {
+        cpus.entry(cpu).or_insert(CpuCounts { cpu, ..Default::default() }).idle += count;
+    }
+    for (&cpu, &count) in lost.into_iter().flatten() {
+        cpus.entry(cpu).or_insert(CpuCounts { cpu, ..Default::default() }).lost += count;
+    }
+    let header = BlockHeader {
+        flags,
+        start_ns,
+        end_ns: start_ns + NS_PER_SEC,
+        samples: n as u32,
+        idle: second.idle.values().sum::<u64>() as u32,
+        ..Default::default()
+    };
+    let summary = Summary { cpus: cpus.into_values().collect(), buckets };
+    let bytes = encode_block(&header, &pack(&delta), &pack(&summary), &pack(&cols));
+    (bytes, header)
 }
 
 /// Cuts a torn tail (left by a writer that was killed mid-write) off a segment before more
@@ -233,17 +346,8 @@ fn recover(path: &Path, file: &mut File, segment_start: u64) -> Result<(), Store
         let aside = path.with_extension("corrupt");
         log::warn!("{}: {e}; moved to {}", path.display(), aside.display());
         fs::rename(path, &aside).map_err(io)?;
-        *file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(io)?;
-        let header = SegmentHeader {
-            version: FORMAT_VERSION,
-            start_ns: segment_start,
-        };
+        *file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path).map_err(io)?;
+        let header = SegmentHeader { version: FORMAT_VERSION, start_ns: segment_start };
         return file.write_all(&header.encode()).map_err(io);
     }
     let mut blocks = Blocks::new(&data);

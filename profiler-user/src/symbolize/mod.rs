@@ -85,17 +85,10 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
-        let kernel = Kernel {
-            vmlinux: MaybeDefault::None,
-            debug_syms: false,
-            ..Kernel::default()
-        };
+        let kernel = Kernel { vmlinux: MaybeDefault::None, debug_syms: false, ..Kernel::default() };
         Self {
             // Names only: file/line and inlined frames would cost time and memory per address.
-            blaze: Blaze::builder()
-                .enable_code_info(false)
-                .enable_inlined_fns(false)
-                .build(),
+            blaze: Blaze::builder().enable_code_info(false).enable_inlined_fns(false).build(),
             kernel_source: Source::Kernel(kernel),
             kernel: HashMap::new(),
             processes: HashMap::new(),
@@ -108,11 +101,7 @@ impl Symbolizer {
     }
 
     pub fn stats(&self) -> Stats {
-        Stats {
-            processes: self.processes.len(),
-            modules: self.modules.len(),
-            ..self.stats
-        }
+        Stats { processes: self.processes.len(), modules: self.modules.len(), ..self.stats }
     }
 
     /// The symbolized stack of a sample. `kernel` and `user` are leaf first, as the kernel's
@@ -125,11 +114,7 @@ impl Symbolizer {
         key_addrs.extend_from_slice(user);
         // User addresses only mean something within their process; kernel-only stacks are
         // shared by all.
-        let key = (
-            if user.is_empty() { 0 } else { pid },
-            key_addrs,
-            kernel.len(),
-        );
+        let key = (if user.is_empty() { 0 } else { pid }, key_addrs, kernel.len());
         if let Some(stack) = self.stacks.get(&key) {
             self.stats.stack_hits += 1;
             return stack.clone();
@@ -142,10 +127,7 @@ impl Symbolizer {
         for (i, &addr) in kernel.iter().enumerate().rev() {
             frames.push(self.kernel_frame(lookup_addr(addr, i)));
         }
-        let stack = Arc::new(Stack {
-            frames,
-            user_len: user.len(),
-        });
+        let stack = Arc::new(Stack { frames, user_len: user.len() });
         if self.stacks.len() >= STACK_CACHE_MAX {
             self.stacks.clear();
         }
@@ -156,8 +138,7 @@ impl Symbolizer {
     /// Forgets processes that have not been sampled for a while.
     pub fn expire(&mut self) {
         let now = Instant::now();
-        self.processes
-            .retain(|_, p| now.duration_since(p.seen_at) < PROCESS_TTL);
+        self.processes.retain(|_, p| now.duration_since(p.seen_at) < PROCESS_TTL);
     }
 
     fn intern(&mut self, name: &str) -> Arc<str> {
@@ -173,10 +154,7 @@ impl Symbolizer {
         if let Some(name) = self.kernel.get(&addr) {
             return name.clone();
         }
-        let name = match self
-            .blaze
-            .symbolize_single(&self.kernel_source, Input::AbsAddr(addr))
-        {
+        let name = match self.blaze.symbolize_single(&self.kernel_source, Input::AbsAddr(addr)) {
             Ok(Symbolized::Sym(sym)) => {
                 let owned = sym.name.into_owned();
                 self.intern(&owned)
@@ -198,15 +176,7 @@ impl Symbolizer {
         if exec {
             let comm = self.intern(comm);
             let maps = self.read_maps(pid);
-            self.processes.insert(
-                pid,
-                Process {
-                    comm,
-                    maps,
-                    read_at: now,
-                    seen_at: now,
-                },
-            );
+            self.processes.insert(pid, Process { comm, maps, read_at: now, seen_at: now });
             // Stacks cached for this pid may belong to the image it replaced.
             self.stacks.retain(|k, _| k.0 != pid);
         }
@@ -214,9 +184,7 @@ impl Symbolizer {
 
     fn read_maps(&mut self, pid: u32) -> Vec<Mapping> {
         self.stats.maps_reads += 1;
-        std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .map(|t| maps::parse(&t))
-            .unwrap_or_default()
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).map(|t| maps::parse(&t)).unwrap_or_default()
     }
 
     fn user_frame(&mut self, pid: u32, addr: u64, now: Instant) -> Arc<str> {
@@ -239,11 +207,7 @@ impl Symbolizer {
             return self.unknown.clone();
         };
         if !mapping.is_file() {
-            return if mapping.path.starts_with('[') {
-                self.intern(&mapping.path)
-            } else {
-                self.unknown.clone()
-            };
+            return if mapping.path.starts_with('[') { self.intern(&mapping.path) } else { self.unknown.clone() };
         }
         let key = (mapping.dev, mapping.inode);
         if !self.modules.contains_key(&key) {
@@ -257,10 +221,7 @@ impl Symbolizer {
         }
         let name = match &module.path {
             Some(path) => {
-                let src = Source::Elf(Elf {
-                    debug_syms: false,
-                    ..Elf::new(path.clone())
-                });
+                let src = Source::Elf(Elf { debug_syms: false, ..Elf::new(path.clone()) });
                 match self.blaze.symbolize_single(&src, Input::FileOffset(offset)) {
                     Ok(Symbolized::Sym(sym)) => Some(sym.name.into_owned()),
                     _ => None,
@@ -287,30 +248,19 @@ impl Symbolizer {
         let candidates = [
             PathBuf::from(path),
             PathBuf::from(format!("/proc/{pid}/root{path}")),
-            PathBuf::from(format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                mapping.start, mapping.end
-            )),
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end)),
         ];
-        let path = candidates.into_iter().find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.dev() == mapping.dev && m.ino() == mapping.inode)
-        });
-        Module {
-            unknown,
-            path,
-            names: HashMap::new(),
-        }
+        let path = candidates
+            .into_iter()
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.dev() == mapping.dev && m.ino() == mapping.inode));
+        Module { unknown, path, names: HashMap::new() }
     }
 }
 
 /// Return addresses point after the call; one byte back lands inside the calling function
 /// (matters when the call is the function's last instruction). The leaf is the exact IP.
 fn lookup_addr(addr: u64, index_from_leaf: usize) -> u64 {
-    if index_from_leaf == 0 {
-        addr
-    } else {
-        addr.saturating_sub(1)
-    }
+    if index_from_leaf == 0 { addr } else { addr.saturating_sub(1) }
 }
 
 #[cfg(test)]

@@ -20,10 +20,9 @@ pub extern "C" fn profiler_test_hot_loop(deadline: &Instant) -> u64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (Some(cpu), Some(secs)) = (
-        args.get(1).and_then(|a| a.parse::<usize>().ok()),
-        args.get(2).and_then(|a| a.parse::<f64>().ok()),
-    ) else {
+    let (Some(cpu), Some(secs)) =
+        (args.get(1).and_then(|a| a.parse::<usize>().ok()), args.get(2).and_then(|a| a.parse::<f64>().ok()))
+    else {
         eprintln!("usage: busy-helper CPU SECONDS");
         std::process::exit(2);
     };
