@@ -13,7 +13,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{
     collect::{CollectConfig, CollectError, Collector, CpuCounters, comm_str, parse_record},
     model::Sample,
-    store::{self, Meta, StoreError, StoreWriter, format::FORMAT_VERSION},
+    store::{
+        self, Meta, StoreError, StoreWriter,
+        format::{FORMAT_VERSION, SEGMENT_NS},
+        retention::{self, Retention, Why},
+        rollup,
+        writer::WriterLimits,
+    },
     symbolize::Symbolizer,
     timespec::now_ns,
 };
@@ -36,6 +42,10 @@ pub struct DaemonConfig {
     pub flush_interval: Duration,
     /// How often the daemon logs a one-line report.
     pub report_interval: Duration,
+    pub retention: Retention,
+    /// Minutes older than this are rolled up into 10 s aggregates; `None`: never.
+    pub rollup_after: Option<Duration>,
+    pub limits: WriterLimits,
 }
 
 /// `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns: BPF stamps samples with boot time (monotonic, counts
@@ -148,7 +158,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
 
     let mut pipeline = Pipeline {
         symbolizer: Symbolizer::new(),
-        writer: StoreWriter::new(&store::segments_dir(&config.data_dir)),
+        writer: StoreWriter::with_limits(&store::segments_dir(&config.data_dir), config.limits),
         comms: HashMap::new(),
         offset: boot_to_unix_offset(),
         kernel: Vec::new(),
@@ -164,6 +174,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let mut report = Report::new(collector.cpus.len());
     let mut last_counters: Vec<CpuCounters> = Vec::new();
     let mut write_failing = false;
+    let mut maintenance = Maintenance::default();
 
     enum Event {
         Data,
@@ -207,18 +218,28 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             Ok(f) => {
                 report.bytes += f.bytes;
                 if write_failing {
-                    log::info!("writing to {} works again", config.data_dir.display());
+                    log::info!(
+                        "writing to {} works again; the samples held meanwhile are written ({} dropped in all)",
+                        config.data_dir.display(),
+                        pipeline.writer.dropped()
+                    );
                     write_failing = false;
                 }
             }
             Err(e) => {
-                // Keep sampling; the samples of this flush are lost, and the log says so once.
+                // Keep sampling and hold what cannot be written (bounded; the oldest go first
+                // past the bound); the log says so once, and again when writing works.
                 if !write_failing {
-                    log::error!("cannot write samples: {e}; retrying every flush");
+                    log::error!(
+                        "cannot write samples: {e}. Sampling goes on; up to {} samples are held in memory and \
+                         written when space returns, the oldest dropped beyond that",
+                        config.limits.max_pending
+                    );
                     write_failing = true;
                 }
             }
         }
+        maintenance.run(&config, write_failing);
         if let Event::Stop(signal) = event {
             log::info!("{signal}: flushed, exiting");
             report.log(&pipeline);
@@ -227,6 +248,74 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         if report.due(config.report_interval) {
             report.log(&pipeline);
             pipeline.symbolizer.expire();
+        }
+    }
+}
+
+/// Retention and tiering, run from the flush tick at their own pace.
+#[derive(Default)]
+struct Maintenance {
+    last_retention: Option<Instant>,
+    last_rollup: Option<Instant>,
+    /// Segments known to be rolled up already (or not worth trying again).
+    rolled: std::collections::HashSet<u64>,
+}
+
+impl Maintenance {
+    fn run(&mut self, config: &DaemonConfig, write_failing: bool) {
+        let due = |last: Option<Instant>, every: Duration| last.is_none_or(|t| t.elapsed() >= every);
+        // While writing fails the disk may be full: apply retention at once, it may free space.
+        if write_failing || due(self.last_retention, Duration::from_secs(5)) {
+            self.last_retention = Some(Instant::now());
+            match retention::enforce(&config.data_dir, &config.retention, now_ns()) {
+                Ok(removed) => {
+                    for r in removed {
+                        let why = match r.why {
+                            Why::Size => format!("the store is over its {} byte limit", config.retention.max_bytes),
+                            Why::Age => {
+                                format!("it is older than {}", crate::timespec::format_duration(config.retention.max_age_ns))
+                            }
+                        };
+                        log::info!(
+                            "removed {} ({} bytes, {}): {why}",
+                            r.path.display(),
+                            r.bytes,
+                            crate::timespec::format(r.start_ns)
+                        );
+                    }
+                }
+                Err(e) => log::warn!("retention: {e}"),
+            }
+        }
+        let Some(after) = config.rollup_after else { return };
+        if !due(self.last_rollup, Duration::from_secs(30)) {
+            return;
+        }
+        self.last_rollup = Some(Instant::now());
+        let cutoff = now_ns().saturating_sub(after.as_nanos() as u64);
+        let Ok(segments) = store::reader::list_segments(&config.data_dir) else { return };
+        // A few per run, so a backlog (after downtime) never stalls sampling for long.
+        let mut budget = 2;
+        for (start, path) in segments {
+            if budget == 0 {
+                break;
+            }
+            if start + SEGMENT_NS > cutoff || !self.rolled.insert(start) {
+                continue;
+            }
+            budget -= 1;
+            match rollup::rollup_segment(&path) {
+                Ok(Some(r)) => log::info!(
+                    "rolled up {} into 10 s aggregates: {} samples in {} rows, {} -> {} bytes",
+                    path.display(),
+                    r.samples,
+                    r.rows,
+                    r.bytes_before,
+                    r.bytes_after
+                ),
+                Ok(None) => {}
+                Err(e) => log::warn!("rollup: {e}"),
+            }
         }
     }
 }
@@ -257,11 +346,12 @@ impl Report {
         let (rss, cpu_time) = self_usage();
         let s = p.symbolizer.stats();
         log::info!(
-            "{:.1} samples/s per CPU ({samples} busy, {idle} idle), lost {}, {} bytes written, \
+            "{:.1} samples/s per CPU ({samples} busy, {idle} idle), lost {}, {} bytes written, {} held, \
              daemon CPU {:.2}%, RSS {:.1} MiB, {} processes and {} modules cached, stack cache hits {}/{}",
             (samples + idle) as f64 / secs / self.cpus.max(1) as f64,
             self.lost,
             self.bytes,
+            p.writer.pending_samples(),
             (cpu_time - self.cpu_time).as_secs_f64() / secs * 100.0,
             rss as f64 / 1048576.0,
             s.processes,

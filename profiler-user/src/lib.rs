@@ -4,6 +4,7 @@
 //! `daemon` wires the first three together; `main.rs` is the CLI over all of them.
 
 pub mod collect;
+pub mod config;
 pub mod daemon;
 pub mod flamegraph;
 pub mod model;

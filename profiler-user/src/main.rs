@@ -10,7 +10,9 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use profiler::{
+    config::{self, ConfigFile},
     daemon::{self, DaemonConfig},
+    store::writer::WriterLimits,
     flamegraph,
     query::{self, Filter, Window},
     store::{Meta, Store},
@@ -29,29 +31,14 @@ struct Cli {
 #[derive(clap::Args)]
 struct DataDir {
     /// Where the daemon stores samples.
-    #[arg(long, default_value = DEFAULT_DATA_DIR, global = true)]
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the profiling daemon in the foreground (needs root, or CAP_BPF + CAP_PERFMON).
-    Run {
-        #[command(flatten)]
-        dir: DataDir,
-        /// Samples per second on each CPU.
-        #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-        frequency: u64,
-        /// Size of the BPF ring buffer in KiB (a power of two).
-        #[arg(long, default_value_t = 4096)]
-        ring_buffer_kib: u32,
-        /// How often samples are written to disk, in milliseconds.
-        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=10_000))]
-        flush_ms: u64,
-        /// How often the daemon logs its one-line report, in seconds.
-        #[arg(long, default_value_t = 10)]
-        report_secs: u64,
-    },
+    Run(RunArgs),
     /// Flamegraph (SVG) or folded stacks of a time window.
     Flamegraph {
         #[command(flatten)]
@@ -89,6 +76,70 @@ enum Command {
     },
 }
 
+/// Flags of `profiler run`. Each overrides the config file, which overrides the defaults.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// TOML file with any of these settings (see README).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Where samples are stored [default: /var/lib/profiler].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Samples per second on each CPU [default: 99].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    frequency: Option<u64>,
+    /// Size of the BPF ring buffer in KiB, a power of two [default: 4096].
+    #[arg(long)]
+    ring_buffer_kib: Option<u32>,
+    /// How often samples are written to disk, in milliseconds [default: 500].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(50..=1_000))]
+    flush_ms: Option<u64>,
+    /// How often the daemon logs its one-line report, in seconds [default: 10].
+    #[arg(long)]
+    report_secs: Option<u64>,
+    /// Size limit of the store; the oldest minutes go first [default: 1GiB].
+    #[arg(long)]
+    max_size: Option<String>,
+    /// Age limit of the store [default: 7d].
+    #[arg(long)]
+    max_age: Option<String>,
+    /// Roll minutes older than this up into 10 s aggregates, or `off` [default: 24h].
+    #[arg(long)]
+    rollup_after: Option<String>,
+}
+
+impl RunArgs {
+    fn into_config(self) -> anyhow::Result<DaemonConfig> {
+        let file = match &self.config {
+            Some(path) => ConfigFile::load(path)?,
+            None => ConfigFile::default(),
+        };
+        let store = file.store;
+        let frequency = self.frequency.or(file.frequency).unwrap_or(99);
+        if !(1..=10_000).contains(&frequency) {
+            anyhow::bail!("frequency {frequency} Hz is out of range: use 1 to 10000");
+        }
+        let flush_ms = self.flush_ms.or(file.flush_ms).unwrap_or(500);
+        if !(50..=1_000).contains(&flush_ms) {
+            anyhow::bail!("flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)");
+        }
+        let retention = config::retention(
+            self.max_size.or(store.max_size).as_deref().unwrap_or("1GiB"),
+            self.max_age.or(store.max_age).as_deref().unwrap_or("7d"),
+        )?;
+        Ok(DaemonConfig {
+            data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+            frequency_hz: frequency,
+            ring_bytes: self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096).saturating_mul(1024),
+            flush_interval: Duration::from_millis(flush_ms),
+            report_interval: Duration::from_secs(self.report_secs.or(file.report_secs).unwrap_or(10).max(1)),
+            retention,
+            rollup_after: config::rollup_after(self.rollup_after.or(store.rollup_after).as_deref().unwrap_or("24h"))?,
+            limits: WriterLimits { dict_cap: store.dict_cap.unwrap_or(WriterLimits::default().dict_cap), ..Default::default() },
+        })
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Format {
     Svg,
@@ -124,14 +175,8 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { dir, frequency, ring_buffer_kib, flush_ms, report_secs } => {
-            let config = DaemonConfig {
-                data_dir: dir.data_dir,
-                frequency_hz: frequency,
-                ring_bytes: ring_buffer_kib.saturating_mul(1024),
-                flush_interval: Duration::from_millis(flush_ms),
-                report_interval: Duration::from_secs(report_secs.max(1)),
-            };
+        Command::Run(args) => {
+            let config = args.into_config()?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -375,6 +375,34 @@ mod tests {
     }
 
     #[test]
+    fn rolled_up_segments_keep_flamegraphs_at_ten_second_resolution() {
+        let input = samples();
+        let (_dir, mut store) = write_store(&input, &[(T0 + 5, 0), (T0 + 15 * NS_PER_SEC, 1)]);
+        let before = store.summary().unwrap();
+        for (_, path) in store.segments().unwrap() {
+            let r = crate::store::rollup::rollup_segment(&path).unwrap().expect("raw segment rolls up");
+            assert!(r.rows < r.samples && r.bytes_after < r.bytes_before, "{r:?}");
+            assert_eq!(crate::store::rollup::rollup_segment(&path).unwrap(), None, "rolled twice");
+        }
+        let after = store.summary().unwrap();
+        assert_eq!(before.cpus, after.cpus);
+        let filters = [
+            Filter::default(),
+            Filter { cpus: vec![2], ..Default::default() },
+            Filter { pid: Some(103), comm: Some("semi;colon".into()), ..Default::default() },
+        ];
+        for (a, b) in [(0, 130), (10, 60), (60, 120)] {
+            let w = Window::new(T0 + a * NS_PER_SEC, T0 + b * NS_PER_SEC).unwrap();
+            for f in &filters {
+                assert_eq!(fold(&mut store, w, f).unwrap().stacks, naive(&input, w, f), "{a}..{b} {f:?}");
+            }
+        }
+        let idle = fold(&mut store, Window::new(T0, T0 + 20 * NS_PER_SEC).unwrap(), &Filter { include_idle: true, ..Default::default() });
+        assert_eq!(idle.unwrap().stacks[IDLE_FRAME], 2);
+        assert!(store.take_warnings().is_empty());
+    }
+
+    #[test]
     fn idle_counts_per_cpu_only_with_include_idle_and_whole_seconds() {
         let input = samples();
         // 10 idle samples on CPU 0 and 4 on CPU 1 in second 3; 7 on CPU 0 in second 4.

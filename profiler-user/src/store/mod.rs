@@ -7,6 +7,8 @@
 pub mod format;
 pub mod meta;
 pub mod reader;
+pub mod retention;
+pub mod rollup;
 pub mod writer;
 
 use std::path::{Path, PathBuf};

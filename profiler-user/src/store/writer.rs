@@ -209,6 +209,10 @@ impl StoreWriter {
             groups.entry(second * NS_PER_SEC / SEGMENT_NS * SEGMENT_NS).or_default().push(second);
         }
         for (segment, seconds) in groups {
+            // Retention may have removed the file since: its dictionary went with it.
+            if !segment_path(&self.dir, segment).exists() {
+                self.dicts.remove(&segment);
+            }
             let known = self.dicts.contains_key(&segment);
             let mut dict = match self.dicts.remove(&segment) {
                 Some(d) if d.entries() < self.limits.dict_cap => d,

@@ -1,0 +1,112 @@
+//! Keeps the store within its bounds: the oldest segments go first, by size and by age.
+
+use std::path::{Path, PathBuf};
+
+use super::{StoreError, format::SEGMENT_NS, reader::list_segments};
+
+/// The store's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Total size of all segments.
+    pub max_bytes: u64,
+    /// Segments that ended longer ago than this are removed.
+    pub max_age_ns: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self { max_bytes: 1 << 30, max_age_ns: 7 * 24 * 3600 * 1_000_000_000 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    Size,
+    Age,
+}
+
+/// A segment retention removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    pub path: PathBuf,
+    pub start_ns: u64,
+    pub bytes: u64,
+    pub why: Why,
+}
+
+/// Removes segments, oldest first, until the store is within `r`. The newest segment is never
+/// removed (the daemon is writing it), so the store exceeds `max_bytes` by at most one segment.
+pub fn enforce(data_dir: &Path, r: &Retention, now_ns: u64) -> Result<Vec<Removed>, StoreError> {
+    let mut segments: Vec<(u64, PathBuf, u64)> = list_segments(data_dir)?
+        .into_iter()
+        .map(|(start, path)| {
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            (start, path, bytes)
+        })
+        .collect();
+    let mut total: u64 = segments.iter().map(|s| s.2).sum();
+    let mut removed = Vec::new();
+    while segments.len() > 1 {
+        let (start, _, bytes) = segments[0];
+        let why = if start.saturating_add(SEGMENT_NS).saturating_add(r.max_age_ns) <= now_ns {
+            Why::Age
+        } else if total > r.max_bytes {
+            Why::Size
+        } else {
+            break;
+        };
+        let (start, path, _) = segments.remove(0);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::Io(path, e)),
+        }
+        total -= bytes;
+        removed.push(Removed { path, start_ns: start, bytes, why });
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{format::NS_PER_SEC, segment_path, segments_dir};
+
+    fn store_with(sizes: &[(u64, usize)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(segments_dir(dir.path())).unwrap();
+        for &(minute, size) in sizes {
+            std::fs::write(segment_path(&segments_dir(dir.path()), minute * SEGMENT_NS), vec![0u8; size]).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn oldest_go_first_until_within_size() {
+        let dir = store_with(&[(10, 100), (11, 100), (12, 100), (13, 100)]);
+        let r = Retention { max_bytes: 250, max_age_ns: u64::MAX / 2 };
+        let removed = enforce(dir.path(), &r, 14 * SEGMENT_NS).unwrap();
+        assert_eq!(removed.iter().map(|r| r.start_ns / SEGMENT_NS).collect::<Vec<_>>(), vec![10, 11]);
+        assert!(removed.iter().all(|r| r.why == Why::Size));
+        assert_eq!(list_segments(dir.path()).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn the_newest_segment_stays_even_when_too_big() {
+        let dir = store_with(&[(10, 100), (11, 1000)]);
+        let r = Retention { max_bytes: 10, max_age_ns: 0 };
+        enforce(dir.path(), &r, 100 * SEGMENT_NS).unwrap();
+        let left = list_segments(dir.path()).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].0, 11 * SEGMENT_NS);
+    }
+
+    #[test]
+    fn old_segments_go_by_age() {
+        let dir = store_with(&[(10, 1), (11, 1), (20, 1)]);
+        let r = Retention { max_bytes: u64::MAX, max_age_ns: 5 * 60 * NS_PER_SEC };
+        let removed = enforce(dir.path(), &r, 17 * SEGMENT_NS).unwrap();
+        assert_eq!(removed.len(), 2);
+        assert!(removed.iter().all(|r| r.why == Why::Age));
+    }
+}

@@ -1,0 +1,169 @@
+//! Tiering: segments older than a threshold are rewritten as 10-second aggregates (stack →
+//! count per CPU and process), which keep flamegraphs of old windows and drop subsecond detail.
+//! The rewrite goes to a temporary file renamed over the segment, so a reader sees either the
+//! old file or the new one, and a crash leaves the old one.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::Path,
+};
+
+use super::{
+    StoreError,
+    format::{
+        BlockHeader, Blocks, CpuCounts, DictDelta, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION, NS_PER_SEC,
+        SampleColumns, SegmentHeader, StoredStack, Summary, encode_block, pack, unpack,
+    },
+};
+
+/// Span of one rollup block.
+pub const ROLLUP_NS: u64 = 10 * NS_PER_SEC;
+
+/// Whether a segment's first block is a rollup block (rolled segments are never rolled again).
+pub fn is_rolled_up(data: &[u8]) -> bool {
+    Blocks::new(data).next().is_some_and(|(h, _)| h.flags & FLAG_ROLLUP != 0)
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RolledUp {
+    pub samples: u64,
+    pub rows: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+#[derive(Default)]
+struct Interner {
+    delta: DictDelta,
+    strings: HashMap<String, u32>,
+    stacks: HashMap<StoredStack, u32>,
+    next_string: u32,
+    next_stack: u32,
+}
+
+impl Interner {
+    fn string(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.strings.get(s) {
+            return id;
+        }
+        let id = self.next_string;
+        self.next_string += 1;
+        self.strings.insert(s.to_string(), id);
+        self.delta.strings.push(s.to_string());
+        id
+    }
+
+    fn stack(&mut self, dict: &super::format::Dict, old: u32) -> u32 {
+        let old = &dict.stacks[old as usize];
+        let frames = old.frames.iter().map(|&f| self.string(&dict.strings[f as usize])).collect();
+        let stored = StoredStack { frames, user_len: old.user_len };
+        if let Some(&id) = self.stacks.get(&stored) {
+            return id;
+        }
+        let id = self.next_stack;
+        self.next_stack += 1;
+        self.stacks.insert(stored.clone(), id);
+        self.delta.stacks.push(stored);
+        id
+    }
+}
+
+/// (cpu, pid, comm, cgroup, stack) in the new dictionary.
+type Key = (u32, u32, u32, u64, u32);
+
+#[derive(Default)]
+struct Window {
+    counts: BTreeMap<Key, u64>,
+    cpus: BTreeMap<u32, CpuCounts>,
+}
+
+/// Rewrites one raw segment as rollup blocks. Returns `None` if it was rolled up already.
+pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
+    let io = |e| StoreError::Io(path.to_path_buf(), e);
+    let data = std::fs::read(path).map_err(io)?;
+    let header = match SegmentHeader::decode(&data) {
+        Ok(h) => h,
+        Err(e) => {
+            log::warn!("not rolling up {}: {e}", path.display());
+            return Ok(None);
+        }
+    };
+    if is_rolled_up(&data) {
+        return Ok(None);
+    }
+    let mut dict = super::format::Dict::default();
+    let mut interner = Interner::default();
+    let mut windows: BTreeMap<u64, Window> = BTreeMap::new();
+    let mut stats = RolledUp { bytes_before: data.len() as u64, ..Default::default() };
+    for (h, sections) in Blocks::new(&data) {
+        let decoded = dict.apply(&h, sections.dict).and_then(|()| {
+            let summary: Summary = unpack(sections.summary)?;
+            let cols: SampleColumns = unpack(sections.samples)?;
+            cols.validate(dict.strings.len(), dict.stacks.len())?;
+            Ok((summary, cols))
+        });
+        let (summary, cols) = match decoded {
+            Ok(x) => x,
+            Err(e) => {
+                log::warn!("not rolling up {}: {e}", path.display());
+                return Ok(None);
+            }
+        };
+        let w = windows.entry(h.start_ns / ROLLUP_NS * ROLLUP_NS).or_default();
+        for c in summary.cpus {
+            let e = w.cpus.entry(c.cpu).or_insert(CpuCounts { cpu: c.cpu, ..Default::default() });
+            e.busy += c.busy;
+            e.idle += c.idle;
+            e.lost += c.lost;
+        }
+        for i in 0..cols.len() {
+            let comm = interner.string(&dict.strings[cols.comm[i] as usize]);
+            let stack = interner.stack(&dict, cols.stack[i]);
+            *w.counts.entry((cols.cpu[i], cols.pid[i], comm, cols.cgroup[i], stack)).or_default() += cols.count(i);
+            stats.samples += cols.count(i);
+        }
+    }
+    let mut out = SegmentHeader { version: FORMAT_VERSION, start_ns: header.start_ns }.encode().to_vec();
+    for (i, (start, w)) in windows.into_iter().enumerate() {
+        let n = w.counts.len();
+        let mut cols = SampleColumns { ts_delta_us: vec![0; n], tid: vec![0; n], ..Default::default() };
+        let mut total = 0u64;
+        for ((cpu, pid, comm, cgroup, stack), count) in w.counts {
+            cols.cpu.push(cpu);
+            cols.pid.push(pid);
+            cols.comm.push(comm);
+            cols.cgroup.push(cgroup);
+            cols.stack.push(stack);
+            cols.count.push(count.min(u64::from(u32::MAX)) as u32);
+            total += count;
+        }
+        stats.rows += n as u64;
+        let h = BlockHeader {
+            flags: FLAG_ROLLUP | if i == 0 { FLAG_RESET_DICT } else { 0 },
+            start_ns: start,
+            end_ns: start + ROLLUP_NS,
+            samples: total.min(u64::from(u32::MAX)) as u32,
+            idle: w.cpus.values().map(|c| c.idle).sum::<u64>().min(u64::from(u32::MAX)) as u32,
+            ..Default::default()
+        };
+        let summary = Summary { cpus: w.cpus.into_values().collect(), buckets: Vec::new() };
+        // The whole dictionary goes with the first block; later blocks add nothing.
+        let delta = if i == 0 { std::mem::take(&mut interner.delta) } else { DictDelta::default() };
+        out.extend(encode_block(&h, &pack(&delta), &pack(&summary), &pack(&cols)));
+    }
+    let tmp = path.with_extension("rollup.tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(&out)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(StoreError::Io(tmp, e));
+    }
+    std::fs::rename(&tmp, path).map_err(io)?;
+    stats.bytes_after = out.len() as u64;
+    Ok(Some(stats))
+}
