@@ -114,7 +114,8 @@ mod tests {
 
     #[test]
     fn config_file_and_errors() {
-        let c: ConfigFile = toml::from_str("frequency = 49\n[store]\nmax_size = \"64MiB\"\nrollup_after = \"off\"\n").unwrap();
+        let c: ConfigFile =
+            toml::from_str("frequency = 49\n[store]\nmax_size = \"64MiB\"\nrollup_after = \"off\"\n").unwrap();
         assert_eq!(c.frequency, Some(49));
         assert_eq!(rollup_after(c.store.rollup_after.as_deref().unwrap()).unwrap(), None);
         assert!(toml::from_str::<ConfigFile>("frequncy = 49").is_err(), "typos are refused");

@@ -273,7 +273,10 @@ impl Maintenance {
                         let why = match r.why {
                             Why::Size => format!("the store is over its {} byte limit", config.retention.max_bytes),
                             Why::Age => {
-                                format!("it is older than {}", crate::timespec::format_duration(config.retention.max_age_ns))
+                                format!(
+                                    "it is older than {}",
+                                    crate::timespec::format_duration(config.retention.max_age_ns)
+                                )
                             }
                         };
                         log::info!(

@@ -12,9 +12,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use profiler::{
     config::{self, ConfigFile},
     daemon::{self, DaemonConfig},
-    store::writer::WriterLimits,
     flamegraph,
     query::{self, Filter, Window},
+    store::writer::WriterLimits,
     store::{Meta, Store},
     timespec,
 };
@@ -121,7 +121,9 @@ impl RunArgs {
         }
         let flush_ms = self.flush_ms.or(file.flush_ms).unwrap_or(500);
         if !(50..=1_000).contains(&flush_ms) {
-            anyhow::bail!("flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)");
+            anyhow::bail!(
+                "flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)"
+            );
         }
         let retention = config::retention(
             self.max_size.or(store.max_size).as_deref().unwrap_or("1GiB"),
@@ -135,7 +137,10 @@ impl RunArgs {
             report_interval: Duration::from_secs(self.report_secs.or(file.report_secs).unwrap_or(10).max(1)),
             retention,
             rollup_after: config::rollup_after(self.rollup_after.or(store.rollup_after).as_deref().unwrap_or("24h"))?,
-            limits: WriterLimits { dict_cap: store.dict_cap.unwrap_or(WriterLimits::default().dict_cap), ..Default::default() },
+            limits: WriterLimits {
+                dict_cap: store.dict_cap.unwrap_or(WriterLimits::default().dict_cap),
+                ..Default::default()
+            },
         })
     }
 }

@@ -397,7 +397,11 @@ mod tests {
                 assert_eq!(fold(&mut store, w, f).unwrap().stacks, naive(&input, w, f), "{a}..{b} {f:?}");
             }
         }
-        let idle = fold(&mut store, Window::new(T0, T0 + 20 * NS_PER_SEC).unwrap(), &Filter { include_idle: true, ..Default::default() });
+        let idle = fold(
+            &mut store,
+            Window::new(T0, T0 + 20 * NS_PER_SEC).unwrap(),
+            &Filter { include_idle: true, ..Default::default() },
+        );
         assert_eq!(idle.unwrap().stacks[IDLE_FRAME], 2);
         assert!(store.take_warnings().is_empty());
     }

@@ -79,12 +79,16 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_with_flush(data_dir, extra, 200)
+    }
+
+    pub fn start_with_flush(data_dir: &Path, extra: &[&str], flush_ms: u64) -> Self {
         let log = data_dir.with_extension("log");
-        let log_file = std::fs::File::create(&log).expect("daemon log");
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("daemon log");
         let child = Command::new(profiler_bin())
             .args(["run", "--data-dir"])
             .arg(data_dir)
-            .args(["--flush-ms", "200"])
+            .args(["--flush-ms", &flush_ms.to_string()])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -99,6 +103,11 @@ impl Daemon {
 
     /// Waits until the daemon has written its first block.
     pub fn wait_ready(&mut self) {
+        self.wait_ready_since(0.0);
+    }
+
+    /// Waits until the store holds a block that ends after `since` (unix seconds).
+    pub fn wait_ready_since(&mut self, since: f64) {
         let dir = self.data_dir.clone();
         wait_for("the daemon's first block", Duration::from_secs(30), || {
             if let Some(child) = self.child.as_mut()
@@ -106,9 +115,16 @@ impl Daemon {
             {
                 panic!("the daemon exited ({st}) before writing anything:\n{}", self.log_text());
             }
-            let span = status_json(&dir)?["summary"]["span"].as_array()?.len();
-            (span == 2).then_some(())
+            let end = status_json(&dir)?["summary"]["span"][1].as_u64()?;
+            (end as f64 / 1e9 > since).then_some(())
         });
+    }
+
+    /// SIGKILL: no chance to flush.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("daemon running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
     }
 
     /// SIGTERM, then waits for a clean exit.

@@ -110,3 +110,54 @@ mod tests {
         assert!(removed.iter().all(|r| r.why == Why::Age));
     }
 }
+
+#[cfg(test)]
+mod bound_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        model::{Sample, Stack},
+        store::{StoreWriter, format::NS_PER_SEC, segments_dir},
+    };
+
+    /// The daemon's loop in fast-forward: 30 minutes of samples, flushed every half second,
+    /// retention after every flush. The store never exceeds its limit by more than a segment.
+    #[test]
+    fn a_small_size_limit_is_exceeded_by_at_most_one_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(segments_dir(dir.path())).unwrap();
+        let mut w = StoreWriter::new(&segments_dir(dir.path()));
+        let limit = 64 * 1024;
+        let r = Retention { max_bytes: limit, max_age_ns: u64::MAX / 2 };
+        let stacks: Vec<Arc<Stack>> = (0..500)
+            .map(|i| Arc::new(Stack { frames: vec![Arc::from(format!("f{i}")), Arc::from("main")], user_len: 2 }))
+            .collect();
+        let comm: Arc<str> = Arc::from("app");
+        let t0 = 1_795_000_000 * NS_PER_SEC;
+        let (mut largest, mut removed) = (0u64, 0);
+        for tick in 0..3600u64 {
+            let now = t0 + tick * NS_PER_SEC / 2;
+            for k in 0..100u64 {
+                let x = (tick * 100 + k).wrapping_mul(2654435761);
+                w.push(&Sample {
+                    ts_ns: now + k * 5_000_000,
+                    cpu: (x % 4) as u32,
+                    pid: 1,
+                    tid: 1,
+                    cgroup_id: 0,
+                    comm: comm.clone(),
+                    stack: stacks[(x % 500) as usize].clone(),
+                });
+            }
+            w.flush(now).unwrap();
+            removed += enforce(dir.path(), &r, now).unwrap().len();
+            let sizes: Vec<u64> =
+                list_segments(dir.path()).unwrap().iter().map(|(_, p)| std::fs::metadata(p).unwrap().len()).collect();
+            largest = largest.max(*sizes.iter().max().unwrap());
+            let total: u64 = sizes.iter().sum();
+            assert!(total <= limit + largest, "tick {tick}: {total} bytes > {limit} + one segment ({largest})");
+        }
+        assert!(removed > 10, "retention never had to act ({removed} removals)");
+    }
+}
