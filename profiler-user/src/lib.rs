@@ -11,4 +11,5 @@ pub mod model;
 pub mod query;
 pub mod store;
 pub mod symbolize;
+pub mod synth;
 pub mod timespec;

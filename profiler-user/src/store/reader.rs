@@ -127,79 +127,9 @@ impl Store {
                 self.warnings.push(format!("skipped {}: {e}", path.display()));
                 continue;
             }
-            self.scan_segment(&path, &data, from_ns, to_ns, need, visitor);
+            scan_segment(&path, &data, from_ns, to_ns, need, visitor, &mut self.warnings);
         }
         Ok(())
-    }
-
-    fn scan_segment(
-        &mut self,
-        path: &Path,
-        data: &[u8],
-        from_ns: u64,
-        to_ns: u64,
-        need: Need,
-        visitor: &mut impl Visitor,
-    ) {
-        let mut dict = Dict::default();
-        let mut blocks = Blocks::new(data);
-        for (header, sections) in blocks.by_ref() {
-            let overlaps = header.start_ns < to_ns && header.end_ns > from_ns;
-            if need == Need::Samples {
-                if header.flags & super::format::FLAG_RESET_DICT != 0 {
-                    visitor.dict_done(&dict);
-                }
-                // Every block's dictionary counts, even outside the window: later ids build on it.
-                if let Err(e) = dict.apply(&header, sections.dict) {
-                    self.warnings.push(format!("{}: {e}; skipped the rest of the file", path.display()));
-                    visitor.dict_done(&dict);
-                    return;
-                }
-            }
-            if !overlaps {
-                continue;
-            }
-            let summary = if need >= Need::Summary {
-                match unpack::<Summary>(sections.summary) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        self.warnings.push(format!("skipped a block of {}: {e}", path.display()));
-                        continue;
-                    }
-                }
-            } else {
-                None
-            };
-            let samples = if need == Need::Samples {
-                match unpack::<SampleColumns>(sections.samples)
-                    .and_then(|c| c.validate(dict.strings.len(), dict.stacks.len()).map(|()| c))
-                {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        self.warnings.push(format!("skipped a block of {}: {e}", path.display()));
-                        continue;
-                    }
-                }
-            } else {
-                None
-            };
-            visitor.block(BlockView {
-                header: &header,
-                dict: &dict,
-                summary: summary.as_ref(),
-                samples: samples.as_ref(),
-            });
-        }
-        if need == Need::Samples {
-            visitor.dict_done(&dict);
-        }
-        if let Some(Tail::Corrupt { offset, reason }) = blocks.tail() {
-            self.warnings.push(format!(
-                "{}: {reason} at byte {offset}; the {} bytes after it were skipped",
-                path.display(),
-                data.len() - offset
-            ));
-        }
     }
 
     /// Span, sizes and per-CPU counts of the whole store, from block summaries.
@@ -233,6 +163,78 @@ impl Store {
         let mut span: Option<(u64, u64)> = None;
         self.scan(0, u64::MAX, Need::Headers, &mut |b: BlockView<'_>| span = Some(extend(span, b.header)))?;
         Ok(span)
+    }
+}
+
+/// Walks one segment held in memory (header already checked), as `Store::scan` does for each
+/// file. Problems become sentences in `warnings`; nothing here panics on any input.
+pub fn scan_segment(
+    path: &Path,
+    data: &[u8],
+    from_ns: u64,
+    to_ns: u64,
+    need: Need,
+    visitor: &mut impl Visitor,
+    warnings: &mut Vec<String>,
+) {
+    let mut dict = Dict::default();
+    let mut blocks = Blocks::new(data);
+    for (header, sections) in blocks.by_ref() {
+        let overlaps = header.start_ns < to_ns && header.end_ns > from_ns;
+        if need == Need::Samples {
+            if header.flags & super::format::FLAG_RESET_DICT != 0 {
+                visitor.dict_done(&dict);
+            }
+            // Every block's dictionary counts, even outside the window: later ids build on it.
+            if let Err(e) = dict.apply(&header, sections.dict) {
+                warnings.push(format!("{}: {e}; skipped the rest of the file", path.display()));
+                visitor.dict_done(&dict);
+                return;
+            }
+        }
+        if !overlaps {
+            continue;
+        }
+        let summary = if need >= Need::Summary {
+            match unpack::<Summary>(sections.summary) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warnings.push(format!("skipped a block of {}: {e}", path.display()));
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        let samples = if need == Need::Samples {
+            match unpack::<SampleColumns>(sections.samples)
+                .and_then(|c| c.validate(dict.strings.len(), dict.stacks.len()).map(|()| c))
+            {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    warnings.push(format!("skipped a block of {}: {e}", path.display()));
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        visitor.block(BlockView {
+            header: &header,
+            dict: &dict,
+            summary: summary.as_ref(),
+            samples: samples.as_ref(),
+        });
+    }
+    if need == Need::Samples {
+        visitor.dict_done(&dict);
+    }
+    if let Some(Tail::Corrupt { offset, reason }) = blocks.tail() {
+        warnings.push(format!(
+            "{}: {reason} at byte {offset}; the {} bytes after it were skipped",
+            path.display(),
+            data.len() - offset
+        ));
     }
 }
 
