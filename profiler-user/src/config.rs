@@ -69,7 +69,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
         _ => return None,
     };
     let bytes = value * scale;
-    (bytes.is_finite() && bytes >= 1.0 && bytes < 1.8e19).then_some(bytes as u64)
+    (bytes.is_finite() && (1.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
 }
 
 pub fn size(what: &'static str, value: &str) -> Result<u64, ConfigError> {

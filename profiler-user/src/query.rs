@@ -1,10 +1,7 @@
 //! Answers window queries over the store: which samples fall in `[from, to)` and match the
 //! filters, folded into stacks with counts.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    path::PathBuf,
-};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use crate::{
     store::{
@@ -99,8 +96,9 @@ impl Window {
 /// Stacks folded to counts, plus the per-CPU totals behind them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Folded {
-    /// Folded line (without the count) → samples.
-    pub stacks: HashMap<String, u64>,
+    /// Folded line (without the count) → samples. (Fx: lines are long, and SipHash over
+    /// kilobytes per line was a third of a query's time.)
+    pub stacks: rustc_hash::FxHashMap<String, u64>,
     /// Matching samples per CPU: (non-idle, idle).
     pub per_cpu: BTreeMap<u32, (u64, u64)>,
 }
@@ -120,18 +118,27 @@ impl Folded {
 
 /// Frame names can not contain the folded format's separators.
 fn push_name(line: &mut String, name: &str) {
-    line.extend(name.chars().map(|c| if c == ';' { ':' } else { c }));
+    if name.contains(';') {
+        line.extend(name.chars().map(|c| if c == ';' { ':' } else { c }));
+    } else {
+        line.push_str(name);
+    }
 }
 
 /// The folded line of one stored stack: comm, user frames, kernel frames marked `_[k]`.
 pub fn fold_line(dict: &Dict, comm: u32, stack: u32) -> String {
-    let mut line = String::new();
+    fold_line_with(dict, comm, stack, &mut Vec::new())
+}
+
+/// [`fold_line`] with a caller-provided scratch buffer.
+fn fold_line_with(dict: &Dict, comm: u32, stack: u32, frames: &mut Vec<(u32, bool)>) -> String {
+    let mut line = String::with_capacity(256);
     push_name(&mut line, &dict.strings[comm as usize]);
-    let stack = &dict.stacks[stack as usize];
-    for (i, &f) in stack.frames.iter().enumerate() {
+    dict.frames(stack, frames);
+    for &(f, kernel) in frames.iter() {
         line.push(';');
         push_name(&mut line, &dict.strings[f as usize]);
-        if i >= stack.user_len as usize {
+        if kernel {
             line.push_str(KERNEL_SUFFIX);
         }
     }
@@ -161,7 +168,7 @@ fn held(store: &mut Store) -> Result<String, StoreError> {
 struct FoldVisitor<'a> {
     window: Window,
     filter: &'a Filter,
-    counts: HashMap<(u32, u32), u64>,
+    counts: rustc_hash::FxHashMap<(u32, u32), u64>,
     folded: Folded,
     in_window: u64,
 }
@@ -200,8 +207,9 @@ impl Visitor for FoldVisitor<'_> {
     }
 
     fn dict_done(&mut self, dict: &Dict) {
+        let mut scratch = Vec::new();
         for ((comm, stack), n) in self.counts.drain() {
-            *self.folded.stacks.entry(fold_line(dict, comm, stack)).or_default() += n;
+            *self.folded.stacks.entry(fold_line_with(dict, comm, stack, &mut scratch)).or_default() += n;
         }
     }
 }
@@ -209,7 +217,7 @@ impl Visitor for FoldVisitor<'_> {
 /// Folds the samples of `window` that match `filter`.
 pub fn fold(store: &mut Store, window: Window, filter: &Filter) -> Result<Folded, QueryError> {
     check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
-    let mut v = FoldVisitor { window, filter, counts: HashMap::new(), folded: Folded::default(), in_window: 0 };
+    let mut v = FoldVisitor { window, filter, counts: Default::default(), folded: Folded::default(), in_window: 0 };
     store.scan(window.from_ns, window.to_ns, Need::Samples, &mut v)?;
     let FoldVisitor { folded, in_window, .. } = v;
     if folded.stacks.is_empty() {
@@ -241,8 +249,8 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
     let columns = (window.to_ns.div_ceil(NS_PER_SEC) - first) as usize;
     let mut counts = vec![vec![0u64; rows]; columns];
     let unfiltered = filter.cpus.is_empty() && filter.pid.is_none() && filter.comm.is_none();
-    let aligned = window.from_ns % BUCKET_NS == 0 && window.to_ns % BUCKET_NS == 0;
-    if unfiltered && aligned && BUCKETS_PER_SEC % rows == 0 {
+    let aligned = window.from_ns.is_multiple_of(BUCKET_NS) && window.to_ns.is_multiple_of(BUCKET_NS);
+    if unfiltered && aligned && BUCKETS_PER_SEC.is_multiple_of(rows) {
         let per_row = BUCKETS_PER_SEC / rows;
         store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
             let summary = b.summary.expect("summary decoded");
@@ -341,8 +349,8 @@ mod tests {
     }
 
     /// What `fold` should return, computed the obvious way.
-    fn naive(samples: &[Sample], w: Window, f: &Filter) -> HashMap<String, u64> {
-        let mut out = HashMap::new();
+    fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::FxHashMap<String, u64> {
+        let mut out = rustc_hash::FxHashMap::default();
         for s in samples.iter().filter(|s| {
             w.contains(s.ts_ns)
                 && (f.cpus.is_empty() || f.cpus.contains(&s.cpu))
@@ -372,8 +380,10 @@ mod tests {
                 let (b, h, d) = (v.samples.unwrap(), v.header, v.dict);
                 for (i, ts) in b.timestamps(h.start_ns).enumerate() {
                     assert!((h.start_ns..h.end_ns).contains(&ts));
-                    let st = &d.stacks[b.stack[i] as usize];
-                    let frames = st.frames.iter().map(|&f| Arc::from(d.strings[f as usize].as_str())).collect();
+                    let mut nodes = Vec::new();
+                    d.frames(b.stack[i], &mut nodes);
+                    let user_len = nodes.iter().filter(|(_, k)| !k).count();
+                    let frames = nodes.iter().map(|&(f, _)| Arc::from(d.strings[f as usize].as_str())).collect();
                     got.push(Sample {
                         ts_ns: ts,
                         cpu: b.cpu[i],
@@ -381,7 +391,7 @@ mod tests {
                         tid: b.tid[i],
                         cgroup_id: b.cgroup[i],
                         comm: Arc::from(d.strings[b.comm[i] as usize].as_str()),
-                        stack: Arc::new(Stack { frames, user_len: st.user_len as usize }),
+                        stack: Arc::new(Stack { frames, user_len }),
                     });
                 }
             })
@@ -617,8 +627,8 @@ mod properties {
             })
     }
 
-    fn naive(samples: &[Sample], w: Window, f: &Filter) -> HashMap<String, u64> {
-        let mut out = HashMap::new();
+    fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::FxHashMap<String, u64> {
+        let mut out = rustc_hash::FxHashMap::default();
         for s in samples.iter().filter(|s| {
             w.contains(s.ts_ns)
                 && (f.cpus.is_empty() || f.cpus.contains(&s.cpu))

@@ -42,15 +42,51 @@ const KERNEL_ROOTS: &[&[&str]] = &[
 ];
 
 const KERNEL_LEAVES: &[&str] = &[
-    "__x64_sys_read", "ksys_read", "vfs_read", "seq_read_iter", "memcg_stat_show", "mem_cgroup_node_nr_lru_pages",
-    "mem_cgroup_nr_lru_pages", "__x64_sys_futex", "do_futex", "futex_wait", "schedule", "__schedule",
-    "finish_task_switch.isra.0", "__x64_sys_epoll_wait", "do_epoll_wait", "ep_poll", "__x64_sys_ioctl",
-    "nvidia_ioctl", "nvidia_unlocked_ioctl", "os_acquire_spinlock", "_raw_spin_lock_irqsave", "net_rx_action",
-    "__napi_poll", "ena_io_poll", "ena_clean_rx_irq", "napi_gro_receive", "netif_receive_skb_list_internal",
-    "tcp_v4_rcv", "tcp_rcv_established", "copy_user_enhanced_fast_string", "__memcg_slab_free_hook",
-    "clear_page_erms", "__alloc_pages", "get_page_from_freelist", "rmqueue", "filemap_read",
-    "filemap_get_pages", "cgroup_rstat_flush_locked", "mem_cgroup_css_rstat_flush", "tick_sched_timer",
-    "update_process_times", "scheduler_tick", "task_tick_fair", "irq_exit_rcu", "__do_softirq",
+    "__x64_sys_read",
+    "ksys_read",
+    "vfs_read",
+    "seq_read_iter",
+    "memcg_stat_show",
+    "mem_cgroup_node_nr_lru_pages",
+    "mem_cgroup_nr_lru_pages",
+    "__x64_sys_futex",
+    "do_futex",
+    "futex_wait",
+    "schedule",
+    "__schedule",
+    "finish_task_switch.isra.0",
+    "__x64_sys_epoll_wait",
+    "do_epoll_wait",
+    "ep_poll",
+    "__x64_sys_ioctl",
+    "nvidia_ioctl",
+    "nvidia_unlocked_ioctl",
+    "os_acquire_spinlock",
+    "_raw_spin_lock_irqsave",
+    "net_rx_action",
+    "__napi_poll",
+    "ena_io_poll",
+    "ena_clean_rx_irq",
+    "napi_gro_receive",
+    "netif_receive_skb_list_internal",
+    "tcp_v4_rcv",
+    "tcp_rcv_established",
+    "copy_user_enhanced_fast_string",
+    "__memcg_slab_free_hook",
+    "clear_page_erms",
+    "__alloc_pages",
+    "get_page_from_freelist",
+    "rmqueue",
+    "filemap_read",
+    "filemap_get_pages",
+    "cgroup_rstat_flush_locked",
+    "mem_cgroup_css_rstat_flush",
+    "tick_sched_timer",
+    "update_process_times",
+    "scheduler_tick",
+    "task_tick_fair",
+    "irq_exit_rcu",
+    "__do_softirq",
 ];
 
 const USER_ROOTS: &[(&str, &[&str])] = &[
@@ -59,14 +95,33 @@ const USER_ROOTS: &[(&str, &[&str])] = &[
     ("containerd", &["runtime.goexit.abi0", "github.com/containerd/containerd/v2/core/runtime/v2.(*shim).State"]),
     ("nvidia-smi", &["_start", "__libc_start_main", "main", "nvmlDeviceGetUtilizationRates"]),
     ("pt_main_thread", &["start_thread", "execute_native_thread_routine", "torch::autograd::Engine::thread_main"]),
-    ("node_exporter", &["runtime.goexit.abi0", "github.com/prometheus/node_exporter/collector.(*meminfoCollector).Update"]),
+    (
+        "node_exporter",
+        &["runtime.goexit.abi0", "github.com/prometheus/node_exporter/collector.(*meminfoCollector).Update"],
+    ),
 ];
 
 const USER_WORDS: &[&str] = &[
-    "at::native::", "at::Tensor::", "c10::impl::", "torch::autograd::", "cudaStreamSynchronize", "cuLaunchKernel",
-    "ncclAllReduce", "PyObject_Call", "_PyObject_MakeTpCall", "method_vectorcall_FASTCALL", "runtime.mallocgc",
-    "runtime.scanobject", "encoding/json.(*decodeState).", "syscall.Syscall", "std::vector<float>::", "memcpy",
-    "__memmove_avx_unaligned_erms", "pthread_cond_wait", "__GI___poll", "read",
+    "at::native::",
+    "at::Tensor::",
+    "c10::impl::",
+    "torch::autograd::",
+    "cudaStreamSynchronize",
+    "cuLaunchKernel",
+    "ncclAllReduce",
+    "PyObject_Call",
+    "_PyObject_MakeTpCall",
+    "method_vectorcall_FASTCALL",
+    "runtime.mallocgc",
+    "runtime.scanobject",
+    "encoding/json.(*decodeState).",
+    "syscall.Syscall",
+    "std::vector<float>::",
+    "memcpy",
+    "__memmove_avx_unaligned_erms",
+    "pthread_cond_wait",
+    "__GI___poll",
+    "read",
 ];
 
 /// A pool of distinct stacks with Zipf-like popularity.
@@ -96,11 +151,14 @@ impl StackPool {
             let kernel_depth = if rng.unit() < 0.35 { (3 + rng.below(15) as usize).min(depth - 5) } else { 0 };
             let user_depth = depth - kernel_depth;
             let mut frames: Vec<Arc<str>> = USER_ROOTS[proc_i].1.iter().map(|f| Arc::from(*f)).collect();
-            // A walk whose early steps have few choices: shared prefixes, diverse leaves.
-            let mut node = proc_i as u64;
+            // A walk whose early steps have few choices: shared prefixes (a framework's main
+            // loop), diverse leaves, as in real call trees.
+            let mut node = proc_i as u64 + 1;
             while frames.len() < user_depth {
-                let fanout = 2 + frames.len() as u64 * 3;
-                node = node.wrapping_mul(31).wrapping_add(rng.below(fanout));
+                // Most calls go where they went last time; one in four branches off.
+                let choice = if rng.unit() < 0.75 { 0 } else { 1 + rng.below(3) };
+                node = (node ^ choice.wrapping_add(0x9e3779b97f4a7c15)).wrapping_mul(0xbf58476d1ce4e5b9);
+                node ^= node >> 29;
                 frames.push(vocab[(node % vocab.len() as u64) as usize].clone());
             }
             frames.truncate(user_depth);

@@ -5,7 +5,7 @@
 //! flush writes what arrived since the last) or, in a rolled-up segment, ten seconds.
 //!
 //! Each block has three separately compressed sections, so a reader decodes only what it needs:
-//! - `dict`: the strings and stacks first used in this block. Ids are per segment: a block may
+//! - `dict`: the strings and stack nodes first used in this block. Ids are per segment: a block may
 //!   use any entry of the blocks before it in the same file (unless it sets `FLAG_RESET_DICT`,
 //!   which starts the dictionary over; the writer does so to bound its memory).
 //! - `summary`: per-CPU busy/idle/lost counts and busy samples per 10 ms of the second, enough
@@ -262,18 +262,25 @@ impl<'a> Iterator for Blocks<'a> {
 /// Index of a string in the segment's dictionary.
 pub type StrId = u32;
 
-/// A stack as stored: string ids, root first; `frames[..user_len]` are user frames.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct StoredStack {
-    pub frames: Vec<StrId>,
-    pub user_len: u32,
-}
-
-/// Dictionary entries first used in a block; their ids follow those of earlier blocks.
+/// Stacks are nodes of a call tree (a trie of frames): node `i` is the stack of its parent
+/// plus one frame. Node 0 is the empty stack, implicit in every dictionary; stored nodes count
+/// from 1. Stacks that share a prefix share its nodes, which is most of a deep stack's bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DictDelta {
     pub strings: Vec<String>,
-    pub stacks: Vec<StoredStack>,
+    /// Per new node: its id minus its parent's id (ids are assigned in order, so children
+    /// created with their parent are 1 apart and compress well).
+    pub parent_delta: Vec<u32>,
+    /// Per new node: string id of its frame, times two, plus one for a kernel frame.
+    pub frame: Vec<u32>,
+}
+
+/// A stack node as a reader holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub parent: u32,
+    pub frame: StrId,
+    pub kernel: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -358,10 +365,19 @@ impl SampleColumns {
     }
 }
 
+thread_local! {
+    // zstd contexts are costly to set up (tens of KB each): one per thread, reused.
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> = const { std::cell::RefCell::new(None) };
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Serialises and compresses one section.
 pub fn pack<T: Serialize>(value: &T) -> Vec<u8> {
     let raw = postcard::to_stdvec(value).expect("serialising to memory cannot fail");
-    zstd::bulk::compress(&raw, 3).expect("zstd compression into memory cannot fail")
+    COMPRESSOR.with_borrow_mut(|c| {
+        let c = c.get_or_insert_with(|| zstd::bulk::Compressor::new(3).expect("zstd context"));
+        c.compress(&raw).expect("zstd compression into memory cannot fail")
+    })
 }
 
 /// Decompresses and deserialises one section.
@@ -372,36 +388,65 @@ pub fn unpack<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, FormatErr
     if size > MAX_DECOMPRESSED as u64 {
         return Err(FormatError::Section(format!("claims {size} bytes uncompressed")));
     }
-    let raw = zstd::bulk::decompress(bytes, size as usize).map_err(|e| FormatError::Section(e.to_string()))?;
+    let raw = DECOMPRESSOR
+        .with_borrow_mut(|d| {
+            let d = match d {
+                Some(d) => d,
+                None => d.insert(zstd::bulk::Decompressor::new()?),
+            };
+            d.decompress(bytes, size as usize)
+        })
+        .map_err(|e| FormatError::Section(e.to_string()))?;
     postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))
 }
 
 /// A segment's dictionary as a reader rebuilds it block by block.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Dict {
     pub strings: Vec<String>,
-    pub stacks: Vec<StoredStack>,
+    /// Stack nodes; `nodes[0]` is the empty stack.
+    pub nodes: Vec<Node>,
+}
+
+impl Default for Dict {
+    fn default() -> Self {
+        Self { strings: Vec::new(), nodes: vec![Node { parent: 0, frame: 0, kernel: false }] }
+    }
 }
 
 impl Dict {
     /// Applies a block's dictionary section.
     pub fn apply(&mut self, header: &BlockHeader, section: &[u8]) -> Result<(), FormatError> {
         if header.flags & FLAG_RESET_DICT != 0 {
-            self.strings.clear();
-            self.stacks.clear();
+            *self = Self::default();
         }
         let delta: DictDelta = unpack(section)?;
-        let strings = self.strings.len() + delta.strings.len();
-        if delta
-            .stacks
-            .iter()
-            .any(|s| s.user_len as usize > s.frames.len() || s.frames.iter().any(|&f| f as usize >= strings))
-        {
-            return Err(FormatError::DanglingId);
+        if delta.parent_delta.len() != delta.frame.len() {
+            return Err(FormatError::Section("node columns differ in length".into()));
         }
+        let strings = self.strings.len() + delta.strings.len();
         self.strings.extend(delta.strings);
-        self.stacks.extend(delta.stacks);
+        self.nodes.reserve(delta.frame.len());
+        for (&d, &f) in delta.parent_delta.iter().zip(&delta.frame) {
+            let id = self.nodes.len() as u32;
+            if d == 0 || d > id || (f / 2) as usize >= strings {
+                return Err(FormatError::DanglingId);
+            }
+            self.nodes.push(Node { parent: id - d, frame: f / 2, kernel: f % 2 == 1 });
+        }
         Ok(())
+    }
+
+    /// The frames of a stack node, root first, with their kernel flags.
+    pub fn frames(&self, node: u32, out: &mut Vec<(StrId, bool)>) {
+        out.clear();
+        let mut n = node as usize;
+        while n != 0 && n < self.nodes.len() && out.len() <= self.nodes.len() {
+            let node = self.nodes[n];
+            out.push((node.frame, node.kernel));
+            n = node.parent as usize;
+        }
+        out.reverse();
     }
 }
 
@@ -474,13 +519,23 @@ mod tests {
     fn dictionary_and_columns_are_validated() {
         let mut dict = Dict::default();
         let h = BlockHeader::default();
-        let delta = DictDelta { strings: vec!["a".into()], stacks: vec![StoredStack { frames: vec![0], user_len: 1 }] };
+        // main -> spin_[k]: nodes 1 and 2.
+        let delta =
+            DictDelta { strings: vec!["main".into(), "spin".into()], parent_delta: vec![1, 1], frame: vec![0, 3] };
         dict.apply(&h, &pack(&delta)).unwrap();
-        let dangling = DictDelta { strings: vec![], stacks: vec![StoredStack { frames: vec![5], user_len: 0 }] };
-        assert!(matches!(dict.apply(&h, &pack(&dangling)), Err(FormatError::DanglingId)));
+        let mut frames = Vec::new();
+        dict.frames(2, &mut frames);
+        assert_eq!(frames, vec![(0, false), (1, true)]);
+        for dangling in [
+            DictDelta { strings: vec![], parent_delta: vec![1], frame: vec![10] },
+            DictDelta { strings: vec![], parent_delta: vec![9], frame: vec![0] },
+            DictDelta { strings: vec![], parent_delta: vec![0], frame: vec![0] },
+        ] {
+            assert!(matches!(dict.apply(&h, &pack(&dangling)), Err(FormatError::DanglingId)), "{dangling:?}");
+        }
         let reset = BlockHeader { flags: FLAG_RESET_DICT, ..h };
         dict.apply(&reset, &pack(&DictDelta::default())).unwrap();
-        assert!(dict.strings.is_empty());
+        assert!(dict.strings.is_empty() && dict.nodes.len() == 1);
 
         let cols = SampleColumns {
             ts_delta_us: vec![5, 10, 7],
@@ -494,7 +549,7 @@ mod tests {
         };
         cols.validate(1, 1).unwrap();
         assert_eq!(cols.timestamps(1000).collect::<Vec<_>>(), vec![6000, 16000, 8000]);
-        assert!(cols.validate(1, 0).is_err());
+        assert!(cols.validate(0, 1).is_err());
         let short = SampleColumns { pid: vec![1], ..cols.clone() };
         assert!(short.validate(1, 1).is_err());
         assert_eq!(unpack::<SampleColumns>(&pack(&cols)).unwrap(), cols);

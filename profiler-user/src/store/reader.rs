@@ -7,7 +7,9 @@ use std::{
 
 use super::{
     StoreError, check_dir,
-    format::{BlockHeader, Blocks, Dict, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail, unpack},
+    format::{
+        BlockHeader, Blocks, Dict, FLAG_RESET_DICT, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail, unpack,
+    },
     segments_dir,
 };
 
@@ -177,12 +179,37 @@ pub fn scan_segment(
     visitor: &mut impl Visitor,
     warnings: &mut Vec<String>,
 ) {
+    let overlaps = |h: &BlockHeader| h.start_ns < to_ns && h.end_ns > from_ns;
+    // Headers first (no decompression): the dictionary only needs replaying from the last
+    // reset before the first block in the window, and no further than the last one in it.
+    let (mut replay_from, mut last_needed) = (0usize, None);
+    if need == Need::Samples {
+        let mut first_overlap = None;
+        for (i, (h, _)) in Blocks::new(data).enumerate() {
+            if first_overlap.is_none() && h.flags & FLAG_RESET_DICT != 0 {
+                replay_from = i;
+            }
+            if overlaps(&h) {
+                first_overlap.get_or_insert(i);
+                last_needed = Some(i);
+            }
+        }
+        if last_needed.is_none() {
+            return;
+        }
+    }
     let mut dict = Dict::default();
     let mut blocks = Blocks::new(data);
-    for (header, sections) in blocks.by_ref() {
-        let overlaps = header.start_ns < to_ns && header.end_ns > from_ns;
+    for (i, (header, sections)) in blocks.by_ref().enumerate() {
+        let overlaps = overlaps(&header);
         if need == Need::Samples {
-            if header.flags & super::format::FLAG_RESET_DICT != 0 {
+            if i < replay_from {
+                continue;
+            }
+            if last_needed.is_some_and(|l| i > l) {
+                break;
+            }
+            if header.flags & FLAG_RESET_DICT != 0 {
                 visitor.dict_done(&dict);
             }
             // Every block's dictionary counts, even outside the window: later ids build on it.
@@ -208,7 +235,7 @@ pub fn scan_segment(
         };
         let samples = if need == Need::Samples {
             match unpack::<SampleColumns>(sections.samples)
-                .and_then(|c| c.validate(dict.strings.len(), dict.stacks.len()).map(|()| c))
+                .and_then(|c| c.validate(dict.strings.len(), dict.nodes.len()).map(|()| c))
             {
                 Ok(c) => Some(c),
                 Err(e) => {
@@ -219,12 +246,7 @@ pub fn scan_segment(
         } else {
             None
         };
-        visitor.block(BlockView {
-            header: &header,
-            dict: &dict,
-            summary: summary.as_ref(),
-            samples: samples.as_ref(),
-        });
+        visitor.block(BlockView { header: &header, dict: &dict, summary: summary.as_ref(), samples: samples.as_ref() });
     }
     if need == Need::Samples {
         visitor.dict_done(&dict);

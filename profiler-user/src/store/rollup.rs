@@ -13,8 +13,8 @@ use std::{
 use super::{
     StoreError,
     format::{
-        BlockHeader, Blocks, CpuCounts, DictDelta, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION, NS_PER_SEC,
-        SampleColumns, SegmentHeader, StoredStack, Summary, encode_block, pack, unpack,
+        BlockHeader, Blocks, CpuCounts, Dict, DictDelta, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION, NS_PER_SEC,
+        SampleColumns, SegmentHeader, Summary, encode_block, pack, unpack,
     },
 };
 
@@ -34,13 +34,14 @@ pub struct RolledUp {
     pub bytes_after: u64,
 }
 
+/// Builds the rolled-up segment's dictionary from the raw one's, node by node.
 #[derive(Default)]
 struct Interner {
     delta: DictDelta,
     strings: HashMap<String, u32>,
-    stacks: HashMap<StoredStack, u32>,
-    next_string: u32,
-    next_stack: u32,
+    nodes: HashMap<(u32, u32), u32>,
+    /// Raw node → new node, for the raw dictionary in use (cleared when it resets).
+    memo: HashMap<u32, u32>,
 }
 
 impl Interner {
@@ -48,25 +49,33 @@ impl Interner {
         if let Some(&id) = self.strings.get(s) {
             return id;
         }
-        let id = self.next_string;
-        self.next_string += 1;
+        let id = self.strings.len() as u32;
         self.strings.insert(s.to_string(), id);
         self.delta.strings.push(s.to_string());
         id
     }
 
-    fn stack(&mut self, dict: &super::format::Dict, old: u32) -> u32 {
-        let old = &dict.stacks[old as usize];
-        let frames = old.frames.iter().map(|&f| self.string(&dict.strings[f as usize])).collect();
-        let stored = StoredStack { frames, user_len: old.user_len };
-        if let Some(&id) = self.stacks.get(&stored) {
-            return id;
+    fn node(&mut self, dict: &Dict, old: u32) -> u32 {
+        // The raw ancestors not mapped yet, leaf first (parents have smaller ids: this ends).
+        let mut chain = Vec::new();
+        let mut o = old;
+        while o != 0 && !self.memo.contains_key(&o) {
+            chain.push(o);
+            o = dict.nodes[o as usize].parent;
         }
-        let id = self.next_stack;
-        self.next_stack += 1;
-        self.stacks.insert(stored.clone(), id);
-        self.delta.stacks.push(stored);
-        id
+        let mut parent = if o == 0 { 0 } else { self.memo[&o] };
+        for &raw in chain.iter().rev() {
+            let n = dict.nodes[raw as usize];
+            let frame = self.string(&dict.strings[n.frame as usize]) * 2 + u32::from(n.kernel);
+            let next = self.nodes.len() as u32 + 1;
+            parent = *self.nodes.entry((parent, frame)).or_insert_with(|| {
+                self.delta.parent_delta.push(next - parent);
+                self.delta.frame.push(frame);
+                next
+            });
+            self.memo.insert(raw, parent);
+        }
+        parent
     }
 }
 
@@ -93,15 +102,18 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
     if is_rolled_up(&data) {
         return Ok(None);
     }
-    let mut dict = super::format::Dict::default();
+    let mut dict = Dict::default();
     let mut interner = Interner::default();
     let mut windows: BTreeMap<u64, Window> = BTreeMap::new();
     let mut stats = RolledUp { bytes_before: data.len() as u64, ..Default::default() };
     for (h, sections) in Blocks::new(&data) {
+        if h.flags & FLAG_RESET_DICT != 0 {
+            interner.memo.clear();
+        }
         let decoded = dict.apply(&h, sections.dict).and_then(|()| {
             let summary: Summary = unpack(sections.summary)?;
             let cols: SampleColumns = unpack(sections.samples)?;
-            cols.validate(dict.strings.len(), dict.stacks.len())?;
+            cols.validate(dict.strings.len(), dict.nodes.len())?;
             Ok((summary, cols))
         });
         let (summary, cols) = match decoded {
@@ -120,7 +132,7 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
         }
         for i in 0..cols.len() {
             let comm = interner.string(&dict.strings[cols.comm[i] as usize]);
-            let stack = interner.stack(&dict, cols.stack[i]);
+            let stack = interner.node(&dict, cols.stack[i]);
             *w.counts.entry((cols.cpu[i], cols.pid[i], comm, cols.cgroup[i], stack)).or_default() += cols.count(i);
             stats.samples += cols.count(i);
         }

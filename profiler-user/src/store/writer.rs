@@ -7,7 +7,7 @@
 //! starts the dictionary over (`FLAG_RESET_DICT`).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     fs::{self, File, OpenOptions},
     io::{Read, Seek, SeekFrom, Write},
     os::unix::fs::OpenOptionsExt,
@@ -15,12 +15,14 @@ use std::{
     sync::Arc,
 };
 
+use rustc_hash::FxHashMap;
+
 use super::{
     StoreError,
     format::{
         BUCKET_NS, BUCKETS_PER_SEC, BlockHeader, Blocks, CpuCounts, DictDelta, FLAG_RESET_DICT, FORMAT_VERSION,
-        NS_PER_SEC, NS_PER_US, SEGMENT_HEADER_LEN, SEGMENT_NS, SampleColumns, SegmentHeader, StoredStack, Summary,
-        Tail, encode_block, pack,
+        NS_PER_SEC, NS_PER_US, SEGMENT_HEADER_LEN, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail,
+        encode_block, pack,
     },
     segment_path,
 };
@@ -61,12 +63,12 @@ struct Second {
 /// The dictionary of the segment being appended to.
 #[derive(Default)]
 struct SegmentDict {
-    strings: HashMap<Arc<str>, u32>,
+    strings: FxHashMap<Arc<str>, u32>,
+    /// (parent node, frame * 2 + kernel) → node; node 0 is the empty stack.
+    nodes: FxHashMap<(u32, u32), u32>,
     /// By allocation: the symbolizer hands out one `Arc` per distinct stack, so this is the
     /// common hit. The `Arc` is kept, so its address cannot be reused by another stack.
-    stacks_by_ptr: HashMap<usize, (Arc<Stack>, u32)>,
-    /// By content, for equal stacks in different allocations.
-    stacks: HashMap<StoredStack, u32>,
+    stacks_by_ptr: FxHashMap<usize, (Arc<Stack>, u32)>,
     /// The next block must reset readers' dictionaries (first block this writer writes here).
     reset: bool,
 }
@@ -77,7 +79,7 @@ impl SegmentDict {
     }
 
     fn entries(&self) -> usize {
-        self.strings.len() + self.stacks.len()
+        self.strings.len() + self.nodes.len()
     }
 
     fn string(&mut self, s: &Arc<str>, delta: &mut DictDelta) -> u32 {
@@ -90,24 +92,24 @@ impl SegmentDict {
         id
     }
 
+    /// The leaf node of a stack, adding the nodes it lacks.
     fn stack(&mut self, s: &Arc<Stack>, delta: &mut DictDelta) -> u32 {
         let ptr = Arc::as_ptr(s) as usize;
         if let Some((_, id)) = self.stacks_by_ptr.get(&ptr) {
             return *id;
         }
-        let frames = s.frames.iter().map(|f| self.string(f, delta)).collect();
-        let stored = StoredStack { frames, user_len: s.user_len as u32 };
-        let id = match self.stacks.get(&stored) {
-            Some(&id) => id,
-            None => {
-                let id = self.stacks.len() as u32;
-                delta.stacks.push(stored.clone());
-                self.stacks.insert(stored, id);
-                id
-            }
-        };
-        self.stacks_by_ptr.insert(ptr, (s.clone(), id));
-        id
+        let mut node = 0u32;
+        for (i, f) in s.frames.iter().enumerate() {
+            let frame = self.string(f, delta) * 2 + u32::from(i >= s.user_len);
+            let next = self.nodes.len() as u32 + 1;
+            node = *self.nodes.entry((node, frame)).or_insert_with(|| {
+                delta.parent_delta.push(next - node);
+                delta.frame.push(frame);
+                next
+            });
+        }
+        self.stacks_by_ptr.insert(ptr, (s.clone(), node));
+        node
     }
 }
 

@@ -1,0 +1,215 @@
+//! The store's benchmark (issue 3): ingest rate, bytes per sample, window query latency and
+//! peak memory, on synthetic GPU-node samples. Run through `cargo xtask bench store`, or
+//! `cargo bench -p profiler-user --bench store -- --help`.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use profiler::{
+    flamegraph,
+    query::{self, Filter, Window},
+    store::{self, Store, StoreWriter},
+    synth::{self, Rng, StackPool, Tick},
+};
+
+struct Args {
+    cpus: u32,
+    hz: u64,
+    minutes: u64,
+    stacks: usize,
+    rss_only: bool,
+}
+
+fn args() -> Args {
+    let mut a = Args { cpus: 64, hz: 99, minutes: 60, stacks: 50_000, rss_only: false };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = argv.iter();
+    while let Some(k) = it.next() {
+        let mut val = || it.next().and_then(|v| v.parse::<u64>().ok()).expect("a number after the flag");
+        match k.as_str() {
+            "--cpus" => a.cpus = val() as u32,
+            "--hz" => a.hz = val(),
+            "--minutes" => a.minutes = val(),
+            "--stacks" => a.stacks = val() as usize,
+            "--rss-only" => a.rss_only = true,
+            "--bench" => {}
+            "--help" => {
+                println!("store bench [--cpus 64] [--hz 99] [--minutes 60] [--stacks 50000] [--rss-only]");
+                std::process::exit(0);
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn status_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix(key))?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn time_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    median(
+        (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    let a = args();
+    let mut rng = Rng::new(0x5eed);
+    let t = Instant::now();
+    let pool = StackPool::new(a.stacks, &mut rng);
+    eprintln!("{} distinct stacks built in {:.1} s", a.stacks, t.elapsed().as_secs_f64());
+    let dir = tempfile::tempdir().expect("tempdir");
+    store::create_and_lock(dir.path()).expect("store");
+    let mut writer = StoreWriter::new(&store::segments_dir(dir.path()));
+    let t0 = 1_795_000_000 * 1_000_000_000u64;
+    let rss_before = status_kib("VmRSS:");
+
+    // Ingest: generate a second, then hand it to the writer in two halves with a flush after
+    // each, as the daemon does with its 500 ms flush. Only the writer's time is counted.
+    let (mut busy, mut idle) = (0u64, 0u64);
+    let mut writer_time = Duration::ZERO;
+    let mut ticks: Vec<Tick> = Vec::new();
+    for sec in 0..a.minutes * 60 {
+        let start = t0 + sec * 1_000_000_000;
+        ticks.clear();
+        synth::second(&pool, &mut rng, start, a.cpus, a.hz, |t| ticks.push(t));
+        ticks.sort_by_key(|t| match t {
+            Tick::Busy(s) => s.ts_ns,
+            Tick::Idle { ts_ns, .. } => *ts_ns,
+        });
+        let half = ticks.len() / 2;
+        for part in [&ticks[..half], &ticks[half..]] {
+            let t = Instant::now();
+            for tick in part {
+                match tick {
+                    Tick::Busy(s) => {
+                        writer.push(s);
+                        busy += 1;
+                    }
+                    Tick::Idle { ts_ns, cpu } => {
+                        writer.push_idle(*ts_ns, *cpu);
+                        idle += 1;
+                    }
+                }
+            }
+            writer.flush(start).expect("flush");
+            writer_time += t.elapsed();
+        }
+    }
+    let total = busy + idle;
+    let hwm = status_kib("VmHWM:");
+    if a.rss_only {
+        println!(
+            "| peak RSS, store path, {} CPUs x {} Hz for {} min | {:.1} MiB peak ({:.1} MiB before ingest; {:.0} samples/s) |",
+            a.cpus,
+            a.hz,
+            a.minutes,
+            hwm as f64 / 1024.0,
+            rss_before as f64 / 1024.0,
+            total as f64 / writer_time.as_secs_f64()
+        );
+        return;
+    }
+    let bytes: u64 = store::reader::list_segments(dir.path())
+        .unwrap()
+        .iter()
+        .map(|(_, p)| std::fs::metadata(p).unwrap().len())
+        .sum();
+
+    // Where the bytes go, per section.
+    let (mut dict_b, mut summary_b, mut samples_b, mut headers_b) = (0u64, 0u64, 0u64, 0u64);
+    for (_, p) in store::reader::list_segments(dir.path()).unwrap() {
+        let data = std::fs::read(p).unwrap();
+        for (h, sec) in store::format::Blocks::new(&data) {
+            if std::env::var("BENCH_DEBUG").is_ok() {
+                let d: store::format::DictDelta = store::format::unpack(sec.dict).unwrap();
+                if h.flags & store::format::FLAG_RESET_DICT != 0 || d.frame.len() > 20000 {
+                    eprintln!(
+                        "block {} flags {} strings {} nodes {} bytes {}",
+                        h.start_ns / 1_000_000_000 % 100000,
+                        h.flags,
+                        d.strings.len(),
+                        d.frame.len(),
+                        sec.dict.len()
+                    );
+                }
+            }
+            dict_b += sec.dict.len() as u64;
+            summary_b += sec.summary.len() as u64;
+            samples_b += sec.samples.len() as u64;
+            headers_b += store::format::BLOCK_HEADER_LEN as u64;
+        }
+    }
+    let mut s = Store::open(dir.path()).unwrap();
+    let mid = t0 + a.minutes * 30 * 1_000_000_000;
+    let w60 = Window::new(mid, mid + 60 * 1_000_000_000).unwrap();
+    let all = Filter::default();
+    let folded = query::fold(&mut s, w60, &all).unwrap();
+    let svg_ms = time_ms(5, || {
+        let f = query::fold(&mut s, w60, &all).unwrap();
+        let mut out = Vec::with_capacity(1 << 20);
+        flamegraph::write_svg(&f, "bench", "60 s", &mut out).unwrap();
+    });
+    let fold_ms = time_ms(5, || {
+        let f = query::fold(&mut s, w60, &all).unwrap();
+        let mut out = Vec::with_capacity(1 << 20);
+        flamegraph::write_folded(&f, &mut out).unwrap();
+    });
+    let whole = Window::new(t0, t0 + a.minutes * 60 * 1_000_000_000).unwrap();
+    let mut grid = None;
+    let grid_ms = time_ms(5, || grid = Some(query::subsecond_grid(&mut s, whole, 50, &all).unwrap()));
+    let grid = grid.unwrap();
+    let grid_total: u64 = grid.counts.iter().flatten().sum();
+    assert_eq!(grid_total, busy, "the grid counts every busy sample");
+    let cpu_ms = time_ms(3, || {
+        query::fold(&mut s, w60, &Filter { cpus: vec![3], ..Default::default() }).unwrap();
+    });
+
+    let n_lines = folded.stacks.len();
+    println!("| figure | value | goal |");
+    println!("|---|---|---|");
+    println!(
+        "| data | {} CPUs x {} Hz x {} min = {total} samples ({busy} busy, {idle} idle), {} distinct stacks | |",
+        a.cpus, a.hz, a.minutes, a.stacks
+    );
+    println!(
+        "| ingest, one core | {:.2} M samples/s ({:.2} M busy samples/s) | >= 1 M/s |",
+        total as f64 / writer_time.as_secs_f64() / 1e6,
+        busy as f64 / writer_time.as_secs_f64() / 1e6
+    );
+    println!(
+        "| bytes on disk | {bytes} = {:.2} bytes/sample ({:.2} per busy sample) | <= 4 |",
+        bytes as f64 / total as f64,
+        bytes as f64 / busy as f64
+    );
+    println!(
+        "| bytes by section | dictionaries {:.2}, summaries {:.2}, sample columns {:.2}, block headers {:.2} bytes/sample | |",
+        dict_b as f64 / total as f64,
+        summary_b as f64 / total as f64,
+        samples_b as f64 / total as f64,
+        headers_b as f64 / total as f64
+    );
+    println!("| flamegraph SVG, 60 s window ({n_lines} distinct stacks) | {svg_ms:.0} ms | <= 150 ms |");
+    println!("| folded, same window | {fold_ms:.0} ms | |");
+    println!("| folded, same window, --cpu 3 | {cpu_ms:.0} ms | |");
+    println!("| subsecond grid, whole span, 50 rows ({} columns) | {grid_ms:.1} ms | <= 100 ms |", grid.counts.len());
+    println!("| peak RSS of this process (generator + store) | {:.1} MiB | |", hwm as f64 / 1024.0);
+    let _ = Arc::strong_count(&Arc::new(()));
+}
