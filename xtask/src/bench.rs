@@ -139,3 +139,87 @@ pub fn spine(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()>
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// `cargo xtask bench store`: the store benchmark (synthetic GPU-node samples), then the peak
+/// memory of the store path at 64 CPUs x 999 Hz.
+pub fn store(root: &Path, minutes: u64) -> anyhow::Result<()> {
+    let bench = |args: &[&str]| -> anyhow::Result<()> {
+        let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .current_dir(root)
+            .args(["bench", "-q", "--package", "profiler-user", "--bench", "store", "--"])
+            .args(args)
+            .status()?;
+        if !st.success() {
+            bail!("the store benchmark failed ({st})");
+        }
+        Ok(())
+    };
+    bench(&["--minutes", &minutes.to_string()])?;
+    bench(&["--rss-only", "--hz", "999", "--minutes", "2"])
+}
+
+/// `cargo xtask bench perf`: our daemon and `perf record -F 99 -a -g` side by side on the same
+/// workload (a user-space spinner on CPU 1, a directory walker on CPU 0): bytes per sample.
+pub fn perf(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()> {
+    if Command::new("perf").arg("--version").output().is_err() {
+        bail!("perf is not installed (Debian: apt-get install linux-perf)");
+    }
+    let dir = std::env::temp_dir().join(format!("profiler-bench-perf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let data = dir.join("store");
+    let perf_data = dir.join("perf.data");
+    let mut daemon = Command::new(profiler)
+        .args(["run", "--frequency", "99", "--data-dir"])
+        .arg(&data)
+        .stderr(std::fs::File::create(dir.join("daemon.log"))?)
+        .spawn()?;
+    wait_for("the daemon's first block", Duration::from_secs(30), || {
+        std::fs::read_dir(data.join("segments")).ok()?.next().map(|_| ())
+    })?;
+    let mut perf = Command::new("perf")
+        .args(["record", "-F", "99", "-a", "-g", "-o"])
+        .arg(&perf_data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let secs = seconds.to_string();
+    let mut walker = Command::new("taskset")
+        .args(["-c", "0", "timeout", &secs, "sh", "-c", "while :; do ls -lR /usr/lib /usr/share >/dev/null 2>&1; done"])
+        .spawn()?;
+    let spin = Command::new(helper).args(["1", &secs]).stdout(Stdio::null()).status()?;
+    let _ = walker.wait();
+    // SAFETY: signalling our own children.
+    unsafe {
+        libc::kill(perf.id() as i32, libc::SIGINT);
+        libc::kill(daemon.id() as i32, libc::SIGTERM);
+    }
+    perf.wait()?;
+    daemon.wait()?;
+    if !spin.success() {
+        bail!("busy-helper failed");
+    }
+    let perf_bytes = std::fs::metadata(&perf_data)?.len();
+    let stats = Command::new("perf").args(["report", "--stats", "-i"]).arg(&perf_data).output()?;
+    let perf_samples: u64 = String::from_utf8_lossy(&stats.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("SAMPLE events:")?.split_whitespace().next()?.parse().ok())
+        .context("perf report --stats shows no SAMPLE events")?;
+    let status = Command::new(profiler).args(["status", "--format", "json", "--data-dir"]).arg(&data).output()?;
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout)?;
+    let ours_bytes = status["summary"]["bytes"].as_u64().unwrap_or(0);
+    let cpus = status["summary"]["cpus"].as_object().cloned().unwrap_or_default();
+    let busy: u64 = cpus.values().filter_map(|c| c["samples"].as_u64()).sum();
+    let idle: u64 = cpus.values().filter_map(|c| c["idle"].as_u64()).sum();
+    println!("| tool ({seconds} s, 99 Hz, spinner on CPU 1, directory walker on CPU 0) | bytes | samples | bytes/sample |");
+    println!("|---|---|---|---|");
+    println!("| perf record -F 99 -a -g | {perf_bytes} | {perf_samples} | {:.1} |", perf_bytes as f64 / perf_samples.max(1) as f64);
+    println!(
+        "| profiler (this store) | {ours_bytes} | {} ({busy} busy, {idle} idle) | {:.1} ({:.1} per busy sample) |",
+        busy + idle,
+        ours_bytes as f64 / (busy + idle).max(1) as f64,
+        ours_bytes as f64 / busy.max(1) as f64
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -35,12 +35,22 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Measure: `spine` (issue 2's figures: sample rate, lost, daemon CPU and RSS, query time).
+    /// Measure: `spine` (sample rate, lost, daemon CPU and RSS, query time), `store` (ingest,
+    /// bytes/sample, query latency, memory on synthetic data), `perf` (bytes/sample next to
+    /// `perf record`).
     Bench {
         #[arg(default_value = "spine")]
         which: String,
-        /// Length of the profiled run.
+        /// Length of the profiled run (spine, perf).
         #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Span of the synthetic store (store).
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+    },
+    /// Fuzz the segment reader with cargo-fuzz (installs it if missing).
+    Fuzz {
+        #[arg(long, default_value_t = 120)]
         seconds: u64,
     },
     /// Run every test: unit tests, then the integration tests that load the real BPF program.
@@ -107,7 +117,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             use std::os::unix::process::CommandExt;
             Err(cmd.exec()).with_context(|| format!("cannot start {}", bin.display()))
         }
-        Cmd::Bench { which, seconds } => {
+        Cmd::Fuzz { seconds } => {
+            setup::ensure()?;
+            if Command::new("cargo").args(["fuzz", "--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+                let mut install = Command::new("cargo");
+                install.args(["install", "cargo-fuzz"]);
+                status(install)?;
+            }
+            let mut fuzz = Command::new("cargo");
+            fuzz.current_dir(workspace_root().join("fuzz")).args(["+nightly", "fuzz", "run", "segment_reader", "--"]).args([
+                format!("-max_total_time={seconds}"),
+                "-rss_limit_mb=2048".to_string(),
+            ]);
+            status(fuzz)
+        }
+        Cmd::Bench { which, seconds, minutes } => {
             setup::ensure()?;
             let profiler = build(true)?;
             let mut helper = cargo();
@@ -116,7 +140,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let helper = workspace_root().join("target/release/busy-helper");
             match which.as_str() {
                 "spine" => bench::spine(&profiler, &helper, seconds),
-                other => bail!("unknown benchmark {other}; available: spine"),
+                "store" => bench::store(&workspace_root(), minutes),
+                "perf" => bench::perf(&profiler, &helper, seconds),
+                other => bail!("unknown benchmark {other}; available: spine, store, perf"),
             }
         }
         Cmd::Test { args } => {
