@@ -136,6 +136,9 @@ fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, pipeline: &mut Pipel
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
 pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    // First, so that a SIGTERM at any moment from here on is a clean stop.
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
     let _lock = store::create_and_lock(&config.data_dir)?;
     let mut collector =
         Collector::start(&CollectConfig { frequency_hz: config.frequency_hz, ring_bytes: config.ring_bytes })?;
@@ -167,8 +170,6 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         idle: 0,
         bad_records: 0,
     };
-    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
     let mut flush = tokio::time::interval(config.flush_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut report = Report::new(collector.cpus.len());

@@ -75,6 +75,8 @@ pub struct Daemon {
     pub child: Option<Child>,
     pub data_dir: PathBuf,
     pub log: PathBuf,
+    /// Where this run's lines start in the (shared, appended) log.
+    log_start: usize,
 }
 
 impl Daemon {
@@ -85,6 +87,7 @@ impl Daemon {
     pub fn start_with_flush(data_dir: &Path, extra: &[&str], flush_ms: u64) -> Self {
         let log = data_dir.with_extension("log");
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("daemon log");
+        let log_start = log_file.metadata().map_or(0, |m| m.len() as usize);
         let child = Command::new(profiler_bin())
             .args(["run", "--data-dir"])
             .arg(data_dir)
@@ -94,11 +97,13 @@ impl Daemon {
             .stderr(log_file)
             .spawn()
             .expect("start profiler run");
-        Self { child: Some(child), data_dir: data_dir.to_path_buf(), log }
+        Self { child: Some(child), data_dir: data_dir.to_path_buf(), log, log_start }
     }
 
+    /// This run's log lines.
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let all = std::fs::read_to_string(&self.log).unwrap_or_default();
+        all.get(self.log_start..).unwrap_or_default().to_string()
     }
 
     /// Waits until the daemon has written its first block.
@@ -114,6 +119,10 @@ impl Daemon {
                 && let Ok(Some(st)) = child.try_wait()
             {
                 panic!("the daemon exited ({st}) before writing anything:\n{}", self.log_text());
+            }
+            // This run is up (signal handlers in place, BPF attached) once it says so.
+            if !self.log_text().contains("profiling") {
+                return None;
             }
             let end = status_json(&dir)?["summary"]["span"][1].as_u64()?;
             (end as f64 / 1e9 > since).then_some(())
