@@ -586,6 +586,11 @@ mod tests {
         fold(&mut store, w, &Filter::default()).unwrap();
         let warnings = store.take_warnings();
         assert!(warnings.iter().any(|w| w.contains("version 9")), "{warnings:?}");
+        // Zero-length and truncated-header files: skipped, named.
+        std::fs::write(&path, b"").unwrap();
+        fold(&mut store, w, &Filter::default()).unwrap();
+        let warnings = store.take_warnings();
+        assert!(warnings.iter().any(|w| w.contains(path.to_str().unwrap()) && w.contains("shorter")), "{warnings:?}");
     }
 }
 
