@@ -349,7 +349,7 @@ mod tests {
     }
 
     /// What `fold` should return, computed the obvious way.
-    fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::FxHashMap<String, u64> {
+    pub(super) fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::FxHashMap<String, u64> {
         let mut out = rustc_hash::FxHashMap::default();
         for s in samples.iter().filter(|s| {
             w.contains(s.ts_ns)
@@ -360,7 +360,7 @@ mod tests {
             let mut line = s.comm.replace(';', ":");
             for (i, fr) in s.stack.frames.iter().enumerate() {
                 line.push(';');
-                line.push_str(fr);
+                line.push_str(&fr.replace(';', ":"));
                 if i >= s.stack.user_len {
                     line.push_str("_[k]");
                 }
@@ -632,27 +632,6 @@ mod properties {
             })
     }
 
-    fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::FxHashMap<String, u64> {
-        let mut out = rustc_hash::FxHashMap::default();
-        for s in samples.iter().filter(|s| {
-            w.contains(s.ts_ns)
-                && (f.cpus.is_empty() || f.cpus.contains(&s.cpu))
-                && f.pid.is_none_or(|p| p == s.pid)
-                && f.comm.as_deref().is_none_or(|c| c == &*s.comm)
-        }) {
-            let mut line = s.comm.replace(';', ":");
-            for (i, fr) in s.stack.frames.iter().enumerate() {
-                line.push(';');
-                line.push_str(&fr.replace(';', ":"));
-                if i >= s.stack.user_len {
-                    line.push_str("_[k]");
-                }
-            }
-            *out.entry(line).or_default() += 1;
-        }
-        out
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -682,7 +661,7 @@ mod properties {
             let mut store = Store::open(dir.path()).unwrap();
             let window = Window::new(T0 + from_us * 1000, T0 + (from_us + len_us) * 1000).unwrap();
             let filter = Filter { cpus, pid, comm: comm.map(String::from), include_idle: false };
-            let want = naive(&samples, window, &filter);
+            let want = super::tests::naive(&samples, window, &filter);
             match fold(&mut store, window, &filter) {
                 Ok(got) => prop_assert_eq!(got.stacks, want),
                 Err(e) => prop_assert!(want.is_empty(), "{}", e),

@@ -211,9 +211,14 @@ pub fn perf(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()> 
     let cpus = status["summary"]["cpus"].as_object().cloned().unwrap_or_default();
     let busy: u64 = cpus.values().filter_map(|c| c["samples"].as_u64()).sum();
     let idle: u64 = cpus.values().filter_map(|c| c["idle"].as_u64()).sum();
-    println!("| tool ({seconds} s, 99 Hz, spinner on CPU 1, directory walker on CPU 0) | bytes | samples | bytes/sample |");
+    println!(
+        "| tool ({seconds} s, 99 Hz, spinner on CPU 1, directory walker on CPU 0) | bytes | samples | bytes/sample |"
+    );
     println!("|---|---|---|---|");
-    println!("| perf record -F 99 -a -g | {perf_bytes} | {perf_samples} | {:.1} |", perf_bytes as f64 / perf_samples.max(1) as f64);
+    println!(
+        "| perf record -F 99 -a -g | {perf_bytes} | {perf_samples} | {:.1} |",
+        perf_bytes as f64 / perf_samples.max(1) as f64
+    );
     println!(
         "| profiler (this store) | {ours_bytes} | {} ({busy} busy, {idle} idle) | {:.1} ({:.1} per busy sample) |",
         busy + idle,

@@ -125,10 +125,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 status(install)?;
             }
             let mut fuzz = Command::new("cargo");
-            fuzz.current_dir(workspace_root().join("fuzz")).args(["+nightly", "fuzz", "run", "segment_reader", "--"]).args([
-                format!("-max_total_time={seconds}"),
-                "-rss_limit_mb=2048".to_string(),
-            ]);
+            fuzz.current_dir(workspace_root().join("fuzz"))
+                .args(["+nightly", "fuzz", "run", "segment_reader", "--"])
+                .args([format!("-max_total_time={seconds}"), "-rss_limit_mb=2048".to_string()]);
             status(fuzz)
         }
         Cmd::Bench { which, seconds, minutes } => {
