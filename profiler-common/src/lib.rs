@@ -67,3 +67,57 @@ pub const HEADER_LEN: usize = core::mem::size_of::<SampleHeader>();
 
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for SampleHeader {}
+
+/// Kinds of [`EventHeader`] records in the `EVENTS` ring buffer.
+pub mod event {
+    pub const CGROUP_MKDIR: u32 = 1;
+    pub const CGROUP_RMDIR: u32 = 2;
+    pub const CGROUP_RELEASE: u32 = 3;
+}
+
+/// Bytes of a tracepoint's raw record copied after an [`EventHeader`]; userspace decodes them
+/// with the offsets in the tracepoint's `format` file.
+pub const EVENT_DATA_LEN: usize = 192;
+
+/// A kernel event (cgroup life cycle) with the task that caused it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    pub kind: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    /// `bpf_ktime_get_boot_ns()`.
+    pub ts_ns: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+pub const EVENT_HEADER_LEN: usize = core::mem::size_of::<EventHeader>();
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for EventHeader {}
+
+/// `NET_RX_SOFTIRQ` in the kernel's softirq vector numbering.
+pub const NET_RX_VEC: u32 = 3;
+/// Log2 buckets of the NET_RX raise→entry latency histogram (bucket `i`: `[2^i, 2^(i+1))` ns).
+pub const LATENCY_BUCKETS: u32 = 36;
+
+/// Per-CPU NET_RX statistics in the `NETRX` array: cumulative counters at these indexes, and
+/// maxima that userspace resets after reading.
+pub mod netrx {
+    /// NET_RX raises that started a wait (not counting raises while already pending).
+    pub const RAISES: u32 = 0;
+    /// NET_RX softirq runs that ended a wait.
+    pub const ENTRIES: u32 = 1;
+    /// Longest raise→entry wait since userspace last reset it, ns.
+    pub const LATENCY_MAX: u32 = 2;
+    /// NAPI polls.
+    pub const POLLS: u32 = 3;
+    /// Longest time between a NAPI poll that used its whole budget (more work pending) and the
+    /// next poll on the same CPU, since the last reset, ns.
+    pub const POLL_GAP_MAX: u32 = 4;
+    /// First histogram bucket; `LATENCY_BUCKETS` follow.
+    pub const HISTOGRAM: u32 = 8;
+    /// Entries in the array.
+    pub const LEN: u32 = HISTOGRAM + super::LATENCY_BUCKETS;
+}

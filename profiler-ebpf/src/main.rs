@@ -12,6 +12,9 @@
 #![no_std]
 #![no_main]
 
+mod cgroup;
+mod netrx;
+
 use core::ffi::c_void;
 
 use aya_ebpf::{

@@ -1,15 +1,22 @@
-//! Loads the kernel sampler, attaches it to every online CPU, and reads its ring buffer.
+//! Loads the kernel programs: the sampler, attached to every online CPU, and the tracepoint
+//! programs (NET_RX softirq and NAPI timing, cgroup life cycle); reads their ring buffers and
+//! maps.
+
+pub mod tracefs;
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent,
+        PerfEvent, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
     util::online_cpus,
 };
-use profiler_common::{COMM_LEN, HEADER_LEN, SampleHeader, counter};
+use profiler_common::{
+    COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, LATENCY_BUCKETS, SampleHeader, counter,
+    netrx,
+};
 use tokio::io::unix::AsyncFd;
 
 /// The sampler, built by build.rs from profiler-ebpf.
@@ -85,11 +92,48 @@ pub struct CpuCounters {
     pub user_stack_errors: u64,
 }
 
+/// NET_RX figures of one CPU: cumulative counters, and maxima since the previous read.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NetRxCpu {
+    pub raises: u64,
+    pub entries: u64,
+    pub latency_max_ns: u64,
+    pub polls: u64,
+    pub poll_gap_max_ns: u64,
+    /// Cumulative raise→entry waits per log2-ns bucket.
+    pub histogram: Vec<u64>,
+}
+
+/// A cgroup event as the kernel reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupEvent {
+    pub kind: u32,
+    pub pid: u32,
+    pub ts_ns: u64,
+    pub comm: String,
+    /// Hierarchy id (as in /proc/cgroups).
+    pub root: i32,
+    pub id: u64,
+    pub path: String,
+}
+
+/// Field offsets of the cgroup tracepoints (identical for mkdir, rmdir and release).
+#[derive(Debug, Clone, Copy)]
+struct CgroupFields {
+    root: usize,
+    id: usize,
+    path: usize,
+}
+
 pub struct Collector {
     // Dropping the Ebpf object detaches the perf events: keep it for the collector's life.
     _ebpf: Ebpf,
     pub ring: AsyncFd<RingBuf<MapData>>,
+    /// cgroup events, when those tracepoints could be attached.
+    pub events: Option<AsyncFd<RingBuf<MapData>>>,
     counters: PerCpuArray<MapData, u64>,
+    netrx: Option<PerCpuArray<MapData, u64>>,
+    cgroup_fields: CgroupFields,
     pub cpus: Vec<u32>,
 }
 
@@ -98,9 +142,26 @@ impl Collector {
         let ring_bytes = config.ring_bytes.max(4096).next_power_of_two();
         // Wake the reader when a quarter of the ring is used; the daemon's tick drains the rest.
         let wakeup = u64::from(ring_bytes / 4);
+        if let Err(e) = tracefs::ensure_mounted() {
+            log::warn!("cannot mount tracefs ({e}): NET_RX and cgroup tracepoints will be missing");
+        }
+        let off = |cat: &str, ev: &str, field: &str, default: usize| {
+            tracefs::field(cat, ev, field).map_or(default as u64, |(o, _)| o as u64)
+        };
+        let vec_off = off("irq", "softirq_raise", "vec", 8);
+        let work_off = off("napi", "napi_poll", "work", 20);
+        let budget_off = off("napi", "napi_poll", "budget", 24);
+        let cgroup_fields = CgroupFields {
+            root: off("cgroup", "cgroup_mkdir", "root", 8) as usize,
+            id: off("cgroup", "cgroup_mkdir", "id", 16) as usize,
+            path: off("cgroup", "cgroup_mkdir", "path", 24) as usize,
+        };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("SAMPLES", ring_bytes)
             .override_global("WAKEUP_BYTES", &wakeup, true)
+            .override_global("SOFTIRQ_VEC_OFFSET", &vec_off, true)
+            .override_global("NAPI_WORK_OFFSET", &work_off, true)
+            .override_global("NAPI_BUDGET_OFFSET", &budget_off, true)
             .load(PROGRAM)
             .map_err(CollectError::Load)?;
         let program: &mut PerfEvent =
@@ -117,6 +178,45 @@ impl Collector {
                 )
                 .map_err(|source| CollectError::Attach { cpu, source })?;
         }
+        // The tracepoints feed detectors; without them the profiler still profiles.
+        let mut attached = |name: &str, category: &str| -> Result<(), String> {
+            let prog: &mut TracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| format!("program {name} missing"))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+            prog.load().map_err(|e| e.to_string())?;
+            prog.attach(category, name).map(drop).map_err(|e| e.to_string())
+        };
+        let netrx_ok = [("softirq_raise", "irq"), ("softirq_entry", "irq"), ("napi_poll", "napi")]
+            .iter()
+            .map(|(n, c)| attached(n, c))
+            .collect::<Result<Vec<_>, _>>();
+        if let Err(e) = &netrx_ok {
+            log::warn!("NET_RX tracepoints not attached ({e}): no softirq starvation detection");
+        }
+        let cgroup_ok = ["cgroup_mkdir", "cgroup_rmdir", "cgroup_release"]
+            .iter()
+            .map(|n| attached(n, "cgroup"))
+            .collect::<Result<Vec<_>, _>>();
+        if let Err(e) = &cgroup_ok {
+            log::warn!("cgroup tracepoints not attached ({e}): zombie cgroups will not be attributed");
+        }
+        let netrx = match netrx_ok {
+            Ok(_) => ebpf.take_map("NETRX").and_then(|m| PerCpuArray::try_from(m).ok()),
+            Err(_) => None,
+        };
+        let events = match cgroup_ok {
+            Ok(_) => match ebpf.take_map("EVENTS").map(RingBuf::try_from) {
+                Some(Ok(ring)) => Some(
+                    // SAFETY: as for SAMPLES below.
+                    unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+                        .map_err(|e| CollectError::Poll(e.into()))?,
+                ),
+                _ => None,
+            },
+            Err(_) => None,
+        };
         let ring = ebpf.take_map("SAMPLES").ok_or(CollectError::Missing("map SAMPLES"))?;
         let ring = RingBuf::try_from(ring).map_err(|e| CollectError::Map("SAMPLES", e))?;
         let counters = ebpf.take_map("COUNTERS").ok_or(CollectError::Missing("map COUNTERS"))?;
@@ -125,7 +225,59 @@ impl Collector {
         // AsyncFd (which owns the RingBuf) is dropped.
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| CollectError::Poll(e.into()))?;
-        Ok(Self { _ebpf: ebpf, ring, counters, cpus })
+        Ok(Self { _ebpf: ebpf, ring, events, counters, netrx, cgroup_fields, cpus })
+    }
+
+    /// NET_RX figures per CPU (index = CPU id); resets the maxima. `None` without the
+    /// tracepoints.
+    pub fn netrx(&mut self) -> Option<Vec<NetRxCpu>> {
+        let map = self.netrx.as_mut()?;
+        let get = |m: &PerCpuArray<MapData, u64>, i: u32| m.get(&i, 0).ok();
+        let raises = get(map, netrx::RAISES)?;
+        let entries = get(map, netrx::ENTRIES)?;
+        let lat = get(map, netrx::LATENCY_MAX)?;
+        let polls = get(map, netrx::POLLS)?;
+        let gap = get(map, netrx::POLL_GAP_MAX)?;
+        let buckets: Vec<_> = (0..LATENCY_BUCKETS).map(|b| get(map, netrx::HISTOGRAM + b)).collect::<Option<_>>()?;
+        let n = raises.len();
+        // Maxima are "since the last read": reset them. (A maximum set between the read and the
+        // reset is lost; it is one of many in a second of traffic.)
+        for i in [netrx::LATENCY_MAX, netrx::POLL_GAP_MAX] {
+            if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; n]) {
+                let _ = map.set(i, zeros, 0);
+            }
+        }
+        Some(
+            (0..n)
+                .map(|cpu| NetRxCpu {
+                    raises: raises[cpu],
+                    entries: entries[cpu],
+                    latency_max_ns: lat[cpu],
+                    polls: polls[cpu],
+                    poll_gap_max_ns: gap[cpu],
+                    histogram: buckets.iter().map(|b| b[cpu]).collect(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Decodes one `EVENTS` record.
+    pub fn parse_event(&self, bytes: &[u8]) -> Option<CgroupEvent> {
+        if bytes.len() < EVENT_HEADER_LEN + EVENT_DATA_LEN {
+            return None;
+        }
+        // SAFETY: EventHeader is plain old data and the length was checked.
+        let h: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let data = &bytes[EVENT_HEADER_LEN..EVENT_HEADER_LEN + EVENT_DATA_LEN];
+        let f = self.cgroup_fields;
+        let root = i32::from_ne_bytes(data.get(f.root..f.root + 4)?.try_into().ok()?);
+        let id = u64::from_ne_bytes(data.get(f.id..f.id + 8)?.try_into().ok()?);
+        // __data_loc: low 16 bits offset into the record, high 16 bits length.
+        let loc = u32::from_ne_bytes(data.get(f.path..f.path + 4)?.try_into().ok()?);
+        let (off, len) = ((loc & 0xffff) as usize, (loc >> 16) as usize);
+        let raw = data.get(off..(off + len).min(EVENT_DATA_LEN)).unwrap_or_default();
+        let path = String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or_default()).into_owned();
+        Some(CgroupEvent { kind: h.kind, pid: h.pid, ts_ns: h.ts_ns, comm: comm_str(&h.comm).into_owned(), root, id, path })
     }
 
     /// Cumulative kernel-side counters per CPU (index = CPU id).

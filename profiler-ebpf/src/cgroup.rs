@@ -1,0 +1,62 @@
+//! cgroup life cycle: mkdir, rmdir and release, each sent to userspace with the task that
+//! caused it, so zombie (removed but never released) memory cgroups can be traced to their
+//! maker. These events are rare (a few per second at most), so each goes out as it happens.
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel_buf,
+        generated::{bpf_get_smp_processor_id, bpf_ktime_get_boot_ns},
+    },
+    macros::{map, tracepoint},
+    maps::RingBuf,
+    programs::TracePointContext,
+};
+use profiler_common::{EVENT_DATA_LEN, EventHeader, event};
+
+#[repr(C)]
+struct Record {
+    header: EventHeader,
+    data: [u8; EVENT_DATA_LEN],
+}
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+#[inline(always)]
+fn send(ctx: &TracePointContext, kind: u32) -> u32 {
+    let Some(mut entry) = EVENTS.reserve::<Record>(0) else { return 0 };
+    let record = entry.as_mut_ptr();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    unsafe {
+        (*record).header = EventHeader {
+            kind,
+            pid: (pid_tgid >> 32) as u32,
+            tid: pid_tgid as u32,
+            cpu: bpf_get_smp_processor_id(),
+            ts_ns: bpf_ktime_get_boot_ns(),
+            comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        };
+        // The raw tracepoint record; the path (a __data_loc string) lies inside it.
+        if bpf_probe_read_kernel_buf(ctx.as_ptr() as *const u8, &mut (*record).data).is_err() {
+            (*record).data = [0; EVENT_DATA_LEN];
+        }
+    }
+    entry.submit(0);
+    0
+}
+
+#[tracepoint]
+pub fn cgroup_mkdir(ctx: TracePointContext) -> u32 {
+    send(&ctx, event::CGROUP_MKDIR)
+}
+
+#[tracepoint]
+pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
+    send(&ctx, event::CGROUP_RMDIR)
+}
+
+#[tracepoint]
+pub fn cgroup_release(ctx: TracePointContext) -> u32 {
+    send(&ctx, event::CGROUP_RELEASE)
+}

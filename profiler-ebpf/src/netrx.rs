@@ -1,0 +1,104 @@
+//! NET_RX softirq and NAPI timing, aggregated in the kernel: these tracepoints fire thousands
+//! of times a second on a busy NIC, too often to send each one to userspace.
+
+use aya_ebpf::{
+    helpers::generated::bpf_ktime_get_boot_ns,
+    macros::{map, tracepoint},
+    maps::PerCpuArray,
+    programs::TracePointContext,
+};
+use profiler_common::{LATENCY_BUCKETS, NET_RX_VEC, netrx};
+
+/// Statistics per CPU, indexed by `profiler_common::netrx`.
+#[map]
+static NETRX: PerCpuArray<u64> = PerCpuArray::with_max_entries(netrx::LEN, 0);
+
+/// Per-CPU state: [0] time NET_RX was raised and not yet run (0: not pending), [1] time of the
+/// last NAPI poll, [2] whether that poll used its whole budget.
+#[map]
+static NETRX_STATE: PerCpuArray<u64> = PerCpuArray::with_max_entries(3, 0);
+
+/// Offsets into the tracepoints' records, from their `format` files (set by userspace).
+#[unsafe(no_mangle)]
+static SOFTIRQ_VEC_OFFSET: u64 = 8;
+#[unsafe(no_mangle)]
+static NAPI_WORK_OFFSET: u64 = 20;
+#[unsafe(no_mangle)]
+static NAPI_BUDGET_OFFSET: u64 = 24;
+
+#[inline(always)]
+fn slot(map: &PerCpuArray<u64>, i: u32) -> Option<&mut u64> {
+    map.get_ptr_mut(i).map(|p| unsafe { &mut *p })
+}
+
+#[inline(always)]
+fn vec_of(ctx: &TracePointContext) -> u32 {
+    let off = unsafe { core::ptr::read_volatile(&SOFTIRQ_VEC_OFFSET) } as usize;
+    unsafe { ctx.read_at::<u32>(off) }.unwrap_or(u32::MAX)
+}
+
+#[tracepoint]
+pub fn softirq_raise(ctx: TracePointContext) -> u32 {
+    if vec_of(&ctx) != NET_RX_VEC {
+        return 0;
+    }
+    if let Some(pending) = slot(&NETRX_STATE, 0)
+        && *pending == 0
+    {
+        *pending = unsafe { bpf_ktime_get_boot_ns() };
+        if let Some(n) = slot(&NETRX, netrx::RAISES) {
+            *n += 1;
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn softirq_entry(ctx: TracePointContext) -> u32 {
+    if vec_of(&ctx) != NET_RX_VEC {
+        return 0;
+    }
+    let Some(pending) = slot(&NETRX_STATE, 0) else { return 0 };
+    if *pending == 0 {
+        return 0;
+    }
+    let waited = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(*pending);
+    *pending = 0;
+    if let Some(n) = slot(&NETRX, netrx::ENTRIES) {
+        *n += 1;
+    }
+    if let Some(max) = slot(&NETRX, netrx::LATENCY_MAX)
+        && waited > *max
+    {
+        *max = waited;
+    }
+    let bucket = (63 - waited.max(1).leading_zeros()).min(LATENCY_BUCKETS - 1);
+    if let Some(n) = slot(&NETRX, netrx::HISTOGRAM + bucket) {
+        *n += 1;
+    }
+    0
+}
+
+#[tracepoint]
+pub fn napi_poll(ctx: TracePointContext) -> u32 {
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let work_off = unsafe { core::ptr::read_volatile(&NAPI_WORK_OFFSET) } as usize;
+    let budget_off = unsafe { core::ptr::read_volatile(&NAPI_BUDGET_OFFSET) } as usize;
+    let work = unsafe { ctx.read_at::<i32>(work_off) }.unwrap_or(0);
+    let budget = unsafe { ctx.read_at::<i32>(budget_off) }.unwrap_or(i32::MAX);
+    if let Some(n) = slot(&NETRX, netrx::POLLS) {
+        *n += 1;
+    }
+    let (Some(last), Some(full)) = (slot(&NETRX_STATE, 1), slot(&NETRX_STATE, 2)) else { return 0 };
+    if *full != 0 && *last != 0 {
+        let gap = now.saturating_sub(*last);
+        if let Some(max) = slot(&NETRX, netrx::POLL_GAP_MAX)
+            && gap > *max
+        {
+            *max = gap;
+        }
+    }
+    *last = now;
+    *full = u64::from(work >= budget);
+    0
+}
