@@ -41,6 +41,20 @@ pub struct ConfigFile {
     pub report_secs: Option<u64>,
     #[serde(default)]
     pub store: StoreFile,
+    /// Detector thresholds (every key optional; see `detect::Thresholds`).
+    #[serde(default)]
+    pub detect: crate::detect::Thresholds,
+    #[serde(default)]
+    pub events: EventsFile,
+}
+
+/// The `[events]` table.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsFile {
+    /// Regular expressions; kernel log lines that match one become events. Replaces the
+    /// defaults when given.
+    pub patterns: Option<Vec<String>>,
 }
 
 impl ConfigFile {

@@ -10,8 +10,15 @@ use std::{
 use profiler_common::{COMM_LEN, FLAG_IDLE};
 use tokio::signal::unix::{SignalKind, signal};
 
+use tokio::io::unix::AsyncFd;
+
 use crate::{
-    collect::{CollectConfig, CollectError, Collector, CpuCounters, comm_str, parse_record},
+    collect::{
+        CollectConfig, CollectError, Collector, CpuCounters, comm_str,
+        kmsg::{Event, Kmsg},
+        parse_record,
+    },
+    detect::{self, Changes, Engine, Machine, Thresholds, Tick},
     model::Sample,
     store::{
         self, Meta, StoreError, StoreWriter,
@@ -46,6 +53,9 @@ pub struct DaemonConfig {
     /// Minutes older than this are rolled up into 10 s aggregates; `None`: never.
     pub rollup_after: Option<Duration>,
     pub limits: WriterLimits,
+    pub thresholds: Thresholds,
+    /// Kernel log lines matching these become events.
+    pub event_patterns: Vec<String>,
 }
 
 /// `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns: BPF stamps samples with boot time (monotonic, counts
@@ -85,6 +95,7 @@ struct Pipeline {
     samples: u64,
     idle: u64,
     bad_records: u64,
+    engine: Engine,
 }
 
 impl Pipeline {
@@ -101,6 +112,7 @@ impl Pipeline {
         if header.flags & FLAG_IDLE != 0 {
             self.idle += 1;
             self.writer.push_idle(ts_ns, header.cpu);
+            self.engine.on_idle(ts_ns, header.cpu);
             return;
         }
         self.samples += 1;
@@ -116,6 +128,7 @@ impl Pipeline {
             }
         };
         let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
+        self.engine.on_busy(ts_ns, header.cpu, Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone() });
         self.writer.push(&Sample {
             ts_ns,
             cpu: header.cpu,
@@ -169,7 +182,18 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         samples: 0,
         idle: 0,
         bad_records: 0,
+        engine: Engine::new(Machine { cpus, frequency_hz: config.frequency_hz }, config.thresholds.clone()),
     };
+    let mut kmsg = match Kmsg::open(&config.event_patterns) {
+        // SAFETY: the Kmsg owns its fd for as long as the AsyncFd owns the Kmsg.
+        Ok(k) => unsafe { AsyncFd::register_with_interest(k, tokio::io::Interest::READABLE) }.ok(),
+        Err(e) => {
+            log::warn!("{e}: kernel log events will not be recorded");
+            None
+        }
+    };
+    let mut last_zombie_check = Instant::now();
+    let cgroup_fields = collector.cgroup_fields();
     let mut flush = tokio::time::interval(config.flush_interval);
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut report = Report::new(collector.cpus.len());
@@ -179,6 +203,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
 
     enum Event {
         Data,
+        Cgroup,
+        Kmsg,
         Tick,
         Stop(&'static str),
     }
@@ -191,13 +217,40 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 }
                 Event::Data
             }
+            ready = readable(collector.events.as_mut()) => {
+                if let Ok(mut guard) = ready { guard.clear_ready() }
+                Event::Cgroup
+            }
+            ready = readable(kmsg.as_mut()) => {
+                if let Ok(mut guard) = ready { guard.clear_ready() }
+                Event::Kmsg
+            }
             _ = flush.tick() => Event::Tick,
             _ = sigint.recv() => Event::Stop("SIGINT"),
             _ = sigterm.recv() => Event::Stop("SIGTERM"),
         };
         drain(collector.ring.get_mut(), &mut pipeline);
-        if matches!(event, Event::Data) {
-            continue;
+        match event {
+            Event::Data => continue,
+            Event::Cgroup => {
+                if let Some(events) = collector.events.as_mut() {
+                    let ring = events.get_mut();
+                    while let Some(item) = ring.next() {
+                        if let Some(mut e) = crate::collect::parse_event(cgroup_fields, &item) {
+                            e.ts_ns = (e.ts_ns as i128 + pipeline.offset).max(0) as u64;
+                            pipeline.engine.zombies.on_event(&e);
+                        }
+                    }
+                }
+                continue;
+            }
+            Event::Kmsg => {
+                if let Some(k) = kmsg.as_mut() {
+                    record_kmsg(k.get_mut(), &config.data_dir);
+                }
+                continue;
+            }
+            _ => {}
         }
         // Counters: what the kernel side could not deliver since the last tick.
         match collector.counters() {
@@ -215,6 +268,19 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             Err(e) => log::warn!("{e}"),
         }
         pipeline.offset = boot_to_unix_offset();
+        // Detectors: NET_RX figures for this moment, then every second that is complete.
+        let now = now_ns();
+        if let Some(n) = collector.netrx() {
+            pipeline.engine.on_netrx(now, n);
+        }
+        let mut changes = pipeline.engine.tick(now);
+        if last_zombie_check.elapsed() >= Duration::from_secs(5) {
+            last_zombie_check = Instant::now();
+            let z = pipeline.engine.check_zombies(now);
+            changes.opened.extend(z.opened);
+            changes.closed.extend(z.closed);
+        }
+        record_findings(&changes, &config.data_dir);
         match pipeline.writer.flush(now_ns()) {
             Ok(f) => {
                 report.bytes += f.bytes;
@@ -242,6 +308,9 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         }
         maintenance.run(&config, write_failing);
         if let Event::Stop(signal) = event {
+            // Open findings are written with the end they have so far.
+            let open = Changes { opened: Vec::new(), closed: pipeline.engine.open_findings() };
+            record_findings(&open, &config.data_dir);
             log::info!("{signal}: flushed, exiting");
             report.log(&pipeline);
             return Ok(());
@@ -251,6 +320,58 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             pipeline.symbolizer.expire();
         }
     }
+}
+
+/// Readiness of an optional fd; never ready when there is none.
+async fn readable<T: std::os::fd::AsRawFd>(
+    fd: Option<&mut AsyncFd<T>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyMutGuard<'_, T>> {
+    match fd {
+        Some(fd) => fd.readable_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Logs and stores what the detectors opened and closed.
+fn record_findings(changes: &Changes, data_dir: &std::path::Path) {
+    for f in &changes.opened {
+        log::warn!("finding {} opened: {}", f.id, f.summary);
+    }
+    for f in &changes.closed {
+        let secs = f.end_ns.unwrap_or(f.start_ns).saturating_sub(f.start_ns) as f64 / 1e9;
+        log::info!("finding {} closed after {secs:.0} s: {}", f.id, f.summary);
+    }
+    for f in changes.opened.iter().chain(&changes.closed) {
+        if let Err(e) = detect::log::append(data_dir, detect::log::FINDINGS, f) {
+            log::error!("cannot record finding {}: {e}", f.id);
+        }
+    }
+}
+
+/// Kernel log lines that match a pattern become events.
+fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
+    let offset = mono_to_unix_offset();
+    for (r, pattern) in k.read_matches() {
+        let ts_ns = (i128::from(r.usec) * 1000 + offset).max(0) as u64;
+        let id = format!("event-{}-{}", detect::finding_id_time(ts_ns), r.seq);
+        let e = Event { id, ts_ns, pattern, message: r.message };
+        log::warn!("event {}: {}", e.id, e.message);
+        if let Err(err) = detect::log::append(data_dir, detect::log::EVENTS, &e) {
+            log::error!("cannot record event {}: {err}", e.id);
+        }
+    }
+}
+
+/// `CLOCK_REALTIME - CLOCK_MONOTONIC` in ns: kernel log times are monotonic.
+fn mono_to_unix_offset() -> i128 {
+    let read = |clock| {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid clock id and pointer.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+    };
+    let mono = read(libc::CLOCK_MONOTONIC);
+    read(libc::CLOCK_REALTIME) - mono
 }
 
 /// Retention and tiering, run from the flush tick at their own pace.

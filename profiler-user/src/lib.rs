@@ -6,6 +6,7 @@
 pub mod collect;
 pub mod config;
 pub mod daemon;
+pub mod detect;
 pub mod flamegraph;
 pub mod model;
 pub mod query;

@@ -10,7 +10,9 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use profiler::{
+    collect::kmsg,
     config::{self, ConfigFile},
+    detect::{self, Finding},
     daemon::{self, DaemonConfig},
     flamegraph,
     query::{self, Filter, Window},
@@ -44,11 +46,21 @@ enum Command {
         #[command(flatten)]
         dir: DataDir,
         /// Start: RFC 3339, unix seconds, `now`, or relative (-30s, -5m, -1h).
+        #[arg(long, allow_hyphen_values = true, required_unless_present = "around")]
+        from: Option<String>,
+        /// End (exclusive), same forms as --from [default: now].
         #[arg(long, allow_hyphen_values = true)]
-        from: String,
-        /// End (exclusive), same forms as --from.
-        #[arg(long, allow_hyphen_values = true, default_value = "now")]
-        to: String,
+        to: Option<String>,
+        /// The window around a finding or event (its id, from `profiler findings` or
+        /// `profiler events`); --cpu defaults to the finding's CPU.
+        #[arg(long, conflicts_with_all = ["from", "to"])]
+        around: Option<String>,
+        /// With --around: how much before the finding's start or the event.
+        #[arg(long, default_value = "5s", requires = "around")]
+        before: String,
+        /// With --around: how much after the event (or the finding's end).
+        #[arg(long, default_value = "1s", requires = "around")]
+        after: String,
         /// Only this CPU (repeat for several).
         #[arg(long)]
         cpu: Vec<u32>,
@@ -66,6 +78,28 @@ enum Command {
         /// Output file (default: stdout).
         #[arg(short, long)]
         output: Option<PathBuf>,
+    },
+    /// Findings of the detectors in a time window.
+    Findings {
+        #[command(flatten)]
+        dir: DataDir,
+        #[arg(long, allow_hyphen_values = true, default_value = "-1h")]
+        from: String,
+        #[arg(long, allow_hyphen_values = true, default_value = "now")]
+        to: String,
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
+    },
+    /// Kernel log events (resets, watchdogs) in a time window.
+    Events {
+        #[command(flatten)]
+        dir: DataDir,
+        #[arg(long, allow_hyphen_values = true, default_value = "-1h")]
+        from: String,
+        #[arg(long, allow_hyphen_values = true, default_value = "now")]
+        to: String,
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
     },
     /// What the store holds: time range, samples per CPU, lost samples, size.
     Status {
@@ -115,6 +149,9 @@ impl RunArgs {
             None => ConfigFile::default(),
         };
         let store = file.store;
+        if let Some(p) = &file.events.patterns {
+            kmsg::Kmsg::validate(p)?;
+        }
         let frequency = self.frequency.or(file.frequency).unwrap_or(99);
         if !(1..=10_000).contains(&frequency) {
             anyhow::bail!("frequency {frequency} Hz is out of range: use 1 to 10000");
@@ -141,6 +178,11 @@ impl RunArgs {
                 dict_cap: store.dict_cap.unwrap_or(WriterLimits::default().dict_cap),
                 ..Default::default()
             },
+            thresholds: file.detect,
+            event_patterns: file
+                .events
+                .patterns
+                .unwrap_or_else(|| kmsg::DEFAULT_PATTERNS.iter().map(|p| p.to_string()).collect()),
         })
     }
 }
@@ -189,9 +231,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.block_on(daemon::run(config))?;
             Ok(())
         }
-        Command::Flamegraph { dir, from, to, cpu, pid, comm, include_idle, format, output } => {
+        Command::Flamegraph { dir, from, to, around, before, after, mut cpu, pid, comm, include_idle, format, output } => {
             let now = timespec::now_ns();
-            let window = Window::new(timespec::parse(&from, now)?, timespec::parse(&to, now)?)?;
+            let window = match around {
+                Some(id) => {
+                    let (window, finding_cpu) = around_window(&dir.data_dir, &id, &before, &after)?;
+                    if cpu.is_empty() {
+                        cpu.extend(finding_cpu);
+                    }
+                    window
+                }
+                None => Window::new(
+                    timespec::parse(from.as_deref().unwrap_or("-30s"), now)?,
+                    timespec::parse(to.as_deref().unwrap_or("now"), now)?,
+                )?,
+            };
             let filter = Filter { cpus: cpu, pid, comm, include_idle };
             let mut store = Store::open(&dir.data_dir)?;
             let result = query::fold(&mut store, window, &filter);
@@ -223,7 +277,78 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status { dir, format } => status(&dir.data_dir, format),
+        Command::Findings { dir, from, to, format } => findings(&dir.data_dir, &from, &to, format),
+        Command::Events { dir, from, to, format } => events(&dir.data_dir, &from, &to, format),
     }
+}
+
+/// The window around a finding (from `before` its start to `after` its end) or an event.
+fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow::Result<(Window, Option<u32>)> {
+    profiler::store::check_dir(data_dir)?;
+    let dur = |what: &str, v: &str| {
+        timespec::parse_duration_ns(v)
+            .ok_or_else(|| anyhow::anyhow!("{what} '{v}' is not a duration: use 5s, 500ms, 1m"))
+    };
+    let (before, after) = (dur("--before", before)?, dur("--after", after)?);
+    if let Some(f) = detect::log::findings(data_dir)?.into_iter().find(|f| f.id == id) {
+        let end = f.end_ns.unwrap_or_else(timespec::now_ns);
+        return Ok((Window::new(f.start_ns.saturating_sub(before), end + after)?, f.cpu));
+    }
+    let events: Vec<kmsg::Event> = detect::log::read_all(data_dir, detect::log::EVENTS)?;
+    if let Some(e) = events.into_iter().find(|e| e.id == id) {
+        return Ok((Window::new(e.ts_ns.saturating_sub(before), e.ts_ns + after)?, None));
+    }
+    anyhow::bail!("no finding or event has the id '{id}' in {}; `profiler findings` and `profiler events` list them", data_dir.display())
+}
+
+fn window_of(from: &str, to: &str) -> anyhow::Result<Window> {
+    let now = timespec::now_ns();
+    Ok(Window::new(timespec::parse(from, now)?, timespec::parse(to, now)?)?)
+}
+
+fn findings(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
+    profiler::store::check_dir(data_dir)?;
+    let w = window_of(from, to)?;
+    let now = timespec::now_ns();
+    let list: Vec<Finding> = detect::log::findings(data_dir)?
+        .into_iter()
+        .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(now) >= w.from_ns)
+        .collect();
+    if let StatusFormat::Json = format {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no findings between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
+    }
+    for f in list {
+        let end = match f.end_ns {
+            Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
+            None => "open".to_string(),
+        };
+        println!("{}  {:?}  {} .. {}\n    {}", f.id, f.severity, timespec::format(f.start_ns), end, f.summary);
+    }
+    Ok(())
+}
+
+fn events(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
+    profiler::store::check_dir(data_dir)?;
+    let w = window_of(from, to)?;
+    let list: Vec<kmsg::Event> = detect::log::read_all::<kmsg::Event>(data_dir, detect::log::EVENTS)?
+        .into_iter()
+        .filter(|e| w.contains(e.ts_ns))
+        .collect();
+    if let StatusFormat::Json = format {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no events between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
+    }
+    for e in list {
+        println!("{}  {}  {}", e.id, timespec::format(e.ts_ns), e.message);
+    }
+    Ok(())
 }
 
 fn open_output(path: Option<&Path>) -> anyhow::Result<Box<dyn Write>> {

@@ -2,6 +2,7 @@
 //! programs (NET_RX softirq and NAPI timing, cgroup life cycle); reads their ring buffers and
 //! maps.
 
+pub mod kmsg;
 pub mod tracefs;
 
 use aya::{
@@ -119,7 +120,7 @@ pub struct CgroupEvent {
 
 /// Field offsets of the cgroup tracepoints (identical for mkdir, rmdir and release).
 #[derive(Debug, Clone, Copy)]
-struct CgroupFields {
+pub struct CgroupFields {
     root: usize,
     id: usize,
     path: usize,
@@ -261,25 +262,13 @@ impl Collector {
         )
     }
 
-    /// Decodes one `EVENTS` record.
-    pub fn parse_event(&self, bytes: &[u8]) -> Option<CgroupEvent> {
-        if bytes.len() < EVENT_HEADER_LEN + EVENT_DATA_LEN {
-            return None;
-        }
-        // SAFETY: EventHeader is plain old data and the length was checked.
-        let h: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        let data = &bytes[EVENT_HEADER_LEN..EVENT_HEADER_LEN + EVENT_DATA_LEN];
-        let f = self.cgroup_fields;
-        let root = i32::from_ne_bytes(data.get(f.root..f.root + 4)?.try_into().ok()?);
-        let id = u64::from_ne_bytes(data.get(f.id..f.id + 8)?.try_into().ok()?);
-        // __data_loc: low 16 bits offset into the record, high 16 bits length.
-        let loc = u32::from_ne_bytes(data.get(f.path..f.path + 4)?.try_into().ok()?);
-        let (off, len) = ((loc & 0xffff) as usize, (loc >> 16) as usize);
-        let raw = data.get(off..(off + len).min(EVENT_DATA_LEN)).unwrap_or_default();
-        let path = String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or_default()).into_owned();
-        Some(CgroupEvent { kind: h.kind, pid: h.pid, ts_ns: h.ts_ns, comm: comm_str(&h.comm).into_owned(), root, id, path })
+    /// Where this kernel puts the cgroup tracepoints' fields.
+    pub fn cgroup_fields(&self) -> CgroupFields {
+        self.cgroup_fields
     }
+}
 
+impl Collector {
     /// Cumulative kernel-side counters per CPU (index = CPU id).
     pub fn counters(&self) -> Result<Vec<CpuCounters>, CollectError> {
         let get = |index| self.counters.get(&index, 0).map_err(|e| CollectError::Map("COUNTERS", e));
@@ -296,6 +285,24 @@ impl Collector {
             })
             .collect())
     }
+}
+
+/// Decodes one `EVENTS` record.
+pub fn parse_event(f: CgroupFields, bytes: &[u8]) -> Option<CgroupEvent> {
+    if bytes.len() < EVENT_HEADER_LEN + EVENT_DATA_LEN {
+        return None;
+    }
+    // SAFETY: EventHeader is plain old data and the length was checked.
+    let h: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let data = &bytes[EVENT_HEADER_LEN..EVENT_HEADER_LEN + EVENT_DATA_LEN];
+    let root = i32::from_ne_bytes(data.get(f.root..f.root + 4)?.try_into().ok()?);
+    let id = u64::from_ne_bytes(data.get(f.id..f.id + 8)?.try_into().ok()?);
+    // __data_loc: low 16 bits offset into the record, high 16 bits length.
+    let loc = u32::from_ne_bytes(data.get(f.path..f.path + 4)?.try_into().ok()?);
+    let (off, len) = ((loc & 0xffff) as usize, (loc >> 16) as usize);
+    let raw = data.get(off..(off + len).min(EVENT_DATA_LEN)).unwrap_or_default();
+    let path = String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or_default()).into_owned();
+    Some(CgroupEvent { kind: h.kind, pid: h.pid, ts_ns: h.ts_ns, comm: comm_str(&h.comm).into_owned(), root, id, path })
 }
 
 #[cfg(test)]

@@ -1,0 +1,240 @@
+//! Detector 2: one kernel function holding a CPU. Over a sliding window, each kernel function's
+//! inclusive share of a CPU's ticks; the finding names the most specific function that holds
+//! the share (the deepest: fewest ticks among those above the threshold), never a generic entry
+//! point. Known offenders get a lower threshold and a hint of the known cause.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde_json::json;
+
+use super::{Active, Kind, Machine, Second, Severity, Thresholds, Tick, percent, top_processes};
+
+/// Entry points and dispatchers that sit above whatever the kernel is really doing.
+pub const GENERIC: &[&str] = &[
+    "entry_SYSCALL_64",
+    "entry_SYSCALL_64_after_hwframe",
+    "do_syscall_64",
+    "x64_sys_call",
+    "syscall_exit_to_user_mode",
+    "asm_sysvec_apic_timer_interrupt",
+    "sysvec_apic_timer_interrupt",
+    "asm_common_interrupt",
+    "common_interrupt",
+    "irq_exit_rcu",
+    "__irq_exit_rcu",
+    "handle_softirqs",
+    "__do_softirq",
+    "asm_exc_page_fault",
+    "exc_page_fault",
+    "do_user_addr_fault",
+    "ret_from_fork",
+    "ret_from_fork_asm",
+    "kthread",
+    "worker_thread",
+    "process_one_work",
+    "ksys_read",
+    "ksys_write",
+    "vfs_read",
+    "vfs_write",
+    "__x64_sys_read",
+    "__x64_sys_write",
+    "__x64_sys_openat",
+    "do_sys_openat2",
+    "seq_read",
+    "seq_read_iter",
+    "kernfs_fop_read_iter",
+    "do_idle",
+    "cpu_startup_entry",
+    "start_secondary",
+    "common_startup_64",
+];
+
+/// Known offenders: a lower threshold, and what usually causes them.
+pub const WATCHLIST: &[(&str, &str)] = &[
+    (
+        "mem_cgroup_node_nr_lru_pages",
+        "walks every memory cgroup, dying ones included: leaked (zombie) memcgs make each memory.stat read slow; see zombie-memcgs findings",
+    ),
+    (
+        "mem_cgroup_nr_lru_pages",
+        "walks every memory cgroup, dying ones included: leaked (zombie) memcgs make each memory.stat read slow; see zombie-memcgs findings",
+    ),
+    ("memcg1_stat_format", "memory.stat of a cgroup v1 hierarchy with many (possibly dying) memcgs"),
+    ("memcg_stat_show", "memory.stat of a hierarchy with many (possibly dying) memcgs"),
+    ("mem_cgroup_css_rstat_flush", "memcg statistics flush: many cgroups, or stats read very often"),
+    ("cgroup_rstat_flush_locked", "cgroup statistics flush: many cgroups, or stats read very often"),
+    ("css_rstat_flush", "cgroup statistics flush: many cgroups, or stats read very often"),
+    ("shrink_node", "memory reclaim on this CPU"),
+    ("native_queued_spin_lock_slowpath", "spinlock contention"),
+    ("queued_spin_lock_slowpath", "spinlock contention"),
+    ("net_rx_action", "network receive processing"),
+];
+
+fn hint(name: &str) -> Option<&'static str> {
+    WATCHLIST.iter().find(|(n, _)| *n == name).map(|(_, h)| *h)
+}
+
+#[derive(Debug, Default)]
+pub struct HotFunc {
+    /// Per CPU: start of the window in which the current hot spell was first seen.
+    since: Vec<Option<u64>>,
+}
+
+struct Count {
+    ticks: u64,
+    depth_sum: u64,
+}
+
+impl HotFunc {
+    pub fn evaluate(&mut self, history: &VecDeque<Second>, m: Machine, t: &Thresholds) -> Vec<Active> {
+        let w = (t.hot_window_secs.max(1) as usize).min(history.len());
+        if w == 0 {
+            return Vec::new();
+        }
+        let window: Vec<&Second> = history.iter().skip(history.len() - w).collect();
+        let window_start = window[0].start_ns;
+        let cpus = window.last().map_or(0, |s| s.cpus.len());
+        self.since.resize(cpus, None);
+        let mut out = Vec::new();
+        for cpu in 0..cpus {
+            let ticks: Vec<&Tick> = window.iter().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter()).collect();
+            let idle: u64 = window.iter().filter_map(|s| s.cpus.get(cpu)).map(|c| u64::from(c.idle)).sum();
+            // Over the ticks the CPU had, or should have had: a nearly idle CPU with a few
+            // samples all in one function is not "held" by it.
+            let denom = (ticks.len() as u64 + idle).max(m.frequency_hz * u64::from(t.hot_window_secs.max(1))) as f64;
+            let mut counts: HashMap<&str, Count> = HashMap::new();
+            for tick in &ticks {
+                let kernel = &tick.stack.frames[tick.stack.user_len..];
+                for (depth, f) in kernel.iter().enumerate() {
+                    // Inclusive: a recursive function counts once per tick.
+                    if kernel[..depth].iter().any(|g| g == f) {
+                        continue;
+                    }
+                    let c = counts.entry(&**f).or_insert(Count { ticks: 0, depth_sum: 0 });
+                    c.ticks += 1;
+                    c.depth_sum += depth as u64;
+                }
+            }
+            let pick = counts
+                .iter()
+                .filter(|(name, c)| {
+                    let share = c.ticks as f64 / denom;
+                    !GENERIC.contains(name) && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
+                })
+                .min_by(|a, b| {
+                    // Fewest ticks = most specific; equal ticks: the deeper one.
+                    let avg = |c: &Count| c.depth_sum as f64 / c.ticks.max(1) as f64;
+                    a.1.ticks.cmp(&b.1.ticks).then(avg(b.1).total_cmp(&avg(a.1))).then(a.0.cmp(b.0))
+                });
+            let Some((&name, c)) = pick else {
+                self.since[cpu] = None;
+                continue;
+            };
+            let share = c.ticks as f64 / denom;
+            let onset = *self.since[cpu].get_or_insert(window_start);
+            let holders = top_processes(ticks.iter().copied().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)), 3);
+            let holders_text: Vec<String> = holders
+                .iter()
+                .map(|(comm, pid, n)| format!("{comm} (pid {pid}) {}", percent(*n as f64 / denom)))
+                .collect();
+            let mut summary = format!(
+                "{name} holds {} of CPU {cpu} over {w} s, in {}",
+                percent(share),
+                holders_text.join(", ")
+            );
+            if let Some(h) = hint(name) {
+                summary.push_str(&format!("; known offender: {h}"));
+            }
+            out.push(Active {
+                kind: Kind::HotKernelFunction,
+                cpu: Some(cpu as u32),
+                onset_ns: onset,
+                severity: if share >= 0.8 { Severity::Critical } else { Severity::Warning },
+                summary,
+                evidence: json!({
+                    "function": name,
+                    "share": share,
+                    "window_secs": w,
+                    "watchlist": hint(name).is_some(),
+                    "processes": holders.iter().map(|(comm, pid, n)| json!({"comm": &**comm, "pid": pid, "samples": n})).collect::<Vec<_>>(),
+                }),
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        detect::{CpuSecond, Tick},
+        model::Stack,
+        store::format::NS_PER_SEC,
+    };
+
+    fn stack(user: &[&str], kernel: &[&str]) -> Arc<Stack> {
+        Arc::new(Stack { frames: user.iter().chain(kernel).map(|f| Arc::from(*f)).collect(), user_len: user.len() })
+    }
+
+    fn seconds(n: u64, per_second: &[(Arc<Stack>, usize)]) -> VecDeque<Second> {
+        (0..n)
+            .map(|i| Second {
+                start_ns: i * NS_PER_SEC,
+                cpus: vec![
+                    CpuSecond::default(),
+                    CpuSecond {
+                        busy: per_second
+                            .iter()
+                            .flat_map(|(s, k)| {
+                                (0..*k).map(|_| Tick { stack: s.clone(), pid: 42, comm: Arc::from("cat") })
+                            })
+                            .collect(),
+                        ..Default::default()
+                    },
+                ],
+            })
+            .collect()
+    }
+
+    const M: Machine = Machine { cpus: 2, frequency_hz: 100 };
+
+    #[test]
+    fn names_the_deepest_function_holding_the_share_not_the_entry_point() {
+        let read = ["entry_SYSCALL_64_after_hwframe", "do_syscall_64", "ksys_read", "vfs_read", "seq_read_iter"];
+        let hot = stack(&["main", "read"], &[&read[..], &["memcg_stat_show", "mem_cgroup_node_nr_lru_pages"]].concat());
+        let other = stack(&["main", "read"], &[&read[..], &["memcg_stat_show", "seq_printf"]].concat());
+        let h = seconds(5, &[(hot, 70), (other, 25)]);
+        let out = HotFunc::default().evaluate(&h, M, &Thresholds::default());
+        assert_eq!(out.len(), 1);
+        let a = &out[0];
+        assert_eq!(a.evidence["function"], "mem_cgroup_node_nr_lru_pages");
+        assert!(a.summary.starts_with("mem_cgroup_node_nr_lru_pages holds 70 % of CPU 1 over 5 s, in cat (pid 42)"), "{}", a.summary);
+        assert!(a.summary.contains("known offender"), "{}", a.summary);
+    }
+
+    #[test]
+    fn below_the_threshold_or_only_generic_nothing() {
+        let spread: Vec<_> = (0..10).map(|i| (stack(&["main"], &["do_syscall_64", &format!("f{i}")]), 9)).collect();
+        assert!(HotFunc::default().evaluate(&seconds(5, &spread), M, &Thresholds::default()).is_empty());
+        // A user-space hog holds no kernel function.
+        let user = seconds(5, &[(stack(&["main", "spin"], &[]), 100)]);
+        assert!(HotFunc::default().evaluate(&user, M, &Thresholds::default()).is_empty());
+        // A nearly idle CPU whose few ticks are all in one function is not held by it.
+        let few = seconds(5, &[(stack(&["main"], &["clear_user"]), 3)]);
+        assert!(HotFunc::default().evaluate(&few, M, &Thresholds::default()).is_empty());
+    }
+
+    #[test]
+    fn watchlist_functions_fire_at_the_lower_share() {
+        let hot = stack(&["kubelet"], &["do_syscall_64", "mem_cgroup_nr_lru_pages"]);
+        let rest = stack(&["kubelet", "gc"], &[]);
+        let h = seconds(5, &[(hot, 25), (rest, 75)]);
+        let out = HotFunc::default().evaluate(&h, M, &Thresholds::default());
+        assert_eq!(out[0].evidence["function"], "mem_cgroup_nr_lru_pages");
+        let plain = stack(&["x"], &["do_syscall_64", "some_function"]);
+        assert!(HotFunc::default().evaluate(&seconds(5, &[(plain, 25)]), M, &Thresholds::default()).is_empty());
+    }
+}

@@ -1,0 +1,54 @@
+//! Findings and events on disk: `DATA_DIR/findings.jsonl` and `DATA_DIR/events.jsonl`, one JSON
+//! object per line, appended. A finding is written when it opens and again when it closes; the
+//! last line of an id wins. Root-only, like the store.
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+};
+
+use serde::{Serialize, de::DeserializeOwned};
+
+use super::Finding;
+use crate::store::StoreError;
+
+pub const FINDINGS: &str = "findings.jsonl";
+pub const EVENTS: &str = "events.jsonl";
+
+/// Appends one record as a line.
+pub fn append<T: Serialize>(data_dir: &Path, file: &str, record: &T) -> Result<(), StoreError> {
+    let path = data_dir.join(file);
+    let mut line = serde_json::to_vec(record).expect("records serialise");
+    line.push(b'\n');
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| StoreError::Io(path.clone(), e))?;
+    f.write_all(&line).map_err(|e| StoreError::Io(path, e))
+}
+
+/// Every record of a file; lines that do not parse (a torn last line) are skipped.
+pub fn read_all<T: DeserializeOwned>(data_dir: &Path, file: &str) -> Result<Vec<T>, StoreError> {
+    let path: PathBuf = data_dir.join(file);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::Io(path, e)),
+    };
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// Findings, latest state per id, in start order.
+pub fn findings(data_dir: &Path) -> Result<Vec<Finding>, StoreError> {
+    let mut by_id: BTreeMap<String, Finding> = BTreeMap::new();
+    for f in read_all::<Finding>(data_dir, FINDINGS)? {
+        by_id.insert(f.id.clone(), f);
+    }
+    let mut v: Vec<_> = by_id.into_values().collect();
+    v.sort_by(|a, b| a.start_ns.cmp(&b.start_ns).then(a.id.cmp(&b.id)));
+    Ok(v)
+}

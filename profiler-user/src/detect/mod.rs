@@ -1,0 +1,398 @@
+//! Detectors of kernel hot spots. The daemon feeds them every sample as it is stored, plus the
+//! NET_RX figures and cgroup events; once a second is complete they evaluate it, and what they
+//! report opens, extends or closes a [`Finding`].
+//!
+//! - `saturation`: a CPU saturated while the machine as a whole looks fine;
+//! - `hotfunc`: one kernel function holding a CPU;
+//! - `netrx`: NET_RX softirq / NAPI work starved on a CPU;
+//! - `zombies`: dying memory cgroups piling up, and who makes them.
+
+pub mod hotfunc;
+pub mod log;
+pub mod netrx;
+pub mod saturation;
+pub mod zombies;
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::Arc,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{collect::NetRxCpu, model::Stack, store::format::NS_PER_SEC};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    SaturatedCore,
+    HotKernelFunction,
+    NetrxStarvation,
+    ZombieMemcgs,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::SaturatedCore => "saturated-core",
+            Kind::HotKernelFunction => "hot-kernel-function",
+            Kind::NetrxStarvation => "netrx-starvation",
+            Kind::ZombieMemcgs => "zombie-memcgs",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+/// Something worth a human's attention, on the timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub id: String,
+    pub kind: Kind,
+    pub start_ns: u64,
+    /// `None` while the condition still holds.
+    pub end_ns: Option<u64>,
+    pub cpu: Option<u32>,
+    pub severity: Severity,
+    /// One line a human can act on.
+    pub summary: String,
+    /// The figures behind the summary: function, processes, shares, counts.
+    pub evidence: serde_json::Value,
+}
+
+/// What a detector found true in the second it evaluated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Active {
+    pub kind: Kind,
+    pub cpu: Option<u32>,
+    /// When the condition began (it may have been confirmed only later).
+    pub onset_ns: u64,
+    pub severity: Severity,
+    pub summary: String,
+    pub evidence: serde_json::Value,
+}
+
+/// Thresholds, from the config file's `[detect]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Thresholds {
+    /// Detector 1: a CPU this busy (share of its ticks)...
+    pub saturated_busy: f64,
+    /// ...for this many consecutive seconds...
+    pub saturated_secs: u32,
+    /// ...while the whole machine is at most this busy.
+    pub machine_busy_max: f64,
+    /// Detector 2: window over which a function's share of a CPU is measured.
+    pub hot_window_secs: u32,
+    /// Share of a CPU's samples (inclusive) that makes a kernel function hot.
+    pub hot_share: f64,
+    /// Lower share for the watchlist of known offenders.
+    pub watch_share: f64,
+    /// Detector 3: p99 of NET_RX raise→run waits in a second, ms.
+    pub netrx_p99_ms: f64,
+    /// Longest NET_RX wait or NAPI poll gap, ms.
+    pub netrx_gap_ms: f64,
+    /// Detector 4: dying memory cgroups at least this many...
+    pub zombie_min: u64,
+    /// ...and at least this many times the live ones.
+    pub zombie_ratio: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            saturated_busy: 0.9,
+            saturated_secs: 3,
+            machine_busy_max: 0.6,
+            hot_window_secs: 5,
+            hot_share: 0.5,
+            watch_share: 0.2,
+            netrx_p99_ms: 5.0,
+            netrx_gap_ms: 100.0,
+            zombie_min: 1000,
+            zombie_ratio: 10.0,
+        }
+    }
+}
+
+/// One sampled tick of a busy CPU, as detectors keep it.
+#[derive(Debug, Clone)]
+pub struct Tick {
+    pub stack: Arc<Stack>,
+    pub pid: u32,
+    pub comm: Arc<str>,
+}
+
+/// One CPU during one second.
+#[derive(Debug, Default, Clone)]
+pub struct CpuSecond {
+    pub busy: Vec<Tick>,
+    pub idle: u32,
+    /// NET_RX figures credited to this second: (runs, histogram of waits, longest wait ns,
+    /// longest poll gap ns).
+    pub netrx: Option<NetRxSecond>,
+}
+
+impl CpuSecond {
+    /// Busy ticks in kernel mode (the stack has kernel frames).
+    pub fn kernel(&self) -> usize {
+        self.busy.iter().filter(|t| t.stack.user_len < t.stack.frames.len()).count()
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NetRxSecond {
+    pub runs: u64,
+    pub histogram: Vec<u64>,
+    pub latency_max_ns: u64,
+    pub poll_gap_max_ns: u64,
+}
+
+/// Everything sampled during one wall-clock second.
+#[derive(Debug, Clone)]
+pub struct Second {
+    pub start_ns: u64,
+    /// Indexed by CPU id.
+    pub cpus: Vec<CpuSecond>,
+}
+
+/// The machine the detectors watch.
+#[derive(Debug, Clone, Copy)]
+pub struct Machine {
+    pub cpus: u32,
+    pub frequency_hz: u64,
+}
+
+/// Top processes of a set of ticks: `(comm, pid, ticks)`, most first.
+pub fn top_processes<'a>(ticks: impl Iterator<Item = &'a Tick>, n: usize) -> Vec<(Arc<str>, u32, u64)> {
+    let mut counts: HashMap<(u32, Arc<str>), u64> = HashMap::new();
+    for t in ticks {
+        *counts.entry((t.pid, t.comm.clone())).or_default() += 1;
+    }
+    let mut v: Vec<_> = counts.into_iter().map(|((pid, comm), c)| (comm, pid, c)).collect();
+    v.sort_by(|a, b| b.2.cmp(&a.2).then(a.1.cmp(&b.1)));
+    v.truncate(n);
+    v
+}
+
+pub fn percent(x: f64) -> String {
+    format!("{:.0} %", x * 100.0)
+}
+
+/// Seconds are evaluated this long after they end: samples reach the daemon up to one flush
+/// interval (and a ring-buffer drain) late.
+const GRACE_NS: u64 = 1_500_000_000;
+/// A finding closes after its condition has been false for this many evaluated seconds.
+const CLOSE_AFTER_SECS: u64 = 2;
+
+struct Open {
+    finding: Finding,
+    last_active_ns: u64,
+}
+
+/// Collects seconds, runs the detectors, and turns what they report into findings.
+pub struct Engine {
+    machine: Machine,
+    thresholds: Thresholds,
+    pending: BTreeMap<u64, Second>,
+    history: VecDeque<Second>,
+    saturation: saturation::Saturation,
+    hotfunc: hotfunc::HotFunc,
+    pub zombies: zombies::Zombies,
+    netrx_prev: Vec<NetRxCpu>,
+    open: BTreeMap<(Kind, Option<u32>), Open>,
+}
+
+/// What changed in one evaluation.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub opened: Vec<Finding>,
+    pub closed: Vec<Finding>,
+}
+
+impl Engine {
+    pub fn new(machine: Machine, thresholds: Thresholds) -> Self {
+        Self {
+            machine,
+            saturation: saturation::Saturation::default(),
+            hotfunc: hotfunc::HotFunc::default(),
+            zombies: zombies::Zombies::default(),
+            thresholds,
+            pending: BTreeMap::new(),
+            history: VecDeque::new(),
+            netrx_prev: Vec::new(),
+            open: BTreeMap::new(),
+        }
+    }
+
+    pub fn set_thresholds(&mut self, t: Thresholds) {
+        self.thresholds = t;
+    }
+
+    fn cpu(&mut self, ts_ns: u64, cpu: u32) -> Option<&mut CpuSecond> {
+        let second = ts_ns / NS_PER_SEC;
+        // Anything older than the last evaluated second is too late to count.
+        if self.history.back().is_some_and(|s| s.start_ns / NS_PER_SEC >= second) {
+            return None;
+        }
+        let n = self.machine.cpus as usize;
+        let s = self.pending.entry(second).or_insert_with(|| Second {
+            start_ns: second * NS_PER_SEC,
+            cpus: vec![CpuSecond::default(); n],
+        });
+        s.cpus.get_mut(cpu as usize)
+    }
+
+    pub fn on_busy(&mut self, ts_ns: u64, cpu: u32, tick: Tick) {
+        if let Some(c) = self.cpu(ts_ns, cpu) {
+            c.busy.push(tick);
+        }
+    }
+
+    pub fn on_idle(&mut self, ts_ns: u64, cpu: u32) {
+        if let Some(c) = self.cpu(ts_ns, cpu) {
+            c.idle += 1;
+        }
+    }
+
+    /// Cumulative NET_RX figures read at `ts_ns`: their growth since the last read goes to
+    /// that second.
+    pub fn on_netrx(&mut self, ts_ns: u64, now: Vec<NetRxCpu>) {
+        let prev = std::mem::replace(&mut self.netrx_prev, now.clone());
+        for (cpu, n) in now.iter().enumerate() {
+            let p = prev.get(cpu).cloned().unwrap_or_default();
+            let runs = n.entries.saturating_sub(p.entries);
+            let histogram: Vec<u64> = n
+                .histogram
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| v.saturating_sub(p.histogram.get(i).copied().unwrap_or(0)))
+                .collect();
+            if let Some(c) = self.cpu(ts_ns, cpu as u32) {
+                let s = c.netrx.get_or_insert_with(NetRxSecond::default);
+                s.runs += runs;
+                if s.histogram.len() < histogram.len() {
+                    s.histogram.resize(histogram.len(), 0);
+                }
+                for (a, b) in s.histogram.iter_mut().zip(&histogram) {
+                    *a += b;
+                }
+                s.latency_max_ns = s.latency_max_ns.max(n.latency_max_ns);
+                s.poll_gap_max_ns = s.poll_gap_max_ns.max(n.poll_gap_max_ns);
+            }
+        }
+    }
+
+    /// Evaluates every second that ended at least the grace period before `now_ns`.
+    pub fn tick(&mut self, now_ns: u64) -> Changes {
+        let mut changes = Changes::default();
+        // Seconds with no sample at all still count (an idle vCPU may get no ticks).
+        if let Some(last) = self.history.back().map(|s| s.start_ns / NS_PER_SEC) {
+            let ready = now_ns.saturating_sub(GRACE_NS) / NS_PER_SEC;
+            for second in last + 1..ready.min(last + 120) {
+                let n = self.machine.cpus as usize;
+                self.pending
+                    .entry(second)
+                    .or_insert_with(|| Second { start_ns: second * NS_PER_SEC, cpus: vec![CpuSecond::default(); n] });
+            }
+        }
+        while let Some((&second, _)) = self.pending.first_key_value() {
+            if (second + 1) * NS_PER_SEC + GRACE_NS > now_ns {
+                break;
+            }
+            let s = self.pending.remove(&second).expect("present");
+            self.history.push_back(s);
+            let keep = self.thresholds.hot_window_secs.max(self.thresholds.saturated_secs).max(1) as usize + 1;
+            while self.history.len() > keep {
+                self.history.pop_front();
+            }
+            let mut active = Vec::new();
+            active.extend(self.saturation.evaluate(&self.history, self.machine, &self.thresholds));
+            active.extend(self.hotfunc.evaluate(&self.history, self.machine, &self.thresholds));
+            active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds));
+            let end = (second + 1) * NS_PER_SEC;
+            self.reconcile(active, end, Some(&[Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation]), &mut changes);
+        }
+        changes
+    }
+
+    /// Runs the zombie-memcg detector (it reads /proc and cgroupfs: call every few seconds).
+    pub fn check_zombies(&mut self, now_ns: u64) -> Changes {
+        let mut changes = Changes::default();
+        let active = self.zombies.evaluate(now_ns, &self.thresholds);
+        self.reconcile(active.into_iter().collect(), now_ns, Some(&[Kind::ZombieMemcgs]), &mut changes);
+        changes
+    }
+
+    /// Opens findings for new conditions, refreshes open ones, closes those whose condition
+    /// has been false for a while. Only findings of `kinds` are considered for closing.
+    fn reconcile(&mut self, active: Vec<Active>, now_ns: u64, kinds: Option<&[Kind]>, changes: &mut Changes) {
+        for a in active {
+            let key = (a.kind, a.cpu);
+            match self.open.get_mut(&key) {
+                Some(o) => {
+                    o.last_active_ns = now_ns;
+                    // Keep the worst severity and the latest figures.
+                    o.finding.severity = o.finding.severity.max(a.severity);
+                    o.finding.summary = a.summary;
+                    o.finding.evidence = a.evidence;
+                }
+                None => {
+                    let finding = Finding {
+                        id: finding_id(a.kind, a.cpu, a.onset_ns),
+                        kind: a.kind,
+                        start_ns: a.onset_ns,
+                        end_ns: None,
+                        cpu: a.cpu,
+                        severity: a.severity,
+                        summary: a.summary,
+                        evidence: a.evidence,
+                    };
+                    changes.opened.push(finding.clone());
+                    self.open.insert(key, Open { finding, last_active_ns: now_ns });
+                }
+            }
+        }
+        let stale: Vec<_> = self
+            .open
+            .iter()
+            .filter(|(k, o)| {
+                kinds.is_none_or(|ks| ks.contains(&k.0))
+                    && now_ns.saturating_sub(o.last_active_ns) > CLOSE_AFTER_SECS * NS_PER_SEC
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in stale {
+            let mut o = self.open.remove(&key).expect("listed");
+            o.finding.end_ns = Some(o.last_active_ns);
+            changes.closed.push(o.finding);
+        }
+    }
+
+    /// Findings still open (for a clean shutdown: they are written with their current end).
+    pub fn open_findings(&self) -> Vec<Finding> {
+        self.open.values().map(|o| Finding { end_ns: Some(o.last_active_ns), ..o.finding.clone() }).collect()
+    }
+}
+
+/// `saturated-core-cpu1-20261121T101502`: kind, CPU, and the second it began (UTC).
+pub fn finding_id(kind: Kind, cpu: Option<u32>, onset_ns: u64) -> String {
+    let when = finding_id_time(onset_ns);
+    match cpu {
+        Some(c) => format!("{}-cpu{c}-{when}", kind.name()),
+        None => format!("{}-{when}", kind.name()),
+    }
+}
+
+/// `20261121T101502`: the UTC second of `ns`, as ids show it.
+pub fn finding_id_time(ns: u64) -> String {
+    jiff::Timestamp::from_nanosecond(ns as i128)
+        .map(|t| t.strftime("%Y%m%dT%H%M%S").to_string())
+        .unwrap_or_else(|_| (ns / NS_PER_SEC).to_string())
+}

@@ -1,0 +1,133 @@
+//! Detector 3: NET_RX softirq / NAPI work starved on one CPU — the wait from a NET_RX raise to
+//! the softirq running (its p99 over a second, and its maximum), and gaps between NAPI polls
+//! while work was pending. The finding names what held the CPU meanwhile, from the samples.
+
+use serde_json::json;
+
+use super::{Active, Kind, Second, Severity, Thresholds, percent, top_processes};
+
+/// The upper bound (ns) of the histogram bucket holding the `q` quantile.
+pub fn quantile_ns(histogram: &[u64], q: f64) -> Option<u64> {
+    let total: u64 = histogram.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let target = (total as f64 * q).ceil() as u64;
+    let mut seen = 0;
+    for (i, &n) in histogram.iter().enumerate() {
+        seen += n;
+        if seen >= target {
+            return Some(1u64 << (i + 1).min(63));
+        }
+    }
+    None
+}
+
+/// `SCHED_FIFO 50` etc. for a pid, from /proc (empty if it is gone).
+fn policy(pid: u32) -> String {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return String::new() };
+    let Some((_, rest)) = stat.rsplit_once(')') else { return String::new() };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the comm: field 3 is f[0]; rt_priority is field 40, policy field 41.
+    let (prio, pol) = (f.get(37).and_then(|v| v.parse::<u32>().ok()), f.get(38).and_then(|v| v.parse::<u32>().ok()));
+    match (pol, prio) {
+        (Some(1), Some(p)) => format!(", SCHED_FIFO {p}"),
+        (Some(2), Some(p)) => format!(", SCHED_RR {p}"),
+        _ => String::new(),
+    }
+}
+
+pub fn evaluate(second: &Second, t: &Thresholds) -> Vec<Active> {
+    let mut out = Vec::new();
+    for (cpu, c) in second.cpus.iter().enumerate() {
+        let Some(n) = &c.netrx else { continue };
+        let p99 = if n.runs >= 5 { quantile_ns(&n.histogram, 0.99) } else { None };
+        let worst = n.latency_max_ns.max(n.poll_gap_max_ns);
+        let gap_ns = (t.netrx_gap_ms * 1e6) as u64;
+        let p99_hit = p99.is_some_and(|p| p as f64 >= t.netrx_p99_ms * 1e6);
+        if !p99_hit && worst < gap_ns {
+            continue;
+        }
+        let busy = c.busy.len().max(1) as f64;
+        let holders = top_processes(c.busy.iter(), 3);
+        let held: Vec<String> = holders
+            .iter()
+            .map(|(comm, pid, k)| format!("{comm} (pid {pid}{}) {}", policy(*pid), percent(*k as f64 / busy)))
+            .collect();
+        let held = if held.is_empty() { "nothing sampled (softirq time itself?)".to_string() } else { held.join(", ") };
+        let ms = |ns: u64| ns as f64 / 1e6;
+        out.push(Active {
+            kind: Kind::NetrxStarvation,
+            cpu: Some(cpu as u32),
+            onset_ns: second.start_ns,
+            severity: if worst >= 10 * gap_ns { Severity::Critical } else { Severity::Warning },
+            summary: format!(
+                "NET_RX work on CPU {cpu} waited up to {:.0} ms (p99 {}, NAPI poll gap {:.0} ms) while the CPU ran {held}",
+                ms(n.latency_max_ns),
+                p99.map_or("n/a".to_string(), |p| format!("≤{:.1} ms", ms(p))),
+                ms(n.poll_gap_max_ns),
+            ),
+            evidence: json!({
+                "runs": n.runs,
+                "latency_max_ms": ms(n.latency_max_ns),
+                "latency_p99_ms": p99.map(ms),
+                "poll_gap_max_ms": ms(n.poll_gap_max_ns),
+                "held_by": holders.iter().map(|(comm, pid, k)| json!({"comm": &**comm, "pid": pid, "samples": k})).collect::<Vec<_>>(),
+            }),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        detect::{CpuSecond, NetRxSecond, Tick},
+        model::Stack,
+    };
+
+    #[test]
+    fn quantiles_from_log2_buckets() {
+        let mut h = vec![0u64; 36];
+        h[10] = 98; // ~1 µs
+        h[23] = 2; // ~8 ms
+        assert_eq!(quantile_ns(&h, 0.5), Some(2048));
+        assert_eq!(quantile_ns(&h, 0.99), Some(1 << 24));
+        assert_eq!(quantile_ns(&[0; 4], 0.99), None);
+    }
+
+    fn second(netrx: NetRxSecond) -> Second {
+        let spin = Arc::new(Stack { frames: vec![Arc::from("spin")], user_len: 1 });
+        Second {
+            start_ns: 0,
+            cpus: vec![
+                CpuSecond::default(),
+                CpuSecond {
+                    busy: (0..99).map(|_| Tick { stack: spin.clone(), pid: 4_000_000, comm: Arc::from("hog") }).collect(),
+                    netrx: Some(netrx),
+                    ..Default::default()
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_long_wait_names_what_held_the_cpu() {
+        let n = NetRxSecond { runs: 3, histogram: vec![], latency_max_ns: 450_000_000, poll_gap_max_ns: 0 };
+        let out = evaluate(&second(n), &Thresholds::default());
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].cpu, Some(1));
+        assert!(out[0].summary.contains("waited up to 450 ms") && out[0].summary.contains("hog (pid 4000000)"), "{}", out[0].summary);
+    }
+
+    #[test]
+    fn healthy_softirqs_are_quiet() {
+        let mut h = vec![0u64; 36];
+        h[12] = 1000;
+        let n = NetRxSecond { runs: 1000, histogram: h, latency_max_ns: 90_000, poll_gap_max_ns: 2_000_000 };
+        assert!(evaluate(&second(n), &Thresholds::default()).is_empty());
+    }
+}

@@ -1,0 +1,139 @@
+//! Detector 1: a CPU saturated while the machine as a whole looks fine — what per-core views
+//! show and aggregate CPU graphs hide.
+//!
+//! A CPU's busy share in a second is its busy ticks over the ticks the sampling frequency gives
+//! it (not over busy + idle ticks: an idle vCPU may get no ticks at all).
+
+use std::collections::VecDeque;
+
+use serde_json::json;
+
+use super::{Active, Kind, Machine, Second, Severity, Thresholds, percent, top_processes};
+use crate::store::format::NS_PER_SEC;
+
+#[derive(Debug, Default)]
+pub struct Saturation {
+    /// Per CPU: first second of the current run of saturated seconds.
+    runs: Vec<Option<u64>>,
+}
+
+fn share(ticks: usize, freq: u64) -> f64 {
+    (ticks as f64 / freq.max(1) as f64).min(1.0)
+}
+
+impl Saturation {
+    pub fn evaluate(&mut self, history: &VecDeque<Second>, m: Machine, t: &Thresholds) -> Vec<Active> {
+        let Some(now) = history.back() else { return Vec::new() };
+        let machine_busy: f64 = now.cpus.iter().map(|c| share(c.busy.len(), m.frequency_hz)).sum::<f64>() / m.cpus.max(1) as f64;
+        self.runs.resize(now.cpus.len(), None);
+        let mut out = Vec::new();
+        for (cpu, c) in now.cpus.iter().enumerate() {
+            let busy = share(c.busy.len(), m.frequency_hz);
+            if busy < t.saturated_busy || machine_busy > t.machine_busy_max {
+                self.runs[cpu] = None;
+                continue;
+            }
+            let start = *self.runs[cpu].get_or_insert(now.start_ns);
+            let secs = (now.start_ns + NS_PER_SEC - start) / NS_PER_SEC;
+            if secs < u64::from(t.saturated_secs) {
+                continue;
+            }
+            // Figures over the run (as far as history reaches).
+            let run: Vec<_> = history.iter().filter(|s| s.start_ns >= start).filter_map(|s| s.cpus.get(cpu)).collect();
+            let ticks: usize = run.iter().map(|c| c.busy.len()).sum();
+            let kernel: usize = run.iter().map(|c| c.kernel()).sum();
+            let kernel_share = kernel as f64 / ticks.max(1) as f64;
+            let top = top_processes(run.iter().flat_map(|c| c.busy.iter()), 3);
+            let mode = if kernel_share >= 0.5 { "kernel" } else { "user" };
+            let top_text: Vec<String> = top
+                .iter()
+                .map(|(comm, pid, n)| format!("{comm} (pid {pid}) {}", percent(*n as f64 / ticks.max(1) as f64)))
+                .collect();
+            out.push(Active {
+                kind: Kind::SaturatedCore,
+                cpu: Some(cpu as u32),
+                onset_ns: start,
+                severity: if secs >= 10 { Severity::Critical } else { Severity::Warning },
+                summary: format!(
+                    "CPU {cpu} saturated for {secs} s ({} busy, {} of it in the {mode}) while the machine is {} busy; top: {}",
+                    percent(busy),
+                    percent(if mode == "kernel" { kernel_share } else { 1.0 - kernel_share }),
+                    percent(machine_busy),
+                    top_text.join(", ")
+                ),
+                evidence: json!({
+                    "busy_share": busy,
+                    "kernel_share": kernel_share,
+                    "machine_busy_share": machine_busy,
+                    "seconds": secs,
+                    "mode": mode,
+                    "top_processes": top.iter().map(|(comm, pid, n)| json!({"comm": &**comm, "pid": pid, "samples": n})).collect::<Vec<_>>(),
+                }),
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        detect::{CpuSecond, Tick},
+        model::Stack,
+    };
+
+    pub fn second(i: u64, busy: &[(usize, bool)]) -> Second {
+        // busy[cpu] = (ticks, kernel)
+        let user = Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 });
+        let kernel = Arc::new(Stack { frames: vec![Arc::from("main"), Arc::from("clear_user")], user_len: 1 });
+        Second {
+            start_ns: i * NS_PER_SEC,
+            cpus: busy
+                .iter()
+                .map(|&(n, k)| CpuSecond {
+                    busy: (0..n)
+                        .map(|_| Tick { stack: if k { kernel.clone() } else { user.clone() }, pid: 7, comm: Arc::from("dd") })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn run(seconds: &[Second]) -> Vec<Vec<Active>> {
+        let m = Machine { cpus: 2, frequency_hz: 100 };
+        let mut d = Saturation::default();
+        let mut h = VecDeque::new();
+        seconds
+            .iter()
+            .map(|s| {
+                h.push_back(s.clone());
+                d.evaluate(&h, m, &Thresholds::default())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_saturated_cpu_on_a_quiet_machine_fires_after_three_seconds() {
+        let seconds: Vec<_> = (0..5).map(|i| second(i, &[(2, false), (100, true)])).collect();
+        let out = run(&seconds);
+        assert!(out[0].is_empty() && out[1].is_empty());
+        let a = &out[2][0];
+        assert_eq!((a.kind, a.cpu, a.onset_ns), (Kind::SaturatedCore, Some(1), 0));
+        assert!(a.summary.contains("CPU 1 saturated for 3 s") && a.summary.contains("in the kernel"), "{}", a.summary);
+        assert!(a.summary.contains("dd (pid 7)"), "{}", a.summary);
+    }
+
+    #[test]
+    fn a_busy_machine_or_a_short_burst_does_not() {
+        let busy: Vec<_> = (0..10).map(|i| second(i, &[(100, false), (100, false)])).collect();
+        assert!(run(&busy).iter().all(Vec::is_empty));
+        let mut burst: Vec<_> = (0..2).map(|i| second(i, &[(0, false), (100, true)])).collect();
+        burst.push(second(2, &[(0, false), (50, true)]));
+        burst.extend((3..5).map(|i| second(i, &[(0, false), (100, true)])));
+        assert!(run(&burst).iter().all(Vec::is_empty));
+    }
+}
