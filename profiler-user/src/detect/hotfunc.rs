@@ -67,7 +67,6 @@ pub const WATCHLIST: &[(&str, &str)] = &[
     ("shrink_node", "memory reclaim on this CPU"),
     ("native_queued_spin_lock_slowpath", "spinlock contention"),
     ("queued_spin_lock_slowpath", "spinlock contention"),
-    ("net_rx_action", "network receive processing"),
 ];
 
 fn hint(name: &str) -> Option<&'static str> {
@@ -131,7 +130,19 @@ impl HotFunc {
                 continue;
             };
             let share = c.ticks as f64 / denom;
-            let onset = *self.since[cpu].get_or_insert(window_start);
+            // Onset: the first second of the window in which the function alone held its
+            // threshold of the CPU (the window may reach back before it started).
+            let threshold = if hint(name).is_some() { t.watch_share } else { t.hot_share };
+            let first_hot = window
+                .iter()
+                .find(|s| {
+                    s.cpus.get(cpu).is_some_and(|c| {
+                        let n = c.busy.iter().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)).count();
+                        n as f64 >= threshold * m.frequency_hz as f64
+                    })
+                })
+                .map_or(window_start, |s| s.start_ns);
+            let onset = *self.since[cpu].get_or_insert(first_hot);
             let holders = top_processes(ticks.iter().copied().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)), 3);
             let holders_text: Vec<String> = holders
                 .iter()

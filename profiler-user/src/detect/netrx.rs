@@ -56,17 +56,20 @@ pub fn evaluate(second: &Second, t: &Thresholds) -> Vec<Active> {
             .collect();
         let held = if held.is_empty() { "nothing sampled (softirq time itself?)".to_string() } else { held.join(", ") };
         let ms = |ns: u64| ns as f64 / 1e6;
+        let mut what = Vec::new();
+        if n.latency_max_ns > 0 {
+            let p99_text = p99.map_or(String::new(), |p| format!(", p99 ≤{:.1} ms over {} runs", ms(p), n.runs));
+            what.push(format!("NET_RX softirq waited up to {:.0} ms to run{p99_text}", ms(n.latency_max_ns)));
+        }
+        if n.poll_gap_max_ns > 0 {
+            what.push(format!("NAPI polling stalled {:.0} ms with work pending", ms(n.poll_gap_max_ns)));
+        }
         out.push(Active {
             kind: Kind::NetrxStarvation,
             cpu: Some(cpu as u32),
             onset_ns: second.start_ns,
             severity: if worst >= 10 * gap_ns { Severity::Critical } else { Severity::Warning },
-            summary: format!(
-                "NET_RX work on CPU {cpu} waited up to {:.0} ms (p99 {}, NAPI poll gap {:.0} ms) while the CPU ran {held}",
-                ms(n.latency_max_ns),
-                p99.map_or("n/a".to_string(), |p| format!("≤{:.1} ms", ms(p))),
-                ms(n.poll_gap_max_ns),
-            ),
+            summary: format!("CPU {cpu}: {} while the CPU ran {held}", what.join("; ")),
             evidence: json!({
                 "runs": n.runs,
                 "latency_max_ms": ms(n.latency_max_ns),
@@ -120,7 +123,11 @@ mod tests {
         let out = evaluate(&second(n), &Thresholds::default());
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].cpu, Some(1));
-        assert!(out[0].summary.contains("waited up to 450 ms") && out[0].summary.contains("hog (pid 4000000)"), "{}", out[0].summary);
+        assert!(
+            out[0].summary.starts_with("CPU 1: NET_RX softirq waited up to 450 ms to run while the CPU ran hog (pid 4000000)"),
+            "{}",
+            out[0].summary
+        );
     }
 
     #[test]
