@@ -113,8 +113,9 @@ pub mod netrx {
     pub const LATENCY_MAX: u32 = 2;
     /// NAPI polls.
     pub const POLLS: u32 = 3;
-    /// Longest time between a NAPI poll that used its whole budget (more work pending) and the
-    /// next poll on the same CPU, since the last reset, ns.
+    /// Longest time between two NAPI polls on a CPU with work pending across it (the first
+    /// used its whole budget, or the second found a full budget waiting), since the last
+    /// reset, ns.
     pub const POLL_GAP_MAX: u32 = 4;
     /// First histogram bucket; `LATENCY_BUCKETS` follow.
     pub const HISTOGRAM: u32 = 8;

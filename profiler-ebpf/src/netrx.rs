@@ -90,7 +90,10 @@ pub fn napi_poll(ctx: TracePointContext) -> u32 {
         *n += 1;
     }
     let (Some(last), Some(full)) = (slot(&NETRX_STATE, 1), slot(&NETRX_STATE, 2)) else { return 0 };
-    if *full != 0 && *last != 0 {
+    // A gap counts when work was pending across it: the poll before it left work behind (used
+    // its whole budget), or this one finds a full budget's worth waiting. Quiet links, whose
+    // polls are sparse and small, do not count.
+    if (*full != 0 || work >= budget) && *last != 0 {
         let gap = now.saturating_sub(*last);
         if let Some(max) = slot(&NETRX, netrx::POLL_GAP_MAX)
             && gap > *max

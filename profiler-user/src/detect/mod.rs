@@ -206,6 +206,8 @@ pub struct Engine {
     hotfunc: hotfunc::HotFunc,
     pub zombies: zombies::Zombies,
     netrx_prev: Vec<NetRxCpu>,
+    /// Real-time policies of processes on CPUs where NET_RX work waited, read while they ran.
+    policies: HashMap<u32, String>,
     open: BTreeMap<(Kind, Option<u32>), Open>,
 }
 
@@ -227,6 +229,7 @@ impl Engine {
             pending: BTreeMap::new(),
             history: VecDeque::new(),
             netrx_prev: Vec::new(),
+            policies: HashMap::new(),
             open: BTreeMap::new(),
         }
     }
@@ -274,7 +277,19 @@ impl Engine {
                 .enumerate()
                 .map(|(i, &v)| v.saturating_sub(p.histogram.get(i).copied().unwrap_or(0)))
                 .collect();
+            let waited = n.latency_max_ns.max(n.poll_gap_max_ns) as f64 >= self.thresholds.netrx_gap_ms * 1e6;
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
+                if waited {
+                    // Whoever holds the CPU now may be gone when the second is evaluated.
+                    let pids: Vec<u32> = top_processes(c.busy.iter(), 3).into_iter().map(|(_, pid, _)| pid).collect();
+                    if self.policies.len() > 4096 {
+                        self.policies.clear();
+                    }
+                    for pid in pids {
+                        self.policies.insert(pid, netrx::policy(pid));
+                    }
+                }
+                let Some(c) = self.cpu(ts_ns, cpu as u32) else { continue };
                 let s = c.netrx.get_or_insert_with(NetRxSecond::default);
                 s.runs += runs;
                 if s.histogram.len() < histogram.len() {
@@ -315,7 +330,7 @@ impl Engine {
             let mut active = Vec::new();
             active.extend(self.saturation.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(self.hotfunc.evaluate(&self.history, self.machine, &self.thresholds));
-            active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds));
+            active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds, &self.policies));
             let end = (second + 1) * NS_PER_SEC;
             self.reconcile(active, end, Some(&[Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation]), &mut changes);
         }

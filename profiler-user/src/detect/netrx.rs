@@ -23,8 +23,8 @@ pub fn quantile_ns(histogram: &[u64], q: f64) -> Option<u64> {
     None
 }
 
-/// `SCHED_FIFO 50` etc. for a pid, from /proc (empty if it is gone).
-fn policy(pid: u32) -> String {
+/// `, SCHED_FIFO 50` etc. for a pid, from /proc (empty if it is gone or not real-time).
+pub fn policy(pid: u32) -> String {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return String::new() };
     let Some((_, rest)) = stat.rsplit_once(')') else { return String::new() };
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -37,7 +37,8 @@ fn policy(pid: u32) -> String {
     }
 }
 
-pub fn evaluate(second: &Second, t: &Thresholds) -> Vec<Active> {
+/// `policies`: real-time policies of processes, read while they ran (they may be gone by now).
+pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::HashMap<u32, String>) -> Vec<Active> {
     let mut out = Vec::new();
     for (cpu, c) in second.cpus.iter().enumerate() {
         let Some(n) = &c.netrx else { continue };
@@ -52,12 +53,15 @@ pub fn evaluate(second: &Second, t: &Thresholds) -> Vec<Active> {
         let holders = top_processes(c.busy.iter(), 3);
         let held: Vec<String> = holders
             .iter()
-            .map(|(comm, pid, k)| format!("{comm} (pid {pid}{}) {}", policy(*pid), percent(*k as f64 / busy)))
+            .map(|(comm, pid, k)| {
+                let pol = policies.get(pid).cloned().unwrap_or_else(|| policy(*pid));
+                format!("{comm} (pid {pid}{pol}) {}", percent(*k as f64 / busy))
+            })
             .collect();
         let held = if held.is_empty() { "nothing sampled (softirq time itself?)".to_string() } else { held.join(", ") };
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut what = Vec::new();
-        if n.latency_max_ns > 0 {
+        if n.latency_max_ns >= 1_000_000 {
             let p99_text = p99.map_or(String::new(), |p| format!(", p99 ≤{:.1} ms over {} runs", ms(p), n.runs));
             what.push(format!("NET_RX softirq waited up to {:.0} ms to run{p99_text}", ms(n.latency_max_ns)));
         }
@@ -120,7 +124,7 @@ mod tests {
     #[test]
     fn a_long_wait_names_what_held_the_cpu() {
         let n = NetRxSecond { runs: 3, histogram: vec![], latency_max_ns: 450_000_000, poll_gap_max_ns: 0 };
-        let out = evaluate(&second(n), &Thresholds::default());
+        let out = evaluate(&second(n), &Thresholds::default(), &Default::default());
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].cpu, Some(1));
         assert!(
@@ -135,6 +139,6 @@ mod tests {
         let mut h = vec![0u64; 36];
         h[12] = 1000;
         let n = NetRxSecond { runs: 1000, histogram: h, latency_max_ns: 90_000, poll_gap_max_ns: 2_000_000 };
-        assert!(evaluate(&second(n), &Thresholds::default()).is_empty());
+        assert!(evaluate(&second(n), &Thresholds::default(), &Default::default()).is_empty());
     }
 }
