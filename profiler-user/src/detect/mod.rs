@@ -278,18 +278,19 @@ impl Engine {
                 .map(|(i, &v)| v.saturating_sub(p.histogram.get(i).copied().unwrap_or(0)))
                 .collect();
             let waited = n.latency_max_ns.max(n.poll_gap_max_ns) as f64 >= self.thresholds.netrx_gap_ms * 1e6;
-            if let Some(c) = self.cpu(ts_ns, cpu as u32) {
-                if waited {
-                    // Whoever holds the CPU now may be gone when the second is evaluated.
-                    let pids: Vec<u32> = top_processes(c.busy.iter(), 3).into_iter().map(|(_, pid, _)| pid).collect();
-                    if self.policies.len() > 4096 {
-                        self.policies.clear();
-                    }
-                    for pid in pids {
-                        self.policies.insert(pid, netrx::policy(pid));
-                    }
+            if waited {
+                // Whoever holds the CPU now may be gone when the second is evaluated: note
+                // the real-time policies of what ran there in the seconds not yet evaluated.
+                let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
+                let pids: Vec<u32> = top_processes(ticks, 3).into_iter().map(|(_, pid, _)| pid).collect();
+                if self.policies.len() > 4096 {
+                    self.policies.clear();
                 }
-                let Some(c) = self.cpu(ts_ns, cpu as u32) else { continue };
+                for pid in pids {
+                    self.policies.insert(pid, netrx::policy(pid));
+                }
+            }
+            if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 let s = c.netrx.get_or_insert_with(NetRxSecond::default);
                 s.runs += runs;
                 if s.histogram.len() < histogram.len() {
