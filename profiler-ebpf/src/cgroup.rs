@@ -21,7 +21,8 @@ struct Record {
 }
 
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+/// Bursts of thousands of cgroups a second happen (a crash loop, a test): room for ~18,000.
+static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 
 #[inline(always)]
 fn send(ctx: &TracePointContext, kind: u32) -> u32 {
