@@ -20,13 +20,7 @@ use crate::{
     },
     detect::{self, Changes, Engine, Machine, Thresholds, Tick},
     model::Sample,
-    store::{
-        self, Meta, StoreError, StoreWriter,
-        format::{FORMAT_VERSION, SEGMENT_NS},
-        retention::{self, Retention, Why},
-        rollup,
-        writer::WriterLimits,
-    },
+    store::{self, Meta, StoreError, StoreWriter, format::FORMAT_VERSION, retention::Retention, writer::WriterLimits},
     symbolize::Symbolizer,
     timespec::now_ns,
 };
@@ -199,7 +193,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let mut report = Report::new(collector.cpus.len());
     let mut last_counters: Vec<CpuCounters> = Vec::new();
     let mut write_failing = false;
-    let mut maintenance = Maintenance::default();
+    let mut maintenance = store::maintenance::Maintenance::default();
 
     enum Event {
         Data,
@@ -306,7 +300,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 }
             }
         }
-        maintenance.run(&config, write_failing);
+        maintenance.run(&config.data_dir, &config.retention, config.rollup_after, write_failing);
         if let Event::Stop(signal) = event {
             // Open findings are written with the end they have so far.
             let open = Changes { opened: Vec::new(), closed: pipeline.engine.open_findings() };
@@ -372,77 +366,6 @@ fn mono_to_unix_offset() -> i128 {
     };
     let mono = read(libc::CLOCK_MONOTONIC);
     read(libc::CLOCK_REALTIME) - mono
-}
-
-/// Retention and tiering, run from the flush tick at their own pace.
-#[derive(Default)]
-struct Maintenance {
-    last_retention: Option<Instant>,
-    last_rollup: Option<Instant>,
-    /// Segments known to be rolled up already (or not worth trying again).
-    rolled: std::collections::HashSet<u64>,
-}
-
-impl Maintenance {
-    fn run(&mut self, config: &DaemonConfig, write_failing: bool) {
-        let due = |last: Option<Instant>, every: Duration| last.is_none_or(|t| t.elapsed() >= every);
-        // While writing fails the disk may be full: apply retention at once, it may free space.
-        if write_failing || due(self.last_retention, Duration::from_secs(5)) {
-            self.last_retention = Some(Instant::now());
-            match retention::enforce(&config.data_dir, &config.retention, now_ns()) {
-                Ok(removed) => {
-                    for r in removed {
-                        let why = match r.why {
-                            Why::Size => format!("the store is over its {} byte limit", config.retention.max_bytes),
-                            Why::Age => {
-                                format!(
-                                    "it is older than {}",
-                                    crate::timespec::format_duration(config.retention.max_age_ns)
-                                )
-                            }
-                        };
-                        log::info!(
-                            "removed {} ({} bytes, {}): {why}",
-                            r.path.display(),
-                            r.bytes,
-                            crate::timespec::format(r.start_ns)
-                        );
-                    }
-                }
-                Err(e) => log::warn!("retention: {e}"),
-            }
-        }
-        let Some(after) = config.rollup_after else { return };
-        if !due(self.last_rollup, Duration::from_secs(30)) {
-            return;
-        }
-        self.last_rollup = Some(Instant::now());
-        let cutoff = now_ns().saturating_sub(after.as_nanos() as u64);
-        let Ok(segments) = store::reader::list_segments(&config.data_dir) else { return };
-        // A few per run, so a backlog (after downtime) never stalls sampling for long.
-        let mut budget = 2;
-        for (start, path) in segments {
-            if budget == 0 {
-                break;
-            }
-            if start + SEGMENT_NS > cutoff || !self.rolled.insert(start) {
-                continue;
-            }
-            budget -= 1;
-            match rollup::rollup_segment(&path) {
-                Ok(Some(r)) => log::info!(
-                    "rolled up {} into 10 s aggregates: {} samples in {} rows, {} -> {} bytes",
-                    path.display(),
-                    r.samples,
-                    r.rows,
-                    r.bytes_before,
-                    r.bytes_after
-                ),
-                Ok(None) => {}
-                Err(e) => log::warn!("rollup: {e}"),
-            }
-        }
-    }
 }
 
 /// The periodic one-line self report.

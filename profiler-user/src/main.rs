@@ -12,8 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use profiler::{
     collect::kmsg,
     config::{self, ConfigFile},
-    detect::{self, Finding},
     daemon::{self, DaemonConfig},
+    detect::{self, Finding},
     flamegraph,
     query::{self, Filter, Window},
     store::writer::WriterLimits,
@@ -231,7 +231,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.block_on(daemon::run(config))?;
             Ok(())
         }
-        Command::Flamegraph { dir, from, to, around, before, after, mut cpu, pid, comm, include_idle, format, output } => {
+        Command::Flamegraph {
+            dir,
+            from,
+            to,
+            around,
+            before,
+            after,
+            mut cpu,
+            pid,
+            comm,
+            include_idle,
+            format,
+            output,
+        } => {
             let now = timespec::now_ns();
             let window = match around {
                 Some(id) => {
@@ -298,7 +311,10 @@ fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow
     if let Some(e) = events.into_iter().find(|e| e.id == id) {
         return Ok((Window::new(e.ts_ns.saturating_sub(before), e.ts_ns + after)?, None));
     }
-    anyhow::bail!("no finding or event has the id '{id}' in {}; `profiler findings` and `profiler events` list them", data_dir.display())
+    anyhow::bail!(
+        "no finding or event has the id '{id}' in {}; `profiler findings` and `profiler events` list them",
+        data_dir.display()
+    )
 }
 
 fn window_of(from: &str, to: &str) -> anyhow::Result<Window> {

@@ -92,12 +92,32 @@ fn s1_kernel_hog_and_s4_reset_event() {
     eprintln!("S4 event after {:.1} s: {}", event_at - written, event["message"]);
     // ...and the flamegraph around it shows the S1 hog on CPU 1.
     let id = event["id"].as_str().unwrap();
-    wait_for("samples up to a second after the event", Duration::from_secs(5), || (now_secs() > written + 2.0).then_some(()));
-    let out = profiler(&["flamegraph", "--data-dir", dir, "--around", id, "--before", "5s", "--after", "1s", "--cpu", "1", "--format", "folded"]);
+    wait_for("samples up to a second after the event", Duration::from_secs(5), || {
+        (now_secs() > written + 2.0).then_some(())
+    });
+    let out = profiler(&[
+        "flamegraph",
+        "--data-dir",
+        dir,
+        "--around",
+        id,
+        "--before",
+        "5s",
+        "--after",
+        "1s",
+        "--cpu",
+        "1",
+        "--format",
+        "folded",
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stacks = parse_folded(&String::from_utf8_lossy(&out.stdout));
     let total: u64 = stacks.iter().map(|(_, c)| c).sum();
-    let hog: u64 = stacks.iter().filter(|(s, _)| s.starts_with("dd;") && s.contains(&format!("{function}_[k]"))).map(|(_, c)| c).sum();
+    let hog: u64 = stacks
+        .iter()
+        .filter(|(s, _)| s.starts_with("dd;") && s.contains(&format!("{function}_[k]")))
+        .map(|(_, c)| c)
+        .sum();
     assert!(hog * 2 > total, "around {id}: dd in {function} has {hog} of {total} samples");
     // --around a finding defaults to its CPU.
     let hot_id = hot["id"].as_str().unwrap();
@@ -224,7 +244,11 @@ fn s3_starved_napi_work_is_found_with_its_cause() {
     let dir = data.to_str().unwrap();
     let mut daemon = Daemon::start(&data, &[]);
     daemon.wait_ready();
-    let _blast = spawn(Command::new("ip").args(["netns", "exec", &lab.a, "taskset", "-c", "0"]).arg(&netlab).args(["blast", "10.77.0.2:9", "20"]));
+    let _blast = spawn(Command::new("ip").args(["netns", "exec", &lab.a, "taskset", "-c", "0"]).arg(&netlab).args([
+        "blast",
+        "10.77.0.2:9",
+        "20",
+    ]));
     wait_for("traffic", Duration::from_secs(2), || (now_secs() > 0.0).then_some(()));
     // A real-time task takes CPU 1 for 5 s: the NAPI thread (a normal task) cannot run, but
     // for the 5 % of each second that real-time throttling leaves to others.
@@ -234,7 +258,8 @@ fn s3_starved_napi_work_is_found_with_its_cause() {
     assert!(hog.0.wait().unwrap().success(), "chrt -f 50 busy-helper");
     eprintln!("S3 detector 3 after {:.1} s: {}", at - start, summary(&f));
     assert!(summary(&f).contains("busy-helper (pid") && summary(&f).contains("SCHED_FIFO 50"), "{f}");
-    let worst = f["evidence"]["poll_gap_max_ms"].as_f64().unwrap().max(f["evidence"]["latency_max_ms"].as_f64().unwrap());
+    let worst =
+        f["evidence"]["poll_gap_max_ms"].as_f64().unwrap().max(f["evidence"]["latency_max_ms"].as_f64().unwrap());
     assert!(worst >= 100.0, "{f}");
     assert!(daemon.stop().success());
 }
@@ -257,7 +282,9 @@ fn a_healthy_busy_machine_raises_no_cpu_findings() {
     assert!(a.0.wait().unwrap().success() && b.0.wait().unwrap().success());
     // Let the last seconds be evaluated.
     let end = now_secs();
-    wait_for("the detectors to pass the end of the run", Duration::from_secs(10), || (now_secs() > end + 3.0).then_some(()));
+    wait_for("the detectors to pass the end of the run", Duration::from_secs(10), || {
+        (now_secs() > end + 3.0).then_some(())
+    });
     let noisy: Vec<Value> = findings(dir)
         .into_iter()
         .filter(|f| f["kind"] == "saturated-core" || f["kind"] == "hot-kernel-function")

@@ -70,7 +70,9 @@ impl Kmsg {
     pub fn open(patterns: &[String]) -> Result<Self, KmsgError> {
         let patterns = patterns
             .iter()
-            .map(|p| regex::Regex::new(p).map(|r| (p.clone(), r)).map_err(|e| KmsgError::Pattern(p.clone(), e.to_string())))
+            .map(|p| {
+                regex::Regex::new(p).map(|r| (p.clone(), r)).map_err(|e| KmsgError::Pattern(p.clone(), e.to_string()))
+            })
             .collect::<Result<_, _>>()?;
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -124,13 +126,18 @@ mod tests {
 
     #[test]
     fn parses_records_and_matches_defaults() {
-        let r = parse_record("3,1234,5140900,-;ena 0000:00:06.0 eth0: Device reset completed successfully\n SUBSYSTEM=pci\n")
-            .unwrap();
+        let r = parse_record(
+            "3,1234,5140900,-;ena 0000:00:06.0 eth0: Device reset completed successfully\n SUBSYSTEM=pci\n",
+        )
+        .unwrap();
         assert_eq!((r.seq, r.usec), (1234, 5140900));
         assert_eq!(r.message, "ena 0000:00:06.0 eth0: Device reset completed successfully");
         let re: Vec<regex::Regex> = DEFAULT_PATTERNS.iter().map(|p| regex::Regex::new(p).unwrap()).collect();
         assert!(re.iter().any(|p| p.is_match(&r.message)));
-        for line in ["NETDEV WATCHDOG: eth0 (ena): transmit queue 3 timed out", "ena 0000:00:05.0 eth0: TX q 2 is paused for too long (threshold 5000000). Time since last napi 6532000 usec. napi scheduled: 1"] {
+        for line in [
+            "NETDEV WATCHDOG: eth0 (ena): transmit queue 3 timed out",
+            "ena 0000:00:05.0 eth0: TX q 2 is paused for too long (threshold 5000000). Time since last napi 6532000 usec. napi scheduled: 1",
+        ] {
             assert!(re.iter().any(|r| r.is_match(line)), "{line}");
         }
         assert!(!re.iter().any(|r| r.is_match("EXT4-fs (vda): mounted filesystem")));

@@ -15,8 +15,7 @@ use aya::{
     util::online_cpus,
 };
 use profiler_common::{
-    COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, LATENCY_BUCKETS, SampleHeader, counter,
-    netrx,
+    COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, LATENCY_BUCKETS, SampleHeader, counter, netrx,
 };
 use tokio::io::unix::AsyncFd;
 

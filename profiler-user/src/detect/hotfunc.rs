@@ -118,7 +118,8 @@ impl HotFunc {
                 .iter()
                 .filter(|(name, c)| {
                     let share = c.ticks as f64 / denom;
-                    !GENERIC.contains(name) && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
+                    !GENERIC.contains(name)
+                        && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
                 })
                 .min_by(|a, b| {
                     // Fewest ticks = most specific; equal ticks: the deeper one.
@@ -143,16 +144,14 @@ impl HotFunc {
                 })
                 .map_or(window_start, |s| s.start_ns);
             let onset = *self.since[cpu].get_or_insert(first_hot);
-            let holders = top_processes(ticks.iter().copied().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)), 3);
+            let holders =
+                top_processes(ticks.iter().copied().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)), 3);
             let holders_text: Vec<String> = holders
                 .iter()
                 .map(|(comm, pid, n)| format!("{comm} (pid {pid}) {}", percent(*n as f64 / denom)))
                 .collect();
-            let mut summary = format!(
-                "{name} holds {} of CPU {cpu} over {w} s, in {}",
-                percent(share),
-                holders_text.join(", ")
-            );
+            let mut summary =
+                format!("{name} holds {} of CPU {cpu} over {w} s, in {}", percent(share), holders_text.join(", "));
             if let Some(h) = hint(name) {
                 summary.push_str(&format!("; known offender: {h}"));
             }
@@ -222,7 +221,11 @@ mod tests {
         assert_eq!(out.len(), 1);
         let a = &out[0];
         assert_eq!(a.evidence["function"], "mem_cgroup_node_nr_lru_pages");
-        assert!(a.summary.starts_with("mem_cgroup_node_nr_lru_pages holds 70 % of CPU 1 over 5 s, in cat (pid 42)"), "{}", a.summary);
+        assert!(
+            a.summary.starts_with("mem_cgroup_node_nr_lru_pages holds 70 % of CPU 1 over 5 s, in cat (pid 42)"),
+            "{}",
+            a.summary
+        );
         assert!(a.summary.contains("known offender"), "{}", a.summary);
     }
 

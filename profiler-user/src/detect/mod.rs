@@ -245,10 +245,10 @@ impl Engine {
             return None;
         }
         let n = self.machine.cpus as usize;
-        let s = self.pending.entry(second).or_insert_with(|| Second {
-            start_ns: second * NS_PER_SEC,
-            cpus: vec![CpuSecond::default(); n],
-        });
+        let s = self
+            .pending
+            .entry(second)
+            .or_insert_with(|| Second { start_ns: second * NS_PER_SEC, cpus: vec![CpuSecond::default(); n] });
         s.cpus.get_mut(cpu as usize)
     }
 
@@ -333,7 +333,12 @@ impl Engine {
             active.extend(self.hotfunc.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds, &self.policies));
             let end = (second + 1) * NS_PER_SEC;
-            self.reconcile(active, end, Some(&[Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation]), &mut changes);
+            self.reconcile(
+                active,
+                end,
+                Some(&[Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation]),
+                &mut changes,
+            );
         }
         changes
     }

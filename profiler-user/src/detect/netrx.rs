@@ -113,7 +113,9 @@ mod tests {
             cpus: vec![
                 CpuSecond::default(),
                 CpuSecond {
-                    busy: (0..99).map(|_| Tick { stack: spin.clone(), pid: 4_000_000, comm: Arc::from("hog") }).collect(),
+                    busy: (0..99)
+                        .map(|_| Tick { stack: spin.clone(), pid: 4_000_000, comm: Arc::from("hog") })
+                        .collect(),
                     netrx: Some(netrx),
                     ..Default::default()
                 },
@@ -128,7 +130,9 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].cpu, Some(1));
         assert!(
-            out[0].summary.starts_with("CPU 1: NET_RX softirq waited up to 450 ms to run while the CPU ran hog (pid 4000000)"),
+            out[0]
+                .summary
+                .starts_with("CPU 1: NET_RX softirq waited up to 450 ms to run while the CPU ran hog (pid 4000000)"),
             "{}",
             out[0].summary
         );

@@ -24,7 +24,8 @@ fn share(ticks: usize, freq: u64) -> f64 {
 impl Saturation {
     pub fn evaluate(&mut self, history: &VecDeque<Second>, m: Machine, t: &Thresholds) -> Vec<Active> {
         let Some(now) = history.back() else { return Vec::new() };
-        let machine_busy: f64 = now.cpus.iter().map(|c| share(c.busy.len(), m.frequency_hz)).sum::<f64>() / m.cpus.max(1) as f64;
+        let machine_busy: f64 =
+            now.cpus.iter().map(|c| share(c.busy.len(), m.frequency_hz)).sum::<f64>() / m.cpus.max(1) as f64;
         self.runs.resize(now.cpus.len(), None);
         let mut out = Vec::new();
         for (cpu, c) in now.cpus.iter().enumerate() {
@@ -95,7 +96,11 @@ mod tests {
                 .iter()
                 .map(|&(n, k)| CpuSecond {
                     busy: (0..n)
-                        .map(|_| Tick { stack: if k { kernel.clone() } else { user.clone() }, pid: 7, comm: Arc::from("dd") })
+                        .map(|_| Tick {
+                            stack: if k { kernel.clone() } else { user.clone() },
+                            pid: 7,
+                            comm: Arc::from("dd"),
+                        })
                         .collect(),
                     ..Default::default()
                 })

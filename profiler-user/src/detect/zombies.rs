@@ -36,8 +36,9 @@ fn find_hierarchy() -> Option<Hierarchy> {
     let mount_of = |fstype: &str, opt: Option<&str>| {
         mounts.lines().find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(2) == Some(&fstype) && opt.is_none_or(|o| f.get(3).is_some_and(|opts| opts.split(',').any(|x| x == o))))
-                .then(|| f[1].to_string())
+            (f.get(2) == Some(&fstype)
+                && opt.is_none_or(|o| f.get(3).is_some_and(|opts| opts.split(',').any(|x| x == o))))
+            .then(|| f[1].to_string())
         })
     };
     if id != 0 {
@@ -97,8 +98,7 @@ fn maker(pid: u32, comm: &str) -> Maker {
         .unwrap_or_default()
         .lines()
         .flat_map(|l| l.rsplit(':').next().unwrap_or("").split('/').map(str::to_string).collect::<Vec<_>>())
-        .filter(|c| c.ends_with(".service") || c.ends_with(".scope"))
-        .last()
+        .rfind(|c| c.ends_with(".service") || c.ends_with(".scope"))
         .unwrap_or_default();
     Maker { comm: comm.to_string(), pid, ppid, parent_comm, unit }
 }
@@ -145,7 +145,8 @@ impl Zombies {
                 {
                     self.cgroups.remove(&old);
                 }
-                self.cgroups.insert(e.id, Cgroup { path: e.path.clone(), maker: maker(e.pid, &e.comm), removed: false });
+                self.cgroups
+                    .insert(e.id, Cgroup { path: e.path.clone(), maker: maker(e.pid, &e.comm), removed: false });
                 self.order.push_back(e.id);
             }
             event::CGROUP_RMDIR => {
@@ -182,7 +183,9 @@ impl Zombies {
 
     fn active(&self, c: MemcgCount, onset: u64) -> Active {
         // Zombies we saw being made: removed, never released; grouped by who made them.
-        let mut groups: HashMap<(String, String), (u64, HashSet<u32>, Maker, Vec<String>)> = HashMap::new();
+        // (comm, unit) → (zombies, distinct pids, one maker, example paths)
+        type Group = (u64, HashSet<u32>, Maker, Vec<String>);
+        let mut groups: HashMap<(String, String), Group> = HashMap::new();
         for z in self.cgroups.values().filter(|z| z.removed) {
             let g = groups
                 .entry((z.maker.comm.clone(), z.maker.unit.clone()))
@@ -194,7 +197,7 @@ impl Zombies {
             }
         }
         let mut groups: Vec<_> = groups.into_values().collect();
-        groups.sort_by(|a, b| b.0.cmp(&a.0));
+        groups.sort_by_key(|g| std::cmp::Reverse(g.0));
         let attributed: u64 = groups.iter().map(|g| g.0).sum();
         let mut summary = format!(
             "{} dying memory cgroups ({:.0}x the {} live ones)",

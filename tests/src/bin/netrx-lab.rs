@@ -4,7 +4,10 @@
 //!   netrx-lab features IFACE GRO(0|1) TSO(0|1)   set GRO and TSO on an interface (ethtool ioctls)
 //!   netrx-lab blast ADDR:PORT SECONDS            send small UDP datagrams as fast as possible
 
-use std::{net::UdpSocket, time::{Duration, Instant}};
+use std::{
+    net::UdpSocket,
+    time::{Duration, Instant},
+};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_SGRO: u32 = 0x2c;
