@@ -52,18 +52,22 @@ pub struct DaemonConfig {
     pub event_patterns: Vec<String>,
 }
 
-/// `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns: BPF stamps samples with boot time (monotonic, counts
-/// suspend); the store keeps wall-clock time. Re-read on every flush so NTP steps are followed.
-fn boot_to_unix_offset() -> i128 {
+/// `CLOCK_REALTIME - clock` in ns. BPF stamps samples with boot time (monotonic, counts
+/// suspend) and the kernel log with monotonic time; the store keeps wall-clock time. Re-read on
+/// every flush so NTP steps are followed.
+fn unix_offset(clock: libc::clockid_t) -> i128 {
     let read = |clock| {
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: valid clock id and pointer.
         unsafe { libc::clock_gettime(clock, &mut ts) };
         ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
     };
-    let boot = read(libc::CLOCK_BOOTTIME);
-    let real = read(libc::CLOCK_REALTIME);
-    real - boot
+    let from = read(clock);
+    read(libc::CLOCK_REALTIME) - from
+}
+
+fn boot_to_unix_offset() -> i128 {
+    unix_offset(libc::CLOCK_BOOTTIME)
 }
 
 /// Resident set size and CPU time of this process, for the report line.
@@ -344,7 +348,7 @@ fn record_findings(changes: &Changes, data_dir: &std::path::Path) {
 
 /// Kernel log lines that match a pattern become events.
 fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
-    let offset = mono_to_unix_offset();
+    let offset = unix_offset(libc::CLOCK_MONOTONIC);
     for (r, pattern) in k.read_matches() {
         let ts_ns = (i128::from(r.usec) * 1000 + offset).max(0) as u64;
         let id = format!("event-{}-{}", detect::finding_id_time(ts_ns), r.seq);
@@ -356,17 +360,6 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
     }
 }
 
-/// `CLOCK_REALTIME - CLOCK_MONOTONIC` in ns: kernel log times are monotonic.
-fn mono_to_unix_offset() -> i128 {
-    let read = |clock| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: valid clock id and pointer.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
-    };
-    let mono = read(libc::CLOCK_MONOTONIC);
-    read(libc::CLOCK_REALTIME) - mono
-}
 
 /// The periodic one-line self report.
 struct Report {
