@@ -572,13 +572,16 @@ mod tests {
         let (_dir, mut store) = write_store(&samples(), &[]);
         let (_, path) = store.segments().unwrap()[1].clone();
         let mut bytes = std::fs::read(&path).unwrap();
-        let mid = bytes.len() / 2;
-        bytes[mid] ^= 0xff;
+        // Inside the first block's first section (a flipped length field would look like a
+        // write in progress instead).
+        let inside = crate::store::format::SEGMENT_HEADER_LEN + crate::store::format::BLOCK_HEADER_LEN + 2;
+        bytes[inside] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         let w = Window::new(T0, T0 + 200 * NS_PER_SEC).unwrap();
         let got = fold(&mut store, w, &Filter::default()).unwrap();
         assert!(got.total() > 0 && got.total() < 5000);
         let warnings = store.take_warnings();
+        assert!(warnings.iter().any(|w| w.contains("checksum mismatch")), "{warnings:?}");
         assert!(warnings.iter().any(|w| w.contains(path.to_str().unwrap())), "{warnings:?}");
         // A segment of another version is skipped, named.
         bytes[8] = 9;

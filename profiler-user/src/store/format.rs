@@ -1,4 +1,4 @@
-//! The on-disk format, version 2. `docs/store.md` describes it for other readers.
+//! The on-disk format, version 3. `docs/store.md` describes it for other readers.
 //!
 //! A segment file holds one wall-clock minute: a 24-byte header, then blocks appended as the
 //! daemon flushes. A block covers one wall-clock second (a second may have several blocks: each
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 /// Magic at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"PROFSEG\0";
 /// Bumped on any incompatible change to segment, block or section layout.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 pub const SEGMENT_HEADER_LEN: usize = 24;
 pub const BLOCK_MAGIC: [u8; 4] = *b"PBLK";
 pub const BLOCK_HEADER_LEN: usize = 48;
@@ -287,6 +287,8 @@ pub struct Node {
 pub struct CpuCounts {
     pub cpu: u32,
     pub busy: u64,
+    /// Busy samples taken in kernel mode (the stack has kernel frames).
+    pub kernel: u64,
     pub idle: u64,
     /// Samples the kernel side could not deliver, counted since the previous block.
     pub lost: u64,

@@ -127,6 +127,7 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
         for c in summary.cpus {
             let e = w.cpus.entry(c.cpu).or_insert(CpuCounts { cpu: c.cpu, ..Default::default() });
             e.busy += c.busy;
+            e.kernel += c.kernel;
             e.idle += c.idle;
             e.lost += c.lost;
         }

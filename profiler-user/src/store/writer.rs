@@ -318,7 +318,9 @@ fn encode_second(
         cols.comm.push(dict.string(&r.comm, &mut delta));
         cols.cgroup.push(r.cgroup);
         cols.stack.push(dict.stack(&r.stack, &mut delta));
-        cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() }).busy += 1;
+        let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
+        counts.busy += 1;
+        counts.kernel += u64::from(r.stack.user_len < r.stack.frames.len());
         buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)] += 1;
     }
     for (&cpu, &count) in &second.idle {
