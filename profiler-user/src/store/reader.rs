@@ -185,7 +185,8 @@ pub fn scan_segment(
     let (mut replay_from, mut last_needed) = (0usize, None);
     if need == Need::Samples {
         let mut first_overlap = None;
-        for (i, (h, _)) in Blocks::new(data).enumerate() {
+        let mut headers = Blocks::new(data);
+        for (i, (h, _)) in headers.by_ref().enumerate() {
             if first_overlap.is_none() && h.flags & FLAG_RESET_DICT != 0 {
                 replay_from = i;
             }
@@ -195,6 +196,7 @@ pub fn scan_segment(
             }
         }
         if last_needed.is_none() {
+            warn_corrupt(path, data, headers.tail(), warnings);
             return;
         }
     }
@@ -251,7 +253,11 @@ pub fn scan_segment(
     if need == Need::Samples {
         visitor.dict_done(&dict);
     }
-    if let Some(Tail::Corrupt { offset, reason }) = blocks.tail() {
+    warn_corrupt(path, data, blocks.tail(), warnings);
+}
+
+fn warn_corrupt(path: &Path, data: &[u8], tail: Option<&Tail>, warnings: &mut Vec<String>) {
+    if let Some(Tail::Corrupt { offset, reason }) = tail {
         warnings.push(format!(
             "{}: {reason} at byte {offset}; the {} bytes after it were skipped",
             path.display(),
