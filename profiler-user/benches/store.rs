@@ -8,7 +8,7 @@ use std::{
 };
 
 use profiler::{
-    flamegraph,
+    export::flamegraph,
     query::{self, Filter, Window},
     store::{self, Store, StoreWriter},
     synth::{self, Rng, StackPool, Tick},

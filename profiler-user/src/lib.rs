@@ -7,7 +7,7 @@ pub mod collect;
 pub mod config;
 pub mod daemon;
 pub mod detect;
-pub mod flamegraph;
+pub mod export;
 pub mod model;
 pub mod query;
 pub mod store;

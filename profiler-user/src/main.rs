@@ -14,7 +14,7 @@ use profiler::{
     config::{self, ConfigFile},
     daemon::{self, DaemonConfig},
     detect::{self, Finding},
-    flamegraph,
+    export::flamegraph,
     query::{self, Filter, Window},
     store::writer::WriterLimits,
     store::{Meta, Store},

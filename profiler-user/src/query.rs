@@ -284,6 +284,120 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
     Ok(Grid { first_second: first, rows, counts })
 }
 
+/// Per-CPU busy and kernel-mode shares over time buckets.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CpuTime {
+    /// Start of the first bucket, ns since the epoch.
+    pub first_ns: u64,
+    pub bucket_ns: u64,
+    /// CPU ids, one row each.
+    pub cpus: Vec<u32>,
+    /// `busy[row][bucket]`: busy ticks over the ticks the frequency gives a CPU in a bucket.
+    pub busy: Vec<Vec<f64>>,
+    /// `kernel[row][bucket]`: the part of `busy` spent in kernel mode.
+    pub kernel: Vec<Vec<f64>>,
+}
+
+/// CPU x time for `window` in buckets of `bucket_ns` (10 ms or more). Buckets of whole seconds
+/// come from block summaries; finer ones from the samples.
+pub fn cpu_time(store: &mut Store, window: Window, bucket_ns: u64, cpus: u32, frequency_hz: u64) -> Result<CpuTime, QueryError> {
+    use crate::store::format::{BUCKET_NS, NS_PER_SEC};
+    let bucket_ns = bucket_ns.max(BUCKET_NS) / BUCKET_NS * BUCKET_NS;
+    let first_ns = window.from_ns / bucket_ns * bucket_ns;
+    let n = (window.to_ns - first_ns).div_ceil(bucket_ns) as usize;
+    let rows = cpus.max(1) as usize;
+    let mut busy = vec![vec![0u64; n]; rows];
+    let mut kernel = vec![vec![0u64; n]; rows];
+    let col = |ts: u64| ((ts - first_ns) / bucket_ns) as usize;
+    if bucket_ns.is_multiple_of(NS_PER_SEC) {
+        store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
+            if !window.contains(b.header.start_ns) {
+                return;
+            }
+            let c = col(b.header.start_ns);
+            for x in &b.summary.expect("summary decoded").cpus {
+                if let (Some(row), true) = (busy.get_mut(x.cpu as usize), c < n) {
+                    row[c] += x.busy;
+                    kernel[x.cpu as usize][c] += x.kernel;
+                }
+            }
+        })?;
+    } else {
+        store.scan(window.from_ns, window.to_ns, Need::Samples, &mut |b: BlockView<'_>| {
+            let s = b.samples.expect("samples decoded");
+            for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
+                let cpu = s.cpu[i] as usize;
+                if !window.contains(ts) || cpu >= rows {
+                    continue;
+                }
+                busy[cpu][col(ts)] += s.count(i);
+                if b.dict.nodes.get(s.stack[i] as usize).is_some_and(|node| node.kernel) {
+                    kernel[cpu][col(ts)] += s.count(i);
+                }
+            }
+        })?;
+    }
+    let expected = (frequency_hz.max(1) as f64 * bucket_ns as f64 / NS_PER_SEC as f64).max(1e-9);
+    let share = |v: Vec<Vec<u64>>| -> Vec<Vec<f64>> {
+        v.into_iter().map(|r| r.into_iter().map(|x| (x as f64 / expected).min(1.0)).collect()).collect()
+    };
+    Ok(CpuTime { first_ns, bucket_ns, cpus: (0..rows as u32).collect(), busy: share(busy), kernel: share(kernel) })
+}
+
+/// One sample as exporters see it.
+pub struct SampleRef<'a> {
+    pub ts_ns: u64,
+    pub cpu: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: &'a str,
+    /// Root first: (name, kernel frame?).
+    pub frames: &'a [(&'a str, bool)],
+    /// Samples this row stands for (1 but in rolled-up data).
+    pub count: u64,
+}
+
+/// Calls `f` for every non-idle sample of `window` that matches `filter`, in time order per
+/// block.
+pub fn for_each_sample(
+    store: &mut Store,
+    window: Window,
+    filter: &Filter,
+    mut f: impl FnMut(&SampleRef<'_>),
+) -> Result<u64, QueryError> {
+    check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
+    let mut n = 0;
+    let mut ids = Vec::new();
+    store.scan(window.from_ns, window.to_ns, Need::Samples, &mut |b: BlockView<'_>| {
+        let s = b.samples.expect("samples decoded");
+        let comm_id = filter.comm.as_deref().map(|c| b.dict.strings.iter().position(|x| x == c));
+        let mut order: Vec<(u64, usize)> = s.timestamps(b.header.start_ns).enumerate().map(|(i, t)| (t, i)).collect();
+        order.sort_unstable();
+        for (ts, i) in order {
+            if !window.contains(ts)
+                || !filter.cpu_ok(s.cpu[i])
+                || filter.pid.is_some_and(|p| p != s.pid[i])
+                || comm_id.is_some_and(|id| id != Some(s.comm[i] as usize))
+            {
+                continue;
+            }
+            b.dict.frames(s.stack[i], &mut ids);
+            let frames: Vec<(&str, bool)> = ids.iter().map(|&(f, k)| (b.dict.strings[f as usize].as_str(), k)).collect();
+            n += s.count(i);
+            f(&SampleRef {
+                ts_ns: ts,
+                cpu: s.cpu[i],
+                pid: s.pid[i],
+                tid: s.tid[i],
+                comm: &b.dict.strings[s.comm[i] as usize],
+                frames: &frames,
+                count: s.count(i),
+            });
+        }
+    })?;
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -1,0 +1,82 @@
+//! CPU x time: rows are CPUs, columns time buckets, cells the busy share (and the kernel-mode
+//! part of it); findings on a CPU are outlined over their span.
+
+use std::io::Write;
+
+use super::{ExportError, heatmap::escape};
+use crate::{detect::Finding, query::CpuTime};
+
+pub fn write_json(grid: &CpuTime, findings: &[Finding], mut out: impl Write) -> Result<(), ExportError> {
+    let json = serde_json::json!({
+        "first_ns": grid.first_ns,
+        "bucket_ns": grid.bucket_ns,
+        "cpus": grid.cpus,
+        "busy": grid.busy,
+        "kernel": grid.kernel,
+        "findings": findings,
+    });
+    serde_json::to_writer(&mut out, &json).map_err(std::io::Error::from)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// `start_ns,cpu,busy_share,kernel_share`, one line per cell.
+pub fn write_csv(grid: &CpuTime, mut out: impl Write) -> Result<(), ExportError> {
+    writeln!(out, "start_ns,cpu,busy_share,kernel_share")?;
+    for (row, cpu) in grid.cpus.iter().enumerate() {
+        for (b, busy) in grid.busy[row].iter().enumerate() {
+            writeln!(out, "{},{cpu},{busy:.3},{:.3}", grid.first_ns + b as u64 * grid.bucket_ns, grid.kernel[row][b])?;
+        }
+    }
+    Ok(())
+}
+
+const W: usize = 6;
+const H: usize = 14;
+
+pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: impl Write) -> Result<(), ExportError> {
+    let cols = grid.busy.first().map_or(0, Vec::len);
+    let (w, h) = (cols * W + 70, grid.cpus.len() * H + 50);
+    writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#)?;
+    writeln!(out, r#"<text x="60" y="14">{}</text>"#, escape(title))?;
+    for (row, cpu) in grid.cpus.iter().enumerate() {
+        let y = 20 + row * H;
+        writeln!(out, r#"<text x="2" y="{}">CPU {cpu}</text>"#, y + H - 3)?;
+        for (b, &busy) in grid.busy[row].iter().enumerate() {
+            let kernel = grid.kernel[row][b];
+            // Busy in shades of blue; the kernel part turns it magenta.
+            let light = 255 - (busy.clamp(0.0, 1.0) * 200.0) as u8;
+            let red = (light as f64 + (kernel / busy.max(1e-9)).clamp(0.0, 1.0) * busy * (255.0 - light as f64)) as u8;
+            writeln!(
+                out,
+                r#"<rect x="{}" y="{y}" width="{W}" height="{H}" fill="rgb({red},{light},255)" data-cpu="{cpu}" data-start-ns="{}" data-busy="{busy:.3}" data-kernel="{kernel:.3}"><title>CPU {cpu} {}: {:.0} % busy, {:.0} % kernel</title></rect>"#,
+                60 + b * W,
+                grid.first_ns + b as u64 * grid.bucket_ns,
+                crate::timespec::format(grid.first_ns + b as u64 * grid.bucket_ns),
+                busy * 100.0,
+                kernel * 100.0
+            )?;
+        }
+    }
+    let end = grid.first_ns + cols as u64 * grid.bucket_ns;
+    for f in findings {
+        let (Some(cpu), start) = (f.cpu, f.start_ns) else { continue };
+        let Some(row) = grid.cpus.iter().position(|&c| c == cpu) else { continue };
+        let stop = f.end_ns.unwrap_or(end).min(end);
+        if stop <= grid.first_ns || start >= end {
+            continue;
+        }
+        let x0 = 60 + (start.max(grid.first_ns) - grid.first_ns) as usize / grid.bucket_ns as usize * W;
+        let x1 = 60 + (stop - grid.first_ns).div_ceil(grid.bucket_ns) as usize * W;
+        writeln!(
+            out,
+            r#"<rect x="{x0}" y="{}" width="{}" height="{H}" fill="none" stroke="black" stroke-width="2" data-finding="{}"><title>{}</title></rect>"#,
+            20 + row * H,
+            x1.saturating_sub(x0).max(W),
+            escape(&f.id),
+            escape(&f.summary)
+        )?;
+    }
+    writeln!(out, "</svg>")?;
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `perf script` text, as FlameScope loads it (and speedscope imports it): a header, then per
+//! sample a line `comm pid/tid [cpu] seconds: 1 cpu-clock:`, its frames leaf first one per
+//! line, and a blank line. Addresses are not kept by the store; they are written as 0.
+
+use std::io::Write;
+
+use super::ExportError;
+use crate::query::SampleRef;
+
+pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
+    writeln!(out, "# ========")?;
+    writeln!(out, "# captured by : profiler export --format perf-script")?;
+    writeln!(out, "# event : name = cpu-clock, type = 1 (PERF_TYPE_SOFTWARE)")?;
+    writeln!(out, "# ========")?;
+    writeln!(out, "#")?;
+    Ok(())
+}
+
+pub fn write_sample(s: &SampleRef<'_>, mut out: impl Write) -> Result<(), ExportError> {
+    for _ in 0..s.count.max(1) {
+        let (secs, micros) = (s.ts_ns / 1_000_000_000, (s.ts_ns % 1_000_000_000) / 1000);
+        writeln!(out, "{} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: 1 cpu-clock: ", s.comm, s.pid, s.tid, s.cpu)?;
+        for &(name, kernel) in s.frames.iter().rev() {
+            if kernel {
+                writeln!(out, "\t{:>16x} {name} ([kernel.kallsyms])", 0)?;
+            } else if name.starts_with("[unknown] (") {
+                writeln!(out, "\t{:>16x} {name}", 0)?;
+            } else {
+                writeln!(out, "\t{:>16x} {name} ([unknown])", 0)?;
+            }
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// A sample read back from perf-script text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    pub comm: String,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub ts_us: u64,
+    /// Root first.
+    pub frames: Vec<(String, bool)>,
+}
+
+/// Parses perf-script text (ours, or `perf script`'s default output).
+pub fn parse(text: &str) -> Vec<Parsed> {
+    let mut out = Vec::new();
+    let mut cur: Option<Parsed> = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        if line.trim().is_empty() {
+            if let Some(mut p) = cur.take() {
+                p.frames.reverse();
+                out.push(p);
+            }
+            continue;
+        }
+        if line.starts_with(char::is_whitespace) {
+            let Some(p) = cur.as_mut() else { continue };
+            let rest = line.trim_start();
+            let rest = rest.split_once(' ').map_or("", |(_, r)| r);
+            let (name, module) = match rest.rsplit_once(" (") {
+                Some((n, m)) => (n.to_string(), m.trim_end_matches(')').to_string()),
+                None => (rest.to_string(), String::new()),
+            };
+            let kernel = module == "[kernel.kallsyms]";
+            let name = if name == "[unknown]" && module != "[unknown]" && !kernel { format!("[unknown] ({module})") } else { name };
+            p.frames.push((name, kernel));
+            continue;
+        }
+        // comm pid/tid [cpu] secs.micros: ...
+        let Some((head, _)) = line.split_once(": ") else { continue };
+        let Some(cpu_start) = head.rfind(" [") else { continue };
+        let (left, right) = head.split_at(cpu_start);
+        let Some((cpu, time)) = right.trim().trim_start_matches('[').split_once(']') else { continue };
+        let Some((comm, ids)) = left.trim_end().rsplit_once(' ').map(|(c, i)| (c.trim_end(), i)) else { continue };
+        let (pid, tid) = ids.split_once('/').unwrap_or((ids, ids));
+        let time = time.trim();
+        let (s, us) = time.split_once('.').unwrap_or((time, "0"));
+        cur = Some(Parsed {
+            comm: comm.trim().to_string(),
+            pid: pid.trim().parse().unwrap_or(0),
+            tid: tid.trim().parse().unwrap_or(0),
+            cpu: cpu.trim().parse().unwrap_or(0),
+            ts_us: s.parse::<u64>().unwrap_or(0) * 1_000_000 + us.parse::<u64>().unwrap_or(0),
+            frames: Vec::new(),
+        });
+    }
+    if let Some(mut p) = cur.take() {
+        p.frames.reverse();
+        out.push(p);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_keeps_stacks_counts_and_times() {
+        let frames: Vec<(&str, bool)> = vec![
+            ("[unknown] (libc.so.6)", false),
+            ("main", false),
+            ("std::vec::Vec<T>::push (inlined)", false),
+            ("entry_SYSCALL_64_after_hwframe", true),
+            ("read_zero", true),
+        ];
+        let samples = [
+            SampleRef { ts_ns: 1_795_000_000_123_456_789, cpu: 1, pid: 42, tid: 43, comm: "dd", frames: &frames, count: 1 },
+            SampleRef { ts_ns: 1_795_000_001_000_001_000, cpu: 12, pid: 7, tid: 7, comm: "my prog", frames: &frames[..2], count: 2 },
+        ];
+        let mut out = Vec::new();
+        write_header(&mut out).unwrap();
+        for s in &samples {
+            write_sample(s, &mut out).unwrap();
+        }
+        let parsed = parse(&String::from_utf8(out).unwrap());
+        assert_eq!(parsed.len(), 3, "counts become repeated samples");
+        assert_eq!(parsed[0].comm, "dd");
+        assert_eq!((parsed[0].pid, parsed[0].tid, parsed[0].cpu), (42, 43, 1));
+        assert_eq!(parsed[0].ts_us, 1_795_000_000_123_456);
+        let want: Vec<(String, bool)> = frames.iter().map(|&(n, k)| (n.to_string(), k)).collect();
+        assert_eq!(parsed[0].frames, want);
+        assert_eq!(parsed[1].comm, "my prog");
+        assert_eq!(parsed[1], parsed[2]);
+        assert_eq!(parsed[1].frames.len(), 2);
+        assert_eq!(parsed[1].ts_us, 1_795_000_001_000_001);
+    }
+}

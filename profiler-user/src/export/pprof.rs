@@ -1,0 +1,206 @@
+//! pprof: the gzipped `perftools.profiles.Profile` protobuf that `go tool pprof` reads. One
+//! pprof sample per profiler sample, with labels `cpu`, `pid`, `tid`, `comm` and
+//! `timestamp_ns`, values `samples/count` and `cpu/nanoseconds` (one period each).
+//!
+//! The messages below follow profile.proto's field numbers (github.com/google/pprof,
+//! proto/profile.proto); only the fields written are declared.
+
+use std::{collections::HashMap, io::Write};
+
+use super::ExportError;
+use crate::query::SampleRef;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Profile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Sample {
+    /// Leaf first.
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Label {
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Location {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+}
+
+/// Builds a profile sample by sample.
+pub struct Builder {
+    profile: Profile,
+    strings: HashMap<String, i64>,
+    /// (name, kernel) → location id (one function per location).
+    locations: HashMap<(String, bool), u64>,
+    period_ns: i64,
+    first_ns: Option<u64>,
+    last_ns: u64,
+}
+
+impl Builder {
+    pub fn new(frequency_hz: u64) -> Self {
+        let mut b = Self {
+            profile: Profile::default(),
+            strings: HashMap::new(),
+            locations: HashMap::new(),
+            period_ns: (1_000_000_000 / frequency_hz.max(1)) as i64,
+            first_ns: None,
+            last_ns: 0,
+        };
+        b.string(""); // index 0 must be the empty string
+        let (samples, count, cpu, ns) = (b.string("samples"), b.string("count"), b.string("cpu"), b.string("nanoseconds"));
+        b.profile.sample_type = vec![ValueType { r#type: samples, unit: count }, ValueType { r#type: cpu, unit: ns }];
+        b.profile.period_type = Some(ValueType { r#type: cpu, unit: ns });
+        b.profile.period = b.period_ns;
+        b
+    }
+
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(s.to_string());
+        self.strings.insert(s.to_string(), i);
+        i
+    }
+
+    fn location(&mut self, name: &str, kernel: bool) -> u64 {
+        if let Some(&id) = self.locations.get(&(name.to_string(), kernel)) {
+            return id;
+        }
+        let id = self.profile.location.len() as u64 + 1;
+        let shown = if kernel { format!("{name} [kernel]") } else { name.to_string() };
+        let n = self.string(&shown);
+        self.profile.function.push(Function { id, name: n, system_name: n });
+        self.profile.location.push(Location { id, line: vec![Line { function_id: id }] });
+        self.locations.insert((name.to_string(), kernel), id);
+        id
+    }
+
+    pub fn add(&mut self, s: &SampleRef<'_>) {
+        let mut ids: Vec<u64> = s.frames.iter().rev().map(|&(n, k)| self.location(n, k)).collect();
+        // The comm as the root, as in folded output.
+        ids.push(self.location(s.comm, false));
+        let keys = ["cpu", "pid", "tid", "timestamp_ns", "comm"].map(|k| self.string(k));
+        let comm = self.string(s.comm);
+        let count = s.count as i64;
+        self.profile.sample.push(Sample {
+            location_id: ids,
+            value: vec![count, count * self.period_ns],
+            label: vec![
+                Label { key: keys[0], str: 0, num: i64::from(s.cpu) },
+                Label { key: keys[1], str: 0, num: i64::from(s.pid) },
+                Label { key: keys[2], str: 0, num: i64::from(s.tid) },
+                Label { key: keys[3], str: 0, num: s.ts_ns as i64 },
+                Label { key: keys[4], str: comm, num: 0 },
+            ],
+        });
+        self.first_ns = Some(self.first_ns.map_or(s.ts_ns, |f| f.min(s.ts_ns)));
+        self.last_ns = self.last_ns.max(s.ts_ns);
+    }
+
+    pub fn finish(mut self, out: impl Write) -> Result<(), ExportError> {
+        let first = self.first_ns.unwrap_or(0);
+        self.profile.time_nanos = first as i64;
+        self.profile.duration_nanos = self.last_ns.saturating_sub(first) as i64 + self.period_ns;
+        let bytes = prost::Message::encode_to_vec(&self.profile);
+        let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
+        gz.write_all(&bytes)?;
+        gz.finish()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use prost::Message;
+
+    use super::*;
+
+    #[test]
+    fn gzipped_profile_decodes_with_stacks_labels_and_values() {
+        let frames = [("main", false), ("read_zero", true)];
+        let mut b = Builder::new(99);
+        for i in 0..3 {
+            b.add(&SampleRef { ts_ns: 1_000 + i, cpu: 1, pid: 42, tid: 43, comm: "dd", frames: &frames, count: 1 });
+        }
+        let mut gz = Vec::new();
+        b.finish(&mut gz).unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        let p = Profile::decode(&raw[..]).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(s(0), "");
+        assert_eq!(p.sample.len(), 3);
+        let leaf = p.sample[0].location_id[0];
+        let f = &p.function[(leaf - 1) as usize];
+        assert_eq!(s(f.name), "read_zero [kernel]");
+        assert_eq!(p.sample[0].location_id.len(), 3);
+        assert_eq!(p.sample[0].value, vec![1, 1_000_000_000 / 99]);
+        let labels: Vec<(&str, i64)> = p.sample[2].label.iter().map(|l| (s(l.key), l.num)).collect();
+        assert!(labels.contains(&("cpu", 1)) && labels.contains(&("timestamp_ns", 1002)), "{labels:?}");
+        assert_eq!(s(p.sample_type[0].r#type), "samples");
+    }
+}

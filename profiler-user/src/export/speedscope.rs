@@ -1,0 +1,61 @@
+//! speedscope's file format (https://www.speedscope.app/file-format-schema.json): one sampled
+//! profile per process, frames shared, samples in time order weighted by one period each.
+
+use std::{collections::HashMap, io::Write};
+
+use serde_json::json;
+
+use super::ExportError;
+use crate::query::SampleRef;
+
+#[derive(Default)]
+pub struct Builder {
+    frames: Vec<String>,
+    index: HashMap<String, usize>,
+    /// (pid, comm) → (stacks root first, weights, first and last time)
+    profiles: HashMap<(u32, String), (Vec<Vec<usize>>, Vec<u64>, u64, u64)>,
+}
+
+impl Builder {
+    fn frame(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.index.get(name) {
+            return i;
+        }
+        self.frames.push(name.to_string());
+        self.index.insert(name.to_string(), self.frames.len() - 1);
+        self.frames.len() - 1
+    }
+
+    pub fn add(&mut self, s: &SampleRef<'_>, period_ns: u64) {
+        let stack: Vec<usize> =
+            s.frames.iter().map(|&(n, k)| if k { self.frame(&format!("{n} [k]")) } else { self.frame(n) }).collect();
+        let p = self.profiles.entry((s.pid, s.comm.to_string())).or_insert((Vec::new(), Vec::new(), s.ts_ns, s.ts_ns));
+        p.0.push(stack);
+        p.1.push(s.count * period_ns);
+        p.2 = p.2.min(s.ts_ns);
+        p.3 = p.3.max(s.ts_ns);
+    }
+
+    pub fn finish(self, name: &str, mut out: impl Write) -> Result<(), ExportError> {
+        let mut profiles: Vec<_> = self.profiles.into_iter().collect();
+        profiles.sort_by(|a, b| b.1.1.len().cmp(&a.1.1.len()).then(a.0.cmp(&b.0)));
+        let json = json!({
+            "$schema": "https://www.speedscope.app/file-format-schema.json",
+            "name": name,
+            "exporter": "profiler",
+            "shared": { "frames": self.frames.iter().map(|f| json!({"name": f})).collect::<Vec<_>>() },
+            "profiles": profiles.iter().map(|((pid, comm), (samples, weights, first, last))| json!({
+                "type": "sampled",
+                "name": format!("{comm} (pid {pid})"),
+                "unit": "nanoseconds",
+                "startValue": 0,
+                "endValue": last - first + weights.last().copied().unwrap_or(0),
+                "samples": samples,
+                "weights": weights,
+            })).collect::<Vec<_>>(),
+        });
+        serde_json::to_writer(&mut out, &json).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+        Ok(())
+    }
+}
