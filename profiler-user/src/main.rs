@@ -14,7 +14,7 @@ use profiler::{
     config::{self, ConfigFile},
     daemon::{self, DaemonConfig},
     detect::{self, Finding},
-    export::flamegraph,
+    export::{cputime, flamegraph, heatmap, perf_script, pprof, speedscope},
     query::{self, Filter, Window},
     store::writer::WriterLimits,
     store::{Meta, Store},
@@ -76,6 +76,49 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Svg)]
         format: Format,
         /// Output file (default: stdout).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Subsecond heatmap (FlameScope's layout): a column per second, rows within the second.
+    Heatmap {
+        #[command(flatten)]
+        dir: DataDir,
+        #[command(flatten)]
+        window: WindowArgs,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Rows per second (50 rows = 20 ms each).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        rows: u32,
+        #[arg(long, value_enum, default_value_t = GridFormat::Json)]
+        format: GridFormat,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// CPU x time: busy (and kernel-mode) share per CPU per time bucket, findings marked.
+    Cputime {
+        #[command(flatten)]
+        dir: DataDir,
+        #[command(flatten)]
+        window: WindowArgs,
+        /// Bucket width (10ms and up).
+        #[arg(long, default_value = "1s")]
+        bucket: String,
+        #[arg(long, value_enum, default_value_t = GridFormat::Json)]
+        format: GridFormat,
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// The samples of a window in a format other tools open.
+    Export {
+        #[command(flatten)]
+        dir: DataDir,
+        #[command(flatten)]
+        window: WindowArgs,
+        #[command(flatten)]
+        filter: FilterArgs,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
@@ -193,6 +236,58 @@ enum Format {
     Folded,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GridFormat {
+    Json,
+    Csv,
+    Svg,
+    Png,
+    Html,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ExportFormat {
+    /// `perf script` text (FlameScope, speedscope)
+    PerfScript,
+    /// Brendan Gregg's folded stacks
+    Folded,
+    /// gzipped pprof protobuf (`go tool pprof`)
+    Pprof,
+    /// speedscope JSON
+    Speedscope,
+}
+
+/// `--from`/`--to`.
+#[derive(clap::Args)]
+struct WindowArgs {
+    /// Start: RFC 3339, unix seconds, `now`, or relative (-30s, -5m, -1h).
+    #[arg(long, allow_hyphen_values = true)]
+    from: String,
+    /// End (exclusive), same forms as --from.
+    #[arg(long, allow_hyphen_values = true, default_value = "now")]
+    to: String,
+}
+
+/// Sample filters.
+#[derive(clap::Args)]
+struct FilterArgs {
+    /// Only this CPU (repeat for several).
+    #[arg(long)]
+    cpu: Vec<u32>,
+    /// Only this process id.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Only processes with this comm.
+    #[arg(long)]
+    comm: Option<String>,
+}
+
+impl FilterArgs {
+    fn filter(self) -> Filter {
+        Filter { cpus: self.cpu, pid: self.pid, comm: self.comm, include_idle: false }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum StatusFormat {
     Text,
@@ -204,6 +299,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // A reader that went away (`| head`) is not an error worth a message.
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // One sentence (with its causes), never a backtrace.
             let mut msg = e.to_string();
@@ -291,6 +390,98 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Status { dir, format } => status(&dir.data_dir, format),
         Command::Findings { dir, from, to, format } => findings(&dir.data_dir, &from, &to, format),
+        Command::Heatmap { dir, window, filter, rows, format, output } => {
+            let w = window_of(&window.from, &window.to)?;
+            let mut store = Store::open(&dir.data_dir)?;
+            require_data(&mut store, w)?;
+            let filter = filter.filter();
+            query::check_filter(&filter, Meta::read(&dir.data_dir).as_ref())?;
+            let grid = query::subsecond_grid(&mut store, w, rows as usize, &filter)?;
+            let title = format!("Subsecond heatmap, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
+            let mut out = open_output(output.as_deref())?;
+            match format {
+                GridFormat::Json => heatmap::write_json(&grid, &mut out)?,
+                GridFormat::Csv => heatmap::write_csv(&grid, &mut out)?,
+                GridFormat::Svg => heatmap::write_svg(&grid, &title, &mut out)?,
+                GridFormat::Png => heatmap::write_png(&grid, &mut out)?,
+                GridFormat::Html => {
+                    let mut svg = Vec::new();
+                    heatmap::write_svg(&grid, &title, &mut svg)?;
+                    heatmap::write_html(&svg, &title, &mut out)?;
+                }
+            }
+            out.flush()?;
+            Ok(())
+        }
+        Command::Cputime { dir, window, bucket, format, output } => {
+            let w = window_of(&window.from, &window.to)?;
+            let bucket_ns = timespec::parse_duration_ns(&bucket)
+                .filter(|&b| b >= 10_000_000)
+                .ok_or_else(|| anyhow::anyhow!("--bucket '{bucket}' must be a duration of 10ms or more (10ms, 100ms, 1s, 1m)"))?;
+            let mut store = Store::open(&dir.data_dir)?;
+            require_data(&mut store, w)?;
+            let meta = Meta::read(&dir.data_dir);
+            let (cpus, hz) = meta.as_ref().map_or((1, 99), |m| (m.cpus, m.frequency_hz));
+            let grid = query::cpu_time(&mut store, w, bucket_ns, cpus, hz)?;
+            let found: Vec<Finding> = detect::log::findings(&dir.data_dir)?
+                .into_iter()
+                .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(u64::MAX) > w.from_ns)
+                .collect();
+            let title = format!("CPU x time, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
+            let mut out = open_output(output.as_deref())?;
+            match format {
+                GridFormat::Json => cputime::write_json(&grid, &found, &mut out)?,
+                GridFormat::Csv => cputime::write_csv(&grid, &mut out)?,
+                GridFormat::Svg => cputime::write_svg(&grid, &found, &title, &mut out)?,
+                GridFormat::Png => anyhow::bail!("CPU x time is not available as PNG: use svg or html"),
+                GridFormat::Html => {
+                    let mut svg = Vec::new();
+                    cputime::write_svg(&grid, &found, &title, &mut svg)?;
+                    heatmap::write_html(&svg, &title, &mut out)?;
+                }
+            }
+            out.flush()?;
+            Ok(())
+        }
+        Command::Export { dir, window, filter, format, output } => {
+            let w = window_of(&window.from, &window.to)?;
+            let mut store = Store::open(&dir.data_dir)?;
+            require_data(&mut store, w)?;
+            let filter = filter.filter();
+            let hz = Meta::read(&dir.data_dir).map_or(99, |m| m.frequency_hz);
+            let mut out = open_output(output.as_deref())?;
+            match format {
+                ExportFormat::Folded => {
+                    let folded = query::fold(&mut store, w, &filter)?;
+                    flamegraph::write_folded(&folded, &mut out)?;
+                }
+                ExportFormat::PerfScript => {
+                    perf_script::write_header(&mut out)?;
+                    let mut err = None;
+                    query::for_each_sample(&mut store, w, &filter, |s| {
+                        if err.is_none() {
+                            err = perf_script::write_sample(s, &mut out).err();
+                        }
+                    })?;
+                    if let Some(e) = err {
+                        return Err(e.into());
+                    }
+                }
+                ExportFormat::Pprof => {
+                    let mut b = pprof::Builder::new(hz);
+                    query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
+                    b.finish(&mut out)?;
+                }
+                ExportFormat::Speedscope => {
+                    let mut b = speedscope::Builder::default();
+                    let period = 1_000_000_000 / hz.max(1);
+                    query::for_each_sample(&mut store, w, &filter, |s| b.add(s, period))?;
+                    b.finish(&format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)), &mut out)?;
+                }
+            }
+            out.flush()?;
+            Ok(())
+        }
         Command::Events { dir, from, to, format } => events(&dir.data_dir, &from, &to, format),
     }
 }
@@ -315,6 +506,22 @@ fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow
         "no finding or event has the id '{id}' in {}; `profiler findings` and `profiler events` list them",
         data_dir.display()
     )
+}
+
+/// Refuses a window the store holds nothing of, saying what it does hold.
+fn require_data(store: &mut Store, w: Window) -> anyhow::Result<()> {
+    match store.span()? {
+        Some((a, b)) if a < w.to_ns && b > w.from_ns => Ok(()),
+        Some((a, b)) => anyhow::bail!(
+            "no samples between {} and {} in {} (it holds {} to {})",
+            timespec::format(w.from_ns),
+            timespec::format(w.to_ns),
+            store.data_dir().display(),
+            timespec::format(a),
+            timespec::format(b)
+        ),
+        None => anyhow::bail!("the store in {} is empty: is the daemon running?", store.data_dir().display()),
+    }
 }
 
 fn window_of(from: &str, to: &str) -> anyhow::Result<Window> {

@@ -4,11 +4,7 @@ use std::io::Write;
 
 use crate::query::Folded;
 
-#[derive(Debug, thiserror::Error)]
-pub enum RenderError {
-    #[error("writing the output failed: {0}")]
-    Io(#[from] std::io::Error),
-}
+use super::ExportError as RenderError;
 
 /// `comm;frame;frame count` lines, sorted.
 pub fn write_folded(folded: &Folded, mut out: impl Write) -> Result<(), RenderError> {
