@@ -73,6 +73,12 @@ enum Command {
         /// Show idle samples (as `[idle]`).
         #[arg(long)]
         include_idle: bool,
+        /// Differential flamegraph: compare the window with this baseline window (start)...
+        #[arg(long, allow_hyphen_values = true, requires = "baseline_to")]
+        baseline_from: Option<String>,
+        /// ...and end.
+        #[arg(long, allow_hyphen_values = true, requires = "baseline_from")]
+        baseline_to: Option<String>,
         #[arg(long, value_enum, default_value_t = Format::Svg)]
         format: Format,
         /// Output file (default: stdout).
@@ -341,6 +347,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pid,
             comm,
             include_idle,
+            baseline_from,
+            baseline_to,
             format,
             output,
         } => {
@@ -366,6 +374,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let folded = result?;
             let mut out = open_output(output.as_deref())?;
+            if let (Some(bf), Some(bt)) = (baseline_from, baseline_to) {
+                let base_window = Window::new(timespec::parse(&bf, now)?, timespec::parse(&bt, now)?)?;
+                let baseline = query::fold(&mut store, base_window, &filter)?;
+                if let Format::Folded = format {
+                    anyhow::bail!("a differential flamegraph is SVG only: drop --format folded");
+                }
+                let subtitle = format!(
+                    "{} to {} against {} to {} (red: more than the baseline, blue: less)",
+                    timespec::format(window.from_ns),
+                    timespec::format(window.to_ns),
+                    timespec::format(base_window.from_ns),
+                    timespec::format(base_window.to_ns)
+                );
+                flamegraph::write_diff_svg(&baseline, &folded, "Differential CPU flamegraph", &subtitle, &mut out)?;
+                out.flush()?;
+                return Ok(());
+            }
             match format {
                 Format::Folded => flamegraph::write_folded(&folded, &mut out)?,
                 Format::Svg => {

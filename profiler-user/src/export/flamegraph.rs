@@ -42,6 +42,16 @@ mod tests {
     }
 
     #[test]
+    fn differential_svg_renders_both_windows() {
+        let mut before = sample();
+        before.stacks.insert("app;main;spin".into(), 1);
+        let mut out = Vec::new();
+        write_diff_svg(&before, &sample(), "t", "s", &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("spin"));
+    }
+
+    #[test]
     fn folded_is_sorted_with_counts() {
         let mut out = Vec::new();
         write_folded(&sample(), &mut out).unwrap();
@@ -60,4 +70,21 @@ mod tests {
         assert!(a.contains("<svg") && a.contains("spin (7 samples") && a.contains("ksys_read (3 samples"));
         assert_eq!(a, render());
     }
+}
+
+/// A differential flamegraph: the shape of `after`, coloured by how each frame changed since
+/// `baseline` (red: more, blue: less), counts normalised so a busier window is not all red.
+pub fn write_diff_svg(baseline: &Folded, after: &Folded, title: &str, subtitle: &str, out: impl Write) -> Result<(), RenderError> {
+    let join = |f: &Folded| f.lines().join("\n").into_bytes();
+    let mut diff = Vec::new();
+    let opts = inferno::differential::Options { normalize: true, ..Default::default() };
+    inferno::differential::from_readers(opts, &join(baseline)[..], &join(after)[..], &mut diff)?;
+    let text = String::from_utf8_lossy(&diff);
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.to_string();
+    options.subtitle = Some(subtitle.to_string());
+    options.count_name = "samples".into();
+    options.deterministic = true;
+    inferno::flamegraph::from_lines(&mut options, text.lines(), out)?;
+    Ok(())
 }
