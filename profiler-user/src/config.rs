@@ -39,6 +39,8 @@ pub struct ConfigFile {
     pub flush_ms: Option<u64>,
     pub ring_buffer_kib: Option<u32>,
     pub report_secs: Option<u64>,
+    /// `IP:PORT` of the UI and API, or "off".
+    pub listen: Option<String>,
     #[serde(default)]
     pub store: StoreFile,
     /// Detector thresholds (every key optional; see `detect::Thresholds`).

@@ -50,6 +50,8 @@ pub struct DaemonConfig {
     pub thresholds: Thresholds,
     /// Kernel log lines matching these become events.
     pub event_patterns: Vec<String>,
+    /// Where the UI, JSON API and /metrics listen; `None`: no server.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// `CLOCK_REALTIME - clock` in ns. BPF stamps samples with boot time (monotonic, counts
@@ -94,6 +96,8 @@ struct Pipeline {
     idle: u64,
     bad_records: u64,
     engine: Engine,
+    /// Per CPU since start: busy, idle, lost.
+    per_cpu: std::collections::BTreeMap<u32, (u64, u64, u64)>,
 }
 
 impl Pipeline {
@@ -109,11 +113,13 @@ impl Pipeline {
         let ts_ns = (header.ts_ns as i128 + self.offset).max(0) as u64;
         if header.flags & FLAG_IDLE != 0 {
             self.idle += 1;
+            self.per_cpu.entry(header.cpu).or_default().1 += 1;
             self.writer.push_idle(ts_ns, header.cpu);
             self.engine.on_idle(ts_ns, header.cpu);
             return;
         }
         self.samples += 1;
+        self.per_cpu.entry(header.cpu).or_default().0 += 1;
         let comm = match self.comms.get(&header.comm) {
             Some(c) => c.clone(),
             None => {
@@ -181,7 +187,21 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         idle: 0,
         bad_records: 0,
         engine: Engine::new(Machine { cpus, frequency_hz: config.frequency_hz }, config.thresholds.clone()),
+        per_cpu: Default::default(),
     };
+    let live = std::sync::Arc::new(std::sync::Mutex::new(crate::serve::metrics::Live {
+        frequency_hz: config.frequency_hz,
+        ..Default::default()
+    }));
+    if let Some(addr) = config.listen {
+        let state = crate::serve::AppState { data_dir: config.data_dir.clone(), live: live.clone() };
+        match crate::serve::spawn(addr, state).await {
+            Ok(bound) => log::info!("UI, JSON API and /metrics on http://{bound}/"),
+            // Profiling matters more than the UI: go on without it.
+            Err(e) => log::error!("cannot listen on {addr}: {e}; running without the UI (use --listen to pick another address)"),
+        }
+    }
+    let mut store_size = (0u64, 0f64, Instant::now() - Duration::from_secs(60));
     let mut kmsg = match Kmsg::open(&config.event_patterns) {
         // SAFETY: the Kmsg owns its fd for as long as the AsyncFd owns the Kmsg.
         Ok(k) => unsafe { AsyncFd::register_with_interest(k, tokio::io::Interest::READABLE) }.ok(),
@@ -259,6 +279,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                         + (c.kernel_stack_errors - prev.kernel_stack_errors)
                         + (c.user_stack_errors - prev.user_stack_errors);
                     pipeline.writer.add_lost(cpu as u32, lost);
+                    pipeline.per_cpu.entry(cpu as u32).or_default().2 += lost;
                     report.lost += lost;
                 }
                 last_counters = now;
@@ -279,6 +300,24 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             changes.closed.extend(z.closed);
         }
         record_findings(&changes, &config.data_dir);
+        if store_size.2.elapsed() >= Duration::from_secs(5) {
+            let segments = store::reader::list_segments(&config.data_dir).unwrap_or_default();
+            let bytes = segments.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+            let span = segments.first().map_or(0.0, |(s, _)| now.saturating_sub(*s) as f64 / 1e9);
+            store_size = (bytes, span, Instant::now());
+        }
+        if let Ok(mut l) = live.lock() {
+            let (rss, cpu_time) = self_usage();
+            l.cpus = pipeline.per_cpu.clone();
+            l.busy_share = pipeline.engine.last_busy_shares().into_iter().collect();
+            l.dying_memcgs = pipeline.engine.zombies.series.back().map(|c| c.dying);
+            l.open_findings = pipeline.engine.open_counts();
+            l.store_bytes = store_size.0;
+            l.store_span_seconds = store_size.1;
+            l.cpu_seconds = cpu_time.as_secs_f64();
+            l.rss_bytes = rss;
+            l.pending_samples = pipeline.writer.pending_samples() as u64;
+        }
         match pipeline.writer.flush(now_ns()) {
             Ok(f) => {
                 report.bytes += f.bytes;

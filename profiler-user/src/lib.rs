@@ -10,6 +10,7 @@ pub mod detect;
 pub mod export;
 pub mod model;
 pub mod query;
+pub mod serve;
 pub mod store;
 pub mod symbolize;
 pub mod synth;

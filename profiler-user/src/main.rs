@@ -189,6 +189,9 @@ struct RunArgs {
     /// Roll minutes older than this up into 10 s aggregates, or `off` [default: 24h].
     #[arg(long)]
     rollup_after: Option<String>,
+    /// Address of the UI, JSON API and /metrics, or `off` [default: 127.0.0.1:7070].
+    #[arg(long)]
+    listen: Option<String>,
 }
 
 impl RunArgs {
@@ -215,7 +218,14 @@ impl RunArgs {
             self.max_size.or(store.max_size).as_deref().unwrap_or("1GiB"),
             self.max_age.or(store.max_age).as_deref().unwrap_or("7d"),
         )?;
+        let listen = self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7070".to_string());
+        let listen = if listen.eq_ignore_ascii_case("off") {
+            None
+        } else {
+            Some(listen.parse().map_err(|_| anyhow::anyhow!("listen address '{listen}' is not IP:PORT (e.g. 127.0.0.1:7070) or off"))?)
+        };
         Ok(DaemonConfig {
+            listen,
             data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             frequency_hz: frequency,
             ring_bytes: self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096).saturating_mul(1024),

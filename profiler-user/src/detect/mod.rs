@@ -396,6 +396,22 @@ impl Engine {
         }
     }
 
+    /// Busy share per CPU in the last evaluated second.
+    pub fn last_busy_shares(&self) -> Vec<(u32, f64)> {
+        let Some(s) = self.history.back() else { return Vec::new() };
+        let f = self.machine.frequency_hz.max(1) as f64;
+        s.cpus.iter().enumerate().map(|(cpu, c)| (cpu as u32, (c.busy.len() as f64 / f).min(1.0))).collect()
+    }
+
+    /// Open findings by kind name.
+    pub fn open_counts(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for (kind, _) in self.open.keys() {
+            *m.entry(kind.name().to_string()).or_default() += 1;
+        }
+        m
+    }
+
     /// Findings still open (for a clean shutdown: they are written with their current end).
     pub fn open_findings(&self) -> Vec<Finding> {
         self.open.values().map(|o| Finding { end_ns: Some(o.last_active_ns), ..o.finding.clone() }).collect()

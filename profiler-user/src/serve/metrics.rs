@@ -1,0 +1,92 @@
+//! `/metrics`: what the daemon knows about itself and the machine, in Prometheus' text format.
+
+use std::{collections::BTreeMap, fmt::Write};
+
+/// Updated by the daemon on every flush tick; read by the HTTP server.
+#[derive(Debug, Default, Clone)]
+pub struct Live {
+    /// Per CPU: busy samples, idle samples, lost samples (cumulative since start).
+    pub cpus: BTreeMap<u32, (u64, u64, u64)>,
+    /// Per CPU: busy share in the last evaluated second.
+    pub busy_share: BTreeMap<u32, f64>,
+    pub dying_memcgs: Option<u64>,
+    /// Open findings by kind name.
+    pub open_findings: BTreeMap<String, u64>,
+    pub store_bytes: u64,
+    /// Seconds of data the store spans.
+    pub store_span_seconds: f64,
+    pub cpu_seconds: f64,
+    pub rss_bytes: u64,
+    pub pending_samples: u64,
+    pub frequency_hz: u64,
+}
+
+pub fn render(l: &Live) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, v) in values {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let per_cpu = |f: &dyn Fn(&(u64, u64, u64)) -> u64| -> Vec<(String, f64)> {
+        l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\"}}"), f(c) as f64)).collect()
+    };
+    family("profiler_samples_total", "counter", "Samples taken, by CPU and state.", {
+        let mut v: Vec<(String, f64)> = l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"busy\"}}"), c.0 as f64)).collect();
+        v.extend(l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"idle\"}}"), c.1 as f64)));
+        v
+    });
+    family("profiler_lost_samples_total", "counter", "Samples the kernel side could not deliver (ring buffer full, stack not captured).", per_cpu(&|c| c.2));
+    family(
+        "profiler_cpu_busy_ratio",
+        "gauge",
+        "Busy share of each CPU in the last complete second (busy ticks / ticks the frequency gives a CPU).",
+        l.busy_share.iter().map(|(cpu, v)| (format!("{{cpu=\"{cpu}\"}}"), *v)).collect(),
+    );
+    family("profiler_dying_memcgs", "gauge", "Dying (zombie) memory cgroups.", l.dying_memcgs.map(|d| vec![(String::new(), d as f64)]).unwrap_or_default());
+    family(
+        "profiler_open_findings",
+        "gauge",
+        "Findings currently open, by kind.",
+        ["saturated-core", "hot-kernel-function", "netrx-starvation", "zombie-memcgs"]
+            .iter()
+            .map(|k| (format!("{{kind=\"{k}\"}}"), l.open_findings.get(*k).copied().unwrap_or(0) as f64))
+            .collect(),
+    );
+    family("profiler_store_bytes", "gauge", "Bytes of segment files in the store.", vec![(String::new(), l.store_bytes as f64)]);
+    family("profiler_store_span_seconds", "gauge", "Time span the store covers.", vec![(String::new(), l.store_span_seconds)]);
+    family("profiler_pending_samples", "gauge", "Samples held in memory, not yet written.", vec![(String::new(), l.pending_samples as f64)]);
+    family("profiler_process_cpu_seconds_total", "counter", "CPU time of the daemon.", vec![(String::new(), l.cpu_seconds)]);
+    family("profiler_process_resident_memory_bytes", "gauge", "Resident memory of the daemon.", vec![(String::new(), l.rss_bytes as f64)]);
+    family("profiler_sampling_frequency_hertz", "gauge", "Samples per second per CPU.", vec![(String::new(), l.frequency_hz as f64)]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_line_is_a_comment_or_a_sample() {
+        let mut l = Live::default();
+        l.cpus.insert(0, (5, 95, 0));
+        l.cpus.insert(1, (99, 0, 2));
+        l.busy_share.insert(1, 1.0);
+        l.dying_memcgs = Some(3000);
+        l.open_findings.insert("zombie-memcgs".into(), 1);
+        let text = render(&l);
+        for line in text.lines() {
+            assert!(line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.starts_with("profiler_"), "{line}");
+            if !line.starts_with('#') {
+                let value = line.rsplit(' ').next().unwrap();
+                assert!(value.parse::<f64>().is_ok(), "{line}");
+            }
+        }
+        assert!(text.contains("profiler_samples_total{cpu=\"1\",state=\"busy\"} 99\n"));
+        assert!(text.contains("profiler_lost_samples_total{cpu=\"1\"} 2\n"));
+        assert!(text.contains("profiler_open_findings{kind=\"zombie-memcgs\"} 1\n"));
+        assert!(text.contains("profiler_dying_memcgs 3000\n"));
+    }
+}
