@@ -146,6 +146,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Test { args } => {
             setup::ensure()?;
+            setup::ensure_test_tools()?;
             let bin = build(false)?;
             // Unit tests first: fast, no root.
             let mut unit = cargo();

@@ -86,3 +86,18 @@ fn install_bpf_linker() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// What the UI test needs: Debian's chromium and chromedriver (browsers cannot be downloaded
+/// here; Debian's packages can).
+pub fn ensure_test_tools() -> anyhow::Result<()> {
+    let have = |p: &str| std::path::Path::new(p).exists();
+    if have("/usr/bin/chromium") && have("/usr/bin/chromedriver") {
+        return Ok(());
+    }
+    eprintln!("xtask: installing chromium and chromium-driver (Debian) for the UI test");
+    run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
+    run(
+        Command::new("apt-get").args(["install", "-y", "-qq", "chromium", "chromium-driver"]).env("DEBIAN_FRONTEND", "noninteractive"),
+        "chromium and chromium-driver",
+    )
+}

@@ -1,0 +1,187 @@
+//! The live UI and API with the real daemon: the web page in a real headless Chromium (through
+//! chromedriver), /metrics read as Prometheus text, and bad parameters answered with a 400.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use integration_tests::{Daemon, helper_bin, now_secs, privileged, wait_for};
+
+/// A plain HTTP/1.1 GET: (status, body).
+fn get(port: u16, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn api_answers_and_metrics_parse() {
+    if !privileged("api_answers_and_metrics_parse") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let port = free_port();
+    let mut daemon = Daemon::start(&data, &["--listen", &format!("127.0.0.1:{port}")]);
+    daemon.wait_ready();
+    let (code, body) = get(port, "/metrics");
+    assert_eq!(code, 200);
+    let mut samples = 0;
+    for line in body.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# ") {
+            assert!(rest.starts_with("HELP ") || rest.starts_with("TYPE "), "{line}");
+            continue;
+        }
+        // name{labels} value
+        let (series, value) = line.rsplit_once(' ').expect("a sample line");
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+        let name = series.split('{').next().unwrap();
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{line}");
+        if let Some(labels) = series.strip_prefix(name) {
+            assert!(labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')), "{line}");
+        }
+        samples += 1;
+    }
+    assert!(samples > 10 && body.contains("profiler_samples_total{cpu=\"0\""), "{body}");
+    for bad in ["/api/heatmap?from=yesterday", "/api/flamegraph?cpu=x", "/api/heatmap?path=/etc/passwd", "/api/cputime?bucket=1ms"] {
+        let (code, body) = get(port, bad);
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert!(!body.trim().is_empty() && !body.contains("panicked"), "{bad}: {body}");
+    }
+    let (code, body) = get(port, "/api/heatmap?from=-30s");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 50);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
+    if !privileged("the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap") {
+        return;
+    }
+    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists());
+    let driver = ["/usr/bin/chromedriver"].into_iter().find(|p| std::path::Path::new(p).exists());
+    let (Some(chromium), Some(driver)) = (chromium, driver) else {
+        let why = "needs Debian's chromium and chromium-driver (cargo xtask test installs them)";
+        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+            panic!("{why}");
+        }
+        eprintln!("SKIPPED: {why}");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let port = free_port();
+    let mut daemon = Daemon::start(&data, &["--listen", &format!("127.0.0.1:{port}")]);
+    daemon.wait_ready();
+    let start = now_secs();
+    let st = Command::new(helper_bin()).args(["1", "4"]).stdout(Stdio::null()).status().unwrap();
+    assert!(st.success());
+    let end = now_secs();
+    wait_for("the helper's samples", Duration::from_secs(5), || {
+        let (code, _) = get(port, &format!("/api/flamegraph?from={:.3}&to={:.3}&cpu=1&format=folded", start, end));
+        (code == 200).then_some(())
+    });
+
+    let dport = free_port();
+    let _driver = Kill(
+        Command::new(driver)
+            .arg(format!("--port={dport}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver"),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let found = rt.block_on(async move {
+        use fantoccini::{ClientBuilder, Locator};
+        let caps: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                         "--window-size=1400,1000"]
+            }
+        }))
+        .unwrap();
+        let url = format!("http://127.0.0.1:{dport}");
+        let client = loop {
+            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new()).capabilities(caps.clone()).connect(&url).await {
+                Ok(c) => break c,
+                Err(e) if now_secs() < end + 60.0 => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("cannot reach chromedriver: {e}"),
+            }
+        };
+        let t0 = now_secs();
+        client.goto(&format!("http://127.0.0.1:{port}/")).await.unwrap();
+        // The helper's window, on CPU 1.
+        client.find(Locator::Id("from")).await.unwrap().clear().await.unwrap();
+        client.find(Locator::Id("from")).await.unwrap().send_keys(&format!("{:.3}", start)).await.unwrap();
+        client.find(Locator::Id("to")).await.unwrap().clear().await.unwrap();
+        client.find(Locator::Id("to")).await.unwrap().send_keys(&format!("{:.3}", end)).await.unwrap();
+        client.find(Locator::Id("cpu")).await.unwrap().send_keys("1").await.unwrap();
+        let t_load = now_secs();
+        client.find(Locator::Id("load")).await.unwrap().click().await.unwrap();
+        // Cells with samples: click the first, then the last.
+        let cells = loop {
+            let cells = client.find_all(Locator::Css("#heatmap rect")).await.unwrap();
+            let mut busy = Vec::new();
+            for c in cells {
+                if c.attr("data-samples").await.unwrap().is_some_and(|n| n != "0") {
+                    busy.push(c);
+                }
+            }
+            if !busy.is_empty() {
+                break busy;
+            }
+            assert!(now_secs() < t0 + 20.0, "the heatmap never showed samples");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let heatmap_at = now_secs() - t_load;
+        cells[0].click().await.unwrap();
+        cells[cells.len() - 1].click().await.unwrap();
+        let t_select = now_secs();
+        let found = loop {
+            let html = client.find(Locator::Id("flamegraph")).await.unwrap().html(true).await.unwrap();
+            if html.contains("profiler_test_hot_loop") {
+                break true;
+            }
+            if now_secs() > t0 + 20.0 {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        eprintln!(
+            "page: heatmap {heatmap_at:.2} s after Load, flamegraph {:.2} s after the end cell was clicked",
+            now_secs() - t_select
+        );
+        client.close().await.unwrap();
+        found
+    });
+    assert!(found, "the flamegraph of the selected range does not name the helper's busy function");
+    assert!(daemon.stop().success());
+}
