@@ -63,6 +63,11 @@ fn api_answers_and_metrics_parse() {
         samples += 1;
     }
     assert!(samples > 10 && body.contains("profiler_samples_total{cpu=\"0\""), "{body}");
+    // And a Prometheus text-format parser reads it.
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("prometheus text");
+    let busy: Vec<_> = scrape.samples.iter().filter(|s| s.metric == "profiler_samples_total").collect();
+    assert!(busy.len() >= 2, "{:?}", scrape.samples);
+    assert!(scrape.samples.iter().any(|s| s.metric == "profiler_process_resident_memory_bytes"));
     for bad in ["/api/heatmap?from=yesterday", "/api/flamegraph?cpu=x", "/api/heatmap?path=/etc/passwd", "/api/cputime?bucket=1ms"] {
         let (code, body) = get(port, bad);
         assert_eq!(code, 400, "{bad}: {body}");
@@ -146,20 +151,14 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         client.find(Locator::Id("cpu")).await.unwrap().send_keys("1").await.unwrap();
         let t_load = now_secs();
         client.find(Locator::Id("load")).await.unwrap().click().await.unwrap();
-        // Cells with samples: click the first, then the last.
+        // Cells with samples (one WebDriver round trip per poll): click the first, then the last.
         let cells = loop {
-            let cells = client.find_all(Locator::Css("#heatmap rect")).await.unwrap();
-            let mut busy = Vec::new();
-            for c in cells {
-                if c.attr("data-samples").await.unwrap().is_some_and(|n| n != "0") {
-                    busy.push(c);
-                }
-            }
+            let busy = client.find_all(Locator::Css("#heatmap rect:not([data-samples='0'])")).await.unwrap();
             if !busy.is_empty() {
                 break busy;
             }
             assert!(now_secs() < t0 + 20.0, "the heatmap never showed samples");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let heatmap_at = now_secs() - t_load;
         cells[0].click().await.unwrap();
@@ -173,7 +172,7 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             if now_secs() > t0 + 20.0 {
                 break false;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         };
         eprintln!(
             "page: heatmap {heatmap_at:.2} s after Load, flamegraph {:.2} s after the end cell was clicked",
