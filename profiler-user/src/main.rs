@@ -14,7 +14,7 @@ use profiler::{
     config::{self, ConfigFile},
     daemon::{self, DaemonConfig},
     detect::{self, Finding},
-    export::{cputime, flamegraph, heatmap, perf_script, pprof, speedscope},
+    export::{cputime, flamegraph, heatmap, perf_script, pprof, report, speedscope},
     query::{self, Filter, Window},
     store::writer::WriterLimits,
     store::{Meta, Store},
@@ -127,6 +127,16 @@ enum Command {
         format: ExportFormat,
         #[arg(short, long)]
         output: Option<PathBuf>,
+    },
+    /// One self-contained HTML file for an incident: heatmap, CPU x time, findings, events, and
+    /// the flamegraph of the window and of each finding.
+    Report {
+        #[command(flatten)]
+        dir: DataDir,
+        #[command(flatten)]
+        window: WindowArgs,
+        #[arg(short, long)]
+        output: PathBuf,
     },
     /// Findings of the detectors in a time window.
     Findings {
@@ -425,6 +435,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Status { dir, format } => status(&dir.data_dir, format),
         Command::Findings { dir, from, to, format } => findings(&dir.data_dir, &from, &to, format),
+        Command::Report { dir, window, output } => report(&dir.data_dir, &window, &output),
         Command::Heatmap { dir, window, filter, rows, format, output } => {
             let w = window_of(&window.from, &window.to)?;
             let mut store = Store::open(&dir.data_dir)?;
@@ -541,6 +552,61 @@ fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow
         "no finding or event has the id '{id}' in {}; `profiler findings` and `profiler events` list them",
         data_dir.display()
     )
+}
+
+fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result<()> {
+    let w = window_of(&window.from, &window.to)?;
+    let mut store = Store::open(data_dir)?;
+    require_data(&mut store, w)?;
+    let meta = Meta::read(data_dir);
+    let (cpus, hz) = meta.as_ref().map_or((1, 99), |m| (m.cpus, m.frequency_hz));
+    let now = timespec::now_ns();
+    let found: Vec<Finding> = detect::log::findings(data_dir)?
+        .into_iter()
+        .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(now) > w.from_ns)
+        .collect();
+    let events: Vec<kmsg::Event> =
+        detect::log::read_all::<kmsg::Event>(data_dir, detect::log::EVENTS)?.into_iter().filter(|e| w.contains(e.ts_ns)).collect();
+    let mut heat = Vec::new();
+    let grid = query::subsecond_grid(&mut store, w, 50, &Filter::default())?;
+    heatmap::write_png(&grid, &mut heat)?;
+    let mut cpu = Vec::new();
+    let bucket = ((w.to_ns - w.from_ns) / 600).max(1_000_000_000) / 1_000_000_000 * 1_000_000_000;
+    let ct = query::cpu_time(&mut store, w, bucket, cpus, hz)?;
+    cputime::write_svg(&ct, &found, "CPU x time", &mut cpu)?;
+    let mut flamegraphs = Vec::new();
+    let mut flame = |title: String, win: Window, filter: Filter, store: &mut Store| -> anyhow::Result<()> {
+        match query::fold(store, win, &filter) {
+            Ok(folded) => {
+                let mut svg = Vec::new();
+                let sub = format!("{} to {}", timespec::format(win.from_ns), timespec::format(win.to_ns));
+                flamegraph::write_svg(&folded, &title, &sub, &mut svg)?;
+                flamegraphs.push((title, svg));
+            }
+            Err(e) => log::warn!("{title}: {e}"),
+        }
+        Ok(())
+    };
+    flame("Flamegraph of the whole window".into(), w, Filter::default(), &mut store)?;
+    for f in found.iter().take(12) {
+        let win = Window::new(f.start_ns.saturating_sub(5_000_000_000), f.end_ns.unwrap_or(now).max(f.start_ns) + 1_000_000_000)?;
+        let filter = Filter { cpus: f.cpu.into_iter().collect(), ..Default::default() };
+        flame(format!("{}: {}", f.id, f.summary), win, filter, &mut store)?;
+    }
+    let r = report::Report {
+        title: format!("CPU profile of {}", meta.as_ref().map_or("this machine", |m| m.hostname.as_str())),
+        from_ns: w.from_ns,
+        to_ns: w.to_ns,
+        heatmap_png: heat,
+        cputime_svg: cpu,
+        findings: found,
+        events,
+        flamegraphs,
+    };
+    let mut out = open_output(Some(output))?;
+    report::write_html(&r, &mut out)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Refuses a window the store holds nothing of, saying what it does hold.

@@ -7,6 +7,7 @@ pub mod flamegraph;
 pub mod heatmap;
 pub mod perf_script;
 pub mod pprof;
+pub mod report;
 pub mod speedscope;
 
 /// Errors of every exporter: the output could not be written.
