@@ -178,6 +178,16 @@ fn main() {
     let grid = grid.unwrap();
     let grid_total: u64 = grid.counts.iter().flatten().sum();
     assert_eq!(grid_total, busy, "the grid counts every busy sample");
+    let heatmap_json_ms = time_ms(5, || {
+        let g = query::subsecond_grid(&mut s, whole, 50, &all).unwrap();
+        let mut out = Vec::with_capacity(1 << 20);
+        profiler::export::heatmap::write_json(&g, &mut out).unwrap();
+    });
+    let cputime_ms = time_ms(5, || {
+        let g = query::cpu_time(&mut s, whole, 1_000_000_000, a.cpus, a.hz).unwrap();
+        let mut out = Vec::with_capacity(1 << 20);
+        profiler::export::cputime::write_json(&g, &[], &mut out).unwrap();
+    });
     let cpu_ms = time_ms(3, || {
         query::fold(&mut s, w60, &Filter { cpus: vec![3], ..Default::default() }).unwrap();
     });
@@ -210,6 +220,8 @@ fn main() {
     println!("| folded, same window | {fold_ms:.0} ms | |");
     println!("| folded, same window, --cpu 3 | {cpu_ms:.0} ms | |");
     println!("| subsecond grid, whole span, 50 rows ({} columns) | {grid_ms:.1} ms | <= 100 ms |", grid.counts.len());
+    println!("| heatmap JSON (FlameScope schema), whole span, 50 rows | {heatmap_json_ms:.1} ms | <= 100 ms |");
+    println!("| CPU x time JSON, whole span, {} CPUs x 1 s buckets | {cputime_ms:.1} ms | <= 100 ms |", a.cpus);
     println!("| peak RSS of this process (generator + store) | {:.1} MiB | |", hwm as f64 / 1024.0);
     let _ = Arc::strong_count(&Arc::new(()));
 }

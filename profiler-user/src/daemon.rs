@@ -198,7 +198,9 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         match crate::serve::spawn(addr, state).await {
             Ok(bound) => log::info!("UI, JSON API and /metrics on http://{bound}/"),
             // Profiling matters more than the UI: go on without it.
-            Err(e) => log::error!("cannot listen on {addr}: {e}; running without the UI (use --listen to pick another address)"),
+            Err(e) => log::error!(
+                "cannot listen on {addr}: {e}; running without the UI (use --listen to pick another address)"
+            ),
         }
     }
     let mut store_size = (0u64, 0f64, Instant::now() - Duration::from_secs(60));
@@ -398,7 +400,6 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
         }
     }
 }
-
 
 /// The periodic one-line self report.
 struct Report {

@@ -232,7 +232,9 @@ impl RunArgs {
         let listen = if listen.eq_ignore_ascii_case("off") {
             None
         } else {
-            Some(listen.parse().map_err(|_| anyhow::anyhow!("listen address '{listen}' is not IP:PORT (e.g. 127.0.0.1:7070) or off"))?)
+            Some(listen.parse().map_err(|_| {
+                anyhow::anyhow!("listen address '{listen}' is not IP:PORT (e.g. 127.0.0.1:7070) or off")
+            })?)
         };
         Ok(DaemonConfig {
             listen,
@@ -326,7 +328,11 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // A reader that went away (`| head`) is not an error worth a message.
-        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -461,9 +467,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cputime { dir, window, bucket, format, output } => {
             let w = window_of(&window.from, &window.to)?;
-            let bucket_ns = timespec::parse_duration_ns(&bucket)
-                .filter(|&b| b >= 10_000_000)
-                .ok_or_else(|| anyhow::anyhow!("--bucket '{bucket}' must be a duration of 10ms or more (10ms, 100ms, 1s, 1m)"))?;
+            let bucket_ns = timespec::parse_duration_ns(&bucket).filter(|&b| b >= 10_000_000).ok_or_else(|| {
+                anyhow::anyhow!("--bucket '{bucket}' must be a duration of 10ms or more (10ms, 100ms, 1s, 1m)")
+            })?;
             let mut store = Store::open(&dir.data_dir)?;
             require_data(&mut store, w)?;
             let meta = Meta::read(&dir.data_dir);
@@ -522,7 +528,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     let mut b = speedscope::Builder::default();
                     let period = 1_000_000_000 / hz.max(1);
                     query::for_each_sample(&mut store, w, &filter, |s| b.add(s, period))?;
-                    b.finish(&format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)), &mut out)?;
+                    b.finish(
+                        &format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)),
+                        &mut out,
+                    )?;
                 }
             }
             out.flush()?;
@@ -565,8 +574,10 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
         .into_iter()
         .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(now) > w.from_ns)
         .collect();
-    let events: Vec<kmsg::Event> =
-        detect::log::read_all::<kmsg::Event>(data_dir, detect::log::EVENTS)?.into_iter().filter(|e| w.contains(e.ts_ns)).collect();
+    let events: Vec<kmsg::Event> = detect::log::read_all::<kmsg::Event>(data_dir, detect::log::EVENTS)?
+        .into_iter()
+        .filter(|e| w.contains(e.ts_ns))
+        .collect();
     let mut heat = Vec::new();
     let grid = query::subsecond_grid(&mut store, w, 50, &Filter::default())?;
     heatmap::write_png(&grid, &mut heat)?;
@@ -589,7 +600,10 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
     };
     flame("Flamegraph of the whole window".into(), w, Filter::default(), &mut store)?;
     for f in found.iter().take(12) {
-        let win = Window::new(f.start_ns.saturating_sub(5_000_000_000), f.end_ns.unwrap_or(now).max(f.start_ns) + 1_000_000_000)?;
+        let win = Window::new(
+            f.start_ns.saturating_sub(5_000_000_000),
+            f.end_ns.unwrap_or(now).max(f.start_ns) + 1_000_000_000,
+        )?;
         let filter = Filter { cpus: f.cpu.into_iter().collect(), ..Default::default() };
         flame(format!("{}: {}", f.id, f.summary), win, filter, &mut store)?;
     }

@@ -300,7 +300,13 @@ pub struct CpuTime {
 
 /// CPU x time for `window` in buckets of `bucket_ns` (10 ms or more). Buckets of whole seconds
 /// come from block summaries; finer ones from the samples.
-pub fn cpu_time(store: &mut Store, window: Window, bucket_ns: u64, cpus: u32, frequency_hz: u64) -> Result<CpuTime, QueryError> {
+pub fn cpu_time(
+    store: &mut Store,
+    window: Window,
+    bucket_ns: u64,
+    cpus: u32,
+    frequency_hz: u64,
+) -> Result<CpuTime, QueryError> {
     use crate::store::format::{BUCKET_NS, NS_PER_SEC};
     let bucket_ns = bucket_ns.max(BUCKET_NS) / BUCKET_NS * BUCKET_NS;
     let first_ns = window.from_ns / bucket_ns * bucket_ns;
@@ -382,7 +388,8 @@ pub fn for_each_sample(
                 continue;
             }
             b.dict.frames(s.stack[i], &mut ids);
-            let frames: Vec<(&str, bool)> = ids.iter().map(|&(f, k)| (b.dict.strings[f as usize].as_str(), k)).collect();
+            let frames: Vec<(&str, bool)> =
+                ids.iter().map(|&(f, k)| (b.dict.strings[f as usize].as_str(), k)).collect();
             n += s.count(i);
             f(&SampleRef {
                 ts_ns: ts,
@@ -559,6 +566,65 @@ mod tests {
         }
         assert_eq!(fast.counts, naive);
         assert_eq!(fast.first_second, T0 / NS_PER_SEC);
+    }
+
+    #[test]
+    fn heatmap_json_equals_a_naive_count_cell_for_cell() {
+        let input = samples();
+        let (_dir, mut store) = write_store(&input, &[]);
+        // A window that starts mid-second: the first column is the floor of its first second.
+        let from = T0 + 7 * NS_PER_SEC + 300_000_000;
+        let w = Window::new(from, T0 + 100 * NS_PER_SEC).unwrap();
+        for filter in [Filter::default(), Filter { cpus: vec![2], ..Default::default() }] {
+            let grid = subsecond_grid(&mut store, w, 50, &filter).unwrap();
+            let fs = crate::export::heatmap::flamescope(&grid);
+            assert_eq!(grid.first_second, from / NS_PER_SEC);
+            let mut naive = vec![vec![0u64; 50]; fs.columns.len()];
+            for s in
+                input.iter().filter(|s| w.contains(s.ts_ns) && (filter.cpus.is_empty() || filter.cpus.contains(&s.cpu)))
+            {
+                let col = (s.ts_ns / NS_PER_SEC - grid.first_second) as usize;
+                let row_ms = (s.ts_ns % NS_PER_SEC) / 20_000_000 * 20;
+                // rows[i] is the row's offset in ms, listed from 980 down to 0.
+                let i = fs.rows.iter().position(|&r| r == row_ms as f64).unwrap();
+                naive[col][i] += 1;
+            }
+            assert_eq!(fs.values, naive);
+            assert_eq!(fs.maxvalue, naive.iter().flatten().copied().max().unwrap());
+        }
+    }
+
+    #[test]
+    fn perf_script_export_parses_back_to_the_folded_counts() {
+        let input = samples();
+        let (_dir, mut store) = write_store(&input, &[]);
+        let w = Window::new(T0, T0 + 130 * NS_PER_SEC).unwrap();
+        let mut text = Vec::new();
+        crate::export::perf_script::write_header(&mut text).unwrap();
+        for_each_sample(&mut store, w, &Filter::default(), |s| {
+            crate::export::perf_script::write_sample(s, &mut text).unwrap()
+        })
+        .unwrap();
+        let parsed = crate::export::perf_script::parse(&String::from_utf8(text).unwrap());
+        assert_eq!(parsed.len(), input.len());
+        let mut got: rustc_hash::FxHashMap<String, u64> = Default::default();
+        for p in &parsed {
+            let mut line = p.comm.replace(';', ":");
+            for (f, k) in &p.frames {
+                line.push(';');
+                line.push_str(&f.replace(';', ":"));
+                if *k {
+                    line.push_str("_[k]");
+                }
+            }
+            *got.entry(line).or_default() += 1;
+        }
+        assert_eq!(got, naive(&input, w, &Filter::default()));
+        let mut times: Vec<u64> = parsed.iter().map(|p| p.ts_us).collect();
+        let mut want: Vec<u64> = input.iter().map(|s| s.ts_ns / 1000).collect();
+        times.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(times, want);
     }
 
     #[test]

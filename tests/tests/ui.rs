@@ -68,7 +68,12 @@ fn api_answers_and_metrics_parse() {
     let busy: Vec<_> = scrape.samples.iter().filter(|s| s.metric == "profiler_samples_total").collect();
     assert!(busy.len() >= 2, "{:?}", scrape.samples);
     assert!(scrape.samples.iter().any(|s| s.metric == "profiler_process_resident_memory_bytes"));
-    for bad in ["/api/heatmap?from=yesterday", "/api/flamegraph?cpu=x", "/api/heatmap?path=/etc/passwd", "/api/cputime?bucket=1ms"] {
+    for bad in [
+        "/api/heatmap?from=yesterday",
+        "/api/flamegraph?cpu=x",
+        "/api/heatmap?path=/etc/passwd",
+        "/api/cputime?bucket=1ms",
+    ] {
         let (code, body) = get(port, bad);
         assert_eq!(code, 400, "{bad}: {body}");
         assert!(!body.trim().is_empty() && !body.contains("panicked"), "{bad}: {body}");
@@ -85,7 +90,8 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
     if !privileged("the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap") {
         return;
     }
-    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists());
+    let chromium =
+        ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists());
     let driver = ["/usr/bin/chromedriver"].into_iter().find(|p| std::path::Path::new(p).exists());
     let (Some(chromium), Some(driver)) = (chromium, driver) else {
         let why = "needs Debian's chromium and chromium-driver (cargo xtask test installs them)";
@@ -132,7 +138,11 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         .unwrap();
         let url = format!("http://127.0.0.1:{dport}");
         let client = loop {
-            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new()).capabilities(caps.clone()).connect(&url).await {
+            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
                 Ok(c) => break c,
                 Err(e) if now_secs() < end + 60.0 => {
                     let _ = e;

@@ -97,7 +97,9 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
     eprintln!("xtask: installing chromium and chromium-driver (Debian) for the UI test");
     run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
     run(
-        Command::new("apt-get").args(["install", "-y", "-qq", "chromium", "chromium-driver"]).env("DEBIAN_FRONTEND", "noninteractive"),
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "chromium", "chromium-driver"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
         "chromium and chromium-driver",
     )
 }

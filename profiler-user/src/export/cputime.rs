@@ -37,7 +37,10 @@ const H: usize = 14;
 pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: impl Write) -> Result<(), ExportError> {
     let cols = grid.busy.first().map_or(0, Vec::len);
     let (w, h) = (cols * W + 70, grid.cpus.len() * H + 50);
-    writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#)?;
+    writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+    )?;
     writeln!(out, r#"<text x="60" y="14">{}</text>"#, escape(title))?;
     for (row, cpu) in grid.cpus.iter().enumerate() {
         let y = 20 + row * H;

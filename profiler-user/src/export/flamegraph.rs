@@ -74,7 +74,13 @@ mod tests {
 
 /// A differential flamegraph: the shape of `after`, coloured by how each frame changed since
 /// `baseline` (red: more, blue: less), counts normalised so a busier window is not all red.
-pub fn write_diff_svg(baseline: &Folded, after: &Folded, title: &str, subtitle: &str, out: impl Write) -> Result<(), RenderError> {
+pub fn write_diff_svg(
+    baseline: &Folded,
+    after: &Folded,
+    title: &str,
+    subtitle: &str,
+    out: impl Write,
+) -> Result<(), RenderError> {
     let join = |f: &Folded| f.lines().join("\n").into_bytes();
     let mut diff = Vec::new();
     let opts = inferno::differential::Options { normalize: true, ..Default::default() };

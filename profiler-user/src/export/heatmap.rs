@@ -71,7 +71,10 @@ pub fn write_svg(grid: &Grid, title: &str, mut out: impl Write) -> Result<(), Ex
     let (cols, rows) = (grid.counts.len(), grid.rows);
     let max = grid.counts.iter().flatten().copied().max().unwrap_or(0);
     let (w, h) = (cols * CELL_W + 60, rows * CELL_H + 50);
-    writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#)?;
+    writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+    )?;
     writeln!(out, r#"<text x="50" y="14">{}</text>"#, escape(title))?;
     writeln!(out, r#"<text x="2" y="{}">0 ms</text><text x="2" y="30">1 s</text>"#, 24 + rows * CELL_H)?;
     let row_ms = 1000 / rows.max(1);
@@ -89,7 +92,13 @@ pub fn write_svg(grid: &Grid, title: &str, mut out: impl Write) -> Result<(), Ex
             )?;
         }
     }
-    writeln!(out, r#"<text x="50" y="{}">{} s from {}</text>"#, 40 + rows * CELL_H, cols, crate::timespec::format(grid.first_second * 1_000_000_000))?;
+    writeln!(
+        out,
+        r#"<text x="50" y="{}">{} s from {}</text>"#,
+        40 + rows * CELL_H,
+        cols,
+        crate::timespec::format(grid.first_second * 1_000_000_000)
+    )?;
     writeln!(out, "</svg>")?;
     Ok(())
 }

@@ -70,7 +70,11 @@ pub fn parse(text: &str) -> Vec<Parsed> {
                 None => (rest.to_string(), String::new()),
             };
             let kernel = module == "[kernel.kallsyms]";
-            let name = if name == "[unknown]" && module != "[unknown]" && !kernel { format!("[unknown] ({module})") } else { name };
+            let name = if name == "[unknown]" && module != "[unknown]" && !kernel {
+                format!("[unknown] ({module})")
+            } else {
+                name
+            };
             p.frames.push((name, kernel));
             continue;
         }
@@ -113,8 +117,24 @@ mod tests {
             ("read_zero", true),
         ];
         let samples = [
-            SampleRef { ts_ns: 1_795_000_000_123_456_789, cpu: 1, pid: 42, tid: 43, comm: "dd", frames: &frames, count: 1 },
-            SampleRef { ts_ns: 1_795_000_001_000_001_000, cpu: 12, pid: 7, tid: 7, comm: "my prog", frames: &frames[..2], count: 2 },
+            SampleRef {
+                ts_ns: 1_795_000_000_123_456_789,
+                cpu: 1,
+                pid: 42,
+                tid: 43,
+                comm: "dd",
+                frames: &frames,
+                count: 1,
+            },
+            SampleRef {
+                ts_ns: 1_795_000_001_000_001_000,
+                cpu: 12,
+                pid: 7,
+                tid: 7,
+                comm: "my prog",
+                frames: &frames[..2],
+                count: 2,
+            },
         ];
         let mut out = Vec::new();
         write_header(&mut out).unwrap();

@@ -107,7 +107,8 @@ impl Builder {
             last_ns: 0,
         };
         b.string(""); // index 0 must be the empty string
-        let (samples, count, cpu, ns) = (b.string("samples"), b.string("count"), b.string("cpu"), b.string("nanoseconds"));
+        let (samples, count, cpu, ns) =
+            (b.string("samples"), b.string("count"), b.string("cpu"), b.string("nanoseconds"));
         b.profile.sample_type = vec![ValueType { r#type: samples, unit: count }, ValueType { r#type: cpu, unit: ns }];
         b.profile.period_type = Some(ValueType { r#type: cpu, unit: ns });
         b.profile.period = b.period_ns;

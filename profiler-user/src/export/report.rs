@@ -36,10 +36,23 @@ fn embed(bytes: &[u8], mime: &str, alt: &str) -> String {
 }
 
 pub fn write_html(r: &Report, mut out: impl Write) -> Result<(), ExportError> {
-    writeln!(out, "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>", escape(&r.title))?;
-    writeln!(out, "<style>body{{font:13px sans-serif;margin:16px;color:#222}}h2{{font-size:15px;margin-top:22px}}td,th{{padding:2px 8px;text-align:left;vertical-align:top}}</style></head><body>")?;
+    writeln!(
+        out,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>",
+        escape(&r.title)
+    )?;
+    writeln!(
+        out,
+        "<style>body{{font:13px sans-serif;margin:16px;color:#222}}h2{{font-size:15px;margin-top:22px}}td,th{{padding:2px 8px;text-align:left;vertical-align:top}}</style></head><body>"
+    )?;
     writeln!(out, "<h1 style=\"font-size:18px\">{}</h1>", escape(&r.title))?;
-    writeln!(out, "<p>{} to {} ({})</p>", timespec::format(r.from_ns), timespec::format(r.to_ns), timespec::format_duration(r.to_ns - r.from_ns))?;
+    writeln!(
+        out,
+        "<p>{} to {} ({})</p>",
+        timespec::format(r.from_ns),
+        timespec::format(r.to_ns),
+        timespec::format_duration(r.to_ns - r.from_ns)
+    )?;
     writeln!(out, "<h2>Findings</h2>")?;
     if r.findings.is_empty() {
         writeln!(out, "<p>None in this window.</p>")?;
@@ -63,7 +76,13 @@ pub fn write_html(r: &Report, mut out: impl Write) -> Result<(), ExportError> {
         writeln!(out, "<p>None in this window.</p>")?;
     }
     for e in &r.events {
-        writeln!(out, "<div>{} &nbsp; {} &nbsp; <code>{}</code></div>", timespec::format(e.ts_ns), escape(&e.id), escape(&e.message))?;
+        writeln!(
+            out,
+            "<div>{} &nbsp; {} &nbsp; <code>{}</code></div>",
+            timespec::format(e.ts_ns),
+            escape(&e.id),
+            escape(&e.message)
+        )?;
     }
     writeln!(
         out,

@@ -34,18 +34,29 @@ pub fn render(l: &Live) -> String {
         l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\"}}"), f(c) as f64)).collect()
     };
     family("profiler_samples_total", "counter", "Samples taken, by CPU and state.", {
-        let mut v: Vec<(String, f64)> = l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"busy\"}}"), c.0 as f64)).collect();
+        let mut v: Vec<(String, f64)> =
+            l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"busy\"}}"), c.0 as f64)).collect();
         v.extend(l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"idle\"}}"), c.1 as f64)));
         v
     });
-    family("profiler_lost_samples_total", "counter", "Samples the kernel side could not deliver (ring buffer full, stack not captured).", per_cpu(&|c| c.2));
+    family(
+        "profiler_lost_samples_total",
+        "counter",
+        "Samples the kernel side could not deliver (ring buffer full, stack not captured).",
+        per_cpu(&|c| c.2),
+    );
     family(
         "profiler_cpu_busy_ratio",
         "gauge",
         "Busy share of each CPU in the last complete second (busy ticks / ticks the frequency gives a CPU).",
         l.busy_share.iter().map(|(cpu, v)| (format!("{{cpu=\"{cpu}\"}}"), *v)).collect(),
     );
-    family("profiler_dying_memcgs", "gauge", "Dying (zombie) memory cgroups.", l.dying_memcgs.map(|d| vec![(String::new(), d as f64)]).unwrap_or_default());
+    family(
+        "profiler_dying_memcgs",
+        "gauge",
+        "Dying (zombie) memory cgroups.",
+        l.dying_memcgs.map(|d| vec![(String::new(), d as f64)]).unwrap_or_default(),
+    );
     family(
         "profiler_open_findings",
         "gauge",
@@ -55,12 +66,42 @@ pub fn render(l: &Live) -> String {
             .map(|k| (format!("{{kind=\"{k}\"}}"), l.open_findings.get(*k).copied().unwrap_or(0) as f64))
             .collect(),
     );
-    family("profiler_store_bytes", "gauge", "Bytes of segment files in the store.", vec![(String::new(), l.store_bytes as f64)]);
-    family("profiler_store_span_seconds", "gauge", "Time span the store covers.", vec![(String::new(), l.store_span_seconds)]);
-    family("profiler_pending_samples", "gauge", "Samples held in memory, not yet written.", vec![(String::new(), l.pending_samples as f64)]);
-    family("profiler_process_cpu_seconds_total", "counter", "CPU time of the daemon.", vec![(String::new(), l.cpu_seconds)]);
-    family("profiler_process_resident_memory_bytes", "gauge", "Resident memory of the daemon.", vec![(String::new(), l.rss_bytes as f64)]);
-    family("profiler_sampling_frequency_hertz", "gauge", "Samples per second per CPU.", vec![(String::new(), l.frequency_hz as f64)]);
+    family(
+        "profiler_store_bytes",
+        "gauge",
+        "Bytes of segment files in the store.",
+        vec![(String::new(), l.store_bytes as f64)],
+    );
+    family(
+        "profiler_store_span_seconds",
+        "gauge",
+        "Time span the store covers.",
+        vec![(String::new(), l.store_span_seconds)],
+    );
+    family(
+        "profiler_pending_samples",
+        "gauge",
+        "Samples held in memory, not yet written.",
+        vec![(String::new(), l.pending_samples as f64)],
+    );
+    family(
+        "profiler_process_cpu_seconds_total",
+        "counter",
+        "CPU time of the daemon.",
+        vec![(String::new(), l.cpu_seconds)],
+    );
+    family(
+        "profiler_process_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the daemon.",
+        vec![(String::new(), l.rss_bytes as f64)],
+    );
+    family(
+        "profiler_sampling_frequency_hertz",
+        "gauge",
+        "Samples per second per CPU.",
+        vec![(String::new(), l.frequency_hz as f64)],
+    );
     out
 }
 
@@ -78,7 +119,10 @@ mod tests {
         l.open_findings.insert("zombie-memcgs".into(), 1);
         let text = render(&l);
         for line in text.lines() {
-            assert!(line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.starts_with("profiler_"), "{line}");
+            assert!(
+                line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.starts_with("profiler_"),
+                "{line}"
+            );
             if !line.starts_with('#') {
                 let value = line.rsplit(' ').next().unwrap();
                 assert!(value.parse::<f64>().is_ok(), "{line}");

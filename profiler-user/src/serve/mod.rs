@@ -186,7 +186,12 @@ async fn flamegraph_api(State(s): State<AppState>, Query(p): Query<Params>) -> R
             }
             "svg" => {
                 let mut out = Vec::new();
-                let subtitle = format!("{} to {}, {} samples", timespec::format(w.from_ns), timespec::format(w.to_ns), folded.total());
+                let subtitle = format!(
+                    "{} to {}, {} samples",
+                    timespec::format(w.from_ns),
+                    timespec::format(w.to_ns),
+                    folded.total()
+                );
                 flamegraph::write_svg(&folded, "CPU flamegraph", &subtitle, &mut out).map_err(internal)?;
                 Ok(([(header::CONTENT_TYPE, "image/svg+xml")], out).into_response())
             }
