@@ -30,6 +30,29 @@ pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) 
     Ok(())
 }
 
+/// A differential flamegraph: the shape of `after`, coloured by how each frame changed since
+/// `baseline` (red: more, blue: less), counts normalised so a busier window is not all red.
+pub fn write_diff_svg(
+    baseline: &Folded,
+    after: &Folded,
+    title: &str,
+    subtitle: &str,
+    out: impl Write,
+) -> Result<(), RenderError> {
+    let join = |f: &Folded| f.lines().join("\n").into_bytes();
+    let mut diff = Vec::new();
+    let opts = inferno::differential::Options { normalize: true, ..Default::default() };
+    inferno::differential::from_readers(opts, &join(baseline)[..], &join(after)[..], &mut diff)?;
+    let text = String::from_utf8_lossy(&diff);
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.to_string();
+    options.subtitle = Some(subtitle.to_string());
+    options.count_name = "samples".into();
+    options.deterministic = true;
+    inferno::flamegraph::from_lines(&mut options, text.lines(), out)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,25 +95,3 @@ mod tests {
     }
 }
 
-/// A differential flamegraph: the shape of `after`, coloured by how each frame changed since
-/// `baseline` (red: more, blue: less), counts normalised so a busier window is not all red.
-pub fn write_diff_svg(
-    baseline: &Folded,
-    after: &Folded,
-    title: &str,
-    subtitle: &str,
-    out: impl Write,
-) -> Result<(), RenderError> {
-    let join = |f: &Folded| f.lines().join("\n").into_bytes();
-    let mut diff = Vec::new();
-    let opts = inferno::differential::Options { normalize: true, ..Default::default() };
-    inferno::differential::from_readers(opts, &join(baseline)[..], &join(after)[..], &mut diff)?;
-    let text = String::from_utf8_lossy(&diff);
-    let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_string();
-    options.subtitle = Some(subtitle.to_string());
-    options.count_name = "samples".into();
-    options.deterministic = true;
-    inferno::flamegraph::from_lines(&mut options, text.lines(), out)?;
-    Ok(())
-}

@@ -8,12 +8,14 @@ use serde_json::json;
 use super::ExportError;
 use crate::query::SampleRef;
 
+/// One process's samples: stacks (frame indexes, root first), weights, first and last time.
+type Samples = (Vec<Vec<usize>>, Vec<u64>, u64, u64);
+
 #[derive(Default)]
 pub struct Builder {
     frames: Vec<String>,
     index: HashMap<String, usize>,
-    /// (pid, comm) → (stacks root first, weights, first and last time)
-    profiles: HashMap<(u32, String), (Vec<Vec<usize>>, Vec<u64>, u64, u64)>,
+    profiles: HashMap<(u32, String), Samples>,
 }
 
 impl Builder {
