@@ -33,8 +33,10 @@ pub mod counter {
     pub const KERNEL_STACK_ERROR: u32 = 2;
     /// Samples sent whose user stack could not be captured.
     pub const USER_STACK_ERROR: u32 = 3;
+    /// Most bytes seen waiting in the ring buffer since userspace last reset it.
+    pub const RING_USED_MAX: u32 = 4;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// Fixed part of a ring-buffer record.

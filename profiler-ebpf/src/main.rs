@@ -142,9 +142,18 @@ fn try_sample(ctx: &PerfEventContext) {
     }
 
     let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    let used = SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + len as u64;
+    if let Some(max) = COUNTERS.get_ptr_mut(counter::RING_USED_MAX) {
+        // A high-water mark for /metrics: how close the ring came to dropping samples.
+        unsafe {
+            if used > *max {
+                *max = used;
+            }
+        }
+    }
     let flags = if threshold == 0 {
         0
-    } else if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + len as u64 >= threshold {
+    } else if used >= threshold {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

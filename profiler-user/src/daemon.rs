@@ -319,6 +319,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             l.cpu_seconds = cpu_time.as_secs_f64();
             l.rss_bytes = rss;
             l.pending_samples = pipeline.writer.pending_samples() as u64;
+            l.ring_used_bytes = collector.take_ring_used_max();
+            l.ring_size_bytes = collector.ring_bytes();
         }
         match pipeline.writer.flush(now_ns()) {
             Ok(f) => {

@@ -485,7 +485,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 GridFormat::Json => cputime::write_json(&grid, &found, &mut out)?,
                 GridFormat::Csv => cputime::write_csv(&grid, &mut out)?,
                 GridFormat::Svg => cputime::write_svg(&grid, &found, &title, &mut out)?,
-                GridFormat::Png => anyhow::bail!("CPU x time is not available as PNG: use svg or html"),
+                GridFormat::Png => cputime::write_png(&grid, &mut out)?,
                 GridFormat::Html => {
                     let mut svg = Vec::new();
                     cputime::write_svg(&grid, &found, &title, &mut svg)?;

@@ -90,6 +90,8 @@ pub struct CpuCounters {
     pub ringbuf_full: u64,
     pub kernel_stack_errors: u64,
     pub user_stack_errors: u64,
+    /// Most bytes waiting in the ring since the last [`Collector::take_ring_used_max`].
+    pub ring_used_max: u64,
 }
 
 /// NET_RX figures of one CPU: cumulative counters, and maxima since the previous read.
@@ -134,6 +136,7 @@ pub struct Collector {
     counters: PerCpuArray<MapData, u64>,
     netrx: Option<PerCpuArray<MapData, u64>>,
     cgroup_fields: CgroupFields,
+    ring_bytes: u64,
     pub cpus: Vec<u32>,
 }
 
@@ -225,7 +228,7 @@ impl Collector {
         // AsyncFd (which owns the RingBuf) is dropped.
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| CollectError::Poll(e.into()))?;
-        Ok(Self { _ebpf: ebpf, ring, events, counters, netrx, cgroup_fields, cpus })
+        Ok(Self { _ebpf: ebpf, ring, events, counters, netrx, cgroup_fields, ring_bytes: u64::from(ring_bytes), cpus })
     }
 
     /// NET_RX figures per CPU (index = CPU id); resets the maxima. `None` without the
@@ -275,14 +278,30 @@ impl Collector {
         let full = get(counter::RINGBUF_FULL)?;
         let kerr = get(counter::KERNEL_STACK_ERROR)?;
         let uerr = get(counter::USER_STACK_ERROR)?;
+        let used = get(counter::RING_USED_MAX)?;
         Ok((0..seen.len())
             .map(|cpu| CpuCounters {
                 seen: seen[cpu],
                 ringbuf_full: full[cpu],
                 kernel_stack_errors: kerr[cpu],
                 user_stack_errors: uerr[cpu],
+                ring_used_max: used[cpu],
             })
             .collect())
+    }
+
+    /// The ring's high-water mark (bytes) since the last call, over all CPUs; resets it.
+    pub fn take_ring_used_max(&mut self) -> u64 {
+        let max = self.counters.get(&counter::RING_USED_MAX, 0).map(|v| v.iter().copied().max().unwrap_or(0)).unwrap_or(0);
+        if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; aya::util::nr_cpus().unwrap_or(1)]) {
+            let _ = self.counters.set(counter::RING_USED_MAX, zeros, 0);
+        }
+        max
+    }
+
+    /// Size of the sample ring buffer in bytes.
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring_bytes
     }
 }
 

@@ -34,6 +34,38 @@ pub fn write_csv(grid: &CpuTime, mut out: impl Write) -> Result<(), ExportError>
 const W: usize = 6;
 const H: usize = 14;
 
+/// Busy in shades of blue; the kernel part of it turns the cell magenta.
+fn rgb(busy: f64, kernel: f64) -> [u8; 3] {
+    let light = 255 - (busy.clamp(0.0, 1.0) * 200.0) as u8;
+    let red = (light as f64 + (kernel / busy.max(1e-9)).clamp(0.0, 1.0) * busy * (255.0 - light as f64)) as u8;
+    [red, light, 255]
+}
+
+/// One row of 4x12-pixel cells per CPU; findings are not marked (use SVG or HTML for those).
+pub fn write_png(grid: &CpuTime, out: impl Write) -> Result<(), ExportError> {
+    let cols = grid.busy.first().map_or(0, Vec::len).max(1);
+    let rows = grid.cpus.len().max(1);
+    let (w, h) = (cols * 4, rows * 12);
+    let mut pixels = vec![255u8; w * h * 3];
+    for (row, busy) in grid.busy.iter().enumerate() {
+        for (b, &v) in busy.iter().enumerate() {
+            let c = rgb(v, grid.kernel[row][b]);
+            for y in row * 12..row * 12 + 11 {
+                for x in b * 4..b * 4 + 4 {
+                    pixels[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&c);
+                }
+            }
+        }
+    }
+    let mut enc = png::Encoder::new(out, w as u32, h as u32);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut writer = enc.write_header().map_err(std::io::Error::other)?;
+    writer.write_image_data(&pixels).map_err(std::io::Error::other)?;
+    writer.finish().map_err(std::io::Error::other)?;
+    Ok(())
+}
+
 pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: impl Write) -> Result<(), ExportError> {
     let cols = grid.busy.first().map_or(0, Vec::len);
     let (w, h) = (cols * W + 70, grid.cpus.len() * H + 50);
@@ -47,9 +79,7 @@ pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: imp
         writeln!(out, r#"<text x="2" y="{}">CPU {cpu}</text>"#, y + H - 3)?;
         for (b, &busy) in grid.busy[row].iter().enumerate() {
             let kernel = grid.kernel[row][b];
-            // Busy in shades of blue; the kernel part turns it magenta.
-            let light = 255 - (busy.clamp(0.0, 1.0) * 200.0) as u8;
-            let red = (light as f64 + (kernel / busy.max(1e-9)).clamp(0.0, 1.0) * busy * (255.0 - light as f64)) as u8;
+            let [red, light, _] = rgb(busy, kernel);
             writeln!(
                 out,
                 r#"<rect x="{}" y="{y}" width="{W}" height="{H}" fill="rgb({red},{light},255)" data-cpu="{cpu}" data-start-ns="{}" data-busy="{busy:.3}" data-kernel="{kernel:.3}"><title>CPU {cpu} {}: {:.0} % busy, {:.0} % kernel</title></rect>"#,

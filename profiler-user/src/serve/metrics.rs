@@ -19,6 +19,9 @@ pub struct Live {
     pub rss_bytes: u64,
     pub pending_samples: u64,
     pub frequency_hz: u64,
+    /// Most bytes waiting in the sample ring buffer over the last flush interval, and its size.
+    pub ring_used_bytes: u64,
+    pub ring_size_bytes: u64,
 }
 
 pub fn render(l: &Live) -> String {
