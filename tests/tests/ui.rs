@@ -80,6 +80,26 @@ fn api_answers_and_metrics_parse() {
     }
     let (code, body) = get(port, "/api/heatmap?from=-30s");
     assert_eq!(code, 200, "{body}");
+    // pprof: `go tool pprof` reads the export when Debian's golang-go is installed.
+    let pb = tmp.path().join("profile.pb.gz");
+    let out = integration_tests::profiler(&[
+        "export",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        "-1m",
+        "--format",
+        "pprof",
+        "-o",
+        pb.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    if let Ok(top) = Command::new("go").args(["tool", "pprof", "-top"]).arg(&pb).output() {
+        assert!(top.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&top.stderr));
+        assert!(String::from_utf8_lossy(&top.stdout).contains("flat"), "{}", String::from_utf8_lossy(&top.stdout));
+    } else {
+        eprintln!("go is not installed: pprof checked with the prost decoder only (unit test)");
+    }
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 50);
     assert!(daemon.stop().success());
