@@ -67,7 +67,14 @@ fn api_answers_and_metrics_parse() {
     let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("prometheus text");
     let busy: Vec<_> = scrape.samples.iter().filter(|s| s.metric == "profiler_samples_total").collect();
     assert!(busy.len() >= 2, "{:?}", scrape.samples);
-    assert!(scrape.samples.iter().any(|s| s.metric == "profiler_process_resident_memory_bytes"));
+    for metric in [
+        "profiler_process_resident_memory_bytes",
+        "profiler_ring_buffer_used_bytes",
+        "profiler_cpu_busy_ratio",
+        "profiler_store_bytes",
+    ] {
+        assert!(scrape.samples.iter().any(|s| s.metric == metric), "{metric} missing");
+    }
     for bad in [
         "/api/heatmap?from=yesterday",
         "/api/flamegraph?cpu=x",

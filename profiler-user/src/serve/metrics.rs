@@ -100,6 +100,18 @@ pub fn render(l: &Live) -> String {
         vec![(String::new(), l.rss_bytes as f64)],
     );
     family(
+        "profiler_ring_buffer_used_bytes",
+        "gauge",
+        "Most bytes waiting in the sample ring buffer during the last flush interval.",
+        vec![(String::new(), l.ring_used_bytes as f64)],
+    );
+    family(
+        "profiler_ring_buffer_size_bytes",
+        "gauge",
+        "Size of the sample ring buffer.",
+        vec![(String::new(), l.ring_size_bytes as f64)],
+    );
+    family(
         "profiler_sampling_frequency_hertz",
         "gauge",
         "Samples per second per CPU.",
