@@ -44,7 +44,11 @@ fn api_answers_and_metrics_parse() {
     let port = free_port();
     let mut daemon = Daemon::start(&data, &["--listen", &format!("127.0.0.1:{port}")]);
     daemon.wait_ready();
-    let (code, body) = get(port, "/metrics");
+    // Busy shares appear once the detectors have evaluated a complete second.
+    let (code, body) = wait_for("a complete second in /metrics", Duration::from_secs(10), || {
+        let (code, body) = get(port, "/metrics");
+        body.contains("profiler_cpu_busy_ratio{").then_some((code, body))
+    });
     assert_eq!(code, 200);
     let mut samples = 0;
     for line in body.lines().filter(|l| !l.is_empty()) {
