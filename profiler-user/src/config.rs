@@ -104,6 +104,39 @@ pub fn rollup_after(value: &str) -> Result<Option<Duration>, ConfigError> {
     if value.eq_ignore_ascii_case("off") { Ok(None) } else { duration("rollup_after", value).map(Some) }
 }
 
+/// The settings SIGHUP reloads without a restart: detector thresholds and store bounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reloadable {
+    pub thresholds: crate::detect::Thresholds,
+    pub retention: Retention,
+    /// `None`: no tiering.
+    pub rollup_after: Option<Duration>,
+}
+
+/// Store flags given on the command line; they win over the file at every (re)load.
+#[derive(Debug, Clone, Default)]
+pub struct StoreFlags {
+    pub max_size: Option<String>,
+    pub max_age: Option<String>,
+    pub rollup_after: Option<String>,
+}
+
+impl Reloadable {
+    pub fn from(file: &ConfigFile, flags: &StoreFlags) -> Result<Self, ConfigError> {
+        let pick = |flag: &Option<String>, file: &Option<String>, default: &str| {
+            flag.clone().or_else(|| file.clone()).unwrap_or_else(|| default.to_string())
+        };
+        Ok(Self {
+            thresholds: file.detect.clone(),
+            retention: retention(
+                &pick(&flags.max_size, &file.store.max_size, "1GiB"),
+                &pick(&flags.max_age, &file.store.max_age, "7d"),
+            )?,
+            rollup_after: rollup_after(&pick(&flags.rollup_after, &file.store.rollup_after, "24h"))?,
+        })
+    }
+}
+
 /// Store bounds from their textual forms.
 pub fn retention(max_size: &str, max_age: &str) -> Result<Retention, ConfigError> {
     Ok(Retention {
@@ -126,6 +159,20 @@ mod tests {
         for bad in ["", "GB", "1 parsec", "-1G", "0"] {
             assert_eq!(parse_size(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn flags_win_over_the_file_at_every_reload() {
+        let file: ConfigFile =
+            toml::from_str("[store]\nmax_size = \"64MiB\"\nmax_age = \"1d\"\n[detect]\nhot_share = 0.7\n").unwrap();
+        let flags = StoreFlags { max_size: Some("1GiB".into()), ..Default::default() };
+        let r = Reloadable::from(&file, &flags).unwrap();
+        assert_eq!(r.retention.max_bytes, 1 << 30);
+        assert_eq!(r.retention.max_age_ns, 86_400_000_000_000);
+        assert_eq!(r.thresholds.hot_share, 0.7);
+        assert_eq!(r.rollup_after, Some(Duration::from_secs(86_400)));
+        let bad: ConfigFile = toml::from_str("[store]\nmax_age = \"forever\"\n").unwrap();
+        assert!(Reloadable::from(&bad, &StoreFlags::default()).is_err());
     }
 
     #[test]

@@ -18,9 +18,10 @@ use crate::{
         kmsg::{Event, Kmsg},
         parse_record,
     },
-    detect::{self, Changes, Engine, Machine, Thresholds, Tick},
+    config::{ConfigFile, Reloadable, StoreFlags},
+    detect::{self, Changes, Engine, Machine, Tick},
     model::Sample,
-    store::{self, Meta, StoreError, StoreWriter, format::FORMAT_VERSION, retention::Retention, writer::WriterLimits},
+    store::{self, Meta, StoreError, StoreWriter, format::FORMAT_VERSION, writer::WriterLimits},
     symbolize::Symbolizer,
     timespec::now_ns,
 };
@@ -43,11 +44,12 @@ pub struct DaemonConfig {
     pub flush_interval: Duration,
     /// How often the daemon logs a one-line report.
     pub report_interval: Duration,
-    pub retention: Retention,
-    /// Minutes older than this are rolled up into 10 s aggregates; `None`: never.
-    pub rollup_after: Option<Duration>,
+    /// Thresholds and store bounds; SIGHUP re-reads them from `config_path`.
+    pub settings: Reloadable,
+    pub config_path: Option<PathBuf>,
+    /// Store flags from the command line, which win over the file at every reload.
+    pub store_flags: StoreFlags,
     pub limits: WriterLimits,
-    pub thresholds: Thresholds,
     /// Kernel log lines matching these become events.
     pub event_patterns: Vec<String>,
     /// Where the UI, JSON API and /metrics listen; `None`: no server.
@@ -156,6 +158,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     // First, so that a SIGTERM at any moment from here on is a clean stop.
     let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| DaemonError::Signal("SIGHUP", e))?;
+    let mut settings = config.settings.clone();
     let _lock = store::create_and_lock(&config.data_dir)?;
     let mut collector =
         Collector::start(&CollectConfig { frequency_hz: config.frequency_hz, ring_bytes: config.ring_bytes })?;
@@ -186,7 +190,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         samples: 0,
         idle: 0,
         bad_records: 0,
-        engine: Engine::new(Machine { cpus, frequency_hz: config.frequency_hz }, config.thresholds.clone()),
+        engine: Engine::new(Machine { cpus, frequency_hz: config.frequency_hz }, config.settings.thresholds.clone()),
         per_cpu: Default::default(),
     };
     let live = std::sync::Arc::new(std::sync::Mutex::new(crate::serve::metrics::Live {
@@ -225,6 +229,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         Data,
         Cgroup,
         Kmsg,
+        Reload,
         Tick,
         Stop(&'static str),
     }
@@ -248,6 +253,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             _ = flush.tick() => Event::Tick,
             _ = sigint.recv() => Event::Stop("SIGINT"),
             _ = sigterm.recv() => Event::Stop("SIGTERM"),
+            _ = sighup.recv() => Event::Reload,
         };
         drain(collector.ring.get_mut(), &mut pipeline);
         match event {
@@ -267,6 +273,33 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             Event::Kmsg => {
                 if let Some(k) = kmsg.as_mut() {
                     record_kmsg(k.get_mut(), &config.data_dir);
+                }
+                continue;
+            }
+            Event::Reload => {
+                // Sampling and writing go on: only thresholds and bounds change.
+                match &config.config_path {
+                    None => log::info!("SIGHUP: no --config file to reload"),
+                    Some(path) => {
+                        match ConfigFile::load(path).and_then(|f| Reloadable::from(&f, &config.store_flags)) {
+                            Ok(new) => {
+                                log::info!(
+                                    "SIGHUP: reloaded {}: detector thresholds {}, store bounds {}",
+                                    path.display(),
+                                    if new.thresholds == settings.thresholds { "unchanged" } else { "changed" },
+                                    if new.retention == settings.retention && new.rollup_after == settings.rollup_after
+                                    {
+                                        "unchanged"
+                                    } else {
+                                        "changed"
+                                    }
+                                );
+                                pipeline.engine.set_thresholds(new.thresholds.clone());
+                                settings = new;
+                            }
+                            Err(e) => log::error!("SIGHUP: {e}; keeping the previous settings"),
+                        }
+                    }
                 }
                 continue;
             }
@@ -347,7 +380,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 }
             }
         }
-        maintenance.run(&config.data_dir, &config.retention, config.rollup_after, write_failing);
+        maintenance.run(&config.data_dir, &settings.retention, settings.rollup_after, write_failing);
         if let Event::Stop(signal) = event {
             // Open findings are written with the end they have so far.
             let open = Changes { opened: Vec::new(), closed: pipeline.engine.open_findings() };

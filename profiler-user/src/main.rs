@@ -210,7 +210,7 @@ impl RunArgs {
             Some(path) => ConfigFile::load(path)?,
             None => ConfigFile::default(),
         };
-        let store = file.store;
+        let store = file.store.clone();
         if let Some(p) = &file.events.patterns {
             kmsg::Kmsg::validate(p)?;
         }
@@ -224,10 +224,9 @@ impl RunArgs {
                 "flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)"
             );
         }
-        let retention = config::retention(
-            self.max_size.or(store.max_size).as_deref().unwrap_or("1GiB"),
-            self.max_age.or(store.max_age).as_deref().unwrap_or("7d"),
-        )?;
+        let store_flags =
+            config::StoreFlags { max_size: self.max_size, max_age: self.max_age, rollup_after: self.rollup_after };
+        let settings = config::Reloadable::from(&file, &store_flags)?;
         let listen = self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7070".to_string());
         let listen = if listen.eq_ignore_ascii_case("off") {
             None
@@ -243,13 +242,13 @@ impl RunArgs {
             ring_bytes: self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096).saturating_mul(1024),
             flush_interval: Duration::from_millis(flush_ms),
             report_interval: Duration::from_secs(self.report_secs.or(file.report_secs).unwrap_or(10).max(1)),
-            retention,
-            rollup_after: config::rollup_after(self.rollup_after.or(store.rollup_after).as_deref().unwrap_or("24h"))?,
+            settings,
+            config_path: self.config,
+            store_flags,
             limits: WriterLimits {
                 dict_cap: store.dict_cap.unwrap_or(WriterLimits::default().dict_cap),
                 ..Default::default()
             },
-            thresholds: file.detect,
             event_patterns: file
                 .events
                 .patterns

@@ -128,3 +128,48 @@ fn store_is_readable_by_root_only() {
         assert_eq!(mode, 0o600, "segment mode {mode:o}");
     }
 }
+
+#[test]
+fn sighup_reloads_settings_without_losing_samples() {
+    if !privileged("sighup_reloads_settings_without_losing_samples") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let config = tmp.path().join("profiler.toml");
+    std::fs::write(&config, "[detect]\nhot_share = 0.5\n").unwrap();
+    let mut daemon = Daemon::start(&data, &["--config", config.to_str().unwrap()]);
+    daemon.wait_ready();
+    let pid = daemon.child.as_ref().unwrap().id() as i32;
+    let helper =
+        std::process::Command::new(helper_bin()).args(["1", "4"]).stdout(std::process::Stdio::null()).spawn().unwrap();
+    let started = now_secs();
+    // A broken file is refused and the old settings kept; a good one is taken.
+    std::fs::write(&config, "[store]\nmax_age = \"forever\"\n").unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    wait_for("the refusal in the log", Duration::from_secs(5), || {
+        daemon.log_text().contains("keeping the previous settings").then_some(())
+    });
+    std::fs::write(&config, "[detect]\nhot_share = 0.9\n").unwrap();
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    wait_for("the reload in the log", Duration::from_secs(5), || {
+        daemon.log_text().contains("detector thresholds changed").then_some(())
+    });
+    let out = helper.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let ended = now_secs();
+    wait_for("the helper's samples on disk", Duration::from_secs(3), || {
+        let span = status_json(&data)?["summary"]["span"][1].as_u64()?;
+        (span as f64 / 1e9 >= ended).then_some(())
+    });
+    let (from, to) = (started + 0.3, ended - 0.3);
+    let n: u64 = folded(data.to_str().unwrap(), from, to, &["--cpu", "1", "--include-idle"])
+        .unwrap()
+        .iter()
+        .map(|(_, c)| c)
+        .sum();
+    let rate = n as f64 / (to - from);
+    assert!((rate - FREQ).abs() <= 0.1 * FREQ, "CPU 1 sampled at {rate:.1} Hz across the reloads");
+    assert!(daemon.stop().success());
+}
