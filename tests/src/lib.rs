@@ -85,10 +85,23 @@ impl Daemon {
     }
 
     pub fn start_with_flush(data_dir: &Path, extra: &[&str], flush_ms: u64) -> Self {
+        Self::start_wrapped(&[], data_dir, extra, flush_ms)
+    }
+
+    /// Starts the daemon under `wrapper` (e.g. `setpriv ... --`), if not empty.
+    pub fn start_wrapped(wrapper: &[&str], data_dir: &Path, extra: &[&str], flush_ms: u64) -> Self {
         let log = data_dir.with_extension("log");
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("daemon log");
         let log_start = log_file.metadata().map_or(0, |m| m.len() as usize);
-        let child = Command::new(profiler_bin())
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(profiler_bin());
+                c
+            }
+            None => Command::new(profiler_bin()),
+        };
+        let child = cmd
             .args(["run", "--data-dir"])
             .arg(data_dir)
             .args(["--flush-ms", &flush_ms.to_string()])

@@ -2,6 +2,7 @@
 //! programs (NET_RX softirq and NAPI timing, cgroup life cycle); reads their ring buffers and
 //! maps.
 
+pub mod caps;
 pub mod kmsg;
 pub mod tracefs;
 
@@ -28,6 +29,10 @@ pub enum CollectError {
         "loading the BPF program failed: {0}. The daemon needs root (or CAP_BPF and CAP_PERFMON) and a kernel with BPF ring buffers (5.8+)"
     )]
     Load(#[source] aya::EbpfError),
+    #[error(
+        "the daemon lacks {0}, which it needs for {1}: run it as root, or grant it (AmbientCapabilities= in its systemd unit)"
+    )]
+    Capability(&'static str, &'static str),
     #[error("the BPF program has no {0}: the embedded object does not match this build")]
     Missing(&'static str),
     #[error("the BPF program was rejected by the kernel: {0}")]
@@ -142,6 +147,14 @@ pub struct Collector {
 
 impl Collector {
     pub fn start(config: &CollectConfig) -> Result<Self, CollectError> {
+        if let Some(eff) = caps::effective() {
+            for cap in caps::missing(eff) {
+                if cap.required {
+                    return Err(CollectError::Capability(cap.name, cap.needed_for));
+                }
+                log::warn!("without {} ({}), some frames will show as [unknown]", cap.name, cap.needed_for);
+            }
+        }
         let ring_bytes = config.ring_bytes.max(4096).next_power_of_two();
         // Wake the reader when a quarter of the ring is used; the daemon's tick drains the rest.
         let wakeup = u64::from(ring_bytes / 4);

@@ -1,0 +1,83 @@
+//! Least privilege: the daemon runs with exactly the capabilities README.md lists (no other
+//! root power: `setpriv` empties the bounding set but for them), symbolizes user and kernel
+//! frames, and without a required capability says which one it lacks.
+
+use std::{process::Command, time::Duration};
+
+use integration_tests::{Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, status_json, wait_for};
+
+const CAPS: &str = "-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search,+syslog";
+
+#[test]
+fn runs_with_only_the_documented_capabilities() {
+    if !privileged("runs_with_only_the_documented_capabilities") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let wrapper = ["setpriv", "--bounding-set", CAPS, "--inh-caps=-all", "--"];
+    let mut daemon = Daemon::start_wrapped(&wrapper, &data, &["--listen", "off"], 200);
+    daemon.wait_ready();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.child.as_ref().unwrap().id())).unwrap();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_string();
+    let eff = u64::from_str_radix(&eff, 16).unwrap();
+    let allowed: u64 = [39, 38, 19, 2, 34].iter().map(|b| 1u64 << b).sum();
+    assert_eq!(eff & !allowed, 0, "the daemon holds more than the documented capabilities: {eff:#x}");
+
+    // A user-space spinner on CPU 1, then a kernel-space one: both symbolized.
+    let start = now_secs();
+    let st = Command::new(helper_bin()).args(["1", "2"]).stdout(std::process::Stdio::null()).status().unwrap();
+    assert!(st.success());
+    let mut dd = Command::new("taskset")
+        .args(["-c", "1", "dd", "if=/dev/zero", "of=/dev/null", "bs=1M", "count=20000"])
+        .spawn()
+        .unwrap();
+    assert!(dd.wait().unwrap().success());
+    let end = now_secs();
+    wait_for("the samples on disk", Duration::from_secs(5), || {
+        let span = status_json(&data)?["summary"]["span"][1].as_u64()?;
+        (span as f64 / 1e9 >= end).then_some(())
+    });
+    let out = profiler(&[
+        "flamegraph",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        &format!("{start:.3}"),
+        "--to",
+        &format!("{end:.3}"),
+        "--cpu",
+        "1",
+        "--format",
+        "folded",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stacks = parse_folded(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        stacks.iter().any(|(s, _)| s.contains(";profiler_test_hot_loop")),
+        "user frames not symbolized: {stacks:?}"
+    );
+    assert!(
+        stacks.iter().any(|(s, _)| s.starts_with("dd;") && s.contains("_[k]") && !s.contains("[unknown]_[k]")),
+        "kernel frames not symbolized: {stacks:?}"
+    );
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+}
+
+#[test]
+fn a_missing_capability_is_named() {
+    if !privileged("a_missing_capability_is_named") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--bounding-set", "-all,+perfmon,+sys_ptrace,+syslog", "--inh-caps=-all", "--"])
+        .arg(integration_tests::profiler_bin())
+        .args(["run", "--listen", "off", "--data-dir"])
+        .arg(tmp.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lacks CAP_BPF") && !err.contains("panicked"), "{err}");
+}
