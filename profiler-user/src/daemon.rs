@@ -216,6 +216,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             None
         }
     };
+    notify("READY=1");
     let mut last_zombie_check = Instant::now();
     let cgroup_fields = collector.cgroup_fields();
     let mut flush = tokio::time::interval(config.flush_interval);
@@ -385,6 +386,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             // Open findings are written with the end they have so far.
             let open = Changes { opened: Vec::new(), closed: pipeline.engine.open_findings() };
             record_findings(&open, &config.data_dir);
+            notify("STOPPING=1");
             log::info!("{signal}: flushed, exiting");
             report.log(&pipeline);
             return Ok(());
@@ -393,6 +395,21 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             report.log(&pipeline);
             pipeline.symbolizer.expire();
         }
+    }
+}
+
+/// Tells systemd (`Type=notify`) about the daemon's state, when it runs under systemd.
+fn notify(state: &str) {
+    use std::os::{linux::net::SocketAddrExt, unix::net::UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Ok(sock) = UnixDatagram::unbound() else { return };
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+    let sent = match bytes.strip_prefix(b"@") {
+        Some(name) => std::os::unix::net::SocketAddr::from_abstract_name(name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a)),
+        None => sock.send_to(state.as_bytes(), &path),
+    };
+    if let Err(e) = sent {
+        log::warn!("cannot notify systemd ({state}): {e}");
     }
 }
 
