@@ -405,7 +405,8 @@ fn notify(state: &str) {
     let Ok(sock) = UnixDatagram::unbound() else { return };
     let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
     let sent = match bytes.strip_prefix(b"@") {
-        Some(name) => std::os::unix::net::SocketAddr::from_abstract_name(name).and_then(|a| sock.send_to_addr(state.as_bytes(), &a)),
+        Some(name) => std::os::unix::net::SocketAddr::from_abstract_name(name)
+            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a)),
         None => sock.send_to(state.as_bytes(), &path),
     };
     if let Err(e) = sent {

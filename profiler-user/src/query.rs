@@ -31,9 +31,16 @@ pub enum QueryError {
         "no samples match {filter} between {from} and {to} ({total} samples of other processes or CPUs in that window)"
     )]
     NoMatch { filter: String, from: String, to: String, total: u64 },
+    #[error(
+        "the window is too long for this view ({cells} cells, at most {max}): narrow it, or use fewer rows or wider buckets"
+    )]
+    TooLong { cells: u64, max: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+/// Cells a heatmap or CPU x time grid may have: enough for days of seconds, bounded memory.
+pub const MAX_CELLS: u64 = 20_000_000;
 
 /// Which samples a query keeps.
 #[derive(Debug, Clone, Default)]
@@ -116,10 +123,15 @@ impl Folded {
     }
 }
 
-/// Frame names can not contain the folded format's separators.
+/// Frame names can not contain the folded format's separators: `;` becomes `:`, and control
+/// characters (a process can put a newline in its comm) become `?`.
 fn push_name(line: &mut String, name: &str) {
-    if name.contains(';') {
-        line.extend(name.chars().map(|c| if c == ';' { ':' } else { c }));
+    if name.contains(|c: char| c == ';' || c.is_control()) {
+        line.extend(name.chars().map(|c| match c {
+            ';' => ':',
+            c if c.is_control() => '?',
+            c => c,
+        }));
     } else {
         line.push_str(name);
     }
@@ -247,6 +259,10 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
     let rows = rows.clamp(1, 1000);
     let first = window.from_ns / NS_PER_SEC;
     let columns = (window.to_ns.div_ceil(NS_PER_SEC) - first) as usize;
+    let cells = columns as u64 * rows as u64;
+    if cells > MAX_CELLS {
+        return Err(QueryError::TooLong { cells, max: MAX_CELLS });
+    }
     let mut counts = vec![vec![0u64; rows]; columns];
     let unfiltered = filter.cpus.is_empty() && filter.pid.is_none() && filter.comm.is_none();
     let aligned = window.from_ns.is_multiple_of(BUCKET_NS) && window.to_ns.is_multiple_of(BUCKET_NS);
@@ -254,17 +270,23 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
         let per_row = BUCKETS_PER_SEC / rows;
         store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
             let summary = b.summary.expect("summary decoded");
-            let col = (b.header.start_ns / NS_PER_SEC - first) as usize;
+            let Some(col) = (b.header.start_ns / NS_PER_SEC).checked_sub(first).map(|c| c as usize) else { return };
             for (i, &n) in summary.buckets.iter().enumerate() {
                 let t = b.header.start_ns + i as u64 * BUCKET_NS;
-                if window.contains(t) && col < columns {
-                    counts[col][i / per_row] += u64::from(n);
+                if let Some(cell) = counts.get_mut(col).and_then(|c| c.get_mut(i / per_row))
+                    && window.contains(t)
+                {
+                    *cell += u64::from(n);
                 }
             }
         })?;
     } else {
         let comm = filter.comm.clone();
         store.scan(window.from_ns, window.to_ns, Need::Samples, &mut |b: BlockView<'_>| {
+            // Rolled-up blocks keep no subsecond times: they have no place in a heatmap.
+            if b.header.flags & crate::store::format::FLAG_ROLLUP != 0 {
+                return;
+            }
             let s = b.samples.expect("samples decoded");
             let comm_id = comm.as_deref().map(|c| b.dict.strings.iter().position(|x| x == c));
             for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
@@ -312,19 +334,32 @@ pub fn cpu_time(
     let first_ns = window.from_ns / bucket_ns * bucket_ns;
     let n = (window.to_ns - first_ns).div_ceil(bucket_ns) as usize;
     let rows = cpus.max(1) as usize;
-    let mut busy = vec![vec![0u64; n]; rows];
-    let mut kernel = vec![vec![0u64; n]; rows];
+    let cells = n as u64 * rows as u64;
+    if cells > MAX_CELLS {
+        return Err(QueryError::TooLong { cells, max: MAX_CELLS });
+    }
+    let mut busy = vec![vec![0f64; n]; rows];
+    let mut kernel = vec![vec![0f64; n]; rows];
     let col = |ts: u64| ((ts - first_ns) / bucket_ns) as usize;
     if bucket_ns.is_multiple_of(NS_PER_SEC) {
         store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
-            if !window.contains(b.header.start_ns) {
+            // A block's counts spread evenly over the buckets its span overlaps (a rolled-up
+            // block spans ten seconds).
+            let (start, end) = (b.header.start_ns.max(first_ns), b.header.end_ns.min(first_ns + n as u64 * bucket_ns));
+            if end <= start {
                 return;
             }
-            let c = col(b.header.start_ns);
+            let span = (b.header.end_ns - b.header.start_ns) as f64;
             for x in &b.summary.expect("summary decoded").cpus {
-                if let (Some(row), true) = (busy.get_mut(x.cpu as usize), c < n) {
-                    row[c] += x.busy;
-                    kernel[x.cpu as usize][c] += x.kernel;
+                let Some(row) = busy.get_mut(x.cpu as usize) else { continue };
+                let mut t = start;
+                while t < end {
+                    let c = col(t);
+                    let stop = (first_ns + (c as u64 + 1) * bucket_ns).min(end);
+                    let part = (stop - t) as f64 / span;
+                    row[c] += x.busy as f64 * part;
+                    kernel[x.cpu as usize][c] += x.kernel as f64 * part;
+                    t = stop;
                 }
             }
         })?;
@@ -336,16 +371,16 @@ pub fn cpu_time(
                 if !window.contains(ts) || cpu >= rows {
                     continue;
                 }
-                busy[cpu][col(ts)] += s.count(i);
+                busy[cpu][col(ts)] += s.count(i) as f64;
                 if b.dict.nodes.get(s.stack[i] as usize).is_some_and(|node| node.kernel) {
-                    kernel[cpu][col(ts)] += s.count(i);
+                    kernel[cpu][col(ts)] += s.count(i) as f64;
                 }
             }
         })?;
     }
     let expected = (frequency_hz.max(1) as f64 * bucket_ns as f64 / NS_PER_SEC as f64).max(1e-9);
-    let share = |v: Vec<Vec<u64>>| -> Vec<Vec<f64>> {
-        v.into_iter().map(|r| r.into_iter().map(|x| (x as f64 / expected).min(1.0)).collect()).collect()
+    let share = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+        v.into_iter().map(|r| r.into_iter().map(|x| (x / expected).min(1.0)).collect()).collect()
     };
     Ok(CpuTime { first_ns, bucket_ns, cpus: (0..rows as u32).collect(), busy: share(busy), kernel: share(kernel) })
 }
@@ -625,6 +660,18 @@ mod tests {
         times.sort_unstable();
         want.sort_unstable();
         assert_eq!(times, want);
+    }
+
+    #[test]
+    fn names_cannot_forge_folded_lines_and_huge_grids_are_refused() {
+        let mut dict = Dict::default();
+        dict.strings = vec!["evil 999999\nfake".into(), "f;g".into()];
+        dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: true });
+        assert_eq!(fold_line(&dict, 0, 1), "evil 999999?fake;f:g_[k]");
+        let (_dir, mut store) = write_store(&samples()[..10], &[]);
+        let w = Window::new(1, T0).unwrap();
+        assert!(matches!(subsecond_grid(&mut store, w, 50, &Filter::default()), Err(QueryError::TooLong { .. })));
+        assert!(matches!(cpu_time(&mut store, w, 10_000_000, 4, 99), Err(QueryError::TooLong { .. })));
     }
 
     #[test]

@@ -244,6 +244,9 @@ impl<'a> Iterator for Blocks<'a> {
         if [header.dict_len, header.summary_len, header.samples_len].iter().any(|&l| l > MAX_SECTION) {
             return self.stop(Tail::Corrupt { offset, reason: "block length out of range" });
         }
+        if header.end_ns <= header.start_ns || header.end_ns - header.start_ns > SEGMENT_NS {
+            return self.stop(Tail::Corrupt { offset, reason: "block times out of range" });
+        }
         let end = BLOCK_HEADER_LEN + header.body_len();
         if rest.len() < end {
             return self.stop(Tail::Incomplete { offset });
@@ -294,7 +297,8 @@ pub struct CpuCounts {
     pub lost: u64,
 }
 
-/// Counts that answer status and heatmap questions without decoding samples.
+/// Counts that answer status and heatmap questions without decoding samples. Readers reject
+/// summaries with more than [`BUCKETS_PER_SEC`] buckets.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
     pub cpus: Vec<CpuCounts>,

@@ -88,7 +88,8 @@ pub fn list_segments(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError>
         let Some(secs) = name.to_str().and_then(|n| n.strip_suffix(".seg")).and_then(|n| n.parse::<u64>().ok()) else {
             continue;
         };
-        out.push((secs * 1_000_000_000, entry.path()));
+        let Some(start) = secs.checked_mul(1_000_000_000) else { continue };
+        out.push((start, entry.path()));
     }
     out.sort();
     Ok(out)

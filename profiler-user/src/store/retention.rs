@@ -44,6 +44,19 @@ pub fn enforce(data_dir: &Path, r: &Retention, now_ns: u64) -> Result<Vec<Remove
             (start, path, bytes)
         })
         .collect();
+    // Leftovers that are not segments: a rollup interrupted mid-write (stale), files set aside
+    // as corrupt (kept for inspection until they are as old as the age limit).
+    if let Ok(entries) = std::fs::read_dir(super::segments_dir(data_dir)) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let age = e.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+            let stale_tmp = name.ends_with(".rollup.tmp") && age.is_some_and(|a| a.as_secs() > 600);
+            let old_corrupt = name.ends_with(".corrupt") && age.is_some_and(|a| a.as_nanos() as u64 > r.max_age_ns);
+            if stale_tmp || old_corrupt {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
     let mut total: u64 = segments.iter().map(|s| s.2).sum();
     let mut removed = Vec::new();
     while segments.len() > 1 {

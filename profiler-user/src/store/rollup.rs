@@ -176,7 +176,10 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
         let _ = std::fs::remove_file(&tmp);
         return Err(StoreError::Io(tmp, e));
     }
-    std::fs::rename(&tmp, path).map_err(io)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
     stats.bytes_after = out.len() as u64;
     Ok(Some(stats))
 }

@@ -351,7 +351,9 @@ fn recover(path: &Path, file: &mut File, segment_start: u64) -> Result<(), Store
     file.read_to_end(&mut data).map_err(io)?;
     if let Err(e) = SegmentHeader::decode(&data) {
         // Not ours to repair: set it aside and start the minute afresh.
-        let aside = path.with_extension("corrupt");
+        // Unique, so a second damaged file of the same minute does not replace the first;
+        // retention removes these once they are older than its age limit.
+        let aside = path.with_extension(format!("{}.corrupt", crate::timespec::now_ns() / 1_000_000_000));
         log::warn!("{}: {e}; moved to {}", path.display(), aside.display());
         fs::rename(path, &aside).map_err(io)?;
         *file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path).map_err(io)?;

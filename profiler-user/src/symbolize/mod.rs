@@ -41,7 +41,10 @@ const PROCESS_TTL: Duration = Duration::from_secs(300);
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
 
 struct Process {
-    comm: Arc<str>,
+    /// Thread names seen in this process (a comm is per thread: a new one is not an exec).
+    comms: Vec<Arc<str>>,
+    /// Target of /proc/PID/exe when the maps were read: it changes when the process execs.
+    exe: Option<std::path::PathBuf>,
     maps: Vec<Mapping>,
     read_at: Instant,
     seen_at: Instant,
@@ -166,17 +169,29 @@ impl Symbolizer {
     }
 
     fn note_process(&mut self, pid: u32, comm: &str, now: Instant) {
+        let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         let exec = match self.processes.get_mut(&pid) {
             Some(p) => {
                 p.seen_at = now;
-                &*p.comm != comm
+                if p.comms.iter().any(|c| &**c == comm) {
+                    false
+                } else if exe(pid) == p.exe {
+                    // Another thread's name, same program: remember it, nothing to re-read.
+                    if p.comms.len() < 64 {
+                        let c = Arc::from(comm);
+                        p.comms.push(c);
+                    }
+                    false
+                } else {
+                    true
+                }
             }
             None => true,
         };
         if exec {
             let comm = self.intern(comm);
             let maps = self.read_maps(pid);
-            self.processes.insert(pid, Process { comm, maps, read_at: now, seen_at: now });
+            self.processes.insert(pid, Process { comms: vec![comm], exe: exe(pid), maps, read_at: now, seen_at: now });
             // Stacks cached for this pid may belong to the image it replaced.
             self.stacks.retain(|k, _| k.0 != pid);
         }
