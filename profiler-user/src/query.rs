@@ -664,8 +664,7 @@ mod tests {
 
     #[test]
     fn names_cannot_forge_folded_lines_and_huge_grids_are_refused() {
-        let mut dict = Dict::default();
-        dict.strings = vec!["evil 999999\nfake".into(), "f;g".into()];
+        let mut dict = Dict { strings: vec!["evil 999999\nfake".into(), "f;g".into()], ..Default::default() };
         dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: true });
         assert_eq!(fold_line(&dict, 0, 1), "evil 999999?fake;f:g_[k]");
         let (_dir, mut store) = write_store(&samples()[..10], &[]);
