@@ -198,9 +198,26 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         ..Default::default()
     }));
     if let Some(addr) = config.listen {
-        let state = crate::serve::AppState { data_dir: config.data_dir.clone(), live: live.clone() };
+        let token = crate::serve::new_token().map_err(|e| StoreError::Io("/dev/urandom".into(), e))?;
+        let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "[::1]".to_string()];
+        hosts.push(match addr.ip() {
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            ip => ip.to_string(),
+        });
+        let state = crate::serve::AppState {
+            data_dir: config.data_dir.clone(),
+            live: live.clone(),
+            token: token.clone(),
+            hosts,
+        };
         match crate::serve::spawn(addr, state).await {
-            Ok(bound) => log::info!("UI, JSON API and /metrics on http://{bound}/"),
+            Ok(bound) => {
+                let url = format!("http://{bound}/#token={token}");
+                write_private(&config.data_dir.join(crate::serve::URL_FILE), &url)?;
+                log::info!(
+                    "UI, JSON API and /metrics on http://{bound}/ (`profiler ui` prints the address with its token)"
+                );
+            }
             // Profiling matters more than the UI: go on without it.
             Err(e) => log::error!(
                 "cannot listen on {addr}: {e}; running without the UI (use --listen to pick another address)"
@@ -396,6 +413,19 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             pipeline.symbolizer.expire();
         }
     }
+}
+
+/// Writes a root-only file.
+fn write_private(path: &std::path::Path, text: &str) -> Result<(), StoreError> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| StoreError::Io(path.to_path_buf(), e))?;
+    f.write_all(text.as_bytes()).map_err(|e| StoreError::Io(path.to_path_buf(), e))
 }
 
 /// Tells systemd (`Type=notify`) about the daemon's state, when it runs under systemd.

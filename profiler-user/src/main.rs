@@ -138,6 +138,11 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// The live UI's address, with the token its API requires (root only).
+    Ui {
+        #[command(flatten)]
+        dir: DataDir,
+    },
     /// Findings of the detectors in a time window.
     Findings {
         #[command(flatten)]
@@ -441,6 +446,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status { dir, format } => status(&dir.data_dir, format),
         Command::Findings { dir, from, to, format } => findings(&dir.data_dir, &from, &to, format),
         Command::Report { dir, window, output } => report(&dir.data_dir, &window, &output),
+        Command::Ui { dir } => {
+            profiler::store::check_dir(&dir.data_dir)?;
+            let path = dir.data_dir.join(profiler::serve::URL_FILE);
+            let url = std::fs::read_to_string(&path).with_context(|| {
+                format!("no UI address in {} (is the daemon running with its UI on?)", path.display())
+            })?;
+            println!("{}", url.trim());
+            Ok(())
+        }
         Command::Heatmap { dir, window, filter, rows, format, output } => {
             let w = window_of(&window.from, &window.to)?;
             let mut store = Store::open(&dir.data_dir)?;

@@ -10,15 +10,38 @@ use std::{
 
 use integration_tests::{Daemon, helper_bin, now_secs, privileged, wait_for};
 
-/// A plain HTTP/1.1 GET: (status, body).
+/// A plain HTTP/1.1 GET with the API token: (status, body).
 fn get(port: u16, path: &str) -> (u16, String) {
+    get_as(port, path, "127.0.0.1", Some(&token()))
+}
+
+fn get_as(port: u16, path: &str, host: &str, token: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let auth = token.map_or(String::new(), |t| format!("X-Profiler-Token: {t}\r\n"));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
     (status, body)
+}
+
+thread_local! {
+    static TOKEN: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+fn token() -> String {
+    TOKEN.with_borrow(|t| t.clone())
+}
+
+/// Reads the token the daemon wrote into its data directory (`profiler ui` prints it).
+fn load_token(data: &std::path::Path) -> String {
+    let out = integration_tests::profiler(&["ui", "--data-dir", data.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let t = url.split_once("#token=").expect("token in the UI address").1.to_string();
+    TOKEN.with_borrow_mut(|s| *s = t.clone());
+    t
 }
 
 fn free_port() -> u16 {
@@ -44,6 +67,14 @@ fn api_answers_and_metrics_parse() {
     let port = free_port();
     let mut daemon = Daemon::start(&data, &["--listen", &format!("127.0.0.1:{port}")]);
     daemon.wait_ready();
+    load_token(&data);
+    // Without the token, or under another host name (DNS rebinding), the API answers nothing.
+    let (code, body) = get_as(port, "/api/flamegraph?format=folded", "127.0.0.1", None);
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = get_as(port, "/api/flamegraph?format=folded", "attacker.example", Some(&token()));
+    assert_eq!(code, 403, "{body}");
+    let mode = std::fs::metadata(data.join("ui-url")).unwrap().permissions();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
     // Busy shares appear once the detectors have evaluated a complete second.
     let (code, body) = wait_for("a complete second in /metrics", Duration::from_secs(10), || {
         let (code, body) = get(port, "/metrics");
@@ -137,6 +168,7 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
     let port = free_port();
     let mut daemon = Daemon::start(&data, &["--listen", &format!("127.0.0.1:{port}")]);
     daemon.wait_ready();
+    let token = load_token(&data);
     let start = now_secs();
     let st = Command::new(helper_bin()).args(["1", "4"]).stdout(Stdio::null()).status().unwrap();
     assert!(st.success());
@@ -183,7 +215,7 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             }
         };
         let t0 = now_secs();
-        client.goto(&format!("http://127.0.0.1:{port}/")).await.unwrap();
+        client.goto(&format!("http://127.0.0.1:{port}/#token={token}")).await.unwrap();
         // The helper's window, on CPU 1.
         client.find(Locator::Id("from")).await.unwrap().clear().await.unwrap();
         client.find(Locator::Id("from")).await.unwrap().send_keys(&format!("{:.3}", start)).await.unwrap();

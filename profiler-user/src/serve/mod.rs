@@ -31,6 +31,45 @@ use crate::{
 pub struct AppState {
     pub data_dir: PathBuf,
     pub live: Arc<Mutex<metrics::Live>>,
+    /// Required (header `X-Profiler-Token`) by every `/api/` request: the data is root-only,
+    /// and the token lives in a root-only file, so a local user or a web page that reaches the
+    /// port still cannot read it.
+    pub token: String,
+    /// Host names a request may carry (defeats DNS rebinding).
+    pub hosts: Vec<String>,
+}
+
+/// A fresh random token (128 bits from the kernel's RNG), as hex.
+pub fn new_token() -> std::io::Result<String> {
+    let mut bytes = [0u8; 16];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Where the daemon writes the UI's address with its token (root-only), for `profiler ui`.
+pub const URL_FILE: &str = "ui-url";
+
+async fn guard(State(s): State<AppState>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let name =
+        host.rsplit_once(':').map_or(host, |(h, port)| if port.chars().all(|c| c.is_ascii_digit()) { h } else { host });
+    if !s.hosts.iter().any(|h| h == name) {
+        return Failure(StatusCode::FORBIDDEN, format!("host '{host}' is not this profiler's address")).into_response();
+    }
+    if req.uri().path().starts_with("/api/") {
+        let given = req.headers().get("x-profiler-token").and_then(|t| t.to_str().ok()).unwrap_or("");
+        // Compared in full whatever the input, so timing says nothing about the token.
+        let ok =
+            given.len() == s.token.len() && given.bytes().zip(s.token.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0;
+        if !ok {
+            return Failure(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong X-Profiler-Token: open the address `profiler ui` prints (as root)".to_string(),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// Query parameters every endpoint understands.
@@ -255,6 +294,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/events", get(events_api))
         .route("/api/status", get(status_api))
         .route("/metrics", get(metrics_api))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }
 
