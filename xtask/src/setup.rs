@@ -90,6 +90,14 @@ fn install_bpf_linker() -> anyhow::Result<()> {
 /// What the UI test needs: Debian's chromium and chromedriver (browsers cannot be downloaded
 /// here; Debian's packages can).
 pub fn ensure_test_tools() -> anyhow::Result<()> {
+    // kubernetes-validate (PyPI) carries the Kubernetes JSON schemas: it validates offline.
+    if output(Command::new("kubernetes-validate").arg("--version")).is_none() {
+        eprintln!("xtask: installing kubernetes-validate (PyPI) for the DaemonSet test");
+        run(
+            Command::new("python3").args(["-m", "pip", "install", "-q", "kubernetes-validate"]),
+            "kubernetes-validate",
+        )?;
+    }
     let have = |p: &str| std::path::Path::new(p).exists();
     if have("/usr/bin/chromium") && have("/usr/bin/chromedriver") {
         return Ok(());
