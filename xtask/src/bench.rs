@@ -228,3 +228,114 @@ pub fn perf(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()> 
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// `cargo xtask bench overhead`: a fixed hashing workload on every CPU, run bare, under our
+/// daemon at 99 Hz and 999 Hz, and under `perf record -F 99 -a -g`, alternating so machine drift
+/// cancels; the throughput loss of each next to the bare runs. Also the BPF program's run time
+/// per sample (kernel.bpf_stats_enabled) and the daemon's CPU time per sample.
+pub fn overhead(profiler: &Path, hash_work: &Path, seconds: u64, rounds: usize) -> anyhow::Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let work = |secs: u64| -> anyhow::Result<u64> {
+        let children: Vec<_> = (0..cpus)
+            .map(|cpu| Command::new(hash_work).args([cpu.to_string(), secs.to_string()]).output())
+            .collect::<Result<_, _>>()?;
+        Ok(children.iter().map(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u64>().unwrap_or(0)).sum())
+    };
+    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+    let configs = ["bare", "profiler 99 Hz", "profiler 999 Hz", "perf record -F 99 -a -g"];
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut bpf = [(0u64, 0u64); 2];
+    let mut daemon_cpu = [(0f64, 0u64); 2];
+    for round in 0..rounds {
+        for (i, name) in configs.iter().enumerate() {
+            let dir = std::env::temp_dir().join(format!("profiler-overhead-{}-{round}-{i}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let mut helper = None;
+            match i {
+                1 | 2 => {
+                    let hz = if i == 1 { "99" } else { "999" };
+                    let child = Command::new(profiler)
+                        .args(["run", "--listen", "off", "--frequency", hz, "--data-dir"])
+                        .arg(&dir)
+                        .stderr(Stdio::null())
+                        .spawn()?;
+                    wait_for("the daemon's first block", Duration::from_secs(30), || {
+                        std::fs::read_dir(dir.join("segments")).ok()?.next().map(|_| ())
+                    })?;
+                    helper = Some(child);
+                }
+                3 => {
+                    std::fs::create_dir_all(&dir)?;
+                    let child = Command::new("perf")
+                        .args(["record", "-F", "99", "-a", "-g", "-o"])
+                        .arg(dir.join("perf.data"))
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()?;
+                    std::thread::sleep(Duration::from_secs(1)); // perf has no readiness signal
+                    helper = Some(child);
+                }
+                _ => {}
+            }
+            let before = helper
+                .as_ref()
+                .filter(|_| i == 1 || i == 2)
+                .map(|c| (usage(c.id()).map(|u| u.0).unwrap_or(0.0), bpf_stats(c.id())));
+            let passes = work(seconds)?;
+            if let (Some(c), Some((cpu0, (rt0, rc0)))) = (helper.as_ref(), before) {
+                let (cpu1, (rt1, rc1)) = (usage(c.id()).map(|u| u.0).unwrap_or(0.0), bpf_stats(c.id()));
+                let k = i - 1;
+                bpf[k].0 += rt1 - rt0;
+                bpf[k].1 += rc1 - rc0;
+                daemon_cpu[k].0 += cpu1 - cpu0;
+                daemon_cpu[k].1 += rc1 - rc0;
+            }
+            if let Some(mut c) = helper {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(c.id() as i32, if i == 3 { libc::SIGINT } else { libc::SIGTERM }) };
+                c.wait()?;
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            results[i].push(passes as f64 / seconds as f64);
+            eprintln!("round {round}: {name}: {:.0} passes/s", passes as f64 / seconds as f64);
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let bare = mean(&results[0]);
+    println!(
+        "| configuration ({cpus} CPUs busy hashing, {rounds} x {seconds} s each, alternating) | passes/s | loss vs bare |"
+    );
+    println!("|---|---|---|");
+    for (i, name) in configs.iter().enumerate() {
+        let m = mean(&results[i]);
+        println!("| {name} | {m:.0} | {:+.2} % |", (bare - m) / bare * 100.0);
+    }
+    for (k, hz) in ["99 Hz", "999 Hz"].iter().enumerate() {
+        let (rt, rc) = bpf[k];
+        let (cpu, n) = daemon_cpu[k];
+        println!(
+            "| profiler {hz}: BPF run time per sample | {:.2} µs over {rc} samples | |",
+            rt as f64 / rc.max(1) as f64 / 1000.0
+        );
+        println!("| profiler {hz}: daemon CPU per sample | {:.2} µs | |", cpu * 1e6 / n.max(1) as f64);
+    }
+    Ok(())
+}
+
+/// `run_time_ns` and `run_cnt` summed over the BPF perf_event programs a process holds
+/// (from /proc/PID/fdinfo; needs kernel.bpf_stats_enabled).
+fn bpf_stats(pid: u32) -> (u64, u64) {
+    let mut total = (0, 0);
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return total };
+    for fd in fds.flatten() {
+        let Ok(info) = std::fs::read_to_string(fd.path()) else { continue };
+        // prog_type 7 is BPF_PROG_TYPE_PERF_EVENT: the sampler, not the tracepoints.
+        if !info.lines().any(|l| l.starts_with("prog_type:") && l.split_whitespace().nth(1) == Some("7")) {
+            continue;
+        }
+        let get = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok()).unwrap_or(0);
+        total.0 += get("run_time_ns:");
+        total.1 += get("run_cnt:");
+    }
+    total
+}

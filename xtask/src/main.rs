@@ -134,14 +134,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             setup::ensure()?;
             let profiler = build(true)?;
             let mut helper = cargo();
-            helper.args(["build", "--release", "--package", "integration-tests", "--bin", "busy-helper"]);
+            helper.args([
+                "build",
+                "--release",
+                "--package",
+                "integration-tests",
+                "--bin",
+                "busy-helper",
+                "--bin",
+                "hash-work",
+            ]);
             status(helper)?;
             let helper = workspace_root().join("target/release/busy-helper");
             match which.as_str() {
                 "spine" => bench::spine(&profiler, &helper, seconds),
                 "store" => bench::store(&workspace_root(), minutes),
                 "perf" => bench::perf(&profiler, &helper, seconds),
-                other => bail!("unknown benchmark {other}; available: spine, store, perf"),
+                "overhead" => {
+                    bench::overhead(&profiler, &workspace_root().join("target/release/hash-work"), seconds.min(30), 3)
+                }
+                other => bail!("unknown benchmark {other}; available: spine, store, perf, overhead"),
             }
         }
         Cmd::Test { args } => {
