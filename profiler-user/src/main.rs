@@ -13,7 +13,7 @@ use profiler::{
     collect::kmsg,
     config::{self, ConfigFile},
     daemon::{self, DaemonConfig},
-    detect::{self, Finding},
+    detect,
     export::{cputime, flamegraph, heatmap, perf_script, pprof, report, speedscope},
     query::{self, Filter, Window},
     store::writer::WriterLimits,
@@ -485,13 +485,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })?;
             let mut store = Store::open(&dir.data_dir)?;
             require_data(&mut store, w)?;
-            let meta = Meta::read(&dir.data_dir);
-            let (cpus, hz) = meta.as_ref().map_or((1, 99), |m| (m.cpus, m.frequency_hz));
+            let (cpus, hz) = Meta::cpus_and_frequency(&dir.data_dir);
             let grid = query::cpu_time(&mut store, w, bucket_ns, cpus, hz)?;
-            let found: Vec<Finding> = detect::log::findings(&dir.data_dir)?
-                .into_iter()
-                .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(u64::MAX) > w.from_ns)
-                .collect();
+            let found = detect::log::findings_in(&dir.data_dir, w.from_ns, w.to_ns)?;
             let title = format!("CPU x time, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
             let mut out = open_output(output.as_deref())?;
             match format {
@@ -581,16 +577,10 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
     let mut store = Store::open(data_dir)?;
     require_data(&mut store, w)?;
     let meta = Meta::read(data_dir);
-    let (cpus, hz) = meta.as_ref().map_or((1, 99), |m| (m.cpus, m.frequency_hz));
+    let (cpus, hz) = Meta::cpus_and_frequency(data_dir);
     let now = timespec::now_ns();
-    let found: Vec<Finding> = detect::log::findings(data_dir)?
-        .into_iter()
-        .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(now) > w.from_ns)
-        .collect();
-    let events: Vec<kmsg::Event> = detect::log::read_all::<kmsg::Event>(data_dir, detect::log::EVENTS)?
-        .into_iter()
-        .filter(|e| w.contains(e.ts_ns))
-        .collect();
+    let found = detect::log::findings_in(data_dir, w.from_ns, w.to_ns)?;
+    let events = detect::log::events_in(data_dir, w.from_ns, w.to_ns)?;
     let mut heat = Vec::new();
     let grid = query::subsecond_grid(&mut store, w, 50, &Filter::default())?;
     heatmap::write_png(&grid, &mut heat)?;
@@ -660,44 +650,39 @@ fn window_of(from: &str, to: &str) -> anyhow::Result<Window> {
 fn findings(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
     profiler::store::check_dir(data_dir)?;
     let w = window_of(from, to)?;
-    let now = timespec::now_ns();
-    let list: Vec<Finding> = detect::log::findings(data_dir)?
-        .into_iter()
-        .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(now) >= w.from_ns)
-        .collect();
-    if let StatusFormat::Json = format {
-        println!("{}", serde_json::to_string_pretty(&list)?);
-        return Ok(());
-    }
-    if list.is_empty() {
-        println!("no findings between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
-    }
-    for f in list {
+    print_list(&detect::log::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, |f| {
         let end = match f.end_ns {
             Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
             None => "open".to_string(),
         };
-        println!("{}  {:?}  {} .. {}\n    {}", f.id, f.severity, timespec::format(f.start_ns), end, f.summary);
-    }
-    Ok(())
+        format!("{}  {:?}  {} .. {}\n    {}", f.id, f.severity, timespec::format(f.start_ns), end, f.summary)
+    })
 }
 
 fn events(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
     profiler::store::check_dir(data_dir)?;
     let w = window_of(from, to)?;
-    let list: Vec<kmsg::Event> = detect::log::read_all::<kmsg::Event>(data_dir, detect::log::EVENTS)?
-        .into_iter()
-        .filter(|e| w.contains(e.ts_ns))
-        .collect();
+    print_list(&detect::log::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
+        format!("{}  {}  {}", e.id, timespec::format(e.ts_ns), e.message)
+    })
+}
+
+/// A list as JSON, or one text line per item (a sentence when there is none).
+fn print_list<T: serde::Serialize>(
+    list: &[T],
+    what: &str,
+    w: Window,
+    format: StatusFormat,
+    line: impl Fn(&T) -> String,
+) -> anyhow::Result<()> {
     if let StatusFormat::Json = format {
-        println!("{}", serde_json::to_string_pretty(&list)?);
-        return Ok(());
-    }
-    if list.is_empty() {
-        println!("no events between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
-    }
-    for e in list {
-        println!("{}  {}  {}", e.id, timespec::format(e.ts_ns), e.message);
+        println!("{}", serde_json::to_string_pretty(list)?);
+    } else if list.is_empty() {
+        println!("no {what} between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
+    } else {
+        for item in list {
+            println!("{}", line(item));
+        }
     }
     Ok(())
 }

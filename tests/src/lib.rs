@@ -24,15 +24,26 @@ pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
 pub fn privileged(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if root {
-        return true;
-    }
-    let why = format!("{test}: needs root to load BPF programs and open perf events");
+    root || skip(&format!("{test}: needs root to load BPF programs and open perf events"))
+}
+
+/// Says why a test cannot run here and returns false; under `CI=true` panics instead.
+pub fn skip(why: &str) -> bool {
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         panic!("{why}, and CI=true: refusing to skip");
     }
     eprintln!("SKIPPED {why}");
     false
+}
+
+/// A child killed (and reaped) when the test ends, however it ends.
+pub struct Kill(pub Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The `profiler` binary under test: `PROFILER_BIN` (set by `cargo xtask test`), else the
@@ -82,6 +93,15 @@ pub struct Daemon {
 impl Daemon {
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
         Self::start_with_flush(data_dir, extra, 200)
+    }
+
+    /// A daemon writing to `data` in a fresh temporary directory, ready (first block written).
+    pub fn ready_in_tempdir(extra: &[&str]) -> (tempfile::TempDir, PathBuf, Self) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data = tmp.path().join("data");
+        let mut daemon = Self::start(&data, extra);
+        daemon.wait_ready();
+        (tmp, data, daemon)
     }
 
     pub fn start_with_flush(data_dir: &Path, extra: &[&str], flush_ms: u64) -> Self {
@@ -178,6 +198,26 @@ pub fn status_json(data_dir: &Path) -> Option<serde_json::Value> {
         return None;
     }
     serde_json::from_slice(&out.stdout).ok()
+}
+
+/// `profiler flamegraph --format folded` on a data directory: the stacks, or stderr.
+pub fn folded(dir: &str, args: &[&str]) -> Result<Vec<(String, u64)>, String> {
+    let mut all = vec!["flamegraph", "--data-dir", dir, "--format", "folded"];
+    all.extend_from_slice(args);
+    let out = profiler(&all);
+    if out.status.success() {
+        Ok(parse_folded(&String::from_utf8_lossy(&out.stdout)))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// [`folded`] for `[from, to)` in unix seconds, plus `extra` arguments.
+pub fn folded_window(dir: &str, from: f64, to: f64, extra: &[&str]) -> Result<Vec<(String, u64)>, String> {
+    let (from, to) = (format!("{from:.3}"), format!("{to:.3}"));
+    let mut args = vec!["--from", &from, "--to", &to];
+    args.extend_from_slice(extra);
+    folded(dir, &args)
 }
 
 /// Parses folded output into (stack, count) pairs.

@@ -5,25 +5,15 @@
 
 use std::{
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use integration_tests::{Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, wait_for};
+use integration_tests::{Daemon, Kill, folded, helper_bin, now_secs, privileged, profiler, wait_for};
 use serde_json::Value;
 
 fn bin(name: &str) -> PathBuf {
     helper_bin().with_file_name(name)
-}
-
-/// A child killed when the test ends, however it ends.
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn spawn(cmd: &mut Command) -> Kill {
@@ -55,11 +45,8 @@ fn s1_kernel_hog_and_s4_reset_event() {
     if !privileged("s1_kernel_hog_and_s4_reset_event") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
     let dir = data.to_str().unwrap();
-    let mut daemon = Daemon::start(&data, &[]);
-    daemon.wait_ready();
 
     // S1: CPU 1 spends its time in the kernel (zeroing buffers for read(2) of /dev/zero).
     let start = now_secs();
@@ -95,23 +82,7 @@ fn s1_kernel_hog_and_s4_reset_event() {
     wait_for("samples up to a second after the event", Duration::from_secs(5), || {
         (now_secs() > written + 2.0).then_some(())
     });
-    let out = profiler(&[
-        "flamegraph",
-        "--data-dir",
-        dir,
-        "--around",
-        id,
-        "--before",
-        "5s",
-        "--after",
-        "1s",
-        "--cpu",
-        "1",
-        "--format",
-        "folded",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stacks = parse_folded(&String::from_utf8_lossy(&out.stdout));
+    let stacks = folded(dir, &["--around", id, "--before", "5s", "--after", "1s", "--cpu", "1"]).unwrap();
     let total: u64 = stacks.iter().map(|(_, c)| c).sum();
     let hog: u64 = stacks
         .iter()
@@ -156,11 +127,8 @@ fn s2_zombie_memcgs_are_counted_and_their_maker_named() {
         files: PathBuf::from(format!("/var/tmp/profiler-test-{}", std::process::id())),
     };
     std::fs::create_dir_all(&lab.parent).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
     let dir = data.to_str().unwrap();
-    let mut daemon = Daemon::start(&data, &[]);
-    daemon.wait_ready();
 
     let start = now_secs();
     let st = Command::new(bin("memcg-maker")).arg(&lab.parent).arg(&lab.files).arg("3000").status().unwrap();
@@ -239,11 +207,8 @@ fn s3_starved_napi_work_is_found_with_its_cause() {
     let st = Command::new("taskset").args(["-pc", "1", &napi]).stdout(Stdio::null()).status().unwrap();
     assert!(st.success(), "pin the NAPI thread");
 
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
     let dir = data.to_str().unwrap();
-    let mut daemon = Daemon::start(&data, &[]);
-    daemon.wait_ready();
     let _blast = spawn(Command::new("ip").args(["netns", "exec", &lab.a, "taskset", "-c", "0"]).arg(&netlab).args([
         "blast",
         "10.77.0.2:9",
@@ -269,11 +234,8 @@ fn a_healthy_busy_machine_raises_no_cpu_findings() {
     if !privileged("a_healthy_busy_machine_raises_no_cpu_findings") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
     let dir = data.to_str().unwrap();
-    let mut daemon = Daemon::start(&data, &[]);
-    daemon.wait_ready();
     let start = now_secs();
     let a = spawn(Command::new(helper_bin()).args(["0", "60"]));
     let b = spawn(Command::new(helper_bin()).args(["1", "60"]));

@@ -4,7 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
-use integration_tests::{Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, status_json, wait_for};
+use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, status_json, wait_for};
 
 const CAPS: &str = "-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search,+syslog";
 
@@ -38,21 +38,7 @@ fn runs_with_only_the_documented_capabilities() {
         let span = status_json(&data)?["summary"]["span"][1].as_u64()?;
         (span as f64 / 1e9 >= end).then_some(())
     });
-    let out = profiler(&[
-        "flamegraph",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--from",
-        &format!("{start:.3}"),
-        "--to",
-        &format!("{end:.3}"),
-        "--cpu",
-        "1",
-        "--format",
-        "folded",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stacks = parse_folded(&String::from_utf8_lossy(&out.stdout));
+    let stacks = folded_window(data.to_str().unwrap(), start, end, &["--cpu", "1"]).unwrap();
     assert!(
         stacks.iter().any(|(s, _)| s.contains(";profiler_test_hot_loop")),
         "user frames not symbolized: {stacks:?}"

@@ -3,34 +3,19 @@
 
 use std::time::Duration;
 
-use integration_tests::{Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, status_json, wait_for};
+use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, profiler, status_json, wait_for};
 
 const HOT: &str = "profiler_test_hot_loop";
 const FREQ: f64 = 99.0;
 const HELPER_SECS: f64 = 6.0;
-
-fn folded(dir: &str, from: f64, to: f64, extra: &[&str]) -> Result<Vec<(String, u64)>, String> {
-    let (from, to) = (format!("{from:.3}"), format!("{to:.3}"));
-    let mut args = vec!["flamegraph", "--data-dir", dir, "--from", &from, "--to", &to, "--format", "folded"];
-    args.extend_from_slice(extra);
-    let out = profiler(&args);
-    if out.status.success() {
-        Ok(parse_folded(&String::from_utf8_lossy(&out.stdout)))
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
 
 #[test]
 fn profiles_a_pinned_busy_process_on_its_cpu() {
     if !privileged("profiles_a_pinned_busy_process_on_its_cpu") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--frequency", "99"]);
     let dir = data.to_str().unwrap();
-    let mut daemon = Daemon::start(&data, &["--frequency", "99"]);
-    daemon.wait_ready();
 
     let before = now_secs();
     let helper = std::process::Command::new(helper_bin())
@@ -52,7 +37,7 @@ fn profiles_a_pinned_busy_process_on_its_cpu() {
 
     // The helper's window, a little inside its start and end.
     let (from, to) = (started + 0.5, ended - 0.3);
-    let stacks = folded(dir, from, to, &["--cpu", "1"]).expect("flamegraph of the helper's window");
+    let stacks = folded_window(dir, from, to, &["--cpu", "1"]).expect("flamegraph of the helper's window");
     let total: u64 = stacks.iter().map(|(_, c)| c).sum();
     let hot: u64 = stacks.iter().filter(|(s, _)| s.split(';').any(|f| f == HOT)).map(|(_, c)| c).sum();
     let share = hot as f64 / total as f64;
@@ -63,20 +48,20 @@ fn profiles_a_pinned_busy_process_on_its_cpu() {
     assert!(!stacks.iter().any(|(s, _)| s.contains(&format!("{HOT}_[k]"))));
 
     // The sampling rate on the busy CPU: every sample there is non-idle.
-    let with_idle = folded(dir, from, to, &["--cpu", "1", "--include-idle"]).unwrap();
+    let with_idle = folded_window(dir, from, to, &["--cpu", "1", "--include-idle"]).unwrap();
     let n: u64 = with_idle.iter().map(|(_, c)| c).sum();
     let rate = n as f64 / (to - from);
     eprintln!("CPU 1: {n} samples in {:.2}s = {rate:.1} Hz (configured {FREQ} Hz)", to - from);
     assert!((rate - FREQ).abs() <= 0.1 * FREQ, "CPU 1 sampled at {rate:.1} Hz, configured {FREQ} Hz");
 
     // A window that ends before the helper started does not contain it.
-    match folded(dir, before - 30.0, before, &["--include-idle"]) {
+    match folded_window(dir, before - 30.0, before, &["--include-idle"]) {
         Ok(stacks) => assert!(stacks.iter().all(|(s, _)| !s.contains(HOT)), "{HOT} before it ran: {stacks:?}"),
         Err(e) => assert!(e.contains("no samples"), "unexpected error: {e}"),
     }
 
     // Other CPUs: the helper never ran there.
-    if let Ok(stacks) = folded(dir, from, to, &["--cpu", "0"]) {
+    if let Ok(stacks) = folded_window(dir, from, to, &["--cpu", "0"]) {
         assert!(stacks.iter().all(|(s, _)| !s.contains(HOT)), "{HOT} on CPU 0: {stacks:?}");
     }
 
@@ -96,10 +81,7 @@ fn a_second_daemon_on_the_same_data_dir_is_refused() {
     if !privileged("a_second_daemon_on_the_same_data_dir_is_refused") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let mut first = Daemon::start(&data, &[]);
-    first.wait_ready();
+    let (_tmp, data, mut first) = Daemon::ready_in_tempdir(&[]);
     let out = profiler(&["run", "--data-dir", data.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -114,10 +96,7 @@ fn store_is_readable_by_root_only() {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &[]);
-    daemon.wait_ready();
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
     assert!(daemon.stop().success());
     let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "data dir mode {mode:o}");
@@ -164,7 +143,7 @@ fn sighup_reloads_settings_without_losing_samples() {
         (span as f64 / 1e9 >= ended).then_some(())
     });
     let (from, to) = (started + 0.3, ended - 0.3);
-    let n: u64 = folded(data.to_str().unwrap(), from, to, &["--cpu", "1", "--include-idle"])
+    let n: u64 = folded_window(data.to_str().unwrap(), from, to, &["--cpu", "1", "--include-idle"])
         .unwrap()
         .iter()
         .map(|(_, c)| c)

@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
-use integration_tests::{Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, wait_for};
+use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, wait_for};
 
 /// A small tmpfs, unmounted when dropped.
 struct SmallDisk(PathBuf);
@@ -63,12 +63,7 @@ fn a_full_disk_pauses_writing_and_loses_nothing_when_space_returns() {
     });
 
     // Everything sampled while the disk was full was held and written: the helper's whole run.
-    let (from, to) = (format!("{:.3}", full_at + 0.3), format!("{:.3}", helper_end - 0.3));
-    let dir = data.to_str().unwrap();
-    let out =
-        profiler(&["flamegraph", "--data-dir", dir, "--from", &from, "--to", &to, "--cpu", "1", "--format", "folded"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stacks = parse_folded(&String::from_utf8_lossy(&out.stdout));
+    let stacks = folded_window(data.to_str().unwrap(), full_at + 0.3, helper_end - 0.3, &["--cpu", "1"]).unwrap();
     let total: u64 = stacks.iter().map(|(_, c)| c).sum();
     let secs = helper_end - full_at - 0.6;
     assert!(total as f64 >= 0.9 * 99.0 * secs, "{total} samples on CPU 1 over {secs:.1} s of full disk");

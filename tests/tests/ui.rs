@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, helper_bin, now_secs, privileged, wait_for};
+use integration_tests::{Daemon, Kill, helper_bin, now_secs, privileged, skip, wait_for};
 
 /// A plain HTTP/1.1 GET with the API token: (status, body).
 fn get(port: u16, path: &str) -> (u16, String) {
@@ -48,25 +48,13 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn api_answers_and_metrics_parse() {
     if !privileged("api_answers_and_metrics_parse") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
     let port = free_port();
-    let mut daemon = Daemon::start(&data, &["--listen", &format!("127.0.0.1:{port}")]);
-    daemon.wait_ready();
+    let (tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", &format!("127.0.0.1:{port}")]);
     load_token(&data);
     // Without the token, or under another host name (DNS rebinding), the API answers nothing.
     let (code, body) = get_as(port, "/api/flamegraph?format=folded", "127.0.0.1", None);
@@ -156,18 +144,11 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists());
     let driver = ["/usr/bin/chromedriver"].into_iter().find(|p| std::path::Path::new(p).exists());
     let (Some(chromium), Some(driver)) = (chromium, driver) else {
-        let why = "needs Debian's chromium and chromium-driver (cargo xtask test installs them)";
-        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-            panic!("{why}");
-        }
-        eprintln!("SKIPPED: {why}");
+        skip("the browser test needs Debian's chromium and chromium-driver (cargo xtask test installs them)");
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
     let port = free_port();
-    let mut daemon = Daemon::start(&data, &["--listen", &format!("127.0.0.1:{port}")]);
-    daemon.wait_ready();
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", &format!("127.0.0.1:{port}")]);
     let token = load_token(&data);
     let start = now_secs();
     let st = Command::new(helper_bin()).args(["1", "4"]).stdout(Stdio::null()).status().unwrap();

@@ -305,9 +305,9 @@ impl Collector {
 
     /// The ring's high-water mark (bytes) since the last call, over all CPUs; resets it.
     pub fn take_ring_used_max(&mut self) -> u64 {
-        let max =
-            self.counters.get(&counter::RING_USED_MAX, 0).map(|v| v.iter().copied().max().unwrap_or(0)).unwrap_or(0);
-        if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; aya::util::nr_cpus().unwrap_or(1)]) {
+        let Ok(values) = self.counters.get(&counter::RING_USED_MAX, 0) else { return 0 };
+        let max = values.iter().copied().max().unwrap_or(0);
+        if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; values.len()]) {
             let _ = self.counters.set(counter::RING_USED_MAX, zeros, 0);
         }
         max

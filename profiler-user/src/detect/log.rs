@@ -52,3 +52,17 @@ pub fn findings(data_dir: &Path) -> Result<Vec<Finding>, StoreError> {
     v.sort_by(|a, b| a.start_ns.cmp(&b.start_ns).then(a.id.cmp(&b.id)));
     Ok(v)
 }
+
+/// Findings that overlap `[from_ns, to_ns)`; open ones count as lasting until now.
+pub fn findings_in(data_dir: &Path, from_ns: u64, to_ns: u64) -> Result<Vec<Finding>, StoreError> {
+    let now = crate::timespec::now_ns();
+    Ok(findings(data_dir)?.into_iter().filter(|f| f.start_ns < to_ns && f.end_ns.unwrap_or(now) >= from_ns).collect())
+}
+
+/// Kernel log events in `[from_ns, to_ns)`.
+pub fn events_in(data_dir: &Path, from_ns: u64, to_ns: u64) -> Result<Vec<crate::collect::kmsg::Event>, StoreError> {
+    Ok(read_all::<crate::collect::kmsg::Event>(data_dir, EVENTS)?
+        .into_iter()
+        .filter(|e| (from_ns..to_ns).contains(&e.ts_ns))
+        .collect())
+}

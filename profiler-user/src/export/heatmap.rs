@@ -119,13 +119,7 @@ pub fn write_png(grid: &Grid, out: impl Write) -> Result<(), ExportError> {
             }
         }
     }
-    let mut enc = png::Encoder::new(out, w as u32, h as u32);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let mut writer = enc.write_header().map_err(std::io::Error::other)?;
-    writer.write_image_data(&pixels).map_err(std::io::Error::other)?;
-    writer.finish().map_err(std::io::Error::other)?;
-    Ok(())
+    super::write_rgb_png(w, h, &pixels, out)
 }
 
 pub fn escape(s: &str) -> String {

@@ -16,3 +16,14 @@ pub enum ExportError {
     #[error("writing the output failed: {0}")]
     Io(#[from] std::io::Error),
 }
+
+/// Encodes `width x height` RGB pixels (row-major, 3 bytes each) as PNG.
+pub fn write_rgb_png(width: usize, height: usize, pixels: &[u8], out: impl std::io::Write) -> Result<(), ExportError> {
+    let mut enc = png::Encoder::new(out, width as u32, height as u32);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut writer = enc.write_header().map_err(std::io::Error::other)?;
+    writer.write_image_data(pixels).map_err(std::io::Error::other)?;
+    writer.finish().map_err(std::io::Error::other)?;
+    Ok(())
+}

@@ -169,14 +169,9 @@ async fn cputime_api(State(s): State<AppState>, Query(p): Query<Params>) -> Resu
         let bucket_ns = timespec::parse_duration_ns(bucket)
             .filter(|&b| b >= 10_000_000)
             .ok_or_else(|| bad(format!("bucket '{bucket}' must be a duration of 10ms or more")))?;
-        let meta = Meta::read(&s.data_dir);
-        let (cpus, hz) = meta.as_ref().map_or((1, 99), |m| (m.cpus, m.frequency_hz));
+        let (cpus, hz) = Meta::cpus_and_frequency(&s.data_dir);
         let grid = query::cpu_time(&mut open(&s)?, w, bucket_ns, cpus, hz)?;
-        let findings: Vec<_> = detect::log::findings(&s.data_dir)
-            .map_err(internal)?
-            .into_iter()
-            .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(u64::MAX) > w.from_ns)
-            .collect();
+        let findings = detect::log::findings_in(&s.data_dir, w.from_ns, w.to_ns).map_err(internal)?;
         Ok(json(serde_json::json!({
             "first_ns": grid.first_ns, "bucket_ns": grid.bucket_ns, "cpus": grid.cpus,
             "busy": grid.busy, "kernel": grid.kernel, "findings": findings,
@@ -243,13 +238,7 @@ async fn flamegraph_api(State(s): State<AppState>, Query(p): Query<Params>) -> R
 async fn findings_api(State(s): State<AppState>, Query(p): Query<Params>) -> Result<Response, Failure> {
     blocking(move || {
         let w = p.window("-1h")?;
-        let now = timespec::now_ns();
-        let list: Vec<_> = detect::log::findings(&s.data_dir)
-            .map_err(internal)?
-            .into_iter()
-            .filter(|f| f.start_ns < w.to_ns && f.end_ns.unwrap_or(now) >= w.from_ns)
-            .collect();
-        Ok(json(list))
+        Ok(json(detect::log::findings_in(&s.data_dir, w.from_ns, w.to_ns).map_err(internal)?))
     })
     .await
 }
@@ -257,12 +246,7 @@ async fn findings_api(State(s): State<AppState>, Query(p): Query<Params>) -> Res
 async fn events_api(State(s): State<AppState>, Query(p): Query<Params>) -> Result<Response, Failure> {
     blocking(move || {
         let w = p.window("-1h")?;
-        let list: Vec<crate::collect::kmsg::Event> = detect::log::read_all(&s.data_dir, detect::log::EVENTS)
-            .map_err(internal)?
-            .into_iter()
-            .filter(|e: &crate::collect::kmsg::Event| w.contains(e.ts_ns))
-            .collect();
-        Ok(json(list))
+        Ok(json(detect::log::events_in(&s.data_dir, w.from_ns, w.to_ns).map_err(internal)?))
     })
     .await
 }

@@ -34,6 +34,12 @@ impl Meta {
         std::fs::rename(&tmp, &path).map_err(|e| StoreError::Io(path, e))
     }
 
+    /// Number of CPUs and sampling frequency of the profiled machine (1 CPU at 99 Hz when no
+    /// daemon has said).
+    pub fn cpus_and_frequency(data_dir: &Path) -> (u32, u64) {
+        Self::read(data_dir).map_or((1, 99), |m| (m.cpus, m.frequency_hz))
+    }
+
     /// `None` when no daemon has written one (or it is unreadable): callers then skip the
     /// checks it enables.
     pub fn read(data_dir: &Path) -> Option<Self> {
