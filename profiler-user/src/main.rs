@@ -61,15 +61,8 @@ enum Command {
         /// With --around: how much after the event (or the finding's end).
         #[arg(long, default_value = "1s", requires = "around")]
         after: String,
-        /// Only this CPU (repeat for several).
-        #[arg(long)]
-        cpu: Vec<u32>,
-        /// Only this process id.
-        #[arg(long)]
-        pid: Option<u32>,
-        /// Only processes with this comm.
-        #[arg(long)]
-        comm: Option<String>,
+        #[command(flatten)]
+        filter: FilterArgs,
         /// Show idle samples (as `[idle]`).
         #[arg(long)]
         include_idle: bool,
@@ -373,9 +366,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             around,
             before,
             after,
-            mut cpu,
-            pid,
-            comm,
+            filter,
             include_idle,
             baseline_from,
             baseline_to,
@@ -383,11 +374,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             output,
         } => {
             let now = timespec::now_ns();
+            let mut filter = filter.filter();
             let window = match around {
                 Some(id) => {
                     let (window, finding_cpu) = around_window(&dir.data_dir, &id, &before, &after)?;
-                    if cpu.is_empty() {
-                        cpu.extend(finding_cpu);
+                    if filter.cpus.is_empty() {
+                        filter.cpus.extend(finding_cpu);
                     }
                     window
                 }
@@ -396,7 +388,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     timespec::parse(to.as_deref().unwrap_or("now"), now)?,
                 )?,
             };
-            let filter = Filter { cpus: cpu, pid, comm, include_idle };
+            let filter = Filter { include_idle, ..filter };
             let mut store = Store::open(&dir.data_dir)?;
             let result = query::fold(&mut store, window, &filter);
             for w in store.take_warnings() {
