@@ -8,7 +8,13 @@
 //! - per module (device, inode): file offset → name, shared by every process mapping the file;
 //! - raw stack → symbolized stack, so a hot stack is resolved once.
 //!
-//! A process that exited keeps its mappings in the cache, so its late samples still resolve.
+//! Every cache is bounded, because a node with heavy process churn (hundreds of short-lived
+//! processes a second, each in its own binary) would otherwise grow them forever:
+//! - a process that exited keeps its mappings for a grace period (its late samples still
+//!   resolve), then is forgotten; at most `MAX_PROCESSES` are kept, the least recently sampled
+//!   going first;
+//! - a module no cached process maps any more is dropped, and blazesym is told to close its file;
+//! - the name tables start over past their bounds; interned names nothing uses are released.
 
 pub mod maps;
 
@@ -24,6 +30,7 @@ use blazesym::{
     MaybeDefault,
     symbolize::{
         Input, Symbolized, Symbolizer as Blaze,
+        evict::{self, Evict},
         source::{Elf, Kernel, Source},
     },
 };
@@ -37,6 +44,16 @@ pub const UNKNOWN: &str = "[unknown]";
 const STACK_CACHE_MAX: usize = 16_384;
 /// Processes not sampled for this long are forgotten.
 const PROCESS_TTL: Duration = Duration::from_secs(300);
+/// A process that has exited is forgotten once it has not been sampled for this long (samples
+/// still in the ring buffer when it exited resolve meanwhile).
+const EXITED_GRACE: Duration = Duration::from_secs(10);
+/// Most processes whose mappings are cached; past it the least recently sampled are forgotten.
+const MAX_PROCESSES: usize = 4096;
+/// Bounds on the address → name tables (kernel; per module), which start over when full.
+const KERNEL_NAMES_MAX: usize = 262_144;
+const MODULE_NAMES_MAX: usize = 65_536;
+/// How often the caches are swept.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// An address outside every known mapping re-reads the maps at most this often per process.
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
 
@@ -64,8 +81,14 @@ pub struct Stats {
     pub stack_hits: u64,
     pub stack_misses: u64,
     pub maps_reads: u64,
+    /// Processes and modules forgotten so far.
+    pub processes_evicted: u64,
+    pub modules_evicted: u64,
+    /// Entries cached now.
     pub processes: usize,
     pub modules: usize,
+    pub stacks: usize,
+    pub names: usize,
 }
 
 pub struct Symbolizer {
@@ -78,6 +101,7 @@ pub struct Symbolizer {
     names: HashMap<Box<str>, Arc<str>>,
     unknown: Arc<str>,
     stats: Stats,
+    swept_at: Instant,
 }
 
 impl Default for Symbolizer {
@@ -100,17 +124,27 @@ impl Symbolizer {
             names: HashMap::new(),
             unknown: Arc::from(UNKNOWN),
             stats: Stats::default(),
+            swept_at: Instant::now(),
         }
     }
 
     pub fn stats(&self) -> Stats {
-        Stats { processes: self.processes.len(), modules: self.modules.len(), ..self.stats }
+        Stats {
+            processes: self.processes.len(),
+            modules: self.modules.len(),
+            stacks: self.stacks.len(),
+            names: self.names.len() + self.kernel.len() + self.modules.values().map(|m| m.names.len()).sum::<usize>(),
+            ..self.stats
+        }
     }
 
     /// The symbolized stack of a sample. `kernel` and `user` are leaf first, as the kernel's
     /// unwinder returns them; the result is root first.
     pub fn stack(&mut self, pid: u32, comm: &str, kernel: &[u64], user: &[u64]) -> Arc<Stack> {
         let now = Instant::now();
+        if now.duration_since(self.swept_at) >= SWEEP_EVERY {
+            self.sweep(now);
+        }
         self.note_process(pid, comm, now);
         let mut key_addrs = Vec::with_capacity(kernel.len() + user.len());
         key_addrs.extend_from_slice(kernel);
@@ -138,10 +172,48 @@ impl Symbolizer {
         stack
     }
 
-    /// Forgets processes that have not been sampled for a while.
+    /// Forgets what is no longer needed (see the module comment).
     pub fn expire(&mut self) {
-        let now = Instant::now();
-        self.processes.retain(|_, p| now.duration_since(p.seen_at) < PROCESS_TTL);
+        self.sweep(Instant::now());
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        self.swept_at = now;
+        let before = self.processes.len();
+        self.processes.retain(|&pid, p| {
+            let idle = now.duration_since(p.seen_at);
+            idle < EXITED_GRACE || (idle < PROCESS_TTL && std::path::Path::new(&format!("/proc/{pid}")).exists())
+        });
+        if self.processes.len() > MAX_PROCESSES {
+            let mut seen: Vec<Instant> = self.processes.values().map(|p| p.seen_at).collect();
+            let cut = seen.len() - MAX_PROCESSES * 3 / 4;
+            let (_, &mut oldest_kept, _) = seen.select_nth_unstable(cut);
+            self.processes.retain(|_, p| p.seen_at >= oldest_kept);
+        }
+        self.stats.processes_evicted += (before - self.processes.len()) as u64;
+        if before != self.processes.len() {
+            self.stacks.retain(|k, _| k.0 == 0 || self.processes.contains_key(&k.0));
+        }
+        let mapped: std::collections::HashSet<(u64, u64)> =
+            self.processes.values().flat_map(|p| p.maps.iter().map(|m| (m.dev, m.inode))).collect();
+        let gone: Vec<(u64, u64)> = self.modules.keys().filter(|k| !mapped.contains(k)).copied().collect();
+        for key in gone {
+            if let Some(Module { path: Some(path), .. }) = self.modules.remove(&key) {
+                // Closes the file and drops its parsed symbols; best effort by design.
+                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path)));
+            }
+            self.stats.modules_evicted += 1;
+        }
+        if self.kernel.len() > KERNEL_NAMES_MAX {
+            self.kernel.clear();
+        }
+        for m in self.modules.values_mut() {
+            if m.names.len() > MODULE_NAMES_MAX {
+                m.names.clear();
+            }
+        }
+        // Interned names held only by this table belong to nothing cached any more.
+        self.names.retain(|_, n| Arc::strong_count(n) > 1);
     }
 
     fn intern(&mut self, name: &str) -> Arc<str> {
@@ -319,5 +391,65 @@ mod tests {
         assert_eq!(&*stack.frames[0], UNKNOWN);
         assert_eq!(&*stack.frames[1], "profiler_symbolize_test_marker");
         assert_eq!(stack.kernel().len(), 1);
+    }
+
+    /// Our open file descriptors on `path` (tests run in parallel: count only this file).
+    fn open_fds_on(path: &str) -> usize {
+        let fds = std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd");
+        fds.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_str() == Some(path))).count()
+    }
+
+    #[test]
+    fn exited_processes_and_their_modules_are_forgotten() {
+        let mut s = Symbolizer::new();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
+        let pid = child.id();
+        // An address inside the child's executable text, once exec has mapped it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let text = loop {
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            if let Some(m) = maps::parse(&maps).into_iter().find(|m| m.is_file() && m.path.contains("sleep")) {
+                break m;
+            }
+            assert!(Instant::now() < deadline, "sleep never mapped its binary");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        s.stack(pid, "sleep", &[], &[text.start + 16]);
+        assert_eq!(s.stats().processes, 1);
+        assert!(s.stats().modules >= 1);
+        assert_eq!(open_fds_on(&text.path), 1, "blazesym holds the binary open while it is cached");
+
+        // Alive and recently sampled: kept by a sweep.
+        s.sweep(Instant::now());
+        assert_eq!(s.stats().processes, 1);
+
+        child.kill().expect("kill sleep");
+        child.wait().expect("reap sleep");
+        // Within the grace period its late samples still resolve.
+        s.sweep(Instant::now());
+        assert_eq!(s.stats().processes, 1);
+        // After it, the process, its modules, their names and the open file are gone.
+        s.sweep(Instant::now() + EXITED_GRACE + Duration::from_secs(1));
+        let st = s.stats();
+        assert_eq!((st.processes, st.modules, st.stacks), (0, 0, 0));
+        assert_eq!(st.processes_evicted, 1);
+        assert!(st.modules_evicted >= 1);
+        assert_eq!(open_fds_on(&text.path), 0, "the evicted binary's file is closed");
+    }
+
+    #[test]
+    fn process_cache_is_bounded() {
+        let mut s = Symbolizer::new();
+        let me = std::process::id();
+        // Pids that do not exist (above pid_max) but were sampled just now.
+        let t0 = Instant::now();
+        for pid in 0..(MAX_PROCESSES as u32 + 100) {
+            s.note_process(u32::MAX - pid, "ghost", t0 + Duration::from_micros(pid.into()));
+        }
+        let t1 = t0 + Duration::from_secs(1);
+        s.note_process(me, "test", t1);
+        s.sweep(t1);
+        assert!(s.stats().processes <= MAX_PROCESSES, "{} cached", s.stats().processes);
+        assert!(s.processes.contains_key(&me), "the most recently sampled process is kept");
     }
 }
