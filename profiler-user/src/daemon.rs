@@ -108,7 +108,7 @@ impl Pipeline {
             Ok(h) => h,
             Err(e) => {
                 self.bad_records += 1;
-                log::debug!("{e}");
+                tracing::debug!(error = %e, "malformed sample record skipped");
                 return;
             }
         };
@@ -172,12 +172,12 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         started_ns: now_ns(),
     }
     .write(&config.data_dir)?;
-    log::info!(
-        "profiling {} CPUs at {} Hz into {} (flush every {} ms)",
-        collector.cpus.len(),
-        config.frequency_hz,
-        config.data_dir.display(),
-        config.flush_interval.as_millis()
+    tracing::info!(
+        cpus = collector.cpus.len(),
+        frequency_hz = config.frequency_hz,
+        data_dir = %config.data_dir.display(),
+        flush_ms = config.flush_interval.as_millis() as u64,
+        "profiling started"
     );
 
     let mut pipeline = Pipeline {
@@ -214,13 +214,16 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             Ok(bound) => {
                 let url = format!("http://{bound}/#token={token}");
                 write_private(&config.data_dir.join(crate::serve::URL_FILE), &url)?;
-                log::info!(
-                    "UI, JSON API and /metrics on http://{bound}/ (`profiler ui` prints the address with its token)"
+                tracing::info!(
+                    url = %format_args!("http://{bound}/"),
+                    "UI, JSON API and /metrics listening (`profiler ui` prints the address with its token)"
                 );
             }
             // Profiling matters more than the UI: go on without it.
-            Err(e) => log::error!(
-                "cannot listen on {addr}: {e}; running without the UI (use --listen to pick another address)"
+            Err(e) => tracing::error!(
+                address = %addr,
+                error = %e,
+                "cannot listen; running without the UI (use --listen to pick another address)"
             ),
         }
     }
@@ -229,7 +232,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         // SAFETY: the Kmsg owns its fd for as long as the AsyncFd owns the Kmsg.
         Ok(k) => unsafe { AsyncFd::register_with_interest(k, tokio::io::Interest::READABLE) }.ok(),
         Err(e) => {
-            log::warn!("{e}: kernel log events will not be recorded");
+            tracing::warn!(error = %e, "kernel log events will not be recorded");
             None
         }
     };
@@ -297,25 +300,31 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             Event::Reload => {
                 // Sampling and writing go on: only thresholds and bounds change.
                 match &config.config_path {
-                    None => log::info!("SIGHUP: no --config file to reload"),
+                    None => tracing::info!("SIGHUP: no --config file to reload"),
                     Some(path) => {
                         match ConfigFile::load(path).and_then(|f| Reloadable::from(&f, &config.store_flags)) {
                             Ok(new) => {
-                                log::info!(
-                                    "SIGHUP: reloaded {}: detector thresholds {}, store bounds {}",
-                                    path.display(),
-                                    if new.thresholds == settings.thresholds { "unchanged" } else { "changed" },
-                                    if new.retention == settings.retention && new.rollup_after == settings.rollup_after
-                                    {
-                                        "unchanged"
-                                    } else {
-                                        "changed"
-                                    }
+                                let thresholds =
+                                    if new.thresholds == settings.thresholds { "unchanged" } else { "changed" };
+                                let bounds = if new.retention == settings.retention
+                                    && new.rollup_after == settings.rollup_after
+                                {
+                                    "unchanged"
+                                } else {
+                                    "changed"
+                                };
+                                tracing::info!(
+                                    file = %path.display(),
+                                    "SIGHUP: reloaded; detector thresholds {thresholds}, store bounds {bounds}"
                                 );
                                 pipeline.engine.set_thresholds(new.thresholds.clone());
                                 settings = new;
                             }
-                            Err(e) => log::error!("SIGHUP: {e}; keeping the previous settings"),
+                            Err(e) => tracing::error!(
+                                file = %path.display(),
+                                error = %e,
+                                "SIGHUP: cannot reload; keeping the previous settings"
+                            ),
                         }
                     }
                 }
@@ -337,7 +346,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 }
                 last_counters = now;
             }
-            Err(e) => log::warn!("{e}"),
+            Err(e) => tracing::warn!(error = %e, "cannot read the kernel side's counters of lost samples"),
         }
         pipeline.offset = boot_to_unix_offset();
         // Detectors: NET_RX figures for this moment, then every second that is complete.
@@ -372,15 +381,18 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             l.pending_samples = pipeline.writer.pending_samples() as u64;
             l.ring_used_bytes = collector.take_ring_used_max();
             l.ring_size_bytes = collector.ring_bytes();
+            let symbols = pipeline.symbolizer.stats();
+            l.cached_processes = symbols.processes as u64;
+            l.cached_modules = symbols.modules as u64;
         }
         match pipeline.writer.flush(now_ns()) {
             Ok(f) => {
                 report.bytes += f.bytes;
                 if write_failing {
-                    log::info!(
-                        "writing to {} works again; the samples held meanwhile are written ({} dropped in all)",
-                        config.data_dir.display(),
-                        pipeline.writer.dropped()
+                    tracing::info!(
+                        data_dir = %config.data_dir.display(),
+                        dropped_total = pipeline.writer.dropped(),
+                        "writing works again; the samples held meanwhile are written"
                     );
                     write_failing = false;
                 }
@@ -389,10 +401,11 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 // Keep sampling and hold what cannot be written (bounded; the oldest go first
                 // past the bound); the log says so once, and again when writing works.
                 if !write_failing {
-                    log::error!(
-                        "cannot write samples: {e}. Sampling goes on; up to {} samples are held in memory and \
-                         written when space returns, the oldest dropped beyond that",
-                        config.limits.max_pending
+                    tracing::error!(
+                        error = %e,
+                        max_held = config.limits.max_pending,
+                        "cannot write samples. Sampling goes on; samples are held in memory (at most max_held, the \
+                         oldest dropped beyond that) and written when space returns"
                     );
                     write_failing = true;
                 }
@@ -404,12 +417,12 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             let open = Changes { opened: Vec::new(), closed: pipeline.engine.open_findings() };
             record_findings(&open, &config.data_dir);
             notify("STOPPING=1");
-            log::info!("{signal}: flushed, exiting");
-            report.log(&pipeline);
+            tracing::info!(signal, "flushed, exiting");
+            report.log(&pipeline, store_size.0);
             return Ok(());
         }
         if report.due(config.report_interval) {
-            report.log(&pipeline);
+            report.log(&pipeline, store_size.0);
             pipeline.symbolizer.expire();
         }
     }
@@ -440,7 +453,7 @@ fn notify(state: &str) {
         None => sock.send_to(state.as_bytes(), &path),
     };
     if let Err(e) = sent {
-        log::warn!("cannot notify systemd ({state}): {e}");
+        tracing::warn!(state, error = %e, "cannot notify systemd");
     }
 }
 
@@ -457,15 +470,22 @@ async fn readable<T: std::os::fd::AsRawFd>(
 /// Logs and stores what the detectors opened and closed.
 fn record_findings(changes: &Changes, data_dir: &std::path::Path) {
     for f in &changes.opened {
-        log::warn!("finding {} opened: {}", f.id, f.summary);
+        tracing::warn!(finding = %f.id, kind = f.kind.name(), cpu = f.cpu, "finding opened: {}", f.summary);
     }
     for f in &changes.closed {
         let secs = f.end_ns.unwrap_or(f.start_ns).saturating_sub(f.start_ns) as f64 / 1e9;
-        log::info!("finding {} closed after {secs:.0} s: {}", f.id, f.summary);
+        tracing::info!(
+            finding = %f.id,
+            kind = f.kind.name(),
+            cpu = f.cpu,
+            duration_s = secs.round() as u64,
+            "finding closed: {}",
+            f.summary
+        );
     }
     for f in changes.opened.iter().chain(&changes.closed) {
         if let Err(e) = detect::log::append(data_dir, detect::log::FINDINGS, f) {
-            log::error!("cannot record finding {}: {e}", f.id);
+            tracing::error!(finding = %f.id, error = %e, "cannot record a finding");
         }
     }
 }
@@ -477,14 +497,14 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
         let ts_ns = (i128::from(r.usec) * 1000 + offset).max(0) as u64;
         let id = format!("event-{}-{}", detect::finding_id_time(ts_ns), r.seq);
         let e = Event { id, ts_ns, pattern, message: r.message };
-        log::warn!("event {}: {}", e.id, e.message);
+        tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
         if let Err(err) = detect::log::append(data_dir, detect::log::EVENTS, &e) {
-            log::error!("cannot record event {}: {err}", e.id);
+            tracing::error!(event = %e.id, error = %err, "cannot record an event");
         }
     }
 }
 
-/// The periodic one-line self report.
+/// The periodic self report: one event whose fields are the daemon's figures over the interval.
 struct Report {
     cpus: usize,
     since: Instant,
@@ -504,25 +524,36 @@ impl Report {
         self.since.elapsed() >= interval
     }
 
-    fn log(&mut self, p: &Pipeline) {
+    /// `store_bytes`: the store's size as /metrics last measured it.
+    fn log(&mut self, p: &Pipeline, store_bytes: u64) {
         let secs = self.since.elapsed().as_secs_f64().max(1e-3);
-        let (samples, idle) = (p.samples - self.samples, p.idle - self.idle);
+        let (busy, idle) = (p.samples - self.samples, p.idle - self.idle);
         let (rss, cpu_time) = self_usage();
         let s = p.symbolizer.stats();
-        log::info!(
-            "{:.1} samples/s per CPU ({samples} busy, {idle} idle), lost {}, {} bytes written, {} held, \
-             daemon CPU {:.2}%, RSS {:.1} MiB, {} processes and {} modules cached, stack cache hits {}/{}",
-            (samples + idle) as f64 / secs / self.cpus.max(1) as f64,
-            self.lost,
-            self.bytes,
-            p.writer.pending_samples(),
-            (cpu_time - self.cpu_time).as_secs_f64() / secs * 100.0,
-            rss as f64 / 1048576.0,
-            s.processes,
-            s.modules,
-            s.stack_hits,
-            s.stack_hits + s.stack_misses,
+        let samples_per_s = (busy + idle) as f64 / secs;
+        tracing::info!(
+            samples_per_s = round(samples_per_s, 1),
+            per_cpu_hz = round(samples_per_s / self.cpus.max(1) as f64, 1),
+            busy,
+            idle,
+            lost = self.lost,
+            bytes_written = self.bytes,
+            held = p.writer.pending_samples(),
+            cpu_pct = round((cpu_time - self.cpu_time).as_secs_f64() / secs * 100.0, 2),
+            rss_mib = round(rss as f64 / 1048576.0, 1),
+            store_bytes,
+            cached_processes = s.processes,
+            cached_modules = s.modules,
+            stack_hits = s.stack_hits,
+            stack_total = s.stack_hits + s.stack_misses,
+            "self report"
         );
         *self = Self { samples: p.samples, idle: p.idle, ..Self::new(self.cpus) };
     }
+}
+
+/// `x` with at most `digits` decimals, so that log fields stay numbers but short.
+fn round(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
 }

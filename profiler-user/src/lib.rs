@@ -8,6 +8,7 @@ pub mod config;
 pub mod daemon;
 pub mod detect;
 pub mod export;
+pub mod logs;
 pub mod model;
 pub mod query;
 pub mod serve;

@@ -15,6 +15,7 @@ use profiler::{
     daemon::{self, DaemonConfig},
     detect,
     export::{cputime, flamegraph, heatmap, perf_script, pprof, report, speedscope},
+    logs,
     query::{self, Filter, Window},
     store::writer::WriterLimits,
     store::{Meta, Store},
@@ -200,6 +201,18 @@ struct RunArgs {
     /// Address of the UI, JSON API and /metrics, or `off` [default: 127.0.0.1:7070].
     #[arg(long)]
     listen: Option<String>,
+    /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
+    /// journal, else text].
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// One line per event: time, level, sentence, key=value fields
+    Text,
+    /// One JSON object per event (`timestamp`, `level`, `fields` with `message`)
+    Json,
 }
 
 impl RunArgs {
@@ -320,8 +333,16 @@ enum StatusFormat {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).format_target(false).init();
     let cli = Cli::parse();
+    // Before anything can log. Under systemd the journal, unless a format was asked for.
+    let log_format = match &cli.command {
+        Command::Run(args) => args.log_format.map(|f| match f {
+            LogFormat::Text => logs::Format::Text,
+            LogFormat::Json => logs::Format::Json,
+        }),
+        _ => None,
+    };
+    logs::init(log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // A reader that went away (`| head`) is not an error worth a message.
@@ -392,7 +413,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let mut store = Store::open(&dir.data_dir)?;
             let result = query::fold(&mut store, window, &filter);
             for w in store.take_warnings() {
-                log::warn!("{w}");
+                tracing::warn!("{w}");
             }
             let folded = result?;
             let mut out = open_output(output.as_deref())?;
@@ -589,7 +610,7 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
                 flamegraph::write_svg(&folded, &title, &sub, &mut svg)?;
                 flamegraphs.push((title, svg));
             }
-            Err(e) => log::warn!("{title}: {e}"),
+            Err(e) => tracing::warn!(section = %title, error = %e, "report section left out"),
         }
         Ok(())
     };
@@ -692,7 +713,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     let mut store = Store::open(data_dir)?;
     let summary = store.summary()?;
     for w in store.take_warnings() {
-        log::warn!("{w}");
+        tracing::warn!("{w}");
     }
     let meta = Meta::read(data_dir);
     let daemon_running =

@@ -95,6 +95,7 @@ fn api_answers_and_metrics_parse() {
         "profiler_ring_buffer_used_bytes",
         "profiler_cpu_busy_ratio",
         "profiler_store_bytes",
+        "profiler_symbol_cache_entries",
     ] {
         assert!(scrape.samples.iter().any(|s| s.metric == metric), "{metric} missing");
     }

@@ -152,14 +152,18 @@ impl Collector {
                 if cap.required {
                     return Err(CollectError::Capability(cap.name, cap.needed_for));
                 }
-                log::warn!("without {} ({}), some frames will show as [unknown]", cap.name, cap.needed_for);
+                tracing::warn!(
+                    capability = cap.name,
+                    needed_for = cap.needed_for,
+                    "capability missing: some frames will show as [unknown]"
+                );
             }
         }
         let ring_bytes = config.ring_bytes.max(4096).next_power_of_two();
         // Wake the reader when a quarter of the ring is used; the daemon's tick drains the rest.
         let wakeup = u64::from(ring_bytes / 4);
         if let Err(e) = tracefs::ensure_mounted() {
-            log::warn!("cannot mount tracefs ({e}): NET_RX and cgroup tracepoints will be missing");
+            tracing::warn!(error = %e, "cannot mount tracefs: NET_RX and cgroup tracepoints will be missing");
         }
         let off = |cat: &str, ev: &str, field: &str, default: usize| {
             tracefs::field(cat, ev, field).map_or(default as u64, |(o, _)| o as u64)
@@ -209,14 +213,14 @@ impl Collector {
             .map(|(n, c)| attached(n, c))
             .collect::<Result<Vec<_>, _>>();
         if let Err(e) = &netrx_ok {
-            log::warn!("NET_RX tracepoints not attached ({e}): no softirq starvation detection");
+            tracing::warn!(error = %e, "NET_RX tracepoints not attached: no softirq starvation detection");
         }
         let cgroup_ok = ["cgroup_mkdir", "cgroup_rmdir", "cgroup_release"]
             .iter()
             .map(|n| attached(n, "cgroup"))
             .collect::<Result<Vec<_>, _>>();
         if let Err(e) = &cgroup_ok {
-            log::warn!("cgroup tracepoints not attached ({e}): zombie cgroups will not be attributed");
+            tracing::warn!(error = %e, "cgroup tracepoints not attached: zombie cgroups will not be attributed");
         }
         let netrx = match netrx_ok {
             Ok(_) => ebpf.take_map("NETRX").and_then(|m| PerCpuArray::try_from(m).ok()),

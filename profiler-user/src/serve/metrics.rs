@@ -22,6 +22,9 @@ pub struct Live {
     /// Most bytes waiting in the sample ring buffer over the last flush interval, and its size.
     pub ring_used_bytes: u64,
     pub ring_size_bytes: u64,
+    /// Entries in the symbolizer's caches: processes and ELF modules.
+    pub cached_processes: u64,
+    pub cached_modules: u64,
 }
 
 pub fn render(l: &Live) -> String {
@@ -112,6 +115,15 @@ pub fn render(l: &Live) -> String {
         vec![(String::new(), l.ring_size_bytes as f64)],
     );
     family(
+        "profiler_symbol_cache_entries",
+        "gauge",
+        "Entries in the symbolizer's caches, by kind.",
+        vec![
+            ("{kind=\"processes\"}".to_string(), l.cached_processes as f64),
+            ("{kind=\"modules\"}".to_string(), l.cached_modules as f64),
+        ],
+    );
+    family(
         "profiler_sampling_frequency_hertz",
         "gauge",
         "Samples per second per CPU.",
@@ -132,6 +144,7 @@ mod tests {
         l.busy_share.insert(1, 1.0);
         l.dying_memcgs = Some(3000);
         l.open_findings.insert("zombie-memcgs".into(), 1);
+        (l.cached_processes, l.cached_modules) = (12, 40);
         let text = render(&l);
         for line in text.lines() {
             assert!(
@@ -147,5 +160,7 @@ mod tests {
         assert!(text.contains("profiler_lost_samples_total{cpu=\"1\"} 2\n"));
         assert!(text.contains("profiler_open_findings{kind=\"zombie-memcgs\"} 1\n"));
         assert!(text.contains("profiler_dying_memcgs 3000\n"));
+        assert!(text.contains("profiler_symbol_cache_entries{kind=\"processes\"} 12\n"));
+        assert!(text.contains("profiler_symbol_cache_entries{kind=\"modules\"} 40\n"));
     }
 }

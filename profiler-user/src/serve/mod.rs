@@ -288,7 +288,7 @@ pub async fn spawn(addr: SocketAddr, state: AppState) -> std::io::Result<SocketA
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(state)).await {
-            log::error!("the HTTP server stopped: {e}");
+            tracing::error!(error = %e, "the HTTP server stopped");
         }
     });
     Ok(bound)

@@ -38,15 +38,15 @@ impl Maintenance {
                                 format!("it is older than {}", timespec::format_duration(bounds.max_age_ns))
                             }
                         };
-                        log::info!(
-                            "removed {} ({} bytes, {}): {why}",
-                            r.path.display(),
-                            r.bytes,
-                            timespec::format(r.start_ns)
+                        tracing::info!(
+                            file = %r.path.display(),
+                            bytes = r.bytes,
+                            start = %timespec::format(r.start_ns),
+                            "segment removed: {why}"
                         );
                     }
                 }
-                Err(e) => log::warn!("retention: {e}"),
+                Err(e) => tracing::warn!(error = %e, "retention could not finish"),
             }
         }
         let Some(after) = rollup_after else { return };
@@ -67,16 +67,16 @@ impl Maintenance {
             }
             budget -= 1;
             match rollup::rollup_segment(&path) {
-                Ok(Some(r)) => log::info!(
-                    "rolled up {} into 10 s aggregates: {} samples in {} rows, {} -> {} bytes",
-                    path.display(),
-                    r.samples,
-                    r.rows,
-                    r.bytes_before,
-                    r.bytes_after
+                Ok(Some(r)) => tracing::info!(
+                    file = %path.display(),
+                    samples = r.samples,
+                    rows = r.rows,
+                    bytes_before = r.bytes_before,
+                    bytes_after = r.bytes_after,
+                    "segment rolled up into 10 s aggregates"
                 ),
                 Ok(None) => {}
-                Err(e) => log::warn!("rollup: {e}"),
+                Err(e) => tracing::warn!(file = %path.display(), error = %e, "segment not rolled up"),
             }
         }
     }

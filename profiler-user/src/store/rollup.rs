@@ -95,7 +95,7 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
     let header = match SegmentHeader::decode(&data) {
         Ok(h) => h,
         Err(e) => {
-            log::warn!("not rolling up {}: {e}", path.display());
+            tracing::warn!(file = %path.display(), error = %e, "segment not rolled up: it does not decode");
             return Ok(None);
         }
     };
@@ -119,7 +119,7 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
         let (summary, cols) = match decoded {
             Ok(x) => x,
             Err(e) => {
-                log::warn!("not rolling up {}: {e}", path.display());
+                tracing::warn!(file = %path.display(), error = %e, "segment not rolled up: it does not decode");
                 return Ok(None);
             }
         };

@@ -354,7 +354,7 @@ fn recover(path: &Path, file: &mut File, segment_start: u64) -> Result<(), Store
         // Unique, so a second damaged file of the same minute does not replace the first;
         // retention removes these once they are older than its age limit.
         let aside = path.with_extension(format!("{}.corrupt", crate::timespec::now_ns() / 1_000_000_000));
-        log::warn!("{}: {e}; moved to {}", path.display(), aside.display());
+        tracing::warn!(file = %path.display(), error = %e, moved_to = %aside.display(), "damaged segment set aside");
         fs::rename(path, &aside).map_err(io)?;
         *file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path).map_err(io)?;
         let header = SegmentHeader { version: FORMAT_VERSION, start_ns: segment_start };
@@ -368,10 +368,12 @@ fn recover(path: &Path, file: &mut File, segment_start: u64) -> Result<(), Store
             Some(Tail::Corrupt { reason, .. }) => reason,
             _ => "incomplete block",
         };
-        log::warn!(
-            "{}: cut {} bytes after offset {valid} ({what}), left by an earlier run that stopped mid-write",
-            path.display(),
-            data.len() - valid
+        tracing::warn!(
+            file = %path.display(),
+            offset = valid,
+            cut_bytes = data.len() - valid,
+            reason = what,
+            "segment tail cut: left by an earlier run that stopped mid-write"
         );
         file.set_len(valid as u64).map_err(io)?;
     }
