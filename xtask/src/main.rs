@@ -8,6 +8,7 @@
 
 mod bench;
 mod setup;
+mod soak;
 
 use std::{
     path::{Path, PathBuf},
@@ -37,16 +38,26 @@ enum Cmd {
     },
     /// Measure: `spine` (sample rate, lost, daemon CPU and RSS, query time), `store` (ingest,
     /// bytes/sample, query latency, memory on synthetic data), `perf` (bytes/sample next to
-    /// `perf record`).
+    /// `perf record`), `replay` (CPU per sample of the daemon's path, 2 to 192 CPUs, on one core;
+    /// REPLAY_QUICK=1 for a short run).
     Bench {
         #[arg(default_value = "spine")]
         which: String,
-        /// Length of the profiled run (spine, perf).
-        #[arg(long, default_value_t = 60)]
-        seconds: u64,
+        /// Length of the profiled run (spine, perf: 60; overhead: 15 per configuration and round).
+        #[arg(long)]
+        seconds: Option<u64>,
+        /// Rounds of each configuration (overhead).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
         /// Span of the synthetic store (store).
         #[arg(long, default_value_t = 60)]
         minutes: u64,
+    },
+    /// The daemon for N minutes at 999 Hz with process churn and a full store: RSS, open files,
+    /// lost samples and queries checked throughout (`cargo xtask test` runs 1.5 minutes of it).
+    Soak {
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
     },
     /// Fuzz the segment reader with cargo-fuzz (installs it if missing).
     Fuzz {
@@ -130,30 +141,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .args([format!("-max_total_time={seconds}"), "-rss_limit_mb=2048".to_string()]);
             status(fuzz)
         }
-        Cmd::Bench { which, seconds, minutes } => {
+        Cmd::Soak { minutes } => {
             setup::ensure()?;
+            let (profiler, helpers) = (build(true)?, build_helpers()?);
+            soak::run(&profiler, &helpers.join("busy-helper"), &helpers.join("churn"), minutes)
+        }
+        Cmd::Bench { which, seconds, minutes, rounds } => {
+            setup::ensure()?;
+            setup::ensure_bench_tools()?;
             let profiler = build(true)?;
-            let mut helper = cargo();
-            helper.args([
-                "build",
-                "--release",
-                "--package",
-                "integration-tests",
-                "--bin",
-                "busy-helper",
-                "--bin",
-                "hash-work",
-            ]);
-            status(helper)?;
-            let helper = workspace_root().join("target/release/busy-helper");
+            let helpers = build_helpers()?;
+            let helper = helpers.join("busy-helper");
             match which.as_str() {
-                "spine" => bench::spine(&profiler, &helper, seconds),
+                "spine" => bench::spine(&profiler, &helper, seconds.unwrap_or(60)),
                 "store" => bench::store(&workspace_root(), minutes),
-                "perf" => bench::perf(&profiler, &helper, seconds),
+                "perf" => bench::perf(&profiler, &helper, seconds.unwrap_or(60)),
                 "overhead" => {
-                    bench::overhead(&profiler, &workspace_root().join("target/release/hash-work"), seconds.min(30), 3)
+                    bench::overhead::run(&profiler, &helpers.join("hash-work"), &helper, seconds.unwrap_or(15), rounds)
                 }
-                other => bail!("unknown benchmark {other}; available: spine, store, perf, overhead"),
+                "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
+                "replay" => status({
+                    let mut cmd = cargo();
+                    cmd.args(["bench", "-q", "--package", "profiler-user", "--bench", "replay"]);
+                    cmd
+                }),
+                other => bail!("unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay"),
             }
         }
         Cmd::Test { args } => {
@@ -174,6 +186,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             status(integration)
         }
     }
+}
+
+/// The release builds of the workload helpers the benchmarks and the soak run; their directory.
+fn build_helpers() -> anyhow::Result<PathBuf> {
+    let mut helper = cargo();
+    helper.args(["build", "--release", "--package", "integration-tests"]);
+    for bin in ["busy-helper", "hash-work", "churn"] {
+        helper.args(["--bin", bin]);
+    }
+    status(helper)?;
+    Ok(workspace_root().join("target/release"))
 }
 
 /// `profiler` on PATH for the second terminal: a symlink in cargo's bin directory.

@@ -111,3 +111,21 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
         "chromium and chromium-driver",
     )
 }
+
+/// What the benchmarks compare against: perf (Debian's linux-perf) and bpftrace.
+pub fn ensure_bench_tools() -> anyhow::Result<()> {
+    let missing: Vec<&str> = [("perf", "linux-perf"), ("bpftrace", "bpftrace")]
+        .into_iter()
+        .filter(|(bin, _)| output(Command::new(bin).arg("--version")).is_none())
+        .map(|(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {} (Debian) for the benchmarks", missing.join(" and "));
+    run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
+    run(
+        Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),
+        "the benchmark tools",
+    )
+}

@@ -11,11 +11,14 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-fn now() -> f64 {
+pub mod churn;
+pub mod overhead;
+
+pub(crate) fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
+pub(crate) fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
@@ -28,8 +31,48 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
     }
 }
 
+/// Open file descriptors of a process.
+pub(crate) fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// The daemon's /metrics, as (series with labels, value) pairs.
+pub(crate) fn metrics(addr: &str) -> anyhow::Result<Vec<(String, f64)>> {
+    use std::io::{Read as _, Write as _};
+    let mut conn = std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok(body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect())
+}
+
+/// Sum of the series whose name (with labels) starts with `prefix`.
+pub(crate) fn metric_sum(m: &[(String, f64)], prefix: &str) -> f64 {
+    m.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum()
+}
+
+/// CPU time of every thread of a process, in seconds, at nanosecond precision (schedstat;
+/// /proc/PID/stat counts in 10 ms ticks, too coarse for a daemon that uses 0.1 % of a CPU).
+pub(crate) fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// utime + stime in seconds, and VmRSS / VmHWM in KiB, of a process.
-fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
+pub(crate) fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let fields: Vec<&str> = stat.rsplit_once(')').context("stat")?.1.split_whitespace().collect();
     // SAFETY: sysconf has no preconditions.
@@ -46,7 +89,8 @@ fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
     Ok((cpu, kib("VmRSS:"), kib("VmHWM:")))
 }
 
-fn folded_total(profiler: &Path, dir: &Path, from: f64, to: f64, extra: &[&str]) -> anyhow::Result<u64> {
+/// `profiler flamegraph --format folded` of a window (unix seconds), idle included.
+pub(crate) fn folded(profiler: &Path, dir: &Path, from: f64, to: f64, extra: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(profiler)
         .args(["flamegraph", "--format", "folded", "--include-idle", "--data-dir"])
         .arg(dir)
@@ -56,7 +100,20 @@ fn folded_total(profiler: &Path, dir: &Path, from: f64, to: f64, extra: &[&str])
     if !out.status.success() {
         bail!("profiler flamegraph failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Samples in folded lines whose stack satisfies `keep`.
+pub(crate) fn folded_count(text: &str, keep: impl Fn(&str) -> bool) -> u64 {
+    text.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(stack, _)| keep(stack))
+        .filter_map(|(_, n)| n.parse::<u64>().ok())
+        .sum()
+}
+
+fn folded_total(profiler: &Path, dir: &Path, from: f64, to: f64, extra: &[&str]) -> anyhow::Result<u64> {
+    Ok(folded_count(&folded(profiler, dir, from, to, extra)?, |_| true))
 }
 
 pub fn spine(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()> {
@@ -229,102 +286,9 @@ pub fn perf(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// `cargo xtask bench overhead`: a fixed hashing workload on every CPU, run bare, under our
-/// daemon at 99 Hz and 999 Hz, and under `perf record -F 99 -a -g`, alternating so machine drift
-/// cancels; the throughput loss of each next to the bare runs. Also the BPF program's run time
-/// per sample (kernel.bpf_stats_enabled) and the daemon's CPU time per sample.
-pub fn overhead(profiler: &Path, hash_work: &Path, seconds: u64, rounds: usize) -> anyhow::Result<()> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let work = |secs: u64| -> anyhow::Result<u64> {
-        let children: Vec<_> = (0..cpus)
-            .map(|cpu| Command::new(hash_work).args([cpu.to_string(), secs.to_string()]).output())
-            .collect::<Result<_, _>>()?;
-        Ok(children.iter().map(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u64>().unwrap_or(0)).sum())
-    };
-    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
-    let configs = ["bare", "profiler 99 Hz", "profiler 999 Hz", "perf record -F 99 -a -g"];
-    let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    let mut bpf = [(0u64, 0u64); 2];
-    let mut daemon_cpu = [(0f64, 0u64); 2];
-    for round in 0..rounds {
-        for (i, name) in configs.iter().enumerate() {
-            let dir = std::env::temp_dir().join(format!("profiler-overhead-{}-{round}-{i}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            let mut helper = None;
-            match i {
-                1 | 2 => {
-                    let hz = if i == 1 { "99" } else { "999" };
-                    let child = Command::new(profiler)
-                        .args(["run", "--listen", "off", "--frequency", hz, "--data-dir"])
-                        .arg(&dir)
-                        .stderr(Stdio::null())
-                        .spawn()?;
-                    wait_for("the daemon's first block", Duration::from_secs(30), || {
-                        std::fs::read_dir(dir.join("segments")).ok()?.next().map(|_| ())
-                    })?;
-                    helper = Some(child);
-                }
-                3 => {
-                    std::fs::create_dir_all(&dir)?;
-                    let child = Command::new("perf")
-                        .args(["record", "-F", "99", "-a", "-g", "-o"])
-                        .arg(dir.join("perf.data"))
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()?;
-                    std::thread::sleep(Duration::from_secs(1)); // perf has no readiness signal
-                    helper = Some(child);
-                }
-                _ => {}
-            }
-            let before = helper
-                .as_ref()
-                .filter(|_| i == 1 || i == 2)
-                .map(|c| (usage(c.id()).map(|u| u.0).unwrap_or(0.0), bpf_stats(c.id())));
-            let passes = work(seconds)?;
-            if let (Some(c), Some((cpu0, (rt0, rc0)))) = (helper.as_ref(), before) {
-                let (cpu1, (rt1, rc1)) = (usage(c.id()).map(|u| u.0).unwrap_or(0.0), bpf_stats(c.id()));
-                let k = i - 1;
-                bpf[k].0 += rt1 - rt0;
-                bpf[k].1 += rc1 - rc0;
-                daemon_cpu[k].0 += cpu1 - cpu0;
-                daemon_cpu[k].1 += rc1 - rc0;
-            }
-            if let Some(mut c) = helper {
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(c.id() as i32, if i == 3 { libc::SIGINT } else { libc::SIGTERM }) };
-                c.wait()?;
-            }
-            let _ = std::fs::remove_dir_all(&dir);
-            results[i].push(passes as f64 / seconds as f64);
-            eprintln!("round {round}: {name}: {:.0} passes/s", passes as f64 / seconds as f64);
-        }
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let bare = mean(&results[0]);
-    println!(
-        "| configuration ({cpus} CPUs busy hashing, {rounds} x {seconds} s each, alternating) | passes/s | loss vs bare |"
-    );
-    println!("|---|---|---|");
-    for (i, name) in configs.iter().enumerate() {
-        let m = mean(&results[i]);
-        println!("| {name} | {m:.0} | {:+.2} % |", (bare - m) / bare * 100.0);
-    }
-    for (k, hz) in ["99 Hz", "999 Hz"].iter().enumerate() {
-        let (rt, rc) = bpf[k];
-        let (cpu, n) = daemon_cpu[k];
-        println!(
-            "| profiler {hz}: BPF run time per sample | {:.2} µs over {rc} samples | |",
-            rt as f64 / rc.max(1) as f64 / 1000.0
-        );
-        println!("| profiler {hz}: daemon CPU per sample | {:.2} µs | |", cpu * 1e6 / n.max(1) as f64);
-    }
-    Ok(())
-}
-
 /// `run_time_ns` and `run_cnt` summed over the BPF perf_event programs a process holds
 /// (from /proc/PID/fdinfo; needs kernel.bpf_stats_enabled).
-fn bpf_stats(pid: u32) -> (u64, u64) {
+pub(crate) fn bpf_stats(pid: u32) -> (u64, u64) {
     let mut total = (0, 0);
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return total };
     for fd in fds.flatten() {

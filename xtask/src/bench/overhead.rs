@@ -1,0 +1,288 @@
+//! `cargo xtask bench overhead`: what the daemon costs the machine, next to what operators use
+//! today, measured in one run.
+//!
+//! 1. Throughput: a fixed hashing workload pinned to every CPU, run bare, under our daemon at
+//!    99 Hz and 999 Hz, and under `perf record -F 99 -a -g`. Every round runs each configuration
+//!    once, in a rotated order, and each one's loss is taken against the bare run of its own
+//!    round, so machine drift cancels; the table gives the mean loss and its 95 % interval.
+//! 2. Direct accounting, which resolves far smaller costs than throughput can on a VM: the BPF
+//!    program's run time (kernel.bpf_stats_enabled, read from the program's fdinfo) plus the
+//!    daemon's CPU time (/proc/PID/task/*/schedstat, in ns), over the same windows, per sample and as a share of
+//!    the machine. For perf, its process CPU time (its in-interrupt unwinding is not visible
+//!    this way; only the throughput column holds it).
+//! 3. The BPF program against bpftrace's `profile:hz:99 { @[kstack, ustack] = count(); }`, both
+//!    attached at once on a GPU-node-like mix (one CPU busy in user space, the other idle), so
+//!    both see the same ticks: average run time per sample of each.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+
+use super::{bpf_stats, cpu_ns, usage, wait_for};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Config {
+    Bare,
+    Ours(u32),
+    Perf,
+}
+
+impl Config {
+    fn name(self) -> String {
+        match self {
+            Config::Bare => "bare".into(),
+            Config::Ours(hz) => format!("profiler {hz} Hz"),
+            Config::Perf => "perf record -F 99 -a -g".into(),
+        }
+    }
+}
+
+/// What one configuration accumulated over its rounds.
+#[derive(Default)]
+struct Tally {
+    passes_per_s: Vec<f64>,
+    /// Per round: (bare − this) / bare.
+    losses: Vec<f64>,
+    wall_s: f64,
+    /// CPU time of the tool's process (daemon or perf).
+    cpu_s: f64,
+    bpf_ns: u64,
+    bpf_runs: u64,
+    rss_kib: u64,
+}
+
+const CONFIGS: [Config; 4] = [Config::Bare, Config::Ours(99), Config::Ours(999), Config::Perf];
+
+pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, rounds: usize) -> anyhow::Result<()> {
+    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling kernel.bpf_stats_enabled")?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut tally: Vec<Tally> = CONFIGS.iter().map(|_| Tally::default()).collect();
+    for round in 0..rounds {
+        let mut this_round = [0.0; CONFIGS.len()];
+        for k in 0..CONFIGS.len() {
+            let i = (k + round) % CONFIGS.len();
+            let config = CONFIGS[i];
+            let dir = scratch_dir(&format!("{round}-{i}"));
+            let tool = start(config, profiler, &dir)?;
+            let before = tool.as_ref().map(|c| (cpu_ns(c.id()), bpf_stats(c.id())));
+            let t0 = Instant::now();
+            let passes = hash_all(hash_work, cpus, seconds)?;
+            let wall = t0.elapsed().as_secs_f64();
+            let t = &mut tally[i];
+            if let (Some(c), Some((cpu0, (ns0, runs0)))) = (tool.as_ref(), before) {
+                let (cpu1, (_, rss, _)) = (cpu_ns(c.id()), usage(c.id())?);
+                let (ns1, runs1) = bpf_stats(c.id());
+                t.cpu_s += (cpu1 - cpu0) as f64 / 1e9;
+                t.bpf_ns += ns1 - ns0;
+                t.bpf_runs += runs1 - runs0;
+                t.rss_kib = t.rss_kib.max(rss);
+            }
+            t.wall_s += wall;
+            stop(tool, config)?;
+            let _ = std::fs::remove_dir_all(&dir);
+            this_round[i] = passes as f64 / wall;
+            t.passes_per_s.push(this_round[i]);
+            eprintln!("round {}/{rounds}: {}: {:.0} passes/s", round + 1, config.name(), this_round[i]);
+        }
+        for (i, t) in tally.iter_mut().enumerate() {
+            t.losses.push((this_round[0] - this_round[i]) / this_round[0]);
+        }
+    }
+
+    println!(
+        "\n{cpus} CPUs busy hashing; {rounds} rounds of {seconds} s per configuration, order rotated each round.\n"
+    );
+    println!(
+        "| configuration | passes/s (mean) | throughput loss vs bare, mean ± 95 % | tool's accounted cost, % of the machine |"
+    );
+    println!("|---|---|---|---|");
+    for (config, t) in CONFIGS.iter().zip(&tally) {
+        let (mean, half) = mean_ci(&t.losses);
+        let accounted = match config {
+            Config::Bare => "—".to_string(),
+            Config::Ours(_) => format!(
+                "{:.3} % (BPF {:.3} % + daemon {:.3} %)",
+                share(t.cpu_s + t.bpf_ns as f64 / 1e9, t.wall_s, cpus),
+                share(t.bpf_ns as f64 / 1e9, t.wall_s, cpus),
+                share(t.cpu_s, t.wall_s, cpus)
+            ),
+            Config::Perf => format!("{:.3} % (perf's process only)", share(t.cpu_s, t.wall_s, cpus)),
+        };
+        let loss = if *config == Config::Bare {
+            "—".to_string()
+        } else {
+            format!("{:+.2} % ± {:.2} %", mean * 100.0, half * 100.0)
+        };
+        println!("| {} | {:.0} | {loss} | {accounted} |", config.name(), mean_ci(&t.passes_per_s).0);
+    }
+    println!("\n| per sample | 99 Hz | 999 Hz |\n|---|---|---|");
+    let (a, b) = (&tally[1], &tally[2]);
+    let per = |t: &Tally, v: f64| v / t.bpf_runs.max(1) as f64;
+    println!(
+        "| BPF program run time | {:.2} µs | {:.2} µs |",
+        per(a, a.bpf_ns as f64) / 1e3,
+        per(b, b.bpf_ns as f64) / 1e3
+    );
+    println!(
+        "| daemon CPU time (userspace + its syscalls) | {:.2} µs | {:.2} µs |",
+        per(a, a.cpu_s * 1e6),
+        per(b, b.cpu_s * 1e6)
+    );
+    println!("| samples measured | {} | {} |", a.bpf_runs, b.bpf_runs);
+    println!(
+        "| daemon RSS (largest at the end of a run) | {:.1} MiB | {:.1} MiB |",
+        a.rss_kib as f64 / 1024.0,
+        b.rss_kib as f64 / 1024.0
+    );
+
+    against_bpftrace(profiler, busy_helper, seconds, rounds)
+}
+
+/// Part 3: ours and bpftrace attached at once; one CPU busy in user space, the other idle.
+fn against_bpftrace(profiler: &Path, busy_helper: &Path, seconds: u64, rounds: usize) -> anyhow::Result<()> {
+    let (mut ours, mut theirs) = ((0u64, 0u64), (0u64, 0u64));
+    let mut ratios = Vec::new();
+    for round in 0..rounds {
+        let dir = scratch_dir(&format!("bpftrace-{round}"));
+        let daemon = start(Config::Ours(99), profiler, &dir)?;
+        let mut bpftrace = Command::new("bpftrace")
+            .args(["-e", "profile:hz:99 { @[kstack, ustack] = count(); }"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("running bpftrace (Debian package bpftrace)")?;
+        wait_for("bpftrace's program to run", Duration::from_secs(30), || {
+            (bpf_stats(bpftrace.id()).1 > 0).then_some(())
+        })?;
+        let mut busy = Command::new(busy_helper)
+            .args(["1", &(seconds + 2).to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("busy-helper")?;
+        std::thread::sleep(Duration::from_millis(500));
+        let pid = daemon.as_ref().map_or(0, |c| c.id());
+        let (o0, t0) = (bpf_stats(pid), bpf_stats(bpftrace.id()));
+        std::thread::sleep(Duration::from_secs(seconds));
+        let (o1, t1) = (bpf_stats(pid), bpf_stats(bpftrace.id()));
+        let o = (o1.0 - o0.0, o1.1 - o0.1);
+        let t = (t1.0 - t0.0, t1.1 - t0.1);
+        ours = (ours.0 + o.0, ours.1 + o.1);
+        theirs = (theirs.0 + t.0, theirs.1 + t.1);
+        let (on, tn) = (o.0 as f64 / o.1.max(1) as f64, t.0 as f64 / t.1.max(1) as f64);
+        ratios.push(on / tn);
+        eprintln!(
+            "round {}/{rounds}: ours {:.2} µs x {} samples, bpftrace {:.2} µs x {}",
+            round + 1,
+            on / 1e3,
+            o.1,
+            tn / 1e3,
+            t.1
+        );
+        // SAFETY: signalling our own children.
+        unsafe { libc::kill(bpftrace.id() as i32, libc::SIGINT) };
+        bpftrace.wait()?;
+        let _ = busy.kill();
+        busy.wait()?;
+        stop(daemon, Config::Ours(99))?;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let avg = |(ns, runs): (u64, u64)| ns as f64 / runs.max(1) as f64 / 1e3;
+    let (r, half) = mean_ci(&ratios);
+    println!(
+        "\nBPF program against bpftrace, both attached at once, {rounds} rounds of {seconds} s; CPU 1 busy in user space, CPU 0 idle.\n"
+    );
+    println!("| program | run time per sample | samples |\n|---|---|---|");
+    println!("| ours | {:.2} µs | {} |", avg(ours), ours.1);
+    println!("| bpftrace `profile:hz:99 {{ @[kstack, ustack] = count(); }}` | {:.2} µs | {} |", avg(theirs), theirs.1);
+    println!("| ratio (ours / bpftrace), over all samples | {:.2} | |", avg(ours) / avg(theirs));
+    println!("| ratio, mean of rounds ± 95 % | {r:.2} ± {half:.2} | |");
+    Ok(())
+}
+
+fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("profiler-overhead-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Starts the tool of a configuration, once it is sampling and past its start-up work.
+fn start(config: Config, profiler: &Path, dir: &Path) -> anyhow::Result<Option<Child>> {
+    match config {
+        Config::Bare => Ok(None),
+        Config::Ours(hz) => {
+            let child = Command::new(profiler)
+                .args(["run", "--listen", "off", "--frequency", &hz.to_string(), "--data-dir"])
+                .arg(dir)
+                .stderr(Stdio::null())
+                .spawn()?;
+            wait_for("the daemon's first block", Duration::from_secs(30), || {
+                std::fs::read_dir(dir.join("segments")).ok()?.next().map(|_| ())
+            })?;
+            // Start-up (kallsyms parsed on the first kernel frame, first mappings read) is not
+            // the steady state this measures.
+            std::thread::sleep(Duration::from_secs(2));
+            Ok(Some(child))
+        }
+        Config::Perf => {
+            std::fs::create_dir_all(dir)?;
+            let data = dir.join("perf.data");
+            let child = Command::new("perf")
+                .args(["record", "-F", "99", "-a", "-g", "-o"])
+                .arg(&data)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("running perf (Debian package linux-perf)")?;
+            wait_for("perf.data", Duration::from_secs(30), || data.exists().then_some(()))?;
+            std::thread::sleep(Duration::from_secs(1));
+            Ok(Some(child))
+        }
+    }
+}
+
+fn stop(tool: Option<Child>, config: Config) -> anyhow::Result<()> {
+    if let Some(mut c) = tool {
+        let signal = if config == Config::Perf { libc::SIGINT } else { libc::SIGTERM };
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.id() as i32, signal) };
+        c.wait()?;
+    }
+    Ok(())
+}
+
+/// Runs the hashing workload pinned to every CPU at once; total passes.
+fn hash_all(hash_work: &Path, cpus: usize, seconds: u64) -> anyhow::Result<u64> {
+    let children: Vec<Child> = (0..cpus)
+        .map(|cpu| Command::new(hash_work).args([cpu.to_string(), seconds.to_string()]).stdout(Stdio::piped()).spawn())
+        .collect::<Result<_, _>>()?;
+    let mut total = 0;
+    for c in children {
+        let out = c.wait_with_output()?;
+        total += String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().context("hash-work output")?;
+    }
+    Ok(total)
+}
+
+fn share(cpu_s: f64, wall_s: f64, cpus: usize) -> f64 {
+    cpu_s / (wall_s * cpus as f64).max(1e-9) * 100.0
+}
+
+/// Mean and the half-width of its 95 % confidence interval (Student's t).
+fn mean_ci(v: &[f64]) -> (f64, f64) {
+    let n = v.len();
+    if n == 0 {
+        return (0.0, 0.0);
+    }
+    let mean = v.iter().sum::<f64>() / n as f64;
+    if n < 2 {
+        return (mean, f64::NAN);
+    }
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    const T975: [f64; 10] = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23];
+    let t = T975.get(n - 2).copied().unwrap_or(2.0);
+    (mean, t * (var / n as f64).sqrt())
+}

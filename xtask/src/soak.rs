@@ -1,0 +1,243 @@
+//! `cargo xtask soak --minutes N`: the daemon at 999 Hz for N minutes with process churn and its
+//! store held at a size limit, checked every few seconds. Passes when, after the warm-up:
+//! - RSS grows by at most 5 % (peak after the warm-up against the warm-up's peak);
+//! - open file descriptors do not grow (beyond the binaries of processes alive at the time);
+//! - no sample is lost (this is nominal load for 2 CPUs);
+//! - every query answers correctly: the last seconds of CPU 1, where a helper spins in a known
+//!   function, hold the samples 999 Hz gives and name that function;
+//! - the store stays within its limit (plus the one segment being written).
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::bench::{cpu_ns, fds, folded, folded_count, metric_sum, metrics, now, usage, wait_for};
+
+const ADDR: &str = "127.0.0.1:17072";
+const HZ: f64 = 999.0;
+/// The query window: whole seconds that ended a little before the check, so they are on disk.
+const WINDOW_S: f64 = 5.0;
+const WINDOW_LAG_S: f64 = 2.0;
+/// Open files go up and down with the binaries of live processes the symbolizer holds open;
+/// the churn writes 16 new ones every 5 s.
+const FD_SLACK: usize = 16;
+
+struct Check {
+    t: f64,
+    rss_kib: u64,
+    fds: usize,
+    lost: f64,
+    store_bytes: f64,
+    largest_segment: u64,
+    query_samples: u64,
+    query_named: u64,
+    query_ms: f64,
+    cpu_pct: f64,
+    failures: Vec<String>,
+}
+
+struct Guard(Vec<Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn run(profiler: &Path, helper: &Path, churn: &Path, minutes: f64) -> anyhow::Result<()> {
+    let total = Duration::from_secs_f64(minutes * 60.0);
+    // A minute at least: the store's segment (and its stack dictionary) turns over every minute.
+    let warm_up = Duration::from_secs_f64((total.as_secs_f64() * 0.2).max(60.0));
+    if total <= warm_up + Duration::from_secs(20) {
+        bail!(
+            "a soak needs more than {:.0} s (warm-up and a few checks); give --minutes 1 or more",
+            warm_up.as_secs_f64() + 20.0
+        );
+    }
+    // At the limit by mid-run: this load writes about 3.5 KB/s.
+    let limit_mib = (minutes * 60.0 * 3500.0 / 2.0 / 1048576.0).max(0.1);
+    let interval = Duration::from_secs(if minutes <= 5.0 { 10 } else { 60 });
+    let dir = std::env::temp_dir().join(format!("profiler-soak-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let secs = (total.as_secs() + 30).to_string();
+    let mut guard = Guard(Vec::new());
+    guard.0.push(
+        Command::new(profiler)
+            .args([
+                "run",
+                "--frequency",
+                "999",
+                "--listen",
+                ADDR,
+                "--max-size",
+                &format!("{limit_mib}MiB"),
+                "--data-dir",
+            ])
+            .arg(&dir)
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let pid = guard.0[0].id();
+    wait_for("the daemon's /metrics", Duration::from_secs(30), || metrics(ADDR).ok())?;
+    guard.0.push(Command::new(helper).args(["1", &secs]).stdout(Stdio::null()).spawn().context("busy-helper")?);
+    guard.0.push(Command::new(churn).args(["100", &secs, "3", "30"]).stdout(Stdio::null()).spawn().context("churn")?);
+
+    println!(
+        "soak: {minutes} min at 999 Hz, churn 100 processes/s, store limit {limit_mib:.2} MiB, warm-up {:.0} s\n",
+        warm_up.as_secs_f64()
+    );
+    println!(
+        "| t (s) | RSS (MiB) | open fds | lost | store (MiB) | daemon CPU (% of one CPU) | query: CPU 1, 5 s | query time |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let start = Instant::now();
+    let mut checks: Vec<Check> = Vec::new();
+    let mut last_cpu = (Instant::now(), cpu_ns(pid));
+    while start.elapsed() < total {
+        std::thread::sleep(interval.min(total - start.elapsed()));
+        if let Some(st) = guard.0[0].try_wait()? {
+            bail!("the daemon exited during the soak ({st})");
+        }
+        let c = check(profiler, &dir, pid, start, &mut last_cpu)?;
+        println!(
+            "| {:.0} | {:.1} | {} | {} | {:.2} | {:.2} | {} samples, {} in profiler_test_hot_loop{} | {:.0} ms |",
+            c.t,
+            c.rss_kib as f64 / 1024.0,
+            c.fds,
+            c.lost,
+            c.store_bytes / 1048576.0,
+            c.cpu_pct,
+            c.query_samples,
+            c.query_named,
+            if c.failures.is_empty() { String::new() } else { format!(" — {}", c.failures.join("; ")) },
+            c.query_ms
+        );
+        checks.push(c);
+    }
+    drop(guard);
+    let _ = std::fs::remove_dir_all(&dir);
+    verdict(&checks, warm_up.as_secs_f64(), limit_mib)
+}
+
+fn check(
+    profiler: &Path,
+    dir: &Path,
+    pid: u32,
+    start: Instant,
+    last_cpu: &mut (Instant, u64),
+) -> anyhow::Result<Check> {
+    let m = metrics(ADDR)?;
+    let (at, ns) = (Instant::now(), cpu_ns(pid));
+    let cpu_pct = (ns - last_cpu.1) as f64 / 1e7 / at.duration_since(last_cpu.0).as_secs_f64();
+    *last_cpu = (at, ns);
+    let to = (now() - WINDOW_LAG_S).floor();
+    let t0 = Instant::now();
+    let mut failures = Vec::new();
+    let (samples, named) = match folded(profiler, dir, to - WINDOW_S, to, &["--cpu", "1"]) {
+        Ok(text) => (folded_count(&text, |_| true), folded_count(&text, |s| s.contains("profiler_test_hot_loop"))),
+        Err(e) => {
+            failures.push(format!("query failed: {e}"));
+            (0, 0)
+        }
+    };
+    let query_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let expected = HZ * WINDOW_S;
+    if (samples as f64) < expected * 0.95 || (samples as f64) > expected * 1.02 {
+        failures.push(format!("expected about {expected:.0} samples on CPU 1"));
+    }
+    if (named as f64) < samples as f64 * 0.5 {
+        failures.push("the helper's function is not most of CPU 1".into());
+    }
+    Ok(Check {
+        t: start.elapsed().as_secs_f64(),
+        rss_kib: usage(pid)?.1,
+        fds: fds(pid),
+        lost: metric_sum(&m, "profiler_lost_samples_total"),
+        store_bytes: metric_sum(&m, "profiler_store_bytes"),
+        largest_segment: std::fs::read_dir(dir.join("segments"))
+            .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).max().unwrap_or(0))
+            .unwrap_or(0),
+        query_samples: samples,
+        query_named: named,
+        query_ms,
+        cpu_pct,
+        failures,
+    })
+}
+
+fn verdict(checks: &[Check], warm_up: f64, limit_mib: f64) -> anyhow::Result<()> {
+    let (warm, after): (Vec<&Check>, Vec<&Check>) = checks.iter().partition(|c| c.t < warm_up + 1.0);
+    if warm.is_empty() || after.is_empty() {
+        bail!("too few checks to judge ({} in the warm-up, {} after)", warm.len(), after.len());
+    }
+    let warm_rss = warm.iter().map(|c| c.rss_kib).max().unwrap_or(0) as f64;
+    let after_rss = after.iter().map(|c| c.rss_kib).max().unwrap_or(0) as f64;
+    let growth = (after_rss - warm_rss) / warm_rss * 100.0;
+    let warm_fds = warm.iter().map(|c| c.fds).max().unwrap_or(0);
+    let after_fds = after.iter().map(|c| c.fds).max().unwrap_or(0);
+    let lost = checks.last().map_or(0.0, |c| c.lost);
+    let failed_queries: Vec<String> =
+        checks.iter().flat_map(|c| c.failures.iter().map(move |f| format!("t={:.0}s: {f}", c.t))).collect();
+    let max_store = checks.iter().map(|c| c.store_bytes).fold(0.0, f64::max) / 1048576.0;
+    // The segment being written can take the store past the limit by one minute of data.
+    let segment_mib = checks.iter().map(|c| c.largest_segment).max().unwrap_or(0) as f64 / 1048576.0;
+    let cpu = checks.iter().map(|c| c.cpu_pct).sum::<f64>() / checks.len() as f64;
+    let query_ms = checks.iter().map(|c| c.query_ms).fold(0.0, f64::max);
+    let criteria = [
+        (
+            format!(
+                "RSS growth after warm-up: {growth:+.1} % (peak {:.1} MiB, warm-up peak {:.1} MiB)",
+                after_rss / 1024.0,
+                warm_rss / 1024.0
+            ),
+            growth <= 5.0,
+            "<= 5 %",
+        ),
+        (
+            format!("open fds: peak {after_fds} after warm-up, {warm_fds} during it"),
+            after_fds <= warm_fds + FD_SLACK,
+            "no growth (± one churn generation's binaries, 16)",
+        ),
+        (format!("lost samples: {lost}"), lost == 0.0, "0"),
+        (
+            format!(
+                "queries: {} of {} answered correctly (slowest {query_ms:.0} ms)",
+                checks.len() - checks.iter().filter(|c| !c.failures.is_empty()).count(),
+                checks.len()
+            ),
+            failed_queries.is_empty(),
+            "all",
+        ),
+        (
+            format!("store: at most {max_store:.2} MiB, limit {limit_mib:.2} MiB, largest segment {segment_mib:.2} MiB"),
+            max_store <= limit_mib + segment_mib,
+            "<= limit + one segment",
+        ),
+    ];
+    println!("\n| criterion | measured | goal | |\n|---|---|---|---|");
+    for (what, ok, goal) in &criteria {
+        println!(
+            "| {} | {} | {goal} | {} |",
+            what.split(':').next().unwrap_or(""),
+            what.split_once(": ").map_or("", |x| x.1),
+            if *ok { "pass" } else { "FAIL" }
+        );
+    }
+    println!("| daemon CPU, mean of checks | {cpu:.2} % of one CPU | | |");
+    for f in &failed_queries {
+        println!("failed: {f}");
+    }
+    if criteria.iter().any(|c| !c.1) {
+        bail!("the soak failed; see the table above");
+    }
+    println!("\nsoak passed");
+    Ok(())
+}
