@@ -1,28 +1,24 @@
-//! The profiling daemon: collect → symbolize → store, until SIGINT or SIGTERM.
+//! The profiling daemon: collect → pipeline (symbolize → detect → store), until SIGINT or SIGTERM.
+//! The daemon owns the timing: it drains the ring buffer into the pipeline and flushes it.
 
 use std::{
-    collections::HashMap,
     path::PathBuf,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
-use profiler_common::{COMM_LEN, FLAG_IDLE};
 use tokio::signal::unix::{SignalKind, signal};
 
 use tokio::io::unix::AsyncFd;
 
 use crate::{
     collect::{
-        CollectConfig, CollectError, Collector, CpuCounters, comm_str,
+        CollectConfig, CollectError, Collector, CpuCounters,
         kmsg::{Event, Kmsg},
-        parse_record,
     },
     config::{ConfigFile, Reloadable, StoreFlags},
-    detect::{self, Changes, Engine, Machine, Tick},
-    model::Sample,
+    detect::{self, Changes, Engine, Machine},
+    pipeline::Pipeline,
     store::{self, Meta, StoreError, StoreWriter, format::FORMAT_VERSION, writer::WriterLimits},
-    symbolize::Symbolizer,
     timespec::now_ns,
 };
 
@@ -87,66 +83,6 @@ fn self_usage() -> (u64, Duration) {
     (rss, tv(usage.ru_utime) + tv(usage.ru_stime))
 }
 
-struct Pipeline {
-    symbolizer: Symbolizer,
-    writer: StoreWriter,
-    comms: HashMap<[u8; COMM_LEN], Arc<str>>,
-    offset: i128,
-    kernel: Vec<u64>,
-    user: Vec<u64>,
-    samples: u64,
-    idle: u64,
-    bad_records: u64,
-    engine: Engine,
-    /// Per CPU since start: busy, idle, lost.
-    per_cpu: std::collections::BTreeMap<u32, (u64, u64, u64)>,
-}
-
-impl Pipeline {
-    fn handle(&mut self, bytes: &[u8]) {
-        let header = match parse_record(bytes, &mut self.kernel, &mut self.user) {
-            Ok(h) => h,
-            Err(e) => {
-                self.bad_records += 1;
-                tracing::debug!(error = %e, "malformed sample record skipped");
-                return;
-            }
-        };
-        let ts_ns = (header.ts_ns as i128 + self.offset).max(0) as u64;
-        if header.flags & FLAG_IDLE != 0 {
-            self.idle += 1;
-            self.per_cpu.entry(header.cpu).or_default().1 += 1;
-            self.writer.push_idle(ts_ns, header.cpu);
-            self.engine.on_idle(ts_ns, header.cpu);
-            return;
-        }
-        self.samples += 1;
-        self.per_cpu.entry(header.cpu).or_default().0 += 1;
-        let comm = match self.comms.get(&header.comm) {
-            Some(c) => c.clone(),
-            None => {
-                if self.comms.len() > 65_536 {
-                    self.comms.clear();
-                }
-                let c: Arc<str> = Arc::from(comm_str(&header.comm).as_ref());
-                self.comms.insert(header.comm, c.clone());
-                c
-            }
-        };
-        let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
-        self.engine.on_busy(ts_ns, header.cpu, Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone() });
-        self.writer.push(&Sample {
-            ts_ns,
-            cpu: header.cpu,
-            pid: header.pid,
-            tid: header.tid,
-            cgroup_id: header.cgroup_id,
-            comm,
-            stack,
-        });
-    }
-}
-
 fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, pipeline: &mut Pipeline) {
     while let Some(item) = ring.next() {
         pipeline.handle(&item);
@@ -180,19 +116,11 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         "profiling started"
     );
 
-    let mut pipeline = Pipeline {
-        symbolizer: Symbolizer::new(),
-        writer: StoreWriter::with_limits(&store::segments_dir(&config.data_dir), config.limits),
-        comms: HashMap::new(),
-        offset: boot_to_unix_offset(),
-        kernel: Vec::new(),
-        user: Vec::new(),
-        samples: 0,
-        idle: 0,
-        bad_records: 0,
-        engine: Engine::new(Machine { cpus, frequency_hz: config.frequency_hz }, config.settings.thresholds.clone()),
-        per_cpu: Default::default(),
-    };
+    let mut pipeline = Pipeline::new(
+        StoreWriter::with_limits(&store::segments_dir(&config.data_dir), config.limits),
+        Engine::new(Machine { cpus, frequency_hz: config.frequency_hz }, config.settings.thresholds.clone()),
+        boot_to_unix_offset(),
+    );
     let live = std::sync::Arc::new(std::sync::Mutex::new(crate::serve::metrics::Live {
         frequency_hz: config.frequency_hz,
         ..Default::default()
@@ -354,7 +282,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         if let Some(n) = collector.netrx() {
             pipeline.engine.on_netrx(now, n);
         }
-        let mut changes = pipeline.engine.tick(now);
+        let mut changes = pipeline.tick(now);
         if last_zombie_check.elapsed() >= Duration::from_secs(5) {
             last_zombie_check = Instant::now();
             let z = pipeline.engine.check_zombies(now);
@@ -385,7 +313,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             l.cached_processes = symbols.processes as u64;
             l.cached_modules = symbols.modules as u64;
         }
-        match pipeline.writer.flush(now_ns()) {
+        match pipeline.flush(now_ns()) {
             Ok(f) => {
                 report.bytes += f.bytes;
                 if write_failing {

@@ -1,7 +1,8 @@
 //! The profiler's userspace. The data path, in module order:
 //! collect (BPF ring buffer) → symbolize (blazesym) → store (time-bucketed segments) →
 //! query (windows, filters, folding) → flamegraph (folded text, inferno SVG).
-//! `daemon` wires the first three together; `main.rs` is the CLI over all of them.
+//! `pipeline` is the per-sample path (parse a record → symbolize → detect → store); `daemon` feeds
+//! it from the ring buffer and flushes it; `main.rs` is the CLI over all of them.
 
 pub mod collect;
 pub mod config;
@@ -10,6 +11,7 @@ pub mod detect;
 pub mod export;
 pub mod logs;
 pub mod model;
+pub mod pipeline;
 pub mod query;
 pub mod serve;
 pub mod store;

@@ -198,8 +198,8 @@ impl StackPool {
     }
 }
 
-/// One CPU's share of busy time.
-fn busy_share(cpu: u32, cpus: u32) -> f64 {
+/// One CPU's share of busy time (shared with the replay benchmark, so both model one node).
+pub fn busy_share(cpu: u32, cpus: u32) -> f64 {
     // A GPU node: a few feeder threads pin their cores, some are half busy, most idle.
     match cpu {
         c if c < cpus.div_ceil(16) => 0.95,

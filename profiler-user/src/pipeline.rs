@@ -1,0 +1,123 @@
+//! The per-sample path: a ring-buffer record is parsed, its stacks symbolized, and the sample
+//! handed to the detectors and to the store writer.
+//!
+//! It lives apart from the daemon so that the daemon and the replay benchmark
+//! (`benches/replay.rs`) run the very same code: nothing here touches BPF, so records built in
+//! memory go through exactly what the ring buffer's records go through. The daemon owns the
+//! timing (when to drain, when to flush) and everything around it (lost counters, findings on
+//! disk, metrics).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use profiler_common::{COMM_LEN, FLAG_IDLE};
+
+use crate::{
+    collect::{comm_str, parse_record},
+    detect::{Changes, Engine, Tick},
+    model::Sample,
+    store::{StoreError, StoreWriter, writer::Flushed},
+    symbolize::Symbolizer,
+};
+
+/// Most distinct comms kept interned; past it the table starts over (comms are per thread, and
+/// a node with churn would otherwise grow it forever).
+const COMMS_MAX: usize = 65_536;
+
+pub struct Pipeline {
+    /// Not `Send` (blazesym): the pipeline stays on the thread that built it.
+    pub symbolizer: Symbolizer,
+    pub writer: StoreWriter,
+    pub engine: Engine,
+    /// `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns: BPF stamps samples with boot time, the store
+    /// keeps wall-clock time. The daemon re-reads it on every flush, so NTP steps are followed.
+    pub offset: i128,
+    /// Busy and idle samples handled since start.
+    pub samples: u64,
+    pub idle: u64,
+    /// Records too short for what their header announces (skipped).
+    pub bad_records: u64,
+    /// Per CPU since start: busy, idle, lost.
+    pub per_cpu: BTreeMap<u32, (u64, u64, u64)>,
+    /// Comm bytes → shared name, so a busy thread's name is not re-allocated per sample.
+    comms: HashMap<[u8; COMM_LEN], Arc<str>>,
+    /// Scratch for the addresses of the record being handled (reused: no allocation per record).
+    kernel: Vec<u64>,
+    user: Vec<u64>,
+}
+
+impl Pipeline {
+    /// `offset`: see [`Pipeline::offset`].
+    pub fn new(writer: StoreWriter, engine: Engine, offset: i128) -> Self {
+        Self {
+            symbolizer: Symbolizer::new(),
+            writer,
+            engine,
+            offset,
+            samples: 0,
+            idle: 0,
+            bad_records: 0,
+            per_cpu: BTreeMap::new(),
+            comms: HashMap::new(),
+            kernel: Vec::new(),
+            user: Vec::new(),
+        }
+    }
+
+    /// One ring-buffer record: a `SampleHeader`, then its kernel and user addresses.
+    pub fn handle(&mut self, bytes: &[u8]) {
+        let header = match parse_record(bytes, &mut self.kernel, &mut self.user) {
+            Ok(h) => h,
+            Err(e) => {
+                self.bad_records += 1;
+                tracing::debug!(error = %e, "malformed sample record skipped");
+                return;
+            }
+        };
+        let ts_ns = (header.ts_ns as i128 + self.offset).max(0) as u64;
+        if header.flags & FLAG_IDLE != 0 {
+            self.idle += 1;
+            self.per_cpu.entry(header.cpu).or_default().1 += 1;
+            self.writer.push_idle(ts_ns, header.cpu);
+            self.engine.on_idle(ts_ns, header.cpu);
+            return;
+        }
+        self.samples += 1;
+        self.per_cpu.entry(header.cpu).or_default().0 += 1;
+        let comm = match self.comms.get(&header.comm) {
+            Some(c) => c.clone(),
+            None => {
+                if self.comms.len() > COMMS_MAX {
+                    self.comms.clear();
+                }
+                let c: Arc<str> = Arc::from(comm_str(&header.comm).as_ref());
+                self.comms.insert(header.comm, c.clone());
+                c
+            }
+        };
+        let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
+        self.engine.on_busy(ts_ns, header.cpu, Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone() });
+        self.writer.push(&Sample {
+            ts_ns,
+            cpu: header.cpu,
+            pid: header.pid,
+            tid: header.tid,
+            cgroup_id: header.cgroup_id,
+            comm,
+            stack,
+        });
+    }
+
+    /// Runs the detectors over every second complete by `now_ns` (wall-clock ns). The daemon
+    /// calls it on every flush tick, before [`Pipeline::flush`].
+    pub fn tick(&mut self, now_ns: u64) -> Changes {
+        self.engine.tick(now_ns)
+    }
+
+    /// Writes what the writer holds. On failure nothing is lost: a later flush writes it.
+    pub fn flush(&mut self, now_ns: u64) -> Result<Flushed, StoreError> {
+        self.writer.flush(now_ns)
+    }
+}
