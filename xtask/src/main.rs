@@ -183,7 +183,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .args(["test", "--package", "integration-tests", "--", "--test-threads=1"])
                 .args(&args)
                 .env("PROFILER_BIN", &bin);
-            status(integration)
+            status(integration)?;
+            // Last, unless a filter picked some tests: two minutes of the soak, release build.
+            if args.is_empty() {
+                let (profiler, helpers) = (build(true)?, build_helpers()?);
+                soak::run(&profiler, &helpers.join("busy-helper"), &helpers.join("churn"), 2.0)?;
+            }
+            Ok(())
         }
     }
 }
