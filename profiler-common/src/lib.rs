@@ -75,6 +75,8 @@ pub mod event {
     pub const CGROUP_MKDIR: u32 = 1;
     pub const CGROUP_RMDIR: u32 = 2;
     pub const CGROUP_RELEASE: u32 = 3;
+    /// A process exec'd (`sched:sched_process_exec`): its mappings can be read now.
+    pub const PROCESS_EXEC: u32 = 4;
 }
 
 /// Bytes of a tracepoint's raw record copied after an [`EventHeader`]; userspace decodes them

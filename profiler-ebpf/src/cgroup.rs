@@ -25,7 +25,7 @@ struct Record {
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 
 #[inline(always)]
-fn send(ctx: &TracePointContext, kind: u32) -> u32 {
+pub(crate) fn send(ctx: &TracePointContext, kind: u32) -> u32 {
     let Some(mut entry) = EVENTS.reserve::<Record>(0) else { return 0 };
     let record = entry.as_mut_ptr();
     let pid_tgid = bpf_get_current_pid_tgid();

@@ -13,6 +13,7 @@
 #![no_main]
 
 mod cgroup;
+mod exec;
 mod netrx;
 
 use core::ffi::c_void;

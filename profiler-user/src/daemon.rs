@@ -212,6 +212,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                     let ring = events.get_mut();
                     while let Some(item) = ring.next() {
                         if let Some(mut e) = crate::collect::parse_event(cgroup_fields, &item) {
+                            if e.kind == profiler_common::event::PROCESS_EXEC {
+                                pipeline.symbolizer.note_exec(e.pid, &e.comm);
+                                continue;
+                            }
                             e.ts_ns = (e.ts_ns as i128 + pipeline.offset).max(0) as u64;
                             pipeline.engine.zombies.on_event(&e);
                         }

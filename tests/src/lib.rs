@@ -57,10 +57,15 @@ pub fn profiler_bin() -> PathBuf {
 }
 
 pub fn helper_bin() -> PathBuf {
+    bin("busy-helper")
+}
+
+/// One of this package's helper programs (src/bin/).
+pub fn bin(name: &str) -> PathBuf {
     // Built with this package: cargo puts it next to the test binary's parent directory.
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("busy-helper");
+    let bin = dir.join(name);
     assert!(bin.exists(), "{} does not exist", bin.display());
     bin
 }

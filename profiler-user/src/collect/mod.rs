@@ -222,12 +222,16 @@ impl Collector {
         if let Err(e) = &cgroup_ok {
             tracing::warn!(error = %e, "cgroup tracepoints not attached: zombie cgroups will not be attributed");
         }
+        let exec_ok = attached("sched_process_exec", "sched");
+        if let Err(e) = &exec_ok {
+            tracing::warn!(error = %e, "exec tracepoint not attached: processes that live only milliseconds may show unnamed frames");
+        }
         let netrx = match netrx_ok {
             Ok(_) => ebpf.take_map("NETRX").and_then(|m| PerCpuArray::try_from(m).ok()),
             Err(_) => None,
         };
-        let events = match cgroup_ok {
-            Ok(_) => match ebpf.take_map("EVENTS").map(RingBuf::try_from) {
+        let events = match cgroup_ok.map(drop).or(exec_ok) {
+            Ok(()) => match ebpf.take_map("EVENTS").map(RingBuf::try_from) {
                 Some(Ok(ring)) => Some(
                     // SAFETY: as for SAMPLES below.
                     unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }

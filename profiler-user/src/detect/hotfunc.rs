@@ -3,11 +3,13 @@
 //! the share (the deepest: fewest ticks among those above the threshold), never a generic entry
 //! point. Known offenders get a lower threshold and a hint of the known cause.
 
-use std::collections::{HashMap, VecDeque};
+use std::{collections::VecDeque, sync::Arc};
+
+use rustc_hash::FxHashMap;
 
 use serde_json::json;
 
-use super::{Active, Kind, Machine, Second, Severity, Thresholds, Tick, percent, top_processes};
+use super::{Active, Kind, Machine, Second, Severity, Thresholds, percent, top_processes};
 
 /// Entry points and dispatchers that sit above whatever the kernel is really doing.
 pub const GENERIC: &[&str] = &[
@@ -77,11 +79,41 @@ fn hint(name: &str) -> Option<&'static str> {
 pub struct HotFunc {
     /// Per CPU: start of the window in which the current hot spell was first seen.
     since: Vec<Option<u64>>,
+    /// Each second of the window counted once, by its start: the window slides one second at a
+    /// time, and recounting all of it every second was most of the daemon's per-sample cost.
+    counted: VecDeque<(u64, Vec<Counts>)>,
 }
 
+/// Per kernel function: inclusive ticks and the sum of its depths.
+type Counts = FxHashMap<Arc<str>, Count>;
+
+#[derive(Debug, Default, Clone, Copy)]
 struct Count {
     ticks: u64,
     depth_sum: u64,
+}
+
+/// Per CPU, the inclusive counts of one second's busy ticks.
+fn count_second(s: &Second) -> Vec<Counts> {
+    s.cpus
+        .iter()
+        .map(|c| {
+            let mut counts = Counts::default();
+            for tick in &c.busy {
+                let kernel = &tick.stack.frames[tick.stack.user_len..];
+                for (depth, f) in kernel.iter().enumerate() {
+                    // Inclusive: a recursive function counts once per tick.
+                    if kernel[..depth].iter().any(|g| g == f) {
+                        continue;
+                    }
+                    let e = counts.entry(f.clone()).or_default();
+                    e.ticks += 1;
+                    e.depth_sum += depth as u64;
+                }
+            }
+            counts
+        })
+        .collect()
 }
 
 impl HotFunc {
@@ -94,24 +126,27 @@ impl HotFunc {
         let window_start = window[0].start_ns;
         let cpus = window.last().map_or(0, |s| s.cpus.len());
         self.since.resize(cpus, None);
+        // Keep the counts of exactly the window's seconds, counting only the new ones.
+        self.counted.retain(|(start, _)| window.iter().any(|s| s.start_ns == *start));
+        for s in &window {
+            if !self.counted.iter().any(|(start, _)| *start == s.start_ns) {
+                self.counted.push_back((s.start_ns, count_second(s)));
+            }
+        }
         let mut out = Vec::new();
         for cpu in 0..cpus {
-            let ticks: Vec<&Tick> = window.iter().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter()).collect();
+            let ticks = || window.iter().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
+            let busy = window.iter().filter_map(|s| s.cpus.get(cpu)).map(|c| c.busy.len() as u64).sum::<u64>();
             let idle: u64 = window.iter().filter_map(|s| s.cpus.get(cpu)).map(|c| u64::from(c.idle)).sum();
             // Over the ticks the CPU had, or should have had: a nearly idle CPU with a few
             // samples all in one function is not "held" by it.
-            let denom = (ticks.len() as u64 + idle).max(m.frequency_hz * u64::from(t.hot_window_secs.max(1))) as f64;
-            let mut counts: HashMap<&str, Count> = HashMap::new();
-            for tick in &ticks {
-                let kernel = &tick.stack.frames[tick.stack.user_len..];
-                for (depth, f) in kernel.iter().enumerate() {
-                    // Inclusive: a recursive function counts once per tick.
-                    if kernel[..depth].iter().any(|g| g == f) {
-                        continue;
-                    }
-                    let c = counts.entry(&**f).or_insert(Count { ticks: 0, depth_sum: 0 });
-                    c.ticks += 1;
-                    c.depth_sum += depth as u64;
+            let denom = (busy + idle).max(m.frequency_hz * u64::from(t.hot_window_secs.max(1))) as f64;
+            let mut counts: FxHashMap<&str, Count> = FxHashMap::default();
+            for (_, per_cpu) in &self.counted {
+                for (f, c) in per_cpu.get(cpu).into_iter().flatten() {
+                    let e = counts.entry(&**f).or_default();
+                    e.ticks += c.ticks;
+                    e.depth_sum += c.depth_sum;
                 }
             }
             let pick = counts
@@ -144,8 +179,7 @@ impl HotFunc {
                 })
                 .map_or(window_start, |s| s.start_ns);
             let onset = *self.since[cpu].get_or_insert(first_hot);
-            let holders =
-                top_processes(ticks.iter().copied().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)), 3);
+            let holders = top_processes(ticks().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)), 3);
             let holders_text: Vec<String> = holders
                 .iter()
                 .map(|(comm, pid, n)| format!("{comm} (pid {pid}) {}", percent(*n as f64 / denom)))

@@ -172,6 +172,19 @@ impl Symbolizer {
         stack
     }
 
+    /// A process just exec'd: read its mappings and find its files now, while `/proc/PID` still
+    /// leads to them (a process living milliseconds is gone before its samples are read).
+    pub fn note_exec(&mut self, pid: u32, comm: &str) {
+        self.load_process(pid, comm, Instant::now());
+        let maps = self.processes.get(&pid).map(|p| p.maps.clone()).unwrap_or_default();
+        for m in maps.iter().filter(|m| m.is_file()) {
+            if !self.modules.contains_key(&(m.dev, m.inode)) {
+                let module = self.open_module(pid, m);
+                self.modules.insert((m.dev, m.inode), module);
+            }
+        }
+    }
+
     /// Forgets what is no longer needed (see the module comment).
     pub fn expire(&mut self) {
         self.sweep(Instant::now());
@@ -197,12 +210,23 @@ impl Symbolizer {
         let mapped: std::collections::HashSet<(u64, u64)> =
             self.processes.values().flat_map(|p| p.maps.iter().map(|m| (m.dev, m.inode))).collect();
         let gone: Vec<(u64, u64)> = self.modules.keys().filter(|k| !mapped.contains(k)).copied().collect();
+        let mut evicted_modules = false;
         for key in gone {
             if let Some(Module { path: Some(path), .. }) = self.modules.remove(&key) {
                 // Closes the file and drops its parsed symbols; best effort by design.
                 let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path)));
             }
             self.stats.modules_evicted += 1;
+            evicted_modules = true;
+        }
+        if evicted_modules {
+            // A module's parsed symbols are large and freed all at once; glibc keeps such holes
+            // in its heap. Handing them back keeps RSS flat under process churn.
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only releases free memory.
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
         if self.kernel.len() > KERNEL_NAMES_MAX {
             self.kernel.clear();
@@ -261,9 +285,17 @@ impl Symbolizer {
             None => true,
         };
         if exec {
-            let comm = self.intern(comm);
-            let maps = self.read_maps(pid);
-            self.processes.insert(pid, Process { comms: vec![comm], exe: exe(pid), maps, read_at: now, seen_at: now });
+            self.load_process(pid, comm, now);
+        }
+    }
+
+    /// Reads a process's mappings afresh (new, or it exec'd).
+    fn load_process(&mut self, pid: u32, comm: &str, now: Instant) {
+        let comm = self.intern(comm);
+        let maps = self.read_maps(pid);
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let process = Process { comms: vec![comm], exe, maps, read_at: now, seen_at: now };
+        if self.processes.insert(pid, process).is_some() {
             // Stacks cached for this pid may belong to the image it replaced.
             self.stacks.retain(|k, _| k.0 != pid);
         }
