@@ -217,7 +217,9 @@ fn verdict(checks: &[Check], warm_up: f64, limit_mib: f64) -> anyhow::Result<()>
             "all",
         ),
         (
-            format!("store: at most {max_store:.2} MiB, limit {limit_mib:.2} MiB, largest segment {segment_mib:.2} MiB"),
+            format!(
+                "store: at most {max_store:.2} MiB, limit {limit_mib:.2} MiB, largest segment {segment_mib:.2} MiB"
+            ),
             max_store <= limit_mib + segment_mib,
             "<= limit + one segment",
         ),
