@@ -1,7 +1,7 @@
 //! `cargo xtask soak --minutes N`: the daemon at 999 Hz for N minutes with process churn and its
 //! store held at a size limit, checked every few seconds. Passes when, after the warm-up:
-//! - RSS grows by at most 5 % (peak after the warm-up against the warm-up's peak);
-//! - open file descriptors do not grow (beyond the binaries of processes alive at the time);
+//! - RSS grows by at most 5 % (mean of the last third after the warm-up against the first);
+//! - open file descriptors do not grow (floor of the last third against the first);
 //! - no sample is lost (this is nominal load for 2 CPUs);
 //! - every query answers correctly: the last seconds of CPU 1, where a helper spins in a known
 //!   function, hold the samples 999 Hz gives and name that function;
@@ -22,9 +22,6 @@ const HZ: f64 = 999.0;
 /// The query window: whole seconds that ended a little before the check, so they are on disk.
 const WINDOW_S: f64 = 5.0;
 const WINDOW_LAG_S: f64 = 2.0;
-/// Open files go up and down with the binaries of live processes the symbolizer holds open;
-/// the churn writes 16 new ones every 5 s.
-const FD_SLACK: usize = 16;
 
 struct Check {
     t: f64,
@@ -178,11 +175,21 @@ fn verdict(checks: &[Check], warm_up: f64, limit_mib: f64) -> anyhow::Result<()>
     if warm.is_empty() || after.is_empty() {
         bail!("too few checks to judge ({} in the warm-up, {} after)", warm.len(), after.len());
     }
-    let warm_rss = warm.iter().map(|c| c.rss_kib).max().unwrap_or(0) as f64;
-    let after_rss = after.iter().map(|c| c.rss_kib).max().unwrap_or(0) as f64;
-    let growth = (after_rss - warm_rss) / warm_rss * 100.0;
-    let warm_fds = warm.iter().map(|c| c.fds).max().unwrap_or(0);
-    let after_fds = after.iter().map(|c| c.fds).max().unwrap_or(0);
+    // Growth is judged between the first and the last third after the warm-up. RSS and open
+    // files swing with the churn (each set of binaries the symbolizer holds is ~16 files and a
+    // few MiB, held or not depending on when a check lands), so single peaks compare a swing,
+    // not a trend: RSS compares the thirds' means, open files their floors (a leaked descriptor
+    // raises the floor). The peaks are printed too.
+    let third = (after.len() / 3).max(1);
+    let (first, last) = (&after[..third], &after[after.len() - third..]);
+    let mean_rss = |v: &[&Check]| v.iter().map(|c| c.rss_kib as f64).sum::<f64>() / v.len() as f64 / 1024.0;
+    let (rss_first, rss_last) = (mean_rss(first), mean_rss(last));
+    let growth = (rss_last - rss_first) / rss_first * 100.0;
+    let peak = |v: &[&Check]| v.iter().map(|c| c.rss_kib).max().unwrap_or(0) as f64 / 1024.0;
+    let (warm_peak, after_peak) = (peak(&warm), peak(&after));
+    let floor_fds = |v: &[&Check]| v.iter().map(|c| c.fds).min().unwrap_or(0);
+    let (fds_first, fds_last) = (floor_fds(first), floor_fds(last));
+    let peak_fds = after.iter().map(|c| c.fds).max().unwrap_or(0);
     let lost = checks.last().map_or(0.0, |c| c.lost);
     let failed_queries: Vec<String> =
         checks.iter().flat_map(|c| c.failures.iter().map(move |f| format!("t={:.0}s: {f}", c.t))).collect();
@@ -194,17 +201,18 @@ fn verdict(checks: &[Check], warm_up: f64, limit_mib: f64) -> anyhow::Result<()>
     let criteria = [
         (
             format!(
-                "RSS growth after warm-up: {growth:+.1} % (peak {:.1} MiB, warm-up peak {:.1} MiB)",
-                after_rss / 1024.0,
-                warm_rss / 1024.0
+                "RSS growth after warm-up: {growth:+.1} % (mean {rss_first:.1} MiB in the first third after warm-up, \
+                 {rss_last:.1} MiB in the last; peaks {warm_peak:.1} MiB in warm-up, {after_peak:.1} MiB after)"
             ),
             growth <= 5.0,
             "<= 5 %",
         ),
         (
-            format!("open fds: peak {after_fds} after warm-up, {warm_fds} during it"),
-            after_fds <= warm_fds + FD_SLACK,
-            "no growth (± one churn generation's binaries, 16)",
+            format!(
+                "open fds: floor {fds_first} in the first third after warm-up, {fds_last} in the last (peak {peak_fds})"
+            ),
+            fds_last <= fds_first,
+            "no growth",
         ),
         (format!("lost samples: {lost}"), lost == 0.0, "0"),
         (

@@ -45,15 +45,17 @@ const STACK_CACHE_MAX: usize = 16_384;
 /// Processes not sampled for this long are forgotten.
 const PROCESS_TTL: Duration = Duration::from_secs(300);
 /// A process that has exited is forgotten once it has not been sampled for this long (samples
-/// still in the ring buffer when it exited resolve meanwhile).
-const EXITED_GRACE: Duration = Duration::from_secs(10);
+/// still in the ring buffer when it exited resolve meanwhile: the daemon drains it at least
+/// every second). Short, because under churn the binaries of exited processes stay open and
+/// parsed for as long as their processes are remembered.
+const EXITED_GRACE: Duration = Duration::from_secs(3);
 /// Most processes whose mappings are cached; past it the least recently sampled are forgotten.
 const MAX_PROCESSES: usize = 4096;
 /// Bounds on the address → name tables (kernel; per module), which start over when full.
 const KERNEL_NAMES_MAX: usize = 262_144;
 const MODULE_NAMES_MAX: usize = 65_536;
 /// How often the caches are swept.
-const SWEEP_EVERY: Duration = Duration::from_secs(5);
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
 /// An address outside every known mapping re-reads the maps at most this often per process.
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
 
