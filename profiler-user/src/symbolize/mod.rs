@@ -197,7 +197,12 @@ impl Symbolizer {
         let before = self.processes.len();
         self.processes.retain(|&pid, p| {
             let idle = now.duration_since(p.seen_at);
-            idle < EXITED_GRACE || (idle < PROCESS_TTL && std::path::Path::new(&format!("/proc/{pid}")).exists())
+            // Alive means this pid still runs the same program: pids wrap around (every few
+            // minutes under churn), and a reused one must not keep a gone process's mappings.
+            idle < EXITED_GRACE
+                || (idle < PROCESS_TTL && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == p.exe && {
+                    std::path::Path::new(&format!("/proc/{pid}")).exists()
+                })
         });
         if self.processes.len() > MAX_PROCESSES {
             let mut seen: Vec<Instant> = self.processes.values().map(|p| p.seen_at).collect();
