@@ -23,21 +23,31 @@ pub const FLAG_KERNEL_STACK_ERROR: u32 = 1 << 2;
 /// The user stack could not be captured.
 pub const FLAG_USER_STACK_ERROR: u32 = 1 << 3;
 
-/// Index of each per-CPU counter in the `COUNTERS` map.
+/// Slots of the per-CPU counters: `COUNTERS` holds one `[u64; counter::COUNT]` per CPU, so
+/// userspace reads them all with one syscall.
 pub mod counter {
     /// Samples the program saw (sent or not).
-    pub const SEEN: u32 = 0;
+    pub const SEEN: usize = 0;
     /// Samples dropped because the ring buffer was full.
-    pub const RINGBUF_FULL: u32 = 1;
+    pub const RINGBUF_FULL: usize = 1;
     /// Samples sent whose kernel stack could not be captured.
-    pub const KERNEL_STACK_ERROR: u32 = 2;
+    pub const KERNEL_STACK_ERROR: usize = 2;
     /// Samples sent whose user stack could not be captured.
-    pub const USER_STACK_ERROR: u32 = 3;
-    /// Most bytes seen waiting in the ring buffer since userspace last reset it.
-    pub const RING_USED_MAX: u32 = 4;
-    /// Number of counters.
-    pub const COUNT: u32 = 5;
+    pub const USER_STACK_ERROR: usize = 3;
+    /// Most bytes seen waiting in the ring buffer during the maxima epoch in [`EPOCH`].
+    pub const RING_USED_MAX: usize = 4;
+    /// The `MAXIMA_EPOCH` value the maxima here belong to (see [`super::MAXIMA_EPOCH`]).
+    pub const EPOCH: usize = 5;
+    /// Number of slots.
+    pub const COUNT: usize = 6;
 }
+
+/// How maxima ("the longest wait since the last read") are reset without a racy write of the
+/// whole per-CPU value, which would also wipe counters the kernel bumped meanwhile: userspace
+/// bumps the one-entry array named here after each read; the kernel, before raising a
+/// maximum, zeroes the maxima of a value whose `EPOCH` slot is older and stamps it. A value read
+/// with an older stamp had no maximum in the epoch just ended.
+pub const MAXIMA_EPOCH: &str = "MAXIMA_EPOCH";
 
 /// Fixed part of a ring-buffer record.
 #[repr(C)]
@@ -106,23 +116,24 @@ pub const NET_RX_VEC: u32 = 3;
 /// Log2 buckets of the NET_RX raise→entry latency histogram (bucket `i`: `[2^i, 2^(i+1))` ns).
 pub const LATENCY_BUCKETS: u32 = 36;
 
-/// Per-CPU NET_RX statistics in the `NETRX` array: cumulative counters at these indexes, and
-/// maxima that userspace resets after reading.
+/// Per-CPU NET_RX statistics: `NETRX` holds one `[u64; netrx::LEN]` per CPU, cumulative
+/// counters and maxima (reset per epoch, see [`MAXIMA_EPOCH`]) at these slots.
 pub mod netrx {
     /// NET_RX raises that started a wait (not counting raises while already pending).
-    pub const RAISES: u32 = 0;
+    pub const RAISES: usize = 0;
     /// NET_RX softirq runs that ended a wait.
-    pub const ENTRIES: u32 = 1;
-    /// Longest raise→entry wait since userspace last reset it, ns.
-    pub const LATENCY_MAX: u32 = 2;
+    pub const ENTRIES: usize = 1;
+    /// Longest raise→entry wait in the epoch, ns.
+    pub const LATENCY_MAX: usize = 2;
     /// NAPI polls.
-    pub const POLLS: u32 = 3;
+    pub const POLLS: usize = 3;
     /// Longest time between two NAPI polls on a CPU with work pending across it (the first
-    /// used its whole budget, or the second found a full budget waiting), since the last
-    /// reset, ns.
-    pub const POLL_GAP_MAX: u32 = 4;
+    /// used its whole budget, or the second found a full budget waiting) in the epoch, ns.
+    pub const POLL_GAP_MAX: usize = 4;
+    /// The epoch the maxima belong to.
+    pub const EPOCH: usize = 5;
     /// First histogram bucket; `LATENCY_BUCKETS` follow.
-    pub const HISTOGRAM: u32 = 8;
-    /// Entries in the array.
-    pub const LEN: u32 = HISTOGRAM + super::LATENCY_BUCKETS;
+    pub const HISTOGRAM: usize = 8;
+    /// Slots in the value.
+    pub const LEN: usize = HISTOGRAM + super::LATENCY_BUCKETS as usize;
 }

@@ -26,7 +26,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_boot_ns},
     },
     macros::{map, perf_event},
-    maps::{PerCpuArray, RingBuf},
+    maps::{Array, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
@@ -48,9 +48,36 @@ struct Record {
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 
-/// Per-CPU counters, indexed by `profiler_common::counter`.
+/// Per-CPU counters, one value per CPU with slots named in `profiler_common::counter`: one
+/// value so that userspace reads them all with one syscall.
 #[map]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+static COUNTERS: PerCpuArray<[u64; counter::COUNT]> = PerCpuArray::with_max_entries(1, 0);
+
+/// The current maxima epoch, bumped by userspace after each read (`profiler_common::MAXIMA_EPOCH`).
+#[map]
+static MAXIMA_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Raises `values[slot]` to `value`, first zeroing `maxima` if they belong to an older epoch
+/// than the current one (userspace has read them since).
+#[inline(always)]
+pub(crate) fn raise_max(values: &mut [u64], epoch_slot: usize, maxima: &[usize], slot: usize, value: u64) {
+    let epoch = MAXIMA_EPOCH.get(0).copied().unwrap_or(0);
+    if let Some(stamp) = values.get_mut(epoch_slot)
+        && *stamp != epoch
+    {
+        *stamp = epoch;
+        for &m in maxima {
+            if let Some(v) = values.get_mut(m) {
+                *v = 0;
+            }
+        }
+    }
+    if let Some(v) = values.get_mut(slot)
+        && value > *v
+    {
+        *v = value;
+    }
+}
 
 /// A record is built here (too big for the 512-byte BPF stack), then copied to the ring with
 /// its real length, so a shallow stack costs a shallow record.
@@ -70,10 +97,10 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
 }
 
 #[inline(always)]
-fn count(index: u32) {
-    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
-        // Per-CPU slot, and a perf_event program does not nest on its CPU: a plain add is safe.
-        unsafe { *slot += 1 };
+fn count(slot: usize) {
+    if let Some(values) = COUNTERS.get_ptr_mut(0) {
+        // Per-CPU value, and a perf_event program does not nest on its CPU: a plain add is safe.
+        unsafe { (*values)[slot] += 1 };
     }
 }
 
@@ -144,13 +171,9 @@ fn try_sample(ctx: &PerfEventContext) {
 
     let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
     let used = SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + len as u64;
-    if let Some(max) = COUNTERS.get_ptr_mut(counter::RING_USED_MAX) {
+    if let Some(values) = COUNTERS.get_ptr_mut(0) {
         // A high-water mark for /metrics: how close the ring came to dropping samples.
-        unsafe {
-            if used > *max {
-                *max = used;
-            }
-        }
+        raise_max(unsafe { &mut *values }, counter::EPOCH, &[counter::RING_USED_MAX], counter::RING_USED_MAX, used);
     }
     let flags = if threshold == 0 {
         0

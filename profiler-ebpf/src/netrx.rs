@@ -9,9 +9,12 @@ use aya_ebpf::{
 };
 use profiler_common::{LATENCY_BUCKETS, NET_RX_VEC, netrx};
 
-/// Statistics per CPU, indexed by `profiler_common::netrx`.
+/// Statistics per CPU, one value with slots named in `profiler_common::netrx`, read by userspace
+/// with one syscall.
 #[map]
-static NETRX: PerCpuArray<u64> = PerCpuArray::with_max_entries(netrx::LEN, 0);
+static NETRX: PerCpuArray<[u64; netrx::LEN]> = PerCpuArray::with_max_entries(1, 0);
+
+const MAXIMA: [usize; 2] = [netrx::LATENCY_MAX, netrx::POLL_GAP_MAX];
 
 /// Per-CPU state: [0] time NET_RX was raised and not yet run (0: not pending), [1] time of the
 /// last NAPI poll, [2] whether that poll used its whole budget.
@@ -32,6 +35,12 @@ fn slot(map: &PerCpuArray<u64>, i: u32) -> Option<&mut u64> {
 }
 
 #[inline(always)]
+fn stats() -> Option<&'static mut [u64; netrx::LEN]> {
+    // Per-CPU value, and these tracepoints do not nest on a CPU.
+    NETRX.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
+
+#[inline(always)]
 fn vec_of(ctx: &TracePointContext) -> u32 {
     let off = unsafe { core::ptr::read_volatile(&SOFTIRQ_VEC_OFFSET) } as usize;
     unsafe { ctx.read_at::<u32>(off) }.unwrap_or(u32::MAX)
@@ -46,8 +55,8 @@ pub fn softirq_raise(ctx: TracePointContext) -> u32 {
         && *pending == 0
     {
         *pending = unsafe { bpf_ktime_get_boot_ns() };
-        if let Some(n) = slot(&NETRX, netrx::RAISES) {
-            *n += 1;
+        if let Some(s) = stats() {
+            s[netrx::RAISES] += 1;
         }
     }
     0
@@ -64,16 +73,11 @@ pub fn softirq_entry(ctx: TracePointContext) -> u32 {
     }
     let waited = unsafe { bpf_ktime_get_boot_ns() }.saturating_sub(*pending);
     *pending = 0;
-    if let Some(n) = slot(&NETRX, netrx::ENTRIES) {
-        *n += 1;
-    }
-    if let Some(max) = slot(&NETRX, netrx::LATENCY_MAX)
-        && waited > *max
-    {
-        *max = waited;
-    }
+    let Some(s) = stats() else { return 0 };
+    s[netrx::ENTRIES] += 1;
+    crate::raise_max(s, netrx::EPOCH, &MAXIMA, netrx::LATENCY_MAX, waited);
     let bucket = (63 - waited.max(1).leading_zeros()).min(LATENCY_BUCKETS - 1);
-    if let Some(n) = slot(&NETRX, netrx::HISTOGRAM + bucket) {
+    if let Some(n) = s.get_mut(netrx::HISTOGRAM + bucket as usize) {
         *n += 1;
     }
     0
@@ -86,20 +90,14 @@ pub fn napi_poll(ctx: TracePointContext) -> u32 {
     let budget_off = unsafe { core::ptr::read_volatile(&NAPI_BUDGET_OFFSET) } as usize;
     let work = unsafe { ctx.read_at::<i32>(work_off) }.unwrap_or(0);
     let budget = unsafe { ctx.read_at::<i32>(budget_off) }.unwrap_or(i32::MAX);
-    if let Some(n) = slot(&NETRX, netrx::POLLS) {
-        *n += 1;
-    }
+    let Some(s) = stats() else { return 0 };
+    s[netrx::POLLS] += 1;
     let (Some(last), Some(full)) = (slot(&NETRX_STATE, 1), slot(&NETRX_STATE, 2)) else { return 0 };
     // A gap counts when work was pending across it: the poll before it left work behind (used
     // its whole budget), or this one finds a full budget's worth waiting. Quiet links, whose
     // polls are sparse and small, do not count.
     if (*full != 0 || work >= budget) && *last != 0 {
-        let gap = now.saturating_sub(*last);
-        if let Some(max) = slot(&NETRX, netrx::POLL_GAP_MAX)
-            && gap > *max
-        {
-            *max = gap;
-        }
+        crate::raise_max(s, netrx::EPOCH, &MAXIMA, netrx::POLL_GAP_MAX, now.saturating_sub(*last));
     }
     *last = now;
     *full = u64::from(work >= budget);

@@ -265,8 +265,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             _ => {}
         }
         // Counters: what the kernel side could not deliver since the last tick.
+        let mut ring_used_max = 0;
         match collector.counters() {
             Ok(now) => {
+                ring_used_max = now.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
                 for (cpu, c) in now.iter().enumerate() {
                     let prev = last_counters.get(cpu).copied().unwrap_or_default();
                     let lost = (c.ringbuf_full - prev.ringbuf_full)
@@ -286,6 +288,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         if let Some(n) = collector.netrx() {
             pipeline.engine.on_netrx(now, n);
         }
+        collector.next_epoch();
         let mut changes = pipeline.tick(now);
         if last_zombie_check.elapsed() >= Duration::from_secs(5) {
             last_zombie_check = Instant::now();
@@ -316,7 +319,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             l.store_bytes = store_size.0;
             l.store_span_seconds = store_size.1;
             l.pending_samples = pipeline.writer.pending_samples() as u64;
-            l.ring_used_bytes = collector.take_ring_used_max();
+            l.ring_used_bytes = ring_used_max;
             l.ring_size_bytes = collector.ring_bytes();
             let symbols = pipeline.symbolizer.stats();
             l.cached_processes = symbols.processes as u64;

@@ -35,6 +35,8 @@ struct Check {
     t: f64,
     rss_kib: u64,
     fds: usize,
+    /// Processes and modules the symbolizer holds (what RSS and fds follow under churn).
+    cached: (f64, f64),
     lost: f64,
     store_bytes: f64,
     largest_segment: u64,
@@ -100,9 +102,9 @@ pub fn run(profiler: &Path, helper: &Path, churn: &Path, minutes: f64) -> anyhow
         warm_up.as_secs_f64()
     );
     println!(
-        "| t (s) | RSS (MiB) | open fds | lost | store (MiB) | daemon CPU (% of one CPU) | query: CPU 1, 5 s | query time |"
+        "| t (s) | RSS (MiB) | open fds | cached processes / modules | lost | store (MiB) | daemon CPU (% of one CPU) | query: CPU 1, 5 s | query time |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let start = Instant::now();
     let mut checks: Vec<Check> = Vec::new();
     let mut last_cpu = (Instant::now(), cpu_ns(pid));
@@ -113,10 +115,12 @@ pub fn run(profiler: &Path, helper: &Path, churn: &Path, minutes: f64) -> anyhow
         }
         let c = check(profiler, &dir, pid, start, &mut last_cpu)?;
         println!(
-            "| {:.0} | {:.1} | {} | {} | {:.2} | {:.2} | {} samples, {} in profiler_test_hot_loop{} | {:.0} ms |",
+            "| {:.0} | {:.1} | {} | {:.0} / {:.0} | {} | {:.2} | {:.2} | {} samples, {} in profiler_test_hot_loop{} | {:.0} ms |",
             c.t,
             c.rss_kib as f64 / 1024.0,
             c.fds,
+            c.cached.0,
+            c.cached.1,
             c.lost,
             c.store_bytes / 1048576.0,
             c.cpu_pct,
@@ -165,6 +169,10 @@ fn check(
         t: start.elapsed().as_secs_f64(),
         rss_kib: usage(pid)?.1,
         fds: fds(pid),
+        cached: (
+            metric_sum(&m, "profiler_symbol_cache_entries{kind=\"processes\"}"),
+            metric_sum(&m, "profiler_symbol_cache_entries{kind=\"modules\"}"),
+        ),
         lost: metric_sum(&m, "profiler_lost_samples_total"),
         store_bytes: metric_sum(&m, "profiler_store_bytes"),
         largest_segment: std::fs::read_dir(dir.join("segments"))

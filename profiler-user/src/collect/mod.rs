@@ -8,7 +8,7 @@ pub mod tracefs;
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -16,7 +16,7 @@ use aya::{
     util::online_cpus,
 };
 use profiler_common::{
-    COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, LATENCY_BUCKETS, SampleHeader, counter, netrx,
+    COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, MAXIMA_EPOCH, SampleHeader, counter, netrx,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -95,7 +95,7 @@ pub struct CpuCounters {
     pub ringbuf_full: u64,
     pub kernel_stack_errors: u64,
     pub user_stack_errors: u64,
-    /// Most bytes waiting in the ring since the last [`Collector::take_ring_used_max`].
+    /// Most bytes waiting in the ring in the current maxima epoch ([`Collector::next_epoch`]).
     pub ring_used_max: u64,
 }
 
@@ -138,8 +138,11 @@ pub struct Collector {
     pub ring: AsyncFd<RingBuf<MapData>>,
     /// cgroup events, when those tracepoints could be attached.
     pub events: Option<AsyncFd<RingBuf<MapData>>>,
-    counters: PerCpuArray<MapData, u64>,
-    netrx: Option<PerCpuArray<MapData, u64>>,
+    counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
+    netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
+    /// The maxima epoch the kernel stamps on maxima (see `profiler_common::MAXIMA_EPOCH`).
+    epoch_map: Array<MapData, u64>,
+    epoch: u64,
     cgroup_fields: CgroupFields,
     ring_bytes: u64,
     pub cpus: Vec<u32>,
@@ -245,44 +248,53 @@ impl Collector {
         let ring = RingBuf::try_from(ring).map_err(|e| CollectError::Map("SAMPLES", e))?;
         let counters = ebpf.take_map("COUNTERS").ok_or(CollectError::Missing("map COUNTERS"))?;
         let counters = PerCpuArray::try_from(counters).map_err(|e| CollectError::Map("COUNTERS", e))?;
+        let epoch_map = ebpf.take_map(MAXIMA_EPOCH).ok_or(CollectError::Missing("map MAXIMA_EPOCH"))?;
+        let epoch_map = Array::try_from(epoch_map).map_err(|e| CollectError::Map("MAXIMA_EPOCH", e))?;
         // SAFETY: the RingBuf owns its map fd, which stays open and unchanged until the
         // AsyncFd (which owns the RingBuf) is dropped.
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| CollectError::Poll(e.into()))?;
-        Ok(Self { _ebpf: ebpf, ring, events, counters, netrx, cgroup_fields, ring_bytes: u64::from(ring_bytes), cpus })
+        Ok(Self {
+            _ebpf: ebpf,
+            ring,
+            events,
+            counters,
+            netrx,
+            epoch_map,
+            epoch: 0,
+            cgroup_fields,
+            ring_bytes: u64::from(ring_bytes),
+            cpus,
+        })
     }
 
-    /// NET_RX figures per CPU (index = CPU id); resets the maxima. `None` without the
-    /// tracepoints.
-    pub fn netrx(&mut self) -> Option<Vec<NetRxCpu>> {
-        let map = self.netrx.as_mut()?;
-        let get = |m: &PerCpuArray<MapData, u64>, i: u32| m.get(&i, 0).ok();
-        let raises = get(map, netrx::RAISES)?;
-        let entries = get(map, netrx::ENTRIES)?;
-        let lat = get(map, netrx::LATENCY_MAX)?;
-        let polls = get(map, netrx::POLLS)?;
-        let gap = get(map, netrx::POLL_GAP_MAX)?;
-        let buckets: Vec<_> = (0..LATENCY_BUCKETS).map(|b| get(map, netrx::HISTOGRAM + b)).collect::<Option<_>>()?;
-        let n = raises.len();
-        // Maxima are "since the last read": reset them. (A maximum set between the read and the
-        // reset is lost; it is one of many in a second of traffic.)
-        for i in [netrx::LATENCY_MAX, netrx::POLL_GAP_MAX] {
-            if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; n]) {
-                let _ = map.set(i, zeros, 0);
-            }
-        }
+    /// NET_RX figures per CPU (index = CPU id), with the maxima of the current epoch. `None`
+    /// without the tracepoints.
+    pub fn netrx(&self) -> Option<Vec<NetRxCpu>> {
+        let values = self.netrx.as_ref()?.get(&0, 0).ok()?;
         Some(
-            (0..n)
-                .map(|cpu| NetRxCpu {
-                    raises: raises[cpu],
-                    entries: entries[cpu],
-                    latency_max_ns: lat[cpu],
-                    polls: polls[cpu],
-                    poll_gap_max_ns: gap[cpu],
-                    histogram: buckets.iter().map(|b| b[cpu]).collect(),
+            values
+                .iter()
+                .map(|v| NetRxCpu {
+                    raises: v[netrx::RAISES],
+                    entries: v[netrx::ENTRIES],
+                    latency_max_ns: epoch_max(v, netrx::EPOCH, self.epoch, netrx::LATENCY_MAX),
+                    polls: v[netrx::POLLS],
+                    poll_gap_max_ns: epoch_max(v, netrx::EPOCH, self.epoch, netrx::POLL_GAP_MAX),
+                    histogram: v[netrx::HISTOGRAM..].to_vec(),
                 })
                 .collect(),
         )
+    }
+
+    /// Starts a new maxima epoch: what [`Self::counters`] and [`Self::netrx`] report as maxima
+    /// from now on is what happens after this call. (A maximum the kernel raises between the
+    /// reads and this call is lost; it is one of many in a second of traffic.)
+    pub fn next_epoch(&mut self) {
+        let next = self.epoch.wrapping_add(1);
+        if self.epoch_map.set(0, next, 0).is_ok() {
+            self.epoch = next;
+        }
     }
 
     /// Where this kernel puts the cgroup tracepoints' fields.
@@ -292,39 +304,32 @@ impl Collector {
 }
 
 impl Collector {
-    /// Cumulative kernel-side counters per CPU (index = CPU id).
+    /// Cumulative kernel-side counters per CPU (index = CPU id), with the ring's high-water
+    /// mark of the current epoch.
     pub fn counters(&self) -> Result<Vec<CpuCounters>, CollectError> {
-        let get = |index| self.counters.get(&index, 0).map_err(|e| CollectError::Map("COUNTERS", e));
-        let seen = get(counter::SEEN)?;
-        let full = get(counter::RINGBUF_FULL)?;
-        let kerr = get(counter::KERNEL_STACK_ERROR)?;
-        let uerr = get(counter::USER_STACK_ERROR)?;
-        let used = get(counter::RING_USED_MAX)?;
-        Ok((0..seen.len())
-            .map(|cpu| CpuCounters {
-                seen: seen[cpu],
-                ringbuf_full: full[cpu],
-                kernel_stack_errors: kerr[cpu],
-                user_stack_errors: uerr[cpu],
-                ring_used_max: used[cpu],
+        let values = self.counters.get(&0, 0).map_err(|e| CollectError::Map("COUNTERS", e))?;
+        Ok(values
+            .iter()
+            .map(|v| CpuCounters {
+                seen: v[counter::SEEN],
+                ringbuf_full: v[counter::RINGBUF_FULL],
+                kernel_stack_errors: v[counter::KERNEL_STACK_ERROR],
+                user_stack_errors: v[counter::USER_STACK_ERROR],
+                ring_used_max: epoch_max(v, counter::EPOCH, self.epoch, counter::RING_USED_MAX),
             })
             .collect())
-    }
-
-    /// The ring's high-water mark (bytes) since the last call, over all CPUs; resets it.
-    pub fn take_ring_used_max(&mut self) -> u64 {
-        let Ok(values) = self.counters.get(&counter::RING_USED_MAX, 0) else { return 0 };
-        let max = values.iter().copied().max().unwrap_or(0);
-        if let Ok(zeros) = aya::maps::PerCpuValues::try_from(vec![0u64; values.len()]) {
-            let _ = self.counters.set(counter::RING_USED_MAX, zeros, 0);
-        }
-        max
     }
 
     /// Size of the sample ring buffer in bytes.
     pub fn ring_bytes(&self) -> u64 {
         self.ring_bytes
     }
+}
+
+/// A maximum from a per-CPU value: zero when the value's stamp is not `epoch`, because then the
+/// kernel raised no maximum in this epoch (the number there is an older epoch's).
+fn epoch_max(value: &[u64], epoch_slot: usize, epoch: u64, slot: usize) -> u64 {
+    if value[epoch_slot] == epoch { value[slot] } else { 0 }
 }
 
 /// Decodes one `EVENTS` record.
@@ -348,6 +353,16 @@ pub fn parse_event(f: CgroupFields, bytes: &[u8]) -> Option<CgroupEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maxima_of_an_older_epoch_read_as_zero() {
+        let mut v = [0u64; counter::COUNT];
+        v[counter::RING_USED_MAX] = 4096;
+        v[counter::EPOCH] = 7;
+        assert_eq!(epoch_max(&v, counter::EPOCH, 7, counter::RING_USED_MAX), 4096);
+        // Userspace moved on to epoch 8 and the kernel raised nothing since: no maximum.
+        assert_eq!(epoch_max(&v, counter::EPOCH, 8, counter::RING_USED_MAX), 0);
+    }
 
     fn record(h: SampleHeader, frames: &[u64]) -> Vec<u8> {
         let mut b = vec![0u8; HEADER_LEN];
