@@ -324,6 +324,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             let symbols = pipeline.symbolizer.stats();
             l.cached_processes = symbols.processes as u64;
             l.cached_modules = symbols.modules as u64;
+            l.cached_stacks = symbols.stacks as u64;
+            l.cached_names = symbols.names as u64;
         }
         match pipeline.flush(now_ns()) {
             Ok(f) => {
@@ -484,6 +486,8 @@ impl Report {
             store_bytes,
             cached_processes = s.processes,
             cached_modules = s.modules,
+            cached_stacks = s.stacks,
+            cached_names = s.names,
             stack_hits = s.stack_hits,
             stack_total = s.stack_hits + s.stack_misses,
             "self report"

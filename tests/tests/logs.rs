@@ -7,7 +7,7 @@ use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, time::Dur
 use integration_tests::{Daemon, privileged, status_json, wait_for};
 
 /// The figures every self report carries.
-const REPORT_FIELDS: [&str; 15] = [
+const REPORT_FIELDS: [&str; 17] = [
     "samples_per_s",
     "per_cpu_hz",
     "busy",
@@ -20,6 +20,8 @@ const REPORT_FIELDS: [&str; 15] = [
     "store_bytes",
     "cached_processes",
     "cached_modules",
+    "cached_stacks",
+    "cached_names",
     "stack_hits",
     "stack_total",
     // and, in JSON, the sentence

@@ -35,8 +35,9 @@ struct Check {
     t: f64,
     rss_kib: u64,
     fds: usize,
-    /// Processes and modules the symbolizer holds (what RSS and fds follow under churn).
-    cached: (f64, f64),
+    /// Processes, modules, raw stacks and address names the symbolizer holds (what RSS and fds
+    /// follow under churn).
+    cached: [f64; 4],
     lost: f64,
     store_bytes: f64,
     largest_segment: u64,
@@ -102,7 +103,7 @@ pub fn run(profiler: &Path, helper: &Path, churn: &Path, minutes: f64) -> anyhow
         warm_up.as_secs_f64()
     );
     println!(
-        "| t (s) | RSS (MiB) | open fds | cached processes / modules | lost | store (MiB) | daemon CPU (% of one CPU) | query: CPU 1, 5 s | query time |"
+        "| t (s) | RSS (MiB) | open fds | cached processes / modules / stacks / names | lost | store (MiB) | daemon CPU (% of one CPU) | query: CPU 1, 5 s | query time |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let start = Instant::now();
@@ -115,12 +116,14 @@ pub fn run(profiler: &Path, helper: &Path, churn: &Path, minutes: f64) -> anyhow
         }
         let c = check(profiler, &dir, pid, start, &mut last_cpu)?;
         println!(
-            "| {:.0} | {:.1} | {} | {:.0} / {:.0} | {} | {:.2} | {:.2} | {} samples, {} in profiler_test_hot_loop{} | {:.0} ms |",
+            "| {:.0} | {:.1} | {} | {:.0} / {:.0} / {:.0} / {:.0} | {} | {:.2} | {:.2} | {} samples, {} in profiler_test_hot_loop{} | {:.0} ms |",
             c.t,
             c.rss_kib as f64 / 1024.0,
             c.fds,
-            c.cached.0,
-            c.cached.1,
+            c.cached[0],
+            c.cached[1],
+            c.cached[2],
+            c.cached[3],
             c.lost,
             c.store_bytes / 1048576.0,
             c.cpu_pct,
@@ -169,10 +172,8 @@ fn check(
         t: start.elapsed().as_secs_f64(),
         rss_kib: usage(pid)?.1,
         fds: fds(pid),
-        cached: (
-            metric_sum(&m, "profiler_symbol_cache_entries{kind=\"processes\"}"),
-            metric_sum(&m, "profiler_symbol_cache_entries{kind=\"modules\"}"),
-        ),
+        cached: ["processes", "modules", "stacks", "names"]
+            .map(|kind| metric_sum(&m, &format!("profiler_symbol_cache_entries{{kind=\"{kind}\"}}"))),
         lost: metric_sum(&m, "profiler_lost_samples_total"),
         store_bytes: metric_sum(&m, "profiler_store_bytes"),
         largest_segment: std::fs::read_dir(dir.join("segments"))

@@ -22,9 +22,11 @@ pub struct Live {
     /// Most bytes waiting in the sample ring buffer over the last flush interval, and its size.
     pub ring_used_bytes: u64,
     pub ring_size_bytes: u64,
-    /// Entries in the symbolizer's caches: processes and ELF modules.
+    /// Entries in the symbolizer's caches: processes, ELF modules, raw stacks, address names.
     pub cached_processes: u64,
     pub cached_modules: u64,
+    pub cached_stacks: u64,
+    pub cached_names: u64,
 }
 
 pub fn render(l: &Live) -> String {
@@ -121,6 +123,8 @@ pub fn render(l: &Live) -> String {
         vec![
             ("{kind=\"processes\"}".to_string(), l.cached_processes as f64),
             ("{kind=\"modules\"}".to_string(), l.cached_modules as f64),
+            ("{kind=\"stacks\"}".to_string(), l.cached_stacks as f64),
+            ("{kind=\"names\"}".to_string(), l.cached_names as f64),
         ],
     );
     family(
