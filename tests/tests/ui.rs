@@ -206,9 +206,13 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         client.find(Locator::Id("cpu")).await.unwrap().send_keys("1").await.unwrap();
         let t_load = now_secs();
         client.find(Locator::Id("load")).await.unwrap().click().await.unwrap();
-        // Cells with samples (one WebDriver round trip per poll): click the first, then the last.
+        // Cells with samples of the range asked for (the page's own first load, of its default
+        // range, may land first; one WebDriver round trip per poll): click the first, then the last.
         let cells = loop {
-            let busy = client.find_all(Locator::Css("#heatmap rect:not([data-samples='0'])")).await.unwrap();
+            let busy = client
+                .find_all(Locator::Css("#heatmap[data-query*='cpu=1'] rect:not([data-samples='0'])"))
+                .await
+                .unwrap();
             if !busy.is_empty() {
                 break busy;
             }
