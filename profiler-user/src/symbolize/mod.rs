@@ -73,6 +73,9 @@ struct Process {
     maps: Vec<Mapping>,
     read_at: Instant,
     seen_at: Instant,
+    /// Which image of this pid this is (a serial, never reused): the stack cache's key, so a
+    /// new program under the same pid never meets the stacks of the old one.
+    image: u64,
 }
 
 struct Module {
@@ -105,7 +108,10 @@ pub struct Symbolizer {
     kernel: HashMap<u64, Arc<str>>,
     processes: HashMap<u32, Process>,
     modules: HashMap<(u64, u64), Module>,
-    stacks: LruCache<(u32, Vec<u64>, usize), Arc<Stack>>,
+    /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
+    stacks: LruCache<(u64, Vec<u64>, usize), Arc<Stack>>,
+    /// Process images loaded so far (the last one's serial).
+    images: u64,
     names: HashMap<Box<str>, Arc<str>>,
     unknown: Arc<str>,
     stats: Stats,
@@ -129,6 +135,7 @@ impl Symbolizer {
             processes: HashMap::new(),
             modules: HashMap::new(),
             stacks: LruCache::new(STACK_CACHE_MAX),
+            images: 0,
             names: HashMap::new(),
             unknown: Arc::from(UNKNOWN),
             stats: Stats::default(),
@@ -157,9 +164,10 @@ impl Symbolizer {
         let mut key_addrs = Vec::with_capacity(kernel.len() + user.len());
         key_addrs.extend_from_slice(kernel);
         key_addrs.extend_from_slice(user);
-        // User addresses only mean something within their process; kernel-only stacks are
-        // shared by all.
-        let key = (if user.is_empty() { 0 } else { pid }, key_addrs, kernel.len());
+        // User addresses only mean something within their process image; kernel-only stacks
+        // are shared by all.
+        let image = if user.is_empty() { 0 } else { self.processes.get(&pid).map_or(u64::MAX, |p| p.image) };
+        let key = (image, key_addrs, kernel.len());
         if let Some(stack) = self.stacks.get(&key) {
             self.stats.stack_hits += 1;
             return stack.clone();
@@ -214,9 +222,9 @@ impl Symbolizer {
             self.processes.retain(|_, p| p.seen_at >= oldest_kept);
         }
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
-        if before != self.processes.len() {
-            self.stacks.retain(|k, _| k.0 == 0 || self.processes.contains_key(&k.0));
-        }
+        // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
+        let live: std::collections::HashSet<u64> = self.processes.values().map(|p| p.image).collect();
+        self.stacks.retain(|k, _| k.0 == 0 || live.contains(&k.0));
         let mapped: std::collections::HashSet<(u64, u64)> =
             self.processes.values().flat_map(|p| p.maps.iter().map(|m| (m.dev, m.inode))).collect();
         let gone: Vec<(u64, u64)> = self.modules.keys().filter(|k| !mapped.contains(k)).copied().collect();
@@ -304,11 +312,11 @@ impl Symbolizer {
         let comm = self.intern(comm);
         let maps = self.read_maps(pid);
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        let process = Process { comms: vec![comm], exe, maps, read_at: now, seen_at: now };
-        if self.processes.insert(pid, process).is_some() {
-            // Stacks cached for this pid may belong to the image it replaced.
-            self.stacks.retain(|k, _| k.0 != pid);
-        }
+        self.images += 1;
+        let process = Process { comms: vec![comm], exe, maps, read_at: now, seen_at: now, image: self.images };
+        // The stacks cached for an image this replaces are unreachable now (their key has the
+        // old image) and go at the next sweep.
+        self.processes.insert(pid, process);
     }
 
     fn read_maps(&mut self, pid: u32) -> Vec<Mapping> {
