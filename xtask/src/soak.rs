@@ -23,9 +23,9 @@ const HZ: f64 = 999.0;
 /// The query window: whole seconds that ended a little before the check, so they are on disk.
 const WINDOW_S: f64 = 5.0;
 const WINDOW_LAG_S: f64 = 2.0;
-/// Below this, a run is too short to judge RSS growth (the daemon's memory settles over its
-/// first ~6 minutes here: a segment's stack dictionary per minute, the symbol caches); short
-/// runs (CI's) only bound it, which still catches a gross leak.
+/// Below this, a run is too short to judge RSS growth (under this churn the daemon's memory
+/// settles over its first ~15 minutes: the symbol caches fill to their bounds and the heap with
+/// them); short runs (CI's) only bound it, which still catches a gross leak.
 const LONG_MINUTES: u64 = 10;
 const SHORT_RSS_MIB: f64 = 100.0;
 /// A flush or the check's own request can hold a descriptor at the moment of a check.
@@ -229,7 +229,7 @@ fn verdict(checks: &[Check], warm_up: f64, limit_mib: f64, long: bool) -> anyhow
             (
                 format!(
                     "RSS in a short run (bounded only; growth needs {LONG_MINUTES} minutes or more, the daemon's memory \
-                     settles over its first ~6): peak {after_peak:.1} MiB (between thirds {growth:+.1} %)"
+                     settles over its first ~15): peak {after_peak:.1} MiB (between thirds {growth:+.1} %)"
                 ),
                 after_peak <= SHORT_RSS_MIB,
                 "<= 100 MiB",
