@@ -70,8 +70,11 @@ pub fn run(profiler: &Path, helper: &Path, churn: &Path, minutes: f64) -> anyhow
             warm_up.as_secs_f64() + 20.0
         );
     }
-    // At the limit by mid-run: this load writes about 3.5 KB/s.
-    let limit_mib = (minutes * 60.0 * 3500.0 / 2.0 / 1048576.0).max(0.1);
+    // At the limit by mid-run: this load writes about 3.5 KB/s. Never below a minute and a
+    // half of it: retention removes whole minute segments, and under one minute's worth it
+    // removes the last complete minute, which a 5 s window across a minute boundary reads.
+    let minute_mib = 60.0 * 3500.0 / 1048576.0;
+    let limit_mib = (minutes * 60.0 * 3500.0 / 2.0 / 1048576.0).max(1.5 * minute_mib);
     let interval = Duration::from_secs(if minutes <= 5.0 { 10 } else { 60 });
     let dir = std::env::temp_dir().join(format!("profiler-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
