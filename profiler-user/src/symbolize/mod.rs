@@ -43,10 +43,10 @@ use maps::Mapping;
 
 /// Shown for an address nothing could name.
 pub const UNKNOWN: &str = "[unknown]";
-/// Bound on the raw-stack cache, least recently used first out. An entry is ~700 bytes (the raw
-/// addresses and the named frames), so this holds the cache near 5 MiB; under process churn a
-/// bound of 16,384 that started over when full grew the daemon by ~11 MiB over its first quarter
-/// hour. 8,192 still holds every stack of the 192-CPU replay's mix.
+/// Bound on the raw-stack cache, least recently used first out. An entry is ~600 bytes (the raw
+/// addresses and the named frames): at the earlier bound of 16,384 the cache was ~10 MiB of the
+/// daemon's heap under churn (heaptrack). 8,192 still holds every stack of the 192-CPU replay's
+/// mix at the same hit rate.
 const STACK_CACHE_MAX: NonZeroUsize = NonZeroUsize::new(8_192).expect("non-zero");
 /// Processes not sampled for this long are forgotten.
 const PROCESS_TTL: Duration = Duration::from_secs(300);

@@ -101,7 +101,8 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
             // samples make the daemon read its mappings and symbols once (xtask's own debug
             // binary among them), which the churn benchmark measures; this measures the steady
             // state. The throughput covers the whole run.
-            std::thread::sleep(SETTLE);
+            // (A quarter of the run at most, so short runs still account most of it.)
+            std::thread::sleep(SETTLE.min(Duration::from_secs_f64(seconds as f64 / 4.0)));
             let before = tool.as_ref().map(|c| (cpu_ns(c.id()), bpf_stats(c.id())));
             let t1 = Instant::now();
             let passes = wait_hash(children)?;
@@ -223,15 +224,7 @@ fn against_bpftrace(profiler: &Path, busy_helper: &Path, seconds: u64, rounds: u
     for round in 0..rounds {
         let dir = scratch_dir(&format!("bpftrace-{round}"));
         let daemon = start(Config::Ours(99), profiler, &dir)?;
-        let mut bpftrace = Command::new("bpftrace")
-            .args(["-e", "profile:hz:99 { @[kstack, ustack] = count(); }"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("running bpftrace (Debian package bpftrace)")?;
-        wait_for("bpftrace's program to run", Duration::from_secs(30), || {
-            (bpf_stats(bpftrace.id()).1 > 0).then_some(())
-        })?;
+        let mut bpftrace = bpftrace("profile:hz:99 { @[kstack, ustack] = count(); }")?;
         let mut busy = Command::new(busy_helper)
             .args(["1", &(seconds + 2).to_string()])
             .stdout(Stdio::null())
@@ -315,19 +308,20 @@ fn start(config: Config, profiler: &Path, dir: &Path) -> anyhow::Result<Option<C
             std::thread::sleep(Duration::from_secs(1));
             Ok(Some(child))
         }
-        Config::Tick(hz) => {
-            let child = Command::new("bpftrace")
-                .args(["-e", &format!("profile:hz:{hz} {{}}")])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("running bpftrace (Debian package bpftrace)")?;
-            wait_for("bpftrace's program to run", Duration::from_secs(30), || {
-                (bpf_stats(child.id()).1 > 0).then_some(())
-            })?;
-            Ok(Some(child))
-        }
+        Config::Tick(hz) => Ok(Some(bpftrace(&format!("profile:hz:{hz} {{}}"))?)),
     }
+}
+
+/// Starts bpftrace with a program, once that program has run.
+fn bpftrace(program: &str) -> anyhow::Result<Child> {
+    let child = Command::new("bpftrace")
+        .args(["-e", program])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("running bpftrace (Debian package bpftrace)")?;
+    wait_for("bpftrace's program to run", Duration::from_secs(30), || (bpf_stats(child.id()).1 > 0).then_some(()))?;
+    Ok(child)
 }
 
 fn stop(tool: Option<Child>, config: Config) -> anyhow::Result<()> {
