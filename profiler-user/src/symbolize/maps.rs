@@ -1,4 +1,25 @@
 //! Parsing `/proc/PID/maps`: which file (device, inode, offset) backs a user address.
+//!
+//! A process decides how large its maps are: 60,000 mappings of one file under a 3,779-character
+//! path are 230 MB of text. So the file is read line by line (never whole), a path is kept once
+//! per file and shortened, and the mappings kept per file and per process are bounded.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Read},
+    sync::Arc,
+};
+
+/// Most executable mappings kept per process, and per file within it (a program maps each of
+/// its files executable once; more is a JIT or an attack, and the rest re-read the maps on a miss).
+pub const MAX_MAPPINGS: usize = 1024;
+pub const MAX_MAPPINGS_PER_FILE: usize = 64;
+/// Most bytes of a path kept (its file name, the part that is shown, is kept whole).
+pub const MAX_PATH_BYTES: usize = 256;
+/// Most bytes of maps text read per process; the rest is not looked at.
+pub const MAX_MAPS_BYTES: u64 = 64 << 20;
+/// A maps line is at most a path (PATH_MAX) and its fields.
+const MAX_LINE_BYTES: u64 = 4096 + 256;
 
 /// One executable mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -10,8 +31,9 @@ pub struct Mapping {
     /// `makedev(major, minor)` of the backing file's device, as `stat` reports it.
     pub dev: u64,
     pub inode: u64,
-    /// The path column: a file path, `[vdso]`, or empty for anonymous memory.
-    pub path: String,
+    /// The path column: a file path, `[vdso]`, or empty for anonymous memory; shared by the
+    /// mappings of one file, at most `MAX_PATH_BYTES` (plus a marker) long.
+    pub path: Arc<str>,
 }
 
 impl Mapping {
@@ -30,14 +52,90 @@ impl Mapping {
     }
 }
 
+/// Executable mappings of a process, bounded as the module comment says; empty if it is gone.
+pub fn read(pid: u32) -> Vec<Mapping> {
+    match std::fs::File::open(format!("/proc/{pid}/maps")) {
+        Ok(f) => read_from(f.take(MAX_MAPS_BYTES)),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Executable mappings of a maps file, sorted by address. Malformed lines are skipped.
 pub fn parse(text: &str) -> Vec<Mapping> {
-    let mut out: Vec<Mapping> = text.lines().filter_map(parse_line).collect();
+    read_from(text.as_bytes())
+}
+
+fn read_from(input: impl Read) -> Vec<Mapping> {
+    let mut kept = Kept::default();
+    let mut input = BufReader::with_capacity(64 << 10, input);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut input).take(MAX_LINE_BYTES).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') && line.len() as u64 == MAX_LINE_BYTES {
+            // Longer than any real line: skip the rest of it.
+            loop {
+                line.clear();
+                match (&mut input).take(MAX_LINE_BYTES).read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if line.last() == Some(&b'\n') => break,
+                    Ok(_) => {}
+                }
+            }
+            continue;
+        }
+        if let Some(m) = std::str::from_utf8(&line).ok().and_then(|l| parse_line(l.trim_end_matches('\n'), &mut kept)) {
+            kept.push(m);
+        }
+        if kept.out.len() >= MAX_MAPPINGS {
+            break;
+        }
+    }
+    let mut out = kept.out;
     out.sort_by_key(|m| m.start);
     out
 }
 
-fn parse_line(line: &str) -> Option<Mapping> {
+/// What a read keeps: the mappings, one path per file, how many mappings each file has.
+#[derive(Default)]
+struct Kept {
+    out: Vec<Mapping>,
+    files: HashMap<(u64, u64), (Arc<str>, usize)>,
+}
+
+impl Kept {
+    fn path(&mut self, dev: u64, inode: u64, raw: &str) -> Arc<str> {
+        if let Some((p, _)) = self.files.get(&(dev, inode)).filter(|(p, _)| inode != 0 || **p == *shorten(raw)) {
+            return p.clone();
+        }
+        Arc::from(shorten(raw))
+    }
+
+    fn push(&mut self, m: Mapping) {
+        let n = &mut self.files.entry((m.dev, m.inode)).or_insert_with(|| (m.path.clone(), 0)).1;
+        if *n < MAX_MAPPINGS_PER_FILE {
+            *n += 1;
+            self.out.push(m);
+        }
+    }
+}
+
+/// A path cut to `MAX_PATH_BYTES`, keeping its end: the file name and a ` (deleted)` mark.
+fn shorten(path: &str) -> std::borrow::Cow<'_, str> {
+    if path.len() <= MAX_PATH_BYTES {
+        return path.into();
+    }
+    let mut cut = path.len() - MAX_PATH_BYTES;
+    while !path.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("/...{}", &path[cut..]).into()
+}
+
+fn parse_line(line: &str, kept: &mut Kept) -> Option<Mapping> {
     // 7f1c2a400000-7f1c2a428000 r-xp 00028000 fd:01 1835131    /usr/lib/x86_64-linux-gnu/libc.so.6
     let mut fields = line.splitn(6, ' ');
     let (start, end) = fields.next()?.split_once('-')?;
@@ -48,12 +146,13 @@ fn parse_line(line: &str) -> Option<Mapping> {
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
     let (major, minor) = fields.next()?.split_once(':')?;
     let inode = fields.next()?.parse().ok()?;
-    let path = fields.next().unwrap_or("").trim_start().to_string();
+    let dev = libc::makedev(u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?);
+    let path = kept.path(dev, inode, fields.next().unwrap_or("").trim_start());
     Some(Mapping {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         offset,
-        dev: libc::makedev(u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
+        dev,
         inode,
         path,
     })
@@ -84,7 +183,7 @@ garbage line
     fn keeps_executable_mappings_sorted() {
         let maps = parse(MAPS);
         assert_eq!(maps.len(), 5);
-        assert_eq!(maps[0].path, "/tmp/gone (deleted)");
+        assert_eq!(&*maps[0].path, "/tmp/gone (deleted)");
         assert!(maps[0].is_deleted());
         let libc = find(&maps, 0x7f1c2a428000 + 0x10).unwrap();
         assert_eq!(libc.inode, 1835131);
@@ -93,7 +192,7 @@ garbage line
         assert!(libc.is_file());
         let anon = find(&maps, 0x7f1c2a600010).unwrap();
         assert!(!anon.is_file() && anon.path.is_empty());
-        assert_eq!(find(&maps, 0x7ffd5e1f4001).unwrap().path, "[vdso]");
+        assert_eq!(&*find(&maps, 0x7ffd5e1f4001).unwrap().path, "[vdso]");
     }
 
     #[test]
@@ -103,5 +202,51 @@ garbage line
         assert!(find(&maps, 0x55d0c1a07000).is_none()); // end is exclusive
         assert!(find(&maps, 0x55d0c1a00010).is_none()); // not executable
         assert!(find(&maps, u64::MAX).is_none());
+    }
+
+    #[test]
+    fn many_mappings_of_one_file_under_a_long_path_are_bounded() {
+        let long = format!("/tmp/{}/evil.so", "d".repeat(3_779));
+        let mut text = String::from("55d0c1a02000-55d0c1a07000 r-xp 00002000 fd:01 393320 /usr/bin/cat\n");
+        for i in 0..60_000u64 {
+            let start = 0x7000_0000_0000 + i * 0x1000;
+            text.push_str(&format!("{start:x}-{:x} r-xp 00000000 fd:01 4242 {long}\n", start + 0x1000));
+        }
+        text.push_str("7f1c2a428000-7f1c2a5bd000 r-xp 00028000 fd:01 1835131 /usr/lib/libc.so.6\n");
+        let maps = parse(&text);
+        let evil: Vec<&Mapping> = maps.iter().filter(|m| m.inode == 4242).collect();
+        assert_eq!(evil.len(), MAX_MAPPINGS_PER_FILE);
+        // One path for all of them, shortened, its file name kept.
+        assert!(evil.iter().all(|m| Arc::ptr_eq(&m.path, &evil[0].path)));
+        assert!(evil[0].path.len() <= MAX_PATH_BYTES + 4 && evil[0].path.ends_with("/evil.so"), "{}", evil[0].path);
+        // The files after it are still found.
+        assert_eq!(find(&maps, 0x7f1c2a428010).map(|m| m.inode), Some(1835131));
+        assert_eq!(find(&maps, 0x55d0c1a02010).map(|m| m.inode), Some(393320));
+    }
+
+    #[test]
+    fn a_process_keeps_at_most_max_mappings() {
+        let text: String = (0..5_000u64)
+            .map(|i| format!("{:x}-{:x} r-xp 00000000 fd:01 {} /lib/f{i}.so\n", i * 0x2000, i * 0x2000 + 0x1000, i + 1))
+            .collect();
+        assert_eq!(parse(&text).len(), MAX_MAPPINGS);
+    }
+
+    #[test]
+    fn overlong_lines_are_skipped_not_kept() {
+        let text = format!(
+            "1000-2000 r-xp 00000000 fd:01 7 /{}\n3000-4000 r-xp 00000000 fd:01 8 /lib/ok.so\n",
+            "x".repeat(MAX_LINE_BYTES as usize * 3)
+        );
+        let maps = parse(&text);
+        assert_eq!(maps.len(), 1);
+        assert_eq!(&*maps[0].path, "/lib/ok.so");
+    }
+
+    #[test]
+    fn deleted_files_keep_their_mark_when_shortened() {
+        let long = format!("/{}/prog (deleted)", "p".repeat(1000));
+        let maps = parse(&format!("1000-2000 r-xp 00000000 fd:01 7 {long}\n"));
+        assert!(maps[0].is_deleted() && maps[0].is_file());
     }
 }

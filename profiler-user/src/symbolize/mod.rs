@@ -15,13 +15,20 @@
 //!   going first;
 //! - a module no cached process maps any more is dropped, and blazesym is told to close its file;
 //! - the name tables start over past their bounds; interned names nothing uses are released.
+//!
+//! Names, paths and files belong to whoever runs the process, so nothing here trusts them: a
+//! mapped file is opened through `/proc/PID/map_files` and checked before blazesym parses it
+//! (`file`), maps are read with bounds (`maps`), and a frame nothing could name is never cached
+//! as final (the loader may not have mapped its library yet when the process was first seen).
 
+pub mod file;
 pub mod maps;
 
 use std::{
     collections::HashMap,
+    fs::File,
     num::NonZeroUsize,
-    os::unix::fs::MetadataExt,
+    os::fd::AsRawFd,
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
@@ -64,6 +71,12 @@ const MODULE_NAMES_MAX: usize = 65_536;
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 /// An address outside every known mapping re-reads the maps at most this often per process.
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// A stack with a frame nothing could name is answered from the cache this long, then resolved
+/// again (the maps may have been read before the loader mapped the library it points into).
+const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
+/// Most mapped files held open at once (each is one descriptor of ours and one of blazesym's);
+/// past it a new file is refused, counted, and its frames named by module.
+const MAX_OPEN_FILES: usize = 1024;
 
 struct Process {
     /// Thread names seen in this process (a comm is per thread: a new one is not an exec).
@@ -81,9 +94,19 @@ struct Process {
 struct Module {
     /// `[unknown] (libfoo.so)`: what an unresolvable address in this module shows.
     unknown: Arc<str>,
-    /// A path that opens this very file (device and inode checked), if one was found.
-    path: Option<PathBuf>,
+    /// The checked file and the path blazesym opens it by (`/proc/self/fd/N`: it leads to this
+    /// very inode for as long as we hold the file, whatever its owner does to its path).
+    file: Option<(File, PathBuf)>,
+    /// When opening it failed for a reason that may pass (the process exited first): retried
+    /// after `MAPS_REFRESH` through another process that maps it.
+    failed_at: Option<Instant>,
     names: HashMap<u64, Arc<str>>,
+}
+
+/// A symbolized stack; `until` is set when it has an unnamed frame (see `UNRESOLVED_TTL`).
+struct Cached {
+    stack: Arc<Stack>,
+    until: Option<Instant>,
 }
 
 /// Counters for the daemon's log.
@@ -95,6 +118,9 @@ pub struct Stats {
     /// Processes and modules forgotten so far.
     pub processes_evicted: u64,
     pub modules_evicted: u64,
+    /// Mapped files not symbolized: not a regular file, over a size or symbol bound, malformed,
+    /// or over the open-file bound. Their frames show `[unknown] (module)`.
+    pub files_refused: u64,
     /// Entries cached now.
     pub processes: usize,
     pub modules: usize,
@@ -109,7 +135,7 @@ pub struct Symbolizer {
     processes: HashMap<u32, Process>,
     modules: HashMap<(u64, u64), Module>,
     /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
-    stacks: LruCache<(u64, Vec<u64>, usize), Arc<Stack>>,
+    stacks: LruCache<(u64, Vec<u64>, usize), Cached>,
     /// Process images loaded so far (the last one's serial).
     images: u64,
     names: HashMap<Box<str>, Arc<str>>,
@@ -129,7 +155,13 @@ impl Symbolizer {
         let kernel = Kernel { vmlinux: MaybeDefault::None, debug_syms: false, ..Kernel::default() };
         Self {
             // Names only: file/line and inlined frames would cost time and memory per address.
-            blaze: Blaze::builder().enable_code_info(false).enable_inlined_fns(false).build(),
+            // No auto reload: it would `stat` the path on every lookup, and our paths
+            // (`/proc/self/fd/N`) lead to the checked file for as long as the module lives.
+            blaze: Blaze::builder()
+                .enable_code_info(false)
+                .enable_inlined_fns(false)
+                .enable_auto_reload(false)
+                .build(),
             kernel_source: Source::Kernel(kernel),
             kernel: HashMap::new(),
             processes: HashMap::new(),
@@ -168,9 +200,9 @@ impl Symbolizer {
         // are shared by all.
         let image = if user.is_empty() { 0 } else { self.processes.get(&pid).map_or(u64::MAX, |p| p.image) };
         let key = (image, key_addrs, kernel.len());
-        if let Some(stack) = self.stacks.get(&key) {
+        if let Some(cached) = self.stacks.get(&key).filter(|c| c.until.is_none_or(|t| now < t)) {
             self.stats.stack_hits += 1;
-            return stack.clone();
+            return cached.stack.clone();
         }
         self.stats.stack_misses += 1;
         let mut frames = Vec::with_capacity(kernel.len() + user.len());
@@ -180,8 +212,10 @@ impl Symbolizer {
         for (i, &addr) in kernel.iter().enumerate().rev() {
             frames.push(self.kernel_frame(lookup_addr(addr, i)));
         }
+        let unresolved = frames[..user.len()].iter().any(|f| Arc::ptr_eq(f, &self.unknown));
         let stack = Arc::new(Stack { frames, user_len: user.len() });
-        self.stacks.put(key, stack.clone());
+        let until = unresolved.then(|| now + UNRESOLVED_TTL);
+        self.stacks.put(key, Cached { stack: stack.clone(), until });
         stack
     }
 
@@ -190,9 +224,10 @@ impl Symbolizer {
     pub fn note_exec(&mut self, pid: u32, comm: &str) {
         self.load_process(pid, comm, Instant::now());
         let maps = self.processes.get(&pid).map(|p| p.maps.clone()).unwrap_or_default();
+        let now = Instant::now();
         for m in maps.iter().filter(|m| m.is_file()) {
             if !self.modules.contains_key(&(m.dev, m.inode)) {
-                let module = self.open_module(pid, m);
+                let module = self.open_module(pid, m, now);
                 self.modules.insert((m.dev, m.inode), module);
             }
         }
@@ -230,9 +265,11 @@ impl Symbolizer {
         let gone: Vec<(u64, u64)> = self.modules.keys().filter(|k| !mapped.contains(k)).copied().collect();
         let mut evicted_modules = false;
         for key in gone {
-            if let Some(Module { path: Some(path), .. }) = self.modules.remove(&key) {
-                // Closes the file and drops its parsed symbols; best effort by design.
+            if let Some(Module { file: Some((file, path)), .. }) = self.modules.remove(&key) {
+                // Closes blazesym's file and drops its parsed symbols; best effort by design.
+                // Before ours closes: the descriptor's number, so its path, is then reused.
                 let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path)));
+                drop(file);
             }
             self.stats.modules_evicted += 1;
             evicted_modules = true;
@@ -321,7 +358,7 @@ impl Symbolizer {
 
     fn read_maps(&mut self, pid: u32) -> Vec<Mapping> {
         self.stats.maps_reads += 1;
-        std::fs::read_to_string(format!("/proc/{pid}/maps")).map(|t| maps::parse(&t)).unwrap_or_default()
+        maps::read(pid)
     }
 
     fn user_frame(&mut self, pid: u32, addr: u64, now: Instant) -> Arc<str> {
@@ -347,17 +384,20 @@ impl Symbolizer {
             return if mapping.path.starts_with('[') { self.intern(&mapping.path) } else { self.unknown.clone() };
         }
         let key = (mapping.dev, mapping.inode);
-        if !self.modules.contains_key(&key) {
-            let module = self.open_module(pid, &mapping);
-            self.modules.insert(key, module);
+        let retry = self.modules.get(&key).map(|m| m.failed_at.is_some_and(|t| now.duration_since(t) >= MAPS_REFRESH));
+        if retry != Some(false) {
+            let module = self.open_module(pid, &mapping, now);
+            if let Some(Module { file: Some((_, path)), .. }) = self.modules.insert(key, module) {
+                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path)));
+            }
         }
         let offset = mapping.file_offset(addr);
         let module = self.modules.get(&key).expect("inserted above");
         if let Some(name) = module.names.get(&offset) {
             return name.clone();
         }
-        let name = match &module.path {
-            Some(path) => {
+        let name = match &module.file {
+            Some((_, path)) => {
                 let src = Source::Elf(Elf { debug_syms: false, ..Elf::new(path.clone()) });
                 match self.blaze.symbolize_single(&src, Input::FileOffset(offset)) {
                     Ok(Symbolized::Sym(sym)) => Some(sym.name.into_owned()),
@@ -376,21 +416,29 @@ impl Symbolizer {
         name
     }
 
-    /// Finds a path that opens the mapped file itself: the plain path when the process shares
-    /// our mount namespace, else through its root (containers), else its `map_files` entry.
-    fn open_module(&mut self, pid: u32, mapping: &Mapping) -> Module {
+    /// Opens the mapped file itself, checked (see `file`), whatever its path now holds.
+    fn open_module(&mut self, pid: u32, mapping: &Mapping, now: Instant) -> Module {
         let path = mapping.path.trim_end_matches(" (deleted)");
         let base = path.rsplit('/').next().unwrap_or(path);
         let unknown = self.intern(&format!("{UNKNOWN} ({base})"));
-        let candidates = [
-            PathBuf::from(path),
-            PathBuf::from(format!("/proc/{pid}/root{path}")),
-            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end)),
-        ];
-        let path = candidates
-            .into_iter()
-            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.dev() == mapping.dev && m.ino() == mapping.inode));
-        Module { unknown, path, names: HashMap::new() }
+        let mut module = Module { unknown, file: None, failed_at: None, names: HashMap::new() };
+        if self.modules.values().filter(|m| m.file.is_some()).count() >= MAX_OPEN_FILES {
+            self.stats.files_refused += 1;
+            return module;
+        }
+        match file::open_mapped(pid, mapping) {
+            Ok(f) => {
+                let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+                module.file = Some((f, path));
+            }
+            // Gone before we looked, or a mapping that changed meanwhile: may pass.
+            Err(file::Refused::Open(_) | file::Refused::Replaced) => module.failed_at = Some(now),
+            Err(why) => {
+                tracing::debug!(pid, file = %mapping.path, "not symbolizing: {why}");
+                self.stats.files_refused += 1;
+            }
+        }
+        module
     }
 }
 
@@ -488,7 +536,8 @@ mod tests {
         s.stack(pid, "sleep", &[], &[text.start + 16]);
         assert_eq!(s.stats().processes, 1);
         assert!(s.stats().modules >= 1);
-        assert_eq!(open_fds_on(&text.path), 1, "blazesym holds the binary open while it is cached");
+        // Ours (checked, the path blazesym opens by) and blazesym's own.
+        assert_eq!(open_fds_on(&text.path), 2, "the binary is held open while it is cached");
 
         // Alive and recently sampled: kept by a sweep.
         s.sweep(Instant::now());
@@ -522,5 +571,37 @@ mod tests {
         s.sweep(t1);
         assert!(s.stats().processes <= MAX_PROCESSES, "{} cached", s.stats().processes);
         assert!(s.processes.contains_key(&me), "the most recently sampled process is kept");
+    }
+
+    #[test]
+    fn a_stack_with_an_unnamed_frame_is_not_cached_for_good() {
+        let mut s = Symbolizer::new();
+        let me = std::process::id();
+        let named = profiler_symbolize_test_marker as *const () as u64;
+        s.stack(me, "test", &[], &[named]);
+        s.stack(me, "test", &[], &[8, named]);
+        let key = |addrs: &[u64]| (s.processes[&me].image, addrs.to_vec(), 0usize);
+        assert!(s.stacks.peek(&key(&[named])).unwrap().until.is_none(), "a named stack is final");
+        let k = key(&[8, named]);
+        assert!(s.stacks.peek(&k).unwrap().until.is_some(), "an unnamed frame is provisional");
+        // Once its time is up, the stack is resolved again (a miss), not answered from the cache.
+        s.stacks.get_mut(&k).unwrap().until = Some(Instant::now() - Duration::from_millis(1));
+        let misses = s.stats().stack_misses;
+        s.stack(me, "test", &[], &[8, named]);
+        assert_eq!(s.stats().stack_misses, misses + 1);
+    }
+
+    #[test]
+    fn a_module_is_held_open_by_fd_not_by_the_path_its_owner_controls() {
+        let mut s = Symbolizer::new();
+        let me = std::process::id();
+        let addr = profiler_symbolize_test_marker as *const () as u64;
+        s.stack(me, "test", &[], &[addr]);
+        let m = &s.processes[&me].maps;
+        let text = maps::find(m, addr).unwrap();
+        let module = &s.modules[&(text.dev, text.inode)];
+        let (_, path) = module.file.as_ref().expect("opened");
+        assert!(path.starts_with("/proc/self/fd/"), "{}", path.display());
+        assert_eq!(s.stats().files_refused, 0);
     }
 }

@@ -1,0 +1,199 @@
+//! Opening the file behind a process's mapping without trusting anything its owner controls.
+//!
+//! The path in `/proc/PID/maps` belongs to whoever runs the process: it can be renamed, deleted,
+//! or replaced by a FIFO whose `open` blocks forever. So the file is opened through
+//! `/proc/PID/map_files/START-END`, a magic link to the inode that is mapped (a FIFO cannot be
+//! mapped), non-blocking anyway, and kept only when `fstat` says it is a regular file with the
+//! device and inode the maps named. Before blazesym parses it, the ELF section headers are
+//! checked against the real file size and the symbol tables against a bound: a 20 KB sparse file
+//! whose symbol table claims 100 M entries would otherwise cost gigabytes and seconds.
+
+use std::{
+    fs::File,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
+};
+
+use object::{
+    Endianness, FileKind, ReadCache, elf,
+    read::elf::{FileHeader, SectionHeader},
+};
+
+use super::maps::Mapping;
+
+/// Files larger than this are not parsed (the largest shared objects of a distribution are a
+/// few hundred MiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 30;
+/// Most entries a symbol table (`.symtab`, `.dynsym`) may have. blazesym keeps an index entry
+/// per symbol: a million is tens of MiB, more than any program of a server distribution has.
+pub const MAX_SYMBOLS: u64 = 1_000_000;
+
+/// Why a mapped file is not symbolized.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("cannot open the mapped file: {0}")]
+    Open(#[from] std::io::Error),
+    #[error("the mapped file is not a regular file")]
+    NotRegular,
+    #[error("the mapped file is not the one the maps named (device or inode differ)")]
+    Replaced,
+    #[error("the file is {0} bytes, over the {MAX_FILE_BYTES}-byte bound")]
+    TooLarge(u64),
+    #[error("not an ELF file")]
+    NotElf,
+    #[error("malformed ELF headers: {0}")]
+    Malformed(&'static str),
+    #[error("a section lies outside the file")]
+    SectionOutsideFile,
+    #[error("a symbol table claims {0} entries, over the {MAX_SYMBOLS} bound")]
+    TooManySymbols(u64),
+}
+
+/// Opens the file `mapping` of process `pid` maps, checked as the module comment says.
+pub fn open_mapped(pid: u32, mapping: &Mapping) -> Result<File, Refused> {
+    let link = format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end);
+    // No O_NOFOLLOW: map_files entries are (magic) links by design; what they lead to is the
+    // mapped inode itself, whatever the path now holds.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(link)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(Refused::NotRegular);
+    }
+    if meta.dev() != mapping.dev || meta.ino() != mapping.inode {
+        return Err(Refused::Replaced);
+    }
+    check_elf(&file, meta.len())?;
+    Ok(file)
+}
+
+/// Refuses an ELF file whose section headers or symbol tables would make parsing it cost more
+/// than its size justifies.
+pub fn check_elf(file: &File, size: u64) -> Result<(), Refused> {
+    if size > MAX_FILE_BYTES {
+        return Err(Refused::TooLarge(size));
+    }
+    let data = ReadCache::new(file);
+    match FileKind::parse(&data) {
+        Ok(FileKind::Elf32) => check_sections::<elf::FileHeader32<Endianness>>(&data, size),
+        Ok(FileKind::Elf64) => check_sections::<elf::FileHeader64<Endianness>>(&data, size),
+        _ => Err(Refused::NotElf),
+    }
+}
+
+fn check_sections<'a, H: FileHeader<Endian = Endianness>>(data: &'a ReadCache<&'a File>, size: u64) -> Result<(), Refused> {
+    let header = H::parse(data).map_err(|_| Refused::Malformed("file header"))?;
+    let endian = header.endian().map_err(|_| Refused::Malformed("byte order"))?;
+    // object checks that the section header table itself lies inside the file.
+    let sections = header.section_headers(endian, data).map_err(|_| Refused::Malformed("section headers"))?;
+    for section in sections {
+        let kind = section.sh_type(endian);
+        if kind == elf::SHT_NOBITS || kind == elf::SHT_NULL {
+            continue;
+        }
+        let (offset, len): (u64, u64) = (section.sh_offset(endian).into(), section.sh_size(endian).into());
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Refused::SectionOutsideFile);
+        }
+        if kind == elf::SHT_SYMTAB || kind == elf::SHT_DYNSYM {
+            let entry: u64 = section.sh_entsize(endian).into();
+            let count = len / entry.max(1);
+            if count > MAX_SYMBOLS {
+                return Err(Refused::TooManySymbols(count));
+            }
+        }
+    }
+    Ok(())
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A minimal ELF64 file: the header, then three section headers (null, a symbol table
+    /// of `sym_bytes` at `sym_offset`, its string table), then `len` bytes in all (sparse).
+    fn crafted_elf(sym_offset: u64, sym_bytes: u64, len: u64) -> tempfile::NamedTempFile {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"\x7fELF\x02\x01\x01\0");
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&3u16.to_le_bytes()); // e_type: ET_DYN
+        out.extend_from_slice(&62u16.to_le_bytes()); // e_machine: x86-64
+        out.extend_from_slice(&1u32.to_le_bytes()); // e_version
+        out.extend_from_slice(&0u64.to_le_bytes()); // e_entry
+        out.extend_from_slice(&0u64.to_le_bytes()); // e_phoff
+        out.extend_from_slice(&64u64.to_le_bytes()); // e_shoff
+        out.extend_from_slice(&0u32.to_le_bytes()); // e_flags
+        for v in [64u16, 56, 0, 64, 3, 0] {
+            // e_ehsize, e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let section = |out: &mut Vec<u8>, kind: u32, offset: u64, size: u64, link: u32, entsize: u64| {
+            out.extend_from_slice(&0u32.to_le_bytes()); // sh_name
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&0u64.to_le_bytes()); // sh_flags
+            out.extend_from_slice(&0u64.to_le_bytes()); // sh_addr
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&size.to_le_bytes());
+            out.extend_from_slice(&link.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes()); // sh_info
+            out.extend_from_slice(&8u64.to_le_bytes()); // sh_addralign
+            out.extend_from_slice(&entsize.to_le_bytes());
+        };
+        section(&mut out, elf::SHT_NULL, 0, 0, 0, 0);
+        section(&mut out, elf::SHT_SYMTAB, sym_offset, sym_bytes, 2, 24);
+        section(&mut out, elf::SHT_STRTAB, 256, 16, 0, 0);
+        out.resize(272, 0);
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(&out).expect("write");
+        f.as_file().set_len(len.max(out.len() as u64)).expect("set_len");
+        f
+    }
+
+    fn check(f: &tempfile::NamedTempFile) -> Result<(), Refused> {
+        check_elf(f.as_file(), f.as_file().metadata().unwrap().len())
+    }
+
+    #[test]
+    fn an_honest_small_elf_passes() {
+        assert!(check(&crafted_elf(512, 24 * 10, 1024)).is_ok());
+    }
+
+    #[test]
+    fn a_sparse_file_claiming_100m_symbols_is_refused() {
+        // What the probe used: a few KB on disk, a size that holds the claimed table.
+        let f = crafted_elf(4096, 24 * 100_000_000, 4096 + 24 * 100_000_000);
+        assert!(matches!(check(&f), Err(Refused::TooLarge(_))), "{:?}", check(&f));
+        // Under the size bound, the symbol bound catches it.
+        let n = MAX_SYMBOLS * 2;
+        let f = crafted_elf(4096, 24 * n, 4096 + 24 * n);
+        assert!(matches!(check(&f), Err(Refused::TooManySymbols(c)) if c == n), "{:?}", check(&f));
+    }
+
+    #[test]
+    fn a_symbol_table_past_the_end_of_the_file_is_refused() {
+        let f = crafted_elf(512, 24 * 1000, 1024);
+        assert!(matches!(check(&f), Err(Refused::SectionOutsideFile)), "{:?}", check(&f));
+        let f = crafted_elf(u64::MAX - 8, 24, 1024);
+        assert!(matches!(check(&f), Err(Refused::SectionOutsideFile)), "{:?}", check(&f));
+    }
+
+    #[test]
+    fn not_an_elf_is_refused() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(b"#!/bin/sh\necho hi\n").unwrap();
+        assert!(matches!(check(&f), Err(Refused::NotElf)));
+    }
+
+    #[test]
+    fn this_test_binary_passes_through_its_map_files_entry() {
+        let me = std::process::id();
+        let maps = super::super::maps::read(me);
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let text = maps.iter().find(|m| m.is_file() && *m.path == *exe.to_string_lossy()).expect("own text mapping");
+        let file = open_mapped(me, text).expect("own binary opens and passes the checks");
+        assert!(file.metadata().unwrap().is_file());
+    }
+}
