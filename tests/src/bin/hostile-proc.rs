@@ -1,0 +1,192 @@
+//! A process an unprivileged user could run to trouble the profiler's symbolizer (issue 14, E5,
+//! E6, E10). It spins in a function whose name only it has, in one of these ways:
+//!
+//! - `fifo`: spins in `hostile_before_swap` until a line arrives on stdin, then renames its own
+//!   executable, puts a FIFO at the old path, and spins in `hostile_after_swap`;
+//! - `deleted`: deletes its own executable, then spins in `hostile_deleted_spin`;
+//! - `mappings N DIR`: maps one file under a ~3,800-character path below DIR executable N times,
+//!   and spins in it (an address outside the maps it had at exec: the daemon re-reads them);
+//! - `bigsym DIR`: writes a sparse ELF below DIR whose symbol table claims 100 M symbols, maps it
+//!   executable and spins in it.
+//!
+//! Run it from a copy: `fifo` and `deleted` rename or delete the file it runs from.
+
+use std::{
+    io::{BufRead, Write},
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+};
+
+fn spin_forever(mut x: u64) -> u64 {
+    loop {
+        for i in 0..100_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn hostile_before_swap(stop: &std::sync::atomic::AtomicBool) -> u64 {
+    let mut x = 1u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for i in 0..100_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    x
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn hostile_after_swap() -> u64 {
+    spin_forever(2)
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn hostile_deleted_spin() -> u64 {
+    spin_forever(3)
+}
+
+/// `jmp .` on x86-64: a thread sent there spins inside the mapped file.
+const SPIN_CODE: [u8; 2] = [0xeb, 0xfe];
+const CODE_OFFSET: usize = 0x400;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let exe = std::fs::read_link("/proc/self/exe").expect("own executable");
+    match args.get(1).map(String::as_str) {
+        Some("fifo") => fifo(&exe),
+        Some("deleted") => {
+            std::fs::remove_file(&exe).expect("delete own executable");
+            println!("deleted");
+            hostile_deleted_spin();
+        }
+        Some("mappings") => {
+            let n: usize = args.get(2).and_then(|a| a.parse().ok()).expect("mappings N DIR");
+            let path = long_path(Path::new(args.get(3).expect("mappings N DIR")));
+            let mut page = vec![0u8; 4096];
+            page[CODE_OFFSET..CODE_OFFSET + 2].copy_from_slice(&SPIN_CODE);
+            std::fs::write(&path, &page).expect("write the mapped file");
+            let base = map_exec(&path, 4096, n);
+            run_in_mapping(base + CODE_OFFSET);
+        }
+        Some("bigsym") => {
+            let path = Path::new(args.get(2).expect("bigsym DIR")).join("bigsym.so");
+            write_bigsym(&path);
+            let base = map_exec(&path, 4096, 1);
+            run_in_mapping(base + CODE_OFFSET);
+        }
+        _ => {
+            eprintln!("usage: hostile-proc fifo|deleted|mappings N DIR|bigsym DIR");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn fifo(exe: &Path) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let spinner = std::thread::spawn(move || hostile_before_swap(&s));
+    println!("spinning");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = spinner.join();
+    let moved = exe.with_extension("moved");
+    std::fs::rename(exe, &moved).expect("rename own executable");
+    let c = std::ffi::CString::new(exe.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    println!("swapped");
+    let _ = std::io::stdout().flush();
+    hostile_after_swap();
+}
+
+/// A file path of about 3,800 characters (components under NAME_MAX) below `dir`.
+fn long_path(dir: &Path) -> PathBuf {
+    let mut p = dir.to_path_buf();
+    while p.as_os_str().len() < 3_700 {
+        p.push("d".repeat(200));
+    }
+    std::fs::create_dir_all(&p).expect("create the long directory");
+    p.join("hostile-lib.so")
+}
+
+/// Maps the first `len` bytes of `path` readable and executable `n` times; the first address.
+fn map_exec(path: &Path, len: usize, n: usize) -> usize {
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(path).expect("open");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let mut first = 0;
+    for i in 0..n {
+        // SAFETY: a fresh shared read-only mapping of a file we opened; never unmapped.
+        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE, fd, 0) };
+        assert_ne!(at, libc::MAP_FAILED, "mmap #{i}: {}", std::io::Error::last_os_error());
+        if i == 0 {
+            first = at as usize;
+        }
+    }
+    println!("mapped {n}");
+    let _ = std::io::stdout().flush();
+    first
+}
+
+/// Sends this thread into the spinning code at `addr` (x86-64), for good.
+fn run_in_mapping(addr: usize) -> ! {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `addr` holds `jmp .` in an executable mapping: the call never returns.
+        let f: extern "C" fn() -> ! = unsafe { std::mem::transmute(addr) };
+        f()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = addr;
+        eprintln!("hostile-proc: spinning inside a mapping needs x86-64");
+        std::process::exit(3)
+    }
+}
+
+/// An ELF64 of a few KB on disk and 2.4 GB in size (sparse), whose `.symtab` claims 100 M
+/// entries, with `jmp .` at `CODE_OFFSET`.
+fn write_bigsym(path: &Path) {
+    const SYMS: u64 = 100_000_000;
+    let mut out = Vec::new();
+    out.extend_from_slice(b"\x7fELF\x02\x01\x01\0");
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&3u16.to_le_bytes());
+    out.extend_from_slice(&62u16.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&64u64.to_le_bytes()); // e_shoff
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for v in [64u16, 56, 0, 64, 4, 3] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut section = |name: u32, kind: u32, flags: u64, addr: u64, offset: u64, size: u64, link: u32, entsize: u64| {
+        out.extend_from_slice(&name.to_le_bytes());
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&link.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&8u64.to_le_bytes());
+        out.extend_from_slice(&entsize.to_le_bytes());
+    };
+    section(0, 0, 0, 0, 0, 0, 0, 0);
+    // .text (SHF_ALLOC | SHF_EXECINSTR) over the spinning code.
+    section(1, 1, 6, CODE_OFFSET as u64, CODE_OFFSET as u64, 16, 0, 0);
+    section(7, 2, 0, 0, 0x1000, 24 * SYMS, 3, 24); // .symtab → .strtab (sh_link 3)
+    section(15, 3, 0, 0, 0x800, 0x40, 0, 0); // .strtab, also the section names
+    out.resize(0x1000, 0);
+    out[0x800..0x800 + 23].copy_from_slice(b"\0.text\0.symtab\0.strtab\0");
+    out[CODE_OFFSET..CODE_OFFSET + 2].copy_from_slice(&SPIN_CODE);
+    let mut f = std::fs::File::create(path).expect("create bigsym.so");
+    f.write_all(&out).expect("write bigsym.so");
+    f.set_len(0x1000 + 24 * SYMS).expect("size bigsym.so");
+}
