@@ -152,8 +152,10 @@ fn many_mappings_and_a_huge_symbol_table_stay_within_256_mib() {
     assert_eq!(read_line(&mut out), "mapped 60000\n");
     let (_sym, mut out) = spawn(&exe_sym, &["bigsym", tmp.path().to_str().unwrap()]);
     assert_eq!(read_line(&mut out), "mapped 1\n");
-    // Both are sampled inside their hostile files, named by module.
-    let a = wait_named(&data, "hostile-maps", "[unknown] (hostile-lib.so)", started, Duration::from_secs(30));
+    // Both are sampled and stored. The first inside its mapped file, which is past the maps'
+    // budgets (so `[unknown]` or `[unknown] (hostile-lib.so)`), called from its named `main`;
+    // the second inside its refused file, named by module.
+    let a = wait_named(&data, "hostile-maps", "hostile_proc::main", started, Duration::from_secs(30));
     let b = wait_named(&data, "hostile-bigsym", "[unknown] (bigsym.so)", started, Duration::from_secs(30));
     // Some more seconds of maps re-reads (at most one a second per process) and lookups.
     let later = now_secs() + 3.0;

@@ -190,7 +190,7 @@ mod tests {
     #[test]
     fn this_test_binary_passes_through_its_map_files_entry() {
         let me = std::process::id();
-        let maps = super::super::maps::read(me);
+        let maps = super::super::maps::read(me, None).maps;
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let text = maps.iter().find(|m| m.is_file() && *m.path == *exe.to_string_lossy()).expect("own text mapping");
         let file = open_mapped(me, text).expect("own binary opens and passes the checks");

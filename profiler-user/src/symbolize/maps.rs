@@ -1,12 +1,14 @@
 //! Parsing `/proc/PID/maps`: which file (device, inode, offset) backs a user address.
 //!
 //! A process decides how large its maps are: 60,000 mappings of one file under a 3,779-character
-//! path are 230 MB of text. So the file is read line by line (never whole), a path is kept once
-//! per file and shortened, and the mappings kept per file and per process are bounded.
+//! path are 230 MB of text, which the kernel takes seconds to write. So the file is read line by
+//! line (never whole) within a byte and a time budget, a path is kept once per file and
+//! shortened, and the mappings kept per file and per process are bounded. A read that hit a
+//! budget says so: the caller then re-reads that process's maps less often.
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, BufReader, Read as _},
     sync::Arc,
 };
 
@@ -16,8 +18,11 @@ pub const MAX_MAPPINGS: usize = 1024;
 pub const MAX_MAPPINGS_PER_FILE: usize = 64;
 /// Most bytes of a path kept (its file name, the part that is shown, is kept whole).
 pub const MAX_PATH_BYTES: usize = 256;
-/// Most bytes of maps text read per process; the rest is not looked at.
-pub const MAX_MAPS_BYTES: u64 = 64 << 20;
+/// Most bytes of maps text read per process; the rest is not looked at. A real process's maps
+/// are tens of KB (a line is ~100 bytes); 4 MiB took ~0.2 s of kernel time at 3.8 KB a line.
+pub const MAX_MAPS_BYTES: u64 = 4 << 20;
+/// Most time one read of a maps file may take.
+pub const MAPS_READ_BUDGET: std::time::Duration = std::time::Duration::from_millis(20);
 /// A maps line is at most a path (PATH_MAX) and its fields.
 const MAX_LINE_BYTES: u64 = 4096 + 256;
 
@@ -52,20 +57,32 @@ impl Mapping {
     }
 }
 
+/// What one read of a process's maps found.
+#[derive(Debug, Default)]
+pub struct Read {
+    pub maps: Vec<Mapping>,
+    /// A byte, time or count budget stopped the read before the end.
+    pub truncated: bool,
+}
+
 /// Executable mappings of a process, bounded as the module comment says; empty if it is gone.
-pub fn read(pid: u32) -> Vec<Mapping> {
+/// The mapping holding `wanted` (the address that made us read) is kept past the count bounds.
+pub fn read(pid: u32, wanted: Option<u64>) -> Read {
     match std::fs::File::open(format!("/proc/{pid}/maps")) {
-        Ok(f) => read_from(f.take(MAX_MAPS_BYTES)),
-        Err(_) => Vec::new(),
+        Ok(f) => read_from(f.take(MAX_MAPS_BYTES), wanted, MAPS_READ_BUDGET),
+        Err(_) => Read::default(),
     }
 }
 
 /// Executable mappings of a maps file, sorted by address. Malformed lines are skipped.
 pub fn parse(text: &str) -> Vec<Mapping> {
-    read_from(text.as_bytes())
+    read_from(text.as_bytes(), None, std::time::Duration::MAX).maps
 }
 
-fn read_from(input: impl Read) -> Vec<Mapping> {
+fn read_from(input: impl std::io::Read, wanted: Option<u64>, budget: std::time::Duration) -> Read {
+    let started = std::time::Instant::now();
+    let mut bytes = 0u64;
+    let mut truncated = false;
     let mut kept = Kept::default();
     let mut input = BufReader::with_capacity(64 << 10, input);
     let mut line = Vec::new();
@@ -73,8 +90,14 @@ fn read_from(input: impl Read) -> Vec<Mapping> {
         line.clear();
         match (&mut input).take(MAX_LINE_BYTES).read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => break,
-            Ok(_) => {}
+            Ok(n) => bytes += n as u64,
         }
+        // The clock is read every 64 lines: cheap next to what the kernel spends on a line.
+        if (bytes >= MAX_MAPS_BYTES) || (kept.lines % 64 == 0 && started.elapsed() > budget) {
+            truncated = true;
+            break;
+        }
+        kept.lines += 1;
         if line.last() != Some(&b'\n') && line.len() as u64 == MAX_LINE_BYTES {
             // Longer than any real line: skip the rest of it.
             loop {
@@ -87,16 +110,26 @@ fn read_from(input: impl Read) -> Vec<Mapping> {
             }
             continue;
         }
-        if let Some(m) = std::str::from_utf8(&line).ok().and_then(|l| parse_line(l.trim_end_matches('\n'), &mut kept)) {
+        let Some(m) = std::str::from_utf8(&line).ok().and_then(|l| parse_line(l.trim_end_matches('\n'), &mut kept))
+        else {
+            continue;
+        };
+        if wanted.is_some_and(|a| m.start <= a && a < m.end) {
+            kept.out.push(m);
+            if kept.out.len() >= MAX_MAPPINGS {
+                break;
+            }
+        } else if kept.out.len() < MAX_MAPPINGS {
             kept.push(m);
-        }
-        if kept.out.len() >= MAX_MAPPINGS {
+        } else if wanted.is_none() {
+            truncated = true;
             break;
         }
     }
-    let mut out = kept.out;
-    out.sort_by_key(|m| m.start);
-    out
+    truncated |= kept.out.len() >= MAX_MAPPINGS || kept.files.values().any(|(_, n)| *n >= MAX_MAPPINGS_PER_FILE);
+    let mut maps = kept.out;
+    maps.sort_by_key(|m| m.start);
+    Read { maps, truncated }
 }
 
 /// What a read keeps: the mappings, one path per file, how many mappings each file has.
@@ -104,6 +137,7 @@ fn read_from(input: impl Read) -> Vec<Mapping> {
 struct Kept {
     out: Vec<Mapping>,
     files: HashMap<(u64, u64), (Arc<str>, usize)>,
+    lines: u64,
 }
 
 impl Kept {
@@ -208,12 +242,15 @@ garbage line
     fn many_mappings_of_one_file_under_a_long_path_are_bounded() {
         let long = format!("/tmp/{}/evil.so", "d".repeat(3_779));
         let mut text = String::from("55d0c1a02000-55d0c1a07000 r-xp 00002000 fd:01 393320 /usr/bin/cat\n");
-        for i in 0..60_000u64 {
+        // 1,000 of them: 3.8 MB of text, under the byte budget.
+        for i in 0..1_000u64 {
             let start = 0x7000_0000_0000 + i * 0x1000;
             text.push_str(&format!("{start:x}-{:x} r-xp 00000000 fd:01 4242 {long}\n", start + 0x1000));
         }
         text.push_str("7f1c2a428000-7f1c2a5bd000 r-xp 00028000 fd:01 1835131 /usr/lib/libc.so.6\n");
-        let maps = parse(&text);
+        let read = read_from(text.as_bytes(), None, std::time::Duration::MAX);
+        assert!(read.truncated, "over the per-file bound");
+        let maps = read.maps;
         let evil: Vec<&Mapping> = maps.iter().filter(|m| m.inode == 4242).collect();
         assert_eq!(evil.len(), MAX_MAPPINGS_PER_FILE);
         // One path for all of them, shortened, its file name kept.
@@ -222,6 +259,13 @@ garbage line
         // The files after it are still found.
         assert_eq!(find(&maps, 0x7f1c2a428010).map(|m| m.inode), Some(1835131));
         assert_eq!(find(&maps, 0x55d0c1a02010).map(|m| m.inode), Some(393320));
+        // Past the bound, the mapping of the address that made us read is kept all the same.
+        let wanted = 0x7000_0000_0000 + 900 * 0x1000 + 0x400;
+        let read = read_from(text.as_bytes(), Some(wanted), std::time::Duration::MAX);
+        assert!(read.truncated);
+        let maps = read.maps;
+        assert_eq!(find(&maps, wanted).map(|m| m.inode), Some(4242));
+        assert_eq!(maps.iter().filter(|m| m.inode == 4242).count(), MAX_MAPPINGS_PER_FILE + 1);
     }
 
     #[test]
@@ -248,5 +292,22 @@ garbage line
         let long = format!("/{}/prog (deleted)", "p".repeat(1000));
         let maps = parse(&format!("1000-2000 r-xp 00000000 fd:01 7 {long}\n"));
         assert!(maps[0].is_deleted() && maps[0].is_file());
+    }
+
+    #[test]
+    fn a_read_stops_at_its_byte_budget() {
+        let line = format!("1000-2000 r-xp 00000000 fd:01 7 /{}\n", "d/".repeat(1_800));
+        let text = line.repeat((MAX_MAPS_BYTES as usize / line.len()) + 10);
+        let read = read_from(text.as_bytes(), None, std::time::Duration::MAX);
+        assert!(read.truncated);
+    }
+
+    #[test]
+    fn a_read_stops_at_its_time_budget() {
+        let text: String =
+            (0..10_000u64).map(|i| format!("{:x}-{:x} r-xp 00000000 fd:01 7 /lib/a.so\n", i * 0x2000, i * 0x2000 + 0x1000)).collect();
+        let read = read_from(text.as_bytes(), None, std::time::Duration::ZERO);
+        assert!(read.truncated && read.maps.is_empty());
+        assert!(!read_from(&b"1000-2000 r-xp 00000000 fd:01 7 /lib/a.so\n"[..], None, std::time::Duration::MAX).truncated);
     }
 }

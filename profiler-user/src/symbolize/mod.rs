@@ -71,6 +71,9 @@ const MODULE_NAMES_MAX: usize = 65_536;
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 /// An address outside every known mapping re-reads the maps at most this often per process.
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// ...and at most this often when its maps are over a bound (see `maps`): reading them is what
+/// costs, and what is past the bound stays unknown anyway.
+const MAPS_REFRESH_OVER_BOUND: Duration = Duration::from_secs(30);
 /// A stack with a frame nothing could name is answered from the cache this long, then resolved
 /// again (the maps may have been read before the loader mapped the library it points into).
 const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
@@ -85,6 +88,8 @@ struct Process {
     exe: Option<std::path::PathBuf>,
     maps: Vec<Mapping>,
     read_at: Instant,
+    /// The last read of its maps hit a bound: re-read after `MAPS_REFRESH_OVER_BOUND`.
+    over_bound: bool,
     seen_at: Instant,
     /// Which image of this pid this is (a serial, never reused): the stack cache's key, so a
     /// new program under the same pid never meets the stacks of the old one.
@@ -347,18 +352,26 @@ impl Symbolizer {
     /// Reads a process's mappings afresh (new, or it exec'd).
     fn load_process(&mut self, pid: u32, comm: &str, now: Instant) {
         let comm = self.intern(comm);
-        let maps = self.read_maps(pid);
+        let read = self.read_maps(pid, None);
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
         self.images += 1;
-        let process = Process { comms: vec![comm], exe, maps, read_at: now, seen_at: now, image: self.images };
+        let process = Process {
+            comms: vec![comm],
+            exe,
+            maps: read.maps,
+            read_at: now,
+            over_bound: read.truncated,
+            seen_at: now,
+            image: self.images,
+        };
         // The stacks cached for an image this replaces are unreachable now (their key has the
         // old image) and go at the next sweep.
         self.processes.insert(pid, process);
     }
 
-    fn read_maps(&mut self, pid: u32) -> Vec<Mapping> {
+    fn read_maps(&mut self, pid: u32, wanted: Option<u64>) -> maps::Read {
         self.stats.maps_reads += 1;
-        maps::read(pid)
+        maps::read(pid, wanted)
     }
 
     fn user_frame(&mut self, pid: u32, addr: u64, now: Instant) -> Arc<str> {
@@ -366,15 +379,17 @@ impl Symbolizer {
             return self.unknown.clone();
         };
         let mut mapping = maps::find(&process.maps, addr).cloned();
-        if mapping.is_none() && now.duration_since(process.read_at) >= MAPS_REFRESH {
-            // Something mapped since we looked (dlopen, a JIT).
-            let fresh = self.read_maps(pid);
-            mapping = maps::find(&fresh, addr).cloned();
+        let every = if process.over_bound { MAPS_REFRESH_OVER_BOUND } else { MAPS_REFRESH };
+        if mapping.is_none() && now.duration_since(process.read_at) >= every {
+            // Something mapped since we looked (dlopen, a JIT, the loader after exec).
+            let fresh = self.read_maps(pid, Some(addr));
+            mapping = maps::find(&fresh.maps, addr).cloned();
             if let Some(p) = self.processes.get_mut(&pid) {
-                if !fresh.is_empty() {
-                    p.maps = fresh;
+                if !fresh.maps.is_empty() {
+                    p.maps = fresh.maps;
                 }
                 p.read_at = now;
+                p.over_bound = fresh.truncated;
             }
         }
         let Some(mapping) = mapping else {
