@@ -52,6 +52,7 @@ pub extern "C" fn hostile_deleted_spin() -> u64 {
 /// `jmp .` on x86-64: a thread sent there spins inside the mapped file.
 const SPIN_CODE: [u8; 2] = [0xeb, 0xfe];
 const CODE_OFFSET: usize = 0x400;
+const PHDR_OFFSET: usize = 0x340;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -133,8 +134,11 @@ fn map_exec(path: &Path, len: usize, n: usize) -> usize {
     first
 }
 
-/// Sends this thread into the spinning code at `addr` (x86-64), for good.
+/// Sends this thread into the spinning code at `addr` (x86-64), for good. Not before a second
+/// and a half after exec: the profiler's first look at the process is then long past, so what
+/// is measured is what it does with the mapping, not how it names a process seen too early.
 fn run_in_mapping(addr: usize) -> ! {
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `addr` holds `jmp .` in an executable mapping: the call never returns.
@@ -160,10 +164,10 @@ fn write_bigsym(path: &Path) {
     out.extend_from_slice(&62u16.to_le_bytes());
     out.extend_from_slice(&1u32.to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes());
-    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&(PHDR_OFFSET as u64).to_le_bytes()); // e_phoff
     out.extend_from_slice(&64u64.to_le_bytes()); // e_shoff
     out.extend_from_slice(&0u32.to_le_bytes());
-    for v in [64u16, 56, 0, 64, 4, 3] {
+    for v in [64u16, 56, 1, 64, 4, 3] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     let mut section = |name: u32, kind: u32, flags: u64, addr: u64, offset: u64, size: u64, link: u32, entsize: u64| {
@@ -184,6 +188,14 @@ fn write_bigsym(path: &Path) {
     section(7, 2, 0, 0, 0x1000, 24 * SYMS, 3, 24); // .symtab → .strtab (sh_link 3)
     section(15, 3, 0, 0, 0x800, 0x40, 0, 0); // .strtab, also the section names
     out.resize(0x1000, 0);
+    // One PT_LOAD (read, execute) over the first page: file offsets resolve to addresses.
+    let mut phdr = Vec::new();
+    phdr.extend_from_slice(&1u32.to_le_bytes());
+    phdr.extend_from_slice(&5u32.to_le_bytes());
+    for v in [0u64, 0, 0, 0x1000, 0x1000, 0x1000] {
+        phdr.extend_from_slice(&v.to_le_bytes());
+    }
+    out[PHDR_OFFSET..PHDR_OFFSET + phdr.len()].copy_from_slice(&phdr);
     out[0x800..0x800 + 23].copy_from_slice(b"\0.text\0.symtab\0.strtab\0");
     out[CODE_OFFSET..CODE_OFFSET + 2].copy_from_slice(&SPIN_CODE);
     let mut f = std::fs::File::create(path).expect("create bigsym.so");
