@@ -93,6 +93,33 @@ fn a_deleted_binary_is_named() {
     assert!(daemon.stop().success(), "{}", daemon.log_text());
 }
 
+#[test]
+fn a_frame_seen_before_the_loader_mapped_its_library_is_named_later() {
+    if !privileged("a_frame_seen_before_the_loader_mapped_its_library_is_named_later") {
+        return;
+    }
+    let (tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--frequency", "99"]);
+    let exe = helper_copy(tmp.path(), "hostile-early");
+    let started = now_secs();
+    let status = Command::new(&exe).args(["early", "4"]).status().expect("run hostile-proc early");
+    assert!(status.success());
+    let ended = now_secs();
+    daemon.wait_ready_since(ended);
+    // From 2 s after exec on (past the 1 s re-read limit and the unnamed stack's time to live),
+    // the same call path is named as it is from then on: the root frame (libc's start code) is
+    // never the bare `[unknown]` the maps read at exec gave. Before the fix, that first answer
+    // was cached for the process's life: every sample said `hostile-early;[unknown];main;...`.
+    let stacks = folded_window(data.to_str().unwrap(), started + 2.0, ended, &["--comm", "hostile-early"])
+        .expect("samples of hostile-early");
+    let spins: Vec<&(String, u64)> = stacks.iter().filter(|(s, _)| s.contains(";hostile_early_spin")).collect();
+    assert!(!spins.is_empty(), "hostile_early_spin never named: {stacks:?}");
+    let bare: u64 = spins.iter().filter(|(s, _)| s.split(';').nth(1) == Some("[unknown]")).map(|(_, c)| c).sum();
+    let all: u64 = spins.iter().map(|(_, c)| c).sum();
+    eprintln!("{bare} of {all} samples in hostile_early_spin have a bare [unknown] root frame");
+    assert_eq!(bare, 0, "{spins:#?}");
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+}
+
 /// A cgroup v1 memory group holding one process, removed when dropped.
 struct MemoryCgroup(PathBuf);
 

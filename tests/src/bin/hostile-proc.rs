@@ -9,6 +9,9 @@
 //! - `bigsym DIR`: writes a sparse ELF below DIR whose symbol table claims 100 M symbols, maps it
 //!   executable and spins in it.
 //!
+//! - `early SECONDS`: spins in `hostile_early_spin` from its first instant (the profiler read
+//!   its maps at exec, before the loader mapped libc) for SECONDS.
+//!
 //! Run it from a copy: `fifo` and `deleted` rename or delete the file it runs from.
 
 use std::{
@@ -49,6 +52,18 @@ pub extern "C" fn hostile_deleted_spin() -> u64 {
     spin_forever(3)
 }
 
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn hostile_early_spin(deadline: std::time::Instant) -> u64 {
+    let mut x = 4u64;
+    while std::time::Instant::now() < deadline {
+        for i in 0..100_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    x
+}
+
 /// `jmp .` on x86-64: a thread sent there spins inside the mapped file.
 const SPIN_CODE: [u8; 2] = [0xeb, 0xfe];
 const CODE_OFFSET: usize = 0x400;
@@ -63,6 +78,10 @@ fn main() {
             std::fs::remove_file(&exe).expect("delete own executable");
             println!("deleted");
             hostile_deleted_spin();
+        }
+        Some("early") => {
+            let secs: f64 = args.get(2).and_then(|a| a.parse().ok()).expect("early SECONDS");
+            hostile_early_spin(std::time::Instant::now() + std::time::Duration::from_secs_f64(secs));
         }
         Some("mappings") => {
             let n: usize = args.get(2).and_then(|a| a.parse().ok()).expect("mappings N DIR");
@@ -80,7 +99,7 @@ fn main() {
             run_in_mapping(base + CODE_OFFSET);
         }
         _ => {
-            eprintln!("usage: hostile-proc fifo|deleted|mappings N DIR|bigsym DIR");
+            eprintln!("usage: hostile-proc fifo|deleted|early SECONDS|mappings N DIR|bigsym DIR");
             std::process::exit(2);
         }
     }
