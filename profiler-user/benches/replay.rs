@@ -481,9 +481,9 @@ fn processes(helpers: &Helpers) -> Vec<Proc> {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe").to_string_lossy().into_owned();
             let (mut main, mut all) = (Vec::new(), Vec::new());
             for m in read_maps(pid).iter().filter(|m| m.is_file()) {
-                let syms = by_file.entry(m.path.clone()).or_insert_with(|| elf_functions(&inspector, &m.path));
+                let syms = by_file.entry(m.path.to_string()).or_insert_with(|| elf_functions(&inspector, &m.path));
                 let f = functions_in(m, syms);
-                if m.path == exe {
+                if *m.path == *exe {
                     main.extend_from_slice(&f);
                 }
                 all.extend(f);

@@ -54,9 +54,9 @@ pub extern "C" fn hostile_deleted_spin() -> u64 {
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn hostile_early_spin(deadline: std::time::Instant) -> u64 {
+pub extern "C" fn hostile_early_spin(deadline: &std::time::Instant) -> u64 {
     let mut x = 4u64;
-    while std::time::Instant::now() < deadline {
+    while std::time::Instant::now() < *deadline {
         for i in 0..100_000u64 {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
         }
@@ -81,7 +81,7 @@ fn main() {
         }
         Some("early") => {
             let secs: f64 = args.get(2).and_then(|a| a.parse().ok()).expect("early SECONDS");
-            hostile_early_spin(std::time::Instant::now() + std::time::Duration::from_secs_f64(secs));
+            hostile_early_spin(&(std::time::Instant::now() + std::time::Duration::from_secs_f64(secs)));
         }
         Some("mappings") => {
             let n: usize = args.get(2).and_then(|a| a.parse().ok()).expect("mappings N DIR");
