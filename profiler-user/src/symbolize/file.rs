@@ -96,7 +96,12 @@ fn check_sections<'a, H: FileHeader<Endian = Endianness>>(data: &'a ReadCache<&'
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(Refused::SectionOutsideFile);
         }
-        if kind == elf::SHT_SYMTAB || kind == elf::SHT_DYNSYM {
+        let symbols = kind == elf::SHT_SYMTAB || kind == elf::SHT_DYNSYM;
+        // A compressed table would be inflated whole, to any size a few KB of zlib can claim.
+        if (symbols || kind == elf::SHT_STRTAB) && section.sh_flags(endian).into() & u64::from(elf::SHF_COMPRESSED) != 0 {
+            return Err(Refused::Malformed("compressed symbol or string table"));
+        }
+        if symbols {
             let entry: u64 = section.sh_entsize(endian).into();
             let count = len / entry.max(1);
             if count > MAX_SYMBOLS {
@@ -178,6 +183,15 @@ mod tests {
         assert!(matches!(check(&f), Err(Refused::SectionOutsideFile)), "{:?}", check(&f));
         let f = crafted_elf(u64::MAX - 8, 24, 1024);
         assert!(matches!(check(&f), Err(Refused::SectionOutsideFile)), "{:?}", check(&f));
+    }
+
+    #[test]
+    fn a_compressed_symbol_table_is_refused() {
+        use std::os::unix::fs::FileExt;
+        let f = crafted_elf(512, 24 * 10, 1024);
+        // The symbol table's header is the second one, at 64 + 64; its sh_flags 8 bytes in.
+        f.as_file().write_all_at(&u64::from(elf::SHF_COMPRESSED).to_le_bytes(), 128 + 8).unwrap();
+        assert!(matches!(check(&f), Err(Refused::Malformed(_))), "{:?}", check(&f));
     }
 
     #[test]
