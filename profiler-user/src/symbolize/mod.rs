@@ -77,9 +77,10 @@ const MAPS_REFRESH_OVER_BOUND: Duration = Duration::from_secs(30);
 /// A stack with a frame nothing could name is answered from the cache this long, then resolved
 /// again (the maps may have been read before the loader mapped the library it points into).
 const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
-/// Most mapped files held open at once (each is one descriptor of ours and one of blazesym's);
-/// past it a new file is refused, counted, and its frames named by module.
-const MAX_OPEN_FILES: usize = 1024;
+/// Most mapped files held open at once; past it a new file is refused, counted, and its frames
+/// named by module. Each is one descriptor of ours and one of blazesym's: 384 leave a quarter of
+/// the default limit of 1,024 to the store and the API (a busy node maps a few dozen files).
+const MAX_OPEN_FILES: usize = 384;
 
 struct Process {
     /// Thread names seen in this process (a comm is per thread: a new one is not an exec).
@@ -618,5 +619,23 @@ mod tests {
         let (_, path) = module.file.as_ref().expect("opened");
         assert!(path.starts_with("/proc/self/fd/"), "{}", path.display());
         assert_eq!(s.stats().files_refused, 0);
+    }
+
+    #[test]
+    fn past_the_open_file_bound_a_file_is_refused_counted_and_named_by_module() {
+        let mut s = Symbolizer::new();
+        for i in 0..MAX_OPEN_FILES as u64 {
+            let f = File::open("/dev/null").unwrap();
+            let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+            let unknown = s.unknown.clone();
+            s.modules.insert((u64::MAX, i), Module { unknown, file: Some((f, path)), failed_at: None, names: HashMap::new() });
+        }
+        let me = std::process::id();
+        let addr = profiler_symbolize_test_marker as *const () as u64;
+        let stack = s.stack(me, "test", &[], &[addr]);
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let base = exe.file_name().unwrap().to_string_lossy();
+        assert_eq!(&*stack.frames[0], format!("{UNKNOWN} ({base})"));
+        assert_eq!(s.stats().files_refused, 1);
     }
 }
