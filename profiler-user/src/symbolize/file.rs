@@ -82,7 +82,10 @@ pub fn check_elf(file: &File, size: u64) -> Result<(), Refused> {
     }
 }
 
-fn check_sections<'a, H: FileHeader<Endian = Endianness>>(data: &'a ReadCache<&'a File>, size: u64) -> Result<(), Refused> {
+fn check_sections<'a, H: FileHeader<Endian = Endianness>>(
+    data: &'a ReadCache<&'a File>,
+    size: u64,
+) -> Result<(), Refused> {
     let header = H::parse(data).map_err(|_| Refused::Malformed("file header"))?;
     let endian = header.endian().map_err(|_| Refused::Malformed("byte order"))?;
     // object checks that the section header table itself lies inside the file.
@@ -98,7 +101,8 @@ fn check_sections<'a, H: FileHeader<Endian = Endianness>>(data: &'a ReadCache<&'
         }
         let symbols = kind == elf::SHT_SYMTAB || kind == elf::SHT_DYNSYM;
         // A compressed table would be inflated whole, to any size a few KB of zlib can claim.
-        if (symbols || kind == elf::SHT_STRTAB) && section.sh_flags(endian).into() & u64::from(elf::SHF_COMPRESSED) != 0 {
+        if (symbols || kind == elf::SHT_STRTAB) && section.sh_flags(endian).into() & u64::from(elf::SHF_COMPRESSED) != 0
+        {
             return Err(Refused::Malformed("compressed symbol or string table"));
         }
         if symbols {
@@ -111,7 +115,6 @@ fn check_sections<'a, H: FileHeader<Endian = Endianness>>(data: &'a ReadCache<&'
     }
     Ok(())
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -304,10 +304,13 @@ garbage line
 
     #[test]
     fn a_read_stops_at_its_time_budget() {
-        let text: String =
-            (0..10_000u64).map(|i| format!("{:x}-{:x} r-xp 00000000 fd:01 7 /lib/a.so\n", i * 0x2000, i * 0x2000 + 0x1000)).collect();
+        let text: String = (0..10_000u64)
+            .map(|i| format!("{:x}-{:x} r-xp 00000000 fd:01 7 /lib/a.so\n", i * 0x2000, i * 0x2000 + 0x1000))
+            .collect();
         let read = read_from(text.as_bytes(), None, std::time::Duration::ZERO);
         assert!(read.truncated && read.maps.is_empty());
-        assert!(!read_from(&b"1000-2000 r-xp 00000000 fd:01 7 /lib/a.so\n"[..], None, std::time::Duration::MAX).truncated);
+        assert!(
+            !read_from(&b"1000-2000 r-xp 00000000 fd:01 7 /lib/a.so\n"[..], None, std::time::Duration::MAX).truncated
+        );
     }
 }

@@ -163,11 +163,7 @@ impl Symbolizer {
             // Names only: file/line and inlined frames would cost time and memory per address.
             // No auto reload: it would `stat` the path on every lookup, and our paths
             // (`/proc/self/fd/N`) lead to the checked file for as long as the module lives.
-            blaze: Blaze::builder()
-                .enable_code_info(false)
-                .enable_inlined_fns(false)
-                .enable_auto_reload(false)
-                .build(),
+            blaze: Blaze::builder().enable_code_info(false).enable_inlined_fns(false).enable_auto_reload(false).build(),
             kernel_source: Source::Kernel(kernel),
             kernel: HashMap::new(),
             processes: HashMap::new(),
@@ -628,7 +624,10 @@ mod tests {
             let f = File::open("/dev/null").unwrap();
             let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
             let unknown = s.unknown.clone();
-            s.modules.insert((u64::MAX, i), Module { unknown, file: Some((f, path)), failed_at: None, names: HashMap::new() });
+            s.modules.insert(
+                (u64::MAX, i),
+                Module { unknown, file: Some((f, path)), failed_at: None, names: HashMap::new() },
+            );
         }
         let me = std::process::id();
         let addr = profiler_symbolize_test_marker as *const () as u64;

@@ -142,7 +142,9 @@ fn map_exec(path: &Path, len: usize, n: usize) -> usize {
     let mut first = 0;
     for i in 0..n {
         // SAFETY: a fresh shared read-only mapping of a file we opened; never unmapped.
-        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE, fd, 0) };
+        let at = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE, fd, 0)
+        };
         assert_ne!(at, libc::MAP_FAILED, "mmap #{i}: {}", std::io::Error::last_os_error());
         if i == 0 {
             first = at as usize;
