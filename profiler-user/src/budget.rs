@@ -125,7 +125,52 @@ pub fn give_back_memory() {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::{
+        model::{Sample, Stack},
+        store::{StoreWriter, format::NS_PER_SEC, segments_dir},
+    };
+
+    /// Three hours, one sample a second.
+    fn store() -> (tempfile::TempDir, Store, u64) {
+        let t0 = 1_795_000_000 / 3600 * 3600 * NS_PER_SEC;
+        let dir = tempfile::tempdir().unwrap();
+        crate::store::create_and_lock(dir.path()).unwrap();
+        let mut w = StoreWriter::new(&segments_dir(dir.path()));
+        let stack = Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 });
+        for i in 0..3 * 3600 {
+            let ts_ns = t0 + i * NS_PER_SEC;
+            w.push(&Sample { ts_ns, cpu: 0, pid: 1, tid: 1, cgroup_id: 0, comm: "a".into(), stack: stack.clone() });
+            if i % 60 == 59 {
+                w.flush(ts_ns).unwrap();
+            }
+        }
+        w.flush(t0).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store, t0)
+    }
+
+    #[test]
+    fn a_scan_stops_at_its_row_budget_with_a_sentence_and_passes_within_it() {
+        let (_dir, mut store, t0) = store();
+        let end = t0 + 3 * 3600 * NS_PER_SEC;
+        let mut rows = 0u64;
+        let mut count = |b: BlockView<'_>| rows += u64::from(b.header.samples);
+        let small = ScanBudget { max_rows: 5000, deadline: Duration::from_secs(3600) };
+        let err = scan(&mut store, t0, end, Need::Samples, small, &mut count).unwrap_err().to_string();
+        assert!(err.contains("more than 5000 samples") && err.contains("narrow the window"), "{err}");
+        // Stopped after the pass that crossed the budget: two hours read, not three.
+        assert_eq!(rows, 2 * 3600);
+        let mut all = 0u64;
+        let mut count = |b: BlockView<'_>| all += u64::from(b.header.samples);
+        scan(&mut store, t0, end, Need::Samples, ScanBudget::default(), &mut count).unwrap();
+        assert_eq!(all, 3 * 3600, "passes read each sample once");
+        let late = ScanBudget { max_rows: u64::MAX, deadline: Duration::ZERO };
+        let err = scan(&mut store, t0, end, Need::Samples, late, &mut |_: BlockView<'_>| {}).unwrap_err();
+        assert!(matches!(err, BudgetError::Deadline { .. }), "{err}");
+    }
 
     #[test]
     fn columns_widen_just_enough() {
