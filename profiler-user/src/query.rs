@@ -229,8 +229,8 @@ impl Visitor for FoldVisitor<'_> {
             });
             *e += n;
         }
-        // Twice the budget before pruning, so a long scan does not prune at every segment.
-        if self.folded.stacks.len() > 2 * budget::MAX_STACKS || self.bytes > 2 * budget::MAX_FOLDED_BYTES {
+        // Half again the budget before pruning, so a long scan does not prune at every segment.
+        if self.folded.stacks.len() > budget::MAX_STACKS * 3 / 2 || self.bytes > budget::MAX_FOLDED_BYTES * 3 / 2 {
             self.bytes = self.folded.truncate(budget::MAX_STACKS, budget::MAX_FOLDED_BYTES);
         }
     }

@@ -243,6 +243,10 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
     heavy(&s, move || {
         let w = p.window("-1m")?;
         let filter = p.filter()?;
+        let format = p.format.as_deref().unwrap_or("svg");
+        if !["svg", "json", "folded"].contains(&format) {
+            return Err(bad(format!("format '{format}' is not one of svg, json, folded")));
+        }
         let folded = query::fold(&mut open(&app)?, w, &filter)?;
         let note = (folded.truncated_stacks > 0).then(|| {
             format!(
@@ -252,7 +256,7 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
                 budget::MAX_STACKS
             )
         });
-        let r = match p.format.as_deref().unwrap_or("svg") {
+        let r = match format {
             "json" => {
                 let mut out = Vec::new();
                 tree::write(&folded, &mut out).map_err(internal)?;
@@ -263,7 +267,7 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
                 flamegraph::write_folded(&folded, &mut out).map_err(internal)?;
                 ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
             }
-            "svg" => {
+            _ => {
                 let mut out = Vec::new();
                 let mut subtitle = format!(
                     "{} to {}, {} samples",
@@ -277,7 +281,6 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
                 flamegraph::write_svg(&folded, "CPU flamegraph", &subtitle, &mut out).map_err(internal)?;
                 ([(header::CONTENT_TYPE, "image/svg+xml")], out).into_response()
             }
-            other => return Err(bad(format!("format '{other}' is not one of svg, json, folded"))),
         };
         Ok(with_note(r, "x-profiler-truncated", note))
     })
