@@ -313,6 +313,45 @@ fn the_api_cannot_stop_the_sampling() {
     assert!(after > seen);
     let log = daemon.log_text();
     assert!(!log.contains("Too many open files"), "{log}");
+
+    // 5. The CLI runs the same queries under the same limits, and says what it did.
+    let dir = data.to_str().unwrap();
+    let heat = tmp.path().join("heat.json");
+    let out = integration_tests::profiler(&[
+        "heatmap",
+        "--from",
+        "-4d",
+        "--format",
+        "json",
+        "--data-dir",
+        dir,
+        "-o",
+        heat.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("one column per"), "{err}");
+    let folded = tmp.path().join("all.folded");
+    let out = integration_tests::profiler(&[
+        "flamegraph",
+        "--from",
+        "-4d",
+        "--format",
+        "folded",
+        "--data-dir",
+        dir,
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("merged into [truncated]"), "{err}");
+    // SAFETY: getrusage fills a struct we own.
+    let cli_peak_kib = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru.ru_maxrss as u64
+    };
+    table.push(format!("| CLI `heatmap --from -4d` and `flamegraph --from -4d --format folded` | 0 | | {cli_peak_kib} KiB (the CLI process) | | |"));
+    assert!(cli_peak_kib <= 128 * 1024, "the CLI peaked at {cli_peak_kib} KiB");
     eprintln!("| request | status | body | daemon peak RSS (VmHWM) | above idle | time |");
     eprintln!("|---|---|---|---|---|---|");
     for row in &table {
