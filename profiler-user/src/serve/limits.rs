@@ -24,6 +24,9 @@ pub const HEAVY_WAIT: Duration = Duration::from_secs(5);
 pub const RETRY_AFTER_SECS: u64 = 2;
 /// `/metrics` answers per second, all clients together (Prometheus scrapes every 15-60 s).
 pub const METRICS_PER_SEC: u32 = 50;
+/// How long a request over the `/metrics` rate waits for its 429: with at most
+/// [`MAX_CONNECTIONS`] connections, refusals cost at most MAX_CONNECTIONS / 0.2 s answers a second.
+pub const REFUSAL_DELAY: Duration = Duration::from_millis(200);
 /// How long a rendered `/metrics` text is served again.
 pub const METRICS_CACHE: Duration = Duration::from_secs(1);
 

@@ -3,7 +3,8 @@
 //! descriptors, and then it could not write samples. Here: a connection cap computed from
 //! RLIMIT_NOFILE (beyond it a connection is closed at once), a deadline on reading request
 //! headers (which hyper also applies to an idle keep-alive connection waiting for its next
-//! request), a lifetime per connection (a client that never reads its answer), all on one
+//! request), a lifetime per connection (a client that never reads its answer), a rate of
+//! accepted connections (a connect flood waits in the kernel's backlog), all on one
 //! thread at nice 10 with its own runtime, so no request competes with the sampling stages.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -21,6 +22,8 @@ use super::limits;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest life of one connection (the largest answer takes well under a second on loopback).
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
+/// New connections accepted per second, at most (a UI opens a handful, a scraper one).
+pub const ACCEPTS_PER_SEC: u32 = 200;
 /// Blocking threads of the server's runtime: heavy requests are at most
 /// [`limits::HEAVY_AT_ONCE`] at a time anyway.
 const BLOCKING_THREADS: usize = 4;
@@ -57,7 +60,13 @@ pub fn spawn(addr: SocketAddr, router: Router) -> std::io::Result<SocketAddr> {
 async fn accept_loop(listener: tokio::net::TcpListener, router: Router, cap: usize) {
     let slots = Arc::new(Semaphore::new(cap));
     let mut refused: u64 = 0;
+    let accepts = limits::Rate::new(ACCEPTS_PER_SEC);
     loop {
+        // Beyond the rate, connections wait in the kernel's backlog (and past it, the kernel
+        // refuses them) instead of costing the daemon CPU.
+        while !accepts.allow() {
+            tokio::time::sleep(Duration::from_secs(1) / ACCEPTS_PER_SEC).await;
+        }
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {

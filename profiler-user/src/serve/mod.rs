@@ -318,6 +318,9 @@ async fn status_api(State(s): State<Shared>) -> Result<Response, Failure> {
 /// per [`limits::METRICS_CACHE`], answered at most [`limits::METRICS_PER_SEC`] times a second.
 async fn metrics_api(State(s): State<Shared>) -> Result<Response, Failure> {
     if !s.metrics_rate.allow() {
+        // Slowly: a client that floods on keep-alive connections waits between its requests,
+        // so it cannot make the server answer 429s as fast as it sends.
+        tokio::time::sleep(limits::REFUSAL_DELAY).await;
         return Err(Failure(
             StatusCode::TOO_MANY_REQUESTS,
             format!("/metrics answers at most {} requests a second", limits::METRICS_PER_SEC),
