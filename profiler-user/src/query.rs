@@ -502,7 +502,8 @@ pub fn for_each_sample(
     check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
     let mut n = 0;
     let mut ids = Vec::new();
-    store.scan(window.from_ns, window.to_ns, Need::Samples, &mut |b: BlockView<'_>| {
+    let budget = budget::ScanBudget::default();
+    budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
         let s = b.samples.expect("samples decoded");
         let comm_id = filter.comm.as_deref().map(|c| b.dict.strings.iter().position(|x| x == c));
         let mut order: Vec<(u64, usize)> = s.timestamps(b.header.start_ns).enumerate().map(|(i, t)| (t, i)).collect();
