@@ -172,15 +172,24 @@ async fn heavy<T: Send + 'static>(
             ),
         )
     })?;
-    tokio::task::spawn_blocking(move || {
+    let r = tokio::task::spawn_blocking(move || {
         let r = f();
         budget::give_back_memory();
         drop(turn);
         r
     })
     .await
-    .map_err(|e| internal(format!("query failed: {e}")))?
+    .map_err(|e| internal(format!("query failed: {e}")))?;
+    // Once more when the answer has been written and freed (it can be megabytes).
+    tokio::spawn(async {
+        tokio::time::sleep(TRIM_AFTER).await;
+        let _ = tokio::task::spawn_blocking(budget::give_back_memory).await;
+    });
+    r
 }
+
+/// When the memory of an answer is handed back: by then a loopback client has read it.
+const TRIM_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn open(state: &AppState) -> Result<Store, Failure> {
     Store::open(&state.data_dir).map_err(|e| internal(e.to_string()))
