@@ -334,48 +334,64 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
     let columns = seconds.div_ceil(k) as usize;
     let mut grid = Grid { first_second: first, rows, columns, seconds_per_column: k, counts: vec![0; columns * rows] };
     let unfiltered = filter.cpus.is_empty() && filter.pid.is_none() && filter.comm.is_none();
-    let aligned = window.from_ns.is_multiple_of(BUCKET_NS) && window.to_ns.is_multiple_of(BUCKET_NS);
-    if unfiltered && aligned && BUCKETS_PER_SEC.is_multiple_of(rows) {
+    // The 10 ms buckets the window covers whole come from summaries; only the slivers at its
+    // edges (under 10 ms each) decode samples. A window of days costs no sample decoding.
+    let inner = (window.from_ns.div_ceil(BUCKET_NS) * BUCKET_NS, window.to_ns / BUCKET_NS * BUCKET_NS);
+    if unfiltered && inner.0 < inner.1 && BUCKETS_PER_SEC.is_multiple_of(rows) {
         let per_row = BUCKETS_PER_SEC / rows;
-        store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
+        let covered = Window { from_ns: inner.0, to_ns: inner.1 };
+        store.scan(covered.from_ns, covered.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
             let summary = b.summary.expect("summary decoded");
             let second = b.header.start_ns / NS_PER_SEC;
             for (i, &n) in summary.buckets.iter().enumerate() {
-                if window.contains(b.header.start_ns + i as u64 * BUCKET_NS) {
+                if covered.contains(b.header.start_ns + i as u64 * BUCKET_NS) {
                     grid.add(second, i / per_row, u64::from(n));
                 }
             }
         })?;
+        for edge in [(window.from_ns, inner.0), (inner.1, window.to_ns)] {
+            if edge.0 < edge.1 {
+                grid_from_samples(store, Window { from_ns: edge.0, to_ns: edge.1 }, filter, &mut grid)?;
+            }
+        }
     } else {
-        let comm = filter.comm.clone();
-        budget::scan(
-            store,
-            window.from_ns,
-            window.to_ns,
-            Need::Samples,
-            budget::ScanBudget::default(),
-            &mut |b: BlockView<'_>| {
-                // Rolled-up blocks keep no subsecond times: they have no place in a heatmap.
-                if b.header.flags & crate::store::format::FLAG_ROLLUP != 0 {
-                    return;
-                }
-                let s = b.samples.expect("samples decoded");
-                let comm_id = comm.as_deref().map(|c| b.dict.strings.iter().position(|x| x == c));
-                for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
-                    if !window.contains(ts)
-                        || !filter.cpu_ok(s.cpu[i])
-                        || filter.pid.is_some_and(|p| p != s.pid[i])
-                        || comm_id.is_some_and(|id| id != Some(s.comm[i] as usize))
-                    {
-                        continue;
-                    }
-                    let row = ((ts % NS_PER_SEC) * rows as u64 / NS_PER_SEC) as usize;
-                    grid.add(ts / NS_PER_SEC, row, s.count(i));
-                }
-            },
-        )?;
+        grid_from_samples(store, window, filter, &mut grid)?;
     }
     Ok(grid)
+}
+
+/// Adds the samples of `window` that match `filter` to `grid` (held to the scan budget).
+fn grid_from_samples(store: &mut Store, window: Window, filter: &Filter, grid: &mut Grid) -> Result<(), QueryError> {
+    use crate::store::format::NS_PER_SEC;
+    let rows = grid.rows as u64;
+    let comm = filter.comm.as_deref();
+    budget::scan(
+        store,
+        window.from_ns,
+        window.to_ns,
+        Need::Samples,
+        budget::ScanBudget::default(),
+        &mut |b: BlockView<'_>| {
+            // Rolled-up blocks keep no subsecond times: they have no place in a heatmap.
+            if b.header.flags & crate::store::format::FLAG_ROLLUP != 0 {
+                return;
+            }
+            let s = b.samples.expect("samples decoded");
+            let comm_id = comm.map(|c| b.dict.strings.iter().position(|x| x == c));
+            for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
+                if !window.contains(ts)
+                    || !filter.cpu_ok(s.cpu[i])
+                    || filter.pid.is_some_and(|p| p != s.pid[i])
+                    || comm_id.is_some_and(|id| id != Some(s.comm[i] as usize))
+                {
+                    continue;
+                }
+                let row = ((ts % NS_PER_SEC) * rows / NS_PER_SEC) as usize;
+                grid.add(ts / NS_PER_SEC, row, s.count(i));
+            }
+        },
+    )?;
+    Ok(())
 }
 
 /// Per-CPU busy and kernel-mode shares over time buckets.
@@ -688,6 +704,17 @@ mod tests {
         let all_cpus = Filter { cpus: vec![0, 1, 2], ..Default::default() };
         let slow = subsecond_grid(&mut store, w, 50, &all_cpus).unwrap();
         assert_eq!(fast, slow);
+        // Edges inside a 10 ms bucket: summaries for the inside, samples for the slivers.
+        let odd = Window::new(T0 + 7 * NS_PER_SEC + 303_456_789, T0 + 99 * NS_PER_SEC + 5_000_001).unwrap();
+        assert_eq!(
+            subsecond_grid(&mut store, odd, 50, &Filter::default()).unwrap(),
+            subsecond_grid(&mut store, odd, 50, &all_cpus).unwrap()
+        );
+        let tiny = Window::new(T0 + 7 * NS_PER_SEC + 1, T0 + 7 * NS_PER_SEC + 2_000_000).unwrap();
+        assert_eq!(
+            subsecond_grid(&mut store, tiny, 50, &Filter::default()).unwrap(),
+            subsecond_grid(&mut store, tiny, 50, &all_cpus).unwrap()
+        );
         let mut naive = vec![vec![0u64; 50]; 130];
         for s in &input {
             let off = s.ts_ns - T0;

@@ -35,6 +35,12 @@ const RESIDENT_AFTER_KIB: u64 = 32 * 1024;
 /// The unit's MemoryMax: never reached, whatever is asked.
 const MEMORY_MAX_KIB: u64 = 256 * 1024;
 
+/// The daemon samples and symbolizes every process on the machine: a test that runs hostile
+/// processes meanwhile (issue 14 E10: 60,000 mappings, ELF files claiming 100 M symbols) grows
+/// its symbolizer, which this test would count as the API's.
+const NOISE: &str = " (if a request that does no work, a 400, also peaked: another test's processes grew the \
+                     symbolizer meanwhile; run this test alone)";
+
 const DAY_NS: u64 = 86_400 * NS_PER_SEC;
 
 struct Reply {
@@ -225,7 +231,7 @@ fn the_api_cannot_stop_the_sampling() {
             peak,
             peak.saturating_sub(idle)
         ));
-        assert!(peak <= bound, "{path}: peak RSS {peak} KiB over {bound} KiB");
+        assert!(peak <= bound, "{path}: peak RSS {peak} KiB over {bound} KiB{NOISE}");
     }
     // Memory goes back after the requests (the allocator keeps freed arenas otherwise: without
     // the daemon's trims, 50 MB more stayed resident after this list).
@@ -262,7 +268,7 @@ fn the_api_cannot_stop_the_sampling() {
         "| six at once (3 flamegraph -4d svg, 3 heatmap -4d rows=1000) | {ok} x 200 | | {peak} KiB | +{} KiB | | |",
         peak.saturating_sub(idle)
     ));
-    assert!(peak <= bound, "six at once: peak RSS {peak} KiB over {bound} KiB");
+    assert!(peak <= bound, "six at once: peak RSS {peak} KiB over {bound} KiB{NOISE}");
     seen = more_samples(port, seen, "after six heavy requests");
 
     // 3. A /metrics flood for 3 s from 8 threads: a bounded number of answers, the rest 429.
