@@ -4,6 +4,7 @@
 //! `pipeline` is the per-sample path (parse a record → symbolize → detect → store); `daemon` feeds
 //! it from the ring buffer and flushes it; `main.rs` is the CLI over all of them.
 
+pub mod budget;
 pub mod collect;
 pub mod config;
 pub mod daemon;

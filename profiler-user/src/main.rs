@@ -416,6 +416,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 tracing::warn!("{w}");
             }
             let folded = result?;
+            if folded.truncated_stacks > 0 {
+                eprintln!(
+                    "note: {} rare stacks merged into {}: a flamegraph keeps at most {} distinct stacks",
+                    folded.truncated_stacks,
+                    profiler::budget::TRUNCATED,
+                    profiler::budget::MAX_STACKS
+                );
+            }
             let mut out = open_output(output.as_deref())?;
             if let (Some(bf), Some(bt)) = (baseline_from, baseline_to) {
                 let base_window = Window::new(timespec::parse(&bf, now)?, timespec::parse(&bt, now)?)?;
@@ -475,6 +483,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let filter = filter.filter();
             query::check_filter(&filter, Meta::read(&dir.data_dir).as_ref())?;
             let grid = query::subsecond_grid(&mut store, w, rows as usize, &filter)?;
+            if grid.coarsened() {
+                eprintln!("note: {}", heatmap::coarsened_reason(&grid));
+            }
             let title = format!("Subsecond heatmap, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
             let mut out = open_output(output.as_deref())?;
             match format {
@@ -500,6 +511,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             require_data(&mut store, w)?;
             let (cpus, hz) = Meta::cpus_and_frequency(&dir.data_dir);
             let grid = query::cpu_time(&mut store, w, bucket_ns, cpus, hz)?;
+            if let Some(c) = cputime::coarsened(&grid) {
+                eprintln!("note: {}", c.reason);
+            }
             let found = detect::log::findings_in(&dir.data_dir, w.from_ns, w.to_ns)?;
             let title = format!("CPU x time, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
             let mut out = open_output(output.as_deref())?;

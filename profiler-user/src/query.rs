@@ -4,6 +4,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use crate::{
+    budget,
     store::{
         Meta, Store, StoreError,
         format::Dict,
@@ -31,16 +32,11 @@ pub enum QueryError {
         "no samples match {filter} between {from} and {to} ({total} samples of other processes or CPUs in that window)"
     )]
     NoMatch { filter: String, from: String, to: String, total: u64 },
-    #[error(
-        "the window is too long for this view ({cells} cells, at most {max}): narrow it, or use fewer rows or wider buckets"
-    )]
-    TooLong { cells: u64, max: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Budget(#[from] budget::BudgetError),
 }
-
-/// Cells a heatmap or CPU x time grid may have: enough for days of seconds, bounded memory.
-pub const MAX_CELLS: u64 = 20_000_000;
 
 /// Which samples a query keeps.
 #[derive(Debug, Clone, Default)]
@@ -108,6 +104,8 @@ pub struct Folded {
     pub stacks: rustc_hash::FxHashMap<String, u64>,
     /// Matching samples per CPU: (non-idle, idle).
     pub per_cpu: BTreeMap<u32, (u64, u64)>,
+    /// Distinct stacks merged into [`budget::TRUNCATED`] to keep the fold within its budget.
+    pub truncated_stacks: u64,
 }
 
 impl Folded {
@@ -183,6 +181,8 @@ struct FoldVisitor<'a> {
     counts: rustc_hash::FxHashMap<(u32, u32), u64>,
     folded: Folded,
     in_window: u64,
+    /// Bytes of the folded lines held.
+    bytes: usize,
 }
 
 impl Visitor for FoldVisitor<'_> {
@@ -221,17 +221,58 @@ impl Visitor for FoldVisitor<'_> {
     fn dict_done(&mut self, dict: &Dict) {
         let mut scratch = Vec::new();
         for ((comm, stack), n) in self.counts.drain() {
-            *self.folded.stacks.entry(fold_line_with(dict, comm, stack, &mut scratch)).or_default() += n;
+            let line = fold_line_with(dict, comm, stack, &mut scratch);
+            let len = line.len();
+            let e = self.folded.stacks.entry(line).or_insert_with(|| {
+                self.bytes += len;
+                0
+            });
+            *e += n;
         }
+        // Half again the budget before pruning, so a long scan does not prune at every segment.
+        if self.folded.stacks.len() > budget::MAX_STACKS * 3 / 2 || self.bytes > budget::MAX_FOLDED_BYTES * 3 / 2 {
+            self.bytes = self.folded.truncate(budget::MAX_STACKS, budget::MAX_FOLDED_BYTES);
+        }
+    }
+}
+
+impl Folded {
+    /// Keeps the most frequent stacks within `max_stacks` lines and `max_bytes` of text; the
+    /// others merge into one [`budget::TRUNCATED`] line. Returns the bytes kept. Pruned along
+    /// a scan, a stack rare early and frequent later is counted partly under `[truncated]`:
+    /// the answer says how many stacks were merged, never silently.
+    pub fn truncate(&mut self, max_stacks: usize, max_bytes: usize) -> usize {
+        let mut all: Vec<(String, u64)> = self.stacks.drain().collect();
+        all.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let (mut bytes, mut merged) = (0usize, 0u64);
+        for (line, n) in all {
+            if line == budget::TRUNCATED {
+                merged += n;
+            } else if self.stacks.len() + 1 < max_stacks && bytes + line.len() <= max_bytes {
+                bytes += line.len();
+                self.stacks.insert(line, n);
+            } else {
+                merged += n;
+                self.truncated_stacks += 1;
+            }
+        }
+        if merged > 0 {
+            self.stacks.insert(budget::TRUNCATED.to_string(), merged);
+        }
+        bytes
     }
 }
 
 /// Folds the samples of `window` that match `filter`.
 pub fn fold(store: &mut Store, window: Window, filter: &Filter) -> Result<Folded, QueryError> {
     check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
-    let mut v = FoldVisitor { window, filter, counts: Default::default(), folded: Folded::default(), in_window: 0 };
-    store.scan(window.from_ns, window.to_ns, Need::Samples, &mut v)?;
-    let FoldVisitor { folded, in_window, .. } = v;
+    let mut v =
+        FoldVisitor { window, filter, counts: Default::default(), folded: Folded::default(), in_window: 0, bytes: 0 };
+    budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget::ScanBudget::default(), &mut v)?;
+    let FoldVisitor { mut folded, in_window, bytes, .. } = v;
+    if folded.stacks.len() > budget::MAX_STACKS || bytes > budget::MAX_FOLDED_BYTES {
+        folded.truncate(budget::MAX_STACKS, budget::MAX_FOLDED_BYTES);
+    }
     if folded.stacks.is_empty() {
         let (from, to) = (format(window.from_ns), format(window.to_ns));
         if in_window == 0 {
@@ -242,53 +283,101 @@ pub fn fold(store: &mut Store, window: Window, filter: &Filter) -> Result<Folded
     Ok(folded)
 }
 
-/// FlameScope's subsecond grid: busy samples per (second, offset-within-the-second row).
+/// FlameScope's subsecond grid: busy samples per (column, offset-within-the-second row). A
+/// column is one second, or `seconds_per_column` seconds when the window would exceed the cell
+/// budget ([`budget::HEATMAP_CELLS`]); the grid is one flat vector of u32 (4 bytes a cell).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grid {
     /// Unix second of the first column.
     pub first_second: u64,
     pub rows: usize,
-    /// `counts[column][row]`, row 0 = offset 0.
-    pub counts: Vec<Vec<u64>>,
+    pub columns: usize,
+    /// 1 unless coarsened: then a column sums this many seconds, row by row.
+    pub seconds_per_column: u64,
+    /// `counts[column * rows + row]`, row 0 = offset 0.
+    pub counts: Vec<u32>,
+}
+
+impl Grid {
+    pub fn column(&self, c: usize) -> &[u32] {
+        &self.counts[c * self.rows..(c + 1) * self.rows]
+    }
+
+    pub fn max(&self) -> u32 {
+        self.counts.iter().copied().max().unwrap_or(0)
+    }
+
+    pub fn coarsened(&self) -> bool {
+        self.seconds_per_column > 1
+    }
+
+    fn add(&mut self, second: u64, row: usize, n: u64) {
+        let Some(col) = second.checked_sub(self.first_second).map(|s| (s / self.seconds_per_column) as usize) else {
+            return;
+        };
+        if col < self.columns && row < self.rows {
+            let cell = &mut self.counts[col * self.rows + row];
+            *cell = cell.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+    }
 }
 
 /// The subsecond grid of `window`. Without filters, and when rows divide the 10 ms buckets of
-/// the block summaries, it is computed from summaries alone (no sample is decoded).
+/// the block summaries, it is computed from summaries alone (no sample is decoded); otherwise
+/// the scan of samples is held to the per-query budget.
 pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &Filter) -> Result<Grid, QueryError> {
     use crate::store::format::{BUCKET_NS, BUCKETS_PER_SEC, NS_PER_SEC};
     let rows = rows.clamp(1, 1000);
     let first = window.from_ns / NS_PER_SEC;
-    let columns = (window.to_ns.div_ceil(NS_PER_SEC) - first) as usize;
-    let cells = columns as u64 * rows as u64;
-    if cells > MAX_CELLS {
-        return Err(QueryError::TooLong { cells, max: MAX_CELLS });
-    }
-    let mut counts = vec![vec![0u64; rows]; columns];
+    let seconds = window.to_ns.div_ceil(NS_PER_SEC) - first;
+    let k = budget::seconds_per_column(seconds, rows as u64, budget::HEATMAP_CELLS);
+    let columns = seconds.div_ceil(k) as usize;
+    let mut grid = Grid { first_second: first, rows, columns, seconds_per_column: k, counts: vec![0; columns * rows] };
     let unfiltered = filter.cpus.is_empty() && filter.pid.is_none() && filter.comm.is_none();
-    let aligned = window.from_ns.is_multiple_of(BUCKET_NS) && window.to_ns.is_multiple_of(BUCKET_NS);
-    if unfiltered && aligned && BUCKETS_PER_SEC.is_multiple_of(rows) {
+    // The 10 ms buckets the window covers whole come from summaries; only the slivers at its
+    // edges (under 10 ms each) decode samples. A window of days costs no sample decoding.
+    let inner = (window.from_ns.div_ceil(BUCKET_NS) * BUCKET_NS, window.to_ns / BUCKET_NS * BUCKET_NS);
+    if unfiltered && inner.0 < inner.1 && BUCKETS_PER_SEC.is_multiple_of(rows) {
         let per_row = BUCKETS_PER_SEC / rows;
-        store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
+        let covered = Window { from_ns: inner.0, to_ns: inner.1 };
+        store.scan(covered.from_ns, covered.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
             let summary = b.summary.expect("summary decoded");
-            let Some(col) = (b.header.start_ns / NS_PER_SEC).checked_sub(first).map(|c| c as usize) else { return };
+            let second = b.header.start_ns / NS_PER_SEC;
             for (i, &n) in summary.buckets.iter().enumerate() {
-                let t = b.header.start_ns + i as u64 * BUCKET_NS;
-                if let Some(cell) = counts.get_mut(col).and_then(|c| c.get_mut(i / per_row))
-                    && window.contains(t)
-                {
-                    *cell += u64::from(n);
+                if covered.contains(b.header.start_ns + i as u64 * BUCKET_NS) {
+                    grid.add(second, i / per_row, u64::from(n));
                 }
             }
         })?;
+        for edge in [(window.from_ns, inner.0), (inner.1, window.to_ns)] {
+            if edge.0 < edge.1 {
+                grid_from_samples(store, Window { from_ns: edge.0, to_ns: edge.1 }, filter, &mut grid)?;
+            }
+        }
     } else {
-        let comm = filter.comm.clone();
-        store.scan(window.from_ns, window.to_ns, Need::Samples, &mut |b: BlockView<'_>| {
+        grid_from_samples(store, window, filter, &mut grid)?;
+    }
+    Ok(grid)
+}
+
+/// Adds the samples of `window` that match `filter` to `grid` (held to the scan budget).
+fn grid_from_samples(store: &mut Store, window: Window, filter: &Filter, grid: &mut Grid) -> Result<(), QueryError> {
+    use crate::store::format::NS_PER_SEC;
+    let rows = grid.rows as u64;
+    let comm = filter.comm.as_deref();
+    budget::scan(
+        store,
+        window.from_ns,
+        window.to_ns,
+        Need::Samples,
+        budget::ScanBudget::default(),
+        &mut |b: BlockView<'_>| {
             // Rolled-up blocks keep no subsecond times: they have no place in a heatmap.
             if b.header.flags & crate::store::format::FLAG_ROLLUP != 0 {
                 return;
             }
             let s = b.samples.expect("samples decoded");
-            let comm_id = comm.as_deref().map(|c| b.dict.strings.iter().position(|x| x == c));
+            let comm_id = comm.map(|c| b.dict.strings.iter().position(|x| x == c));
             for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
                 if !window.contains(ts)
                     || !filter.cpu_ok(s.cpu[i])
@@ -297,13 +386,12 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
                 {
                     continue;
                 }
-                let col = (ts / NS_PER_SEC - first) as usize;
-                let row = ((ts % NS_PER_SEC) * rows as u64 / NS_PER_SEC) as usize;
-                counts[col][row] += s.count(i);
+                let row = ((ts % NS_PER_SEC) * rows / NS_PER_SEC) as usize;
+                grid.add(ts / NS_PER_SEC, row, s.count(i));
             }
-        })?;
-    }
-    Ok(Grid { first_second: first, rows, counts })
+        },
+    )?;
+    Ok(())
 }
 
 /// Per-CPU busy and kernel-mode shares over time buckets.
@@ -312,6 +400,9 @@ pub struct CpuTime {
     /// Start of the first bucket, ns since the epoch.
     pub first_ns: u64,
     pub bucket_ns: u64,
+    /// The bucket asked for: smaller than `bucket_ns` when the window would have exceeded the
+    /// cell budget and the buckets were widened.
+    pub requested_bucket_ns: u64,
     /// CPU ids, one row each.
     pub cpus: Vec<u32>,
     /// `busy[row][bucket]`: busy ticks over the ticks the frequency gives a CPU in a bucket.
@@ -330,14 +421,11 @@ pub fn cpu_time(
     frequency_hz: u64,
 ) -> Result<CpuTime, QueryError> {
     use crate::store::format::{BUCKET_NS, NS_PER_SEC};
-    let bucket_ns = bucket_ns.max(BUCKET_NS) / BUCKET_NS * BUCKET_NS;
+    let requested_bucket_ns = bucket_ns.max(BUCKET_NS) / BUCKET_NS * BUCKET_NS;
+    let rows = cpus.max(1) as usize;
+    let bucket_ns = coarse_bucket(window, requested_bucket_ns, rows as u64);
     let first_ns = window.from_ns / bucket_ns * bucket_ns;
     let n = (window.to_ns - first_ns).div_ceil(bucket_ns) as usize;
-    let rows = cpus.max(1) as usize;
-    let cells = n as u64 * rows as u64;
-    if cells > MAX_CELLS {
-        return Err(QueryError::TooLong { cells, max: MAX_CELLS });
-    }
     let mut busy = vec![vec![0f64; n]; rows];
     let mut kernel = vec![vec![0f64; n]; rows];
     let col = |ts: u64| ((ts - first_ns) / bucket_ns) as usize;
@@ -364,7 +452,8 @@ pub fn cpu_time(
             }
         })?;
     } else {
-        store.scan(window.from_ns, window.to_ns, Need::Samples, &mut |b: BlockView<'_>| {
+        let budget = budget::ScanBudget::default();
+        budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
             let s = b.samples.expect("samples decoded");
             for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
                 let cpu = s.cpu[i] as usize;
@@ -382,7 +471,27 @@ pub fn cpu_time(
     let share = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
         v.into_iter().map(|r| r.into_iter().map(|x| (x / expected).min(1.0)).collect()).collect()
     };
-    Ok(CpuTime { first_ns, bucket_ns, cpus: (0..rows as u32).collect(), busy: share(busy), kernel: share(kernel) })
+    Ok(CpuTime {
+        first_ns,
+        bucket_ns,
+        requested_bucket_ns,
+        cpus: (0..rows as u32).collect(),
+        busy: share(busy),
+        kernel: share(kernel),
+    })
+}
+
+/// The bucket that keeps `window` within [`budget::CPUTIME_CELLS`]: the requested one, or a
+/// multiple of it (whole seconds once it reaches a second, so summaries answer).
+fn coarse_bucket(window: Window, bucket_ns: u64, rows: u64) -> u64 {
+    use crate::store::format::NS_PER_SEC;
+    let n = (window.to_ns - window.from_ns / bucket_ns * bucket_ns).div_ceil(bucket_ns) + 1;
+    let k = budget::seconds_per_column(n, rows, budget::CPUTIME_CELLS);
+    if k == 1 {
+        return bucket_ns;
+    }
+    let wide = bucket_ns.saturating_mul(k);
+    if wide >= NS_PER_SEC { wide.div_ceil(NS_PER_SEC) * NS_PER_SEC } else { wide }
 }
 
 /// One sample as exporters see it.
@@ -409,7 +518,8 @@ pub fn for_each_sample(
     check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
     let mut n = 0;
     let mut ids = Vec::new();
-    store.scan(window.from_ns, window.to_ns, Need::Samples, &mut |b: BlockView<'_>| {
+    let budget = budget::ScanBudget::default();
+    budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
         let s = b.samples.expect("samples decoded");
         let comm_id = filter.comm.as_deref().map(|c| b.dict.strings.iter().position(|x| x == c));
         let mut order: Vec<(u64, usize)> = s.timestamps(b.header.start_ns).enumerate().map(|(i, t)| (t, i)).collect();
@@ -594,12 +704,25 @@ mod tests {
         let all_cpus = Filter { cpus: vec![0, 1, 2], ..Default::default() };
         let slow = subsecond_grid(&mut store, w, 50, &all_cpus).unwrap();
         assert_eq!(fast, slow);
+        // Edges inside a 10 ms bucket: summaries for the inside, samples for the slivers.
+        let odd = Window::new(T0 + 7 * NS_PER_SEC + 303_456_789, T0 + 99 * NS_PER_SEC + 5_000_001).unwrap();
+        assert_eq!(
+            subsecond_grid(&mut store, odd, 50, &Filter::default()).unwrap(),
+            subsecond_grid(&mut store, odd, 50, &all_cpus).unwrap()
+        );
+        let tiny = Window::new(T0 + 7 * NS_PER_SEC + 1, T0 + 7 * NS_PER_SEC + 2_000_000).unwrap();
+        assert_eq!(
+            subsecond_grid(&mut store, tiny, 50, &Filter::default()).unwrap(),
+            subsecond_grid(&mut store, tiny, 50, &all_cpus).unwrap()
+        );
         let mut naive = vec![vec![0u64; 50]; 130];
         for s in &input {
             let off = s.ts_ns - T0;
             naive[(off / NS_PER_SEC) as usize][((off % NS_PER_SEC) / 20_000_000) as usize] += 1;
         }
-        assert_eq!(fast.counts, naive);
+        let got: Vec<Vec<u64>> =
+            (0..fast.columns).map(|c| fast.column(c).iter().map(|&v| u64::from(v)).collect()).collect();
+        assert_eq!(got, naive);
         assert_eq!(fast.first_second, T0 / NS_PER_SEC);
     }
 
@@ -612,20 +735,24 @@ mod tests {
         let w = Window::new(from, T0 + 100 * NS_PER_SEC).unwrap();
         for filter in [Filter::default(), Filter { cpus: vec![2], ..Default::default() }] {
             let grid = subsecond_grid(&mut store, w, 50, &filter).unwrap();
-            let fs = crate::export::heatmap::flamescope(&grid);
+            let mut text = Vec::new();
+            crate::export::heatmap::write_json(&grid, &mut text).unwrap();
+            let fs: serde_json::Value = serde_json::from_slice(&text).unwrap();
+            let rows: Vec<f64> = serde_json::from_value(fs["rows"].clone()).unwrap();
+            let values: Vec<Vec<u64>> = serde_json::from_value(fs["values"].clone()).unwrap();
             assert_eq!(grid.first_second, from / NS_PER_SEC);
-            let mut naive = vec![vec![0u64; 50]; fs.columns.len()];
+            let mut naive = vec![vec![0u64; 50]; fs["columns"].as_array().unwrap().len()];
             for s in
                 input.iter().filter(|s| w.contains(s.ts_ns) && (filter.cpus.is_empty() || filter.cpus.contains(&s.cpu)))
             {
                 let col = (s.ts_ns / NS_PER_SEC - grid.first_second) as usize;
                 let row_ms = (s.ts_ns % NS_PER_SEC) / 20_000_000 * 20;
                 // rows[i] is the row's offset in ms, listed from 980 down to 0.
-                let i = fs.rows.iter().position(|&r| r == row_ms as f64).unwrap();
+                let i = rows.iter().position(|&r| r == row_ms as f64).unwrap();
                 naive[col][i] += 1;
             }
-            assert_eq!(fs.values, naive);
-            assert_eq!(fs.maxvalue, naive.iter().flatten().copied().max().unwrap());
+            assert_eq!(values, naive);
+            assert_eq!(fs["maxvalue"], naive.iter().flatten().copied().max().unwrap());
         }
     }
 
@@ -668,9 +795,38 @@ mod tests {
         dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: true });
         assert_eq!(fold_line(&dict, 0, 1), "evil 999999?fake;f:g_[k]");
         let (_dir, mut store) = write_store(&samples()[..10], &[]);
-        let w = Window::new(1, T0).unwrap();
-        assert!(matches!(subsecond_grid(&mut store, w, 50, &Filter::default()), Err(QueryError::TooLong { .. })));
-        assert!(matches!(cpu_time(&mut store, w, 10_000_000, 4, 99), Err(QueryError::TooLong { .. })));
+        // 56 years of seconds: coarsened to the cell budget, not refused, not 20 GB.
+        let w = Window::new(NS_PER_SEC, T0).unwrap();
+        let g = subsecond_grid(&mut store, w, 50, &Filter::default()).unwrap();
+        assert!(g.coarsened() && g.counts.len() as u64 <= budget::HEATMAP_CELLS, "{}", g.seconds_per_column);
+        assert_eq!(g.columns as u64, (T0 / NS_PER_SEC - 1).div_ceil(g.seconds_per_column));
+        let c = cpu_time(&mut store, w, 10_000_000, 4, 99).unwrap();
+        assert_eq!(c.requested_bucket_ns, 10_000_000);
+        assert!(c.bucket_ns.is_multiple_of(NS_PER_SEC) && (c.busy[0].len() * 4) as u64 <= budget::CPUTIME_CELLS);
+        // Sample counts survive coarsening: the same total in 10 s columns as in 1 s ones.
+        let w = Window::new(T0, T0 + 130 * NS_PER_SEC).unwrap();
+        let fine = subsecond_grid(&mut store, w, 50, &Filter { cpus: vec![0, 1, 2], ..Default::default() }).unwrap();
+        let sum = |g: &Grid| g.counts.iter().map(|&v| u64::from(v)).sum::<u64>();
+        assert_eq!(sum(&fine), 10);
+    }
+
+    #[test]
+    fn a_fold_over_its_stack_budget_keeps_the_frequent_ones_and_says_how_many_merged() {
+        let mut f = Folded::default();
+        for i in 0..100u64 {
+            f.stacks.insert(format!("app;f{i:03}"), i + 1);
+        }
+        let total = f.total();
+        f.truncate(11, usize::MAX);
+        assert_eq!(f.stacks.len(), 11);
+        assert_eq!(f.truncated_stacks, 90);
+        assert_eq!(f.total(), total, "no sample is lost, only merged");
+        assert_eq!(f.stacks[budget::TRUNCATED], (1..=90).sum::<u64>());
+        assert!(f.stacks.contains_key("app;f099") && !f.stacks.contains_key("app;f089"));
+        // A byte budget cuts too; merging again keeps the earlier merged count.
+        f.truncate(1000, 3 * "app;f099".len());
+        assert_eq!((f.stacks.len(), f.truncated_stacks), (4, 97));
+        assert_eq!(f.total(), total);
     }
 
     #[test]

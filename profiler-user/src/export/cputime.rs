@@ -6,16 +6,55 @@ use std::io::Write;
 use super::{ExportError, heatmap::escape};
 use crate::{detect::Finding, query::CpuTime};
 
+/// The JSON of CPU x time, serialized from borrowed fields (no `serde_json::Value` copy of the
+/// grid). `coarsened` appears when the buckets were widened to fit the cell budget.
+#[derive(serde::Serialize)]
+pub struct Json<'a> {
+    pub first_ns: u64,
+    pub bucket_ns: u64,
+    pub cpus: &'a [u32],
+    pub busy: &'a [Vec<f64>],
+    pub kernel: &'a [Vec<f64>],
+    pub findings: &'a [Finding],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coarsened: Option<Coarsened>,
+}
+
+#[derive(serde::Serialize)]
+pub struct Coarsened {
+    pub requested_bucket_ns: u64,
+    pub bucket_ns: u64,
+    pub reason: String,
+}
+
+/// Says why the buckets are wider than asked, or `None` when they are not.
+pub fn coarsened(grid: &CpuTime) -> Option<Coarsened> {
+    (grid.bucket_ns != grid.requested_bucket_ns).then(|| Coarsened {
+        requested_bucket_ns: grid.requested_bucket_ns,
+        bucket_ns: grid.bucket_ns,
+        reason: format!(
+            "buckets of {} instead of {}: the window would exceed {} cells, the limit of one CPU x time view",
+            crate::timespec::format_duration(grid.bucket_ns),
+            crate::timespec::format_duration(grid.requested_bucket_ns),
+            crate::budget::CPUTIME_CELLS
+        ),
+    })
+}
+
+pub fn json<'a>(grid: &'a CpuTime, findings: &'a [Finding]) -> Json<'a> {
+    Json {
+        first_ns: grid.first_ns,
+        bucket_ns: grid.bucket_ns,
+        cpus: &grid.cpus,
+        busy: &grid.busy,
+        kernel: &grid.kernel,
+        findings,
+        coarsened: coarsened(grid),
+    }
+}
+
 pub fn write_json(grid: &CpuTime, findings: &[Finding], mut out: impl Write) -> Result<(), ExportError> {
-    let json = serde_json::json!({
-        "first_ns": grid.first_ns,
-        "bucket_ns": grid.bucket_ns,
-        "cpus": grid.cpus,
-        "busy": grid.busy,
-        "kernel": grid.kernel,
-        "findings": findings,
-    });
-    serde_json::to_writer(&mut out, &json).map_err(std::io::Error::from)?;
+    serde_json::to_writer(&mut out, &json(grid, findings)).map_err(std::io::Error::from)?;
     writeln!(out)?;
     Ok(())
 }

@@ -3,46 +3,101 @@
 
 use std::io::Write;
 
-use serde::Serialize;
-
 use super::ExportError;
 use crate::query::Grid;
 
-/// Exactly what FlameScope's `/heatmap/` endpoint returns, so tools built for it read ours.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FlameScope {
-    /// Seconds since the first column.
-    pub columns: Vec<u64>,
-    /// Row offsets in ms, from the largest down to 0.
-    pub rows: Vec<f64>,
-    /// `values[column][i]`: samples whose offset falls in row `rows[i]`.
-    pub values: Vec<Vec<u64>>,
-    pub maxvalue: u64,
-}
-
-pub fn flamescope(grid: &Grid) -> FlameScope {
+/// Writes the grid as FlameScope's `/heatmap/` JSON (`columns`: seconds since the first
+/// column, `rows`: offsets in ms from the largest down to 0, `values[column][i]`, `maxvalue`),
+/// number by number: a `serde_json::Value` of a big grid costs ten times the grid. A coarsened
+/// grid adds `"coarsened": {"seconds_per_column": k, "reason": ...}`; `first_second` adds the
+/// unix second of the first column (the UI needs it; FlameScope ignores unknown keys).
+pub fn write_json_with(grid: &Grid, first_second: bool, mut out: impl Write) -> Result<(), ExportError> {
     let row_ms = 1000.0 / grid.rows as f64;
-    FlameScope {
-        columns: (0..grid.counts.len() as u64).collect(),
-        rows: (0..grid.rows).rev().map(|r| r as f64 * row_ms).collect(),
-        values: grid.counts.iter().map(|col| col.iter().rev().copied().collect()).collect(),
-        maxvalue: grid.counts.iter().flatten().copied().max().unwrap_or(0),
+    out.write_all(b"{\"columns\":[")?;
+    for c in 0..grid.columns as u64 {
+        if c > 0 {
+            out.write_all(b",")?;
+        }
+        write!(out, "{}", c * grid.seconds_per_column)?;
     }
-}
-
-pub fn write_json(grid: &Grid, mut out: impl Write) -> Result<(), ExportError> {
-    serde_json::to_writer(&mut out, &flamescope(grid)).map_err(std::io::Error::from)?;
-    writeln!(out)?;
+    out.write_all(b"],\"rows\":[")?;
+    for (i, r) in (0..grid.rows).rev().enumerate() {
+        if i > 0 {
+            out.write_all(b",")?;
+        }
+        // As serde writes an f64 (`980.0`), so FlameScope's readers see the same text.
+        write!(out, "{:?}", r as f64 * row_ms)?;
+    }
+    out.write_all(b"],\"values\":[")?;
+    let mut num = itoa_buf();
+    for c in 0..grid.columns {
+        out.write_all(if c > 0 { b",[" } else { b"[" })?;
+        for (i, v) in grid.column(c).iter().rev().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            out.write_all(num.format(*v))?;
+        }
+        out.write_all(b"]")?;
+    }
+    write!(out, "],\"maxvalue\":{}", grid.max())?;
+    if first_second {
+        write!(out, ",\"first_second\":{}", grid.first_second)?;
+    }
+    if grid.coarsened() {
+        write!(
+            out,
+            ",\"coarsened\":{{\"seconds_per_column\":{},\"reason\":\"{}\"}}",
+            grid.seconds_per_column,
+            coarsened_reason(grid)
+        )?;
+    }
+    writeln!(out, "}}")?;
     Ok(())
 }
 
-/// `unix_second,offset_ms,samples`, one line per cell.
+/// FlameScope's JSON, exactly (plus `coarsened` when it was).
+pub fn write_json(grid: &Grid, out: impl Write) -> Result<(), ExportError> {
+    write_json_with(grid, false, out)
+}
+
+/// The sentence that says a grid was coarsened, for headers, JSON and the CLI.
+pub fn coarsened_reason(grid: &Grid) -> String {
+    format!(
+        "one column per {} s: one per second would exceed {} cells, the limit of one heatmap",
+        grid.seconds_per_column,
+        crate::budget::HEATMAP_CELLS
+    )
+}
+
+/// Formats u32s without allocating.
+struct Itoa([u8; 10]);
+
+fn itoa_buf() -> Itoa {
+    Itoa([0; 10])
+}
+
+impl Itoa {
+    fn format(&mut self, mut v: u32) -> &[u8] {
+        let mut i = self.0.len();
+        loop {
+            i -= 1;
+            self.0[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                return &self.0[i..];
+            }
+        }
+    }
+}
+
+/// `unix_second,offset_ms,samples`, one line per cell (the column's first second when coarsened).
 pub fn write_csv(grid: &Grid, mut out: impl Write) -> Result<(), ExportError> {
     writeln!(out, "unix_second,offset_ms,samples")?;
     let row_ms = 1000.0 / grid.rows as f64;
-    for (c, col) in grid.counts.iter().enumerate() {
-        for (r, n) in col.iter().enumerate() {
-            writeln!(out, "{},{},{n}", grid.first_second + c as u64, r as f64 * row_ms)?;
+    for c in 0..grid.columns {
+        for (r, n) in grid.column(c).iter().enumerate() {
+            writeln!(out, "{},{},{n}", grid.first_second + c as u64 * grid.seconds_per_column, r as f64 * row_ms)?;
         }
     }
     Ok(())
@@ -68,8 +123,8 @@ const CELL_W: usize = 8;
 const CELL_H: usize = 6;
 
 pub fn write_svg(grid: &Grid, title: &str, mut out: impl Write) -> Result<(), ExportError> {
-    let (cols, rows) = (grid.counts.len(), grid.rows);
-    let max = grid.counts.iter().flatten().copied().max().unwrap_or(0);
+    let (cols, rows, k) = (grid.columns, grid.rows, grid.seconds_per_column);
+    let max = grid.max();
     let (w, h) = (cols * CELL_W + 60, rows * CELL_H + 50);
     writeln!(
         out,
@@ -78,39 +133,40 @@ pub fn write_svg(grid: &Grid, title: &str, mut out: impl Write) -> Result<(), Ex
     writeln!(out, r#"<text x="50" y="14">{}</text>"#, escape(title))?;
     writeln!(out, r#"<text x="2" y="{}">0 ms</text><text x="2" y="30">1 s</text>"#, 24 + rows * CELL_H)?;
     let row_ms = 1000 / rows.max(1);
-    for (c, col) in grid.counts.iter().enumerate() {
-        for (r, &v) in col.iter().enumerate() {
-            let [red, g, b] = color(v, max);
+    for c in 0..cols {
+        for (r, &v) in grid.column(c).iter().enumerate() {
+            let [red, g, b] = color(u64::from(v), u64::from(max));
             let (x, y) = (50 + c * CELL_W, 20 + (rows - 1 - r) * CELL_H);
             writeln!(
                 out,
                 r#"<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" fill="rgb({red},{g},{b})" data-second="{}" data-offset-ms="{}" data-samples="{v}"><title>{} +{} ms: {v} samples</title></rect>"#,
-                grid.first_second + c as u64,
+                grid.first_second + c as u64 * k,
                 r * row_ms,
-                crate::timespec::format((grid.first_second + c as u64) * 1_000_000_000),
+                crate::timespec::format((grid.first_second + c as u64 * k) * 1_000_000_000),
                 r * row_ms
             )?;
         }
     }
     writeln!(
         out,
-        r#"<text x="50" y="{}">{} s from {}</text>"#,
+        r#"<text x="50" y="{}">{} s from {}{}</text>"#,
         40 + rows * CELL_H,
-        cols,
-        crate::timespec::format(grid.first_second * 1_000_000_000)
+        cols as u64 * k,
+        crate::timespec::format(grid.first_second * 1_000_000_000),
+        if grid.coarsened() { format!(" ({})", coarsened_reason(grid)) } else { String::new() }
     )?;
     writeln!(out, "</svg>")?;
     Ok(())
 }
 
 pub fn write_png(grid: &Grid, out: impl Write) -> Result<(), ExportError> {
-    let (cols, rows) = (grid.counts.len().max(1), grid.rows.max(1));
+    let (cols, rows) = (grid.columns.max(1), grid.rows.max(1));
     let (w, h) = (cols * 4, rows * 4);
-    let max = grid.counts.iter().flatten().copied().max().unwrap_or(0);
+    let max = u64::from(grid.max());
     let mut pixels = vec![0u8; w * h * 3];
-    for (c, col) in grid.counts.iter().enumerate() {
-        for (r, &v) in col.iter().enumerate() {
-            let rgb = color(v, max);
+    for c in 0..grid.columns {
+        for (r, &v) in grid.column(c).iter().enumerate() {
+            let rgb = color(u64::from(v), max);
             for dy in 0..4 {
                 for dx in 0..4 {
                     let (x, y) = (c * 4 + dx, (rows - 1 - r) * 4 + dy);
@@ -140,26 +196,47 @@ mod tests {
 
     fn grid() -> Grid {
         // Two seconds, 50 rows; second 0 has 3 samples at offset 0 and 1 at 990 ms.
-        let mut counts = vec![vec![0u64; 50]; 2];
-        counts[0][0] = 3;
-        counts[0][49] = 1;
-        counts[1][10] = 7;
-        Grid { first_second: 1_795_000_000, rows: 50, counts }
+        let mut counts = vec![0u32; 100];
+        counts[0] = 3;
+        counts[49] = 1;
+        counts[50 + 10] = 7;
+        Grid { first_second: 1_795_000_000, rows: 50, columns: 2, seconds_per_column: 1, counts }
+    }
+
+    fn json(grid: &Grid, first_second: bool) -> serde_json::Value {
+        let mut out = Vec::new();
+        write_json_with(grid, first_second, &mut out).unwrap();
+        serde_json::from_slice(&out).unwrap()
     }
 
     #[test]
     fn flamescope_layout() {
-        let f = flamescope(&grid());
-        assert_eq!(f.columns, vec![0, 1]);
-        assert_eq!(f.rows.len(), 50);
-        assert_eq!((f.rows[0], f.rows[49]), (980.0, 0.0));
+        let f = json(&grid(), false);
+        assert_eq!(f["columns"], serde_json::json!([0, 1]));
+        let rows = f["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 50);
+        assert_eq!((rows[0].as_f64(), rows[49].as_f64()), (Some(980.0), Some(0.0)));
         // values[col][i] counts row rows[i]: offset 0 is the last entry, 980 ms the first.
-        assert_eq!((f.values[0][49], f.values[0][0]), (3, 1));
-        assert_eq!(f.values[1][49 - 10], 7);
-        assert_eq!(f.maxvalue, 7);
-        let json = serde_json::to_value(&f).unwrap();
-        let keys: Vec<_> = json.as_object().unwrap().keys().cloned().collect();
+        assert_eq!((f["values"][0][49].as_u64(), f["values"][0][0].as_u64()), (Some(3), Some(1)));
+        assert_eq!(f["values"][1][49 - 10], 7);
+        assert_eq!(f["maxvalue"], 7);
+        let keys: Vec<_> = f.as_object().unwrap().keys().cloned().collect();
         assert_eq!(keys, vec!["columns", "maxvalue", "rows", "values"]);
+        // Written as serde writes the same numbers (FlameScope's readers see identical text).
+        let mut out = Vec::new();
+        write_json(&grid(), &mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains(r#""rows":[980.0,960.0,"#));
+    }
+
+    #[test]
+    fn a_coarsened_grid_says_so_and_numbers_columns_in_seconds() {
+        let g = Grid { seconds_per_column: 18, ..grid() };
+        let f = json(&g, true);
+        assert_eq!(f["columns"], serde_json::json!([0, 18]));
+        assert_eq!(f["first_second"], 1_795_000_000u64);
+        assert_eq!(f["coarsened"]["seconds_per_column"], 18);
+        assert!(f["coarsened"]["reason"].as_str().unwrap().contains("1000000 cells"));
+        assert!(json(&grid(), true).get("coarsened").is_none());
     }
 
     #[test]

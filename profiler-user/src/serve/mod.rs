@@ -2,7 +2,10 @@
 //! Every request is answered from the store on disk, so the CLI and the UI always agree. No
 //! request parameter ever becomes a path: the data directory is fixed when the daemon starts.
 
+pub mod limits;
+mod listener;
 pub mod metrics;
+mod tree;
 
 use std::{
     net::SocketAddr,
@@ -20,9 +23,9 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    detect,
-    export::{flamegraph, heatmap},
-    query::{self, Filter, Folded, Window},
+    budget, detect,
+    export::{cputime, flamegraph, heatmap},
+    query::{self, Filter, Window},
     store::{Meta, Store},
     timespec,
 };
@@ -49,7 +52,17 @@ pub fn new_token() -> std::io::Result<String> {
 /// Where the daemon writes the UI's address with its token (root-only), for `profiler ui`.
 pub const URL_FILE: &str = "ui-url";
 
-async fn guard(State(s): State<AppState>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// The daemon's state plus what the server itself limits.
+#[derive(Clone)]
+struct Shared {
+    app: AppState,
+    heavy: Arc<limits::Heavy>,
+    metrics_rate: Arc<limits::Rate>,
+    metrics_text: Arc<limits::Cached>,
+}
+
+async fn guard(State(s): State<Shared>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let s = &s.app;
     let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     let name =
         host.rsplit_once(':').map_or(host, |(h, port)| if port.chars().all(|c| c.is_ascii_digit()) { h } else { host });
@@ -87,12 +100,17 @@ pub struct Params {
     format: Option<String>,
 }
 
-/// A 400 (bad request) or 404 (nothing there) with one sentence.
+/// A 4xx/5xx with one sentence (and, for 429/503, when to come back).
 struct Failure(StatusCode, String);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        (self.0, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], self.1 + "\n").into_response()
+        let retry = matches!(self.0, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS);
+        let mut r = (self.0, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], self.1 + "\n").into_response();
+        if retry {
+            r.headers_mut().insert(header::RETRY_AFTER, limits::RETRY_AFTER_SECS.into());
+        }
+        r
     }
 }
 
@@ -100,7 +118,10 @@ impl From<query::QueryError> for Failure {
     fn from(e: query::QueryError) -> Self {
         let code = match e {
             query::QueryError::NoData { .. } | query::QueryError::NoMatch { .. } => StatusCode::NOT_FOUND,
-            query::QueryError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            query::QueryError::Store(_) | query::QueryError::Budget(budget::BudgetError::Store(_)) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            query::QueryError::Budget(_) => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::BAD_REQUEST,
         };
         Failure(code, e.to_string())
@@ -135,133 +156,190 @@ impl Params {
     }
 }
 
-/// Runs `f` on the blocking pool (queries read files and decompress).
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Failure> + Send + 'static) -> Result<T, Failure> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| internal(format!("query failed: {e}")))?
+/// Runs `f` on the blocking pool once a heavy request's turn comes (see [`limits::Heavy`]),
+/// then hands the memory it freed back to the kernel.
+async fn heavy<T: Send + 'static>(
+    s: &Shared,
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    let turn = s.heavy.enter().await.map_err(|_| {
+        Failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "{} heavy requests are already running and others waiting: retry in {} s",
+                limits::HEAVY_AT_ONCE,
+                limits::RETRY_AFTER_SECS
+            ),
+        )
+    })?;
+    let r = tokio::task::spawn_blocking(move || {
+        let r = f();
+        budget::give_back_memory();
+        drop(turn);
+        r
+    })
+    .await
+    .map_err(|e| internal(format!("query failed: {e}")))?;
+    // Once more when the answer has been written and freed (it can be megabytes).
+    tokio::spawn(async {
+        tokio::time::sleep(TRIM_AFTER).await;
+        let _ = tokio::task::spawn_blocking(budget::give_back_memory).await;
+    });
+    r
 }
+
+/// When the memory of an answer is handed back: by then a loopback client has read it.
+const TRIM_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn open(state: &AppState) -> Result<Store, Failure> {
     Store::open(&state.data_dir).map_err(|e| internal(e.to_string()))
 }
 
-fn json(value: impl serde::Serialize) -> Response {
-    axum::Json(value).into_response()
+fn json(value: impl serde::Serialize) -> Result<Response, Failure> {
+    json_bytes(serde_json::to_vec(&value).map_err(internal)?)
 }
 
-async fn heatmap_api(State(s): State<AppState>, Query(p): Query<Params>) -> Result<Response, Failure> {
-    blocking(move || {
+fn json_bytes(body: Vec<u8>) -> Result<Response, Failure> {
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// Says on the response that it was coarsened or truncated (the body says it too).
+fn with_note(mut r: Response, name: &'static str, note: Option<String>) -> Response {
+    if let Some(v) = note.and_then(|n| header::HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert(name, v);
+    }
+    r
+}
+
+async fn heatmap_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
+    let app = s.app.clone();
+    heavy(&s, move || {
         let w = p.window("-5m")?;
         let filter = p.filter()?;
-        query::check_filter(&filter, Meta::read(&s.data_dir).as_ref())?;
-        let rows = p.rows.unwrap_or(50).clamp(1, 1000) as usize;
-        let grid = query::subsecond_grid(&mut open(&s)?, w, rows, &filter)?;
-        let mut fs = serde_json::to_value(heatmap::flamescope(&grid)).map_err(internal)?;
-        fs["first_second"] = grid.first_second.into();
-        Ok(json(fs))
+        query::check_filter(&filter, Meta::read(&app.data_dir).as_ref())?;
+        let rows = p.rows.unwrap_or(50);
+        if !(1..=1000).contains(&rows) {
+            return Err(bad(format!("rows={rows} is out of range: a heatmap has 1 to 1000 rows")));
+        }
+        let grid = query::subsecond_grid(&mut open(&app)?, w, rows as usize, &filter)?;
+        let mut body = Vec::with_capacity(grid.counts.len() * 2 + 4096);
+        heatmap::write_json_with(&grid, true, &mut body).map_err(internal)?;
+        let note = grid.coarsened().then(|| heatmap::coarsened_reason(&grid));
+        Ok(with_note(json_bytes(body)?, "x-profiler-coarsened", note))
     })
     .await
 }
 
-async fn cputime_api(State(s): State<AppState>, Query(p): Query<Params>) -> Result<Response, Failure> {
-    blocking(move || {
+async fn cputime_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
+    let app = s.app.clone();
+    heavy(&s, move || {
         let w = p.window("-5m")?;
         let bucket = p.bucket.as_deref().unwrap_or("1s");
         let bucket_ns = timespec::parse_duration_ns(bucket)
             .filter(|&b| b >= 10_000_000)
             .ok_or_else(|| bad(format!("bucket '{bucket}' must be a duration of 10ms or more")))?;
-        let (cpus, hz) = Meta::cpus_and_frequency(&s.data_dir);
-        let grid = query::cpu_time(&mut open(&s)?, w, bucket_ns, cpus, hz)?;
-        let findings = detect::log::findings_in(&s.data_dir, w.from_ns, w.to_ns).map_err(internal)?;
-        Ok(json(serde_json::json!({
-            "first_ns": grid.first_ns, "bucket_ns": grid.bucket_ns, "cpus": grid.cpus,
-            "busy": grid.busy, "kernel": grid.kernel, "findings": findings,
-        })))
+        let (cpus, hz) = Meta::cpus_and_frequency(&app.data_dir);
+        let grid = query::cpu_time(&mut open(&app)?, w, bucket_ns, cpus, hz)?;
+        let findings = detect::log::findings_in(&app.data_dir, w.from_ns, w.to_ns).map_err(internal)?;
+        let note = cputime::coarsened(&grid).map(|c| c.reason);
+        Ok(with_note(json(cputime::json(&grid, &findings))?, "x-profiler-coarsened", note))
     })
     .await
 }
 
-/// d3-flame-graph's tree: `{name, value, children}`.
-fn tree(folded: &Folded) -> serde_json::Value {
-    #[derive(Default)]
-    struct Node {
-        value: u64,
-        children: std::collections::BTreeMap<String, Node>,
-    }
-    fn to_json(name: &str, n: &Node) -> serde_json::Value {
-        serde_json::json!({
-            "name": name,
-            "value": n.value,
-            "children": n.children.iter().map(|(k, v)| to_json(k, v)).collect::<Vec<_>>(),
-        })
-    }
-    let mut root = Node::default();
-    for (line, &count) in &folded.stacks {
-        root.value += count;
-        let mut node = &mut root;
-        for frame in line.split(';') {
-            node = node.children.entry(frame.to_string()).or_default();
-            node.value += count;
-        }
-    }
-    to_json("all", &root)
-}
-
-async fn flamegraph_api(State(s): State<AppState>, Query(p): Query<Params>) -> Result<Response, Failure> {
-    blocking(move || {
+async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
+    let app = s.app.clone();
+    heavy(&s, move || {
         let w = p.window("-1m")?;
         let filter = p.filter()?;
-        let folded = query::fold(&mut open(&s)?, w, &filter)?;
-        match p.format.as_deref().unwrap_or("svg") {
-            "json" => Ok(json(tree(&folded))),
+        let format = p.format.as_deref().unwrap_or("svg");
+        if !["svg", "json", "folded"].contains(&format) {
+            return Err(bad(format!("format '{format}' is not one of svg, json, folded")));
+        }
+        let folded = query::fold(&mut open(&app)?, w, &filter)?;
+        let note = (folded.truncated_stacks > 0).then(|| {
+            format!(
+                "{} rare stacks merged into {}: a flamegraph keeps at most {} distinct stacks",
+                folded.truncated_stacks,
+                budget::TRUNCATED,
+                budget::MAX_STACKS
+            )
+        });
+        let r = match format {
+            "json" => {
+                let mut out = Vec::new();
+                tree::write(&folded, &mut out).map_err(internal)?;
+                json_bytes(out)?
+            }
             "folded" => {
                 let mut out = Vec::new();
                 flamegraph::write_folded(&folded, &mut out).map_err(internal)?;
-                Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response())
+                ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], out).into_response()
             }
-            "svg" => {
+            _ => {
                 let mut out = Vec::new();
-                let subtitle = format!(
+                let mut subtitle = format!(
                     "{} to {}, {} samples",
                     timespec::format(w.from_ns),
                     timespec::format(w.to_ns),
                     folded.total()
                 );
+                if let Some(n) = &note {
+                    subtitle = format!("{subtitle} ({n})");
+                }
                 flamegraph::write_svg(&folded, "CPU flamegraph", &subtitle, &mut out).map_err(internal)?;
-                Ok(([(header::CONTENT_TYPE, "image/svg+xml")], out).into_response())
+                ([(header::CONTENT_TYPE, "image/svg+xml")], out).into_response()
             }
-            other => Err(bad(format!("format '{other}' is not one of svg, json, folded"))),
-        }
+        };
+        Ok(with_note(r, "x-profiler-truncated", note))
     })
     .await
 }
 
-async fn findings_api(State(s): State<AppState>, Query(p): Query<Params>) -> Result<Response, Failure> {
-    blocking(move || {
+async fn findings_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
+    let app = s.app.clone();
+    heavy(&s, move || {
         let w = p.window("-1h")?;
-        Ok(json(detect::log::findings_in(&s.data_dir, w.from_ns, w.to_ns).map_err(internal)?))
+        json(detect::log::findings_in(&app.data_dir, w.from_ns, w.to_ns).map_err(internal)?)
     })
     .await
 }
 
-async fn events_api(State(s): State<AppState>, Query(p): Query<Params>) -> Result<Response, Failure> {
-    blocking(move || {
+async fn events_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
+    let app = s.app.clone();
+    heavy(&s, move || {
         let w = p.window("-1h")?;
-        Ok(json(detect::log::events_in(&s.data_dir, w.from_ns, w.to_ns).map_err(internal)?))
+        json(detect::log::events_in(&app.data_dir, w.from_ns, w.to_ns).map_err(internal)?)
     })
     .await
 }
 
-async fn status_api(State(s): State<AppState>) -> Result<Response, Failure> {
-    blocking(move || {
-        let summary = open(&s)?.summary().map_err(internal)?;
-        Ok(json(serde_json::json!({ "meta": Meta::read(&s.data_dir), "summary": summary })))
+async fn status_api(State(s): State<Shared>) -> Result<Response, Failure> {
+    let app = s.app.clone();
+    heavy(&s, move || {
+        let summary = open(&app)?.summary().map_err(internal)?;
+        json(serde_json::json!({ "meta": Meta::read(&app.data_dir), "summary": summary }))
     })
     .await
 }
 
-async fn metrics_api(State(s): State<AppState>) -> Response {
-    let live = s.live.lock().map(|l| l.clone()).unwrap_or_default();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render(&live)).into_response()
+/// Needs no token (Prometheus has none), so it is the cheapest route: rendered at most once
+/// per [`limits::METRICS_CACHE`], answered at most [`limits::METRICS_PER_SEC`] times a second.
+async fn metrics_api(State(s): State<Shared>) -> Result<Response, Failure> {
+    if !s.metrics_rate.allow() {
+        // Slowly: a client that floods on keep-alive connections waits between its requests,
+        // so it cannot make the server answer 429s as fast as it sends.
+        tokio::time::sleep(limits::REFUSAL_DELAY).await;
+        return Err(Failure(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("/metrics answers at most {} requests a second", limits::METRICS_PER_SEC),
+        ));
+    }
+    let text = s.metrics_text.get(limits::METRICS_CACHE, || {
+        let live = s.app.live.lock().map(|l| l.clone()).unwrap_or_default();
+        metrics::render(&live)
+    });
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text.to_string()).into_response())
 }
 
 async fn index() -> Response {
@@ -269,6 +347,12 @@ async fn index() -> Response {
 }
 
 pub fn router(state: AppState) -> Router {
+    let shared = Shared {
+        app: state,
+        heavy: Arc::new(limits::Heavy::new(limits::HEAVY_AT_ONCE, limits::HEAVY_WAIT)),
+        metrics_rate: Arc::new(limits::Rate::new(limits::METRICS_PER_SEC)),
+        metrics_text: Arc::new(limits::Cached::default()),
+    };
     Router::new()
         .route("/", get(index))
         .route("/api/heatmap", get(heatmap_api))
@@ -278,18 +362,13 @@ pub fn router(state: AppState) -> Router {
         .route("/api/events", get(events_api))
         .route("/api/status", get(status_api))
         .route("/metrics", get(metrics_api))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
-        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
+        .with_state(shared)
 }
 
-/// Binds `addr` and serves until the runtime ends.
+/// Binds `addr` and serves on a thread of its own, at low CPU priority, with its own runtime
+/// (see [`listener`]), until the process ends. Raises the daemon's soft RLIMIT_NOFILE to the
+/// hard limit first: the connection cap is computed from it.
 pub async fn spawn(addr: SocketAddr, state: AppState) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(state)).await {
-            tracing::error!(error = %e, "the HTTP server stopped");
-        }
-    });
-    Ok(bound)
+    listener::spawn(addr, router(state))
 }
