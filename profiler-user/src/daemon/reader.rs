@@ -1,0 +1,93 @@
+//! The reader stage: a thread that waits on the ring buffers and copies their records into the
+//! bounded queue, and does nothing else, so that no slow work (symbolizing, writing, a query)
+//! ever delays draining the kernel's ring. What does not fit in the queue is counted in
+//! [`Drops`] (per CPU and second) and dropped.
+
+use std::{
+    os::fd::{AsFd, AsRawFd},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+
+use super::{
+    drops::Drops,
+    queue::{Batch, Intake, Refused, Source},
+};
+use crate::collect::Rings;
+
+/// A batch is handed on once it holds this many bytes (or the ring is empty): large enough that
+/// the channel's cost is per many records, small enough that the pipeline starts early.
+const BATCH_BYTES: usize = 64 * 1024;
+
+pub struct Reader {
+    pub intake: Intake,
+    pub drops: Arc<Mutex<Drops>>,
+    pub stop: Arc<AtomicBool>,
+    /// Longest wait between two drains when the kernel does not wake us (it wakes the reader
+    /// only when a quarter of the ring is used, see `WAKEUP_BYTES`).
+    pub poll_every: Duration,
+}
+
+impl Reader {
+    pub fn spawn(self, rings: Rings) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new().name("ring-reader".into()).spawn(move || self.run(rings))
+    }
+
+    fn run(self, mut rings: Rings) {
+        let timeout = self.poll_every.as_millis().clamp(1, i32::MAX as u128) as i32;
+        loop {
+            let stopping = self.stop.load(Ordering::Acquire);
+            let mut fds = vec![libc::pollfd { fd: rings.samples.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            if let Some(e) = &rings.events {
+                fds.push(libc::pollfd { fd: e.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            }
+            if !stopping {
+                // SAFETY: fds is a valid array of fds.len() pollfds. An error (EINTR) only
+                // means an early drain.
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            }
+            // Events first: an exec read before the samples behind it lets the pipeline read
+            // the new program's mappings before its first samples need them.
+            if let Some(e) = rings.events.as_mut()
+                && !self.drain(e, Source::Events)
+            {
+                return;
+            }
+            if !self.drain(&mut rings.samples, Source::Samples) || stopping {
+                return;
+            }
+        }
+    }
+
+    /// Moves every record in the ring into the queue. False once the pipeline is gone.
+    fn drain(&self, ring: &mut RingBuf<MapData>, source: Source) -> bool {
+        let mut batch = Batch::new(source);
+        while let Some(record) = ring.next() {
+            batch.push(&record);
+            drop(record);
+            if batch.byte_len() >= BATCH_BYTES && !self.hand_on(std::mem::replace(&mut batch, Batch::new(source))) {
+                return false;
+            }
+        }
+        batch.is_empty() || self.hand_on(batch)
+    }
+
+    fn hand_on(&self, batch: Batch) -> bool {
+        match self.intake.offer(batch) {
+            Ok(()) => true,
+            Err(Refused::Full(batch)) => {
+                let offset = super::clock::boot_to_unix_offset();
+                if let Ok(mut d) = self.drops.lock() {
+                    d.count(&batch, offset);
+                }
+                true
+            }
+            Err(Refused::Closed) => false,
+        }
+    }
+}
