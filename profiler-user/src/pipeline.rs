@@ -48,7 +48,7 @@ pub struct Pipeline {
     user: Vec<u64>,
     /// Runs before each stack is symbolized. For tests only: a hook that sleeps stands in for a
     /// slow symbolizer (a stalled stage), see `PROFILER_TEST_SYMBOLIZE_DELAY_US`.
-    pub before_symbolize: Option<Box<dyn FnMut()>>,
+    pub before_symbolize: Option<Box<dyn FnMut() + Send>>,
     /// Time of the oldest sample handled since the last successful flush (wall-clock ns).
     oldest_unflushed_ns: Option<u64>,
     /// Ring-to-disk latency of the last flush that wrote samples: its time minus the time of

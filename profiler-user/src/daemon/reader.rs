@@ -78,16 +78,22 @@ impl Reader {
     }
 
     fn hand_on(&self, batch: Batch) -> bool {
-        match self.intake.offer(batch) {
-            Ok(()) => true,
-            Err(Refused::Full(batch)) => {
-                let offset = super::clock::boot_to_unix_offset();
-                if let Ok(mut d) = self.drops.lock() {
-                    d.count(&batch, offset);
-                }
-                true
+        queue_or_count(&self.intake, &self.drops, batch)
+    }
+}
+
+/// Queues a batch, or counts its records as dropped when the queue is full. False once the
+/// pipeline is gone.
+pub fn queue_or_count(intake: &Intake, drops: &Mutex<Drops>, batch: Batch) -> bool {
+    match intake.offer(batch) {
+        Ok(()) => true,
+        Err(Refused::Full(batch)) => {
+            let offset = super::clock::boot_to_unix_offset();
+            if let Ok(mut d) = drops.lock() {
+                d.count(&batch, offset);
             }
-            Err(Refused::Closed) => false,
+            true
         }
+        Err(Refused::Closed) => false,
     }
 }
