@@ -306,6 +306,18 @@ impl Collector {
         Ok(attached)
     }
 
+    /// Replaces a CPU's perf event with a new one (its old one stopped: see the daemon's stall
+    /// check).
+    pub fn reattach(&mut self, cpu: u32) -> Result<(), CollectError> {
+        let program: &mut PerfEvent =
+            self.ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
+        if let Some(link) = self.links.remove(&cpu) {
+            let _ = program.detach(link);
+        }
+        self.links.insert(cpu, attach_cpu(program, cpu, self.frequency_hz)?);
+        Ok(())
+    }
+
     /// Samples the kernel did not run the sampler for because another BPF program was running
     /// on that CPU (the program's `recursion_misses`, kernel 5.12+). `None` when unreadable.
     pub fn recursion_misses(&self) -> Option<u64> {

@@ -44,6 +44,8 @@ pub struct Tally {
     frequency_hz: u64,
     last: Vec<CpuCounters>,
     attached: BTreeMap<u32, Attached>,
+    /// Per CPU: the sampler's tick count and when it last moved.
+    progress: BTreeMap<u32, (u64, f64)>,
     pub totals: BTreeMap<u32, CpuTotals>,
 }
 
@@ -89,8 +91,34 @@ impl Tally {
             let t = self.totals.entry(cpu).or_default();
             t.throttled_estimate = t.throttled_estimate.max(estimate);
         }
+        for &cpu in sampled {
+            let seen = now.get(cpu as usize).map_or(0, |c| c.seen);
+            let p = self.progress.entry(cpu).or_insert((seen, now_s));
+            if p.0 != seen {
+                *p = (seen, now_s);
+            }
+        }
+        self.progress.retain(|cpu, _| sampled.contains(cpu));
         self.last = now.to_vec();
         ring_full
+    }
+
+    /// CPUs sampled whose sampler has not run for `after_s` seconds. The cpu-clock event fires
+    /// on idle CPUs too, so this means the event is dead: a CPU that went offline and came
+    /// back between two looks at the online set keeps an event the kernel turned off. The
+    /// caller attaches a new one (and [`Self::restart`]s the CPU's clock).
+    pub fn stalled(&self, now_s: f64, after_s: f64) -> Vec<u32> {
+        self.progress.iter().filter(|(_, (_, at))| now_s - at >= after_s).map(|(cpu, _)| *cpu).collect()
+    }
+
+    /// A CPU got a new event: its silence so far is not a stall, nor throttling.
+    pub fn restart(&mut self, cpu: u32, now_s: f64) {
+        if let Some(p) = self.progress.get_mut(&cpu) {
+            p.1 = now_s;
+        }
+        if let Some(a) = self.attached.get_mut(&cpu) {
+            a.at_s = f64::NAN;
+        }
     }
 
     pub fn add_queue_full(&mut self, cpu: u32, n: u64) {
@@ -119,6 +147,19 @@ mod tests {
         // Deltas, not totals: the same cumulative value again adds nothing.
         assert!(t.update(&[c(200, 0, 5, 7), c(200, 3, 0, 0)], 2.0, &[0, 1]).is_empty());
         assert_eq!(t.totals[&1].ring_full, 3);
+    }
+
+    #[test]
+    fn a_cpu_whose_sampler_stopped_is_reported_once_its_silence_is_long_enough() {
+        let mut t = Tally::new(100);
+        t.update(&[c(0, 0, 0, 0), c(0, 0, 0, 0)], 0.0, &[0, 1]);
+        t.update(&[c(100, 0, 0, 0), c(100, 0, 0, 0)], 1.0, &[0, 1]);
+        t.update(&[c(200, 0, 0, 0), c(100, 0, 0, 0)], 2.0, &[0, 1]);
+        assert!(t.stalled(2.0, 3.0).is_empty());
+        t.update(&[c(400, 0, 0, 0), c(100, 0, 0, 0)], 4.0, &[0, 1]);
+        assert_eq!(t.stalled(4.0, 3.0), vec![1]);
+        t.restart(1, 4.0);
+        assert!(t.stalled(4.5, 3.0).is_empty());
     }
 
     #[test]

@@ -33,8 +33,10 @@ use crate::{
     timespec::now_ns,
 };
 
-/// How often the set of online CPUs is compared with the CPUs sampled.
-const HOTPLUG_EVERY: Duration = Duration::from_secs(2);
+/// How often the set of online CPUs is compared with the CPUs sampled (one small sysfs read).
+const HOTPLUG_EVERY: Duration = Duration::from_millis(500);
+/// A sampled CPU whose sampler has not run for this long gets a new perf event.
+const STALL_SECS: f64 = 3.0;
 /// Flushes over which the ring-to-disk latency's p50 and maximum are taken.
 const LATENCY_WINDOW: usize = 120;
 
@@ -149,6 +151,7 @@ impl Stage {
                 // Open findings are written with the end they have so far.
                 let open = Changes { opened: Vec::new(), closed: self.pipeline.engine.open_findings() };
                 super::record_findings(&open, &self.config.data_dir);
+                self.report.queue = self.links.queue.depth();
                 self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
                 return Summary { samples: self.pipeline.samples, idle: self.pipeline.idle, queue_full: self.queue_full };
             }
@@ -215,10 +218,19 @@ impl Stage {
                 Ok(counters) => {
                     ring_used_max = counters.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
                     let sampled = collector.cpus();
-                    for (cpu, n) in self.tally.update(&counters, self.started.elapsed().as_secs_f64(), &sampled) {
+                    let now_s = self.started.elapsed().as_secs_f64();
+                    for (cpu, n) in self.tally.update(&counters, now_s, &sampled) {
                         self.pipeline.writer.add_lost_at(now / 1_000_000_000, cpu, n);
                         self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
                         self.report.lost += n;
+                    }
+                    for cpu in self.tally.stalled(now_s, STALL_SECS) {
+                        // Offline and back between two looks at the online set: the old event is off.
+                        match collector.reattach(cpu) {
+                            Ok(()) => tracing::info!(cpu, "the CPU's sampler had stopped; attached a new one"),
+                            Err(e) => tracing::warn!(cpu, error = %e, "the CPU's sampler has stopped and cannot be replaced"),
+                        }
+                        self.tally.restart(cpu, now_s);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the kernel side's counters of lost samples"),
