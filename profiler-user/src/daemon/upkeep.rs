@@ -53,7 +53,7 @@ impl Upkeep {
                 record_kmsg(k, &self.data_dir);
             }
             let (retention, rollup_after) = match self.settings.lock() {
-                Ok(s) => (s.retention.clone(), s.rollup_after),
+                Ok(s) => (s.retention, s.rollup_after),
                 Err(_) => continue,
             };
             maintenance.run(&self.data_dir, &retention, rollup_after, self.write_failing.load(Ordering::Relaxed));

@@ -58,7 +58,9 @@ pub fn render(l: &Live) -> String {
         v.extend(l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"idle\"}}"), c.1 as f64)));
         v
     });
-    let by_cpu = |label: &str, values: &[(&str, &dyn Fn(&CpuTotals) -> u64)]| -> Vec<(String, f64)> {
+    // (label value, the figure of a CPU)
+    type Figure<'a> = (&'a str, &'a dyn Fn(&CpuTotals) -> u64);
+    let by_cpu = |label: &str, values: &[Figure<'_>]| -> Vec<(String, f64)> {
         values
             .iter()
             .flat_map(|(value, f)| {
