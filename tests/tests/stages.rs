@@ -93,7 +93,9 @@ fn a_cpu_taken_offline_and_back_is_sampled_again() {
     }
     const PORT: u16 = 17382;
     if !std::path::Path::new("/sys/devices/system/cpu/cpu1/online").exists() {
-        skip("a_cpu_taken_offline_and_back_is_sampled_again: CPU 1 is not hotpluggable here (no cpu1/online); collect::cpus has the unit test");
+        skip(
+            "a_cpu_taken_offline_and_back_is_sampled_again: CPU 1 is not hotpluggable here (no cpu1/online); collect::cpus has the unit test",
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -104,7 +106,9 @@ fn a_cpu_taken_offline_and_back_is_sampled_again() {
     let offline = match Offline::take(1) {
         Ok(o) => o,
         Err(e) => {
-            skip(&format!("a_cpu_taken_offline_and_back_is_sampled_again: this VM refuses to take CPU 1 offline ({e})"));
+            skip(&format!(
+                "a_cpu_taken_offline_and_back_is_sampled_again: this VM refuses to take CPU 1 offline ({e})"
+            ));
             return;
         }
     };

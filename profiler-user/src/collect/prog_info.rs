@@ -39,7 +39,10 @@ pub fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     if (attr.info_len as usize) < RECURSION_MISSES + 8 {
-        return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "kernel older than 5.12: no recursion_misses"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "kernel older than 5.12: no recursion_misses",
+        ));
     }
     Ok(info[RECURSION_MISSES / 8])
 }

@@ -61,7 +61,9 @@ pub enum DaemonError {
     Signal(&'static str, #[source] std::io::Error),
     #[error("cannot start the {0} thread: {1}")]
     Thread(&'static str, #[source] std::io::Error),
-    #[error("the {0} stage stopped unexpectedly ({1}); the daemon stops with it: see the log above, and report it if it is a bug")]
+    #[error(
+        "the {0} stage stopped unexpectedly ({1}); the daemon stops with it: see the log above, and report it if it is a bug"
+    )]
     StageDied(&'static str, String),
 }
 
@@ -115,10 +117,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         "profiling started"
     );
 
-    let live = Arc::new(Mutex::new(crate::serve::metrics::Live {
-        frequency_hz: config.frequency_hz,
-        ..Default::default()
-    }));
+    let live =
+        Arc::new(Mutex::new(crate::serve::metrics::Live { frequency_hz: config.frequency_hz, ..Default::default() }));
     let stop = Arc::new(AtomicBool::new(false));
     let write_failing = Arc::new(AtomicBool::new(false));
     let drops = Arc::new(Mutex::new(drops::Drops::default()));
@@ -126,7 +126,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let (control, control_rx) = mpsc::channel();
     let symbolize_delay = test_knob(SYMBOLIZE_DELAY_ENV).map(Duration::from_micros);
     if let Some(d) = symbolize_delay {
-        tracing::warn!(delay_us = d.as_micros() as u64, "{SYMBOLIZE_DELAY_ENV} is set: symbolizing is slowed (test only)");
+        tracing::warn!(
+            delay_us = d.as_micros() as u64,
+            "{SYMBOLIZE_DELAY_ENV} is set: symbolizing is slowed (test only)"
+        );
     }
     let stage = stage::spawn(
         stage::StageConfig {
@@ -249,8 +252,11 @@ fn reload(config: &DaemonConfig, settings: &Mutex<Reloadable>, control: &mpsc::S
     };
     let Ok(mut current) = settings.lock() else { return };
     let thresholds = if new.thresholds == current.thresholds { "unchanged" } else { "changed" };
-    let bounds =
-        if new.retention == current.retention && new.rollup_after == current.rollup_after { "unchanged" } else { "changed" };
+    let bounds = if new.retention == current.retention && new.rollup_after == current.rollup_after {
+        "unchanged"
+    } else {
+        "changed"
+    };
     tracing::info!(file = %path.display(), "SIGHUP: reloaded; detector thresholds {thresholds}, store bounds {bounds}");
     let _ = control.send(stage::Control::Thresholds(new.thresholds.clone()));
     *current = new;

@@ -42,7 +42,8 @@ impl Reader {
         let timeout = self.poll_every.as_millis().clamp(1, i32::MAX as u128) as i32;
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
-            let mut fds = vec![libc::pollfd { fd: rings.samples.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            let mut fds =
+                vec![libc::pollfd { fd: rings.samples.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 }];
             if let Some(e) = &rings.events {
                 fds.push(libc::pollfd { fd: e.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 });
             }

@@ -19,7 +19,7 @@ use profiler_common::event::PROCESS_EXEC;
 
 use super::{
     clock,
-    counters::Tally,
+    counters::{Reading, Tally},
     drops::Drops,
     queue::{Batch, Outlet, QueueStats, Source},
     report::Report,
@@ -153,7 +153,11 @@ impl Stage {
                 super::record_findings(&open, &self.config.data_dir);
                 self.report.queue = self.links.queue.depth();
                 self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
-                return Summary { samples: self.pipeline.samples, idle: self.pipeline.idle, queue_full: self.queue_full };
+                return Summary {
+                    samples: self.pipeline.samples,
+                    idle: self.pipeline.idle,
+                    queue_full: self.queue_full,
+                };
             }
         }
     }
@@ -219,18 +223,24 @@ impl Stage {
                     ring_used_max = counters.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
                     let sampled = collector.cpus();
                     let now_s = self.started.elapsed().as_secs_f64();
-                    for (cpu, n) in self.tally.update(&counters, now_s, &sampled) {
+                    let busy_s = crate::collect::cpus::read_busy_seconds();
+                    let idle = self.pipeline.per_cpu.iter().map(|(cpu, c)| (*cpu, c.1)).collect();
+                    let reading =
+                        Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
+                    for (cpu, n) in self.tally.update(&reading) {
                         self.pipeline.writer.add_lost_at(now / 1_000_000_000, cpu, n);
                         self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
                         self.report.lost += n;
                     }
-                    for cpu in self.tally.stalled(now_s, STALL_SECS) {
+                    for cpu in self.tally.stalled(now_s, &busy_s, STALL_SECS) {
                         // Offline and back between two looks at the online set: the old event is off.
                         match collector.reattach(cpu) {
                             Ok(()) => tracing::info!(cpu, "the CPU's sampler had stopped; attached a new one"),
-                            Err(e) => tracing::warn!(cpu, error = %e, "the CPU's sampler has stopped and cannot be replaced"),
+                            Err(e) => {
+                                tracing::warn!(cpu, error = %e, "the CPU's sampler has stopped and cannot be replaced")
+                            }
                         }
-                        self.tally.restart(cpu, now_s);
+                        self.tally.restart(cpu, now_s, &busy_s);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the kernel side's counters of lost samples"),
