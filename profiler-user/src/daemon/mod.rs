@@ -192,9 +192,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             _ = sigterm.recv() => break Ok("SIGTERM"),
             _ = sighup.recv() => reload(&config, &settings, &control),
             _ = check.tick() => {
+                // The pipeline first: when it dies the reader and upkeep end too, as a consequence.
                 let died = [
-                    ("ring reader", reader.is_finished()),
                     ("pipeline", stage.is_finished()),
+                    ("ring reader", reader.is_finished()),
                     ("upkeep", upkeep.is_finished()),
                 ];
                 if let Some((name, _)) = died.iter().find(|(_, finished)| *finished) {

@@ -40,17 +40,24 @@ impl Reader {
 
     fn run(self, mut rings: Rings) {
         let timeout = self.poll_every.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // Edge-triggered: a ring buffer's fd polls readable for as long as it holds any data, so
+        // a level-triggered wait would return at once whenever one record arrived since the
+        // drain, and under load the thread would spin. The kernel wakes the fd when a quarter of
+        // the ring is used (`WAKEUP_BYTES`); the timeout drains the rest.
+        let epoll = Epoll::new(
+            std::iter::once(rings.samples.as_fd().as_raw_fd())
+                .chain(rings.events.as_ref().map(|e| e.as_fd().as_raw_fd())),
+        );
+        if let Err(e) = &epoll {
+            tracing::warn!(error = %e, "cannot wait on the ring buffers; draining them on a timer instead");
+        }
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
-            let mut fds =
-                vec![libc::pollfd { fd: rings.samples.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 }];
-            if let Some(e) = &rings.events {
-                fds.push(libc::pollfd { fd: e.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            }
             if !stopping {
-                // SAFETY: fds is a valid array of fds.len() pollfds. An error (EINTR) only
-                // means an early drain.
-                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+                match &epoll {
+                    Ok(ep) => ep.wait(timeout),
+                    Err(_) => std::thread::sleep(self.poll_every),
+                }
             }
             // Events first: an exec read before the samples behind it lets the pipeline read
             // the new program's mappings before its first samples need them.
@@ -96,5 +103,36 @@ pub fn queue_or_count(intake: &Intake, drops: &Mutex<Drops>, batch: Batch) -> bo
             true
         }
         Err(Refused::Closed) => false,
+    }
+}
+
+/// An edge-triggered epoll instance over the ring buffers' fds.
+struct Epoll(std::os::fd::OwnedFd);
+
+impl Epoll {
+    fn new(fds: impl Iterator<Item = std::os::fd::RawFd>) -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: no preconditions; the fd is checked before use.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new fd that nothing else owns.
+        let ep = Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(ep) });
+        for fd in fds {
+            let mut event = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: fd as u64 };
+            // SAFETY: valid epoll fd, fd and event.
+            if unsafe { libc::epoll_ctl(ep.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(ep)
+    }
+
+    /// Waits for a wakeup or `timeout_ms`; an error (EINTR) only means an early drain.
+    fn wait(&self, timeout_ms: i32) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        // SAFETY: valid epoll fd and a buffer of 2 events.
+        unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), 2, timeout_ms) };
     }
 }
