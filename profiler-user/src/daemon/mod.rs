@@ -156,7 +156,9 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         intake,
         drops,
         stop: stop.clone(),
-        poll_every: (config.flush_interval / 4).min(Duration::from_millis(100)),
+        // Often enough that a sample waits in the ring a small part of a flush interval (the
+        // flush then finds it queued); a wakeup that finds little to do costs microseconds.
+        poll_every: (config.flush_interval / 10).clamp(Duration::from_millis(5), Duration::from_millis(50)),
     }
     .spawn(rings)
     .map_err(|e| DaemonError::Thread("ring reader", e))?;

@@ -106,6 +106,7 @@ struct Stage {
     events_dropped: u64,
     write_failing: bool,
     synced_cpus_at: Instant,
+    next_tick: Instant,
 }
 
 impl Stage {
@@ -114,6 +115,7 @@ impl Stage {
             pipeline.before_symbolize = Some(Box::new(move || std::thread::sleep(delay)));
         }
         let cpus = collector.as_ref().map_or(config.machine.cpus as usize, |c| c.cpus().len());
+        let config_flush = config.flush_interval;
         Self {
             cgroup_fields: collector.as_ref().map(Collector::cgroup_fields),
             tally: Tally::new(config.machine.frequency_hz),
@@ -128,13 +130,13 @@ impl Stage {
             events_dropped: 0,
             write_failing: false,
             synced_cpus_at: Instant::now(),
+            next_tick: Instant::now() + config_flush,
         }
     }
 
     fn run(mut self) -> Summary {
-        let mut next_tick = Instant::now() + self.config.flush_interval;
         loop {
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            let wait = self.next_tick.saturating_duration_since(Instant::now());
             let stopping = match self.links.outlet.recv_timeout(wait) {
                 Ok(batch) => {
                     self.handle(&batch);
@@ -143,9 +145,8 @@ impl Stage {
                 Err(RecvTimeoutError::Timeout) => false,
                 Err(RecvTimeoutError::Disconnected) => true,
             };
-            if stopping || Instant::now() >= next_tick {
+            if stopping || Instant::now() >= self.next_tick {
                 self.tick();
-                next_tick = Instant::now() + self.config.flush_interval;
             }
             if stopping {
                 // Open findings are written with the end they have so far.
@@ -164,7 +165,16 @@ impl Stage {
 
     fn handle(&mut self, batch: &Batch) {
         match batch.source {
-            Source::Samples => batch.records().for_each(|r| self.pipeline.handle(r)),
+            Source::Samples => {
+                for record in batch.records() {
+                    self.pipeline.handle(record);
+                    // A batch can take long to symbolize (new binaries, a slow disk): the flush
+                    // keeps its pace, so what was handled is written on time.
+                    if Instant::now() >= self.next_tick {
+                        self.tick();
+                    }
+                }
+            }
             Source::Events => {
                 let Some(fields) = self.cgroup_fields else { return };
                 for record in batch.records() {
@@ -181,6 +191,7 @@ impl Stage {
     }
 
     fn tick(&mut self) {
+        self.next_tick = Instant::now() + self.config.flush_interval;
         let mut changes = Changes::default();
         // Thresholds reloaded; zombie counts from the upkeep stage.
         while let Ok(c) = self.links.control.try_recv() {
