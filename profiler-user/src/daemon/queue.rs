@@ -131,11 +131,21 @@ impl Intake {
 }
 
 impl Outlet {
+    /// The next batch. It still counts against the bound until [`Self::release`]d, so batches a
+    /// consumer holds aside (see the pipeline stage's event priority) stay bounded too.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Batch, mpsc::RecvTimeoutError> {
-        let batch = self.rx.recv_timeout(timeout)?;
+        self.rx.recv_timeout(timeout)
+    }
+
+    /// The next batch if one is waiting (see [`Self::recv_timeout`]).
+    pub fn try_recv(&self) -> Result<Batch, mpsc::TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    /// A batch is handled: its room is free again.
+    pub fn release(&self, batch: &Batch) {
         self.stats.bytes.fetch_sub(batch.byte_len() as u64, Ordering::AcqRel);
         self.stats.records.fetch_sub(batch.len() as u64, Ordering::AcqRel);
-        Ok(batch)
     }
 }
 
@@ -165,7 +175,9 @@ mod tests {
         intake.offer(batch(&[b"7890"])).unwrap();
         assert!(matches!(intake.offer(batch(&[b"x"])), Err(Refused::Full(b)) if b.len() == 1));
         assert_eq!(stats.depth(), Depth { records: 3, bytes: 10, max_records: 3, max_bytes: 10, capacity_bytes: 10 });
-        outlet.recv_timeout(Duration::ZERO).unwrap();
+        let b = outlet.recv_timeout(Duration::ZERO).unwrap();
+        assert_eq!(stats.depth().records, 3, "held by the consumer: still counted");
+        outlet.release(&b);
         assert_eq!((stats.depth().records, stats.depth().bytes, stats.depth().max_records), (1, 4, 3));
         intake.offer(batch(&[b"x"])).unwrap();
         drop(outlet);

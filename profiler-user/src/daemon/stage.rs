@@ -37,6 +37,8 @@ use crate::{
 const HOTPLUG_EVERY: Duration = Duration::from_millis(500);
 /// A sampled CPU whose sampler has not run for this long gets a new perf event.
 const STALL_SECS: f64 = 3.0;
+/// While handling a batch of samples, look for exec events this often (records).
+const EVENTS_EVERY: usize = 16;
 /// Flushes over which the ring-to-disk latency's p50 and maximum are taken.
 const LATENCY_WINDOW: usize = 120;
 
@@ -107,6 +109,8 @@ struct Stage {
     write_failing: bool,
     synced_cpus_at: Instant,
     next_tick: Instant,
+    /// Sample batches taken from the queue while looking for events ([`Self::events_first`]).
+    held: VecDeque<Batch>,
 }
 
 impl Stage {
@@ -131,15 +135,21 @@ impl Stage {
             write_failing: false,
             synced_cpus_at: Instant::now(),
             next_tick: Instant::now() + config_flush,
+            held: VecDeque::new(),
         }
     }
 
     fn run(mut self) -> Summary {
         loop {
             let wait = self.next_tick.saturating_duration_since(Instant::now());
-            let stopping = match self.links.outlet.recv_timeout(wait) {
+            let next = match self.held.pop_front() {
+                Some(batch) => Ok(batch),
+                None => self.links.outlet.recv_timeout(wait),
+            };
+            let stopping = match next {
                 Ok(batch) => {
                     self.handle(&batch);
+                    self.links.outlet.release(&batch);
                     false
                 }
                 Err(RecvTimeoutError::Timeout) => false,
@@ -166,7 +176,10 @@ impl Stage {
     fn handle(&mut self, batch: &Batch) {
         match batch.source {
             Source::Samples => {
-                for record in batch.records() {
+                for (i, record) in batch.records().enumerate() {
+                    if i % EVENTS_EVERY == 0 {
+                        self.events_first();
+                    }
                     self.pipeline.handle(record);
                     // A batch can take long to symbolize (new binaries, a slow disk): the flush
                     // keeps its pace, so what was handled is written on time.
@@ -186,6 +199,22 @@ impl Stage {
                     e.ts_ns = (e.ts_ns as i128 + self.pipeline.offset).max(0) as u64;
                     self.pipeline.engine.zombies.on_event(&e);
                 }
+            }
+        }
+    }
+
+    /// Handles the event batches waiting in the queue now, ahead of the samples queued before
+    /// them: an exec must be seen while the process lives (its mappings are read then), and a
+    /// 30 ms process is gone if its exec waits behind a second of sample backlog. Sample
+    /// batches met on the way are held, in order, and still count against the queue's bound.
+    fn events_first(&mut self) {
+        while let Ok(batch) = self.links.outlet.try_recv() {
+            match batch.source {
+                Source::Events => {
+                    self.handle(&batch);
+                    self.links.outlet.release(&batch);
+                }
+                Source::Samples => self.held.push_back(batch),
             }
         }
     }

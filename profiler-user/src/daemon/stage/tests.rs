@@ -131,7 +131,8 @@ fn a_full_queue_counts_exactly_what_it_drops_in_its_second_and_cpu() {
     let mut first = true;
     let record_bytes = sample_record(0, 0, 0).len() as u64;
     let room = 10;
-    let r = rig(room * record_bytes, move || {
+    // Room for the sample the stage holds (it counts until handled) and `room` more.
+    let r = rig((room + 1) * record_bytes, move || {
         if std::mem::take(&mut first) {
             entered_tx.send(()).unwrap();
             released.recv().unwrap();
@@ -146,7 +147,7 @@ fn a_full_queue_counts_exactly_what_it_drops_in_its_second_and_cpu() {
     }
     assert!(queue_or_count(&r.intake, &r.drops, batch(later, 1, 7)));
     assert!(queue_or_count(&r.intake, &r.drops, batch(s, 0, 2)));
-    assert_eq!(r.queue.depth().records, room);
+    assert_eq!(r.queue.depth().records, room + 1);
     assert_eq!(r.drops.lock().unwrap().samples, BTreeMap::from([((s, 0), 2), ((later, 1), 7)]));
     release.send(()).unwrap();
     drop(r.intake);
