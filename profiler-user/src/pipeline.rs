@@ -5,7 +5,7 @@
 //! (`benches/replay.rs`) run the very same code: nothing here touches BPF, so records built in
 //! memory go through exactly what the ring buffer's records go through. The daemon owns the
 //! timing (when to drain, when to flush) and everything around it (lost counters, findings on
-//! disk, metrics).
+//! disk, metrics): `daemon::stage` runs it on its own thread, fed by the ring reader's queue.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -46,6 +46,14 @@ pub struct Pipeline {
     /// Scratch for the addresses of the record being handled (reused: no allocation per record).
     kernel: Vec<u64>,
     user: Vec<u64>,
+    /// Runs before each stack is symbolized. For tests only: a hook that sleeps stands in for a
+    /// slow symbolizer (a stalled stage), see `PROFILER_TEST_SYMBOLIZE_DELAY_US`.
+    pub before_symbolize: Option<Box<dyn FnMut() + Send>>,
+    /// Time of the oldest sample handled since the last successful flush (wall-clock ns).
+    oldest_unflushed_ns: Option<u64>,
+    /// Ring-to-disk latency of the last flush that wrote samples: its time minus the time of
+    /// the oldest sample it wrote, ns.
+    pub last_latency_ns: Option<u64>,
 }
 
 impl Pipeline {
@@ -63,6 +71,9 @@ impl Pipeline {
             comms: HashMap::new(),
             kernel: Vec::new(),
             user: Vec::new(),
+            before_symbolize: None,
+            oldest_unflushed_ns: None,
+            last_latency_ns: None,
         }
     }
 
@@ -77,6 +88,7 @@ impl Pipeline {
             }
         };
         let ts_ns = (header.ts_ns as i128 + self.offset).max(0) as u64;
+        self.oldest_unflushed_ns = Some(self.oldest_unflushed_ns.map_or(ts_ns, |o| o.min(ts_ns)));
         if header.flags & FLAG_IDLE != 0 {
             self.idle += 1;
             self.per_cpu.entry(header.cpu).or_default().1 += 1;
@@ -97,6 +109,9 @@ impl Pipeline {
                 c
             }
         };
+        if let Some(hook) = self.before_symbolize.as_mut() {
+            hook();
+        }
         let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
         self.engine.on_busy(ts_ns, header.cpu, Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone() });
         self.writer.push(&Sample {
@@ -118,6 +133,8 @@ impl Pipeline {
 
     /// Writes what the writer holds. On failure nothing is lost: a later flush writes it.
     pub fn flush(&mut self, now_ns: u64) -> Result<Flushed, StoreError> {
-        self.writer.flush(now_ns)
+        let flushed = self.writer.flush(now_ns)?;
+        self.last_latency_ns = self.oldest_unflushed_ns.take().map(|oldest| now_ns.saturating_sub(oldest));
+        Ok(flushed)
     }
 }

@@ -3,22 +3,25 @@
 //! maps.
 
 pub mod caps;
+pub mod cpus;
 pub mod kmsg;
+pub mod prog_info;
 pub mod tracefs;
+
+use std::collections::BTreeMap;
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, TracePoint,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        perf_event::{PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
     util::online_cpus,
 };
 use profiler_common::{
     COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, MAXIMA_EPOCH, SampleHeader, counter, netrx,
 };
-use tokio::io::unix::AsyncFd;
 
 /// The sampler, built by build.rs from profiler-ebpf.
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -47,6 +50,14 @@ pub enum CollectError {
     Attach { cpu: u32, source: aya::programs::ProgramError },
     #[error("watching the ring buffer failed: {0}")]
     Poll(#[source] std::io::Error),
+}
+
+/// The two ring buffers, handed to the reader thread (they live apart from the rest of the
+/// collector, so that draining them never waits on anything else).
+pub struct Rings {
+    pub samples: RingBuf<MapData>,
+    /// cgroup and exec events, when those tracepoints could be attached.
+    pub events: Option<RingBuf<MapData>>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -134,10 +145,8 @@ pub struct CgroupFields {
 
 pub struct Collector {
     // Dropping the Ebpf object detaches the perf events: keep it for the collector's life.
-    _ebpf: Ebpf,
-    pub ring: AsyncFd<RingBuf<MapData>>,
-    /// cgroup events, when those tracepoints could be attached.
-    pub events: Option<AsyncFd<RingBuf<MapData>>>,
+    ebpf: Ebpf,
+    rings: Option<Rings>,
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
     netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
     /// The maxima epoch the kernel stamps on maxima (see `profiler_common::MAXIMA_EPOCH`).
@@ -145,7 +154,9 @@ pub struct Collector {
     epoch: u64,
     cgroup_fields: CgroupFields,
     ring_bytes: u64,
-    pub cpus: Vec<u32>,
+    frequency_hz: u64,
+    /// The perf event attached on each CPU sampled now.
+    links: BTreeMap<u32, PerfEventLinkId>,
 }
 
 impl Collector {
@@ -191,15 +202,9 @@ impl Collector {
             ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
         program.load()?;
         let cpus = online_cpus().map_err(|(what, e)| CollectError::Cpus(what, e))?;
+        let mut links = BTreeMap::new();
         for &cpu in &cpus {
-            program
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(config.frequency_hz),
-                    true,
-                )
-                .map_err(|source| CollectError::Attach { cpu, source })?;
+            links.insert(cpu, attach_cpu(program, cpu, config.frequency_hz)?);
         }
         // The tracepoints feed detectors; without them the profiler still profiles.
         let mut attached = |name: &str, category: &str| -> Result<(), String> {
@@ -235,11 +240,7 @@ impl Collector {
         };
         let events = match cgroup_ok.map(drop).or(exec_ok) {
             Ok(()) => match ebpf.take_map("EVENTS").map(RingBuf::try_from) {
-                Some(Ok(ring)) => Some(
-                    // SAFETY: as for SAMPLES below.
-                    unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-                        .map_err(|e| CollectError::Poll(e.into()))?,
-                ),
+                Some(Ok(ring)) => Some(ring),
                 _ => None,
             },
             Err(_) => None,
@@ -250,22 +251,79 @@ impl Collector {
         let counters = PerCpuArray::try_from(counters).map_err(|e| CollectError::Map("COUNTERS", e))?;
         let epoch_map = ebpf.take_map(MAXIMA_EPOCH).ok_or(CollectError::Missing("map MAXIMA_EPOCH"))?;
         let epoch_map = Array::try_from(epoch_map).map_err(|e| CollectError::Map("MAXIMA_EPOCH", e))?;
-        // SAFETY: the RingBuf owns its map fd, which stays open and unchanged until the
-        // AsyncFd (which owns the RingBuf) is dropped.
-        let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-            .map_err(|e| CollectError::Poll(e.into()))?;
         Ok(Self {
-            _ebpf: ebpf,
-            ring,
-            events,
+            ebpf,
+            rings: Some(Rings { samples: ring, events }),
             counters,
             netrx,
             epoch_map,
             epoch: 0,
             cgroup_fields,
             ring_bytes: u64::from(ring_bytes),
-            cpus,
+            frequency_hz: config.frequency_hz,
+            links,
         })
+    }
+
+    /// The ring buffers, once: the reader thread owns them from then on.
+    pub fn take_rings(&mut self) -> Option<Rings> {
+        self.rings.take()
+    }
+
+    /// CPUs sampled now.
+    pub fn cpus(&self) -> Vec<u32> {
+        self.links.keys().copied().collect()
+    }
+
+    /// Follows CPU hotplug: attaches the sampler to CPUs that came online since the last call
+    /// and lets go of those that went offline (the kernel already stopped their events; the
+    /// links are dropped so that a CPU coming back gets a fresh one).
+    pub fn sync_cpus(&mut self) -> Result<cpus::Change, CollectError> {
+        let online = online_cpus().map_err(|(what, e)| CollectError::Cpus(what, e))?;
+        let change = cpus::diff(self.links.keys().copied(), &online);
+        if change.is_empty() {
+            return Ok(change);
+        }
+        let program: &mut PerfEvent =
+            self.ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
+        for cpu in &change.removed {
+            if let Some(link) = self.links.remove(cpu) {
+                // The event of an offline CPU may already be gone: nothing to undo then.
+                let _ = program.detach(link);
+            }
+        }
+        let mut attached = cpus::Change { removed: change.removed, added: Vec::new() };
+        for &cpu in &change.added {
+            match attach_cpu(program, cpu, self.frequency_hz) {
+                Ok(link) => {
+                    self.links.insert(cpu, link);
+                    attached.added.push(cpu);
+                }
+                // Tried again at the next call (a CPU can be listed online before it can take events).
+                Err(e) => tracing::warn!(cpu, error = %e, "cannot sample a CPU that came online; retrying later"),
+            }
+        }
+        Ok(attached)
+    }
+
+    /// Replaces a CPU's perf event with a new one (its old one stopped: see the daemon's stall
+    /// check).
+    pub fn reattach(&mut self, cpu: u32) -> Result<(), CollectError> {
+        let program: &mut PerfEvent =
+            self.ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
+        if let Some(link) = self.links.remove(&cpu) {
+            let _ = program.detach(link);
+        }
+        self.links.insert(cpu, attach_cpu(program, cpu, self.frequency_hz)?);
+        Ok(())
+    }
+
+    /// Samples the kernel did not run the sampler for because another BPF program was running
+    /// on that CPU (the program's `recursion_misses`, kernel 5.12+). `None` when unreadable.
+    pub fn recursion_misses(&self) -> Option<u64> {
+        use std::os::fd::AsFd;
+        let program: &PerfEvent = self.ebpf.program("sample")?.try_into().ok()?;
+        prog_info::recursion_misses(program.fd().ok()?.as_fd()).ok()
     }
 
     /// NET_RX figures per CPU (index = CPU id), with the maxima of the current epoch. `None`
@@ -301,6 +359,17 @@ impl Collector {
     pub fn cgroup_fields(&self) -> CgroupFields {
         self.cgroup_fields
     }
+}
+
+fn attach_cpu(program: &mut PerfEvent, cpu: u32, frequency_hz: u64) -> Result<PerfEventLinkId, CollectError> {
+    program
+        .attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::AllProcessesOneCpu { cpu },
+            SamplePolicy::Frequency(frequency_hz),
+            true,
+        )
+        .map_err(|source| CollectError::Attach { cpu, source })
 }
 
 impl Collector {

@@ -351,6 +351,15 @@ impl Engine {
         changes
     }
 
+    /// As [`Self::check_zombies`], with counts read by the daemon's upkeep stage (`None`: they
+    /// could not be read).
+    pub fn check_zombies_count(&mut self, now_ns: u64, count: Option<zombies::MemcgCount>) -> Changes {
+        let mut changes = Changes::default();
+        let active = count.and_then(|c| self.zombies.evaluate_count(c, now_ns, &self.thresholds));
+        self.reconcile(active.into_iter().collect(), now_ns, Some(&[Kind::ZombieMemcgs]), &mut changes);
+        changes
+    }
+
     /// Opens findings for new conditions, refreshes open ones, closes those whose condition
     /// has been false for a while. Only findings of `kinds` are considered for closing.
     fn reconcile(&mut self, active: Vec<Active>, now_ns: u64, kinds: Option<&[Kind]>, changes: &mut Changes) {

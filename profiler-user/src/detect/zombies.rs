@@ -79,6 +79,20 @@ fn count(h: &Hierarchy, ts_ns: u64) -> Option<MemcgCount> {
     }
 }
 
+/// Reads the memory cgroup counts (under v1 a walk of the whole hierarchy): the daemon's upkeep
+/// stage calls it and hands the count to [`Zombies::evaluate_count`], so the walk never delays
+/// the pipeline.
+#[derive(Debug, Default)]
+pub struct MemcgCounter {
+    hierarchy: Option<Option<Hierarchy>>,
+}
+
+impl MemcgCounter {
+    pub fn read(&mut self, ts_ns: u64) -> Option<MemcgCount> {
+        count(self.hierarchy.get_or_insert_with(find_hierarchy).as_ref()?, ts_ns)
+    }
+}
+
 /// Who made a cgroup, read from /proc when it was made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Maker {
@@ -169,6 +183,11 @@ impl Zombies {
     pub fn evaluate(&mut self, now_ns: u64, t: &Thresholds) -> Option<Active> {
         let h = self.hierarchy()?.clone();
         let c = count(&h, now_ns)?;
+        self.evaluate_count(c, now_ns, t)
+    }
+
+    /// As [`Self::evaluate`], with counts read elsewhere ([`MemcgCounter`]).
+    pub fn evaluate_count(&mut self, c: MemcgCount, now_ns: u64, t: &Thresholds) -> Option<Active> {
         self.series.push_back(c);
         while self.series.len() > 720 {
             self.series.pop_front();

@@ -2,11 +2,25 @@
 
 use std::{collections::BTreeMap, fmt::Write};
 
+use crate::daemon::{counters::CpuTotals, queue::Depth};
+
 /// Updated by the daemon on every flush tick; read by the HTTP server.
 #[derive(Debug, Default, Clone)]
 pub struct Live {
     /// Per CPU: busy samples, idle samples, lost samples (cumulative since start).
     pub cpus: BTreeMap<u32, (u64, u64, u64)>,
+    /// Per CPU: losses by cause, stack capture failures, the throttling estimate.
+    pub counters: BTreeMap<u32, CpuTotals>,
+    /// Runs of the sampler the kernel skipped: another BPF program was running on the CPU.
+    pub recursion_misses: Option<u64>,
+    /// The queue between the ring reader and the pipeline.
+    pub queue: Depth,
+    /// Event records (exec, cgroup) the reader could not queue.
+    pub events_dropped: u64,
+    /// Ring-to-disk latency over the last flushes: p50 and maximum, seconds.
+    pub ring_to_disk_seconds: Option<(f64, f64)>,
+    /// CPUs the sampler is attached to now.
+    pub sampled_cpus: u64,
     /// Per CPU: busy share in the last evaluated second.
     pub busy_share: BTreeMap<u32, f64>,
     pub dying_memcgs: Option<u64>,
@@ -38,20 +52,99 @@ pub fn render(l: &Live) -> String {
             let _ = writeln!(out, "{name}{labels} {v}");
         }
     };
-    let per_cpu = |f: &dyn Fn(&(u64, u64, u64)) -> u64| -> Vec<(String, f64)> {
-        l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\"}}"), f(c) as f64)).collect()
-    };
     family("profiler_samples_total", "counter", "Samples taken, by CPU and state.", {
         let mut v: Vec<(String, f64)> =
             l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"busy\"}}"), c.0 as f64)).collect();
         v.extend(l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"idle\"}}"), c.1 as f64)));
         v
     });
+    // (label value, the figure of a CPU)
+    type Figure<'a> = (&'a str, &'a dyn Fn(&CpuTotals) -> u64);
+    let by_cpu = |label: &str, values: &[Figure<'_>]| -> Vec<(String, f64)> {
+        values
+            .iter()
+            .flat_map(|(value, f)| {
+                l.counters.iter().map(move |(cpu, c)| (format!("{{cpu=\"{cpu}\",{label}=\"{value}\"}}"), f(c) as f64))
+            })
+            .collect()
+    };
     family(
         "profiler_lost_samples_total",
         "counter",
-        "Samples the kernel side could not deliver (ring buffer full, stack not captured).",
-        per_cpu(&|c| c.2),
+        "Samples taken but never stored, by cause: ring_full (the kernel's ring buffer had no room) or queue_full \
+         (the queue behind the ring reader had no room).",
+        by_cpu("reason", &[("ring_full", &|c| c.ring_full), ("queue_full", &|c| c.queue_full)]),
+    );
+    family(
+        "profiler_stack_errors_total",
+        "counter",
+        "Samples stored whose kernel or user stack could not be captured (delivered, not lost).",
+        by_cpu("stack", &[("kernel", &|c| c.kernel_stack_errors), ("user", &|c| c.user_stack_errors)]),
+    );
+    family(
+        "profiler_throttled_samples_estimate_total",
+        "counter",
+        "Estimate of ticks the kernel skipped (perf throttling, another BPF program running): ticks expected at the \
+         sampling frequency since the CPU was attached minus ticks the sampler saw, beyond a tolerance of one \
+         second's ticks plus 2 %.",
+        l.counters.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\"}}"), c.throttled_estimate as f64)).collect(),
+    );
+    family(
+        "profiler_bpf_recursion_misses_total",
+        "counter",
+        "Runs of the sampler the kernel skipped because another BPF program was running on that CPU \
+         (bpf_prog_info.recursion_misses, kernel 5.12+).",
+        l.recursion_misses.map(|n| vec![(String::new(), n as f64)]).unwrap_or_default(),
+    );
+    family(
+        "profiler_queue_records",
+        "gauge",
+        "Ring records waiting in the queue between the ring reader and the pipeline.",
+        vec![(String::new(), l.queue.records as f64)],
+    );
+    family(
+        "profiler_queue_records_max",
+        "gauge",
+        "Most ring records waiting in the queue at once since the daemon started.",
+        vec![(String::new(), l.queue.max_records as f64)],
+    );
+    family(
+        "profiler_queue_bytes",
+        "gauge",
+        "Bytes of ring records waiting in the queue.",
+        vec![(String::new(), l.queue.bytes as f64)],
+    );
+    family(
+        "profiler_queue_bytes_max",
+        "gauge",
+        "Most bytes waiting in the queue at once since the daemon started.",
+        vec![(String::new(), l.queue.max_bytes as f64)],
+    );
+    family(
+        "profiler_queue_capacity_bytes",
+        "gauge",
+        "The queue's bound: records beyond it are dropped and counted (profiler_lost_samples_total{reason=\"queue_full\"}).",
+        vec![(String::new(), l.queue.capacity_bytes as f64)],
+    );
+    family(
+        "profiler_queue_dropped_events_total",
+        "counter",
+        "Exec and cgroup event records dropped because the queue was full.",
+        vec![(String::new(), l.events_dropped as f64)],
+    );
+    family(
+        "profiler_ring_to_disk_latency_seconds",
+        "gauge",
+        "Age of the oldest sample a flush wrote (flush time minus sample time), over the last 120 flushes: p50 and max.",
+        l.ring_to_disk_seconds
+            .map(|(p50, max)| vec![("{quantile=\"0.5\"}".to_string(), p50), ("{quantile=\"1\"}".to_string(), max)])
+            .unwrap_or_default(),
+    );
+    family(
+        "profiler_sampled_cpus",
+        "gauge",
+        "CPUs the sampler is attached to (CPU hotplug is followed).",
+        vec![(String::new(), l.sampled_cpus as f64)],
     );
     family(
         "profiler_cpu_busy_ratio",
@@ -145,6 +238,8 @@ mod tests {
         let mut l = Live::default();
         l.cpus.insert(0, (5, 95, 0));
         l.cpus.insert(1, (99, 0, 2));
+        l.counters.insert(1, CpuTotals { ring_full: 2, queue_full: 5, user_stack_errors: 9, ..Default::default() });
+        l.ring_to_disk_seconds = Some((0.25, 0.75));
         l.busy_share.insert(1, 1.0);
         l.dying_memcgs = Some(3000);
         l.open_findings.insert("zombie-memcgs".into(), 1);
@@ -161,7 +256,10 @@ mod tests {
             }
         }
         assert!(text.contains("profiler_samples_total{cpu=\"1\",state=\"busy\"} 99\n"));
-        assert!(text.contains("profiler_lost_samples_total{cpu=\"1\"} 2\n"));
+        assert!(text.contains("profiler_lost_samples_total{cpu=\"1\",reason=\"ring_full\"} 2\n"));
+        assert!(text.contains("profiler_lost_samples_total{cpu=\"1\",reason=\"queue_full\"} 5\n"));
+        assert!(text.contains("profiler_stack_errors_total{cpu=\"1\",stack=\"user\"} 9\n"));
+        assert!(text.contains("profiler_ring_to_disk_latency_seconds{quantile=\"1\"} 0.75\n"));
         assert!(text.contains("profiler_open_findings{kind=\"zombie-memcgs\"} 1\n"));
         assert!(text.contains("profiler_dying_memcgs 3000\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"processes\"} 12\n"));

@@ -58,6 +58,8 @@ struct Row {
 struct Second {
     rows: Vec<Row>,
     idle: BTreeMap<u32, u64>,
+    /// Samples lost in this second, per CPU ([`StoreWriter::add_lost_at`]).
+    lost: BTreeMap<u32, u64>,
 }
 
 /// The dictionary of the segment being appended to.
@@ -179,6 +181,14 @@ impl StoreWriter {
         }
     }
 
+    /// Samples lost in a known second (unix seconds): recorded in that second's block, so a
+    /// window's `lost` says when the loss happened, not when it was noticed.
+    pub fn add_lost_at(&mut self, second: u64, cpu: u32, count: u64) {
+        if count > 0 {
+            *self.pending.entry(second).or_default().lost.entry(cpu).or_default() += count;
+        }
+    }
+
     /// Non-idle samples buffered and not yet written.
     pub fn pending_samples(&self) -> usize {
         self.pending_rows
@@ -223,8 +233,14 @@ impl StoreWriter {
             let mut bytes = Vec::new();
             let mut stats = Flushed::default();
             for &second in &seconds {
-                let lost = if Some(second) == last { Some(&self.lost) } else { None };
-                let block = encode_second(&self.pending[&second], second * NS_PER_SEC, &mut dict, lost);
+                let pending = &self.pending[&second];
+                let mut lost = pending.lost.clone();
+                if Some(second) == last {
+                    for (&cpu, &n) in &self.lost {
+                        *lost.entry(cpu).or_default() += n;
+                    }
+                }
+                let block = encode_second(pending, second * NS_PER_SEC, &mut dict, Some(&lost));
                 stats.blocks += 1;
                 stats.samples += u64::from(block.1.samples);
                 stats.idle += u64::from(block.1.idle);

@@ -24,6 +24,11 @@ struct Snapshot {
     fds: usize,
     processes: f64,
     modules: f64,
+    /// Most records waiting between the ring reader and the pipeline, since the daemon started.
+    queue_max: f64,
+    /// Ring-to-disk latency over the daemon's last 120 flushes: p50 and max, seconds.
+    latency: (f64, f64),
+    lost: f64,
 }
 
 fn snapshot(pid: u32) -> anyhow::Result<Snapshot> {
@@ -36,6 +41,12 @@ fn snapshot(pid: u32) -> anyhow::Result<Snapshot> {
         fds: fds(pid),
         processes: metric_sum(&m, "profiler_symbol_cache_entries{kind=\"processes\"}"),
         modules: metric_sum(&m, "profiler_symbol_cache_entries{kind=\"modules\"}"),
+        queue_max: metric_sum(&m, "profiler_queue_records_max"),
+        latency: (
+            metric_sum(&m, "profiler_ring_to_disk_latency_seconds{quantile=\"0.5\"}"),
+            metric_sum(&m, "profiler_ring_to_disk_latency_seconds{quantile=\"1\"}"),
+        ),
+        lost: metric_sum(&m, "profiler_lost_samples_total"),
     })
 }
 
@@ -92,9 +103,11 @@ pub fn run(profiler: &Path, churn: &Path, hz: u32, rate: u32, seconds: u64) -> a
             .spawn()
             .context("running churn")?;
         let mut peak = (0.0f64, 0.0f64, 0u64);
+        let mut latency = (0.0f64, 0.0f64);
         while load.try_wait()?.is_none() {
             step("churn", &mut last)?;
             peak = (peak.0.max(last.processes), peak.1.max(last.modules), peak.2.max(last.rss_kib));
+            latency = (latency.0.max(last.latency.0), latency.1.max(last.latency.1));
         }
         let churn_to = now();
         let spawned = String::from_utf8_lossy(&load.wait_with_output()?.stdout).trim().to_string();
@@ -130,6 +143,13 @@ pub fn run(profiler: &Path, churn: &Path, hz: u32, rate: u32, seconds: u64) -> a
             after.rss_kib as f64 / 1024.0
         );
         println!("| open fds: quiet / 30 s after | {} / {} |", quiet.fds, after.fds);
+        println!(
+            "| ring-to-disk latency during churn (worst p50 / worst max of the last 120 flushes, seen every 5 s) | {:.0} ms / {:.0} ms |",
+            latency.0 * 1e3,
+            latency.1 * 1e3
+        );
+        println!("| queue depth, most records waiting at once since start | {:.0} |", after.queue_max);
+        println!("| samples lost (ring full + queue full) over the whole run | {:.0} |", after.lost);
         println!(
             "| churn children's samples with their function named | {named} of {ours} ({:.0} %) |",
             named as f64 * 100.0 / ours.max(1) as f64

@@ -1,0 +1,366 @@
+//! The profiling daemon, in stages that each run on their own thread, so that no slow step
+//! delays draining the kernel's ring buffer:
+//!
+//! - `reader`: waits on the ring buffers and copies their records into a bounded queue
+//!   (`queue`), nothing else; what does not fit is dropped and counted per CPU and second
+//!   (`drops`);
+//! - `stage`: the pipeline (symbolize → detect → store), fed by the queue; flushes on the flush
+//!   interval, reads the kernel's counters (`counters`), writes findings, publishes /metrics;
+//! - `upkeep`: retention, rollup, the store's size, the zombie cgroup count, the kernel log;
+//! - the HTTP server, on a small runtime of its own.
+//!
+//! [`run`] is the supervisor: it starts them, turns signals into a clean stop (reader first, so
+//! the pipeline writes everything queued) or a reload, and says which stage died if one does.
+
+mod clock;
+pub mod counters;
+pub mod drops;
+pub mod queue;
+mod reader;
+mod report;
+pub mod stage;
+mod upkeep;
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    collect::{CollectConfig, CollectError, Collector, kmsg::Kmsg},
+    config::{ConfigFile, Reloadable, StoreFlags},
+    detect::{self, Changes, Machine},
+    store::{self, Meta, StoreError, format::FORMAT_VERSION, writer::WriterLimits},
+    timespec::now_ns,
+};
+
+/// Test only: microseconds the pipeline sleeps before symbolizing each stack, to stand in for a
+/// slow symbolizer (tests/tests/stages.rs). Not a setting: never set it in production.
+pub const SYMBOLIZE_DELAY_ENV: &str = "PROFILER_TEST_SYMBOLIZE_DELAY_US";
+/// Test only: the queue's bound in bytes (default [`QUEUE_BYTES`]), so a test can fill it.
+pub const QUEUE_BYTES_ENV: &str = "PROFILER_TEST_QUEUE_BYTES";
+/// The queue between the reader and the pipeline holds at most this many bytes of records
+/// (samples of up to ~2 KiB each, ~300 bytes typical): 8 times the default ring, about half a second of a
+/// 192-CPU node at 999 Hz with deep stacks, more of anything smaller.
+pub const QUEUE_BYTES: u64 = 32 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Collect(#[from] CollectError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot install the {0} handler: {1}")]
+    Signal(&'static str, #[source] std::io::Error),
+    #[error("cannot start the {0} thread: {1}")]
+    Thread(&'static str, #[source] std::io::Error),
+    #[error(
+        "the {0} stage stopped unexpectedly ({1}); the daemon stops with it: see the log above, and report it if it is a bug"
+    )]
+    StageDied(&'static str, String),
+}
+
+pub struct DaemonConfig {
+    pub data_dir: PathBuf,
+    pub frequency_hz: u64,
+    pub ring_bytes: u32,
+    /// How often buffered samples are written (and so how fresh queries are).
+    pub flush_interval: Duration,
+    /// How often the daemon logs a one-line report.
+    pub report_interval: Duration,
+    /// Thresholds and store bounds; SIGHUP re-reads them from `config_path`.
+    pub settings: Reloadable,
+    pub config_path: Option<PathBuf>,
+    /// Store flags from the command line, which win over the file at every reload.
+    pub store_flags: StoreFlags,
+    pub limits: WriterLimits,
+    /// Kernel log lines matching these become events.
+    pub event_patterns: Vec<String>,
+    /// Where the UI, JSON API and /metrics listen; `None`: no server.
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+/// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
+pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    // First, so that a SIGTERM at any moment from here on is a clean stop.
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(|e| DaemonError::Signal("SIGHUP", e))?;
+    let _lock = store::create_and_lock(&config.data_dir)?;
+    let mut collector =
+        Collector::start(&CollectConfig { frequency_hz: config.frequency_hz, ring_bytes: config.ring_bytes })?;
+    let rings = collector.take_rings().ok_or(CollectError::Missing("ring buffers"))?;
+    let sampled = collector.cpus().len();
+    let cpus = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(sampled as u32);
+    Meta {
+        format_version: FORMAT_VERSION,
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        cpus,
+        frequency_hz: config.frequency_hz,
+        started_ns: now_ns(),
+    }
+    .write(&config.data_dir)?;
+    let queue_bytes = test_knob(QUEUE_BYTES_ENV).unwrap_or(QUEUE_BYTES);
+    tracing::info!(
+        cpus = sampled,
+        frequency_hz = config.frequency_hz,
+        data_dir = %config.data_dir.display(),
+        flush_ms = config.flush_interval.as_millis() as u64,
+        queue_bytes,
+        "profiling started"
+    );
+
+    let live =
+        Arc::new(Mutex::new(crate::serve::metrics::Live { frequency_hz: config.frequency_hz, ..Default::default() }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let write_failing = Arc::new(AtomicBool::new(false));
+    let drops = Arc::new(Mutex::new(drops::Drops::default()));
+    let (intake, outlet, queue) = queue::bounded(queue_bytes);
+    let (control, control_rx) = mpsc::channel();
+    let symbolize_delay = test_knob(SYMBOLIZE_DELAY_ENV).map(Duration::from_micros);
+    if let Some(d) = symbolize_delay {
+        tracing::warn!(
+            delay_us = d.as_micros() as u64,
+            "{SYMBOLIZE_DELAY_ENV} is set: symbolizing is slowed (test only)"
+        );
+    }
+    let stage = stage::spawn(
+        stage::StageConfig {
+            data_dir: config.data_dir.clone(),
+            machine: Machine { cpus, frequency_hz: config.frequency_hz },
+            thresholds: config.settings.thresholds.clone(),
+            limits: config.limits,
+            flush_interval: config.flush_interval,
+            report_interval: config.report_interval,
+            symbolize_delay,
+        },
+        stage::Links {
+            outlet,
+            queue,
+            drops: drops.clone(),
+            control: control_rx,
+            live: live.clone(),
+            write_failing: write_failing.clone(),
+        },
+        Some(collector),
+    )
+    .map_err(|e| DaemonError::Thread("pipeline", e))?;
+    let reader = reader::Reader {
+        intake,
+        drops,
+        stop: stop.clone(),
+        // Often enough that a sample waits in the ring a small part of a flush interval (the
+        // flush then finds it queued); a wakeup that finds little to do costs microseconds.
+        poll_every: (config.flush_interval / 10).clamp(Duration::from_millis(5), Duration::from_millis(50)),
+    }
+    .spawn(rings)
+    .map_err(|e| DaemonError::Thread("ring reader", e))?;
+    let settings = Arc::new(Mutex::new(config.settings.clone()));
+    let kmsg = match Kmsg::open(&config.event_patterns) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            tracing::warn!(error = %e, "kernel log events will not be recorded");
+            None
+        }
+    };
+    let upkeep = upkeep::Upkeep {
+        data_dir: config.data_dir.clone(),
+        settings: settings.clone(),
+        live: live.clone(),
+        control: control.clone(),
+        write_failing,
+        stop: stop.clone(),
+        kmsg,
+    }
+    .spawn()
+    .map_err(|e| DaemonError::Thread("upkeep", e))?;
+    let http = match config.listen {
+        Some(addr) => serve(addr, &config.data_dir, live).await?,
+        None => None,
+    };
+    notify("READY=1");
+
+    let mut check = tokio::time::interval(Duration::from_millis(500));
+    let outcome = loop {
+        tokio::select! {
+            _ = sigint.recv() => break Ok("SIGINT"),
+            _ = sigterm.recv() => break Ok("SIGTERM"),
+            _ = sighup.recv() => reload(&config, &settings, &control),
+            _ = check.tick() => {
+                // The pipeline first: when it dies the reader and upkeep end too, as a consequence.
+                let died = [
+                    ("pipeline", stage.is_finished()),
+                    ("ring reader", reader.is_finished()),
+                    ("upkeep", upkeep.is_finished()),
+                ];
+                if let Some((name, _)) = died.iter().find(|(_, finished)| *finished) {
+                    break Err(*name);
+                }
+            }
+        }
+    };
+    // Reader first: once it is gone the pipeline writes everything queued, then ends.
+    stop.store(true, Ordering::Release);
+    notify("STOPPING=1");
+    let reader_result = reader.join();
+    let summary = stage.join();
+    let upkeep_result = upkeep.join();
+    if let Some(rt) = http {
+        rt.shutdown_background();
+    }
+    let died = |name: &'static str, panic: Box<dyn std::any::Any + Send>| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "it panicked".into());
+        DaemonError::StageDied(name, why)
+    };
+    reader_result.map_err(|p| died("ring reader", p))?;
+    let summary = summary.map_err(|p| died("pipeline", p))?;
+    upkeep_result.map_err(|p| died("upkeep", p))?;
+    match outcome {
+        Ok(signal) => {
+            tracing::info!(signal, samples = summary.samples, idle = summary.idle, "flushed, exiting");
+            Ok(())
+        }
+        Err(name) => Err(DaemonError::StageDied(name, "it ended by itself".into())),
+    }
+}
+
+/// A test-only number from the environment.
+fn test_knob(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
+/// SIGHUP: re-reads the file's thresholds and store bounds. Sampling and writing go on.
+fn reload(config: &DaemonConfig, settings: &Mutex<Reloadable>, control: &mpsc::Sender<stage::Control>) {
+    let Some(path) = &config.config_path else {
+        tracing::info!("SIGHUP: no --config file to reload");
+        return;
+    };
+    let new = match ConfigFile::load(path).and_then(|f| Reloadable::from(&f, &config.store_flags)) {
+        Ok(new) => new,
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %e, "SIGHUP: cannot reload; keeping the previous settings");
+            return;
+        }
+    };
+    let Ok(mut current) = settings.lock() else { return };
+    let thresholds = if new.thresholds == current.thresholds { "unchanged" } else { "changed" };
+    let bounds = if new.retention == current.retention && new.rollup_after == current.rollup_after {
+        "unchanged"
+    } else {
+        "changed"
+    };
+    tracing::info!(file = %path.display(), "SIGHUP: reloaded; detector thresholds {thresholds}, store bounds {bounds}");
+    let _ = control.send(stage::Control::Thresholds(new.thresholds.clone()));
+    *current = new;
+}
+
+/// Starts the UI, API and /metrics on a small runtime of their own, so that a slow request
+/// never takes a thread the daemon's stages need. `None` when it cannot listen: profiling
+/// matters more than the UI.
+async fn serve(
+    addr: std::net::SocketAddr,
+    data_dir: &std::path::Path,
+    live: Arc<Mutex<crate::serve::metrics::Live>>,
+) -> Result<Option<tokio::runtime::Runtime>, DaemonError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("http")
+        .enable_all()
+        .build()
+        .map_err(|e| DaemonError::Thread("http", e))?;
+    let token = crate::serve::new_token().map_err(|e| StoreError::Io("/dev/urandom".into(), e))?;
+    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "[::1]".to_string()];
+    hosts.push(match addr.ip() {
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    });
+    let state = crate::serve::AppState { data_dir: data_dir.to_path_buf(), live, token: token.clone(), hosts };
+    match rt.spawn(crate::serve::spawn(addr, state)).await {
+        Ok(Ok(bound)) => {
+            let url = format!("http://{bound}/#token={token}");
+            write_private(&data_dir.join(crate::serve::URL_FILE), &url)?;
+            tracing::info!(
+                url = %format_args!("http://{bound}/"),
+                "UI, JSON API and /metrics listening (`profiler ui` prints the address with its token)"
+            );
+            Ok(Some(rt))
+        }
+        failed => {
+            let error = match failed {
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+                Ok(Ok(_)) => unreachable!(),
+            };
+            tracing::error!(
+                address = %addr,
+                error,
+                "cannot listen; running without the UI (use --listen to pick another address)"
+            );
+            rt.shutdown_background();
+            Ok(None)
+        }
+    }
+}
+
+/// Writes a root-only file.
+fn write_private(path: &std::path::Path, text: &str) -> Result<(), StoreError> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| StoreError::Io(path.to_path_buf(), e))?;
+    f.write_all(text.as_bytes()).map_err(|e| StoreError::Io(path.to_path_buf(), e))
+}
+
+/// Tells systemd (`Type=notify`) about the daemon's state, when it runs under systemd.
+fn notify(state: &str) {
+    use std::os::{linux::net::SocketAddrExt, unix::net::UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Ok(sock) = UnixDatagram::unbound() else { return };
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+    let sent = match bytes.strip_prefix(b"@") {
+        Some(name) => std::os::unix::net::SocketAddr::from_abstract_name(name)
+            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a)),
+        None => sock.send_to(state.as_bytes(), &path),
+    };
+    if let Err(e) = sent {
+        tracing::warn!(state, error = %e, "cannot notify systemd");
+    }
+}
+
+/// Logs and stores what the detectors opened and closed.
+fn record_findings(changes: &Changes, data_dir: &std::path::Path) {
+    for f in &changes.opened {
+        tracing::warn!(finding = %f.id, kind = f.kind.name(), cpu = f.cpu, "finding opened: {}", f.summary);
+    }
+    for f in &changes.closed {
+        let secs = f.end_ns.unwrap_or(f.start_ns).saturating_sub(f.start_ns) as f64 / 1e9;
+        tracing::info!(
+            finding = %f.id,
+            kind = f.kind.name(),
+            cpu = f.cpu,
+            duration_s = secs.round() as u64,
+            "finding closed: {}",
+            f.summary
+        );
+    }
+    for f in changes.opened.iter().chain(&changes.closed) {
+        if let Err(e) = detect::log::append(data_dir, detect::log::FINDINGS, f) {
+            tracing::error!(finding = %f.id, error = %e, "cannot record a finding");
+        }
+    }
+}

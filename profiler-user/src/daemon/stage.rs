@@ -1,0 +1,384 @@
+//! The pipeline stage: its own thread, where the `!Send` [`Pipeline`] is built and lives. It
+//! takes batches from the reader's queue (samples; exec and cgroup events), and on every flush
+//! tick reads the kernel's counters, runs the detectors, records findings, publishes the live
+//! figures and writes what it holds. It ends when the reader is gone and the queue is empty,
+//! with a last flush and the open findings written.
+
+use std::{
+    collections::VecDeque,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+        mpsc::{Receiver, RecvTimeoutError},
+    },
+    time::{Duration, Instant},
+};
+
+use profiler_common::event::PROCESS_EXEC;
+
+use super::{
+    clock,
+    counters::{Reading, Tally},
+    drops::Drops,
+    queue::{Batch, Outlet, QueueStats, Source},
+    report::Report,
+};
+use crate::{
+    collect::{CgroupFields, Collector, parse_event},
+    detect::{Changes, Engine, Machine, Thresholds, zombies::MemcgCount},
+    pipeline::Pipeline,
+    serve::metrics::Live,
+    store::{StoreWriter, writer::WriterLimits},
+    timespec::now_ns,
+};
+
+/// How often the set of online CPUs is compared with the CPUs sampled (one small sysfs read).
+const HOTPLUG_EVERY: Duration = Duration::from_millis(500);
+/// A sampled CPU whose sampler has not run for this long gets a new perf event.
+const STALL_SECS: f64 = 3.0;
+/// While handling a batch of samples, look for exec events this often (records).
+const EVENTS_EVERY: usize = 16;
+/// Flushes over which the ring-to-disk latency's p50 and maximum are taken.
+const LATENCY_WINDOW: usize = 120;
+
+/// What the supervisor and the upkeep stage tell the pipeline stage.
+pub enum Control {
+    Thresholds(Thresholds),
+    /// Memory cgroup counts read by the upkeep stage (`None`: unreadable).
+    Zombies(u64, Option<MemcgCount>),
+}
+
+pub struct StageConfig {
+    pub data_dir: PathBuf,
+    pub machine: Machine,
+    pub thresholds: Thresholds,
+    pub limits: WriterLimits,
+    pub flush_interval: Duration,
+    pub report_interval: Duration,
+    /// Test only: a sleep before each stack is symbolized (a slow symbolizer).
+    pub symbolize_delay: Option<Duration>,
+}
+
+/// The stage's connections to the others.
+pub struct Links {
+    pub outlet: Outlet,
+    pub queue: Arc<QueueStats>,
+    pub drops: Arc<Mutex<Drops>>,
+    pub control: Receiver<Control>,
+    pub live: Arc<Mutex<Live>>,
+    /// Set while the store cannot be written (retention then frees space first).
+    pub write_failing: Arc<AtomicBool>,
+}
+
+/// What the stage did, for its caller (tests; the supervisor's last log line).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    pub samples: u64,
+    pub idle: u64,
+    pub queue_full: u64,
+}
+
+pub fn spawn(
+    config: StageConfig,
+    links: Links,
+    collector: Option<Collector>,
+) -> std::io::Result<std::thread::JoinHandle<Summary>> {
+    std::thread::Builder::new().name("pipeline".into()).spawn(move || {
+        let pipeline = Pipeline::new(
+            StoreWriter::with_limits(&crate::store::segments_dir(&config.data_dir), config.limits),
+            Engine::new(config.machine, config.thresholds.clone()),
+            clock::boot_to_unix_offset(),
+        );
+        Stage::new(config, links, collector, pipeline).run()
+    })
+}
+
+struct Stage {
+    config: StageConfig,
+    links: Links,
+    collector: Option<Collector>,
+    cgroup_fields: Option<CgroupFields>,
+    pipeline: Pipeline,
+    tally: Tally,
+    started: Instant,
+    report: Report,
+    latencies: VecDeque<u64>,
+    queue_full: u64,
+    events_dropped: u64,
+    write_failing: bool,
+    synced_cpus_at: Instant,
+    next_tick: Instant,
+    /// Sample batches taken from the queue while looking for events ([`Self::events_first`]).
+    held: VecDeque<Batch>,
+}
+
+impl Stage {
+    fn new(config: StageConfig, links: Links, collector: Option<Collector>, mut pipeline: Pipeline) -> Self {
+        if let Some(delay) = config.symbolize_delay {
+            pipeline.before_symbolize = Some(Box::new(move || std::thread::sleep(delay)));
+        }
+        let cpus = collector.as_ref().map_or(config.machine.cpus as usize, |c| c.cpus().len());
+        let config_flush = config.flush_interval;
+        Self {
+            cgroup_fields: collector.as_ref().map(Collector::cgroup_fields),
+            tally: Tally::new(config.machine.frequency_hz),
+            report: Report::new(cpus),
+            config,
+            links,
+            collector,
+            pipeline,
+            started: Instant::now(),
+            latencies: VecDeque::new(),
+            queue_full: 0,
+            events_dropped: 0,
+            write_failing: false,
+            synced_cpus_at: Instant::now(),
+            next_tick: Instant::now() + config_flush,
+            held: VecDeque::new(),
+        }
+    }
+
+    fn run(mut self) -> Summary {
+        loop {
+            let wait = self.next_tick.saturating_duration_since(Instant::now());
+            let next = match self.held.pop_front() {
+                Some(batch) => Ok(batch),
+                None => self.links.outlet.recv_timeout(wait),
+            };
+            let stopping = match next {
+                Ok(batch) => {
+                    self.handle(&batch);
+                    self.links.outlet.release(&batch);
+                    false
+                }
+                Err(RecvTimeoutError::Timeout) => false,
+                Err(RecvTimeoutError::Disconnected) => true,
+            };
+            if stopping || Instant::now() >= self.next_tick {
+                self.tick();
+            }
+            if stopping {
+                // Open findings are written with the end they have so far.
+                let open = Changes { opened: Vec::new(), closed: self.pipeline.engine.open_findings() };
+                super::record_findings(&open, &self.config.data_dir);
+                self.report.queue = self.links.queue.depth();
+                self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
+                return Summary {
+                    samples: self.pipeline.samples,
+                    idle: self.pipeline.idle,
+                    queue_full: self.queue_full,
+                };
+            }
+        }
+    }
+
+    fn handle(&mut self, batch: &Batch) {
+        match batch.source {
+            Source::Samples => {
+                for (i, record) in batch.records().enumerate() {
+                    if i % EVENTS_EVERY == 0 {
+                        self.events_first();
+                    }
+                    self.pipeline.handle(record);
+                    // A batch can take long to symbolize (new binaries, a slow disk): the flush
+                    // keeps its pace, so what was handled is written on time.
+                    if Instant::now() >= self.next_tick {
+                        self.tick();
+                    }
+                }
+            }
+            Source::Events => {
+                let Some(fields) = self.cgroup_fields else { return };
+                for record in batch.records() {
+                    let Some(mut e) = parse_event(fields, record) else { continue };
+                    if e.kind == PROCESS_EXEC {
+                        self.pipeline.symbolizer.note_exec(e.pid, &e.comm);
+                        continue;
+                    }
+                    e.ts_ns = (e.ts_ns as i128 + self.pipeline.offset).max(0) as u64;
+                    self.pipeline.engine.zombies.on_event(&e);
+                }
+            }
+        }
+    }
+
+    /// Handles the event batches waiting in the queue now, ahead of the samples queued before
+    /// them: an exec must be seen while the process lives (its mappings are read then), and a
+    /// 30 ms process is gone if its exec waits behind a second of sample backlog. Sample
+    /// batches met on the way are held, in order, and still count against the queue's bound.
+    fn events_first(&mut self) {
+        while let Ok(batch) = self.links.outlet.try_recv() {
+            match batch.source {
+                Source::Events => {
+                    self.handle(&batch);
+                    self.links.outlet.release(&batch);
+                }
+                Source::Samples => self.held.push_back(batch),
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        self.next_tick = Instant::now() + self.config.flush_interval;
+        let mut changes = Changes::default();
+        // Thresholds reloaded; zombie counts from the upkeep stage.
+        while let Ok(c) = self.links.control.try_recv() {
+            match c {
+                Control::Thresholds(t) => self.pipeline.engine.set_thresholds(t),
+                Control::Zombies(at, count) => {
+                    let z = self.pipeline.engine.check_zombies_count(at, count);
+                    changes.opened.extend(z.opened);
+                    changes.closed.extend(z.closed);
+                }
+            }
+        }
+        // Lost in userspace: the reader knows the second of each record it dropped.
+        let drops = self.links.drops.lock().map(|mut d| std::mem::take(&mut *d)).unwrap_or_default();
+        for ((second, cpu), n) in drops.samples {
+            self.pipeline.writer.add_lost_at(second, cpu, n);
+            self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
+            self.tally.add_queue_full(cpu, n);
+            self.queue_full += n;
+            self.report.lost += n;
+        }
+        self.events_dropped += drops.events;
+        let now = now_ns();
+        let mut ring_used_max = 0;
+        if let Some(collector) = self.collector.as_mut() {
+            if self.synced_cpus_at.elapsed() >= HOTPLUG_EVERY {
+                self.synced_cpus_at = Instant::now();
+                match collector.sync_cpus() {
+                    Ok(change) if !change.is_empty() => {
+                        tracing::info!(added = ?change.added, removed = ?change.removed, "CPUs came online or went offline");
+                        online_cpus_changed(&mut self.pipeline.writer, &collector.cpus());
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot follow CPU hotplug"),
+                }
+            }
+            // Lost in the kernel: the counter is read now, so the loss is placed in this second.
+            match collector.counters() {
+                Ok(counters) => {
+                    ring_used_max = counters.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
+                    let sampled = collector.cpus();
+                    let now_s = self.started.elapsed().as_secs_f64();
+                    let busy_s = crate::collect::cpus::read_busy_seconds();
+                    let idle = self.pipeline.per_cpu.iter().map(|(cpu, c)| (*cpu, c.1)).collect();
+                    let reading =
+                        Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
+                    for (cpu, n) in self.tally.update(&reading) {
+                        self.pipeline.writer.add_lost_at(now / 1_000_000_000, cpu, n);
+                        self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
+                        self.report.lost += n;
+                    }
+                    for cpu in self.tally.stalled(now_s, &busy_s, STALL_SECS) {
+                        // Offline and back between two looks at the online set: the old event is off.
+                        match collector.reattach(cpu) {
+                            Ok(()) => tracing::info!(cpu, "the CPU's sampler had stopped; attached a new one"),
+                            Err(e) => {
+                                tracing::warn!(cpu, error = %e, "the CPU's sampler has stopped and cannot be replaced")
+                            }
+                        }
+                        self.tally.restart(cpu, now_s, &busy_s);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the kernel side's counters of lost samples"),
+            }
+            if let Some(n) = collector.netrx() {
+                self.pipeline.engine.on_netrx(now, n);
+            }
+            collector.next_epoch();
+        }
+        self.pipeline.offset = clock::boot_to_unix_offset();
+        let tick = self.pipeline.tick(now);
+        changes.opened.extend(tick.opened);
+        changes.closed.extend(tick.closed);
+        super::record_findings(&changes, &self.config.data_dir);
+        self.flush();
+        self.publish(ring_used_max);
+        if self.report.due(self.config.report_interval) {
+            self.report.queue = self.links.queue.depth();
+            self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
+            self.pipeline.symbolizer.expire();
+        }
+    }
+
+    fn flush(&mut self) {
+        match self.pipeline.flush(now_ns()) {
+            Ok(f) => {
+                self.report.bytes += f.bytes;
+                if let Some(l) = self.pipeline.last_latency_ns {
+                    if self.latencies.len() == LATENCY_WINDOW {
+                        self.latencies.pop_front();
+                    }
+                    self.latencies.push_back(l);
+                    self.report.latency_max_ns = self.report.latency_max_ns.max(l);
+                }
+                if self.write_failing {
+                    tracing::info!(
+                        data_dir = %self.config.data_dir.display(),
+                        dropped_total = self.pipeline.writer.dropped(),
+                        "writing works again; the samples held meanwhile are written"
+                    );
+                    self.write_failing = false;
+                }
+            }
+            Err(e) => {
+                // Keep sampling and hold what cannot be written (bounded; the oldest go first
+                // past the bound); the log says so once, and again when writing works.
+                if !self.write_failing {
+                    tracing::error!(
+                        error = %e,
+                        max_held = self.config.limits.max_pending,
+                        "cannot write samples. Sampling goes on; samples are held in memory (at most max_held, the \
+                         oldest dropped beyond that) and written when space returns"
+                    );
+                    self.write_failing = true;
+                }
+            }
+        }
+        self.links.write_failing.store(self.write_failing, Ordering::Relaxed);
+    }
+
+    /// The figures /metrics shows.
+    fn publish(&mut self, ring_used_max: u64) {
+        let (p50, max) = p50_max(&self.latencies);
+        let recursion_misses = self.collector.as_ref().and_then(Collector::recursion_misses);
+        let Ok(mut l) = self.links.live.lock() else { return };
+        let p = &self.pipeline;
+        l.cpus = p.per_cpu.clone();
+        l.counters = self.tally.totals.clone();
+        l.recursion_misses = recursion_misses;
+        l.queue = self.links.queue.depth();
+        l.events_dropped = self.events_dropped;
+        l.ring_to_disk_seconds = p50.zip(max).map(|(a, b)| (a as f64 / 1e9, b as f64 / 1e9));
+        l.sampled_cpus = self.collector.as_ref().map_or(0, |c| c.cpus().len() as u64);
+        l.busy_share = p.engine.last_busy_shares().into_iter().collect();
+        l.dying_memcgs = p.engine.zombies.series.back().map(|c| c.dying);
+        l.open_findings = p.engine.open_counts();
+        l.pending_samples = p.writer.pending_samples() as u64;
+        l.ring_used_bytes = ring_used_max;
+        l.ring_size_bytes = self.collector.as_ref().map_or(0, Collector::ring_bytes);
+        let symbols = p.symbolizer.stats();
+        l.cached_processes = symbols.processes as u64;
+        l.cached_modules = symbols.modules as u64;
+        l.cached_stacks = symbols.stacks as u64;
+        l.cached_names = symbols.names as u64;
+    }
+}
+
+/// Hook for the store's identity: the CPUs sampled changed (hotplug). The store does not yet
+/// record the online CPU set per segment; when it does (a setter on `StoreWriter`), call it here.
+fn online_cpus_changed(_writer: &mut StoreWriter, cpus: &[u32]) {
+    tracing::debug!(?cpus, "CPUs sampled now");
+}
+
+fn p50_max(v: &VecDeque<u64>) -> (Option<u64>, Option<u64>) {
+    let mut sorted: Vec<u64> = v.iter().copied().collect();
+    sorted.sort_unstable();
+    (sorted.get(sorted.len().saturating_sub(1) / 2).copied(), sorted.last().copied())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+//! The upkeep stage: its own thread for the slow, file-heavy chores, so none of them delays the
+//! pipeline: retention and rollup, the store's size, the zombie memory cgroup count (a walk of
+//! cgroupfs under v1), the daemon's own RSS and CPU, and the kernel log.
+
+use std::{
+    os::fd::AsRawFd,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+        mpsc::Sender,
+    },
+    time::{Duration, Instant},
+};
+
+use super::{clock, stage::Control};
+use crate::{
+    collect::kmsg::{Event, Kmsg},
+    config::Reloadable,
+    detect::{self, zombies::MemcgCounter},
+    serve::metrics::Live,
+    store,
+    timespec::now_ns,
+};
+
+/// How often retention and rollup run (each has its own budget per run).
+const MAINTAIN_EVERY: Duration = Duration::from_millis(500);
+/// How often the store is measured and the zombie count read.
+const MEASURE_EVERY: Duration = Duration::from_secs(5);
+
+pub struct Upkeep {
+    pub data_dir: PathBuf,
+    pub settings: Arc<Mutex<Reloadable>>,
+    pub live: Arc<Mutex<Live>>,
+    pub control: Sender<Control>,
+    pub write_failing: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
+    pub kmsg: Option<Kmsg>,
+}
+
+impl Upkeep {
+    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new().name("upkeep".into()).spawn(move || self.run())
+    }
+
+    fn run(mut self) {
+        let mut maintenance = store::maintenance::Maintenance::default();
+        let mut memcgs = MemcgCounter::default();
+        let mut measured_at: Option<Instant> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            self.wait_for_kmsg(MAINTAIN_EVERY);
+            if let Some(k) = self.kmsg.as_mut() {
+                record_kmsg(k, &self.data_dir);
+            }
+            let (retention, rollup_after) = match self.settings.lock() {
+                Ok(s) => (s.retention, s.rollup_after),
+                Err(_) => continue,
+            };
+            maintenance.run(&self.data_dir, &retention, rollup_after, self.write_failing.load(Ordering::Relaxed));
+            if measured_at.is_none_or(|t| t.elapsed() >= MEASURE_EVERY) {
+                measured_at = Some(Instant::now());
+                let now = now_ns();
+                if self.control.send(Control::Zombies(now, memcgs.read(now))).is_err() {
+                    return; // the pipeline stage is gone; the supervisor says why
+                }
+                self.measure(now);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for kernel log lines (or just waits, without /dev/kmsg).
+    fn wait_for_kmsg(&self, timeout: Duration) {
+        match &self.kmsg {
+            Some(k) => {
+                let mut fd = libc::pollfd { fd: k.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as i32) };
+            }
+            None => std::thread::sleep(timeout),
+        }
+    }
+
+    /// The store's size and span and the daemon's own usage, for /metrics.
+    fn measure(&self, now: u64) {
+        let segments = store::reader::list_segments(&self.data_dir).unwrap_or_default();
+        let bytes = segments.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+        let span = segments.first().map_or(0.0, |(s, _)| now.saturating_sub(*s) as f64 / 1e9);
+        let (rss, cpu_time) = clock::self_usage();
+        if let Ok(mut l) = self.live.lock() {
+            l.store_bytes = bytes;
+            l.store_span_seconds = span;
+            l.rss_bytes = rss;
+            l.cpu_seconds = cpu_time.as_secs_f64();
+        }
+    }
+}
+
+/// Kernel log lines that match a pattern become events.
+fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
+    let offset = clock::unix_offset(libc::CLOCK_MONOTONIC);
+    for (r, pattern) in k.read_matches() {
+        let ts_ns = (i128::from(r.usec) * 1000 + offset).max(0) as u64;
+        let id = format!("event-{}-{}", detect::finding_id_time(ts_ns), r.seq);
+        let e = Event { id, ts_ns, pattern, message: r.message };
+        tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
+        if let Err(err) = detect::log::append(data_dir, detect::log::EVENTS, &e) {
+            tracing::error!(event = %e.id, error = %err, "cannot record an event");
+        }
+    }
+}
