@@ -94,6 +94,9 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
     let mut sighup = signal(SignalKind::hangup()).map_err(|e| DaemonError::Signal("SIGHUP", e))?;
     let _lock = store::create_and_lock(&config.data_dir)?;
+    // The symbolizer keeps up to ~770 files open and the server computes its connection cap
+    // from the limit: raise the soft limit to the hard one whether or not the server runs.
+    crate::serve::limits::raise_nofile();
     let mut collector =
         Collector::start(&CollectConfig { frequency_hz: config.frequency_hz, ring_bytes: config.ring_bytes })?;
     let rings = collector.take_rings().ok_or(CollectError::Missing("ring buffers"))?;
@@ -181,10 +184,9 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     .spawn()
     .map_err(|e| DaemonError::Thread("upkeep", e))?;
-    let http = match config.listen {
-        Some(addr) => serve(addr, &config.data_dir, live).await?,
-        None => None,
-    };
+    if let Some(addr) = config.listen {
+        serve(addr, &config.data_dir, live).await?;
+    }
     notify("READY=1");
 
     let mut check = tokio::time::interval(Duration::from_millis(500));
@@ -212,9 +214,6 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let reader_result = reader.join();
     let summary = stage.join();
     let upkeep_result = upkeep.join();
-    if let Some(rt) = http {
-        rt.shutdown_background();
-    }
     let died = |name: &'static str, panic: Box<dyn std::any::Any + Send>| {
         let why = panic
             .downcast_ref::<&str>()
@@ -265,20 +264,14 @@ fn reload(config: &DaemonConfig, settings: &Mutex<Reloadable>, control: &mpsc::S
     *current = new;
 }
 
-/// Starts the UI, API and /metrics on a small runtime of their own, so that a slow request
-/// never takes a thread the daemon's stages need. `None` when it cannot listen: profiling
-/// matters more than the UI.
+/// Starts the UI, API and /metrics. The server runs on a thread and runtime of its own at low
+/// CPU priority (`serve::listener`), so a slow request never takes a thread the daemon's stages
+/// need. Profiling matters more than the UI: when it cannot listen, the daemon goes on without.
 async fn serve(
     addr: std::net::SocketAddr,
     data_dir: &std::path::Path,
     live: Arc<Mutex<crate::serve::metrics::Live>>,
-) -> Result<Option<tokio::runtime::Runtime>, DaemonError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("http")
-        .enable_all()
-        .build()
-        .map_err(|e| DaemonError::Thread("http", e))?;
+) -> Result<(), DaemonError> {
     let token = crate::serve::new_token().map_err(|e| StoreError::Io("/dev/urandom".into(), e))?;
     let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "[::1]".to_string()];
     hosts.push(match addr.ip() {
@@ -286,31 +279,22 @@ async fn serve(
         ip => ip.to_string(),
     });
     let state = crate::serve::AppState { data_dir: data_dir.to_path_buf(), live, token: token.clone(), hosts };
-    match rt.spawn(crate::serve::spawn(addr, state)).await {
-        Ok(Ok(bound)) => {
+    match crate::serve::spawn(addr, state).await {
+        Ok(bound) => {
             let url = format!("http://{bound}/#token={token}");
             write_private(&data_dir.join(crate::serve::URL_FILE), &url)?;
             tracing::info!(
                 url = %format_args!("http://{bound}/"),
                 "UI, JSON API and /metrics listening (`profiler ui` prints the address with its token)"
             );
-            Ok(Some(rt))
         }
-        failed => {
-            let error = match failed {
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-                Ok(Ok(_)) => unreachable!(),
-            };
-            tracing::error!(
-                address = %addr,
-                error,
-                "cannot listen; running without the UI (use --listen to pick another address)"
-            );
-            rt.shutdown_background();
-            Ok(None)
-        }
+        Err(e) => tracing::error!(
+            address = %addr,
+            error = %e,
+            "cannot listen; running without the UI (use --listen to pick another address)"
+        ),
     }
+    Ok(())
 }
 
 /// Writes a root-only file.

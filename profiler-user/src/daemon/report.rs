@@ -66,6 +66,7 @@ impl Report {
             cached_modules = s.modules,
             cached_stacks = s.stacks,
             cached_names = s.names,
+            files_refused = s.files_refused,
             stack_hits = s.stack_hits,
             stack_total = s.stack_hits + s.stack_misses,
             "self report"

@@ -365,6 +365,7 @@ impl Stage {
         l.cached_modules = symbols.modules as u64;
         l.cached_stacks = symbols.stacks as u64;
         l.cached_names = symbols.names as u64;
+        l.files_refused = symbols.files_refused;
     }
 }
 

@@ -41,6 +41,9 @@ pub struct Live {
     pub cached_modules: u64,
     pub cached_stacks: u64,
     pub cached_names: u64,
+    /// Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many
+    /// open), whose frames are named by module only.
+    pub files_refused: u64,
 }
 
 pub fn render(l: &Live) -> String {
@@ -219,6 +222,12 @@ pub fn render(l: &Live) -> String {
             ("{kind=\"stacks\"}".to_string(), l.cached_stacks as f64),
             ("{kind=\"names\"}".to_string(), l.cached_names as f64),
         ],
+    );
+    family(
+        "profiler_symbol_files_refused_total",
+        "counter",
+        "Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many open); their frames are named by module only.",
+        vec![(String::new(), l.files_refused as f64)],
     );
     family(
         "profiler_sampling_frequency_hertz",
