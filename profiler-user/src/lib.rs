@@ -17,4 +17,5 @@ pub mod serve;
 pub mod store;
 pub mod symbolize;
 pub mod synth;
+pub mod text;
 pub mod timespec;

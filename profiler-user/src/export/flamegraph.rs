@@ -20,8 +20,8 @@ pub fn write_folded(folded: &Folded, mut out: impl Write) -> Result<(), RenderEr
 pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) -> Result<(), RenderError> {
     let lines = folded.lines();
     let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_string();
-    options.subtitle = Some(subtitle.to_string());
+    options.title = crate::text::visible(title).into_owned();
+    options.subtitle = Some(crate::text::visible(subtitle).into_owned());
     options.hash = true;
     options.deterministic = true;
     options.count_name = "samples".into();
@@ -45,8 +45,8 @@ pub fn write_diff_svg(
     inferno::differential::from_readers(opts, &join(baseline)[..], &join(after)[..], &mut diff)?;
     let text = String::from_utf8_lossy(&diff);
     let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_string();
-    options.subtitle = Some(subtitle.to_string());
+    options.title = crate::text::visible(title).into_owned();
+    options.subtitle = Some(crate::text::visible(subtitle).into_owned());
     options.count_name = "samples".into();
     options.deterministic = true;
     inferno::flamegraph::from_lines(&mut options, text.lines(), out)?;

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use super::ExportError;
-use crate::query::SampleRef;
+use crate::{query::SampleRef, text};
 
 pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
     writeln!(out, "# ========")?;
@@ -19,8 +19,11 @@ pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
 pub fn write_sample(s: &SampleRef<'_>, mut out: impl Write) -> Result<(), ExportError> {
     for _ in 0..s.count.max(1) {
         let (secs, micros) = (s.ts_ns / 1_000_000_000, (s.ts_ns % 1_000_000_000) / 1000);
-        writeln!(out, "{} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: 1 cpu-clock: ", s.comm, s.pid, s.tid, s.cpu)?;
+        let comm = text::perf_comm(s.comm);
+        writeln!(out, "{comm} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: 1 cpu-clock: ", s.pid, s.tid, s.cpu)?;
         for &(name, kernel) in s.frames.iter().rev() {
+            // Each name by perf script's rule: one line, no parser-reserved pattern, no fake mark.
+            let name = text::perf_frame(name, !kernel);
             if kernel {
                 writeln!(out, "\t{:>16x} {name} ([kernel.kallsyms])", 0)?;
             } else if name.starts_with("[unknown] (") {

@@ -130,7 +130,8 @@ impl Builder {
             return id;
         }
         let id = self.profile.location.len() as u64 + 1;
-        let shown = if kernel { format!("{name} [kernel]") } else { name.to_string() };
+        // A user name cannot end like the kernel mark (`text::unmarked`).
+        let shown = if kernel { format!("{name} [kernel]") } else { crate::text::unmarked(name).into_owned() };
         let n = self.string(&shown);
         self.profile.function.push(Function { id, name: n, system_name: n });
         self.profile.location.push(Location { id, line: vec![Line { function_id: id }] });

@@ -29,8 +29,11 @@ impl Builder {
     }
 
     pub fn add(&mut self, s: &SampleRef<'_>, period_ns: u64) {
-        let stack: Vec<usize> =
-            s.frames.iter().map(|&(n, k)| if k { self.frame(&format!("{n} [k]")) } else { self.frame(n) }).collect();
+        let stack: Vec<usize> = s
+            .frames
+            .iter()
+            .map(|&(n, k)| if k { self.frame(&format!("{n} [k]")) } else { self.frame(&crate::text::unmarked(n)) })
+            .collect();
         let p = self.profiles.entry((s.pid, s.comm.to_string())).or_insert((Vec::new(), Vec::new(), s.ts_ns, s.ts_ns));
         p.0.push(stack);
         p.1.push(s.count * period_ns);
