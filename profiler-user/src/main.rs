@@ -19,7 +19,7 @@ use profiler::{
     query::{self, Filter, Window},
     store::writer::WriterLimits,
     store::{Meta, Store},
-    timespec,
+    text, timespec,
 };
 
 const DEFAULT_DATA_DIR: &str = "/var/lib/profiler";
@@ -363,7 +363,8 @@ fn main() -> ExitCode {
                     msg.push_str(&c);
                 }
             }
-            eprintln!("profiler: {msg}");
+            // Errors can name a comm or a file a user chose: no raw control bytes on the terminal.
+            eprintln!("profiler: {}", text::visible(&msg));
             ExitCode::FAILURE
         }
     }
@@ -465,7 +466,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let url = std::fs::read_to_string(&path).with_context(|| {
                 format!("no UI address in {} (is the daemon running with its UI on?)", path.display())
             })?;
-            println!("{}", url.trim());
+            println!("{}", text::visible(url.trim()));
             Ok(())
         }
         Command::Heatmap { dir, window, filter, rows, format, output } => {
@@ -668,7 +669,15 @@ fn findings(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyh
             Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
             None => "open".to_string(),
         };
-        format!("{}  {:?}  {} .. {}\n    {}", f.id, f.severity, timespec::format(f.start_ns), end, f.summary)
+        // Summaries name processes (comm) and functions: untrusted text.
+        format!(
+            "{}  {:?}  {} .. {}\n    {}",
+            text::visible(&f.id),
+            f.severity,
+            timespec::format(f.start_ns),
+            end,
+            text::visible(&f.summary)
+        )
     })
 }
 
@@ -676,7 +685,7 @@ fn events(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow
     profiler::store::check_dir(data_dir)?;
     let w = window_of(from, to)?;
     print_list(&detect::log::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
-        format!("{}  {}  {}", e.id, timespec::format(e.ts_ns), e.message)
+        format!("{}  {}  {}", text::visible(&e.id), timespec::format(e.ts_ns), text::visible(&e.message))
     })
 }
 
@@ -728,10 +737,10 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
-    println!("data dir     {}", data_dir.display());
+    println!("data dir     {}", text::visible(&data_dir.display().to_string()));
     println!("daemon       {}", if daemon_running { "running" } else { "not running" });
     if let Some(m) = &meta {
-        println!("machine      {} ({} CPUs), sampled at {} Hz", m.hostname, m.cpus, m.frequency_hz);
+        println!("machine      {} ({} CPUs), sampled at {} Hz", text::visible(&m.hostname), m.cpus, m.frequency_hz);
     }
     println!(
         "store        {:.2} MiB in {} segments, {} blocks",
