@@ -93,4 +93,26 @@ mod tests {
         assert!(a.contains("<svg") && a.contains("spin (7 samples") && a.contains("ksys_read (3 samples"));
         assert_eq!(a, render());
     }
+
+    #[test]
+    fn hostile_titles_and_frames_keep_the_svg_valid_xml() {
+        let evil = "evil\x1b[31m\x07\r\n<&>\u{1}";
+        let mut f = Folded::default();
+        let frame = crate::text::folded_frame(evil, true);
+        f.stacks.insert(format!("{frame};spin"), 5);
+        for diff in [false, true] {
+            let mut out = Vec::new();
+            if diff {
+                write_diff_svg(&f, &f, evil, evil, &mut out).unwrap();
+            } else {
+                write_svg(&f, evil, evil, &mut out).unwrap();
+            }
+            let svg = String::from_utf8(out).unwrap();
+            // inferno's SVG names the SVG 1.1 DTD.
+            let opt = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+            let doc = roxmltree::Document::parse_with_options(&svg, opt).unwrap_or_else(|e| panic!("invalid XML ({e}): {svg}"));
+            let texts: String = doc.descendants().filter_map(|n| n.text()).collect();
+            assert!(texts.contains("evil\\x1b[31m\\x07\\r\\n<&>\\x01"), "{texts}");
+        }
+    }
 }
