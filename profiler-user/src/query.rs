@@ -664,7 +664,7 @@ mod tests {
         assert_eq!(fold_line(&dict, 0, 1), "evil 999999\\nfake;f:g_[k]");
         let mut dict = Dict { strings: vec!["x 12".into(), "x_[k]".into()], ..Default::default() };
         dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: false });
-        assert_eq!(fold_line(&dict, 0, 1), "x_12;x_(k)", "a user frame cannot pass for a kernel one");
+        assert_eq!(fold_line(&dict, 0, 1), "x_12;x_{k}", "a user frame cannot pass for a kernel one");
         let (_dir, mut store) = write_store(&samples()[..10], &[]);
         let w = Window::new(1, T0).unwrap();
         assert!(matches!(subsecond_grid(&mut store, w, 50, &Filter::default()), Err(QueryError::TooLong { .. })));

@@ -44,14 +44,14 @@ pub fn visible(s: &str) -> Cow<'_, str> {
 /// speedscope (` [k]`).
 const MARKS: [&str; 6] = ["_[k]", "_[j]", "_[i]", "_[w]", " [kernel]", " [k]"];
 
-/// A user-space function name that ends like a mark gets its brackets turned into parentheses
-/// (`x_[k]` → `x_(k)`), so only frames we mark as kernel read as kernel frames, in every
-/// format.
+/// A user-space function name that ends like a mark gets its brackets turned into braces
+/// (`x_[k]` → `x_{k}`), so only frames we mark as kernel read as kernel frames, in every
+/// format. Braces, not parentheses: collapse-perf drops a trailing `(...)` as an argument list.
 pub fn unmarked(name: &str) -> Cow<'_, str> {
     match MARKS.iter().find(|m| name.ends_with(*m)) {
         Some(m) => {
             let head = &name[..name.len() - m.len()];
-            Cow::Owned(format!("{head}{}", m.replace('[', "(").replace(']', ")")))
+            Cow::Owned(format!("{head}{}", m.replace('[', "{").replace(']', "}")))
         }
         None => Cow::Borrowed(name),
     }
@@ -90,8 +90,15 @@ fn trailing_number(s: &str) -> Option<usize> {
 /// The comm on a perf-script event line (`comm pid/tid [cpu] secs: ...`). Parsers find the pid
 /// as the first all-digit word (inferno-collapse-perf, stackcollapse-perf.pl), so a comm with a
 /// word of digits (`x 123 y`) has its spaces written `_`; other spaces stay, as perf prints them.
+/// `;` is written `:` as in folded output, since every reader of perf script folds it.
 pub fn perf_comm(comm: &str) -> Cow<'_, str> {
-    let s = visible(comm);
+    let mut s = visible(comm);
+    if MARKS.iter().any(|m| s.ends_with(m)) {
+        s = Cow::Owned(unmarked(&s).into_owned());
+    }
+    if s.contains(';') {
+        s = Cow::Owned(s.replace(';', ":"));
+    }
     let digit_word = s.split(' ').skip(1).any(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_digit() || c == '/'));
     if digit_word { Cow::Owned(s.replace(' ', "_")) } else { s }
 }
@@ -99,9 +106,13 @@ pub fn perf_comm(comm: &str) -> Cow<'_, str> {
 /// A function name on a perf-script frame line (`\t<addr> <name> (<dso>)`). The name ends at
 /// the last space before `(<dso>)`, so spaces are fine; but parsers strip a trailing `+0x<hex>`
 /// (an offset), drop a name starting with `(`, and split Java inlining at `->`: those are written
-/// `+_0x`, `_(`, `-_>`. `user`: as in [`folded_frame`].
+/// `+_0x`, `_(`, `-_>`; and `;` is written `:`, as in folded output, since every reader of perf
+/// script folds it. `user`: as in [`folded_frame`].
 pub fn perf_frame(name: &str, user: bool) -> Cow<'_, str> {
     let mut s = visible(name);
+    if s.contains(';') {
+        s = Cow::Owned(s.replace(';', ":"));
+    }
     if user && MARKS.iter().any(|m| s.ends_with(m)) {
         s = Cow::Owned(unmarked(&s).into_owned());
     }
@@ -142,13 +153,13 @@ mod tests {
 
     #[test]
     fn a_user_name_cannot_fake_a_mark() {
-        assert_eq!(unmarked("x_[k]"), "x_(k)");
-        assert_eq!(unmarked("x [kernel]"), "x (kernel)");
+        assert_eq!(unmarked("x_[k]"), "x_{k}");
+        assert_eq!(unmarked("x [kernel]"), "x {kernel}");
         assert_eq!(unmarked("x[k]"), "x[k]");
-        assert_eq!(unmarked("x [k]"), "x (k)");
-        assert_eq!(folded_frame("x_[k]", true), "x_(k)");
+        assert_eq!(unmarked("x [k]"), "x {k}");
+        assert_eq!(folded_frame("x_[k]", true), "x_{k}");
         assert_eq!(folded_frame("ksys_read", false), "ksys_read");
-        assert_eq!(perf_frame("evil;name_[k]", true), "evil;name_(k)");
+        assert_eq!(perf_frame("evil;name_[k]", true), "evil:name_{k}");
     }
 
     #[test]

@@ -110,9 +110,23 @@ mod tests {
             let svg = String::from_utf8(out).unwrap();
             // inferno's SVG names the SVG 1.1 DTD.
             let opt = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
-            let doc = roxmltree::Document::parse_with_options(&svg, opt).unwrap_or_else(|e| panic!("invalid XML ({e}): {svg}"));
+            let doc = roxmltree::Document::parse_with_options(&svg, opt)
+                .unwrap_or_else(|e| panic!("invalid XML ({e}): {svg}"));
             let texts: String = doc.descendants().filter_map(|n| n.text()).collect();
             assert!(texts.contains("evil\\x1b[31m\\x07\\r\\n<&>\\x01"), "{texts}");
         }
+    }
+
+    /// inferno reads a folded line ending in two numbers as a differential one: a name ending in
+    /// ` <digits>` would lose its digits and its count. The folded rule keeps both.
+    #[test]
+    fn a_trailing_number_in_a_name_keeps_its_count() {
+        let mut f = Folded::default();
+        let (comm, leaf) = (crate::text::folded_frame("app 7", true), crate::text::folded_frame("x 12", true));
+        f.stacks.insert(format!("{comm};main;{leaf}"), 5);
+        let mut out = Vec::new();
+        write_svg(&f, "t", "s", &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        assert!(svg.contains("x_12 (5 samples") && svg.contains("app_7 (5 samples"), "{svg}");
     }
 }

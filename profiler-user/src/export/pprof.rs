@@ -205,4 +205,23 @@ mod tests {
         assert!(labels.contains(&("cpu", 1)) && labels.contains(&("timestamp_ns", 1002)), "{labels:?}");
         assert_eq!(s(p.sample_type[0].r#type), "samples");
     }
+
+    /// pprof is structured: names travel exactly, but a user frame cannot end like our kernel mark.
+    #[test]
+    fn hostile_names_round_trip_and_cannot_fake_the_kernel_mark() {
+        let frames = [("evil\n;x 12\x1b", false), ("x [kernel]", false), ("read_zero", true)];
+        let mut b = Builder::new(99);
+        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 });
+        let mut gz = Vec::new();
+        b.finish(&mut gz).unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        let p = Profile::decode(&raw[..]).unwrap();
+        let names: Vec<&str> = p.sample[0]
+            .location_id
+            .iter()
+            .map(|&l| p.string_table[p.function[(l - 1) as usize].name as usize].as_str())
+            .collect();
+        assert_eq!(names, ["read_zero [kernel]", "x {kernel}", "evil\n;x 12\x1b", "a\tb;c 5"]);
+    }
 }

@@ -64,3 +64,24 @@ impl Builder {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// speedscope's format is JSON: names travel exactly, but a user frame cannot end like our
+    /// kernel mark.
+    #[test]
+    fn hostile_names_round_trip_and_cannot_fake_the_kernel_mark() {
+        let frames = [("evil\n;x 12\x1b", false), ("x [k]", false), ("read_zero", true)];
+        let mut b = Builder::default();
+        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 }, 10);
+        let mut out = Vec::new();
+        b.finish("p", &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let names: Vec<&str> =
+            v["shared"]["frames"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["evil\n;x 12\x1b", "x {k}", "read_zero [k]"]);
+        assert_eq!(v["profiles"][0]["name"], "a\tb;c 5 (pid 1)");
+    }
+}
