@@ -180,7 +180,7 @@ struct RunArgs {
     /// Samples per second on each CPU [default: 99].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     frequency: Option<u64>,
-    /// Size of the BPF ring buffer in KiB, a power of two [default: 4096].
+    /// Size of the BPF ring buffer in KiB, a power of two from 4 to 1048576 [default: 4096].
     #[arg(long)]
     ring_buffer_kib: Option<u32>,
     /// How often samples are written to disk, in milliseconds [default: 500].
@@ -235,6 +235,10 @@ impl RunArgs {
                 "flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)"
             );
         }
+        let report_secs = self.report_secs.or(file.report_secs).unwrap_or(10);
+        if !(1..=86_400).contains(&report_secs) {
+            anyhow::bail!("report_secs {report_secs} is out of range: use 1 to 86400 seconds");
+        }
         let store_flags =
             config::StoreFlags { max_size: self.max_size, max_age: self.max_age, rollup_after: self.rollup_after };
         let settings = config::Reloadable::from(&file, &store_flags)?;
@@ -250,14 +254,14 @@ impl RunArgs {
             listen,
             data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             frequency_hz: frequency,
-            ring_bytes: self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096).saturating_mul(1024),
+            ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,
             flush_interval: Duration::from_millis(flush_ms),
-            report_interval: Duration::from_secs(self.report_secs.or(file.report_secs).unwrap_or(10).max(1)),
+            report_interval: Duration::from_secs(report_secs),
             settings,
             config_path: self.config,
             store_flags,
             limits: WriterLimits {
-                dict_cap: store.dict_cap.unwrap_or(WriterLimits::default().dict_cap),
+                dict_cap: config::dict_cap(store.dict_cap.unwrap_or(WriterLimits::default().dict_cap))?,
                 ..Default::default()
             },
             event_patterns: file
