@@ -11,6 +11,7 @@ pub mod detect;
 pub mod export;
 pub mod logs;
 pub mod model;
+pub mod outfile;
 pub mod pipeline;
 pub mod query;
 pub mod serve;

@@ -16,6 +16,7 @@ use profiler::{
     detect,
     export::{cputime, flamegraph, heatmap, perf_script, pprof, report, speedscope},
     logs,
+    outfile::OutFile,
     query::{self, Filter, Window},
     store::writer::WriterLimits,
     store::{Meta, Store},
@@ -436,7 +437,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     timespec::format(base_window.to_ns)
                 );
                 flamegraph::write_diff_svg(&baseline, &folded, "Differential CPU flamegraph", &subtitle, &mut out)?;
-                out.flush()?;
+                out.finish()?;
                 return Ok(());
             }
             match format {
@@ -459,7 +460,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     flamegraph::write_svg(&folded, &title, &subtitle, &mut out)?
                 }
             }
-            Ok(())
+            out.finish()
         }
         Command::Status { dir, format } => status(&dir.data_dir, format),
         Command::Findings { dir, from, to, format } => findings(&dir.data_dir, &from, &to, format),
@@ -493,7 +494,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     heatmap::write_html(&svg, &title, &mut out)?;
                 }
             }
-            out.flush()?;
+            out.finish()?;
             Ok(())
         }
         Command::Cputime { dir, window, bucket, format, output } => {
@@ -519,7 +520,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     heatmap::write_html(&svg, &title, &mut out)?;
                 }
             }
-            out.flush()?;
+            out.finish()?;
             Ok(())
         }
         Command::Export { dir, window, filter, format, output } => {
@@ -561,7 +562,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     )?;
                 }
             }
-            out.flush()?;
+            out.finish()?;
             Ok(())
         }
         Command::Events { dir, from, to, format } => events(&dir.data_dir, &from, &to, format),
@@ -640,7 +641,7 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
     };
     let mut out = open_output(Some(output))?;
     report::write_html(&r, &mut out)?;
-    out.flush()?;
+    out.finish()?;
     Ok(())
 }
 
@@ -713,13 +714,43 @@ fn print_list<T: serde::Serialize>(
     Ok(())
 }
 
-fn open_output(path: Option<&Path>) -> anyhow::Result<Box<dyn Write>> {
+fn open_output(path: Option<&Path>) -> anyhow::Result<Output> {
     Ok(match path {
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
-        Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        )),
+        None => Output::Stdout(std::io::BufWriter::new(std::io::stdout().lock())),
+        Some(p) => Output::File(OutFile::create(p)?),
     })
+}
+
+/// Where a command's output goes: stdout, or an `-o` file (0600, put in place by `finish`).
+enum Output {
+    Stdout(std::io::BufWriter<std::io::StdoutLock<'static>>),
+    File(OutFile),
+}
+
+impl Output {
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Output::Stdout(mut w) => w.flush()?,
+            Output::File(f) => f.finish()?,
+        }
+        Ok(())
+    }
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Output::Stdout(w) => w.write(buf),
+            Output::File(f) => f.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Output::Stdout(w) => w.flush(),
+            Output::File(f) => f.flush(),
+        }
+    }
 }
 
 fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
