@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 /// Thread names (comm: at most 15 bytes), the first for the main thread.
-pub const COMMS: [&str; 5] = ["\x1b[31mE\x07\r\n;x 12", "t\tab;c 5", "x_[k]", "a\nb 7", "\x1b]0;pwn\x07"];
+pub const COMMS: [&str; 5] = ["\x1b[31mE\x07\r\n;x 12", "t\tab;c 5", "\x07x_[k]", "a\nb 7", "\x1b]0;pwn\x07"];
 
 /// Spins until `deadline` under a name that holds `;` and ends like a kernel frame.
 #[unsafe(export_name = "evil;name_[k]")]
