@@ -126,7 +126,8 @@ pub fn perf_frame(name: &str, user: bool) -> Cow<'_, str> {
         o.replace_range(i..i + 1, "+_");
         s = Cow::Owned(o);
     }
-    if s.starts_with('(') {
+    // Readers trim the name before looking at its first character.
+    if s.trim_start().starts_with('(') {
         s = Cow::Owned(format!("_{s}"));
     }
     if s.is_empty() {
@@ -179,6 +180,25 @@ mod tests {
         assert_eq!(perf_frame("foo+0x1f", true), "foo+_0x1f");
         assert_eq!(perf_frame("(anonymous namespace)::f", true), "_(anonymous namespace)::f");
         assert_eq!(perf_frame("a->b", true), "a-_>b");
+        assert_eq!(perf_frame(" (x)", true), "_ (x)");
         assert_eq!(perf_frame("", true), "[unknown]");
+    }
+
+    proptest::proptest! {
+        /// Whatever the name, each format's rule leaves nothing a reader would take as a record,
+        /// frame or count separator, or as a kernel mark.
+        #[test]
+        fn rules_hold_for_any_name(name in "(\\PC|[\\x00-\\x1f\\x7f\\u{80}-\\u{9f};_\\[\\]k 0-9+x()>-]){0,24}") {
+            proptest::prop_assert!(!visible(&name).chars().any(hidden));
+            let f = folded_frame(&name, true);
+            proptest::prop_assert!(!f.chars().any(hidden) && !f.contains(';'));
+            proptest::prop_assert!(!MARKS.iter().any(|m| f.ends_with(m)), "{f}");
+            proptest::prop_assert!(trailing_number(&f).is_none(), "{f}");
+            let p = perf_frame(&name, true);
+            proptest::prop_assert!(!p.chars().any(hidden) && !p.contains(';') && !p.contains("->") && !p.trim_start().starts_with('('));
+            proptest::prop_assert!(!MARKS.iter().any(|m| p.ends_with(m)), "{p}");
+            let c = perf_comm(&name);
+            proptest::prop_assert!(!c.chars().any(hidden) && !c.contains(';'));
+        }
     }
 }
