@@ -17,6 +17,85 @@ pub enum ConfigError {
     Size { what: &'static str, value: String },
     #[error("{what} '{value}' is not a duration: use a number with a unit, such as 30m, 24h or 7d")]
     Duration { what: &'static str, value: String },
+    #[error("{key} = {value} is out of range: use {allowed}")]
+    Range { key: &'static str, value: String, allowed: &'static str },
+    #[error("config file {0} is not a regular file: give the path of a TOML file")]
+    NotAFile(PathBuf),
+    #[error("config file {0} is larger than {MAX_CONFIG_BYTES} bytes: is it the right file?")]
+    TooLarge(PathBuf),
+}
+
+/// A config file is a few lines; anything bigger is a wrong path (`--config /dev/zero` must
+/// not fill memory).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Ring buffer sizes `--ring-buffer-kib` accepts: a power of two from one page to 1 GiB (the
+/// kernel wants a power-of-two multiple of the page size; more than 1 GiB of locked memory for
+/// samples is a typo).
+pub const RING_KIB: std::ops::RangeInclusive<u32> = 4..=1 << 20;
+
+/// The ring buffer's size in bytes, refusing what is not a power of two in [`RING_KIB`] rather
+/// than rounding it silently.
+pub fn ring_buffer_bytes(kib: u32) -> Result<u32, ConfigError> {
+    if RING_KIB.contains(&kib) && kib.is_power_of_two() {
+        Ok(kib * 1024)
+    } else {
+        Err(ConfigError::Range {
+            key: "ring_buffer_kib",
+            value: kib.to_string(),
+            allowed: "a power of two from 4 to 1048576 (4 KiB to 1 GiB), such as 4096",
+        })
+    }
+}
+
+/// Range checks for every `[detect]` threshold: NaN, negative shares and windows that would
+/// keep an hour of ticks in memory are refused with the key and the allowed range.
+pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError> {
+    fn share(key: &'static str, v: f64, zero_ok: bool) -> Result<(), ConfigError> {
+        let ok = v.is_finite() && v <= 1.0 && (v > 0.0 || (zero_ok && v == 0.0));
+        let allowed =
+            if zero_ok { "a share from 0 to 1, such as 0.6" } else { "a share above 0 and at most 1, such as 0.5" };
+        ok.then_some(()).ok_or(ConfigError::Range { key, value: v.to_string(), allowed })
+    }
+    fn float(key: &'static str, v: f64, max: f64, allowed: &'static str) -> Result<(), ConfigError> {
+        (v.is_finite() && v > 0.0 && v <= max).then_some(()).ok_or(ConfigError::Range {
+            key,
+            value: v.to_string(),
+            allowed,
+        })
+    }
+    fn int(
+        key: &'static str,
+        v: u64,
+        range: std::ops::RangeInclusive<u64>,
+        allowed: &'static str,
+    ) -> Result<(), ConfigError> {
+        range.contains(&v).then_some(()).ok_or(ConfigError::Range { key, value: v.to_string(), allowed })
+    }
+    share("detect.saturated_busy", t.saturated_busy, false)?;
+    int("detect.saturated_secs", t.saturated_secs.into(), 1..=600, "1 to 600 seconds")?;
+    share("detect.machine_busy_max", t.machine_busy_max, true)?;
+    // Detector 2 keeps every busy tick of the window in memory.
+    int("detect.hot_window_secs", t.hot_window_secs.into(), 1..=60, "1 to 60 seconds")?;
+    share("detect.hot_share", t.hot_share, false)?;
+    share("detect.watch_share", t.watch_share, false)?;
+    float("detect.netrx_p99_ms", t.netrx_p99_ms, 10_000.0, "above 0 and at most 10000 ms")?;
+    float("detect.netrx_gap_ms", t.netrx_gap_ms, 60_000.0, "above 0 and at most 60000 ms")?;
+    int("detect.zombie_min", t.zombie_min, 1..=100_000_000, "1 to 100000000")?;
+    float("detect.zombie_ratio", t.zombie_ratio, 1e6, "above 0 and at most 1000000")?;
+    Ok(())
+}
+
+/// Dictionary entries a segment may hold before a new dictionary starts (memory per segment).
+pub const DICT_CAP: std::ops::RangeInclusive<usize> = 1_000..=10_000_000;
+
+/// `store.dict_cap`, range-checked.
+pub fn dict_cap(v: usize) -> Result<usize, ConfigError> {
+    DICT_CAP.contains(&v).then_some(v).ok_or(ConfigError::Range {
+        key: "store.dict_cap",
+        value: v.to_string(),
+        allowed: "1000 to 10000000 entries",
+    })
 }
 
 /// The `[store]` table.
@@ -60,8 +139,22 @@ pub struct EventsFile {
 }
 
 impl ConfigFile {
+    /// Reads at most [`MAX_CONFIG_BYTES`] of a regular file (a FIFO or a device is refused
+    /// before any read, so `/dev/zero` or a pipe nobody writes cannot fill memory or hang).
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_path_buf(), e))?;
+        use std::{io::Read, os::unix::fs::OpenOptionsExt};
+        let read_err = |e| ConfigError::Read(path.to_path_buf(), e);
+        // O_NONBLOCK: opening a FIFO must not wait for a writer; the type check follows.
+        let file =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(read_err)?;
+        if !file.metadata().map_err(read_err)?.is_file() {
+            return Err(ConfigError::NotAFile(path.to_path_buf()));
+        }
+        let mut text = String::new();
+        file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text).map_err(read_err)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge(path.to_path_buf()));
+        }
         toml::from_str(&text).map_err(|e| ConfigError::Parse(path.to_path_buf(), e.message().to_string()))
     }
 }
@@ -126,6 +219,7 @@ impl Reloadable {
         let pick = |flag: &Option<String>, file: &Option<String>, default: &str| {
             flag.clone().or_else(|| file.clone()).unwrap_or_else(|| default.to_string())
         };
+        check_thresholds(&file.detect)?;
         Ok(Self {
             thresholds: file.detect.clone(),
             retention: retention(
@@ -148,6 +242,65 @@ pub fn retention(max_size: &str, max_age: &str) -> Result<Retention, ConfigError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_sizes_are_refused_not_rounded() {
+        assert_eq!(ring_buffer_bytes(4096).unwrap(), 4 << 20);
+        assert_eq!(ring_buffer_bytes(4).unwrap(), 4096);
+        assert_eq!(ring_buffer_bytes(1 << 20).unwrap(), 1 << 30);
+        for bad in [0, 1, 2, 3, 5, 4095, 3000, 1 << 21, u32::MAX, 4_194_304] {
+            let e = ring_buffer_bytes(bad).unwrap_err().to_string();
+            assert!(e.contains("ring_buffer_kib") && e.contains("power of two"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn thresholds_out_of_range_are_refused_with_their_key() {
+        assert!(check_thresholds(&crate::detect::Thresholds::default()).is_ok());
+        for (toml, key) in [
+            ("saturated_busy = nan", "detect.saturated_busy"),
+            ("saturated_busy = -1.0", "detect.saturated_busy"),
+            ("saturated_busy = 0.0", "detect.saturated_busy"),
+            ("saturated_busy = 1.5", "detect.saturated_busy"),
+            ("machine_busy_max = inf", "detect.machine_busy_max"),
+            ("hot_window_secs = 3600", "detect.hot_window_secs"),
+            ("hot_window_secs = 0", "detect.hot_window_secs"),
+            ("saturated_secs = 0", "detect.saturated_secs"),
+            ("hot_share = -0.1", "detect.hot_share"),
+            ("watch_share = nan", "detect.watch_share"),
+            ("netrx_p99_ms = 0.0", "detect.netrx_p99_ms"),
+            ("netrx_gap_ms = -5.0", "detect.netrx_gap_ms"),
+            ("zombie_min = 0", "detect.zombie_min"),
+            ("zombie_ratio = nan", "detect.zombie_ratio"),
+        ] {
+            let file: ConfigFile = toml::from_str(&format!("[detect]\n{toml}\n")).unwrap();
+            let e = Reloadable::from(&file, &StoreFlags::default()).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{key} = ")) && e.contains("out of range: use"), "{toml}: {e}");
+        }
+        assert!(dict_cap(200_000).is_ok());
+        assert!(dict_cap(0).unwrap_err().to_string().contains("store.dict_cap = 0 is out of range"));
+    }
+
+    #[test]
+    fn config_files_are_small_regular_files() {
+        let e = ConfigFile::load(std::path::Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero is not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let e = ConfigFile::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = ConfigFile::load(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "a FIFO nobody writes neither hangs nor is read: {e}");
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, format!("# {}\n", "x".repeat(MAX_CONFIG_BYTES as usize))).unwrap();
+        assert!(ConfigFile::load(&big).unwrap_err().to_string().contains("is larger than"));
+        let ok = dir.path().join("ok.toml");
+        std::fs::write(&ok, "frequency = 49\n").unwrap();
+        assert_eq!(ConfigFile::load(&ok).unwrap().frequency, Some(49));
+    }
 
     #[test]
     fn sizes() {

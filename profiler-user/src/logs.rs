@@ -10,10 +10,12 @@ use std::{
     os::{fd::AsFd, unix::fs::MetadataExt},
 };
 
+use tracing::field::{Field, Visit};
 use tracing_subscriber::{
     EnvFilter,
+    field::RecordFields,
     filter::LevelFilter,
-    fmt::{self, format::Writer, time::FormatTime},
+    fmt::{self, FormatFields, format::Writer, time::FormatTime},
     prelude::*,
 };
 
@@ -43,8 +45,14 @@ pub fn init(format: Option<Format>) {
     };
     let format = format.unwrap_or(Format::Text);
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let text = (journal.is_none() && format == Format::Text)
-        .then(|| fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_target(false).with_timer(Rfc3339));
+    let text = (journal.is_none() && format == Format::Text).then(|| {
+        fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi)
+            .with_target(false)
+            .with_timer(Rfc3339)
+            .fmt_fields(VisibleFields)
+    });
     let json = (journal.is_none() && format == Format::Json).then(|| {
         fmt::layer()
             .json()
@@ -91,6 +99,53 @@ fn journal_stream_is(var: &str, dev: u64, ino: u64) -> bool {
     d.parse() == Ok(dev) && i.parse() == Ok(ino)
 }
 
+/// The text format's fields: `message` bare, others `key=value`, as tracing's default, but with
+/// control characters shown as escapes (`text::visible`). Messages and fields carry comms,
+/// function names and paths that a local user chose; a raw newline or CR in them would forge
+/// log lines, an ESC would reach the terminal.
+struct VisibleFields;
+
+impl<'w> FormatFields<'w> for VisibleFields {
+    fn format_fields<R: RecordFields>(&self, writer: Writer<'w>, fields: R) -> std::fmt::Result {
+        let mut v = VisibleVisitor { writer, first: true, result: Ok(()) };
+        fields.record(&mut v);
+        v.result
+    }
+}
+
+struct VisibleVisitor<'w> {
+    writer: Writer<'w>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl VisibleVisitor<'_> {
+    fn write(&mut self, field: &Field, value: &str) {
+        if self.result.is_err() {
+            return;
+        }
+        let sep = if self.first { "" } else { " " };
+        self.first = false;
+        let value = crate::text::visible(value);
+        self.result = if field.name() == "message" {
+            write!(self.writer, "{sep}{value}")
+        } else {
+            write!(self.writer, "{sep}{}={value}", field.name().trim_start_matches("r#"))
+        };
+    }
+}
+
+impl Visit for VisibleVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        // As tracing's default: the message bare, other strings quoted (Debug).
+        if field.name() == "message" { self.write(field, value) } else { self.write(field, &format!("{value:?}")) }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.write(field, &format!("{value:?}"));
+    }
+}
+
 /// RFC 3339 in UTC with milliseconds, as everywhere else in the profiler.
 struct Rfc3339;
 
@@ -103,6 +158,45 @@ impl FormatTime for Rfc3339 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The text layer over a buffer, for one event.
+    fn text_line(event: impl FnOnce()) -> String {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let layer = fmt::layer()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_target(false)
+            .without_time()
+            .fmt_fields(VisibleFields);
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), event);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_name_cannot_forge_a_log_line_or_reach_the_terminal() {
+        let comm = "evil\n2026-01-01T00:00:00.000Z  INFO forged\r\x1b[2J\x07";
+        let out = text_line(|| tracing::warn!(comm, pid = 7, error = %comm, "process {comm} is hot"));
+        assert_eq!(out.matches('\n').count(), 1, "one line: {out:?}");
+        assert!(out.ends_with('\n'));
+        assert!(!out.contains(['\r', '\x1b', '\x07']), "{out:?}");
+        assert!(out.contains("process evil\\n2026"), "{out:?}");
+        assert!(out.contains(" pid=7"), "{out:?}");
+        assert!(out.contains("comm=\"evil\\n"), "{out:?}");
+        assert!(out.contains("error=evil\\n"), "{out:?}");
+    }
 
     #[test]
     fn journal_stream_names_one_file() {

@@ -16,10 +16,11 @@ use profiler::{
     detect,
     export::{cputime, flamegraph, heatmap, perf_script, pprof, report, speedscope},
     logs,
+    outfile::OutFile,
     query::{self, Filter, Window},
     store::writer::WriterLimits,
     store::{Meta, Store},
-    timespec,
+    text, timespec,
 };
 
 const DEFAULT_DATA_DIR: &str = "/var/lib/profiler";
@@ -180,7 +181,7 @@ struct RunArgs {
     /// Samples per second on each CPU [default: 99].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     frequency: Option<u64>,
-    /// Size of the BPF ring buffer in KiB, a power of two [default: 4096].
+    /// Size of the BPF ring buffer in KiB, a power of two from 4 to 1048576 [default: 4096].
     #[arg(long)]
     ring_buffer_kib: Option<u32>,
     /// How often samples are written to disk, in milliseconds [default: 500].
@@ -235,6 +236,10 @@ impl RunArgs {
                 "flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)"
             );
         }
+        let report_secs = self.report_secs.or(file.report_secs).unwrap_or(10);
+        if !(1..=86_400).contains(&report_secs) {
+            anyhow::bail!("report_secs {report_secs} is out of range: use 1 to 86400 seconds");
+        }
         let store_flags =
             config::StoreFlags { max_size: self.max_size, max_age: self.max_age, rollup_after: self.rollup_after };
         let settings = config::Reloadable::from(&file, &store_flags)?;
@@ -250,14 +255,14 @@ impl RunArgs {
             listen,
             data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             frequency_hz: frequency,
-            ring_bytes: self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096).saturating_mul(1024),
+            ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,
             flush_interval: Duration::from_millis(flush_ms),
-            report_interval: Duration::from_secs(self.report_secs.or(file.report_secs).unwrap_or(10).max(1)),
+            report_interval: Duration::from_secs(report_secs),
             settings,
             config_path: self.config,
             store_flags,
             limits: WriterLimits {
-                dict_cap: store.dict_cap.unwrap_or(WriterLimits::default().dict_cap),
+                dict_cap: config::dict_cap(store.dict_cap.unwrap_or(WriterLimits::default().dict_cap))?,
                 ..Default::default()
             },
             event_patterns: file
@@ -363,7 +368,8 @@ fn main() -> ExitCode {
                     msg.push_str(&c);
                 }
             }
-            eprintln!("profiler: {msg}");
+            // Errors can name a comm or a file a user chose: no raw control bytes on the terminal.
+            eprintln!("profiler: {}", text::visible(&msg));
             ExitCode::FAILURE
         }
     }
@@ -439,7 +445,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     timespec::format(base_window.to_ns)
                 );
                 flamegraph::write_diff_svg(&baseline, &folded, "Differential CPU flamegraph", &subtitle, &mut out)?;
-                out.flush()?;
+                out.finish()?;
                 return Ok(());
             }
             match format {
@@ -462,7 +468,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     flamegraph::write_svg(&folded, &title, &subtitle, &mut out)?
                 }
             }
-            Ok(())
+            out.finish()
         }
         Command::Status { dir, format } => status(&dir.data_dir, format),
         Command::Findings { dir, from, to, format } => findings(&dir.data_dir, &from, &to, format),
@@ -473,7 +479,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let url = std::fs::read_to_string(&path).with_context(|| {
                 format!("no UI address in {} (is the daemon running with its UI on?)", path.display())
             })?;
-            println!("{}", url.trim());
+            println!("{}", text::visible(url.trim()));
             Ok(())
         }
         Command::Heatmap { dir, window, filter, rows, format, output } => {
@@ -499,7 +505,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     heatmap::write_html(&svg, &title, &mut out)?;
                 }
             }
-            out.flush()?;
+            out.finish()?;
             Ok(())
         }
         Command::Cputime { dir, window, bucket, format, output } => {
@@ -528,7 +534,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     heatmap::write_html(&svg, &title, &mut out)?;
                 }
             }
-            out.flush()?;
+            out.finish()?;
             Ok(())
         }
         Command::Export { dir, window, filter, format, output } => {
@@ -570,7 +576,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     )?;
                 }
             }
-            out.flush()?;
+            out.finish()?;
             Ok(())
         }
         Command::Events { dir, from, to, format } => events(&dir.data_dir, &from, &to, format),
@@ -649,7 +655,7 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
     };
     let mut out = open_output(Some(output))?;
     report::write_html(&r, &mut out)?;
-    out.flush()?;
+    out.finish()?;
     Ok(())
 }
 
@@ -682,7 +688,15 @@ fn findings(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyh
             Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
             None => "open".to_string(),
         };
-        format!("{}  {:?}  {} .. {}\n    {}", f.id, f.severity, timespec::format(f.start_ns), end, f.summary)
+        // Summaries name processes (comm) and functions: untrusted text.
+        format!(
+            "{}  {:?}  {} .. {}\n    {}",
+            text::visible(&f.id),
+            f.severity,
+            timespec::format(f.start_ns),
+            end,
+            text::visible(&f.summary)
+        )
     })
 }
 
@@ -690,7 +704,7 @@ fn events(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow
     profiler::store::check_dir(data_dir)?;
     let w = window_of(from, to)?;
     print_list(&detect::log::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
-        format!("{}  {}  {}", e.id, timespec::format(e.ts_ns), e.message)
+        format!("{}  {}  {}", text::visible(&e.id), timespec::format(e.ts_ns), text::visible(&e.message))
     })
 }
 
@@ -714,13 +728,43 @@ fn print_list<T: serde::Serialize>(
     Ok(())
 }
 
-fn open_output(path: Option<&Path>) -> anyhow::Result<Box<dyn Write>> {
+fn open_output(path: Option<&Path>) -> anyhow::Result<Output> {
     Ok(match path {
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
-        Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        )),
+        None => Output::Stdout(std::io::BufWriter::new(std::io::stdout().lock())),
+        Some(p) => Output::File(OutFile::create(p)?),
     })
+}
+
+/// Where a command's output goes: stdout, or an `-o` file (0600, put in place by `finish`).
+enum Output {
+    Stdout(std::io::BufWriter<std::io::StdoutLock<'static>>),
+    File(OutFile),
+}
+
+impl Output {
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Output::Stdout(mut w) => w.flush()?,
+            Output::File(f) => f.finish()?,
+        }
+        Ok(())
+    }
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Output::Stdout(w) => w.write(buf),
+            Output::File(f) => f.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Output::Stdout(w) => w.flush(),
+            Output::File(f) => f.flush(),
+        }
+    }
 }
 
 fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
@@ -742,10 +786,10 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
-    println!("data dir     {}", data_dir.display());
+    println!("data dir     {}", text::visible(&data_dir.display().to_string()));
     println!("daemon       {}", if daemon_running { "running" } else { "not running" });
     if let Some(m) = &meta {
-        println!("machine      {} ({} CPUs), sampled at {} Hz", m.hostname, m.cpus, m.frequency_hz);
+        println!("machine      {} ({} CPUs), sampled at {} Hz", text::visible(&m.hostname), m.cpus, m.frequency_hz);
     }
     println!(
         "store        {:.2} MiB in {} segments, {} blocks",

@@ -123,16 +123,10 @@ impl Folded {
 
 /// Frame names can not contain the folded format's separators: `;` becomes `:`, and control
 /// characters (a process can put a newline in its comm) become `?`.
-fn push_name(line: &mut String, name: &str) {
-    if name.contains(|c: char| c == ';' || c.is_control()) {
-        line.extend(name.chars().map(|c| match c {
-            ';' => ':',
-            c if c.is_control() => '?',
-            c => c,
-        }));
-    } else {
-        line.push_str(name);
-    }
+/// One name of a folded line, by the folded format's rule (`text::folded_frame`). `user`: the comm
+/// or a user-space frame, which must not end like the kernel mark.
+fn push_name(line: &mut String, name: &str, user: bool) {
+    line.push_str(&crate::text::folded_frame(name, user));
 }
 
 /// The folded line of one stored stack: comm, user frames, kernel frames marked `_[k]`.
@@ -143,11 +137,11 @@ pub fn fold_line(dict: &Dict, comm: u32, stack: u32) -> String {
 /// [`fold_line`] with a caller-provided scratch buffer.
 fn fold_line_with(dict: &Dict, comm: u32, stack: u32, frames: &mut Vec<(u32, bool)>) -> String {
     let mut line = String::with_capacity(256);
-    push_name(&mut line, &dict.strings[comm as usize]);
+    push_name(&mut line, &dict.strings[comm as usize], true);
     dict.frames(stack, frames);
     for &(f, kernel) in frames.iter() {
         line.push(';');
-        push_name(&mut line, &dict.strings[f as usize]);
+        push_name(&mut line, &dict.strings[f as usize], !kernel);
         if kernel {
             line.push_str(KERNEL_SUFFIX);
         }
@@ -793,7 +787,11 @@ mod tests {
     fn names_cannot_forge_folded_lines_and_huge_grids_are_refused() {
         let mut dict = Dict { strings: vec!["evil 999999\nfake".into(), "f;g".into()], ..Default::default() };
         dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: true });
-        assert_eq!(fold_line(&dict, 0, 1), "evil 999999?fake;f:g_[k]");
+        // Control characters are shown as escapes (`text::visible`), not `?`.
+        assert_eq!(fold_line(&dict, 0, 1), "evil 999999\\nfake;f:g_[k]");
+        let mut dict = Dict { strings: vec!["x 12".into(), "x_[k]".into()], ..Default::default() };
+        dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: false });
+        assert_eq!(fold_line(&dict, 0, 1), "x_12;x_{k}", "a user frame cannot pass for a kernel one");
         let (_dir, mut store) = write_store(&samples()[..10], &[]);
         // 56 years of seconds: coarsened to the cell budget, not refused, not 20 GB.
         let w = Window::new(NS_PER_SEC, T0).unwrap();

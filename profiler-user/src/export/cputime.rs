@@ -146,3 +146,40 @@ pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: imp
     writeln!(out, "</svg>")?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::{Kind, Severity};
+
+    #[test]
+    fn hostile_finding_summaries_keep_the_svg_valid_xml() {
+        let grid = CpuTime {
+            first_ns: 0,
+            bucket_ns: 1_000_000_000,
+            cpus: vec![0],
+            busy: vec![vec![1.0, 1.0]],
+            kernel: vec![vec![0.0, 0.0]],
+        };
+        let evil = "CPU 0 saturated by evil\x1b]0;pwned\x07\r\n<b>&\u{1}\u{fffe}";
+        let f = Finding {
+            id: "f-1".into(),
+            kind: Kind::SaturatedCore,
+            start_ns: 0,
+            end_ns: Some(2_000_000_000),
+            cpu: Some(0),
+            severity: Severity::Warning,
+            summary: evil.into(),
+            evidence: serde_json::Value::Null,
+        };
+        let mut out = Vec::new();
+        write_svg(&grid, &[f], evil, &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+        let title = doc.descendants().find(|n| n.has_tag_name("title") && n.text().is_some_and(|t| t.contains("evil")));
+        assert_eq!(
+            title.and_then(|n| n.text()),
+            Some("CPU 0 saturated by evil\\x1b]0;pwned\\x07\\r\\n<b>&\\x01\\u{fffe}")
+        );
+    }
+}

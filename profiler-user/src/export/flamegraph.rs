@@ -20,8 +20,8 @@ pub fn write_folded(folded: &Folded, mut out: impl Write) -> Result<(), RenderEr
 pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) -> Result<(), RenderError> {
     let lines = folded.lines();
     let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_string();
-    options.subtitle = Some(subtitle.to_string());
+    options.title = crate::text::visible(title).into_owned();
+    options.subtitle = Some(crate::text::visible(subtitle).into_owned());
     options.hash = true;
     options.deterministic = true;
     options.count_name = "samples".into();
@@ -45,8 +45,8 @@ pub fn write_diff_svg(
     inferno::differential::from_readers(opts, &join(baseline)[..], &join(after)[..], &mut diff)?;
     let text = String::from_utf8_lossy(&diff);
     let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_string();
-    options.subtitle = Some(subtitle.to_string());
+    options.title = crate::text::visible(title).into_owned();
+    options.subtitle = Some(crate::text::visible(subtitle).into_owned());
     options.count_name = "samples".into();
     options.deterministic = true;
     inferno::flamegraph::from_lines(&mut options, text.lines(), out)?;
@@ -92,5 +92,41 @@ mod tests {
         // inferno reads the `_[k]` annotation: it colours the frame as kernel and drops the suffix.
         assert!(a.contains("<svg") && a.contains("spin (7 samples") && a.contains("ksys_read (3 samples"));
         assert_eq!(a, render());
+    }
+
+    #[test]
+    fn hostile_titles_and_frames_keep_the_svg_valid_xml() {
+        let evil = "evil\x1b[31m\x07\r\n<&>\u{1}";
+        let mut f = Folded::default();
+        let frame = crate::text::folded_frame(evil, true);
+        f.stacks.insert(format!("{frame};spin"), 5);
+        for diff in [false, true] {
+            let mut out = Vec::new();
+            if diff {
+                write_diff_svg(&f, &f, evil, evil, &mut out).unwrap();
+            } else {
+                write_svg(&f, evil, evil, &mut out).unwrap();
+            }
+            let svg = String::from_utf8(out).unwrap();
+            // inferno's SVG names the SVG 1.1 DTD.
+            let opt = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+            let doc = roxmltree::Document::parse_with_options(&svg, opt)
+                .unwrap_or_else(|e| panic!("invalid XML ({e}): {svg}"));
+            let texts: String = doc.descendants().filter_map(|n| n.text()).collect();
+            assert!(texts.contains("evil\\x1b[31m\\x07\\r\\n<&>\\x01"), "{texts}");
+        }
+    }
+
+    /// inferno reads a folded line ending in two numbers as a differential one: a name ending in
+    /// ` <digits>` would lose its digits and its count. The folded rule keeps both.
+    #[test]
+    fn a_trailing_number_in_a_name_keeps_its_count() {
+        let mut f = Folded::default();
+        let (comm, leaf) = (crate::text::folded_frame("app 7", true), crate::text::folded_frame("x 12", true));
+        f.stacks.insert(format!("{comm};main;{leaf}"), 5);
+        let mut out = Vec::new();
+        write_svg(&f, "t", "s", &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        assert!(svg.contains("x_12 (5 samples") && svg.contains("app_7 (5 samples"), "{svg}");
     }
 }

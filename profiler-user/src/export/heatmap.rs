@@ -178,8 +178,10 @@ pub fn write_png(grid: &Grid, out: impl Write) -> Result<(), ExportError> {
     super::write_rgb_png(w, h, &pixels, out)
 }
 
+/// Text for SVG/HTML: control characters (which XML 1.0 forbids, and which names can hold) made
+/// visible first, then the markup characters escaped.
 pub fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    crate::text::visible(s).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// A self-contained page around an SVG.

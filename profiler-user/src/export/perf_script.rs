@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use super::ExportError;
-use crate::query::SampleRef;
+use crate::{query::SampleRef, text};
 
 pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
     writeln!(out, "# ========")?;
@@ -19,8 +19,11 @@ pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
 pub fn write_sample(s: &SampleRef<'_>, mut out: impl Write) -> Result<(), ExportError> {
     for _ in 0..s.count.max(1) {
         let (secs, micros) = (s.ts_ns / 1_000_000_000, (s.ts_ns % 1_000_000_000) / 1000);
-        writeln!(out, "{} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: 1 cpu-clock: ", s.comm, s.pid, s.tid, s.cpu)?;
+        let comm = text::perf_comm(s.comm);
+        writeln!(out, "{comm} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: 1 cpu-clock: ", s.pid, s.tid, s.cpu)?;
         for &(name, kernel) in s.frames.iter().rev() {
+            // Each name by perf script's rule: one line, no parser-reserved pattern, no fake mark.
+            let name = text::perf_frame(name, !kernel);
             if kernel {
                 writeln!(out, "\t{:>16x} {name} ([kernel.kallsyms])", 0)?;
             } else if name.starts_with("[unknown] (") {
@@ -152,5 +155,58 @@ mod tests {
         assert_eq!(parsed[1], parsed[2]);
         assert_eq!(parsed[1].frames.len(), 2);
         assert_eq!(parsed[1].ts_us, 1_795_000_001_000_001);
+    }
+
+    /// inferno-collapse-perf (the library behind `inferno-collapse-perf`, which follows
+    /// stackcollapse-perf.pl) reads hostile names as one record each, with every frame kept
+    /// and only the kernel frame marked kernel.
+    #[test]
+    fn hostile_names_survive_inferno_collapse_perf() {
+        use inferno::collapse::{Collapse, perf};
+        let user = [
+            "evil;name_[k]",
+            "spin\nfake 1",
+            "x 12",
+            "foo+0x1f",
+            "(anonymous namespace)::f",
+            "a->b",
+            "tab\tname\x1b[2J\x07",
+            "x_[k]",
+        ];
+        let comms = ["evil\x1b]0;x\x07", "a\nb 5", "x 123 y", "semi;colon", "tab\there", "x_[k]"];
+        let mut frames: Vec<(&str, bool)> = user.iter().map(|&n| (n, false)).collect();
+        frames.push(("ksys_read", true));
+        let mut text = Vec::new();
+        write_header(&mut text).unwrap();
+        for (i, comm) in comms.iter().enumerate() {
+            let s = SampleRef {
+                ts_ns: 1_000_000_000 + i as u64,
+                cpu: 0,
+                pid: 10 + i as u32,
+                tid: 10,
+                comm,
+                frames: &frames,
+                count: 3,
+            };
+            write_sample(&s, &mut text).unwrap();
+        }
+        let mut opt = perf::Options::default();
+        opt.annotate_kernel = true;
+        let mut folded = Vec::new();
+        perf::Folder::from(opt).collapse(&text[..], &mut folded).unwrap();
+        let folded = String::from_utf8(folded).unwrap();
+        assert!(!folded.contains(|c: char| c.is_control() && c != '\n'), "{folded:?}");
+        let lines: Vec<&str> = folded.lines().collect();
+        assert_eq!(lines.len(), comms.len(), "one stack per comm: {folded}");
+        for line in lines {
+            let (stack, count) = line.rsplit_once(' ').unwrap();
+            assert_eq!(count, "3", "{line}");
+            let names: Vec<&str> = stack.split(';').collect();
+            assert_eq!(names.len(), 1 + frames.len(), "every frame kept, none split: {line}");
+            let kernel: Vec<&&str> = names.iter().filter(|n| n.ends_with("_[k]")).collect();
+            assert_eq!(kernel, [&"ksys_read_[k]"], "only the kernel frame reads as kernel: {line}");
+        }
+        // Our own reader gets every sample back, one record each.
+        assert_eq!(parse(&String::from_utf8(text).unwrap()).len(), 3 * comms.len());
     }
 }

@@ -130,7 +130,8 @@ impl Builder {
             return id;
         }
         let id = self.profile.location.len() as u64 + 1;
-        let shown = if kernel { format!("{name} [kernel]") } else { name.to_string() };
+        // A user name cannot end like the kernel mark (`text::unmarked`).
+        let shown = if kernel { format!("{name} [kernel]") } else { crate::text::unmarked(name).into_owned() };
         let n = self.string(&shown);
         self.profile.function.push(Function { id, name: n, system_name: n });
         self.profile.location.push(Location { id, line: vec![Line { function_id: id }] });
@@ -203,5 +204,24 @@ mod tests {
         let labels: Vec<(&str, i64)> = p.sample[2].label.iter().map(|l| (s(l.key), l.num)).collect();
         assert!(labels.contains(&("cpu", 1)) && labels.contains(&("timestamp_ns", 1002)), "{labels:?}");
         assert_eq!(s(p.sample_type[0].r#type), "samples");
+    }
+
+    /// pprof is structured: names travel exactly, but a user frame cannot end like our kernel mark.
+    #[test]
+    fn hostile_names_round_trip_and_cannot_fake_the_kernel_mark() {
+        let frames = [("evil\n;x 12\x1b", false), ("x [kernel]", false), ("read_zero", true)];
+        let mut b = Builder::new(99);
+        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 });
+        let mut gz = Vec::new();
+        b.finish(&mut gz).unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        let p = Profile::decode(&raw[..]).unwrap();
+        let names: Vec<&str> = p.sample[0]
+            .location_id
+            .iter()
+            .map(|&l| p.string_table[p.function[(l - 1) as usize].name as usize].as_str())
+            .collect();
+        assert_eq!(names, ["read_zero [kernel]", "x {kernel}", "evil\n;x 12\x1b", "a\tb;c 5"]);
     }
 }

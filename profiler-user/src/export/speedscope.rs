@@ -29,8 +29,11 @@ impl Builder {
     }
 
     pub fn add(&mut self, s: &SampleRef<'_>, period_ns: u64) {
-        let stack: Vec<usize> =
-            s.frames.iter().map(|&(n, k)| if k { self.frame(&format!("{n} [k]")) } else { self.frame(n) }).collect();
+        let stack: Vec<usize> = s
+            .frames
+            .iter()
+            .map(|&(n, k)| if k { self.frame(&format!("{n} [k]")) } else { self.frame(&crate::text::unmarked(n)) })
+            .collect();
         let p = self.profiles.entry((s.pid, s.comm.to_string())).or_insert((Vec::new(), Vec::new(), s.ts_ns, s.ts_ns));
         p.0.push(stack);
         p.1.push(s.count * period_ns);
@@ -59,5 +62,26 @@ impl Builder {
         serde_json::to_writer(&mut out, &json).map_err(std::io::Error::from)?;
         writeln!(out)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// speedscope's format is JSON: names travel exactly, but a user frame cannot end like our
+    /// kernel mark.
+    #[test]
+    fn hostile_names_round_trip_and_cannot_fake_the_kernel_mark() {
+        let frames = [("evil\n;x 12\x1b", false), ("x [k]", false), ("read_zero", true)];
+        let mut b = Builder::default();
+        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 }, 10);
+        let mut out = Vec::new();
+        b.finish("p", &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let names: Vec<&str> =
+            v["shared"]["frames"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["evil\n;x 12\x1b", "x {k}", "read_zero [k]"]);
+        assert_eq!(v["profiles"][0]["name"], "a\tb;c 5 (pid 1)");
     }
 }
