@@ -157,6 +157,7 @@ mod tests {
         let grid = CpuTime {
             first_ns: 0,
             bucket_ns: 1_000_000_000,
+            requested_bucket_ns: 1_000_000_000,
             cpus: vec![0],
             busy: vec![vec![1.0, 1.0]],
             kernel: vec![vec![0.0, 0.0]],
