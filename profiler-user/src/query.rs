@@ -423,6 +423,10 @@ pub fn cpu_time(
     let mut busy = vec![vec![0f64; n]; rows];
     let mut kernel = vec![vec![0f64; n]; rows];
     let col = |ts: u64| ((ts - first_ns) / bucket_ns) as usize;
+    // Ticks a CPU gets in one bucket at the frequency its block was recorded with: each block
+    // is read by its own frequency, so a window spanning a restart at another frequency reads
+    // right on both sides (`frequency_hz` serves segments older than format 4).
+    let ticks = |hz: u64| (hz.max(1) as f64 * bucket_ns as f64 / NS_PER_SEC as f64).max(1e-9);
     if bucket_ns.is_multiple_of(NS_PER_SEC) {
         store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
             // A block's counts spread evenly over the buckets its span overlaps (a rolled-up
@@ -432,6 +436,7 @@ pub fn cpu_time(
                 return;
             }
             let span = (b.header.end_ns - b.header.start_ns) as f64;
+            let per_tick = 1.0 / ticks(b.frequency_hz(frequency_hz));
             for x in &b.summary.expect("summary decoded").cpus {
                 let Some(row) = busy.get_mut(x.cpu as usize) else { continue };
                 let mut t = start;
@@ -439,8 +444,8 @@ pub fn cpu_time(
                     let c = col(t);
                     let stop = (first_ns + (c as u64 + 1) * bucket_ns).min(end);
                     let part = (stop - t) as f64 / span;
-                    row[c] += x.busy as f64 * part;
-                    kernel[x.cpu as usize][c] += x.kernel as f64 * part;
+                    row[c] += x.busy as f64 * part * per_tick;
+                    kernel[x.cpu as usize][c] += x.kernel as f64 * part * per_tick;
                     t = stop;
                 }
             }
@@ -449,21 +454,21 @@ pub fn cpu_time(
         let budget = budget::ScanBudget::default();
         budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
             let s = b.samples.expect("samples decoded");
+            let per_tick = 1.0 / ticks(b.frequency_hz(frequency_hz));
             for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
                 let cpu = s.cpu[i] as usize;
                 if !window.contains(ts) || cpu >= rows {
                     continue;
                 }
-                busy[cpu][col(ts)] += s.count(i) as f64;
+                busy[cpu][col(ts)] += s.count(i) as f64 * per_tick;
                 if b.dict.nodes.get(s.stack[i] as usize).is_some_and(|node| node.kernel) {
-                    kernel[cpu][col(ts)] += s.count(i) as f64;
+                    kernel[cpu][col(ts)] += s.count(i) as f64 * per_tick;
                 }
             }
         })?;
     }
-    let expected = (frequency_hz.max(1) as f64 * bucket_ns as f64 / NS_PER_SEC as f64).max(1e-9);
     let share = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
-        v.into_iter().map(|r| r.into_iter().map(|x| (x / expected).min(1.0)).collect()).collect()
+        v.into_iter().map(|r| r.into_iter().map(|x| x.min(1.0)).collect()).collect()
     };
     Ok(CpuTime {
         first_ns,
@@ -499,6 +504,8 @@ pub struct SampleRef<'a> {
     pub frames: &'a [(&'a str, bool)],
     /// Samples this row stands for (1 but in rolled-up data).
     pub count: u64,
+    /// The frequency the sample was taken at, when its segment records it (format 4).
+    pub frequency_hz: Option<u64>,
 }
 
 /// Calls `f` for every non-idle sample of `window` that matches `filter`, in time order per
@@ -538,6 +545,7 @@ pub fn for_each_sample(
                 comm: &b.dict.strings[s.comm[i] as usize],
                 frames: &frames,
                 count: s.count(i),
+                frequency_hz: b.identity.map(|id| id.frequency_hz.max(1)),
             });
         }
     })?;
@@ -825,6 +833,67 @@ mod tests {
         f.truncate(1000, 3 * "app;f099".len());
         assert_eq!((f.stacks.len(), f.truncated_stacks), (4, 97));
         assert_eq!(f.total(), total);
+    }
+
+    /// A CPU busy all along, recorded at 99 Hz and then, after a restart, at 999 Hz (in the same
+    /// minute and in the next): each part reads 100 % busy by its own frequency, also after
+    /// rollup, and pprof weighs each sample by its own period.
+    #[test]
+    fn a_restart_at_another_frequency_reads_each_part_by_its_own() {
+        use crate::store::identity::Identity;
+        let dir = tempfile::tempdir().unwrap();
+        crate::store::create_and_lock(dir.path()).unwrap();
+        let busy = |hz: u64, from_s: u64, to_s: u64| -> Vec<Sample> {
+            let period = NS_PER_SEC / hz;
+            (from_s * hz..to_s * hz)
+                .map(|i| Sample {
+                    ts_ns: T0 + i * period,
+                    cpu: 1,
+                    pid: 7,
+                    tid: 7,
+                    cgroup_id: 0,
+                    comm: Arc::from("spin"),
+                    stack: stack(&["main", "spin"], &[]),
+                })
+                .collect()
+        };
+        let id = |hz| Identity { frequency_hz: hz, online_cpus: "0-1".into(), boot_id: "b".into(), host: "h".into() };
+        // 0-30 s at 99 Hz; the daemon restarts at 999 Hz for 30-90 s (30-60 s is the same minute).
+        for (hz, from, to) in [(99, 0, 30), (999, 30, 90)] {
+            let mut w = StoreWriter::new(&segments_dir(dir.path())).with_identity(id(hz));
+            for s in busy(hz, from, to) {
+                w.push(&s);
+            }
+            w.flush(T0).unwrap();
+        }
+        let mut store = Store::open(dir.path()).unwrap();
+        let check = |store: &mut Store, bucket: u64| {
+            let w = Window::new(T0, T0 + 90 * NS_PER_SEC).unwrap();
+            // The fallback frequency (meta.json's, the last daemon's) must not matter.
+            let ct = cpu_time(store, w, bucket, 2, 999).unwrap();
+            // Per second, or on average over each part (a 100 ms bucket at 99 Hz holds 9 or 10).
+            let per_part = (NS_PER_SEC / bucket).max(1) as usize * 30;
+            for (part, shares) in ct.busy[1].chunks(per_part).enumerate() {
+                let mean = shares.iter().sum::<f64>() / shares.len() as f64;
+                assert!((mean - 1.0).abs() < 0.02, "part {part} in {bucket} ns buckets reads {mean}");
+                if bucket >= NS_PER_SEC {
+                    assert!(shares.iter().all(|s| (s - 1.0).abs() < 0.02), "{shares:?}");
+                }
+            }
+        };
+        check(&mut store, NS_PER_SEC);
+        check(&mut store, 100_000_000);
+        let mut pprof = crate::export::pprof::Builder::new(999);
+        let w = Window::new(T0, T0 + 90 * NS_PER_SEC).unwrap();
+        for_each_sample(&mut store, w, &Filter::default(), |s| pprof.add(s)).unwrap();
+        let cpu_ns: i64 = pprof.profile.sample.iter().map(|s| s.value[1]).sum();
+        // 90 s of one busy CPU, whichever the frequency: 30 s at 99 Hz + 60 s at 999 Hz.
+        assert!((cpu_ns as f64 / 90e9 - 1.0).abs() < 0.01, "pprof says {cpu_ns} ns of CPU");
+        for (_, path) in store.segments().unwrap() {
+            crate::store::rollup::rollup_segment(&path).unwrap().expect("rolls up");
+        }
+        check(&mut store, 10 * NS_PER_SEC);
+        assert!(store.take_warnings().is_empty());
     }
 
     #[test]

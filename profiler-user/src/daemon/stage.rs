@@ -86,7 +86,8 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<Summary>> {
     std::thread::Builder::new().name("pipeline".into()).spawn(move || {
         let pipeline = Pipeline::new(
-            StoreWriter::with_limits(&crate::store::segments_dir(&config.data_dir), config.limits),
+            StoreWriter::with_limits(&crate::store::segments_dir(&config.data_dir), config.limits)
+                .with_identity(crate::store::identity::Identity::current(config.machine.frequency_hz)),
             Engine::new(config.machine, config.thresholds.clone()),
             clock::boot_to_unix_offset(),
         );
@@ -369,10 +370,10 @@ impl Stage {
     }
 }
 
-/// Hook for the store's identity: the CPUs sampled changed (hotplug). The store does not yet
-/// record the online CPU set per segment; when it does (a setter on `StoreWriter`), call it here.
-fn online_cpus_changed(_writer: &mut StoreWriter, cpus: &[u32]) {
+/// The CPUs sampled changed (hotplug): the blocks written from now on say so.
+fn online_cpus_changed(writer: &mut StoreWriter, cpus: &[u32]) {
     tracing::debug!(?cpus, "CPUs sampled now");
+    writer.set_online_cpus(cpus);
 }
 
 fn p50_max(v: &VecDeque<u64>) -> (Option<u64>, Option<u64>) {

@@ -127,7 +127,7 @@ mod tests {
                 tid: 43,
                 comm: "dd",
                 frames: &frames,
-                count: 1,
+                count: 1, frequency_hz: None,
             },
             SampleRef {
                 ts_ns: 1_795_000_001_000_001_000,
@@ -136,7 +136,7 @@ mod tests {
                 tid: 7,
                 comm: "my prog",
                 frames: &frames[..2],
-                count: 2,
+                count: 2, frequency_hz: None,
             },
         ];
         let mut out = Vec::new();
@@ -186,7 +186,7 @@ mod tests {
                 tid: 10,
                 comm,
                 frames: &frames,
-                count: 3,
+                count: 3, frequency_hz: None,
             };
             write_sample(&s, &mut text).unwrap();
         }

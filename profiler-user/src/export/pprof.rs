@@ -87,7 +87,7 @@ pub struct Function {
 
 /// Builds a profile sample by sample.
 pub struct Builder {
-    profile: Profile,
+    pub(crate) profile: Profile,
     strings: HashMap<String, i64>,
     /// (name, kernel) → location id (one function per location).
     locations: HashMap<(String, bool), u64>,
@@ -148,7 +148,8 @@ impl Builder {
         let count = s.count as i64;
         self.profile.sample.push(Sample {
             location_id: ids,
-            value: vec![count, count * self.period_ns],
+            // Each sample weighs its own period: a window may span a restart at another frequency.
+            value: vec![count, count * s.frequency_hz.map_or(self.period_ns, |hz| (1_000_000_000 / hz.max(1)) as i64)],
             label: vec![
                 Label { key: keys[0], str: 0, num: i64::from(s.cpu) },
                 Label { key: keys[1], str: 0, num: i64::from(s.pid) },
@@ -186,7 +187,7 @@ mod tests {
         let frames = [("main", false), ("read_zero", true)];
         let mut b = Builder::new(99);
         for i in 0..3 {
-            b.add(&SampleRef { ts_ns: 1_000 + i, cpu: 1, pid: 42, tid: 43, comm: "dd", frames: &frames, count: 1 });
+            b.add(&SampleRef { ts_ns: 1_000 + i, cpu: 1, pid: 42, tid: 43, comm: "dd", frames: &frames, count: 1 , frequency_hz: None});
         }
         let mut gz = Vec::new();
         b.finish(&mut gz).unwrap();
@@ -211,7 +212,7 @@ mod tests {
     fn hostile_names_round_trip_and_cannot_fake_the_kernel_mark() {
         let frames = [("evil\n;x 12\x1b", false), ("x [kernel]", false), ("read_zero", true)];
         let mut b = Builder::new(99);
-        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 });
+        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 , frequency_hz: None});
         let mut gz = Vec::new();
         b.finish(&mut gz).unwrap();
         let mut raw = Vec::new();

@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 /// Magic at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"PROFSEG\0";
 /// Bumped on any incompatible change to segment, block or section layout.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+/// The oldest version this build still reads (version 3 has no identity blocks).
+pub const OLDEST_READABLE_VERSION: u32 = 3;
 pub const SEGMENT_HEADER_LEN: usize = 24;
 pub const BLOCK_MAGIC: [u8; 4] = *b"PBLK";
 pub const BLOCK_HEADER_LEN: usize = 48;
@@ -37,6 +39,8 @@ pub const BUCKET_NS: u64 = NS_PER_SEC / BUCKETS_PER_SEC as u64;
 pub const FLAG_RESET_DICT: u32 = 1 << 0;
 /// A rolled-up block: samples carry counts and the block's start as their time.
 pub const FLAG_ROLLUP: u32 = 1 << 1;
+/// An identity block (format 4): how the blocks after it were recorded (see `store::identity`).
+pub const FLAG_IDENTITY: u32 = 1 << 2;
 
 /// Refuse to allocate for absurd lengths found in a corrupt header.
 const MAX_SECTION: u32 = 256 << 20;
@@ -48,7 +52,7 @@ const MAX_DECOMPRESSED: usize = 1 << 30;
 pub enum FormatError {
     #[error("not a profiler segment (bad magic)")]
     BadMagic,
-    #[error("segment format version {0}, this build reads version {FORMAT_VERSION}")]
+    #[error("segment format version {0}, this build reads versions {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}")]
     Version(u32),
     #[error("file shorter than a segment header")]
     Short,
@@ -84,7 +88,7 @@ impl SegmentHeader {
             return Err(FormatError::BadMagic);
         }
         let version = u32::from_le_bytes(b[8..12].try_into().unwrap());
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::Version(version));
         }
         Ok(Self { version, start_ns: u64::from_le_bytes(b[16..24].try_into().unwrap()) })

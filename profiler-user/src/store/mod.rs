@@ -5,6 +5,7 @@
 //! sees half a block).
 
 pub mod format;
+pub mod identity;
 pub mod maintenance;
 pub mod meta;
 pub mod reader;

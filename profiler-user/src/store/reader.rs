@@ -8,8 +8,9 @@ use std::{
 use super::{
     StoreError, check_dir,
     format::{
-        BlockHeader, Blocks, Dict, FLAG_RESET_DICT, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail, unpack,
+        BlockHeader, Blocks, Dict, FLAG_IDENTITY, FLAG_RESET_DICT, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail, unpack,
     },
+    identity::Identity,
     segments_dir,
 };
 
@@ -31,6 +32,15 @@ pub struct BlockView<'a> {
     pub dict: &'a Dict,
     pub summary: Option<&'a Summary>,
     pub samples: Option<&'a SampleColumns>,
+    /// How the block was recorded (`None` in segments older than format 4: see `Meta`).
+    pub identity: Option<&'a Identity>,
+}
+
+impl BlockView<'_> {
+    /// The block's sampling frequency, or `fallback` (from `meta.json`) when it has none.
+    pub fn frequency_hz(&self, fallback: u64) -> u64 {
+        self.identity.map_or(fallback, |i| i.frequency_hz).max(1)
+    }
 }
 
 /// Receives the blocks of a scan.
@@ -202,8 +212,18 @@ pub fn scan_segment(
         }
     }
     let mut dict = Dict::default();
+    let mut identity: Option<Identity> = None;
     let mut blocks = Blocks::new(data);
     for (i, (header, sections)) in blocks.by_ref().enumerate() {
+        // How the blocks after it were recorded: read wherever it lies (before the window
+        // too), and never handed to the visitor as a block of samples.
+        if header.flags & FLAG_IDENTITY != 0 {
+            match Identity::decode(sections.dict) {
+                Ok(id) => identity = Some(id),
+                Err(e) => warnings.push(format!("{}: an identity block does not decode ({e})", path.display())),
+            }
+            continue;
+        }
         let overlaps = overlaps(&header);
         if need == Need::Samples {
             if i < replay_from {
@@ -249,7 +269,13 @@ pub fn scan_segment(
         } else {
             None
         };
-        visitor.block(BlockView { header: &header, dict: &dict, summary: summary.as_ref(), samples: samples.as_ref() });
+        visitor.block(BlockView {
+            header: &header,
+            dict: &dict,
+            summary: summary.as_ref(),
+            samples: samples.as_ref(),
+            identity: identity.as_ref(),
+        });
     }
     if need == Need::Samples {
         visitor.dict_done(&dict);

@@ -13,7 +13,7 @@ use std::{
 use super::{
     StoreError,
     format::{
-        BlockHeader, Blocks, CpuCounts, Dict, DictDelta, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION, NS_PER_SEC,
+        BlockHeader, Blocks, CpuCounts, Dict, DictDelta, FLAG_IDENTITY, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION, NS_PER_SEC,
         SampleColumns, SegmentHeader, Summary, encode_block, pack, unpack,
     },
 };
@@ -23,7 +23,7 @@ pub const ROLLUP_NS: u64 = 10 * NS_PER_SEC;
 
 /// Whether a segment's first block is a rollup block (rolled segments are never rolled again).
 pub fn is_rolled_up(data: &[u8]) -> bool {
-    Blocks::new(data).next().is_some_and(|(h, _)| h.flags & FLAG_ROLLUP != 0)
+    Blocks::new(data).find(|(h, _)| h.flags & FLAG_IDENTITY == 0).is_some_and(|(h, _)| h.flags & FLAG_ROLLUP != 0)
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -104,9 +104,16 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
     }
     let mut dict = Dict::default();
     let mut interner = Interner::default();
-    let mut windows: BTreeMap<u64, Window> = BTreeMap::new();
+    // Windows are keyed by the identity they were recorded under too, so ten seconds that
+    // span a restart at another frequency stay two blocks, each with its own identity.
+    let mut identities: Vec<Vec<u8>> = Vec::new();
+    let mut windows: BTreeMap<(usize, u64), Window> = BTreeMap::new();
     let mut stats = RolledUp { bytes_before: data.len() as u64, ..Default::default() };
     for (h, sections) in Blocks::new(&data) {
+        if h.flags & FLAG_IDENTITY != 0 {
+            identities.push(sections.dict.to_vec());
+            continue;
+        }
         if h.flags & FLAG_RESET_DICT != 0 {
             interner.memo.clear();
         }
@@ -123,7 +130,7 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
                 return Ok(None);
             }
         };
-        let w = windows.entry(h.start_ns / ROLLUP_NS * ROLLUP_NS).or_default();
+        let w = windows.entry((identities.len(), h.start_ns / ROLLUP_NS * ROLLUP_NS)).or_default();
         for c in summary.cpus {
             let e = w.cpus.entry(c.cpu).or_insert(CpuCounts { cpu: c.cpu, ..Default::default() });
             e.busy += c.busy;
@@ -139,7 +146,14 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
         }
     }
     let mut out = SegmentHeader { version: FORMAT_VERSION, start_ns: header.start_ns }.encode().to_vec();
-    for (i, (start, w)) in windows.into_iter().enumerate() {
+    let mut written_identity = 0;
+    for (i, ((identity, start), w)) in windows.into_iter().enumerate() {
+        if identity != written_identity {
+            written_identity = identity;
+            let h = BlockHeader { flags: FLAG_IDENTITY, start_ns: start, end_ns: start + 1, ..Default::default() };
+            let (summary, cols) = (Summary::default(), SampleColumns::default());
+            out.extend(encode_block(&h, &identities[identity - 1], &pack(&summary), &pack(&cols)));
+        }
         let n = w.counts.len();
         let mut cols = SampleColumns { ts_delta_us: vec![0; n], tid: vec![0; n], ..Default::default() };
         let mut total = 0u64;

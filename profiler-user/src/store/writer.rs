@@ -26,6 +26,7 @@ use super::{
     },
     segment_path,
 };
+use super::identity::Identity;
 use crate::model::{Sample, Stack};
 
 /// Bounds on the writer's memory.
@@ -134,6 +135,11 @@ pub struct StoreWriter {
     dicts: BTreeMap<u64, SegmentDict>,
     /// Samples dropped because writing failed for longer than `max_pending` allows.
     dropped: u64,
+    /// How the samples are being recorded; written as an identity block before this writer's
+    /// first block in each segment, and again after it changes (`None`: no identity blocks).
+    identity: Option<Identity>,
+    /// Segments that hold the current identity already.
+    identity_written: std::collections::BTreeSet<u64>,
 }
 
 impl StoreWriter {
@@ -151,6 +157,24 @@ impl StoreWriter {
             lost: BTreeMap::new(),
             dicts: BTreeMap::new(),
             dropped: 0,
+            identity: None,
+            identity_written: Default::default(),
+        }
+    }
+
+    /// Records `identity` with the blocks this writer writes (see `store::identity`).
+    pub fn with_identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// The online CPUs changed (hotplug): the next blocks carry the new set.
+    pub fn set_online_cpus(&mut self, cpus: &[u32]) {
+        let Some(id) = self.identity.as_mut() else { return };
+        let list = super::identity::format_cpu_list(cpus);
+        if id.online_cpus != list {
+            id.online_cpus = list;
+            self.identity_written.clear();
         }
     }
 
@@ -231,6 +255,11 @@ impl StoreWriter {
                 _ => SegmentDict::new(),
             };
             let mut bytes = Vec::new();
+            if let Some(id) = &self.identity
+                && (!known || !self.identity_written.contains(&segment))
+            {
+                bytes.extend(id.encode_block(seconds[0] * NS_PER_SEC));
+            }
             let mut stats = Flushed::default();
             for &second in &seconds {
                 let pending = &self.pending[&second];
@@ -250,6 +279,9 @@ impl StoreWriter {
             // next attempt starts the segment's dictionary over.
             self.append(segment, &bytes, !known)?;
             self.dicts.insert(segment, dict);
+            if self.identity.is_some() {
+                self.identity_written.insert(segment);
+            }
             for second in seconds {
                 if let Some(s) = self.pending.remove(&second) {
                     self.pending_rows -= s.rows.len();
@@ -267,6 +299,7 @@ impl StoreWriter {
         while self.dicts.len() > 2 {
             self.dicts.pop_first();
         }
+        self.identity_written.retain(|s| self.dicts.contains_key(s));
         Ok(flushed)
     }
 
