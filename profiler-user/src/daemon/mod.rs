@@ -282,7 +282,7 @@ async fn serve(
     match crate::serve::spawn(addr, state).await {
         Ok(bound) => {
             let url = format!("http://{bound}/#token={token}");
-            write_private(&data_dir.join(crate::serve::URL_FILE), &url)?;
+            crate::store::files::write_private(&data_dir.join(crate::serve::URL_FILE), url.as_bytes())?;
             tracing::info!(
                 url = %format_args!("http://{bound}/"),
                 "UI, JSON API and /metrics listening (`profiler ui` prints the address with its token)"
@@ -295,19 +295,6 @@ async fn serve(
         ),
     }
     Ok(())
-}
-
-/// Writes a root-only file.
-fn write_private(path: &std::path::Path, text: &str) -> Result<(), StoreError> {
-    use std::{io::Write, os::unix::fs::OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| StoreError::Io(path.to_path_buf(), e))?;
-    f.write_all(text.as_bytes()).map_err(|e| StoreError::Io(path.to_path_buf(), e))
 }
 
 /// Tells systemd (`Type=notify`) about the daemon's state, when it runs under systemd.

@@ -5,7 +5,6 @@
 use std::{
     collections::BTreeMap,
     io::Write,
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -22,12 +21,7 @@ pub fn append<T: Serialize>(data_dir: &Path, file: &str, record: &T) -> Result<(
     let path = data_dir.join(file);
     let mut line = serde_json::to_vec(record).expect("records serialise");
     line.push(b'\n');
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| StoreError::Io(path.clone(), e))?;
+    let mut f = crate::store::files::open_append(&path).map_err(|e| StoreError::Io(path.clone(), e))?;
     f.write_all(&line).map_err(|e| StoreError::Io(path, e))
 }
 

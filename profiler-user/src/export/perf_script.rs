@@ -127,7 +127,8 @@ mod tests {
                 tid: 43,
                 comm: "dd",
                 frames: &frames,
-                count: 1, frequency_hz: None,
+                count: 1,
+                frequency_hz: None,
             },
             SampleRef {
                 ts_ns: 1_795_000_001_000_001_000,
@@ -136,7 +137,8 @@ mod tests {
                 tid: 7,
                 comm: "my prog",
                 frames: &frames[..2],
-                count: 2, frequency_hz: None,
+                count: 2,
+                frequency_hz: None,
             },
         ];
         let mut out = Vec::new();
@@ -186,7 +188,8 @@ mod tests {
                 tid: 10,
                 comm,
                 frames: &frames,
-                count: 3, frequency_hz: None,
+                count: 3,
+                frequency_hz: None,
             };
             write_sample(&s, &mut text).unwrap();
         }

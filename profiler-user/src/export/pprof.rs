@@ -187,7 +187,16 @@ mod tests {
         let frames = [("main", false), ("read_zero", true)];
         let mut b = Builder::new(99);
         for i in 0..3 {
-            b.add(&SampleRef { ts_ns: 1_000 + i, cpu: 1, pid: 42, tid: 43, comm: "dd", frames: &frames, count: 1 , frequency_hz: None});
+            b.add(&SampleRef {
+                ts_ns: 1_000 + i,
+                cpu: 1,
+                pid: 42,
+                tid: 43,
+                comm: "dd",
+                frames: &frames,
+                count: 1,
+                frequency_hz: None,
+            });
         }
         let mut gz = Vec::new();
         b.finish(&mut gz).unwrap();
@@ -212,7 +221,16 @@ mod tests {
     fn hostile_names_round_trip_and_cannot_fake_the_kernel_mark() {
         let frames = [("evil\n;x 12\x1b", false), ("x [kernel]", false), ("read_zero", true)];
         let mut b = Builder::new(99);
-        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 , frequency_hz: None});
+        b.add(&SampleRef {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 1,
+            tid: 1,
+            comm: "a\tb;c 5",
+            frames: &frames,
+            count: 1,
+            frequency_hz: None,
+        });
         let mut gz = Vec::new();
         b.finish(&mut gz).unwrap();
         let mut raw = Vec::new();

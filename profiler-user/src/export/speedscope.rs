@@ -77,7 +77,19 @@ mod tests {
     fn hostile_names_round_trip_and_cannot_fake_the_kernel_mark() {
         let frames = [("evil\n;x 12\x1b", false), ("x [k]", false), ("read_zero", true)];
         let mut b = Builder::default();
-        b.add(&SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "a\tb;c 5", frames: &frames, count: 1 , frequency_hz: None}, 10);
+        b.add(
+            &SampleRef {
+                ts_ns: 1,
+                cpu: 0,
+                pid: 1,
+                tid: 1,
+                comm: "a\tb;c 5",
+                frames: &frames,
+                count: 1,
+                frequency_hz: None,
+            },
+            10,
+        );
         let mut out = Vec::new();
         b.finish("p", &mut out).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();

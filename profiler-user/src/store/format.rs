@@ -45,8 +45,18 @@ pub const FLAG_IDENTITY: u32 = 1 << 2;
 /// Refuse to allocate for absurd lengths found in a corrupt header.
 const MAX_SECTION: u32 = 256 << 20;
 /// Decompressed sections larger than this are refused (a corrupt or hostile frame could
-/// otherwise claim gigabytes).
-const MAX_DECOMPRESSED: usize = 1 << 30;
+/// otherwise claim gigabytes: a 31 KB segment expanding to 1e9 entries killed the CLI at
+/// 2 GiB). One second of 192 CPUs at 999 Hz decodes to about 15 MB.
+const MAX_DECOMPRESSED: usize = 64 << 20;
+/// Most frames a stored stack may have (the kernel side copies at most 127 + 127): a crafted
+/// dictionary chaining a million nodes would otherwise fold into lines of megabytes.
+pub const MAX_STACK_FRAMES: usize = 512;
+
+/// The most bytes a block's sample section may decode to, by what its header announces: a row
+/// is at most 7 varints of 10 bytes and a count, so the header bounds the allocation.
+pub fn samples_bound(header: &BlockHeader) -> usize {
+    (header.samples as usize).saturating_mul(96).saturating_add(4096).min(MAX_DECOMPRESSED)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
@@ -392,10 +402,15 @@ pub fn pack<T: Serialize>(value: &T) -> Vec<u8> {
 
 /// Decompresses and deserialises one section.
 pub fn unpack<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, FormatError> {
+    unpack_bounded(bytes, MAX_DECOMPRESSED)
+}
+
+/// [`unpack`], refusing a section that claims more than `max` bytes decompressed.
+pub fn unpack_bounded<T: for<'de> Deserialize<'de>>(bytes: &[u8], max: usize) -> Result<T, FormatError> {
     let size = zstd::zstd_safe::get_frame_content_size(bytes)
         .map_err(|_| FormatError::Section("not a zstd frame".into()))?
         .ok_or_else(|| FormatError::Section("zstd frame without a content size".into()))?;
-    if size > MAX_DECOMPRESSED as u64 {
+    if size > max as u64 {
         return Err(FormatError::Section(format!("claims {size} bytes uncompressed")));
     }
     let raw = DECOMPRESSOR
@@ -451,7 +466,7 @@ impl Dict {
     pub fn frames(&self, node: u32, out: &mut Vec<(StrId, bool)>) {
         out.clear();
         let mut n = node as usize;
-        while n != 0 && n < self.nodes.len() && out.len() <= self.nodes.len() {
+        while n != 0 && n < self.nodes.len() && out.len() < MAX_STACK_FRAMES {
             let node = self.nodes[n];
             out.push((node.frame, node.kernel));
             n = node.parent as usize;
@@ -510,6 +525,26 @@ mod tests {
             assert_eq!(it.by_ref().count(), 0, "byte {i} flipped still decoded");
             assert!(it.tail().is_some_and(|t| *t != Tail::Clean));
         }
+    }
+
+    /// Crafted sections cannot make a reader allocate beyond what the header announces, and a
+    /// chain of a million nodes does not fold into a million-frame stack.
+    #[test]
+    fn crafted_sections_are_bounded_by_their_header() {
+        let huge = SampleColumns { cpu: vec![0; 1_000_000], ..Default::default() };
+        let packed = pack(&huge);
+        assert!(packed.len() < 64 << 10, "compresses well: {}", packed.len());
+        let h = BlockHeader { samples: 1, ..Default::default() };
+        assert!(unpack_bounded::<SampleColumns>(&packed, samples_bound(&h)).is_err());
+        let h = BlockHeader { samples: 1_000_000, ..Default::default() };
+        assert!(unpack_bounded::<SampleColumns>(&packed, samples_bound(&h)).is_ok());
+        let mut dict = Dict::default();
+        let n = 100_000;
+        let chain = DictDelta { strings: vec!["f".into()], parent_delta: vec![1; n], frame: vec![0; n] };
+        dict.apply(&BlockHeader::default(), &pack(&chain)).unwrap();
+        let mut frames = Vec::new();
+        dict.frames(n as u32, &mut frames);
+        assert_eq!(frames.len(), MAX_STACK_FRAMES);
     }
 
     #[test]

@@ -22,16 +22,8 @@ impl Meta {
 
     /// Written to a temporary file and renamed, so a reader never sees half of it.
     pub fn write(&self, data_dir: &Path) -> Result<(), StoreError> {
-        let path = data_dir.join(Self::FILE);
-        let tmp = data_dir.join("meta.json.tmp");
         let json = serde_json::to_vec_pretty(self).expect("meta serialises");
-        let write = || -> std::io::Result<()> {
-            use std::{io::Write, os::unix::fs::OpenOptionsExt};
-            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-            f.write_all(&json)
-        };
-        write().map_err(|e| StoreError::Io(tmp.clone(), e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| StoreError::Io(path, e))
+        super::files::write_private(&data_dir.join(Self::FILE), &json)
     }
 
     /// Number of CPUs and sampling frequency of the profiled machine (1 CPU at 99 Hz when no

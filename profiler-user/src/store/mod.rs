@@ -4,6 +4,7 @@
 //! files concurrently and see every block flushed so far (see `format` for why a reader never
 //! sees half a block).
 
+pub mod files;
 pub mod format;
 pub mod identity;
 pub mod maintenance;
@@ -33,6 +34,10 @@ pub enum StoreError {
     Locked(PathBuf),
     #[error("{0}: {1}")]
     Io(PathBuf, #[source] std::io::Error),
+    #[error(
+        "refusing the data directory {0}: {1}. Another user could plant links there and make the daemon (root) overwrite any file; use a directory owned by root and writable only by root"
+    )]
+    Unsafe(PathBuf, String),
 }
 
 /// Where the segment starting at `start_ns` lives.
@@ -67,25 +72,19 @@ pub fn check_dir(data_dir: &Path) -> Result<(), StoreError> {
 /// Creates the data directory (root-only) and takes the single-writer lock, held as long as
 /// the returned file is open.
 pub fn create_and_lock(data_dir: &Path) -> Result<std::fs::File, StoreError> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |e| StoreError::Io(p, e)
     };
-    let segments = segments_dir(data_dir);
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&segments).map_err(io(&segments))?;
-    // Samples name processes and their code: root only, even if the directory existed before.
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let perms = std::fs::Permissions::from_mode(0o700);
-        std::fs::set_permissions(data_dir, perms).map_err(io(data_dir))?;
-    }
+    files::prepare_private_dir(data_dir)?;
     let lock_path = data_dir.join("LOCK");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&lock_path)
         .map_err(io(&lock_path))?;
     match lock.try_lock() {

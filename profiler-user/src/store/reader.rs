@@ -8,7 +8,8 @@ use std::{
 use super::{
     StoreError, check_dir,
     format::{
-        BlockHeader, Blocks, Dict, FLAG_IDENTITY, FLAG_RESET_DICT, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail, unpack,
+        BlockHeader, Blocks, Dict, FLAG_IDENTITY, FLAG_RESET_DICT, SEGMENT_NS, SampleColumns, SegmentHeader, Summary,
+        Tail, samples_bound, unpack, unpack_bounded,
     },
     identity::Identity,
     segments_dir,
@@ -130,7 +131,7 @@ impl Store {
             if start >= to_ns || start.saturating_add(SEGMENT_NS) <= from_ns {
                 continue;
             }
-            let data = match std::fs::read(&path) {
+            let data = match super::files::read_segment(&path) {
                 Ok(d) => d,
                 // Removed between listing and reading (retention): nothing to show.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -257,9 +258,17 @@ pub fn scan_segment(
             None
         };
         let samples = if need == Need::Samples {
-            match unpack::<SampleColumns>(sections.samples)
+            match unpack_bounded::<SampleColumns>(sections.samples, samples_bound(&header))
                 .and_then(|c| c.validate(dict.strings.len(), dict.nodes.len()).map(|()| c))
-            {
+                .and_then(|c| {
+                    // Rows never outnumber the samples the header announces (a rollup row
+                    // stands for one or more).
+                    if c.len() > header.samples as usize {
+                        Err(super::format::FormatError::Section("more rows than the header announces".into()))
+                    } else {
+                        Ok(c)
+                    }
+                }) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     warnings.push(format!("skipped a block of {}: {e}", path.display()));

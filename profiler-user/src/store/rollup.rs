@@ -13,8 +13,8 @@ use std::{
 use super::{
     StoreError,
     format::{
-        BlockHeader, Blocks, CpuCounts, Dict, DictDelta, FLAG_IDENTITY, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION, NS_PER_SEC,
-        SampleColumns, SegmentHeader, Summary, encode_block, pack, unpack,
+        BlockHeader, Blocks, CpuCounts, Dict, DictDelta, FLAG_IDENTITY, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION,
+        NS_PER_SEC, SampleColumns, SegmentHeader, Summary, encode_block, pack, unpack,
     },
 };
 
@@ -91,7 +91,7 @@ struct Window {
 /// Rewrites one raw segment as rollup blocks. Returns `None` if it was rolled up already.
 pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
     let io = |e| StoreError::Io(path.to_path_buf(), e);
-    let data = std::fs::read(path).map_err(io)?;
+    let data = super::files::read_segment(path).map_err(io)?;
     let header = match SegmentHeader::decode(&data) {
         Ok(h) => h,
         Err(e) => {

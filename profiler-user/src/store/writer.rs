@@ -8,15 +8,15 @@
 
 use std::{
     collections::BTreeMap,
-    fs::{self, File, OpenOptions},
+    fs::{self, File},
     io::{Read, Seek, SeekFrom, Write},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
 use rustc_hash::FxHashMap;
 
+use super::identity::Identity;
 use super::{
     StoreError,
     format::{
@@ -26,7 +26,6 @@ use super::{
     },
     segment_path,
 };
-use super::identity::Identity;
 use crate::model::{Sample, Stack};
 
 /// Bounds on the writer's memory.
@@ -308,7 +307,7 @@ impl StoreWriter {
     fn append(&mut self, segment_start: u64, bytes: &[u8], first_time: bool) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, segment_start);
         let io = |e| StoreError::Io(path.clone(), e);
-        let mut file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(&path).map_err(io)?;
+        let mut file = super::files::open_append(&path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
             let header = SegmentHeader { version: FORMAT_VERSION, start_ns: segment_start }.encode();
@@ -405,7 +404,7 @@ fn recover(path: &Path, file: &mut File, segment_start: u64) -> Result<(), Store
         let aside = path.with_extension(format!("{}.corrupt", crate::timespec::now_ns() / 1_000_000_000));
         tracing::warn!(file = %path.display(), error = %e, moved_to = %aside.display(), "damaged segment set aside");
         fs::rename(path, &aside).map_err(io)?;
-        *file = OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path).map_err(io)?;
+        *file = super::files::open_append(path).map_err(io)?;
         let header = SegmentHeader { version: FORMAT_VERSION, start_ns: segment_start };
         return file.write_all(&header.encode()).map_err(io);
     }
