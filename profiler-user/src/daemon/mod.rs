@@ -97,6 +97,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     // The symbolizer keeps up to ~770 files open and the server computes its connection cap
     // from the limit: raise the soft limit to the hard one whether or not the server runs.
     crate::serve::limits::raise_nofile();
+    close_abandoned(&config.data_dir);
     let mut collector =
         Collector::start(&CollectConfig { frequency_hz: config.frequency_hz, ring_bytes: config.ring_bytes })?;
     let rings = collector.take_rings().ok_or(CollectError::Missing("ring buffers"))?;
@@ -295,6 +296,20 @@ async fn serve(
         ),
     }
     Ok(())
+}
+
+/// Findings an earlier daemon left open (killed, or the machine went down) end where its data
+/// ends.
+fn close_abandoned(data_dir: &std::path::Path) {
+    let end = store::Store::open(data_dir).and_then(|mut s| s.last_end()).ok().flatten();
+    match crate::detect::log::close_abandoned(data_dir, end.unwrap_or_else(crate::timespec::now_ns)) {
+        Ok(closed) if !closed.is_empty() => tracing::info!(
+            findings = closed.len(),
+            "findings left open by an earlier run were closed at the end of its data"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "findings left open by an earlier run could not be closed"),
+    }
 }
 
 /// Tells systemd (`Type=notify`) about the daemon's state, when it runs under systemd.

@@ -47,6 +47,7 @@ impl Upkeep {
         let mut maintenance = store::maintenance::Maintenance::default();
         let mut memcgs = MemcgCounter::default();
         let mut measured_at: Option<Instant> = None;
+        let mut pruned_at: Option<Instant> = None;
         while !self.stop.load(Ordering::Acquire) {
             self.wait_for_kmsg(MAINTAIN_EVERY);
             if let Some(k) = self.kmsg.as_mut() {
@@ -57,6 +58,10 @@ impl Upkeep {
                 Err(_) => continue,
             };
             maintenance.run(&self.data_dir, &retention, rollup_after, self.write_failing.load(Ordering::Relaxed));
+            if pruned_at.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+                pruned_at = Some(Instant::now());
+                prune_findings(&self.data_dir, &retention);
+            }
             if measured_at.is_none_or(|t| t.elapsed() >= MEASURE_EVERY) {
                 measured_at = Some(Instant::now());
                 let now = now_ns();
@@ -96,6 +101,22 @@ impl Upkeep {
 }
 
 /// Kernel log lines that match a pattern become events.
+/// How often findings and events are pruned to the store's retention.
+const PRUNE_EVERY: Duration = Duration::from_secs(300);
+
+/// Findings and events live as long as the samples they describe: what ended before the oldest
+/// segment the store keeps (or before the age limit) goes.
+fn prune_findings(data_dir: &std::path::Path, retention: &store::retention::Retention) {
+    let oldest = store::reader::list_segments(data_dir).ok().and_then(|s| s.first().map(|(start, _)| *start));
+    let by_age = now_ns().saturating_sub(retention.max_age_ns);
+    let cutoff = oldest.map_or(by_age, |o| o.max(by_age));
+    match crate::detect::log::prune(data_dir, cutoff) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(records = n, "findings and events older than the store's data removed"),
+        Err(e) => tracing::warn!(error = %e, "findings and events could not be pruned"),
+    }
+}
+
 fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
     let offset = clock::unix_offset(libc::CLOCK_MONOTONIC);
     for (r, pattern) in k.read_matches() {

@@ -172,6 +172,20 @@ impl Store {
         Ok(summary)
     }
 
+    /// End of the newest block: reads only the newest segment that holds one.
+    pub fn last_end(&mut self) -> Result<Option<u64>, StoreError> {
+        for (start, _) in self.segments()?.into_iter().rev() {
+            let mut end = None;
+            self.scan(start, start.saturating_add(SEGMENT_NS), Need::Headers, &mut |b: BlockView<'_>| {
+                end = end.max(Some(b.header.end_ns))
+            })?;
+            if end.is_some() {
+                return Ok(end);
+            }
+        }
+        Ok(None)
+    }
+
     /// `[first, last)` covered, from block headers only.
     pub fn span(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
         let mut span: Option<(u64, u64)> = None;
