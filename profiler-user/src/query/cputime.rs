@@ -1,0 +1,115 @@
+//! CPU x time: per-CPU busy and kernel shares over time buckets.
+
+use super::{QueryError, Window};
+use crate::{
+    budget,
+    store::{
+        Store,
+        reader::{BlockView, Need},
+    },
+};
+
+/// Per-CPU busy and kernel-mode shares over time buckets.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CpuTime {
+    /// Start of the first bucket, ns since the epoch.
+    pub first_ns: u64,
+    pub bucket_ns: u64,
+    /// The bucket asked for: smaller than `bucket_ns` when the window would have exceeded the
+    /// cell budget and the buckets were widened.
+    pub requested_bucket_ns: u64,
+    /// CPU ids, one row each.
+    pub cpus: Vec<u32>,
+    /// `busy[row][bucket]`: busy ticks over the ticks the frequency gives a CPU in a bucket.
+    pub busy: Vec<Vec<f64>>,
+    /// `kernel[row][bucket]`: the part of `busy` spent in kernel mode.
+    pub kernel: Vec<Vec<f64>>,
+}
+
+/// CPU x time for `window` in buckets of `bucket_ns` (10 ms or more). Buckets of whole seconds
+/// come from block summaries; finer ones from the samples.
+pub fn cpu_time(
+    store: &mut Store,
+    window: Window,
+    bucket_ns: u64,
+    cpus: u32,
+    frequency_hz: u64,
+) -> Result<CpuTime, QueryError> {
+    use crate::store::format::{BUCKET_NS, NS_PER_SEC};
+    let requested_bucket_ns = bucket_ns.max(BUCKET_NS) / BUCKET_NS * BUCKET_NS;
+    let rows = cpus.max(1) as usize;
+    let bucket_ns = coarse_bucket(window, requested_bucket_ns, rows as u64);
+    let first_ns = window.from_ns / bucket_ns * bucket_ns;
+    let n = (window.to_ns - first_ns).div_ceil(bucket_ns) as usize;
+    let mut busy = vec![vec![0f64; n]; rows];
+    let mut kernel = vec![vec![0f64; n]; rows];
+    let col = |ts: u64| ((ts - first_ns) / bucket_ns) as usize;
+    // Ticks a CPU gets in one bucket at the frequency its block was recorded with: each block
+    // is read by its own frequency, so a window spanning a restart at another frequency reads
+    // right on both sides (`frequency_hz` serves segments older than format 4).
+    let ticks = |hz: u64| (hz.max(1) as f64 * bucket_ns as f64 / NS_PER_SEC as f64).max(1e-9);
+    if bucket_ns.is_multiple_of(NS_PER_SEC) {
+        store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
+            // A block's counts spread evenly over the buckets its span overlaps (a rolled-up
+            // block spans ten seconds).
+            let (start, end) = (b.header.start_ns.max(first_ns), b.header.end_ns.min(first_ns + n as u64 * bucket_ns));
+            if end <= start {
+                return;
+            }
+            let span = (b.header.end_ns - b.header.start_ns) as f64;
+            let per_tick = 1.0 / ticks(b.frequency_hz(frequency_hz));
+            for x in &b.summary.expect("summary decoded").cpus {
+                let Some(row) = busy.get_mut(x.cpu as usize) else { continue };
+                let mut t = start;
+                while t < end {
+                    let c = col(t);
+                    let stop = (first_ns + (c as u64 + 1) * bucket_ns).min(end);
+                    let part = (stop - t) as f64 / span;
+                    row[c] += x.busy as f64 * part * per_tick;
+                    kernel[x.cpu as usize][c] += x.kernel as f64 * part * per_tick;
+                    t = stop;
+                }
+            }
+        })?;
+    } else {
+        let budget = budget::ScanBudget::default();
+        budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
+            let s = b.samples.expect("samples decoded");
+            let per_tick = 1.0 / ticks(b.frequency_hz(frequency_hz));
+            for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
+                let cpu = s.cpu[i] as usize;
+                if !window.contains(ts) || cpu >= rows {
+                    continue;
+                }
+                busy[cpu][col(ts)] += s.count(i) as f64 * per_tick;
+                if b.dict.nodes.get(s.stack[i] as usize).is_some_and(|node| node.kernel) {
+                    kernel[cpu][col(ts)] += s.count(i) as f64 * per_tick;
+                }
+            }
+        })?;
+    }
+    let share = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+        v.into_iter().map(|r| r.into_iter().map(|x| x.min(1.0)).collect()).collect()
+    };
+    Ok(CpuTime {
+        first_ns,
+        bucket_ns,
+        requested_bucket_ns,
+        cpus: (0..rows as u32).collect(),
+        busy: share(busy),
+        kernel: share(kernel),
+    })
+}
+
+/// The bucket that keeps `window` within [`budget::CPUTIME_CELLS`]: the requested one, or a
+/// multiple of it (whole seconds once it reaches a second, so summaries answer).
+fn coarse_bucket(window: Window, bucket_ns: u64, rows: u64) -> u64 {
+    use crate::store::format::NS_PER_SEC;
+    let n = (window.to_ns - window.from_ns / bucket_ns * bucket_ns).div_ceil(bucket_ns) + 1;
+    let k = budget::seconds_per_column(n, rows, budget::CPUTIME_CELLS);
+    if k == 1 {
+        return bucket_ns;
+    }
+    let wide = bucket_ns.saturating_mul(k);
+    if wide >= NS_PER_SEC { wide.div_ceil(NS_PER_SEC) * NS_PER_SEC } else { wide }
+}

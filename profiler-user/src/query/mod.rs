@@ -1,0 +1,151 @@
+//! Answers window queries over the store: which samples fall in `[from, to)` and match the
+//! filters, and what they add up to. One module per answer: `fold` (stacks with counts, for
+//! flamegraphs), `grid` (the subsecond heatmap), `cputime` (per-CPU busy shares over time),
+//! `samples` (each sample, for exports). Filters and windows are here, so every answer keeps
+//! exactly the same samples.
+
+mod cputime;
+mod fold;
+mod grid;
+mod samples;
+
+use std::path::PathBuf;
+
+pub use cputime::{CpuTime, cpu_time};
+pub use fold::{Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line};
+pub use grid::{Grid, subsecond_grid};
+pub use samples::{SampleRef, for_each_sample};
+
+use crate::{
+    budget,
+    store::{
+        Meta, Store, StoreError,
+        format::{Dict, SampleColumns},
+    },
+    timespec::{format, format_duration},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("--from ({from}) is after --to ({to}): swap them")]
+    Reversed { from: String, to: String },
+    #[error("the window is empty: --from and --to are both {0}")]
+    Empty(String),
+    #[error("CPU {cpu} does not exist on the profiled machine (it has CPUs 0-{last})")]
+    UnknownCpu { cpu: u32, last: u32 },
+    #[error("no samples between {from} and {to} in {dir} ({held})")]
+    NoData { from: String, to: String, dir: PathBuf, held: String },
+    #[error(
+        "no samples match {filter} between {from} and {to} ({total} samples of other processes or CPUs in that window)"
+    )]
+    NoMatch { filter: String, from: String, to: String, total: u64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Budget(#[from] budget::BudgetError),
+}
+
+/// Which samples a query keeps.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Empty: every CPU.
+    pub cpus: Vec<u32>,
+    pub pid: Option<u32>,
+    pub comm: Option<String>,
+    pub include_idle: bool,
+}
+
+impl Filter {
+    fn cpu_ok(&self, cpu: u32) -> bool {
+        self.cpus.is_empty() || self.cpus.contains(&cpu)
+    }
+
+    /// Idle samples belong to pid 0 and no comm.
+    fn idle_ok(&self, cpu: u32) -> bool {
+        self.include_idle && self.cpu_ok(cpu) && self.pid.is_none_or(|p| p == 0) && self.comm.is_none()
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.cpus.is_empty() {
+            parts.push(self.cpus.iter().map(|c| format!("--cpu {c}")).collect::<Vec<_>>().join(" "));
+        }
+        if let Some(p) = self.pid {
+            parts.push(format!("--pid {p}"));
+        }
+        if let Some(c) = &self.comm {
+            parts.push(format!("--comm {c}"));
+        }
+        if parts.is_empty() { "the filters".into() } else { parts.join(" ") }
+    }
+}
+
+/// A [`Filter`] resolved against one block's dictionary (the comm as a string id): the one test
+/// every query applies to a sample.
+pub(crate) struct Matcher<'f> {
+    filter: &'f Filter,
+    /// `Some(None)`: a comm was asked for that this dictionary does not hold.
+    comm: Option<Option<u32>>,
+}
+
+impl Filter {
+    pub(crate) fn matcher(&self, dict: &Dict) -> Matcher<'_> {
+        let comm = self.comm.as_deref().map(|c| dict.strings.iter().position(|s| s == c).map(|i| i as u32));
+        Matcher { filter: self, comm }
+    }
+}
+
+impl Matcher<'_> {
+    /// Whether sample `i` of `s` passes the CPU, pid and comm filters.
+    pub(crate) fn keeps(&self, s: &SampleColumns, i: usize) -> bool {
+        self.filter.cpu_ok(s.cpu[i])
+            && self.filter.pid.is_none_or(|p| p == s.pid[i])
+            && self.comm.is_none_or(|id| id == Some(s.comm[i]))
+    }
+}
+
+/// A half-open time window `[from_ns, to_ns)`, ns since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub from_ns: u64,
+    pub to_ns: u64,
+}
+
+impl Window {
+    pub fn new(from_ns: u64, to_ns: u64) -> Result<Self, QueryError> {
+        if from_ns > to_ns {
+            return Err(QueryError::Reversed { from: format(from_ns), to: format(to_ns) });
+        }
+        if from_ns == to_ns {
+            return Err(QueryError::Empty(format(from_ns)));
+        }
+        Ok(Self { from_ns, to_ns })
+    }
+
+    pub fn contains(&self, ts: u64) -> bool {
+        (self.from_ns..self.to_ns).contains(&ts)
+    }
+}
+
+/// Validates the filter against the machine the store came from.
+pub fn check_filter(filter: &Filter, meta: Option<&Meta>) -> Result<(), QueryError> {
+    if let Some(meta) = meta
+        && let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= meta.cpus)
+    {
+        return Err(QueryError::UnknownCpu { cpu, last: meta.cpus.saturating_sub(1) });
+    }
+    Ok(())
+}
+
+/// What the store holds, as the tail of a "no data" sentence.
+fn held(store: &mut Store) -> Result<String, StoreError> {
+    Ok(match store.span()? {
+        None => "the store is empty: is the daemon running?".into(),
+        Some((a, b)) => format!("it holds {} to {}, {}", format(a), format(b), format_duration(b - a)),
+    })
+}
+
+#[cfg(test)]
+mod properties;
+#[cfg(test)]
+mod tests;
