@@ -4,7 +4,11 @@
 //! or replaced by a FIFO whose `open` blocks forever. So the file is opened through
 //! `/proc/PID/map_files/START-END`, a magic link to the inode that is mapped (a FIFO cannot be
 //! mapped), non-blocking anyway, and kept only when `fstat` says it is a regular file with the
-//! device and inode the maps named. Before blazesym parses it, the ELF section headers are
+//! device and inode the maps named. Opening `map_files` takes CAP_SYS_ADMIN (or
+//! CAP_CHECKPOINT_RESTORE), which the least-privilege daemon does not hold; then the path is
+//! opened inside the process's root instead, after `lstat` found there a regular file with the
+//! mapped device and inode, without following a last-component link, non-blocking, and
+//! checked again after opening. Before blazesym parses it, the ELF section headers are
 //! checked against the real file size and the symbol tables against a bound: a 20 KB sparse file
 //! whose symbol table claims 100 M entries would otherwise cost gigabytes and seconds.
 
@@ -53,10 +57,15 @@ pub fn open_mapped(pid: u32, mapping: &Mapping) -> Result<File, Refused> {
     let link = format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end);
     // No O_NOFOLLOW: map_files entries are (magic) links by design; what they lead to is the
     // mapped inode itself, whatever the path now holds.
-    let file = std::fs::OpenOptions::new()
+    let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-        .open(link)?;
+        .open(link);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => open_by_path(pid, mapping)?,
+        Err(e) => return Err(e.into()),
+    };
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         return Err(Refused::NotRegular);
@@ -66,6 +75,23 @@ pub fn open_mapped(pid: u32, mapping: &Mapping) -> Result<File, Refused> {
     }
     check_elf(&file, meta.len())?;
     Ok(file)
+}
+
+/// Without the capability `map_files` needs: the mapped path inside the process's root, opened
+/// only when it already is the mapped regular file (checked again by the caller after opening).
+fn open_by_path(pid: u32, mapping: &Mapping) -> Result<File, Refused> {
+    let path = format!("/proc/{pid}/root{}", mapping.path);
+    let before = std::fs::symlink_metadata(&path)?;
+    if !before.file_type().is_file() {
+        return Err(Refused::NotRegular);
+    }
+    if before.dev() != mapping.dev || before.ino() != mapping.inode {
+        return Err(Refused::Replaced);
+    }
+    Ok(std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NOFOLLOW)
+        .open(&path)?)
 }
 
 /// Refuses an ELF file whose section headers or symbol tables would make parsing it cost more
@@ -202,6 +228,25 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(b"#!/bin/sh\necho hi\n").unwrap();
         assert!(matches!(check(&f), Err(Refused::NotElf)));
+    }
+
+    #[test]
+    fn without_map_files_the_path_route_opens_only_the_mapped_file() {
+        let me = std::process::id();
+        let maps = super::super::maps::read(me, None).maps;
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let text = maps.iter().find(|m| m.is_file() && *m.path == *exe.to_string_lossy()).expect("own text mapping");
+        assert!(open_by_path(me, text).unwrap().metadata().unwrap().is_file());
+        // Another file at the path (or the path naming a FIFO): refused before any open.
+        let fifo = tempfile::tempdir().unwrap();
+        let p = fifo.path().join("fifo");
+        assert_eq!(unsafe { libc::mkfifo(std::ffi::CString::new(p.to_str().unwrap()).unwrap().as_ptr(), 0o600) }, 0);
+        let other = Mapping { path: p.to_str().unwrap().into(), ..text.clone() };
+        assert!(matches!(open_by_path(me, &other), Err(Refused::NotRegular)));
+        let other = Mapping { path: "/proc/self/exe/../../../etc/hostname".into(), ..text.clone() };
+        assert!(open_by_path(me, &other).is_err());
+        let other = Mapping { inode: text.inode + 1, ..text.clone() };
+        assert!(matches!(open_by_path(me, &other), Err(Refused::Replaced)));
     }
 
     #[test]
