@@ -20,10 +20,13 @@ struct Args {
     minutes: u64,
     stacks: usize,
     rss_only: bool,
+    /// Build (or reuse) a store in this directory and time `status` on it, with and without
+    /// its index.
+    status: Option<std::path::PathBuf>,
 }
 
 fn args() -> Args {
-    let mut a = Args { cpus: 64, hz: 99, minutes: 60, stacks: 50_000, rss_only: false };
+    let mut a = Args { cpus: 64, hz: 99, minutes: 60, stacks: 50_000, rss_only: false, status: None };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
     while let Some(k) = it.next() {
@@ -34,9 +37,12 @@ fn args() -> Args {
             "--minutes" => a.minutes = val(),
             "--stacks" => a.stacks = val() as usize,
             "--rss-only" => a.rss_only = true,
+            "--status" => a.status = Some(it.next().expect("a directory after --status").into()),
             "--bench" => {}
             "--help" => {
-                println!("store bench [--cpus 64] [--hz 99] [--minutes 60] [--stacks 50000] [--rss-only]");
+                println!(
+                    "store bench [--cpus 64] [--hz 99] [--minutes 60] [--stacks 50000] [--rss-only] [--status DIR]"
+                );
                 std::process::exit(0);
             }
             other => panic!("unknown argument {other}"),
@@ -69,8 +75,67 @@ fn time_ms(runs: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
+/// `status` on a big store: the summary read from every segment, the index built (what the
+/// daemon does once at its first start on such a store), and the summary read with the index.
+fn status_bench(a: &Args, dir: &std::path::Path) {
+    let t0 = 1_795_000_000 * 1_000_000_000u64;
+    if store::reader::list_segments(dir).map(|s| s.is_empty()).unwrap_or(true) {
+        let mut rng = Rng::new(0x5eed);
+        let pool = StackPool::new(a.stacks, &mut rng);
+        store::create_and_lock(dir).expect("store");
+        let mut writer = StoreWriter::new(&store::segments_dir(dir));
+        let mut ticks: Vec<Tick> = Vec::new();
+        let t = Instant::now();
+        for sec in 0..a.minutes * 60 {
+            let start = t0 + sec * 1_000_000_000;
+            ticks.clear();
+            synth::second(&pool, &mut rng, start, a.cpus, a.hz, |t| ticks.push(t));
+            for tick in &ticks {
+                match tick {
+                    Tick::Busy(s) => writer.push(s),
+                    Tick::Idle { ts_ns, cpu } => writer.push_idle(*ts_ns, *cpu),
+                }
+            }
+            writer.flush(start).expect("flush");
+        }
+        eprintln!("store of {} minutes written in {:.0} s", a.minutes, t.elapsed().as_secs_f64());
+    }
+    let index = store::index::index_dir(dir);
+    let _ = std::fs::remove_dir_all(&index);
+    let mut s = Store::open(dir).unwrap();
+    let mut truth = None;
+    let scan_ms = time_ms(3, || truth = Some(s.summary().unwrap()));
+    let truth = truth.unwrap();
+    let t = Instant::now();
+    let done = store::index::Indexer::new(dir).refresh(u64::MAX / 2).unwrap();
+    assert_eq!(done.added, truth.segments, "every segment indexed");
+    let refresh_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let mut with = None;
+    let index_ms = time_ms(5, || with = Some(s.summary().unwrap()));
+    assert_eq!(with.unwrap(), truth, "the index answers as the segments do");
+    let index_bytes: u64 = std::fs::read_dir(&index).unwrap().flatten().map(|e| e.metadata().unwrap().len()).sum();
+    println!(
+        "| store | {} CPUs x {} Hz x {} min: {:.2} GiB in {} segments, {} blocks; index {} files, {} bytes |",
+        a.cpus,
+        a.hz,
+        a.minutes,
+        truth.bytes as f64 / (1u64 << 30) as f64,
+        truth.segments,
+        truth.blocks,
+        std::fs::read_dir(&index).unwrap().count(),
+        index_bytes
+    );
+    println!("| summary from every segment (no index) | {scan_ms:.0} ms |");
+    println!("| index built from scratch (daemon, once) | {refresh_ms:.0} ms |");
+    println!("| summary with the index | {index_ms:.1} ms |");
+}
+
 fn main() {
     let a = args();
+    if let Some(dir) = &a.status {
+        status_bench(&a, dir);
+        return;
+    }
     let mut rng = Rng::new(0x5eed);
     let t = Instant::now();
     let pool = StackPool::new(a.stacks, &mut rng);

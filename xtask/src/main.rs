@@ -39,7 +39,8 @@ enum Cmd {
     /// Measure: `spine` (sample rate, lost, daemon CPU and RSS, query time), `store` (ingest,
     /// bytes/sample, query latency, memory on synthetic data), `perf` (bytes/sample next to
     /// `perf record`), `replay` (CPU per sample of the daemon's path, 2 to 192 CPUs, on one core;
-    /// REPLAY_QUICK=1 for a short run).
+    /// REPLAY_QUICK=1 for a short run), `status` (`profiler status` on a 1 GiB store, with and
+    /// without its index).
     Bench {
         #[arg(default_value = "spine")]
         which: String,
@@ -159,13 +160,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "overhead" => {
                     bench::overhead::run(&profiler, &helpers.join("hash-work"), &helper, seconds.unwrap_or(15), rounds)
                 }
+                "status" => bench::status(&workspace_root(), &profiler),
                 "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
                 "replay" => status({
                     let mut cmd = cargo();
                     cmd.args(["bench", "-q", "--package", "profiler-user", "--bench", "replay"]);
                     cmd
                 }),
-                other => bail!("unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay"),
+                other => {
+                    bail!("unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status")
+                }
             }
         }
         Cmd::Test { args } => {

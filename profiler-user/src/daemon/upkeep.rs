@@ -44,7 +44,7 @@ impl Upkeep {
     }
 
     fn run(mut self) {
-        let mut maintenance = store::maintenance::Maintenance::default();
+        let mut maintenance = store::maintenance::Maintenance::new(&self.data_dir);
         let mut memcgs = MemcgCounter::default();
         let mut measured_at: Option<Instant> = None;
         let mut pruned_at: Option<Instant> = None;

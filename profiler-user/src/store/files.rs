@@ -141,20 +141,25 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
 /// Reads a segment: a regular file (never a FIFO, device or symlink), at most
 /// [`MAX_SEGMENT_BYTES`].
 pub fn read_segment(path: &Path) -> io::Result<Vec<u8>> {
+    read_regular(path, MAX_SEGMENT_BYTES)
+}
+
+/// Reads a regular file (never a FIFO, device or symlink) of at most `max` bytes.
+pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     let f =
         OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
     let m = f.metadata()?;
     if !m.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file: skipped"));
     }
-    if m.len() > MAX_SEGMENT_BYTES {
+    if m.len() > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} bytes, more than a segment can hold ({MAX_SEGMENT_BYTES}): skipped", m.len()),
+            format!("{} bytes, more than such a file can hold ({max}): skipped", m.len()),
         ));
     }
     let mut data = Vec::with_capacity(m.len() as usize);
-    f.take(MAX_SEGMENT_BYTES).read_to_end(&mut data)?;
+    f.take(max).read_to_end(&mut data)?;
     Ok(data)
 }
 

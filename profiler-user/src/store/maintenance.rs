@@ -1,5 +1,6 @@
-//! Store upkeep the daemon runs from its flush tick: retention (by size and age, and at once
-//! while writes fail, since it may free space) and tiering (rolling old minutes up).
+//! Store upkeep the daemon runs on its upkeep thread: retention (by size and age, and at once
+//! while writes fail, since it may free space), tiering (rolling old minutes up) and the
+//! hours' indexes (kept true across both).
 
 use std::{
     path::Path,
@@ -8,28 +9,41 @@ use std::{
 
 use super::{
     format::SEGMENT_NS,
+    index::Indexer,
     reader,
     retention::{self, Retention, Why},
     rollup,
 };
 use crate::timespec::{self, now_ns};
 
-/// Retention and tiering, run from the flush tick at their own pace.
-#[derive(Default)]
+/// Retention, tiering and indexing, each at its own pace.
 pub struct Maintenance {
     last_retention: Option<Instant>,
     last_rollup: Option<Instant>,
+    last_index: Option<Instant>,
+    indexer: Indexer,
     /// Segments known to be rolled up already (or not worth trying again).
     rolled: std::collections::HashSet<u64>,
 }
 
 impl Maintenance {
+    pub fn new(data_dir: &Path) -> Self {
+        Self {
+            last_retention: None,
+            last_rollup: None,
+            last_index: None,
+            indexer: Indexer::new(data_dir),
+            rolled: Default::default(),
+        }
+    }
+
     pub fn run(&mut self, data_dir: &Path, bounds: &Retention, rollup_after: Option<Duration>, write_failing: bool) {
         let due = |last: Option<Instant>, every: Duration| last.is_none_or(|t| t.elapsed() >= every);
         // While writing fails the disk may be full: apply retention at once, it may free space.
         if write_failing || due(self.last_retention, Duration::from_secs(5)) {
             self.last_retention = Some(Instant::now());
-            match retention::enforce(data_dir, bounds, now_ns()) {
+            let indexer = &mut self.indexer;
+            match retention::enforce(data_dir, bounds, now_ns(), &mut |start, path| indexer.forget(start, path)) {
                 Ok(removed) => {
                     for r in removed {
                         let why = match r.why {
@@ -49,6 +63,19 @@ impl Maintenance {
                 Err(e) => tracing::warn!(error = %e, "retention could not finish"),
             }
         }
+        // The index lags the newest minute by at most this; readers read what it lacks.
+        if due(self.last_index, Duration::from_secs(60)) {
+            self.last_index = Some(Instant::now());
+            match self.indexer.refresh(now_ns()) {
+                Ok(r) if r.rebuilt > 0 => {
+                    tracing::info!(hours = r.rebuilt, "index rebuilt for hours whose files changed")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the store's index could not be refreshed; readers read the segments")
+                }
+            }
+        }
         let Some(after) = rollup_after else { return };
         if !due(self.last_rollup, Duration::from_secs(30)) {
             return;
@@ -66,7 +93,9 @@ impl Maintenance {
                 continue;
             }
             budget -= 1;
-            match rollup::rollup_segment(&path) {
+            // Out of the index before the file is replaced; the next refresh indexes the new one.
+            let indexer = &mut self.indexer;
+            match rollup::rollup_segment_with(&path, &mut || indexer.forget(start, &path)) {
                 Ok(Some(r)) => tracing::info!(
                     file = %path.display(),
                     samples = r.samples,

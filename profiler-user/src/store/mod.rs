@@ -7,6 +7,7 @@
 pub mod files;
 pub mod format;
 pub mod identity;
+pub mod index;
 pub mod maintenance;
 pub mod meta;
 pub mod reader;

@@ -66,7 +66,7 @@ pub struct Store {
     warnings: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CpuSummary {
     pub samples: u64,
     pub idle: u64,
@@ -146,30 +146,10 @@ impl Store {
         Ok(())
     }
 
-    /// Span, sizes and per-CPU counts of the whole store, from block summaries.
+    /// Span, sizes and per-CPU counts of the whole store: from the hours' indexes where they
+    /// hold, from block summaries where they do not (see [`super::index`]).
     pub fn summary(&mut self) -> Result<StoreSummary, StoreError> {
-        let mut summary = StoreSummary::default();
-        for (_, path) in self.segments()? {
-            summary.segments += 1;
-            summary.bytes += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        }
-        let mut span: Option<(u64, u64)> = None;
-        let mut cpus = BTreeMap::<u32, CpuSummary>::new();
-        let mut blocks = 0;
-        self.scan(0, u64::MAX, Need::Summary, &mut |b: BlockView<'_>| {
-            blocks += 1;
-            span = Some(extend(span, b.header));
-            for c in &b.summary.expect("summary decoded").cpus {
-                let e = cpus.entry(c.cpu).or_default();
-                e.samples += c.busy;
-                e.idle += c.idle;
-                e.lost += c.lost;
-            }
-        })?;
-        summary.span = span;
-        summary.cpus = cpus;
-        summary.blocks = blocks;
-        Ok(summary)
+        super::index::summarize(&self.data_dir, &mut self.warnings)
     }
 
     /// End of the newest block: reads only the newest segment that holds one.
@@ -186,11 +166,9 @@ impl Store {
         Ok(None)
     }
 
-    /// `[first, last)` covered, from block headers only.
+    /// `[first, last)` covered (from the index, as [`Store::summary`]).
     pub fn span(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
-        let mut span: Option<(u64, u64)> = None;
-        self.scan(0, u64::MAX, Need::Headers, &mut |b: BlockView<'_>| span = Some(extend(span, b.header)))?;
-        Ok(span)
+        Ok(self.summary()?.span)
     }
 }
 
@@ -313,12 +291,5 @@ fn warn_corrupt(path: &Path, data: &[u8], tail: Option<&Tail>, warnings: &mut Ve
             path.display(),
             data.len() - offset
         ));
-    }
-}
-
-fn extend(span: Option<(u64, u64)>, h: &BlockHeader) -> (u64, u64) {
-    match span {
-        None => (h.start_ns, h.end_ns),
-        Some((a, b)) => (a.min(h.start_ns), b.max(h.end_ns)),
     }
 }

@@ -36,7 +36,13 @@ pub struct Removed {
 
 /// Removes segments, oldest first, until the store is within `r`. The newest segment is never
 /// removed (the daemon is writing it), so the store exceeds `max_bytes` by at most one segment.
-pub fn enforce(data_dir: &Path, r: &Retention, now_ns: u64) -> Result<Vec<Removed>, StoreError> {
+/// `before_remove` runs before each removal (the index lets go of the segment first).
+pub fn enforce(
+    data_dir: &Path,
+    r: &Retention,
+    now_ns: u64,
+    before_remove: &mut dyn FnMut(u64, &Path) -> Result<(), StoreError>,
+) -> Result<Vec<Removed>, StoreError> {
     let mut segments: Vec<(u64, PathBuf, u64)> = list_segments(data_dir)?
         .into_iter()
         .map(|(start, path)| {
@@ -69,6 +75,7 @@ pub fn enforce(data_dir: &Path, r: &Retention, now_ns: u64) -> Result<Vec<Remove
             break;
         };
         let (start, path, _) = segments.remove(0);
+        before_remove(start, &path)?;
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -98,7 +105,7 @@ mod tests {
     fn oldest_go_first_until_within_size() {
         let dir = store_with(&[(10, 100), (11, 100), (12, 100), (13, 100)]);
         let r = Retention { max_bytes: 250, max_age_ns: u64::MAX / 2 };
-        let removed = enforce(dir.path(), &r, 14 * SEGMENT_NS).unwrap();
+        let removed = enforce(dir.path(), &r, 14 * SEGMENT_NS, &mut |_, _| Ok(())).unwrap();
         assert_eq!(removed.iter().map(|r| r.start_ns / SEGMENT_NS).collect::<Vec<_>>(), vec![10, 11]);
         assert!(removed.iter().all(|r| r.why == Why::Size));
         assert_eq!(list_segments(dir.path()).unwrap().len(), 2);
@@ -108,7 +115,7 @@ mod tests {
     fn the_newest_segment_stays_even_when_too_big() {
         let dir = store_with(&[(10, 100), (11, 1000)]);
         let r = Retention { max_bytes: 10, max_age_ns: 0 };
-        enforce(dir.path(), &r, 100 * SEGMENT_NS).unwrap();
+        enforce(dir.path(), &r, 100 * SEGMENT_NS, &mut |_, _| Ok(())).unwrap();
         let left = list_segments(dir.path()).unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].0, 11 * SEGMENT_NS);
@@ -118,7 +125,7 @@ mod tests {
     fn old_segments_go_by_age() {
         let dir = store_with(&[(10, 1), (11, 1), (20, 1)]);
         let r = Retention { max_bytes: u64::MAX, max_age_ns: 5 * 60 * NS_PER_SEC };
-        let removed = enforce(dir.path(), &r, 17 * SEGMENT_NS).unwrap();
+        let removed = enforce(dir.path(), &r, 17 * SEGMENT_NS, &mut |_, _| Ok(())).unwrap();
         assert_eq!(removed.len(), 2);
         assert!(removed.iter().all(|r| r.why == Why::Age));
     }
@@ -164,7 +171,7 @@ mod bound_tests {
                 });
             }
             w.flush(now).unwrap();
-            removed += enforce(dir.path(), &r, now).unwrap().len();
+            removed += enforce(dir.path(), &r, now, &mut |_, _| Ok(())).unwrap().len();
             let sizes: Vec<u64> =
                 list_segments(dir.path()).unwrap().iter().map(|(_, p)| std::fs::metadata(p).unwrap().len()).collect();
             largest = largest.max(*sizes.iter().max().unwrap());

@@ -90,6 +90,15 @@ struct Window {
 
 /// Rewrites one raw segment as rollup blocks. Returns `None` if it was rolled up already.
 pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
+    rollup_segment_with(path, &mut || Ok(()))
+}
+
+/// [`rollup_segment`], calling `before_replace` just before the rewritten file replaces the
+/// segment (the index lets go of the segment there); if it fails, the segment stays as it was.
+pub fn rollup_segment_with(
+    path: &Path,
+    before_replace: &mut dyn FnMut() -> Result<(), StoreError>,
+) -> Result<Option<RolledUp>, StoreError> {
     let io = |e| StoreError::Io(path.to_path_buf(), e);
     let data = super::files::read_segment(path).map_err(io)?;
     let header = match SegmentHeader::decode(&data) {
@@ -189,6 +198,10 @@ pub fn rollup_segment(path: &Path) -> Result<Option<RolledUp>, StoreError> {
     if let Err(e) = write() {
         let _ = std::fs::remove_file(&tmp);
         return Err(StoreError::Io(tmp, e));
+    }
+    if let Err(e) = before_replace() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
     if let Err(e) = std::fs::rename(&tmp, path) {
         let _ = std::fs::remove_file(&tmp);

@@ -215,6 +215,42 @@ pub fn store(root: &Path, minutes: u64) -> anyhow::Result<()> {
     bench(&["--rss-only", "--hz", "999", "--minutes", "2"])
 }
 
+/// `cargo xtask bench status`: a 1 GiB store (64 CPUs x 99 Hz for 14 hours of synthetic
+/// samples, kept in the target directory so later runs reuse it), `Store::summary` with and
+/// without the index in process, then the real `profiler status` command timed both ways.
+pub fn status(root: &Path, profiler: &Path) -> anyhow::Result<()> {
+    let dir = root.join("target").join("bench-status-store");
+    let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(root)
+        .args(["bench", "-q", "--package", "profiler-user", "--bench", "store", "--", "--minutes", "840", "--status"])
+        .arg(&dir)
+        .status()?;
+    if !st.success() {
+        bail!("the status benchmark failed ({st})");
+    }
+    let time = |label: &str| -> anyhow::Result<()> {
+        let mut runs = Vec::new();
+        for _ in 0..7 {
+            let t = std::time::Instant::now();
+            let out = Command::new(profiler).args(["status", "--data-dir"]).arg(&dir).output()?;
+            runs.push(t.elapsed().as_secs_f64() * 1000.0);
+            if !out.status.success() {
+                bail!("profiler status failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        runs.sort_by(f64::total_cmp);
+        println!("| `profiler status` (the command, {label}), median of 7 | {:.1} ms |", runs[3]);
+        Ok(())
+    };
+    time("with the index")?;
+    let index = dir.join("index");
+    let aside = dir.join("index.aside");
+    std::fs::rename(&index, &aside)?;
+    let without = time("no index");
+    std::fs::rename(&aside, &index)?;
+    without
+}
+
 /// `cargo xtask bench perf`: our daemon and `perf record -F 99 -a -g` side by side on the same
 /// workload (a user-space spinner on CPU 1, a directory walker on CPU 0): bytes per sample.
 pub fn perf(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()> {
