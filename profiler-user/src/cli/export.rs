@@ -1,0 +1,84 @@
+//! `profiler export`: the samples of a window in a format other tools open.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use profiler::{
+    export::{flamegraph, perf_script, pprof, speedscope},
+    query,
+    store::{Meta, Store},
+    timespec,
+};
+
+use super::{
+    args::{DataDir, FilterArgs, WindowArgs, require_data, window_of},
+    output::open_output,
+};
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// `perf script` text (FlameScope, speedscope)
+    PerfScript,
+    /// Brendan Gregg's folded stacks
+    Folded,
+    /// gzipped pprof protobuf (`go tool pprof`)
+    Pprof,
+    /// speedscope JSON
+    Speedscope,
+}
+
+// The command's help is the doc comment of its `Command` variant.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub dir: DataDir,
+    #[command(flatten)]
+    pub window: WindowArgs,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    #[arg(long, value_enum)]
+    pub format: ExportFormat,
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Args { dir, window, filter, format, output } = args;
+    let w = window_of(&window.from, &window.to)?;
+    let mut store = Store::open(&dir.data_dir)?;
+    require_data(&mut store, w)?;
+    let filter = filter.filter();
+    let hz = Meta::read(&dir.data_dir).map_or(99, |m| m.frequency_hz);
+    let mut out = open_output(output.as_deref())?;
+    match format {
+        ExportFormat::Folded => {
+            let folded = query::fold(&mut store, w, &filter)?;
+            flamegraph::write_folded(&folded, &mut out)?;
+        }
+        ExportFormat::PerfScript => {
+            perf_script::write_header(&mut out)?;
+            let mut err = None;
+            query::for_each_sample(&mut store, w, &filter, |s| {
+                if err.is_none() {
+                    err = perf_script::write_sample(s, &mut out).err();
+                }
+            })?;
+            if let Some(e) = err {
+                return Err(e.into());
+            }
+        }
+        ExportFormat::Pprof => {
+            let mut b = pprof::Builder::new(hz);
+            query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
+            b.finish(&mut out)?;
+        }
+        ExportFormat::Speedscope => {
+            let mut b = speedscope::Builder::default();
+            let period = 1_000_000_000 / hz.max(1);
+            query::for_each_sample(&mut store, w, &filter, |s| b.add(s, period))?;
+            b.finish(&format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)), &mut out)?;
+        }
+    }
+    out.finish()?;
+    Ok(())
+}

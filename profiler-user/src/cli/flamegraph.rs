@@ -1,0 +1,159 @@
+//! `profiler flamegraph`: a window (or the window around a finding) as SVG or folded stacks,
+//! or against a baseline window.
+
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+use profiler::{
+    collect::kmsg,
+    detect,
+    export::flamegraph,
+    query::{self, Filter, Window},
+    store::Store,
+    timespec,
+};
+
+use super::{
+    args::{DataDir, FilterArgs},
+    output::open_output,
+};
+
+// The command's help is the doc comment of its `Command` variant.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub dir: DataDir,
+    /// Start: RFC 3339, unix seconds, `now`, or relative (-30s, -5m, -1h).
+    #[arg(long, allow_hyphen_values = true, required_unless_present = "around")]
+    pub from: Option<String>,
+    /// End (exclusive), same forms as --from [default: now].
+    #[arg(long, allow_hyphen_values = true)]
+    pub to: Option<String>,
+    /// The window around a finding or event (its id, from `profiler findings` or
+    /// `profiler events`); --cpu defaults to the finding's CPU.
+    #[arg(long, conflicts_with_all = ["from", "to"])]
+    pub around: Option<String>,
+    /// With --around: how much before the finding's start or the event.
+    #[arg(long, default_value = "5s", requires = "around")]
+    pub before: String,
+    /// With --around: how much after the event (or the finding's end).
+    #[arg(long, default_value = "1s", requires = "around")]
+    pub after: String,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Show idle samples (as `[idle]`).
+    #[arg(long)]
+    pub include_idle: bool,
+    /// Differential flamegraph: compare the window with this baseline window (start)...
+    #[arg(long, allow_hyphen_values = true, requires = "baseline_to")]
+    pub baseline_from: Option<String>,
+    /// ...and end.
+    #[arg(long, allow_hyphen_values = true, requires = "baseline_from")]
+    pub baseline_to: Option<String>,
+    #[arg(long, value_enum, default_value_t = Format::Svg)]
+    pub format: Format,
+    /// Output file (default: stdout).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Format {
+    Svg,
+    Folded,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let Args { dir, from, to, around, before, after, filter, include_idle, baseline_from, baseline_to, format, output } =
+        args;
+    let now = timespec::now_ns();
+    let mut filter = filter.filter();
+    let window = match around {
+        Some(id) => {
+            let (window, finding_cpu) = around_window(&dir.data_dir, &id, &before, &after)?;
+            if filter.cpus.is_empty() {
+                filter.cpus.extend(finding_cpu);
+            }
+            window
+        }
+        None => Window::new(
+            timespec::parse(from.as_deref().unwrap_or("-30s"), now)?,
+            timespec::parse(to.as_deref().unwrap_or("now"), now)?,
+        )?,
+    };
+    let filter = Filter { include_idle, ..filter };
+    let mut store = Store::open(&dir.data_dir)?;
+    let result = query::fold(&mut store, window, &filter);
+    for w in store.take_warnings() {
+        tracing::warn!("{w}");
+    }
+    let folded = result?;
+    if folded.truncated_stacks > 0 {
+        eprintln!(
+            "note: {} rare stacks merged into {}: a flamegraph keeps at most {} distinct stacks",
+            folded.truncated_stacks,
+            profiler::budget::TRUNCATED,
+            profiler::budget::MAX_STACKS
+        );
+    }
+    let mut out = open_output(output.as_deref())?;
+    if let (Some(bf), Some(bt)) = (baseline_from, baseline_to) {
+        let base_window = Window::new(timespec::parse(&bf, now)?, timespec::parse(&bt, now)?)?;
+        let baseline = query::fold(&mut store, base_window, &filter)?;
+        if let Format::Folded = format {
+            anyhow::bail!("a differential flamegraph is SVG only: drop --format folded");
+        }
+        let subtitle = format!(
+            "{} to {} against {} to {} (red: more than the baseline, blue: less)",
+            timespec::format(window.from_ns),
+            timespec::format(window.to_ns),
+            timespec::format(base_window.from_ns),
+            timespec::format(base_window.to_ns)
+        );
+        flamegraph::write_diff_svg(&baseline, &folded, "Differential CPU flamegraph", &subtitle, &mut out)?;
+        out.finish()?;
+        return Ok(());
+    }
+    match format {
+        Format::Folded => flamegraph::write_folded(&folded, &mut out)?,
+        Format::Svg => {
+            let title = match filter.cpus.as_slice() {
+                [] => "CPU flamegraph".to_string(),
+                cpus => {
+                    format!("CPU flamegraph, CPU {}", cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
+                }
+            };
+            let subtitle = format!(
+                "{} to {} ({}), {} samples",
+                timespec::format(window.from_ns),
+                timespec::format(window.to_ns),
+                timespec::format_duration(window.to_ns - window.from_ns),
+                folded.total()
+            );
+            flamegraph::write_svg(&folded, &title, &subtitle, &mut out)?
+        }
+    }
+    out.finish()
+}
+
+/// The window around a finding (from `before` its start to `after` its end) or an event.
+fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow::Result<(Window, Option<u32>)> {
+    profiler::store::check_dir(data_dir)?;
+    let dur = |what: &str, v: &str| {
+        timespec::parse_duration_ns(v)
+            .ok_or_else(|| anyhow::anyhow!("{what} '{v}' is not a duration: use 5s, 500ms, 1m"))
+    };
+    let (before, after) = (dur("--before", before)?, dur("--after", after)?);
+    if let Some(f) = detect::log::findings(data_dir)?.into_iter().find(|f| f.id == id) {
+        let end = f.end_ns.unwrap_or_else(timespec::now_ns);
+        return Ok((Window::new(f.start_ns.saturating_sub(before), end + after)?, f.cpu));
+    }
+    let events: Vec<kmsg::Event> = detect::log::read_all(data_dir, detect::log::EVENTS)?;
+    if let Some(e) = events.into_iter().find(|e| e.id == id) {
+        return Ok((Window::new(e.ts_ns.saturating_sub(before), e.ts_ns + after)?, None));
+    }
+    anyhow::bail!(
+        "no finding or event has the id '{id}' in {}; `profiler findings` and `profiler events` list them",
+        data_dir.display()
+    )
+}

@@ -1,0 +1,77 @@
+//! `profiler findings` and `profiler events`: what the detectors and the kernel log said in a
+//! window, as text or JSON.
+
+use std::path::Path;
+
+use profiler::{detect, query::Window, text, timespec};
+
+use super::args::{DataDir, StatusFormat, window_of};
+
+// The commands' help is the doc comment of their `Command` variants.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub dir: DataDir,
+    #[arg(long, allow_hyphen_values = true, default_value = "-1h")]
+    pub from: String,
+    #[arg(long, allow_hyphen_values = true, default_value = "now")]
+    pub to: String,
+    #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+    pub format: StatusFormat,
+}
+
+fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
+    profiler::store::check_dir(data_dir)?;
+    let w = window_of(from, to)?;
+    print_list(&detect::log::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, |f| {
+        let end = match f.end_ns {
+            Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
+            None => "open".to_string(),
+        };
+        // Summaries name processes (comm) and functions: untrusted text.
+        format!(
+            "{}  {:?}  {} .. {}\n    {}",
+            text::visible(&f.id),
+            f.severity,
+            timespec::format(f.start_ns),
+            end,
+            text::visible(&f.summary)
+        )
+    })
+}
+
+fn events_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
+    profiler::store::check_dir(data_dir)?;
+    let w = window_of(from, to)?;
+    print_list(&detect::log::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
+        format!("{}  {}  {}", text::visible(&e.id), timespec::format(e.ts_ns), text::visible(&e.message))
+    })
+}
+
+pub fn findings(args: Args) -> anyhow::Result<()> {
+    findings_of(&args.dir.data_dir, &args.from, &args.to, args.format)
+}
+
+pub fn events(args: Args) -> anyhow::Result<()> {
+    events_of(&args.dir.data_dir, &args.from, &args.to, args.format)
+}
+
+/// A list as JSON, or one text line per item (a sentence when there is none).
+fn print_list<T: serde::Serialize>(
+    list: &[T],
+    what: &str,
+    w: Window,
+    format: StatusFormat,
+    line: impl Fn(&T) -> String,
+) -> anyhow::Result<()> {
+    if let StatusFormat::Json = format {
+        println!("{}", serde_json::to_string_pretty(list)?);
+    } else if list.is_empty() {
+        println!("no {what} between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
+    } else {
+        for item in list {
+            println!("{}", line(item));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `profiler run`: the daemon's flags, merged with its config file.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
+use clap::ValueEnum;
+use profiler::{
+    collect::kmsg,
+    config::{self, ConfigFile},
+    daemon::{self, DaemonConfig},
+    logs,
+    store::writer::WriterLimits,
+};
+
+use super::args::DEFAULT_DATA_DIR;
+
+/// Flags of `profiler run`. Each overrides the config file, which overrides the defaults.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// TOML file with any of these settings (see README).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Where samples are stored [default: /var/lib/profiler].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Samples per second on each CPU [default: 99].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    frequency: Option<u64>,
+    /// Size of the BPF ring buffer in KiB, a power of two from 4 to 1048576 [default: 4096].
+    #[arg(long)]
+    ring_buffer_kib: Option<u32>,
+    /// How often samples are written to disk, in milliseconds [default: 500].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(50..=1_000))]
+    flush_ms: Option<u64>,
+    /// How often the daemon logs its one-line report, in seconds [default: 10].
+    #[arg(long)]
+    report_secs: Option<u64>,
+    /// Size limit of the store; the oldest minutes go first [default: 1GiB].
+    #[arg(long)]
+    max_size: Option<String>,
+    /// Age limit of the store [default: 7d].
+    #[arg(long)]
+    max_age: Option<String>,
+    /// Roll minutes older than this up into 10 s aggregates, or `off` [default: 24h].
+    #[arg(long)]
+    rollup_after: Option<String>,
+    /// Address of the UI, JSON API and /metrics, or `off` [default: 127.0.0.1:7070].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
+    /// journal, else text].
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    /// One line per event: time, level, sentence, key=value fields
+    Text,
+    /// One JSON object per event (`timestamp`, `level`, `fields` with `message`)
+    Json,
+}
+
+impl RunArgs {
+    fn into_config(self) -> anyhow::Result<DaemonConfig> {
+        let file = match &self.config {
+            Some(path) => ConfigFile::load(path)?,
+            None => ConfigFile::default(),
+        };
+        let store = file.store.clone();
+        if let Some(p) = &file.events.patterns {
+            kmsg::Kmsg::validate(p)?;
+        }
+        let frequency = self.frequency.or(file.frequency).unwrap_or(99);
+        if !(1..=10_000).contains(&frequency) {
+            anyhow::bail!("frequency {frequency} Hz is out of range: use 1 to 10000");
+        }
+        let flush_ms = self.flush_ms.or(file.flush_ms).unwrap_or(500);
+        if !(50..=1_000).contains(&flush_ms) {
+            anyhow::bail!(
+                "flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)"
+            );
+        }
+        let report_secs = self.report_secs.or(file.report_secs).unwrap_or(10);
+        if !(1..=86_400).contains(&report_secs) {
+            anyhow::bail!("report_secs {report_secs} is out of range: use 1 to 86400 seconds");
+        }
+        let store_flags =
+            config::StoreFlags { max_size: self.max_size, max_age: self.max_age, rollup_after: self.rollup_after };
+        let settings = config::Reloadable::from(&file, &store_flags)?;
+        let listen = self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7070".to_string());
+        let listen = if listen.eq_ignore_ascii_case("off") {
+            None
+        } else {
+            Some(listen.parse().map_err(|_| {
+                anyhow::anyhow!("listen address '{listen}' is not IP:PORT (e.g. 127.0.0.1:7070) or off")
+            })?)
+        };
+        Ok(DaemonConfig {
+            listen,
+            data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+            frequency_hz: frequency,
+            ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,
+            flush_interval: Duration::from_millis(flush_ms),
+            report_interval: Duration::from_secs(report_secs),
+            settings,
+            config_path: self.config,
+            store_flags,
+            limits: WriterLimits {
+                dict_cap: config::dict_cap(store.dict_cap.unwrap_or(WriterLimits::default().dict_cap))?,
+                ..Default::default()
+            },
+            event_patterns: file
+                .events
+                .patterns
+                .unwrap_or_else(|| kmsg::DEFAULT_PATTERNS.iter().map(|p| p.to_string()).collect()),
+        })
+    }
+}
+
+impl LogFormat {
+    pub fn logs(self) -> logs::Format {
+        match self {
+            LogFormat::Text => logs::Format::Text,
+            LogFormat::Json => logs::Format::Json,
+        }
+    }
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    rt.block_on(daemon::run(config))?;
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! `profiler status` (what the store holds) and `profiler ui` (the live UI's address).
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use profiler::{
+    store::{Meta, Store},
+    text, timespec,
+};
+
+use super::args::{DataDir, StatusFormat};
+
+// The command's help is the doc comment of its `Command` variant.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub dir: DataDir,
+    #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+    pub format: StatusFormat,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    status(&args.dir.data_dir, args.format)
+}
+
+/// Prints the UI's address the daemon left in the data directory.
+pub fn ui(dir: DataDir) -> anyhow::Result<()> {
+    profiler::store::check_dir(&dir.data_dir)?;
+    let path = dir.data_dir.join(profiler::serve::URL_FILE);
+    let url = std::fs::read_to_string(&path)
+        .with_context(|| format!("no UI address in {} (is the daemon running with its UI on?)", path.display()))?;
+    println!("{}", text::visible(url.trim()));
+    Ok(())
+}
+
+fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
+    let mut store = Store::open(data_dir)?;
+    let summary = store.summary()?;
+    for w in store.take_warnings() {
+        tracing::warn!("{w}");
+    }
+    let meta = Meta::read(data_dir);
+    let daemon_running =
+        std::fs::OpenOptions::new().write(true).open(data_dir.join("LOCK")).ok().is_some_and(|f| f.try_lock().is_err());
+    if let StatusFormat::Json = format {
+        let json = serde_json::json!({
+            "data_dir": data_dir,
+            "daemon_running": daemon_running,
+            "meta": meta,
+            "summary": summary,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    println!("data dir     {}", text::visible(&data_dir.display().to_string()));
+    println!("daemon       {}", if daemon_running { "running" } else { "not running" });
+    if let Some(m) = &meta {
+        println!("machine      {} ({} CPUs), sampled at {} Hz", text::visible(&m.hostname), m.cpus, m.frequency_hz);
+    }
+    println!(
+        "store        {:.2} MiB in {} segments, {} blocks",
+        summary.bytes as f64 / 1048576.0,
+        summary.segments,
+        summary.blocks
+    );
+    let Some((first, last)) = summary.span else {
+        println!("time range   empty: no samples yet");
+        return Ok(());
+    };
+    println!(
+        "time range   {} to {} ({})",
+        timespec::format(first),
+        timespec::format(last),
+        timespec::format_duration(last - first)
+    );
+    let (mut busy, mut idle, mut lost) = (0, 0, 0);
+    for (cpu, c) in &summary.cpus {
+        let total = c.samples + c.idle;
+        println!("cpu {cpu:<8} {total} samples ({} busy, {} idle), {} lost", c.samples, c.idle, c.lost);
+        busy += c.samples;
+        idle += c.idle;
+        lost += c.lost;
+    }
+    println!("total        {} samples ({busy} busy, {idle} idle), {lost} lost", busy + idle);
+    Ok(())
+}
