@@ -101,6 +101,36 @@ fn s1_kernel_hog_and_s4_reset_event() {
     assert!(daemon.stop().success());
 }
 
+/// A daemon killed while a finding is open: the next one closes it at the end of the data the
+/// killed one wrote (not "open forever", not at the restart), and says so in its evidence.
+#[test]
+fn a_finding_left_open_by_a_killed_daemon_is_closed_at_restart() {
+    if !privileged("a_finding_left_open_by_a_killed_daemon_is_closed_at_restart") {
+        return;
+    }
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
+    let dir = data.to_str().unwrap();
+    let hog = spawn(Command::new("taskset").args(["-c", "1", "dd", "if=/dev/zero", "of=/dev/null", "bs=1M"]));
+    let (open, _) = wait_finding(dir, "saturated-core", Some(1), Duration::from_secs(20));
+    assert!(open["end_ns"].is_null(), "{open}");
+    daemon.kill9();
+    let killed_at = now_secs();
+    drop(hog);
+    let id = open["id"].as_str().unwrap().to_string();
+    assert!(findings(dir).iter().any(|f| f["id"] == id.as_str() && f["end_ns"].is_null()), "still open while down");
+    let mut again = Daemon::start(&data, &[]);
+    again.wait_ready_since(killed_at);
+    let closed = wait_for("the abandoned finding closed", Duration::from_secs(10), || {
+        findings(dir).into_iter().find(|f| f["id"] == id.as_str() && !f["end_ns"].is_null())
+    });
+    let end = closed["end_ns"].as_u64().unwrap() as f64 / 1e9;
+    let start = closed["start_ns"].as_u64().unwrap() as f64 / 1e9;
+    assert!(start <= end && end <= killed_at + 0.5, "closed at {end}, killed at {killed_at}: {closed}");
+    assert!(closed["evidence"]["closed_by"].as_str().is_some_and(|s| s.starts_with("restart")), "{closed}");
+    assert!(again.log_text().contains("closed at the end of its data"), "{}", again.log_text());
+    assert!(again.stop().success());
+}
+
 /// Zombie memcgs' parent cgroup and page-cache files, removed (and the zombies freed) on drop.
 struct MemcgLab {
     parent: PathBuf,

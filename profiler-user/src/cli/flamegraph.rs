@@ -148,7 +148,7 @@ fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow
         let end = f.end_ns.unwrap_or_else(timespec::now_ns);
         return Ok((Window::new(f.start_ns.saturating_sub(before), end + after)?, f.cpu));
     }
-    let events: Vec<kmsg::Event> = detect::log::read_all(data_dir, detect::log::EVENTS)?;
+    let events: Vec<kmsg::Event> = detect::log::events_in(data_dir, 0, u64::MAX)?;
     if let Some(e) = events.into_iter().find(|e| e.id == id) {
         return Ok((Window::new(e.ts_ns.saturating_sub(before), e.ts_ns + after)?, None));
     }

@@ -298,9 +298,14 @@ async fn serve(
     Ok(())
 }
 
-/// Findings an earlier daemon left open (killed, or the machine went down) end where its data
-/// ends.
+/// Findings and events of the single-file layout move into hourly files; findings an earlier
+/// daemon left open (killed, or the machine went down) end where its data ends.
 fn close_abandoned(data_dir: &std::path::Path) {
+    match crate::detect::log::migrate(data_dir) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(records = n, "findings and events moved into hourly files"),
+        Err(e) => tracing::warn!(error = %e, "findings and events of the single-file layout could not be moved"),
+    }
     let end = store::Store::open(data_dir).and_then(|mut s| s.last_end()).ok().flatten();
     match crate::detect::log::close_abandoned(data_dir, end.unwrap_or_else(crate::timespec::now_ns)) {
         Ok(closed) if !closed.is_empty() => tracing::info!(
@@ -345,7 +350,7 @@ fn record_findings(changes: &Changes, data_dir: &std::path::Path) {
         );
     }
     for f in changes.opened.iter().chain(&changes.closed) {
-        if let Err(e) = detect::log::append(data_dir, detect::log::FINDINGS, f) {
+        if let Err(e) = detect::log::record_finding(data_dir, f) {
             tracing::error!(finding = %f.id, error = %e, "cannot record a finding");
         }
     }

@@ -112,7 +112,7 @@ fn prune_findings(data_dir: &std::path::Path, retention: &store::retention::Rete
     let cutoff = oldest.map_or(by_age, |o| o.max(by_age));
     match crate::detect::log::prune(data_dir, cutoff) {
         Ok(0) => {}
-        Ok(n) => tracing::info!(records = n, "findings and events older than the store's data removed"),
+        Ok(n) => tracing::info!(files = n, "hours of findings and events older than the store's data removed"),
         Err(e) => tracing::warn!(error = %e, "findings and events could not be pruned"),
     }
 }
@@ -124,7 +124,7 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
         let id = format!("event-{}-{}", detect::finding_id_time(ts_ns), r.seq);
         let e = Event { id, ts_ns, pattern, message: r.message };
         tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
-        if let Err(err) = detect::log::append(data_dir, detect::log::EVENTS, &e) {
+        if let Err(err) = detect::log::record_event(data_dir, &e) {
             tracing::error!(event = %e.id, error = %err, "cannot record an event");
         }
     }

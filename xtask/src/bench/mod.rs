@@ -215,14 +215,15 @@ pub fn store(root: &Path, minutes: u64) -> anyhow::Result<()> {
     bench(&["--rss-only", "--hz", "999", "--minutes", "2"])
 }
 
-/// `cargo xtask bench status`: a 1 GiB store (64 CPUs x 99 Hz for 14 hours of synthetic
-/// samples, kept in the target directory so later runs reuse it), `Store::summary` with and
-/// without the index in process, then the real `profiler status` command timed both ways.
+/// `cargo xtask bench status`: a 1 GiB store (4 hours of synthetic samples at 64 CPUs x 99 Hz,
+/// copied as later minutes up to 1 GiB, kept in the target directory so later runs reuse it),
+/// `Store::summary` with and without the index in process, then the real `profiler status`
+/// command timed both ways.
 pub fn status(root: &Path, profiler: &Path) -> anyhow::Result<()> {
     let dir = root.join("target").join("bench-status-store");
     let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .current_dir(root)
-        .args(["bench", "-q", "--package", "profiler-user", "--bench", "store", "--", "--minutes", "840", "--status"])
+        .args(["bench", "-q", "--package", "profiler-user", "--bench", "store", "--", "--minutes", "240", "--status"])
         .arg(&dir)
         .status()?;
     if !st.success() {
