@@ -342,7 +342,8 @@ mod tests {
     #[test]
     fn the_single_file_layout_is_moved_into_hours() {
         let dir = tempfile::tempdir().unwrap();
-        let legacy = |file: &str, lines: &[String]| std::fs::write(dir.path().join(file), lines.join("\n") + "\n").unwrap();
+        let legacy =
+            |file: &str, lines: &[String]| std::fs::write(dir.path().join(file), lines.join("\n") + "\n").unwrap();
         let j = |f: &Finding| serde_json::to_string(f).unwrap();
         legacy(
             LEGACY_FINDINGS,
