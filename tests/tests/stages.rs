@@ -118,6 +118,10 @@ fn a_cpu_taken_offline_and_back_is_sampled_again() {
     });
     drop(offline);
     let before = cpu1(&metrics(PORT).unwrap());
+    // Kept busy: on this VM a CPU brought back online delivers cpu-clock samples while it runs
+    // but hardly any while it idles (CPU 0, never hotplugged, delivers both), so only busy
+    // samples prove the daemon attached to it again.
+    let _spin = Kill(std::process::Command::new(helper_bin()).args(["1", "30"]).spawn().unwrap());
     // A second's worth at 99 Hz, all taken after CPU 1 came back.
     wait_for("samples on CPU 1 again", Duration::from_secs(20), || {
         let m = metrics(PORT)?;
