@@ -354,4 +354,7 @@ fn record_findings(changes: &Changes, data_dir: &std::path::Path) {
             tracing::error!(finding = %f.id, error = %e, "cannot record a finding");
         }
     }
+    if let Err(e) = detect::log::update_open(data_dir, &changes.updated) {
+        tracing::error!(error = %e, "cannot record the latest figures of open findings");
+    }
 }

@@ -161,7 +161,7 @@ impl Stage {
             }
             if stopping {
                 // Open findings are written with the end they have so far.
-                let open = Changes { opened: Vec::new(), closed: self.pipeline.engine.open_findings() };
+                let open = Changes { closed: self.pipeline.engine.open_findings(), ..Changes::default() };
                 super::record_findings(&open, &self.config.data_dir);
                 self.report.queue = self.links.queue.depth();
                 self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
@@ -228,9 +228,7 @@ impl Stage {
             match c {
                 Control::Thresholds(t) => self.pipeline.engine.set_thresholds(t),
                 Control::Zombies(at, count) => {
-                    let z = self.pipeline.engine.check_zombies_count(at, count);
-                    changes.opened.extend(z.opened);
-                    changes.closed.extend(z.closed);
+                    changes.extend(self.pipeline.engine.check_zombies_count(at, count));
                 }
             }
         }
@@ -292,9 +290,7 @@ impl Stage {
             collector.next_epoch();
         }
         self.pipeline.offset = clock::boot_to_unix_offset();
-        let tick = self.pipeline.tick(now);
-        changes.opened.extend(tick.opened);
-        changes.closed.extend(tick.closed);
+        changes.extend(self.pipeline.tick(now));
         super::record_findings(&changes, &self.config.data_dir);
         self.flush();
         self.publish(ring_used_max);

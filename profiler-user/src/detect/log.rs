@@ -154,6 +154,24 @@ fn record_finding_locked(data_dir: &Path, f: &Finding) -> Result<(), StoreError>
     write_open(data_dir, &open)
 }
 
+/// Replaces the figures of findings still in the open list (those closed meanwhile keep their
+/// closed state).
+pub fn update_open(data_dir: &Path, updated: &[Finding]) -> Result<(), StoreError> {
+    if updated.is_empty() {
+        return Ok(());
+    }
+    let _guard = lock();
+    let mut open = read_open(data_dir)?;
+    let mut changed = false;
+    for o in open.iter_mut() {
+        if let Some(u) = updated.iter().find(|u| u.id == o.id && u.end_ns.is_none()) {
+            *o = u.clone();
+            changed = true;
+        }
+    }
+    if changed { write_open(data_dir, &open) } else { Ok(()) }
+}
+
 /// Records a kernel-log event in the hour of its time.
 pub fn record_event(data_dir: &Path, e: &Event) -> Result<(), StoreError> {
     let _guard = lock();
@@ -298,6 +316,22 @@ mod tests {
         );
         assert!(all[0].evidence["closed_by"].as_str().unwrap().starts_with("restart"));
         assert!(close_abandoned(dir.path(), 60).unwrap().is_empty(), "closed once");
+    }
+
+    #[test]
+    fn an_open_finding_reads_with_its_latest_figures_and_a_closed_one_stays_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        record_finding(dir.path(), &finding("a", 10, None)).unwrap();
+        record_finding(dir.path(), &finding("b", 20, None)).unwrap();
+        record_finding(dir.path(), &finding("b", 20, Some(30))).unwrap();
+        let later =
+            |id: &str| Finding { summary: "3000 dying".into(), ..finding(id, if id == "a" { 10 } else { 20 }, None) };
+        update_open(dir.path(), &[later("a"), later("b")]).unwrap();
+        let all = findings(dir.path()).unwrap();
+        assert_eq!(
+            all.iter().map(|f| (f.id.as_str(), f.summary.as_str(), f.end_ns)).collect::<Vec<_>>(),
+            [("a", "3000 dying", None), ("b", "s", Some(30))]
+        );
     }
 
     #[test]

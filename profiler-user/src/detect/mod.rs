@@ -191,9 +191,15 @@ const GRACE_NS: u64 = 1_500_000_000;
 /// A finding closes after its condition has been false for this many evaluated seconds.
 const CLOSE_AFTER_SECS: u64 = 2;
 
+/// An open finding's latest figures reach the open list on disk at most this often (its
+/// first state is written when it opens, its last when it closes).
+const REWRITE_OPEN_SECS: u64 = 5;
+
 struct Open {
     finding: Finding,
     last_active_ns: u64,
+    /// When the open list last got this finding's figures.
+    written_ns: u64,
 }
 
 /// Collects seconds, runs the detectors, and turns what they report into findings.
@@ -216,6 +222,17 @@ pub struct Engine {
 pub struct Changes {
     pub opened: Vec<Finding>,
     pub closed: Vec<Finding>,
+    /// Open findings whose summary changed since they were last written: a reader of the
+    /// open list sees "3000 dying cgroups", not the 1000 there were at onset.
+    pub updated: Vec<Finding>,
+}
+
+impl Changes {
+    pub fn extend(&mut self, other: Changes) {
+        self.opened.extend(other.opened);
+        self.closed.extend(other.closed);
+        self.updated.extend(other.updated);
+    }
 }
 
 impl Engine {
@@ -369,9 +386,14 @@ impl Engine {
                 Some(o) => {
                     o.last_active_ns = now_ns;
                     // Keep the worst severity and the latest figures.
+                    let changed = o.finding.summary != a.summary || a.severity > o.finding.severity;
                     o.finding.severity = o.finding.severity.max(a.severity);
                     o.finding.summary = a.summary;
                     o.finding.evidence = a.evidence;
+                    if changed && now_ns.saturating_sub(o.written_ns) >= REWRITE_OPEN_SECS * NS_PER_SEC {
+                        o.written_ns = now_ns;
+                        changes.updated.push(o.finding.clone());
+                    }
                 }
                 None => {
                     let finding = Finding {
@@ -385,7 +407,7 @@ impl Engine {
                         evidence: a.evidence,
                     };
                     changes.opened.push(finding.clone());
-                    self.open.insert(key, Open { finding, last_active_ns: now_ns });
+                    self.open.insert(key, Open { finding, last_active_ns: now_ns, written_ns: now_ns });
                 }
             }
         }
@@ -441,4 +463,24 @@ pub fn finding_id_time(ns: u64) -> String {
     jiff::Timestamp::from_nanosecond(ns as i128)
         .map(|t| t.strftime("%Y%m%dT%H%M%S").to_string())
         .unwrap_or_else(|_| (ns / NS_PER_SEC).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_findings_new_figures_are_handed_out_at_most_every_few_seconds() {
+        let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+        let s = |n: u64| n * NS_PER_SEC;
+        let count = |at: u64, dying: u64| Some(zombies::MemcgCount { ts_ns: at, live: 4, dying });
+        let first = e.check_zombies_count(s(1), count(s(1), 1069));
+        assert_eq!(first.opened.len(), 1);
+        assert!(e.check_zombies_count(s(2), count(s(2), 2000)).updated.is_empty(), "written a second ago");
+        assert!(e.check_zombies_count(s(9), count(s(9), 2000)).updated.is_empty(), "the same figures");
+        let later = e.check_zombies_count(s(10), count(s(10), 3000));
+        assert_eq!(later.updated.len(), 1);
+        assert!(later.updated[0].summary.starts_with("3000 dying"), "{}", later.updated[0].summary);
+        assert_eq!(later.updated[0].id, first.opened[0].id);
+    }
 }
