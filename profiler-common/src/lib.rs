@@ -7,6 +7,8 @@
 //! paired with a stack it did not have.
 #![no_std]
 
+pub mod unwind;
+
 /// Deepest kernel stack copied per sample (the kernel's default `perf_event_max_stack` is 127).
 pub const MAX_KERNEL_FRAMES: usize = 127;
 /// Deepest user stack copied per sample.
@@ -38,8 +40,13 @@ pub mod counter {
     pub const RING_USED_MAX: usize = 4;
     /// The `MAXIMA_EPOCH` value the maxima here belong to (see [`super::MAXIMA_EPOCH`]).
     pub const EPOCH: usize = 5;
+    /// Samples whose user stack was walked with unwind tables.
+    pub const UNWIND_TABLES: usize = 6;
+    /// Of those, walks that stopped before the outermost frame (no rule for an address, an
+    /// unreadable stack word, or the frame limit).
+    pub const UNWIND_STOPPED: usize = 7;
     /// Number of slots.
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 8;
 }
 
 /// How maxima ("the longest wait since the last read") are reset without a racy write of the

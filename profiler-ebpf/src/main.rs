@@ -15,6 +15,7 @@
 mod cgroup;
 mod exec;
 mod netrx;
+mod unwind;
 
 use core::ffi::c_void;
 
@@ -35,13 +36,13 @@ use profiler_common::{
 };
 
 /// Room for both stacks; the user stack starts right after the kernel one.
-const FRAME_SLOTS: usize = 256;
+pub(crate) const FRAME_SLOTS: usize = 256;
 const _: () = assert!(MAX_KERNEL_FRAMES + MAX_USER_FRAMES <= FRAME_SLOTS);
 
 #[repr(C)]
-struct Record {
-    header: SampleHeader,
-    frames: [u64; FRAME_SLOTS],
+pub(crate) struct Record {
+    pub(crate) header: SampleHeader,
+    pub(crate) frames: [u64; FRAME_SLOTS],
 }
 
 /// Default size; userspace sets the real one at load time (`--ring-buffer-kib`).
@@ -82,7 +83,7 @@ pub(crate) fn raise_max(values: &mut [u64], epoch_slot: usize, maxima: &[usize],
 /// A record is built here (too big for the 512-byte BPF stack), then copied to the ring with
 /// its real length, so a shallow stack costs a shallow record.
 #[map]
-static SCRATCH: PerCpuArray<Record> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static SCRATCH: PerCpuArray<Record> = PerCpuArray::with_max_entries(1, 0);
 
 /// Wake the reader only once this many bytes wait in the ring (0: on every record). Userspace
 /// also drains on a timer, so samples never wait longer than its flush tick; this keeps the
@@ -97,7 +98,7 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
 }
 
 #[inline(always)]
-fn count(slot: usize) {
+pub(crate) fn count(slot: usize) {
     if let Some(values) = COUNTERS.get_ptr_mut(0) {
         // Per-CPU value, and a perf_event program does not nest on its CPU: a plain add is safe.
         unsafe { (*values)[slot] += 1 };
@@ -121,7 +122,6 @@ fn try_sample(ctx: &PerfEventContext) {
     header.kernel_frames = 0;
     header.user_frames = 0;
 
-    let mut len = HEADER_LEN;
     if header.tid == 0 {
         // The idle task: only its existence matters (per-CPU utilisation), not its stack.
         header.flags = FLAG_IDLE;
@@ -148,6 +148,9 @@ fn try_sample(ctx: &PerfEventContext) {
                 kernel = (ret as usize / 8).min(MAX_KERNEL_FRAMES);
             }
         }
+        // Tables for this process: the unwinder takes over (and sends the record) from here.
+        unwind::start(ctx, record, kernel, user_mode);
+        let frames = record.frames.as_mut_ptr();
         let ret = unsafe {
             bpf_get_stack(
                 ctx.as_ptr(),
@@ -156,6 +159,7 @@ fn try_sample(ctx: &PerfEventContext) {
                 BPF_F_USER_STACK as u64,
             )
         };
+        let header = &mut record.header;
         let mut user = 0usize;
         if ret < 0 {
             // Kernel threads have no user stack and get 0 here, not an error.
@@ -166,9 +170,16 @@ fn try_sample(ctx: &PerfEventContext) {
         }
         header.kernel_frames = kernel as u16;
         header.user_frames = user as u16;
-        len += (kernel + user) * 8;
+        emit(record, kernel, user);
+        return;
     }
+    emit(record, 0, 0);
+}
 
+/// Sends the record with `kernel` + `user` frames to the ring.
+#[inline(always)]
+pub(crate) fn emit(record: &mut Record, kernel: usize, user: usize) {
+    let len = HEADER_LEN + (kernel.min(MAX_KERNEL_FRAMES) + user.min(MAX_USER_FRAMES)) * 8;
     let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
     let used = SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + len as u64;
     if let Some(values) = COUNTERS.get_ptr_mut(0) {

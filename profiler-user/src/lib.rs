@@ -21,3 +21,4 @@ pub mod symbolize;
 pub mod synth;
 pub mod text;
 pub mod timespec;
+pub mod unwind;

@@ -1,0 +1,116 @@
+//! Unwind tables for user code without frame pointers: userspace compiles each binary's
+//! `.eh_frame` into sorted [`Row`]s (one table per file, shared by every process mapping it) and
+//! describes each process's executable mappings in a [`ProcessTable`]; the sampler walks the
+//! user stack with them, a few frames per program run, tail-calling itself for the rest.
+//!
+//! The row format is architecture-neutral where it can be: the CFA is "stack pointer or frame
+//! pointer plus an offset", the frame pointer's save slot is an offset from the CFA. On x86_64
+//! the return address is always at CFA - 8; on arm64 it is saved beside the frame pointer (the
+//! `stp x29, x30` prologue), which [`kind::FLAG_RA_AFTER_FP`] will describe when arm64 comes.
+
+/// Executable mappings described per process; a process with more (hundreds of shared
+/// libraries) has the rest walked with frame pointers.
+pub const MAX_MAPPINGS: usize = 256;
+/// Frames unwound per program run; the program tail-calls itself for more (the kernel allows
+/// 33 tail calls, far more than `MAX_USER_FRAMES` needs).
+pub const FRAMES_PER_RUN: usize = 8;
+/// Binary-search steps over a table's rows: tables up to 2^24 rows.
+pub const ROW_SEARCH_STEPS: usize = 24;
+/// Binary-search steps over a process's mappings (`MAX_MAPPINGS` = 2^8).
+pub const MAPPING_SEARCH_STEPS: usize = 9;
+/// Slot of the unwinder in the `PROGRAMS` program array.
+pub const UNWIND_PROGRAM: u32 = 0;
+
+/// How to find the caller's frame at one address range: valid from `pc` (relative to the
+/// mapping's `bias`) to the next row's `pc`. 8 bytes, so 2 M rows cost 16 MiB of kernel memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Row {
+    pub pc: u32,
+    /// The CFA's offset from its base register ([`kind::CFA_SP`], [`kind::CFA_FP`]); for
+    /// [`kind::CFA_FP_DEREF`] the distance below the frame pointer of the slot holding the CFA.
+    pub cfa_offset: u16,
+    /// One of [`kind`]'s values.
+    pub kind: u8,
+    /// Where the caller's frame pointer was saved, in 8-byte words from the CFA (0: not saved
+    /// here, it still holds the caller's value). For [`kind::PLT`]: the `rip & 15` threshold
+    /// from which the PLT entry has pushed one more word.
+    pub fp_offset: i8,
+}
+
+/// Values of [`Row::kind`].
+pub mod kind {
+    /// CFA = stack pointer + offset.
+    pub const CFA_SP: u8 = 0;
+    /// CFA = frame pointer + offset.
+    pub const CFA_FP: u8 = 1;
+    /// CFA = *(frame pointer - offset) (the stack-realigning prologue of some `main`s).
+    pub const CFA_FP_DEREF: u8 = 2;
+    /// A PLT stub: CFA = stack pointer + 8, + 8 more past the stub's push.
+    pub const PLT: u8 = 3;
+    /// A signal trampoline (`__restore_rt`): the interrupted registers are in the `ucontext`
+    /// at the stack pointer.
+    pub const SIGNAL: u8 = 4;
+    /// The outermost frame (`_start`, a thread's entry: the return address is undefined).
+    pub const END: u8 = 5;
+    /// No rule known here (a gap between functions, or a rule the sampler cannot follow): the
+    /// walk stops rather than guess.
+    pub const NONE: u8 = 6;
+    /// Reserved for arm64: the return address is saved in the word after the frame pointer.
+    pub const FLAG_RA_AFTER_FP: u8 = 0x80;
+}
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// Subtracted from an address to get the row key (`Row::pc`): the load bias plus the table's
+    /// base address.
+    pub bias: u64,
+    /// First row of the mapping's table in `UNWIND_ROWS`.
+    pub table_start: u32,
+    /// Rows in the table; 0: no table (none built, or it did not fit): frame pointers.
+    pub table_len: u32,
+}
+
+/// A process's executable mappings, sorted by start, in `UNWIND_PROCS` under its pid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessTable {
+    pub len: u32,
+    pub _pad: u32,
+    pub mappings: [Mapping; MAX_MAPPINGS],
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        Self { len: 0, _pad: 0, mappings: [Mapping::default(); MAX_MAPPINGS] }
+    }
+}
+
+/// The unwinder's registers between program runs (per CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct State {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Kernel frames already in the record (the user frames go after them).
+    pub kernel: u32,
+    /// User frames written so far.
+    pub user: u32,
+    /// Program runs so far.
+    pub runs: u32,
+    /// 1 when `ip` is the exact address of the instruction (the leaf, or the interrupted
+    /// address after a signal frame), not a return address.
+    pub exact: u32,
+}
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Row {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Mapping {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for ProcessTable {}

@@ -1,0 +1,243 @@
+//! The user-stack walk with unwind tables, for code built without frame pointers (see
+//! `profiler_common::unwind` for the tables). The sampler hands over here when the sampled
+//! process has a table; each run walks `FRAMES_PER_RUN` frames and tail-calls itself for more,
+//! which keeps every run small for the verifier. A frame in a mapping without a table is
+//! walked with its frame pointer, so the two mix; an address with no rule stops the walk (a
+//! short stack, never a wrong one).
+
+use aya_ebpf::{
+    bindings::pt_regs,
+    helpers::{
+        bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+    },
+    macros::{map, perf_event},
+    maps::{Array, HashMap, PerCpuArray, ProgramArray},
+    programs::PerfEventContext,
+};
+use profiler_common::{
+    MAX_USER_FRAMES, counter,
+    unwind::{
+        FRAMES_PER_RUN, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable, ROW_SEARCH_STEPS, Row,
+        State, UNWIND_PROGRAM, kind,
+    },
+};
+
+use crate::{FRAME_SLOTS, Record, SCRATCH, count, emit};
+
+/// Every table's rows, back to back; userspace sizes it at load (`--unwind-table-rows`).
+#[map]
+static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, 0);
+
+/// Processes with tables, by pid. Not preallocated: a value is 8 KiB.
+#[map]
+static UNWIND_PROCS: HashMap<u32, ProcessTable> = HashMap::with_max_entries(1024, 1 /* BPF_F_NO_PREALLOC */);
+
+#[map]
+static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+#[map]
+static UNWIND_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
+
+/// Offsets in the `ucontext` a signal trampoline's stack pointer points at (x86_64:
+/// `uc_flags`, `uc_link`, `uc_stack`, then `sigcontext` with r8..r15 first).
+const UC_RBP: u64 = 40 + 8 * 10;
+const UC_RSP: u64 = 40 + 8 * 15;
+const UC_RIP: u64 = 40 + 8 * 16;
+
+/// Starts a table walk when the process has tables: does not return if it did. `user_mode`:
+/// the sample interrupted user code, so the context's registers are the user's.
+#[inline(always)]
+pub fn start(ctx: &PerfEventContext, record: &mut Record, kernel: usize, user_mode: bool) {
+    if unsafe { UNWIND_PROCS.get(&record.header.pid) }.is_none() {
+        return;
+    }
+    let Some(state) = UNWIND_STATE.get_ptr_mut(0) else { return };
+    let state = unsafe { &mut *state };
+    let regs: pt_regs = if user_mode {
+        unsafe { (*ctx.ctx).regs }
+    } else {
+        // In the kernel: the user registers saved at kernel entry.
+        let task = unsafe { bpf_get_current_task_btf() };
+        let regs = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
+        match unsafe { bpf_probe_read_kernel(regs) } {
+            Ok(r) => r,
+            Err(_) => return,
+        }
+    };
+    *state = State { ip: regs.rip, sp: regs.rsp, bp: regs.rbp, kernel: kernel as u32, user: 0, runs: 0, exact: 1 };
+    record.header.kernel_frames = kernel as u16;
+    count(counter::UNWIND_TABLES);
+    unsafe { PROGRAMS.tail_call(ctx, UNWIND_PROGRAM) };
+    // The tail call failed (no program in the slot): the caller walks frame pointers.
+}
+
+#[perf_event]
+pub fn unwind_user(ctx: PerfEventContext) -> u32 {
+    run(&ctx);
+    0
+}
+
+#[inline(always)]
+fn run(ctx: &PerfEventContext) {
+    let (Some(record), Some(state)) = (SCRATCH.get_ptr_mut(0), UNWIND_STATE.get_ptr_mut(0)) else { return };
+    let (record, state) = unsafe { (&mut *record, &mut *state) };
+    let mut more = false;
+    if let Some(process) = unsafe { UNWIND_PROCS.get(&record.header.pid) } {
+        more = walk(record, state, process);
+    }
+    state.runs += 1;
+    if more {
+        // At most 33 tail calls happen anyway; `MAX_USER_FRAMES` ends the walk long before.
+        unsafe { PROGRAMS.tail_call(ctx, UNWIND_PROGRAM) };
+        count(counter::UNWIND_STOPPED);
+    }
+    let kernel = (state.kernel as usize).min(MAX_USER_FRAMES);
+    let user = (state.user as usize).min(MAX_USER_FRAMES);
+    record.header.user_frames = user as u16;
+    emit(record, kernel, user);
+}
+
+/// Walks up to `FRAMES_PER_RUN` frames; true when the walk should go on in another run.
+#[inline(always)]
+fn walk(record: &mut Record, state: &mut State, process: &ProcessTable) -> bool {
+    for _ in 0..FRAMES_PER_RUN {
+        let slot = state.kernel as usize + state.user as usize;
+        if state.user as usize >= MAX_USER_FRAMES || slot >= FRAME_SLOTS {
+            count(counter::UNWIND_STOPPED);
+            return false;
+        }
+        if state.ip == 0 {
+            return false;
+        }
+        record.frames[slot] = state.ip;
+        state.user += 1;
+        match step(state, process) {
+            Step::Next => {}
+            Step::Done => return false,
+            Step::Stopped => {
+                count(counter::UNWIND_STOPPED);
+                return false;
+            }
+        }
+    }
+    true
+}
+
+enum Step {
+    Next,
+    /// The outermost frame was reached.
+    Done,
+    /// No way on: the stack is cut here.
+    Stopped,
+}
+
+#[inline(always)]
+fn read(addr: u64) -> Option<u64> {
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// Moves `state` from a frame to its caller's.
+#[inline(always)]
+fn step(state: &mut State, process: &ProcessTable) -> Step {
+    // A return address points after the call: look up the call itself (a call to a function
+    // that never returns can be the last instruction of its function).
+    let pc = if state.exact != 0 { state.ip } else { state.ip - 1 };
+    let Some(mapping) = find_mapping(process, pc) else { return frame_pointer_step(state) };
+    if mapping.table_len == 0 {
+        return frame_pointer_step(state);
+    }
+    let Some(row) = find_row(mapping, pc) else { return Step::Stopped };
+    let cfa = match row.kind {
+        kind::CFA_SP => state.sp + row.cfa_offset as u64,
+        kind::CFA_FP => state.bp + row.cfa_offset as u64,
+        kind::CFA_FP_DEREF => match read(state.bp - row.cfa_offset as u64) {
+            Some(cfa) => cfa,
+            None => return Step::Stopped,
+        },
+        kind::PLT => state.sp + 8 + if (state.ip & 15) >= row.fp_offset as u64 { 8 } else { 0 },
+        kind::SIGNAL => {
+            let (Some(bp), Some(sp), Some(ip)) =
+                (read(state.sp + UC_RBP), read(state.sp + UC_RSP), read(state.sp + UC_RIP))
+            else {
+                return Step::Stopped;
+            };
+            *state = State { ip, sp, bp, exact: 1, ..*state };
+            return Step::Next;
+        }
+        kind::END => return Step::Done,
+        _ => return Step::Stopped,
+    };
+    let Some(ra) = read(cfa - 8) else { return Step::Stopped };
+    if row.kind != kind::PLT && row.fp_offset != 0 {
+        match read(cfa.wrapping_add((row.fp_offset as i64 * 8) as u64)) {
+            Some(bp) => state.bp = bp,
+            None => return Step::Stopped,
+        }
+    }
+    state.sp = cfa;
+    state.ip = ra;
+    state.exact = 0;
+    if ra == 0 { Step::Done } else { Step::Next }
+}
+
+/// A frame outside every table: its frame pointer leads to the caller.
+#[inline(always)]
+fn frame_pointer_step(state: &mut State) -> Step {
+    if state.bp == 0 {
+        return Step::Done;
+    }
+    let (Some(bp), Some(ra)) = (read(state.bp), read(state.bp + 8)) else { return Step::Stopped };
+    state.sp = state.bp + 16;
+    state.bp = bp;
+    state.ip = ra;
+    state.exact = 0;
+    if ra == 0 { Step::Done } else { Step::Next }
+}
+
+/// The mapping holding `pc`: the last one starting at or before it.
+#[inline(always)]
+fn find_mapping(process: &ProcessTable, pc: u64) -> Option<&Mapping> {
+    let (mut lo, mut hi) = (0usize, (process.len as usize).min(MAX_MAPPINGS));
+    for _ in 0..MAPPING_SEARCH_STEPS {
+        if lo >= hi {
+            break;
+        }
+        let mid = (lo + hi) / 2;
+        let m = process.mappings.get(mid)?;
+        if m.start <= pc {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    let m = process.mappings.get(lo.checked_sub(1)?)?;
+    (pc < m.end).then_some(m)
+}
+
+/// The row covering `pc`: the last one whose `pc` is at or below it.
+#[inline(always)]
+fn find_row(mapping: &Mapping, pc: u64) -> Option<Row> {
+    let key = pc.checked_sub(mapping.bias)?;
+    if key > u32::MAX as u64 {
+        return None;
+    }
+    let key = key as u32;
+    let (mut lo, mut hi) = (mapping.table_start, mapping.table_start.checked_add(mapping.table_len)?);
+    for _ in 0..ROW_SEARCH_STEPS {
+        if lo >= hi {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let row = UNWIND_ROWS.get(mid)?;
+        if row.pc <= key {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo <= mapping.table_start {
+        return None;
+    }
+    UNWIND_ROWS.get(lo - 1).copied()
+}

@@ -1,0 +1,249 @@
+//! Compiles a binary's call frame information (`.eh_frame`, else `.debug_frame`) into the rows
+//! the sampler walks (`profiler_common::unwind::Row`): for each address range, where the
+//! caller's frame starts (the CFA) and where the frame pointer was saved. gimli evaluates the
+//! CFI programs; this keeps only what a stack walk needs and merges neighbours that agree, so
+//! a table is a few bytes per function.
+
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Register, RegisterRule,
+    UnwindContext, UnwindSection,
+};
+use object::{Object, ObjectSection, ObjectSegment, ReadRef};
+use profiler_common::unwind::{ROW_SEARCH_STEPS, Row, kind};
+
+/// x86_64 DWARF register numbers.
+const RBP: Register = Register(6);
+const RSP: Register = Register(7);
+const RIP: Register = Register(16);
+/// Largest table the sampler's bounded binary search covers.
+pub const MAX_ROWS: usize = 1 << ROW_SEARCH_STEPS;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("not an ELF file the profiler can read: {0}")]
+    Elf(#[from] object::Error),
+    #[error("no .eh_frame or .debug_frame: nothing to unwind with")]
+    NoCfi,
+    #[error("malformed call frame information: {0}")]
+    Cfi(#[from] gimli::Error),
+    #[error("{0} unwind rows, more than the {MAX_ROWS} a table can hold")]
+    TooLarge(usize),
+    #[error("code spans more than 4 GiB")]
+    TooWide,
+}
+
+/// One loadable segment: file offset, virtual address and size in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    pub offset: u64,
+    pub vaddr: u64,
+    pub size: u64,
+}
+
+/// A binary's compiled unwind table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Table {
+    /// The lowest address covered; rows hold addresses relative to it.
+    pub base: u64,
+    pub rows: Vec<Row>,
+    /// Loadable segments, to turn a mapping's file offset into a load bias.
+    pub loads: Vec<Load>,
+}
+
+impl Table {
+    /// What a mapping of this file at `start`, from file offset `offset`, must subtract from an
+    /// address to get a row key; `None` when the offset is in no loadable segment.
+    pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+        let load = self.loads.iter().find(|l| (l.offset..l.offset + l.size.max(1)).contains(&offset))?;
+        let vaddr = load.vaddr + (offset - load.offset);
+        Some(start.wrapping_sub(vaddr).wrapping_add(self.base))
+    }
+
+    /// Bytes the rows take in the kernel.
+    pub fn bytes(&self) -> usize {
+        self.rows.len() * std::mem::size_of::<Row>()
+    }
+}
+
+/// The rule for one address range, before it becomes a row relative to the table's base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rule {
+    kind: u8,
+    cfa_offset: u16,
+    fp_offset: i8,
+}
+
+const NONE: Rule = Rule { kind: kind::NONE, cfa_offset: 0, fp_offset: 0 };
+
+/// Compiles the unwind table of the ELF file in `data` (a file or a mapped image like the vDSO).
+pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
+    let file = object::File::parse(data)?;
+    let loads = file
+        .segments()
+        .map(|s| {
+            let (offset, size) = s.file_range();
+            Load { offset, vaddr: s.address(), size }
+        })
+        .collect();
+    let mut ranges = Vec::new();
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        let bytes = section.data()?;
+        let mut eh = EhFrame::new(bytes, LittleEndian);
+        eh.set_address_size(8);
+        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+        if let Some(text) = file.section_by_name(".text") {
+            bases = bases.set_text(text.address());
+        }
+        if let Some(got) = file.section_by_name(".got") {
+            bases = bases.set_got(got.address());
+        }
+        collect(&eh, &bases, &mut ranges)?;
+    }
+    if ranges.is_empty()
+        && let Some(section) = file.section_by_name(".debug_frame")
+    {
+        let mut debug = DebugFrame::new(section.data()?, LittleEndian);
+        debug.set_address_size(8);
+        collect(&debug, &BaseAddresses::default(), &mut ranges)?;
+    }
+    if ranges.is_empty() {
+        return Err(TableError::NoCfi);
+    }
+    let mut table = build(ranges)?;
+    table.loads = loads;
+    Ok(table)
+}
+
+/// Every FDE's rows as `(start, end, rule)`.
+fn collect<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    out: &mut Vec<(u64, u64, Rule)>,
+) -> Result<(), TableError>
+where
+    S::Offset: gimli::UnwindOffset<usize>,
+{
+    let mut ctx = UnwindContext::new();
+    let mut entries = section.entries(bases);
+    while let Some(entry) = entries.next()? {
+        let CieOrFde::Fde(partial) = entry else { continue };
+        // One bad FDE costs its function, not the table.
+        let Ok(fde) = partial.parse(S::cie_from_offset) else { continue };
+        if fde.len() == 0 {
+            continue;
+        }
+        if fde.is_signal_trampoline() {
+            out.push((fde.initial_address(), fde.end_address(), Rule { kind: kind::SIGNAL, cfa_offset: 0, fp_offset: 0 }));
+            continue;
+        }
+        let Ok(mut rows) = fde.rows(section, bases, &mut ctx) else { continue };
+        while let Ok(Some(row)) = rows.next_row() {
+            let rule = rule(section, row);
+            out.push((row.start_address(), row.end_address(), rule));
+        }
+    }
+    Ok(())
+}
+
+/// What the sampler can do with one row of gimli's table.
+fn rule<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+) -> Rule {
+    match row.register(RIP) {
+        Some(RegisterRule::Undefined) => return Rule { kind: kind::END, cfa_offset: 0, fp_offset: 0 },
+        // x86_64: the return address is the word below the CFA, always.
+        None | Some(RegisterRule::Offset(-8)) => {}
+        Some(_) => return NONE,
+    }
+    let fp_offset = match row.register(RBP) {
+        None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => 0,
+        Some(RegisterRule::Offset(o)) if o % 8 == 0 && (i8::MIN as i64..=i8::MAX as i64).contains(&(o / 8)) && o != 0 => {
+            (o / 8) as i8
+        }
+        Some(_) => return NONE,
+    };
+    match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let Ok(cfa_offset) = u16::try_from(*offset) else { return NONE };
+            match *register {
+                RSP => Rule { kind: kind::CFA_SP, cfa_offset, fp_offset },
+                RBP => Rule { kind: kind::CFA_FP, cfa_offset, fp_offset },
+                _ => NONE,
+            }
+        }
+        CfaRule::Expression(e) => match e.get(section) {
+            Ok(expr) => expression(expr.0.slice(), fp_offset),
+            Err(_) => NONE,
+        },
+    }
+}
+
+/// The two CFA expressions compilers emit on x86_64 that a walk can follow.
+fn expression(bytes: &[u8], fp_offset: i8) -> Rule {
+    const DW_OP_BREG6: u8 = 0x76;
+    const DW_OP_BREG7: u8 = 0x77;
+    const DW_OP_BREG16: u8 = 0x80;
+    const DW_OP_DEREF: u8 = 0x06;
+    const DW_OP_LIT0: u8 = 0x30;
+    const DW_OP_GE: u8 = 0x2a;
+    match bytes {
+        // The stack-realigning prologue: CFA = *(rbp + off), off < 0 (one-byte SLEB128).
+        [DW_OP_BREG6, off, DW_OP_DEREF] if *off >= 0x40 && *off < 0x80 => {
+            let off = (*off as i64) - 0x80;
+            Rule { kind: kind::CFA_FP_DEREF, cfa_offset: (-off) as u16, fp_offset }
+        }
+        // A PLT: rsp + 8 + ((rip & 15) >= N) << 3.
+        [DW_OP_BREG7, 8, DW_OP_BREG16, 0, lit_15, _and, lit_n, DW_OP_GE, ..]
+            if *lit_15 == DW_OP_LIT0 + 15 && (DW_OP_LIT0..DW_OP_LIT0 + 32).contains(lit_n) =>
+        {
+            Rule { kind: kind::PLT, cfa_offset: 8, fp_offset: (lit_n - DW_OP_LIT0) as i8 }
+        }
+        _ => NONE,
+    }
+}
+
+/// Sorts the ranges, fills the gaps between functions with "no rule", and merges neighbours
+/// with the same rule.
+fn build(mut ranges: Vec<(u64, u64, Rule)>) -> Result<Table, TableError> {
+    // A malformed FDE can claim an empty or backwards range.
+    ranges.retain(|r| r.0 < r.1);
+    if ranges.is_empty() {
+        return Err(TableError::NoCfi);
+    }
+    ranges.sort_by_key(|r| (r.0, std::cmp::Reverse(r.1)));
+    let base = ranges[0].0;
+    let mut rows: Vec<Row> = Vec::with_capacity(ranges.len());
+    let mut covered_to = base;
+    let push = |rows: &mut Vec<Row>, at: u64, rule: Rule| -> Result<(), TableError> {
+        let pc = u32::try_from(at - base).map_err(|_| TableError::TooWide)?;
+        match rows.last_mut() {
+            Some(last) if last.pc == pc => {
+                *last = Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset }
+            }
+            Some(last) if (last.kind, last.cfa_offset, last.fp_offset) == (rule.kind, rule.cfa_offset, rule.fp_offset) => {}
+            _ => rows.push(Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset }),
+        }
+        Ok(())
+    };
+    for (start, end, rule) in ranges {
+        if end <= covered_to && start < covered_to {
+            // Inside a range already covered (overlapping FDEs): the first one wins.
+            continue;
+        }
+        let start = start.max(covered_to);
+        if start > covered_to {
+            push(&mut rows, covered_to, NONE)?;
+        }
+        push(&mut rows, start, rule)?;
+        covered_to = end;
+    }
+    push(&mut rows, covered_to, NONE)?;
+    if rows.len() > MAX_ROWS {
+        return Err(TableError::TooLarge(rows.len()));
+    }
+    Ok(Table { base, rows, loads: Vec::new() })
+}
+
+#[cfg(test)]
+mod tests;

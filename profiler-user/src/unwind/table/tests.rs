@@ -1,0 +1,101 @@
+use super::*;
+
+fn libc() -> Vec<u8> {
+    let path = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("a libc to compile");
+    std::fs::read(path).unwrap()
+}
+
+fn rule_at(t: &Table, vaddr: u64) -> Row {
+    let key = (vaddr - t.base) as u32;
+    let i = t.rows.partition_point(|r| r.pc <= key);
+    t.rows[i - 1]
+}
+
+#[test]
+fn libc_compiles_to_sorted_rows_with_its_signal_trampoline() {
+    let table = compile(&*libc()).unwrap();
+    assert!(table.rows.len() > 1000, "{} rows", table.rows.len());
+    assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc), "sorted, one row per pc");
+    assert!(table.rows.iter().any(|r| r.kind == kind::SIGNAL), "__restore_rt");
+    assert!(table.rows.iter().any(|r| r.kind == kind::END), "_start or clone's thread entry");
+    let sp = table.rows.iter().filter(|r| r.kind == kind::CFA_SP).count();
+    assert!(sp * 2 > table.rows.len(), "libc is built without frame pointers: mostly rsp-based rows");
+    eprintln!("libc: {} rows, {} KiB", table.rows.len(), table.bytes() / 1024);
+}
+
+#[test]
+fn a_function_entry_has_the_return_address_on_top_of_the_stack() {
+    let data = libc();
+    let file = object::File::parse(&*data).unwrap();
+    use object::ObjectSymbol;
+    let qsort = file.dynamic_symbols().find(|s| s.name() == Ok("qsort")).expect("qsort in libc").address();
+    let table = compile(&*data).unwrap();
+    let row = rule_at(&table, qsort);
+    assert_eq!((row.kind, row.cfa_offset, row.fp_offset), (kind::CFA_SP, 8, 0), "{row:?}");
+}
+
+#[test]
+fn the_vdso_of_this_process_compiles() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let line = maps.lines().find(|l| l.ends_with("[vdso]")).expect("a vDSO");
+    let (start, end) = line.split_once(' ').unwrap().0.split_once('-').unwrap();
+    let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+    // SAFETY: the vDSO is mapped readable for the life of the process.
+    let image = unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
+    let table = compile(image).unwrap();
+    assert!(!table.rows.is_empty());
+    assert_eq!(table.bias(start, 0).map(|b| b - table.base), Some(start), "the vDSO is linked at 0");
+}
+
+#[test]
+fn gaps_between_functions_have_no_rule_and_equal_neighbours_merge() {
+    let sp = |o| Rule { kind: kind::CFA_SP, cfa_offset: o, fp_offset: 0 };
+    let t = build(vec![(0x1000, 0x1004, sp(8)), (0x1004, 0x1010, sp(16)), (0x1010, 0x1020, sp(16)), (0x1030, 0x1040, sp(8))])
+        .unwrap();
+    let rows: Vec<_> = t.rows.iter().map(|r| (r.pc, r.kind, r.cfa_offset)).collect();
+    assert_eq!(
+        rows,
+        [(0, kind::CFA_SP, 8), (4, kind::CFA_SP, 16), (0x20, kind::NONE, 0), (0x30, kind::CFA_SP, 8), (0x40, kind::NONE, 0)]
+    );
+}
+
+#[test]
+fn the_plt_and_realigned_main_expressions_are_understood() {
+    // .plt: DW_OP_breg7 8; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_lit11; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus
+    let plt = expression(&[0x77, 8, 0x80, 0, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22], 0);
+    assert_eq!((plt.kind, plt.fp_offset), (kind::PLT, 11));
+    // main realigning its stack: DW_OP_breg6 -8; DW_OP_deref
+    let main = expression(&[0x76, 0x78, 0x06], -2);
+    assert_eq!((main.kind, main.cfa_offset, main.fp_offset), (kind::CFA_FP_DEREF, 8, -2));
+    assert_eq!(expression(&[0x77, 8, 0x06], 0).kind, kind::NONE, "anything else stops the walk");
+}
+
+#[test]
+fn malformed_frame_information_is_an_error_or_a_smaller_table_never_a_panic() {
+    let data = libc();
+    let file = object::File::parse(&*data).unwrap();
+    let section = file.section_by_name(".eh_frame").unwrap();
+    let (offset, size) = section.file_range().unwrap();
+    let whole = compile(&*data).unwrap().rows.len();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for round in 0..200 {
+        let mut bad = data.clone();
+        // Flip a few bytes inside .eh_frame, or cut it short.
+        for _ in 0..4 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            bad[(offset + state % size) as usize] = state as u8;
+        }
+        if round % 10 == 0 {
+            bad.truncate((offset + state % size) as usize);
+        }
+        if let Ok(t) = compile(&*bad) {
+            assert!(t.rows.windows(2).all(|w| w[0].pc < w[1].pc));
+            assert!(t.rows.len() <= whole * 2);
+        }
+    }
+}
