@@ -18,8 +18,8 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_USER_FRAMES, counter,
     unwind::{
-        FRAMES_PER_RUN, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable, ROW_SEARCH_STEPS, Row,
-        State, UNWIND_PROGRAM, kind,
+        FRAMES_PER_RUN, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable, ROW_SEARCH_STEPS, Row, State,
+        UNWIND_PROGRAM, kind,
     },
 };
 
@@ -27,7 +27,8 @@ use crate::{FRAME_SLOTS, Record, SCRATCH, count, emit};
 
 /// Every table's rows, back to back; userspace sizes it at load (`--unwind-table-rows`).
 #[map]
-static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, 0);
+static UNWIND_ROWS: Array<Row> =
+    Array::with_max_entries(1, 1024 /* BPF_F_MMAPABLE: userspace writes tables straight in */);
 
 /// Processes with tables, by pid. Not preallocated: a value is 8 KiB.
 #[map]

@@ -48,6 +48,24 @@ pub fn ring_buffer_bytes(kib: u32) -> Result<u32, ConfigError> {
     }
 }
 
+/// Kernel memory for unwind tables `--unwind-table-mib` accepts (0: frame pointers only).
+pub const UNWIND_MIB: std::ops::RangeInclusive<u32> = 0..=1024;
+/// The default: 32 MiB, 4 M rows (a distro libc is ~18 k rows, a 100 MB binary ~1 M).
+pub const UNWIND_MIB_DEFAULT: u32 = 32;
+
+/// Rows of unwind table (8 bytes each) in `mib` MiB, refusing what is outside [`UNWIND_MIB`].
+pub fn unwind_rows(mib: u32) -> Result<u32, ConfigError> {
+    if UNWIND_MIB.contains(&mib) {
+        Ok(mib * (1 << 20) / size_of::<profiler_common::unwind::Row>() as u32)
+    } else {
+        Err(ConfigError::Range {
+            key: "unwind_table_mib",
+            value: mib.to_string(),
+            allowed: "0 (frame pointers only) to 1024 MiB, such as 32",
+        })
+    }
+}
+
 /// Range checks for every `[detect]` threshold: NaN, negative shares and windows that would
 /// keep an hour of ticks in memory are refused with the key and the allowed range.
 pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError> {
@@ -117,6 +135,7 @@ pub struct ConfigFile {
     pub frequency: Option<u64>,
     pub flush_ms: Option<u64>,
     pub ring_buffer_kib: Option<u32>,
+    pub unwind_table_mib: Option<u32>,
     pub report_secs: Option<u64>,
     /// `IP:PORT` of the UI and API, or "off".
     pub listen: Option<String>,

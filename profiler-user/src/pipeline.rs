@@ -12,7 +12,7 @@ use std::{
     sync::Arc,
 };
 
-use profiler_common::{COMM_LEN, FLAG_IDLE};
+use profiler_common::{COMM_LEN, FLAG_IDLE, FLAG_USER_MODE};
 
 use crate::{
     collect::{comm_str, parse_record},
@@ -49,6 +49,8 @@ pub struct Pipeline {
     /// Runs before each stack is symbolized. For tests only: a hook that sleeps stands in for a
     /// slow symbolizer (a stalled stage), see `PROFILER_TEST_SYMBOLIZE_DELAY_US`.
     pub before_symbolize: Option<Box<dyn FnMut() + Send>>,
+    /// Told which processes run user code, so their unwind tables get built.
+    pub unwind: Option<crate::unwind::Notifier>,
     /// Time of the oldest sample handled since the last successful flush (wall-clock ns).
     oldest_unflushed_ns: Option<u64>,
     /// Ring-to-disk latency of the last flush that wrote samples: its time minus the time of
@@ -72,6 +74,7 @@ impl Pipeline {
             kernel: Vec::new(),
             user: Vec::new(),
             before_symbolize: None,
+            unwind: None,
             oldest_unflushed_ns: None,
             last_latency_ns: None,
         }
@@ -109,6 +112,11 @@ impl Pipeline {
                 c
             }
         };
+        if let Some(unwind) = self.unwind.as_mut()
+            && (header.user_frames > 0 || header.flags & FLAG_USER_MODE != 0)
+        {
+            unwind.seen(header.pid);
+        }
         if let Some(hook) = self.before_symbolize.as_mut() {
             hook();
         }

@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// Size of the BPF ring buffer in KiB, a power of two from 4 to 1048576 [default: 4096].
     #[arg(long)]
     ring_buffer_kib: Option<u32>,
+    /// Kernel memory for unwind tables of code without frame pointers, in MiB; 0: frame
+    /// pointers only [default: 32].
+    #[arg(long)]
+    unwind_table_mib: Option<u32>,
     /// How often samples are written to disk, in milliseconds [default: 500].
     #[arg(long, value_parser = clap::value_parser!(u64).range(50..=1_000))]
     flush_ms: Option<u64>,
@@ -101,6 +105,9 @@ impl RunArgs {
             data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             frequency_hz: frequency,
             ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,
+            unwind_rows: config::unwind_rows(
+                self.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(config::UNWIND_MIB_DEFAULT),
+            )?,
             flush_interval: Duration::from_millis(flush_ms),
             report_interval: Duration::from_secs(report_secs),
             settings,

@@ -97,6 +97,8 @@ pub struct CollectConfig {
     pub frequency_hz: u64,
     /// Ring buffer size; rounded up to a power of two of at least one page.
     pub ring_bytes: u32,
+    /// Rows of unwind tables the kernel holds (8 bytes each); 0: frame pointers only.
+    pub unwind_rows: u32,
 }
 
 /// Kernel-side counters summed over a CPU.
@@ -147,6 +149,7 @@ pub struct Collector {
     // Dropping the Ebpf object detaches the perf events: keep it for the collector's life.
     ebpf: Ebpf,
     rings: Option<Rings>,
+    unwind: Option<crate::unwind::kernel::Maps>,
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
     netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
     /// The maxima epoch the kernel stamps on maxima (see `profiler_common::MAXIMA_EPOCH`).
@@ -192,12 +195,24 @@ impl Collector {
         };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("SAMPLES", ring_bytes)
+            .map_max_entries("UNWIND_ROWS", config.unwind_rows.max(1))
             .override_global("WAKEUP_BYTES", &wakeup, true)
             .override_global("SOFTIRQ_VEC_OFFSET", &vec_off, true)
             .override_global("NAPI_WORK_OFFSET", &work_off, true)
             .override_global("NAPI_BUDGET_OFFSET", &budget_off, true)
             .load(PROGRAM)
             .map_err(CollectError::Load)?;
+        let unwind = if config.unwind_rows == 0 {
+            None
+        } else {
+            match crate::unwind::kernel::Maps::load(&mut ebpf) {
+                Ok(maps) => Some(maps),
+                Err(e) => {
+                    tracing::warn!(error = %e, "user stacks without frame pointers will be cut short: unwind tables unavailable");
+                    None
+                }
+            }
+        };
         let program: &mut PerfEvent =
             ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
         program.load()?;
@@ -254,6 +269,7 @@ impl Collector {
         Ok(Self {
             ebpf,
             rings: Some(Rings { samples: ring, events }),
+            unwind,
             counters,
             netrx,
             epoch_map,
@@ -268,6 +284,11 @@ impl Collector {
     /// The ring buffers, once: the reader thread owns them from then on.
     pub fn take_rings(&mut self) -> Option<Rings> {
         self.rings.take()
+    }
+
+    /// The unwind-table maps, once: the unwind stage owns them from then on.
+    pub fn take_unwind(&mut self) -> Option<crate::unwind::kernel::Maps> {
+        self.unwind.take()
     }
 
     /// CPUs sampled now.

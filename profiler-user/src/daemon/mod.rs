@@ -71,6 +71,8 @@ pub struct DaemonConfig {
     pub data_dir: PathBuf,
     pub frequency_hz: u64,
     pub ring_bytes: u32,
+    /// Rows of unwind tables in the kernel (0: frame pointers only).
+    pub unwind_rows: u32,
     /// How often buffered samples are written (and so how fresh queries are).
     pub flush_interval: Duration,
     /// How often the daemon logs a one-line report.
@@ -98,9 +100,18 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     // from the limit: raise the soft limit to the hard one whether or not the server runs.
     crate::serve::limits::raise_nofile();
     close_abandoned(&config.data_dir);
-    let mut collector =
-        Collector::start(&CollectConfig { frequency_hz: config.frequency_hz, ring_bytes: config.ring_bytes })?;
+    let mut collector = Collector::start(&CollectConfig {
+        frequency_hz: config.frequency_hz,
+        ring_bytes: config.ring_bytes,
+        unwind_rows: config.unwind_rows,
+    })?;
     let rings = collector.take_rings().ok_or(CollectError::Missing("ring buffers"))?;
+    // Unwind tables are built on their own thread; the stage ends with the pipeline.
+    let (unwind, _unwind_stage) = match collector.take_unwind().map(crate::unwind::spawn) {
+        Some(Ok((notifier, stage))) => (Some(notifier), Some(stage)),
+        Some(Err(e)) => return Err(DaemonError::Thread("unwind", e)),
+        None => (None, None),
+    };
     let sampled = collector.cpus().len();
     let cpus = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(sampled as u32);
     Meta {
@@ -152,6 +163,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             control: control_rx,
             live: live.clone(),
             write_failing: write_failing.clone(),
+            unwind,
         },
         Some(collector),
     )

@@ -69,6 +69,8 @@ pub struct Links {
     pub live: Arc<Mutex<Live>>,
     /// Set while the store cannot be written (retention then frees space first).
     pub write_failing: Arc<AtomicBool>,
+    /// The unwind stage, when unwind tables are in use.
+    pub unwind: Option<crate::unwind::Notifier>,
 }
 
 /// What the stage did, for its caller (tests; the supervisor's last log line).
@@ -115,7 +117,8 @@ struct Stage {
 }
 
 impl Stage {
-    fn new(config: StageConfig, links: Links, collector: Option<Collector>, mut pipeline: Pipeline) -> Self {
+    fn new(config: StageConfig, mut links: Links, collector: Option<Collector>, mut pipeline: Pipeline) -> Self {
+        pipeline.unwind = links.unwind.take();
         if let Some(delay) = config.symbolize_delay {
             pipeline.before_symbolize = Some(Box::new(move || std::thread::sleep(delay)));
         }
@@ -195,6 +198,9 @@ impl Stage {
                     let Some(mut e) = parse_event(fields, record) else { continue };
                     if e.kind == PROCESS_EXEC {
                         self.pipeline.symbolizer.note_exec(e.pid, &e.comm);
+                        if let Some(unwind) = self.pipeline.unwind.as_mut() {
+                            unwind.exec(e.pid);
+                        }
                         continue;
                     }
                     e.ts_ns = (e.ts_ns as i128 + self.pipeline.offset).max(0) as u64;

@@ -30,6 +30,16 @@ pub enum TableError {
     TooLarge(usize),
     #[error("code spans more than 4 GiB")]
     TooWide,
+    #[error("cannot read the mapped file: {0}")]
+    Unreadable(String),
+}
+
+impl TableError {
+    /// True when the file itself is at fault (trying it again gives the same answer), false
+    /// when reading it failed for a reason of the moment.
+    pub fn is_about_the_file(&self) -> bool {
+        !matches!(self, TableError::Unreadable(_))
+    }
 }
 
 /// One loadable segment: file offset, virtual address and size in the file.
@@ -54,15 +64,20 @@ impl Table {
     /// What a mapping of this file at `start`, from file offset `offset`, must subtract from an
     /// address to get a row key; `None` when the offset is in no loadable segment.
     pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
-        let load = self.loads.iter().find(|l| (l.offset..l.offset + l.size.max(1)).contains(&offset))?;
-        let vaddr = load.vaddr + (offset - load.offset);
-        Some(start.wrapping_sub(vaddr).wrapping_add(self.base))
+        bias(self.base, &self.loads, start, offset)
     }
 
     /// Bytes the rows take in the kernel.
     pub fn bytes(&self) -> usize {
         self.rows.len() * std::mem::size_of::<Row>()
     }
+}
+
+/// [`Table::bias`] for a table whose rows are already elsewhere.
+pub fn bias(base: u64, loads: &[Load], start: u64, offset: u64) -> Option<u64> {
+    let load = loads.iter().find(|l| (l.offset..l.offset + l.size.max(1)).contains(&offset))?;
+    let vaddr = load.vaddr + (offset - load.offset);
+    Some(start.wrapping_sub(vaddr).wrapping_add(base))
 }
 
 /// The rule for one address range, before it becomes a row relative to the table's base.
@@ -133,7 +148,11 @@ where
             continue;
         }
         if fde.is_signal_trampoline() {
-            out.push((fde.initial_address(), fde.end_address(), Rule { kind: kind::SIGNAL, cfa_offset: 0, fp_offset: 0 }));
+            out.push((
+                fde.initial_address(),
+                fde.end_address(),
+                Rule { kind: kind::SIGNAL, cfa_offset: 0, fp_offset: 0 },
+            ));
             continue;
         }
         let Ok(mut rows) = fde.rows(section, bases, &mut ctx) else { continue };
@@ -146,10 +165,7 @@ where
 }
 
 /// What the sampler can do with one row of gimli's table.
-fn rule<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
-    section: &S,
-    row: &gimli::UnwindTableRow<usize>,
-) -> Rule {
+fn rule<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(section: &S, row: &gimli::UnwindTableRow<usize>) -> Rule {
     match row.register(RIP) {
         Some(RegisterRule::Undefined) => return Rule { kind: kind::END, cfa_offset: 0, fp_offset: 0 },
         // x86_64: the return address is the word below the CFA, always.
@@ -158,7 +174,9 @@ fn rule<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
     }
     let fp_offset = match row.register(RBP) {
         None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => 0,
-        Some(RegisterRule::Offset(o)) if o % 8 == 0 && (i8::MIN as i64..=i8::MAX as i64).contains(&(o / 8)) && o != 0 => {
+        Some(RegisterRule::Offset(o))
+            if o % 8 == 0 && (i8::MIN as i64..=i8::MAX as i64).contains(&(o / 8)) && o != 0 =>
+        {
             (o / 8) as i8
         }
         Some(_) => return NONE,
@@ -221,7 +239,8 @@ fn build(mut ranges: Vec<(u64, u64, Rule)>) -> Result<Table, TableError> {
             Some(last) if last.pc == pc => {
                 *last = Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset }
             }
-            Some(last) if (last.kind, last.cfa_offset, last.fp_offset) == (rule.kind, rule.cfa_offset, rule.fp_offset) => {}
+            Some(last)
+                if (last.kind, last.cfa_offset, last.fp_offset) == (rule.kind, rule.cfa_offset, rule.fp_offset) => {}
             _ => rows.push(Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset }),
         }
         Ok(())

@@ -53,12 +53,23 @@ fn the_vdso_of_this_process_compiles() {
 #[test]
 fn gaps_between_functions_have_no_rule_and_equal_neighbours_merge() {
     let sp = |o| Rule { kind: kind::CFA_SP, cfa_offset: o, fp_offset: 0 };
-    let t = build(vec![(0x1000, 0x1004, sp(8)), (0x1004, 0x1010, sp(16)), (0x1010, 0x1020, sp(16)), (0x1030, 0x1040, sp(8))])
-        .unwrap();
+    let t = build(vec![
+        (0x1000, 0x1004, sp(8)),
+        (0x1004, 0x1010, sp(16)),
+        (0x1010, 0x1020, sp(16)),
+        (0x1030, 0x1040, sp(8)),
+    ])
+    .unwrap();
     let rows: Vec<_> = t.rows.iter().map(|r| (r.pc, r.kind, r.cfa_offset)).collect();
     assert_eq!(
         rows,
-        [(0, kind::CFA_SP, 8), (4, kind::CFA_SP, 16), (0x20, kind::NONE, 0), (0x30, kind::CFA_SP, 8), (0x40, kind::NONE, 0)]
+        [
+            (0, kind::CFA_SP, 8),
+            (4, kind::CFA_SP, 16),
+            (0x20, kind::NONE, 0),
+            (0x30, kind::CFA_SP, 8),
+            (0x40, kind::NONE, 0)
+        ]
     );
 }
 
@@ -98,4 +109,15 @@ fn malformed_frame_information_is_an_error_or_a_smaller_table_never_a_panic() {
             assert!(t.rows.len() <= whole * 2);
         }
     }
+}
+
+#[test]
+fn a_file_read_on_demand_compiles_like_one_read_whole() {
+    let path = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap();
+    let f = std::fs::File::open(path).unwrap();
+    let lazy = compile(&object::ReadCache::new(&f)).unwrap();
+    assert_eq!(lazy, compile(&*libc()).unwrap());
 }

@@ -1,0 +1,260 @@
+//! Which tables are in the kernel, where, and which processes use them. One table per file
+//! (device, inode, size, mtime), shared by every process that maps it; each process gets a
+//! description of its executable mappings pointing into the shared rows.
+//!
+//! The rows array is bounded (`--unwind-table-mib`): a table that does not fit, after tables
+//! no process uses any more were evicted, is counted and its mappings are walked with frame
+//! pointers, as before tables existed.
+
+use std::collections::HashMap;
+
+use profiler_common::unwind::{MAX_MAPPINGS, Mapping, ProcessTable};
+
+use super::{
+    kernel::Tables,
+    table::{Table, TableError},
+};
+
+/// A file's identity: a path can be replaced, an inode reused, but not all four at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+}
+
+/// One executable mapping of a process, with the file behind it.
+#[derive(Debug, Clone)]
+pub struct MappedFile {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub key: FileKey,
+}
+
+#[derive(Debug)]
+enum Entry {
+    Loaded {
+        start: usize,
+        len: usize,
+        table: TableShape,
+        users: u32,
+        last_used: u64,
+    },
+    /// No table (no CFI, malformed, too large, did not fit): frame pointers for this file.
+    Without,
+}
+
+/// What a mapping needs of a table once its rows are in the kernel.
+#[derive(Debug, Clone)]
+struct TableShape {
+    base: u64,
+    loads: Vec<super::table::Load>,
+}
+
+impl TableShape {
+    fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+        super::table::bias(self.base, &self.loads, start, offset)
+    }
+}
+
+/// Counters for /metrics and the log.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub tables: u64,
+    pub rows: u64,
+    pub processes: u64,
+    /// Files without a usable table (no CFI, malformed, over the size bound).
+    pub without: u64,
+    /// Tables that did not fit in the rows array.
+    pub did_not_fit: u64,
+}
+
+pub struct Registry<T: Tables> {
+    tables: T,
+    files: HashMap<FileKey, Entry>,
+    /// Free row ranges `(start, len)`, sorted by start, never adjacent.
+    free: Vec<(usize, usize)>,
+    processes: HashMap<u32, Vec<FileKey>>,
+    clock: u64,
+    did_not_fit: u64,
+}
+
+impl<T: Tables> Registry<T> {
+    pub fn new(tables: T) -> Self {
+        let capacity = tables.capacity();
+        Self {
+            tables,
+            files: HashMap::new(),
+            free: if capacity > 0 { vec![(0, capacity)] } else { Vec::new() },
+            processes: HashMap::new(),
+            clock: 0,
+            did_not_fit: 0,
+        }
+    }
+
+    pub fn is_known(&self, pid: u32) -> bool {
+        self.processes.contains_key(&pid)
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.keys().copied().collect()
+    }
+
+    /// Describes process `pid`'s mappings to the sampler, compiling (`compile`) the tables of
+    /// files not seen before. Replaces what was known of the process.
+    pub fn set_process(
+        &mut self,
+        pid: u32,
+        mappings: &[MappedFile],
+        mut compile: impl FnMut(&MappedFile) -> Result<Table, TableError>,
+    ) -> Result<(), String> {
+        self.clock += 1;
+        let mut keys: Vec<FileKey> = Vec::new();
+        let mut table = ProcessTable::default();
+        let mut sorted: Vec<&MappedFile> = mappings.iter().collect();
+        sorted.sort_by_key(|m| m.start);
+        for m in sorted.into_iter().take(MAX_MAPPINGS) {
+            if !self.files.contains_key(&m.key) {
+                match compile(m) {
+                    Ok(t) => {
+                        let entry = self.load(t);
+                        self.files.insert(m.key, entry);
+                    }
+                    // The file's own fault: not tried again while it is unchanged.
+                    Err(e) if e.is_about_the_file() => {
+                        tracing::debug!(pid, error = %e, "no unwind table for a mapping: frame pointers there");
+                        self.files.insert(m.key, Entry::Without);
+                    }
+                    // The process exited, or its file could not be opened now: next time.
+                    Err(e) => tracing::debug!(pid, error = %e, "cannot read a mapped file for its unwind table"),
+                }
+            }
+            let mut mapping = Mapping { start: m.start, end: m.end, ..Mapping::default() };
+            if let Some(Entry::Loaded { start, len, table: shape, users, last_used }) = self.files.get_mut(&m.key)
+                && let Some(bias) = shape.bias(m.start, m.offset)
+            {
+                if !keys.contains(&m.key) {
+                    *users += 1;
+                    keys.push(m.key);
+                }
+                *last_used = self.clock;
+                mapping.bias = bias;
+                mapping.table_start = *start as u32;
+                mapping.table_len = *len as u32;
+            }
+            table.mappings[table.len as usize] = mapping;
+            table.len += 1;
+        }
+        // The old description's users go after the new one took its own.
+        if let Some(old) = self.processes.insert(pid, keys) {
+            self.release(&old);
+        }
+        self.tables.set_process(pid, &table)
+    }
+
+    /// Forgets an exited process; its tables stay until their room is needed.
+    pub fn remove_process(&mut self, pid: u32) {
+        if let Some(keys) = self.processes.remove(&pid) {
+            self.tables.remove_process(pid);
+            self.release(&keys);
+        }
+    }
+
+    fn release(&mut self, keys: &[FileKey]) {
+        for k in keys {
+            if let Some(Entry::Loaded { users, .. }) = self.files.get_mut(k) {
+                *users = users.saturating_sub(1);
+            }
+        }
+    }
+
+    fn load(&mut self, table: Table) -> Entry {
+        let len = table.rows.len();
+        let start = match self.allocate(len) {
+            Some(s) => s,
+            None => {
+                self.did_not_fit += 1;
+                tracing::warn!(
+                    rows = len,
+                    "an unwind table does not fit in --unwind-table-mib: its binary is walked with frame pointers"
+                );
+                return Entry::Without;
+            }
+        };
+        self.tables.write_rows(start, &table.rows);
+        Entry::Loaded {
+            start,
+            len,
+            table: TableShape { base: table.base, loads: table.loads },
+            users: 0,
+            last_used: self.clock,
+        }
+    }
+
+    /// First fit; evicts tables no process uses, least recently used first, until one fits.
+    fn allocate(&mut self, len: usize) -> Option<usize> {
+        if len == 0 {
+            return None;
+        }
+        loop {
+            if let Some(i) = self.free.iter().position(|&(_, l)| l >= len) {
+                let (start, l) = self.free[i];
+                if l == len {
+                    self.free.remove(i);
+                } else {
+                    self.free[i] = (start + len, l - len);
+                }
+                return Some(start);
+            }
+            let victim = self
+                .files
+                .iter()
+                .filter_map(|(k, e)| match e {
+                    Entry::Loaded { users: 0, last_used, .. } => Some((*last_used, *k)),
+                    _ => None,
+                })
+                .min()?;
+            if let Some(Entry::Loaded { start, len, .. }) = self.files.remove(&victim.1) {
+                self.free_range(start, len);
+            }
+        }
+    }
+
+    fn free_range(&mut self, start: usize, len: usize) {
+        let i = self.free.partition_point(|&(s, _)| s < start);
+        self.free.insert(i, (start, len));
+        // Merge with the next, then with the previous.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        let (mut tables, mut rows, mut without) = (0, 0, 0);
+        for e in self.files.values() {
+            match e {
+                Entry::Loaded { len, .. } => {
+                    tables += 1;
+                    rows += *len as u64;
+                }
+                Entry::Without => without += 1,
+            }
+        }
+        Stats { tables, rows, processes: self.processes.len() as u64, without, did_not_fit: self.did_not_fit }
+    }
+
+    #[cfg(test)]
+    pub fn kernel(&self) -> &T {
+        &self.tables
+    }
+}
+
+#[cfg(test)]
+mod tests;
