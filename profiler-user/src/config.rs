@@ -50,8 +50,9 @@ pub fn ring_buffer_bytes(kib: u32) -> Result<u32, ConfigError> {
 
 /// Kernel memory for unwind tables `--unwind-table-mib` accepts (0: frame pointers only).
 pub const UNWIND_MIB: std::ops::RangeInclusive<u32> = 0..=1024;
-/// The default: 32 MiB, 4 M rows (a distro libc is ~18 k rows, a 100 MB binary ~1 M).
-pub const UNWIND_MIB_DEFAULT: u32 = 32;
+/// The default: 80 MiB, 10 M rows: the tables of 500 distinct binaries of a Debian system take
+/// 70 MiB (a libc is 28 k rows, a 150 MB binary 1.1 M; see BENCHMARKS.md).
+pub const UNWIND_MIB_DEFAULT: u32 = 80;
 
 /// Rows of unwind table (8 bytes each) in `mib` MiB, refusing what is outside [`UNWIND_MIB`].
 pub fn unwind_rows(mib: u32) -> Result<u32, ConfigError> {

@@ -31,7 +31,7 @@ const REREAD_AFTER: Duration = Duration::from_secs(10);
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// After an exec the loader maps the libraries within milliseconds: the process is described
 /// again this long after its exec (and once more, later), so a short-lived one gets every table.
-const AFTER_EXEC: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(500)];
+const AFTER_EXEC: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(500)];
 /// Requests waiting for the stage; past this the pipeline drops them (a later sample asks again).
 const QUEUE: usize = 4096;
 
@@ -107,24 +107,33 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
             read_at.insert(pid, Instant::now());
         }
         let wake = again.last().map_or(next_sweep, |(at, _)| (*at).min(next_sweep));
-        match rx.recv_timeout(wake.saturating_duration_since(now)) {
-            Ok(Request::Seen(pid)) => {
-                if read_at.get(&pid).is_some_and(|at| at.elapsed() < REREAD_AFTER) {
-                    continue;
-                }
-                describe(&mut registry, pid, vdso.as_ref());
-                read_at.insert(pid, Instant::now());
-            }
-            Ok(Request::Exec(pid)) => {
-                describe(&mut registry, pid, vdso.as_ref());
-                read_at.insert(pid, Instant::now());
-                if again.len() < QUEUE {
-                    again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
-                    again.sort_by(|a, b| b.0.cmp(&a.0));
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
+        let first = match rx.recv_timeout(wake.saturating_duration_since(now)) {
+            Ok(r) => Some(r),
+            Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
+        };
+        // Execs first: a new process is described before processes already running are
+        // described again (at daemon start, hundreds of those queue up).
+        let mut requests: Vec<Request> = first.into_iter().chain(rx.try_iter().take(QUEUE)).collect();
+        requests.sort_by_key(|r| !matches!(r, Request::Exec(_)));
+        for request in requests {
+            match request {
+                Request::Seen(pid) => {
+                    if read_at.get(&pid).is_some_and(|at| at.elapsed() < REREAD_AFTER) {
+                        continue;
+                    }
+                    describe(&mut registry, pid, vdso.as_ref());
+                    read_at.insert(pid, Instant::now());
+                }
+                Request::Exec(pid) => {
+                    describe(&mut registry, pid, vdso.as_ref());
+                    read_at.insert(pid, Instant::now());
+                    if again.len() < QUEUE {
+                        again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
+                        again.sort_by(|a, b| b.0.cmp(&a.0));
+                    }
+                }
+            }
         }
         if Instant::now() >= next_sweep {
             next_sweep = Instant::now() + SWEEP_EVERY;
@@ -146,12 +155,10 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
 fn describe(registry: &mut Registry<kernel::Maps>, pid: u32, vdso: Option<&Vdso>) {
     let read = maps::read(pid, None);
     let mut mapped = Vec::new();
-    let mut is_vdso = Vec::new();
     for m in &read.maps {
         if &*m.path == "[vdso]" {
             if let Some(v) = vdso {
                 mapped.push(MappedFile { start: m.start, end: m.end, offset: 0, key: v.key });
-                is_vdso.push(true);
             }
             continue;
         }
@@ -171,7 +178,6 @@ fn describe(registry: &mut Registry<kernel::Maps>, pid: u32, vdso: Option<&Vdso>
             mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
         };
         mapped.push(MappedFile { start: m.start, end: m.end, offset: m.offset, key });
-        is_vdso.push(false);
     }
     if mapped.is_empty() {
         // A kernel thread, or a process already gone.
@@ -188,9 +194,24 @@ fn describe(registry: &mut Registry<kernel::Maps>, pid: u32, vdso: Option<&Vdso>
         table::compile(&object::ReadCache::new(&f))
     });
     match result {
-        Ok(()) => tracing::debug!(pid, mappings = mapped.len(), "process described to the unwinder"),
+        Ok(()) => {
+            tracing::debug!(pid, mappings = mapped.len(), age_ms = age_ms(pid), "process described to the unwinder")
+        }
         Err(e) => tracing::debug!(pid, error = %e, "cannot describe a process to the unwinder: frame pointers for it"),
     }
+}
+
+/// How long ago `pid` started (its exec, for a process that exec'd), from `/proc/PID/stat`.
+fn age_ms(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the comm, which may hold spaces and parentheses: starttime is field 22.
+    let start_ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec; starttime counts from boot, like CLOCK_BOOTTIME.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    let now_ms = now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000;
+    Some(now_ms.saturating_sub(start_ticks * 1000 / hz))
 }
 
 /// This process's vDSO image: the kernel maps the same one into every process.

@@ -48,6 +48,8 @@ pub struct Load {
     pub offset: u64,
     pub vaddr: u64,
     pub size: u64,
+    /// Mapped executable (`PF_X`).
+    pub exec: bool,
 }
 
 /// A binary's compiled unwind table.
@@ -74,9 +76,15 @@ impl Table {
 }
 
 /// [`Table::bias`] for a table whose rows are already elsewhere.
+///
+/// A mapping starts at a page boundary, so its file offset can lie before its segment's
+/// (lld puts the code segment at a non-page-aligned offset, right after the read-only one): the
+/// executable segment whose page-aligned start covers the offset is the one mapped.
 pub fn bias(base: u64, loads: &[Load], start: u64, offset: u64) -> Option<u64> {
-    let load = loads.iter().find(|l| (l.offset..l.offset + l.size.max(1)).contains(&offset))?;
-    let vaddr = load.vaddr + (offset - load.offset);
+    const PAGE: u64 = 4096;
+    let covers = |l: &&Load| (l.offset & !(PAGE - 1)..l.offset + l.size.max(1)).contains(&offset);
+    let load = loads.iter().filter(|l| l.exec).find(covers).or_else(|| loads.iter().find(covers))?;
+    let vaddr = (load.vaddr + offset).checked_sub(load.offset)?;
     Some(start.wrapping_sub(vaddr).wrapping_add(base))
 }
 
@@ -97,7 +105,8 @@ pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
         .segments()
         .map(|s| {
             let (offset, size) = s.file_range();
-            Load { offset, vaddr: s.address(), size }
+            let exec = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+            Load { offset, vaddr: s.address(), size, exec }
         })
         .collect();
     let mut ranges = Vec::new();

@@ -38,7 +38,7 @@ fn table(n: usize, tag: u16) -> Table {
     Table {
         base: 0x1000,
         rows: (0..n).map(|i| Row { pc: i as u32 * 4, cfa_offset: tag, kind: kind::CFA_SP, fp_offset: 0 }).collect(),
-        loads: vec![Load { offset: 0x1000, vaddr: 0x1000, size: 0x10000 }],
+        loads: vec![Load { offset: 0x1000, vaddr: 0x1000, size: 0x10000, exec: true }],
     }
 }
 

@@ -121,3 +121,15 @@ fn a_file_read_on_demand_compiles_like_one_read_whole() {
     let lazy = compile(&object::ReadCache::new(&f)).unwrap();
     assert_eq!(lazy, compile(&*libc()).unwrap());
 }
+
+#[test]
+fn a_code_segment_at_an_unaligned_offset_gets_the_bias_of_its_page() {
+    // lld's layout: read-only data up to 0x16d94, code from file offset 0x16da0 at vaddr
+    // 0x17da0; the kernel maps the code from file offset 0x16000 at a page whose vaddr is 0x17000.
+    let loads = [
+        Load { offset: 0, vaddr: 0, size: 0x16d94, exec: false },
+        Load { offset: 0x16da0, vaddr: 0x17da0, size: 0x40b20, exec: true },
+    ];
+    let start = 0x5555_0000_0000 + 0x17000;
+    assert_eq!(bias(0, &loads, start, 0x16000), Some(0x5555_0000_0000));
+}
