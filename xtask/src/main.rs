@@ -161,6 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     bench::overhead::run(&profiler, &helpers.join("hash-work"), &helper, seconds.unwrap_or(15), rounds)
                 }
                 "status" => bench::status(&workspace_root(), &profiler),
+                "unwind" => bench::unwind::run(&workspace_root(), &profiler, seconds.unwrap_or(10)),
                 "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
                 "replay" => status({
                     let mut cmd = cargo();
@@ -168,7 +169,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     cmd
                 }),
                 other => {
-                    bail!("unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status")
+                    bail!(
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status, unwind"
+                    )
                 }
             }
         }

@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 
 pub mod churn;
 pub mod overhead;
+pub mod unwind;
 
 pub(crate) fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
