@@ -108,6 +108,9 @@ pub struct CpuCounters {
     pub ringbuf_full: u64,
     pub kernel_stack_errors: u64,
     pub user_stack_errors: u64,
+    /// User stacks walked with unwind tables, and of those the walks that stopped early.
+    pub unwind_walks: u64,
+    pub unwind_stopped: u64,
     /// Most bytes waiting in the ring in the current maxima epoch ([`Collector::next_epoch`]).
     pub ring_used_max: u64,
 }
@@ -405,6 +408,8 @@ impl Collector {
                 ringbuf_full: v[counter::RINGBUF_FULL],
                 kernel_stack_errors: v[counter::KERNEL_STACK_ERROR],
                 user_stack_errors: v[counter::USER_STACK_ERROR],
+                unwind_walks: v[counter::UNWIND_TABLES],
+                unwind_stopped: v[counter::UNWIND_STOPPED],
                 ring_used_max: epoch_max(v, counter::EPOCH, self.epoch, counter::RING_USED_MAX),
             })
             .collect())

@@ -24,6 +24,8 @@ pub struct CpuTotals {
     pub queue_full: u64,
     pub kernel_stack_errors: u64,
     pub user_stack_errors: u64,
+    pub unwind_walks: u64,
+    pub unwind_stopped: u64,
     pub throttled_estimate: u64,
 }
 
@@ -82,6 +84,8 @@ impl Tally {
             t.ring_full += full;
             t.kernel_stack_errors += c.kernel_stack_errors.saturating_sub(prev.kernel_stack_errors);
             t.user_stack_errors += c.user_stack_errors.saturating_sub(prev.user_stack_errors);
+            t.unwind_walks += c.unwind_walks.saturating_sub(prev.unwind_walks);
+            t.unwind_stopped += c.unwind_stopped.saturating_sub(prev.unwind_stopped);
             if full > 0 {
                 ring_full.push((cpu, full));
             }
@@ -154,7 +158,13 @@ mod tests {
     use super::*;
 
     fn c(seen: u64, full: u64, kerr: u64, uerr: u64) -> CpuCounters {
-        CpuCounters { seen, ringbuf_full: full, kernel_stack_errors: kerr, user_stack_errors: uerr, ring_used_max: 0 }
+        CpuCounters {
+            seen,
+            ringbuf_full: full,
+            kernel_stack_errors: kerr,
+            user_stack_errors: uerr,
+            ..Default::default()
+        }
     }
 
     /// One update: counters per CPU, (busy seconds, idle samples) per CPU, CPUs sampled, time.

@@ -369,6 +369,7 @@ impl Stage {
         l.cached_stacks = symbols.stacks as u64;
         l.cached_names = symbols.names as u64;
         l.files_refused = symbols.files_refused;
+        l.unwind = p.unwind.as_ref().map(crate::unwind::Notifier::stats);
     }
 }
 

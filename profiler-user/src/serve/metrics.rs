@@ -44,6 +44,8 @@ pub struct Live {
     /// Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many
     /// open), whose frames are named by module only.
     pub files_refused: u64,
+    /// The unwind stage's tables, when unwind tables are in use.
+    pub unwind: Option<crate::unwind::registry::Stats>,
 }
 
 pub fn render(l: &Live) -> String {
@@ -84,6 +86,36 @@ pub fn render(l: &Live) -> String {
         "Samples stored whose kernel or user stack could not be captured (delivered, not lost).",
         by_cpu("stack", &[("kernel", &|c| c.kernel_stack_errors), ("user", &|c| c.user_stack_errors)]),
     );
+    family(
+        "profiler_unwind_walks_total",
+        "counter",
+        "User stacks walked with unwind tables (code without frame pointers), and of those the walks that stopped \
+         before the outermost frame (an address without a rule, an unreadable stack word, the frame limit).",
+        by_cpu("outcome", &[("walked", &|c| c.unwind_walks), ("stopped", &|c| c.unwind_stopped)]),
+    );
+    if let Some(u) = &l.unwind {
+        let mut gauge = |name: &str, help: &str, v: u64| family(name, "gauge", help, vec![(String::new(), v as f64)]);
+        gauge("profiler_unwind_tables", "Binaries whose unwind table is in the kernel.", u.tables);
+        gauge(
+            "profiler_unwind_table_rows",
+            "Rows of unwind tables in the kernel (8 bytes each; bounded by --unwind-table-mib).",
+            u.rows,
+        );
+        gauge("profiler_unwind_processes", "Processes described to the unwinder.", u.processes);
+        gauge(
+            "profiler_unwind_files_without_table",
+            "Mapped binaries without a usable unwind table (no or malformed call frame information): their \
+             frames are walked with frame pointers.",
+            u.without,
+        );
+        family(
+            "profiler_unwind_tables_did_not_fit_total",
+            "counter",
+            "Unwind tables that did not fit in --unwind-table-mib after unused ones were evicted: their binaries \
+             are walked with frame pointers.",
+            vec![(String::new(), u.did_not_fit as f64)],
+        );
+    }
     family(
         "profiler_throttled_samples_estimate_total",
         "counter",
@@ -247,7 +279,18 @@ mod tests {
         let mut l = Live::default();
         l.cpus.insert(0, (5, 95, 0));
         l.cpus.insert(1, (99, 0, 2));
-        l.counters.insert(1, CpuTotals { ring_full: 2, queue_full: 5, user_stack_errors: 9, ..Default::default() });
+        l.counters.insert(
+            1,
+            CpuTotals {
+                ring_full: 2,
+                queue_full: 5,
+                user_stack_errors: 9,
+                unwind_walks: 80,
+                unwind_stopped: 3,
+                ..Default::default()
+            },
+        );
+        l.unwind = Some(crate::unwind::registry::Stats { tables: 4, rows: 1000, did_not_fit: 1, ..Default::default() });
         l.ring_to_disk_seconds = Some((0.25, 0.75));
         l.busy_share.insert(1, 1.0);
         l.dying_memcgs = Some(3000);
@@ -273,5 +316,8 @@ mod tests {
         assert!(text.contains("profiler_dying_memcgs 3000\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"processes\"} 12\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"modules\"} 40\n"));
+        assert!(text.contains("profiler_unwind_walks_total{cpu=\"1\",outcome=\"stopped\"} 3\n"));
+        assert!(text.contains("profiler_unwind_table_rows 1000\n"));
+        assert!(text.contains("profiler_unwind_tables_did_not_fit_total 1\n"));
     }
 }

@@ -47,6 +47,7 @@ enum Request {
 pub struct Notifier {
     tx: SyncSender<Request>,
     announced: HashMap<u32, Instant>,
+    stats: Arc<Mutex<Stats>>,
 }
 
 impl Notifier {
@@ -63,6 +64,11 @@ impl Notifier {
         if self.send(Request::Seen(pid)) {
             self.announced.insert(pid, now);
         }
+    }
+
+    /// The stage's figures as of its last sweep.
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
     /// `pid` exec'd.
@@ -90,7 +96,7 @@ pub fn spawn(maps: kernel::Maps) -> std::io::Result<(Notifier, Stage)> {
     let shared = stats.clone();
     let thread =
         std::thread::Builder::new().name("unwind".into()).spawn(move || run(Registry::new(maps), rx, shared))?;
-    Ok((Notifier { tx, announced: HashMap::new() }, Stage { stats, thread }))
+    Ok((Notifier { tx, announced: HashMap::new(), stats: stats.clone() }, Stage { stats, thread }))
 }
 
 fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<Mutex<Stats>>) {
