@@ -1,0 +1,261 @@
+//! Names of JIT-compiled code from `/tmp/perf-PID.map`, which Node (`--perf-basic-prof`),
+//! Python 3.12+ (`-X perf`), the JVM (with an agent) and .NET write: one line per function,
+//! `START SIZE name`, both numbers hex, appended as the JIT compiles.
+//!
+//! The file is the process's, in its own `/tmp`: it is read as
+//! `/proc/PID/root/tmp/perf-NSPID.map` (NSPID being the pid in the process's own namespace, the
+//! one it names the file by), through `file::open_regular` (no link followed, a FIFO never
+//! opened for real), and kept only if it is owned by the process's user: in a shared /tmp
+//! anyone could otherwise write a map for a process that has none and name its frames. What is
+//! read is bounded in bytes, lines and name length. The file only grows, so a re-read starts
+//! where the last one stopped; a later line for the same start wins (the JIT reused the space).
+
+use std::{
+    fs::File,
+    io::{Read, Seek, SeekFrom},
+    os::unix::fs::MetadataExt,
+    path::PathBuf,
+    sync::Arc,
+};
+
+use super::file;
+
+/// Most bytes of a perf map read in all. Node writes ~100 bytes a function; a large service
+/// compiles some 100,000 functions.
+pub const MAX_BYTES: u64 = 64 << 20;
+/// Most functions kept per process.
+pub const MAX_ENTRIES: usize = 500_000;
+/// Longest name kept (bytes); the rest of a longer one is cut.
+pub const MAX_NAME_BYTES: usize = 512;
+
+/// Why a process's perf map is not read.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfMapError {
+    #[error("no perf map: {0}")]
+    Open(#[from] file::Refused),
+    #[error("cannot read the process's status: {0}")]
+    Status(std::io::Error),
+    #[error("the perf map is owned by uid {file}, not by the process's uid {process}")]
+    NotOwner { file: u32, process: u32 },
+    #[error("cannot read the perf map: {0}")]
+    Read(std::io::Error),
+}
+
+/// One JIT-compiled function: `[start, end)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub start: u64,
+    pub end: u64,
+    pub name: Arc<str>,
+}
+
+/// What has been read so far of one process's perf map.
+#[derive(Debug, Default)]
+pub struct PerfMap {
+    /// Sorted by start, one entry per start.
+    entries: Vec<Entry>,
+    /// The file read (device, inode), and how many bytes of it were parsed (whole lines only).
+    file: Option<(u64, u64)>,
+    parsed: u64,
+}
+
+impl PerfMap {
+    /// The name of the function holding `addr`, as of the last read.
+    pub fn find(&self, addr: u64) -> Option<&Arc<str>> {
+        let i = self.entries.partition_point(|e| e.start <= addr);
+        self.entries[..i].last().filter(|e| addr < e.end).map(|e| &e.name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Reads what was appended to process `pid`'s perf map since the last call (all of it the
+    /// first time, or when the file was replaced).
+    pub fn refresh(&mut self, pid: u32) -> Result<(), PerfMapError> {
+        let (mut file, uid) = open(pid)?;
+        let meta = file.metadata().map_err(PerfMapError::Read)?;
+        if meta.uid() != uid {
+            return Err(PerfMapError::NotOwner { file: meta.uid(), process: uid });
+        }
+        let id = (meta.dev(), meta.ino());
+        if self.file != Some(id) || meta.len() < self.parsed {
+            *self = PerfMap { file: Some(id), ..PerfMap::default() };
+        }
+        let want = meta.len().min(MAX_BYTES).saturating_sub(self.parsed);
+        if want == 0 {
+            return Ok(());
+        }
+        file.seek(SeekFrom::Start(self.parsed)).map_err(PerfMapError::Read)?;
+        let mut text = Vec::with_capacity(want as usize);
+        file.take(want).read_to_end(&mut text).map_err(PerfMapError::Read)?;
+        self.parsed += self.add(&text) as u64;
+        Ok(())
+    }
+
+    /// Parses the whole lines of `text` into the map; returns the bytes consumed (a last line
+    /// without its newline is being written: it is read next time).
+    pub fn add(&mut self, text: &[u8]) -> usize {
+        let Some(end) = text.iter().rposition(|&b| b == b'\n').map(|i| i + 1) else {
+            return 0;
+        };
+        let mut new: Vec<Entry> = text[..end]
+            .split(|&b| b == b'\n')
+            .filter_map(parse_line)
+            .take(MAX_ENTRIES.saturating_sub(self.entries.len()))
+            .collect();
+        if new.is_empty() {
+            return end;
+        }
+        // Old entries first, so that for one start the stable sort leaves the newest last.
+        let mut all = std::mem::take(&mut self.entries);
+        all.append(&mut new);
+        all.sort_by_key(|e| e.start);
+        let mut out: Vec<Entry> = Vec::with_capacity(all.len());
+        for e in all {
+            match out.last_mut() {
+                Some(last) if last.start == e.start => *last = e,
+                _ => out.push(e),
+            }
+        }
+        self.entries = out;
+        end
+    }
+}
+
+/// `START SIZE name`: hex numbers (with or without `0x`), the name the rest of the line.
+fn parse_line(line: &[u8]) -> Option<Entry> {
+    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+    let mut fields = line.splitn(3, ' ');
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let start = hex(fields.next()?)?;
+    let size = hex(fields.next()?)?;
+    let name = fields.next()?.trim();
+    if name.is_empty() || size == 0 {
+        return None;
+    }
+    let mut cut = name.len().min(MAX_NAME_BYTES);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Some(Entry { start, end: start.checked_add(size)?, name: Arc::from(&name[..cut]) })
+}
+
+/// Opens process `pid`'s perf map; returns it with the process's effective uid.
+fn open(pid: u32) -> Result<(File, u32), PerfMapError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(PerfMapError::Status)?;
+    let (ns_pid, uid) = parse_status(&status).ok_or_else(|| {
+        PerfMapError::Status(std::io::Error::new(std::io::ErrorKind::InvalidData, "no NSpid or Uid line"))
+    })?;
+    let path = PathBuf::from(format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map"));
+    Ok((file::open_regular(&path)?, uid))
+}
+
+/// The pid in the process's own namespace (the last `NSpid` field; a kernel before 4.1 has no
+/// such line: then the pid is not namespaced as far as we can tell, the `Pid` line) and the
+/// effective uid.
+fn parse_status(status: &str) -> Option<(u32, u32)> {
+    let field = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).map(str::split_whitespace);
+    let ns_pid = field("NSpid:").or_else(|| field("Pid:"))?.next_back()?.parse().ok()?;
+    let uid = field("Uid:")?.nth(1)?.parse().ok()?;
+    Some((ns_pid, uid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lines_of_node_python_and_the_jvm() {
+        let mut m = PerfMap::default();
+        let text = b"3ad1c0a0 2c LazyCompile:*hot_loop /tmp/x.js:3\n\
+7f8a10001000 40 py::compute:/app/main.py\n\
+0x7f00 0x10 Interpreter\n\
+garbage\n\
+1000 0 zero_sized\n\
+2000 10 \n";
+        assert_eq!(m.add(text), text.len());
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.find(0x3ad1c0a0).map(|n| &**n), Some("LazyCompile:*hot_loop /tmp/x.js:3"));
+        assert_eq!(m.find(0x3ad1c0cb).map(|n| &**n), Some("LazyCompile:*hot_loop /tmp/x.js:3"));
+        assert!(m.find(0x3ad1c0cc).is_none(), "end is exclusive");
+        assert_eq!(m.find(0x7f8a10001010).map(|n| &**n), Some("py::compute:/app/main.py"));
+        assert_eq!(m.find(0x7f05).map(|n| &**n), Some("Interpreter"));
+        assert!(m.find(0x1000).is_none() && m.find(0x2005).is_none() && m.find(0).is_none());
+    }
+
+    #[test]
+    fn a_partial_last_line_waits_and_later_lines_win() {
+        let mut m = PerfMap::default();
+        let first = b"1000 100 old\n2000 10 half";
+        assert_eq!(m.add(first), 13, "only the whole line is consumed");
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.add(b"2000 10 half_written\n1000 80 new\n"), 33);
+        assert_eq!(m.find(0x1010).map(|n| &**n), Some("new"), "the JIT reused the space");
+        assert!(m.find(0x1090).is_none(), "the newer, shorter function ends sooner");
+        assert_eq!(m.find(0x2001).map(|n| &**n), Some("half_written"));
+    }
+
+    #[test]
+    fn names_and_entries_are_bounded() {
+        let mut m = PerfMap::default();
+        let long = format!("1000 10 {}é\n", "n".repeat(MAX_NAME_BYTES - 1));
+        m.add(long.as_bytes());
+        let name = m.find(0x1000).unwrap();
+        assert!(name.len() <= MAX_NAME_BYTES && name.starts_with("nnn"), "{}", name.len());
+        let many: String = (0..MAX_ENTRIES as u64 + 10).map(|i| format!("{:x} 1 f{i}\n", 0x10_0000 + i)).collect();
+        m.add(many.as_bytes());
+        assert_eq!(m.len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn status_gives_the_namespaced_pid_and_effective_uid() {
+        let status = "Name:\tnode\nPid:\t4242\nUid:\t1000\t1001\t1000\t1000\nNSpid:\t4242\t17\n";
+        assert_eq!(parse_status(status), Some((17, 1001)));
+        let old_kernel = "Pid:\t99\nUid:\t0\t0\t0\t0\n";
+        assert_eq!(parse_status(old_kernel), Some((99, 0)));
+        assert_eq!(parse_status("Pid:\t1\n"), None);
+    }
+
+    #[test]
+    fn a_process_without_a_map_has_none() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep runs");
+        let read = PerfMap::default().refresh(child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(matches!(read, Err(PerfMapError::Open(_))), "{read:?}");
+    }
+
+    /// A map in a process's /tmp that the process's user does not own is refused, and one that
+    /// is owned is read, also after it grew. Needs root (to give the file another owner).
+    #[test]
+    fn a_map_someone_else_owns_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        let me = std::process::id();
+        let path = format!("/tmp/perf-{me}.map");
+        std::fs::write(&path, "1000 10 mine\n").unwrap();
+        let mut m = PerfMap::default();
+        let read = m.refresh(me);
+        let grown = {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(b"2000 10 later\n").unwrap();
+            m.refresh(me)
+        };
+        std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+        let other = PerfMap::default().refresh(me);
+        std::fs::remove_file(&path).unwrap();
+        read.unwrap();
+        grown.unwrap();
+        assert_eq!((m.find(0x1001).map(|n| &**n), m.find(0x2001).map(|n| &**n)), (Some("mine"), Some("later")));
+        assert!(matches!(other, Err(PerfMapError::NotOwner { file: 65534, process: 0 })), "{other:?}");
+    }
+}
