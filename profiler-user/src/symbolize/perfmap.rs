@@ -74,6 +74,11 @@ impl PerfMap {
         self.entries.is_empty()
     }
 
+    /// A perf map of this process was read (it writes one).
+    pub fn exists(&self) -> bool {
+        self.file.is_some()
+    }
+
     /// Reads what was appended to process `pid`'s perf map since the last call (all of it the
     /// first time, or when the file was replaced).
     pub fn refresh(&mut self, pid: u32) -> Result<(), PerfMapError> {
