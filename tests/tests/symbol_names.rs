@@ -161,8 +161,17 @@ fn node_jit_functions_are_named_from_its_perf_map() {
     .unwrap();
     let (_dtmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--frequency", "99"]);
     let started = now_secs();
-    let child =
-        Kill(Command::new(node).arg("--perf-basic-prof").arg(&script).stdout(Stdio::null()).spawn().expect("run node"));
+    // In the temporary directory: with --perf-basic-prof Node also writes a V8 log to its
+    // working directory.
+    let child = Kill(
+        Command::new(node)
+            .arg("--perf-basic-prof")
+            .arg(&script)
+            .current_dir(tmp.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("run node"),
+    );
     let pid = child.0.id();
     let stacks = wait_leaf(&data, pid, started, "profilerJitHotLoop named in node's samples", |f| {
         f.contains("profilerJitHotLoop")
