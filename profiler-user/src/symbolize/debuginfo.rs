@@ -21,6 +21,11 @@ use std::{
 
 use super::file::{self, ElfInfo};
 
+/// Largest debug file proven by CRC, which reads it whole: a binary's owner chooses its debug
+/// link, and a link to a large file in each of many binaries would cost a read of each. (A debug
+/// file by build id is proven by its header; distributions install theirs that way.)
+pub const MAX_CRC_BYTES: u64 = 256 << 20;
+
 /// The debug file of the binary at `path` (as the maps name it) in process `pid`, if one is
 /// installed: checked and proven to belong to the binary.
 pub fn find(pid: u32, path: &str, info: &ElfInfo) -> Option<File> {
@@ -40,7 +45,7 @@ pub fn find(pid: u32, path: &str, info: &ElfInfo) -> Option<File> {
         for candidate in
             [format!("{dir}/{name}"), format!("{dir}/.debug/{name}"), format!("/usr/lib/debug{dir}/{name}")]
         {
-            candidates.push((format!("{root}{candidate}").into(), Proof::Crc(*crc)));
+            candidates.push((format!("{root}{candidate}").into(), Proof::Crc(*crc, info.build_id.as_deref())));
         }
     }
     candidates.into_iter().find_map(|(p, proof)| open_checked(&p, &proof))
@@ -48,7 +53,8 @@ pub fn find(pid: u32, path: &str, info: &ElfInfo) -> Option<File> {
 
 enum Proof<'a> {
     BuildId(&'a [u8]),
-    Crc(u32),
+    /// The CRC, and the binary's build id, which the debug file's must equal when it has one.
+    Crc(u32, Option<&'a [u8]>),
 }
 
 /// A debug link names a file, never a path: one with `/` or `..` would lead out of the
@@ -63,7 +69,10 @@ fn open_checked(path: &std::path::Path, proof: &Proof<'_>) -> Option<File> {
     let info = file::check_elf(&file, size).ok()?;
     let proven = match proof {
         Proof::BuildId(id) => info.build_id.as_deref() == Some(*id),
-        Proof::Crc(crc) => crc32(&mut file).ok()? == *crc,
+        Proof::Crc(crc, id) => {
+            let other_build = id.is_some() && info.build_id.is_some() && info.build_id.as_deref() != *id;
+            !other_build && size <= MAX_CRC_BYTES && crc32(&mut file).ok()? == *crc
+        }
     };
     if !proven {
         tracing::debug!(path = %path.display(), "not the binary's debug file");
@@ -96,6 +105,42 @@ mod tests {
         for bad in ["", ".", "..", "../../etc/shadow", "/etc/shadow", "a/b"] {
             assert!(!plain_name(bad), "{bad}");
         }
+    }
+
+    /// The debug file beside the binary is found, and only while it is the one the link names:
+    /// not with other contents (the CRC differs), not as a FIFO or a link planted in its place.
+    #[test]
+    fn a_debug_link_leads_only_to_the_proven_regular_file() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let Some(b) = crate::symbolize::tests::build_c_program(dir.path()) else { return };
+        let linked = File::open(&b.linked).unwrap();
+        let info = file::check_elf(&linked, linked.metadata().unwrap().len()).unwrap();
+        assert_eq!(info.debuglink.as_ref().map(|(n, _)| &**n), Some("linked.debug"));
+        let me = std::process::id();
+        let path = b.linked.to_str().unwrap();
+        let found = find(me, path, &info).expect("the debug file beside the binary");
+        assert_eq!(found.metadata().unwrap().ino(), std::fs::metadata(&b.debug).unwrap().ino());
+
+        let good = std::fs::read(&b.debug).unwrap();
+        let mut other = good.clone();
+        *other.last_mut().unwrap() ^= 1;
+        std::fs::write(&b.debug, &other).unwrap();
+        assert!(find(me, path, &info).is_none(), "other contents: the CRC differs");
+
+        std::fs::remove_file(&b.debug).unwrap();
+        let c = std::ffi::CString::new(b.debug.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let started = std::time::Instant::now();
+        assert!(find(me, path, &info).is_none(), "a FIFO");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "did not block on the FIFO");
+
+        std::fs::remove_file(&b.debug).unwrap();
+        let real = dir.path().join("elsewhere.debug");
+        std::fs::write(&real, &good).unwrap();
+        std::os::unix::fs::symlink(&real, &b.debug).unwrap();
+        assert!(find(me, path, &info).is_none(), "a symbolic link, even to the right contents");
     }
 
     #[test]

@@ -94,6 +94,8 @@ const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
 /// line Node still held in its stdio buffer). Reading on costs the new lines only. A process
 /// without a perf map is looked at every `MAPS_REFRESH`.
 const PERF_MAP_REFRESH: Duration = Duration::from_millis(100);
+/// Most memory the perf maps of all processes hold together; past it they are not read on.
+const PERF_MAPS_MAX_BYTES: usize = 128 << 20;
 /// Most mapped files (and debug files) held open at once; past it a new file is refused,
 /// counted, and its frames named by module. Each is one descriptor of ours and one of
 /// blazesym's: 384 leave a quarter of the default limit of 1,024 to the store and the API (a
@@ -162,6 +164,9 @@ pub struct Symbolizer {
     swept_at: Instant,
     /// The stack being resolved has a frame in JIT code that its perf map does not name yet.
     jit_missed: bool,
+    /// Memory the cached processes' perf maps hold (recounted at each sweep, which forgets
+    /// processes, and grown by each read).
+    perf_map_bytes: usize,
 }
 
 impl Default for Symbolizer {
@@ -189,6 +194,7 @@ impl Symbolizer {
             stats: Stats::default(),
             swept_at: Instant::now(),
             jit_missed: false,
+            perf_map_bytes: 0,
         }
     }
 
@@ -275,6 +281,7 @@ impl Symbolizer {
             self.processes.retain(|_, p| p.seen_at >= oldest_kept);
         }
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
+        self.perf_map_bytes = self.processes.values().map(|p| p.perf_map.bytes()).sum();
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
         let live: std::collections::HashSet<u64> = self.processes.values().map(|p| p.image).collect();
         self.stacks.retain(|k, _| k.0 == 0 || live.contains(&k.0));
@@ -463,9 +470,12 @@ impl Symbolizer {
         if p.perf_map_read_at.is_none_or(|t| now.duration_since(t) >= every) {
             p.perf_map_read_at = Some(now);
             self.stats.perf_map_reads += 1;
-            if let Err(why) = p.perf_map.refresh(pid) {
+            let held = p.perf_map.bytes();
+            if let Err(why) = p.perf_map.refresh(pid, PERF_MAPS_MAX_BYTES.saturating_sub(self.perf_map_bytes)) {
                 tracing::trace!(pid, "perf map not read: {why}");
             }
+            // Grown (or, when the file was replaced, started over: counted at the next sweep).
+            self.perf_map_bytes += p.perf_map.bytes().saturating_sub(held);
         }
         let name = p.perf_map.find(addr).cloned();
         self.stats.jit_frames += u64::from(name.is_some());

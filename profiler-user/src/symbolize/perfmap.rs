@@ -7,8 +7,11 @@
 //! one it names the file by), through `file::open_regular` (no link followed, a FIFO never
 //! opened for real), and kept only if it is owned by the process's user: in a shared /tmp
 //! anyone could otherwise write a map for a process that has none and name its frames. What is
-//! read is bounded in bytes, lines and name length. The file only grows, so a re-read starts
-//! where the last one stopped; a later line for the same start wins (the JIT reused the space).
+//! read is bounded in bytes, lines and name length per process, and in memory across
+//! processes (the caller's budget: a thousand processes each with a large map would otherwise
+//! hold gigabytes). The file only grows, so a re-read starts where the last one stopped, and its
+//! lines are merged into what was read (no sort of the whole map per read); a later line for the
+//! same start wins (the JIT reused the space).
 
 use std::{
     fs::File,
@@ -22,9 +25,13 @@ use super::file;
 
 /// Most bytes of a perf map read in all. Node writes ~100 bytes a function; a large service
 /// compiles some 100,000 functions.
-pub const MAX_BYTES: u64 = 64 << 20;
+pub const MAX_BYTES: u64 = 32 << 20;
 /// Most functions kept per process.
-pub const MAX_ENTRIES: usize = 500_000;
+pub const MAX_ENTRIES: usize = 250_000;
+/// Most bytes read at once: a large map is read over several refreshes.
+pub const MAX_READ: u64 = 4 << 20;
+/// Least memory room worth a read.
+const MIN_ROOM: usize = 64 << 10;
 /// Longest name kept (bytes); the rest of a longer one is cut.
 pub const MAX_NAME_BYTES: usize = 512;
 
@@ -57,6 +64,13 @@ pub struct PerfMap {
     /// The file read (device, inode), and how many bytes of it were parsed (whole lines only).
     file: Option<(u64, u64)>,
     parsed: u64,
+    /// Memory the entries hold (see `entry_bytes`).
+    bytes: usize,
+}
+
+/// Memory one entry holds: itself, its name and the name's reference counts.
+fn entry_bytes(name: &str) -> usize {
+    std::mem::size_of::<Entry>() + 2 * std::mem::size_of::<usize>() + name.len()
 }
 
 impl PerfMap {
@@ -79,9 +93,14 @@ impl PerfMap {
         self.file.is_some()
     }
 
+    /// Memory held by the entries.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Reads what was appended to process `pid`'s perf map since the last call (all of it the
-    /// first time, or when the file was replaced).
-    pub fn refresh(&mut self, pid: u32) -> Result<(), PerfMapError> {
+    /// first time, or when the file was replaced), adding at most `room` bytes of memory.
+    pub fn refresh(&mut self, pid: u32, room: usize) -> Result<(), PerfMapError> {
         let (mut file, uid) = open(pid)?;
         let meta = file.metadata().map_err(PerfMapError::Read)?;
         if meta.uid() != uid {
@@ -91,44 +110,65 @@ impl PerfMap {
         if self.file != Some(id) || meta.len() < self.parsed {
             *self = PerfMap { file: Some(id), ..PerfMap::default() };
         }
-        let want = meta.len().min(MAX_BYTES).saturating_sub(self.parsed);
+        // Full, or (nearly) out of room: reading would only read the same lines again.
+        if self.entries.len() >= MAX_ENTRIES || room < MIN_ROOM {
+            return Ok(());
+        }
+        let want = meta.len().min(MAX_BYTES).saturating_sub(self.parsed).min(MAX_READ);
         if want == 0 {
             return Ok(());
         }
         file.seek(SeekFrom::Start(self.parsed)).map_err(PerfMapError::Read)?;
         let mut text = Vec::with_capacity(want as usize);
         file.take(want).read_to_end(&mut text).map_err(PerfMapError::Read)?;
-        self.parsed += self.add(&text) as u64;
+        self.parsed += self.add(&text, room) as u64;
         Ok(())
     }
 
-    /// Parses the whole lines of `text` into the map; returns the bytes consumed (a last line
-    /// without its newline is being written: it is read next time).
-    pub fn add(&mut self, text: &[u8]) -> usize {
-        let Some(end) = text.iter().rposition(|&b| b == b'\n').map(|i| i + 1) else {
-            return 0;
-        };
-        let mut new: Vec<Entry> = text[..end]
-            .split(|&b| b == b'\n')
-            .filter_map(parse_line)
-            .take(MAX_ENTRIES.saturating_sub(self.entries.len()))
-            .collect();
-        if new.is_empty() {
-            return end;
+    /// Parses the whole lines of `text` into the map, within `room` bytes of memory and
+    /// `MAX_ENTRIES`; returns the bytes consumed. A last line without its newline is being
+    /// written, and lines past a bound wait for room: both are read next time.
+    pub fn add(&mut self, text: &[u8], room: usize) -> usize {
+        let (mut consumed, mut grown) = (0, 0);
+        let mut new = Vec::new();
+        while let Some(len) = text[consumed..].iter().position(|&b| b == b'\n') {
+            let entry = parse_line(&text[consumed..consumed + len]);
+            if let Some(e) = &entry {
+                if grown + entry_bytes(&e.name) > room || self.entries.len() + new.len() >= MAX_ENTRIES {
+                    break;
+                }
+                grown += entry_bytes(&e.name);
+            }
+            new.extend(entry);
+            consumed += len + 1;
         }
-        // Old entries first, so that for one start the stable sort leaves the newest last.
-        let mut all = std::mem::take(&mut self.entries);
-        all.append(&mut new);
-        all.sort_by_key(|e| e.start);
-        let mut out: Vec<Entry> = Vec::with_capacity(all.len());
-        for e in all {
+        if !new.is_empty() {
+            self.merge(new);
+        }
+        consumed
+    }
+
+    /// Merges new entries into the sorted ones: O(old + new), where sorting all would be
+    /// O(n log n) per read. For one start the newest line wins.
+    fn merge(&mut self, mut new: Vec<Entry>) {
+        // Stable: lines for one start keep their order, the newest last.
+        new.sort_by_key(|e| e.start);
+        let old = std::mem::take(&mut self.entries);
+        let mut out: Vec<Entry> = Vec::with_capacity(old.len() + new.len());
+        let (mut old, mut new) = (old.into_iter().peekable(), new.into_iter().peekable());
+        // On equal starts the old entry goes first, so that the new one replaces it.
+        while let Some(e) = match (old.peek(), new.peek()) {
+            (Some(a), Some(b)) if a.start <= b.start => old.next(),
+            (_, Some(_)) => new.next(),
+            _ => old.next(),
+        } {
             match out.last_mut() {
                 Some(last) if last.start == e.start => *last = e,
                 _ => out.push(e),
             }
         }
+        self.bytes = out.iter().map(|e| entry_bytes(&e.name)).sum();
         self.entries = out;
-        end
     }
 }
 
@@ -183,7 +223,7 @@ mod tests {
 garbage\n\
 1000 0 zero_sized\n\
 2000 10 \n";
-        assert_eq!(m.add(text), text.len());
+        assert_eq!(m.add(text, usize::MAX), text.len());
         assert_eq!(m.len(), 3);
         assert_eq!(m.find(0x3ad1c0a0).map(|n| &**n), Some("LazyCompile:*hot_loop /tmp/x.js:3"));
         assert_eq!(m.find(0x3ad1c0cb).map(|n| &**n), Some("LazyCompile:*hot_loop /tmp/x.js:3"));
@@ -197,9 +237,9 @@ garbage\n\
     fn a_partial_last_line_waits_and_later_lines_win() {
         let mut m = PerfMap::default();
         let first = b"1000 100 old\n2000 10 half";
-        assert_eq!(m.add(first), 13, "only the whole line is consumed");
+        assert_eq!(m.add(first, usize::MAX), 13, "only the whole line is consumed");
         assert_eq!(m.len(), 1);
-        assert_eq!(m.add(b"2000 10 half_written\n1000 80 new\n"), 33);
+        assert_eq!(m.add(b"2000 10 half_written\n1000 80 new\n", usize::MAX), 33);
         assert_eq!(m.find(0x1010).map(|n| &**n), Some("new"), "the JIT reused the space");
         assert!(m.find(0x1090).is_none(), "the newer, shorter function ends sooner");
         assert_eq!(m.find(0x2001).map(|n| &**n), Some("half_written"));
@@ -209,12 +249,36 @@ garbage\n\
     fn names_and_entries_are_bounded() {
         let mut m = PerfMap::default();
         let long = format!("1000 10 {}é\n", "n".repeat(MAX_NAME_BYTES - 1));
-        m.add(long.as_bytes());
+        m.add(long.as_bytes(), usize::MAX);
         let name = m.find(0x1000).unwrap();
         assert!(name.len() <= MAX_NAME_BYTES && name.starts_with("nnn"), "{}", name.len());
         let many: String = (0..MAX_ENTRIES as u64 + 10).map(|i| format!("{:x} 1 f{i}\n", 0x10_0000 + i)).collect();
-        m.add(many.as_bytes());
+        m.add(many.as_bytes(), usize::MAX);
         assert_eq!(m.len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn a_read_stops_at_its_memory_room_and_goes_on_from_there() {
+        let mut m = PerfMap::default();
+        let text = b"1000 10 a\n2000 10 b\n3000 10 c\n";
+        let room = entry_bytes("a") + entry_bytes("b");
+        assert_eq!(m.add(text, room), 20, "two lines fit");
+        assert_eq!((m.len(), m.bytes()), (2, room));
+        assert!(m.find(0x3000).is_none());
+        // Given room, the rest is read from where the last read stopped.
+        assert_eq!(m.add(&text[20..], usize::MAX), 10);
+        assert_eq!(m.find(0x3000).map(|n| &**n), Some("c"));
+    }
+
+    #[test]
+    fn merging_keeps_the_map_sorted_and_the_newest_line_per_start() {
+        let mut m = PerfMap::default();
+        m.add(b"5000 10 e\n1000 10 a\n3000 10 c\n", usize::MAX);
+        m.add(b"4000 10 d\n3000 10 c2\n0 10 z\n6000 10 f\n3000 10 c3\n", usize::MAX);
+        let starts: Vec<u64> = m.entries.iter().map(|e| e.start).collect();
+        assert_eq!(starts, [0, 0x1000, 0x3000, 0x4000, 0x5000, 0x6000]);
+        assert_eq!(m.find(0x3001).map(|n| &**n), Some("c3"));
+        assert_eq!(m.bytes(), m.entries.iter().map(|e| entry_bytes(&e.name)).sum::<usize>());
     }
 
     #[test]
@@ -229,7 +293,7 @@ garbage\n\
     #[test]
     fn a_process_without_a_map_has_none() {
         let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep runs");
-        let read = PerfMap::default().refresh(child.id());
+        let read = PerfMap::default().refresh(child.id(), usize::MAX);
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(matches!(read, Err(PerfMapError::Open(_))), "{read:?}");
@@ -248,15 +312,15 @@ garbage\n\
         let path = format!("/tmp/perf-{me}.map");
         std::fs::write(&path, "1000 10 mine\n").unwrap();
         let mut m = PerfMap::default();
-        let read = m.refresh(me);
+        let read = m.refresh(me, usize::MAX);
         let grown = {
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
             f.write_all(b"2000 10 later\n").unwrap();
-            m.refresh(me)
+            m.refresh(me, usize::MAX)
         };
         std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
-        let other = PerfMap::default().refresh(me);
+        let other = PerfMap::default().refresh(me, usize::MAX);
         std::fs::remove_file(&path).unwrap();
         read.unwrap();
         grown.unwrap();

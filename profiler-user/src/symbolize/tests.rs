@@ -177,3 +177,96 @@ fn past_the_open_file_bound_a_file_is_refused_counted_and_named_by_module() {
     assert_eq!(&*stack.frames[0], module_offset(&base, offset));
     assert_eq!(s.stats().files_refused, 1);
 }
+
+/// A small C program built for a test in `dir`: `full` with its symbols, `stripped`, and
+/// `linked` (stripped, with a `.gnu_debuglink` to `linked.debug` beside it). None without gcc
+/// and binutils (said on stderr).
+pub(super) struct Built {
+    pub full: PathBuf,
+    pub stripped: PathBuf,
+    pub linked: PathBuf,
+    pub debug: PathBuf,
+}
+
+pub(super) const C_HOT: &str = "symbolize_test_hot_loop";
+
+pub(super) fn build_c_program(dir: &std::path::Path) -> Option<Built> {
+    let src = dir.join("prog.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdlib.h>\n#include <time.h>\n\
+             __attribute__((noinline)) unsigned long {C_HOT}(unsigned long n) {{\n\
+             volatile unsigned long x = 0; for (unsigned long i = 0; i < n; i++) x += i; return x; }}\n\
+             int main(int argc, char **argv) {{ time_t end = time(NULL) + atoi(argv[1]); unsigned long s = 0;\n\
+             while (time(NULL) < end) s += {C_HOT}(100000); return s == 42; }}\n"
+        ),
+    )
+    .unwrap();
+    let run = |cmd: &mut std::process::Command| cmd.status().is_ok_and(|s| s.success());
+    let b = Built {
+        full: dir.join("prog-full"),
+        stripped: dir.join("prog"),
+        linked: dir.join("linked"),
+        debug: dir.join("linked.debug"),
+    };
+    let ok = run(std::process::Command::new("gcc").args(["-O1", "-o"]).arg(&b.full).arg(&src))
+        && run(std::process::Command::new("strip").arg("-o").arg(&b.stripped).arg(&b.full))
+        && run(std::process::Command::new("strip").arg("-o").arg(&b.linked).arg(&b.full))
+        && run(std::process::Command::new("objcopy").arg("--only-keep-debug").arg(&b.full).arg(&b.debug))
+        && run(std::process::Command::new("objcopy")
+            .current_dir(dir)
+            .arg("--add-gnu-debuglink=linked.debug")
+            .arg(&b.linked));
+    if !ok {
+        eprintln!("skipped: gcc, strip or objcopy is missing or failed");
+    }
+    ok.then_some(b)
+}
+
+/// The ELF virtual address of `name` in `path`'s symbol table.
+fn symbol_vaddr(path: &std::path::Path, name: &str) -> u64 {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.symbols().find(|s| s.name() == Ok(name)).map(|s| s.address()).expect("symbol in the full build")
+}
+
+/// Runs `exe` and returns it with the run-time address of ELF virtual address `vaddr` in it.
+fn run_and_locate(exe: &std::path::Path, vaddr: u64) -> (std::process::Child, u64) {
+    let child = std::process::Command::new(exe).arg("20").spawn().expect("run the program");
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let exe_str = exe.to_str().unwrap();
+    loop {
+        let maps = maps::read(pid, None).maps;
+        if let Some(text) = maps.iter().find(|m| &*m.path == exe_str) {
+            let f = File::open(exe).unwrap();
+            let info = file::check_elf(&f, f.metadata().unwrap().len()).unwrap();
+            let load = info.loads.iter().find(|l| l.vaddr <= vaddr && vaddr - l.vaddr < l.size).unwrap();
+            let offset = vaddr - load.vaddr + load.offset;
+            assert!(offset >= text.offset && offset - text.offset < text.end - text.start, "not in the text mapping");
+            return (child, text.start + offset - text.offset);
+        }
+        assert!(Instant::now() < deadline, "{exe_str} never mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_stripped_program_is_named_by_module_offset_and_through_its_debug_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(b) = build_c_program(dir.path()) else { return };
+    let vaddr = symbol_vaddr(&b.full, C_HOT);
+    let mut s = Symbolizer::new();
+    for (exe, want) in [(&b.stripped, format!("prog+0x{:x}", vaddr + 4)), (&b.linked, C_HOT.to_string())] {
+        let (mut child, addr) = run_and_locate(exe, vaddr + 4);
+        let stack = s.stack(child.id(), "prog", &[], &[addr]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(&*stack.frames[0], want, "{}", exe.display());
+        // A module+offset name is final: the file is the one mapped and names nothing there.
+        let key = (s.processes[&child.id()].image, vec![addr], 0usize);
+        assert!(s.stacks.peek(&key).unwrap().until.is_none());
+    }
+}
