@@ -232,10 +232,20 @@ fn symbol_vaddr(path: &std::path::Path, name: &str) -> u64 {
     file.symbols().find(|s| s.name() == Ok(name)).map(|s| s.address()).expect("symbol in the full build")
 }
 
+/// A child process killed and reaped when dropped, however the test ends.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs `exe` and returns it with the run-time address of ELF virtual address `vaddr` in it.
-fn run_and_locate(exe: &std::path::Path, vaddr: u64) -> (std::process::Child, u64) {
-    let child = std::process::Command::new(exe).arg("20").spawn().expect("run the program");
-    let pid = child.id();
+fn run_and_locate(exe: &std::path::Path, vaddr: u64) -> (Running, u64) {
+    let child = Running(std::process::Command::new(exe).arg("20").spawn().expect("run the program"));
+    let pid = child.0.id();
     let deadline = Instant::now() + Duration::from_secs(5);
     let exe_str = exe.to_str().unwrap();
     loop {
@@ -260,13 +270,13 @@ fn a_stripped_program_is_named_by_module_offset_and_through_its_debug_link() {
     let vaddr = symbol_vaddr(&b.full, C_HOT);
     let mut s = Symbolizer::new();
     for (exe, want) in [(&b.stripped, format!("prog+0x{:x}", vaddr + 4)), (&b.linked, C_HOT.to_string())] {
-        let (mut child, addr) = run_and_locate(exe, vaddr + 4);
-        let stack = s.stack(child.id(), "prog", &[], &[addr]);
-        child.kill().unwrap();
-        child.wait().unwrap();
+        let (child, addr) = run_and_locate(exe, vaddr + 4);
+        let pid = child.0.id();
+        let stack = s.stack(pid, "prog", &[], &[addr]);
+        drop(child);
         assert_eq!(&*stack.frames[0], want, "{}", exe.display());
         // A module+offset name is final: the file is the one mapped and names nothing there.
-        let key = (s.processes[&child.id()].image, vec![addr], 0usize);
+        let key = (s.processes[&pid].image, vec![addr], 0usize);
         assert!(s.stacks.peek(&key).unwrap().until.is_none());
     }
 }
