@@ -1,8 +1,8 @@
 //! Names for code that has none of its own, end to end with the real daemon: a stripped C
 //! program shows `prog+0xVADDR` (the address `addr2line` takes), the same program named again
-//! through its separate debug file (`.gnu_debuglink`) and through MiniDebugInfo
-//! (`.gnu_debugdata`); and Node's JIT-compiled JavaScript named from its perf map
-//! (`--perf-basic-prof`).
+//! through its separate debug file (by build id under `/usr/lib/debug/.build-id`, and by
+//! `.gnu_debuglink`) and through MiniDebugInfo (`.gnu_debugdata`); and Node's JIT-compiled
+//! JavaScript named from its perf map (`--perf-basic-prof`).
 
 use std::{
     path::{Path, PathBuf},
@@ -38,10 +38,23 @@ fn run(cmd: &mut Command) {
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A file this test installed, removed when the test ends however it ends.
+struct Installed(PathBuf);
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        // Its directory too, unless something else is in it.
+        let _ = self.0.parent().map(std::fs::remove_dir);
+    }
+}
+
 /// Builds the program in `dir`: `symprog-full` with its symbols, and stripped copies
 /// `symprog` (nothing), `symprog-link` (a `.gnu_debuglink` to a debug file beside it) and
-/// `symprog-mini` (MiniDebugInfo, as Fedora builds it).
-fn build(dir: &Path) -> Option<PathBuf> {
+/// `symprog-mini` (MiniDebugInfo, as Fedora builds it); and `symprog-bid`, built with a build
+/// id of its own, whose debug file goes where distributions install theirs
+/// (`/usr/lib/debug/.build-id/xx/yyyy.debug`), removed when the returned guard drops.
+fn build(dir: &Path) -> Option<(PathBuf, Installed)> {
     for tool in ["gcc", "strip", "objcopy", "xz", "nm"] {
         if Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
             skip(&format!("symbol_names: `{tool}` is not installed"));
@@ -85,7 +98,20 @@ fn build(dir: &Path) -> Option<PathBuf> {
         .arg(&debug));
     run(Command::new("xz").arg("-f").arg(&debug));
     run(Command::new("objcopy").arg(format!("--add-section=.gnu_debugdata={}.xz", debug.display())).arg(&mini));
-    Some(full)
+    // Unique, so that no other build's debug file is found, nor ours for another build.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let id = format!("{:024x}{:08x}", nanos, std::process::id());
+    let bid_full = dir.join("symprog-bid-full");
+    run(Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", &format!("-Wl,--build-id=0x{id}"), "-o"])
+        .arg(&bid_full)
+        .arg(&src));
+    run(Command::new("strip").arg("-o").arg(dir.join("symprog-bid")).arg(&bid_full));
+    let by_id = PathBuf::from(format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]));
+    std::fs::create_dir_all(by_id.parent().unwrap()).unwrap();
+    let installed = Installed(by_id.clone());
+    run(Command::new("objcopy").arg("--only-keep-debug").arg(&bid_full).arg(&by_id));
+    Some((full, installed))
 }
 
 /// The folded stacks of process `pid` from `from` until now.
@@ -103,16 +129,17 @@ fn wait_leaf(data: &Path, pid: u32, from: f64, what: &str, leaf: impl Fn(&str) -
 }
 
 #[test]
-fn a_stripped_program_is_named_by_module_offset_debug_link_and_minidebuginfo() {
-    if !privileged("a_stripped_program_is_named_by_module_offset_debug_link_and_minidebuginfo") {
+fn a_stripped_program_is_named_by_module_offset_or_its_debug_info() {
+    if !privileged("a_stripped_program_is_named_by_module_offset_or_its_debug_info") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let Some(full) = build(tmp.path()) else { return };
+    let Some((full, _installed)) = build(tmp.path()) else { return };
     let (_dtmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--frequency", "99"]);
     let started = now_secs();
     let spawn = |name: &str| Kill(Command::new(tmp.path().join(name)).arg("8").spawn().expect("run the program"));
-    let (plain, link, mini) = (spawn("symprog"), spawn("symprog-link"), spawn("symprog-mini"));
+    let (plain, link, mini, bid) =
+        (spawn("symprog"), spawn("symprog-link"), spawn("symprog-mini"), spawn("symprog-bid"));
 
     // Stripped, nothing else: the hot loop's frames are `symprog+0xVADDR`, never `[unknown]`.
     let stacks = wait_leaf(&data, plain.0.id(), started, "symprog+0x… leaf frames", |f| f.starts_with("symprog+0x"));
@@ -130,13 +157,13 @@ fn a_stripped_program_is_named_by_module_offset_debug_link_and_minidebuginfo() {
     let named = String::from_utf8_lossy(&out.stdout);
     assert_eq!(named.lines().next(), Some(HOT), "addr2line -f -e symprog-full {vaddr}: {named}");
 
-    // A debug link beside the binary, and MiniDebugInfo: named.
-    for (what, p) in [("symprog-link", &link), ("symprog-mini", &mini)] {
+    // A debug file by build id, one by debug link beside the binary, and MiniDebugInfo: named.
+    for (what, p) in [("symprog-bid", &bid), ("symprog-link", &link), ("symprog-mini", &mini)] {
         let stacks = wait_leaf(&data, p.0.id(), started, &format!("{HOT} named in {what}"), |f| f == HOT);
         eprintln!("{what}:\n{}", show(&stacks));
         assert!(stacks.iter().any(|(s, _)| s.contains(&format!(";main;{HOT}"))), "{what}:\n{}", show(&stacks));
     }
-    drop((plain, link, mini));
+    drop((plain, link, mini, bid));
     assert!(daemon.stop().success(), "{}", daemon.log_text());
 }
 

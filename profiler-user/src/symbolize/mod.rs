@@ -90,9 +90,8 @@ const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
 /// A process's perf map that does not name an address in its anonymous executable memory is
 /// read on at most this often, and a stack with such a frame is resolved again this soon: a JIT
 /// writes the line as it compiles the function, which then runs hot at once (at 1 s, a 6 s
-/// Node hot loop had 121 of its ~400 samples `[unknown]`; at 100 ms, 63, all from code whose
-/// line Node still held in its stdio buffer). Reading on costs the new lines only. A process
-/// without a perf map is looked at every `MAPS_REFRESH`.
+/// Node hot loop had 121 of its ~400 samples `[unknown]`). Reading on costs the new lines only.
+/// A process without a perf map is looked at every `MAPS_REFRESH`.
 const PERF_MAP_REFRESH: Duration = Duration::from_millis(100);
 /// Most memory the perf maps of all processes hold together; past it they are not read on.
 const PERF_MAPS_MAX_BYTES: usize = 128 << 20;
@@ -111,6 +110,10 @@ struct Process {
     read_at: Instant,
     /// The last read of its maps hit a bound: re-read after `MAPS_REFRESH_OVER_BOUND`.
     over_bound: bool,
+    /// The maps were read as it exec'd, before the loader mapped its libraries: the first
+    /// address outside them re-reads them at once (waiting `MAPS_REFRESH` left a stripped
+    /// program's first third of a second with `[unknown]` for libc).
+    read_at_exec: bool,
     seen_at: Instant,
     /// Which image of this pid this is (a serial, never reused): the stack cache's key, so a
     /// new program under the same pid never meets the stacks of the old one.
@@ -247,6 +250,9 @@ impl Symbolizer {
     /// leads to them (a process living milliseconds is gone before its samples are read).
     pub fn note_exec(&mut self, pid: u32, comm: &str) {
         self.load_process(pid, comm, Instant::now());
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.read_at_exec = true;
+        }
         let maps = self.processes.get(&pid).map(|p| p.maps.clone()).unwrap_or_default();
         let now = Instant::now();
         for m in maps.iter().filter(|m| m.is_file()) {
@@ -387,6 +393,7 @@ impl Symbolizer {
             maps: read.maps,
             read_at: now,
             over_bound: read.truncated,
+            read_at_exec: false,
             seen_at: now,
             image: self.images,
             perf_map: perfmap::PerfMap::default(),
@@ -408,7 +415,7 @@ impl Symbolizer {
         };
         let mut mapping = maps::find(&process.maps, addr).cloned();
         let every = if process.over_bound { MAPS_REFRESH_OVER_BOUND } else { MAPS_REFRESH };
-        if mapping.is_none() && now.duration_since(process.read_at) >= every {
+        if mapping.is_none() && (process.read_at_exec || now.duration_since(process.read_at) >= every) {
             // Something mapped since we looked (dlopen, a JIT, the loader after exec).
             let fresh = self.read_maps(pid, Some(addr));
             mapping = maps::find(&fresh.maps, addr).cloned();
@@ -418,10 +425,14 @@ impl Symbolizer {
                 }
                 p.read_at = now;
                 p.over_bound = fresh.truncated;
+                p.read_at_exec = false;
             }
         }
         let Some(mapping) = mapping else {
-            return self.unknown.clone();
+            // JIT code in pages the runtime made executable since the maps were read (they are
+            // re-read at most every `MAPS_REFRESH`): its perf map may name it already. (A
+            // process that writes none is looked for one at most every `MAPS_REFRESH` too.)
+            return self.jit_frame(pid, addr, now).unwrap_or_else(|| self.unknown.clone());
         };
         if !mapping.is_file() {
             if let Some(name) = self.jit_frame(pid, addr, now) {
