@@ -139,7 +139,8 @@ pub struct Stats {
     pub processes_evicted: u64,
     pub modules_evicted: u64,
     /// Mapped files not symbolized: not a regular file, over a size or symbol bound, malformed,
-    /// or over the open-file bound. Their frames show `module+0xOFFSET`.
+    /// or over the open-file bound. Their frames show `module+0xOFFSET` (the file offset: the
+    /// segments of a refused file are not read).
     pub files_refused: u64,
     /// Perf map reads, and frames they named.
     pub perf_map_reads: u64,
@@ -464,33 +465,6 @@ impl Symbolizer {
         if let Some(m) = self.modules.get_mut(&key) {
             m.names.insert(offset, name.clone());
         }
-        name
-    }
-
-    /// The name a process's perf map gives an address in anonymous memory (JIT-compiled code).
-    /// The map grows as the JIT compiles, so an address it does not name reads on from where
-    /// the last read stopped, at most every `PERF_MAP_REFRESH` (meanwhile the frame is
-    /// `[unknown]`, which is never cached as final).
-    fn jit_frame(&mut self, pid: u32, addr: u64, now: Instant) -> Option<Arc<str>> {
-        let p = self.processes.get_mut(&pid)?;
-        if let Some(name) = p.perf_map.find(addr) {
-            self.stats.jit_frames += 1;
-            return Some(name.clone());
-        }
-        let every = if p.perf_map.exists() { PERF_MAP_REFRESH } else { MAPS_REFRESH };
-        if p.perf_map_read_at.is_none_or(|t| now.duration_since(t) >= every) {
-            p.perf_map_read_at = Some(now);
-            self.stats.perf_map_reads += 1;
-            let held = p.perf_map.bytes();
-            if let Err(why) = p.perf_map.refresh(pid, PERF_MAPS_MAX_BYTES.saturating_sub(self.perf_map_bytes)) {
-                tracing::trace!(pid, "perf map not read: {why}");
-            }
-            // Grown (or, when the file was replaced, started over: counted at the next sweep).
-            self.perf_map_bytes += p.perf_map.bytes().saturating_sub(held);
-        }
-        let name = p.perf_map.find(addr).cloned();
-        self.stats.jit_frames += u64::from(name.is_some());
-        self.jit_missed |= name.is_none() && p.perf_map.exists();
         name
     }
 

@@ -19,9 +19,10 @@ use std::{
     os::unix::fs::MetadataExt,
     path::PathBuf,
     sync::Arc,
+    time::Instant,
 };
 
-use super::file;
+use super::{MAPS_REFRESH, PERF_MAP_REFRESH, PERF_MAPS_MAX_BYTES, file};
 
 /// Most bytes of a perf map read in all. Node writes ~100 bytes a function; a large service
 /// compiles some 100,000 functions.
@@ -169,6 +170,36 @@ impl PerfMap {
         }
         self.bytes = out.iter().map(|e| entry_bytes(&e.name)).sum();
         self.entries = out;
+    }
+}
+
+/// The symbolizer's side of perf maps: which process's map to read on, and when.
+impl super::Symbolizer {
+    /// The name a process's perf map gives an address in anonymous memory (JIT-compiled code).
+    /// The map grows as the JIT compiles, so an address it does not name reads on from where
+    /// the last read stopped, at most every `PERF_MAP_REFRESH` (meanwhile the frame is
+    /// `[unknown]`, which is never cached as final).
+    pub(super) fn jit_frame(&mut self, pid: u32, addr: u64, now: Instant) -> Option<Arc<str>> {
+        let p = self.processes.get_mut(&pid)?;
+        if let Some(name) = p.perf_map.find(addr) {
+            self.stats.jit_frames += 1;
+            return Some(name.clone());
+        }
+        let every = if p.perf_map.exists() { PERF_MAP_REFRESH } else { MAPS_REFRESH };
+        if p.perf_map_read_at.is_none_or(|t| now.duration_since(t) >= every) {
+            p.perf_map_read_at = Some(now);
+            self.stats.perf_map_reads += 1;
+            let held = p.perf_map.bytes();
+            if let Err(why) = p.perf_map.refresh(pid, PERF_MAPS_MAX_BYTES.saturating_sub(self.perf_map_bytes)) {
+                tracing::trace!(pid, "perf map not read: {why}");
+            }
+            // Grown (or, when the file was replaced, started over: counted at the next sweep).
+            self.perf_map_bytes += p.perf_map.bytes().saturating_sub(held);
+        }
+        let name = p.perf_map.find(addr).cloned();
+        self.stats.jit_frames += u64::from(name.is_some());
+        self.jit_missed |= name.is_none() && p.perf_map.exists();
+        name
     }
 }
 
