@@ -24,7 +24,7 @@ use profiler::{
     detect::{Engine, Machine, Thresholds},
     pipeline::Pipeline,
     store::{self, StoreWriter},
-    symbolize::{Symbolizer, UNKNOWN},
+    symbolize::{Symbolizer, UNKNOWN, parse_module_offset},
     synth::{self, Rng},
 };
 use profiler_common::{FLAG_IDLE, FLAG_USER_MODE, HEADER_LEN, SampleHeader};
@@ -295,7 +295,7 @@ fn named_share(pool: &Pool, procs: &[Proc]) -> f64 {
         let p = &procs[s.proc];
         let comm = String::from_utf8_lossy(&p.comm).trim_end_matches('\0').to_string();
         let stack = symbolizer.stack(p.pid, &comm, &s.kernel, &s.user);
-        named += stack.frames.iter().filter(|f| !f.starts_with(UNKNOWN)).count();
+        named += stack.frames.iter().filter(|f| !f.starts_with(UNKNOWN) && parse_module_offset(f).is_none()).count();
         all += stack.frames.len();
         if i == 0 {
             let frames: Vec<&str> = stack.frames.iter().map(|f| &**f).collect();

@@ -33,10 +33,15 @@ fn read_line(out: &mut BufReader<std::process::ChildStdout>) -> String {
 
 /// Samples of `comm` since `from` whose stack names `function`, once there are some.
 fn wait_named(data: &Path, comm: &str, function: &str, from: f64, timeout: Duration) -> u64 {
+    wait_frame(data, comm, function, from, timeout, |f| f == function)
+}
+
+/// Samples of `comm` since `from` with a frame that `is` accepts, once there are some.
+fn wait_frame(data: &Path, comm: &str, what: &str, from: f64, timeout: Duration, is: impl Fn(&str) -> bool) -> u64 {
     let dir = data.to_str().unwrap();
-    wait_for(&format!("{function} named in {comm}'s samples"), timeout, || {
+    wait_for(&format!("{what} named in {comm}'s samples"), timeout, || {
         let stacks = folded_window(dir, from, now_secs(), &["--comm", comm]).ok()?;
-        let n: u64 = stacks.iter().filter(|(s, _)| s.split(';').any(|f| f == function)).map(|(_, c)| c).sum();
+        let n: u64 = stacks.iter().filter(|(s, _)| s.split(';').any(&is)).map(|(_, c)| c).sum();
         (n > 0).then_some(n)
     })
 }
@@ -180,10 +185,12 @@ fn many_mappings_and_a_huge_symbol_table_stay_within_256_mib() {
     let (_sym, mut out) = spawn(&exe_sym, &["bigsym", tmp.path().to_str().unwrap()]);
     assert_eq!(read_line(&mut out), "mapped 1\n");
     // Both are sampled and stored. The first inside its mapped file, which is past the maps'
-    // budgets (so `[unknown]` or `[unknown] (hostile-lib.so)`), called from its named `main`;
-    // the second inside its refused file, named by module.
+    // budgets (so `[unknown]` or `hostile-lib.so+0x…`), called from its named `main`; the
+    // second inside its refused file, named by module and offset.
     let a = wait_named(&data, "hostile-maps", "hostile_proc::main", started, Duration::from_secs(30));
-    let b = wait_named(&data, "hostile-bigsym", "[unknown] (bigsym.so)", started, Duration::from_secs(30));
+    let b = wait_frame(&data, "hostile-bigsym", "bigsym.so+0x…", started, Duration::from_secs(30), |f| {
+        f.starts_with("bigsym.so+0x")
+    });
     // Some more seconds of maps re-reads (at most one a second per process) and lookups.
     let later = now_secs() + 3.0;
     daemon.wait_ready_since(later);

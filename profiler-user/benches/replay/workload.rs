@@ -164,7 +164,7 @@ pub fn elf_functions(inspector: &Inspector, path: &str) -> Vec<(u64, u64)> {
 }
 
 /// The functions inside one mapping, at their addresses there. A stripped binary names none:
-/// its text is cut into pseudo-functions instead (they show as `[unknown] (name)`, as such
+/// its text is cut into pseudo-functions instead (they show as `name+0xVADDR`, as such
 /// binaries do in real profiles).
 pub fn functions_in(m: &Mapping, syms: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let len = m.end - m.start;

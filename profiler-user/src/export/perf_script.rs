@@ -1,11 +1,13 @@
 //! `perf script` text, as FlameScope loads it (and speedscope imports it): a header, then per
 //! sample a line `comm pid/tid [cpu] seconds: 1 cpu-clock:`, its frames leaf first one per
-//! line, and a blank line. Addresses are not kept by the store; they are written as 0.
+//! line, and a blank line. Addresses are not kept by the store; they are written as 0, except
+//! for a frame nothing could name (`libc.so.6+0x3fb9c`), which is written as perf writes one:
+//! `[unknown] (libc.so.6)` after its address, here the ELF virtual address the name carries.
 
 use std::io::Write;
 
 use super::ExportError;
-use crate::{query::SampleRef, text};
+use crate::{query::SampleRef, symbolize, text};
 
 pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
     writeln!(out, "# ========")?;
@@ -22,12 +24,15 @@ pub fn write_sample(s: &SampleRef<'_>, mut out: impl Write) -> Result<(), Export
         let comm = text::perf_comm(s.comm);
         writeln!(out, "{comm} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: 1 cpu-clock: ", s.pid, s.tid, s.cpu)?;
         for &(name, kernel) in s.frames.iter().rev() {
+            if !kernel && let Some((module, vaddr)) = symbolize::parse_module_offset(name) {
+                let module = text::perf_frame(module, true);
+                writeln!(out, "\t{vaddr:>16x} [unknown] ({module})")?;
+                continue;
+            }
             // Each name by perf script's rule: one line, no parser-reserved pattern, no fake mark.
             let name = text::perf_frame(name, !kernel);
             if kernel {
                 writeln!(out, "\t{:>16x} {name} ([kernel.kallsyms])", 0)?;
-            } else if name.starts_with("[unknown] (") {
-                writeln!(out, "\t{:>16x} {name}", 0)?;
             } else {
                 writeln!(out, "\t{:>16x} {name} ([unknown])", 0)?;
             }
@@ -67,16 +72,19 @@ pub fn parse(text: &str) -> Vec<Parsed> {
         if line.starts_with(char::is_whitespace) {
             let Some(p) = cur.as_mut() else { continue };
             let rest = line.trim_start();
-            let rest = rest.split_once(' ').map_or("", |(_, r)| r);
+            let (addr, rest) = rest.split_once(' ').unwrap_or((rest, ""));
             let (name, module) = match rest.rsplit_once(" (") {
                 Some((n, m)) => (n.to_string(), m.trim_end_matches(')').to_string()),
                 None => (rest.to_string(), String::new()),
             };
             let kernel = module == "[kernel.kallsyms]";
-            let name = if name == "[unknown]" && module != "[unknown]" && !kernel {
-                format!("[unknown] ({module})")
-            } else {
-                name
+            // An unnamed frame in a known module: `module+0xADDR` (perf's own output has the
+            // run-time address there, ours the ELF virtual address).
+            let name = match u64::from_str_radix(addr, 16) {
+                Ok(addr) if name == "[unknown]" && module != "[unknown]" && !kernel => {
+                    symbolize::module_offset(module.rsplit('/').next().unwrap_or(&module), addr)
+                }
+                _ => name,
             };
             p.frames.push((name, kernel));
             continue;
@@ -113,7 +121,7 @@ mod tests {
     #[test]
     fn round_trip_keeps_stacks_counts_and_times() {
         let frames: Vec<(&str, bool)> = vec![
-            ("[unknown] (libc.so.6)", false),
+            ("libc.so.6+0x3fb9c", false),
             ("main", false),
             ("std::vec::Vec<T>::push (inlined)", false),
             ("entry_SYSCALL_64_after_hwframe", true),

@@ -10,16 +10,25 @@
 //! mapped device and inode, without following a last-component link, non-blocking, and
 //! checked again after opening. Before blazesym parses it, the ELF section headers are
 //! checked against the real file size and the symbol tables against a bound: a 20 KB sparse file
-//! whose symbol table claims 100 M entries would otherwise cost gigabytes and seconds.
+//! whose symbol table claims 100 M entries would otherwise cost gigabytes and seconds. The same
+//! holds for MiniDebugInfo (`.gnu_debugdata`, an xz-compressed ELF file of symbols): a few KB of
+//! xz can claim gigabytes, so it is inflated here within a bound and its own tables checked
+//! before blazesym inflates it again for the names.
+//!
+//! The check also reads what naming needs besides the symbol tables: the loadable segments (to
+//! turn a file offset into the ELF virtual address `addr2line` takes), the build id and the
+//! `.gnu_debuglink` (to find a separate debug file, see `debuginfo`).
 
 use std::{
     fs::File,
+    io::Read as _,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
+    path::Path,
 };
 
 use object::{
-    Endianness, FileKind, ReadCache, elf,
-    read::elf::{FileHeader, SectionHeader},
+    Endianness, FileKind, ReadCache, ReadRef, elf,
+    read::elf::{FileHeader, ProgramHeader, SectionHeader},
 };
 
 use super::maps::Mapping;
@@ -30,6 +39,9 @@ pub const MAX_FILE_BYTES: u64 = 1 << 30;
 /// Most entries a symbol table (`.symtab`, `.dynsym`) may have. blazesym keeps an index entry
 /// per symbol: a million is tens of MiB, more than any program of a server distribution has.
 pub const MAX_SYMBOLS: u64 = 1_000_000;
+/// Most bytes MiniDebugInfo may inflate to. Distributions keep only the function symbols not in
+/// `.dynsym` there: hundreds of KB for libc, a few MB for the largest libraries.
+pub const MAX_DEBUGDATA_BYTES: u64 = 32 << 20;
 
 /// Why a mapped file is not symbolized.
 #[derive(Debug, thiserror::Error)]
@@ -50,10 +62,49 @@ pub enum Refused {
     SectionOutsideFile,
     #[error("a symbol table claims {0} entries, over the {MAX_SYMBOLS} bound")]
     TooManySymbols(u64),
+    #[error("MiniDebugInfo (.gnu_debugdata) does not inflate within {MAX_DEBUGDATA_BYTES} bytes")]
+    DebugData,
+}
+
+/// One loadable segment: file bytes `[offset, offset + size)` are mapped at ELF virtual address
+/// `vaddr` (before the load bias).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    pub offset: u64,
+    pub size: u64,
+    pub vaddr: u64,
+}
+
+/// What the checks read of an ELF file that naming uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ElfInfo {
+    pub loads: Vec<Load>,
+    /// The `NT_GNU_BUILD_ID` note's bytes.
+    pub build_id: Option<Box<[u8]>>,
+    /// `.gnu_debuglink`: the debug file's name and the CRC-32 of its contents.
+    pub debuglink: Option<(Box<str>, u32)>,
+}
+
+impl ElfInfo {
+    /// The ELF virtual address of a file offset, which `addr2line -e FILE` and `llvm-symbolizer`
+    /// take (the file offset is not: the two differ by a page or more in most binaries).
+    pub fn vaddr(&self, offset: u64) -> Option<u64> {
+        self.loads
+            .iter()
+            .find(|l| l.offset <= offset && offset - l.offset < l.size)
+            .map(|l| l.vaddr.wrapping_add(offset - l.offset))
+    }
+}
+
+/// A mapped file once opened and checked.
+#[derive(Debug)]
+pub struct Checked {
+    pub file: File,
+    pub info: ElfInfo,
 }
 
 /// Opens the file `mapping` of process `pid` maps, checked as the module comment says.
-pub fn open_mapped(pid: u32, mapping: &Mapping) -> Result<File, Refused> {
+pub fn open_mapped(pid: u32, mapping: &Mapping) -> Result<Checked, Refused> {
     let link = format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.start, mapping.end);
     // No O_NOFOLLOW: map_files entries are (magic) links by design; what they lead to is the
     // mapped inode itself, whatever the path now holds.
@@ -73,7 +124,27 @@ pub fn open_mapped(pid: u32, mapping: &Mapping) -> Result<File, Refused> {
     if meta.dev() != mapping.dev || meta.ino() != mapping.inode {
         return Err(Refused::Replaced);
     }
-    check_elf(&file, meta.len())?;
+    let info = check_elf(&file, meta.len())?;
+    Ok(Checked { file, info })
+}
+
+/// Opens a regular file at a path someone else may control (a debug file beside a user's
+/// binary, a perf map in a process's /tmp): only if `lstat` finds a regular file there, without
+/// following a last-component link, non-blocking (a FIFO swapped in meanwhile does not hang us),
+/// and only if what was opened is what `lstat` saw. The caller checks contents and owner.
+pub fn open_regular(path: &Path) -> Result<File, Refused> {
+    let before = std::fs::symlink_metadata(path)?;
+    if !before.file_type().is_file() {
+        return Err(Refused::NotRegular);
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NOFOLLOW)
+        .open(path)?;
+    let after = file.metadata()?;
+    if !after.file_type().is_file() || after.dev() != before.dev() || after.ino() != before.ino() {
+        return Err(Refused::Replaced);
+    }
     Ok(file)
 }
 
@@ -95,27 +166,42 @@ fn open_by_path(pid: u32, mapping: &Mapping) -> Result<File, Refused> {
 }
 
 /// Refuses an ELF file whose section headers or symbol tables would make parsing it cost more
-/// than its size justifies.
-pub fn check_elf(file: &File, size: u64) -> Result<(), Refused> {
+/// than its size justifies; returns what naming needs of it.
+pub fn check_elf(file: &File, size: u64) -> Result<ElfInfo, Refused> {
     if size > MAX_FILE_BYTES {
         return Err(Refused::TooLarge(size));
     }
     let data = ReadCache::new(file);
-    match FileKind::parse(&data) {
-        Ok(FileKind::Elf32) => check_sections::<elf::FileHeader32<Endianness>>(&data, size),
-        Ok(FileKind::Elf64) => check_sections::<elf::FileHeader64<Endianness>>(&data, size),
+    inspect(&data, size, true)
+}
+
+fn inspect<'a, R: ReadRef<'a>>(data: R, size: u64, outer: bool) -> Result<ElfInfo, Refused> {
+    match FileKind::parse(data) {
+        Ok(FileKind::Elf32) => check_sections::<elf::FileHeader32<Endianness>, R>(data, size, outer),
+        Ok(FileKind::Elf64) => check_sections::<elf::FileHeader64<Endianness>, R>(data, size, outer),
         _ => Err(Refused::NotElf),
     }
 }
 
-fn check_sections<'a, H: FileHeader<Endian = Endianness>>(
-    data: &'a ReadCache<&'a File>,
+fn check_sections<'a, H: FileHeader<Endian = Endianness>, R: ReadRef<'a>>(
+    data: R,
     size: u64,
-) -> Result<(), Refused> {
+    outer: bool,
+) -> Result<ElfInfo, Refused> {
     let header = H::parse(data).map_err(|_| Refused::Malformed("file header"))?;
     let endian = header.endian().map_err(|_| Refused::Malformed("byte order"))?;
-    // object checks that the section header table itself lies inside the file.
+    let mut info = ElfInfo::default();
+    // object checks that the program and section header tables lie inside the file.
+    for segment in header.program_headers(endian, data).map_err(|_| Refused::Malformed("program headers"))? {
+        if segment.p_type(endian) == elf::PT_LOAD {
+            let (offset, size, vaddr) =
+                (segment.p_offset(endian).into(), segment.p_filesz(endian).into(), segment.p_vaddr(endian).into());
+            info.loads.push(Load { offset, size, vaddr });
+        }
+    }
     let sections = header.section_headers(endian, data).map_err(|_| Refused::Malformed("section headers"))?;
+    // Names only find the debug link and MiniDebugInfo: a file without them is still checked.
+    let names = header.sections(endian, data).ok();
     for section in sections {
         let kind = section.sh_type(endian);
         if kind == elf::SHT_NOBITS || kind == elf::SHT_NULL {
@@ -138,8 +224,48 @@ fn check_sections<'a, H: FileHeader<Endian = Endianness>>(
                 return Err(Refused::TooManySymbols(count));
             }
         }
+        if kind == elf::SHT_NOTE
+            && info.build_id.is_none()
+            && let Ok(Some(mut notes)) = section.notes(endian, data)
+        {
+            while let Ok(Some(note)) = notes.next() {
+                if note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID {
+                    info.build_id = Some(note.desc().into());
+                    break;
+                }
+            }
+        }
+        let name = names.as_ref().and_then(|n| n.section_name(endian, section).ok()).unwrap_or_default();
+        if name == b".gnu_debuglink" {
+            info.debuglink = section.data(endian, data).ok().and_then(|d| debuglink(d, endian));
+        } else if name == b".gnu_debugdata" && outer {
+            // MiniDebugInfo inside MiniDebugInfo is not a thing; blazesym would not look.
+            let xz = section.data(endian, data).map_err(|_| Refused::Malformed("section data"))?;
+            let inner = inflate_xz(xz)?;
+            inspect(inner.as_slice(), inner.len() as u64, false)?;
+        }
     }
-    Ok(())
+    Ok(info)
+}
+
+/// `.gnu_debuglink`: a file name, NUL, padding to 4 bytes, the CRC-32 in the file's byte order.
+fn debuglink(data: &[u8], endian: Endianness) -> Option<(Box<str>, u32)> {
+    let nul = data.iter().position(|&b| b == 0)?;
+    let name = std::str::from_utf8(&data[..nul]).ok()?;
+    let at = (nul + 1).next_multiple_of(4);
+    let crc: [u8; 4] = data.get(at..at + 4)?.try_into().ok()?;
+    let crc = if endian == Endianness::Little { u32::from_le_bytes(crc) } else { u32::from_be_bytes(crc) };
+    Some((name.into(), crc))
+}
+
+/// Inflates xz data, refusing it past `MAX_DEBUGDATA_BYTES`.
+pub fn inflate_xz(data: &[u8]) -> Result<Vec<u8>, Refused> {
+    let mut out = Vec::new();
+    let read = xz2::read::XzDecoder::new(data).take(MAX_DEBUGDATA_BYTES + 1).read_to_end(&mut out);
+    if read.is_err() || out.len() as u64 > MAX_DEBUGDATA_BYTES {
+        return Err(Refused::DebugData);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -186,7 +312,7 @@ mod tests {
         f
     }
 
-    fn check(f: &tempfile::NamedTempFile) -> Result<(), Refused> {
+    fn check(f: &tempfile::NamedTempFile) -> Result<ElfInfo, Refused> {
         check_elf(f.as_file(), f.as_file().metadata().unwrap().len())
     }
 
@@ -255,7 +381,10 @@ mod tests {
         let maps = super::super::maps::read(me, None).maps;
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let text = maps.iter().find(|m| m.is_file() && *m.path == *exe.to_string_lossy()).expect("own text mapping");
-        let file = open_mapped(me, text).expect("own binary opens and passes the checks");
-        assert!(file.metadata().unwrap().is_file());
+        let checked = open_mapped(me, text).expect("own binary opens and passes the checks");
+        assert!(checked.file.metadata().unwrap().is_file());
+        // Its text lies in a loadable segment, and a linker-made binary has a build id.
+        assert!(checked.info.vaddr(text.offset).is_some(), "{:?}", checked.info.loads);
+        assert!(checked.info.build_id.is_some());
     }
 }

@@ -1,10 +1,14 @@
 //! Turns raw addresses into names: kernel addresses through kallsyms, user addresses through the
-//! ELF file that backs them (found via `/proc/PID/maps`), both with blazesym.
+//! ELF file that backs them (found via `/proc/PID/maps`) and its debug file (`module`), both
+//! with blazesym, and JIT-compiled code through the process's perf map (`perfmap`). A user
+//! address in a file that nothing names shows as `module+0xVADDR`; one in no mapping, or in
+//! anonymous memory no perf map names, as `[unknown]`.
 //!
 //! Caches, so that the steady state does no repeated work:
 //! - kernel: address → name;
 //! - per process: its executable mappings, re-read only when an address falls outside them or
-//!   the process `exec`ed (its comm changed);
+//!   the process `exec`ed (its comm changed); its perf map, read on from where it stopped when
+//!   an address in anonymous executable memory is not named by what was read;
 //! - per module (device, inode): file offset → name, shared by every process mapping the file;
 //! - raw stack → symbolized stack, so a hot stack is resolved once.
 //!
@@ -18,18 +22,22 @@
 //!
 //! Names, paths and files belong to whoever runs the process, so nothing here trusts them: a
 //! mapped file is opened through `/proc/PID/map_files` and checked before blazesym parses it
-//! (`file`), maps are read with bounds (`maps`), and a frame nothing could name is never cached
-//! as final (the loader may not have mapped its library yet when the process was first seen).
+//! (`file`), maps are read with bounds (`maps`), debug files and perf maps are opened without
+//! following links or blocking and kept only when proven theirs (`debuginfo`, `perfmap`), and
+//! a frame nothing could name is never cached as final (the loader may not have mapped its
+//! library yet when the process was first seen, the JIT may not have written its map line).
 
+pub mod debuginfo;
 pub mod file;
 pub mod maps;
+mod module;
+pub mod perfmap;
+#[cfg(test)]
+mod tests;
 
 use std::{
     collections::HashMap,
-    fs::File,
     num::NonZeroUsize,
-    os::fd::AsRawFd,
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -39,7 +47,7 @@ use blazesym::{
     symbolize::{
         Input, Symbolized, Symbolizer as Blaze,
         evict::{self, Evict},
-        source::{Elf, Kernel, Source},
+        source::{Kernel, Source},
     },
 };
 
@@ -47,6 +55,8 @@ use lru::LruCache;
 
 use crate::model::Stack;
 use maps::Mapping;
+use module::{Module, Opened};
+pub use module::{module_offset, parse_module_offset};
 
 /// Shown for an address nothing could name.
 pub const UNKNOWN: &str = "[unknown]";
@@ -77,9 +87,18 @@ const MAPS_REFRESH_OVER_BOUND: Duration = Duration::from_secs(30);
 /// A stack with a frame nothing could name is answered from the cache this long, then resolved
 /// again (the maps may have been read before the loader mapped the library it points into).
 const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
-/// Most mapped files held open at once; past it a new file is refused, counted, and its frames
-/// named by module. Each is one descriptor of ours and one of blazesym's: 384 leave a quarter of
-/// the default limit of 1,024 to the store and the API (a busy node maps a few dozen files).
+/// A process's perf map that does not name an address in its anonymous executable memory is
+/// read on at most this often, and a stack with such a frame is resolved again this soon: a JIT
+/// writes the line as it compiles the function, which then runs hot at once (at 1 s, a 6 s
+/// Node hot loop had 121 of its ~400 samples `[unknown]`). Reading on costs the new lines only.
+/// A process without a perf map is looked at every `MAPS_REFRESH`.
+const PERF_MAP_REFRESH: Duration = Duration::from_millis(100);
+/// Most memory the perf maps of all processes hold together; past it they are not read on.
+const PERF_MAPS_MAX_BYTES: usize = 128 << 20;
+/// Most mapped files (and debug files) held open at once; past it a new file is refused,
+/// counted, and its frames named by module. Each is one descriptor of ours and one of
+/// blazesym's: 384 leave a quarter of the default limit of 1,024 to the store and the API (a
+/// busy node maps a few dozen files).
 const MAX_OPEN_FILES: usize = 384;
 
 struct Process {
@@ -91,22 +110,17 @@ struct Process {
     read_at: Instant,
     /// The last read of its maps hit a bound: re-read after `MAPS_REFRESH_OVER_BOUND`.
     over_bound: bool,
+    /// The maps were read as it exec'd, before the loader mapped its libraries: the first
+    /// address outside them re-reads them at once (waiting `MAPS_REFRESH` left a stripped
+    /// program's first third of a second with `[unknown]` for libc).
+    read_at_exec: bool,
     seen_at: Instant,
     /// Which image of this pid this is (a serial, never reused): the stack cache's key, so a
     /// new program under the same pid never meets the stacks of the old one.
     image: u64,
-}
-
-struct Module {
-    /// `[unknown] (libfoo.so)`: what an unresolvable address in this module shows.
-    unknown: Arc<str>,
-    /// The checked file and the path blazesym opens it by (`/proc/self/fd/N`: it leads to this
-    /// very inode for as long as we hold the file, whatever its owner does to its path).
-    file: Option<(File, PathBuf)>,
-    /// When opening it failed for a reason that may pass (the process exited first): retried
-    /// after `MAPS_REFRESH` through another process that maps it.
-    failed_at: Option<Instant>,
-    names: HashMap<u64, Arc<str>>,
+    /// Its perf map as read so far, and when it was last read (see `jit_frame`).
+    perf_map: perfmap::PerfMap,
+    perf_map_read_at: Option<Instant>,
 }
 
 /// A symbolized stack; `until` is set when it has an unnamed frame (see `UNRESOLVED_TTL`).
@@ -125,8 +139,12 @@ pub struct Stats {
     pub processes_evicted: u64,
     pub modules_evicted: u64,
     /// Mapped files not symbolized: not a regular file, over a size or symbol bound, malformed,
-    /// or over the open-file bound. Their frames show `[unknown] (module)`.
+    /// or over the open-file bound. Their frames show `module+0xOFFSET` (the file offset: the
+    /// segments of a refused file are not read).
     pub files_refused: u64,
+    /// Perf map reads, and frames they named.
+    pub perf_map_reads: u64,
+    pub jit_frames: u64,
     /// Entries cached now.
     pub processes: usize,
     pub modules: usize,
@@ -148,6 +166,11 @@ pub struct Symbolizer {
     unknown: Arc<str>,
     stats: Stats,
     swept_at: Instant,
+    /// The stack being resolved has a frame in JIT code that its perf map does not name yet.
+    jit_missed: bool,
+    /// Memory the cached processes' perf maps hold (recounted at each sweep, which forgets
+    /// processes, and grown by each read).
+    perf_map_bytes: usize,
 }
 
 impl Default for Symbolizer {
@@ -174,6 +197,8 @@ impl Symbolizer {
             unknown: Arc::from(UNKNOWN),
             stats: Stats::default(),
             swept_at: Instant::now(),
+            jit_missed: false,
+            perf_map_bytes: 0,
         }
     }
 
@@ -207,6 +232,7 @@ impl Symbolizer {
             return cached.stack.clone();
         }
         self.stats.stack_misses += 1;
+        self.jit_missed = false;
         let mut frames = Vec::with_capacity(kernel.len() + user.len());
         for (i, &addr) in user.iter().enumerate().rev() {
             frames.push(self.user_frame(pid, lookup_addr(addr, i), now));
@@ -216,7 +242,7 @@ impl Symbolizer {
         }
         let unresolved = frames[..user.len()].iter().any(|f| Arc::ptr_eq(f, &self.unknown));
         let stack = Arc::new(Stack { frames, user_len: user.len() });
-        let until = unresolved.then(|| now + UNRESOLVED_TTL);
+        let until = unresolved.then(|| now + if self.jit_missed { PERF_MAP_REFRESH } else { UNRESOLVED_TTL });
         self.stacks.put(key, Cached { stack: stack.clone(), until });
         stack
     }
@@ -225,6 +251,9 @@ impl Symbolizer {
     /// leads to them (a process living milliseconds is gone before its samples are read).
     pub fn note_exec(&mut self, pid: u32, comm: &str) {
         self.load_process(pid, comm, Instant::now());
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.read_at_exec = true;
+        }
         let maps = self.processes.get(&pid).map(|p| p.maps.clone()).unwrap_or_default();
         let now = Instant::now();
         for m in maps.iter().filter(|m| m.is_file()) {
@@ -259,6 +288,7 @@ impl Symbolizer {
             self.processes.retain(|_, p| p.seen_at >= oldest_kept);
         }
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
+        self.perf_map_bytes = self.processes.values().map(|p| p.perf_map.bytes()).sum();
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
         let live: std::collections::HashSet<u64> = self.processes.values().map(|p| p.image).collect();
         self.stacks.retain(|k, _| k.0 == 0 || live.contains(&k.0));
@@ -267,11 +297,8 @@ impl Symbolizer {
         let gone: Vec<(u64, u64)> = self.modules.keys().filter(|k| !mapped.contains(k)).copied().collect();
         let mut evicted_modules = false;
         for key in gone {
-            if let Some(Module { file: Some((file, path)), .. }) = self.modules.remove(&key) {
-                // Closes blazesym's file and drops its parsed symbols; best effort by design.
-                // Before ours closes: the descriptor's number, so its path, is then reused.
-                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path)));
-                drop(file);
+            if let Some(module) = self.modules.remove(&key) {
+                self.evict(module);
             }
             self.stats.modules_evicted += 1;
             evicted_modules = true;
@@ -295,6 +322,15 @@ impl Symbolizer {
         }
         // Interned names held only by this table belong to nothing cached any more.
         self.names.retain(|_, n| Arc::strong_count(n) > 1);
+    }
+
+    /// Closes blazesym's files of a module and drops their parsed symbols; best effort by
+    /// design. Before ours close: a descriptor's number, so its path, is then reused.
+    fn evict(&mut self, module: Module) {
+        for path in module.paths() {
+            let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path.clone())));
+        }
+        drop(module);
     }
 
     fn intern(&mut self, name: &str) -> Arc<str> {
@@ -358,8 +394,11 @@ impl Symbolizer {
             maps: read.maps,
             read_at: now,
             over_bound: read.truncated,
+            read_at_exec: false,
             seen_at: now,
             image: self.images,
+            perf_map: perfmap::PerfMap::default(),
+            perf_map_read_at: None,
         };
         // The stacks cached for an image this replaces are unreachable now (their key has the
         // old image) and go at the next sweep.
@@ -377,7 +416,7 @@ impl Symbolizer {
         };
         let mut mapping = maps::find(&process.maps, addr).cloned();
         let every = if process.over_bound { MAPS_REFRESH_OVER_BOUND } else { MAPS_REFRESH };
-        if mapping.is_none() && now.duration_since(process.read_at) >= every {
+        if mapping.is_none() && (process.read_at_exec || now.duration_since(process.read_at) >= every) {
             // Something mapped since we looked (dlopen, a JIT, the loader after exec).
             let fresh = self.read_maps(pid, Some(addr));
             mapping = maps::find(&fresh.maps, addr).cloned();
@@ -387,20 +426,27 @@ impl Symbolizer {
                 }
                 p.read_at = now;
                 p.over_bound = fresh.truncated;
+                p.read_at_exec = false;
             }
         }
         let Some(mapping) = mapping else {
-            return self.unknown.clone();
+            // JIT code in pages the runtime made executable since the maps were read (they are
+            // re-read at most every `MAPS_REFRESH`): its perf map may name it already. (A
+            // process that writes none is looked for one at most every `MAPS_REFRESH` too.)
+            return self.jit_frame(pid, addr, now).unwrap_or_else(|| self.unknown.clone());
         };
         if !mapping.is_file() {
+            if let Some(name) = self.jit_frame(pid, addr, now) {
+                return name;
+            }
             return if mapping.path.starts_with('[') { self.intern(&mapping.path) } else { self.unknown.clone() };
         }
         let key = (mapping.dev, mapping.inode);
         let retry = self.modules.get(&key).map(|m| m.failed_at.is_some_and(|t| now.duration_since(t) >= MAPS_REFRESH));
         if retry != Some(false) {
             let module = self.open_module(pid, &mapping, now);
-            if let Some(Module { file: Some((_, path)), .. }) = self.modules.insert(key, module) {
-                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path)));
+            if let Some(old) = self.modules.insert(key, module) {
+                self.evict(old);
             }
         }
         let offset = mapping.file_offset(addr);
@@ -408,19 +454,13 @@ impl Symbolizer {
         if let Some(name) = module.names.get(&offset) {
             return name.clone();
         }
-        let name = match &module.file {
-            Some((_, path)) => {
-                let src = Source::Elf(Elf { debug_syms: false, ..Elf::new(path.clone()) });
-                match self.blaze.symbolize_single(&src, Input::FileOffset(offset)) {
-                    Ok(Symbolized::Sym(sym)) => Some(sym.name.into_owned()),
-                    _ => None,
-                }
-            }
-            None => None,
-        };
-        let name = match name {
+        let name = match module.lookup(&self.blaze, offset) {
             Some(n) => self.intern(&n),
-            None => module.unknown.clone(),
+            // Final, unlike `[unknown]`: the file is the one mapped, and it has no name there.
+            None => {
+                let unnamed = module.unnamed(offset);
+                self.intern(&unnamed)
+            }
         };
         if let Some(m) = self.modules.get_mut(&key) {
             m.names.insert(offset, name.clone());
@@ -428,27 +468,15 @@ impl Symbolizer {
         name
     }
 
-    /// Opens the mapped file itself, checked (see `file`), whatever its path now holds.
+    /// Opens a module, within the bound on open files.
     fn open_module(&mut self, pid: u32, mapping: &Mapping, now: Instant) -> Module {
-        let path = mapping.path.trim_end_matches(" (deleted)");
-        let base = path.rsplit('/').next().unwrap_or(path);
-        let unknown = self.intern(&format!("{UNKNOWN} ({base})"));
-        let mut module = Module { unknown, file: None, failed_at: None, names: HashMap::new() };
-        if self.modules.values().filter(|m| m.file.is_some()).count() >= MAX_OPEN_FILES {
+        if self.modules.values().map(Module::open_files).sum::<usize>() >= MAX_OPEN_FILES {
             self.stats.files_refused += 1;
-            return module;
+            return Module::unopened(mapping);
         }
-        match file::open_mapped(pid, mapping) {
-            Ok(f) => {
-                let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-                module.file = Some((f, path));
-            }
-            // Gone before we looked, or a mapping that changed meanwhile: may pass.
-            Err(file::Refused::Open(_) | file::Refused::Replaced) => module.failed_at = Some(now),
-            Err(why) => {
-                tracing::debug!(pid, file = %mapping.path, "not symbolizing: {why}");
-                self.stats.files_refused += 1;
-            }
+        let (module, opened) = Module::open(pid, mapping, now);
+        if let Opened::Refused = opened {
+            self.stats.files_refused += 1;
         }
         module
     }
@@ -458,183 +486,4 @@ impl Symbolizer {
 /// (matters when the call is the function's last instruction). The leaf is the exact IP.
 fn lookup_addr(addr: u64, index_from_leaf: usize) -> u64 {
     if index_from_leaf == 0 { addr } else { addr.saturating_sub(1) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[inline(never)]
-    #[unsafe(no_mangle)]
-    extern "C" fn profiler_symbolize_test_marker() -> u64 {
-        std::hint::black_box(42)
-    }
-
-    #[test]
-    fn stack_cache_is_bounded_and_keeps_what_is_used() {
-        let mut s = Symbolizer::new();
-        let hot = [0xffff_ffff_8100_0000u64];
-        s.stack(0, "k", &hot, &[]);
-        for i in 0..STACK_CACHE_MAX.get() as u64 + 100 {
-            s.stack(0, "k", &[0xffff_ffff_8200_0000 + i], &[]);
-            if i % 1000 == 0 {
-                s.stack(0, "k", &hot, &[]);
-            }
-        }
-        assert_eq!(s.stats().stacks, STACK_CACHE_MAX.get());
-        // Used now and then, so not the least recently used: still cached.
-        let hits = s.stats().stack_hits;
-        s.stack(0, "k", &hot, &[]);
-        assert_eq!(s.stats().stack_hits, hits + 1);
-        // The first of the cold ones went first.
-        s.stack(0, "k", &[0xffff_ffff_8200_0000], &[]);
-        assert_eq!(s.stats().stack_hits, hits + 1);
-    }
-
-    #[test]
-    fn resolves_a_function_of_this_process() {
-        let mut s = Symbolizer::new();
-        let addr = profiler_symbolize_test_marker as *const () as u64;
-        let pid = std::process::id();
-        let stack = s.stack(pid, "test", &[], &[addr]);
-        assert_eq!(stack.user_len, 1);
-        assert_eq!(&*stack.frames[0], "profiler_symbolize_test_marker");
-        // The second lookup is a cache hit and returns the same stack.
-        let again = s.stack(pid, "test", &[], &[addr]);
-        assert!(Arc::ptr_eq(&stack, &again));
-        assert_eq!(s.stats().stack_hits, 1);
-    }
-
-    #[test]
-    fn unmapped_address_is_unknown() {
-        let mut s = Symbolizer::new();
-        let stack = s.stack(std::process::id(), "test", &[], &[8]);
-        assert_eq!(&*stack.frames[0], UNKNOWN);
-    }
-
-    #[test]
-    fn roots_first_user_then_kernel() {
-        let mut s = Symbolizer::new();
-        let a = profiler_symbolize_test_marker as *const () as u64;
-        // Leaf-first input: user [leaf, caller], kernel [leaf].
-        let stack = s.stack(std::process::id(), "t", &[1], &[a, 8]);
-        assert_eq!(stack.user_len, 2);
-        assert_eq!(&*stack.frames[0], UNKNOWN);
-        assert_eq!(&*stack.frames[1], "profiler_symbolize_test_marker");
-        assert_eq!(stack.kernel().len(), 1);
-    }
-
-    /// Our open file descriptors on `path` (tests run in parallel: count only this file).
-    fn open_fds_on(path: &str) -> usize {
-        let fds = std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd");
-        fds.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_str() == Some(path))).count()
-    }
-
-    #[test]
-    fn exited_processes_and_their_modules_are_forgotten() {
-        let mut s = Symbolizer::new();
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
-        let pid = child.id();
-        // An address inside the child's executable text, once exec has mapped it.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let text = loop {
-            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-            if let Some(m) = maps::parse(&maps).into_iter().find(|m| m.is_file() && m.path.contains("sleep")) {
-                break m;
-            }
-            assert!(Instant::now() < deadline, "sleep never mapped its binary");
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        s.stack(pid, "sleep", &[], &[text.start + 16]);
-        assert_eq!(s.stats().processes, 1);
-        assert!(s.stats().modules >= 1);
-        // Ours (checked, the path blazesym opens by) and blazesym's own.
-        assert_eq!(open_fds_on(&text.path), 2, "the binary is held open while it is cached");
-
-        // Alive and recently sampled: kept by a sweep.
-        s.sweep(Instant::now());
-        assert_eq!(s.stats().processes, 1);
-
-        child.kill().expect("kill sleep");
-        child.wait().expect("reap sleep");
-        // Within the grace period its late samples still resolve.
-        s.sweep(Instant::now());
-        assert_eq!(s.stats().processes, 1);
-        // After it, the process, its modules, their names and the open file are gone.
-        s.sweep(Instant::now() + EXITED_GRACE + Duration::from_secs(1));
-        let st = s.stats();
-        assert_eq!((st.processes, st.modules, st.stacks), (0, 0, 0));
-        assert_eq!(st.processes_evicted, 1);
-        assert!(st.modules_evicted >= 1);
-        assert_eq!(open_fds_on(&text.path), 0, "the evicted binary's file is closed");
-    }
-
-    #[test]
-    fn process_cache_is_bounded() {
-        let mut s = Symbolizer::new();
-        let me = std::process::id();
-        // Pids that do not exist (above pid_max) but were sampled just now.
-        let t0 = Instant::now();
-        for pid in 0..(MAX_PROCESSES as u32 + 100) {
-            s.note_process(u32::MAX - pid, "ghost", t0 + Duration::from_micros(pid.into()));
-        }
-        let t1 = t0 + Duration::from_secs(1);
-        s.note_process(me, "test", t1);
-        s.sweep(t1);
-        assert!(s.stats().processes <= MAX_PROCESSES, "{} cached", s.stats().processes);
-        assert!(s.processes.contains_key(&me), "the most recently sampled process is kept");
-    }
-
-    #[test]
-    fn a_stack_with_an_unnamed_frame_is_not_cached_for_good() {
-        let mut s = Symbolizer::new();
-        let me = std::process::id();
-        let named = profiler_symbolize_test_marker as *const () as u64;
-        s.stack(me, "test", &[], &[named]);
-        s.stack(me, "test", &[], &[8, named]);
-        let key = |addrs: &[u64]| (s.processes[&me].image, addrs.to_vec(), 0usize);
-        assert!(s.stacks.peek(&key(&[named])).unwrap().until.is_none(), "a named stack is final");
-        let k = key(&[8, named]);
-        assert!(s.stacks.peek(&k).unwrap().until.is_some(), "an unnamed frame is provisional");
-        // Once its time is up, the stack is resolved again (a miss), not answered from the cache.
-        s.stacks.get_mut(&k).unwrap().until = Some(Instant::now() - Duration::from_millis(1));
-        let misses = s.stats().stack_misses;
-        s.stack(me, "test", &[], &[8, named]);
-        assert_eq!(s.stats().stack_misses, misses + 1);
-    }
-
-    #[test]
-    fn a_module_is_held_open_by_fd_not_by_the_path_its_owner_controls() {
-        let mut s = Symbolizer::new();
-        let me = std::process::id();
-        let addr = profiler_symbolize_test_marker as *const () as u64;
-        s.stack(me, "test", &[], &[addr]);
-        let m = &s.processes[&me].maps;
-        let text = maps::find(m, addr).unwrap();
-        let module = &s.modules[&(text.dev, text.inode)];
-        let (_, path) = module.file.as_ref().expect("opened");
-        assert!(path.starts_with("/proc/self/fd/"), "{}", path.display());
-        assert_eq!(s.stats().files_refused, 0);
-    }
-
-    #[test]
-    fn past_the_open_file_bound_a_file_is_refused_counted_and_named_by_module() {
-        let mut s = Symbolizer::new();
-        for i in 0..MAX_OPEN_FILES as u64 {
-            let f = File::open("/dev/null").unwrap();
-            let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-            let unknown = s.unknown.clone();
-            s.modules.insert(
-                (u64::MAX, i),
-                Module { unknown, file: Some((f, path)), failed_at: None, names: HashMap::new() },
-            );
-        }
-        let me = std::process::id();
-        let addr = profiler_symbolize_test_marker as *const () as u64;
-        let stack = s.stack(me, "test", &[], &[addr]);
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let base = exe.file_name().unwrap().to_string_lossy();
-        assert_eq!(&*stack.frames[0], format!("{UNKNOWN} ({base})"));
-        assert_eq!(s.stats().files_refused, 1);
-    }
 }

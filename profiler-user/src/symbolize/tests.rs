@@ -1,0 +1,282 @@
+//! Tests of the symbolizer as a whole (each part has its own in its file).
+
+use super::*;
+use std::{fs::File, os::fd::AsRawFd, path::PathBuf};
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+extern "C" fn profiler_symbolize_test_marker() -> u64 {
+    std::hint::black_box(42)
+}
+
+#[test]
+fn stack_cache_is_bounded_and_keeps_what_is_used() {
+    let mut s = Symbolizer::new();
+    let hot = [0xffff_ffff_8100_0000u64];
+    s.stack(0, "k", &hot, &[]);
+    for i in 0..STACK_CACHE_MAX.get() as u64 + 100 {
+        s.stack(0, "k", &[0xffff_ffff_8200_0000 + i], &[]);
+        if i % 1000 == 0 {
+            s.stack(0, "k", &hot, &[]);
+        }
+    }
+    assert_eq!(s.stats().stacks, STACK_CACHE_MAX.get());
+    // Used now and then, so not the least recently used: still cached.
+    let hits = s.stats().stack_hits;
+    s.stack(0, "k", &hot, &[]);
+    assert_eq!(s.stats().stack_hits, hits + 1);
+    // The first of the cold ones went first.
+    s.stack(0, "k", &[0xffff_ffff_8200_0000], &[]);
+    assert_eq!(s.stats().stack_hits, hits + 1);
+}
+
+#[test]
+fn resolves_a_function_of_this_process() {
+    let mut s = Symbolizer::new();
+    let addr = profiler_symbolize_test_marker as *const () as u64;
+    let pid = std::process::id();
+    let stack = s.stack(pid, "test", &[], &[addr]);
+    assert_eq!(stack.user_len, 1);
+    assert_eq!(&*stack.frames[0], "profiler_symbolize_test_marker");
+    // The second lookup is a cache hit and returns the same stack.
+    let again = s.stack(pid, "test", &[], &[addr]);
+    assert!(Arc::ptr_eq(&stack, &again));
+    assert_eq!(s.stats().stack_hits, 1);
+}
+
+#[test]
+fn unmapped_address_is_unknown() {
+    let mut s = Symbolizer::new();
+    let stack = s.stack(std::process::id(), "test", &[], &[8]);
+    assert_eq!(&*stack.frames[0], UNKNOWN);
+}
+
+#[test]
+fn roots_first_user_then_kernel() {
+    let mut s = Symbolizer::new();
+    let a = profiler_symbolize_test_marker as *const () as u64;
+    // Leaf-first input: user [leaf, caller], kernel [leaf].
+    let stack = s.stack(std::process::id(), "t", &[1], &[a, 8]);
+    assert_eq!(stack.user_len, 2);
+    assert_eq!(&*stack.frames[0], UNKNOWN);
+    assert_eq!(&*stack.frames[1], "profiler_symbolize_test_marker");
+    assert_eq!(stack.kernel().len(), 1);
+}
+
+/// Our open file descriptors on `path` (tests run in parallel: count only this file).
+fn open_fds_on(path: &str) -> usize {
+    let fds = std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd");
+    fds.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_str() == Some(path))).count()
+}
+
+#[test]
+fn exited_processes_and_their_modules_are_forgotten() {
+    let mut s = Symbolizer::new();
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
+    let pid = child.id();
+    // An address inside the child's executable text, once exec has mapped it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        if let Some(m) = maps::parse(&maps).into_iter().find(|m| m.is_file() && m.path.contains("sleep")) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "sleep never mapped its binary");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    s.stack(pid, "sleep", &[], &[text.start + 16]);
+    assert_eq!(s.stats().processes, 1);
+    assert!(s.stats().modules >= 1);
+    // Ours (checked, the path blazesym opens by) and blazesym's own.
+    assert_eq!(open_fds_on(&text.path), 2, "the binary is held open while it is cached");
+
+    // Alive and recently sampled: kept by a sweep.
+    s.sweep(Instant::now());
+    assert_eq!(s.stats().processes, 1);
+
+    child.kill().expect("kill sleep");
+    child.wait().expect("reap sleep");
+    // Within the grace period its late samples still resolve.
+    s.sweep(Instant::now());
+    assert_eq!(s.stats().processes, 1);
+    // After it, the process, its modules, their names and the open file are gone.
+    s.sweep(Instant::now() + EXITED_GRACE + Duration::from_secs(1));
+    let st = s.stats();
+    assert_eq!((st.processes, st.modules, st.stacks), (0, 0, 0));
+    assert_eq!(st.processes_evicted, 1);
+    assert!(st.modules_evicted >= 1);
+    assert_eq!(open_fds_on(&text.path), 0, "the evicted binary's file is closed");
+}
+
+#[test]
+fn process_cache_is_bounded() {
+    let mut s = Symbolizer::new();
+    let me = std::process::id();
+    // Pids that do not exist (above pid_max) but were sampled just now.
+    let t0 = Instant::now();
+    for pid in 0..(MAX_PROCESSES as u32 + 100) {
+        s.note_process(u32::MAX - pid, "ghost", t0 + Duration::from_micros(pid.into()));
+    }
+    let t1 = t0 + Duration::from_secs(1);
+    s.note_process(me, "test", t1);
+    s.sweep(t1);
+    assert!(s.stats().processes <= MAX_PROCESSES, "{} cached", s.stats().processes);
+    assert!(s.processes.contains_key(&me), "the most recently sampled process is kept");
+}
+
+#[test]
+fn a_stack_with_an_unnamed_frame_is_not_cached_for_good() {
+    let mut s = Symbolizer::new();
+    let me = std::process::id();
+    let named = profiler_symbolize_test_marker as *const () as u64;
+    s.stack(me, "test", &[], &[named]);
+    s.stack(me, "test", &[], &[8, named]);
+    let key = |addrs: &[u64]| (s.processes[&me].image, addrs.to_vec(), 0usize);
+    assert!(s.stacks.peek(&key(&[named])).unwrap().until.is_none(), "a named stack is final");
+    let k = key(&[8, named]);
+    assert!(s.stacks.peek(&k).unwrap().until.is_some(), "an unnamed frame is provisional");
+    // Once its time is up, the stack is resolved again (a miss), not answered from the cache.
+    s.stacks.get_mut(&k).unwrap().until = Some(Instant::now() - Duration::from_millis(1));
+    let misses = s.stats().stack_misses;
+    s.stack(me, "test", &[], &[8, named]);
+    assert_eq!(s.stats().stack_misses, misses + 1);
+}
+
+#[test]
+fn a_module_is_held_open_by_fd_not_by_the_path_its_owner_controls() {
+    let mut s = Symbolizer::new();
+    let me = std::process::id();
+    let addr = profiler_symbolize_test_marker as *const () as u64;
+    s.stack(me, "test", &[], &[addr]);
+    let m = &s.processes[&me].maps;
+    let text = maps::find(m, addr).unwrap();
+    let module = &s.modules[&(text.dev, text.inode)];
+    let (_, path) = module.file.as_ref().expect("opened");
+    assert!(path.starts_with("/proc/self/fd/"), "{}", path.display());
+    assert_eq!(s.stats().files_refused, 0);
+}
+
+#[test]
+fn past_the_open_file_bound_a_file_is_refused_counted_and_named_by_module() {
+    let mut s = Symbolizer::new();
+    for i in 0..MAX_OPEN_FILES as u64 {
+        let f = File::open("/dev/null").unwrap();
+        let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        let fake = Mapping { start: 0, end: 1, offset: 0, dev: u64::MAX, inode: i, path: Arc::from("/dev/null") };
+        let mut module = Module::unopened(&fake);
+        module.file = Some((f, path));
+        s.modules.insert((u64::MAX, i), module);
+    }
+    let me = std::process::id();
+    let addr = profiler_symbolize_test_marker as *const () as u64;
+    let stack = s.stack(me, "test", &[], &[addr]);
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let base = exe.file_name().unwrap().to_string_lossy();
+    // Not opened, so no segments: the file offset stands in for the virtual address.
+    let offset = maps::find(&s.processes[&me].maps, addr).unwrap().file_offset(addr);
+    assert_eq!(&*stack.frames[0], module_offset(&base, offset));
+    assert_eq!(s.stats().files_refused, 1);
+}
+
+/// A small C program built for a test in `dir`: `full` with its symbols, `stripped`, and
+/// `linked` (stripped, with a `.gnu_debuglink` to `linked.debug` beside it). None without gcc
+/// and binutils (said on stderr).
+pub(super) struct Built {
+    pub full: PathBuf,
+    pub stripped: PathBuf,
+    pub linked: PathBuf,
+    pub debug: PathBuf,
+}
+
+pub(super) const C_HOT: &str = "symbolize_test_hot_loop";
+
+pub(super) fn build_c_program(dir: &std::path::Path) -> Option<Built> {
+    let src = dir.join("prog.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdlib.h>\n#include <time.h>\n\
+             __attribute__((noinline)) unsigned long {C_HOT}(unsigned long n) {{\n\
+             volatile unsigned long x = 0; for (unsigned long i = 0; i < n; i++) x += i; return x; }}\n\
+             int main(int argc, char **argv) {{ time_t end = time(NULL) + atoi(argv[1]); unsigned long s = 0;\n\
+             while (time(NULL) < end) s += {C_HOT}(100000); return s == 42; }}\n"
+        ),
+    )
+    .unwrap();
+    let run = |cmd: &mut std::process::Command| cmd.status().is_ok_and(|s| s.success());
+    let b = Built {
+        full: dir.join("prog-full"),
+        stripped: dir.join("prog"),
+        linked: dir.join("linked"),
+        debug: dir.join("linked.debug"),
+    };
+    let ok = run(std::process::Command::new("gcc").args(["-O1", "-o"]).arg(&b.full).arg(&src))
+        && run(std::process::Command::new("strip").arg("-o").arg(&b.stripped).arg(&b.full))
+        && run(std::process::Command::new("strip").arg("-o").arg(&b.linked).arg(&b.full))
+        && run(std::process::Command::new("objcopy").arg("--only-keep-debug").arg(&b.full).arg(&b.debug))
+        && run(std::process::Command::new("objcopy")
+            .current_dir(dir)
+            .arg("--add-gnu-debuglink=linked.debug")
+            .arg(&b.linked));
+    if !ok {
+        eprintln!("skipped: gcc, strip or objcopy is missing or failed");
+    }
+    ok.then_some(b)
+}
+
+/// The ELF virtual address of `name` in `path`'s symbol table.
+fn symbol_vaddr(path: &std::path::Path, name: &str) -> u64 {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.symbols().find(|s| s.name() == Ok(name)).map(|s| s.address()).expect("symbol in the full build")
+}
+
+/// A child process killed and reaped when dropped, however the test ends.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `exe` and returns it with the run-time address of ELF virtual address `vaddr` in it.
+fn run_and_locate(exe: &std::path::Path, vaddr: u64) -> (Running, u64) {
+    let child = Running(std::process::Command::new(exe).arg("20").spawn().expect("run the program"));
+    let pid = child.0.id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let exe_str = exe.to_str().unwrap();
+    loop {
+        let maps = maps::read(pid, None).maps;
+        if let Some(text) = maps.iter().find(|m| &*m.path == exe_str) {
+            let f = File::open(exe).unwrap();
+            let info = file::check_elf(&f, f.metadata().unwrap().len()).unwrap();
+            let load = info.loads.iter().find(|l| l.vaddr <= vaddr && vaddr - l.vaddr < l.size).unwrap();
+            let offset = vaddr - load.vaddr + load.offset;
+            assert!(offset >= text.offset && offset - text.offset < text.end - text.start, "not in the text mapping");
+            return (child, text.start + offset - text.offset);
+        }
+        assert!(Instant::now() < deadline, "{exe_str} never mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_stripped_program_is_named_by_module_offset_and_through_its_debug_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(b) = build_c_program(dir.path()) else { return };
+    let vaddr = symbol_vaddr(&b.full, C_HOT);
+    let mut s = Symbolizer::new();
+    for (exe, want) in [(&b.stripped, format!("prog+0x{:x}", vaddr + 4)), (&b.linked, C_HOT.to_string())] {
+        let (child, addr) = run_and_locate(exe, vaddr + 4);
+        let pid = child.0.id();
+        let stack = s.stack(pid, "prog", &[], &[addr]);
+        drop(child);
+        assert_eq!(&*stack.frames[0], want, "{}", exe.display());
+        // A module+offset name is final: the file is the one mapped and names nothing there.
+        let key = (s.processes[&pid].image, vec![addr], 0usize);
+        assert!(s.stacks.peek(&key).unwrap().until.is_none());
+    }
+}
