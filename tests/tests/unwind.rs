@@ -22,9 +22,8 @@ fn build(dir: &Path, cmd: &str, args: &[&str], out: &str) -> PathBuf {
     bin
 }
 
-/// Runs `bin` under a fresh daemon; returns (complete share, samples, the most common
-/// incomplete stack).
-fn complete_share(bin: &Path) -> (f64, u64, String) {
+/// Runs `bin` under a fresh daemon; returns its folded stacks.
+fn profile(bin: &Path) -> Vec<(String, u64)> {
     let comm: String = bin.file_name().unwrap().to_string_lossy().chars().take(15).collect();
     let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
     let dir = data.to_str().unwrap();
@@ -39,7 +38,16 @@ fn complete_share(bin: &Path) -> (f64, u64, String) {
         (total as f64 >= SECS * 99.0 * 0.5).then_some(stacks)
     });
     assert!(daemon.stop().success());
-    let reaches_main = |s: &str| s.split(';').any(|f| f == "main" || f.ends_with("::main"));
+    stacks
+}
+
+fn reaches_main(stack: &str) -> bool {
+    stack.split(';').any(|f| f == "main" || f.ends_with("::main"))
+}
+
+/// (complete share, samples, the most common incomplete stack) of `bin`'s stacks that `keep`.
+fn complete_share(stacks: &[(String, u64)], keep: impl Fn(&str) -> bool) -> (f64, u64, String) {
+    let stacks: Vec<&(String, u64)> = stacks.iter().filter(|(s, _)| keep(s)).collect();
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     let complete: u64 = stacks.iter().filter(|(s, _)| reaches_main(s)).map(|(_, n)| n).sum();
     let worst =
@@ -48,7 +56,7 @@ fn complete_share(bin: &Path) -> (f64, u64, String) {
 }
 
 fn check(name: &str, bin: &Path) {
-    let (share, total, worst) = complete_share(bin);
+    let (share, total, worst) = complete_share(&profile(bin), |_| true);
     eprintln!("{name}: {:.1} % of {total} samples reach main; most common incomplete: {worst}", share * 100.0);
     assert!(share >= 0.95, "{name}: only {:.1} % of {total} samples reach main; e.g. {worst}", share * 100.0);
 }
@@ -85,4 +93,21 @@ fn rust_release_binary_without_frame_pointers() {
     // rustc directly: the workspace's frame-pointer flags do not reach it.
     let bin = build(tmp.path(), "rustc", &["-C", "opt-level=3", "-C", "force-frame-pointers=no", &src], "cfi-rust-rel");
     check("Rust release (sort_by closure)", &bin);
+}
+
+#[test]
+fn signal_handlers_and_the_vdso_do_not_break_the_walk() {
+    if !privileged("signal_handlers_and_the_vdso_do_not_break_the_walk") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = format!("{WORKLOADS}/signals_vdso.c");
+    let bin = build(tmp.path(), "gcc", &["-O2", "-fomit-frame-pointer", &src], "cfi-c-signals");
+    let stacks = profile(&bin);
+    for (what, frame) in [("the signal handler", "on_tick"), ("the vDSO", "[vdso]")] {
+        let (share, total, worst) = complete_share(&stacks, |s| s.split(';').any(|f| f == frame));
+        eprintln!("{what}: {:.1} % of {total} samples reach main; most common incomplete: {worst}", share * 100.0);
+        assert!(total >= 5, "too few samples in {what} to judge: {total}");
+        assert!(share >= 0.95, "{what}: only {:.1} % of {total} samples reach main; e.g. {worst}", share * 100.0);
+    }
 }

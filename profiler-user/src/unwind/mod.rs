@@ -9,7 +9,7 @@ pub mod registry;
 pub mod table;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     fs::File,
     os::unix::fs::MetadataExt,
     sync::{
@@ -104,6 +104,7 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
     // Processes to describe again at a time: (when, pid), soonest last.
     let mut again: Vec<(Instant, u32)> = Vec::new();
+    let mut pending: VecDeque<Request> = VecDeque::new();
     let vdso = Vdso::of_this_process();
     loop {
         let now = Instant::now();
@@ -112,48 +113,69 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
             describe(&mut registry, pid, vdso.as_ref());
             read_at.insert(pid, Instant::now());
         }
-        let wake = again.last().map_or(next_sweep, |(at, _)| (*at).min(next_sweep));
-        let first = match rx.recv_timeout(wake.saturating_duration_since(now)) {
-            Ok(r) => Some(r),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => return,
+        // Requests wait here; execs go first, and are looked for again after every
+        // description, because one (a large binary's first table) can take a while.
+        for r in rx.try_iter().take(QUEUE) {
+            queue(&mut pending, r);
+        }
+        let Some(request) = pending.pop_front() else {
+            let wake = again.last().map_or(next_sweep, |(at, _)| (*at).min(next_sweep));
+            match rx.recv_timeout(wake.saturating_duration_since(now)) {
+                Ok(r) => queue(&mut pending, r),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            sweep(&mut registry, &mut read_at, &mut next_sweep, &stats);
+            continue;
         };
-        // Execs first: a new process is described before processes already running are
-        // described again (at daemon start, hundreds of those queue up).
-        let mut requests: Vec<Request> = first.into_iter().chain(rx.try_iter().take(QUEUE)).collect();
-        requests.sort_by_key(|r| !matches!(r, Request::Exec(_)));
-        for request in requests {
-            match request {
-                Request::Seen(pid) => {
-                    if read_at.get(&pid).is_some_and(|at| at.elapsed() < REREAD_AFTER) {
-                        continue;
-                    }
+        match request {
+            Request::Seen(pid) => {
+                if !read_at.get(&pid).is_some_and(|at| at.elapsed() < REREAD_AFTER) {
                     describe(&mut registry, pid, vdso.as_ref());
                     read_at.insert(pid, Instant::now());
                 }
-                Request::Exec(pid) => {
-                    describe(&mut registry, pid, vdso.as_ref());
-                    read_at.insert(pid, Instant::now());
-                    if again.len() < QUEUE {
-                        again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
-                        again.sort_by(|a, b| b.0.cmp(&a.0));
-                    }
+            }
+            Request::Exec(pid) => {
+                describe(&mut registry, pid, vdso.as_ref());
+                read_at.insert(pid, Instant::now());
+                if again.len() < QUEUE {
+                    again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
+                    again.sort_by(|a, b| b.0.cmp(&a.0));
                 }
             }
         }
-        if Instant::now() >= next_sweep {
-            next_sweep = Instant::now() + SWEEP_EVERY;
-            for pid in registry.pids() {
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    registry.remove_process(pid);
-                    read_at.remove(&pid);
-                }
-            }
-            read_at.retain(|pid, _| registry.is_known(*pid));
-            if let Ok(mut s) = stats.lock() {
-                *s = registry.stats();
-            }
+        sweep(&mut registry, &mut read_at, &mut next_sweep, &stats);
+    }
+}
+
+fn queue(pending: &mut VecDeque<Request>, r: Request) {
+    match r {
+        Request::Exec(_) => pending.push_front(r),
+        Request::Seen(_) if pending.len() < QUEUE => pending.push_back(r),
+        Request::Seen(_) => {}
+    }
+}
+
+/// Forgets exited processes and publishes the figures, every `SWEEP_EVERY`.
+fn sweep(
+    registry: &mut Registry<kernel::Maps>,
+    read_at: &mut HashMap<u32, Instant>,
+    next_sweep: &mut Instant,
+    stats: &Mutex<Stats>,
+) {
+    if Instant::now() < *next_sweep {
+        return;
+    }
+    *next_sweep = Instant::now() + SWEEP_EVERY;
+    for pid in registry.pids() {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            registry.remove_process(pid);
+            read_at.remove(&pid);
         }
+    }
+    read_at.retain(|pid, _| registry.is_known(*pid));
+    if let Ok(mut s) = stats.lock() {
+        *s = registry.stats();
     }
 }
 
@@ -196,7 +218,7 @@ fn describe(registry: &mut Registry<kernel::Maps>, pid: u32, vdso: Option<&Vdso>
             return table::compile(vdso.expect("checked").image.as_slice());
         }
         let mapping = by_start.get(&m.start).expect("listed above");
-        let f: File = file::open_mapped(pid, mapping).map_err(|e| table::TableError::Unreadable(e.to_string()))?;
+        let f: File = file::open_mapped(pid, mapping).map_err(|e| table::TableError::Unreadable(e.to_string()))?.file;
         table::compile(&object::ReadCache::new(&f))
     });
     match result {
