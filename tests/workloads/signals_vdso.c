@@ -11,7 +11,7 @@ static volatile double sink;
 static void on_tick(int sig) {
     (void)sig;
     double x = 1;
-    for (int i = 0; i < 200000; i++) x = x * 1.0000001 + 1e-9;
+    for (int i = 0; i < 1000000; i++) x = x * 1.0000001 + 1e-9;
     sink = x;
 }
 

@@ -130,7 +130,7 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
         };
         match request {
             Request::Seen(pid) => {
-                if !read_at.get(&pid).is_some_and(|at| at.elapsed() < REREAD_AFTER) {
+                if read_at.get(&pid).is_none_or(|at| at.elapsed() >= REREAD_AFTER) {
                     describe(&mut registry, pid, vdso.as_ref());
                     read_at.insert(pid, Instant::now());
                 }
@@ -140,7 +140,7 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
                 read_at.insert(pid, Instant::now());
                 if again.len() < QUEUE {
                     again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
-                    again.sort_by(|a, b| b.0.cmp(&a.0));
+                    again.sort_by_key(|a| std::cmp::Reverse(a.0));
                 }
             }
         }
