@@ -8,6 +8,7 @@
 //! - the BPF program's run time per sample (kernel.bpf_stats_enabled; a tail-called unwinder's
 //!   time counts in its caller's), both daemon configurations in the same run;
 //! - the time from the workload's exec to its first complete stack.
+//!
 //! Then the table compiler's figures (`cargo bench --bench unwind`).
 
 use std::{
