@@ -2,11 +2,13 @@
 //!
 //! A sample travels through the BPF ring buffer as one variable-length record: a fixed
 //! [`SampleHeader`] followed by `kernel_frames` kernel addresses and then `user_frames` user
-//! addresses (each a `u64`, leaf first, as the kernel's unwinder returns them). The stacks are
+//! addresses (each a `u64`, leaf first, as the kernel's unwinder returns them), then `python_frames`
+//! pairs of words (see [`python`]). The stacks are
 //! copied into the record itself, never referenced through a stack-map id, so a record can not be
 //! paired with a stack it did not have.
 #![no_std]
 
+pub mod python;
 pub mod unwind;
 
 /// Deepest kernel stack copied per sample (the kernel's default `perf_event_max_stack` is 127).
@@ -76,7 +78,9 @@ pub struct SampleHeader {
     pub kernel_frames: u16,
     /// Number of user addresses that follow the kernel addresses.
     pub user_frames: u16,
-    pub _pad: u32,
+    /// Number of Python frames (two words each, see `python`) after the user addresses.
+    pub python_frames: u16,
+    pub _pad: u16,
     /// The task's comm, NUL-padded.
     pub comm: [u8; COMM_LEN],
 }

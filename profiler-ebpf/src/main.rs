@@ -15,6 +15,7 @@
 mod cgroup;
 mod exec;
 mod netrx;
+mod python;
 mod unwind;
 
 use core::ffi::c_void;
@@ -27,7 +28,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_boot_ns},
     },
     macros::{map, perf_event},
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, PerCpuArray, ProgramArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
@@ -36,8 +37,13 @@ use profiler_common::{
 };
 
 /// Room for both stacks; the user stack starts right after the kernel one.
-pub(crate) const FRAME_SLOTS: usize = 256;
+pub(crate) const FRAME_SLOTS: usize = 384;
 const _: () = assert!(MAX_KERNEL_FRAMES + MAX_USER_FRAMES <= FRAME_SLOTS);
+
+/// Tail-call slots: the table unwinder and the Python frame reader
+/// (`profiler_common::unwind::UNWIND_PROGRAM`, `profiler_common::python::PYTHON_PROGRAM`).
+#[map]
+pub(crate) static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
 
 #[repr(C)]
 pub(crate) struct Record {
@@ -121,6 +127,7 @@ fn try_sample(ctx: &PerfEventContext) {
     header.flags = 0;
     header.kernel_frames = 0;
     header.user_frames = 0;
+    header.python_frames = 0;
 
     if header.tid == 0 {
         // The idle task: only its existence matters (per-CPU utilisation), not its stack.
@@ -170,6 +177,8 @@ fn try_sample(ctx: &PerfEventContext) {
         }
         header.kernel_frames = kernel as u16;
         header.user_frames = user as u16;
+        let pid = header.pid;
+        python::start(ctx, &PROGRAMS, pid);
         emit(record, kernel, user);
         return;
     }
@@ -179,7 +188,8 @@ fn try_sample(ctx: &PerfEventContext) {
 /// Sends the record with `kernel` + `user` frames to the ring.
 #[inline(always)]
 pub(crate) fn emit(record: &mut Record, kernel: usize, user: usize) {
-    let len = HEADER_LEN + (kernel.min(MAX_KERNEL_FRAMES) + user.min(MAX_USER_FRAMES)) * 8;
+    let python = (record.header.python_frames as usize).min(profiler_common::python::MAX_PYTHON_FRAMES);
+    let len = HEADER_LEN + (kernel.min(MAX_KERNEL_FRAMES) + user.min(MAX_USER_FRAMES) + 2 * python) * 8;
     let threshold = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
     let used = SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + len as u64;
     if let Some(values) = COUNTERS.get_ptr_mut(0) {

@@ -12,7 +12,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
     },
     macros::{map, perf_event},
-    maps::{Array, HashMap, PerCpuArray, ProgramArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::PerfEventContext,
 };
 use profiler_common::{
@@ -23,7 +23,7 @@ use profiler_common::{
     },
 };
 
-use crate::{FRAME_SLOTS, Record, SCRATCH, count, emit};
+use crate::{FRAME_SLOTS, PROGRAMS, Record, SCRATCH, count, emit};
 
 /// Every table's rows, back to back; userspace sizes it at load (`--unwind-table-rows`).
 #[map]
@@ -33,9 +33,6 @@ static UNWIND_ROWS: Array<Row> =
 /// Processes with tables, by pid. Not preallocated: a value is 8 KiB.
 #[map]
 static UNWIND_PROCS: HashMap<u32, ProcessTable> = HashMap::with_max_entries(1024, 1 /* BPF_F_NO_PREALLOC */);
-
-#[map]
-static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 #[map]
 static UNWIND_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
@@ -96,6 +93,7 @@ fn run(ctx: &PerfEventContext) {
     let kernel = (state.kernel as usize).min(MAX_USER_FRAMES);
     let user = (state.user as usize).min(MAX_USER_FRAMES);
     record.header.user_frames = user as u16;
+    crate::python::start(ctx, &PROGRAMS, record.header.pid);
     emit(record, kernel, user);
 }
 

@@ -15,7 +15,7 @@ use std::{
 use profiler_common::{COMM_LEN, FLAG_IDLE, FLAG_USER_MODE};
 
 use crate::{
-    collect::{comm_str, parse_record},
+    collect::{comm_str, parse_record_python},
     detect::{Changes, Engine, Tick},
     model::Sample,
     store::{StoreError, StoreWriter, writer::Flushed},
@@ -46,6 +46,7 @@ pub struct Pipeline {
     /// Scratch for the addresses of the record being handled (reused: no allocation per record).
     kernel: Vec<u64>,
     user: Vec<u64>,
+    python: Vec<u64>,
     /// Runs before each stack is symbolized. For tests only: a hook that sleeps stands in for a
     /// slow symbolizer (a stalled stage), see `PROFILER_TEST_SYMBOLIZE_DELAY_US`.
     pub before_symbolize: Option<Box<dyn FnMut() + Send>>,
@@ -73,6 +74,7 @@ impl Pipeline {
             comms: HashMap::new(),
             kernel: Vec::new(),
             user: Vec::new(),
+            python: Vec::new(),
             before_symbolize: None,
             unwind: None,
             oldest_unflushed_ns: None,
@@ -82,7 +84,7 @@ impl Pipeline {
 
     /// One ring-buffer record: a `SampleHeader`, then its kernel and user addresses.
     pub fn handle(&mut self, bytes: &[u8]) {
-        let header = match parse_record(bytes, &mut self.kernel, &mut self.user) {
+        let header = match parse_record_python(bytes, &mut self.kernel, &mut self.user, &mut self.python) {
             Ok(h) => h,
             Err(e) => {
                 self.bad_records += 1;
@@ -120,7 +122,12 @@ impl Pipeline {
         if let Some(hook) = self.before_symbolize.as_mut() {
             hook();
         }
-        let stack = self.symbolizer.stack(header.pid, &comm, &self.kernel, &self.user);
+        let layout = (!self.python.is_empty())
+            .then(|| self.unwind.as_ref()?.python_version(header.pid))
+            .flatten()
+            .and_then(crate::unwind::python::layout);
+        let python = layout.map(|l| (l, self.python.as_slice()));
+        let stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python);
         self.engine.on_busy(ts_ns, header.cpu, Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone() });
         self.writer.push(&Sample {
             ts_ns,

@@ -70,20 +70,33 @@ pub enum RecordError {
 
 /// Decodes one ring-buffer record into its header and stacks (leaf first).
 pub fn parse_record(bytes: &[u8], kernel: &mut Vec<u64>, user: &mut Vec<u64>) -> Result<SampleHeader, RecordError> {
+    let mut python = Vec::new();
+    parse_record_python(bytes, kernel, user, &mut python)
+}
+
+/// [`parse_record`], with the Python frame words (two per frame, leaf first).
+pub fn parse_record_python(
+    bytes: &[u8],
+    kernel: &mut Vec<u64>,
+    user: &mut Vec<u64>,
+    python: &mut Vec<u64>,
+) -> Result<SampleHeader, RecordError> {
     if bytes.len() < HEADER_LEN {
         return Err(RecordError::Short(bytes.len()));
     }
     // SAFETY: SampleHeader is plain old data and the length was checked.
     let header: SampleHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    let (nk, nu) = (header.kernel_frames as usize, header.user_frames as usize);
-    if bytes.len() < HEADER_LEN + (nk + nu) * 8 {
-        return Err(RecordError::Frames { len: bytes.len(), frames: nk + nu });
+    let (nk, nu, np) = (header.kernel_frames as usize, header.user_frames as usize, 2 * header.python_frames as usize);
+    if bytes.len() < HEADER_LEN + (nk + nu + np) * 8 {
+        return Err(RecordError::Frames { len: bytes.len(), frames: nk + nu + np });
     }
     let mut frames = bytes[HEADER_LEN..].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap()));
     kernel.clear();
     kernel.extend(frames.by_ref().take(nk));
     user.clear();
-    user.extend(frames.take(nu));
+    user.extend(frames.by_ref().take(nu));
+    python.clear();
+    python.extend(frames.take(np));
     Ok(header)
 }
 

@@ -32,6 +32,7 @@ pub mod file;
 pub mod maps;
 mod module;
 pub mod perfmap;
+pub mod python;
 #[cfg(test)]
 mod tests;
 
@@ -171,6 +172,8 @@ pub struct Symbolizer {
     /// Memory the cached processes' perf maps hold (recounted at each sweep, which forgets
     /// processes, and grown by each read).
     perf_map_bytes: usize,
+    /// Names of Python code objects.
+    python: python::PyNames,
 }
 
 impl Default for Symbolizer {
@@ -199,6 +202,7 @@ impl Symbolizer {
             swept_at: Instant::now(),
             jit_missed: false,
             perf_map_bytes: 0,
+            python: python::PyNames::default(),
         }
     }
 
@@ -215,6 +219,19 @@ impl Symbolizer {
     /// The symbolized stack of a sample. `kernel` and `user` are leaf first, as the kernel's
     /// unwinder returns them; the result is root first.
     pub fn stack(&mut self, pid: u32, comm: &str, kernel: &[u64], user: &[u64]) -> Arc<Stack> {
+        self.stack_with_python(pid, comm, kernel, user, None)
+    }
+
+    /// [`Self::stack`] with the sampler's Python frame words (`profiler_common::python`) and
+    /// the process's CPython layout.
+    pub fn stack_with_python(
+        &mut self,
+        pid: u32,
+        comm: &str,
+        kernel: &[u64],
+        user: &[u64],
+        python: Option<(&crate::unwind::python::Layout, &[u64])>,
+    ) -> Arc<Stack> {
         let now = Instant::now();
         if now.duration_since(self.swept_at) >= SWEEP_EVERY {
             self.sweep(now);
@@ -223,10 +240,15 @@ impl Symbolizer {
         let mut key_addrs = Vec::with_capacity(kernel.len() + user.len());
         key_addrs.extend_from_slice(kernel);
         key_addrs.extend_from_slice(user);
+        let python_words = python.map_or(&[][..], |p| p.1);
+        // Names come from the code objects alone: the instruction a frame is at stays out of
+        // the key, so a hot Python stack is named once.
+        key_addrs
+            .extend(python_words.chunks_exact(2).flat_map(|w| [w[0], w[1] & profiler_common::python::ENTRY_FRAME]));
         // User addresses only mean something within their process image; kernel-only stacks
         // are shared by all.
         let image = if user.is_empty() { 0 } else { self.processes.get(&pid).map_or(u64::MAX, |p| p.image) };
-        let key = (image, key_addrs, kernel.len());
+        let key = (image, key_addrs, kernel.len() | python_words.len() << 16);
         if let Some(cached) = self.stacks.get(&key).filter(|c| c.until.is_none_or(|t| now < t)) {
             self.stats.stack_hits += 1;
             return cached.stack.clone();
@@ -237,11 +259,19 @@ impl Symbolizer {
         for (i, &addr) in user.iter().enumerate().rev() {
             frames.push(self.user_frame(pid, lookup_addr(addr, i), now));
         }
+        let unresolved = frames.iter().any(|f| Arc::ptr_eq(f, &self.unknown));
+        if let Some((layout, words)) = python.filter(|p| !p.1.is_empty()) {
+            let named: Vec<(Arc<str>, bool)> = python::frames(words)
+                .into_iter()
+                .map(|(code, entry)| (self.python.name(pid, layout, code), entry))
+                .collect();
+            frames = python::merge(&frames, &named);
+        }
+        let user_len = frames.len();
         for (i, &addr) in kernel.iter().enumerate().rev() {
             frames.push(self.kernel_frame(lookup_addr(addr, i)));
         }
-        let unresolved = frames[..user.len()].iter().any(|f| Arc::ptr_eq(f, &self.unknown));
-        let stack = Arc::new(Stack { frames, user_len: user.len() });
+        let stack = Arc::new(Stack { frames, user_len });
         let until = unresolved.then(|| now + if self.jit_missed { PERF_MAP_REFRESH } else { UNRESOLVED_TTL });
         self.stacks.put(key, Cached { stack: stack.clone(), until });
         stack
@@ -287,6 +317,8 @@ impl Symbolizer {
             let (_, &mut oldest_kept, _) = seen.select_nth_unstable(cut);
             self.processes.retain(|_, p| p.seen_at >= oldest_kept);
         }
+        let known: std::collections::HashSet<u32> = self.processes.keys().copied().collect();
+        self.python.retain(|pid| known.contains(&pid));
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
         self.perf_map_bytes = self.processes.values().map(|p| p.perf_map.bytes()).sum();
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.

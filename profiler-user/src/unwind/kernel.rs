@@ -9,7 +9,10 @@ use aya::{
     maps::{HashMap, MapData, ProgramArray},
     programs::PerfEvent,
 };
-use profiler_common::unwind::{ProcessTable, Row, UNWIND_PROGRAM};
+use profiler_common::{
+    python::{PYTHON_PROGRAM, PyProc},
+    unwind::{ProcessTable, Row, UNWIND_PROGRAM},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -31,6 +34,8 @@ pub trait Tables {
     fn write_rows(&mut self, start: usize, rows: &[Row]);
     fn set_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String>;
     fn remove_process(&mut self, pid: u32);
+    /// Describes (or, with `None`, forgets) the CPython interpreter of a process.
+    fn set_python(&mut self, pid: u32, python: Option<&PyProc>);
 }
 
 /// The rows array, mapped shared and writable.
@@ -55,6 +60,7 @@ pub struct Maps {
     // Kept so the map lives as long as its mapping.
     _rows_map: MapData,
     procs: HashMap<MapData, u32, ProcessTable>,
+    python: Option<HashMap<MapData, u32, PyProc>>,
 }
 
 impl Maps {
@@ -71,6 +77,14 @@ impl Maps {
             .try_into()
             .map_err(|e| KernelError::Map("PROGRAMS", e))?;
         slots.set(UNWIND_PROGRAM, &fd, 0).map_err(|e| KernelError::Map("PROGRAMS", e))?;
+        // Python frames are a bonus: without the program, stacks are native only.
+        let python = match Self::load_python(ebpf) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(error = %e, "Python frames unavailable: Python code shows as interpreter frames");
+                None
+            }
+        };
         let rows_map = match ebpf.take_map("UNWIND_ROWS") {
             Some(aya::maps::Map::Array(m)) => m,
             _ => return Err(KernelError::Missing("map UNWIND_ROWS")),
@@ -94,7 +108,23 @@ impl Maps {
         }
         let procs = ebpf.take_map("UNWIND_PROCS").ok_or(KernelError::Missing("map UNWIND_PROCS"))?;
         let procs = HashMap::try_from(procs).map_err(|e| KernelError::Map("UNWIND_PROCS", e))?;
-        Ok(Self { rows: RowsMmap { ptr: ptr.cast(), len, bytes }, _rows_map: rows_map, procs })
+        Ok(Self { rows: RowsMmap { ptr: ptr.cast(), len, bytes }, _rows_map: rows_map, procs, python })
+    }
+
+    fn load_python(ebpf: &mut Ebpf) -> Result<HashMap<MapData, u32, PyProc>, KernelError> {
+        let program: &mut PerfEvent =
+            ebpf.program_mut("python_frames").ok_or(KernelError::Missing("program python_frames"))?.try_into()?;
+        program.load()?;
+        let fd =
+            program.fd()?.try_clone().map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+        let mut slots: ProgramArray<_> = ebpf
+            .map_mut("PROGRAMS")
+            .ok_or(KernelError::Missing("map PROGRAMS"))?
+            .try_into()
+            .map_err(|e| KernelError::Map("PROGRAMS", e))?;
+        slots.set(PYTHON_PROGRAM, &fd, 0).map_err(|e| KernelError::Map("PROGRAMS", e))?;
+        let map = ebpf.take_map("PY_PROCS").ok_or(KernelError::Missing("map PY_PROCS"))?;
+        HashMap::try_from(map).map_err(|e| KernelError::Map("PY_PROCS", e))
     }
 }
 
@@ -116,5 +146,14 @@ impl Tables for Maps {
 
     fn remove_process(&mut self, pid: u32) {
         let _ = self.procs.remove(&pid);
+        self.set_python(pid, None);
+    }
+
+    fn set_python(&mut self, pid: u32, python: Option<&PyProc>) {
+        let Some(map) = self.python.as_mut() else { return };
+        let _ = match python {
+            Some(p) => map.insert(pid, p, 0),
+            None => map.remove(&pid),
+        };
     }
 }

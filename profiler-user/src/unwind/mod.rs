@@ -5,6 +5,7 @@
 //! described, its stacks are walked with frame pointers as before.
 
 pub mod kernel;
+pub mod python;
 pub mod registry;
 pub mod table;
 
@@ -20,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use registry::{FileKey, MappedFile, Registry, Stats};
+use registry::{Build, FileKey, MappedFile, Registry, Stats};
 
 use crate::symbolize::{file, maps};
 
@@ -32,6 +33,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// After an exec the loader maps the libraries within milliseconds: the process is described
 /// again this long after its exec (and once more, later), so a short-lived one gets every table.
 const AFTER_EXEC: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(500)];
+/// Tables waiting for the builder thread; past this a file is tried again at the next description.
+const BUILDS_QUEUED: usize = 64;
 /// Requests waiting for the stage; past this the pipeline drops them (a later sample asks again).
 const QUEUE: usize = 4096;
 
@@ -48,6 +51,8 @@ pub struct Notifier {
     tx: SyncSender<Request>,
     announced: HashMap<u32, Instant>,
     stats: Arc<Mutex<Stats>>,
+    /// CPython minor version per process with Python frames.
+    versions: Arc<Mutex<HashMap<u32, u8>>>,
 }
 
 impl Notifier {
@@ -64,6 +69,11 @@ impl Notifier {
         if self.send(Request::Seen(pid)) {
             self.announced.insert(pid, now);
         }
+    }
+
+    /// The CPython minor version of `pid`, when its samples carry Python frames.
+    pub fn python_version(&self, pid: u32) -> Option<u8> {
+        self.versions.lock().ok()?.get(&pid).copied()
     }
 
     /// The stage's figures as of its last sweep.
@@ -94,12 +104,54 @@ pub fn spawn(maps: kernel::Maps) -> std::io::Result<(Notifier, Stage)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
     let stats = Arc::new(Mutex::new(Stats::default()));
     let shared = stats.clone();
-    let thread =
-        std::thread::Builder::new().name("unwind".into()).spawn(move || run(Registry::new(maps), rx, shared))?;
-    Ok((Notifier { tx, announced: HashMap::new(), stats: stats.clone() }, Stage { stats, thread }))
+    let pythons = Pythons::default();
+    let versions = pythons.versions.clone();
+    let (jobs, job_rx) = std::sync::mpsc::sync_channel::<(FileKey, File)>(BUILDS_QUEUED);
+    let (built_tx, built) = std::sync::mpsc::channel();
+    std::thread::Builder::new().name("unwind-build".into()).spawn(move || {
+        // Tables are built at nice 10: the sampling stages come first when CPUs are scarce.
+        crate::serve::limits::lower_this_thread();
+        // Smallest file first: a new process's own small binary is not kept waiting behind a
+        // 150 MB library.
+        let mut queue: Vec<(FileKey, File)> = Vec::new();
+        loop {
+            if queue.is_empty() {
+                match job_rx.recv() {
+                    Ok(job) => queue.push(job),
+                    Err(_) => return,
+                }
+            }
+            queue.extend(job_rx.try_iter());
+            let smallest = (0..queue.len()).min_by_key(|&i| queue[i].0.size).expect("not empty");
+            let (key, file) = queue.swap_remove(smallest);
+            let result = table::compile(&object::ReadCache::new(&file));
+            if built_tx.send((key, result)).is_err() {
+                return;
+            }
+        }
+    })?;
+    let builder = Builder { jobs, built, pending: 0 };
+    let thread = std::thread::Builder::new()
+        .name("unwind".into())
+        .spawn(move || run(Registry::new(maps), pythons, builder, rx, shared))?;
+    Ok((Notifier { tx, announced: HashMap::new(), stats: stats.clone(), versions }, Stage { stats, thread }))
 }
 
-fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<Mutex<Stats>>) {
+/// The table builder thread, seen from the stage: a table can take a second (a 150 MB binary
+/// in a debug build, on a busy CPU), and descriptions of new processes must not wait for it.
+struct Builder {
+    jobs: SyncSender<(FileKey, File)>,
+    built: Receiver<(FileKey, Result<table::Table, table::TableError>)>,
+    pending: usize,
+}
+
+fn run(
+    mut registry: Registry<kernel::Maps>,
+    mut pythons: Pythons,
+    mut builder: Builder,
+    rx: Receiver<Request>,
+    stats: Arc<Mutex<Stats>>,
+) {
     let mut read_at: HashMap<u32, Instant> = HashMap::new();
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
     // Processes to describe again at a time: (when, pid), soonest last.
@@ -107,10 +159,16 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
     let mut pending: VecDeque<Request> = VecDeque::new();
     let vdso = Vdso::of_this_process();
     loop {
+        while let Ok((key, result)) = builder.built.try_recv() {
+            builder.pending = builder.pending.saturating_sub(1);
+            for pid in registry.built(key, result) {
+                describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
+            }
+        }
         let now = Instant::now();
         while again.last().is_some_and(|(at, _)| *at <= now) {
             let (_, pid) = again.pop().expect("checked");
-            describe(&mut registry, pid, vdso.as_ref());
+            describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
             read_at.insert(pid, Instant::now());
         }
         // Requests wait here; execs go first, and are looked for again after every
@@ -119,24 +177,28 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
             queue(&mut pending, r);
         }
         let Some(request) = pending.pop_front() else {
-            let wake = again.last().map_or(next_sweep, |(at, _)| (*at).min(next_sweep));
+            let mut wake = again.last().map_or(next_sweep, |(at, _)| (*at).min(next_sweep));
+            if builder.pending > 0 {
+                // Tables on their way: look for them often.
+                wake = wake.min(now + Duration::from_millis(5));
+            }
             match rx.recv_timeout(wake.saturating_duration_since(now)) {
                 Ok(r) => queue(&mut pending, r),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            sweep(&mut registry, &mut read_at, &mut next_sweep, &stats);
+            sweep(&mut registry, &pythons, &mut read_at, &mut next_sweep, &stats);
             continue;
         };
         match request {
             Request::Seen(pid) => {
                 if read_at.get(&pid).is_none_or(|at| at.elapsed() >= REREAD_AFTER) {
-                    describe(&mut registry, pid, vdso.as_ref());
+                    describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
                     read_at.insert(pid, Instant::now());
                 }
             }
             Request::Exec(pid) => {
-                describe(&mut registry, pid, vdso.as_ref());
+                describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
                 read_at.insert(pid, Instant::now());
                 if again.len() < QUEUE {
                     again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
@@ -144,7 +206,7 @@ fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<M
                 }
             }
         }
-        sweep(&mut registry, &mut read_at, &mut next_sweep, &stats);
+        sweep(&mut registry, &pythons, &mut read_at, &mut next_sweep, &stats);
     }
 }
 
@@ -159,6 +221,7 @@ fn queue(pending: &mut VecDeque<Request>, r: Request) {
 /// Forgets exited processes and publishes the figures, every `SWEEP_EVERY`.
 fn sweep(
     registry: &mut Registry<kernel::Maps>,
+    pythons: &Pythons,
     read_at: &mut HashMap<u32, Instant>,
     next_sweep: &mut Instant,
     stats: &Mutex<Stats>,
@@ -174,13 +237,22 @@ fn sweep(
         }
     }
     read_at.retain(|pid, _| registry.is_known(*pid));
+    if let Ok(mut v) = pythons.versions.lock() {
+        v.retain(|pid, _| registry.is_known(*pid));
+    }
     if let Ok(mut s) = stats.lock() {
         *s = registry.stats();
     }
 }
 
 /// Reads `pid`'s executable mappings and describes them to the kernel.
-fn describe(registry: &mut Registry<kernel::Maps>, pid: u32, vdso: Option<&Vdso>) {
+fn describe(
+    registry: &mut Registry<kernel::Maps>,
+    pythons: &mut Pythons,
+    builder: &mut Builder,
+    pid: u32,
+    vdso: Option<&Vdso>,
+) {
     let read = maps::read(pid, None);
     let mut mapped = Vec::new();
     for m in &read.maps {
@@ -214,19 +286,73 @@ fn describe(registry: &mut Registry<kernel::Maps>, pid: u32, vdso: Option<&Vdso>
     }
     let by_start: HashMap<u64, &maps::Mapping> = read.maps.iter().map(|m| (m.start, m)).collect();
     let result = registry.set_process(pid, &mapped, |m| {
-        if vdso.is_some_and(|v| v.key == m.key) {
-            return table::compile(vdso.expect("checked").image.as_slice());
+        if let Some(v) = vdso.filter(|v| v.key == m.key) {
+            return Build::Done(table::compile(v.image.as_slice()));
         }
         let mapping = by_start.get(&m.start).expect("listed above");
-        let f: File = file::open_mapped(pid, mapping).map_err(|e| table::TableError::Unreadable(e.to_string()))?.file;
-        table::compile(&object::ReadCache::new(&f))
+        let f: File = match file::open_mapped(pid, mapping) {
+            Ok(checked) => checked.file,
+            Err(e) => return Build::Done(Err(table::TableError::Unreadable(e.to_string()))),
+        };
+        match builder.jobs.try_send((m.key, f)) {
+            Ok(()) => {
+                builder.pending += 1;
+                Build::Queued
+            }
+            Err(_) => Build::Done(Err(table::TableError::Unreadable("the table builder is busy".into()))),
+        }
     });
+    // CPython: the first mapped file named like one whose `_PyRuntime` is found.
+    let mut interpreter = None;
+    for (m, f) in read.maps.iter().zip(&mapped_keys(&read.maps, &mapped)) {
+        let (Some(minor), Some(key)) = (python::minor_of(&m.path), f) else { continue };
+        let Some(layout) = python::layout(minor) else { continue };
+        if !pythons.files.contains_key(key) {
+            // Not remembered when the file cannot be opened now (the process exited): only
+            // what the file itself says is.
+            let Ok(checked) = file::open_mapped(pid, m) else { continue };
+            pythons.files.insert(*key, python::runtime_vaddr(&object::ReadCache::new(&checked.file)));
+        }
+        let found = pythons.files.get(key).expect("inserted above");
+        if let Some((vaddr, loads)) = found
+            && let Some(runtime) = python::runtime_address(*vaddr, loads, m.start, m.offset)
+        {
+            interpreter = Some((minor, profiler_common::python::PyProc { runtime, ..layout.proc }));
+            break;
+        }
+    }
+    registry.set_python(pid, interpreter.as_ref().map(|(_, p)| p));
+    if let Ok(mut versions) = pythons.versions.lock() {
+        match interpreter {
+            Some((minor, _)) => versions.insert(pid, minor),
+            None => versions.remove(&pid),
+        };
+    }
     match result {
         Ok(()) => {
-            tracing::debug!(pid, mappings = mapped.len(), age_ms = age_ms(pid), "process described to the unwinder")
+            tracing::debug!(
+                pid,
+                mappings = mapped.len(),
+                age_ms = age_ms(pid),
+                python = interpreter.map(|i| i.0),
+                "process described to the unwinder"
+            )
         }
         Err(e) => tracing::debug!(pid, error = %e, "cannot describe a process to the unwinder: frame pointers for it"),
     }
+}
+
+/// The file key of each mapping in `maps`, where `mapped` has one.
+fn mapped_keys(maps: &[maps::Mapping], mapped: &[MappedFile]) -> Vec<Option<FileKey>> {
+    maps.iter().map(|m| mapped.iter().find(|f| f.start == m.start).map(|f| f.key)).collect()
+}
+
+/// CPython files seen (their `_PyRuntime` and segments, or `None`), and the minor version of
+/// each Python process, shared with the symbolizer (it reads code objects with it).
+#[derive(Default)]
+pub struct Pythons {
+    files: HashMap<FileKey, Option<(u64, Vec<table::Load>)>>,
+    pub versions: Arc<Mutex<HashMap<u32, u8>>>,
 }
 
 /// How long ago `pid` started (its exec, for a process that exec'd), from `/proc/PID/stat`.

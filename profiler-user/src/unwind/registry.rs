@@ -33,8 +33,17 @@ pub struct MappedFile {
     pub key: FileKey,
 }
 
+/// What building a file's table gave, or that it was handed to a builder ([`Registry::built`]
+/// gets the result later).
+pub enum Build {
+    Done(Result<Table, TableError>),
+    Queued,
+}
+
 #[derive(Debug)]
 enum Entry {
+    /// Handed to a builder; the processes mapping it wait in `Registry::waiting`.
+    Building,
     Loaded {
         start: usize,
         len: usize,
@@ -77,6 +86,8 @@ pub struct Registry<T: Tables> {
     /// Free row ranges `(start, len)`, sorted by start, never adjacent.
     free: Vec<(usize, usize)>,
     processes: HashMap<u32, Vec<FileKey>>,
+    /// Processes to describe again once a file's table is built.
+    waiting: HashMap<FileKey, Vec<u32>>,
     clock: u64,
     did_not_fit: u64,
 }
@@ -89,6 +100,7 @@ impl<T: Tables> Registry<T> {
             files: HashMap::new(),
             free: if capacity > 0 { vec![(0, capacity)] } else { Vec::new() },
             processes: HashMap::new(),
+            waiting: HashMap::new(),
             clock: 0,
             did_not_fit: 0,
         }
@@ -102,13 +114,17 @@ impl<T: Tables> Registry<T> {
         self.processes.keys().copied().collect()
     }
 
-    /// Describes process `pid`'s mappings to the sampler, compiling (`compile`) the tables of
-    /// files not seen before. Replaces what was known of the process.
+    /// Describes process `pid`'s mappings to the sampler, building (`build`) the tables of
+    /// files not seen before; a mapping whose table is still being built is walked with frame
+    /// pointers until then. Replaces what was known of the process.
+    // `finish` decides whether a file is remembered (a failure of the moment is not), so the
+    // map cannot be filled through `entry`.
+    #[allow(clippy::map_entry)]
     pub fn set_process(
         &mut self,
         pid: u32,
         mappings: &[MappedFile],
-        mut compile: impl FnMut(&MappedFile) -> Result<Table, TableError>,
+        mut build: impl FnMut(&MappedFile) -> Build,
     ) -> Result<(), String> {
         self.clock += 1;
         let mut keys: Vec<FileKey> = Vec::new();
@@ -117,18 +133,17 @@ impl<T: Tables> Registry<T> {
         sorted.sort_by_key(|m| m.start);
         for m in sorted.into_iter().take(MAX_MAPPINGS) {
             if !self.files.contains_key(&m.key) {
-                match compile(m) {
-                    Ok(t) => {
-                        let entry = self.load(t);
-                        self.files.insert(m.key, entry);
+                match build(m) {
+                    Build::Done(result) => self.finish(m.key, result, pid),
+                    Build::Queued => {
+                        self.files.insert(m.key, Entry::Building);
                     }
-                    // The file's own fault: not tried again while it is unchanged.
-                    Err(e) if e.is_about_the_file() => {
-                        tracing::debug!(pid, error = %e, "no unwind table for a mapping: frame pointers there");
-                        self.files.insert(m.key, Entry::Without);
-                    }
-                    // The process exited, or its file could not be opened now: next time.
-                    Err(e) => tracing::debug!(pid, error = %e, "cannot read a mapped file for its unwind table"),
+                }
+            }
+            if let Some(Entry::Building) = self.files.get(&m.key) {
+                let waiting = self.waiting.entry(m.key).or_default();
+                if !waiting.contains(&pid) {
+                    waiting.push(pid);
                 }
             }
             let mut mapping = Mapping { start: m.start, end: m.end, ..Mapping::default() };
@@ -154,8 +169,43 @@ impl<T: Tables> Registry<T> {
         self.tables.set_process(pid, &table)
     }
 
+    /// Describes the CPython interpreter of a described process (`None`: it has none).
+    pub fn set_python(&mut self, pid: u32, python: Option<&profiler_common::python::PyProc>) {
+        self.tables.set_python(pid, python);
+    }
+
+    /// A table handed to a builder is ready (or could not be built): the processes that wait
+    /// for it, to be described again.
+    pub fn built(&mut self, key: FileKey, result: Result<Table, TableError>) -> Vec<u32> {
+        if !matches!(self.files.get(&key), Some(Entry::Building)) {
+            return Vec::new();
+        }
+        self.files.remove(&key);
+        self.finish(key, result, 0);
+        self.waiting.remove(&key).unwrap_or_default().into_iter().filter(|p| self.processes.contains_key(p)).collect()
+    }
+
+    fn finish(&mut self, key: FileKey, result: Result<Table, TableError>, pid: u32) {
+        match result {
+            Ok(t) => {
+                let entry = self.load(t);
+                self.files.insert(key, entry);
+            }
+            // The file's own fault: not tried again while it is unchanged.
+            Err(e) if e.is_about_the_file() => {
+                tracing::debug!(pid, error = %e, "no unwind table for a mapping: frame pointers there");
+                self.files.insert(key, Entry::Without);
+            }
+            // The process exited, or its file could not be opened now: next time.
+            Err(e) => tracing::debug!(pid, error = %e, "cannot read a mapped file for its unwind table"),
+        }
+    }
+
     /// Forgets an exited process; its tables stay until their room is needed.
     pub fn remove_process(&mut self, pid: u32) {
+        for waiting in self.waiting.values_mut() {
+            waiting.retain(|p| *p != pid);
+        }
         if let Some(keys) = self.processes.remove(&pid) {
             self.tables.remove_process(pid);
             self.release(&keys);
@@ -245,6 +295,7 @@ impl<T: Tables> Registry<T> {
                     rows += *len as u64;
                 }
                 Entry::Without => without += 1,
+                Entry::Building => {}
             }
         }
         Stats { tables, rows, processes: self.processes.len() as u64, without, did_not_fit: self.did_not_fit }

@@ -75,6 +75,17 @@ impl Table {
     }
 }
 
+/// The loadable segments of an ELF file.
+pub fn loads<'data, R: ReadRef<'data>>(file: &object::File<'data, R>) -> Vec<Load> {
+    file.segments()
+        .map(|s| {
+            let (offset, size) = s.file_range();
+            let exec = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+            Load { offset, vaddr: s.address(), size, exec }
+        })
+        .collect()
+}
+
 /// [`Table::bias`] for a table whose rows are already elsewhere.
 ///
 /// A mapping starts at a page boundary, so its file offset can lie before its segment's
@@ -101,14 +112,7 @@ const NONE: Rule = Rule { kind: kind::NONE, cfa_offset: 0, fp_offset: 0 };
 /// Compiles the unwind table of the ELF file in `data` (a file or a mapped image like the vDSO).
 pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
     let file = object::File::parse(data)?;
-    let loads = file
-        .segments()
-        .map(|s| {
-            let (offset, size) = s.file_range();
-            let exec = matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-            Load { offset, vaddr: s.address(), size, exec }
-        })
-        .collect();
+    let loads = loads(&file);
     let mut ranges = Vec::new();
     if let Some(section) = file.section_by_name(".eh_frame") {
         let bytes = section.data()?;

@@ -23,6 +23,7 @@ impl Tables for Fake {
     fn remove_process(&mut self, pid: u32) {
         self.processes.remove(&pid);
     }
+    fn set_python(&mut self, _: u32, _: Option<&profiler_common::python::PyProc>) {}
 }
 
 fn registry(capacity: usize) -> Registry<Fake> {
@@ -52,7 +53,7 @@ fn one_table_serves_every_process_mapping_the_file() {
     let mut compiled = 0;
     let mut compile = |_: &MappedFile| {
         compiled += 1;
-        Ok(table(10, 7))
+        Build::Done(Ok(table(10, 7)))
     };
     r.set_process(1, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
     r.set_process(2, &[mapping(5, 0x5000_0000)], &mut compile).unwrap();
@@ -68,8 +69,8 @@ fn one_table_serves_every_process_mapping_the_file() {
 #[test]
 fn a_table_that_does_not_fit_is_counted_and_walked_with_frame_pointers() {
     let mut r = registry(25);
-    r.set_process(1, &[mapping(1, 0x1000_0000)], |_| Ok(table(20, 1))).unwrap();
-    r.set_process(2, &[mapping(2, 0x2000_0000)], |_| Ok(table(20, 2))).unwrap();
+    r.set_process(1, &[mapping(1, 0x1000_0000)], |_| Build::Done(Ok(table(20, 1)))).unwrap();
+    r.set_process(2, &[mapping(2, 0x2000_0000)], |_| Build::Done(Ok(table(20, 2)))).unwrap();
     let m = r.kernel().processes[&2].mappings[0];
     assert_eq!((m.start, m.table_len), (0x2000_0000, 0), "described, without a table");
     assert_eq!(r.stats().did_not_fit, 1);
@@ -78,14 +79,14 @@ fn a_table_that_does_not_fit_is_counted_and_walked_with_frame_pointers() {
 #[test]
 fn tables_nobody_uses_make_room_least_recently_used_first() {
     let mut r = registry(30);
-    r.set_process(1, &[mapping(1, 0x1000_0000)], |_| Ok(table(10, 1))).unwrap();
-    r.set_process(2, &[mapping(2, 0x2000_0000)], |_| Ok(table(10, 2))).unwrap();
-    r.set_process(3, &[mapping(3, 0x3000_0000)], |_| Ok(table(10, 3))).unwrap();
+    r.set_process(1, &[mapping(1, 0x1000_0000)], |_| Build::Done(Ok(table(10, 1)))).unwrap();
+    r.set_process(2, &[mapping(2, 0x2000_0000)], |_| Build::Done(Ok(table(10, 2)))).unwrap();
+    r.set_process(3, &[mapping(3, 0x3000_0000)], |_| Build::Done(Ok(table(10, 3)))).unwrap();
     r.remove_process(1);
     r.remove_process(2);
     assert!(!r.kernel().processes.contains_key(&1));
     // 15 rows: needs both freed ranges, which merge.
-    r.set_process(4, &[mapping(4, 0x4000_0000)], |_| Ok(table(15, 4))).unwrap();
+    r.set_process(4, &[mapping(4, 0x4000_0000)], |_| Build::Done(Ok(table(15, 4)))).unwrap();
     let m = r.kernel().processes[&4].mappings[0];
     assert_eq!((m.table_start, m.table_len), (0, 15));
     assert!(r.kernel().rows[..15].iter().all(|row| row.cfa_offset == 4));
@@ -100,7 +101,7 @@ fn a_file_without_frame_information_is_tried_once() {
     for pid in 1..4 {
         r.set_process(pid, &[mapping(9, 0x1000_0000)], |_| {
             tries += 1;
-            Err(TableError::NoCfi)
+            Build::Done(Err(TableError::NoCfi))
         })
         .unwrap();
     }
@@ -112,7 +113,7 @@ fn a_file_without_frame_information_is_tried_once() {
 fn mappings_are_sorted_and_bounded() {
     let mut r = registry(1000);
     let maps: Vec<_> = (0..MAX_MAPPINGS as u64 + 50).rev().map(|i| mapping(i, 0x1000_0000 + i * 0x10000)).collect();
-    r.set_process(1, &maps, |_| Ok(table(1, 0))).unwrap();
+    r.set_process(1, &maps, |_| Build::Done(Ok(table(1, 0)))).unwrap();
     let t = &r.kernel().processes[&1];
     assert_eq!(t.len as usize, MAX_MAPPINGS);
     assert!(t.mappings.windows(2).all(|w| w[0].start < w[1].start));
@@ -132,7 +133,7 @@ fn this_process_is_described_with_tables() {
     let files: Vec<_> = mapped.iter().map(|(m, _)| m.clone()).collect();
     r.set_process(1, &files, |m| {
         let path = &mapped.iter().find(|(x, _)| x.start == m.start).unwrap().1;
-        crate::unwind::table::compile(&*std::fs::read(&**path).unwrap())
+        Build::Done(crate::unwind::table::compile(&*std::fs::read(&**path).unwrap()))
     })
     .unwrap();
     let t = &r.kernel().processes[&1];
@@ -145,8 +146,22 @@ fn this_process_is_described_with_tables() {
 #[test]
 fn a_file_that_could_not_be_read_now_is_tried_again() {
     let mut r = registry(100);
-    r.set_process(1, &[mapping(7, 0x1000_0000)], |_| Err(TableError::Unreadable("gone".into()))).unwrap();
+    r.set_process(1, &[mapping(7, 0x1000_0000)], |_| Build::Done(Err(TableError::Unreadable("gone".into())))).unwrap();
     assert_eq!(r.kernel().processes[&1].mappings[0].table_len, 0);
-    r.set_process(2, &[mapping(7, 0x1000_0000)], |_| Ok(table(10, 1))).unwrap();
+    r.set_process(2, &[mapping(7, 0x1000_0000)], |_| Build::Done(Ok(table(10, 1)))).unwrap();
     assert_eq!(r.kernel().processes[&2].mappings[0].table_len, 10);
+}
+
+#[test]
+fn a_table_built_elsewhere_reaches_the_processes_that_wait_for_it() {
+    let mut r = registry(100);
+    r.set_process(1, &[mapping(3, 0x1000_0000)], |_| Build::Queued).unwrap();
+    r.set_process(2, &[mapping(3, 0x2000_0000)], |_| panic!("queued once")).unwrap();
+    assert_eq!(r.kernel().processes[&1].mappings[0].table_len, 0, "frame pointers meanwhile");
+    r.remove_process(2);
+    let again = r.built(key(3), Ok(table(10, 1)));
+    assert_eq!(again, [1], "the processes still there, to be described again");
+    r.set_process(1, &[mapping(3, 0x1000_0000)], |_| panic!("built already")).unwrap();
+    assert_eq!(r.kernel().processes[&1].mappings[0].table_len, 10);
+    assert!(r.built(key(3), Ok(table(10, 1))).is_empty(), "a result nobody asked for is ignored");
 }

@@ -1,0 +1,45 @@
+//! CPython frames: for a process running CPython 3.11+, userspace describes where the
+//! interpreter keeps its state ([`PyProc`]); the sampler finds the sampled thread's
+//! `PyThreadState` and copies its interpreter frames into the record, after the native ones,
+//! as pairs `(code object address, instruction address | flags)`, leaf first. Userspace names
+//! them from the process's memory and puts them where `_PyEval_EvalFrameDefault` runs them.
+
+/// Python frames copied per sample.
+pub const MAX_PYTHON_FRAMES: usize = 48;
+/// Threads of an interpreter searched for the sampled one.
+pub const MAX_PYTHON_THREADS: usize = 32;
+/// Slot of the Python program in the sampler's program array.
+pub const PYTHON_PROGRAM: u32 = 1;
+/// In the instruction word: this frame is the outermost one its `_PyEval_EvalFrameDefault`
+/// call runs (3.11's `is_entry`). A pair `(0, ENTRY_FRAME)` is a 3.12+ C-stack shim frame: the
+/// frame before it began an evaluation.
+pub const ENTRY_FRAME: u64 = 1;
+/// `NONE` in an offset: the field does not exist in this version.
+pub const NONE: u16 = u16::MAX;
+
+/// Where one CPython process keeps what a stack walk needs (offsets from its headers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProc {
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    pub interpreters_head: u16,
+    pub threads_head: u16,
+    pub tstate_next: u16,
+    pub tstate_native_thread_id: u16,
+    /// `cframe` (3.11, 3.12) or `current_frame` (3.13+).
+    pub tstate_frame: u16,
+    /// `_PyCFrame.current_frame`, or [`NONE`] when `tstate_frame` is the frame itself.
+    pub cframe_current: u16,
+    pub frame_code: u16,
+    pub frame_previous: u16,
+    pub frame_instr: u16,
+    pub frame_owner: u16,
+    /// 3.11's `is_entry`, else [`NONE`].
+    pub frame_is_entry: u16,
+    /// The `owner` value of C-stack shim frames (3.12+), else [`NONE`].
+    pub owner_cstack: u16,
+}
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PyProc {}

@@ -1,0 +1,106 @@
+//! CPython frames (see `profiler_common::python`): run as a tail call just before a record of
+//! a described Python process is sent, so both user-stack walks (frame pointers, tables) end here.
+
+use aya_ebpf::{
+    helpers::bpf_probe_read_user,
+    macros::{map, perf_event},
+    maps::{HashMap, ProgramArray},
+    programs::PerfEventContext,
+};
+use profiler_common::{
+    MAX_KERNEL_FRAMES, MAX_USER_FRAMES,
+    python::{ENTRY_FRAME, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NONE, PYTHON_PROGRAM, PyProc},
+};
+
+use crate::{FRAME_SLOTS, Record, SCRATCH, emit};
+
+const _: () = assert!(MAX_KERNEL_FRAMES + MAX_USER_FRAMES + 2 * MAX_PYTHON_FRAMES <= FRAME_SLOTS);
+
+#[map]
+static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(1024, 1 /* BPF_F_NO_PREALLOC */);
+
+#[inline(always)]
+fn read<T>(addr: u64) -> Option<T> {
+    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+#[inline(always)]
+fn field(base: u64, offset: u16) -> Option<u64> {
+    if offset == NONE { None } else { read::<u64>(base + offset as u64) }
+}
+
+/// Hands the record to the Python program when its process runs CPython; returns if not.
+#[inline(always)]
+pub fn start(ctx: &PerfEventContext, programs: &ProgramArray, pid: u32) {
+    if unsafe { PY_PROCS.get(&pid) }.is_some() {
+        unsafe { programs.tail_call(ctx, PYTHON_PROGRAM) };
+    }
+}
+
+#[perf_event]
+pub fn python_frames(_ctx: PerfEventContext) -> u32 {
+    let Some(record) = SCRATCH.get_ptr_mut(0) else { return 0 };
+    let record = unsafe { &mut *record };
+    let kernel = (record.header.kernel_frames as usize).min(MAX_KERNEL_FRAMES);
+    let user = (record.header.user_frames as usize).min(MAX_USER_FRAMES);
+    let n = match unsafe { PY_PROCS.get(&record.header.pid) } {
+        Some(p) => walk(record, p, kernel + user),
+        None => 0,
+    };
+    record.header.python_frames = n as u16;
+    emit(record, kernel, user);
+    0
+}
+
+/// Copies the sampled thread's Python frames after word `at`; returns how many.
+#[inline(always)]
+fn walk(record: &mut Record, p: &PyProc, at: usize) -> usize {
+    let tid = record.header.tid as u64;
+    let Some(interp) = field(p.runtime, p.interpreters_head) else { return 0 };
+    let Some(mut tstate) = field(interp, p.threads_head) else { return 0 };
+    let mut found = false;
+    for _ in 0..MAX_PYTHON_THREADS {
+        if tstate == 0 {
+            break;
+        }
+        if field(tstate, p.tstate_native_thread_id) == Some(tid) {
+            found = true;
+            break;
+        }
+        tstate = field(tstate, p.tstate_next).unwrap_or(0);
+    }
+    if !found {
+        return 0;
+    }
+    let Some(mut frame) = field(tstate, p.tstate_frame) else { return 0 };
+    if p.cframe_current != NONE && frame != 0 {
+        frame = field(frame, p.cframe_current).unwrap_or(0);
+    }
+    // One pair per frame visited, at the loop's own index (a second counter would make every
+    // iteration a new state for the verifier). A 3.12+ shim frame is written as (0, ENTRY):
+    // userspace marks the frame before it as the start of an evaluation and drops the pair.
+    let mut n = 0usize;
+    for i in 0..MAX_PYTHON_FRAMES {
+        if frame == 0 {
+            break;
+        }
+        let slot = at + 2 * i;
+        if slot + 1 >= FRAME_SLOTS {
+            break;
+        }
+        let shim = p.owner_cstack != NONE
+            && read::<u8>(frame + p.frame_owner as u64).is_some_and(|o| o as u16 == p.owner_cstack);
+        let (code, word) = if shim {
+            (0, ENTRY_FRAME)
+        } else {
+            let (Some(code), Some(instr)) = (field(frame, p.frame_code), field(frame, p.frame_instr)) else { break };
+            let entry = p.frame_is_entry != NONE && read::<u8>(frame + p.frame_is_entry as u64).is_some_and(|e| e != 0);
+            (code, (instr & !ENTRY_FRAME) | if entry { ENTRY_FRAME } else { 0 })
+        };
+        record.frames[slot] = code;
+        record.frames[slot + 1] = word;
+        n = i + 1;
+        frame = field(frame, p.frame_previous).unwrap_or(0);
+    }
+    n
+}

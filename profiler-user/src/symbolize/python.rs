@@ -1,0 +1,184 @@
+//! Names of CPython frames: the sampler sends each frame's code object address; its qualified
+//! name, file and first line are read from the process's memory (`process_vm_readv`, bounded)
+//! and cached per process and address. The frames then take the place of the interpreter's
+//! `_PyEval_EvalFrameDefault` frames that ran them.
+
+use std::{collections::HashMap, sync::Arc};
+
+use profiler_common::python::ENTRY_FRAME;
+
+use crate::unwind::python::Layout;
+
+/// The native frame that runs Python frames.
+pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+/// Names cached before the cache starts over.
+const MAX_NAMES: usize = 65_536;
+/// Longest name or file name read.
+const MAX_STR: usize = 512;
+
+#[derive(Default)]
+pub struct PyNames {
+    names: HashMap<(u32, u64), Arc<str>>,
+}
+
+impl PyNames {
+    /// The frame's name: `qualname (file:first line)`.
+    pub fn name(&mut self, pid: u32, layout: &Layout, code: u64) -> Arc<str> {
+        if let Some(n) = self.names.get(&(pid, code)) {
+            return n.clone();
+        }
+        let name: Arc<str> = match describe(pid, layout, code) {
+            Some(n) => Arc::from(n),
+            // Not cached: the object may be readable next time (or was freed).
+            None => return Arc::from("[python]"),
+        };
+        if self.names.len() >= MAX_NAMES {
+            self.names.clear();
+        }
+        self.names.insert((pid, code), name.clone());
+        name
+    }
+
+    /// Forgets the names of processes no longer known.
+    pub fn retain(&mut self, live: impl Fn(u32) -> bool) {
+        self.names.retain(|(pid, _), _| live(*pid));
+    }
+}
+
+fn describe(pid: u32, l: &Layout, code: u64) -> Option<String> {
+    let qualname = read_u64(pid, code + l.code_qualname)?;
+    let filename = read_u64(pid, code + l.code_filename)?;
+    let line = read_u32(pid, code + l.code_firstlineno)?;
+    let name = read_str(pid, l, qualname)?;
+    let file = read_str(pid, l, filename).unwrap_or_else(|| "?".into());
+    Some(format!("{name} ({file}:{line})"))
+}
+
+fn read(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: both vectors describe valid ranges (ours writable); the kernel checks theirs.
+    let n = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
+    n == buf.len() as isize
+}
+
+fn read_u64(pid: u32, addr: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    read(pid, addr, &mut b).then(|| u64::from_ne_bytes(b))
+}
+
+fn read_u32(pid: u32, addr: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    read(pid, addr, &mut b).then(|| u32::from_ne_bytes(b))
+}
+
+/// A `str` object's text: compact ASCII or Latin-1 strings (what names and paths nearly always
+/// are); anything else reads as `?`.
+fn read_str(pid: u32, l: &Layout, obj: u64) -> Option<String> {
+    // PyASCIIObject: ob_refcnt, ob_type, length at 16, hash, state at 32.
+    let len = read_u64(pid, obj + 16)? as usize;
+    let state = read_u32(pid, obj + 32)?;
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
+    if !compact || kind != 1 {
+        return Some("?".into());
+    }
+    let data = obj + if ascii { l.ascii_data } else { l.compact_data };
+    let mut buf = vec![0u8; len.min(MAX_STR)];
+    if !read(pid, data, &mut buf) {
+        return None;
+    }
+    Some(buf.iter().map(|&b| b as char).collect())
+}
+
+/// Puts Python frames where the interpreter ran them. `user` is root first; `python` holds
+/// `(name, starts its evaluation)` leaf first. Each `_PyEval_EvalFrameDefault`, from the leaf
+/// outwards, is replaced by the Python frames it ran: up to and including the next frame that
+/// began its evaluation. Python frames left over (the native walk stopped short of their
+/// evaluation) go on the root side.
+pub fn merge(user: &[Arc<str>], python: &[(Arc<str>, bool)]) -> Vec<Arc<str>> {
+    let mut out: Vec<Arc<str>> = Vec::with_capacity(user.len() + python.len());
+    let mut next = 0;
+    for native in user.iter().rev() {
+        if &**native == EVAL_FRAME && next < python.len() {
+            while next < python.len() {
+                out.push(python[next].0.clone());
+                next += 1;
+                if python[next - 1].1 {
+                    break;
+                }
+            }
+        } else {
+            out.push(native.clone());
+        }
+    }
+    out.reverse();
+    // Frames left over belong to evaluations further out than the native walk reached (it was
+    // cut short): they go on the root side, so the Python story stays whole.
+    if next < python.len() {
+        let mut merged: Vec<Arc<str>> = python[next..].iter().rev().map(|p| p.0.clone()).collect();
+        merged.append(&mut out);
+        return merged;
+    }
+    out
+}
+
+/// The sampler's words as `(code object, starts its evaluation)`, leaf first; a shim pair
+/// `(0, ENTRY_FRAME)` marks the frame before it and is dropped.
+pub fn frames(words: &[u64]) -> Vec<(u64, bool)> {
+    let mut out: Vec<(u64, bool)> = Vec::with_capacity(words.len() / 2);
+    for w in words.chunks_exact(2) {
+        if w[0] == 0 {
+            if let Some(last) = out.last_mut() {
+                last.1 = true;
+            }
+        } else {
+            out.push((w[0], w[1] & ENTRY_FRAME != 0));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(v: &[&str]) -> Vec<Arc<str>> {
+        v.iter().map(|s| Arc::from(*s)).collect()
+    }
+
+    #[test]
+    fn each_evaluation_gets_its_python_frames() {
+        // Native, root first: main → eval → C extension → eval (leaf side).
+        let user = a(&["main", "Py_RunMain", EVAL_FRAME, "ext_call", EVAL_FRAME, "leaf_c"]);
+        // Python, leaf first: inner (run by the leaf-side eval, its entry), then outer, top.
+        let python = [(Arc::from("inner"), true), (Arc::from("middle"), false), (Arc::from("top"), true)];
+        let merged = merge(&user, &python);
+        let names: Vec<&str> = merged.iter().map(|s| &**s).collect();
+        assert_eq!(names, ["main", "Py_RunMain", "top", "middle", "ext_call", "inner", "leaf_c"]);
+    }
+
+    #[test]
+    fn a_shim_frame_marks_the_frame_before_it() {
+        assert_eq!(
+            frames(&[0x10, 0x100, 0, ENTRY_FRAME, 0x20, 0x200, 0x30, 0x301]),
+            [(0x10, true), (0x20, false), (0x30, true)]
+        );
+    }
+
+    #[test]
+    fn frames_of_evaluations_the_native_walk_did_not_reach_go_on_the_root_side() {
+        let user = a(&["[unknown]", EVAL_FRAME, "leaf_c"]);
+        let python = [(Arc::from("inner"), true), (Arc::from("outer"), false)];
+        let merged = merge(&user, &python);
+        let names: Vec<&str> = merged.iter().map(|s| &**s).collect();
+        assert_eq!(names, ["outer", "[unknown]", "inner", "leaf_c"]);
+        let names: Vec<String> = merge(&a(&["[unknown]"]), &python).iter().map(|s| s.to_string()).collect();
+        assert_eq!(names, ["outer", "inner", "[unknown]"]);
+    }
+
+    #[test]
+    fn without_python_frames_the_native_stack_is_unchanged() {
+        let user = a(&["main", EVAL_FRAME, "x"]);
+        assert_eq!(merge(&user, &[]), user);
+    }
+}

@@ -1,0 +1,131 @@
+//! Finding CPython in a process and describing it to the sampler (`profiler_common::python`).
+//! The offsets come from each version's own headers (`offsetof` against the internal headers
+//! of CPython 3.11.7, 3.12.1 and 3.13.0); a version not in [`LAYOUTS`] gets native frames only.
+
+use object::{Object, ObjectSymbol};
+use profiler_common::python::{NONE, PyProc};
+
+/// What the sampler and the symbolizer need of one CPython minor version.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub minor: u8,
+    /// The sampler's offsets; `runtime` is filled per process.
+    pub proc: PyProc,
+    pub code_qualname: u64,
+    pub code_filename: u64,
+    pub code_firstlineno: u64,
+    /// Where a compact ASCII string's bytes start (`sizeof(PyASCIIObject)`), and a compact
+    /// non-ASCII one's (`sizeof(PyCompactUnicodeObject)`).
+    pub ascii_data: u64,
+    pub compact_data: u64,
+}
+
+const fn proc(o: [u16; 11]) -> PyProc {
+    PyProc {
+        runtime: 0,
+        interpreters_head: o[0],
+        threads_head: o[1],
+        tstate_next: o[2],
+        tstate_native_thread_id: o[3],
+        tstate_frame: o[4],
+        cframe_current: o[5],
+        frame_code: o[6],
+        frame_previous: o[7],
+        frame_instr: o[8],
+        frame_owner: o[9],
+        frame_is_entry: o[10],
+        owner_cstack: NONE,
+    }
+}
+
+pub const LAYOUTS: [Layout; 3] = [
+    Layout {
+        minor: 11,
+        proc: proc([40, 16, 8, 160, 56, 8, 32, 48, 56, 69, 68]),
+        code_qualname: 128,
+        code_filename: 112,
+        code_firstlineno: 72,
+        ascii_data: 48,
+        compact_data: 72,
+    },
+    Layout {
+        minor: 12,
+        proc: PyProc { owner_cstack: 3, ..proc([40, 72, 8, 144, 56, 0, 0, 8, 56, 70, NONE]) },
+        code_qualname: 128,
+        code_filename: 112,
+        code_firstlineno: 68,
+        ascii_data: 40,
+        compact_data: 56,
+    },
+    Layout {
+        minor: 13,
+        proc: PyProc { owner_cstack: 3, ..proc([632, 7344, 8, 160, 72, NONE, 0, 8, 56, 70, NONE]) },
+        code_qualname: 128,
+        code_filename: 112,
+        code_firstlineno: 68,
+        ascii_data: 40,
+        compact_data: 56,
+    },
+];
+
+pub fn layout(minor: u8) -> Option<&'static Layout> {
+    LAYOUTS.iter().find(|l| l.minor == minor)
+}
+
+/// The CPython 3 minor version a mapped file's name says it is (`python3.11`,
+/// `libpython3.12.so.1.0`), if any.
+pub fn minor_of(path: &str) -> Option<u8> {
+    let name = path.rsplit('/').next()?;
+    let rest = name.strip_prefix("libpython3.").or_else(|| name.strip_prefix("python3."))?;
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let after = &rest[digits.len()..];
+    if !(after.is_empty() || after.starts_with('.') || after.starts_with('d') || after.starts_with('m')) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// `_PyRuntime`'s address in the file (an ELF virtual address), from its symbol tables, and
+/// the file's loadable segments.
+pub fn runtime_vaddr<'data, R: object::ReadRef<'data>>(data: R) -> Option<(u64, Vec<super::table::Load>)> {
+    let file = object::File::parse(data).ok()?;
+    let vaddr = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .find(|s| s.name() == Ok("_PyRuntime"))
+        .map(|s| s.address())
+        .filter(|a| *a != 0)?;
+    Some((vaddr, super::table::loads(&file)))
+}
+
+/// Where `_PyRuntime` is in a process that maps the file at `start` from file `offset`.
+pub fn runtime_address(vaddr: u64, loads: &[super::table::Load], start: u64, offset: u64) -> Option<u64> {
+    // With a table base of 0, the bias is the load bias itself.
+    Some(super::table::bias(0, loads, start, offset)?.wrapping_add(vaddr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_from_file_names() {
+        assert_eq!(minor_of("/usr/bin/python3.11"), Some(11));
+        assert_eq!(minor_of("/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0"), Some(12));
+        assert_eq!(minor_of("/usr/lib/libpython3.13d.so"), Some(13));
+        assert_eq!(minor_of("/usr/bin/python3"), None);
+        assert_eq!(minor_of("/opt/python3.11-tools/helper"), None);
+    }
+
+    #[test]
+    fn the_pythons_of_this_machine_export_their_runtime() {
+        let mut found = 0;
+        for path in ["/usr/bin/python3.11", "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"] {
+            if let Ok(data) = std::fs::read(path) {
+                assert!(runtime_vaddr(&*data).is_some(), "{path}");
+                found += 1;
+            }
+        }
+        eprintln!("{found} CPython files checked");
+    }
+}

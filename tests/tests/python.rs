@@ -1,0 +1,109 @@
+//! Python frames (issue 12): CPython's own functions replace the interpreter's
+//! `_PyEval_EvalFrameDefault` frames, in order with the native frames around them (a C
+//! function calling back into Python). Each interpreter found on this machine runs
+//! `workloads/nested.py` under the real daemon; the share of its samples that reach the
+//! outermost Python function is measured.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use integration_tests::{Daemon, folded_window, now_secs, privileged, wait_for};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/nested.py");
+const SECS: f64 = 3.0;
+
+/// Interpreters to try: the first `python3` on PATH and Debian's, which must exist, then
+/// other CPython versions installed under pyenv, if any.
+fn interpreters() -> Vec<(PathBuf, bool)> {
+    let on_path = Command::new("sh").args(["-c", "command -v python3"]).output().unwrap();
+    let on_path = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
+    let mut v = vec![(on_path, true), (PathBuf::from("/usr/bin/python3"), true)];
+    let home = std::env::var("HOME").unwrap_or_default();
+    for minor in ["3.12", "3.13"] {
+        let dir = PathBuf::from(format!("{home}/.pyenv/versions"));
+        let found = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join(format!("bin/python{minor}")))
+            .find(|p| p.exists());
+        if let Some(p) = found {
+            v.push((p, false));
+        }
+    }
+    v
+}
+
+/// The comm of a process started from `path` (the kernel keeps the first 15 bytes of the name
+/// it was executed as; pyenv's `python3` is a shell shim that execs the real binary).
+fn comm_of(path: &PathBuf) -> String {
+    let real = std::fs::canonicalize(path).unwrap_or(path.clone());
+    let name = if path.to_string_lossy().contains("/shims/") { real } else { path.clone() };
+    name.file_name().unwrap().to_string_lossy().chars().take(15).collect()
+}
+
+#[test]
+fn python_functions_replace_the_interpreter_frames() {
+    if !privileged("python_functions_replace_the_interpreter_frames") {
+        return;
+    }
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
+    let dir = data.to_str().unwrap();
+    let mut failures = Vec::new();
+    for (python, required) in interpreters() {
+        if !python.exists() {
+            assert!(!required, "{} is missing", python.display());
+            continue;
+        }
+        let version = Command::new(&python).arg("--version").output().unwrap();
+        let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+        let comm = comm_of(&python);
+        let start = now_secs();
+        let st = Command::new(&python).arg(SCRIPT).arg(SECS.to_string()).status().unwrap();
+        assert!(st.success(), "{} failed", python.display());
+        let end = now_secs();
+        let stacks = wait_for("the interpreter's samples", Duration::from_secs(30), || {
+            let stacks = folded_window(dir, start - 0.5, end + 0.5, &["--comm", &comm]).ok()?;
+            let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+            (total as f64 >= SECS * 99.0 * 0.5).then_some(stacks)
+        });
+        let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+        let frames = |s: &str| s.split(';').map(str::to_string).collect::<Vec<_>>();
+        let position = |f: &[String], name: &str| f.iter().position(|x| x.starts_with(name));
+        let reach: u64 = stacks.iter().filter(|(s, _)| s.contains(";outer_loop (")).map(|(_, n)| n).sum();
+        // A C function between Python frames: sorted() calls the key function back.
+        let interleaved: u64 = stacks
+            .iter()
+            .filter(|(s, _)| {
+                let f = frames(s);
+                matches!(
+                    (position(&f, "sort_through_c ("), position(&f, "list_sort"), position(&f, "weigh_item (")),
+                    (Some(a), Some(b), Some(c)) if a < b && b < c
+                )
+            })
+            .map(|(_, n)| n)
+            .sum();
+        let share = reach as f64 / total as f64;
+        eprintln!(
+            "{} ({version}): {:.1} % of {total} samples reach outer_loop; {interleaved} show weigh_item called back by list_sort",
+            python.display(),
+            share * 100.0
+        );
+        if share < 0.9 || interleaved == 0 {
+            let example = stacks.iter().find(|(s, _)| !s.contains(";outer_loop (")).map(|(s, _)| s.clone());
+            failures.push(format!(
+                "{} ({version}): {:.1} % reach outer_loop, e.g. {example:?}",
+                python.display(),
+                share * 100.0
+            ));
+        }
+    }
+    let log = daemon.log_text();
+    assert!(daemon.stop().success());
+    if !failures.is_empty() {
+        eprintln!(
+            "daemon log:\n{}",
+            log.lines().filter(|l| !l.contains("DEBUG mapping")).collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
