@@ -100,6 +100,8 @@ pub fn spawn(maps: kernel::Maps) -> std::io::Result<(Notifier, Stage)> {
 }
 
 fn run(mut registry: Registry<kernel::Maps>, rx: Receiver<Request>, stats: Arc<Mutex<Stats>>) {
+    // Tables are built at nice 10: the sampling stages come first when CPUs are scarce.
+    crate::serve::limits::lower_this_thread();
     let mut read_at: HashMap<u32, Instant> = HashMap::new();
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
     // Processes to describe again at a time: (when, pid), soonest last.
