@@ -33,7 +33,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// After an exec the loader maps the libraries within milliseconds: the process is described
 /// again this long after its exec (and once more, later), so a short-lived one gets every table.
 const AFTER_EXEC: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(500)];
-/// Tables waiting for the builder thread; past this a file is tried again at the next description.
+/// Files larger than this are built by their own thread.
+const LARGE_FILE: u64 = 16 << 20;
+/// Tables waiting for a builder thread; past this a file is tried again at the next description.
 const BUILDS_QUEUED: usize = 64;
 /// Requests waiting for the stage; past this the pipeline drops them (a later sample asks again).
 const QUEUE: usize = 4096;
@@ -106,31 +108,18 @@ pub fn spawn(maps: kernel::Maps) -> std::io::Result<(Notifier, Stage)> {
     let shared = stats.clone();
     let pythons = Pythons::default();
     let versions = pythons.versions.clone();
-    let (jobs, job_rx) = std::sync::mpsc::sync_channel::<(FileKey, File)>(BUILDS_QUEUED);
     let (built_tx, built) = std::sync::mpsc::channel();
-    std::thread::Builder::new().name("unwind-build".into()).spawn(move || {
-        // Tables are built at nice 10: the sampling stages come first when CPUs are scarce.
-        crate::serve::limits::lower_this_thread();
-        // Smallest file first: a new process's own small binary is not kept waiting behind a
-        // 150 MB library.
-        let mut queue: Vec<(FileKey, File)> = Vec::new();
-        loop {
-            if queue.is_empty() {
-                match job_rx.recv() {
-                    Ok(job) => queue.push(job),
-                    Err(_) => return,
-                }
-            }
-            queue.extend(job_rx.try_iter());
-            let smallest = (0..queue.len()).min_by_key(|&i| queue[i].0.size).expect("not empty");
-            let (key, file) = queue.swap_remove(smallest);
-            let result = table::compile(&object::ReadCache::new(&file));
-            if built_tx.send((key, result)).is_err() {
-                return;
-            }
-        }
-    })?;
-    let builder = Builder { jobs, built, pending: 0 };
+    // Two builders: one for large files, one for the rest, so that a new process's small
+    // binary never waits behind a 150 MB library.
+    let spawn_builder = |name: &str| -> std::io::Result<SyncSender<(FileKey, File)>> {
+        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<(FileKey, File)>(BUILDS_QUEUED);
+        let built_tx = built_tx.clone();
+        std::thread::Builder::new().name(name.into()).spawn(move || build_tables(job_rx, built_tx))?;
+        Ok(jobs)
+    };
+    let jobs = spawn_builder("unwind-build")?;
+    let large_jobs = spawn_builder("unwind-build-l")?;
+    let builder = Builder { jobs, large_jobs, built, pending: 0 };
     let thread = std::thread::Builder::new()
         .name("unwind".into())
         .spawn(move || run(Registry::new(maps), pythons, builder, rx, shared))?;
@@ -141,8 +130,35 @@ pub fn spawn(maps: kernel::Maps) -> std::io::Result<(Notifier, Stage)> {
 /// in a debug build, on a busy CPU), and descriptions of new processes must not wait for it.
 struct Builder {
     jobs: SyncSender<(FileKey, File)>,
+    /// Files over `LARGE_FILE` bytes.
+    large_jobs: SyncSender<(FileKey, File)>,
     built: Receiver<(FileKey, Result<table::Table, table::TableError>)>,
     pending: usize,
+}
+
+/// A builder thread: compiles the tables of the files it is sent, smallest first, at nice 10
+/// (the sampling stages come first when CPUs are scarce).
+fn build_tables(
+    job_rx: Receiver<(FileKey, File)>,
+    built_tx: std::sync::mpsc::Sender<(FileKey, Result<table::Table, table::TableError>)>,
+) {
+    crate::serve::limits::lower_this_thread();
+    let mut queue: Vec<(FileKey, File)> = Vec::new();
+    loop {
+        if queue.is_empty() {
+            match job_rx.recv() {
+                Ok(job) => queue.push(job),
+                Err(_) => return,
+            }
+        }
+        queue.extend(job_rx.try_iter());
+        let smallest = (0..queue.len()).min_by_key(|&i| queue[i].0.size).expect("not empty");
+        let (key, file) = queue.swap_remove(smallest);
+        let result = table::compile(&object::ReadCache::new(&file));
+        if built_tx.send((key, result)).is_err() {
+            return;
+        }
+    }
 }
 
 fn run(
@@ -294,7 +310,8 @@ fn describe(
             Ok(checked) => checked.file,
             Err(e) => return Build::Done(Err(table::TableError::Unreadable(e.to_string()))),
         };
-        match builder.jobs.try_send((m.key, f)) {
+        let jobs = if m.key.size > LARGE_FILE { &builder.large_jobs } else { &builder.jobs };
+        match jobs.try_send((m.key, f)) {
             Ok(()) => {
                 builder.pending += 1;
                 Build::Queued
