@@ -30,35 +30,55 @@ pub enum KernelError {
 pub trait Tables {
     /// Room for this many rows in all.
     fn capacity(&self) -> usize;
-    /// Writes `rows` from row `start` on.
-    fn write_rows(&mut self, start: usize, rows: &[Row]);
+    /// Writes `rows` from row `start` on; false if they could not be written.
+    fn write_rows(&mut self, start: usize, rows: &[Row]) -> bool;
     fn set_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String>;
     fn remove_process(&mut self, pid: u32);
     /// Describes (or, with `None`, forgets) the CPython interpreter of a process.
     fn set_python(&mut self, pid: u32, python: Option<&PyProc>);
 }
 
-/// The rows array, mapped shared and writable.
-struct RowsMmap {
-    ptr: *mut Row,
+/// The rows array. A table is written through a mapping of just its pages, unmapped right
+/// after: a mapping of the whole array would count its every page (80 MiB by default) in the
+/// daemon's RSS for as long as it lives, while the memory is the kernel's either way.
+struct Rows {
+    map: MapData,
     len: usize,
-    bytes: usize,
 }
 
-// SAFETY: the mapping is owned by this value and only written through `&mut self`.
-unsafe impl Send for RowsMmap {}
-
-impl Drop for RowsMmap {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `Maps::load` with this length.
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+impl Rows {
+    fn write(&self, start: usize, rows: &[Row]) -> std::io::Result<()> {
+        const PAGE: usize = 4096;
+        let (from, to) = (start * size_of::<Row>(), (start + rows.len()) * size_of::<Row>());
+        let first_page = from / PAGE * PAGE;
+        let bytes = (to - first_page).div_ceil(PAGE) * PAGE;
+        // SAFETY: a shared mapping of pages of an mmapable array map, inside it (the allocator
+        // hands out ranges within `len`); unmapped before returning.
+        unsafe {
+            let ptr = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.map.fd().as_fd().as_raw_fd(),
+                first_page as libc::off_t,
+            );
+            if ptr == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            std::ptr::copy_nonoverlapping(
+                rows.as_ptr().cast::<u8>(),
+                ptr.cast::<u8>().add(from - first_page),
+                rows.len() * size_of::<Row>(),
+            );
+            libc::munmap(ptr, bytes);
+        }
+        Ok(())
     }
 }
 
 pub struct Maps {
-    rows: RowsMmap,
-    // Kept so the map lives as long as its mapping.
-    _rows_map: MapData,
+    rows: Rows,
     procs: HashMap<MapData, u32, ProcessTable>,
     python: Option<HashMap<MapData, u32, PyProc>>,
 }
@@ -90,25 +110,12 @@ impl Maps {
             _ => return Err(KernelError::Missing("map UNWIND_ROWS")),
         };
         let len = rows_map.info().map_err(|e| KernelError::Map("UNWIND_ROWS", e))?.max_entries() as usize;
-        let page = 4096;
-        let bytes = (len * size_of::<Row>()).div_ceil(page) * page;
-        // SAFETY: an mmapable array map of `len` rows; the kernel checks the length and flags.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                rows_map.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(KernelError::Mmap(std::io::Error::last_os_error()));
-        }
+        let rows = Rows { map: rows_map, len };
+        // A first write tells at load time whether the kernel lets us map the array.
+        rows.write(0, &[Row::default()]).map_err(KernelError::Mmap)?;
         let procs = ebpf.take_map("UNWIND_PROCS").ok_or(KernelError::Missing("map UNWIND_PROCS"))?;
         let procs = HashMap::try_from(procs).map_err(|e| KernelError::Map("UNWIND_PROCS", e))?;
-        Ok(Self { rows: RowsMmap { ptr: ptr.cast(), len, bytes }, _rows_map: rows_map, procs, python })
+        Ok(Self { rows, procs, python })
     }
 
     fn load_python(ebpf: &mut Ebpf) -> Result<HashMap<MapData, u32, PyProc>, KernelError> {
@@ -133,11 +140,17 @@ impl Tables for Maps {
         self.rows.len
     }
 
-    fn write_rows(&mut self, start: usize, rows: &[Row]) {
+    fn write_rows(&mut self, start: usize, rows: &[Row]) -> bool {
         assert!(start + rows.len() <= self.rows.len, "the allocator hands out ranges inside the array");
-        // SAFETY: in bounds (checked above); the sampler only reads rows a process table
-        // points at, and a range is written before any table points at it.
-        unsafe { std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.ptr.add(start), rows.len()) };
+        // The sampler only reads rows a process table points at, and a range is written before
+        // any table points at it.
+        match self.rows.write(start, rows) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write an unwind table into the kernel: frame pointers for its binary");
+                false
+            }
+        }
     }
 
     fn set_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String> {

@@ -233,7 +233,10 @@ impl<T: Tables> Registry<T> {
                 return Entry::Without;
             }
         };
-        self.tables.write_rows(start, &table.rows);
+        if !self.tables.write_rows(start, &table.rows) {
+            self.free_range(start, len);
+            return Entry::Without;
+        }
         Entry::Loaded {
             start,
             len,

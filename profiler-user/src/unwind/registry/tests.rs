@@ -13,8 +13,9 @@ impl Tables for Fake {
     fn capacity(&self) -> usize {
         self.rows.len()
     }
-    fn write_rows(&mut self, start: usize, rows: &[Row]) {
+    fn write_rows(&mut self, start: usize, rows: &[Row]) -> bool {
         self.rows[start..start + rows.len()].copy_from_slice(rows);
+        true
     }
     fn set_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String> {
         self.processes.insert(pid, *table);
