@@ -86,17 +86,7 @@ pub struct Maps {
 impl Maps {
     /// Loads the unwinder program into the sampler's tail-call slot and takes the maps.
     pub fn load(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
-        let program: &mut PerfEvent =
-            ebpf.program_mut("unwind_user").ok_or(KernelError::Missing("program unwind_user"))?.try_into()?;
-        program.load()?;
-        let fd =
-            program.fd()?.try_clone().map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
-        let mut slots: ProgramArray<_> = ebpf
-            .map_mut("PROGRAMS")
-            .ok_or(KernelError::Missing("map PROGRAMS"))?
-            .try_into()
-            .map_err(|e| KernelError::Map("PROGRAMS", e))?;
-        slots.set(UNWIND_PROGRAM, &fd, 0).map_err(|e| KernelError::Map("PROGRAMS", e))?;
+        load_into_slot(ebpf, "unwind_user", UNWIND_PROGRAM)?;
         // Python frames are a bonus: without the program, stacks are native only.
         let python = match Self::load_python(ebpf) {
             Ok(m) => Some(m),
@@ -119,20 +109,23 @@ impl Maps {
     }
 
     fn load_python(ebpf: &mut Ebpf) -> Result<HashMap<MapData, u32, PyProc>, KernelError> {
-        let program: &mut PerfEvent =
-            ebpf.program_mut("python_frames").ok_or(KernelError::Missing("program python_frames"))?.try_into()?;
-        program.load()?;
-        let fd =
-            program.fd()?.try_clone().map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
-        let mut slots: ProgramArray<_> = ebpf
-            .map_mut("PROGRAMS")
-            .ok_or(KernelError::Missing("map PROGRAMS"))?
-            .try_into()
-            .map_err(|e| KernelError::Map("PROGRAMS", e))?;
-        slots.set(PYTHON_PROGRAM, &fd, 0).map_err(|e| KernelError::Map("PROGRAMS", e))?;
+        load_into_slot(ebpf, "python_frames", PYTHON_PROGRAM)?;
         let map = ebpf.take_map("PY_PROCS").ok_or(KernelError::Missing("map PY_PROCS"))?;
         HashMap::try_from(map).map_err(|e| KernelError::Map("PY_PROCS", e))
     }
+}
+
+/// Loads the perf-event program `name` and puts it in the sampler's tail-call slot `slot`.
+fn load_into_slot(ebpf: &mut Ebpf, name: &'static str, slot: u32) -> Result<(), KernelError> {
+    let program: &mut PerfEvent = ebpf.program_mut(name).ok_or(KernelError::Missing(name))?.try_into()?;
+    program.load()?;
+    let fd = program.fd()?.try_clone().map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+    let mut slots: ProgramArray<_> = ebpf
+        .map_mut("PROGRAMS")
+        .ok_or(KernelError::Missing("map PROGRAMS"))?
+        .try_into()
+        .map_err(|e| KernelError::Map("PROGRAMS", e))?;
+    slots.set(slot, &fd, 0).map_err(|e| KernelError::Map("PROGRAMS", e))
 }
 
 impl Tables for Maps {
