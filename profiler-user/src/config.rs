@@ -62,7 +62,7 @@ pub fn unwind_rows(mib: u32) -> Result<u32, ConfigError> {
         Err(ConfigError::Range {
             key: "unwind_table_mib",
             value: mib.to_string(),
-            allowed: "0 (frame pointers only) to 1024 MiB, such as 32",
+            allowed: "0 (frame pointers only) to 1024 MiB, such as 80",
         })
     }
 }
