@@ -117,20 +117,32 @@ fn folded_total(profiler: &Path, dir: &Path, from: f64, to: f64, extra: &[&str])
     Ok(folded_count(&folded(profiler, dir, from, to, extra)?, |_| true))
 }
 
+/// Starts `profiler run` on `dir` with `args` and waits for its first block on disk.
+pub(crate) fn start_daemon(
+    profiler: &Path,
+    dir: &Path,
+    args: &[&str],
+    stderr: Stdio,
+) -> anyhow::Result<std::process::Child> {
+    let daemon = Command::new(profiler)
+        .args(["run", "--data-dir"])
+        .arg(dir)
+        .args(args)
+        .stderr(stderr)
+        .spawn()
+        .context("start the daemon")?;
+    wait_for("the daemon's first block", Duration::from_secs(30), || {
+        std::fs::read_dir(dir.join("segments")).ok()?.next().map(|_| ())
+    })?;
+    Ok(daemon)
+}
+
 pub fn spine(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("profiler-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let log = std::fs::File::create(dir.with_extension("log"))?;
-    let mut daemon = Command::new(profiler)
-        .args(["run", "--frequency", "99", "--data-dir"])
-        .arg(&dir)
-        .stderr(log)
-        .spawn()
-        .context("start the daemon")?;
+    let mut daemon = start_daemon(profiler, &dir, &["--frequency", "99"], log.into())?;
     let pid = daemon.id();
-    wait_for("the daemon's first block", Duration::from_secs(30), || {
-        std::fs::read_dir(dir.join("segments")).ok()?.next().map(|_| ())
-    })?;
     let (cpu0, _, _) = usage(pid)?;
     let start = now();
     eprintln!("bench: busy helper on CPU 1 for {seconds} s while the daemon profiles at 99 Hz");

@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::{bpf_stats, folded, now, wait_for};
+use super::{bpf_stats, folded, now};
 
 struct Workload {
     name: &'static str,
@@ -76,17 +76,9 @@ fn under_daemon(
 ) -> anyhow::Result<(f64, u64, f64, Option<f64>)> {
     let dir = std::env::temp_dir().join(format!("profiler-bench-unwind-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut daemon = Command::new(profiler)
-        .args(["run", "--listen", "off", "--flush-ms", "100", "--data-dir"])
-        .arg(&dir)
-        .args(extra)
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start the daemon")?;
+    let args: Vec<&str> = ["--listen", "off", "--flush-ms", "100"].into_iter().chain(extra.iter().copied()).collect();
+    let mut daemon = super::start_daemon(profiler, &dir, &args, Stdio::null())?;
     let pid = daemon.id();
-    wait_for("the daemon's first block", Duration::from_secs(30), || {
-        std::fs::read_dir(dir.join("segments")).ok()?.next().map(|_| ())
-    })?;
     std::thread::sleep(Duration::from_secs(2));
     let before = bpf_stats(pid);
     let start = now();
