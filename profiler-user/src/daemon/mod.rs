@@ -172,9 +172,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         intake,
         drops,
         stop: stop.clone(),
-        // Often enough that a sample waits in the ring a small part of a flush interval (the
-        // flush then finds it queued); a wakeup that finds little to do costs microseconds.
-        poll_every: (config.flush_interval / 10).clamp(Duration::from_millis(5), Duration::from_millis(50)),
+        // A sample waits in the ring at most a quarter of a flush interval (the flush then finds
+        // it queued). Each drain wakes two threads, which costs ~150 µs of CPU on a VM: at 99 Hz
+        // draining every 50 ms doubled the daemon's CPU per sample (BENCHMARKS.md).
+        poll_every: (config.flush_interval / 4).clamp(Duration::from_millis(5), Duration::from_millis(250)),
     }
     .spawn(rings)
     .map_err(|e| DaemonError::Thread("ring reader", e))?;
