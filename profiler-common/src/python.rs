@@ -1,4 +1,4 @@
-//! CPython frames: for a process running CPython 3.11+, userspace describes where the
+//! CPython frames: for a process running CPython 3.9+, userspace describes where the
 //! interpreter keeps its state ([`PyProc`]); the sampler finds the sampled thread's
 //! `PyThreadState` and copies its interpreter frames into the record, after the native ones,
 //! as pairs `(code object address, instruction address | flags)`, leaf first. Userspace names
@@ -26,6 +26,7 @@ pub struct PyProc {
     pub interpreters_head: u16,
     pub threads_head: u16,
     pub tstate_next: u16,
+    /// The thread's kernel id (3.11+), or its `pthread_t` when `pthread_tid` is set.
     pub tstate_native_thread_id: u16,
     /// `cframe` (3.11, 3.12) or `current_frame` (3.13+).
     pub tstate_frame: u16,
@@ -39,6 +40,14 @@ pub struct PyProc {
     pub frame_is_entry: u16,
     /// The `owner` value of C-stack shim frames (3.12+), else [`NONE`].
     pub owner_cstack: u16,
+    /// Before 3.11 a thread state knows its `pthread_t`, not its kernel id: the id is read from
+    /// the C library's thread descriptor at this offset (glibc's `struct pthread.tid`); else
+    /// [`NONE`].
+    pub pthread_tid: u16,
+    /// 1 when each interpreter call runs one frame (before 3.11: frame objects), so every
+    /// frame is an entry frame.
+    pub every_frame_entry: u16,
+    pub _pad: [u16; 2],
 }
 
 #[cfg(feature = "user")]

@@ -63,7 +63,14 @@ fn walk(record: &mut Record, p: &PyProc, at: usize) -> usize {
         if tstate == 0 {
             break;
         }
-        if field(tstate, p.tstate_native_thread_id) == Some(tid) {
+        let id = if p.pthread_tid == NONE {
+            field(tstate, p.tstate_native_thread_id)
+        } else {
+            field(tstate, p.tstate_native_thread_id)
+                .and_then(|pthread| read::<u32>(pthread + p.pthread_tid as u64))
+                .map(|t| t as u64)
+        };
+        if id == Some(tid) {
             found = true;
             break;
         }
@@ -93,8 +100,11 @@ fn walk(record: &mut Record, p: &PyProc, at: usize) -> usize {
         let (code, word) = if shim {
             (0, ENTRY_FRAME)
         } else {
-            let (Some(code), Some(instr)) = (field(frame, p.frame_code), field(frame, p.frame_instr)) else { break };
-            let entry = p.frame_is_entry != NONE && read::<u8>(frame + p.frame_is_entry as u64).is_some_and(|e| e != 0);
+            let Some(code) = field(frame, p.frame_code) else { break };
+            // Frame objects (before 3.11) keep an instruction index, not an address: not sent.
+            let instr = if p.frame_instr == NONE { 0 } else { field(frame, p.frame_instr).unwrap_or(0) };
+            let entry = p.every_frame_entry != 0
+                || p.frame_is_entry != NONE && read::<u8>(frame + p.frame_is_entry as u64).is_some_and(|e| e != 0);
             (code, (instr & !ENTRY_FRAME) | if entry { ENTRY_FRAME } else { 0 })
         };
         record.frames[slot] = code;

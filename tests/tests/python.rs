@@ -1,6 +1,7 @@
 //! Python frames (issue 12): CPython's own functions replace the interpreter's
 //! `_PyEval_EvalFrameDefault` frames, in order with the native frames around them (a C
-//! function calling back into Python). Each interpreter found on this machine runs
+//! function calling back into Python: the interpreter's `sorted()`, and libc's `qsort` through
+//! the `_ctypes` extension module and libffi). Each interpreter found on this machine runs
 //! `workloads/nested.py` under the real daemon; the share of its samples that reach the
 //! outermost Python function is measured.
 
@@ -18,7 +19,7 @@ fn interpreters() -> Vec<(PathBuf, bool)> {
     let on_path = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
     let mut v = vec![(on_path, true), (PathBuf::from("/usr/bin/python3"), true)];
     let home = std::env::var("HOME").unwrap_or_default();
-    for minor in ["3.12", "3.13"] {
+    for minor in ["3.9", "3.10", "3.12", "3.13"] {
         let dir = PathBuf::from(format!("{home}/.pyenv/versions"));
         let found = std::fs::read_dir(&dir)
             .into_iter()
@@ -82,13 +83,27 @@ fn python_functions_replace_the_interpreter_frames() {
             })
             .map(|(_, n)| n)
             .sum();
+        // Python → _ctypes → libffi → libc's qsort (no frame pointers) → libffi → Python.
+        let through_libc: u64 = stacks
+            .iter()
+            .filter(|(s, _)| {
+                let f = frames(s);
+                let qsort = f.iter().position(|x| x.contains("qsort") || x.contains("msort"));
+                matches!(
+                    (position(&f, "sort_through_libc ("), qsort, position(&f, "compare_in_python (")),
+                    (Some(a), Some(b), Some(c)) if a < b && b < c
+                )
+            })
+            .map(|(_, n)| n)
+            .sum();
         let share = reach as f64 / total as f64;
         eprintln!(
-            "{} ({version}): {:.1} % of {total} samples reach outer_loop; {interleaved} show weigh_item called back by list_sort",
+            "{} ({version}): {:.1} % of {total} samples reach outer_loop; {interleaved} show weigh_item called back by \
+             list_sort, {through_libc} compare_in_python called back by libc's qsort",
             python.display(),
             share * 100.0
         );
-        if share < 0.9 || interleaved == 0 {
+        if share < 0.9 || interleaved == 0 || through_libc == 0 {
             let example = stacks.iter().find(|(s, _)| !s.contains(";outer_loop (")).map(|(s, _)| s.clone());
             failures.push(format!(
                 "{} ({version}): {:.1} % reach outer_loop, e.g. {example:?}",

@@ -1,7 +1,12 @@
-"""Nested Python functions, part of the time called back from C (sorted() with a key
-function), so one stack holds several interpreter evaluations."""
+"""Nested Python functions, part of the time called back from C: sorted() with a key
+function, and libc's qsort through ctypes (a C extension module and libffi) with a Python
+comparison, so one stack holds several interpreter evaluations with native code between."""
+import ctypes
 import sys
 import time
+
+LIBC = ctypes.CDLL(None)
+COMPARE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
 
 
 def weigh_item(x):
@@ -15,6 +20,20 @@ def sort_through_c(items):
     return sorted(items, key=weigh_item)
 
 
+def compare_in_python(a, b):
+    x, y = weigh_item(a[0]), weigh_item(b[0])
+    return (x > y) - (x < y)
+
+
+CALLBACK = COMPARE(compare_in_python)
+
+
+def sort_through_libc(items):
+    array = (ctypes.c_int * len(items))(*items)
+    LIBC.qsort(array, len(items), ctypes.sizeof(ctypes.c_int), CALLBACK)
+    return array
+
+
 def sum_squares(n):
     s = 0
     for i in range(n):
@@ -24,6 +43,7 @@ def sum_squares(n):
 
 def middle_layer(items):
     sum_squares(20000)
+    sort_through_libc(items[:300])
     return sort_through_c(items)
 
 

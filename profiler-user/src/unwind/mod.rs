@@ -334,7 +334,7 @@ fn describe(
         if let Some((vaddr, loads)) = found
             && let Some(runtime) = python::runtime_address(*vaddr, loads, m.start, m.offset)
         {
-            interpreter = Some((minor, profiler_common::python::PyProc { runtime, ..layout.proc }));
+            interpreter = python::describe(layout, runtime).map(|p| (minor, p));
             break;
         }
     }

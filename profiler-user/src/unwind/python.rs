@@ -1,6 +1,7 @@
 //! Finding CPython in a process and describing it to the sampler (`profiler_common::python`).
 //! The offsets come from each version's own headers (`offsetof` against the internal headers
-//! of CPython 3.11.7, 3.12.1 and 3.13.0); a version not in [`LAYOUTS`] gets native frames only.
+//! of CPython 3.9.18, 3.10.13, 3.11.7, 3.12.1 and 3.13.0); a version not in [`LAYOUTS`] gets
+//! native frames only.
 
 use object::{Object, ObjectSymbol};
 use profiler_common::python::{NONE, PyProc};
@@ -11,6 +12,7 @@ pub struct Layout {
     pub minor: u8,
     /// The sampler's offsets; `runtime` is filled per process.
     pub proc: PyProc,
+    /// `co_qualname`, or `co_name` before 3.11 (which has no qualified names).
     pub code_qualname: u64,
     pub code_filename: u64,
     pub code_firstlineno: u64,
@@ -35,10 +37,38 @@ const fn proc(o: [u16; 11]) -> PyProc {
         frame_owner: o[9],
         frame_is_entry: o[10],
         owner_cstack: NONE,
+        pthread_tid: NONE,
+        every_frame_entry: 0,
+        _pad: [0; 2],
     }
 }
 
-pub const LAYOUTS: [Layout; 3] = [
+/// 3.9 and 3.10: a thread state holds its `pthread_t` (see [`pthread_tid_offset`]) and the
+/// frame objects it runs, one per interpreter call.
+const FRAME_OBJECTS: PyProc = PyProc {
+    every_frame_entry: 1,
+    ..proc([32, 8, 8, 176, 24, NONE, 32, 24, NONE, NONE, NONE])
+};
+
+pub const LAYOUTS: [Layout; 5] = [
+    Layout {
+        minor: 9,
+        proc: FRAME_OBJECTS,
+        code_qualname: 112,
+        code_filename: 104,
+        code_firstlineno: 40,
+        ascii_data: 48,
+        compact_data: 72,
+    },
+    Layout {
+        minor: 10,
+        proc: FRAME_OBJECTS,
+        code_qualname: 112,
+        code_filename: 104,
+        code_firstlineno: 40,
+        ascii_data: 48,
+        compact_data: 72,
+    },
     Layout {
         minor: 11,
         proc: proc([40, 16, 8, 160, 56, 8, 32, 48, 56, 69, 68]),
@@ -70,6 +100,40 @@ pub const LAYOUTS: [Layout; 3] = [
 
 pub fn layout(minor: u8) -> Option<&'static Layout> {
     LAYOUTS.iter().find(|l| l.minor == minor)
+}
+
+/// The sampler's description of a process whose `_PyRuntime` is at `runtime`; `None` when the
+/// version needs the thread descriptor's layout and it is not known.
+pub fn describe(layout: &Layout, runtime: u64) -> Option<PyProc> {
+    let mut p = PyProc { runtime, ..layout.proc };
+    if p.every_frame_entry != 0 {
+        p.pthread_tid = pthread_tid_offset()?;
+    }
+    Some(p)
+}
+
+/// Where glibc keeps a thread's kernel id in its thread descriptor (`pthread_self()` points to
+/// it; offset 720 on x86_64 for many years). Found in this process, whose C library is the
+/// machine's, by looking for the calling thread's id there, and checked on a second thread.
+pub fn pthread_tid_offset() -> Option<u16> {
+    static OFFSET: std::sync::OnceLock<Option<u16>> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        let here = own_tid_offsets();
+        let there = std::thread::spawn(own_tid_offsets).join().ok()?;
+        here.into_iter().find(|o| there.contains(o))
+    })
+}
+
+/// The offsets in the calling thread's descriptor that hold its kernel id.
+fn own_tid_offsets() -> Vec<u16> {
+    // SAFETY: no preconditions.
+    let (me, tid) = unsafe { (libc::pthread_self() as *const u8, libc::gettid() as u32) };
+    // glibc's descriptor is about 2.3 KiB; its first KiB holds the id.
+    (0..1024u16)
+        .step_by(4)
+        // SAFETY: within the calling thread's own descriptor, which lives as long as the thread.
+        .filter(|&o| unsafe { me.add(o as usize).cast::<u32>().read_unaligned() } == tid)
+        .collect()
 }
 
 /// The CPython 3 minor version a mapped file's name says it is (`python3.11`,
@@ -115,6 +179,11 @@ mod tests {
         assert_eq!(minor_of("/usr/lib/libpython3.13d.so"), Some(13));
         assert_eq!(minor_of("/usr/bin/python3"), None);
         assert_eq!(minor_of("/opt/python3.11-tools/helper"), None);
+    }
+
+    #[test]
+    fn the_thread_descriptor_holds_the_kernel_id_where_glibc_puts_it() {
+        assert_eq!(pthread_tid_offset(), Some(720));
     }
 
     #[test]
