@@ -69,7 +69,7 @@ impl Rows {
             std::ptr::copy_nonoverlapping(
                 rows.as_ptr().cast::<u8>(),
                 ptr.cast::<u8>().add(from - first_page),
-                rows.len() * size_of::<Row>(),
+                std::mem::size_of_val(rows),
             );
             libc::munmap(ptr, bytes);
         }
