@@ -73,6 +73,8 @@ pub struct Location {
 pub struct Line {
     #[prost(uint64, tag = "1")]
     pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -83,6 +85,10 @@ pub struct Function {
     pub name: i64,
     #[prost(int64, tag = "3")]
     pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+    #[prost(int64, tag = "5")]
+    pub start_line: i64,
 }
 
 /// Builds a profile sample by sample.
@@ -132,9 +138,15 @@ impl Builder {
         let id = self.profile.location.len() as u64 + 1;
         // A user name cannot end like the kernel mark (`text::unmarked`).
         let shown = if kernel { format!("{name} [kernel]") } else { crate::text::unmarked(name).into_owned() };
-        let n = self.string(&shown);
-        self.profile.function.push(Function { id, name: n, system_name: n });
-        self.profile.location.push(Location { id, line: vec![Line { function_id: id }] });
+        // A Python frame has its own fields for its file and line (the function's first line:
+        // the sampler does not decode the line table).
+        let (function, file, line) = match crate::symbolize::python::source(&shown).filter(|_| !kernel) {
+            Some((function, file, line)) => (function.to_string(), file.to_string(), line as i64),
+            None => (shown, String::new(), 0),
+        };
+        let (n, filename) = (self.string(&function), self.string(&file));
+        self.profile.function.push(Function { id, name: n, system_name: n, filename, start_line: line });
+        self.profile.location.push(Location { id, line: vec![Line { function_id: id, line }] });
         self.locations.insert((name.to_string(), kernel), id);
         id
     }
@@ -214,6 +226,36 @@ mod tests {
         let labels: Vec<(&str, i64)> = p.sample[2].label.iter().map(|l| (s(l.key), l.num)).collect();
         assert!(labels.contains(&("cpu", 1)) && labels.contains(&("timestamp_ns", 1002)), "{labels:?}");
         assert_eq!(s(p.sample_type[0].r#type), "samples");
+    }
+
+    #[test]
+    fn a_python_frame_carries_its_file_and_line_in_their_own_fields() {
+        let frames = [("main", false), ("outer_loop (/srv/nested.py:31)", false), ("f (x.c:3)", true)];
+        let mut b = Builder::new(99);
+        b.add(&SampleRef {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 1,
+            tid: 1,
+            comm: "python3",
+            frames: &frames,
+            count: 1,
+            frequency_hz: None,
+        });
+        let mut gz = Vec::new();
+        b.finish(&mut gz).unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        let p = Profile::decode(&raw[..]).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let by_name = |name: &str| p.function.iter().find(|f| s(f.name) == name).unwrap_or_else(|| panic!("{name}"));
+        let py = by_name("outer_loop");
+        assert_eq!((s(py.filename), py.start_line), ("/srv/nested.py", 31));
+        let loc = p.location.iter().find(|l| l.line[0].function_id == py.id).unwrap();
+        assert_eq!(loc.line[0].line, 31);
+        // Native and kernel frames keep their whole names and no file.
+        assert_eq!(s(by_name("main").filename), "");
+        assert_eq!(s(by_name("f (x.c:3) [kernel]").filename), "");
     }
 
     /// pprof is structured: names travel exactly, but a user frame cannot end like our kernel mark.

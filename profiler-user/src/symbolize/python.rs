@@ -45,6 +45,15 @@ impl PyNames {
     }
 }
 
+/// A Python frame's name, `function (file:line)` as [`PyNames::name`] makes it, split into its
+/// parts (for exports with fields for them); `None` for any other frame.
+pub fn source(frame: &str) -> Option<(&str, &str, u32)> {
+    let (function, rest) = frame.strip_suffix(')')?.rsplit_once(" (")?;
+    let (file, line) = rest.rsplit_once(':')?;
+    let line = line.parse().ok()?;
+    (!function.is_empty() && !file.is_empty()).then_some((function, file, line))
+}
+
 fn describe(pid: u32, l: &Layout, code: u64) -> Option<String> {
     let qualname = read_u64(pid, code + l.code_qualname)?;
     let filename = read_u64(pid, code + l.code_filename)?;
@@ -144,6 +153,15 @@ mod tests {
 
     fn a(v: &[&str]) -> Vec<Arc<str>> {
         v.iter().map(|s| Arc::from(*s)).collect()
+    }
+
+    #[test]
+    fn a_python_frame_name_splits_into_function_file_and_line() {
+        assert_eq!(source("Outer.run (/srv/app.py:12)"), Some(("Outer.run", "/srv/app.py", 12)));
+        assert_eq!(source("<module> (<frozen runpy>:88)"), Some(("<module>", "<frozen runpy>", 88)));
+        assert_eq!(source("[unknown] (libc.so.6)"), None);
+        assert_eq!(source("operator()(int)"), None);
+        assert_eq!(source("libc.so.6+0x3fb9c"), None);
     }
 
     #[test]
