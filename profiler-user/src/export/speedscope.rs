@@ -50,7 +50,7 @@ impl Builder {
             "$schema": "https://www.speedscope.app/file-format-schema.json",
             "name": name,
             "exporter": "profiler",
-            "shared": { "frames": self.frames.iter().map(|f| json!({"name": f})).collect::<Vec<_>>() },
+            "shared": { "frames": self.frames.iter().map(|f| frame_json(f)).collect::<Vec<_>>() },
             "profiles": profiles.iter().map(|((pid, comm), (samples, weights, first, last))| json!({
                 "type": "sampled",
                 "name": format!("{comm} (pid {pid})"),
@@ -64,6 +64,15 @@ impl Builder {
         serde_json::to_writer(&mut out, &json).map_err(std::io::Error::from)?;
         writeln!(out)?;
         Ok(())
+    }
+}
+
+/// A frame; a Python one with its file and (first) line in their own fields. Kernel frames end
+/// with their mark, so they never read as Python.
+fn frame_json(name: &str) -> serde_json::Value {
+    match crate::symbolize::python::source(name) {
+        Some((function, file, line)) => json!({"name": function, "file": file, "line": line}),
+        None => json!({"name": name}),
     }
 }
 
@@ -97,5 +106,20 @@ mod tests {
             v["shared"]["frames"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["evil\n;x 12\x1b", "x {k}", "read_zero [k]"]);
         assert_eq!(v["profiles"][0]["name"], "a\tb;c 5 (pid 1)");
+    }
+
+    #[test]
+    fn a_python_frame_has_its_file_and_line() {
+        let frames = [("outer_loop (/srv/nested.py:31)", false), ("f (x.c:3)", true)];
+        let mut b = Builder::default();
+        let s =
+            SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "py", frames: &frames, count: 1, frequency_hz: None };
+        b.add(&s, 10);
+        let mut out = Vec::new();
+        b.finish("p", &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let f = &v["shared"]["frames"];
+        assert_eq!(f[0], json!({"name": "outer_loop", "file": "/srv/nested.py", "line": 31}));
+        assert_eq!(f[1], json!({"name": "f (x.c:3) [k]"}));
     }
 }

@@ -45,10 +45,8 @@ const fn proc(o: [u16; 11]) -> PyProc {
 
 /// 3.9 and 3.10: a thread state holds its `pthread_t` (see [`pthread_tid_offset`]) and the
 /// frame objects it runs, one per interpreter call.
-const FRAME_OBJECTS: PyProc = PyProc {
-    every_frame_entry: 1,
-    ..proc([32, 8, 8, 176, 24, NONE, 32, 24, NONE, NONE, NONE])
-};
+const FRAME_OBJECTS: PyProc =
+    PyProc { every_frame_entry: 1, ..proc([32, 8, 8, 176, 24, NONE, 32, 24, NONE, NONE, NONE]) };
 
 pub const LAYOUTS: [Layout; 5] = [
     Layout {
