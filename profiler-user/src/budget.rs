@@ -143,7 +143,16 @@ mod tests {
         let stack = Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 });
         for i in 0..3 * 3600 {
             let ts_ns = t0 + i * NS_PER_SEC;
-            w.push(&Sample { ts_ns, cpu: 0, pid: 1, tid: 1, cgroup_id: 0, comm: "a".into(), stack: stack.clone() });
+            w.push(&Sample {
+                ts_ns,
+                cpu: 0,
+                pid: 1,
+                tid: 1,
+                cgroup_id: 0,
+                comm: "a".into(),
+                stack: stack.clone(),
+                workload: "".into(),
+            });
             if i % 60 == 59 {
                 w.flush(ts_ns).unwrap();
             }

@@ -30,4 +30,7 @@ pub struct Sample {
     pub cgroup_id: u64,
     pub comm: Arc<str>,
     pub stack: Arc<Stack>,
+    /// Who the process belongs to (container, pod, unit: `identity::Identity` as JSON), or
+    /// empty when nothing is known.
+    pub workload: Arc<str>,
 }

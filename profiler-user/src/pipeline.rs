@@ -137,6 +137,7 @@ impl Pipeline {
             cgroup_id: header.cgroup_id,
             comm,
             stack,
+            workload: Default::default(),
         });
     }
 

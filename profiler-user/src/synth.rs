@@ -231,6 +231,7 @@ pub fn second(pool: &StackPool, rng: &mut Rng, start_ns: u64, cpus: u32, hz: u64
                     cgroup_id: 5000 + p as u64,
                     comm: pool.comms[p].clone(),
                     stack: stack.clone(),
+                    workload: Default::default(),
                 }));
             } else {
                 out(Tick::Idle { ts_ns, cpu });

@@ -26,6 +26,7 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
             pid,
             tid: pid * 10 + cpu,
             cgroup_id: u64::from(pid),
+            workload: Default::default(),
             comm: Arc::from(comm),
             stack: Arc::new(Stack {
                 user_len: user.min(frames.len()),

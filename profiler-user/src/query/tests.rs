@@ -27,6 +27,7 @@ fn samples() -> Vec<Sample> {
         stack(&[], &["kthread", "worker"]),
     ];
     let comms: [Arc<str>; 4] = ["app".into(), "db".into(), "kworker/0:1".into(), "semi;colon".into()];
+    let workloads: [Arc<str>; 3] = ["".into(), r#"{"pod_name":"a"}"#.into(), r#"{"unit":"b.service"}"#.into()];
     (0..5000u64)
         .map(|i| {
             let x = i.wrapping_mul(2654435761) % 1000;
@@ -38,6 +39,8 @@ fn samples() -> Vec<Sample> {
                 cgroup_id: x % 5,
                 comm: comms[(x % 4) as usize].clone(),
                 stack: stacks[(x % 3) as usize].clone(),
+                // Whole seconds without any: their blocks have no workload column.
+                workload: if i % 200 < 50 { workloads[0].clone() } else { workloads[(x % 3) as usize].clone() },
             }
         })
         .collect()
@@ -110,6 +113,9 @@ fn store_round_trip_keeps_every_field() {
                     cgroup_id: b.cgroup[i],
                     comm: Arc::from(d.strings[b.comm[i] as usize].as_str()),
                     stack: Arc::new(Stack { frames, user_len }),
+                    workload: b
+                        .workload(i)
+                        .map_or_else(Default::default, |w| Arc::from(d.strings[w as usize].as_str())),
                 });
             }
         })
@@ -304,6 +310,7 @@ fn a_restart_at_another_frequency_reads_each_part_by_its_own() {
                 cgroup_id: 0,
                 comm: Arc::from("spin"),
                 stack: stack(&["main", "spin"], &[]),
+                workload: Default::default(),
             })
             .collect()
     };

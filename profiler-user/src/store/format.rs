@@ -335,6 +335,44 @@ pub struct SampleColumns {
     pub stack: Vec<u32>,
     /// Samples each row stands for; empty means 1 each (rollups fill it).
     pub count: Vec<u32>,
+    /// Per sample, the string id of its workload (`model::Sample::workload`); empty when no
+    /// sample of the block has one. Added after version 4 without a version bump: blocks
+    /// written before it end with `count` and read as having none ([`unpack_samples`]).
+    pub workload: Vec<StrId>,
+}
+
+/// The sample columns as blocks before the workload column have them.
+#[cfg_attr(test, derive(Serialize))]
+#[derive(Deserialize)]
+struct SampleColumnsV4 {
+    ts_delta_us: Vec<u64>,
+    cpu: Vec<u32>,
+    pid: Vec<u32>,
+    tid: Vec<u32>,
+    comm: Vec<StrId>,
+    cgroup: Vec<u64>,
+    stack: Vec<u32>,
+    count: Vec<u32>,
+}
+
+/// Decodes a block's sample section, written with or without the workload column.
+pub fn unpack_samples(bytes: &[u8], max: usize) -> Result<SampleColumns, FormatError> {
+    let raw = decompress_bounded(bytes, max)?;
+    if let Ok(cols) = postcard::from_bytes::<SampleColumns>(&raw) {
+        return Ok(cols);
+    }
+    let v4: SampleColumnsV4 = postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))?;
+    Ok(SampleColumns {
+        ts_delta_us: v4.ts_delta_us,
+        cpu: v4.cpu,
+        pid: v4.pid,
+        tid: v4.tid,
+        comm: v4.comm,
+        cgroup: v4.cgroup,
+        stack: v4.stack,
+        count: v4.count,
+        workload: Vec::new(),
+    })
 }
 
 impl SampleColumns {
@@ -348,6 +386,11 @@ impl SampleColumns {
 
     pub fn count(&self, i: usize) -> u64 {
         self.count.get(i).map_or(1, |&c| u64::from(c))
+    }
+
+    /// The string id of sample `i`'s workload, if the block records workloads.
+    pub fn workload(&self, i: usize) -> Option<StrId> {
+        self.workload.get(i).copied()
     }
 
     /// Sample timestamps in ns, undoing the per-CPU delta encoding.
@@ -375,10 +418,13 @@ impl SampleColumns {
             self.cgroup.len(),
             self.stack.len(),
         ];
-        if lens.iter().any(|&l| l != n) || !(self.count.is_empty() || self.count.len() == n) {
+        let optional = |l: usize| l == 0 || l == n;
+        if lens.iter().any(|&l| l != n) || !optional(self.count.len()) || !optional(self.workload.len()) {
             return Err(FormatError::Section("sample columns differ in length".into()));
         }
-        if self.comm.iter().any(|&c| c as usize >= strings) || self.stack.iter().any(|&s| s as usize >= stacks) {
+        if self.comm.iter().chain(&self.workload).any(|&c| c as usize >= strings)
+            || self.stack.iter().any(|&s| s as usize >= stacks)
+        {
             return Err(FormatError::DanglingId);
         }
         Ok(())
@@ -407,6 +453,12 @@ pub fn unpack<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, FormatErr
 
 /// [`unpack`], refusing a section that claims more than `max` bytes decompressed.
 pub fn unpack_bounded<T: for<'de> Deserialize<'de>>(bytes: &[u8], max: usize) -> Result<T, FormatError> {
+    let raw = decompress_bounded(bytes, max)?;
+    postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))
+}
+
+/// Decompresses one section, refusing one that claims more than `max` bytes.
+fn decompress_bounded(bytes: &[u8], max: usize) -> Result<Vec<u8>, FormatError> {
     let size = zstd::zstd_safe::get_frame_content_size(bytes)
         .map_err(|_| FormatError::Section("not a zstd frame".into()))?
         .ok_or_else(|| FormatError::Section("zstd frame without a content size".into()))?;
@@ -422,7 +474,7 @@ pub fn unpack_bounded<T: for<'de> Deserialize<'de>>(bytes: &[u8], max: usize) ->
             d.decompress(bytes, size as usize)
         })
         .map_err(|e| FormatError::Section(e.to_string()))?;
-    postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))
+    Ok(raw)
 }
 
 /// A segment's dictionary as a reader rebuilds it block by block.
@@ -591,6 +643,7 @@ mod tests {
             cgroup: vec![0; 3],
             stack: vec![0; 3],
             count: vec![],
+            workload: vec![],
         };
         cols.validate(1, 1).unwrap();
         assert_eq!(cols.timestamps(1000).collect::<Vec<_>>(), vec![6000, 16000, 8000]);
@@ -599,5 +652,37 @@ mod tests {
         assert!(short.validate(1, 1).is_err());
         assert_eq!(unpack::<SampleColumns>(&pack(&cols)).unwrap(), cols);
         assert!(unpack::<SampleColumns>(b"not zstd").is_err());
+    }
+
+    #[test]
+    fn blocks_written_before_the_workload_column_read_without_workloads() {
+        let old = SampleColumnsV4 {
+            ts_delta_us: vec![1, 2],
+            cpu: vec![0, 1],
+            pid: vec![5, 6],
+            tid: vec![5, 6],
+            comm: vec![0, 0],
+            cgroup: vec![9, 9],
+            stack: vec![1, 1],
+            count: vec![],
+        };
+        let cols = unpack_samples(&pack(&old), 1 << 20).unwrap();
+        assert_eq!((cols.pid, cols.cgroup, cols.workload), (vec![5, 6], vec![9, 9], vec![]));
+        let new = SampleColumns { workload: vec![3, 4], ..cols_of(&old) };
+        assert_eq!(unpack_samples(&pack(&new), 1 << 20).unwrap().workload, vec![3, 4]);
+    }
+
+    fn cols_of(v: &SampleColumnsV4) -> SampleColumns {
+        SampleColumns {
+            ts_delta_us: v.ts_delta_us.clone(),
+            cpu: v.cpu.clone(),
+            pid: v.pid.clone(),
+            tid: v.tid.clone(),
+            comm: v.comm.clone(),
+            cgroup: v.cgroup.clone(),
+            stack: v.stack.clone(),
+            count: v.count.clone(),
+            workload: vec![],
+        }
     }
 }

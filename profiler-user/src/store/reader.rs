@@ -9,7 +9,7 @@ use super::{
     StoreError, check_dir,
     format::{
         BlockHeader, Blocks, Dict, FLAG_IDENTITY, FLAG_RESET_DICT, SEGMENT_NS, SampleColumns, SegmentHeader, Summary,
-        Tail, samples_bound, unpack, unpack_bounded,
+        Tail, samples_bound, unpack, unpack_samples,
     },
     identity::Identity,
     segments_dir,
@@ -250,7 +250,7 @@ pub fn scan_segment(
             None
         };
         let samples = if need == Need::Samples {
-            match unpack_bounded::<SampleColumns>(sections.samples, samples_bound(&header))
+            match unpack_samples(sections.samples, samples_bound(&header))
                 .and_then(|c| c.validate(dict.strings.len(), dict.nodes.len()).map(|()| c))
                 .and_then(|c| {
                     // Rows never outnumber the samples the header announces (a rollup row

@@ -168,6 +168,7 @@ mod bound_tests {
                     cgroup_id: 0,
                     comm: comm.clone(),
                     stack: stacks[(x % 500) as usize].clone(),
+                    workload: Default::default(),
                 });
             }
             w.flush(now).unwrap();

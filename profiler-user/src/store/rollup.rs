@@ -79,8 +79,9 @@ impl Interner {
     }
 }
 
-/// (cpu, pid, comm, cgroup, stack) in the new dictionary.
-type Key = (u32, u32, u32, u64, u32);
+/// (cpu, pid, comm, cgroup, stack, workload) in the new dictionary (workload: `None` when the
+/// samples record none).
+type Key = (u32, u32, u32, u64, u32, Option<u32>);
 
 #[derive(Default)]
 struct Window {
@@ -128,7 +129,7 @@ pub fn rollup_segment_with(
         }
         let decoded = dict.apply(&h, sections.dict).and_then(|()| {
             let summary: Summary = unpack(sections.summary)?;
-            let cols: SampleColumns = unpack(sections.samples)?;
+            let cols = super::format::unpack_samples(sections.samples, super::format::samples_bound(&h))?;
             cols.validate(dict.strings.len(), dict.nodes.len())?;
             Ok((summary, cols))
         });
@@ -150,12 +151,16 @@ pub fn rollup_segment_with(
         for i in 0..cols.len() {
             let comm = interner.string(&dict.strings[cols.comm[i] as usize]);
             let stack = interner.node(&dict, cols.stack[i]);
-            *w.counts.entry((cols.cpu[i], cols.pid[i], comm, cols.cgroup[i], stack)).or_default() += cols.count(i);
+            let workload = cols.workload(i).map(|s| interner.string(&dict.strings[s as usize]));
+            let key = (cols.cpu[i], cols.pid[i], comm, cols.cgroup[i], stack, workload);
+            *w.counts.entry(key).or_default() += cols.count(i);
             stats.samples += cols.count(i);
         }
     }
     let mut out = SegmentHeader { version: FORMAT_VERSION, start_ns: header.start_ns }.encode().to_vec();
     let mut written_identity = 0;
+    // Interned before the first block goes out: it carries the whole dictionary.
+    let no_workload = windows.values().any(|w| w.counts.keys().any(|k| k.5.is_some())).then(|| interner.string(""));
     for (i, ((identity, start), w)) in windows.into_iter().enumerate() {
         if identity != written_identity {
             written_identity = identity;
@@ -166,7 +171,12 @@ pub fn rollup_segment_with(
         let n = w.counts.len();
         let mut cols = SampleColumns { ts_delta_us: vec![0; n], tid: vec![0; n], ..Default::default() };
         let mut total = 0u64;
-        for ((cpu, pid, comm, cgroup, stack), count) in w.counts {
+        // Rows without a workload get the empty string when others in the block have one.
+        let has_workloads = w.counts.keys().any(|k| k.5.is_some());
+        for ((cpu, pid, comm, cgroup, stack, workload), count) in w.counts {
+            if let (true, Some(none)) = (has_workloads, no_workload) {
+                cols.workload.push(workload.unwrap_or(none));
+            }
             cols.cpu.push(cpu);
             cols.pid.push(pid);
             cols.comm.push(comm);

@@ -51,6 +51,7 @@ struct Row {
     cgroup: u64,
     comm: Arc<str>,
     stack: Arc<Stack>,
+    workload: Arc<str>,
 }
 
 /// One second of samples, waiting for the next flush.
@@ -186,6 +187,7 @@ impl StoreWriter {
             cgroup: s.cgroup_id,
             comm: s.comm.clone(),
             stack: s.stack.clone(),
+            workload: s.workload.clone(),
         });
         self.pending_rows += 1;
         if self.pending_rows > self.limits.max_pending {
@@ -348,7 +350,10 @@ fn encode_second(
         cgroup: Vec::with_capacity(n),
         stack: Vec::with_capacity(n),
         count: Vec::new(),
+        workload: Vec::new(),
     };
+    // The column is written only when a sample of the second has a workload.
+    let workloads = order.iter().any(|r| !r.workload.is_empty());
     let mut cpus: BTreeMap<u32, CpuCounts> = BTreeMap::new();
     let mut buckets = vec![0u32; BUCKETS_PER_SEC];
     let mut prev: Option<(u32, u64)> = None;
@@ -366,6 +371,9 @@ fn encode_second(
         cols.comm.push(dict.string(&r.comm, &mut delta));
         cols.cgroup.push(r.cgroup);
         cols.stack.push(dict.stack(&r.stack, &mut delta));
+        if workloads {
+            cols.workload.push(dict.string(&r.workload, &mut delta));
+        }
         let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
         counts.busy += 1;
         counts.kernel += u64::from(r.stack.user_len < r.stack.frames.len());

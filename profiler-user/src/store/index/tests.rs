@@ -16,7 +16,16 @@ fn write(dir: &Path, from_ns: u64, secs: u64) {
         let ts_ns = from_ns + t * NS_PER_SEC;
         for cpu in 0..2 {
             let comm: Arc<str> = Arc::from("app");
-            w.push(&Sample { ts_ns, cpu, pid: 10, tid: 10, cgroup_id: 0, comm, stack: stack.clone() });
+            w.push(&Sample {
+                ts_ns,
+                cpu,
+                pid: 10,
+                tid: 10,
+                cgroup_id: 0,
+                comm,
+                stack: stack.clone(),
+                workload: "".into(),
+            });
         }
         w.push_idle(ts_ns, 2);
         if i % 5 == 0 {
