@@ -137,6 +137,7 @@ mod tests {
                 frames: &frames,
                 count: 1,
                 frequency_hz: None,
+                workload: "",
             },
             SampleRef {
                 ts_ns: 1_795_000_001_000_001_000,
@@ -147,6 +148,7 @@ mod tests {
                 frames: &frames[..2],
                 count: 2,
                 frequency_hz: None,
+                workload: "",
             },
         ];
         let mut out = Vec::new();
@@ -198,6 +200,7 @@ mod tests {
                 frames: &frames,
                 count: 3,
                 frequency_hz: None,
+                workload: "",
             };
             write_sample(&s, &mut text).unwrap();
         }

@@ -208,6 +208,7 @@ mod tests {
                 frames: &frames,
                 count: 1,
                 frequency_hz: None,
+                workload: "",
             });
         }
         let mut gz = Vec::new();
@@ -241,6 +242,7 @@ mod tests {
             frames: &frames,
             count: 1,
             frequency_hz: None,
+            workload: "",
         });
         let mut gz = Vec::new();
         b.finish(&mut gz).unwrap();
@@ -272,6 +274,7 @@ mod tests {
             frames: &frames,
             count: 1,
             frequency_hz: None,
+            workload: "",
         });
         let mut gz = Vec::new();
         b.finish(&mut gz).unwrap();

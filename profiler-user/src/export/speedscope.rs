@@ -96,6 +96,7 @@ mod tests {
                 frames: &frames,
                 count: 1,
                 frequency_hz: None,
+                workload: "",
             },
             10,
         );
@@ -112,8 +113,17 @@ mod tests {
     fn a_python_frame_has_its_file_and_line() {
         let frames = [("outer_loop (/srv/nested.py:31)", false), ("f (x.c:3)", true)];
         let mut b = Builder::default();
-        let s =
-            SampleRef { ts_ns: 1, cpu: 0, pid: 1, tid: 1, comm: "py", frames: &frames, count: 1, frequency_hz: None };
+        let s = SampleRef {
+            ts_ns: 1,
+            cpu: 0,
+            pid: 1,
+            tid: 1,
+            comm: "py",
+            frames: &frames,
+            count: 1,
+            frequency_hz: None,
+            workload: "",
+        };
         b.add(&s, 10);
         let mut out = Vec::new();
         b.finish("p", &mut out).unwrap();

@@ -22,6 +22,8 @@ pub struct SampleRef<'a> {
     pub count: u64,
     /// The frequency the sample was taken at, when its segment records it (format 4).
     pub frequency_hz: Option<u64>,
+    /// The process's workload as stored (`model::Sample::workload`): JSON, or empty.
+    pub workload: &'a str,
 }
 
 /// Calls `f` for every non-idle sample of `window` that matches `filter`, in time order per
@@ -58,6 +60,7 @@ pub fn for_each_sample(
                 frames: &frames,
                 count: s.count(i),
                 frequency_hz: b.identity.map(|id| id.frequency_hz.max(1)),
+                workload: s.workload(i).map_or("", |w| b.dict.strings[w as usize].as_str()),
             });
         }
     })?;
