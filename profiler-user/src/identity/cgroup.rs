@@ -268,7 +268,12 @@ fn normalize_pod_uid(uid: &str) -> Option<String> {
     }
 }
 
-fn is_container_id(s: &str) -> bool {
+/// A pod uid as `/var/log/pods` writes it: a dashed UUID or a static pod's 32 hex digits.
+pub(super) fn is_pod_uid(uid: &str) -> bool {
+    !uid.contains('_') && normalize_pod_uid(uid).is_some()
+}
+
+pub(super) fn is_container_id(s: &str) -> bool {
     s.len() == 64 && s.as_bytes().iter().all(is_lower_hex)
 }
 

@@ -225,3 +225,11 @@ fn runtime_names() {
     assert_eq!(Runtime::CriO.as_str(), "cri-o");
     assert_eq!(Runtime::default().as_str(), "unknown");
 }
+
+#[test]
+fn log_directory_uids() {
+    assert!(is_pod_uid(UID));
+    assert!(is_pod_uid(STATIC_UID));
+    assert!(!is_pod_uid(UID_), "/var/log/pods writes dashes");
+    assert!(!is_pod_uid("not-a-uid"));
+}
