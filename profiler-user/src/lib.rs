@@ -3,6 +3,7 @@
 //! query (windows, filters, folding) → flamegraph (folded text, inferno SVG).
 //! `pipeline` is the per-sample path (parse a record → symbolize → detect → store); `daemon` feeds
 //! it from the ring buffer and flushes it; `main.rs` is the CLI over all of them.
+//! `identity` says which container, pod or systemd unit a pid belongs to.
 
 pub mod budget;
 pub mod collect;
@@ -10,6 +11,7 @@ pub mod config;
 pub mod daemon;
 pub mod detect;
 pub mod export;
+pub mod identity;
 pub mod logs;
 pub mod model;
 pub mod outfile;
