@@ -140,6 +140,10 @@ pub struct ConfigFile {
     pub report_secs: Option<u64>,
     /// `IP:PORT` of the UI and API, or "off".
     pub listen: Option<String>,
+    /// This node's name (default: the host name).
+    pub node: Option<String>,
+    /// The host's /var/log, where the kubelet keeps container logs.
+    pub kubelet_logs: Option<PathBuf>,
     #[serde(default)]
     pub store: StoreFile,
     /// Detector thresholds (every key optional; see `detect::Thresholds`).

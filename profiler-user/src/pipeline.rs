@@ -52,6 +52,8 @@ pub struct Pipeline {
     pub before_symbolize: Option<Box<dyn FnMut() + Send>>,
     /// Told which processes run user code, so their unwind tables get built.
     pub unwind: Option<crate::unwind::Notifier>,
+    /// The container, pod or unit of each process (none: samples carry no workload).
+    pub workloads: Option<crate::identity::Workloads>,
     /// Time of the oldest sample handled since the last successful flush (wall-clock ns).
     oldest_unflushed_ns: Option<u64>,
     /// Ring-to-disk latency of the last flush that wrote samples: its time minus the time of
@@ -77,6 +79,7 @@ impl Pipeline {
             python: Vec::new(),
             before_symbolize: None,
             unwind: None,
+            workloads: None,
             oldest_unflushed_ns: None,
             last_latency_ns: None,
         }
@@ -137,7 +140,7 @@ impl Pipeline {
             cgroup_id: header.cgroup_id,
             comm,
             stack,
-            workload: Default::default(),
+            workload: self.workloads.as_mut().map(|w| w.of(header.pid)).unwrap_or_default(),
         });
     }
 

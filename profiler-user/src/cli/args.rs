@@ -42,11 +42,34 @@ pub struct FilterArgs {
     /// Only processes with this comm.
     #[arg(long)]
     pub comm: Option<String>,
+    /// Only processes of this pod: its name, namespace/name, or uid.
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only processes of pods in this Kubernetes namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only processes of this container: its name, or its id (12 or more hex digits will do).
+    #[arg(long)]
+    pub container: Option<String>,
+    /// Only processes of this systemd unit (`kubelet` means `kubelet.service`).
+    #[arg(long)]
+    pub unit: Option<String>,
 }
 
 impl FilterArgs {
     pub fn filter(self) -> Filter {
-        Filter { cpus: self.cpu, pid: self.pid, comm: self.comm, include_idle: false }
+        Filter {
+            cpus: self.cpu,
+            pid: self.pid,
+            comm: self.comm,
+            workload: profiler::identity::Filter {
+                pod: self.pod,
+                namespace: self.namespace,
+                container: self.container,
+                unit: self.unit,
+            },
+            include_idle: false,
+        }
     }
 }
 

@@ -30,7 +30,7 @@ pub struct RunArgs {
     #[arg(long)]
     ring_buffer_kib: Option<u32>,
     /// Kernel memory for unwind tables of code without frame pointers, in MiB; 0: frame
-    /// pointers only [default: 32].
+    /// pointers only [default: 80].
     #[arg(long)]
     unwind_table_mib: Option<u32>,
     /// How often samples are written to disk, in milliseconds [default: 500].
@@ -51,6 +51,14 @@ pub struct RunArgs {
     /// Address of the UI, JSON API and /metrics, or `off` [default: 127.0.0.1:7070].
     #[arg(long)]
     listen: Option<String>,
+    /// This node's name in exports and fleet stores [default: the host name; in a DaemonSet,
+    /// the Kubernetes node name from the downward API].
+    #[arg(long)]
+    node: Option<String>,
+    /// The host's /var/log: the kubelet's `containers/` and `pods/` there name each sampled
+    /// process's pod and container [default: /var/log].
+    #[arg(long)]
+    kubelet_logs: Option<PathBuf>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -100,8 +108,17 @@ impl RunArgs {
                 anyhow::anyhow!("listen address '{listen}' is not IP:PORT (e.g. 127.0.0.1:7070) or off")
             })?)
         };
+        let node = match self.node.or(file.node) {
+            Some(n) if n.trim().is_empty() || n.len() > 253 => {
+                anyhow::bail!("node name '{n}' is empty or longer than 253 bytes: give the Kubernetes node name")
+            }
+            Some(n) => n,
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        };
         Ok(DaemonConfig {
             listen,
+            node,
+            kubelet_logs: self.kubelet_logs.or(file.kubelet_logs).unwrap_or_else(|| "/var/log".into()),
             data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             frequency_hz: frequency,
             ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,

@@ -87,6 +87,10 @@ pub struct DaemonConfig {
     pub event_patterns: Vec<String>,
     /// Where the UI, JSON API and /metrics listen; `None`: no server.
     pub listen: Option<std::net::SocketAddr>,
+    /// This node's name.
+    pub node: String,
+    /// The host's /var/log (the kubelet's `containers/` and `pods/`).
+    pub kubelet_logs: PathBuf,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -117,6 +121,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     Meta {
         format_version: FORMAT_VERSION,
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        node: config.node.clone(),
         cpus,
         frequency_hz: config.frequency_hz,
         started_ns: now_ns(),
@@ -155,6 +160,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             flush_interval: config.flush_interval,
             report_interval: config.report_interval,
             symbolize_delay,
+            kubelet_logs: config.kubelet_logs.clone(),
         },
         stage::Links {
             outlet,

@@ -58,6 +58,8 @@ pub struct StageConfig {
     pub report_interval: Duration,
     /// Test only: a sleep before each stack is symbolized (a slow symbolizer).
     pub symbolize_delay: Option<Duration>,
+    /// The host's /var/log, where the kubelet names pods and containers.
+    pub kubelet_logs: PathBuf,
 }
 
 /// The stage's connections to the others.
@@ -87,12 +89,18 @@ pub fn spawn(
     collector: Option<Collector>,
 ) -> std::io::Result<std::thread::JoinHandle<Summary>> {
     std::thread::Builder::new().name("pipeline".into()).spawn(move || {
-        let pipeline = Pipeline::new(
+        let mut pipeline = Pipeline::new(
             StoreWriter::with_limits(&crate::store::segments_dir(&config.data_dir), config.limits)
                 .with_identity(crate::store::identity::Identity::current(config.machine.frequency_hz)),
             Engine::new(config.machine, config.thresholds.clone()),
             clock::boot_to_unix_offset(),
         );
+        let logs = &config.kubelet_logs;
+        pipeline.workloads = Some(crate::identity::Workloads::new(crate::identity::Resolver::new(
+            "/proc",
+            logs.join("containers"),
+            logs.join("pods"),
+        )));
         Stage::new(config, links, collector, pipeline).run()
     })
 }
@@ -198,6 +206,9 @@ impl Stage {
                     let Some(mut e) = parse_event(fields, record) else { continue };
                     if e.kind == PROCESS_EXEC {
                         self.pipeline.symbolizer.note_exec(e.pid, &e.comm);
+                        if let Some(w) = self.pipeline.workloads.as_mut() {
+                            w.exec(e.pid);
+                        }
                         if let Some(unwind) = self.pipeline.unwind.as_mut() {
                             unwind.exec(e.pid);
                         }

@@ -13,6 +13,7 @@ mod kubelet;
 mod resolver;
 #[cfg(test)]
 mod tests;
+pub mod workloads;
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 pub use cgroup::Runtime;
 pub use dictionary::Dictionary;
 pub use resolver::Resolver;
+pub use workloads::Workloads;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -60,6 +62,13 @@ pub struct Filter {
     pub container: Option<String>,
     /// A unit name; without a suffix it means `.service`, as in `systemctl status nginx`.
     pub unit: Option<String>,
+}
+
+impl Filter {
+    /// No field given: every identity (and none) matches.
+    pub fn is_empty(&self) -> bool {
+        self.pod.is_none() && self.namespace.is_none() && self.container.is_none() && self.unit.is_none()
+    }
 }
 
 impl Identity {

@@ -52,6 +52,8 @@ pub struct Filter {
     pub cpus: Vec<u32>,
     pub pid: Option<u32>,
     pub comm: Option<String>,
+    /// Pod, namespace, container, unit.
+    pub workload: crate::identity::Filter,
     pub include_idle: bool,
 }
 
@@ -62,7 +64,11 @@ impl Filter {
 
     /// Idle samples belong to pid 0 and no comm.
     fn idle_ok(&self, cpu: u32) -> bool {
-        self.include_idle && self.cpu_ok(cpu) && self.pid.is_none_or(|p| p == 0) && self.comm.is_none()
+        self.include_idle
+            && self.cpu_ok(cpu)
+            && self.pid.is_none_or(|p| p == 0)
+            && self.comm.is_none()
+            && self.workload.is_empty()
     }
 
     fn describe(&self) -> String {
@@ -76,6 +82,13 @@ impl Filter {
         if let Some(c) = &self.comm {
             parts.push(format!("--comm {c}"));
         }
+        let w = &self.workload;
+        for (flag, v) in [("pod", &w.pod), ("namespace", &w.namespace), ("container", &w.container), ("unit", &w.unit)]
+        {
+            if let Some(v) = v {
+                parts.push(format!("--{flag} {v}"));
+            }
+        }
         if parts.is_empty() { "the filters".into() } else { parts.join(" ") }
     }
 }
@@ -86,12 +99,18 @@ pub(crate) struct Matcher<'f> {
     filter: &'f Filter,
     /// `Some(None)`: a comm was asked for that this dictionary does not hold.
     comm: Option<Option<u32>>,
+    /// With a workload filter: the string ids of the workloads it keeps, sorted.
+    workloads: Option<Vec<u32>>,
 }
 
 impl Filter {
     pub(crate) fn matcher(&self, dict: &Dict) -> Matcher<'_> {
         let comm = self.comm.as_deref().map(|c| dict.strings.iter().position(|s| s == c).map(|i| i as u32));
-        Matcher { filter: self, comm }
+        let workloads = (!self.workload.is_empty()).then(|| {
+            let keeps = |s: &String| crate::identity::workloads::decode(s).is_some_and(|w| w.matches(&self.workload));
+            dict.strings.iter().enumerate().filter(|(_, s)| keeps(s)).map(|(i, _)| i as u32).collect()
+        });
+        Matcher { filter: self, comm, workloads }
     }
 }
 
@@ -101,6 +120,7 @@ impl Matcher<'_> {
         self.filter.cpu_ok(s.cpu[i])
             && self.filter.pid.is_none_or(|p| p == s.pid[i])
             && self.comm.is_none_or(|id| id == Some(s.comm[i]))
+            && self.workloads.as_ref().is_none_or(|ids| s.workload(i).is_some_and(|w| ids.binary_search(&w).is_ok()))
     }
 }
 

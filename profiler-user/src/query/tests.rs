@@ -27,7 +27,15 @@ fn samples() -> Vec<Sample> {
         stack(&[], &["kthread", "worker"]),
     ];
     let comms: [Arc<str>; 4] = ["app".into(), "db".into(), "kworker/0:1".into(), "semi;colon".into()];
-    let workloads: [Arc<str>; 3] = ["".into(), r#"{"pod_name":"a"}"#.into(), r#"{"unit":"b.service"}"#.into()];
+    let pod = crate::identity::Identity {
+        pod_namespace: Some("ml".into()),
+        pod_name: Some("trainer-0".into()),
+        container_name: Some("main".into()),
+        ..Default::default()
+    };
+    let unit = crate::identity::Identity { unit: Some("kubelet.service".into()), ..Default::default() };
+    let encode = crate::identity::workloads::encode;
+    let workloads: [Arc<str>; 3] = ["".into(), encode(&pod).into(), encode(&unit).into()];
     (0..5000u64)
         .map(|i| {
             let x = i.wrapping_mul(2654435761) % 1000;
@@ -77,6 +85,8 @@ pub(super) fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::Fx
             && (f.cpus.is_empty() || f.cpus.contains(&s.cpu))
             && f.pid.is_none_or(|p| p == s.pid)
             && f.comm.as_deref().is_none_or(|c| c == &*s.comm)
+            && (f.workload.is_empty()
+                || crate::identity::workloads::decode(&s.workload).is_some_and(|w| w.matches(&f.workload)))
     }) {
         let mut line = s.comm.replace(';', ":");
         for (i, fr) in s.stack.frames.iter().enumerate() {
@@ -139,6 +149,19 @@ fn fold_equals_naive_count_for_windows_and_filters() {
         Filter { cpus: vec![0, 2], pid: Some(101), ..Default::default() },
         Filter { comm: Some("db".into()), ..Default::default() },
         Filter { comm: Some("semi;colon".into()), ..Default::default() },
+        Filter {
+            workload: crate::identity::Filter { pod: Some("ml/trainer-0".into()), ..Default::default() },
+            ..Default::default()
+        },
+        Filter {
+            cpus: vec![1],
+            workload: crate::identity::Filter { unit: Some("kubelet".into()), ..Default::default() },
+            ..Default::default()
+        },
+        Filter {
+            workload: crate::identity::Filter { namespace: Some("none".into()), ..Default::default() },
+            ..Default::default()
+        },
     ];
     for (a, b) in windows {
         let w = Window::new(T0 + a * NS_PER_SEC + 123, T0 + b * NS_PER_SEC + 456).unwrap();
@@ -441,7 +464,8 @@ fn empty_windows_say_what_the_store_holds() {
 
 #[test]
 fn unknown_cpu_is_refused_when_the_machine_is_known() {
-    let meta = Meta { format_version: 1, hostname: "h".into(), cpus: 2, frequency_hz: 99, started_ns: 0 };
+    let meta =
+        Meta { format_version: 1, hostname: "h".into(), node: "h".into(), cpus: 2, frequency_hz: 99, started_ns: 0 };
     let f = Filter { cpus: vec![0, 7], ..Default::default() };
     let err = check_filter(&f, Some(&meta)).unwrap_err().to_string();
     assert_eq!(err, "CPU 7 does not exist on the profiled machine (it has CPUs 0-1)");

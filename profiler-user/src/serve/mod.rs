@@ -95,6 +95,10 @@ pub struct Params {
     cpu: Option<String>,
     pid: Option<u32>,
     comm: Option<String>,
+    pod: Option<String>,
+    namespace: Option<String>,
+    container: Option<String>,
+    unit: Option<String>,
     rows: Option<u32>,
     bucket: Option<String>,
     format: Option<String>,
@@ -152,7 +156,15 @@ impl Params {
                 .map(|c| c.trim().parse::<u32>().map_err(|_| bad(format!("cpu '{c}' is not a CPU number"))))
                 .collect::<Result<_, _>>()?,
         };
-        Ok(Filter { cpus, pid: self.pid, comm: self.comm.clone(), include_idle: false })
+        // An empty parameter (a form's blank input) filters nothing.
+        let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+        let workload = crate::identity::Filter {
+            pod: given(&self.pod),
+            namespace: given(&self.namespace),
+            container: given(&self.container),
+            unit: given(&self.unit),
+        };
+        Ok(Filter { cpus, pid: self.pid, comm: self.comm.clone(), workload, include_idle: false })
     }
 }
 

@@ -11,6 +11,9 @@ use super::StoreError;
 pub struct Meta {
     pub format_version: u32,
     pub hostname: String,
+    /// The node's name in exports and fleet stores (`--node`); the host name by default.
+    #[serde(default)]
+    pub node: String,
     /// Number of possible CPUs: valid CPU ids are `0..cpus`.
     pub cpus: u32,
     pub frequency_hz: u64,

@@ -49,6 +49,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         flush_interval: Duration::from_millis(50),
         report_interval: Duration::from_secs(3600),
         symbolize_delay: None,
+        kubelet_logs: dir.path().join("no-kubelet"),
     };
     let links = Links {
         outlet,
