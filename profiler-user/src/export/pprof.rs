@@ -98,6 +98,8 @@ pub struct Builder {
     /// (name, kernel) → location id (one function per location).
     locations: HashMap<(String, bool), u64>,
     period_ns: i64,
+    /// Stored workload → its labels.
+    workloads: HashMap<String, Vec<Label>>,
     first_ns: Option<u64>,
     last_ns: u64,
 }
@@ -109,6 +111,7 @@ impl Builder {
             strings: HashMap::new(),
             locations: HashMap::new(),
             period_ns: (1_000_000_000 / frequency_hz.max(1)) as i64,
+            workloads: HashMap::new(),
             first_ns: None,
             last_ns: 0,
         };
@@ -158,20 +161,38 @@ impl Builder {
         let keys = ["cpu", "pid", "tid", "timestamp_ns", "comm"].map(|k| self.string(k));
         let comm = self.string(s.comm);
         let count = s.count as i64;
+        let mut label = vec![
+            Label { key: keys[0], str: 0, num: i64::from(s.cpu) },
+            Label { key: keys[1], str: 0, num: i64::from(s.pid) },
+            Label { key: keys[2], str: 0, num: i64::from(s.tid) },
+            Label { key: keys[3], str: 0, num: s.ts_ns as i64 },
+            Label { key: keys[4], str: comm, num: 0 },
+        ];
+        label.extend(self.workload_labels(s.workload).iter().cloned());
         self.profile.sample.push(Sample {
             location_id: ids,
             // Each sample weighs its own period: a window may span a restart at another frequency.
             value: vec![count, count * s.frequency_hz.map_or(self.period_ns, |hz| (1_000_000_000 / hz.max(1)) as i64)],
-            label: vec![
-                Label { key: keys[0], str: 0, num: i64::from(s.cpu) },
-                Label { key: keys[1], str: 0, num: i64::from(s.pid) },
-                Label { key: keys[2], str: 0, num: i64::from(s.tid) },
-                Label { key: keys[3], str: 0, num: s.ts_ns as i64 },
-                Label { key: keys[4], str: comm, num: 0 },
-            ],
+            label,
         });
         self.first_ns = Some(self.first_ns.map_or(s.ts_ns, |f| f.min(s.ts_ns)));
         self.last_ns = self.last_ns.max(s.ts_ns);
+    }
+
+    /// The pod, namespace, container and unit labels of a stored workload, made once per
+    /// distinct workload.
+    fn workload_labels(&mut self, workload: &str) -> &[Label] {
+        if !self.workloads.contains_key(workload) {
+            let fields = crate::identity::workloads::decode(workload)
+                .map(|id| id.fields().into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>());
+            let labels = fields
+                .unwrap_or_default()
+                .iter()
+                .map(|(k, v)| Label { key: self.string(k), str: self.string(v), num: 0 })
+                .collect();
+            self.workloads.insert(workload.to_string(), labels);
+        }
+        &self.workloads[workload]
     }
 
     pub fn finish(mut self, out: impl Write) -> Result<(), ExportError> {
@@ -258,6 +279,43 @@ mod tests {
         // Native and kernel frames keep their whole names and no file.
         assert_eq!(s(by_name("main").filename), "");
         assert_eq!(s(by_name("f (x.c:3) [kernel]").filename), "");
+    }
+
+    #[test]
+    fn a_containers_samples_carry_pod_namespace_and_container_labels() {
+        let id = crate::identity::Identity {
+            pod_namespace: Some("ml".into()),
+            pod_name: Some("trainer-0".into()),
+            container_name: Some("main".into()),
+            ..Default::default()
+        };
+        let workload = crate::identity::workloads::encode(&id);
+        let mut b = Builder::new(99);
+        for w in [workload.as_str(), ""] {
+            let frames = [("main", false)];
+            b.add(&SampleRef {
+                ts_ns: 1,
+                cpu: 0,
+                pid: 1,
+                tid: 1,
+                comm: "py",
+                frames: &frames,
+                count: 1,
+                frequency_hz: None,
+                workload: w,
+            });
+        }
+        let mut gz = Vec::new();
+        b.finish(&mut gz).unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        let p = Profile::decode(&raw[..]).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let strs = |i: usize| -> Vec<(&str, &str)> {
+            p.sample[i].label.iter().filter(|l| l.str != 0).map(|l| (s(l.key), s(l.str))).collect()
+        };
+        assert_eq!(strs(0), [("comm", "py"), ("namespace", "ml"), ("pod", "trainer-0"), ("container", "main")]);
+        assert_eq!(strs(1), [("comm", "py")]);
     }
 
     /// pprof is structured: names travel exactly, but a user frame cannot end like our kernel mark.

@@ -72,6 +72,48 @@ impl Filter {
 }
 
 impl Identity {
+    /// The known fields under the names the CLI's filters use (`pod`, `namespace`,
+    /// `container`, ...), for labels in exports and findings.
+    pub fn fields(&self) -> Vec<(&'static str, &str)> {
+        let runtime = (self.runtime != Runtime::Unknown).then(|| self.runtime.as_str());
+        [
+            ("namespace", self.pod_namespace.as_deref()),
+            ("pod", self.pod_name.as_deref()),
+            ("pod_uid", self.pod_uid.as_deref()),
+            ("container", self.container_name.as_deref()),
+            ("container_id", self.container_id.as_deref()),
+            ("runtime", runtime),
+            ("unit", self.unit.as_deref()),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+        .collect()
+    }
+
+    /// A few words for logs and findings: `pod ml/trainer-0 container main`, `unit
+    /// kubelet.service`, `container 3f2a9c01b7d4`; empty when nothing is known.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match (self.pod_namespace.as_deref(), self.pod_name.as_deref()) {
+            (Some(ns), Some(pod)) => parts.push(format!("pod {ns}/{pod}")),
+            (None, Some(pod)) => parts.push(format!("pod {pod}")),
+            _ => {
+                if let Some(uid) = self.pod_uid.as_deref() {
+                    parts.push(format!("pod uid {uid}"));
+                }
+            }
+        }
+        match (self.container_name.as_deref(), self.container_id.as_deref()) {
+            (Some(name), _) => parts.push(format!("container {name}")),
+            (None, Some(id)) => parts.push(format!("container {}", &id[..id.len().min(12)])),
+            _ => {}
+        }
+        if let Some(unit) = self.unit.as_deref() {
+            parts.push(format!("unit {unit}"));
+        }
+        parts.join(" ")
+    }
+
     pub fn matches(&self, filter: &Filter) -> bool {
         let is = |field: &Option<Arc<str>>, want: &str| field.as_deref() == Some(want);
         let pod = |want: &str| match want.split_once('/') {
