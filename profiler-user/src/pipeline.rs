@@ -131,7 +131,9 @@ impl Pipeline {
             .and_then(crate::unwind::python::layout);
         let python = layout.map(|l| (l, self.python.as_slice()));
         let stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python);
-        self.engine.on_busy(ts_ns, header.cpu, Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone() });
+        let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid)).unwrap_or_default();
+        let tick = Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone(), workload: workload.clone() };
+        self.engine.on_busy(ts_ns, header.cpu, tick);
         self.writer.push(&Sample {
             ts_ns,
             cpu: header.cpu,
@@ -140,7 +142,7 @@ impl Pipeline {
             cgroup_id: header.cgroup_id,
             comm,
             stack,
-            workload: self.workloads.as_mut().map(|w| w.of(header.pid)).unwrap_or_default(),
+            workload,
         });
     }
 

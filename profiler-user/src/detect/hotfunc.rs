@@ -180,10 +180,8 @@ impl HotFunc {
                 .map_or(window_start, |s| s.start_ns);
             let onset = *self.since[cpu].get_or_insert(first_hot);
             let holders = top_processes(ticks().filter(|t| t.stack.kernel().iter().any(|f| &**f == name)), 3);
-            let holders_text: Vec<String> = holders
-                .iter()
-                .map(|(comm, pid, n)| format!("{comm} (pid {pid}) {}", percent(*n as f64 / denom)))
-                .collect();
+            let holders_text: Vec<String> =
+                holders.iter().map(|t| format!("{} {}", t.who(""), percent(t.samples as f64 / denom))).collect();
             let mut summary =
                 format!("{name} holds {} of CPU {cpu} over {w} s, in {}", percent(share), holders_text.join(", "));
             if let Some(h) = hint(name) {
@@ -200,7 +198,7 @@ impl HotFunc {
                     "share": share,
                     "window_secs": w,
                     "watchlist": hint(name).is_some(),
-                    "processes": holders.iter().map(|(comm, pid, n)| json!({"comm": &**comm, "pid": pid, "samples": n})).collect::<Vec<_>>(),
+                    "processes": holders.iter().map(super::Top::json).collect::<Vec<_>>(),
                 }),
             });
         }
@@ -233,7 +231,12 @@ mod tests {
                         busy: per_second
                             .iter()
                             .flat_map(|(s, k)| {
-                                (0..*k).map(|_| Tick { stack: s.clone(), pid: 42, comm: Arc::from("cat") })
+                                (0..*k).map(|_| Tick {
+                                    stack: s.clone(),
+                                    pid: 42,
+                                    comm: Arc::from("cat"),
+                                    workload: Default::default(),
+                                })
                             })
                             .collect(),
                         ..Default::default()

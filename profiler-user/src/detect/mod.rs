@@ -127,6 +127,8 @@ pub struct Tick {
     pub stack: Arc<Stack>,
     pub pid: u32,
     pub comm: Arc<str>,
+    /// The process's workload as stored (`model::Sample::workload`).
+    pub workload: Arc<str>,
 }
 
 /// One CPU during one second.
@@ -170,13 +172,46 @@ pub struct Machine {
 }
 
 /// Top processes of a set of ticks: `(comm, pid, ticks)`, most first.
-pub fn top_processes<'a>(ticks: impl Iterator<Item = &'a Tick>, n: usize) -> Vec<(Arc<str>, u32, u64)> {
-    let mut counts: HashMap<(u32, Arc<str>), u64> = HashMap::new();
-    for t in ticks {
-        *counts.entry((t.pid, t.comm.clone())).or_default() += 1;
+/// A process among the busiest of some ticks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Top {
+    pub comm: Arc<str>,
+    pub pid: u32,
+    pub samples: u64,
+    pub workload: Arc<str>,
+}
+
+impl Top {
+    /// `kubelet (pid 42)`, with its pod and container or unit when known, and `extra` after the
+    /// pid: `trainer (pid 42, pod ml/trainer-0 container main)`.
+    pub fn who(&self, extra: &str) -> String {
+        let workload = self.workload().map(|w| w.describe()).filter(|d| !d.is_empty());
+        let workload = workload.map_or(String::new(), |w| format!(", {w}"));
+        format!("{} (pid {}{extra}{workload})", self.comm, self.pid)
     }
-    let mut v: Vec<_> = counts.into_iter().map(|((pid, comm), c)| (comm, pid, c)).collect();
-    v.sort_by(|a, b| b.2.cmp(&a.2).then(a.1.cmp(&b.1)));
+
+    /// For a finding's evidence: comm, pid, samples, and the workload's fields.
+    pub fn json(&self) -> serde_json::Value {
+        let mut p = serde_json::json!({"comm": &*self.comm, "pid": self.pid, "samples": self.samples});
+        for (k, v) in self.workload().as_ref().map(|w| w.fields()).unwrap_or_default() {
+            p[k] = serde_json::json!(v);
+        }
+        p
+    }
+
+    pub fn workload(&self) -> Option<crate::identity::Identity> {
+        crate::identity::workloads::decode(&self.workload)
+    }
+}
+
+pub fn top_processes<'a>(ticks: impl Iterator<Item = &'a Tick>, n: usize) -> Vec<Top> {
+    let mut counts: HashMap<(u32, Arc<str>), (u64, Arc<str>)> = HashMap::new();
+    for t in ticks {
+        counts.entry((t.pid, t.comm.clone())).or_insert_with(|| (0, t.workload.clone())).0 += 1;
+    }
+    let mut v: Vec<Top> =
+        counts.into_iter().map(|((pid, comm), (samples, workload))| Top { comm, pid, samples, workload }).collect();
+    v.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.pid.cmp(&b.pid)));
     v.truncate(n);
     v
 }
@@ -299,7 +334,7 @@ impl Engine {
                 // Whoever holds the CPU now may be gone when the second is evaluated: note
                 // the real-time policies of what ran there in the seconds not yet evaluated.
                 let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
-                let pids: Vec<u32> = top_processes(ticks, 3).into_iter().map(|(_, pid, _)| pid).collect();
+                let pids: Vec<u32> = top_processes(ticks, 3).into_iter().map(|t| t.pid).collect();
                 if self.policies.len() > 4096 {
                     self.policies.clear();
                 }

@@ -53,9 +53,9 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
         let holders = top_processes(c.busy.iter(), 3);
         let held: Vec<String> = holders
             .iter()
-            .map(|(comm, pid, k)| {
-                let pol = policies.get(pid).cloned().unwrap_or_else(|| policy(*pid));
-                format!("{comm} (pid {pid}{pol}) {}", percent(*k as f64 / busy))
+            .map(|t| {
+                let pol = policies.get(&t.pid).cloned().unwrap_or_else(|| policy(t.pid));
+                format!("{} {}", t.who(&pol), percent(t.samples as f64 / busy))
             })
             .collect();
         let held = if held.is_empty() { "nothing sampled (softirq time itself?)".to_string() } else { held.join(", ") };
@@ -79,7 +79,7 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
                 "latency_max_ms": ms(n.latency_max_ns),
                 "latency_p99_ms": p99.map(ms),
                 "poll_gap_max_ms": ms(n.poll_gap_max_ns),
-                "held_by": holders.iter().map(|(comm, pid, k)| json!({"comm": &**comm, "pid": pid, "samples": k})).collect::<Vec<_>>(),
+                "held_by": holders.iter().map(super::Top::json).collect::<Vec<_>>(),
             }),
         });
     }
@@ -114,7 +114,12 @@ mod tests {
                 CpuSecond::default(),
                 CpuSecond {
                     busy: (0..99)
-                        .map(|_| Tick { stack: spin.clone(), pid: 4_000_000, comm: Arc::from("hog") })
+                        .map(|_| Tick {
+                            stack: spin.clone(),
+                            pid: 4_000_000,
+                            comm: Arc::from("hog"),
+                            workload: Default::default(),
+                        })
                         .collect(),
                     netrx: Some(netrx),
                     ..Default::default()

@@ -48,7 +48,7 @@ impl Saturation {
             let mode = if kernel_share >= 0.5 { "kernel" } else { "user" };
             let top_text: Vec<String> = top
                 .iter()
-                .map(|(comm, pid, n)| format!("{comm} (pid {pid}) {}", percent(*n as f64 / ticks.max(1) as f64)))
+                .map(|t| format!("{} {}", t.who(""), percent(t.samples as f64 / ticks.max(1) as f64)))
                 .collect();
             out.push(Active {
                 kind: Kind::SaturatedCore,
@@ -68,7 +68,7 @@ impl Saturation {
                     "machine_busy_share": machine_busy,
                     "seconds": secs,
                     "mode": mode,
-                    "top_processes": top.iter().map(|(comm, pid, n)| json!({"comm": &**comm, "pid": pid, "samples": n})).collect::<Vec<_>>(),
+                    "top_processes": top.iter().map(super::Top::json).collect::<Vec<_>>(),
                 }),
             });
         }
@@ -100,6 +100,7 @@ mod tests {
                             stack: if k { kernel.clone() } else { user.clone() },
                             pid: 7,
                             comm: Arc::from("dd"),
+                            workload: Default::default(),
                         })
                         .collect(),
                     ..Default::default()
@@ -130,6 +131,28 @@ mod tests {
         assert_eq!((a.kind, a.cpu, a.onset_ns), (Kind::SaturatedCore, Some(1), 0));
         assert!(a.summary.contains("CPU 1 saturated for 3 s") && a.summary.contains("in the kernel"), "{}", a.summary);
         assert!(a.summary.contains("dd (pid 7)"), "{}", a.summary);
+    }
+
+    #[test]
+    fn the_finding_names_the_pod_and_container_of_its_processes() {
+        let pod = crate::identity::Identity {
+            pod_namespace: Some("ml".into()),
+            pod_name: Some("trainer-0".into()),
+            container_name: Some("main".into()),
+            ..Default::default()
+        };
+        let workload: Arc<str> = crate::identity::workloads::encode(&pod).into();
+        let seconds: Vec<_> = (0..3)
+            .map(|i| {
+                let mut s = second(i, &[(2, false), (100, true)]);
+                s.cpus[1].busy.iter_mut().for_each(|t| t.workload = workload.clone());
+                s
+            })
+            .collect();
+        let a = &run(&seconds)[2][0];
+        assert!(a.summary.contains("dd (pid 7, pod ml/trainer-0 container main) 100 %"), "{}", a.summary);
+        assert_eq!(a.evidence["top_processes"][0]["pod"], "trainer-0");
+        assert_eq!(a.evidence["top_processes"][0]["namespace"], "ml");
     }
 
     #[test]
