@@ -1,0 +1,165 @@
+//! Pod and container identity (issue 13): a process in a kubepods cgroup, named by a kubelet log
+//! layout, is stored with its pod, namespace and container; `--pod`, `--namespace`,
+//! `--container` and `--unit` select it, a process beside it stays out, and pprof exports carry
+//! the labels. The cgroup is real (cgroup v1 here, made by the test); the kubelet's log
+//! directory is a temporary one given with `--kubelet-logs`.
+
+use std::{
+    io::Read,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, profiler, wait_for};
+
+const SECS: f64 = 3.0;
+
+/// A cgroup v1 hierarchy a process can be moved into (`cpu,cpuacct` or `cpu` here).
+fn cpu_hierarchy() -> Option<PathBuf> {
+    ["/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/pids"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|dir| dir.join("cgroup.procs").exists())
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).unwrap();
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Kills the children and removes the cgroups made, deepest first, however the test ends.
+#[derive(Default)]
+struct Cleanup {
+    children: Vec<Child>,
+    made: Vec<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for dir in self.made.iter().rev() {
+            // A cgroup whose last task just exited stays busy for a moment.
+            let _ = wait_for_quietly(|| std::fs::remove_dir(dir).is_ok() || !dir.exists());
+        }
+    }
+}
+
+fn wait_for_quietly(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn labels_of_pprof(data: &Path, from: f64, to: f64) -> String {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let (from, to) = (format!("{from:.3}"), format!("{to:.3}"));
+    let o = profiler(&[
+        "export",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--pod",
+        "shop/web-7d4b9c-x2x7k",
+        "--format",
+        "pprof",
+        "-o",
+        out.path().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The string table of the gzipped profile holds every label key and value.
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(out.path()).unwrap()).read_to_end(&mut raw).unwrap();
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+#[test]
+fn a_pods_samples_are_stored_with_its_identity_and_selected_by_it() {
+    if !privileged("a_pods_samples_are_stored_with_its_identity_and_selected_by_it") {
+        return;
+    }
+    let hierarchy = cpu_hierarchy().expect("a cgroup v1 hierarchy to move a process into");
+    let r = random_hex(16);
+    let uid = format!("{}-{}-{}-{}-{}", &r[..8], &r[8..12], &r[12..16], &r[16..20], &r[20..]);
+    let id = random_hex(32);
+    let mut cleanup = Cleanup::default();
+    let container_dir = hierarchy.join(format!("kubepods/burstable/pod{uid}/{id}"));
+    for dir in container_dir.ancestors().take(4).collect::<Vec<_>>().into_iter().rev() {
+        match std::fs::create_dir(dir) {
+            Ok(()) => cleanup.made.push(dir.to_path_buf()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => panic!("mkdir {}: {e}", dir.display()),
+        }
+    }
+    // The kubelet's log layout for the pod and its container.
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join(format!("pods/shop_web-7d4b9c-x2x7k_{uid}/nginx/0.log"));
+    std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+    std::fs::write(&log, b"").unwrap();
+    std::fs::create_dir(logs.path().join("containers")).unwrap();
+    let link = logs.path().join(format!("containers/web-7d4b9c-x2x7k_shop_nginx-{id}.log"));
+    std::os::unix::fs::symlink(&log, link).unwrap();
+
+    let (_tmp, data, mut daemon) =
+        Daemon::ready_in_tempdir(&["--listen", "off", "--kubelet-logs", logs.path().to_str().unwrap()]);
+    let dir = data.to_str().unwrap();
+    let start = now_secs();
+    // The pod's process enters its container's cgroup and then execs, as runc does.
+    let procs = container_dir.join("cgroup.procs");
+    let script = format!("echo $$ > {} && exec {} 1 {SECS}", procs.display(), helper_bin().display());
+    cleanup.children.push(Command::new("sh").args(["-c", &script]).stdout(Stdio::null()).spawn().unwrap());
+    // A host process beside it, on the other CPU.
+    cleanup
+        .children
+        .push(Command::new(helper_bin()).args(["0", &SECS.to_string()]).stdout(Stdio::null()).spawn().unwrap());
+    for c in &mut cleanup.children {
+        assert!(c.wait().unwrap().success());
+    }
+    let end = now_secs();
+    let all = wait_for("both processes' samples", Duration::from_secs(30), || {
+        let stacks = folded_window(dir, start, end + 0.5, &["--comm", "busy-helper"]).ok()?;
+        let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+        (total as f64 >= 2.0 * SECS * 99.0 * 0.7).then_some(total)
+    });
+    let count = |filter: &[&str]| -> Result<u64, String> {
+        let mut args = vec!["--comm", "busy-helper"];
+        args.extend_from_slice(filter);
+        Ok(folded_window(dir, start, end + 0.5, &args)?.iter().map(|(_, n)| n).sum())
+    };
+    let pod = count(&["--pod", "shop/web-7d4b9c-x2x7k"]).unwrap();
+    eprintln!("busy-helper: {all} samples, {pod} of them in the pod");
+    // One of the two processes: about half, never all and never none.
+    assert!(pod as f64 >= SECS * 99.0 * 0.7 && pod < all, "{pod} of {all}");
+    for filter in [
+        &["--pod", "web-7d4b9c-x2x7k"][..],
+        &["--pod", &uid],
+        &["--namespace", "shop"],
+        &["--container", "nginx"],
+        &["--container", &id[..12]],
+        &["--namespace", "shop", "--container", "nginx"],
+    ] {
+        assert_eq!(count(filter), Ok(pod), "{filter:?}");
+    }
+    for filter in [&["--pod", "web"][..], &["--namespace", "kube-system"], &["--container", "nginx", "--unit", "kubelet"]]
+    {
+        let got = count(filter);
+        assert!(got.as_ref().is_err_and(|e| e.contains("no samples match")), "{filter:?}: {got:?}");
+    }
+    let strings = labels_of_pprof(&data, start, end + 0.5);
+    for want in ["namespace", "shop", "pod", "web-7d4b9c-x2x7k", "container", "nginx", id.as_str()] {
+        assert!(strings.contains(want), "pprof export lacks {want}");
+    }
+    assert!(daemon.stop().success());
+}
