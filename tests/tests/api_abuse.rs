@@ -123,6 +123,7 @@ fn write_store(data: &Path, now_ns: u64) -> (u64, u64) {
         cgroup_id: 1,
         comm: comm.clone(),
         stack,
+        workload: Default::default(),
     };
     let mut t = start;
     while t < end {

@@ -241,10 +241,8 @@ impl Symbolizer {
         key_addrs.extend_from_slice(kernel);
         key_addrs.extend_from_slice(user);
         let python_words = python.map_or(&[][..], |p| p.1);
-        // Names come from the code objects alone: the instruction a frame is at stays out of
-        // the key, so a hot Python stack is named once.
-        key_addrs
-            .extend(python_words.chunks_exact(2).flat_map(|w| [w[0], w[1] & profiler_common::python::ENTRY_FRAME]));
+        // The instruction a frame is at gives its line: part of the key.
+        key_addrs.extend_from_slice(python_words);
         // User addresses only mean something within their process image; kernel-only stacks
         // are shared by all.
         let image = if user.is_empty() { 0 } else { self.processes.get(&pid).map_or(u64::MAX, |p| p.image) };
@@ -263,7 +261,7 @@ impl Symbolizer {
         if let Some((layout, words)) = python.filter(|p| !p.1.is_empty()) {
             let named: Vec<(Arc<str>, bool)> = python::frames(words)
                 .into_iter()
-                .map(|(code, entry)| (self.python.name(pid, layout, code), entry))
+                .map(|(code, instr, entry)| (self.python.name(pid, layout, code, instr), entry))
                 .collect();
             frames = python::merge(&frames, &named);
         }

@@ -3,6 +3,8 @@
 //! and cached per process and address. The frames then take the place of the interpreter's
 //! `_PyEval_EvalFrameDefault` frames that ran them.
 
+mod lines;
+
 use std::{collections::HashMap, sync::Arc};
 
 use profiler_common::python::ENTRY_FRAME;
@@ -16,32 +18,68 @@ const MAX_NAMES: usize = 65_536;
 /// Longest name or file name read.
 const MAX_STR: usize = 512;
 
+/// Longest line table read (a function of thousands of lines has a few KiB).
+const MAX_LINE_TABLE: usize = 64 << 10;
+
 #[derive(Default)]
 pub struct PyNames {
-    names: HashMap<(u32, u64), Arc<str>>,
+    /// (pid, code object) → what the object says, read once.
+    codes: HashMap<(u32, u64), Arc<Code>>,
+    /// (pid, code object, line) → the frame's name.
+    names: HashMap<(u32, u64, i64), Arc<str>>,
+}
+
+/// What a code object says of itself.
+struct Code {
+    name: String,
+    file: String,
+    first_line: i64,
+    /// `co_linetable` (3.11+).
+    lines: Option<Vec<u8>>,
 }
 
 impl PyNames {
-    /// The frame's name: `qualname (file:first line)`.
-    pub fn name(&mut self, pid: u32, layout: &Layout, code: u64) -> Arc<str> {
-        if let Some(n) = self.names.get(&(pid, code)) {
+    /// The frame's name: `qualname (file:line)`, at the line the frame is running (3.11+; the
+    /// function's first line before that, or where the table says nothing). `instr` is the
+    /// sampler's instruction address, 0 when it sent none.
+    pub fn name(&mut self, pid: u32, layout: &Layout, code: u64, instr: u64) -> Arc<str> {
+        let info = match self.codes.get(&(pid, code)) {
+            Some(c) => c.clone(),
+            None => match describe(pid, layout, code) {
+                Some(c) => {
+                    if self.codes.len() >= MAX_NAMES {
+                        self.codes.clear();
+                    }
+                    let c = Arc::new(c);
+                    self.codes.insert((pid, code), c.clone());
+                    c
+                }
+                // Not cached: the object may be readable next time (or was freed).
+                None => return Arc::from("[python]"),
+            },
+        };
+        let start = code + layout.code_adaptive;
+        let line = info
+            .lines
+            .as_deref()
+            .filter(|_| instr >= start)
+            .and_then(|t| lines::line_at(t, info.first_line, (instr - start) / 2))
+            .unwrap_or(info.first_line);
+        if let Some(n) = self.names.get(&(pid, code, line)) {
             return n.clone();
         }
-        let name: Arc<str> = match describe(pid, layout, code) {
-            Some(n) => Arc::from(n),
-            // Not cached: the object may be readable next time (or was freed).
-            None => return Arc::from("[python]"),
-        };
         if self.names.len() >= MAX_NAMES {
             self.names.clear();
         }
-        self.names.insert((pid, code), name.clone());
+        let name: Arc<str> = Arc::from(format!("{} ({}:{line})", info.name, info.file));
+        self.names.insert((pid, code, line), name.clone());
         name
     }
 
     /// Forgets the names of processes no longer known.
     pub fn retain(&mut self, live: impl Fn(u32) -> bool) {
-        self.names.retain(|(pid, _), _| live(*pid));
+        self.codes.retain(|(pid, _), _| live(*pid));
+        self.names.retain(|(pid, _, _), _| live(*pid));
     }
 }
 
@@ -54,13 +92,25 @@ pub fn source(frame: &str) -> Option<(&str, &str, u32)> {
     (!function.is_empty() && !file.is_empty()).then_some((function, file, line))
 }
 
-fn describe(pid: u32, l: &Layout, code: u64) -> Option<String> {
+fn describe(pid: u32, l: &Layout, code: u64) -> Option<Code> {
     let qualname = read_u64(pid, code + l.code_qualname)?;
     let filename = read_u64(pid, code + l.code_filename)?;
-    let line = read_u32(pid, code + l.code_firstlineno)?;
+    let first_line = read_u32(pid, code + l.code_firstlineno)? as i32 as i64;
     let name = read_str(pid, l, qualname)?;
     let file = read_str(pid, l, filename).unwrap_or_else(|| "?".into());
-    Some(format!("{name} ({file}:{line})"))
+    let lines = (l.code_linetable != 0).then(|| read_bytes(pid, read_u64(pid, code + l.code_linetable)?)).flatten();
+    Some(Code { name, file, first_line, lines })
+}
+
+/// A `bytes` object's contents (`ob_size` at 16, `ob_sval` at 32 in every 3.x), at most
+/// [`MAX_LINE_TABLE`] bytes.
+fn read_bytes(pid: u32, obj: u64) -> Option<Vec<u8>> {
+    let len = read_u64(pid, obj + 16)? as usize;
+    if len > MAX_LINE_TABLE {
+        return None;
+    }
+    let mut buf = vec![0u8; len];
+    read(pid, obj + 32, &mut buf).then_some(buf)
 }
 
 fn read(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
@@ -131,17 +181,17 @@ pub fn merge(user: &[Arc<str>], python: &[(Arc<str>, bool)]) -> Vec<Arc<str>> {
     out
 }
 
-/// The sampler's words as `(code object, starts its evaluation)`, leaf first; a shim pair
-/// `(0, ENTRY_FRAME)` marks the frame before it and is dropped.
-pub fn frames(words: &[u64]) -> Vec<(u64, bool)> {
-    let mut out: Vec<(u64, bool)> = Vec::with_capacity(words.len() / 2);
+/// The sampler's words as `(code object, instruction address, starts its evaluation)`, leaf
+/// first; a shim pair `(0, ENTRY_FRAME)` marks the frame before it and is dropped.
+pub fn frames(words: &[u64]) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::with_capacity(words.len() / 2);
     for w in words.chunks_exact(2) {
         if w[0] == 0 {
             if let Some(last) = out.last_mut() {
-                last.1 = true;
+                last.2 = true;
             }
         } else {
-            out.push((w[0], w[1] & ENTRY_FRAME != 0));
+            out.push((w[0], w[1] & !ENTRY_FRAME, w[1] & ENTRY_FRAME != 0));
         }
     }
     out
@@ -179,7 +229,7 @@ mod tests {
     fn a_shim_frame_marks_the_frame_before_it() {
         assert_eq!(
             frames(&[0x10, 0x100, 0, ENTRY_FRAME, 0x20, 0x200, 0x30, 0x301]),
-            [(0x10, true), (0x20, false), (0x30, true)]
+            [(0x10, 0x100, true), (0x20, 0x200, false), (0x30, 0x300, true)]
         );
     }
 
