@@ -141,14 +141,14 @@ impl Builder {
         let id = self.profile.location.len() as u64 + 1;
         // A user name cannot end like the kernel mark (`text::unmarked`).
         let shown = if kernel { format!("{name} [kernel]") } else { crate::text::unmarked(name).into_owned() };
-        // A Python frame has its own fields for its file and line (the function's first line:
-        // the sampler does not decode the line table).
+        // A Python frame has its own fields for its file and the line it runs (the function's
+        // first line is not kept: `start_line` stays 0, unknown).
         let (function, file, line) = match crate::symbolize::python::source(&shown).filter(|_| !kernel) {
             Some((function, file, line)) => (function.to_string(), file.to_string(), line as i64),
             None => (shown, String::new(), 0),
         };
         let (n, filename) = (self.string(&function), self.string(&file));
-        self.profile.function.push(Function { id, name: n, system_name: n, filename, start_line: line });
+        self.profile.function.push(Function { id, name: n, system_name: n, filename, start_line: 0 });
         self.profile.location.push(Location { id, line: vec![Line { function_id: id, line }] });
         self.locations.insert((name.to_string(), kernel), id);
         id
@@ -273,7 +273,7 @@ mod tests {
         let s = |i: i64| p.string_table[i as usize].as_str();
         let by_name = |name: &str| p.function.iter().find(|f| s(f.name) == name).unwrap_or_else(|| panic!("{name}"));
         let py = by_name("outer_loop");
-        assert_eq!((s(py.filename), py.start_line), ("/srv/nested.py", 31));
+        assert_eq!(s(py.filename), "/srv/nested.py");
         let loc = p.location.iter().find(|l| l.line[0].function_id == py.id).unwrap();
         assert_eq!(loc.line[0].line, 31);
         // Native and kernel frames keep their whole names and no file.
