@@ -98,15 +98,23 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
             "kubernetes-validate",
         )?;
     }
-    // opentelemetry-proto (PyPI): the official OTLP definitions the OTLP export test decodes with,
+    // opentelemetry-proto (PyPI): the official OTLP definitions the OTLP tests decode with,
     // pinned to the release whose profiles messages `export::otlp::proto` follows (the profiles
-    // signal is still in development: its wire format changes between releases).
-    let check = "import importlib.metadata as m; assert m.version('opentelemetry-proto').startswith('1.45.')";
+    // signal is still in development: its wire format changes between releases); grpcio serves
+    // its ProfilesService as the reference gRPC receiver.
+    let check = "import grpc, importlib.metadata as m; assert m.version('opentelemetry-proto').startswith('1.45.')";
     if output(Command::new("python3").args(["-c", check])).is_none() {
-        eprintln!("xtask: installing opentelemetry-proto (PyPI) for the OTLP export test");
+        eprintln!("xtask: installing opentelemetry-proto and grpcio (PyPI) for the OTLP tests");
         run(
-            Command::new("python3").args(["-m", "pip", "install", "-q", "opentelemetry-proto==1.45.*"]),
-            "opentelemetry-proto",
+            Command::new("python3").args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "opentelemetry-proto==1.45.*",
+                "grpcio>=1.63.2",
+            ]),
+            "opentelemetry-proto and grpcio",
         )?;
     }
     let have = |p: &str| std::path::Path::new(p).exists();

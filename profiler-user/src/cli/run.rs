@@ -51,6 +51,10 @@ pub struct RunArgs {
     /// Address of the UI, JSON API and /metrics, or `off` [default: 127.0.0.1:7070].
     #[arg(long)]
     listen: Option<String>,
+    /// Push profiles to this OpenTelemetry collector (http://HOST:PORT), as `[otlp] endpoint`
+    /// in the config file, which holds the other OTLP settings [default: no push].
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -100,8 +104,10 @@ impl RunArgs {
                 anyhow::anyhow!("listen address '{listen}' is not IP:PORT (e.g. 127.0.0.1:7070) or off")
             })?)
         };
+        let otlp = config::otlp(&file.otlp, self.otlp_endpoint.as_deref())?;
         Ok(DaemonConfig {
             listen,
+            otlp,
             data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             frequency_hz: frequency,
             ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,
