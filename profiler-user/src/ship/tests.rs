@@ -278,15 +278,22 @@ fn write_store(dir: &Path) -> Vec<Sample> {
     samples
 }
 
-/// The shipper catches up from a saved cursor through a receiver that fails twice: every
-/// sample arrives once, in 10 s batches, and the cursor ends past them.
+/// The shipper catches up from a saved cursor through a receiver that fails twice, then refuses
+/// one batch for good: every other sample arrives once, in 10 s batches, the refused batch is
+/// skipped (and counted), and the cursor ends past them.
 #[test]
 fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
     let dir = tempfile::tempdir().unwrap();
     let stored = write_store(dir.path());
     Cursor::open(dir.path(), "otlp").unwrap().save(T0).unwrap();
-    let (url, seen) =
-        http_receiver(vec![("503 Service Unavailable", vec![]), ("502 Bad Gateway", vec![]), ("200 OK", vec![])]);
+    // Refused twice for a while, then taken; the second batch is refused for good.
+    let (url, seen) = http_receiver(vec![
+        ("503 Service Unavailable", vec![]),
+        ("502 Bad Gateway", vec![]),
+        ("200 OK", vec![]),
+        ("400 Bad Request", status_body("bad batch")),
+        ("200 OK", vec![]),
+    ]);
     let live = Arc::new(Mutex::new(Live::default()));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let shipper = Shipper {
@@ -315,17 +322,20 @@ fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
     stop.send(true).unwrap();
     shipper.join().unwrap();
     let seen = seen.lock().unwrap();
-    // Two refusals, then the same first batch again, then 10 s batches: 0-10, 10-20, 20-30, 30-40, 40-45.
+    // Two refusals, the same first batch again, then 10 s batches: 10-20 (refused), 20-30, 30-40, 40-50.
     assert_eq!(seen.len(), 2 + 5, "{:?}", seen.iter().map(|r| r.body.len()).collect::<Vec<_>>());
     assert_eq!(seen[0].body, seen[2].body, "a retry sends the same batch");
     let mut observations = HashMap::new();
     let mut windows = Vec::new();
-    for r in &seen[2..] {
+    for (i, r) in seen.iter().enumerate().skip(2) {
         let req = ExportProfilesServiceRequest::decode(&gunzip(&r.body)[..]).unwrap();
         let rp = &req.resource_profiles[0];
         assert_eq!(rp.resource.as_ref().unwrap().attributes[0].key, "host.name");
         let p = &rp.scope_profiles[0].profiles[0];
         windows.push((p.time_unix_nano - T0, p.duration_nano));
+        if i == 3 {
+            continue; // refused
+        }
         for s in &p.samples {
             for &t in &s.timestamps_unix_nano {
                 *observations.entry((t, s.attribute_indices.clone())).or_insert(0) += 1;
@@ -334,10 +344,12 @@ fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
     }
     let s10 = 10 * NS_PER_SEC;
     assert_eq!(windows, [(0, s10), (s10, s10), (2 * s10, s10), (3 * s10, s10), (4 * s10, s10)]);
-    assert_eq!(observations.len(), stored.len(), "every sample once");
+    let taken: Vec<&Sample> = stored.iter().filter(|s| !(T0 + s10..T0 + 2 * s10).contains(&s.ts_ns)).collect();
+    assert_eq!(observations.len(), taken.len(), "every sample of the batches taken, once");
     assert!(observations.values().all(|&n| n == 1));
+    assert!(observations.keys().all(|(t, _)| taken.iter().any(|s| s.ts_ns == *t)));
     let stats = live.lock().unwrap().otlp.clone().unwrap();
-    assert_eq!((stats.batches, stats.samples, stats.retries), (5, stored.len() as u64, 2));
-    assert!(stats.errors.values().all(|&n| n == 0), "{stats:?}");
+    assert_eq!((stats.batches, stats.samples, stats.retries), (4, taken.len() as u64, 2));
+    assert_eq!(stats.errors.get("rejected"), Some(&1), "{stats:?}");
     assert!(stats.lag_seconds < 30.0, "caught up: {stats:?}");
 }
