@@ -1,6 +1,7 @@
 //! The profiler's userspace. The data path, in module order:
 //! collect (BPF ring buffer) → symbolize (blazesym) → store (time-bucketed segments) →
-//! query (windows, filters, folding) → flamegraph (folded text, inferno SVG).
+//! query (windows, filters, folding) → flamegraph (folded text, inferno SVG), exports, and ship
+//! (the store pushed to a collector).
 //! `pipeline` is the per-sample path (parse a record → symbolize → detect → store); `daemon` feeds
 //! it from the ring buffer and flushes it; `main.rs` is the CLI over all of them.
 //! `identity` says which container, pod or systemd unit a pid belongs to.
@@ -18,6 +19,7 @@ pub mod outfile;
 pub mod pipeline;
 pub mod query;
 pub mod serve;
+pub mod ship;
 pub mod store;
 pub mod symbolize;
 pub mod synth;

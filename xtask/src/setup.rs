@@ -88,7 +88,7 @@ fn install_bpf_linker() -> anyhow::Result<()> {
 }
 
 /// What the UI test needs: Debian's chromium and chromedriver (browsers cannot be downloaded
-/// here; Debian's packages can).
+/// here; Debian's packages can); and the PyPI packages other tests check against.
 pub fn ensure_test_tools() -> anyhow::Result<()> {
     // kubernetes-validate (PyPI) carries the Kubernetes JSON schemas: it validates offline.
     if output(Command::new("kubernetes-validate").arg("--version")).is_none() {
@@ -96,6 +96,25 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
         run(
             Command::new("python3").args(["-m", "pip", "install", "-q", "kubernetes-validate"]),
             "kubernetes-validate",
+        )?;
+    }
+    // opentelemetry-proto (PyPI): the official OTLP definitions the OTLP tests decode with,
+    // pinned to the release whose profiles messages `export::otlp::proto` follows (the profiles
+    // signal is still in development: its wire format changes between releases); grpcio serves
+    // its ProfilesService as the reference gRPC receiver.
+    let check = "import grpc, importlib.metadata as m; assert m.version('opentelemetry-proto').startswith('1.45.')";
+    if output(Command::new("python3").args(["-c", check])).is_none() {
+        eprintln!("xtask: installing opentelemetry-proto and grpcio (PyPI) for the OTLP tests");
+        run(
+            Command::new("python3").args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "opentelemetry-proto==1.45.*",
+                "grpcio>=1.63.2",
+            ]),
+            "opentelemetry-proto and grpcio",
         )?;
     }
     let have = |p: &str| std::path::Path::new(p).exists();

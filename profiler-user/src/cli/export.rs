@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use profiler::{
-    export::{flamegraph, perf_script, pprof, speedscope},
+    export::{flamegraph, otlp, perf_script, pprof, speedscope},
     query,
     store::{Meta, Store},
     timespec,
@@ -25,6 +25,9 @@ pub enum ExportFormat {
     Pprof,
     /// speedscope JSON
     Speedscope,
+    /// OpenTelemetry profiles: a binary protobuf `ExportProfilesServiceRequest` (OTLP
+    /// v1development)
+    Otlp,
 }
 
 // The command's help is the doc comment of its `Command` variant.
@@ -48,7 +51,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut store = Store::open(&dir.data_dir)?;
     require_data(&mut store, w)?;
     let filter = filter.filter();
-    let hz = Meta::read(&dir.data_dir).map_or(99, |m| m.frequency_hz);
+    let meta = Meta::read(&dir.data_dir);
+    let hz = meta.as_ref().map_or(99, |m| m.frequency_hz);
     let mut out = open_output(output.as_deref())?;
     match format {
         ExportFormat::Folded => {
@@ -77,6 +81,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let period = 1_000_000_000 / hz.max(1);
             query::for_each_sample(&mut store, w, &filter, |s| b.add(s, period))?;
             b.finish(&format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)), &mut out)?;
+        }
+        ExportFormat::Otlp => {
+            let mut b = otlp::Builder::new(w, meta.as_ref().map_or("", |m| m.hostname.as_str()), hz);
+            query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
+            b.write(&mut out)?;
         }
     }
     out.finish()?;

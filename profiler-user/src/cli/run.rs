@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// process's pod and container [default: /var/log].
     #[arg(long)]
     kubelet_logs: Option<PathBuf>,
+    /// Push profiles to this OpenTelemetry collector (http://HOST:PORT), as `[otlp] endpoint`
+    /// in the config file, which holds the other OTLP settings [default: no push].
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -115,8 +119,10 @@ impl RunArgs {
             Some(n) => n,
             None => std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
         };
+        let otlp = config::otlp(&file.otlp, self.otlp_endpoint.as_deref())?;
         Ok(DaemonConfig {
             listen,
+            otlp,
             node,
             kubelet_logs: self.kubelet_logs.or(file.kubelet_logs).unwrap_or_else(|| "/var/log".into()),
             data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),

@@ -7,7 +7,9 @@
 //! - `stage`: the pipeline (symbolize → detect → store), fed by the queue; flushes on the flush
 //!   interval, reads the kernel's counters (`counters`), writes findings, publishes /metrics;
 //! - `upkeep`: retention, rollup, the store's size, the zombie cgroup count, the kernel log;
-//! - the HTTP server, on a small runtime of its own.
+//! - the HTTP server, on a small runtime of its own;
+//! - the OTLP shipper (`ship::otlp`), when an endpoint is set: it follows the store, so it
+//!   never touches the stages above.
 //!
 //! [`run`] is the supervisor: it starts them, turns signals into a clean stop (reader first, so
 //! the pipeline writes everything queued) or a reload, and says which stage died if one does.
@@ -91,6 +93,8 @@ pub struct DaemonConfig {
     pub node: String,
     /// The host's /var/log (the kubelet's `containers/` and `pods/`).
     pub kubelet_logs: PathBuf,
+    /// Where profiles are pushed over OTLP; `None`: nowhere.
+    pub otlp: Option<crate::config::Otlp>,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -118,9 +122,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     };
     let sampled = collector.cpus().len();
     let cpus = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(sampled as u32);
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
     Meta {
         format_version: FORMAT_VERSION,
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
+        hostname: hostname.clone(),
         node: config.node.clone(),
         cpus,
         frequency_hz: config.frequency_hz,
@@ -204,12 +209,32 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     .spawn()
     .map_err(|e| DaemonError::Thread("upkeep", e))?;
+    let (ship_stop, ship_stop_rx) = tokio::sync::watch::channel(false);
+    let shipper = match config.otlp.clone() {
+        Some(otlp) => Some(
+            crate::ship::otlp::Shipper {
+                data_dir: config.data_dir.clone(),
+                config: otlp,
+                host: hostname,
+                frequency_hz: config.frequency_hz,
+                // A sample reaches the store within a flush interval and a ring drain (a
+                // quarter of one); the margin covers a slow flush.
+                settle: config.flush_interval + Duration::from_secs(2),
+                live: live.clone(),
+                stop: ship_stop_rx,
+            }
+            .spawn()
+            .map_err(|e| DaemonError::Thread("OTLP shipper", e))?,
+        ),
+        None => None,
+    };
     if let Some(addr) = config.listen {
         serve(addr, &config.data_dir, live).await?;
     }
     notify("READY=1");
 
     let mut check = tokio::time::interval(Duration::from_millis(500));
+    let mut shipper_gone = false;
     let outcome = loop {
         tokio::select! {
             _ = sigint.recv() => break Ok("SIGINT"),
@@ -225,6 +250,11 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 if let Some((name, _)) = died.iter().find(|(_, finished)| *finished) {
                     break Err(*name);
                 }
+                // Pushing is not worth stopping the profiling for: say it, once, and go on.
+                if !shipper_gone && shipper.as_ref().is_some_and(|s| s.is_finished()) {
+                    shipper_gone = true;
+                    tracing::error!("the OTLP shipper stopped (see above); profiles are no longer pushed");
+                }
             }
         }
     };
@@ -234,6 +264,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let reader_result = reader.join();
     let summary = stage.join();
     let upkeep_result = upkeep.join();
+    let _ = ship_stop.send(true);
+    if shipper.is_some_and(|s| s.join().is_err()) {
+        tracing::error!("the OTLP shipper panicked");
+    }
     let died = |name: &'static str, panic: Box<dyn std::any::Any + Send>| {
         let why = panic
             .downcast_ref::<&str>()

@@ -1,10 +1,11 @@
 //! Output formats: flamegraphs (inferno), subsecond heatmaps and CPU x time grids (FlameScope's
 //! JSON, CSV, SVG, PNG, HTML), and sample exports other tools open (perf script, pprof,
-//! speedscope, folded).
+//! speedscope, folded, OpenTelemetry profiles).
 
 pub mod cputime;
 pub mod flamegraph;
 pub mod heatmap;
+pub mod otlp;
 pub mod perf_script;
 pub mod pprof;
 pub mod report;

@@ -37,6 +37,7 @@ pub enum IdentityError {
 /// Who a process belongs to. All `None` (the default) for a host process nothing is known of.
 /// Strings are shared: a node's thousands of processes hold a few dozen distinct names.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Identity {
     /// 64 hex digits.
     pub container_id: Option<Arc<str>>,

@@ -46,6 +46,8 @@ pub struct Live {
     pub files_refused: u64,
     /// The unwind stage's tables, when unwind tables are in use.
     pub unwind: Option<crate::unwind::registry::Stats>,
+    /// The OTLP shipper's figures, when it runs.
+    pub otlp: Option<crate::ship::Stats>,
 }
 
 pub fn render(l: &Live) -> String {
@@ -261,6 +263,36 @@ pub fn render(l: &Live) -> String {
         "Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many open); their frames are named by module only.",
         vec![(String::new(), l.files_refused as f64)],
     );
+    if let Some(o) = &l.otlp {
+        let mut counter =
+            |name: &str, help: &str, v: u64| family(name, "counter", help, vec![(String::new(), v as f64)]);
+        counter("profiler_otlp_batches_total", "OTLP export requests the receiver accepted.", o.batches);
+        counter("profiler_otlp_samples_total", "Samples in the OTLP requests the receiver accepted.", o.samples);
+        counter("profiler_otlp_bytes_total", "Bytes of the OTLP requests the receiver accepted, as sent.", o.bytes);
+        counter(
+            "profiler_otlp_retries_total",
+            "OTLP export attempts that failed in a way worth another try (connection, timeout, 429, 502-504, \
+             retryable gRPC codes).",
+            o.retries,
+        );
+        family(
+            "profiler_otlp_errors_total",
+            "counter",
+            "OTLP shipping failures by reason: rejected (a batch refused for good, skipped), partial (the receiver \
+             dropped profiles of an accepted batch), store (the store could not be read or the cursor saved).",
+            ["rejected", "partial", "store"]
+                .iter()
+                .map(|r| (format!("{{reason=\"{r}\"}}"), o.errors.get(r).copied().unwrap_or(0) as f64))
+                .collect(),
+        );
+        family(
+            "profiler_otlp_lag_seconds",
+            "gauge",
+            "Time between now and the end of what the OTLP receiver has taken (an interval and a few seconds when \
+             all is well).",
+            vec![(String::new(), o.lag_seconds)],
+        );
+    }
     family(
         "profiler_sampling_frequency_hertz",
         "gauge",
@@ -296,6 +328,13 @@ mod tests {
         l.dying_memcgs = Some(3000);
         l.open_findings.insert("zombie-memcgs".into(), 1);
         (l.cached_processes, l.cached_modules) = (12, 40);
+        l.otlp = Some(crate::ship::Stats {
+            batches: 3,
+            retries: 2,
+            errors: [("rejected", 1)].into(),
+            lag_seconds: 12.5,
+            ..Default::default()
+        });
         let text = render(&l);
         for line in text.lines() {
             assert!(
@@ -319,5 +358,10 @@ mod tests {
         assert!(text.contains("profiler_unwind_walks_total{cpu=\"1\",outcome=\"stopped\"} 3\n"));
         assert!(text.contains("profiler_unwind_table_rows 1000\n"));
         assert!(text.contains("profiler_unwind_tables_did_not_fit_total 1\n"));
+        assert!(text.contains("profiler_otlp_batches_total 3\n"));
+        assert!(text.contains("profiler_otlp_retries_total 2\n"));
+        assert!(text.contains("profiler_otlp_errors_total{reason=\"rejected\"} 1\n"));
+        assert!(text.contains("profiler_otlp_errors_total{reason=\"store\"} 0\n"));
+        assert!(text.contains("profiler_otlp_lag_seconds 12.5\n"));
     }
 }

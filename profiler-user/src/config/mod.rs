@@ -5,6 +5,10 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
+mod otlp;
+
+pub use otlp::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, OTLP_INTERVAL, Otlp, OtlpFile, OtlpProtocol, otlp};
+
 use crate::{store::retention::Retention, timespec::parse_duration_ns};
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +27,8 @@ pub enum ConfigError {
     NotAFile(PathBuf),
     #[error("config file {0} is larger than {MAX_CONFIG_BYTES} bytes: is it the right file?")]
     TooLarge(PathBuf),
+    #[error("otlp.{key} = '{value}': {why}")]
+    Otlp { key: &'static str, value: String, why: &'static str },
 }
 
 /// A config file is a few lines; anything bigger is a wrong path (`--config /dev/zero` must
@@ -151,6 +157,8 @@ pub struct ConfigFile {
     pub detect: crate::detect::Thresholds,
     #[serde(default)]
     pub events: EventsFile,
+    #[serde(default)]
+    pub otlp: OtlpFile,
 }
 
 /// The `[events]` table.

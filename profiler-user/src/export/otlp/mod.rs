@@ -1,0 +1,322 @@
+//! OpenTelemetry profiles (OTLP, `v1development`): an `ExportProfilesServiceRequest`, as
+//! `profiler export --format otlp` writes it and the OTLP shipper (`ship::otlp`) posts it.
+//!
+//! One resource (`host.name`), one scope, one profile per sampling frequency (a window may span
+//! a restart at another frequency, and a profile has one period): sample type `samples/count`,
+//! period type `cpu/nanoseconds`, period `1e9 / Hz`, so CPU time is count x period. A sample is
+//! a (stack, attributes) pair with one value and one timestamp per stored sample (its count:
+//! 1, more in rolled-up data). Attributes follow the semantic conventions: `thread.id`,
+//! `process.pid`, `thread.name` (the comm the kernel reports is the thread's), and
+//! `cpu.logical_number`; the workload's as `container.id`, `container.runtime.name`,
+//! `k8s.pod.uid`, `k8s.namespace.name`, `k8s.pod.name`, `k8s.container.name`, and
+//! `systemd.unit` (semconv has no key for a unit), on the resource when every sample shares
+//! them. Frames carry `profile.frame.type` = `kernel`, `native` or `cpython` on their location
+//! (as the OpenTelemetry eBPF profiler marks them), so names travel unmarked; a Python frame's
+//! file and first line go in `Function.filename`/`start_line` and `Line.line`.
+
+pub mod proto;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+};
+
+use proto::{
+    AnyValue, ExportProfilesServiceRequest, Function, InstrumentationScope, KeyValue, KeyValueAndUnit, Line, Link,
+    Location, Mapping, Profile, ProfilesDictionary, Resource, ResourceProfiles, Sample, ScopeProfiles, Stack, Value,
+    ValueType,
+};
+
+use super::ExportError;
+use crate::query::{SampleRef, Window};
+
+/// Workload fields (`identity::Identity::fields`), with their attribute keys.
+const WORKLOAD_KEYS: [(&str, &str); 7] = [
+    ("container_id", "container.id"),
+    ("runtime", "container.runtime.name"),
+    ("pod_uid", "k8s.pod.uid"),
+    ("namespace", "k8s.namespace.name"),
+    ("pod", "k8s.pod.name"),
+    ("container", "k8s.container.name"),
+    ("unit", "systemd.unit"),
+];
+
+/// What a sample is, apart from its observations: stack, its own attributes, its workload.
+type SampleKey = (i32, [i32; 4], usize);
+
+/// One profile: the samples of one sampling period.
+#[derive(Default)]
+struct Samples {
+    rows: Vec<(SampleKey, Vec<i64>, Vec<u64>)>,
+    index: HashMap<SampleKey, usize>,
+}
+
+/// Builds a request sample by sample.
+pub struct Builder {
+    window: Window,
+    host: String,
+    default_hz: u64,
+    dict: ProfilesDictionary,
+    strings: HashMap<String, i32>,
+    attributes: HashMap<(i32, Value), i32>,
+    /// Location of each frame name, per kind (user, kernel).
+    user: HashMap<String, i32>,
+    kernel: HashMap<String, i32>,
+    stacks: HashMap<Vec<i32>, i32>,
+    /// Workload string → its id (0: none) and attributes.
+    workload_ids: HashMap<String, usize>,
+    workloads: Vec<Vec<(&'static str, String)>>,
+    /// By period in ns.
+    profiles: BTreeMap<i64, Samples>,
+    samples: u64,
+}
+
+impl Builder {
+    /// `window`: the profile's time range; `host`: `host.name`; `default_hz`: the frequency of
+    /// samples whose segment does not record one (`meta.json`'s).
+    pub fn new(window: Window, host: &str, default_hz: u64) -> Self {
+        let mut b = Self {
+            window,
+            host: host.to_string(),
+            default_hz: default_hz.max(1),
+            // Entry 0 of every table is its zero value, which index 0 means "unset".
+            dict: ProfilesDictionary {
+                mapping_table: vec![Mapping::default()],
+                location_table: vec![Location::default()],
+                function_table: vec![Function::default()],
+                // The spec asks for full-length zero ids, for codecs that check lengths.
+                link_table: vec![Link { trace_id: vec![0; 16], span_id: vec![0; 8] }],
+                string_table: Vec::new(),
+                attribute_table: vec![KeyValueAndUnit::default()],
+                stack_table: vec![Stack::default()],
+            },
+            strings: HashMap::new(),
+            attributes: HashMap::new(),
+            user: HashMap::new(),
+            kernel: HashMap::new(),
+            stacks: HashMap::new(),
+            workload_ids: HashMap::from([(String::new(), 0)]),
+            workloads: vec![Vec::new()],
+            profiles: BTreeMap::new(),
+            samples: 0,
+        };
+        b.string("");
+        b
+    }
+
+    /// Samples added (weighted by their counts).
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    fn string(&mut self, s: &str) -> i32 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.dict.string_table.len() as i32;
+        self.dict.string_table.push(s.to_string());
+        self.strings.insert(s.to_string(), i);
+        i
+    }
+
+    fn attribute(&mut self, key: &str, value: Value) -> i32 {
+        let key = self.string(key);
+        if let Some(&i) = self.attributes.get(&(key, value.clone())) {
+            return i;
+        }
+        let i = self.dict.attribute_table.len() as i32;
+        self.dict.attribute_table.push(KeyValueAndUnit {
+            key_strindex: key,
+            value: Some(AnyValue { value: Some(value.clone()) }),
+            unit_strindex: 0,
+        });
+        self.attributes.insert((key, value), i);
+        i
+    }
+
+    fn location(&mut self, name: &str, kernel: bool) -> i32 {
+        let known = if kernel { &self.kernel } else { &self.user };
+        if let Some(&i) = known.get(name) {
+            return i;
+        }
+        let python = crate::symbolize::python::source(name).filter(|_| !kernel);
+        let (function, file, line, kind) = match python {
+            Some((function, file, line)) => (function, file, i64::from(line), "cpython"),
+            None => (name, "", 0, if kernel { "kernel" } else { "native" }),
+        };
+        let (name_strindex, filename_strindex) = (self.string(function), self.string(file));
+        let function_index = self.dict.function_table.len() as i32;
+        self.dict.function_table.push(Function {
+            name_strindex,
+            system_name_strindex: name_strindex,
+            filename_strindex,
+            start_line: line,
+        });
+        let kind = self.attribute("profile.frame.type", Value::String(kind.into()));
+        let i = self.dict.location_table.len() as i32;
+        self.dict.location_table.push(Location {
+            mapping_index: 0,
+            address: 0,
+            lines: vec![Line { function_index, line, column: 0 }],
+            attribute_indices: vec![kind],
+        });
+        let known = if kernel { &mut self.kernel } else { &mut self.user };
+        known.insert(name.to_string(), i);
+        i
+    }
+
+    fn stack(&mut self, frames: &[(&str, bool)]) -> i32 {
+        // Leaf first, as OTLP (and pprof) order stacks.
+        let locations: Vec<i32> = frames.iter().rev().map(|&(name, kernel)| self.location(name, kernel)).collect();
+        if let Some(&i) = self.stacks.get(&locations) {
+            return i;
+        }
+        let i = self.dict.stack_table.len() as i32;
+        self.dict.stack_table.push(Stack { location_indices: locations.clone() });
+        self.stacks.insert(locations, i);
+        i
+    }
+
+    fn workload(&mut self, json: &str) -> usize {
+        if let Some(&id) = self.workload_ids.get(json) {
+            return id;
+        }
+        // A workload the store holds but that does not parse carries no attributes.
+        let identity = crate::identity::workloads::decode(json).unwrap_or_default();
+        let fields = identity.fields();
+        let attrs = WORKLOAD_KEYS
+            .iter()
+            .filter_map(|&(field, key)| Some((key, fields.iter().find(|(f, _)| *f == field)?.1.to_string())))
+            .collect();
+        let id = self.workloads.len();
+        self.workloads.push(attrs);
+        self.workload_ids.insert(json.to_string(), id);
+        id
+    }
+
+    pub fn add(&mut self, s: &SampleRef<'_>) {
+        let stack = self.stack(s.frames);
+        let attrs = [
+            self.attribute("thread.id", Value::Int(i64::from(s.tid))),
+            self.attribute("process.pid", Value::Int(i64::from(s.pid))),
+            self.attribute("thread.name", Value::String(s.comm.to_string())),
+            self.attribute("cpu.logical_number", Value::Int(i64::from(s.cpu))),
+        ];
+        let workload = self.workload(s.workload);
+        let hz = s.frequency_hz.unwrap_or(self.default_hz).max(1);
+        let profile = self.profiles.entry(period_ns(hz)).or_default();
+        let key = (stack, attrs, workload);
+        let row = *profile.index.entry(key).or_insert_with(|| {
+            profile.rows.push((key, Vec::new(), Vec::new()));
+            profile.rows.len() - 1
+        });
+        let (_, values, timestamps) = &mut profile.rows[row];
+        values.push(s.count as i64);
+        timestamps.push(s.ts_ns);
+        self.samples += s.count;
+    }
+
+    /// The request: every profile, with the dictionary they share.
+    pub fn finish(mut self) -> ExportProfilesServiceRequest {
+        // A workload every sample shares describes the resource; otherwise each sample's own.
+        let workloads: Vec<usize> = {
+            let mut w: Vec<usize> = self.profiles.values().flat_map(|p| p.rows.iter().map(|r| r.0.2)).collect();
+            w.sort_unstable();
+            w.dedup();
+            w
+        };
+        let shared = match workloads[..] {
+            [only] => Some(only),
+            _ => None,
+        };
+        let mut resource = vec![KeyValue {
+            key: "host.name".into(),
+            value: Some(AnyValue { value: Some(Value::String(self.host.clone())) }),
+        }];
+        if let Some(w) = shared {
+            resource.extend(self.workloads[w].iter().map(|(key, v)| KeyValue {
+                key: key.to_string(),
+                value: Some(AnyValue { value: Some(Value::String(v.clone())) }),
+            }));
+        }
+        let workload_attrs: Vec<Vec<i32>> = (0..self.workloads.len())
+            .map(|w| {
+                let attrs = std::mem::take(&mut self.workloads[w]);
+                attrs.into_iter().map(|(key, v)| self.attribute(key, Value::String(v))).collect()
+            })
+            .collect();
+        let (samples_t, count, cpu, ns) =
+            (self.string("samples"), self.string("count"), self.string("cpu"), self.string("nanoseconds"));
+        let profiles = std::mem::take(&mut self.profiles)
+            .into_iter()
+            .map(|(period, p)| Profile {
+                sample_type: Some(ValueType { type_strindex: samples_t, unit_strindex: count }),
+                samples: p
+                    .rows
+                    .into_iter()
+                    .map(|((stack, attrs, workload), values, timestamps)| {
+                        let mut attribute_indices = attrs.to_vec();
+                        if shared.is_none() {
+                            attribute_indices.extend(&workload_attrs[workload]);
+                        }
+                        Sample {
+                            stack_index: stack,
+                            attribute_indices,
+                            link_index: 0,
+                            values,
+                            timestamps_unix_nano: timestamps,
+                        }
+                    })
+                    .collect(),
+                time_unix_nano: self.window.from_ns,
+                duration_nano: self.window.to_ns - self.window.from_ns,
+                period_type: Some(ValueType { type_strindex: cpu, unit_strindex: ns }),
+                period,
+                profile_id: profile_id(&self.host, self.window, period),
+                attribute_indices: Vec::new(),
+            })
+            .collect();
+        ExportProfilesServiceRequest {
+            resource_profiles: vec![ResourceProfiles {
+                resource: Some(Resource { attributes: resource }),
+                scope_profiles: vec![ScopeProfiles {
+                    scope: Some(InstrumentationScope {
+                        name: "profiler".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                    }),
+                    profiles,
+                    schema_url: String::new(),
+                }],
+                schema_url: String::new(),
+            }],
+            dictionary: Some(self.dict),
+        }
+    }
+
+    /// The request, encoded.
+    pub fn write(self, mut out: impl Write) -> Result<(), ExportError> {
+        out.write_all(&prost::Message::encode_to_vec(&self.finish()))?;
+        Ok(())
+    }
+}
+
+fn period_ns(hz: u64) -> i64 {
+    (1_000_000_000 / hz.max(1)) as i64
+}
+
+/// The same host, window and period always get the same id, so a receiver can drop a batch the
+/// shipper sent twice (it resends one when it stops between a send and its cursor write).
+fn profile_id(host: &str, window: Window, period: i64) -> Vec<u8> {
+    // FNV-1a: stable across Rust versions, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in host.bytes().chain([0]).chain(window.to_ns.to_le_bytes()).chain(period.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut id = [window.from_ns.to_be_bytes(), h.to_be_bytes()].concat();
+    if id.iter().all(|&b| b == 0) {
+        id[15] = 1; // all zeroes means "no id"
+    }
+    id
+}

@@ -1,0 +1,248 @@
+//! The OTLP shipper: every `interval`, the next `interval` of completed seconds after the cursor
+//! becomes one `ExportProfilesServiceRequest` (`export::otlp`), posted until the receiver takes
+//! it (backoff with jitter, or the wait it asks for) or refuses it for good (logged, counted,
+//! skipped); then the cursor moves past it and is saved. A receiver that is down holds the
+//! cursor, not memory: the store keeps the samples, and the shipper catches up batch by batch
+//! (back to back) when it returns, unless retention removed them first.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use hyper::body::Bytes;
+use tokio::sync::watch;
+
+use super::{
+    Cursor, Stats,
+    transport::{self, Outcome},
+};
+use crate::{
+    config::Otlp,
+    export::otlp::Builder,
+    query::{self, Filter, QueryError, Window},
+    serve::metrics::Live,
+    store::{Store, StoreError, format::SEGMENT_NS, reader::Need},
+    timespec::now_ns,
+};
+
+const NS_PER_SEC: u64 = 1_000_000_000;
+/// Most samples in one request: about 1.5 MB of protobuf before gzip, well under a
+/// collector's default 20 MiB body limit, and ~20 MB of memory while it is built.
+pub const MAX_BATCH_SAMPLES: u64 = 100_000;
+/// First wait after a failed attempt; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Longest `Retry-After` honoured: a receiver's mistake must not stop shipping for a day.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+pub struct Shipper {
+    pub data_dir: PathBuf,
+    pub config: Otlp,
+    /// `host.name` of every request.
+    pub host: String,
+    /// The daemon's frequency, for samples whose segment does not record one.
+    pub frequency_hz: u64,
+    /// How long after its time a sample may still reach the store (the flush interval and
+    /// the ring's drain, with a margin); the ring-to-disk latency /metrics reports, when longer.
+    pub settle: Duration,
+    pub live: Arc<Mutex<Live>>,
+    /// Becomes true when the daemon stops.
+    pub stop: watch::Receiver<bool>,
+}
+
+impl Shipper {
+    /// Runs on its own thread at nice 10, with its own small runtime.
+    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new().name("ship-otlp".into()).spawn(move || {
+            crate::serve::limits::lower_this_thread();
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(self.run()),
+                Err(e) => tracing::error!(error = %e, "the OTLP shipper could not start"),
+            }
+        })
+    }
+
+    async fn run(mut self) {
+        let cursor_file = match Cursor::open(&self.data_dir, "otlp") {
+            Ok(c) => c,
+            Err(e) => return tracing::error!(error = %e, "the OTLP shipper cannot keep its cursor; nothing is pushed"),
+        };
+        let mut cursor = match cursor_file.load() {
+            Some(c) => c,
+            // A first start ships from now on, not the whole store.
+            None => now_ns() / NS_PER_SEC * NS_PER_SEC,
+        };
+        tracing::info!(
+            endpoint = %self.config.url,
+            protocol = %self.config.protocol,
+            interval_s = self.config.interval.as_secs(),
+            from = %crate::timespec::format(cursor),
+            "pushing profiles over OTLP"
+        );
+        let mut stats = Stats::default();
+        let interval = self.config.interval.as_secs() * NS_PER_SEC;
+        loop {
+            self.publish(&stats, cursor);
+            let ready = self.ready();
+            if ready < cursor.saturating_add(interval) {
+                let wait = cursor.saturating_add(interval).saturating_sub(ready).min(interval);
+                if self.sleep(Duration::from_nanos(wait)).await {
+                    break;
+                }
+                continue;
+            }
+            let batch = self
+                .batch_end(cursor, cursor + interval)
+                .map_err(QueryError::from)
+                .and_then(|end| Ok((end, self.read(cursor, end)?)));
+            let (end, (body, samples)) = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    *stats.errors.entry("store").or_default() += 1;
+                    tracing::error!(error = %e, "the OTLP shipper cannot read the store; trying again");
+                    if self.sleep(self.config.interval).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if samples > 0 && !self.deliver(body, samples, &mut stats, cursor).await {
+                break; // stopped: the batch goes again after a restart
+            }
+            cursor = self.skip_gap(end);
+            if let Err(e) = cursor_file.save(cursor) {
+                *stats.errors.entry("store").or_default() += 1;
+                tracing::error!(error = %e, "the OTLP shipper cannot save its cursor");
+            }
+        }
+        self.publish(&stats, cursor);
+    }
+
+    /// The end of the completed seconds: no sample older than it can still reach the store.
+    fn ready(&self) -> u64 {
+        let latency = self.live.lock().ok().and_then(|l| l.ring_to_disk_seconds).map_or(0.0, |(_, max)| max);
+        let settle = self.settle.max(Duration::from_secs_f64(latency.clamp(0.0, 3600.0) + 1.0));
+        now_ns().saturating_sub(settle.as_nanos() as u64) / NS_PER_SEC * NS_PER_SEC
+    }
+
+    /// Where a batch from `from` ends: `to`, or an earlier second so that it holds at most
+    /// [`MAX_BATCH_SAMPLES`] (but at least one second), counted from block headers.
+    fn batch_end(&self, from: u64, to: u64) -> Result<u64, StoreError> {
+        let mut per_second = std::collections::BTreeMap::<u64, u64>::new();
+        Store::open(&self.data_dir)?.scan(from, to, Need::Headers, &mut |b: crate::store::reader::BlockView<'_>| {
+            *per_second.entry(b.header.start_ns / NS_PER_SEC * NS_PER_SEC).or_default() += u64::from(b.header.samples);
+        })?;
+        let mut total = 0;
+        for (&second, &n) in &per_second {
+            total += n;
+            if total > MAX_BATCH_SAMPLES && second > from {
+                return Ok(second);
+            }
+        }
+        Ok(to)
+    }
+
+    /// The request for `[from, to)`, encoded for the wire, and the samples it holds.
+    fn read(&self, from: u64, to: u64) -> Result<(Bytes, u64), QueryError> {
+        let window = Window::new(from, to)?;
+        let mut store = Store::open(&self.data_dir)?;
+        let mut b = Builder::new(window, &self.host, self.frequency_hz);
+        query::for_each_sample(&mut store, window, &Filter::default(), |s| b.add(s))?;
+        let samples = b.samples();
+        let message = prost::Message::encode_to_vec(&b.finish());
+        Ok((transport::body(&self.config, &message), samples))
+    }
+
+    /// Where the cursor goes after `end`: past a stretch without segments (the daemon was off,
+    /// or retention removed it) to the next data, or to the completed seconds' end when no data
+    /// follows, so a gap costs one step, not one per interval.
+    fn skip_gap(&self, end: u64) -> u64 {
+        let segments = crate::store::reader::list_segments(&self.data_dir).unwrap_or_default();
+        let next = match segments.iter().find(|(start, _)| start + SEGMENT_NS > end) {
+            Some(&(start, _)) => start / NS_PER_SEC * NS_PER_SEC,
+            None => u64::MAX,
+        };
+        next.min(self.ready()).max(end)
+    }
+
+    /// Posts `body` until it is taken or refused for good; false if the daemon stopped first.
+    async fn deliver(&mut self, body: Bytes, samples: u64, stats: &mut Stats, cursor: u64) -> bool {
+        let mut backoff = FIRST_BACKOFF;
+        for attempt in 1.. {
+            let send = tokio::time::timeout(self.config.timeout, transport::send(&self.config, body.clone()));
+            let outcome = tokio::select! {
+                answer = send => answer.unwrap_or_else(|_| Outcome::Retry {
+                    why: format!("no answer within {} s", self.config.timeout.as_secs_f64()),
+                    after: None,
+                }),
+                _ = self.stop.changed() => return false,
+            };
+            let window = crate::timespec::format(cursor);
+            match outcome {
+                Outcome::Accepted { rejected, message } => {
+                    stats.batches += 1;
+                    stats.samples += samples;
+                    stats.bytes += body.len() as u64;
+                    if rejected > 0 {
+                        *stats.errors.entry("partial").or_default() += 1;
+                        tracing::warn!(from = %window, rejected, message, "the OTLP receiver dropped profiles of a batch");
+                    } else if !message.is_empty() {
+                        tracing::info!(from = %window, message, "the OTLP receiver took a batch, with a remark");
+                    }
+                    if attempt > 1 {
+                        tracing::info!(from = %window, attempts = attempt, "OTLP batch delivered after retries");
+                    }
+                    return true;
+                }
+                Outcome::Rejected { why } => {
+                    *stats.errors.entry("rejected").or_default() += 1;
+                    tracing::error!(from = %window, samples, error = %why, "the OTLP receiver refused a batch; it is skipped");
+                    return true;
+                }
+                Outcome::Retry { why, after } => {
+                    stats.retries += 1;
+                    let wait = after.map_or_else(|| jitter(backoff), |a| a.min(MAX_RETRY_AFTER));
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    tracing::warn!(
+                        from = %window,
+                        attempt,
+                        retry_in_ms = wait.as_millis() as u64,
+                        error = %why,
+                        "OTLP export failed; retrying"
+                    );
+                    self.publish(stats, cursor);
+                    if self.sleep(wait).await {
+                        return false;
+                    }
+                }
+            }
+        }
+        unreachable!("the attempts never run out")
+    }
+
+    /// Waits `d`; true if the daemon stopped meanwhile.
+    async fn sleep(&mut self, d: Duration) -> bool {
+        if *self.stop.borrow() {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(d) => false,
+            _ = self.stop.changed() => true,
+        }
+    }
+
+    fn publish(&self, stats: &Stats, cursor: u64) {
+        if let Ok(mut l) = self.live.lock() {
+            let lag = now_ns().saturating_sub(cursor) as f64 / 1e9;
+            l.otlp = Some(Stats { lag_seconds: lag, ..stats.clone() });
+        }
+    }
+}
+
+/// Half of `d` plus a random part of the other half, so a fleet that lost its collector at
+/// once does not come back in step.
+fn jitter(d: Duration) -> Duration {
+    d / 2 + d.mul_f64(fastrand::f64() / 2.0)
+}

@@ -1,0 +1,58 @@
+"""An OTLP/gRPC profiles receiver built from the reference pieces: grpcio's server and the
+ProfilesService stubs of PyPI's opentelemetry-proto. It answers the first REFUSE calls
+UNAVAILABLE, then takes every request and appends one JSON line per request to OUT:
+
+  {"time_unix_nano": t, "duration_nano": d, "samples": weighted count, "observations": n}
+
+Usage: python3 otlp_grpc_receiver.py PORT_FILE OUT REFUSE
+(the port it listens on, on 127.0.0.1, is written to PORT_FILE once it is ready).
+"""
+
+import json
+import os
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.profiles.v1development import (
+    profiles_service_pb2,
+    profiles_service_pb2_grpc,
+)
+
+port_file, out_path, refuse = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lock = threading.Lock()
+calls = 0
+
+
+class Receiver(profiles_service_pb2_grpc.ProfilesServiceServicer):
+    def Export(self, request, context):
+        global calls
+        with lock:
+            calls += 1
+            if calls <= refuse:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
+            start, end, samples, observations = None, 0, 0, 0
+            for rp in request.resource_profiles:
+                for sp in rp.scope_profiles:
+                    for p in sp.profiles:
+                        start = p.time_unix_nano if start is None else min(start, p.time_unix_nano)
+                        end = max(end, p.time_unix_nano + p.duration_nano)
+                        for s in p.samples:
+                            samples += sum(s.values)
+                            observations += len(s.timestamps_unix_nano)
+            with open(out_path, "a") as out:
+                line = {"time_unix_nano": start, "duration_nano": end - start, "samples": samples,
+                        "observations": observations}
+                out.write(json.dumps(line) + "\n")
+        return profiles_service_pb2.ExportProfilesServiceResponse()
+
+
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+profiles_service_pb2_grpc.add_ProfilesServiceServicer_to_server(Receiver(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(port))
+os.rename(port_file + ".tmp", port_file)
+server.wait_for_termination()
