@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, folded_window, now_secs, privileged, wait_for};
+use integration_tests::{Daemon, folded_window, now_secs, privileged, skip, wait_for};
 
 const WORKLOADS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/workloads");
 /// How long each workload runs.
@@ -41,8 +41,10 @@ fn profile(bin: &Path) -> Vec<(String, u64)> {
     stacks
 }
 
+/// The stack holds the program's `main`: C's, Rust's (`crate::main`) or Go's (`main.main`, the
+/// main goroutine's: other goroutines end at `runtime.goexit` without it).
 fn reaches_main(stack: &str) -> bool {
-    stack.split(';').any(|f| f == "main" || f.ends_with("::main"))
+    stack.split(';').any(|f| f == "main" || f.ends_with("::main") || f == "main.main")
 }
 
 /// (complete share, samples, the most common incomplete stack) of `bin`'s stacks that `keep`.
@@ -110,4 +112,61 @@ fn signal_handlers_and_the_vdso_do_not_break_the_walk() {
         assert!(total >= 5, "too few samples in {what} to judge: {total}");
         assert!(share >= 0.95, "{what}: only {:.1} % of {total} samples reach main; e.g. {worst}", share * 100.0);
     }
+}
+
+/// `go build` of a workload, with the toolchain's caches in `dir` and no network; `None` (after
+/// saying why, or failing under CI) when there is no `go`.
+fn go_build(dir: &Path, src: &str, out: &str) -> Option<PathBuf> {
+    if Command::new("go").arg("version").output().is_err() {
+        skip(&format!("{out}: `go` is not installed (`cargo xtask test` installs Debian's golang-go)"));
+        return None;
+    }
+    let bin = dir.join(out);
+    let st = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("HOME", dir)
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "")
+        .status()
+        .expect("go build");
+    assert!(st.success(), "go build {src} failed");
+    Some(bin)
+}
+
+#[test]
+fn go_stacks_reach_main_main_and_keep_the_callers_of_frameless_leaves() {
+    if !privileged("go_stacks_reach_main_main_and_keep_the_callers_of_frameless_leaves") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(bin) = go_build(tmp.path(), &format!("{WORKLOADS}/gowork.go"), "cfi-go") else { return };
+    let stacks = profile(&bin);
+    let (share, total, worst) = complete_share(&stacks, |_| true);
+    eprintln!("Go: {:.1} % of {total} samples reach main.main; most common incomplete: {worst}", share * 100.0);
+    assert!(share >= 0.95, "Go: only {:.1} % of {total} samples reach main.main; e.g. {worst}", share * 100.0);
+    // `mix` never saves the frame pointer: a frame-pointer walk from it skips its caller (the
+    // frame pointer still holds the caller's frame). The unwind table knows `mix`'s frame.
+    let in_mix: Vec<&(String, u64)> = stacks.iter().filter(|(s, _)| s.ends_with(";main.mix")).collect();
+    let total_mix: u64 = in_mix.iter().map(|(_, n)| n).sum();
+    let callers = ["main.scramble", "main.sortOnce.func1"];
+    let with_caller: u64 = in_mix
+        .iter()
+        .filter(|(s, _)| s.rsplit(';').nth(1).is_some_and(|caller| callers.contains(&caller)))
+        .map(|(_, n)| n)
+        .sum();
+    let wrong = in_mix
+        .iter()
+        .filter(|(s, _)| !s.rsplit(';').nth(1).is_some_and(|caller| callers.contains(&caller)))
+        .max_by_key(|(_, n)| *n)
+        .map(|(s, n)| format!("{s} {n}"))
+        .unwrap_or_default();
+    let mix_share = with_caller as f64 / total_mix.max(1) as f64;
+    eprintln!("Go: {:.1} % of {total_mix} samples in main.mix name its caller; e.g. wrong: {wrong}", mix_share * 100.0);
+    assert!(total_mix >= 20, "too few samples in main.mix to judge: {total_mix}");
+    assert!(mix_share >= 0.95, "only {:.1} % of {total_mix} samples in main.mix name its caller; e.g. {wrong}", mix_share * 100.0);
 }
