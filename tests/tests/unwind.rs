@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, folded_window, now_secs, privileged, skip, wait_for};
+use integration_tests::{Daemon, Kill, folded_window, now_secs, privileged, skip, wait_for};
 
 const WORKLOADS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/workloads");
 /// How long each workload runs.
@@ -168,5 +168,92 @@ fn go_stacks_reach_main_main_and_keep_the_callers_of_frameless_leaves() {
     let mix_share = with_caller as f64 / total_mix.max(1) as f64;
     eprintln!("Go: {:.1} % of {total_mix} samples in main.mix name its caller; e.g. wrong: {wrong}", mix_share * 100.0);
     assert!(total_mix >= 20, "too few samples in main.mix to judge: {total_mix}");
-    assert!(mix_share >= 0.95, "only {:.1} % of {total_mix} samples in main.mix name its caller; e.g. {wrong}", mix_share * 100.0);
+    assert!(
+        mix_share >= 0.95,
+        "only {:.1} % of {total_mix} samples in main.mix name its caller; e.g. {wrong}",
+        mix_share * 100.0
+    );
+}
+
+/// Resident anonymous memory of process `pid`, in KiB (not the unwind rows: the daemon writes
+/// them through a mapping of the BPF array, whose pages count as shared).
+fn rss_anon_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("RssAnon:")?.trim().strip_suffix(" kB")?.parse().ok()).unwrap_or(0)
+}
+
+/// A process maps 10,000 files executable: 9,700 one-page data files and 300 copies of an ELF
+/// file with CFI, more than the 256 mappings a description holds. Once it is described with all
+/// of them (the description that logs what it left out), its own binary and libc (mapped before
+/// all of them, so above them) must still be described, the data files take no place, what is
+/// left out is logged once, and the daemon lives on. Before that description its stacks are
+/// complete too, unless the stage was still busy with the processes the daemon found at start
+/// when this one exec'd (the first description of 10,000 mappings opens 10,000 files: ~0.2-0.7
+/// s): that share is shown, not asserted.
+#[test]
+fn a_process_mapping_10000_files_keeps_its_binary_and_libc_described() {
+    if !privileged("a_process_mapping_10000_files_keeps_its_binary_and_libc_described") {
+        return;
+    }
+    const ELF_COPIES: usize = 300;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = format!("{WORKLOADS}/many_maps.c");
+    let bin = build(tmp.path(), "gcc", &["-O2", "-fomit-frame-pointer", &src], "cfi-many-maps");
+    let files = tmp.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    for i in 0..10_000 - ELF_COPIES {
+        std::fs::write(files.join(format!("data-{i}")), format!("{i:4096}")).unwrap();
+    }
+    for i in 0..ELF_COPIES {
+        std::fs::copy(&bin, files.join(format!("elf-{i}"))).unwrap();
+    }
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
+    let dir = data.to_str().unwrap();
+    let daemon_pid = daemon.child.as_ref().unwrap().id();
+    let rss_before = rss_anon_kib(daemon_pid);
+    let start = now_secs();
+    // Runs until killed below, once enough has been seen.
+    let mut workload =
+        Kill(Command::new(&bin).arg("600").arg(&files).stdout(std::process::Stdio::piped()).spawn().unwrap());
+    let pid = workload.0.id();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(workload.0.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "mapped 10000");
+    let pid_field = format!("pid={pid}");
+    let warned = |log: &str| log.lines().filter(|l| l.contains(&pid_field) && l.contains("left_out")).count();
+    wait_for("the log line about the mappings left out", Duration::from_secs(60), || {
+        (warned(&daemon.log_text()) > 0).then_some(())
+    });
+    let described = now_secs();
+    // 150 samples after that description (1.5 s of a CPU: the workload shares it).
+    let (stacks, end) = wait_for("the workload's samples", Duration::from_secs(60), || {
+        let end = now_secs();
+        let after = folded_window(dir, described, end, &["--comm", "cfi-many-maps"]).ok()?;
+        (after.iter().map(|(_, n)| n).sum::<u64>() >= 150).then_some((after, end))
+    });
+    let whole = folded_window(dir, start - 1.0, end, &["--comm", "cfi-many-maps"]).unwrap();
+    let rss_after = rss_anon_kib(daemon_pid);
+    drop(workload);
+    let log = daemon.log_text();
+    let (share, total, worst) = complete_share(&stacks, |_| true);
+    let (whole_share, whole_total, _) = complete_share(&whole, |_| true);
+    eprintln!(
+        "10,000 mappings: {:.1} % of {total} samples after the full description reach main ({:.1} % of \
+         {whole_total} since exec); most common incomplete: {worst}; daemon anonymous RSS {} -> {} MiB",
+        share * 100.0,
+        whole_share * 100.0,
+        rss_before / 1024,
+        rss_after / 1024
+    );
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&pid_field) && l.contains("left_out")).collect();
+    eprintln!("{}", lines.join("\n"));
+    assert!(share >= 0.95, "only {:.1} % of {total} samples reach main; e.g. {worst}", share * 100.0);
+    assert_eq!(lines.len(), 1, "what was left out is logged once per process");
+    // 304 mappings with tables (the copies, the binary, libc, ld.so, the vDSO) for 256 places; a
+    // description made while the files were still being mapped saw fewer.
+    let left_out: u64 = lines[0].split_once("left_out=").and_then(|(_, n)| n.split(' ').next()?.parse().ok()).unwrap();
+    assert!((1..=ELF_COPIES as u64 + 4 - 256).contains(&left_out), "{}", lines[0]);
+    assert!(daemon.child.as_mut().unwrap().try_wait().unwrap().is_none(), "the daemon died:\n{log}");
+    assert!(rss_after < rss_before + 64 * 1024, "the daemon grew from {rss_before} to {rss_after} KiB");
+    assert!(daemon.stop().success(), "{log}");
 }

@@ -39,8 +39,12 @@ pub enum TableError {
     TooLarge(usize),
     #[error("code spans more than 4 GiB")]
     TooWide,
-    #[error(".debug_frame is compressed in a format the profiler does not read, or inflates past {MAX_DEBUG_FRAME_BYTES} bytes")]
+    #[error(
+        ".debug_frame is compressed in a format the profiler does not read, or inflates past {MAX_DEBUG_FRAME_BYTES} bytes"
+    )]
     Compressed,
+    #[error("the mapped file was refused: {0}")]
+    Refused(String),
     #[error("cannot read the mapped file: {0}")]
     Unreadable(String),
 }

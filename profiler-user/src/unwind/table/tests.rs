@@ -134,7 +134,6 @@ fn a_code_segment_at_an_unaligned_offset_gets_the_bias_of_its_page() {
     assert_eq!(bias(0, &loads, start, 0x16000), Some(0x5555_0000_0000));
 }
 
-
 #[test]
 fn compressed_sections_inflate_within_their_bound() {
     use std::io::Write as _;
