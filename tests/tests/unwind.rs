@@ -257,3 +257,80 @@ fn a_process_mapping_10000_files_keeps_its_binary_and_libc_described() {
     assert!(rss_after < rss_before + 64 * 1024, "the daemon grew from {rss_before} to {rss_after} KiB");
     assert!(daemon.stop().success(), "{log}");
 }
+
+/// Samples of `comm` from its first complete stack after `from` on, until there are half
+/// `SECS` of them at 99 Hz; and how long that first complete stack took. Frame pointers reach
+/// main in none of `libc_callback.c`'s samples: its first complete stack says its tables are in
+/// (a daemon just started is still describing every process it found, at nice 10: on a busy
+/// machine that can take a second).
+fn samples_once_described(dir: &str, comm: &str, from: f64) -> (Vec<(String, u64)>, f64) {
+    let first = wait_for(&format!("a complete stack of {comm}"), Duration::from_secs(60), || {
+        let stacks = folded_window(dir, from, now_secs() + 1.0, &["--comm", comm]).ok()?;
+        stacks.iter().any(|(s, _)| reaches_main(s)).then(now_secs)
+    });
+    let n = (SECS * 99.0 * 0.5) as u64;
+    let stacks = wait_for(&format!("{n} samples of {comm}"), Duration::from_secs(60), || {
+        let stacks = folded_window(dir, first, now_secs() + 1.0, &["--comm", comm]).ok()?;
+        (stacks.iter().map(|(_, n)| n).sum::<u64>() >= n).then_some(stacks)
+    });
+    (stacks, first - from)
+}
+
+/// A copy of the C workload, started and deleted at once (the file is gone, its mappings say
+/// "(deleted)"; describe() stats and opens them through /proc/PID/map_files, which still reach
+/// the inode): its stacks must reach main, whether the daemon saw the process start (it is
+/// described at exec, maybe before the deletion, and again after it) or the process predates the
+/// daemon (described at its first sample, after the deletion).
+#[test]
+fn a_binary_deleted_while_it_runs_keeps_complete_stacks() {
+    if !privileged("a_binary_deleted_while_it_runs_keeps_complete_stacks") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = format!("{WORKLOADS}/libc_callback.c");
+    let built = build(tmp.path(), "gcc", &["-O2", "-fomit-frame-pointer", &src], "built");
+    let start_deleted = |name: &str| {
+        let bin = tmp.path().join(name);
+        std::fs::copy(&built, &bin).unwrap();
+        let child = Kill(Command::new(&bin).arg("600").spawn().unwrap());
+        // spawn returns once the exec passed its point of no return, which can be before the
+        // kernel mapped the new binary.
+        let maps = format!("/proc/{}/maps", child.0.id());
+        wait_for("the binary mapped", Duration::from_secs(10), || {
+            std::fs::read_to_string(&maps).ok()?.contains(bin.to_str().unwrap()).then_some(())
+        });
+        std::fs::remove_file(&bin).unwrap();
+        let text = std::fs::read_to_string(&maps).unwrap();
+        assert!(text.contains(&format!("{name} (deleted)")), "{text}");
+        child
+    };
+    let check = |what: &str, (stacks, after): (Vec<(String, u64)>, f64)| {
+        let (share, total, worst) = complete_share(&stacks, |_| true);
+        eprintln!(
+            "deleted, {what}: {:.1} % of {total} samples reach main from the first complete stack (seen {after:.2} s in); \
+             e.g. incomplete: {worst}",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "deleted, {what}: only {:.1} % of {total} samples reach main; e.g. {worst}",
+            share * 100.0
+        );
+    };
+
+    // The daemon first.
+    let (_data_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
+    let start = now_secs();
+    let child = start_deleted("cfi-del-after");
+    check("seen from its exec", samples_once_described(data.to_str().unwrap(), "cfi-del-after", start - 1.0));
+    drop(child);
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+
+    // The process first: the daemon starts after the deletion.
+    let child = start_deleted("cfi-del-before");
+    let (_data_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
+    let ready = now_secs();
+    check("started before the daemon", samples_once_described(data.to_str().unwrap(), "cfi-del-before", ready - 1.0));
+    drop(child);
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+}
