@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, folded_window, now_secs, privileged, wait_for};
+use integration_tests::{Daemon, Kill, folded_window, now_secs, privileged, skip, wait_for};
 
 const WORKLOADS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/workloads");
 /// How long each workload runs.
@@ -41,8 +41,10 @@ fn profile(bin: &Path) -> Vec<(String, u64)> {
     stacks
 }
 
+/// The stack holds the program's `main`: C's, Rust's (`crate::main`) or Go's (`main.main`, the
+/// main goroutine's: other goroutines end at `runtime.goexit` without it).
 fn reaches_main(stack: &str) -> bool {
-    stack.split(';').any(|f| f == "main" || f.ends_with("::main"))
+    stack.split(';').any(|f| f == "main" || f.ends_with("::main") || f == "main.main")
 }
 
 /// (complete share, samples, the most common incomplete stack) of `bin`'s stacks that `keep`.
@@ -110,4 +112,225 @@ fn signal_handlers_and_the_vdso_do_not_break_the_walk() {
         assert!(total >= 5, "too few samples in {what} to judge: {total}");
         assert!(share >= 0.95, "{what}: only {:.1} % of {total} samples reach main; e.g. {worst}", share * 100.0);
     }
+}
+
+/// `go build` of a workload, with the toolchain's caches in `dir` and no network; `None` (after
+/// saying why, or failing under CI) when there is no `go`.
+fn go_build(dir: &Path, src: &str, out: &str) -> Option<PathBuf> {
+    if Command::new("go").arg("version").output().is_err() {
+        skip(&format!("{out}: `go` is not installed (`cargo xtask test` installs Debian's golang-go)"));
+        return None;
+    }
+    let bin = dir.join(out);
+    let st = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("HOME", dir)
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "")
+        .status()
+        .expect("go build");
+    assert!(st.success(), "go build {src} failed");
+    Some(bin)
+}
+
+#[test]
+fn go_stacks_reach_main_main_and_keep_the_callers_of_frameless_leaves() {
+    if !privileged("go_stacks_reach_main_main_and_keep_the_callers_of_frameless_leaves") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(bin) = go_build(tmp.path(), &format!("{WORKLOADS}/gowork.go"), "cfi-go") else { return };
+    let stacks = profile(&bin);
+    let (share, total, worst) = complete_share(&stacks, |_| true);
+    eprintln!("Go: {:.1} % of {total} samples reach main.main; most common incomplete: {worst}", share * 100.0);
+    assert!(share >= 0.95, "Go: only {:.1} % of {total} samples reach main.main; e.g. {worst}", share * 100.0);
+    // `mix` never saves the frame pointer: a frame-pointer walk from it skips its caller (the
+    // frame pointer still holds the caller's frame). The unwind table knows `mix`'s frame.
+    let in_mix: Vec<&(String, u64)> = stacks.iter().filter(|(s, _)| s.ends_with(";main.mix")).collect();
+    let total_mix: u64 = in_mix.iter().map(|(_, n)| n).sum();
+    let callers = ["main.scramble", "main.sortOnce.func1"];
+    let with_caller: u64 = in_mix
+        .iter()
+        .filter(|(s, _)| s.rsplit(';').nth(1).is_some_and(|caller| callers.contains(&caller)))
+        .map(|(_, n)| n)
+        .sum();
+    let wrong = in_mix
+        .iter()
+        .filter(|(s, _)| !s.rsplit(';').nth(1).is_some_and(|caller| callers.contains(&caller)))
+        .max_by_key(|(_, n)| *n)
+        .map(|(s, n)| format!("{s} {n}"))
+        .unwrap_or_default();
+    let mix_share = with_caller as f64 / total_mix.max(1) as f64;
+    eprintln!("Go: {:.1} % of {total_mix} samples in main.mix name its caller; e.g. wrong: {wrong}", mix_share * 100.0);
+    assert!(total_mix >= 20, "too few samples in main.mix to judge: {total_mix}");
+    assert!(
+        mix_share >= 0.95,
+        "only {:.1} % of {total_mix} samples in main.mix name its caller; e.g. {wrong}",
+        mix_share * 100.0
+    );
+}
+
+/// Resident anonymous memory of process `pid`, in KiB (not the unwind rows: the daemon writes
+/// them through a mapping of the BPF array, whose pages count as shared).
+fn rss_anon_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("RssAnon:")?.trim().strip_suffix(" kB")?.parse().ok()).unwrap_or(0)
+}
+
+/// A process maps 10,000 files executable: 9,700 one-page data files and 300 copies of an ELF
+/// file with CFI, more than the 256 mappings a description holds. Once it is described with all
+/// of them (the description that logs what it left out), its own binary and libc (mapped before
+/// all of them, so above them) must still be described, the data files take no place, what is
+/// left out is logged once, and the daemon lives on. Before that description its stacks are
+/// complete too, unless the stage was still busy with the processes the daemon found at start
+/// when this one exec'd (the first description of 10,000 mappings opens 10,000 files: ~0.2-0.7
+/// s): that share is shown, not asserted.
+#[test]
+fn a_process_mapping_10000_files_keeps_its_binary_and_libc_described() {
+    if !privileged("a_process_mapping_10000_files_keeps_its_binary_and_libc_described") {
+        return;
+    }
+    const ELF_COPIES: usize = 300;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = format!("{WORKLOADS}/many_maps.c");
+    let bin = build(tmp.path(), "gcc", &["-O2", "-fomit-frame-pointer", &src], "cfi-many-maps");
+    let files = tmp.path().join("files");
+    std::fs::create_dir(&files).unwrap();
+    for i in 0..10_000 - ELF_COPIES {
+        std::fs::write(files.join(format!("data-{i}")), format!("{i:4096}")).unwrap();
+    }
+    for i in 0..ELF_COPIES {
+        std::fs::copy(&bin, files.join(format!("elf-{i}"))).unwrap();
+    }
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
+    let dir = data.to_str().unwrap();
+    let daemon_pid = daemon.child.as_ref().unwrap().id();
+    let rss_before = rss_anon_kib(daemon_pid);
+    let start = now_secs();
+    // Runs until killed below, once enough has been seen.
+    let mut workload =
+        Kill(Command::new(&bin).arg("600").arg(&files).stdout(std::process::Stdio::piped()).spawn().unwrap());
+    let pid = workload.0.id();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(workload.0.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "mapped 10000");
+    let pid_field = format!("pid={pid}");
+    let warned = |log: &str| log.lines().filter(|l| l.contains(&pid_field) && l.contains("left_out")).count();
+    wait_for("the log line about the mappings left out", Duration::from_secs(60), || {
+        (warned(&daemon.log_text()) > 0).then_some(())
+    });
+    let described = now_secs();
+    // 150 samples after that description (1.5 s of a CPU: the workload shares it).
+    let (stacks, end) = wait_for("the workload's samples", Duration::from_secs(60), || {
+        let end = now_secs();
+        let after = folded_window(dir, described, end, &["--comm", "cfi-many-maps"]).ok()?;
+        (after.iter().map(|(_, n)| n).sum::<u64>() >= 150).then_some((after, end))
+    });
+    let whole = folded_window(dir, start - 1.0, end, &["--comm", "cfi-many-maps"]).unwrap();
+    let rss_after = rss_anon_kib(daemon_pid);
+    drop(workload);
+    let log = daemon.log_text();
+    let (share, total, worst) = complete_share(&stacks, |_| true);
+    let (whole_share, whole_total, _) = complete_share(&whole, |_| true);
+    eprintln!(
+        "10,000 mappings: {:.1} % of {total} samples after the full description reach main ({:.1} % of \
+         {whole_total} since exec); most common incomplete: {worst}; daemon anonymous RSS {} -> {} MiB",
+        share * 100.0,
+        whole_share * 100.0,
+        rss_before / 1024,
+        rss_after / 1024
+    );
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&pid_field) && l.contains("left_out")).collect();
+    eprintln!("{}", lines.join("\n"));
+    assert!(share >= 0.95, "only {:.1} % of {total} samples reach main; e.g. {worst}", share * 100.0);
+    assert_eq!(lines.len(), 1, "what was left out is logged once per process");
+    // 304 mappings with tables (the copies, the binary, libc, ld.so, the vDSO) for 256 places; a
+    // description made while the files were still being mapped saw fewer.
+    let left_out: u64 = lines[0].split_once("left_out=").and_then(|(_, n)| n.split(' ').next()?.parse().ok()).unwrap();
+    assert!((1..=ELF_COPIES as u64 + 4 - 256).contains(&left_out), "{}", lines[0]);
+    assert!(daemon.child.as_mut().unwrap().try_wait().unwrap().is_none(), "the daemon died:\n{log}");
+    assert!(rss_after < rss_before + 64 * 1024, "the daemon grew from {rss_before} to {rss_after} KiB");
+    assert!(daemon.stop().success(), "{log}");
+}
+
+/// Samples of `comm` from its first complete stack after `from` on, until there are half
+/// `SECS` of them at 99 Hz; and how long that first complete stack took. Frame pointers reach
+/// main in none of `libc_callback.c`'s samples: its first complete stack says its tables are in
+/// (a daemon just started is still describing every process it found, at nice 10: on a busy
+/// machine that can take a second).
+fn samples_once_described(dir: &str, comm: &str, from: f64) -> (Vec<(String, u64)>, f64) {
+    let first = wait_for(&format!("a complete stack of {comm}"), Duration::from_secs(60), || {
+        let stacks = folded_window(dir, from, now_secs() + 1.0, &["--comm", comm]).ok()?;
+        stacks.iter().any(|(s, _)| reaches_main(s)).then(now_secs)
+    });
+    let n = (SECS * 99.0 * 0.5) as u64;
+    let stacks = wait_for(&format!("{n} samples of {comm}"), Duration::from_secs(60), || {
+        let stacks = folded_window(dir, first, now_secs() + 1.0, &["--comm", comm]).ok()?;
+        (stacks.iter().map(|(_, n)| n).sum::<u64>() >= n).then_some(stacks)
+    });
+    (stacks, first - from)
+}
+
+/// A copy of the C workload, started and deleted at once (the file is gone, its mappings say
+/// "(deleted)"; describe() stats and opens them through /proc/PID/map_files, which still reach
+/// the inode): its stacks must reach main, whether the daemon saw the process start (it is
+/// described at exec, maybe before the deletion, and again after it) or the process predates the
+/// daemon (described at its first sample, after the deletion).
+#[test]
+fn a_binary_deleted_while_it_runs_keeps_complete_stacks() {
+    if !privileged("a_binary_deleted_while_it_runs_keeps_complete_stacks") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = format!("{WORKLOADS}/libc_callback.c");
+    let built = build(tmp.path(), "gcc", &["-O2", "-fomit-frame-pointer", &src], "built");
+    let start_deleted = |name: &str| {
+        let bin = tmp.path().join(name);
+        std::fs::copy(&built, &bin).unwrap();
+        let child = Kill(Command::new(&bin).arg("600").spawn().unwrap());
+        // spawn returns once the exec passed its point of no return, which can be before the
+        // kernel mapped the new binary.
+        let maps = format!("/proc/{}/maps", child.0.id());
+        wait_for("the binary mapped", Duration::from_secs(10), || {
+            std::fs::read_to_string(&maps).ok()?.contains(bin.to_str().unwrap()).then_some(())
+        });
+        std::fs::remove_file(&bin).unwrap();
+        let text = std::fs::read_to_string(&maps).unwrap();
+        assert!(text.contains(&format!("{name} (deleted)")), "{text}");
+        child
+    };
+    let check = |what: &str, (stacks, after): (Vec<(String, u64)>, f64)| {
+        let (share, total, worst) = complete_share(&stacks, |_| true);
+        eprintln!(
+            "deleted, {what}: {:.1} % of {total} samples reach main from the first complete stack (seen {after:.2} s in); \
+             e.g. incomplete: {worst}",
+            share * 100.0
+        );
+        assert!(
+            share >= 0.95,
+            "deleted, {what}: only {:.1} % of {total} samples reach main; e.g. {worst}",
+            share * 100.0
+        );
+    };
+
+    // The daemon first.
+    let (_data_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
+    let start = now_secs();
+    let child = start_deleted("cfi-del-after");
+    check("seen from its exec", samples_once_described(data.to_str().unwrap(), "cfi-del-after", start - 1.0));
+    drop(child);
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
+
+    // The process first: the daemon starts after the deletion.
+    let child = start_deleted("cfi-del-before");
+    let (_data_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
+    let ready = now_secs();
+    check("started before the daemon", samples_once_described(data.to_str().unwrap(), "cfi-del-before", ready - 1.0));
+    drop(child);
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
 }

@@ -87,8 +87,10 @@ fn install_bpf_linker() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the UI test needs: Debian's chromium and chromedriver (browsers cannot be downloaded
-/// here; Debian's packages can); and the PyPI packages other tests check against.
+/// What the tests need besides Rust: Debian's chromium and chromedriver for the UI test
+/// (browsers cannot be downloaded here; Debian's packages can), Go for the unwinder's Go
+/// workload (Go's own toolchain downloads are not reachable either), and the PyPI packages
+/// other tests check against.
 pub fn ensure_test_tools() -> anyhow::Result<()> {
     // kubernetes-validate (PyPI) carries the Kubernetes JSON schemas: it validates offline.
     if output(Command::new("kubernetes-validate").arg("--version")).is_none() {
@@ -118,16 +120,21 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
         )?;
     }
     let have = |p: &str| std::path::Path::new(p).exists();
-    if have("/usr/bin/chromium") && have("/usr/bin/chromedriver") {
+    let mut missing = Vec::new();
+    if !(have("/usr/bin/chromium") && have("/usr/bin/chromedriver")) {
+        missing.extend(["chromium", "chromium-driver"]);
+    }
+    if output(Command::new("go").arg("version")).is_none() {
+        missing.push("golang-go");
+    }
+    if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("xtask: installing chromium and chromium-driver (Debian) for the UI test");
+    eprintln!("xtask: installing {} (Debian) for the UI and unwinder tests", missing.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
     run(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "chromium", "chromium-driver"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-        "chromium and chromium-driver",
+        Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),
+        "the test tools",
     )
 }
 

@@ -110,6 +110,12 @@ pub fn render(l: &Live) -> String {
              frames are walked with frame pointers.",
             u.without,
         );
+        gauge(
+            "profiler_unwind_mappings_left_out",
+            "Executable mappings of files with unwind tables left out of their process's description (over 256 \
+             per process): their frames are walked with frame pointers.",
+            u.mappings_left_out,
+        );
         family(
             "profiler_unwind_tables_did_not_fit_total",
             "counter",
@@ -322,7 +328,13 @@ mod tests {
                 ..Default::default()
             },
         );
-        l.unwind = Some(crate::unwind::registry::Stats { tables: 4, rows: 1000, did_not_fit: 1, ..Default::default() });
+        l.unwind = Some(crate::unwind::registry::Stats {
+            tables: 4,
+            rows: 1000,
+            did_not_fit: 1,
+            mappings_left_out: 46,
+            ..Default::default()
+        });
         l.ring_to_disk_seconds = Some((0.25, 0.75));
         l.busy_share.insert(1, 1.0);
         l.dying_memcgs = Some(3000);
@@ -363,5 +375,6 @@ mod tests {
         assert!(text.contains("profiler_otlp_errors_total{reason=\"rejected\"} 1\n"));
         assert!(text.contains("profiler_otlp_errors_total{reason=\"store\"} 0\n"));
         assert!(text.contains("profiler_otlp_lag_seconds 12.5\n"));
+        assert!(text.contains("profiler_unwind_mappings_left_out 46\n"));
     }
 }

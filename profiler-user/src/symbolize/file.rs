@@ -66,6 +66,14 @@ pub enum Refused {
     DebugData,
 }
 
+impl Refused {
+    /// True when the file's contents are at fault (reading it again gives the same answer),
+    /// false when opening it failed or found another file, for a reason of the moment.
+    pub fn is_about_the_file(&self) -> bool {
+        !matches!(self, Refused::Open(_) | Refused::NotRegular | Refused::Replaced)
+    }
+}
+
 /// One loadable segment: file bytes `[offset, offset + size)` are mapped at ELF virtual address
 /// `vaddr` (before the load bias).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

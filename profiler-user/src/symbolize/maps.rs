@@ -68,18 +68,24 @@ pub struct Read {
 /// Executable mappings of a process, bounded as the module comment says; empty if it is gone.
 /// The mapping holding `wanted` (the address that made us read) is kept past the count bounds.
 pub fn read(pid: u32, wanted: Option<u64>) -> Read {
+    read_within(pid, wanted, MAX_MAPPINGS, MAPS_READ_BUDGET)
+}
+
+/// [`read`] with its own count and time bounds (the byte and per-file bounds stay): the
+/// unwinder reads every executable mapping, on its own thread, to choose the ones it describes.
+pub fn read_within(pid: u32, wanted: Option<u64>, max_mappings: usize, budget: std::time::Duration) -> Read {
     match std::fs::File::open(format!("/proc/{pid}/maps")) {
-        Ok(f) => read_from(f.take(MAX_MAPS_BYTES), wanted, MAPS_READ_BUDGET),
+        Ok(f) => read_from(f.take(MAX_MAPS_BYTES), wanted, max_mappings, budget),
         Err(_) => Read::default(),
     }
 }
 
 /// Executable mappings of a maps file, sorted by address. Malformed lines are skipped.
 pub fn parse(text: &str) -> Vec<Mapping> {
-    read_from(text.as_bytes(), None, std::time::Duration::MAX).maps
+    read_from(text.as_bytes(), None, MAX_MAPPINGS, std::time::Duration::MAX).maps
 }
 
-fn read_from(input: impl std::io::Read, wanted: Option<u64>, budget: std::time::Duration) -> Read {
+fn read_from(input: impl std::io::Read, wanted: Option<u64>, max_mappings: usize, budget: std::time::Duration) -> Read {
     let started = std::time::Instant::now();
     let mut bytes = 0u64;
     let mut truncated = false;
@@ -116,17 +122,17 @@ fn read_from(input: impl std::io::Read, wanted: Option<u64>, budget: std::time::
         };
         if wanted.is_some_and(|a| m.start <= a && a < m.end) {
             kept.out.push(m);
-            if kept.out.len() >= MAX_MAPPINGS {
+            if kept.out.len() >= max_mappings {
                 break;
             }
-        } else if kept.out.len() < MAX_MAPPINGS {
+        } else if kept.out.len() < max_mappings {
             kept.push(m);
         } else if wanted.is_none() {
             truncated = true;
             break;
         }
     }
-    truncated |= kept.out.len() >= MAX_MAPPINGS || kept.files.values().any(|(_, n)| *n >= MAX_MAPPINGS_PER_FILE);
+    truncated |= kept.out.len() >= max_mappings || kept.files.values().any(|(_, n)| *n >= MAX_MAPPINGS_PER_FILE);
     let mut maps = kept.out;
     maps.sort_by_key(|m| m.start);
     Read { maps, truncated }
@@ -248,7 +254,7 @@ garbage line
             text.push_str(&format!("{start:x}-{:x} r-xp 00000000 fd:01 4242 {long}\n", start + 0x1000));
         }
         text.push_str("7f1c2a428000-7f1c2a5bd000 r-xp 00028000 fd:01 1835131 /usr/lib/libc.so.6\n");
-        let read = read_from(text.as_bytes(), None, std::time::Duration::MAX);
+        let read = read_from(text.as_bytes(), None, MAX_MAPPINGS, std::time::Duration::MAX);
         assert!(read.truncated, "over the per-file bound");
         let maps = read.maps;
         let evil: Vec<&Mapping> = maps.iter().filter(|m| m.inode == 4242).collect();
@@ -261,7 +267,7 @@ garbage line
         assert_eq!(find(&maps, 0x55d0c1a02010).map(|m| m.inode), Some(393320));
         // Past the bound, the mapping of the address that made us read is kept all the same.
         let wanted = 0x7000_0000_0000 + 900 * 0x1000 + 0x400;
-        let read = read_from(text.as_bytes(), Some(wanted), std::time::Duration::MAX);
+        let read = read_from(text.as_bytes(), Some(wanted), MAX_MAPPINGS, std::time::Duration::MAX);
         assert!(read.truncated);
         let maps = read.maps;
         assert_eq!(find(&maps, wanted).map(|m| m.inode), Some(4242));
@@ -274,6 +280,8 @@ garbage line
             .map(|i| format!("{:x}-{:x} r-xp 00000000 fd:01 {} /lib/f{i}.so\n", i * 0x2000, i * 0x2000 + 0x1000, i + 1))
             .collect();
         assert_eq!(parse(&text).len(), MAX_MAPPINGS);
+        let all = read_from(text.as_bytes(), None, 10_000, std::time::Duration::MAX);
+        assert_eq!((all.maps.len(), all.truncated), (5_000, false), "a caller's own bound");
     }
 
     #[test]
@@ -298,7 +306,7 @@ garbage line
     fn a_read_stops_at_its_byte_budget() {
         let line = format!("1000-2000 r-xp 00000000 fd:01 7 /{}\n", "d/".repeat(1_800));
         let text = line.repeat((MAX_MAPS_BYTES as usize / line.len()) + 10);
-        let read = read_from(text.as_bytes(), None, std::time::Duration::MAX);
+        let read = read_from(text.as_bytes(), None, MAX_MAPPINGS, std::time::Duration::MAX);
         assert!(read.truncated);
     }
 
@@ -307,10 +315,16 @@ garbage line
         let text: String = (0..10_000u64)
             .map(|i| format!("{:x}-{:x} r-xp 00000000 fd:01 7 /lib/a.so\n", i * 0x2000, i * 0x2000 + 0x1000))
             .collect();
-        let read = read_from(text.as_bytes(), None, std::time::Duration::ZERO);
+        let read = read_from(text.as_bytes(), None, MAX_MAPPINGS, std::time::Duration::ZERO);
         assert!(read.truncated && read.maps.is_empty());
         assert!(
-            !read_from(&b"1000-2000 r-xp 00000000 fd:01 7 /lib/a.so\n"[..], None, std::time::Duration::MAX).truncated
+            !read_from(
+                &b"1000-2000 r-xp 00000000 fd:01 7 /lib/a.so\n"[..],
+                None,
+                MAX_MAPPINGS,
+                std::time::Duration::MAX
+            )
+            .truncated
         );
     }
 }

@@ -39,6 +39,16 @@ const LARGE_FILE: u64 = 16 << 20;
 const BUILDS_QUEUED: usize = 64;
 /// Requests waiting for the stage; past this the pipeline drops them (a later sample asks again).
 const QUEUE: usize = 4096;
+/// A process's maps are read whole (the kernel's vm.max_map_count is 65,530; the byte bound of
+/// `maps::read` stays), within this time: the description chooses among all its mappings, and
+/// the ones it keeps first (the loader's) are listed last. This thread is off the sampling path.
+const MAPS_MAPPINGS: usize = 65_536;
+const MAPS_BUDGET: Duration = Duration::from_millis(250);
+/// Files a description opens for the first time, at most; a process with more (thousands of
+/// files mapped executable: each is opened once, 20 µs) is described again without the bound
+/// this long after, so that the tables of its binary and libc, built meanwhile, go in first.
+const FIRST_CHECKS: usize = 64;
+const CHECK_THE_REST_AFTER: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy)]
 enum Request {
@@ -168,24 +178,45 @@ fn run(
     rx: Receiver<Request>,
     stats: Arc<Mutex<Stats>>,
 ) {
+    let pythons_versions = pythons.versions.clone();
+    // When each process was last described.
     let mut read_at: HashMap<u32, Instant> = HashMap::new();
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
     // Processes to describe again at a time: (when, pid), soonest last.
     let mut again: Vec<(Instant, u32)> = Vec::new();
     let mut pending: VecDeque<Request> = VecDeque::new();
     let vdso = Vdso::of_this_process();
+    // Processes whose next description opens all their files (`FIRST_CHECKS`).
+    let mut unbounded: Vec<u32> = Vec::new();
+    let mut describe_now = |registry: &mut Registry<kernel::Maps>,
+                            builder: &mut Builder,
+                            read_at: &mut HashMap<u32, Instant>,
+                            again: &mut Vec<(Instant, u32)>,
+                            pid: u32| {
+        let checks = match unbounded.iter().position(|p| *p == pid) {
+            Some(i) => {
+                unbounded.swap_remove(i);
+                usize::MAX
+            }
+            None => FIRST_CHECKS,
+        };
+        let unchecked = describe(registry, &mut pythons, builder, pid, vdso.as_ref(), checks);
+        read_at.insert(pid, Instant::now());
+        if unchecked > 0 && again.len() < QUEUE && unbounded.len() < QUEUE {
+            unbounded.push(pid);
+            again.push((Instant::now() + CHECK_THE_REST_AFTER, pid));
+            again.sort_by_key(|a| std::cmp::Reverse(a.0));
+        }
+    };
     loop {
         while let Ok((key, result)) = builder.built.try_recv() {
             builder.pending = builder.pending.saturating_sub(1);
-            for pid in registry.built(key, result) {
-                describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
-            }
+            registry.built(key, result);
         }
         let now = Instant::now();
         while again.last().is_some_and(|(at, _)| *at <= now) {
             let (_, pid) = again.pop().expect("checked");
-            describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
-            read_at.insert(pid, Instant::now());
+            describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
         }
         // Requests wait here; execs go first, and are looked for again after every
         // description, because one (a large binary's first table) can take a while.
@@ -203,26 +234,24 @@ fn run(
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            sweep(&mut registry, &pythons, &mut read_at, &mut next_sweep, &stats);
+            sweep(&mut registry, &pythons_versions, &mut read_at, &mut next_sweep, &stats);
             continue;
         };
         match request {
             Request::Seen(pid) => {
                 if read_at.get(&pid).is_none_or(|at| at.elapsed() >= REREAD_AFTER) {
-                    describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
-                    read_at.insert(pid, Instant::now());
+                    describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
                 }
             }
             Request::Exec(pid) => {
-                describe(&mut registry, &mut pythons, &mut builder, pid, vdso.as_ref());
-                read_at.insert(pid, Instant::now());
+                describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
                 if again.len() < QUEUE {
                     again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
                     again.sort_by_key(|a| std::cmp::Reverse(a.0));
                 }
             }
         }
-        sweep(&mut registry, &pythons, &mut read_at, &mut next_sweep, &stats);
+        sweep(&mut registry, &pythons_versions, &mut read_at, &mut next_sweep, &stats);
     }
 }
 
@@ -237,7 +266,7 @@ fn queue(pending: &mut VecDeque<Request>, r: Request) {
 /// Forgets exited processes and publishes the figures, every `SWEEP_EVERY`.
 fn sweep(
     registry: &mut Registry<kernel::Maps>,
-    pythons: &Pythons,
+    python_versions: &Mutex<HashMap<u32, u8>>,
     read_at: &mut HashMap<u32, Instant>,
     next_sweep: &mut Instant,
     stats: &Mutex<Stats>,
@@ -253,7 +282,7 @@ fn sweep(
         }
     }
     read_at.retain(|pid, _| registry.is_known(*pid));
-    if let Ok(mut v) = pythons.versions.lock() {
+    if let Ok(mut v) = python_versions.lock() {
         v.retain(|pid, _| registry.is_known(*pid));
     }
     if let Ok(mut s) = stats.lock() {
@@ -261,20 +290,25 @@ fn sweep(
     }
 }
 
-/// Reads `pid`'s executable mappings and describes them to the kernel.
+/// Reads `pid`'s executable mappings and describes them to the kernel, opening at most
+/// `checks` files for the first time; returns how many more there were.
 fn describe(
     registry: &mut Registry<kernel::Maps>,
     pythons: &mut Pythons,
     builder: &mut Builder,
     pid: u32,
     vdso: Option<&Vdso>,
-) {
-    let read = maps::read(pid, None);
+    checks: usize,
+) -> usize {
+    let started = Instant::now();
+    let read = maps::read_within(pid, None, MAPS_MAPPINGS, MAPS_BUDGET);
+    // Through the magic link, so a deleted or replaced executable is the one running.
+    let exe = std::fs::metadata(format!("/proc/{pid}/exe")).ok().map(|m| (m.dev(), m.ino()));
     let mut mapped = Vec::new();
     for m in &read.maps {
         if &*m.path == "[vdso]" {
             if let Some(v) = vdso {
-                mapped.push(MappedFile { start: m.start, end: m.end, offset: 0, key: v.key });
+                mapped.push(MappedFile { start: m.start, end: m.end, offset: 0, key: v.key, preferred: true });
             }
             continue;
         }
@@ -293,23 +327,39 @@ fn describe(
             size: meta.size(),
             mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
         };
-        mapped.push(MappedFile { start: m.start, end: m.end, offset: m.offset, key });
+        let preferred = exe == Some((meta.dev(), meta.ino()));
+        mapped.push(MappedFile { start: m.start, end: m.end, offset: m.offset, key, preferred });
+    }
+    if read.truncated {
+        // The read stopped (byte or time bound) before the highest addresses: the loader's
+        // mappings. What the last description had there stays.
+        let cut = read.maps.last().map_or(0, |m| m.end);
+        mapped.extend(registry.described_from(pid, cut));
     }
     if mapped.is_empty() {
         // A kernel thread, or a process already gone.
         registry.remove_process(pid);
-        return;
+        return 0;
     }
     let by_start: HashMap<u64, &maps::Mapping> = read.maps.iter().map(|m| (m.start, m)).collect();
-    let result = registry.set_process(pid, &mapped, |m| {
+    let result = registry.set_process_within(pid, &mapped, checks, |m, queue| {
         if let Some(v) = vdso.filter(|v| v.key == m.key) {
             return Build::Done(table::compile(v.image.as_slice()));
         }
-        let mapping = by_start.get(&m.start).expect("listed above");
+        let Some(mapping) = by_start.get(&m.start) else {
+            // Kept from the last description past a cut read, its file not read then either.
+            return Build::Done(Err(table::TableError::Unreadable("past where the maps were read".into())));
+        };
         let f: File = match file::open_mapped(pid, mapping) {
             Ok(checked) => checked.file,
+            // Not ELF, malformed: remembered, not opened again while the file is unchanged (a
+            // process mapping 10,000 data files executable costs 10,000 opens once).
+            Err(e) if e.is_about_the_file() => return Build::Done(Err(table::TableError::Refused(e.to_string()))),
             Err(e) => return Build::Done(Err(table::TableError::Unreadable(e.to_string()))),
         };
+        if !queue {
+            return Build::Checked;
+        }
         let jobs = if m.key.size > LARGE_FILE { &builder.large_jobs } else { &builder.jobs };
         match jobs.try_send((m.key, f)) {
             Ok(()) => {
@@ -320,9 +370,10 @@ fn describe(
         }
     });
     // CPython: the first mapped file named like one whose `_PyRuntime` is found.
+    let keys: HashMap<u64, FileKey> = mapped.iter().map(|f| (f.start, f.key)).collect();
     let mut interpreter = None;
-    for (m, f) in read.maps.iter().zip(&mapped_keys(&read.maps, &mapped)) {
-        let (Some(minor), Some(key)) = (python::minor_of(&m.path), f) else { continue };
+    for m in &read.maps {
+        let (Some(minor), Some(key)) = (python::minor_of(&m.path), keys.get(&m.start)) else { continue };
         let Some(layout) = python::layout(minor) else { continue };
         if !pythons.files.contains_key(key) {
             // Not remembered when the file cannot be opened now (the process exited): only
@@ -346,22 +397,24 @@ fn describe(
         };
     }
     match result {
-        Ok(()) => {
+        Ok(unchecked) => {
             tracing::debug!(
                 pid,
                 mappings = mapped.len(),
+                unchecked,
+                maps_truncated = read.truncated,
+                took_us = started.elapsed().as_micros() as u64,
                 age_ms = age_ms(pid),
                 python = interpreter.map(|i| i.0),
                 "process described to the unwinder"
-            )
+            );
+            unchecked
         }
-        Err(e) => tracing::debug!(pid, error = %e, "cannot describe a process to the unwinder: frame pointers for it"),
+        Err(e) => {
+            tracing::debug!(pid, error = %e, "cannot describe a process to the unwinder: frame pointers for it");
+            0
+        }
     }
-}
-
-/// The file key of each mapping in `maps`, where `mapped` has one.
-fn mapped_keys(maps: &[maps::Mapping], mapped: &[MappedFile]) -> Vec<Option<FileKey>> {
-    maps.iter().map(|m| mapped.iter().find(|f| f.start == m.start).map(|f| f.key)).collect()
 }
 
 /// CPython files seen (their `_PyRuntime` and segments, or `None`), and the minor version of

@@ -5,8 +5,15 @@
 //! The rows array is bounded (`--unwind-table-mib`): a table that does not fit, after tables
 //! no process uses any more were evicted, is counted and its mappings are walked with frame
 //! pointers, as before tables existed.
+//!
+//! So is a process's description (`MAX_MAPPINGS`). A mapping without a table needs no place in
+//! it (the sampler walks an address outside every described mapping with frame pointers, as it
+//! does one in a mapping without a table), so the places go to the mappings with tables: the
+//! process's executable and the vDSO first, then the highest addresses (mmap places mappings
+//! top-down: the loader's, ld.so and the libraries the program was linked with, come before
+//! what the program mapped later). What is left out is counted and logged once per process.
 
-use std::collections::HashMap;
+use std::{cmp::Reverse, collections::HashMap};
 
 use profiler_common::unwind::{MAX_MAPPINGS, Mapping, ProcessTable};
 
@@ -31,13 +38,22 @@ pub struct MappedFile {
     pub end: u64,
     pub offset: u64,
     pub key: FileKey,
+    /// The process's executable or the vDSO: described before any other mapping.
+    pub preferred: bool,
 }
 
+/// Files remembered without a table (not ELF, no CFI, or not built): past this many, they are
+/// forgotten (and checked again when a process maps them), so that processes mapping ever new
+/// files do not grow the registry without end. ~100 bytes each.
+pub const MAX_FILES_WITHOUT: usize = 32_768;
+
 /// What building a file's table gave, or that it was handed to a builder ([`Registry::built`]
-/// gets the result later).
+/// gets the result later), or, when only a check was asked for, that the file may have one.
 pub enum Build {
     Done(Result<Table, TableError>),
     Queued,
+    /// An ELF file, not built: it is past its process's bound.
+    Checked,
 }
 
 #[derive(Debug)]
@@ -53,6 +69,8 @@ enum Entry {
     },
     /// No table (no CFI, malformed, too large, did not fit): frame pointers for this file.
     Without,
+    /// An ELF file not built yet: every process mapping it had it past its bound.
+    Checked,
 }
 
 /// What a mapping needs of a table once its rows are in the kernel.
@@ -78,6 +96,24 @@ pub struct Stats {
     pub without: u64,
     /// Tables that did not fit in the rows array.
     pub did_not_fit: u64,
+    /// Mappings with (or maybe with) a table that processes' descriptions left out, as of each
+    /// process's last description: walked with frame pointers.
+    pub mappings_left_out: u64,
+}
+
+/// What the registry knows of a described process.
+#[derive(Debug, Default)]
+struct Process {
+    /// Files whose tables its description uses.
+    keys: Vec<FileKey>,
+    /// Its description, (mapping, file, file offset) sorted by start: tables it waits for are
+    /// patched in as they come, without reading the process's maps again (thousands of
+    /// mappings, a hundred tables), and a read of its maps cut short keeps what lies past the cut.
+    described: Vec<(Mapping, FileKey, u64)>,
+    /// Mappings its last description left out.
+    left_out: u32,
+    /// Whether that was logged.
+    warned: bool,
 }
 
 pub struct Registry<T: Tables> {
@@ -85,7 +121,7 @@ pub struct Registry<T: Tables> {
     files: HashMap<FileKey, Entry>,
     /// Free row ranges `(start, len)`, sorted by start, never adjacent.
     free: Vec<(usize, usize)>,
-    processes: HashMap<u32, Vec<FileKey>>,
+    processes: HashMap<u32, Process>,
     /// Processes to describe again once a file's table is built.
     waiting: HashMap<FileKey, Vec<u32>>,
     clock: u64,
@@ -116,57 +152,132 @@ impl<T: Tables> Registry<T> {
 
     /// Describes process `pid`'s mappings to the sampler, building (`build`) the tables of
     /// files not seen before; a mapping whose table is still being built is walked with frame
-    /// pointers until then. Replaces what was known of the process.
-    // `finish` decides whether a file is remembered (a failure of the moment is not), so the
-    // map cannot be filled through `entry`.
-    #[allow(clippy::map_entry)]
+    /// pointers until then. Replaces what was known of the process. At most `MAX_MAPPINGS`
+    /// mappings with tables are described, chosen as the module comment says; past them, a file
+    /// not seen before is only checked (`build`'s second argument is false), so that what is
+    /// left out counts files that have (or may have) a table, not data files.
     pub fn set_process(
         &mut self,
         pid: u32,
         mappings: &[MappedFile],
-        mut build: impl FnMut(&MappedFile) -> Build,
+        build: impl FnMut(&MappedFile, bool) -> Build,
     ) -> Result<(), String> {
+        self.set_process_within(pid, mappings, usize::MAX, build).map(|_| ())
+    }
+
+    /// [`Self::set_process`], calling `build` for at most `checks` files not seen before: the
+    /// other ones get no place this time. Returns how many that was; described again, they
+    /// get theirs.
+    // `finish` decides whether a file is remembered (a failure of the moment is not), so the
+    // map cannot be filled through `entry`.
+    #[allow(clippy::map_entry)]
+    pub fn set_process_within(
+        &mut self,
+        pid: u32,
+        mappings: &[MappedFile],
+        mut checks: usize,
+        mut build: impl FnMut(&MappedFile, bool) -> Build,
+    ) -> Result<usize, String> {
+        let mut unchecked = 0;
         self.clock += 1;
+        if self.files.len() > MAX_FILES_WITHOUT {
+            let unused = |e: &Entry| matches!(e, Entry::Without | Entry::Checked);
+            if self.files.values().filter(|e| unused(e)).count() > MAX_FILES_WITHOUT {
+                self.files.retain(|_, e| !unused(e));
+            }
+        }
         let mut keys: Vec<FileKey> = Vec::new();
-        let mut table = ProcessTable::default();
-        let mut sorted: Vec<&MappedFile> = mappings.iter().collect();
-        sorted.sort_by_key(|m| m.start);
-        for m in sorted.into_iter().take(MAX_MAPPINGS) {
-            if !self.files.contains_key(&m.key) {
-                match build(m) {
+        let mut described: Vec<(Mapping, FileKey, u64)> = Vec::new();
+        let mut left_out = 0u32;
+        let mut ranked: Vec<&MappedFile> = mappings.iter().collect();
+        ranked.sort_by_key(|m| (!m.preferred, Reverse(m.start)));
+        for m in ranked {
+            let full = described.len() >= MAX_MAPPINGS;
+            let known = self.files.get(&m.key);
+            if known.is_none() || (!full && matches!(known, Some(Entry::Checked))) {
+                if checks == 0 {
+                    unchecked += 1;
+                    continue;
+                }
+                checks -= 1;
+                match build(m, !full) {
                     Build::Done(result) => self.finish(m.key, result, pid),
                     Build::Queued => {
                         self.files.insert(m.key, Entry::Building);
                     }
-                }
-            }
-            if let Some(Entry::Building) = self.files.get(&m.key) {
-                let waiting = self.waiting.entry(m.key).or_default();
-                if !waiting.contains(&pid) {
-                    waiting.push(pid);
+                    Build::Checked => {
+                        self.files.insert(m.key, Entry::Checked);
+                    }
                 }
             }
             let mut mapping = Mapping { start: m.start, end: m.end, ..Mapping::default() };
-            if let Some(Entry::Loaded { start, len, table: shape, users, last_used }) = self.files.get_mut(&m.key)
-                && let Some(bias) = shape.bias(m.start, m.offset)
-            {
-                if !keys.contains(&m.key) {
-                    *users += 1;
-                    keys.push(m.key);
+            match self.files.get_mut(&m.key) {
+                Some(Entry::Without) => continue,
+                _ if full => {
+                    left_out += 1;
+                    continue;
                 }
-                *last_used = self.clock;
-                mapping.bias = bias;
-                mapping.table_start = *start as u32;
-                mapping.table_len = *len as u32;
+                Some(Entry::Building) => {
+                    // Patched in once the table is in (`built`).
+                    let waiting = self.waiting.entry(m.key).or_default();
+                    if !waiting.contains(&pid) {
+                        waiting.push(pid);
+                    }
+                }
+                Some(Entry::Loaded { start, len, table: shape, users, last_used }) => {
+                    let Some(bias) = shape.bias(m.start, m.offset) else { continue };
+                    if !keys.contains(&m.key) {
+                        *users += 1;
+                        keys.push(m.key);
+                    }
+                    *last_used = self.clock;
+                    mapping.bias = bias;
+                    mapping.table_start = *start as u32;
+                    mapping.table_len = *len as u32;
+                }
+                // Not read now (the builder is busy, the process exited): it keeps its place,
+                // walked with frame pointers, and is tried again at the next description.
+                Some(Entry::Checked) | None => {}
             }
-            table.mappings[table.len as usize] = mapping;
-            table.len += 1;
+            described.push((mapping, m.key, m.offset));
         }
+        described.sort_by_key(|m| m.0.start);
+        let table = process_table(&described);
+        let mut warned = false;
         // The old description's users go after the new one took its own.
-        if let Some(old) = self.processes.insert(pid, keys) {
-            self.release(&old);
+        if let Some(old) = self.processes.remove(&pid) {
+            self.release(&old.keys);
+            warned = old.warned;
         }
-        self.tables.set_process(pid, &table)
+        if left_out > 0 && !warned && unchecked == 0 {
+            warned = true;
+            tracing::warn!(
+                pid,
+                described = MAX_MAPPINGS,
+                left_out,
+                "a process maps more files with unwind tables than its description holds: the rest (mapped last) \
+                 are walked with frame pointers"
+            );
+        }
+        self.processes.insert(pid, Process { keys, described, left_out, warned });
+        self.tables.set_process(pid, &table).map(|()| unchecked)
+    }
+
+    /// The mappings `pid`'s description holds from `start` up: a read of its maps that stopped
+    /// there (a byte or time bound) misses them, and they are the loader's (ld.so, libc).
+    pub fn described_from(&self, pid: u32, start: u64) -> Vec<MappedFile> {
+        let Some(p) = self.processes.get(&pid) else { return Vec::new() };
+        p.described
+            .iter()
+            .filter(|(m, _, _)| m.start >= start)
+            .map(|(m, key, offset)| MappedFile {
+                start: m.start,
+                end: m.end,
+                offset: *offset,
+                key: *key,
+                preferred: false,
+            })
+            .collect()
     }
 
     /// Describes the CPython interpreter of a described process (`None`: it has none).
@@ -174,15 +285,32 @@ impl<T: Tables> Registry<T> {
         self.tables.set_python(pid, python);
     }
 
-    /// A table handed to a builder is ready (or could not be built): the processes that wait
-    /// for it, to be described again.
-    pub fn built(&mut self, key: FileKey, result: Result<Table, TableError>) -> Vec<u32> {
+    /// A table handed to a builder is ready (or could not be built): patched into the
+    /// descriptions of the processes that wait for it.
+    pub fn built(&mut self, key: FileKey, result: Result<Table, TableError>) {
         if !matches!(self.files.get(&key), Some(Entry::Building)) {
-            return Vec::new();
+            return;
         }
         self.files.remove(&key);
         self.finish(key, result, 0);
-        self.waiting.remove(&key).unwrap_or_default().into_iter().filter(|p| self.processes.contains_key(p)).collect()
+        for pid in self.waiting.remove(&key).unwrap_or_default() {
+            let Some(p) = self.processes.get_mut(&pid) else { continue };
+            if let Some(Entry::Loaded { start, len, table: shape, users, last_used }) = self.files.get_mut(&key) {
+                for (m, _, offset) in p.described.iter_mut().filter(|(_, k, _)| *k == key) {
+                    let Some(bias) = shape.bias(m.start, *offset) else { continue };
+                    (m.bias, m.table_start, m.table_len) = (bias, *start as u32, *len as u32);
+                    if !p.keys.contains(&key) {
+                        *users += 1;
+                        p.keys.push(key);
+                    }
+                    *last_used = self.clock;
+                }
+            }
+            // Without a table, the mapping keeps its place until the next description.
+            if let Err(e) = self.tables.set_process(pid, &process_table(&p.described)) {
+                tracing::debug!(pid, error = %e, "cannot describe a process to the unwinder: frame pointers for it");
+            }
+        }
     }
 
     fn finish(&mut self, key: FileKey, result: Result<Table, TableError>, pid: u32) {
@@ -206,9 +334,9 @@ impl<T: Tables> Registry<T> {
         for waiting in self.waiting.values_mut() {
             waiting.retain(|p| *p != pid);
         }
-        if let Some(keys) = self.processes.remove(&pid) {
+        if let Some(p) = self.processes.remove(&pid) {
             self.tables.remove_process(pid);
-            self.release(&keys);
+            self.release(&p.keys);
         }
     }
 
@@ -298,16 +426,33 @@ impl<T: Tables> Registry<T> {
                     rows += *len as u64;
                 }
                 Entry::Without => without += 1,
-                Entry::Building => {}
+                Entry::Building | Entry::Checked => {}
             }
         }
-        Stats { tables, rows, processes: self.processes.len() as u64, without, did_not_fit: self.did_not_fit }
+        Stats {
+            tables,
+            rows,
+            processes: self.processes.len() as u64,
+            without,
+            did_not_fit: self.did_not_fit,
+            mappings_left_out: self.processes.values().map(|p| p.left_out as u64).sum(),
+        }
     }
 
     #[cfg(test)]
     pub fn kernel(&self) -> &T {
         &self.tables
     }
+}
+
+/// The kernel's description of mappings sorted by start, at most `MAX_MAPPINGS` of them.
+fn process_table(described: &[(Mapping, FileKey, u64)]) -> ProcessTable {
+    let mut table = ProcessTable::default();
+    for (slot, (m, _, _)) in table.mappings.iter_mut().zip(described) {
+        *slot = *m;
+    }
+    table.len = described.len().min(MAX_MAPPINGS) as u32;
+    table
 }
 
 #[cfg(test)]

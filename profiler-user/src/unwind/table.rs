@@ -1,8 +1,14 @@
-//! Compiles a binary's call frame information (`.eh_frame`, else `.debug_frame`) into the rows
-//! the sampler walks (`profiler_common::unwind::Row`): for each address range, where the
-//! caller's frame starts (the CFA) and where the frame pointer was saved. gimli evaluates the
-//! CFI programs; this keeps only what a stack walk needs and merges neighbours that agree, so
-//! a table is a few bytes per function.
+//! Compiles a binary's call frame information (`.eh_frame`, and `.debug_frame` for the code the
+//! former does not cover) into the rows the sampler walks (`profiler_common::unwind::Row`): for
+//! each address range, where the caller's frame starts (the CFA) and where the frame pointer was
+//! saved. gimli evaluates the CFI programs; this keeps only what a stack walk needs and merges
+//! neighbours that agree, so a table is a few bytes per function.
+//!
+//! Go writes its CFI only to `.debug_frame`, zlib-compressed, and says nothing there of the frame
+//! pointer, which Go saves on amd64 in every function with a frame, 16 bytes below the CFA: the
+//! rows of a Go binary's `.debug_frame` say so (a walk that goes on with frame pointers, into
+//! code without a table, needs the caller's). A cgo binary has both sections: C code in
+//! `.eh_frame`, Go code in `.debug_frame`.
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Register, RegisterRule,
@@ -17,6 +23,9 @@ const RSP: Register = Register(7);
 const RIP: Register = Register(16);
 /// Largest table the sampler's bounded binary search covers.
 pub const MAX_ROWS: usize = 1 << ROW_SEARCH_STEPS;
+/// Most bytes a compressed `.debug_frame` may inflate to (a 150 MB Go binary's is a few MB; a
+/// few KB of zlib can claim gigabytes).
+pub const MAX_DEBUG_FRAME_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -30,6 +39,12 @@ pub enum TableError {
     TooLarge(usize),
     #[error("code spans more than 4 GiB")]
     TooWide,
+    #[error(
+        ".debug_frame is compressed in a format the profiler does not read, or inflates past {MAX_DEBUG_FRAME_BYTES} bytes"
+    )]
+    Compressed,
+    #[error("the mapped file was refused: {0}")]
+    Refused(String),
     #[error("cannot read the mapped file: {0}")]
     Unreadable(String),
 }
@@ -125,14 +140,15 @@ pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
         if let Some(got) = file.section_by_name(".got") {
             bases = bases.set_got(got.address());
         }
-        collect(&eh, &bases, &mut ranges)?;
+        collect(&eh, &bases, false, &mut ranges)?;
     }
-    if ranges.is_empty()
-        && let Some(section) = file.section_by_name(".debug_frame")
-    {
-        let mut debug = DebugFrame::new(section.data()?, LittleEndian);
+    if let Some(section) = file.section_by_name(".debug_frame") {
+        let bytes = inflate(section.compressed_data()?, MAX_DEBUG_FRAME_BYTES)?;
+        let mut debug = DebugFrame::new(&bytes, LittleEndian);
         debug.set_address_size(8);
-        collect(&debug, &BaseAddresses::default(), &mut ranges)?;
+        // `build` keeps the first of overlapping ranges: `.eh_frame`'s, collected above.
+        let go = [".gopclntab", ".note.go.buildid", ".go.buildinfo"].iter().any(|s| file.section_by_name(s).is_some());
+        collect(&debug, &BaseAddresses::default(), go, &mut ranges)?;
     }
     if ranges.is_empty() {
         return Err(TableError::NoCfi);
@@ -142,10 +158,32 @@ pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
     Ok(table)
 }
 
-/// Every FDE's rows as `(start, end, rule)`.
+/// A section's bytes, inflated within `MAX_DEBUG_FRAME_BYTES` when compressed (zlib only: Go and
+/// `gcc -gz` use it).
+fn inflate(data: object::CompressedData<'_>, max: u64) -> Result<std::borrow::Cow<'_, [u8]>, TableError> {
+    use std::io::Read as _;
+    match data.format {
+        object::CompressionFormat::None => Ok(data.data.into()),
+        object::CompressionFormat::Zlib => {
+            let mut out = Vec::new();
+            flate2::read::ZlibDecoder::new(data.data)
+                .take(max + 1)
+                .read_to_end(&mut out)
+                .map_err(|_| TableError::Compressed)?;
+            if out.len() as u64 > max {
+                return Err(TableError::Compressed);
+            }
+            Ok(out.into())
+        }
+        _ => Err(TableError::Compressed),
+    }
+}
+
+/// Every FDE's rows as `(start, end, rule)`; `go`: the CFI was written by Go's linker.
 fn collect<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
     section: &S,
     bases: &BaseAddresses,
+    go: bool,
     out: &mut Vec<(u64, u64, Rule)>,
 ) -> Result<(), TableError>
 where
@@ -170,15 +208,20 @@ where
         }
         let Ok(mut rows) = fde.rows(section, bases, &mut ctx) else { continue };
         while let Ok(Some(row)) = rows.next_row() {
-            let rule = rule(section, row);
+            let rule = rule(section, row, go);
             out.push((row.start_address(), row.end_address(), rule));
         }
     }
     Ok(())
 }
 
-/// What the sampler can do with one row of gimli's table.
-fn rule<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(section: &S, row: &gimli::UnwindTableRow<usize>) -> Rule {
+/// What the sampler can do with one row of gimli's table. `go`: Go's CFI, which leaves the frame
+/// pointer out.
+fn rule<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+    go: bool,
+) -> Rule {
     match row.register(RIP) {
         Some(RegisterRule::Undefined) => return Rule { kind: kind::END, cfa_offset: 0, fp_offset: 0 },
         // x86_64: the return address is the word below the CFA, always.
@@ -195,6 +238,13 @@ fn rule<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(section: &S, row: &
         Some(_) => return NONE,
     };
     match row.cfa() {
+        // Go on amd64 (cmd/internal/obj/x86): a function with a frame stores the caller's frame
+        // pointer in the word below the return address. A frameless one (CFA = rsp + 8) does
+        // not touch it.
+        CfaRule::RegisterAndOffset { register: RSP, offset } if go && row.register(RBP).is_none() && *offset > 8 => {
+            let Ok(cfa_offset) = u16::try_from(*offset) else { return NONE };
+            Rule { kind: kind::CFA_SP, cfa_offset, fp_offset: -2 }
+        }
         CfaRule::RegisterAndOffset { register, offset } => {
             let Ok(cfa_offset) = u16::try_from(*offset) else { return NONE };
             match *register {

@@ -45,14 +45,14 @@ fn table(n: usize, tag: u16) -> Table {
 }
 
 fn mapping(ino: u64, start: u64) -> MappedFile {
-    MappedFile { start, end: start + 0x10000, offset: 0x1000, key: key(ino) }
+    MappedFile { start, end: start + 0x10000, offset: 0x1000, key: key(ino), preferred: false }
 }
 
 #[test]
 fn one_table_serves_every_process_mapping_the_file() {
     let mut r = registry(100);
     let mut compiled = 0;
-    let mut compile = |_: &MappedFile| {
+    let mut compile = |_: &MappedFile, _| {
         compiled += 1;
         Build::Done(Ok(table(10, 7)))
     };
@@ -64,30 +64,29 @@ fn one_table_serves_every_process_mapping_the_file() {
     // The row key of the mapping's first byte is the file's vaddr 0x1000 minus the table base.
     assert_eq!(0x7000_0000 - a.bias, 0);
     assert_eq!(0x5000_0000 - b.bias, 0);
-    assert_eq!(r.stats(), Stats { tables: 1, rows: 10, processes: 2, without: 0, did_not_fit: 0 });
+    assert_eq!(r.stats(), Stats { tables: 1, rows: 10, processes: 2, ..Default::default() });
 }
 
 #[test]
 fn a_table_that_does_not_fit_is_counted_and_walked_with_frame_pointers() {
     let mut r = registry(25);
-    r.set_process(1, &[mapping(1, 0x1000_0000)], |_| Build::Done(Ok(table(20, 1)))).unwrap();
-    r.set_process(2, &[mapping(2, 0x2000_0000)], |_| Build::Done(Ok(table(20, 2)))).unwrap();
-    let m = r.kernel().processes[&2].mappings[0];
-    assert_eq!((m.start, m.table_len), (0x2000_0000, 0), "described, without a table");
+    r.set_process(1, &[mapping(1, 0x1000_0000)], |_, _| Build::Done(Ok(table(20, 1)))).unwrap();
+    r.set_process(2, &[mapping(2, 0x2000_0000)], |_, _| Build::Done(Ok(table(20, 2)))).unwrap();
+    assert_eq!(r.kernel().processes[&2].len, 0, "no place in the description: frame pointers");
     assert_eq!(r.stats().did_not_fit, 1);
 }
 
 #[test]
 fn tables_nobody_uses_make_room_least_recently_used_first() {
     let mut r = registry(30);
-    r.set_process(1, &[mapping(1, 0x1000_0000)], |_| Build::Done(Ok(table(10, 1)))).unwrap();
-    r.set_process(2, &[mapping(2, 0x2000_0000)], |_| Build::Done(Ok(table(10, 2)))).unwrap();
-    r.set_process(3, &[mapping(3, 0x3000_0000)], |_| Build::Done(Ok(table(10, 3)))).unwrap();
+    r.set_process(1, &[mapping(1, 0x1000_0000)], |_, _| Build::Done(Ok(table(10, 1)))).unwrap();
+    r.set_process(2, &[mapping(2, 0x2000_0000)], |_, _| Build::Done(Ok(table(10, 2)))).unwrap();
+    r.set_process(3, &[mapping(3, 0x3000_0000)], |_, _| Build::Done(Ok(table(10, 3)))).unwrap();
     r.remove_process(1);
     r.remove_process(2);
     assert!(!r.kernel().processes.contains_key(&1));
     // 15 rows: needs both freed ranges, which merge.
-    r.set_process(4, &[mapping(4, 0x4000_0000)], |_| Build::Done(Ok(table(15, 4)))).unwrap();
+    r.set_process(4, &[mapping(4, 0x4000_0000)], |_, _| Build::Done(Ok(table(15, 4)))).unwrap();
     let m = r.kernel().processes[&4].mappings[0];
     assert_eq!((m.table_start, m.table_len), (0, 15));
     assert!(r.kernel().rows[..15].iter().all(|row| row.cfa_offset == 4));
@@ -100,7 +99,7 @@ fn a_file_without_frame_information_is_tried_once() {
     let mut r = registry(10);
     let mut tries = 0;
     for pid in 1..4 {
-        r.set_process(pid, &[mapping(9, 0x1000_0000)], |_| {
+        r.set_process(pid, &[mapping(9, 0x1000_0000)], |_, _| {
             tries += 1;
             Build::Done(Err(TableError::NoCfi))
         })
@@ -114,10 +113,82 @@ fn a_file_without_frame_information_is_tried_once() {
 fn mappings_are_sorted_and_bounded() {
     let mut r = registry(1000);
     let maps: Vec<_> = (0..MAX_MAPPINGS as u64 + 50).rev().map(|i| mapping(i, 0x1000_0000 + i * 0x10000)).collect();
-    r.set_process(1, &maps, |_| Build::Done(Ok(table(1, 0)))).unwrap();
+    r.set_process(1, &maps, |_, _| Build::Done(Ok(table(1, 0)))).unwrap();
     let t = &r.kernel().processes[&1];
     assert_eq!(t.len as usize, MAX_MAPPINGS);
     assert!(t.mappings.windows(2).all(|w| w[0].start < w[1].start));
+    assert_eq!(r.stats().mappings_left_out, 50);
+}
+
+#[test]
+fn over_the_bound_the_executable_and_the_loaders_libraries_are_kept() {
+    let mut r = registry(10_000);
+    // The executable lowest, libc at the top, 300 files with tables mapped later below it.
+    let exe = MappedFile { preferred: true, ..mapping(1, 0x5000_0000) };
+    let libc = mapping(2, 0x7f00_0000_0000);
+    let later: Vec<MappedFile> = (0..300u64).map(|i| mapping(100 + i, 0x7e00_0000_0000 + i * 0x10_0000)).collect();
+    let mut all = vec![exe, libc];
+    all.extend(later.iter().cloned());
+    // And 1,000 data files below them all, past the bound: checked, not counted.
+    all.extend((0..1_000u64).map(|i| mapping(10_000 + i, 0x10_0000_0000 + i * 0x10_0000)));
+    let mut built = Vec::new();
+    r.set_process(1, &all, |m, queue| {
+        if m.key.ino >= 10_000 {
+            return Build::Done(Err(TableError::Refused("not ELF".into())));
+        }
+        if !queue {
+            return Build::Checked;
+        }
+        built.push(m.key.ino);
+        Build::Done(Ok(table(2, 0)))
+    })
+    .unwrap();
+    assert_eq!(built.len(), MAX_MAPPINGS, "past the bound, files are checked, not built");
+    let t = &r.kernel().processes[&1];
+    assert_eq!(t.len as usize, MAX_MAPPINGS);
+    assert!(t.mappings.iter().all(|m| m.table_len == 2));
+    let described = |start: u64| t.mappings.iter().any(|m| m.start == start);
+    assert!(described(0x5000_0000) && described(0x7f00_0000_0000), "the executable and libc");
+    assert!(described(later[299].start) && !described(later[0].start), "the last mapped are left out");
+    assert_eq!(r.stats().mappings_left_out, 302 - MAX_MAPPINGS as u64);
+    // Described again with the same mappings: the count stays (it is not a running total).
+    r.set_process(1, &all, |_, _| panic!("built or checked already")).unwrap();
+    assert_eq!(r.stats().mappings_left_out, 302 - MAX_MAPPINGS as u64);
+    r.remove_process(1);
+    assert_eq!(r.stats().mappings_left_out, 0);
+}
+
+#[test]
+fn mappings_without_tables_take_no_place_and_are_looked_at_once() {
+    // 10,000 data files mapped executable between the executable and libc.
+    let mut r = registry(1000);
+    let mut all = vec![MappedFile { preferred: true, ..mapping(1, 0x5000_0000) }, mapping(2, 0x7f00_0000_0000)];
+    all.extend((0..10_000u64).map(|i| mapping(1000 + i, 0x6000_0000 + i * 0x10_0000)));
+    let mut looked_at = 0;
+    for pid in [1, 1, 2] {
+        r.set_process(pid, &all, |m, _| {
+            looked_at += 1;
+            Build::Done(if m.key.ino < 1000 { Ok(table(3, 0)) } else { Err(TableError::Refused("not ELF".into())) })
+        })
+        .unwrap();
+    }
+    assert_eq!(looked_at, 10_002, "each file once");
+    let t = &r.kernel().processes[&2];
+    let described: Vec<(u64, u32)> = t.mappings[..t.len as usize].iter().map(|m| (m.start, m.table_len)).collect();
+    assert_eq!(described, [(0x5000_0000, 3), (0x7f00_0000_0000, 3)]);
+    assert_eq!((r.stats().mappings_left_out, r.stats().without), (0, 10_000));
+}
+
+#[test]
+fn files_without_tables_are_forgotten_past_their_bound() {
+    let mut r = registry(10);
+    let many: Vec<MappedFile> =
+        (0..MAX_FILES_WITHOUT as u64 + 1).map(|i| mapping(i + 1, 0x1000_0000 + i * 0x10_0000)).collect();
+    let refuse = |_: &MappedFile, _| Build::Done(Err(TableError::Refused("not ELF".into())));
+    r.set_process(1, &many, refuse).unwrap();
+    assert_eq!(r.stats().without, MAX_FILES_WITHOUT as u64 + 1);
+    r.set_process(2, &many[..1], refuse).unwrap();
+    assert_eq!(r.stats().without, 1, "forgotten, then the one described looked at again");
 }
 
 #[test]
@@ -128,11 +199,12 @@ fn this_process_is_described_with_tables() {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&*m.path).unwrap();
         let key = FileKey { dev: meta.dev(), ino: meta.ino(), size: meta.size(), mtime_ns: meta.mtime() };
-        mapped.push((MappedFile { start: m.start, end: m.end, offset: m.offset, key }, m.path.clone()));
+        mapped
+            .push((MappedFile { start: m.start, end: m.end, offset: m.offset, key, preferred: false }, m.path.clone()));
     }
     let mut r = registry(4 << 20);
     let files: Vec<_> = mapped.iter().map(|(m, _)| m.clone()).collect();
-    r.set_process(1, &files, |m| {
+    r.set_process(1, &files, |m, _| {
         let path = &mapped.iter().find(|(x, _)| x.start == m.start).unwrap().1;
         Build::Done(crate::unwind::table::compile(&*std::fs::read(&**path).unwrap()))
     })
@@ -147,22 +219,60 @@ fn this_process_is_described_with_tables() {
 #[test]
 fn a_file_that_could_not_be_read_now_is_tried_again() {
     let mut r = registry(100);
-    r.set_process(1, &[mapping(7, 0x1000_0000)], |_| Build::Done(Err(TableError::Unreadable("gone".into())))).unwrap();
-    assert_eq!(r.kernel().processes[&1].mappings[0].table_len, 0);
-    r.set_process(2, &[mapping(7, 0x1000_0000)], |_| Build::Done(Ok(table(10, 1)))).unwrap();
+    r.set_process(1, &[mapping(7, 0x1000_0000)], |_, _| Build::Done(Err(TableError::Unreadable("gone".into()))))
+        .unwrap();
+    let m = r.kernel().processes[&1].mappings[0];
+    assert_eq!((m.start, m.table_len), (0x1000_0000, 0), "keeps its place, without a table for now");
+    r.set_process(2, &[mapping(7, 0x1000_0000)], |_, _| Build::Done(Ok(table(10, 1)))).unwrap();
     assert_eq!(r.kernel().processes[&2].mappings[0].table_len, 10);
 }
 
 #[test]
 fn a_table_built_elsewhere_reaches_the_processes_that_wait_for_it() {
     let mut r = registry(100);
-    r.set_process(1, &[mapping(3, 0x1000_0000)], |_| Build::Queued).unwrap();
-    r.set_process(2, &[mapping(3, 0x2000_0000)], |_| panic!("queued once")).unwrap();
+    r.set_process(1, &[mapping(3, 0x1000_0000)], |_, _| Build::Queued).unwrap();
+    r.set_process(2, &[mapping(3, 0x2000_0000)], |_, _| panic!("queued once")).unwrap();
     assert_eq!(r.kernel().processes[&1].mappings[0].table_len, 0, "frame pointers meanwhile");
     r.remove_process(2);
-    let again = r.built(key(3), Ok(table(10, 1)));
-    assert_eq!(again, [1], "the processes still there, to be described again");
-    r.set_process(1, &[mapping(3, 0x1000_0000)], |_| panic!("built already")).unwrap();
+    r.built(key(3), Ok(table(10, 1)));
+    // Patched into the waiting process's description, without describing it again.
+    let m = r.kernel().processes[&1].mappings[0];
+    assert_eq!((m.start, m.table_len, 0x1000_0000 - m.bias), (0x1000_0000, 10, 0));
+    assert!(!r.kernel().processes.contains_key(&2));
+    r.set_process(1, &[mapping(3, 0x1000_0000)], |_, _| panic!("built already")).unwrap();
     assert_eq!(r.kernel().processes[&1].mappings[0].table_len, 10);
-    assert!(r.built(key(3), Ok(table(10, 1))).is_empty(), "a result nobody asked for is ignored");
+    r.built(key(3), Ok(table(10, 2)));
+    assert_eq!(r.stats().tables, 1, "a result nobody asked for is ignored");
+    assert_eq!(r.allocate(95), None, "a table in use is not evicted");
+    r.remove_process(1);
+    assert_eq!(r.allocate(95), Some(0), "its one user gone, it is");
+}
+
+#[test]
+fn a_description_opens_a_bounded_number_of_new_files_the_first_in_rank() {
+    let mut r = registry(1000);
+    let mut all = vec![MappedFile { preferred: true, ..mapping(1, 0x5000_0000) }, mapping(2, 0x7f00_0000_0000)];
+    all.extend((0..100u64).map(|i| mapping(1000 + i, 0x6000_0000 + i * 0x10_0000)));
+    let mut looked_at = Vec::new();
+    let unchecked = r
+        .set_process_within(1, &all, 2, |m, _| {
+            looked_at.push(m.key.ino);
+            Build::Done(Ok(table(3, 0)))
+        })
+        .unwrap();
+    assert_eq!((looked_at, unchecked), (vec![1, 2], 100), "the executable, then the highest address");
+    assert_eq!(r.kernel().processes[&1].len, 2);
+    let unchecked = r.set_process_within(1, &all, usize::MAX, |_, _| Build::Done(Ok(table(3, 0)))).unwrap();
+    assert_eq!((unchecked, r.kernel().processes[&1].len), (0, 102));
+}
+
+#[test]
+fn what_a_cut_read_missed_is_taken_from_the_last_description() {
+    let mut r = registry(1000);
+    let all = [mapping(1, 0x5000_0000), mapping(2, 0x7e00_0000_0000), mapping(3, 0x7f00_0000_0000)];
+    r.set_process(1, &all, |_, _| Build::Done(Ok(table(3, 0)))).unwrap();
+    let kept = r.described_from(1, 0x7e00_0000_0000);
+    let kept: Vec<(u64, u64, FileKey)> = kept.iter().map(|m| (m.start, m.offset, m.key)).collect();
+    assert_eq!(kept, [(0x7e00_0000_0000, 0x1000, key(2)), (0x7f00_0000_0000, 0x1000, key(3))]);
+    assert!(r.described_from(2, 0).is_empty());
 }

@@ -133,3 +133,60 @@ fn a_code_segment_at_an_unaligned_offset_gets_the_bias_of_its_page() {
     let start = 0x5555_0000_0000 + 0x17000;
     assert_eq!(bias(0, &loads, start, 0x16000), Some(0x5555_0000_0000));
 }
+
+#[test]
+fn compressed_sections_inflate_within_their_bound() {
+    use std::io::Write as _;
+    let plain = vec![7u8; 10_000];
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(&plain).unwrap();
+    let z = z.finish().unwrap();
+    let zlib = |max| {
+        inflate(
+            object::CompressedData { format: object::CompressionFormat::Zlib, data: &z, uncompressed_size: 10 },
+            max,
+        )
+    };
+    assert_eq!(&*zlib(10_000).unwrap(), &plain[..], "the claimed size is not trusted either way");
+    assert!(matches!(zlib(9_999), Err(TableError::Compressed)), "a byte past the bound");
+    let zstd = object::CompressedData { format: object::CompressionFormat::Zstandard, data: &z, uncompressed_size: 1 };
+    assert!(matches!(inflate(zstd, 100), Err(TableError::Compressed)));
+}
+
+/// Go's linker writes its CFI to a compressed `.debug_frame` without the frame pointer: the rows
+/// say where Go saved it (CFA - 16) in functions with a frame, and nothing in frameless ones.
+#[test]
+fn a_go_binary_compiles_with_its_saved_frame_pointers() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("gowork");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/workloads/gowork.go");
+    let built = std::process::Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .env("GOCACHE", dir.path().join("cache"))
+        .env("GOPATH", dir.path().join("gopath"))
+        .env("HOME", dir.path())
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .status();
+    match built {
+        Ok(st) => assert!(st.success(), "go build {src} failed"),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") => {
+            panic!("`go` cannot run ({e}), and CI=true: `cargo xtask test` installs Debian's golang-go")
+        }
+        Err(e) => return eprintln!("SKIPPED a_go_binary_compiles_with_its_saved_frame_pointers: no `go` ({e})"),
+    }
+    let data = std::fs::read(&bin).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    assert!(file.section_by_name(".eh_frame").is_none(), "pure Go: CFI only in .debug_frame");
+    use object::ObjectSymbol;
+    let addr = |name: &str| file.symbols().find(|s| s.name() == Ok(name)).unwrap_or_else(|| panic!("{name}")).address();
+    let table = compile(&*data).unwrap();
+    // main.work: `SUBQ $n, SP; MOVQ BP, n-8(SP)` at its entry, then calls.
+    let work = (addr("main.work")..addr("main.work") + 64).map(|a| rule_at(&table, a)).find(|r| r.cfa_offset > 8);
+    let work = work.expect("main.work has a frame after its prologue");
+    assert_eq!((work.kind, work.fp_offset), (kind::CFA_SP, -2), "{work:?}");
+    let mix = rule_at(&table, addr("main.mix") + 4);
+    assert_eq!((mix.kind, mix.cfa_offset, mix.fp_offset), (kind::CFA_SP, 8, 0), "frameless: {mix:?}");
+}
