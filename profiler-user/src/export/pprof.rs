@@ -215,6 +215,15 @@ mod tests {
 
     use super::*;
 
+    /// The profile as a reader gets it: gunzipped and decoded.
+    fn decoded(b: Builder) -> Profile {
+        let mut gz = Vec::new();
+        b.finish(&mut gz).unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        Profile::decode(&raw[..]).unwrap()
+    }
+
     #[test]
     fn gzipped_profile_decodes_with_stacks_labels_and_values() {
         let frames = [("main", false), ("read_zero", true)];
@@ -232,11 +241,7 @@ mod tests {
                 workload: "",
             });
         }
-        let mut gz = Vec::new();
-        b.finish(&mut gz).unwrap();
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
-        let p = Profile::decode(&raw[..]).unwrap();
+        let p = decoded(b);
         let s = |i: i64| p.string_table[i as usize].as_str();
         assert_eq!(s(0), "");
         assert_eq!(p.sample.len(), 3);
@@ -265,11 +270,7 @@ mod tests {
             frequency_hz: None,
             workload: "",
         });
-        let mut gz = Vec::new();
-        b.finish(&mut gz).unwrap();
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
-        let p = Profile::decode(&raw[..]).unwrap();
+        let p = decoded(b);
         let s = |i: i64| p.string_table[i as usize].as_str();
         let by_name = |name: &str| p.function.iter().find(|f| s(f.name) == name).unwrap_or_else(|| panic!("{name}"));
         let py = by_name("outer_loop");
@@ -305,11 +306,7 @@ mod tests {
                 workload: w,
             });
         }
-        let mut gz = Vec::new();
-        b.finish(&mut gz).unwrap();
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
-        let p = Profile::decode(&raw[..]).unwrap();
+        let p = decoded(b);
         let s = |i: i64| p.string_table[i as usize].as_str();
         let strs = |i: usize| -> Vec<(&str, &str)> {
             p.sample[i].label.iter().filter(|l| l.str != 0).map(|l| (s(l.key), s(l.str))).collect()
@@ -334,11 +331,7 @@ mod tests {
             frequency_hz: None,
             workload: "",
         });
-        let mut gz = Vec::new();
-        b.finish(&mut gz).unwrap();
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
-        let p = Profile::decode(&raw[..]).unwrap();
+        let p = decoded(b);
         let names: Vec<&str> = p.sample[0]
             .location_id
             .iter()

@@ -52,29 +52,24 @@ const fn proc(o: [u16; 11]) -> PyProc {
 const FRAME_OBJECTS: PyProc =
     PyProc { every_frame_entry: 1, ..proc([32, 8, 8, 176, 24, NONE, 32, 24, NONE, NONE, NONE]) };
 
+/// 3.9 and 3.10 share every offset used.
+const fn frame_objects(minor: u8) -> Layout {
+    Layout {
+        minor,
+        proc: FRAME_OBJECTS,
+        code_qualname: 112,
+        code_filename: 104,
+        code_firstlineno: 40,
+        code_adaptive: 0,
+        code_linetable: 0,
+        ascii_data: 48,
+        compact_data: 72,
+    }
+}
+
 pub const LAYOUTS: [Layout; 5] = [
-    Layout {
-        minor: 9,
-        proc: FRAME_OBJECTS,
-        code_qualname: 112,
-        code_filename: 104,
-        code_firstlineno: 40,
-        code_adaptive: 0,
-        code_linetable: 0,
-        ascii_data: 48,
-        compact_data: 72,
-    },
-    Layout {
-        minor: 10,
-        proc: FRAME_OBJECTS,
-        code_qualname: 112,
-        code_filename: 104,
-        code_firstlineno: 40,
-        code_adaptive: 0,
-        code_linetable: 0,
-        ascii_data: 48,
-        compact_data: 72,
-    },
+    frame_objects(9),
+    frame_objects(10),
     Layout {
         minor: 11,
         proc: proc([40, 16, 8, 160, 56, 8, 32, 48, 56, 69, 68]),
