@@ -109,6 +109,10 @@ fn api_answers_and_metrics_parse() {
         assert_eq!(code, 400, "{bad}: {body}");
         assert!(!body.trim().is_empty() && !body.contains("panicked"), "{bad}: {body}");
     }
+    // Workload filters are parameters too (no pod is named so here: nothing matches).
+    let (code, body) = get(port, "/api/flamegraph?format=folded&from=-30s&pod=no-such-pod&namespace=ml");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("no samples match --pod no-such-pod --namespace ml"), "{body}");
     let (code, body) = get(port, "/api/heatmap?from=-30s");
     assert_eq!(code, 200, "{body}");
     // pprof: `go tool pprof` reads the export when Debian's golang-go is installed.
