@@ -56,6 +56,9 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     println!("daemon       {}", if daemon_running { "running" } else { "not running" });
     if let Some(m) = &meta {
         println!("machine      {} ({} CPUs), sampled at {} Hz", text::visible(&m.hostname), m.cpus, m.frequency_hz);
+        if !m.node.is_empty() && m.node != m.hostname {
+            println!("node         {}", text::visible(&m.node));
+        }
     }
     println!(
         "store        {:.2} MiB in {} segments, {} blocks",
