@@ -4,11 +4,11 @@
 //! directories say what they are called (`kubelet`).
 //!
 //! Use: [`Resolver::resolve`] a pid when it is first seen and keep the answer: once the container
-//! is gone, its cgroup and log files are too. [`Dictionary::intern`] turns each distinct
-//! [`Identity`] into a small id to store with samples, and the dictionary is stored beside them.
+//! is gone, its cgroup and log files are too. [`Workloads`] does so for the pipeline and gives
+//! each sample the stored form of its identity (JSON, interned in the store's dictionary like
+//! every string).
 
 pub mod cgroup;
-mod dictionary;
 mod kubelet;
 mod resolver;
 #[cfg(test)]
@@ -20,7 +20,6 @@ use std::{path::PathBuf, sync::Arc};
 use serde::{Deserialize, Serialize};
 
 pub use cgroup::Runtime;
-pub use dictionary::Dictionary;
 pub use resolver::Resolver;
 pub use workloads::Workloads;
 
@@ -28,10 +27,6 @@ pub use workloads::Workloads;
 pub enum IdentityError {
     #[error("cannot list {path}: {source} (mount the host's /var/log into the profiler's container)")]
     ListDir { path: PathBuf, source: std::io::Error },
-    #[error("identity dictionary: entry {id} is empty; id 0 alone means \"nothing known\"")]
-    EmptyEntry { id: u32 },
-    #[error("identity dictionary: entry {id} repeats entry {first}")]
-    DuplicateEntry { id: u32, first: u32 },
 }
 
 /// Who a process belongs to. All `None` (the default) for a host process nothing is known of.
