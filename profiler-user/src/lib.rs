@@ -18,6 +18,7 @@ pub mod outfile;
 pub mod pipeline;
 pub mod query;
 pub mod serve;
+pub mod ship;
 pub mod store;
 pub mod symbolize;
 pub mod synth;
