@@ -151,6 +151,8 @@ pub struct ConfigFile {
     pub detect: crate::detect::Thresholds,
     #[serde(default)]
     pub events: EventsFile,
+    /// Shipping to ClickHouse (off without a URL).
+    pub clickhouse: Option<crate::ship::clickhouse::FileConfig>,
 }
 
 /// The `[events]` table.

@@ -91,6 +91,8 @@ pub struct DaemonConfig {
     pub node: String,
     /// The host's /var/log (the kubelet's `containers/` and `pods/`).
     pub kubelet_logs: PathBuf,
+    /// Where to ship samples, if anywhere.
+    pub clickhouse: Option<crate::ship::clickhouse::Config>,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -204,6 +206,15 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     .spawn()
     .map_err(|e| DaemonError::Thread("upkeep", e))?;
+    // Its own thread: a slow or absent ClickHouse never holds the pipeline up.
+    let shipper = match config.clickhouse.clone() {
+        Some(c) => {
+            let stats = Arc::new(crate::ship::clickhouse::Stats::default());
+            live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
+            Some(crate::ship::clickhouse::spawn(c, stats, stop.clone()).map_err(|e| DaemonError::Thread("shipper", e))?)
+        }
+        None => None,
+    };
     if let Some(addr) = config.listen {
         serve(addr, &config.data_dir, live).await?;
     }
@@ -234,6 +245,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let reader_result = reader.join();
     let summary = stage.join();
     let upkeep_result = upkeep.join();
+    // A shipper that panicked has only stopped shipping: the store has everything.
+    if let Some(Err(_)) = shipper.map(|s| s.join()) {
+        tracing::error!("the ClickHouse shipper had stopped (it panicked): see the log above");
+    }
     let died = |name: &'static str, panic: Box<dyn std::any::Any + Send>| {
         let why = panic
             .downcast_ref::<&str>()

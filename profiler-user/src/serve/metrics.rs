@@ -46,6 +46,8 @@ pub struct Live {
     pub files_refused: u64,
     /// The unwind stage's tables, when unwind tables are in use.
     pub unwind: Option<crate::unwind::registry::Stats>,
+    /// The ClickHouse shipper's figures, when it runs.
+    pub clickhouse: Option<std::sync::Arc<crate::ship::clickhouse::Stats>>,
 }
 
 pub fn render(l: &Live) -> String {
@@ -267,6 +269,9 @@ pub fn render(l: &Live) -> String {
         "Samples per second per CPU.",
         vec![(String::new(), l.frequency_hz as f64)],
     );
+    if let Some(stats) = &l.clickhouse {
+        out.push_str(&crate::ship::clickhouse::metrics::render(stats));
+    }
     out
 }
 

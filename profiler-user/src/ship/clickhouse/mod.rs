@@ -4,6 +4,7 @@
 
 mod cursor;
 mod http;
+pub mod metrics;
 pub mod rows;
 pub mod schema;
 mod shipper;
