@@ -211,7 +211,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         Some(c) => {
             let stats = Arc::new(crate::ship::clickhouse::Stats::default());
             live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
-            Some(crate::ship::clickhouse::spawn(c, stats, stop.clone()).map_err(|e| DaemonError::Thread("shipper", e))?)
+            Some(
+                crate::ship::clickhouse::spawn(c, stats, stop.clone())
+                    .map_err(|e| DaemonError::Thread("shipper", e))?,
+            )
         }
         None => None,
     };

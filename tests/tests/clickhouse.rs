@@ -1,0 +1,214 @@
+//! ClickHouse as the fleet store, the node side (issue 13): a real daemon ships to a private
+//! ClickHouse 18.16, and what ClickHouse holds is what the node's store holds, exactly: per
+//! (CPU, comm) counts and folded stacks for a window; then through a kill -9 of ClickHouse and
+//! a kill -9 of the daemon, 0 samples lost and 0 duplicated once caught up. The schema is also
+//! checked on today's ClickHouse (the embedded chdb from PyPI).
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use integration_tests::{
+    Daemon, Kill, clickhouse::ClickHouse, folded_window, helper_bin, now_secs, privileged, skip, wait_for,
+};
+use profiler::{
+    query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
+    ship::clickhouse::schema,
+    store::Store,
+    text::folded_frame,
+};
+
+const NODE: &str = "ch-test-node";
+const SEC: u64 = 1_000_000_000;
+
+fn cursor_ns(data: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(data.join("ship/clickhouse.cursor")).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["next_ns"].as_u64()
+}
+
+fn wait_shipped(data: &Path, to_ns: u64) {
+    wait_for(&format!("the shipper's cursor to pass {}", to_ns / SEC), Duration::from_secs(120), || {
+        cursor_ns(data).is_some_and(|c| c >= to_ns).then_some(())
+    });
+}
+
+/// Busy samples per (CPU, comm) in `[a, b)`, and rows, from the node's store.
+fn local_counts(data: &Path, a: u64, b: u64) -> (BTreeMap<(u32, String), u64>, u64) {
+    let mut store = Store::open(data).unwrap();
+    let mut counts = BTreeMap::new();
+    let mut rows = 0;
+    for_each_sample(&mut store, Window::new(a, b).unwrap(), &Filter::default(), |s| {
+        *counts.entry((s.cpu, s.comm.to_string())).or_default() += s.count;
+        rows += 1;
+    })
+    .unwrap();
+    (counts, rows)
+}
+
+fn range(a: u64, b: u64) -> String {
+    format!("node = '{NODE}' AND ts >= {a} AND ts < {b}")
+}
+
+fn ch_counts(ch: &ClickHouse, a: u64, b: u64) -> (BTreeMap<(u32, String), u64>, u64) {
+    let sql = format!(
+        "SELECT cpu, comm, sum(count) AS n FROM profiler.samples WHERE {} GROUP BY cpu, comm FORMAT JSONEachRow",
+        range(a, b)
+    );
+    let mut counts = BTreeMap::new();
+    for line in ch.query(&sql).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        // 18.16 writes 64-bit integers as JSON strings.
+        let n = v["n"].as_str().map_or_else(|| v["n"].as_u64().unwrap(), |s| s.parse().unwrap());
+        counts.insert((v["cpu"].as_u64().unwrap() as u32, v["comm"].as_str().unwrap().to_string()), n);
+    }
+    (counts, ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(a, b))))
+}
+
+/// Folded stacks of `[a, b)` as ClickHouse answers them: samples joined with the stack
+/// dictionary (one row per stack id whatever merges have done yet).
+fn folded_sql(db: &str, node_range: &str) -> String {
+    format!(
+        "SELECT comm, frames, kernel, sum(count) AS n FROM {db}.samples ANY LEFT JOIN \
+         (SELECT stack_id, any(frames) AS frames, any(kernel) AS kernel FROM {db}.stacks GROUP BY stack_id) AS s \
+         USING stack_id WHERE {node_range} GROUP BY comm, frames, kernel FORMAT JSONEachRow"
+    )
+}
+
+fn ch_folded(ch: &ClickHouse, a: u64, b: u64) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in ch.query(&folded_sql("profiler", &range(a, b))).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let mut folded = folded_frame(v["comm"].as_str().unwrap(), true).into_owned();
+        let kernel = v["kernel"].as_array().unwrap();
+        for (f, k) in v["frames"].as_array().unwrap().iter().zip(kernel) {
+            let k = k.as_u64() == Some(1);
+            folded.push(';');
+            folded.push_str(&folded_frame(f.as_str().unwrap(), !k));
+            if k {
+                folded.push_str(KERNEL_SUFFIX);
+            }
+        }
+        let n = v["n"].as_str().map_or_else(|| v["n"].as_u64().unwrap(), |s| s.parse().unwrap());
+        *out.entry(folded).or_default() += n;
+    }
+    out
+}
+
+/// Rows of the node that share (ts, cpu, tid) with another: a sample shipped twice.
+fn duplicates(ch: &ClickHouse) -> u64 {
+    ch.number(&format!(
+        "SELECT count() FROM (SELECT ts, cpu, tid, count() AS c FROM profiler.samples WHERE node = '{NODE}' \
+         GROUP BY ts, cpu, tid HAVING c > 1)"
+    ))
+}
+
+/// Everything shipped so far equals the store up to the cursor: nothing lost, nothing twice.
+fn assert_caught_up(ch: &ClickHouse, data: &Path, what: &str) {
+    let to = cursor_ns(data).unwrap();
+    let (local, local_rows) = local_counts(data, 1, to);
+    let (remote, remote_rows) = ch_counts(ch, 1, to);
+    assert_eq!(duplicates(ch), 0, "{what}: samples shipped twice");
+    assert_eq!(remote, local, "{what}: per (CPU, comm) counts up to {}", to / SEC);
+    assert_eq!(remote_rows, local_rows, "{what}: rows up to {}", to / SEC);
+    eprintln!("{what}: {local_rows} rows up to {} match exactly", to / SEC);
+}
+
+fn start_daemon(data: &Path, ch: &ClickHouse) -> Daemon {
+    let url = ch.url();
+    let mut d = Daemon::start(data, &["--listen", "off", "--node", NODE, "--clickhouse", &url]);
+    d.wait_ready();
+    d
+}
+
+#[test]
+fn clickhouse_holds_what_the_store_holds_through_server_and_daemon_kills() {
+    if !privileged("clickhouse_holds_what_the_store_holds_through_server_and_daemon_kills") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(mut ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    let _busy = Kill(Command::new(helper_bin()).args(["1", "600"]).stdout(Stdio::null()).spawn().unwrap());
+    let mut daemon = start_daemon(&data, &ch);
+
+    // 1. A window, exactly.
+    let a = now_secs().ceil() as u64 + 1;
+    let b = a + 5;
+    wait_shipped(&data, b * SEC);
+    let (local, _) = local_counts(&data, a * SEC, b * SEC);
+    let (remote, rows) = ch_counts(&ch, a * SEC, b * SEC);
+    assert!(local.iter().any(|((cpu, comm), n)| *cpu == 1 && comm == "busy-helper" && *n > 100), "{local:?}");
+    assert_eq!(remote, local, "per (CPU, comm) counts of [{a}, {b})");
+    let mut folded: BTreeMap<String, u64> = BTreeMap::new();
+    for (line, n) in folded_window(data.to_str().unwrap(), a as f64, b as f64, &[]).unwrap() {
+        *folded.entry(line).or_default() += n;
+    }
+    let remote_folded = ch_folded(&ch, a * SEC, b * SEC);
+    assert!(remote_folded.keys().any(|l| l.contains("profiler_test_hot_loop")), "{remote_folded:?}");
+    assert_eq!(remote_folded, folded, "folded stacks of [{a}, {b})");
+    eprintln!("window [{a}, {b}): {rows} rows, {} stacks match", folded.len());
+
+    // 2. ClickHouse killed while the daemon ships, then restarted on its data.
+    ch.kill9();
+    let killed = now_secs();
+    wait_for("the shipper to notice", Duration::from_secs(60), || {
+        daemon.log_text().contains("shipping to ClickHouse failed").then_some(())
+    });
+    daemon.wait_ready_since(killed + 8.0);
+    ch.restart();
+    let back = now_secs().ceil() as u64;
+    wait_shipped(&data, (back + 2) * SEC);
+    assert_caught_up(&ch, &data, "after ClickHouse's kill -9");
+
+    // 3. The daemon killed, then restarted: it resumes from its cursor.
+    daemon.kill9();
+    let daemon = start_daemon(&data, &ch);
+    let again = now_secs().ceil() as u64;
+    wait_shipped(&data, (again + 2) * SEC);
+    assert_caught_up(&ch, &data, "after the daemon's kill -9");
+    assert!(daemon.log_text().contains("shipping samples to ClickHouse"));
+
+    // What it costs in ClickHouse (printed for BENCHMARKS.md; run with --nocapture).
+    let rows = ch.number("SELECT count() FROM profiler.samples");
+    for table in ["samples", "stacks"] {
+        let bytes = ch.number(&format!(
+            "SELECT sum(data_compressed_bytes) FROM system.columns WHERE database = 'profiler' AND table = '{table}'"
+        ));
+        eprintln!("{table}: {bytes} compressed bytes, {:.1} per sample row", bytes as f64 / rows as f64);
+    }
+}
+
+#[test]
+fn schema_and_folded_query_run_on_current_clickhouse() {
+    let probe = Command::new("python3").args(["-c", "import chdb"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        skip("the PyPI package chdb (embedded current ClickHouse) is not installed: `pip install chdb`");
+        return;
+    }
+    let mut statements = schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800) });
+    statements.push(
+        "INSERT INTO p.stacks VALUES (7, ['main', 'do_syscall_64'], [0, 1]), (7, ['main', 'do_syscall_64'], [0, 1])"
+            .into(),
+    );
+    statements.push(format!("INSERT INTO p.samples VALUES ('{NODE}', 5, 1, 2, 3, 'bash', 7, '', 4)"));
+    statements.push(folded_sql("p", &range(0, 10)).replace(" FORMAT JSONEachRow", " FORMAT TSV"));
+    let tmp = tempfile::tempdir().unwrap();
+    let script = "import sys, json\nfrom chdb.session import Session\ns = Session(sys.argv[1])\n\
+                  out = ''\nfor q in json.load(sys.stdin):\n    out = str(s.query(q))\nprint(out)\n";
+    let mut child = Command::new("python3")
+        .args(["-c", script, tmp.path().join("chdb").to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(serde_json::to_string(&statements).unwrap().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "chdb refused the schema: {}", String::from_utf8_lossy(&out.stderr));
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(answer.trim(), "bash\t['main','do_syscall_64']\t[0,1]\t4", "the folded query on chdb");
+}
