@@ -98,7 +98,23 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
             "kubernetes-validate",
         )?;
     }
+    // chdb (PyPI) is today's ClickHouse, embedded: the schema test runs the DDL on it.
+    if output(Command::new("python3").args(["-c", "import chdb"])).is_none() {
+        eprintln!("xtask: installing chdb (PyPI) for the ClickHouse schema test");
+        run(Command::new("python3").args(["-m", "pip", "install", "-q", "chdb"]), "chdb")?;
+    }
     let have = |p: &str| std::path::Path::new(p).exists();
+    // Debian's ClickHouse (18.16): the shipping test starts a private server of its own.
+    if !have("/usr/sbin/clickhouse-server") {
+        eprintln!("xtask: installing clickhouse-server (Debian) for the ClickHouse test");
+        run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
+        run(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "clickhouse-server", "clickhouse-client"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            "clickhouse-server",
+        )?;
+    }
     if have("/usr/bin/chromium") && have("/usr/bin/chromedriver") {
         return Ok(());
     }
