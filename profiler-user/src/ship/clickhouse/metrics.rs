@@ -9,11 +9,15 @@ use super::Stats;
 
 pub fn render(s: &Stats) -> String {
     let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+    // (labels, value) per line of a family.
+    let mut family = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in values {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
     };
-    let get = Stats::get;
-    let shipped_to = get(&s.shipped_to_ns);
+    let get = |v: &std::sync::atomic::AtomicU64| Stats::get(v) as f64;
+    let shipped_to = Stats::get(&s.shipped_to_ns);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     // Before the first batch there is no lag to speak of: NaN, not the age of the epoch.
     let lag = if shipped_to == 0 { f64::NAN } else { (now - shipped_to as f64 / 1e9).max(0.0) };
@@ -21,33 +25,33 @@ pub fn render(s: &Stats) -> String {
         "profiler_clickhouse_lag_seconds",
         "gauge",
         "Age of the oldest sample not yet in ClickHouse (the shipper's cursor), seconds.",
-        lag,
+        &[("", lag)],
     );
-    family("profiler_clickhouse_rows_total", "counter", "Sample rows inserted into ClickHouse.", get(&s.rows) as f64);
+    family("profiler_clickhouse_rows_total", "counter", "Sample rows inserted into ClickHouse.", &[("", get(&s.rows))]);
     family(
         "profiler_clickhouse_stacks_total",
         "counter",
         "Stack rows inserted into ClickHouse (each new stack once per daemon run).",
-        get(&s.stacks) as f64,
+        &[("", get(&s.stacks))],
     );
     family(
         "profiler_clickhouse_sent_bytes_total",
         "counter",
-        "Bytes of insert bodies sent to ClickHouse (gzipped RowBinary).",
-        get(&s.wire_bytes) as f64,
+        "Bytes of insert bodies sent to ClickHouse (gzipped RowBinary), by table.",
+        &[("{table=\"samples\"}", get(&s.sample_bytes)), ("{table=\"stacks\"}", get(&s.stack_bytes))],
     );
     family(
         "profiler_clickhouse_errors_total",
         "counter",
         "Requests to ClickHouse that failed (the store keeps the samples; each is retried).",
-        get(&s.errors) as f64,
+        &[("", get(&s.errors))],
     );
-    family("profiler_clickhouse_retries_total", "counter", "Retries after a failed request.", get(&s.retries) as f64);
+    family("profiler_clickhouse_retries_total", "counter", "Retries after a failed request.", &[("", get(&s.retries))]);
     family(
         "profiler_clickhouse_batches_already_there_total",
         "counter",
         "Batches found in ClickHouse after an insert of unknown outcome, and not sent again.",
-        get(&s.batches_already_there) as f64,
+        &[("", get(&s.batches_already_there))],
     );
     out
 }

@@ -118,7 +118,9 @@ pub struct Stats {
     pub rows: AtomicU64,
     pub samples: AtomicU64,
     pub stacks: AtomicU64,
-    pub wire_bytes: AtomicU64,
+    /// Gzipped bytes sent: sample rows, stack rows.
+    pub sample_bytes: AtomicU64,
+    pub stack_bytes: AtomicU64,
     /// Failed requests (each is retried).
     pub errors: AtomicU64,
     pub retries: AtomicU64,

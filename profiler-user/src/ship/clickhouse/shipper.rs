@@ -5,8 +5,9 @@
 //! read step of rows, so it is one part of one partition and lands whole or not at all. After a
 //! start or a failed request the outcome of the last insert is unknown; the next batch is then
 //! first counted on the server (`node` and `ts` are the table's key, so this reads a few
-//! granules): all there, it is skipped; none, it is sent; some (a batch the store answers
-//! differently now, e.g. rolled up), only the rows after the server's latest are sent.
+//! granules): all there, it is skipped, and so is every next batch the server has whole; none,
+//! it is sent; some (a batch the store answers differently now, e.g. rolled up), only the rows
+//! after the server's latest are sent.
 
 use std::{
     collections::HashSet,
@@ -175,21 +176,29 @@ impl Shipper {
             for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(node, s, shipped))?;
             to = next;
         }
-        if self.uncertain && batch.rows() > 0 {
-            self.reconcile(&mut batch, from, to)?;
+        if self.uncertain && batch.rows() > 0 && self.reconcile(&mut batch, from, to)? {
+            // Stay uncertain: a cursor lost or rewound (a restored data directory) may be more
+            // than one batch behind, and every batch until the server's end is then skipped.
+            return self.advance(to);
         }
         if batch.new_stacks > 0 {
             let bytes = self.client.insert(&self.table(schema::STACKS), &batch.stacks)?;
             self.stats.stacks.fetch_add(batch.new_stacks as u64, Ordering::Relaxed);
-            self.stats.wire_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            self.stats.stack_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         }
         if batch.rows() > 0 {
             let bytes = self.client.insert(&self.table(schema::SAMPLES), &batch.samples)?;
             self.stats.rows.fetch_add(batch.rows() as u64, Ordering::Relaxed);
             self.stats.samples.fetch_add(batch.samples_count, Ordering::Relaxed);
-            self.stats.wire_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            self.stats.sample_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         }
-        self.uncertain = false;
+        if batch.rows() > 0 {
+            self.uncertain = false;
+        }
+        self.advance(to)
+    }
+
+    fn advance(&mut self, to: u64) -> Result<Progress, ShipError> {
         cursor::save(&self.config.data_dir, &cursor::Cursor { target: self.config.target(), next_ns: to })?;
         self.next_ns = Some(to);
         self.stats.shipped_to_ns.store(to, Ordering::Relaxed);
@@ -199,30 +208,30 @@ impl Shipper {
         Ok(Progress::Shipped)
     }
 
-    /// Leaves in `batch` only what the server lacks of `[from, to)`.
-    fn reconcile(&mut self, batch: &mut Batch, from: u64, to: u64) -> Result<(), ShipError> {
+    /// Leaves in `batch` only what the server lacks of `[from, to)`; true when it has it all.
+    fn reconcile(&mut self, batch: &mut Batch, from: u64, to: u64) -> Result<bool, ShipError> {
         let node = schema::quote_str(&self.config.node);
         let table = self.table(schema::SAMPLES);
         let there =
             self.count(&format!("SELECT count() FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
         if there == 0 {
-            return Ok(());
+            return Ok(false);
         }
         if there == batch.rows() as u64 {
             self.stats.batches_already_there.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(rows = there, "the last batch had reached ClickHouse; not sending it again");
-        } else {
-            tracing::warn!(
-                server_rows = there,
-                store_rows = batch.rows(),
-                "ClickHouse holds part of this batch: sending only the rows after its latest"
-            );
+            tracing::info!(rows = there, "this batch had reached ClickHouse already; not sending it again");
+            return Ok(true);
         }
+        tracing::warn!(
+            server_rows = there,
+            store_rows = batch.rows(),
+            "ClickHouse holds part of this batch: sending only the rows after its latest"
+        );
         let latest =
             self.count(&format!("SELECT max(ts) FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
         batch.keep_after(latest);
         // Stacks are re-sent anyway: they may be what the failed request was carrying.
-        Ok(())
+        Ok(false)
     }
 
     /// Servers without `TTL`: drops the day partitions that ended before the retention.
