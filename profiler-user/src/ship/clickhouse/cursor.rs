@@ -26,9 +26,12 @@ pub fn path(data_dir: &Path) -> PathBuf {
 
 /// The cursor for `target`, if one was saved for it.
 pub fn load(data_dir: &Path, target: &str) -> Option<Cursor> {
-    let text = std::fs::read_to_string(path(data_dir)).ok()?;
-    let c: Cursor = serde_json::from_str(&text).ok()?;
-    (c.target == target).then_some(c)
+    read(data_dir).filter(|c| c.target == target)
+}
+
+/// The saved cursor, whatever its target (`profiler status`).
+pub fn read(data_dir: &Path) -> Option<Cursor> {
+    serde_json::from_str(&std::fs::read_to_string(path(data_dir)).ok()?).ok()
 }
 
 pub fn save(data_dir: &Path, c: &Cursor) -> Result<(), ShipError> {

@@ -19,7 +19,7 @@ use std::{
 
 use serde::Deserialize;
 
-pub use cursor::{Cursor, load as load_cursor, path as cursor_path};
+pub use cursor::{Cursor, path as cursor_path, read as read_cursor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShipError {
@@ -106,9 +106,12 @@ impl Config {
         }))
     }
 
-    /// What a cursor is valid for (credentials left out: the cursor file is not a secret store).
+    /// What a cursor is valid for. Credentials in the URL (`http://user:pass@host`) are left
+    /// out: `profiler status` shows the target.
     fn target(&self) -> String {
-        format!("{} {}", self.url, self.database)
+        let rest = &self.url["http://".len()..];
+        let host = rest.split_once('@').filter(|(auth, _)| !auth.contains('/')).map_or(rest, |(_, host)| host);
+        format!("http://{host} {}", self.database)
     }
 }
 
@@ -156,6 +159,8 @@ mod tests {
         let big = FileConfig { batch_rows: Some(2_000_000), ..file.clone() };
         let e = Config::resolve(None, Some(&big), "n", "/d".into(), 60).unwrap_err().to_string();
         assert!(e.contains("clickhouse.batch_rows"), "{e}");
+        let secret = Config::resolve(Some("http://u:pw@h:1/".into()), None, "n", "/d".into(), 60).unwrap().unwrap();
+        assert_eq!(secret.target(), "http://h:1/ profiler");
         let e = Config::resolve(Some("https://x".into()), None, "n", "/d".into(), 60).unwrap_err().to_string();
         assert!(e.contains("TLS proxy"), "{e}");
     }
