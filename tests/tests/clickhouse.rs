@@ -117,6 +117,32 @@ fn assert_caught_up(ch: &ClickHouse, data: &Path, what: &str) {
     eprintln!("{what}: {local_rows} rows up to {} match exactly", to / SEC);
 }
 
+/// Every finding the store keeps that started before the cursor is in ClickHouse, and those
+/// that closed before it closed there too (the spinning helper saturates CPU 1; the finding the
+/// killed daemon left open is closed by the next one, with an end already shipped past).
+fn assert_findings_shipped(ch: &ClickHouse, data: &Path) {
+    let to = cursor_ns(data).unwrap();
+    let local = profiler::detect::log::findings_in(data, 0, to).unwrap();
+    assert!(local.iter().any(|f| f.cpu == Some(1)), "no finding about the busy CPU 1: {local:?}");
+    let sql = format!(
+        "SELECT id, argMax(end_ts, version) AS e FROM profiler.findings WHERE node = '{NODE}' GROUP BY id \
+         FORMAT JSONEachRow"
+    );
+    let mut remote = BTreeMap::new();
+    for line in ch.query(&sql).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let e = v["e"].as_str().map_or_else(|| v["e"].as_u64().unwrap(), |s| s.parse().unwrap());
+        remote.insert(v["id"].as_str().unwrap().to_string(), e);
+    }
+    for f in local.iter().filter(|f| f.start_ns < to) {
+        let end = remote.get(&f.id).unwrap_or_else(|| panic!("finding {} not in ClickHouse: {remote:?}", f.id));
+        if let Some(local_end) = f.end_ns.filter(|&e| e + 5 * SEC < to) {
+            assert_eq!(*end, local_end, "finding {}: end in ClickHouse vs the store", f.id);
+        }
+    }
+    eprintln!("{} findings in ClickHouse, as in the store", remote.len());
+}
+
 fn start_daemon(data: &Path, ch: &ClickHouse) -> Daemon {
     let url = ch.url();
     let mut d = Daemon::start(data, &["--listen", "off", "--node", NODE, "--clickhouse", &url]);
@@ -171,6 +197,7 @@ fn clickhouse_holds_what_the_store_holds_through_server_and_daemon_kills() {
     wait_shipped(&data, (again + 2) * SEC);
     assert_caught_up(&ch, &data, "after the daemon's kill -9");
     assert!(daemon.log_text().contains("shipping samples to ClickHouse"));
+    assert_findings_shipped(&ch, &data);
 
     // What it costs in ClickHouse (printed for BENCHMARKS.md; run with --nocapture).
     let rows = ch.number("SELECT count() FROM profiler.samples");

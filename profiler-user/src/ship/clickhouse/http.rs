@@ -44,8 +44,9 @@ impl Client {
         answer(resp)
     }
 
-    /// Inserts `rows` (RowBinary) into `table` (qualified, quoted); returns the bytes sent.
-    pub fn insert(&self, table: &str, rows: &[u8]) -> Result<usize, ShipError> {
+    /// Inserts `rows` in `format` (`RowBinary`, `JSONEachRow`) into `table` (qualified,
+    /// quoted); returns the bytes sent.
+    pub fn insert(&self, table: &str, format: &str, rows: &[u8]) -> Result<usize, ShipError> {
         // Fast level: on the node CPU matters more than the last bytes (level 6 saved ~10 %).
         let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(rows.len() / 4), flate2::Compression::fast());
         gz.write_all(rows).and_then(|_| gz.flush()).map_err(|e| ShipError::Http(e.to_string()))?;
@@ -53,7 +54,7 @@ impl Client {
         let mut req = self
             .agent
             .post(&self.url)
-            .query("query", format!("INSERT INTO {table} FORMAT RowBinary"))
+            .query("query", format!("INSERT INTO {table} FORMAT {format}"))
             .header("Content-Encoding", "gzip");
         if let Some(a) = &self.auth {
             req = req.header("Authorization", a);

@@ -35,6 +35,12 @@ pub fn render(s: &Stats) -> String {
         &[("", get(&s.stacks))],
     );
     family(
+        "profiler_clickhouse_notes_total",
+        "counter",
+        "Finding and kernel-log event rows inserted into ClickHouse (an open finding again with every batch).",
+        &[("{table=\"findings\"}", get(&s.findings)), ("{table=\"events\"}", get(&s.events))],
+    );
+    family(
         "profiler_clickhouse_sent_bytes_total",
         "counter",
         "Bytes of insert bodies sent to ClickHouse (gzipped RowBinary), by table.",
@@ -69,6 +75,6 @@ mod tests {
         let text = render(&s);
         assert!(text.contains("\nprofiler_clickhouse_rows_total 7\n"), "{text}");
         assert!(text.contains("\nprofiler_clickhouse_lag_seconds NaN\n"), "{text}");
-        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE")).count(), 7);
+        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE")).count(), 8);
     }
 }

@@ -5,6 +5,7 @@
 mod cursor;
 mod http;
 pub mod metrics;
+mod notes;
 pub mod rows;
 pub mod schema;
 mod shipper;
@@ -121,6 +122,9 @@ pub struct Stats {
     pub rows: AtomicU64,
     pub samples: AtomicU64,
     pub stacks: AtomicU64,
+    /// Finding and event rows sent (findings again while open).
+    pub findings: AtomicU64,
+    pub events: AtomicU64,
     /// Gzipped bytes sent: sample rows, stack rows.
     pub sample_bytes: AtomicU64,
     pub stack_bytes: AtomicU64,

@@ -65,6 +65,8 @@ const TABLES: &[(&str, &str, &str)] = &[
 /// Names of the tables, as the shipper inserts into them.
 pub const SAMPLES: &str = "samples";
 pub const STACKS: &str = "stacks";
+pub const FINDINGS: &str = "findings";
+pub const EVENTS: &str = "events";
 
 /// Every statement, in order, each safe to run again.
 pub fn statements(l: &Layout<'_>) -> Vec<String> {

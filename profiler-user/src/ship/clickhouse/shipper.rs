@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use super::{Config, ShipError, Stats, cursor, http::Client, rows::Batch, schema};
+use super::{Config, ShipError, Stats, cursor, http::Client, notes, rows::Batch, schema};
 use crate::{
     query::{Filter, Window, for_each_sample},
     store::Store,
@@ -53,6 +53,8 @@ pub struct Shipper {
     version: Option<(u32, u32)>,
     next_ns: Option<u64>,
     retention_done: Option<Instant>,
+    /// Findings were shipped from the start of the store in this run (see `ship_notes`).
+    findings_rescanned: bool,
 }
 
 enum Progress {
@@ -81,6 +83,7 @@ impl Shipper {
             version: None,
             next_ns,
             retention_done: None,
+            findings_rescanned: false,
         }
     }
 
@@ -114,7 +117,7 @@ impl Shipper {
     }
 
     fn table(&self, name: &str) -> String {
-        let local = if self.config.cluster.is_some() && name == schema::SAMPLES {
+        let local = if self.config.cluster.is_some() && name != schema::STACKS {
             // Inserting into a shard's local table keeps an insert one part (see the module doc);
             // the Distributed table is for reading.
             format!("{name}_local")
@@ -176,18 +179,19 @@ impl Shipper {
             for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(node, s, shipped))?;
             to = next;
         }
+        self.ship_notes(from, to)?;
         if self.uncertain && batch.rows() > 0 && self.reconcile(&mut batch, from, to)? {
             // Stay uncertain: a cursor lost or rewound (a restored data directory) may be more
             // than one batch behind, and every batch until the server's end is then skipped.
             return self.advance(to);
         }
         if batch.new_stacks > 0 {
-            let bytes = self.client.insert(&self.table(schema::STACKS), &batch.stacks)?;
+            let bytes = self.client.insert(&self.table(schema::STACKS), "RowBinary", &batch.stacks)?;
             self.stats.stacks.fetch_add(batch.new_stacks as u64, Ordering::Relaxed);
             self.stats.stack_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         }
         if batch.rows() > 0 {
-            let bytes = self.client.insert(&self.table(schema::SAMPLES), &batch.samples)?;
+            let bytes = self.client.insert(&self.table(schema::SAMPLES), "RowBinary", &batch.samples)?;
             self.stats.rows.fetch_add(batch.rows() as u64, Ordering::Relaxed);
             self.stats.samples.fetch_add(batch.samples_count, Ordering::Relaxed);
             self.stats.sample_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
@@ -206,6 +210,33 @@ impl Shipper {
             self.shipped_stacks.clear();
         }
         Ok(Progress::Shipped)
+    }
+
+    /// Findings and events of `[from, to)`. Both tables are ReplacingMergeTrees keyed by node,
+    /// time and id, so sending them again (a retried batch, an open finding in every batch it
+    /// overlaps) only adds copies that merges collapse; a closed finding (higher version) wins.
+    fn ship_notes(&mut self, from: u64, to: u64) -> Result<(), ShipError> {
+        let dir = &self.config.data_dir;
+        let node = &self.config.node;
+        let store = |e| ShipError::Query(crate::query::QueryError::Store(e));
+        let events = crate::detect::log::events_in(dir, from, to).map_err(store)?;
+        // A daemon closes the findings a crashed one left open when it starts, with an end in
+        // the past, maybe in windows already shipped: the first batch of a run sends every
+        // finding kept up to its end, so those closes reach ClickHouse too.
+        let findings_from = if self.findings_rescanned { from } else { 0 };
+        let findings = crate::detect::log::findings_in(dir, findings_from, to).map_err(store)?;
+        if !events.is_empty() {
+            let rows = notes::events(node, &events);
+            self.client.insert(&self.table(schema::EVENTS), "JSONEachRow", rows.as_bytes())?;
+            self.stats.events.fetch_add(events.len() as u64, Ordering::Relaxed);
+        }
+        if !findings.is_empty() {
+            let rows = notes::findings(node, &findings);
+            self.client.insert(&self.table(schema::FINDINGS), "JSONEachRow", rows.as_bytes())?;
+            self.stats.findings.fetch_add(findings.len() as u64, Ordering::Relaxed);
+        }
+        self.findings_rescanned = true;
+        Ok(())
     }
 
     /// Leaves in `batch` only what the server lacks of `[from, to)`; true when it has it all.
@@ -240,7 +271,7 @@ impl Shipper {
             return Ok(());
         }
         let keep_from_day = now_ns().saturating_sub(self.config.max_age_secs.saturating_mul(SEC)) / schema::DAY_NS;
-        for table in [schema::SAMPLES, "findings", "events"] {
+        for table in [schema::SAMPLES, schema::FINDINGS, schema::EVENTS] {
             let parts = self.client.query(&format!(
                 "SELECT DISTINCT partition FROM system.parts WHERE active AND database = {} AND table = {}",
                 schema::quote_str(&self.config.database),
