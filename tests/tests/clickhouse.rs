@@ -240,8 +240,9 @@ fn schema_and_folded_query_run_on_current_clickhouse() {
     assert_eq!(answer.trim(), "bash\t['main','do_syscall_64']\t[0,1]\t4", "the folded query on chdb");
 }
 
-/// A store written directly (no BPF, no root): 3 CPUs at 50 Hz for 60 s that ended 30 s ago.
-fn synthetic_store(data: &Path) -> (u64, u64) {
+/// A store written directly (no BPF, no root): `cpus` CPUs at 50 Hz for `secs` that ended 30 s
+/// ago.
+fn synthetic_store(data: &Path, cpus: u32, secs: u64) -> (u64, u64) {
     use std::sync::Arc;
 
     use profiler::{
@@ -250,7 +251,7 @@ fn synthetic_store(data: &Path) -> (u64, u64) {
     };
     let _lock = create_and_lock(data).unwrap();
     let end = (now_secs() as u64 - 30) * SEC;
-    let start = end - 60 * SEC;
+    let start = end - secs * SEC;
     let stacks: Vec<Arc<Stack>> = (0..20)
         .map(|i| {
             let frames = ["main".to_string(), format!("work_{i}"), "do_syscall_64".into()];
@@ -261,21 +262,21 @@ fn synthetic_store(data: &Path) -> (u64, u64) {
     let mut ts = start;
     let mut i = 0u64;
     while ts < end {
-        for cpu in 0..3u32 {
+        for cpu in 0..cpus {
             w.push(&Sample {
                 ts_ns: ts + u64::from(cpu) * 1000,
                 cpu,
                 pid: 100 + cpu,
                 tid: 100 + cpu,
                 cgroup_id: 0,
-                comm: Arc::from(["app", "db", "web"][cpu as usize]),
+                comm: Arc::from(["app", "db", "web"][cpu as usize % 3]),
                 stack: stacks[(i % 20) as usize].clone(),
                 workload: Arc::from(""),
             });
             i += 1;
         }
         ts += SEC / 50;
-        if ts % SEC == 0 {
+        if ts.is_multiple_of(SEC) {
             w.flush(ts).unwrap();
         }
     }
@@ -284,11 +285,16 @@ fn synthetic_store(data: &Path) -> (u64, u64) {
 }
 
 /// Runs a shipper over `data` until its cursor passes `to`; returns its figures.
-fn ship_until(ch: &ClickHouse, data: &Path, to: u64) -> std::sync::Arc<profiler::ship::clickhouse::Stats> {
+fn ship_until(
+    ch: &ClickHouse,
+    data: &Path,
+    to: u64,
+    batch_rows: usize,
+) -> std::sync::Arc<profiler::ship::clickhouse::Stats> {
     use std::sync::{Arc, atomic::AtomicBool};
 
     use profiler::ship::clickhouse::{Config, FileConfig, Stats, spawn};
-    let file = FileConfig { batch_rows: Some(1000), ..Default::default() };
+    let file = FileConfig { batch_rows: Some(batch_rows), ..Default::default() };
     let config = Config::resolve(Some(ch.url()), Some(&file), NODE, data.to_path_buf(), 86_400).unwrap().unwrap();
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -304,8 +310,8 @@ fn a_lost_cursor_sends_nothing_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
     let data = tmp.path().join("data");
-    let (start, end) = synthetic_store(&data);
-    let first = ship_until(&ch, &data, end);
+    let (start, end) = synthetic_store(&data, 3, 60);
+    let first = ship_until(&ch, &data, end, 1000);
     let rows = Stats::get(&first.rows);
     assert_eq!(rows, 60 * 50 * 3, "every synthetic sample shipped");
     assert!(Stats::get(&first.stacks) >= 20);
@@ -314,9 +320,29 @@ fn a_lost_cursor_sends_nothing_twice() {
     // The worst case of a crash between an insert and the cursor write: no cursor at all (a
     // data directory restored from a backup). Every batch the server holds is skipped.
     std::fs::remove_file(data.join("ship/clickhouse.cursor")).unwrap();
-    let second = ship_until(&ch, &data, end);
+    let second = ship_until(&ch, &data, end, 1000);
     assert_eq!(Stats::get(&second.rows), 0, "nothing sent again");
     assert!(Stats::get(&second.batches_already_there) >= 6, "each 10 s batch found there");
     assert_caught_up(&ch, &data, "after the lost cursor");
     assert_eq!(ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(start, end))), rows);
+}
+
+/// Ingest rate of one shipper into one 18.16 server (a figure, not a check: `--ignored`).
+#[test]
+#[ignore]
+fn ingest_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    let (_, end) = synthetic_store(&data, 32, 300);
+    let t = std::time::Instant::now();
+    let stats = ship_until(&ch, &data, end, 200_000);
+    let secs = t.elapsed().as_secs_f64();
+    let rows = Stats::get(&stats.rows);
+    let bytes = Stats::get(&stats.sample_bytes);
+    eprintln!(
+        "{rows} rows in {secs:.1} s: {:.0} rows/s, {:.1} bytes per row on the wire",
+        rows as f64 / secs,
+        bytes as f64 / rows as f64
+    );
 }
