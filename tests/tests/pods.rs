@@ -152,8 +152,7 @@ fn a_pods_samples_are_stored_with_its_identity_and_selected_by_it() {
     ] {
         assert_eq!(count(filter), Ok(pod), "{filter:?}");
     }
-    for filter in
-        [&["--pod", "web"][..], &["--namespace", "kube-system"], &["--container", "nginx", "--unit", "kubelet"]]
+    for filter in [&["--pod", "web"][..], &["--namespace", "kube-system"], &["--container", "nginx", "--unit", "kubelet"]]
     {
         let got = count(filter);
         assert!(got.as_ref().is_err_and(|e| e.contains("no samples match")), "{filter:?}: {got:?}");
