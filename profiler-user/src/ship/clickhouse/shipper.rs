@@ -100,6 +100,8 @@ impl Shipper {
                     self.uncertain = true;
                     // The server may be a new one, without our tables.
                     self.version = None;
+                    // The failed batch's new stacks were marked shipped when it was built.
+                    self.shipped_stacks.clear();
                     self.wait(backoff);
                     self.stats.retries.fetch_add(1, Ordering::Relaxed);
                     backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -178,6 +180,12 @@ impl Shipper {
             let shipped = &mut self.shipped_stacks;
             for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(node, s, shipped))?;
             to = next;
+        }
+        if batch.rows() == 0 {
+            // Retention may have removed what a long outage left unshipped: jump to the data.
+            if let Some((start, _)) = store.span().map_err(crate::query::QueryError::from)? {
+                to = to.max(start / SEC * SEC).min(settled);
+            }
         }
         self.ship_notes(from, to)?;
         if self.uncertain && batch.rows() > 0 && self.reconcile(&mut batch, from, to)? {
