@@ -34,8 +34,9 @@ const SETTLE_NS: u64 = 5 * SEC;
 const MIN_PENDING_NS: u64 = 5 * SEC;
 /// Seconds read from the store at a time (the memory bound beyond `batch_rows`).
 const STEP_NS: u64 = 10 * SEC;
-/// Stack ids remembered as shipped; past this the set starts over (a re-sent stack collapses).
-const SHIPPED_STACKS_MAX: usize = 1 << 20;
+/// Stack ids remembered as shipped (~4 MiB of set); past this the set starts over (a re-sent
+/// stack collapses in merges).
+const SHIPPED_STACKS_MAX: usize = 1 << 18;
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How often partitions past the retention are dropped on servers without `TTL`.
