@@ -252,6 +252,10 @@ fn schema_and_folded_query_run_on_current_clickhouse() {
 /// A store written directly (no BPF, no root): `cpus` CPUs at 50 Hz for `secs` that ended 30 s
 /// ago.
 fn synthetic_store(data: &Path, cpus: u32, secs: u64) -> (u64, u64) {
+    synthetic_store_ending(data, cpus, secs, (now_secs() as u64 - 30) * SEC)
+}
+
+fn synthetic_store_ending(data: &Path, cpus: u32, secs: u64, end: u64) -> (u64, u64) {
     use std::sync::Arc;
 
     use profiler::{
@@ -259,7 +263,6 @@ fn synthetic_store(data: &Path, cpus: u32, secs: u64) -> (u64, u64) {
         store::{StoreWriter, create_and_lock, segments_dir},
     };
     let _lock = create_and_lock(data).unwrap();
-    let end = (now_secs() as u64 - 30) * SEC;
     let start = end - secs * SEC;
     let stacks: Vec<Arc<Stack>> = (0..20)
         .map(|i| {
@@ -294,21 +297,27 @@ fn synthetic_store(data: &Path, cpus: u32, secs: u64) -> (u64, u64) {
 }
 
 /// Runs a shipper over `data` until its cursor passes `to`; returns its figures.
-fn ship_until(
+fn ship_until(ch: &ClickHouse, data: &Path, to: u64, batch_rows: usize) -> std::sync::Arc<Stats> {
+    ship_while(ch, data, batch_rows, 86_400, || wait_shipped(data, to))
+}
+
+/// Runs a shipper (the store's age limit `max_age_secs`) while `wait` waits.
+fn ship_while(
     ch: &ClickHouse,
     data: &Path,
-    to: u64,
     batch_rows: usize,
-) -> std::sync::Arc<profiler::ship::clickhouse::Stats> {
+    max_age_secs: u64,
+    wait: impl FnOnce(),
+) -> std::sync::Arc<Stats> {
     use std::sync::{Arc, atomic::AtomicBool};
 
-    use profiler::ship::clickhouse::{Config, FileConfig, Stats, spawn};
+    use profiler::ship::clickhouse::{Config, FileConfig, spawn};
     let file = FileConfig { batch_rows: Some(batch_rows), ..Default::default() };
-    let config = Config::resolve(Some(ch.url()), Some(&file), NODE, data.to_path_buf(), 86_400).unwrap().unwrap();
+    let config = Config::resolve(Some(ch.url()), Some(&file), NODE, data.to_path_buf(), max_age_secs).unwrap().unwrap();
     let stats = Arc::new(Stats::default());
     let stop = Arc::new(AtomicBool::new(false));
     let thread = spawn(config, stats.clone(), stop.clone()).unwrap();
-    wait_shipped(data, to);
+    wait();
     stop.store(true, std::sync::atomic::Ordering::Release);
     thread.join().unwrap();
     stats
@@ -323,6 +332,7 @@ fn a_lost_cursor_sends_nothing_twice() {
     let first = ship_until(&ch, &data, end, 1000);
     let rows = Stats::get(&first.rows);
     assert_eq!(rows, 60 * 50 * 3, "every synthetic sample shipped");
+    assert_eq!(Stats::get(&first.errors), 0);
     assert!(Stats::get(&first.stacks) >= 20);
     assert_caught_up(&ch, &data, "first run");
 
@@ -334,6 +344,27 @@ fn a_lost_cursor_sends_nothing_twice() {
     assert!(Stats::get(&second.batches_already_there) >= 6, "each 10 s batch found there");
     assert_caught_up(&ch, &data, "after the lost cursor");
     assert_eq!(ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(start, end))), rows);
+}
+
+/// 18.16 has no TTL: the shipper drops the day partitions past the store's age limit itself.
+#[test]
+fn days_past_the_retention_are_dropped_on_a_server_without_ttl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    if ch.query("SELECT version()").unwrap().starts_with("18.") {
+        let data = tmp.path().join("data");
+        // A minute three days ago.
+        let (start, end) = synthetic_store_ending(&data, 2, 60, (now_secs() as u64 - 3 * 86_400) * SEC);
+        let shipped = ship_until(&ch, &data, end, 1000);
+        assert_eq!(Stats::get(&shipped.rows), 60 * 50 * 2);
+        // A shipper with a one-day limit drops that day on its first step.
+        let count = || ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(start, end)));
+        ship_while(&ch, &data, 1000, 86_400, || {
+            wait_for("the old day dropped", Duration::from_secs(30), || (count() == 0).then_some(()))
+        });
+    } else {
+        eprintln!("this ClickHouse knows TTL: the table has one, nothing to drop by hand");
+    }
 }
 
 /// Ingest rate of one shipper into one 18.16 server (a figure, not a check: `--ignored`).
