@@ -335,6 +335,8 @@ fn a_lost_cursor_sends_nothing_twice() {
     assert_eq!(Stats::get(&first.errors), 0);
     assert!(Stats::get(&first.stacks) >= 20);
     assert_caught_up(&ch, &data, "first run");
+    let status = integration_tests::status_json(&data).expect("profiler status --format json");
+    assert_eq!(status["clickhouse"]["next_ns"].as_u64(), cursor_ns(&data), "the cursor in `profiler status`");
 
     // The worst case of a crash between an insert and the cursor write: no cursor at all (a
     // data directory restored from a backup). Every batch the server holds is skipped.
