@@ -1,6 +1,8 @@
 //! Helpers for the integration tests: running the real `profiler` binary, waiting for
 //! conditions with deadlines, and the privilege check that skips (or, under CI, fails).
 
+pub mod clickhouse;
+
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},

@@ -119,8 +119,17 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
             "opentelemetry-proto and grpcio",
         )?;
     }
+    // chdb (PyPI) is today's ClickHouse, embedded: the schema test runs the DDL on it.
+    if output(Command::new("python3").args(["-c", "import chdb"])).is_none() {
+        eprintln!("xtask: installing chdb (PyPI) for the ClickHouse schema test");
+        run(Command::new("python3").args(["-m", "pip", "install", "-q", "chdb"]), "chdb")?;
+    }
     let have = |p: &str| std::path::Path::new(p).exists();
     let mut missing = Vec::new();
+    // Debian's ClickHouse (18.16): the shipping test starts a private server of its own.
+    if !have("/usr/sbin/clickhouse-server") {
+        missing.extend(["clickhouse-server", "clickhouse-client"]);
+    }
     if !(have("/usr/bin/chromium") && have("/usr/bin/chromedriver")) {
         missing.extend(["chromium", "chromium-driver"]);
     }

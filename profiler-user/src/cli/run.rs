@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// in the config file, which holds the other OTLP settings [default: no push].
     #[arg(long)]
     otlp_endpoint: Option<String>,
+    /// Ship samples to ClickHouse at this HTTP URL (e.g. http://127.0.0.1:8123), or set
+    /// `[clickhouse] url` in the config file [default: no shipping].
+    #[arg(long)]
+    clickhouse: Option<String>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -120,12 +124,21 @@ impl RunArgs {
             None => std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string(),
         };
         let otlp = config::otlp(&file.otlp, self.otlp_endpoint.as_deref())?;
+        let data_dir = self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        let clickhouse = profiler::ship::clickhouse::Config::resolve(
+            self.clickhouse,
+            file.clickhouse.as_ref(),
+            &node,
+            data_dir.clone(),
+            settings.retention.max_age_ns / 1_000_000_000,
+        )?;
         Ok(DaemonConfig {
+            clickhouse,
             listen,
             otlp,
             node,
             kubelet_logs: self.kubelet_logs.or(file.kubelet_logs).unwrap_or_else(|| "/var/log".into()),
-            data_dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+            data_dir,
             frequency_hz: frequency,
             ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,
             unwind_rows: config::unwind_rows(

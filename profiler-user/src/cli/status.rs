@@ -48,6 +48,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
             "daemon_running": daemon_running,
             "meta": meta,
             "summary": summary,
+            "clickhouse": profiler::ship::clickhouse::read_cursor(data_dir),
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
@@ -85,5 +86,13 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         lost += c.lost;
     }
     println!("total        {} samples ({busy} busy, {idle} idle), {lost} lost", busy + idle);
+    if let Some(c) = profiler::ship::clickhouse::read_cursor(data_dir) {
+        println!(
+            "clickhouse   {}: shipped up to {} ({} before the store's end)",
+            text::visible(&c.target),
+            timespec::format(c.next_ns),
+            timespec::format_duration(last.saturating_sub(c.next_ns))
+        );
+    }
     Ok(())
 }

@@ -159,6 +159,8 @@ pub struct ConfigFile {
     pub events: EventsFile,
     #[serde(default)]
     pub otlp: OtlpFile,
+    /// Shipping to ClickHouse (off without a URL).
+    pub clickhouse: Option<crate::ship::clickhouse::FileConfig>,
 }
 
 /// The `[events]` table.

@@ -95,6 +95,8 @@ pub struct DaemonConfig {
     pub kubelet_logs: PathBuf,
     /// Where profiles are pushed over OTLP; `None`: nowhere.
     pub otlp: Option<crate::config::Otlp>,
+    /// Where to ship samples, if anywhere.
+    pub clickhouse: Option<crate::ship::clickhouse::Config>,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -228,6 +230,18 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         ),
         None => None,
     };
+    // Its own thread: a slow or absent ClickHouse never holds the pipeline up.
+    let clickhouse_shipper = match config.clickhouse.clone() {
+        Some(c) => {
+            let stats = Arc::new(crate::ship::clickhouse::Stats::default());
+            live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
+            Some(
+                crate::ship::clickhouse::spawn(c, stats, stop.clone())
+                    .map_err(|e| DaemonError::Thread("shipper", e))?,
+            )
+        }
+        None => None,
+    };
     if let Some(addr) = config.listen {
         serve(addr, &config.data_dir, live).await?;
     }
@@ -267,6 +281,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let _ = ship_stop.send(true);
     if shipper.is_some_and(|s| s.join().is_err()) {
         tracing::error!("the OTLP shipper panicked");
+    }
+    // A shipper that panicked has only stopped shipping: the store has everything.
+    if let Some(Err(_)) = clickhouse_shipper.map(|s| s.join()) {
+        tracing::error!("the ClickHouse shipper had stopped (it panicked): see the log above");
     }
     let died = |name: &'static str, panic: Box<dyn std::any::Any + Send>| {
         let why = panic

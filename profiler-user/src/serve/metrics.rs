@@ -48,6 +48,8 @@ pub struct Live {
     pub unwind: Option<crate::unwind::registry::Stats>,
     /// The OTLP shipper's figures, when it runs.
     pub otlp: Option<crate::ship::Stats>,
+    /// The ClickHouse shipper's figures, when it runs.
+    pub clickhouse: Option<std::sync::Arc<crate::ship::clickhouse::Stats>>,
 }
 
 pub fn render(l: &Live) -> String {
@@ -305,6 +307,9 @@ pub fn render(l: &Live) -> String {
         "Samples per second per CPU.",
         vec![(String::new(), l.frequency_hz as f64)],
     );
+    if let Some(stats) = &l.clickhouse {
+        out.push_str(&crate::ship::clickhouse::metrics::render(stats));
+    }
     out
 }
 

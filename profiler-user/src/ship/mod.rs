@@ -4,9 +4,11 @@
 //! more than one batch, never slows the sampling stages (it runs on its own thread at low
 //! priority), and a restart resumes where the last delivery ended.
 //!
+//! - `clickhouse`: samples, findings and events into ClickHouse tables (`docs/clickhouse.md`);
 //! - `otlp`: OpenTelemetry profiles to a collector (OTLP/HTTP or OTLP/gRPC);
 //! - `transport`: one request over HTTP/1.1 or gRPC, and what its answer means for a retry.
 
+pub mod clickhouse;
 pub mod otlp;
 pub mod transport;
 

@@ -1,0 +1,141 @@
+//! The ClickHouse schema (docs/clickhouse.md), created by the shipper if missing.
+//!
+//! Written for ClickHouse 18.16, what Debian ships: no `LowCardinality` (experimental there),
+//! no `DateTime64` (20.1), no column codecs (19.1), no `TTL` (19.6). Time is `UInt64` ns since
+//! the epoch, partitions are UTC days computed from it (independent of the server's time
+//! zone), and a server that knows `TTL` gets one matching the node's retention.
+
+/// Nanoseconds in a day: the partition key is `intDiv(ts, DAY_NS)`.
+pub const DAY_NS: u64 = 86_400 * 1_000_000_000;
+
+/// The first server version with table `TTL` expressions.
+const TTL_SINCE: (u32, u32) = (19, 6);
+
+/// What the statements depend on.
+#[derive(Debug, Clone)]
+pub struct Layout<'a> {
+    pub database: &'a str,
+    /// A cluster name: tables become `<name>_local` on every shard, with a `Distributed` table
+    /// of the plain name over them.
+    pub cluster: Option<&'a str>,
+    /// Seconds rows are kept, when the server supports `TTL`.
+    pub ttl_secs: Option<u64>,
+}
+
+/// The server version `SELECT version()` returned, as (major, minor).
+pub fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let mut it = v.trim().split('.');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+pub fn supports_ttl(version: (u32, u32)) -> bool {
+    version >= TTL_SINCE
+}
+
+/// (table, columns, engine and keys; `{ttl}` where a TTL on column `ts` goes).
+const TABLES: &[(&str, &str, &str)] = &[
+    (
+        "samples",
+        "node String, ts UInt64, cpu UInt16, pid UInt32, tid UInt32, comm String, stack_id UInt64, \
+         workload String, count UInt32",
+        "MergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, cpu){ttl}",
+    ),
+    (
+        // Shared by every node: the same binaries give the same stacks fleet-wide. Re-inserting a
+        // stack is harmless, merges collapse the copies.
+        "stacks",
+        "stack_id UInt64, frames Array(String), kernel Array(UInt8)",
+        "ReplacingMergeTree ORDER BY stack_id",
+    ),
+    (
+        // A finding is written when it opens and again when it closes: the highest version
+        // (ns of the write) wins.
+        "findings",
+        "node String, id String, kind String, ts UInt64, end_ts UInt64, cpu Int32, severity String, \
+         summary String, evidence String, version UInt64",
+        "ReplacingMergeTree(version) PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, id){ttl}",
+    ),
+    (
+        "events",
+        "node String, ts UInt64, id String, pattern String, message String",
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, id){ttl}",
+    ),
+];
+
+/// Names of the tables, as the shipper inserts into them.
+pub const SAMPLES: &str = "samples";
+pub const STACKS: &str = "stacks";
+pub const FINDINGS: &str = "findings";
+pub const EVENTS: &str = "events";
+
+/// Every statement, in order, each safe to run again.
+pub fn statements(l: &Layout<'_>) -> Vec<String> {
+    let db = quote_ident(l.database);
+    let on_cluster = l.cluster.map(|c| format!(" ON CLUSTER {}", quote_ident(c))).unwrap_or_default();
+    let ttl = l
+        .ttl_secs
+        .map(|s| format!(" TTL toDateTime(intDiv(ts, 1000000000)) + toIntervalSecond({s})"))
+        .unwrap_or_default();
+    let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {db}{on_cluster}")];
+    for (name, columns, engine) in TABLES {
+        let engine = engine.replace("{ttl}", &ttl);
+        let local = if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
+        out.push(format!(
+            "CREATE TABLE IF NOT EXISTS {db}.{}{on_cluster} ({columns}) ENGINE = {engine}",
+            quote_ident(&local)
+        ));
+        if let Some(cluster) = l.cluster {
+            // Rows of a node stay on one shard, so a node's window is read from one place.
+            out.push(format!(
+                "CREATE TABLE IF NOT EXISTS {db}.{}{on_cluster} AS {db}.{} ENGINE = Distributed({}, {db}, {}, {})",
+                quote_ident(name),
+                quote_ident(&local),
+                quote_ident(cluster),
+                quote_ident(&local),
+                if *name == "stacks" { "stack_id" } else { "cityHash64(node)" },
+            ));
+        }
+    }
+    out
+}
+
+/// An identifier in back quotes (names come from the config file).
+pub fn quote_ident(s: &str) -> String {
+    format!("`{}`", s.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+/// A string literal.
+pub fn quote_str(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_and_ttl() {
+        assert_eq!(parse_version("18.16.1"), Some((18, 16)));
+        assert_eq!(parse_version("25.8.2.1\n"), Some((25, 8)));
+        assert!(!supports_ttl((18, 16)));
+        assert!(supports_ttl((19, 6)));
+        assert!(supports_ttl((25, 1)));
+    }
+
+    #[test]
+    fn plain_layout_has_no_distributed_and_quotes_names() {
+        let s = statements(&Layout { database: "pro`f", cluster: None, ttl_secs: None });
+        assert_eq!(s.len(), 1 + TABLES.len());
+        assert!(s.iter().all(|q| !q.contains("Distributed") && !q.contains("TTL")));
+        assert_eq!(s[0], "CREATE DATABASE IF NOT EXISTS `pro\\`f`");
+    }
+
+    #[test]
+    fn cluster_layout_adds_local_tables_and_ttl_where_asked() {
+        let s = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: Some(60) });
+        assert_eq!(s.len(), 1 + 2 * TABLES.len());
+        assert!(s[1].contains("`samples_local` ON CLUSTER `c`") && s[1].contains("toIntervalSecond(60)"));
+        assert!(s[2].contains("Distributed(`c`, `p`, `samples_local`, cityHash64(node))"));
+        assert!(!s[3].contains("TTL"), "stacks are kept: {}", s[3]);
+    }
+}

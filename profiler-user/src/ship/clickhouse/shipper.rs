@@ -1,0 +1,297 @@
+//! The shipping loop: read settled seconds after the cursor, insert them, move the cursor.
+//!
+//! No duplicates without server-side deduplication (18.16 deduplicates inserts only into
+//! replicated tables): a batch never crosses a UTC day and holds at most `batch_rows` plus one
+//! read step of rows, so it is one part of one partition and lands whole or not at all. After a
+//! start or a failed request the outcome of the last insert is unknown; the next batch is then
+//! first counted on the server (`node` and `ts` are the table's key, so this reads a few
+//! granules): all there, it is skipped, and so is every next batch the server has whole; none,
+//! it is sent; some (a batch the store answers differently now, e.g. rolled up), only the rows
+//! after the server's latest are sent.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use super::{Config, ShipError, Stats, cursor, http::Client, notes, rows::Batch, schema};
+use crate::{
+    query::{Filter, Window, for_each_sample},
+    store::Store,
+};
+
+const SEC: u64 = 1_000_000_000;
+/// A second is shipped once it ended this long ago: the daemon writes a second's samples within
+/// a flush interval (at most 1 s) of its end, plus the pipeline's queue. A sample written later
+/// than this is in the store but not in ClickHouse.
+const SETTLE_NS: u64 = 5 * SEC;
+/// Ship when this much is pending (fewer, larger inserts: ClickHouse prefers about one per
+/// second per table across the fleet, not one per node per second).
+const MIN_PENDING_NS: u64 = 5 * SEC;
+/// Seconds read from the store at a time (the memory bound beyond `batch_rows`).
+const STEP_NS: u64 = 10 * SEC;
+/// Stack ids remembered as shipped (~4 MiB of set); past this the set starts over (a re-sent
+/// stack collapses in merges).
+const SHIPPED_STACKS_MAX: usize = 1 << 18;
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often partitions past the retention are dropped on servers without `TTL`.
+const RETENTION_EVERY: Duration = Duration::from_secs(3600);
+
+pub struct Shipper {
+    config: Config,
+    client: Client,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    shipped_stacks: HashSet<u64>,
+    /// The last insert may or may not have landed.
+    uncertain: bool,
+    /// Server version, once the schema is in place.
+    version: Option<(u32, u32)>,
+    next_ns: Option<u64>,
+    retention_done: Option<Instant>,
+    /// Findings were shipped from the start of the store in this run (see `ship_notes`).
+    findings_rescanned: bool,
+}
+
+enum Progress {
+    Shipped,
+    Idle,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl Shipper {
+    pub fn new(config: Config, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Self {
+        let client = Client::new(&config.url, config.user.as_deref(), config.password.as_deref());
+        let next_ns = cursor::load(&config.data_dir, &config.target()).map(|c| c.next_ns);
+        if let Some(n) = next_ns {
+            stats.shipped_to_ns.store(n, Ordering::Relaxed);
+        }
+        Self {
+            config,
+            client,
+            stats,
+            stop,
+            shipped_stacks: HashSet::new(),
+            uncertain: true,
+            version: None,
+            next_ns,
+            retention_done: None,
+            findings_rescanned: false,
+        }
+    }
+
+    pub fn run(mut self) {
+        tracing::info!(database = %self.config.database, "shipping samples to ClickHouse");
+        let mut backoff = BACKOFF_MIN;
+        while !self.stop.load(Ordering::Acquire) {
+            match self.step() {
+                Ok(Progress::Shipped) => backoff = BACKOFF_MIN,
+                Ok(Progress::Idle) => self.wait(Duration::from_secs(1)),
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "shipping to ClickHouse failed; the store keeps the samples");
+                    self.uncertain = true;
+                    // The server may be a new one, without our tables.
+                    self.version = None;
+                    // The failed batch's new stacks were marked shipped when it was built.
+                    self.shipped_stacks.clear();
+                    self.wait(backoff);
+                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// Sleeps `d`, or less if the daemon stops.
+    fn wait(&self, d: Duration) {
+        let deadline = Instant::now() + d;
+        while !self.stop.load(Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100).min(deadline - Instant::now()));
+        }
+    }
+
+    fn table(&self, name: &str) -> String {
+        let local = if self.config.cluster.is_some() && name != schema::STACKS {
+            // Inserting into a shard's local table keeps an insert one part (see the module doc);
+            // the Distributed table is for reading.
+            format!("{name}_local")
+        } else {
+            name.to_string()
+        };
+        format!("{}.{}", schema::quote_ident(&self.config.database), schema::quote_ident(&local))
+    }
+
+    fn ensure_schema(&mut self) -> Result<(u32, u32), ShipError> {
+        if let Some(v) = self.version {
+            return Ok(v);
+        }
+        let answer = self.client.query("SELECT version()")?;
+        let version = schema::parse_version(&answer).ok_or_else(|| ShipError::Answer(answer.clone()))?;
+        let layout = schema::Layout {
+            database: &self.config.database,
+            cluster: self.config.cluster.as_deref(),
+            ttl_secs: schema::supports_ttl(version).then_some(self.config.max_age_secs),
+        };
+        for statement in schema::statements(&layout) {
+            self.client.query(&statement)?;
+        }
+        self.version = Some(version);
+        Ok(version)
+    }
+
+    fn count(&self, sql: &str) -> Result<u64, ShipError> {
+        let a = self.client.query(sql)?;
+        a.trim().parse().map_err(|_| ShipError::Answer(a))
+    }
+
+    fn step(&mut self) -> Result<Progress, ShipError> {
+        let version = self.ensure_schema()?;
+        if !schema::supports_ttl(version) {
+            self.drop_old_partitions()?;
+        }
+        let mut store = Store::open(&self.config.data_dir).map_err(crate::query::QueryError::from)?;
+        let settled = (now_ns().saturating_sub(SETTLE_NS)) / SEC * SEC;
+        let from = match self.next_ns {
+            Some(n) => n,
+            None => match store.span().map_err(crate::query::QueryError::from)? {
+                // Everything the store holds, from the second its data starts.
+                Some((start, _)) => start / SEC * SEC,
+                None => return Ok(Progress::Idle),
+            },
+        };
+        if from + MIN_PENDING_NS > settled {
+            return Ok(Progress::Idle);
+        }
+        let day_end = (from / schema::DAY_NS + 1) * schema::DAY_NS;
+        let mut batch = Batch::default();
+        let mut to = from;
+        while to < settled.min(day_end) && batch.rows() < self.config.batch_rows {
+            let next = (to + STEP_NS).min(settled).min(day_end);
+            let window = Window::new(to, next)?;
+            let node = &self.config.node;
+            let shipped = &mut self.shipped_stacks;
+            for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(node, s, shipped))?;
+            to = next;
+        }
+        if batch.rows() == 0 {
+            // Retention may have removed what a long outage left unshipped: jump to the data.
+            if let Some((start, _)) = store.span().map_err(crate::query::QueryError::from)? {
+                to = to.max(start / SEC * SEC).min(settled);
+            }
+        }
+        self.ship_notes(from, to)?;
+        if self.uncertain && batch.rows() > 0 && self.reconcile(&mut batch, from, to)? {
+            // Stay uncertain: a cursor lost or rewound (a restored data directory) may be more
+            // than one batch behind, and every batch until the server's end is then skipped.
+            return self.advance(to);
+        }
+        if batch.new_stacks > 0 {
+            let bytes = self.client.insert(&self.table(schema::STACKS), "RowBinary", &batch.stacks)?;
+            self.stats.stacks.fetch_add(batch.new_stacks as u64, Ordering::Relaxed);
+            self.stats.stack_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
+        if batch.rows() > 0 {
+            let bytes = self.client.insert(&self.table(schema::SAMPLES), "RowBinary", &batch.samples)?;
+            self.stats.rows.fetch_add(batch.rows() as u64, Ordering::Relaxed);
+            self.stats.samples.fetch_add(batch.samples_count, Ordering::Relaxed);
+            self.stats.sample_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
+        if batch.rows() > 0 {
+            self.uncertain = false;
+        }
+        self.advance(to)
+    }
+
+    fn advance(&mut self, to: u64) -> Result<Progress, ShipError> {
+        cursor::save(&self.config.data_dir, &cursor::Cursor { target: self.config.target(), next_ns: to })?;
+        self.next_ns = Some(to);
+        self.stats.shipped_to_ns.store(to, Ordering::Relaxed);
+        if self.shipped_stacks.len() > SHIPPED_STACKS_MAX {
+            self.shipped_stacks.clear();
+        }
+        Ok(Progress::Shipped)
+    }
+
+    /// Findings and events of `[from, to)`. Both tables are ReplacingMergeTrees keyed by node,
+    /// time and id, so sending them again (a retried batch, an open finding in every batch it
+    /// overlaps) only adds copies that merges collapse; a closed finding (higher version) wins.
+    fn ship_notes(&mut self, from: u64, to: u64) -> Result<(), ShipError> {
+        let dir = &self.config.data_dir;
+        let node = &self.config.node;
+        let store = |e| ShipError::Query(crate::query::QueryError::Store(e));
+        let events = crate::detect::log::events_in(dir, from, to).map_err(store)?;
+        // A daemon closes the findings a crashed one left open when it starts, with an end in
+        // the past, maybe in windows already shipped: the first batch of a run sends every
+        // finding kept up to its end, so those closes reach ClickHouse too.
+        let findings_from = if self.findings_rescanned { from } else { 0 };
+        let findings = crate::detect::log::findings_in(dir, findings_from, to).map_err(store)?;
+        if !events.is_empty() {
+            let rows = notes::events(node, &events);
+            self.client.insert(&self.table(schema::EVENTS), "JSONEachRow", rows.as_bytes())?;
+            self.stats.events.fetch_add(events.len() as u64, Ordering::Relaxed);
+        }
+        if !findings.is_empty() {
+            let rows = notes::findings(node, &findings);
+            self.client.insert(&self.table(schema::FINDINGS), "JSONEachRow", rows.as_bytes())?;
+            self.stats.findings.fetch_add(findings.len() as u64, Ordering::Relaxed);
+        }
+        self.findings_rescanned = true;
+        Ok(())
+    }
+
+    /// Leaves in `batch` only what the server lacks of `[from, to)`; true when it has it all.
+    fn reconcile(&mut self, batch: &mut Batch, from: u64, to: u64) -> Result<bool, ShipError> {
+        let node = schema::quote_str(&self.config.node);
+        let table = self.table(schema::SAMPLES);
+        let there =
+            self.count(&format!("SELECT count() FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
+        if there == 0 {
+            return Ok(false);
+        }
+        if there == batch.rows() as u64 {
+            self.stats.batches_already_there.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(rows = there, "this batch had reached ClickHouse already; not sending it again");
+            return Ok(true);
+        }
+        tracing::warn!(
+            server_rows = there,
+            store_rows = batch.rows(),
+            "ClickHouse holds part of this batch: sending only the rows after its latest"
+        );
+        let latest =
+            self.count(&format!("SELECT max(ts) FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
+        batch.keep_after(latest);
+        // Stacks are re-sent anyway: they may be what the failed request was carrying.
+        Ok(false)
+    }
+
+    /// Servers without `TTL`: drops the day partitions that ended before the retention.
+    fn drop_old_partitions(&mut self) -> Result<(), ShipError> {
+        if self.config.cluster.is_some() || self.retention_done.is_some_and(|t| t.elapsed() < RETENTION_EVERY) {
+            return Ok(());
+        }
+        let keep_from_day = now_ns().saturating_sub(self.config.max_age_secs.saturating_mul(SEC)) / schema::DAY_NS;
+        for table in [schema::SAMPLES, schema::FINDINGS, schema::EVENTS] {
+            let parts = self.client.query(&format!(
+                "SELECT DISTINCT partition FROM system.parts WHERE active AND database = {} AND table = {}",
+                schema::quote_str(&self.config.database),
+                schema::quote_str(table)
+            ))?;
+            for day in parts.lines().filter_map(|l| l.trim().parse::<u64>().ok()).filter(|&d| d < keep_from_day) {
+                tracing::info!(table, day, "dropping a day of ClickHouse rows past the retention");
+                self.client.query(&format!("ALTER TABLE {} DROP PARTITION {day}", self.table(table)))?;
+            }
+        }
+        self.retention_done = Some(Instant::now());
+        Ok(())
+    }
+}

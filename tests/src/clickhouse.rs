@@ -1,0 +1,119 @@
+//! A private ClickHouse server for one test: Debian's `clickhouse-server` (18.16) as a child
+//! process, on loopback ports, with its config and data in a directory of the test's. No
+//! systemd, nothing shared with a system server.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use crate::{Kill, skip, wait_for};
+
+pub const SERVER: &str = "/usr/sbin/clickhouse-server";
+
+pub struct ClickHouse {
+    pub dir: PathBuf,
+    pub http_port: u16,
+    tcp_port: u16,
+    child: Option<Kill>,
+}
+
+/// A port free on loopback now (the server binds it a moment later).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl ClickHouse {
+    /// Starts a server in `dir`, or says why it cannot (and under CI=true panics).
+    pub fn start(dir: &Path) -> Option<Self> {
+        if !Path::new(SERVER).exists() {
+            skip(&format!("{SERVER} is not installed: `apt-get install clickhouse-server` (or `cargo xtask setup`)"));
+            return None;
+        }
+        let mut ch = Self { dir: dir.to_path_buf(), http_port: free_port(), tcp_port: free_port(), child: None };
+        ch.write_config();
+        ch.restart();
+        Some(ch)
+    }
+
+    fn write_config(&self) {
+        let d = self.dir.display();
+        std::fs::create_dir_all(self.dir.join("data")).unwrap();
+        std::fs::write(
+            self.dir.join("config.xml"),
+            format!(
+                "<yandex>\n<logger><level>warning</level><log>{d}/server.log</log><errorlog>{d}/server.err</errorlog></logger>\n\
+                 <http_port>{}</http_port><tcp_port>{}</tcp_port><listen_host>127.0.0.1</listen_host>\n\
+                 <path>{d}/data/</path><tmp_path>{d}/tmp/</tmp_path><users_config>users.xml</users_config>\n\
+                 <default_profile>default</default_profile><default_database>default</default_database>\n\
+                 <mark_cache_size>5368709</mark_cache_size><uncompressed_cache_size>0</uncompressed_cache_size>\n</yandex>\n",
+                self.http_port, self.tcp_port
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            self.dir.join("users.xml"),
+            "<yandex><profiles><default></default></profiles><quotas><default></default></quotas>\n\
+             <users><default><password></password><networks><ip>127.0.0.1</ip></networks>\
+             <profile>default</profile><quota>default</quota></default></users></yandex>\n",
+        )
+        .unwrap();
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    /// Starts the server on the same directory and ports, and waits until it answers.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the server is running");
+        let child = Command::new(SERVER)
+            .arg(format!("--config-file={}", self.dir.join("config.xml").display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start clickhouse-server");
+        self.child = Some(Kill(child));
+        wait_for("ClickHouse to answer", Duration::from_secs(60), || {
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.0.try_wait()) {
+                let log = std::fs::read_to_string(self.dir.join("server.err")).unwrap_or_default();
+                panic!("clickhouse-server exited ({st}):\n{log}");
+            }
+            self.query("SELECT 1").ok().filter(|a| a.trim() == "1")
+        });
+    }
+
+    /// SIGKILL: whatever it was writing stays as it was.
+    pub fn kill9(&mut self) {
+        drop(self.child.take().expect("the server is running"));
+    }
+
+    /// Runs `sql`; the answer, or the server's error.
+    pub fn query(&self, sql: &str) -> Result<String, String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.http_port)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let req = format!(
+            "POST / HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{sql}",
+            sql.len()
+        );
+        s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&resp);
+        let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("no HTTP answer: {text}"))?;
+        if head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200") {
+            Ok(body.to_string())
+        } else {
+            Err(body.to_string())
+        }
+    }
+
+    /// A query whose answer is one number.
+    pub fn number(&self, sql: &str) -> u64 {
+        let a = self.query(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        a.trim().parse().unwrap_or_else(|_| panic!("{sql}: answered {a:?}"))
+    }
+}

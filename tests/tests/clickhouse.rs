@@ -1,0 +1,390 @@
+//! ClickHouse as the fleet store, the node side (issue 13): a real daemon ships to a private
+//! ClickHouse 18.16, and what ClickHouse holds is what the node's store holds, exactly: per
+//! (CPU, comm) counts and folded stacks for a window; then through a kill -9 of ClickHouse and
+//! a kill -9 of the daemon, 0 samples lost and 0 duplicated once caught up. The schema is also
+//! checked on today's ClickHouse (the embedded chdb from PyPI).
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use integration_tests::{
+    Daemon, Kill, clickhouse::ClickHouse, folded_window, helper_bin, now_secs, privileged, skip, wait_for,
+};
+use profiler::{
+    query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
+    ship::clickhouse::{Stats, schema},
+    store::Store,
+    text::folded_frame,
+};
+
+const NODE: &str = "ch-test-node";
+const SEC: u64 = 1_000_000_000;
+
+fn cursor_ns(data: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(data.join("ship/clickhouse.cursor")).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["next_ns"].as_u64()
+}
+
+fn wait_shipped(data: &Path, to_ns: u64) {
+    wait_for(&format!("the shipper's cursor to pass {}", to_ns / SEC), Duration::from_secs(120), || {
+        cursor_ns(data).is_some_and(|c| c >= to_ns).then_some(())
+    });
+}
+
+/// Busy samples per (CPU, comm) in `[a, b)`, and rows, from the node's store.
+fn local_counts(data: &Path, a: u64, b: u64) -> (BTreeMap<(u32, String), u64>, u64) {
+    let mut store = Store::open(data).unwrap();
+    let mut counts = BTreeMap::new();
+    let mut rows = 0;
+    for_each_sample(&mut store, Window::new(a, b).unwrap(), &Filter::default(), |s| {
+        *counts.entry((s.cpu, s.comm.to_string())).or_default() += s.count;
+        rows += 1;
+    })
+    .unwrap();
+    (counts, rows)
+}
+
+fn range(a: u64, b: u64) -> String {
+    format!("node = '{NODE}' AND ts >= {a} AND ts < {b}")
+}
+
+fn ch_counts(ch: &ClickHouse, a: u64, b: u64) -> (BTreeMap<(u32, String), u64>, u64) {
+    let sql = format!(
+        "SELECT cpu, comm, sum(count) AS n FROM profiler.samples WHERE {} GROUP BY cpu, comm FORMAT JSONEachRow",
+        range(a, b)
+    );
+    let mut counts = BTreeMap::new();
+    for line in ch.query(&sql).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        // 18.16 writes 64-bit integers as JSON strings.
+        let n = v["n"].as_str().map_or_else(|| v["n"].as_u64().unwrap(), |s| s.parse().unwrap());
+        counts.insert((v["cpu"].as_u64().unwrap() as u32, v["comm"].as_str().unwrap().to_string()), n);
+    }
+    (counts, ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(a, b))))
+}
+
+/// Folded stacks of `[a, b)` as ClickHouse answers them: samples joined with the stack
+/// dictionary (one row per stack id whatever merges have done yet).
+fn folded_sql(db: &str, node_range: &str) -> String {
+    format!(
+        "SELECT comm, frames, kernel, sum(count) AS n FROM {db}.samples ANY LEFT JOIN \
+         (SELECT stack_id, any(frames) AS frames, any(kernel) AS kernel FROM {db}.stacks GROUP BY stack_id) AS s \
+         USING stack_id WHERE {node_range} GROUP BY comm, frames, kernel FORMAT JSONEachRow"
+    )
+}
+
+fn ch_folded(ch: &ClickHouse, a: u64, b: u64) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in ch.query(&folded_sql("profiler", &range(a, b))).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let mut folded = folded_frame(v["comm"].as_str().unwrap(), true).into_owned();
+        let kernel = v["kernel"].as_array().unwrap();
+        for (f, k) in v["frames"].as_array().unwrap().iter().zip(kernel) {
+            let k = k.as_u64() == Some(1);
+            folded.push(';');
+            folded.push_str(&folded_frame(f.as_str().unwrap(), !k));
+            if k {
+                folded.push_str(KERNEL_SUFFIX);
+            }
+        }
+        let n = v["n"].as_str().map_or_else(|| v["n"].as_u64().unwrap(), |s| s.parse().unwrap());
+        *out.entry(folded).or_default() += n;
+    }
+    out
+}
+
+/// Rows of the node that share (ts, cpu, tid) with another: a sample shipped twice.
+fn duplicates(ch: &ClickHouse) -> u64 {
+    ch.number(&format!(
+        "SELECT count() FROM (SELECT ts, cpu, tid, count() AS c FROM profiler.samples WHERE node = '{NODE}' \
+         GROUP BY ts, cpu, tid HAVING c > 1)"
+    ))
+}
+
+/// Everything shipped so far equals the store up to the cursor: nothing lost, nothing twice.
+fn assert_caught_up(ch: &ClickHouse, data: &Path, what: &str) {
+    let to = cursor_ns(data).unwrap();
+    let (local, local_rows) = local_counts(data, 1, to);
+    let (remote, remote_rows) = ch_counts(ch, 1, to);
+    assert_eq!(duplicates(ch), 0, "{what}: samples shipped twice");
+    let orphans = ch.number(&format!(
+        "SELECT count() FROM profiler.samples WHERE node = '{NODE}' AND stack_id NOT IN (SELECT stack_id FROM profiler.stacks)"
+    ));
+    assert_eq!(orphans, 0, "{what}: samples whose stack is not in the stacks table");
+    assert_eq!(remote, local, "{what}: per (CPU, comm) counts up to {}", to / SEC);
+    assert_eq!(remote_rows, local_rows, "{what}: rows up to {}", to / SEC);
+    eprintln!("{what}: {local_rows} rows up to {} match exactly", to / SEC);
+}
+
+/// Every finding the store keeps that started before the cursor is in ClickHouse, and those
+/// that closed before it closed there too (the spinning helper saturates CPU 1; the finding the
+/// killed daemon left open is closed by the next one, with an end already shipped past).
+fn assert_findings_shipped(ch: &ClickHouse, data: &Path) {
+    let to = cursor_ns(data).unwrap();
+    let local = profiler::detect::log::findings_in(data, 0, to).unwrap();
+    assert!(local.iter().any(|f| f.cpu == Some(1)), "no finding about the busy CPU 1: {local:?}");
+    let sql = format!(
+        "SELECT id, argMax(end_ts, version) AS e FROM profiler.findings WHERE node = '{NODE}' GROUP BY id \
+         FORMAT JSONEachRow"
+    );
+    let mut remote = BTreeMap::new();
+    for line in ch.query(&sql).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let e = v["e"].as_str().map_or_else(|| v["e"].as_u64().unwrap(), |s| s.parse().unwrap());
+        remote.insert(v["id"].as_str().unwrap().to_string(), e);
+    }
+    for f in local.iter().filter(|f| f.start_ns < to) {
+        let end = remote.get(&f.id).unwrap_or_else(|| panic!("finding {} not in ClickHouse: {remote:?}", f.id));
+        if let Some(local_end) = f.end_ns.filter(|&e| e + 5 * SEC < to) {
+            assert_eq!(*end, local_end, "finding {}: end in ClickHouse vs the store", f.id);
+        }
+    }
+    eprintln!("{} findings in ClickHouse, as in the store", remote.len());
+}
+
+fn start_daemon(data: &Path, ch: &ClickHouse) -> Daemon {
+    let url = ch.url();
+    // The busy CPU 1 is a finding even while other builds keep the machine busy.
+    let config = data.with_extension("toml");
+    std::fs::write(&config, "[detect]\nmachine_busy_max = 1.0\n").unwrap();
+    let config = config.to_str().unwrap();
+    let args = ["--listen", "off", "--node", NODE, "--clickhouse", &url, "--config", config];
+    let mut d = Daemon::start(data, &args);
+    d.wait_ready();
+    d
+}
+
+#[test]
+fn clickhouse_holds_what_the_store_holds_through_server_and_daemon_kills() {
+    if !privileged("clickhouse_holds_what_the_store_holds_through_server_and_daemon_kills") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(mut ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    let _busy = Kill(Command::new(helper_bin()).args(["1", "600"]).stdout(Stdio::null()).spawn().unwrap());
+    let mut daemon = start_daemon(&data, &ch);
+
+    // 1. A window, exactly.
+    let a = now_secs().ceil() as u64 + 1;
+    let b = a + 5;
+    wait_shipped(&data, b * SEC);
+    let (local, _) = local_counts(&data, a * SEC, b * SEC);
+    let (remote, rows) = ch_counts(&ch, a * SEC, b * SEC);
+    assert!(local.iter().any(|((cpu, comm), n)| *cpu == 1 && comm == "busy-helper" && *n > 100), "{local:?}");
+    assert_eq!(remote, local, "per (CPU, comm) counts of [{a}, {b})");
+    let mut folded: BTreeMap<String, u64> = BTreeMap::new();
+    for (line, n) in folded_window(data.to_str().unwrap(), a as f64, b as f64, &[]).unwrap() {
+        *folded.entry(line).or_default() += n;
+    }
+    let remote_folded = ch_folded(&ch, a * SEC, b * SEC);
+    assert!(remote_folded.keys().any(|l| l.contains("profiler_test_hot_loop")), "{remote_folded:?}");
+    assert_eq!(remote_folded, folded, "folded stacks of [{a}, {b})");
+    eprintln!("window [{a}, {b}): {rows} rows, {} stacks match", folded.len());
+
+    // 2. ClickHouse killed while the daemon ships, then restarted on its data.
+    ch.kill9();
+    let killed = now_secs();
+    wait_for("the shipper to notice", Duration::from_secs(60), || {
+        daemon.log_text().contains("shipping to ClickHouse failed").then_some(())
+    });
+    daemon.wait_ready_since(killed + 8.0);
+    ch.restart();
+    let back = now_secs().ceil() as u64;
+    wait_shipped(&data, (back + 2) * SEC);
+    assert_caught_up(&ch, &data, "after ClickHouse's kill -9");
+
+    // 3. The daemon killed, then restarted: it resumes from its cursor.
+    daemon.kill9();
+    let daemon = start_daemon(&data, &ch);
+    let again = now_secs().ceil() as u64;
+    wait_shipped(&data, (again + 2) * SEC);
+    assert_caught_up(&ch, &data, "after the daemon's kill -9");
+    assert!(daemon.log_text().contains("shipping samples to ClickHouse"));
+    assert_findings_shipped(&ch, &data);
+
+    // What it costs in ClickHouse (printed for BENCHMARKS.md; run with --nocapture).
+    let rows = ch.number("SELECT count() FROM profiler.samples");
+    for table in ["samples", "stacks"] {
+        let bytes = ch.number(&format!(
+            "SELECT sum(data_compressed_bytes) FROM system.columns WHERE database = 'profiler' AND table = '{table}'"
+        ));
+        eprintln!("{table}: {bytes} compressed bytes, {:.1} per sample row", bytes as f64 / rows as f64);
+    }
+}
+
+#[test]
+fn schema_and_folded_query_run_on_current_clickhouse() {
+    let probe = Command::new("python3").args(["-c", "import chdb"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        skip("the PyPI package chdb (embedded current ClickHouse) is not installed: `pip install chdb`");
+        return;
+    }
+    let mut statements = schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800) });
+    statements.push(
+        "INSERT INTO p.stacks VALUES (7, ['main', 'do_syscall_64'], [0, 1]), (7, ['main', 'do_syscall_64'], [0, 1])"
+            .into(),
+    );
+    statements.push(format!("INSERT INTO p.samples VALUES ('{NODE}', 5, 1, 2, 3, 'bash', 7, '', 4)"));
+    statements.push(folded_sql("p", &range(0, 10)).replace(" FORMAT JSONEachRow", " FORMAT TSV"));
+    let tmp = tempfile::tempdir().unwrap();
+    let script = "import sys, json\nfrom chdb.session import Session\ns = Session(sys.argv[1])\n\
+                  out = ''\nfor q in json.load(sys.stdin):\n    out = str(s.query(q))\nprint(out)\n";
+    let mut child = Command::new("python3")
+        .args(["-c", script, tmp.path().join("chdb").to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(serde_json::to_string(&statements).unwrap().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "chdb refused the schema: {}", String::from_utf8_lossy(&out.stderr));
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(answer.trim(), "bash\t['main','do_syscall_64']\t[0,1]\t4", "the folded query on chdb");
+}
+
+/// A store written directly (no BPF, no root): `cpus` CPUs at 50 Hz for `secs` that ended 30 s
+/// ago.
+fn synthetic_store(data: &Path, cpus: u32, secs: u64) -> (u64, u64) {
+    synthetic_store_ending(data, cpus, secs, (now_secs() as u64 - 30) * SEC)
+}
+
+fn synthetic_store_ending(data: &Path, cpus: u32, secs: u64, end: u64) -> (u64, u64) {
+    use std::sync::Arc;
+
+    use profiler::{
+        model::{Sample, Stack},
+        store::{StoreWriter, create_and_lock, segments_dir},
+    };
+    let _lock = create_and_lock(data).unwrap();
+    let start = end - secs * SEC;
+    let stacks: Vec<Arc<Stack>> = (0..20)
+        .map(|i| {
+            let frames = ["main".to_string(), format!("work_{i}"), "do_syscall_64".into()];
+            Arc::new(Stack { frames: frames.iter().map(|f| Arc::from(f.as_str())).collect(), user_len: 2 })
+        })
+        .collect();
+    let mut w = StoreWriter::new(&segments_dir(data));
+    let mut ts = start;
+    let mut i = 0u64;
+    while ts < end {
+        for cpu in 0..cpus {
+            w.push(&Sample {
+                ts_ns: ts + u64::from(cpu) * 1000,
+                cpu,
+                pid: 100 + cpu,
+                tid: 100 + cpu,
+                cgroup_id: 0,
+                comm: Arc::from(["app", "db", "web"][cpu as usize % 3]),
+                stack: stacks[(i % 20) as usize].clone(),
+                workload: Arc::from(""),
+            });
+            i += 1;
+        }
+        ts += SEC / 50;
+        if ts.is_multiple_of(SEC) {
+            w.flush(ts).unwrap();
+        }
+    }
+    w.flush(end).unwrap();
+    (start, end)
+}
+
+/// Runs a shipper over `data` until its cursor passes `to`; returns its figures.
+fn ship_until(ch: &ClickHouse, data: &Path, to: u64, batch_rows: usize) -> std::sync::Arc<Stats> {
+    ship_while(ch, data, batch_rows, 86_400, || wait_shipped(data, to))
+}
+
+/// Runs a shipper (the store's age limit `max_age_secs`) while `wait` waits.
+fn ship_while(
+    ch: &ClickHouse,
+    data: &Path,
+    batch_rows: usize,
+    max_age_secs: u64,
+    wait: impl FnOnce(),
+) -> std::sync::Arc<Stats> {
+    use std::sync::{Arc, atomic::AtomicBool};
+
+    use profiler::ship::clickhouse::{Config, FileConfig, spawn};
+    let file = FileConfig { batch_rows: Some(batch_rows), ..Default::default() };
+    let config = Config::resolve(Some(ch.url()), Some(&file), NODE, data.to_path_buf(), max_age_secs).unwrap().unwrap();
+    let stats = Arc::new(Stats::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = spawn(config, stats.clone(), stop.clone()).unwrap();
+    wait();
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    thread.join().unwrap();
+    stats
+}
+
+#[test]
+fn a_lost_cursor_sends_nothing_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    let (start, end) = synthetic_store(&data, 3, 60);
+    let first = ship_until(&ch, &data, end, 1000);
+    let rows = Stats::get(&first.rows);
+    assert_eq!(rows, 60 * 50 * 3, "every synthetic sample shipped");
+    assert_eq!(Stats::get(&first.errors), 0);
+    assert!(Stats::get(&first.stacks) >= 20);
+    assert_caught_up(&ch, &data, "first run");
+    let status = integration_tests::status_json(&data).expect("profiler status --format json");
+    assert_eq!(status["clickhouse"]["next_ns"].as_u64(), cursor_ns(&data), "the cursor in `profiler status`");
+
+    // The worst case of a crash between an insert and the cursor write: no cursor at all (a
+    // data directory restored from a backup). Every batch the server holds is skipped.
+    std::fs::remove_file(data.join("ship/clickhouse.cursor")).unwrap();
+    let second = ship_until(&ch, &data, end, 1000);
+    assert_eq!(Stats::get(&second.rows), 0, "nothing sent again");
+    assert!(Stats::get(&second.batches_already_there) >= 6, "each 10 s batch found there");
+    assert_caught_up(&ch, &data, "after the lost cursor");
+    assert_eq!(ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(start, end))), rows);
+}
+
+/// 18.16 has no TTL: the shipper drops the day partitions past the store's age limit itself.
+#[test]
+fn days_past_the_retention_are_dropped_on_a_server_without_ttl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    if ch.query("SELECT version()").unwrap().starts_with("18.") {
+        let data = tmp.path().join("data");
+        // A minute three days ago.
+        let (start, end) = synthetic_store_ending(&data, 2, 60, (now_secs() as u64 - 3 * 86_400) * SEC);
+        let shipped = ship_until(&ch, &data, end, 1000);
+        assert_eq!(Stats::get(&shipped.rows), 60 * 50 * 2);
+        // A shipper with a one-day limit drops that day on its first step.
+        let count = || ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(start, end)));
+        ship_while(&ch, &data, 1000, 86_400, || {
+            wait_for("the old day dropped", Duration::from_secs(30), || (count() == 0).then_some(()))
+        });
+    } else {
+        eprintln!("this ClickHouse knows TTL: the table has one, nothing to drop by hand");
+    }
+}
+
+/// Ingest rate of one shipper into one 18.16 server (a figure, not a check: `--ignored`).
+#[test]
+#[ignore]
+fn ingest_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    let (_, end) = synthetic_store(&data, 32, 300);
+    let t = std::time::Instant::now();
+    let stats = ship_until(&ch, &data, end, 200_000);
+    let secs = t.elapsed().as_secs_f64();
+    let rows = Stats::get(&stats.rows);
+    let bytes = Stats::get(&stats.sample_bytes);
+    eprintln!(
+        "{rows} rows in {secs:.1} s: {:.0} rows/s, {:.1} bytes per row on the wire",
+        rows as f64 / secs,
+        bytes as f64 / rows as f64
+    );
+}
