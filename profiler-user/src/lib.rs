@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod detect;
 pub mod export;
+pub mod fleet;
 pub mod identity;
 pub mod logs;
 pub mod model;

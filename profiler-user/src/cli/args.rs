@@ -1,10 +1,11 @@
 //! Flags and checks several commands share: the data directory, the time window, the
 //! sample filters, and the text/JSON choice.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use profiler::{
+    fleet::{Fleet, mirror::Mirror},
     query::{Filter, Window},
     store::Store,
     timespec,
@@ -17,6 +18,90 @@ pub struct DataDir {
     /// Where the daemon stores samples.
     #[arg(long, default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
+}
+
+/// Where a read command reads: the node's store, or what a node shipped to ClickHouse.
+#[derive(clap::Args)]
+pub struct Source {
+    #[command(flatten)]
+    pub dir: DataDir,
+    /// Read what a daemon shipped to this ClickHouse (http://[USER[:PASSWORD]@]HOST:PORT)
+    /// instead of the data directory: the same answer, for any node of the fleet.
+    #[arg(long, value_name = "URL")]
+    pub clickhouse: Option<String>,
+    /// With --clickhouse: the database the daemons ship to.
+    #[arg(long, default_value = "profiler", requires = "clickhouse")]
+    pub database: String,
+    /// With --clickhouse: the node to read (its daemon's --node); needed when several shipped.
+    #[arg(long, requires = "clickhouse")]
+    pub node: Option<String>,
+}
+
+/// A [`Source`] ready to read: a data directory, the node's store or a private copy.
+pub struct Opened {
+    data_dir: PathBuf,
+    fleet: Option<(Fleet, Mirror)>,
+}
+
+impl Source {
+    /// For a copy from ClickHouse: the node's findings and events now, its samples with
+    /// [`Opened::load`].
+    pub fn open(&self) -> anyhow::Result<Opened> {
+        let Some(url) = &self.clickhouse else {
+            return Ok(Opened { data_dir: self.dir.data_dir.clone(), fleet: None });
+        };
+        let fleet = Fleet::new(url, &self.database)?;
+        let node = fleet.node(self.node.as_deref())?;
+        let mirror = Mirror::new(&fleet, node)?;
+        Ok(Opened { data_dir: mirror.data_dir().to_path_buf(), fleet: Some((fleet, mirror)) })
+    }
+}
+
+impl Opened {
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Copies the samples of the span of `windows` when reading from ClickHouse; opens the store.
+    pub fn load(&mut self, windows: &[Window]) -> anyhow::Result<Store> {
+        if let Some((fleet, mirror)) = &mut self.fleet {
+            let from = windows.iter().map(|w| w.from_ns).min().expect("a window");
+            let to = windows.iter().map(|w| w.to_ns).max().expect("a window");
+            mirror.copy(fleet, Window::new(from, to)?)?;
+        }
+        Ok(Store::open(&self.data_dir)?)
+    }
+
+    /// What the data is, for sentences: the directory, or the node in ClickHouse.
+    pub fn describe(&self) -> String {
+        match &self.fleet {
+            Some((_, m)) => format!("what node {} shipped to ClickHouse", m.node.name),
+            None => self.data_dir.display().to_string(),
+        }
+    }
+
+    /// Refuses a window the data holds nothing of, saying what it does hold.
+    pub fn require_data(&self, store: &mut Store, w: Window) -> anyhow::Result<()> {
+        match store.span()? {
+            Some((a, b)) if a < w.to_ns && b > w.from_ns => Ok(()),
+            // The copy holds the window only: what it spans says nothing.
+            _ if self.fleet.is_some() => anyhow::bail!(
+                "no samples between {} and {} in {}",
+                timespec::format(w.from_ns),
+                timespec::format(w.to_ns),
+                self.describe()
+            ),
+            Some((a, b)) => anyhow::bail!(
+                "no samples between {} and {} in {} (it holds {} to {})",
+                timespec::format(w.from_ns),
+                timespec::format(w.to_ns),
+                self.describe(),
+                timespec::format(a),
+                timespec::format(b)
+            ),
+            None => anyhow::bail!("the store in {} is empty: is the daemon running?", self.describe()),
+        }
+    }
 }
 
 /// `--from`/`--to`.
@@ -77,22 +162,6 @@ impl FilterArgs {
 pub enum StatusFormat {
     Text,
     Json,
-}
-
-/// Refuses a window the store holds nothing of, saying what it does hold.
-pub fn require_data(store: &mut Store, w: Window) -> anyhow::Result<()> {
-    match store.span()? {
-        Some((a, b)) if a < w.to_ns && b > w.from_ns => Ok(()),
-        Some((a, b)) => anyhow::bail!(
-            "no samples between {} and {} in {} (it holds {} to {})",
-            timespec::format(w.from_ns),
-            timespec::format(w.to_ns),
-            store.data_dir().display(),
-            timespec::format(a),
-            timespec::format(b)
-        ),
-        None => anyhow::bail!("the store in {} is empty: is the daemon running?", store.data_dir().display()),
-    }
 }
 
 pub fn window_of(from: &str, to: &str) -> anyhow::Result<Window> {

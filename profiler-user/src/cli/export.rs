@@ -6,12 +6,12 @@ use clap::ValueEnum;
 use profiler::{
     export::{flamegraph, otlp, perf_script, pprof, speedscope},
     query,
-    store::{Meta, Store},
+    store::Meta,
     timespec,
 };
 
 use super::{
-    args::{DataDir, FilterArgs, WindowArgs, require_data, window_of},
+    args::{FilterArgs, Source, WindowArgs, window_of},
     output::open_output,
 };
 
@@ -34,7 +34,7 @@ pub enum ExportFormat {
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub dir: DataDir,
+    pub source: Source,
     #[command(flatten)]
     pub window: WindowArgs,
     #[command(flatten)]
@@ -46,12 +46,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Args { dir, window, filter, format, output } = args;
+    let Args { source, window, filter, format, output } = args;
     let w = window_of(&window.from, &window.to)?;
-    let mut store = Store::open(&dir.data_dir)?;
-    require_data(&mut store, w)?;
+    let mut src = source.open()?;
+    let mut store = src.load(&[w])?;
+    src.require_data(&mut store, w)?;
     let filter = filter.filter();
-    let meta = Meta::read(&dir.data_dir);
+    let meta = Meta::read(src.data_dir());
     let hz = meta.as_ref().map_or(99, |m| m.frequency_hz);
     let mut out = open_output(output.as_deref())?;
     match format {

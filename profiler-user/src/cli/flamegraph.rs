@@ -1,7 +1,7 @@
 //! `profiler flamegraph`: a window (or the window around a finding) as SVG or folded stacks,
 //! or against a baseline window.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::ValueEnum;
 use profiler::{
@@ -9,12 +9,11 @@ use profiler::{
     detect,
     export::flamegraph,
     query::{self, Filter, Window},
-    store::Store,
     timespec,
 };
 
 use super::{
-    args::{DataDir, FilterArgs},
+    args::{FilterArgs, Opened, Source},
     output::open_output,
 };
 
@@ -22,7 +21,7 @@ use super::{
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub dir: DataDir,
+    pub source: Source,
     /// Start: RFC 3339, unix seconds, `now`, or relative (-30s, -5m, -1h).
     #[arg(long, allow_hyphen_values = true, required_unless_present = "around")]
     pub from: Option<String>,
@@ -64,13 +63,26 @@ pub enum Format {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Args { dir, from, to, around, before, after, filter, include_idle, baseline_from, baseline_to, format, output } =
-        args;
+    let Args {
+        source,
+        from,
+        to,
+        around,
+        before,
+        after,
+        filter,
+        include_idle,
+        baseline_from,
+        baseline_to,
+        format,
+        output,
+    } = args;
     let now = timespec::now_ns();
     let mut filter = filter.filter();
+    let mut src = source.open()?;
     let window = match around {
         Some(id) => {
-            let (window, finding_cpu) = around_window(&dir.data_dir, &id, &before, &after)?;
+            let (window, finding_cpu) = around_window(&src, &id, &before, &after)?;
             if filter.cpus.is_empty() {
                 filter.cpus.extend(finding_cpu);
             }
@@ -82,7 +94,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?,
     };
     let filter = Filter { include_idle, ..filter };
-    let mut store = Store::open(&dir.data_dir)?;
+    let baseline = match (baseline_from, baseline_to) {
+        (Some(bf), Some(bt)) => Some(Window::new(timespec::parse(&bf, now)?, timespec::parse(&bt, now)?)?),
+        _ => None,
+    };
+    let mut store = src.load(&[&[window][..], baseline.as_slice()].concat())?;
     let result = query::fold(&mut store, window, &filter);
     for w in store.take_warnings() {
         tracing::warn!("{w}");
@@ -97,8 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let mut out = open_output(output.as_deref())?;
-    if let (Some(bf), Some(bt)) = (baseline_from, baseline_to) {
-        let base_window = Window::new(timespec::parse(&bf, now)?, timespec::parse(&bt, now)?)?;
+    if let Some(base_window) = baseline {
         let baseline = query::fold(&mut store, base_window, &filter)?;
         if let Format::Folded = format {
             anyhow::bail!("a differential flamegraph is SVG only: drop --format folded");
@@ -137,7 +152,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The window around a finding (from `before` its start to `after` its end) or an event.
-fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow::Result<(Window, Option<u32>)> {
+fn around_window(src: &Opened, id: &str, before: &str, after: &str) -> anyhow::Result<(Window, Option<u32>)> {
+    let data_dir = src.data_dir();
     profiler::store::check_dir(data_dir)?;
     let dur = |what: &str, v: &str| {
         timespec::parse_duration_ns(v)
@@ -154,6 +170,6 @@ fn around_window(data_dir: &Path, id: &str, before: &str, after: &str) -> anyhow
     }
     anyhow::bail!(
         "no finding or event has the id '{id}' in {}; `profiler findings` and `profiler events` list them",
-        data_dir.display()
+        src.describe()
     )
 }

@@ -7,12 +7,12 @@ use profiler::{
     detect,
     export::{cputime, heatmap},
     query,
-    store::{Meta, Store},
+    store::Meta,
     timespec,
 };
 
 use super::{
-    args::{DataDir, FilterArgs, WindowArgs, require_data, window_of},
+    args::{FilterArgs, Source, WindowArgs, window_of},
     output::open_output,
 };
 
@@ -29,7 +29,7 @@ pub enum GridFormat {
 #[derive(clap::Args)]
 pub struct HeatmapArgs {
     #[command(flatten)]
-    pub dir: DataDir,
+    pub source: Source,
     #[command(flatten)]
     pub window: WindowArgs,
     #[command(flatten)]
@@ -46,7 +46,7 @@ pub struct HeatmapArgs {
 #[derive(clap::Args)]
 pub struct CputimeArgs {
     #[command(flatten)]
-    pub dir: DataDir,
+    pub source: Source,
     #[command(flatten)]
     pub window: WindowArgs,
     /// Bucket width (10ms and up).
@@ -59,12 +59,13 @@ pub struct CputimeArgs {
 }
 
 pub fn heatmap(args: HeatmapArgs) -> anyhow::Result<()> {
-    let HeatmapArgs { dir, window, filter, rows, format, output } = args;
+    let HeatmapArgs { source, window, filter, rows, format, output } = args;
     let w = window_of(&window.from, &window.to)?;
-    let mut store = Store::open(&dir.data_dir)?;
-    require_data(&mut store, w)?;
+    let mut src = source.open()?;
+    let mut store = src.load(&[w])?;
+    src.require_data(&mut store, w)?;
     let filter = filter.filter();
-    query::check_filter(&filter, Meta::read(&dir.data_dir).as_ref())?;
+    query::check_filter(&filter, Meta::read(src.data_dir()).as_ref())?;
     let grid = query::subsecond_grid(&mut store, w, rows as usize, &filter)?;
     if grid.coarsened() {
         eprintln!("note: {}", heatmap::coarsened_reason(&grid));
@@ -87,19 +88,20 @@ pub fn heatmap(args: HeatmapArgs) -> anyhow::Result<()> {
 }
 
 pub fn cputime(args: CputimeArgs) -> anyhow::Result<()> {
-    let CputimeArgs { dir, window, bucket, format, output } = args;
+    let CputimeArgs { source, window, bucket, format, output } = args;
     let w = window_of(&window.from, &window.to)?;
     let bucket_ns = timespec::parse_duration_ns(&bucket).filter(|&b| b >= 10_000_000).ok_or_else(|| {
         anyhow::anyhow!("--bucket '{bucket}' must be a duration of 10ms or more (10ms, 100ms, 1s, 1m)")
     })?;
-    let mut store = Store::open(&dir.data_dir)?;
-    require_data(&mut store, w)?;
-    let (cpus, hz) = Meta::cpus_and_frequency(&dir.data_dir);
+    let mut src = source.open()?;
+    let mut store = src.load(&[w])?;
+    src.require_data(&mut store, w)?;
+    let (cpus, hz) = Meta::cpus_and_frequency(src.data_dir());
     let grid = query::cpu_time(&mut store, w, bucket_ns, cpus, hz)?;
     if let Some(c) = cputime::coarsened(&grid) {
         eprintln!("note: {}", c.reason);
     }
-    let found = detect::log::findings_in(&dir.data_dir, w.from_ns, w.to_ns)?;
+    let found = detect::log::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
     let title = format!("CPU x time, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
     let mut out = open_output(output.as_deref())?;
     match format {

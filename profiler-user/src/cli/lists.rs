@@ -5,13 +5,13 @@ use std::path::Path;
 
 use profiler::{detect, query::Window, text, timespec};
 
-use super::args::{DataDir, StatusFormat, window_of};
+use super::args::{Source, StatusFormat, window_of};
 
 // The commands' help is the doc comment of their `Command` variants.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub dir: DataDir,
+    pub source: Source,
     #[arg(long, allow_hyphen_values = true, default_value = "-1h")]
     pub from: String,
     #[arg(long, allow_hyphen_values = true, default_value = "now")]
@@ -21,7 +21,6 @@ pub struct Args {
 }
 
 fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
-    profiler::store::check_dir(data_dir)?;
     let w = window_of(from, to)?;
     print_list(&detect::log::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, |f| {
         let end = match f.end_ns {
@@ -41,7 +40,6 @@ fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> a
 }
 
 fn events_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
-    profiler::store::check_dir(data_dir)?;
     let w = window_of(from, to)?;
     print_list(&detect::log::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
         format!("{}  {}  {}", text::visible(&e.id), timespec::format(e.ts_ns), text::visible(&e.message))
@@ -49,11 +47,15 @@ fn events_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> any
 }
 
 pub fn findings(args: Args) -> anyhow::Result<()> {
-    findings_of(&args.dir.data_dir, &args.from, &args.to, args.format)
+    let src = args.source.open()?;
+    profiler::store::check_dir(src.data_dir())?;
+    findings_of(src.data_dir(), &args.from, &args.to, args.format)
 }
 
 pub fn events(args: Args) -> anyhow::Result<()> {
-    events_of(&args.dir.data_dir, &args.from, &args.to, args.format)
+    let src = args.source.open()?;
+    profiler::store::check_dir(src.data_dir())?;
+    events_of(src.data_dir(), &args.from, &args.to, args.format)
 }
 
 /// A list as JSON, or one text line per item (a sentence when there is none).

@@ -11,7 +11,7 @@ use profiler::{
 };
 
 use super::{
-    args::{DataDir, WindowArgs, require_data, window_of},
+    args::{Source, WindowArgs, window_of},
     output::open_output,
 };
 
@@ -19,7 +19,7 @@ use super::{
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub dir: DataDir,
+    pub source: Source,
     #[command(flatten)]
     pub window: WindowArgs,
     #[arg(short, long)]
@@ -27,25 +27,44 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    report(&args.dir.data_dir, &args.window, &args.output)
+    let w = window_of(&args.window.from, &args.window.to)?;
+    let mut src = args.source.open()?;
+    let now = timespec::now_ns();
+    // The flamegraph of each finding reaches 5 s before it.
+    let found = detect::log::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
+    let reach =
+        found.iter().take(MAX_FINDING_FLAMEGRAPHS).map(|f| finding_window(f, now)).collect::<Result<Vec<_>, _>>()?;
+    let mut store = src.load(&[&[w][..], &reach].concat())?;
+    src.require_data(&mut store, w)?;
+    report(src.data_dir(), &mut store, w, &found, &reach, &args.output)
 }
 
-fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result<()> {
-    let w = window_of(&window.from, &window.to)?;
-    let mut store = Store::open(data_dir)?;
-    require_data(&mut store, w)?;
+/// Findings a report draws a flamegraph of.
+const MAX_FINDING_FLAMEGRAPHS: usize = 12;
+
+/// 5 s before a finding to 1 s after its end.
+fn finding_window(f: &detect::Finding, now: u64) -> Result<Window, query::QueryError> {
+    Window::new(f.start_ns.saturating_sub(5_000_000_000), f.end_ns.unwrap_or(now).max(f.start_ns) + 1_000_000_000)
+}
+
+fn report(
+    data_dir: &Path,
+    store: &mut Store,
+    w: Window,
+    found: &[detect::Finding],
+    windows: &[Window],
+    output: &Path,
+) -> anyhow::Result<()> {
     let meta = Meta::read(data_dir);
     let (cpus, hz) = Meta::cpus_and_frequency(data_dir);
-    let now = timespec::now_ns();
-    let found = detect::log::findings_in(data_dir, w.from_ns, w.to_ns)?;
     let events = detect::log::events_in(data_dir, w.from_ns, w.to_ns)?;
     let mut heat = Vec::new();
-    let grid = query::subsecond_grid(&mut store, w, 50, &Filter::default())?;
+    let grid = query::subsecond_grid(store, w, 50, &Filter::default())?;
     heatmap::write_png(&grid, &mut heat)?;
     let mut cpu = Vec::new();
     let bucket = ((w.to_ns - w.from_ns) / 600).max(1_000_000_000) / 1_000_000_000 * 1_000_000_000;
-    let ct = query::cpu_time(&mut store, w, bucket, cpus, hz)?;
-    cputime::write_svg(&ct, &found, "CPU x time", &mut cpu)?;
+    let ct = query::cpu_time(store, w, bucket, cpus, hz)?;
+    cputime::write_svg(&ct, found, "CPU x time", &mut cpu)?;
     let mut flamegraphs = Vec::new();
     let mut flame = |title: String, win: Window, filter: Filter, store: &mut Store| -> anyhow::Result<()> {
         match query::fold(store, win, &filter) {
@@ -59,14 +78,10 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
         }
         Ok(())
     };
-    flame("Flamegraph of the whole window".into(), w, Filter::default(), &mut store)?;
-    for f in found.iter().take(12) {
-        let win = Window::new(
-            f.start_ns.saturating_sub(5_000_000_000),
-            f.end_ns.unwrap_or(now).max(f.start_ns) + 1_000_000_000,
-        )?;
+    flame("Flamegraph of the whole window".into(), w, Filter::default(), store)?;
+    for (f, &win) in found.iter().zip(windows) {
         let filter = Filter { cpus: f.cpu.into_iter().collect(), ..Default::default() };
-        flame(format!("{}: {}", f.id, f.summary), win, filter, &mut store)?;
+        flame(format!("{}: {}", f.id, f.summary), win, filter, store)?;
     }
     let r = report::Report {
         title: format!("CPU profile of {}", meta.as_ref().map_or("this machine", |m| m.hostname.as_str())),
@@ -74,7 +89,7 @@ fn report(data_dir: &Path, window: &WindowArgs, output: &Path) -> anyhow::Result
         to_ns: w.to_ns,
         heatmap_png: heat,
         cputime_svg: cpu,
-        findings: found,
+        findings: found.to_vec(),
         events,
         flamegraphs,
     };

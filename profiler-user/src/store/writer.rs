@@ -199,6 +199,13 @@ impl StoreWriter {
         *self.pending.entry(ts_ns / NS_PER_SEC).or_default().idle.entry(cpu).or_default() += 1;
     }
 
+    /// Idle samples of a second (unix seconds), counted elsewhere (a copy of a store).
+    pub fn add_idle_at(&mut self, second: u64, cpu: u32, count: u64) {
+        if count > 0 {
+            *self.pending.entry(second).or_default().idle.entry(cpu).or_default() += count;
+        }
+    }
+
     /// Samples the kernel side dropped; recorded with the next block written.
     pub fn add_lost(&mut self, cpu: u32, count: u64) {
         if count > 0 {

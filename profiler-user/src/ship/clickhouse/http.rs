@@ -44,9 +44,34 @@ impl Client {
         answer(resp)
     }
 
+    /// Runs one query and returns the answer's bytes (a `RowBinary` result is not text).
+    pub fn query_bytes(&self, sql: &str) -> Result<Vec<u8>, ShipError> {
+        let mut req = self.agent.post(&self.url);
+        if let Some(a) = &self.auth {
+            req = req.header("Authorization", a);
+        }
+        let mut resp = req.send(sql.as_bytes()).map_err(|e| ShipError::Http(e.to_string()))?;
+        if resp.status().as_u16() != 200 {
+            return answer(resp).map(String::into_bytes);
+        }
+        // No cap here: the caller bounds the rows a query may return with `LIMIT`.
+        resp.body_mut().with_config().limit(u64::MAX).read_to_vec().map_err(|e| ShipError::Http(e.to_string()))
+    }
+
     /// Inserts `rows` in `format` (`RowBinary`, `JSONEachRow`) into `table` (qualified,
     /// quoted); returns the bytes sent.
     pub fn insert(&self, table: &str, format: &str, rows: &[u8]) -> Result<usize, ShipError> {
+        self.insert_with(table, format, rows, &[])
+    }
+
+    /// [`Client::insert`] with settings for this insert (`name`, `value`).
+    pub fn insert_with(
+        &self,
+        table: &str,
+        format: &str,
+        rows: &[u8],
+        settings: &[(&str, &str)],
+    ) -> Result<usize, ShipError> {
         // Fast level: on the node CPU matters more than the last bytes (level 6 saved ~10 %).
         let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(rows.len() / 4), flate2::Compression::fast());
         gz.write_all(rows).and_then(|_| gz.flush()).map_err(|e| ShipError::Http(e.to_string()))?;
@@ -55,6 +80,7 @@ impl Client {
             .agent
             .post(&self.url)
             .query("query", format!("INSERT INTO {table} FORMAT {format}"))
+            .query_pairs(settings.iter().copied())
             .header("Content-Encoding", "gzip");
         if let Some(a) = &self.auth {
             req = req.header("Authorization", a);

@@ -3,7 +3,7 @@
 //! restarted costs lag, never samples, and sampling never waits for it.
 
 mod cursor;
-mod http;
+pub mod http;
 pub mod metrics;
 mod notes;
 pub mod rows;

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::query::SampleRef;
+use crate::{query::SampleRef, store::format::CpuCounts};
 
 /// The id of a stack: XXH3-64 of its frames, root first, each as its kernel flag (one byte), its
 /// name and a 0xff byte (never in UTF-8, so names cannot run into each other). The same stack
@@ -101,6 +101,46 @@ impl Batch {
     }
 }
 
+/// `cpu_seconds` rows: a block's per-CPU counts, summed over the blocks of one start (a second
+/// written in two flushes is two blocks).
+#[derive(Debug, Default)]
+pub struct CpuSeconds {
+    /// (block start, CPU) → (span, counts, frequency).
+    rows: std::collections::BTreeMap<(u64, u32), (u64, CpuCounts, u64)>,
+}
+
+impl CpuSeconds {
+    pub fn add(&mut self, start_ns: u64, span_ns: u64, counts: &CpuCounts, hz: u64) {
+        let (span, sum, freq) = self.rows.entry((start_ns, counts.cpu)).or_insert((span_ns, CpuCounts::default(), hz));
+        *span = (*span).max(span_ns);
+        *freq = hz;
+        sum.busy += counts.busy;
+        sum.kernel += counts.kernel;
+        sum.idle += counts.idle;
+        sum.lost += counts.lost;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// `node, ts, span, cpu, busy, kernel, idle, lost, hz` per row.
+    pub fn encode(&self, node: &str) -> Vec<u8> {
+        let mut o = Vec::with_capacity(self.rows.len() * (node.len() + 40));
+        let u32_of = |v: u64| (v.min(u32::MAX as u64) as u32).to_le_bytes();
+        for (&(ts, cpu), (span, c, hz)) in &self.rows {
+            put_str(&mut o, node);
+            o.extend_from_slice(&ts.to_le_bytes());
+            o.extend_from_slice(&span.to_le_bytes());
+            o.extend_from_slice(&(cpu.min(u16::MAX as u32) as u16).to_le_bytes());
+            for v in [c.busy, c.kernel, c.idle, c.lost, *hz] {
+                o.extend_from_slice(&u32_of(v));
+            }
+        }
+        o
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +186,18 @@ mod tests {
         b.keep_after(5);
         assert_eq!(b.rows(), 1);
         assert_eq!(&b.samples[3..11], &6u64.to_le_bytes());
+    }
+
+    #[test]
+    fn cpu_seconds_sum_the_blocks_of_one_second() {
+        let mut c = CpuSeconds::default();
+        let counts = |busy, idle| CpuCounts { cpu: 1, busy, kernel: 1, idle, lost: 0 };
+        c.add(7, 1_000, &counts(3, 5), 99);
+        c.add(7, 1_000, &counts(2, 1), 99);
+        let rows = c.encode("n");
+        // node, ts, span, cpu, busy, kernel, idle, lost, hz.
+        assert_eq!(rows.len(), 2 + 8 + 8 + 2 + 5 * 4);
+        assert_eq!(&rows[20..40], [5u32, 2, 6, 0, 99].map(u32::to_le_bytes).concat());
     }
 
     #[test]

@@ -15,8 +15,9 @@ const TTL_SINCE: (u32, u32) = (19, 6);
 #[derive(Debug, Clone)]
 pub struct Layout<'a> {
     pub database: &'a str,
-    /// A cluster name: tables become `<name>_local` on every shard, with a `Distributed` table
-    /// of the plain name over them.
+    /// A cluster name: tables become `<name>_local`, with a `Distributed` table of the plain
+    /// name over the cluster's shards. Created on the server the node ships to, not `ON
+    /// CLUSTER` (distributed DDL needs ZooKeeper): each shard gets its tables from its nodes.
     pub cluster: Option<&'a str>,
     /// Seconds rows are kept, when the server supports `TTL`.
     pub ttl_secs: Option<u64>,
@@ -60,6 +61,21 @@ const TABLES: &[(&str, &str, &str)] = &[
         "node String, ts UInt64, id String, pattern String, message String",
         "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, id){ttl}",
     ),
+    (
+        // Per CPU per stored block (a second, ten in rolled-up data): what samples alone do not
+        // say. Idle ticks and lost samples give busy shares; `hz` the ticks a CPU had. Sent again
+        // with a retried batch, the copies collapse (read with `max`, as `fleet` does).
+        "cpu_seconds",
+        "node String, ts UInt64, span UInt64, cpu UInt16, busy UInt32, kernel UInt32, idle UInt32, lost UInt32, \
+         hz UInt32",
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, cpu){ttl}",
+    ),
+    (
+        // How each node records: one row per daemon start or change, the latest wins.
+        "nodes",
+        "node String, cpus UInt32, hz UInt32, online String, host String, version UInt64",
+        "ReplacingMergeTree(version) ORDER BY node",
+    ),
 ];
 
 /// Names of the tables, as the shipper inserts into them.
@@ -67,27 +83,25 @@ pub const SAMPLES: &str = "samples";
 pub const STACKS: &str = "stacks";
 pub const FINDINGS: &str = "findings";
 pub const EVENTS: &str = "events";
+pub const CPU_SECONDS: &str = "cpu_seconds";
+pub const NODES: &str = "nodes";
 
 /// Every statement, in order, each safe to run again.
 pub fn statements(l: &Layout<'_>) -> Vec<String> {
     let db = quote_ident(l.database);
-    let on_cluster = l.cluster.map(|c| format!(" ON CLUSTER {}", quote_ident(c))).unwrap_or_default();
     let ttl = l
         .ttl_secs
         .map(|s| format!(" TTL toDateTime(intDiv(ts, 1000000000)) + toIntervalSecond({s})"))
         .unwrap_or_default();
-    let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {db}{on_cluster}")];
+    let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {db}")];
     for (name, columns, engine) in TABLES {
         let engine = engine.replace("{ttl}", &ttl);
         let local = if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
-        out.push(format!(
-            "CREATE TABLE IF NOT EXISTS {db}.{}{on_cluster} ({columns}) ENGINE = {engine}",
-            quote_ident(&local)
-        ));
+        out.push(format!("CREATE TABLE IF NOT EXISTS {db}.{} ({columns}) ENGINE = {engine}", quote_ident(&local)));
         if let Some(cluster) = l.cluster {
             // Rows of a node stay on one shard, so a node's window is read from one place.
             out.push(format!(
-                "CREATE TABLE IF NOT EXISTS {db}.{}{on_cluster} AS {db}.{} ENGINE = Distributed({}, {db}, {}, {})",
+                "CREATE TABLE IF NOT EXISTS {db}.{} AS {db}.{} ENGINE = Distributed({}, {db}, {}, {})",
                 quote_ident(name),
                 quote_ident(&local),
                 quote_ident(cluster),
@@ -134,7 +148,7 @@ mod tests {
     fn cluster_layout_adds_local_tables_and_ttl_where_asked() {
         let s = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: Some(60) });
         assert_eq!(s.len(), 1 + 2 * TABLES.len());
-        assert!(s[1].contains("`samples_local` ON CLUSTER `c`") && s[1].contains("toIntervalSecond(60)"));
+        assert!(s[1].contains("`samples_local` (") && s[1].contains("toIntervalSecond(60)"));
         assert!(s[2].contains("Distributed(`c`, `p`, `samples_local`, cityHash64(node))"));
         assert!(!s[3].contains("TTL"), "stacks are kept: {}", s[3]);
     }

@@ -18,10 +18,20 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use super::{Config, ShipError, Stats, cursor, http::Client, notes, rows::Batch, schema};
+use super::{
+    Config, ShipError, Stats, cursor,
+    http::Client,
+    notes,
+    rows::{Batch, CpuSeconds},
+    schema,
+};
 use crate::{
     query::{Filter, Window, for_each_sample},
-    store::Store,
+    store::{
+        Meta, Store,
+        identity::Identity,
+        reader::{BlockView, Need},
+    },
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -56,6 +66,17 @@ pub struct Shipper {
     retention_done: Option<Instant>,
     /// Findings were shipped from the start of the store in this run (see `ship_notes`).
     findings_rescanned: bool,
+    /// The `nodes` row this run sent last.
+    node_shipped: Option<NodeRow>,
+}
+
+/// How the node records, as `nodes` holds it.
+#[derive(Debug, Clone, PartialEq)]
+struct NodeRow {
+    cpus: u32,
+    hz: u64,
+    online: String,
+    host: String,
 }
 
 enum Progress {
@@ -85,6 +106,7 @@ impl Shipper {
             next_ns,
             retention_done: None,
             findings_rescanned: false,
+            node_shipped: None,
         }
     }
 
@@ -103,6 +125,7 @@ impl Shipper {
                     self.version = None;
                     // The failed batch's new stacks were marked shipped when it was built.
                     self.shipped_stacks.clear();
+                    self.node_shipped = None;
                     self.wait(backoff);
                     self.stats.retries.fetch_add(1, Ordering::Relaxed);
                     backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -188,6 +211,7 @@ impl Shipper {
                 to = to.max(start / SEC * SEC).min(settled);
             }
         }
+        let cpu_seconds = self.cpu_seconds(&mut store, from, to)?;
         self.ship_notes(from, to)?;
         if self.uncertain && batch.rows() > 0 && self.reconcile(&mut batch, from, to)? {
             // Stay uncertain: a cursor lost or rewound (a restored data directory) may be more
@@ -195,9 +219,17 @@ impl Shipper {
             return self.advance(to);
         }
         if batch.new_stacks > 0 {
-            let bytes = self.client.insert(&self.table(schema::STACKS), "RowBinary", &batch.stacks)?;
+            // Through a Distributed table an insert is queued and forwarded later unless made
+            // synchronous: a reader could see samples whose stacks are still on their way.
+            let sync: &[(&str, &str)] =
+                if self.config.cluster.is_some() { &[("insert_distributed_sync", "1")] } else { &[] };
+            let bytes = self.client.insert_with(&self.table(schema::STACKS), "RowBinary", &batch.stacks, sync)?;
             self.stats.stacks.fetch_add(batch.new_stacks as u64, Ordering::Relaxed);
             self.stats.stack_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
+        if !cpu_seconds.is_empty() {
+            let rows = cpu_seconds.encode(&self.config.node);
+            self.client.insert(&self.table(schema::CPU_SECONDS), "RowBinary", &rows)?;
         }
         if batch.rows() > 0 {
             let bytes = self.client.insert(&self.table(schema::SAMPLES), "RowBinary", &batch.samples)?;
@@ -219,6 +251,39 @@ impl Shipper {
             self.shipped_stacks.clear();
         }
         Ok(Progress::Shipped)
+    }
+
+    /// The per-CPU counts of the blocks starting in `[from, to)`; the `nodes` row first when how
+    /// the node records (CPUs, frequency) is new to this run.
+    fn cpu_seconds(&mut self, store: &mut Store, from: u64, to: u64) -> Result<CpuSeconds, ShipError> {
+        let (cpus, meta_hz) = Meta::cpus_and_frequency(&self.config.data_dir);
+        let mut rows = CpuSeconds::default();
+        let mut latest: Option<Identity> = None;
+        store
+            .scan(from, to, Need::Summary, &mut |b: BlockView<'_>| {
+                let (Some(summary), true) = (b.summary, (from..to).contains(&b.header.start_ns)) else { return };
+                let hz = b.frequency_hz(meta_hz);
+                for c in &summary.cpus {
+                    rows.add(b.header.start_ns, b.header.end_ns - b.header.start_ns, c, hz);
+                }
+                latest = b.identity.cloned();
+            })
+            .map_err(crate::query::QueryError::from)?;
+        let node = NodeRow {
+            cpus,
+            hz: latest.as_ref().map_or(meta_hz, |i| i.frequency_hz),
+            online: latest.as_ref().map(|i| i.online_cpus.clone()).unwrap_or_default(),
+            host: latest.map(|i| i.host).unwrap_or_default(),
+        };
+        if self.node_shipped.as_ref() != Some(&node) && !rows.is_empty() {
+            let row = serde_json::json!({
+                "node": self.config.node, "cpus": node.cpus, "hz": node.hz, "online": node.online,
+                "host": node.host, "version": now_ns(),
+            });
+            self.client.insert(&self.table(schema::NODES), "JSONEachRow", format!("{row}\n").as_bytes())?;
+            self.node_shipped = Some(node);
+        }
+        Ok(rows)
     }
 
     /// Findings and events of `[from, to)`. Both tables are ReplacingMergeTrees keyed by node,
@@ -280,7 +345,7 @@ impl Shipper {
             return Ok(());
         }
         let keep_from_day = now_ns().saturating_sub(self.config.max_age_secs.saturating_mul(SEC)) / schema::DAY_NS;
-        for table in [schema::SAMPLES, schema::FINDINGS, schema::EVENTS] {
+        for table in [schema::SAMPLES, schema::FINDINGS, schema::EVENTS, schema::CPU_SECONDS] {
             let parts = self.client.query(&format!(
                 "SELECT DISTINCT partition FROM system.parts WHERE active AND database = {} AND table = {}",
                 schema::quote_str(&self.config.database),

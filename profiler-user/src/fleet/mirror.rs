@@ -1,0 +1,316 @@
+//! One node's window copied out of ClickHouse into a private temporary data directory, in the
+//! store's own format: segments (samples, idle and lost counts, the frequency), `meta.json`,
+//! findings and events. Every read command then answers from the copy with the code that
+//! answers from the node's store, so both give the same answer line for line, and nothing
+//! about flamegraphs, heatmaps or exports is written twice.
+//!
+//! What a copy cannot give back: rolled-up rows (one standing for several samples over ten
+//! seconds) come back as that many samples at the row's time, so CPU x time at 1 s buckets
+//! places them in one second rather than spread over ten; the cgroup id (not shipped).
+
+use std::{collections::HashMap, os::unix::fs::DirBuilderExt, path::Path, sync::Arc};
+
+use super::{Fleet, FleetError, Node};
+use crate::{
+    collect::kmsg::Event,
+    detect::{self, Finding},
+    model::{Sample, Stack},
+    query::Window,
+    ship::clickhouse::schema,
+    store::{self, Meta, StoreWriter, format::FORMAT_VERSION, identity::Identity},
+    timespec,
+};
+
+const SEC: u64 = 1_000_000_000;
+/// Rows read per request: a minute of a 192-CPU node at 99 Hz is 1.1 M.
+const CHUNK_NS: u64 = 60 * SEC;
+/// Most samples one copy takes (about 10 minutes of a 192-CPU node at 99 Hz): the copy is
+/// written to disk and read back, so its size is what a read of the node's store would cost.
+pub const MAX_SAMPLES: u64 = 12_000_000;
+/// Longest span of a stored block (a rolled-up one): blocks starting this long before a
+/// window may overlap it.
+const MAX_BLOCK_NS: u64 = 60 * SEC;
+/// Frame of a sample whose stack is missing from `stacks`.
+const MISSING_STACK: &str = "[stack not in ClickHouse]";
+
+/// A node's window, readable as a data directory; removed when dropped.
+pub struct Mirror {
+    dir: tempfile::TempDir,
+    pub node: Node,
+    /// Samples copied.
+    pub samples: u64,
+}
+
+impl Mirror {
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Per CPU, from `cpu_seconds`: block start → (span, cpu, idle, lost, hz).
+struct BlockCounts {
+    start: u64,
+    span: u64,
+    cpu: u32,
+    idle: u32,
+    lost: u32,
+    hz: u32,
+}
+
+impl Mirror {
+    /// A private directory with the node's `meta.json`, findings and events (every one kept:
+    /// a few per hour), and no samples yet ([`Mirror::copy`]).
+    pub fn new(fleet: &Fleet, node: Node) -> Result<Self, FleetError> {
+        let dir = tempfile::Builder::new().prefix("profiler-fleet-").tempdir().map_err(FleetError::Temp)?;
+        std::fs::DirBuilder::new().mode(0o700).create(store::segments_dir(dir.path())).map_err(FleetError::Temp)?;
+        Meta {
+            format_version: FORMAT_VERSION,
+            hostname: node.host.split('/').next().unwrap_or_default().to_string(),
+            node: node.name.clone(),
+            cpus: node.cpus.max(1),
+            frequency_hz: u64::from(node.hz.max(1)),
+            started_ns: 0,
+        }
+        .write(dir.path())?;
+        copy_notes(fleet, &node, dir.path())?;
+        Ok(Self { dir, node, samples: 0 })
+    }
+
+    /// Copies what ClickHouse holds of the node's samples in `window`: whole stored blocks, so
+    /// a window that starts inside a second gets that second, as a scan of the node's store
+    /// would. Call once: a second copy of an overlapping window would count its blocks twice.
+    pub fn copy(&mut self, fleet: &Fleet, window: Window) -> Result<(), FleetError> {
+        let node = &self.node;
+        let blocks = fleet.rows(
+            &format!(
+                "SELECT ts, max(span), cpu, max(idle), max(lost), max(hz) FROM {} WHERE node = {} AND ts >= {} \
+                 AND ts < {} AND ts + span > {} GROUP BY ts, cpu ORDER BY ts, cpu",
+                fleet.table(schema::CPU_SECONDS),
+                schema::quote_str(&node.name),
+                window.from_ns.saturating_sub(MAX_BLOCK_NS),
+                window.to_ns,
+                window.from_ns
+            ),
+            |r| {
+                Ok(BlockCounts {
+                    start: r.u64()?,
+                    span: r.u64()?,
+                    cpu: u32::from(r.u16()?),
+                    idle: r.u32()?,
+                    lost: r.u32()?,
+                    hz: r.u32()?,
+                })
+            },
+        )?;
+        // The blocks' whole span; whole seconds when nothing says more (rows shipped before
+        // `cpu_seconds` existed).
+        let lo = blocks.iter().map(|b| b.start).min().unwrap_or(u64::MAX).min(window.from_ns / SEC * SEC);
+        let hi = blocks.iter().map(|b| b.start + b.span).max().unwrap_or(0).max(window.to_ns.div_ceil(SEC) * SEC);
+        let count = format!(
+            "SELECT count() FROM {} WHERE {}",
+            fleet.table(schema::SAMPLES),
+            Fleet::node_range(&node.name, lo, hi)
+        );
+        let rows = fleet.rows(&count, |r| r.u64())?.first().copied().unwrap_or(0);
+        if rows > MAX_SAMPLES {
+            return Err(FleetError::TooMany {
+                node: node.name.clone(),
+                rows,
+                limit: MAX_SAMPLES,
+                from: timespec::format(window.from_ns),
+                to: timespec::format(window.to_ns),
+            });
+        }
+        let segments = store::segments_dir(self.dir.path());
+        let mut copier = Copier {
+            fleet,
+            node,
+            segments: &segments,
+            writer: None,
+            hz: 0,
+            stacks: HashMap::new(),
+            strings: HashMap::new(),
+            samples: 0,
+        };
+        let mut chunk = lo;
+        while chunk < hi {
+            let end = (chunk + CHUNK_NS).min(hi);
+            copier.counts(blocks.iter().filter(|b| (chunk..end).contains(&b.start)))?;
+            copier.samples(chunk, end)?;
+            if let Some(w) = copier.writer.as_mut() {
+                w.flush(end)?;
+            }
+            chunk = end;
+        }
+        self.samples += copier.samples;
+        Ok(())
+    }
+}
+
+struct Copier<'a> {
+    fleet: &'a Fleet,
+    node: &'a Node,
+    segments: &'a Path,
+    writer: Option<StoreWriter>,
+    /// The frequency the writer records.
+    hz: u32,
+    /// Stack id → stack, one `Arc` each (the writer interns stacks by pointer).
+    stacks: HashMap<u64, Arc<Stack>>,
+    strings: HashMap<String, Arc<str>>,
+    samples: u64,
+}
+
+impl Copier<'_> {
+    /// The writer for blocks recorded at `hz`: a new identity (block) when it changes.
+    fn writer(&mut self, hz: u32, now: u64) -> Result<&mut StoreWriter, FleetError> {
+        if self.writer.is_none() || (hz != self.hz && hz != 0) {
+            if let Some(mut w) = self.writer.take() {
+                w.flush(now)?;
+            }
+            self.hz = if hz == 0 { self.node.hz.max(1) } else { hz };
+            let identity = Identity {
+                frequency_hz: u64::from(self.hz),
+                online_cpus: self.node.online.clone(),
+                boot_id: String::new(),
+                host: self.node.host.clone(),
+            };
+            self.writer = Some(StoreWriter::new(self.segments).with_identity(identity));
+        }
+        Ok(self.writer.as_mut().expect("set above"))
+    }
+
+    fn counts<'b>(&mut self, blocks: impl Iterator<Item = &'b BlockCounts>) -> Result<(), FleetError> {
+        for b in blocks {
+            let w = self.writer(b.hz, b.start)?;
+            w.add_idle_at(b.start / SEC, b.cpu, u64::from(b.idle));
+            w.add_lost_at(b.start / SEC, b.cpu, u64::from(b.lost));
+        }
+        Ok(())
+    }
+
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.strings.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.strings.insert(s.to_string(), a.clone());
+        a
+    }
+
+    fn samples(&mut self, from: u64, to: u64) -> Result<(), FleetError> {
+        let (fleet, range) = (self.fleet, Fleet::node_range(&self.node.name, from, to));
+        let stacks = fleet.rows(
+            &format!(
+                "SELECT stack_id, any(frames), any(kernel) FROM {} WHERE stack_id GLOBAL IN \
+                 (SELECT stack_id FROM {} WHERE {range}) GROUP BY stack_id",
+                fleet.table(schema::STACKS),
+                fleet.table(schema::SAMPLES)
+            ),
+            |r| Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect::<Vec<_>>(), r.bytes()?.to_vec())),
+        )?;
+        for (id, frames, kernel) in stacks {
+            let frames: Vec<Arc<str>> = frames.iter().map(|f| self.intern(f)).collect();
+            // Kernel frames follow the user ones (root first).
+            let user_len = kernel.iter().take_while(|&&k| k == 0).count().min(frames.len());
+            self.stacks.entry(id).or_insert_with(|| Arc::new(Stack { frames, user_len }));
+        }
+        let sql = format!(
+            "SELECT ts, cpu, pid, tid, comm, stack_id, workload, count FROM {} WHERE {range}",
+            fleet.table(schema::SAMPLES)
+        );
+        let bytes_rows = fleet.rows(&sql, |r| {
+            Ok((
+                r.u64()?,
+                r.u16()?,
+                r.u32()?,
+                r.u32()?,
+                r.string()?.to_string(),
+                r.u64()?,
+                r.string()?.to_string(),
+                r.u32()?,
+            ))
+        })?;
+        for (ts_ns, cpu, pid, tid, comm, stack_id, workload, count) in bytes_rows {
+            let stack = match self.stacks.get(&stack_id) {
+                Some(s) => s.clone(),
+                None => {
+                    let missing = Arc::new(Stack { frames: vec![self.intern(MISSING_STACK)], user_len: 1 });
+                    self.stacks.insert(stack_id, missing.clone());
+                    missing
+                }
+            };
+            let sample = Sample {
+                ts_ns,
+                cpu: u32::from(cpu),
+                pid,
+                tid,
+                cgroup_id: 0,
+                comm: self.intern(&comm),
+                stack,
+                workload: self.intern(&workload),
+            };
+            let hz = self.hz;
+            let w = self.writer(hz, ts_ns)?;
+            // A rolled-up row comes back as the samples it stands for.
+            for _ in 0..count.max(1) {
+                w.push(&sample);
+            }
+            self.samples += u64::from(count.max(1));
+        }
+        Ok(())
+    }
+}
+
+/// Most events a copy takes (a node logs a few per day; a flood is cut, newest kept).
+const MAX_EVENTS: u64 = 100_000;
+
+/// The node's findings (latest state of each) and events, into the copy's logs.
+fn copy_notes(fleet: &Fleet, node: &Node, dir: &Path) -> Result<(), FleetError> {
+    let name = schema::quote_str(&node.name);
+    let findings = fleet.rows(
+        &format!(
+            "SELECT id, argMax(kind, version), argMax(ts, version) AS start, argMax(end_ts, version), \
+             argMax(cpu, version), argMax(severity, version), argMax(summary, version), argMax(evidence, version) \
+             FROM {} WHERE node = {name} GROUP BY id ORDER BY start, id",
+            fleet.table(schema::FINDINGS),
+        ),
+        |r| {
+            let (id, kind, start, end, cpu, severity, summary, evidence) =
+                (r.string()?, r.string()?, r.u64()?, r.u64()?, r.i32()?, r.string()?, r.string()?, r.string()?);
+            let text = |s: &str| serde_json::Value::String(s.to_string());
+            let decode = |what: &str, e: serde_json::Error| FleetError::Decode(format!("finding {id}: {what}: {e}"));
+            Ok(Finding {
+                id: id.to_string(),
+                kind: serde_json::from_value(text(kind)).map_err(|e| decode("kind", e))?,
+                start_ns: start,
+                end_ns: (end != 0).then_some(end),
+                cpu: u32::try_from(cpu).ok(),
+                severity: serde_json::from_value(text(severity)).map_err(|e| decode("severity", e))?,
+                summary: summary.to_string(),
+                evidence: serde_json::from_str(evidence).map_err(|e| decode("evidence", e))?,
+            })
+        },
+    )?;
+    for f in &findings {
+        detect::log::record_finding(dir, f)?;
+    }
+    let events = fleet.rows(
+        &format!(
+            "SELECT ts, id, any(pattern), any(message) FROM {} WHERE node = {name} GROUP BY ts, id \
+             ORDER BY ts DESC, id LIMIT {MAX_EVENTS}",
+            fleet.table(schema::EVENTS),
+        ),
+        |r| {
+            Ok(Event {
+                ts_ns: r.u64()?,
+                id: r.string()?.into(),
+                pattern: r.string()?.into(),
+                message: r.string()?.into(),
+            })
+        },
+    )?;
+    for e in &events {
+        detect::log::record_event(dir, e)?;
+    }
+    Ok(())
+}

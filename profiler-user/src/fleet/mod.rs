@@ -1,0 +1,152 @@
+//! Reads the fleet store, ClickHouse (docs/clickhouse.md), that daemons ship to with
+//! `profiler run --clickhouse URL`: the read commands' `--clickhouse URL --node N`
+//! ([`mirror`]: one node's window, answered by the same code as a node's own store) and the
+//! questions only the fleet answers ([`overview`]: `profiler fleet`).
+
+pub mod mirror;
+mod rowbinary;
+
+use rowbinary::Reader;
+
+use crate::ship::clickhouse::{
+    ShipError,
+    http::Client,
+    schema::{self, quote_ident, quote_str},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error(transparent)]
+    ClickHouse(#[from] ShipError),
+    #[error("ClickHouse URL '{0}' is not http://[USER[:PASSWORD]@]HOST:PORT")]
+    Url(String),
+    #[error("ClickHouse holds no node in database `{0}`: is a daemon shipping to it (profiler run --clickhouse URL)?")]
+    NoNodes(String),
+    #[error("node '{node}' has shipped nothing to this ClickHouse; it holds {known}")]
+    UnknownNode { node: String, known: String },
+    #[error("this ClickHouse holds {0} nodes ({1}): name one with --node, or ask them all with `profiler fleet`")]
+    WhichNode(usize, String),
+    #[error("ClickHouse answered rows that do not decode ({0}): is the database written by another version?")]
+    Decode(String),
+    #[error(
+        "node {node} has {rows} samples between {from} and {to}, more than the {limit} one read copies: ask for a shorter window"
+    )]
+    TooMany { node: String, rows: u64, limit: u64, from: String, to: String },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("cannot create a private directory for the copy: {0}")]
+    Temp(#[source] std::io::Error),
+}
+
+/// A node as `nodes` describes it (its latest row).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    pub cpus: u32,
+    pub hz: u32,
+    /// Online CPUs in the kernel's list format.
+    pub online: String,
+    pub host: String,
+}
+
+/// A ClickHouse database that daemons ship to.
+pub struct Fleet {
+    client: Client,
+    database: String,
+}
+
+impl Fleet {
+    /// `url` may carry credentials (`http://user:password@host:8123`).
+    pub fn new(url: &str, database: &str) -> Result<Self, FleetError> {
+        let rest = url.strip_prefix("http://").filter(|r| !r.is_empty()).ok_or_else(|| FleetError::Url(url.into()))?;
+        let (auth, host) = match rest.split_once('@') {
+            Some((auth, host)) if !auth.contains('/') => (Some(auth), host),
+            _ => (None, rest),
+        };
+        let (user, password) = match auth.map(|a| a.split_once(':').unwrap_or((a, ""))) {
+            Some((u, p)) => (Some(u), Some(p)),
+            None => (None, None),
+        };
+        Ok(Self { client: Client::new(&format!("http://{host}"), user, password), database: database.to_string() })
+    }
+
+    /// `db.name`, quoted: the plain name is the table itself, or the `Distributed` table over
+    /// the shards.
+    pub fn table(&self, name: &str) -> String {
+        format!("{}.{}", quote_ident(&self.database), quote_ident(name))
+    }
+
+    /// Runs `sql` (without its `FORMAT`) and decodes each `RowBinary` row with `row`.
+    pub fn rows<T>(
+        &self,
+        sql: &str,
+        mut row: impl FnMut(&mut Reader<'_>) -> Result<T, FleetError>,
+    ) -> Result<Vec<T>, FleetError> {
+        let bytes = self.client.query_bytes(&format!("{sql} FORMAT RowBinary"))?;
+        let mut r = Reader::new(&bytes);
+        let mut out = Vec::new();
+        while !r.at_end() {
+            out.push(row(&mut r)?);
+        }
+        Ok(out)
+    }
+
+    /// Every node that shipped, by name.
+    pub fn nodes(&self) -> Result<Vec<Node>, FleetError> {
+        let sql = format!(
+            "SELECT node, argMax(cpus, version), argMax(hz, version), argMax(online, version), argMax(host, version) \
+             FROM {} GROUP BY node ORDER BY node",
+            self.table(schema::NODES)
+        );
+        self.rows(&sql, |r| {
+            Ok(Node {
+                name: r.string()?.to_string(),
+                cpus: r.u32()?,
+                hz: r.u32()?,
+                online: r.string()?.to_string(),
+                host: r.string()?.to_string(),
+            })
+        })
+    }
+
+    /// The node asked for, or the only one there is.
+    pub fn node(&self, asked: Option<&str>) -> Result<Node, FleetError> {
+        let mut nodes = self.nodes()?;
+        let names = || {
+            let mut s = nodes.iter().take(10).map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ");
+            if nodes.len() > 10 {
+                s.push_str(&format!(" and {} more", nodes.len() - 10));
+            }
+            s
+        };
+        match asked {
+            _ if nodes.is_empty() => Err(FleetError::NoNodes(self.database.clone())),
+            Some(name) => match nodes.iter().position(|n| n.name == name) {
+                Some(i) => Ok(nodes.swap_remove(i)),
+                None => Err(FleetError::UnknownNode { node: name.into(), known: names() }),
+            },
+            None if nodes.len() == 1 => Ok(nodes.remove(0)),
+            None => Err(FleetError::WhichNode(nodes.len(), names())),
+        }
+    }
+
+    /// `node = '...' AND` a time range on `ts`, for a `WHERE`.
+    fn node_range(node: &str, from_ns: u64, to_ns: u64) -> String {
+        format!("node = {} AND ts >= {from_ns} AND ts < {to_ns}", quote_str(node))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_come_out_of_the_url() {
+        assert!(Fleet::new("http://u:p@h:8123", "db").is_ok());
+        for bad in ["https://h:8123", "http://", "h:8123"] {
+            let e = Fleet::new(bad, "db").err().expect(bad).to_string();
+            assert!(e.contains("is not http://"), "{e}");
+        }
+        assert_eq!(Fleet::node_range("a'b", 1, 2), "node = 'a\\'b' AND ts >= 1 AND ts < 2");
+    }
+}
