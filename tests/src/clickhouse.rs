@@ -18,6 +18,8 @@ pub struct ClickHouse {
     pub dir: PathBuf,
     pub http_port: u16,
     tcp_port: u16,
+    /// `<remote_servers>` of the config: the cluster this server is a shard of.
+    cluster: String,
     child: Option<Kill>,
 }
 
@@ -33,10 +35,40 @@ impl ClickHouse {
             skip(&format!("{SERVER} is not installed: `apt-get install clickhouse-server` (or `cargo xtask setup`)"));
             return None;
         }
-        let mut ch = Self { dir: dir.to_path_buf(), http_port: free_port(), tcp_port: free_port(), child: None };
+        let mut ch = Self::new(dir);
         ch.write_config();
         ch.restart();
         Some(ch)
+    }
+
+    fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            http_port: free_port(),
+            tcp_port: free_port(),
+            cluster: String::new(),
+            child: None,
+        }
+    }
+
+    /// One server per directory, each a shard of the cluster `name` (one replica each, no
+    /// ZooKeeper: tables are created on each server, as the shipper does).
+    pub fn start_cluster(name: &str, dirs: &[PathBuf]) -> Option<Vec<Self>> {
+        if !Path::new(SERVER).exists() {
+            skip(&format!("{SERVER} is not installed: `apt-get install clickhouse-server` (or `cargo xtask setup`)"));
+            return None;
+        }
+        let mut servers: Vec<Self> = dirs.iter().map(|d| Self::new(d)).collect();
+        let shards: String = servers
+            .iter()
+            .map(|s| format!("<shard><replica><host>127.0.0.1</host><port>{}</port></replica></shard>", s.tcp_port))
+            .collect();
+        for s in &mut servers {
+            s.cluster = format!("<remote_servers><{name}>{shards}</{name}></remote_servers>");
+            s.write_config();
+            s.restart();
+        }
+        Some(servers)
     }
 
     fn write_config(&self) {
@@ -49,8 +81,8 @@ impl ClickHouse {
                  <http_port>{}</http_port><tcp_port>{}</tcp_port><listen_host>127.0.0.1</listen_host>\n\
                  <path>{d}/data/</path><tmp_path>{d}/tmp/</tmp_path><users_config>users.xml</users_config>\n\
                  <default_profile>default</default_profile><default_database>default</default_database>\n\
-                 <mark_cache_size>5368709</mark_cache_size><uncompressed_cache_size>0</uncompressed_cache_size>\n</yandex>\n",
-                self.http_port, self.tcp_port
+                 <mark_cache_size>5368709</mark_cache_size><uncompressed_cache_size>0</uncompressed_cache_size>\n{}\n</yandex>\n",
+                self.http_port, self.tcp_port, self.cluster
             ),
         )
         .unwrap();

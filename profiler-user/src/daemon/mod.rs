@@ -231,12 +231,14 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         None => None,
     };
     // Its own thread: a slow or absent ClickHouse never holds the pipeline up.
+    // Stopped after the pipeline, so the findings it closes on the way out are shipped too.
+    let clickhouse_stop = Arc::new(AtomicBool::new(false));
     let clickhouse_shipper = match config.clickhouse.clone() {
         Some(c) => {
             let stats = Arc::new(crate::ship::clickhouse::Stats::default());
             live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
             Some(
-                crate::ship::clickhouse::spawn(c, stats, stop.clone())
+                crate::ship::clickhouse::spawn(c, stats, clickhouse_stop.clone())
                     .map_err(|e| DaemonError::Thread("shipper", e))?,
             )
         }
@@ -279,6 +281,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let summary = stage.join();
     let upkeep_result = upkeep.join();
     let _ = ship_stop.send(true);
+    clickhouse_stop.store(true, Ordering::Release);
     if shipper.is_some_and(|s| s.join().is_err()) {
         tracing::error!("the OTLP shipper panicked");
     }

@@ -48,6 +48,12 @@ pub fn cpu_time(
     // is read by its own frequency, so a window spanning a restart at another frequency reads
     // right on both sides (`frequency_hz` serves segments older than format 4).
     let ticks = |hz: u64| (hz.max(1) as f64 * bucket_ns as f64 / NS_PER_SEC as f64).max(1e-9);
+    // Cells add up samples weighed by `frequency_hz / hz` (1 for blocks at the store's own
+    // frequency) and are divided by the ticks once at the end: whole counts add up exactly, so
+    // the answer does not depend on how a second was split into blocks (one flush or two, or a
+    // copy of the store).
+    let base_hz = frequency_hz.max(1);
+    let weight = |hz: u64| base_hz as f64 / hz.max(1) as f64;
     if bucket_ns.is_multiple_of(NS_PER_SEC) {
         store.scan(window.from_ns, window.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
             // A block's counts spread evenly over the buckets its span overlaps (a rolled-up
@@ -57,7 +63,7 @@ pub fn cpu_time(
                 return;
             }
             let span = (b.header.end_ns - b.header.start_ns) as f64;
-            let per_tick = 1.0 / ticks(b.frequency_hz(frequency_hz));
+            let w = weight(b.frequency_hz(frequency_hz));
             for x in &b.summary.expect("summary decoded").cpus {
                 let Some(row) = busy.get_mut(x.cpu as usize) else { continue };
                 let mut t = start;
@@ -65,8 +71,8 @@ pub fn cpu_time(
                     let c = col(t);
                     let stop = (first_ns + (c as u64 + 1) * bucket_ns).min(end);
                     let part = (stop - t) as f64 / span;
-                    row[c] += x.busy as f64 * part * per_tick;
-                    kernel[x.cpu as usize][c] += x.kernel as f64 * part * per_tick;
+                    row[c] += x.busy as f64 * part * w;
+                    kernel[x.cpu as usize][c] += x.kernel as f64 * part * w;
                     t = stop;
                 }
             }
@@ -75,21 +81,22 @@ pub fn cpu_time(
         let budget = budget::ScanBudget::default();
         budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
             let s = b.samples.expect("samples decoded");
-            let per_tick = 1.0 / ticks(b.frequency_hz(frequency_hz));
+            let w = weight(b.frequency_hz(frequency_hz));
             for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
                 let cpu = s.cpu[i] as usize;
                 if !window.contains(ts) || cpu >= rows {
                     continue;
                 }
-                busy[cpu][col(ts)] += s.count(i) as f64 * per_tick;
+                busy[cpu][col(ts)] += s.count(i) as f64 * w;
                 if b.dict.nodes.get(s.stack[i] as usize).is_some_and(|node| node.kernel) {
-                    kernel[cpu][col(ts)] += s.count(i) as f64 * per_tick;
+                    kernel[cpu][col(ts)] += s.count(i) as f64 * w;
                 }
             }
         })?;
     }
+    let ticks_base = ticks(base_hz);
     let share = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
-        v.into_iter().map(|r| r.into_iter().map(|x| x.min(1.0)).collect()).collect()
+        v.into_iter().map(|r| r.into_iter().map(|x| (x / ticks_base).min(1.0)).collect()).collect()
     };
     Ok(CpuTime {
         first_ns,

@@ -132,6 +132,13 @@ impl Shipper {
                 }
             }
         }
+        // The daemon is stopping: the findings it closed on the way out, once (samples wait for
+        // the next run, from the cursor).
+        if let Some(from) = self.next_ns
+            && let Err(e) = self.ship_notes(from, now_ns())
+        {
+            tracing::warn!(error = %e, "the last findings did not reach ClickHouse; the next run sends them");
+        }
     }
 
     /// Sleeps `d`, or less if the daemon stops.

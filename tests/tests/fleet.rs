@@ -1,0 +1,206 @@
+//! Reading the fleet from ClickHouse (issue 13): every read command given `--clickhouse URL
+//! --node N` answers as the node's own store does, byte for byte; two daemons as two nodes ship
+//! to two shards of a cluster, and either shard's Distributed tables answer for both.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use integration_tests::{Daemon, Kill, clickhouse::ClickHouse, helper_bin, now_secs, privileged, profiler, wait_for};
+
+const SEC: u64 = 1_000_000_000;
+
+fn cursor_ns(data: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(data.join("ship/clickhouse.cursor")).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["next_ns"].as_u64()
+}
+
+fn wait_shipped(data: &Path, to_ns: u64) {
+    wait_for(&format!("the shipper's cursor to pass {}", to_ns / SEC), Duration::from_secs(120), || {
+        cursor_ns(data).is_some_and(|c| c >= to_ns).then_some(())
+    });
+}
+
+/// A daemon shipping to `url` as `node`; `extra_config` joins the config file.
+fn start_daemon(data: &Path, node: &str, url: &str, extra_config: &str) -> Daemon {
+    // The busy CPU 1 is a finding even while other builds keep the machine busy.
+    let config = data.with_extension("toml");
+    std::fs::write(&config, format!("[detect]\nmachine_busy_max = 1.0\n{extra_config}")).unwrap();
+    let config = config.to_str().unwrap();
+    let mut d = Daemon::start(data, &["--listen", "off", "--node", node, "--clickhouse", url, "--config", config]);
+    d.wait_ready();
+    d
+}
+
+/// `profiler ARGS`: stdout, or a panic with stderr.
+fn run(args: &[&str]) -> Vec<u8> {
+    let out = profiler(args);
+    assert!(out.status.success(), "profiler {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+/// The command's answer from the data directory and from ClickHouse, which must be equal; the
+/// answer. `-o FILE` outputs are compared as files.
+fn same_answer(data: &Path, url: &str, node: &str, args: &[&str]) -> Vec<u8> {
+    let dir = data.to_str().unwrap();
+    let (mut local, mut fleet) = (args.to_vec(), args.to_vec());
+    local.extend(["--data-dir", dir]);
+    fleet.extend(["--clickhouse", url, "--node", node]);
+    let out_file = args.iter().position(|&a| a == "-o").map(|i| args[i + 1].to_string());
+    let answer = |cmd: &[&str]| {
+        let stdout = run(cmd);
+        match &out_file {
+            Some(f) => std::fs::read(f).unwrap(),
+            None => stdout,
+        }
+    };
+    let (a, b) = (answer(&local), answer(&fleet));
+    if a != b {
+        // Around the first difference (outputs can be megabytes).
+        let at = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+        let around = |v: &[u8]| String::from_utf8_lossy(&v[at.saturating_sub(300)..(at + 300).min(v.len())]).into_owned();
+        panic!(
+            "profiler {} differs between the store ({} bytes) and ClickHouse ({} bytes) at byte {at}:\n--- store\n{}\n--- ClickHouse\n{}",
+            args.join(" "),
+            a.len(),
+            b.len(),
+            around(&a),
+            around(&b)
+        );
+    }
+    a
+}
+
+#[test]
+fn read_commands_answer_from_clickhouse_as_from_the_store() {
+    if !privileged("read_commands_answer_from_clickhouse_as_from_the_store") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let url = ch.url();
+    let data = tmp.path().join("data");
+    let mut daemon = start_daemon(&data, "fleet-a", &url, "");
+    let a = now_secs().floor() as u64;
+    // CPU 1 saturated for a while: a finding that opens and closes inside the window.
+    let mut busy = Kill(Command::new(helper_bin()).args(["1", "600"]).stdout(Stdio::null()).spawn().unwrap());
+    let dir = data.to_str().unwrap();
+    let finding = wait_for("a finding about CPU 1", Duration::from_secs(60), || {
+        let out = run(&["findings", "--data-dir", dir, "--from", "-5m", "--format", "json"]);
+        let list: Vec<serde_json::Value> = serde_json::from_slice(&out).ok()?;
+        list.into_iter().find(|f| f["cpu"] == 1).map(|f| f["id"].as_str().unwrap().to_string())
+    });
+    let _ = busy.0.kill();
+    let _ = busy.0.wait();
+    wait_for("the finding to close", Duration::from_secs(60), || {
+        let out = run(&["findings", "--data-dir", dir, "--from", "-5m", "--format", "json"]);
+        let list: Vec<serde_json::Value> = serde_json::from_slice(&out).ok()?;
+        list.iter().any(|f| f["id"] == finding.as_str() && f["end_ns"].is_u64()).then_some(())
+    });
+    let b = now_secs().ceil() as u64 + 1;
+    wait_shipped(&data, b * SEC);
+    // Nothing changes from here on.
+    daemon.stop();
+
+    let (from, to) = (a.to_string(), b.to_string());
+    let w = ["--from", from.as_str(), "--to", to.as_str()];
+    let node = "fleet-a";
+    let folded = same_answer(&data, &url, node, &[&["flamegraph", "--format", "folded"][..], &w].concat());
+    let folded = String::from_utf8(folded).unwrap();
+    assert!(folded.contains("profiler_test_hot_loop"), "the busy helper's stacks:\n{folded}");
+    same_answer(
+        &data,
+        &url,
+        node,
+        &[&["flamegraph", "--cpu", "1", "--include-idle", "--comm", "busy-helper"][..], &w].concat(),
+    );
+    same_answer(&data, &url, node, &[&["flamegraph", "--format", "folded", "--include-idle"][..], &w].concat());
+    same_answer(&data, &url, node, &["flamegraph", "--format", "folded", "--around", &finding]);
+    same_answer(&data, &url, node, &[&["heatmap", "--format", "json"][..], &w].concat());
+    let cputime = same_answer(&data, &url, node, &[&["cputime", "--format", "json"][..], &w].concat());
+    let cputime: serde_json::Value = serde_json::from_slice(&cputime).unwrap();
+    assert!(cputime.to_string().contains(&finding), "the finding is marked in CPU x time: {cputime}");
+    same_answer(&data, &url, node, &[&["cputime", "--format", "csv", "--bucket", "100ms"][..], &w].concat());
+    for format in ["perf-script", "folded", "speedscope"] {
+        same_answer(&data, &url, node, &[&["export", "--format", format][..], &w].concat());
+    }
+    for format in ["pprof", "otlp"] {
+        let file = tmp.path().join(format!("out.{format}"));
+        let file = file.to_str().unwrap();
+        same_answer(&data, &url, node, &[&["export", "--format", format, "-o", file][..], &w].concat());
+    }
+    let findings = same_answer(&data, &url, node, &[&["findings", "--format", "json"][..], &w].concat());
+    assert!(String::from_utf8_lossy(&findings).contains(&finding));
+    same_answer(&data, &url, node, &[&["events", "--format", "json"][..], &w].concat());
+    // A report draws each finding's flamegraph up to 1 s past its end, and the daemon's stop
+    // closed findings at a time ClickHouse has no samples for yet: the next run ships them.
+    let stopped = now_secs().ceil() as u64;
+    let mut again = start_daemon(&data, node, &url, "");
+    wait_shipped(&data, (stopped + 2) * SEC);
+    again.kill9();
+    let report = tmp.path().join("report.html");
+    same_answer(&data, &url, node, &[&["report", "-o", report.to_str().unwrap()][..], &w].concat());
+    eprintln!("[{a}, {b}): {} folded lines and every read command alike", folded.lines().count());
+
+    // Clear sentences for the wrong node, an empty window and a server that is not there.
+    let err = |args: &[&str]| {
+        let out = profiler(args);
+        assert!(!out.status.success(), "profiler {} succeeded", args.join(" "));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(&["flamegraph", "--clickhouse", &url, "--node", "nope", "--from", &from, "--to", &to]);
+    assert!(e.contains("node 'nope' has shipped nothing") && e.contains("fleet-a"), "{e}");
+    let e = err(&["heatmap", "--clickhouse", &url, "--from", "100", "--to", "200"]);
+    assert!(e.contains("no samples between") && e.contains("node fleet-a shipped"), "{e}");
+    let e = err(&["cputime", "--clickhouse", "http://127.0.0.1:1", "--from", "-1m"]);
+    assert!(e.contains("ClickHouse did not answer") && !e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn two_nodes_on_two_shards_read_through_either_shard() {
+    if !privileged("two_nodes_on_two_shards_read_through_either_shard") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [tmp.path().join("shard1"), tmp.path().join("shard2")];
+    let Some(shards) = ClickHouse::start_cluster("fleet", &dirs) else { return };
+    let _busy = Kill(Command::new(helper_bin()).args(["1", "600"]).stdout(Stdio::null()).spawn().unwrap());
+    // Each node ships to its own shard, as the docs tell a fleet to.
+    let nodes = ["node-a", "node-b"];
+    let data: Vec<_> = nodes.iter().map(|n| tmp.path().join(n)).collect();
+    let mut daemons: Vec<Daemon> = (0..2)
+        .map(|i| start_daemon(&data[i], nodes[i], &shards[i].url(), "[clickhouse]\ncluster = \"fleet\"\n"))
+        .collect();
+    let a = now_secs().ceil() as u64 + 1;
+    let b = a + 4;
+    for d in &data {
+        wait_shipped(d, b * SEC);
+    }
+    for d in &mut daemons {
+        d.stop();
+    }
+    let (from, to) = (a.to_string(), b.to_string());
+    for (i, node) in nodes.iter().enumerate() {
+        // The node's rows are on its shard only.
+        let on = |s: &ClickHouse| {
+            s.query(&format!("SELECT count() FROM profiler.samples_local WHERE node = '{node}'"))
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        };
+        assert!(on(&shards[i]) > 0 && on(&shards[1 - i]) == 0, "{node}'s rows are on shard {} only", i + 1);
+        for shard in &shards {
+            let args = ["flamegraph", "--format", "folded", "--from", &from, "--to", &to];
+            let folded = same_answer(&data[i], &shard.url(), node, &args);
+            assert!(!folded.is_empty());
+            same_answer(&data[i], &shard.url(), node, &["cputime", "--format", "json", "--from", &from, "--to", &to]);
+        }
+    }
+    let out = profiler(&["flamegraph", "--clickhouse", &shards[0].url(), "--from", &from, "--to", &to]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("2 nodes (node-a, node-b)"), "{e}");
+    eprintln!("2 nodes on 2 shards: each node's flamegraph and CPU x time alike through either shard");
+}
