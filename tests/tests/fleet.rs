@@ -60,7 +60,8 @@ fn same_answer(data: &Path, url: &str, node: &str, args: &[&str]) -> Vec<u8> {
     if a != b {
         // Around the first difference (outputs can be megabytes).
         let at = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
-        let around = |v: &[u8]| String::from_utf8_lossy(&v[at.saturating_sub(300)..(at + 300).min(v.len())]).into_owned();
+        let around =
+            |v: &[u8]| String::from_utf8_lossy(&v[at.saturating_sub(300)..(at + 300).min(v.len())]).into_owned();
         panic!(
             "profiler {} differs between the store ({} bytes) and ClickHouse ({} bytes) at byte {at}:\n--- store\n{}\n--- ClickHouse\n{}",
             args.join(" "),
