@@ -225,7 +225,8 @@ fn schema_and_folded_query_run_on_current_clickhouse() {
         skip("the PyPI package chdb (embedded current ClickHouse) is not installed: `pip install chdb`");
         return;
     }
-    let mut statements = schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800) });
+    let mut statements =
+        schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800), codecs: true });
     statements.push(
         "INSERT INTO p.stacks VALUES (7, ['main', 'do_syscall_64'], [0, 1]), (7, ['main', 'do_syscall_64'], [0, 1])"
             .into(),

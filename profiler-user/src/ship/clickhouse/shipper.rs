@@ -170,6 +170,7 @@ impl Shipper {
             database: &self.config.database,
             cluster: self.config.cluster.as_deref(),
             ttl_secs: schema::supports_ttl(version).then_some(self.config.max_age_secs),
+            codecs: schema::supports_codecs(version),
         };
         for statement in schema::statements(&layout) {
             self.client.query(&statement)?;
