@@ -257,6 +257,11 @@ fn synthetic_store(data: &Path, cpus: u32, secs: u64) -> (u64, u64) {
 }
 
 fn synthetic_store_ending(data: &Path, cpus: u32, secs: u64, end: u64) -> (u64, u64) {
+    synthetic_store_with(data, cpus, secs, end, 50, 20)
+}
+
+/// `cpus` CPUs sampled at `hz` for `secs` up to `end`, `stacks` distinct stacks in turn.
+fn synthetic_store_with(data: &Path, cpus: u32, secs: u64, end: u64, hz: u64, stacks: usize) -> (u64, u64) {
     use std::sync::Arc;
 
     use profiler::{
@@ -265,7 +270,8 @@ fn synthetic_store_ending(data: &Path, cpus: u32, secs: u64, end: u64) -> (u64, 
     };
     let _lock = create_and_lock(data).unwrap();
     let start = end - secs * SEC;
-    let stacks: Vec<Arc<Stack>> = (0..20)
+    let n_stacks = stacks as u64;
+    let stacks: Vec<Arc<Stack>> = (0..stacks)
         .map(|i| {
             let frames = ["main".to_string(), format!("work_{i}"), "do_syscall_64".into()];
             Arc::new(Stack { frames: frames.iter().map(|f| Arc::from(f.as_str())).collect(), user_len: 2 })
@@ -283,15 +289,16 @@ fn synthetic_store_ending(data: &Path, cpus: u32, secs: u64, end: u64) -> (u64, 
                 tid: 100 + cpu,
                 cgroup_id: 0,
                 comm: Arc::from(["app", "db", "web"][cpu as usize % 3]),
-                stack: stacks[(i % 20) as usize].clone(),
+                stack: stacks[(i % n_stacks) as usize].clone(),
                 workload: Arc::from(""),
             });
             i += 1;
         }
-        ts += SEC / 50;
-        if ts.is_multiple_of(SEC) {
+        let next = ts + SEC / hz;
+        if next / SEC != ts / SEC {
             w.flush(ts).unwrap();
         }
+        ts = next;
     }
     w.flush(end).unwrap();
     (start, end)
@@ -387,5 +394,40 @@ fn ingest_rate() {
         "{rows} rows in {secs:.1} s: {:.0} rows/s, {:.1} bytes per row on the wire",
         rows as f64 / secs,
         bytes as f64 / rows as f64
+    );
+}
+
+/// What shipping costs a big node: a 192-CPU node's minute at 99 Hz (1.1 M samples, 2,000
+/// distinct stacks) replayed from a store into one 18.16 server; the CPU time of this process
+/// (the shipper, the server is another) per second of samples is the share of one core the
+/// shipper takes on such a node (a figure, not a check: `--ignored`).
+#[test]
+#[ignore]
+fn shipping_cost_of_a_192_cpu_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    let secs = 60;
+    let (_, end) = synthetic_store_with(&data, 192, secs, (now_secs() as u64 - 30) * SEC, 99, 2_000);
+    let cpu_secs = || {
+        // SAFETY: getrusage fills the struct it is given.
+        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+        t(r.ru_utime) + t(r.ru_stime)
+    };
+    let (t0, c0) = (std::time::Instant::now(), cpu_secs());
+    let stats = ship_until(&ch, &data, end, 200_000);
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_secs() - c0);
+    let rows = Stats::get(&stats.rows);
+    let on_disk = ch.number(
+        "SELECT sum(data_compressed_bytes) FROM system.columns WHERE database = 'profiler' AND table = 'samples'",
+    );
+    eprintln!(
+        "192 CPUs x {secs} s at 99 Hz: {rows} rows shipped in {wall:.1} s; shipper CPU {cpu:.2} s = {:.2} % of one core \
+         over the node's {secs} s; {:.1} bytes per sample on the wire, {:.1} in ClickHouse",
+        100.0 * cpu / secs as f64,
+        Stats::get(&stats.sample_bytes) as f64 / rows as f64,
+        on_disk as f64 / rows as f64
     );
 }

@@ -2,7 +2,7 @@
 //! little-endian at their width, strings as a LEB128 length and bytes, arrays as a LEB128
 //! length and elements. Batches go gzipped on the wire (18.16 reads `Content-Encoding: gzip`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::{query::SampleRef, store::format::CpuCounts};
 
@@ -36,14 +36,24 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// The rows of one insert, encoded as they are read from the store.
+/// The samples of one insert, as columns: sent in ClickHouse's `Native` format (a column after
+/// another), which gzip shrinks far better than rows: a column of ascending timestamps or of a
+/// few stack ids repeats itself, a row does not. 18 bytes per sample on the wire became 4.5 for
+/// a replayed 192-CPU node (`shipping_cost_of_a_192_cpu_node`).
 #[derive(Debug, Default)]
 pub struct Batch {
-    /// `samples` rows.
-    pub samples: Vec<u8>,
-    /// (ts of a row, where it starts in `samples`), in the order added.
-    pub offsets: Vec<(u64, usize)>,
-    /// `stacks` rows not shipped before.
+    ts: Vec<u64>,
+    cpu: Vec<u16>,
+    pid: Vec<u32>,
+    tid: Vec<u32>,
+    comm: Vec<u32>,
+    stack: Vec<u64>,
+    workload: Vec<u32>,
+    count: Vec<u32>,
+    /// Comms and workloads, each once (ids in `comm` and `workload`).
+    names: Vec<String>,
+    name_ids: HashMap<String, u32>,
+    /// `stacks` rows (RowBinary) not shipped before.
     pub stacks: Vec<u8>,
     pub new_stacks: usize,
     /// Samples the rows stand for (more than rows in rolled-up data).
@@ -52,11 +62,21 @@ pub struct Batch {
 
 impl Batch {
     pub fn rows(&self) -> usize {
-        self.offsets.len()
+        self.ts.len()
+    }
+
+    fn name(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.name_ids.get(s) {
+            return id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(s.to_string());
+        self.name_ids.insert(s.to_string(), id);
+        id
     }
 
     /// Adds a sample; its stack too when `shipped` does not hold it yet.
-    pub fn push(&mut self, node: &str, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) {
+    pub fn push(&mut self, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) {
         let id = stack_id(s.frames);
         if shipped.insert(id) {
             let o = &mut self.stacks;
@@ -69,35 +89,72 @@ impl Batch {
             o.extend(s.frames.iter().map(|(_, k)| u8::from(*k)));
             self.new_stacks += 1;
         }
-        let o = &mut self.samples;
-        self.offsets.push((s.ts_ns, o.len()));
-        put_str(o, node);
-        o.extend_from_slice(&s.ts_ns.to_le_bytes());
+        self.ts.push(s.ts_ns);
         // CPU numbers above 65535 do not exist on Linux today (NR_CPUS is at most 8192).
-        o.extend_from_slice(&(s.cpu.min(u16::MAX as u32) as u16).to_le_bytes());
-        o.extend_from_slice(&s.pid.to_le_bytes());
-        o.extend_from_slice(&s.tid.to_le_bytes());
-        put_str(o, s.comm);
-        o.extend_from_slice(&id.to_le_bytes());
-        put_str(o, s.workload);
-        o.extend_from_slice(&(s.count.min(u32::MAX as u64) as u32).to_le_bytes());
+        self.cpu.push(s.cpu.min(u16::MAX as u32) as u16);
+        self.pid.push(s.pid);
+        self.tid.push(s.tid);
+        let comm = self.name(s.comm);
+        self.comm.push(comm);
+        self.stack.push(id);
+        let workload = self.name(s.workload);
+        self.workload.push(workload);
+        self.count.push(s.count.min(u32::MAX as u64) as u32);
         self.samples_count += s.count;
     }
 
-    /// Keeps only the sample rows after `ts_ns` (what a server that already holds part of the
+    /// Keeps only the samples after `ts_ns` (what a server that already holds part of the
     /// batch lacks).
     pub fn keep_after(&mut self, ts_ns: u64) {
-        let mut samples = Vec::new();
-        let mut offsets = Vec::new();
-        for (i, &(ts, start)) in self.offsets.iter().enumerate() {
-            let end = self.offsets.get(i + 1).map_or(self.samples.len(), |&(_, e)| e);
-            if ts > ts_ns {
-                offsets.push((ts, samples.len()));
-                samples.extend_from_slice(&self.samples[start..end]);
-            }
+        let keep: Vec<bool> = self.ts.iter().map(|&t| t > ts_ns).collect();
+        fn filter<T: Copy>(v: &mut Vec<T>, keep: &[bool]) {
+            let mut i = 0;
+            v.retain(|_| {
+                i += 1;
+                keep[i - 1]
+            });
         }
-        self.samples = samples;
-        self.offsets = offsets;
+        filter(&mut self.ts, &keep);
+        filter(&mut self.cpu, &keep);
+        filter(&mut self.pid, &keep);
+        filter(&mut self.tid, &keep);
+        filter(&mut self.comm, &keep);
+        filter(&mut self.stack, &keep);
+        filter(&mut self.workload, &keep);
+        filter(&mut self.count, &keep);
+    }
+
+    /// One `Native` block: the number of columns and of rows (LEB128), then each column as its
+    /// name, its type and its values (integers little-endian, strings as for RowBinary).
+    pub fn native(&self, node: &str) -> Vec<u8> {
+        let mut o = Vec::with_capacity(self.rows() * 40);
+        put_len(&mut o, 9);
+        put_len(&mut o, self.rows());
+        let mut column = |o: &mut Vec<u8>, name: &str, ty: &str| {
+            put_str(o, name);
+            put_str(o, ty);
+        };
+        column(&mut o, "node", "String");
+        for _ in 0..self.rows() {
+            put_str(&mut o, node);
+        }
+        column(&mut o, "ts", "UInt64");
+        self.ts.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        column(&mut o, "cpu", "UInt16");
+        self.cpu.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        column(&mut o, "pid", "UInt32");
+        self.pid.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        column(&mut o, "tid", "UInt32");
+        self.tid.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        column(&mut o, "comm", "String");
+        self.comm.iter().for_each(|&i| put_str(&mut o, &self.names[i as usize]));
+        column(&mut o, "stack_id", "UInt64");
+        self.stack.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        column(&mut o, "workload", "String");
+        self.workload.iter().for_each(|&i| put_str(&mut o, &self.names[i as usize]));
+        column(&mut o, "count", "UInt32");
+        self.count.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        o
     }
 }
 
@@ -169,23 +226,25 @@ mod tests {
     }
 
     #[test]
-    fn row_binary_layout() {
+    fn native_layout() {
         let frames = [("main", false), ("do_syscall_64", true)];
         let mut b = Batch::default();
         let mut shipped = HashSet::new();
-        b.push("n1", &sample(5, &frames), &mut shipped);
-        b.push("n1", &sample(6, &frames), &mut shipped);
+        b.push(&sample(5, &frames), &mut shipped);
+        b.push(&sample(6, &frames), &mut shipped);
         assert_eq!((b.rows(), b.new_stacks, b.samples_count), (2, 1, 2));
-        // node, ts, cpu, pid, tid, comm, stack id, workload, count.
-        let row = 3 + 8 + 2 + 4 + 4 + 5 + 8 + 1 + 4;
-        assert_eq!(b.samples.len(), 2 * row);
-        assert_eq!(&b.samples[..3], b"\x02n1");
-        assert_eq!(&b.samples[3..11], &5u64.to_le_bytes());
+        let n = b.native("n1");
+        assert_eq!(&n[..2], [9, 2], "columns, rows");
+        assert_eq!(&n[2..17], b"\x04node\x06String\x02n1", "the node column's header and first value");
+        let ts = n.windows(7).position(|w| w == b"\x06UInt64").unwrap() + 7;
+        assert_eq!(&n[ts..ts + 16], [5u64.to_le_bytes(), 6u64.to_le_bytes()].concat());
+        assert!(n.ends_with(&[1, 0, 0, 0, 1, 0, 0, 0]), "count column last");
         assert_eq!(&b.stacks[8..14], b"\x02\x04main");
         assert_eq!(&b.stacks[b.stacks.len() - 3..], &[2, 0, 1]);
         b.keep_after(5);
         assert_eq!(b.rows(), 1);
-        assert_eq!(&b.samples[3..11], &6u64.to_le_bytes());
+        assert_eq!(b.ts, [6]);
+        assert_eq!(b.native("n1").len(), n.len() - (3 + 8 + 2 + 4 + 4 + 5 + 8 + 1 + 4));
     }
 
     #[test]

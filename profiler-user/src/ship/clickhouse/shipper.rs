@@ -210,7 +210,7 @@ impl Shipper {
             let window = Window::new(to, next)?;
             let node = &self.config.node;
             let shipped = &mut self.shipped_stacks;
-            for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(node, s, shipped))?;
+            for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(s, shipped))?;
             to = next;
         }
         if batch.rows() == 0 {
@@ -240,7 +240,8 @@ impl Shipper {
             self.client.insert(&self.table(schema::CPU_SECONDS), "RowBinary", &rows)?;
         }
         if batch.rows() > 0 {
-            let bytes = self.client.insert(&self.table(schema::SAMPLES), "RowBinary", &batch.samples)?;
+            let native = batch.native(&self.config.node);
+            let bytes = self.client.insert(&self.table(schema::SAMPLES), "Native", &native)?;
             self.stats.rows.fetch_add(batch.rows() as u64, Ordering::Relaxed);
             self.stats.samples.fetch_add(batch.samples_count, Ordering::Relaxed);
             self.stats.sample_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
