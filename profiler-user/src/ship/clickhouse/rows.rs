@@ -130,7 +130,7 @@ impl Batch {
         let mut o = Vec::with_capacity(self.rows() * 40);
         put_len(&mut o, 9);
         put_len(&mut o, self.rows());
-        let mut column = |o: &mut Vec<u8>, name: &str, ty: &str| {
+        let column = |o: &mut Vec<u8>, name: &str, ty: &str| {
             put_str(o, name);
             put_str(o, ty);
         };

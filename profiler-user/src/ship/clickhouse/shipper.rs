@@ -208,7 +208,6 @@ impl Shipper {
         while to < settled.min(day_end) && batch.rows() < self.config.batch_rows {
             let next = (to + STEP_NS).min(settled).min(day_end);
             let window = Window::new(to, next)?;
-            let node = &self.config.node;
             let shipped = &mut self.shipped_stacks;
             for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(s, shipped))?;
             to = next;
