@@ -73,7 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         ExportFormat::Pprof => {
-            let mut b = pprof::Builder::new(hz);
+            let mut b = pprof::Builder::new(hz).for_window(w);
             query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
             b.finish(&mut out)?;
         }

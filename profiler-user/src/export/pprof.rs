@@ -59,6 +59,10 @@ pub struct Label {
     pub str: i64,
     #[prost(int64, tag = "3")]
     pub num: i64,
+    /// pprof's decoder drops a numeric label whose value is 0 unless it has a unit (`cpu=0`,
+    /// pid 0); an unknown unit still matches a plain `-tagfocus=cpu=0`.
+    #[prost(int64, tag = "4")]
+    pub num_unit: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -102,6 +106,8 @@ pub struct Builder {
     workloads: HashMap<String, Vec<Label>>,
     first_ns: Option<u64>,
     last_ns: u64,
+    /// The window asked for: the profile's time and duration.
+    window: Option<crate::query::Window>,
 }
 
 impl Builder {
@@ -114,6 +120,7 @@ impl Builder {
             workloads: HashMap::new(),
             first_ns: None,
             last_ns: 0,
+            window: None,
         };
         b.string(""); // index 0 must be the empty string
         let (samples, count, cpu, ns) =
@@ -122,6 +129,12 @@ impl Builder {
         b.profile.period_type = Some(ValueType { r#type: cpu, unit: ns });
         b.profile.period = b.period_ns;
         b
+    }
+
+    /// The profile covers `w` (its time and duration), not only its first to last sample.
+    pub fn for_window(mut self, w: crate::query::Window) -> Self {
+        self.window = Some(w);
+        self
     }
 
     fn string(&mut self, s: &str) -> i64 {
@@ -148,7 +161,9 @@ impl Builder {
             None => (shown, String::new(), 0),
         };
         let (n, filename) = (self.string(&function), self.string(&file));
-        self.profile.function.push(Function { id, name: n, system_name: n, filename, start_line: 0 });
+        // No system name: pprof demangles, and simplifies, a name equal to its system name
+        // (`Scoped<T>::set` would become `Scoped::set`); ours are final.
+        self.profile.function.push(Function { id, name: n, system_name: 0, filename, start_line: 0 });
         self.profile.location.push(Location { id, line: vec![Line { function_id: id, line }] });
         self.locations.insert((name.to_string(), kernel), id);
         id
@@ -158,15 +173,16 @@ impl Builder {
         let mut ids: Vec<u64> = s.frames.iter().rev().map(|&(n, k)| self.location(n, k)).collect();
         // The comm as the root, as in folded output.
         ids.push(self.location(s.comm, false));
-        let keys = ["cpu", "pid", "tid", "timestamp_ns", "comm"].map(|k| self.string(k));
+        let keys = ["cpu", "pid", "tid", "timestamp_ns", "comm", "nanoseconds"].map(|k| self.string(k));
         let comm = self.string(s.comm);
         let count = s.count as i64;
+        let num = |key: i64, num: i64, num_unit: i64| Label { key, str: 0, num, num_unit };
         let mut label = vec![
-            Label { key: keys[0], str: 0, num: i64::from(s.cpu) },
-            Label { key: keys[1], str: 0, num: i64::from(s.pid) },
-            Label { key: keys[2], str: 0, num: i64::from(s.tid) },
-            Label { key: keys[3], str: 0, num: s.ts_ns as i64 },
-            Label { key: keys[4], str: comm, num: 0 },
+            num(keys[0], i64::from(s.cpu), keys[0]),
+            num(keys[1], i64::from(s.pid), keys[1]),
+            num(keys[2], i64::from(s.tid), keys[2]),
+            num(keys[3], s.ts_ns as i64, keys[5]),
+            Label { key: keys[4], str: comm, num: 0, num_unit: 0 },
         ];
         label.extend(self.workload_labels(s.workload).iter().cloned());
         self.profile.sample.push(Sample {
@@ -188,7 +204,7 @@ impl Builder {
             let labels = fields
                 .unwrap_or_default()
                 .iter()
-                .map(|(k, v)| Label { key: self.string(k), str: self.string(v), num: 0 })
+                .map(|(k, v)| Label { key: self.string(k), str: self.string(v), num: 0, num_unit: 0 })
                 .collect();
             self.workloads.insert(workload.to_string(), labels);
         }
@@ -196,9 +212,15 @@ impl Builder {
     }
 
     pub fn finish(mut self, out: impl Write) -> Result<(), ExportError> {
-        let first = self.first_ns.unwrap_or(0);
-        self.profile.time_nanos = first as i64;
-        self.profile.duration_nanos = self.last_ns.saturating_sub(first) as i64 + self.period_ns;
+        let (time, duration) = match self.window {
+            Some(w) => (w.from_ns, (w.to_ns - w.from_ns) as i64),
+            None => {
+                let first = self.first_ns.unwrap_or(0);
+                (first, self.last_ns.saturating_sub(first) as i64 + self.period_ns)
+            }
+        };
+        self.profile.time_nanos = time as i64;
+        self.profile.duration_nanos = duration;
         let bytes = prost::Message::encode_to_vec(&self.profile);
         let mut gz = flate2::write::GzEncoder::new(out, flate2::Compression::default());
         gz.write_all(&bytes)?;
@@ -252,6 +274,8 @@ mod tests {
         assert_eq!(p.sample[0].value, vec![1, 1_000_000_000 / 99]);
         let labels: Vec<(&str, i64)> = p.sample[2].label.iter().map(|l| (s(l.key), l.num)).collect();
         assert!(labels.contains(&("cpu", 1)) && labels.contains(&("timestamp_ns", 1002)), "{labels:?}");
+        assert!(p.sample[0].label.iter().all(|l| l.str != 0 || l.num_unit != 0), "every numeric label has a unit");
+        assert!(p.function.iter().all(|f| f.system_name == 0), "names are not pprof's to demangle");
         assert_eq!(s(p.sample_type[0].r#type), "samples");
     }
 
