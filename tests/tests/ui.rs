@@ -54,6 +54,7 @@ fn api_answers_and_metrics_parse() {
         return;
     }
     let port = free_port();
+    let started = now_secs();
     let (tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", &format!("127.0.0.1:{port}")]);
     load_token(&data);
     // Without the token, or under another host name (DNS rebinding), the API answers nothing.
@@ -99,6 +100,14 @@ fn api_answers_and_metrics_parse() {
     ] {
         assert!(scrape.samples.iter().any(|s| s.metric == metric), "{metric} missing");
     }
+    // The span runs from the first sample, not from the start of its minute's file.
+    let span = wait_for("the store's span in /metrics", Duration::from_secs(15), || {
+        let (_, body) = get(port, "/metrics");
+        let line = body.lines().find(|l| l.starts_with("profiler_store_span_seconds "))?.to_string();
+        line.rsplit_once(' ')?.1.parse::<f64>().ok().filter(|&v| v > 0.0)
+    });
+    let up = now_secs() - started;
+    assert!(span <= up + 0.5, "the store spans {span} s of a daemon up for {up:.1} s");
     for bad in [
         "/api/heatmap?from=yesterday",
         "/api/flamegraph?cpu=x",

@@ -48,6 +48,7 @@ impl Upkeep {
         let mut memcgs = MemcgCounter::default();
         let mut measured_at: Option<Instant> = None;
         let mut pruned_at: Option<Instant> = None;
+        let mut first_sample: Option<(u64, u64)> = None;
         while !self.stop.load(Ordering::Acquire) {
             self.wait_for_kmsg(MAINTAIN_EVERY);
             if let Some(k) = self.kmsg.as_mut() {
@@ -68,7 +69,7 @@ impl Upkeep {
                 if self.control.send(Control::Zombies(now, memcgs.read(now))).is_err() {
                     return; // the pipeline stage is gone; the supervisor says why
                 }
-                self.measure(now);
+                self.measure(now, &mut first_sample);
             }
         }
     }
@@ -85,11 +86,19 @@ impl Upkeep {
         }
     }
 
-    /// The store's size and span and the daemon's own usage, for /metrics.
-    fn measure(&self, now: u64) {
+    /// The store's size and span and the daemon's own usage, for /metrics. The span runs from
+    /// the first block, not the start of its minute's file; `first` keeps it per first file (it
+    /// changes when retention removes that file).
+    fn measure(&self, now: u64, first: &mut Option<(u64, u64)>) {
         let segments = store::reader::list_segments(&self.data_dir).unwrap_or_default();
         let bytes = segments.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
-        let span = segments.first().map_or(0.0, |(s, _)| now.saturating_sub(*s) as f64 / 1e9);
+        if let Some(&(segment, _)) = segments.first()
+            && first.is_none_or(|(s, _)| s != segment)
+        {
+            let start = store::Store::open(&self.data_dir).and_then(|mut s| s.first_start()).ok().flatten();
+            *first = start.map(|t| (segment, t));
+        }
+        let span = first.map_or(0.0, |(_, t)| now.saturating_sub(t) as f64 / 1e9);
         let (rss, cpu_time) = clock::self_usage();
         if let Ok(mut l) = self.live.lock() {
             l.store_bytes = bytes;

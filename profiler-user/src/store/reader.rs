@@ -166,6 +166,20 @@ impl Store {
         Ok(None)
     }
 
+    /// Start of the first block (the headers of the first segment that has one).
+    pub fn first_start(&mut self) -> Result<Option<u64>, StoreError> {
+        for (start, _) in self.segments()? {
+            let mut first = None;
+            self.scan(start, start.saturating_add(SEGMENT_NS), Need::Headers, &mut |b: BlockView<'_>| {
+                first = Some(first.map_or(b.header.start_ns, |f: u64| f.min(b.header.start_ns)))
+            })?;
+            if first.is_some() {
+                return Ok(first);
+            }
+        }
+        Ok(None)
+    }
+
     /// `[first, last)` covered (from the index, as [`Store::summary`]).
     pub fn span(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
         Ok(self.summary()?.span)
