@@ -78,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             b.finish(&mut out)?;
         }
         ExportFormat::Speedscope => {
-            let mut b = speedscope::Builder::default();
+            let mut b = speedscope::Builder::default().for_window(w);
             let period = 1_000_000_000 / hz.max(1);
             query::for_each_sample(&mut store, w, &filter, |s| b.add(s, period))?;
             b.finish(&format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)), &mut out)?;
