@@ -101,7 +101,8 @@ pub fn write_png(grid: &CpuTime, out: impl Write) -> Result<(), ExportError> {
 
 pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: impl Write) -> Result<(), ExportError> {
     let cols = grid.busy.first().map_or(0, Vec::len);
-    let (w, h) = (cols * W + 70, grid.cpus.len() * H + 50);
+    // At least as wide as the title (11 px sans-serif: ~7 px a character), or it is clipped.
+    let (w, h) = ((cols * W + 70).max(super::text_width(title, 60)), grid.cpus.len() * H + 50);
     writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
@@ -151,6 +152,24 @@ pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: imp
 mod tests {
     use super::*;
     use crate::detect::{Kind, Severity};
+
+    #[test]
+    fn the_picture_is_as_wide_as_its_title() {
+        let grid = CpuTime {
+            first_ns: 0,
+            bucket_ns: 1_000_000_000,
+            requested_bucket_ns: 1_000_000_000,
+            cpus: vec![0, 1],
+            busy: vec![vec![1.0; 3], vec![0.5; 3]],
+            kernel: vec![vec![0.0; 3], vec![0.0; 3]],
+        };
+        let title = "CPU x time, 2026-11-23T14:28:18.000Z to 2026-11-23T14:28:21.000Z";
+        let mut svg = Vec::new();
+        write_svg(&grid, &[], title, &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        let width: usize = svg.split(r#"width=""#).nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert!(width >= 60 + title.len() * 7, "{width} px for a title of {} characters", title.len());
+    }
 
     #[test]
     fn hostile_finding_summaries_keep_the_svg_valid_xml() {

@@ -15,13 +15,29 @@ pub fn write_folded(folded: &Folded, mut out: impl Write) -> Result<(), RenderEr
     Ok(())
 }
 
+/// inferno's image width and its title's font size (its font size + 5): a longer title or
+/// subtitle would run off the picture.
+const IMAGE_WIDTH: usize = 1200;
+const TITLE_CHARS: usize = IMAGE_WIDTH / 11;
+const SUBTITLE_CHARS: usize = IMAGE_WIDTH / 7;
+
+/// `text` made visible and cut to `max` characters, with an ellipsis when cut.
+fn fit(text: &str, max: usize) -> String {
+    let text = crate::text::visible(text);
+    if text.chars().count() <= max {
+        return text.into_owned();
+    }
+    text.chars().take(max - 1).chain(['…']).collect()
+}
+
 /// An interactive SVG flamegraph. Colours are derived from frame names (inferno's `hash`
 /// mode), so the same input always gives the same picture.
 pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) -> Result<(), RenderError> {
     let lines = folded.lines();
     let mut options = inferno::flamegraph::Options::default();
-    options.title = crate::text::visible(title).into_owned();
-    options.subtitle = Some(crate::text::visible(subtitle).into_owned());
+    options.image_width = Some(IMAGE_WIDTH);
+    options.title = fit(title, TITLE_CHARS);
+    options.subtitle = Some(fit(subtitle, SUBTITLE_CHARS));
     options.hash = true;
     options.deterministic = true;
     options.count_name = "samples".into();
@@ -45,8 +61,9 @@ pub fn write_diff_svg(
     inferno::differential::from_readers(opts, &join(baseline)[..], &join(after)[..], &mut diff)?;
     let text = String::from_utf8_lossy(&diff);
     let mut options = inferno::flamegraph::Options::default();
-    options.title = crate::text::visible(title).into_owned();
-    options.subtitle = Some(crate::text::visible(subtitle).into_owned());
+    options.image_width = Some(IMAGE_WIDTH);
+    options.title = fit(title, TITLE_CHARS);
+    options.subtitle = Some(fit(subtitle, SUBTITLE_CHARS));
     options.count_name = "samples".into();
     options.deterministic = true;
     inferno::flamegraph::from_lines(&mut options, text.lines(), out)?;
@@ -115,6 +132,18 @@ mod tests {
             let texts: String = doc.descendants().filter_map(|n| n.text()).collect();
             assert!(texts.contains("evil\\x1b[31m\\x07\\r\\n<&>\\x01"), "{texts}");
         }
+    }
+
+    /// A finding's summary as a title is longer than the picture is wide: it is cut to fit.
+    #[test]
+    fn long_titles_are_cut_to_the_picture() {
+        let long = "CPU 1 saturated ".repeat(20);
+        let mut out = Vec::new();
+        write_svg(&sample(), &long, &long, &mut out).unwrap();
+        let svg = String::from_utf8(out).unwrap();
+        assert!(svg.contains(&format!("{}…", &long[..TITLE_CHARS - 1])), "{svg}");
+        assert!(!svg.contains(long.trim_end()), "the whole title would run off the picture");
+        assert!(svg.contains(r#"width="1200""#));
     }
 
     /// inferno reads a folded line ending in two numbers as a differential one: a name ending in

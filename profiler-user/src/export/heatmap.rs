@@ -125,7 +125,8 @@ const CELL_H: usize = 6;
 pub fn write_svg(grid: &Grid, title: &str, mut out: impl Write) -> Result<(), ExportError> {
     let (cols, rows, k) = (grid.columns, grid.rows, grid.seconds_per_column);
     let max = grid.max();
-    let (w, h) = (cols * CELL_W + 60, rows * CELL_H + 50);
+    // At least as wide as the title (11 px sans-serif: ~7 px a character), or it is clipped.
+    let (w, h) = ((cols * CELL_W + 60).max(super::text_width(title, 50)), rows * CELL_H + 50);
     writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
@@ -255,5 +256,16 @@ mod tests {
         let mut png = Vec::new();
         write_png(&grid(), &mut png).unwrap();
         assert_eq!(&png[1..4], b"PNG");
+    }
+
+    /// A two-second grid is 76 px wide; its title, with two times in it, is not clipped.
+    #[test]
+    fn the_picture_is_as_wide_as_its_title() {
+        let title = "Subsecond heatmap, 2026-11-23T14:28:18.000Z to 2026-11-23T14:28:20.000Z";
+        let mut svg = Vec::new();
+        write_svg(&grid(), title, &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        let width: usize = svg.split(r#"width=""#).nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert!(width >= 50 + title.len() * 7, "{width} px for a title of {} characters", title.len());
     }
 }

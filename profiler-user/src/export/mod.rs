@@ -28,3 +28,9 @@ pub fn write_rgb_png(width: usize, height: usize, pixels: &[u8], out: impl std::
     writer.finish().map_err(std::io::Error::other)?;
     Ok(())
 }
+
+/// Pixels a line of 11 px sans-serif text needs from `x` (a generous 7 px a character: digits
+/// and ISO times are wide).
+pub(crate) fn text_width(text: &str, x: usize) -> usize {
+    x + text.chars().count() * 7 + 10
+}
