@@ -151,6 +151,8 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
     assert!(e.contains("node 'nope' has shipped nothing") && e.contains("fleet-a"), "{e}");
     let e = err(&["heatmap", "--clickhouse", &url, "--from", "100", "--to", "200"]);
     assert!(e.contains("no samples between") && e.contains("node fleet-a shipped"), "{e}");
+    let e = err(&["events", "--clickhouse", &url, "--database", "nope"]);
+    assert!(e.contains("holds no node in database `nope`"), "{e}");
     let e = err(&["cputime", "--clickhouse", "http://127.0.0.1:1", "--from", "-1m"]);
     assert!(e.contains("ClickHouse did not answer") && !e.contains("panicked"), "{e}");
 }

@@ -98,6 +98,11 @@ impl Fleet {
              FROM {} GROUP BY node ORDER BY node",
             self.table(schema::NODES)
         );
+        let missing = |e: &FleetError| {
+            // 81: no such database, 60: no such table (18.16 and current servers alike).
+            matches!(e, FleetError::ClickHouse(ShipError::Server { message, .. })
+                if message.contains("Code: 81") || message.contains("Code: 60"))
+        };
         self.rows(&sql, |r| {
             Ok(Node {
                 name: r.string()?.to_string(),
@@ -107,6 +112,7 @@ impl Fleet {
                 host: r.string()?.to_string(),
             })
         })
+        .map_err(|e| if missing(&e) { FleetError::NoNodes(self.database.clone()) } else { e })
     }
 
     /// The node asked for, or the only one there is.
