@@ -48,6 +48,9 @@ pub enum Command {
     Events(lists::Args),
     /// What the store holds: time range, samples per CPU, lost samples, size.
     Status(status::Args),
+    /// Liveness: exits 1 with a sentence unless a daemon holds the data directory and wrote
+    /// samples recently (cheap: for probes and watchdogs).
+    Health(status::HealthArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -97,5 +100,6 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Findings(args) => lists::findings(args),
         Command::Events(args) => lists::events(args),
         Command::Status(args) => status::run(args),
+        Command::Health(args) => status::health(args),
     }
 }

@@ -23,6 +23,53 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     status(&args.dir.data_dir, args.format)
 }
 
+#[derive(clap::Args)]
+pub struct HealthArgs {
+    #[command(flatten)]
+    pub dir: DataDir,
+    /// Unhealthy when the newest samples in the store are older than this.
+    #[arg(long, default_value = "30s")]
+    pub max_age: String,
+}
+
+/// Whether a daemon holds the data directory's lock.
+fn daemon_running(data_dir: &Path) -> bool {
+    std::fs::OpenOptions::new().write(true).open(data_dir.join("LOCK")).ok().is_some_and(|f| f.try_lock().is_err())
+}
+
+/// A liveness check cheap enough to run every few seconds: a daemon holds the data directory
+/// and its newest samples are recent (the headers of the last segment file are read, nothing
+/// else). A hung daemon, or one whose sampling or writing stopped, fails it.
+pub fn health(args: HealthArgs) -> anyhow::Result<()> {
+    let data_dir = &args.dir.data_dir;
+    let max_age = timespec::parse_duration_ns(&args.max_age)
+        .ok_or_else(|| anyhow::anyhow!("--max-age '{}' is not a duration: use 30s, 2m", args.max_age))?;
+    profiler::store::check_dir(data_dir)?;
+    if !daemon_running(data_dir) {
+        anyhow::bail!("unhealthy: no daemon holds {}: it is not running", data_dir.display());
+    }
+    let now = timespec::now_ns();
+    let started = Meta::read(data_dir).map_or(0, |m| m.started_ns);
+    match Store::open(data_dir)?.last_end()? {
+        Some(end) if now.saturating_sub(end) <= max_age => {
+            println!("healthy: samples written {} ago", timespec::format_duration(now.saturating_sub(end)));
+            Ok(())
+        }
+        // Just started: the first block comes within a flush interval.
+        _ if now.saturating_sub(started) <= max_age => {
+            println!("healthy: started {} ago", timespec::format_duration(now.saturating_sub(started)));
+            Ok(())
+        }
+        Some(end) => anyhow::bail!(
+            "unhealthy: the daemon wrote its newest samples {} ago (limit {}): sampling or writing has stopped; \
+             its log says why",
+            timespec::format_duration(now.saturating_sub(end)),
+            timespec::format_duration(max_age)
+        ),
+        None => anyhow::bail!("unhealthy: the daemon has written no samples since it started"),
+    }
+}
+
 /// Prints the UI's address the daemon left in the data directory.
 pub fn ui(dir: DataDir) -> anyhow::Result<()> {
     profiler::store::check_dir(&dir.data_dir)?;
@@ -40,8 +87,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         tracing::warn!("{w}");
     }
     let meta = Meta::read(data_dir);
-    let daemon_running =
-        std::fs::OpenOptions::new().write(true).open(data_dir.join("LOCK")).ok().is_some_and(|f| f.try_lock().is_err());
+    let daemon_running = daemon_running(data_dir);
     if let StatusFormat::Json = format {
         let json = serde_json::json!({
             "data_dir": data_dir,
