@@ -144,14 +144,20 @@ pub fn read_segment(path: &Path) -> io::Result<Vec<u8>> {
     read_regular(path, MAX_SEGMENT_BYTES)
 }
 
-/// Reads a regular file (never a FIFO, device or symlink) of at most `max` bytes.
-pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+/// Opens a regular file for reading (never a FIFO, device or symlink).
+pub fn open_regular(path: &Path) -> io::Result<File> {
     let f =
         OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
-    let m = f.metadata()?;
-    if !m.is_file() {
+    if !f.metadata()?.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file: skipped"));
     }
+    Ok(f)
+}
+
+/// Reads a regular file (never a FIFO, device or symlink) of at most `max` bytes.
+pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let f = open_regular(path)?;
+    let m = f.metadata()?;
     if m.len() > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,

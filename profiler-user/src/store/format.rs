@@ -138,7 +138,7 @@ impl BlockHeader {
         b
     }
 
-    fn decode(b: &[u8; BLOCK_HEADER_LEN]) -> Self {
+    pub fn decode(b: &[u8; BLOCK_HEADER_LEN]) -> Self {
         let le32 = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let le64 = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         Self {
@@ -153,7 +153,7 @@ impl BlockHeader {
         }
     }
 
-    fn body_len(&self) -> usize {
+    pub fn body_len(&self) -> usize {
         self.dict_len as usize + self.summary_len as usize + self.samples_len as usize
     }
 }

@@ -92,6 +92,10 @@ impl Maintenance {
             if start + SEGMENT_NS > cutoff || !self.rolled.insert(start) {
                 continue;
             }
+            // Rolled up by an earlier run: known from its first block header, for no budget.
+            if matches!(rollup::is_rolled_up_file(&path), Ok(Some(true))) {
+                continue;
+            }
             budget -= 1;
             // Out of the index before the file is replaced; the next refresh indexes the new one.
             let indexer = &mut self.indexer;
@@ -108,5 +112,56 @@ impl Maintenance {
                 Err(e) => tracing::warn!(file = %path.display(), error = %e, "segment not rolled up"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        model::{Sample, Stack},
+        store::{StoreWriter, segments_dir},
+    };
+
+    /// A daemon that starts again over a week of rolled-up minutes rolls the few that are not
+    /// in its first pass, instead of spending its budget re-reading the rolled ones.
+    #[test]
+    fn a_restart_rolls_the_unrolled_minute_first() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(segments_dir(dir.path())).unwrap();
+        let stack = Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 });
+        // Ten minutes, an hour ago.
+        let t0 = (now_ns() - 3600 * 1_000_000_000) / SEGMENT_NS * SEGMENT_NS;
+        let mut w = StoreWriter::new(&segments_dir(dir.path()));
+        for minute in 0..10 {
+            let ts_ns = t0 + minute * SEGMENT_NS + 1_000_000_000;
+            let comm: Arc<str> = Arc::from("app");
+            w.push(&Sample {
+                ts_ns,
+                cpu: 0,
+                pid: 1,
+                tid: 1,
+                cgroup_id: 0,
+                comm,
+                stack: stack.clone(),
+                workload: Arc::from(""),
+            });
+            w.flush(ts_ns).unwrap();
+        }
+        let segments = reader::list_segments(dir.path()).unwrap();
+        assert_eq!(segments.len(), 10);
+        // An earlier run rolled all but the last.
+        for (_, path) in &segments[..9] {
+            rollup::rollup_segment(path).unwrap().expect("rolled");
+            assert_eq!(rollup::is_rolled_up_file(path).unwrap(), Some(true));
+        }
+        let last = &segments[9].1;
+        assert_eq!(rollup::is_rolled_up_file(last).unwrap(), Some(false));
+        let mut m = Maintenance::new(dir.path());
+        let keep = Retention { max_bytes: u64::MAX, max_age_ns: u64::MAX };
+        m.run(dir.path(), &keep, Some(Duration::from_secs(60)), false);
+        assert_eq!(rollup::is_rolled_up_file(last).unwrap(), Some(true), "the unrolled minute, in the first pass");
     }
 }

@@ -26,6 +26,30 @@ pub fn is_rolled_up(data: &[u8]) -> bool {
     Blocks::new(data).find(|(h, _)| h.flags & FLAG_IDENTITY == 0).is_some_and(|(h, _)| h.flags & FLAG_ROLLUP != 0)
 }
 
+/// [`is_rolled_up`] from the block headers at the start of the file, without reading the rest:
+/// a store of a week holds thousands of rolled-up minutes, and a daemon that starts again must
+/// not read each whole to find the few that are not. `None`: no block to tell by yet.
+pub fn is_rolled_up_file(path: &Path) -> std::io::Result<Option<bool>> {
+    use std::os::unix::fs::FileExt;
+
+    use super::format::{BLOCK_HEADER_LEN, SEGMENT_HEADER_LEN};
+    let f = super::files::open_regular(path)?;
+    let mut offset = SEGMENT_HEADER_LEN as u64;
+    let mut head = [0u8; BLOCK_HEADER_LEN];
+    // An identity block comes first in a segment, sometimes two (a restart within the minute).
+    for _ in 0..8 {
+        if f.read_exact_at(&mut head, offset).is_err() {
+            return Ok(None);
+        }
+        let h = super::format::BlockHeader::decode(&head);
+        if h.flags & FLAG_IDENTITY == 0 {
+            return Ok(Some(h.flags & FLAG_ROLLUP != 0));
+        }
+        offset += (BLOCK_HEADER_LEN + h.body_len()) as u64;
+    }
+    Ok(None)
+}
+
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RolledUp {
     pub samples: u64,
