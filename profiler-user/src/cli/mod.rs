@@ -4,6 +4,7 @@
 mod args;
 mod export;
 mod flamegraph;
+mod fleet;
 mod grids;
 mod lists;
 mod output;
@@ -48,6 +49,10 @@ pub enum Command {
     Events(lists::Args),
     /// What the store holds: time range, samples per CPU, lost samples, size.
     Status(status::Args),
+    /// The fleet from ClickHouse: busy shares, saturated cores, findings and events per node,
+    /// the nodes x time grid (JSON), the top stacks across nodes, and what ran before matching
+    /// kernel log events.
+    Fleet(fleet::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -97,5 +102,6 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Findings(args) => lists::findings(args),
         Command::Events(args) => lists::events(args),
         Command::Status(args) => status::run(args),
+        Command::Fleet(args) => fleet::run(args),
     }
 }
