@@ -274,7 +274,7 @@ impl Sql<'_> {
         format!(
             "SELECT toUInt32(cpu), toUInt64(sumIf(count, k = 1)) AS kn, toUInt64(sum(count)) AS n FROM {samples} \
              ANY LEFT JOIN (SELECT stack_id, has(any(kernel), 1) AS k FROM {} WHERE stack_id IN \
-             (SELECT stack_id FROM {samples} WHERE {r}) GROUP BY stack_id) USING stack_id \
+             (SELECT stack_id FROM {samples} WHERE {r}) GROUP BY stack_id) AS s USING stack_id \
              WHERE {r} GROUP BY cpu ORDER BY kn DESC, n DESC, cpu LIMIT 1",
             self.fleet.table(schema::STACKS),
         )
