@@ -329,6 +329,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
         (sql.top(1), "bash\t8\t6\t1"),
         (sql.stacks(&[7]), "7\t['main','do_syscall_64']\t[0,1]"),
         (sql.matching_events("ena.*reset"), &format!("n1\t{}\te1\tena reset", t + 3)),
+        (sql.matching_count("ena.*reset"), "1"),
         (sql.event_cpu("n1", t + 3), "1\t4\t4"),
         (sql.event_stacks("n1", t + 3, 1), "bash\t7\t4"),
     ];
@@ -418,15 +419,15 @@ fn fleet_benchmark() {
     };
     let per_row = |what: &str| {
         let (s, st, c) = (bytes("samples"), bytes("stacks"), bytes("cpu_seconds"));
+        let parts =
+            ch.number("SELECT count() FROM system.parts WHERE active AND database = 'profiler' AND table = 'samples'");
         format!(
-            "{what}: samples {s} B ({:.2} B/row), stacks {st} B, cpu_seconds {c} B; all {:.2} B per sample",
+            "{what} ({parts} parts): samples {s} B ({:.2} B/row), stacks {st} B, cpu_seconds {c} B; all {:.2} B per sample",
             s as f64 / rows as f64,
             (s + st + c) as f64 / rows as f64
         )
     };
-    figures.insert("disk", per_row("as inserted"));
-    ch.query("OPTIMIZE TABLE profiler.samples FINAL").unwrap();
-    figures.insert("disk_merged", per_row("after OPTIMIZE FINAL"));
+    figures.insert("disk", per_row("in ClickHouse"));
 
     let median = |args: Vec<String>| {
         let mut runs = Vec::new();
@@ -491,6 +492,42 @@ fn fleet_benchmark() {
             j["grid"]["bucket_seconds"]
         ),
     );
+    // Where `profiler fleet`'s time goes: each of its queries alone, on the server (FORMAT Null).
+    {
+        use profiler::{
+            fleet::{
+                Fleet,
+                overview::{Sql, choose_bucket},
+            },
+            query::Window,
+        };
+        let fleet = Fleet::new(&url, "profiler").unwrap();
+        let window = Window::new(start, end).unwrap();
+        let sql = Sql { fleet: &fleet, window, nodes: String::new() };
+        let queries = [
+            ("busy", sql.busy()),
+            ("grid", sql.grid(choose_bucket(window).0)),
+            ("samples", sql.samples()),
+            ("findings", sql.findings()),
+            ("events", sql.events()),
+            ("top", sql.top(10)),
+        ];
+        let mut parts = Vec::new();
+        for (name, q) in queries {
+            let mut runs: Vec<f64> = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    ch.query(&format!("{q} FORMAT Null")).unwrap();
+                    t.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect();
+            runs.sort_by(f64::total_cmp);
+            parts.push(format!("{name} {:.0} ms", runs[2]));
+        }
+        figures.insert("fleet_queries", format!("median of 5 each: {}", parts.join(", ")));
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    figures.insert("load", format!("/proc/loadavg at the end: {}", load.trim()));
     for (k, v) in figures {
         println!("FLEET {k}: {v}");
     }

@@ -251,11 +251,21 @@ impl Sql<'_> {
         )
     }
 
-    /// Events whose message matches `pattern`, oldest first, one more than are explained.
+    /// The first [`MAX_EVENTS`] events whose message matches `pattern`, oldest first.
     pub fn matching_events(&self, pattern: &str) -> String {
         format!(
             "SELECT node, ts, id, any(message) FROM {} WHERE {} AND match(message, {}) GROUP BY node, ts, id \
-             ORDER BY ts, node, id",
+             ORDER BY ts, node, id LIMIT {MAX_EVENTS}",
+            self.fleet.table(schema::EVENTS),
+            self.range(),
+            quote_str(pattern)
+        )
+    }
+
+    /// How many events match `pattern` (asked when the list was cut).
+    pub fn matching_count(&self, pattern: &str) -> String {
+        format!(
+            "SELECT toUInt64(uniqExact(node, ts, id)) FROM {} WHERE {} AND match(message, {})",
             self.fleet.table(schema::EVENTS),
             self.range(),
             quote_str(pattern)
@@ -315,6 +325,8 @@ fn select(fleet: &Fleet, asked: &[String]) -> Result<Vec<Node>, FleetError> {
             }
         }
     }
+    // By name, as the per-node list: the grid's rows in the same order.
+    out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 
@@ -449,8 +461,12 @@ fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) -> Result<E
     let all = fleet.rows(&sql.matching_events(pattern), |r| {
         Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.string()?.to_string()))
     })?;
+    let matched = match all.len() {
+        MAX_EVENTS => fleet.rows(&sql.matching_count(pattern), |r| r.u64())?.first().copied().unwrap_or(0),
+        n => n as u64,
+    };
     let mut events = Vec::new();
-    for (node, ts_ns, id, message) in all.iter().take(MAX_EVENTS).cloned() {
+    for (node, ts_ns, id, message) in all {
         let cpu = fleet.rows(&sql.event_cpu(&node, ts_ns), |r| Ok((r.u32()?, r.u64()?, r.u64()?)))?;
         let mut cause = EventCause {
             time: timespec::format(ts_ns),
@@ -476,7 +492,7 @@ fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) -> Result<E
         }
         events.push(cause);
     }
-    Ok(EventAnswer { pattern: pattern.to_string(), matched: all.len() as u64, events })
+    Ok(EventAnswer { pattern: pattern.to_string(), matched, events })
 }
 
 pub use super::overview_text::render_text;
