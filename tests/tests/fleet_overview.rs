@@ -195,6 +195,8 @@ fn fleet_answers_what_the_stores_hold() {
     detect::log::record_finding(&nodes[0].1, &finding).unwrap();
     let shipped = ship_all(&ch, &nodes, end);
     assert!(shipped.iter().all(|s| Stats::get(&s.errors) == 0));
+    // A node that shipped once, long ago.
+    ch.query("INSERT INTO profiler.nodes VALUES ('node-gone', 4, 99, '0-3', 'old-host', 1)").unwrap();
 
     let (from, to) = (format!("{}", start / SEC), format!("{}", end / SEC));
     let j = fleet_json(&["--clickhouse", &url, "--from", &from, "--to", &to]);
@@ -228,6 +230,8 @@ fn fleet_answers_what_the_stores_hold() {
     assert_eq!(top["nodes"], 3);
     assert_eq!(j["top_stacks"].as_array().unwrap().len(), 4, "web's stack, and one more per node");
     assert_eq!(j["samples"].as_u64(), Some(plans.iter().map(|(_, p)| (p[0].busy + p[1].busy) * SECS).sum()));
+    assert_eq!(j["nodes"].as_array().unwrap().len(), 3, "node-gone is counted, not listed");
+    assert_eq!(j["nodes_without_data"], 1);
 
     // The grid: one row per node, a column per second, every cell the node's share.
     let g = &j["grid"];
@@ -250,6 +254,13 @@ fn fleet_answers_what_the_stores_hold() {
     assert_eq!(b["top_stacks"].as_array().unwrap().len(), 1);
     assert_eq!(b["top_stacks"][0]["samples"].as_u64(), Some(25 * SECS));
     assert_eq!(b["top_stacks"][0]["nodes"], 1);
+
+    // Named, a node without data is listed: no busy share, an empty grid row.
+    let gone =
+        fleet_json(&["--clickhouse", &url, "--from", &from, "--to", &to, "--node", "node-gone", "--node", "node-a"]);
+    assert_eq!(gone["grid"]["nodes"], serde_json::json!(["node-a", "node-gone"]));
+    assert_eq!((gone["nodes"][1]["cpus"].as_u64(), gone["nodes"][1]["busy_share"].is_null()), (Some(4), true));
+    assert!(gone["grid"]["values"][1].as_array().unwrap().iter().all(|v| v.is_null()));
 
     // "Which nodes had an ENA reset, and what ran on the NIC's CPU before it."
     let e = fleet_json(&["--clickhouse", &url, "--from", &from, "--to", &to, "--event", "ena.*reset"]);
@@ -276,7 +287,7 @@ fn fleet_answers_what_the_stores_hold() {
 
     // Errors: one sentence that says what to do.
     let e = fleet_error(&["--clickhouse", &url, "--node", "nope"]);
-    assert!(e.contains("node 'nope' has shipped nothing") && e.contains("node-a, node-b, node-c"), "{e}");
+    assert!(e.contains("node 'nope' has shipped nothing") && e.contains("node-a, node-b, node-c, node-gone"), "{e}");
     let e = fleet_error(&["--clickhouse", &url, "--database", "empty"]);
     assert!(e.contains("holds no node in database `empty`"), "{e}");
     let e = fleet_error(&["--clickhouse", "https://h:8123"]);

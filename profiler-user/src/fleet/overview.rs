@@ -58,6 +58,8 @@ pub struct Overview {
     pub from: String,
     pub to: String,
     pub nodes: Vec<NodeSummary>,
+    /// Nodes that shipped once but have nothing in the window (left out of `nodes` unless named).
+    pub nodes_without_data: u64,
     /// Busy samples of the selected nodes in the window.
     pub samples: u64,
     pub top_stacks: Vec<TopStack>,
@@ -374,6 +376,15 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
             s.events = n;
         }
     }
+    // Every node that ever shipped stays in `nodes`: those with nothing in the window (gone,
+    // replaced, not yet started) are counted, not listed, unless named with --node.
+    let quiet = |s: &NodeSummary| s.seconds == 0.0 && s.samples == 0 && s.findings == 0 && s.events == 0;
+    let before = by_node.len();
+    if req.nodes.is_empty() {
+        by_node.retain(|_, s| !quiet(s));
+    }
+    let nodes_without_data = (before - by_node.len()) as u64;
+    let nodes: Vec<Node> = nodes.into_iter().filter(|n| by_node.contains_key(&n.name)).collect();
     let grid = grid(fleet, &sql, &nodes)?;
     let top = fleet.rows(&sql.top(req.top), |r| Ok((r.string()?.to_string(), r.u64()?, r.u64()?, r.u64()?)))?;
     let mut stacks = Stacks::default();
@@ -392,6 +403,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         to: timespec::format(w.to_ns),
         samples: nodes.iter().map(|n| n.samples).sum(),
         nodes,
+        nodes_without_data,
         top_stacks,
         grid,
         events,

@@ -136,6 +136,9 @@ pub fn render_text(o: &Overview) -> String {
         ]);
     }
     t.write(&mut out, "");
+    if o.nodes_without_data > 0 {
+        let _ = writeln!(out, "({} more nodes shipped nothing in this window)", o.nodes_without_data);
+    }
     out.push('\n');
     if o.top_stacks.is_empty() {
         out.push_str("no samples in this window\n");
@@ -195,6 +198,7 @@ mod tests {
             from: "A".into(),
             to: "B".into(),
             nodes: vec![node("node-1", Some(0.5)), node("a-much-longer-node\u{1b}", None)],
+            nodes_without_data: 3,
             samples: 2468,
             top_stacks: vec![TopStack { stack: "app;main;do_syscall_64_[k]".into(), samples: 1000, nodes: 2 }],
             grid: Grid { bucket_seconds: 1, columns: 0, start_ns: 0, nodes: vec![], values: vec![] },
@@ -225,6 +229,7 @@ mod tests {
 node                    cpus   busy  peak cpu  saturated  samples  events  findings
 node-1                     2  50.0%     75.0%      1m 0s     1234       0  2 saturated_core
 a-much-longer-node\\x1b     2      -         -      1m 0s     1234       0  2 saturated_core
+(3 more nodes shipped nothing in this window)
 
 top stacks (of 2468 busy samples)
   samples  share  nodes  stack
