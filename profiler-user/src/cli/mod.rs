@@ -52,6 +52,9 @@ pub enum Command {
     /// The fleet from ClickHouse: busy shares, saturated cores, findings and events per node,
     /// the nodes x time grid (JSON), the top stacks across nodes, and what ran before matching
     /// kernel log events.
+    ///
+    /// Which nodes had an ENA reset in the last day, and what ran on the NIC's CPU before it:
+    /// `profiler fleet --clickhouse URL --from -1d --event 'ena.*[Rr]eset'`.
     Fleet(fleet::Args),
 }
 
