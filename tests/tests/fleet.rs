@@ -154,7 +154,7 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
     let e = err(&["events", "--clickhouse", &url, "--database", "nope"]);
     assert!(e.contains("holds no node in database `nope`"), "{e}");
     let e = err(&["cputime", "--clickhouse", "http://127.0.0.1:1", "--from", "-1m"]);
-    assert!(e.contains("ClickHouse did not answer") && !e.contains("panicked"), "{e}");
+    assert!(e.contains("ClickHouse at 127.0.0.1:1 does not answer") && !e.contains("panicked"), "{e}");
 }
 
 #[test]

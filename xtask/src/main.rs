@@ -40,7 +40,9 @@ enum Cmd {
     /// bytes/sample, query latency, memory on synthetic data), `perf` (bytes/sample next to
     /// `perf record`), `replay` (CPU per sample of the daemon's path, 2 to 192 CPUs, on one core;
     /// REPLAY_QUICK=1 for a short run), `status` (`profiler status` on a 1 GiB store, with and
-    /// without its index).
+    /// without its index), `fleet` (50 synthetic nodes x `--minutes` (default 10) shipped into one
+    /// private ClickHouse 18.16: ingest rate, bytes per sample, `profiler flamegraph --clickhouse`
+    /// and `profiler fleet` latency).
     Bench {
         #[arg(default_value = "spine")]
         which: String,
@@ -50,9 +52,9 @@ enum Cmd {
         /// Rounds of each configuration (overhead).
         #[arg(long, default_value_t = 5)]
         rounds: usize,
-        /// Span of the synthetic store (store).
-        #[arg(long, default_value_t = 60)]
-        minutes: u64,
+        /// Span of the synthetic store (store: 60; fleet: 10).
+        #[arg(long)]
+        minutes: Option<u64>,
     },
     /// The daemon for N minutes at 999 Hz with process churn and a full store: RSS, open files,
     /// lost samples and queries checked throughout (`cargo xtask test` runs 1.5 minutes of it).
@@ -155,7 +157,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let helper = helpers.join("busy-helper");
             match which.as_str() {
                 "spine" => bench::spine(&profiler, &helper, seconds.unwrap_or(60)),
-                "store" => bench::store(&workspace_root(), minutes),
+                "store" => bench::store(&workspace_root(), minutes.unwrap_or(60)),
                 "perf" => bench::perf(&profiler, &helper, seconds.unwrap_or(60)),
                 "overhead" => {
                     bench::overhead::run(&profiler, &helpers.join("hash-work"), &helper, seconds.unwrap_or(15), rounds)
@@ -163,6 +165,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "status" => bench::status(&workspace_root(), &profiler),
                 "unwind" => bench::unwind::run(&workspace_root(), &profiler, seconds.unwrap_or(10)),
                 "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
+                // An ignored test: it needs the test harness's private ClickHouse and the
+                // synthetic stores it builds; the release test binary ships like the daemon.
+                "fleet" => status({
+                    let mut cmd = cargo();
+                    cmd.args(["test", "--release", "--package", "integration-tests", "--test", "fleet_overview"])
+                        .args(["fleet_benchmark", "--", "--ignored", "--nocapture"])
+                        .env("PROFILER_BIN", &profiler)
+                        .env("FLEET_SECS", (minutes.unwrap_or(10) * 60).to_string());
+                    cmd
+                }),
                 "replay" => status({
                     let mut cmd = cargo();
                     cmd.args(["bench", "-q", "--package", "profiler-user", "--bench", "replay"]);
@@ -170,7 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 other => {
                     bail!(
-                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status, unwind"
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status, unwind, fleet"
                     )
                 }
             }

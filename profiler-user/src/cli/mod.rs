@@ -4,6 +4,7 @@
 mod args;
 mod export;
 mod flamegraph;
+mod fleet;
 mod grids;
 mod lists;
 mod output;
@@ -51,6 +52,13 @@ pub enum Command {
     /// Liveness: exits 1 with a sentence unless a daemon holds the data directory and wrote
     /// samples recently (cheap: for probes and watchdogs).
     Health(status::HealthArgs),
+    /// The fleet from ClickHouse: busy shares, saturated cores, findings and events per node,
+    /// the nodes x time grid (JSON), the top stacks across nodes, and what ran before matching
+    /// kernel log events.
+    ///
+    /// Which nodes had an ENA reset in the last day, and what ran on the NIC's CPU before it:
+    /// `profiler fleet --clickhouse URL --from -1d --event 'ena.*[Rr]eset'`.
+    Fleet(fleet::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -101,5 +109,6 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Events(args) => lists::events(args),
         Command::Status(args) => status::run(args),
         Command::Health(args) => status::health(args),
+        Command::Fleet(args) => fleet::run(args),
     }
 }

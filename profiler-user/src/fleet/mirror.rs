@@ -31,7 +31,7 @@ pub const MAX_SAMPLES: u64 = 12_000_000;
 /// window may overlap it.
 const MAX_BLOCK_NS: u64 = 60 * SEC;
 /// Frame of a sample whose stack is missing from `stacks`.
-const MISSING_STACK: &str = "[stack not in ClickHouse]";
+pub(super) const MISSING_STACK: &str = "[stack not in ClickHouse]";
 
 /// A node's window, readable as a data directory; removed when dropped.
 pub struct Mirror {

@@ -4,6 +4,8 @@
 //! questions only the fleet answers ([`overview`]: `profiler fleet`).
 
 pub mod mirror;
+pub mod overview;
+mod overview_text;
 mod rowbinary;
 
 use rowbinary::Reader;
@@ -36,6 +38,10 @@ pub enum FleetError {
     Store(#[from] crate::store::StoreError),
     #[error("cannot create a private directory for the copy: {0}")]
     Temp(#[source] std::io::Error),
+    #[error("ClickHouse at {addr} does not answer ({reason}): is it running, and is --clickhouse right?")]
+    Down { addr: String, reason: String },
+    #[error("--event '{pattern}' is not a regular expression: {reason}")]
+    Pattern { pattern: String, reason: String },
 }
 
 /// A node as `nodes` describes it (its latest row).
@@ -53,6 +59,8 @@ pub struct Node {
 pub struct Fleet {
     client: Client,
     database: String,
+    /// `host:port`, without credentials: for messages.
+    addr: String,
 }
 
 impl Fleet {
@@ -67,7 +75,11 @@ impl Fleet {
             Some((u, p)) => (Some(u), Some(p)),
             None => (None, None),
         };
-        Ok(Self { client: Client::new(&format!("http://{host}"), user, password), database: database.to_string() })
+        Ok(Self {
+            client: Client::new(&format!("http://{host}"), user, password),
+            database: database.to_string(),
+            addr: host.to_string(),
+        })
     }
 
     /// `db.name`, quoted: the plain name is the table itself, or the `Distributed` table over
@@ -82,13 +94,26 @@ impl Fleet {
         sql: &str,
         mut row: impl FnMut(&mut Reader<'_>) -> Result<T, FleetError>,
     ) -> Result<Vec<T>, FleetError> {
-        let bytes = self.client.query_bytes(&format!("{sql} FORMAT RowBinary"))?;
+        let bytes = self.client.query_bytes(&format!("{sql} FORMAT RowBinary")).map_err(|e| self.explain(e))?;
         let mut r = Reader::new(&bytes);
         let mut out = Vec::new();
         while !r.at_end() {
             out.push(row(&mut r)?);
         }
         Ok(out)
+    }
+
+    /// A failed request as the sentence a user can act on: a server that does not answer, a
+    /// database or table nothing shipped to yet.
+    fn explain(&self, e: ShipError) -> FleetError {
+        match e {
+            ShipError::Http(reason) => FleetError::Down { addr: self.addr.clone(), reason },
+            // UNKNOWN_DATABASE (81), UNKNOWN_TABLE (60): nothing was ever shipped here.
+            ShipError::Server { message, .. } if message.contains("Code: 81") || message.contains("Code: 60") => {
+                FleetError::NoNodes(self.database.clone())
+            }
+            e => FleetError::ClickHouse(e),
+        }
     }
 
     /// Every node that shipped, by name.
@@ -98,11 +123,6 @@ impl Fleet {
              FROM {} GROUP BY node ORDER BY node",
             self.table(schema::NODES)
         );
-        let missing = |e: &FleetError| {
-            // 81: no such database, 60: no such table (18.16 and current servers alike).
-            matches!(e, FleetError::ClickHouse(ShipError::Server { message, .. })
-                if message.contains("Code: 81") || message.contains("Code: 60"))
-        };
         self.rows(&sql, |r| {
             Ok(Node {
                 name: r.string()?.to_string(),
@@ -112,7 +132,6 @@ impl Fleet {
                 host: r.string()?.to_string(),
             })
         })
-        .map_err(|e| if missing(&e) { FleetError::NoNodes(self.database.clone()) } else { e })
     }
 
     /// The node asked for, or the only one there is.

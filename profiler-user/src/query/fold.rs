@@ -49,6 +49,21 @@ fn push_name(line: &mut String, name: &str, user: bool) {
     line.push_str(&crate::text::folded_frame(name, user));
 }
 
+/// The folded line of a stack given by name (as ClickHouse's `stacks` holds them): the comm,
+/// then `(frame, kernel)` root first, by the same rules as [`fold_line`].
+pub fn fold_names<'a>(comm: &str, frames: impl IntoIterator<Item = (&'a str, bool)>) -> String {
+    let mut line = String::with_capacity(256);
+    push_name(&mut line, comm, true);
+    for (name, kernel) in frames {
+        line.push(';');
+        push_name(&mut line, name, !kernel);
+        if kernel {
+            line.push_str(KERNEL_SUFFIX);
+        }
+    }
+    line
+}
+
 /// The folded line of one stored stack: comm, user frames, kernel frames marked `_[k]`.
 pub fn fold_line(dict: &Dict, comm: u32, stack: u32) -> String {
     fold_line_with(dict, comm, stack, &mut Vec::new())

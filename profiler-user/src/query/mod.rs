@@ -12,7 +12,7 @@ mod samples;
 use std::path::PathBuf;
 
 pub use cputime::{CpuTime, cpu_time};
-pub use fold::{Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line};
+pub use fold::{Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line, fold_names};
 pub use grid::{Grid, subsecond_grid};
 pub use samples::{SampleRef, for_each_sample};
 

@@ -279,6 +279,8 @@ fn names_cannot_forge_folded_lines_and_huge_grids_are_refused() {
     let mut dict = Dict { strings: vec!["x 12".into(), "x_[k]".into()], ..Default::default() };
     dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: false });
     assert_eq!(fold_line(&dict, 0, 1), "x_12;x_{k}", "a user frame cannot pass for a kernel one");
+    // The same rules for stacks given by name (ClickHouse's `stacks`).
+    assert_eq!(super::fold_names("x 12", [("x_[k]", false), ("f;g", true)]), "x_12;x_{k};f:g_[k]");
     let (_dir, mut store) = write_store(&samples()[..10], &[]);
     // 56 years of seconds: coarsened to the cell budget, not refused, not 20 GB.
     let w = Window::new(NS_PER_SEC, T0).unwrap();

@@ -1,0 +1,579 @@
+//! `profiler fleet`: the questions a node cannot answer alone, asked of ClickHouse for a window
+//! and a set of nodes. Every figure is aggregated by the server (a few thousand rows come
+//! back whatever the fleet's size; raw samples never do):
+//!
+//! - per node: CPUs, mean busy share, the busiest CPU-second, seconds with a saturated core
+//!   (from `cpu_seconds`), busy samples, findings by kind, events;
+//! - a nodes x time grid of busy shares (the fleet heatmap), at most [`MAX_COLUMNS`] columns;
+//! - the stacks that cost the most across the nodes, and on how many nodes each ran;
+//! - with an event pattern: for each matching kernel log event, the CPU that spent most
+//!   samples in the kernel in the [`EVENT_LOOKBACK_NS`] before it, and what ran there.
+//!
+//! The SQL runs on ClickHouse 18.16 and on current servers: no newer functions, no alias
+//! that shadows a column (newer analyzers read those differently), integer results cast to
+//! the width the decoder reads.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use super::{Fleet, FleetError, Node};
+use crate::{
+    query::{Window, fold_names},
+    ship::clickhouse::schema::{self, quote_str},
+    timespec,
+};
+
+const SEC: u64 = 1_000_000_000;
+/// Most columns of the grid: a screen's width of cells, and a bounded answer for any window.
+pub const MAX_COLUMNS: u64 = 600;
+/// Column widths the grid picks from (seconds), so columns fall on round times.
+const BUCKETS: &[u64] = &[1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+/// How far before an event `--event` looks for the CPU and the stacks behind it.
+pub const EVENT_LOOKBACK_NS: u64 = 5 * SEC;
+/// Most events `--event` explains (each costs two small queries); the rest are counted.
+pub const MAX_EVENTS: usize = 100;
+/// Stacks shown per event.
+pub const EVENT_STACKS: usize = 3;
+/// A CPU-second at least this busy (in tenths) is a saturated core.
+const SATURATED_TENTHS: u64 = 9;
+
+/// What to ask.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub window: Window,
+    /// Node names; empty: every node that shipped.
+    pub nodes: Vec<String>,
+    /// Stacks in the top list.
+    pub top: usize,
+    /// A regular expression (ClickHouse `match()`, RE2) over event messages.
+    pub event: Option<String>,
+}
+
+/// The answer, as `--format json` prints it (docs/clickhouse.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    pub from_ns: u64,
+    pub to_ns: u64,
+    pub from: String,
+    pub to: String,
+    pub nodes: Vec<NodeSummary>,
+    /// Nodes that shipped once but have nothing in the window (left out of `nodes` unless named).
+    pub nodes_without_data: u64,
+    /// Busy samples of the selected nodes in the window.
+    pub samples: u64,
+    pub top_stacks: Vec<TopStack>,
+    pub grid: Grid,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<EventAnswer>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct NodeSummary {
+    pub node: String,
+    pub cpus: u32,
+    pub hz: u32,
+    /// busy / (busy + idle) over every CPU and second of the window; `None` without data.
+    pub busy_share: Option<f64>,
+    /// The busiest single CPU over one stored block (a second).
+    pub peak_cpu_busy_share: Option<f64>,
+    /// Seconds in which at least one CPU was at least 90 % busy.
+    pub saturated_seconds: f64,
+    /// Seconds of the window the node has per-CPU counts for.
+    pub seconds: f64,
+    pub samples: u64,
+    /// Samples the node's kernel side could not deliver.
+    pub lost: u64,
+    pub findings: u64,
+    /// Findings per kind.
+    pub finding_kinds: BTreeMap<String, u64>,
+    pub events: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TopStack {
+    /// Folded, as `profiler flamegraph --format folded` writes it.
+    pub stack: String,
+    pub samples: u64,
+    /// Nodes it ran on (1 in an event's list).
+    pub nodes: u64,
+}
+
+/// Busy share per node per column: `values[node][column]`, `None` where the node has no data.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Grid {
+    pub bucket_seconds: u64,
+    pub columns: u64,
+    /// Start of column 0 (the window's start); column `c` starts `c * bucket_seconds` later.
+    pub start_ns: u64,
+    pub nodes: Vec<String>,
+    pub values: Vec<Vec<Option<f64>>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventAnswer {
+    pub pattern: String,
+    /// Matching events in the window; more than `events.len()` when cut at [`MAX_EVENTS`].
+    pub matched: u64,
+    pub events: Vec<EventCause>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventCause {
+    pub node: String,
+    pub ts_ns: u64,
+    pub time: String,
+    pub id: String,
+    pub message: String,
+    /// The CPU with the most kernel-mode samples in the 5 s before (ties: most samples, then
+    /// the lowest number); `None` when the node has no samples there.
+    pub cpu: Option<u32>,
+    pub cpu_kernel_samples: u64,
+    pub cpu_samples: u64,
+    /// That CPU's top stacks in those 5 s.
+    pub stacks: Vec<TopStack>,
+}
+
+/// Columns of `bucket` seconds covering the window, the smallest round bucket within
+/// [`MAX_COLUMNS`] (whole days beyond a day's buckets).
+pub fn choose_bucket(window: Window) -> (u64, u64) {
+    let secs = (window.to_ns - window.from_ns).div_ceil(SEC).max(1);
+    let bucket = BUCKETS
+        .iter()
+        .copied()
+        .find(|b| secs.div_ceil(*b) <= MAX_COLUMNS)
+        .unwrap_or_else(|| secs.div_ceil(MAX_COLUMNS).div_ceil(86_400) * 86_400);
+    (bucket, secs.div_ceil(bucket))
+}
+
+/// ` AND node IN (...)` for the nodes asked for; nothing for all of them.
+pub fn node_filter(nodes: &[String]) -> String {
+    if nodes.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = nodes.iter().map(|n| quote_str(n)).collect();
+    format!(" AND node IN ({})", list.join(", "))
+}
+
+/// The SQL `fleet` sends, built apart from sending it (tested without a server).
+pub struct Sql<'a> {
+    pub fleet: &'a Fleet,
+    pub window: Window,
+    /// [`node_filter`].
+    pub nodes: String,
+}
+
+impl Sql<'_> {
+    fn range(&self) -> String {
+        format!("ts >= {} AND ts < {}{}", self.window.from_ns, self.window.to_ns, self.nodes)
+    }
+
+    /// Per node, CPU and block: the counts, once (a retried batch may have sent a row twice).
+    fn cpu_blocks(&self) -> String {
+        format!(
+            "SELECT node, ts, cpu, max(span) AS sp, max(busy) AS b, max(idle) AS i, max(lost) AS l FROM {} \
+             WHERE {} GROUP BY node, ts, cpu",
+            self.fleet.table(schema::CPU_SECONDS),
+            self.range()
+        )
+    }
+
+    /// Per node: busy, idle, lost, peak CPU share, saturated ns, covered ns.
+    pub fn busy(&self) -> String {
+        format!(
+            "SELECT node, toUInt64(sum(bs)), toUInt64(sum(is)), toUInt64(sum(ls)), toFloat64(max(peak)), \
+             toUInt64(sumIf(span_ns, sat)), toUInt64(sum(span_ns)) FROM \
+             (SELECT node, ts, max(sp) AS span_ns, sum(b) AS bs, sum(i) AS is, sum(l) AS ls, \
+             max(if(b + i = 0, toFloat64(0), b / (b + i))) AS peak, \
+             max(b + i > 0 AND b * 10 >= (b + i) * {SATURATED_TENTHS}) AS sat FROM ({}) GROUP BY node, ts) \
+             GROUP BY node ORDER BY node",
+            self.cpu_blocks()
+        )
+    }
+
+    /// Per node and column: busy and idle.
+    pub fn grid(&self, bucket_secs: u64) -> String {
+        format!(
+            "SELECT node, toUInt32(intDiv(ts - {}, {})) AS col, toUInt64(sum(b)), toUInt64(sum(i)) FROM ({}) \
+             GROUP BY node, col ORDER BY node, col",
+            self.window.from_ns,
+            bucket_secs * SEC,
+            self.cpu_blocks()
+        )
+    }
+
+    /// Busy samples per node.
+    pub fn samples(&self) -> String {
+        format!(
+            "SELECT node, toUInt64(sum(count)) FROM {} WHERE {} GROUP BY node ORDER BY node",
+            self.fleet.table(schema::SAMPLES),
+            self.range()
+        )
+    }
+
+    /// Findings overlapping the window, latest state of each, counted per node and kind.
+    pub fn findings(&self) -> String {
+        format!(
+            "SELECT node, k, toUInt64(count()) FROM (SELECT node, id, argMax(kind, version) AS k, \
+             argMax(end_ts, version) AS e FROM {} WHERE ts < {}{} GROUP BY node, id) \
+             WHERE e = 0 OR e >= {} GROUP BY node, k ORDER BY node, k",
+            self.fleet.table(schema::FINDINGS),
+            self.window.to_ns,
+            self.nodes,
+            self.window.from_ns
+        )
+    }
+
+    /// Distinct events per node.
+    pub fn events(&self) -> String {
+        format!(
+            "SELECT node, toUInt64(uniqExact(ts, id)) FROM {} WHERE {} GROUP BY node ORDER BY node",
+            self.fleet.table(schema::EVENTS),
+            self.range()
+        )
+    }
+
+    /// The `top` (comm, stack) pairs with the most samples, and on how many nodes each ran.
+    pub fn top(&self, top: usize) -> String {
+        format!(
+            "SELECT comm, stack_id, toUInt64(sum(count)) AS n, toUInt64(uniqExact(node)) FROM {} WHERE {} \
+             GROUP BY comm, stack_id ORDER BY n DESC, comm, stack_id LIMIT {top}",
+            self.fleet.table(schema::SAMPLES),
+            self.range()
+        )
+    }
+
+    /// Frames of the stacks named (one row per id, whatever merges have done yet).
+    pub fn stacks(&self, ids: &[u64]) -> String {
+        let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+        format!(
+            "SELECT stack_id, any(frames), any(kernel) FROM {} WHERE stack_id IN ({}) GROUP BY stack_id",
+            self.fleet.table(schema::STACKS),
+            list.join(", ")
+        )
+    }
+
+    /// The first [`MAX_EVENTS`] events whose message matches `pattern`, oldest first.
+    pub fn matching_events(&self, pattern: &str) -> String {
+        format!(
+            "SELECT node, ts, id, any(message) FROM {} WHERE {} AND match(message, {}) GROUP BY node, ts, id \
+             ORDER BY ts, node, id LIMIT {MAX_EVENTS}",
+            self.fleet.table(schema::EVENTS),
+            self.range(),
+            quote_str(pattern)
+        )
+    }
+
+    /// How many events match `pattern` (asked when the list was cut).
+    pub fn matching_count(&self, pattern: &str) -> String {
+        format!(
+            "SELECT toUInt64(uniqExact(node, ts, id)) FROM {} WHERE {} AND match(message, {})",
+            self.fleet.table(schema::EVENTS),
+            self.range(),
+            quote_str(pattern)
+        )
+    }
+
+    /// `node = ... AND ts` in the lookback before `ts_ns`.
+    fn before(node: &str, ts_ns: u64) -> String {
+        Fleet::node_range(node, ts_ns.saturating_sub(EVENT_LOOKBACK_NS), ts_ns)
+    }
+
+    /// The CPU with the most kernel-mode samples (a stack with kernel frames) before an event.
+    pub fn event_cpu(&self, node: &str, ts_ns: u64) -> String {
+        let r = Self::before(node, ts_ns);
+        let samples = self.fleet.table(schema::SAMPLES);
+        format!(
+            "SELECT toUInt32(cpu), toUInt64(sumIf(count, k = 1)) AS kn, toUInt64(sum(count)) AS n FROM {samples} \
+             ANY LEFT JOIN (SELECT stack_id, has(any(kernel), 1) AS k FROM {} WHERE stack_id IN \
+             (SELECT stack_id FROM {samples} WHERE {r}) GROUP BY stack_id) AS s USING stack_id \
+             WHERE {r} GROUP BY cpu ORDER BY kn DESC, n DESC, cpu LIMIT 1",
+            self.fleet.table(schema::STACKS),
+        )
+    }
+
+    /// That CPU's top stacks before the event.
+    pub fn event_stacks(&self, node: &str, ts_ns: u64, cpu: u32) -> String {
+        format!(
+            "SELECT comm, stack_id, toUInt64(sum(count)) AS n FROM {} WHERE {} AND cpu = {cpu} \
+             GROUP BY comm, stack_id ORDER BY n DESC, comm, stack_id LIMIT {EVENT_STACKS}",
+            self.fleet.table(schema::SAMPLES),
+            Self::before(node, ts_ns),
+        )
+    }
+}
+
+/// The nodes asked for, as `nodes` describes them; every node when none is named.
+fn select(fleet: &Fleet, asked: &[String]) -> Result<Vec<Node>, FleetError> {
+    let all = fleet.nodes()?;
+    if all.is_empty() {
+        return Err(FleetError::NoNodes(fleet.database.clone()));
+    }
+    if asked.is_empty() {
+        return Ok(all);
+    }
+    let mut out = Vec::new();
+    for name in asked {
+        match all.iter().find(|n| &n.name == name) {
+            Some(n) if !out.contains(n) => out.push(n.clone()),
+            Some(_) => {}
+            None => {
+                let mut known = all.iter().take(10).map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ");
+                let more = all.len().saturating_sub(10);
+                if more > 0 {
+                    known.push_str(&format!(" and {more} more"));
+                }
+                return Err(FleetError::UnknownNode { node: name.clone(), known });
+            }
+        }
+    }
+    // By name, as the per-node list: the grid's rows in the same order.
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Answers `req`.
+pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
+    if let Some(p) = &req.event {
+        // RE2 (ClickHouse) and Rust's regex agree on the syntax that matters here; checking
+        // first turns a typo into a sentence instead of a server error.
+        regex::Regex::new(p).map_err(|e| FleetError::Pattern { pattern: p.clone(), reason: e.to_string() })?;
+    }
+    let nodes = select(fleet, &req.nodes)?;
+    let w = req.window;
+    let sql = Sql { fleet, window: w, nodes: node_filter(&req.nodes) };
+    let mut by_node: BTreeMap<String, NodeSummary> = nodes
+        .iter()
+        .map(|n| (n.name.clone(), NodeSummary { node: n.name.clone(), cpus: n.cpus, hz: n.hz, ..Default::default() }))
+        .collect();
+    let busy = fleet.rows(&sql.busy(), |r| {
+        Ok((r.string()?.to_string(), r.u64()?, r.u64()?, r.u64()?, r.f64()?, r.u64()?, r.u64()?))
+    })?;
+    for (node, b, i, lost, peak, sat_ns, span_ns) in busy {
+        if let Some(s) = by_node.get_mut(&node) {
+            s.busy_share = share(b, i);
+            s.peak_cpu_busy_share = s.busy_share.map(|_| peak);
+            s.saturated_seconds = sat_ns as f64 / SEC as f64;
+            s.seconds = span_ns as f64 / SEC as f64;
+            s.lost = lost;
+        }
+    }
+    for (node, n) in fleet.rows(&sql.samples(), |r| Ok((r.string()?.to_string(), r.u64()?)))? {
+        if let Some(s) = by_node.get_mut(&node) {
+            s.samples = n;
+        }
+    }
+    for (node, kind, n) in
+        fleet.rows(&sql.findings(), |r| Ok((r.string()?.to_string(), r.string()?.to_string(), r.u64()?)))?
+    {
+        if let Some(s) = by_node.get_mut(&node) {
+            s.findings += n;
+            *s.finding_kinds.entry(kind).or_default() += n;
+        }
+    }
+    for (node, n) in fleet.rows(&sql.events(), |r| Ok((r.string()?.to_string(), r.u64()?)))? {
+        if let Some(s) = by_node.get_mut(&node) {
+            s.events = n;
+        }
+    }
+    // Every node that ever shipped stays in `nodes`: those with nothing in the window (gone,
+    // replaced, not yet started) are counted, not listed, unless named with --node.
+    let quiet = |s: &NodeSummary| s.seconds == 0.0 && s.samples == 0 && s.findings == 0 && s.events == 0;
+    let before = by_node.len();
+    if req.nodes.is_empty() {
+        by_node.retain(|_, s| !quiet(s));
+    }
+    let nodes_without_data = (before - by_node.len()) as u64;
+    let nodes: Vec<Node> = nodes.into_iter().filter(|n| by_node.contains_key(&n.name)).collect();
+    let grid = grid(fleet, &sql, &nodes)?;
+    let top = fleet.rows(&sql.top(req.top), |r| Ok((r.string()?.to_string(), r.u64()?, r.u64()?, r.u64()?)))?;
+    let mut stacks = Stacks::default();
+    stacks.fetch(&sql, top.iter().map(|t| t.1))?;
+    let top_stacks: Vec<TopStack> =
+        top.iter().map(|(comm, id, n, k)| TopStack { stack: stacks.line(comm, *id), samples: *n, nodes: *k }).collect();
+    let events = match &req.event {
+        Some(p) => Some(explain_events(&sql, p, &mut stacks)?),
+        None => None,
+    };
+    let nodes: Vec<NodeSummary> = by_node.into_values().collect();
+    Ok(Overview {
+        from_ns: w.from_ns,
+        to_ns: w.to_ns,
+        from: timespec::format(w.from_ns),
+        to: timespec::format(w.to_ns),
+        samples: nodes.iter().map(|n| n.samples).sum(),
+        nodes,
+        nodes_without_data,
+        top_stacks,
+        grid,
+        events,
+    })
+}
+
+fn share(busy: u64, idle: u64) -> Option<f64> {
+    (busy + idle > 0).then(|| busy as f64 / (busy + idle) as f64)
+}
+
+fn grid(fleet: &Fleet, sql: &Sql<'_>, nodes: &[Node]) -> Result<Grid, FleetError> {
+    let (bucket, columns) = choose_bucket(sql.window);
+    let row_of: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    let mut values = vec![vec![None; columns as usize]; nodes.len()];
+    let cells = fleet.rows(&sql.grid(bucket), |r| Ok((r.string()?.to_string(), r.u32()?, r.u64()?, r.u64()?)))?;
+    for (node, col, b, i) in cells {
+        if let Some(v) = row_of.get(node.as_str()).and_then(|&row| values[row].get_mut(col as usize)) {
+            *v = share(b, i);
+        }
+    }
+    Ok(Grid {
+        bucket_seconds: bucket,
+        columns,
+        start_ns: sql.window.from_ns,
+        nodes: nodes.iter().map(|n| n.name.clone()).collect(),
+        values,
+    })
+}
+
+/// Frames of the stacks the answer names, fetched in one query per batch of ids.
+#[derive(Default)]
+struct Stacks {
+    frames: HashMap<u64, (Vec<String>, Vec<u8>)>,
+}
+
+impl Stacks {
+    fn fetch(&mut self, sql: &Sql<'_>, ids: impl Iterator<Item = u64>) -> Result<(), FleetError> {
+        let mut ids: Vec<u64> = ids.filter(|id| !self.frames.contains_key(id)).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let rows = sql.fleet.rows(&sql.stacks(&ids), |r| {
+            Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect(), r.bytes()?.to_vec()))
+        })?;
+        for (id, frames, kernel) in rows {
+            self.frames.insert(id, (frames, kernel));
+        }
+        Ok(())
+    }
+
+    /// The folded line of `comm` on stack `id` (the mirror's mark when the stack is missing).
+    fn line(&self, comm: &str, id: u64) -> String {
+        match self.frames.get(&id) {
+            Some((frames, kernel)) => fold_names(
+                comm,
+                frames.iter().zip(kernel.iter().chain(std::iter::repeat(&0))).map(|(f, k)| (f.as_str(), *k == 1)),
+            ),
+            None => fold_names(comm, [(super::mirror::MISSING_STACK, false)]),
+        }
+    }
+}
+
+fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) -> Result<EventAnswer, FleetError> {
+    let fleet = sql.fleet;
+    let all = fleet.rows(&sql.matching_events(pattern), |r| {
+        Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.string()?.to_string()))
+    })?;
+    let matched = match all.len() {
+        MAX_EVENTS => fleet.rows(&sql.matching_count(pattern), |r| r.u64())?.first().copied().unwrap_or(0),
+        n => n as u64,
+    };
+    let mut events = Vec::new();
+    for (node, ts_ns, id, message) in all {
+        let cpu = fleet.rows(&sql.event_cpu(&node, ts_ns), |r| Ok((r.u32()?, r.u64()?, r.u64()?)))?;
+        let mut cause = EventCause {
+            time: timespec::format(ts_ns),
+            node,
+            ts_ns,
+            id,
+            message,
+            cpu: None,
+            cpu_kernel_samples: 0,
+            cpu_samples: 0,
+            stacks: Vec::new(),
+        };
+        if let Some(&(cpu, kernel, n)) = cpu.first() {
+            let top = fleet.rows(&sql.event_stacks(&cause.node, ts_ns, cpu), |r| {
+                Ok((r.string()?.to_string(), r.u64()?, r.u64()?))
+            })?;
+            stacks.fetch(sql, top.iter().map(|t| t.1))?;
+            cause.stacks = top
+                .iter()
+                .map(|(comm, id, n)| TopStack { stack: stacks.line(comm, *id), samples: *n, nodes: 1 })
+                .collect();
+            (cause.cpu, cause.cpu_kernel_samples, cause.cpu_samples) = (Some(cpu), kernel, n);
+        }
+        events.push(cause);
+    }
+    Ok(EventAnswer { pattern: pattern.to_string(), matched, events })
+}
+
+pub use super::overview_text::render_text;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(secs: u64) -> Window {
+        Window::new(1000 * SEC, (1000 + secs) * SEC).unwrap()
+    }
+
+    #[test]
+    fn buckets_are_round_and_columns_stay_within_the_limit() {
+        assert_eq!(choose_bucket(w(600)), (1, 600));
+        assert_eq!(choose_bucket(w(601)), (2, 301));
+        assert_eq!(choose_bucket(w(3600)), (10, 360));
+        assert_eq!(choose_bucket(w(86_400)), (300, 288));
+        assert_eq!(choose_bucket(Window::new(0, 1).unwrap()), (1, 1));
+        // Beyond the list: whole days.
+        let (b, c) = choose_bucket(w(2000 * 86_400));
+        assert!(b % 86_400 == 0 && c <= MAX_COLUMNS, "{b} {c}");
+        for secs in [1, 59, 599, 600, 601, 7_777, 604_800, 31_536_000] {
+            let (b, c) = choose_bucket(w(secs));
+            assert!(c <= MAX_COLUMNS && b * c >= secs && b * (c - 1) < secs, "{secs}: {b} x {c}");
+        }
+    }
+
+    #[test]
+    fn sql_quotes_what_users_type() {
+        assert_eq!(node_filter(&[]), "");
+        assert_eq!(node_filter(&["a".into(), "b'c\\".into()]), " AND node IN ('a', 'b\\'c\\\\')");
+        let fleet = Fleet::new("http://h:1", "p`x").unwrap();
+        let sql = Sql { fleet: &fleet, window: w(10), nodes: node_filter(&["n'1".into()]) };
+        let busy = sql.busy();
+        assert!(
+            busy.contains(
+                "FROM `p\\`x`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1010000000000 AND node IN ('n\\'1')"
+            ),
+            "{busy}"
+        );
+        let ev = sql.matching_events("ena.*reset'; DROP TABLE x");
+        assert!(ev.contains("match(message, 'ena.*reset\\'; DROP TABLE x')"), "{ev}");
+        let cpu = sql.event_cpu("n'1", 20 * SEC);
+        assert!(cpu.contains("node = 'n\\'1' AND ts >= 15000000000 AND ts < 20000000000"), "{cpu}");
+        assert_eq!(cpu.matches("ts >= 15000000000").count(), 2, "{cpu}");
+        assert!(sql.stacks(&[3, u64::MAX]).contains("stack_id IN (3, 18446744073709551615)"));
+        assert!(sql.grid(10).contains("intDiv(ts - 1000000000000, 10000000000)"));
+        assert!(sql.top(7).ends_with("LIMIT 7"));
+    }
+
+    #[test]
+    fn missing_stacks_and_kernel_frames_fold_like_the_rest() {
+        let mut s = Stacks::default();
+        s.frames.insert(1, (vec!["main".into(), "x;y".into(), "do_syscall_64".into()], vec![0, 0, 1]));
+        assert_eq!(s.line("a 1", 1), "a_1;main;x:y;do_syscall_64_[k]");
+        assert_eq!(s.line("c", 2), "c;[stack not in ClickHouse]");
+        assert_eq!(share(0, 0), None);
+        assert_eq!(share(9, 1), Some(0.9));
+    }
+
+    #[test]
+    fn bad_patterns_are_a_sentence() {
+        let fleet = Fleet::new("http://127.0.0.1:1", "p").unwrap();
+        let req = Request { window: w(10), nodes: vec![], top: 10, event: Some("ena(".into()) };
+        let e = overview(&fleet, &req).unwrap_err().to_string();
+        assert!(e.starts_with("--event 'ena(' is not a regular expression"), "{e}");
+        let req = Request { event: None, ..req };
+        let e = overview(&fleet, &req).unwrap_err().to_string();
+        assert!(e.starts_with("ClickHouse at 127.0.0.1:1 does not answer"), "{e}");
+    }
+}
