@@ -316,7 +316,8 @@ fn fleet_sql_runs_on_current_clickhouse() {
         skip("the PyPI package chdb (embedded current ClickHouse) is not installed: `pip install chdb`");
         return;
     }
-    let mut statements = schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800) });
+    let mut statements =
+        schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800), codecs: true });
     let t = 1_795_000_000 * SEC;
     statements.extend([
         "INSERT INTO p.nodes VALUES ('n1', 2, 99, '0-1', 'h', 1)".to_string(),
