@@ -62,6 +62,9 @@ fn api_answers_and_metrics_parse() {
     assert_eq!(code, 401, "{body}");
     let (code, body) = get_as(port, "/api/flamegraph?format=folded", "attacker.example", Some(&token()));
     assert_eq!(code, 403, "{body}");
+    // On loopback even the metrics keep the Host check (a rebound name is refused).
+    let (code, body) = get_as(port, "/metrics", "attacker.example", None);
+    assert_eq!(code, 403, "{body}");
     let mode = std::fs::metadata(data.join("ui-url")).unwrap().permissions();
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
     // Busy shares appear once the detectors have evaluated a complete second.
@@ -146,6 +149,26 @@ fn api_answers_and_metrics_parse() {
     }
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 50);
+    assert!(daemon.stop().success());
+}
+
+/// Listening beyond loopback (as the DaemonSet does, for Prometheus): `/metrics` answers a
+/// scraper that names the node's address, the API still refuses it.
+#[test]
+fn metrics_are_scraped_off_loopback_but_the_api_is_not() {
+    if !privileged("metrics_are_scraped_off_loopback_but_the_api_is_not") {
+        return;
+    }
+    let port = free_port();
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", &format!("0.0.0.0:{port}")]);
+    let token = load_token(&data);
+    let node = format!("10.1.2.3:{port}");
+    let (code, body) = get_as(port, "/metrics", &node, None);
+    assert!(code == 200 && body.contains("profiler_samples_total"), "{code}: {body}");
+    let (code, body) = get_as(port, "/api/heatmap?from=-30s", &node, Some(&token));
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = get_as(port, "/api/heatmap?from=-30s", &format!("localhost:{port}"), Some(&token));
+    assert_eq!(code, 200, "{body}");
     assert!(daemon.stop().success());
 }
 

@@ -353,7 +353,13 @@ async fn serve(
         std::net::IpAddr::V6(ip) => format!("[{ip}]"),
         ip => ip.to_string(),
     });
-    let state = crate::serve::AppState { data_dir: data_dir.to_path_buf(), live, token: token.clone(), hosts };
+    let state = crate::serve::AppState {
+        data_dir: data_dir.to_path_buf(),
+        live,
+        token: token.clone(),
+        hosts,
+        metrics_from_any_host: !addr.ip().is_loopback(),
+    };
     match crate::serve::spawn(addr, state).await {
         Ok(bound) => {
             let url = format!("http://{bound}/#token={token}");

@@ -40,6 +40,10 @@ pub struct AppState {
     pub token: String,
     /// Host names a request may carry (defeats DNS rebinding).
     pub hosts: Vec<String>,
+    /// `/metrics` answers whatever the Host: the server listens beyond loopback, where a
+    /// scraper names the node's address. (On loopback the Host check stays: it is what keeps a
+    /// web page from reading even the metrics through a rebound name.)
+    pub metrics_from_any_host: bool,
 }
 
 /// A fresh random token (128 bits from the kernel's RNG), as hex.
@@ -63,6 +67,10 @@ struct Shared {
 
 async fn guard(State(s): State<Shared>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let s = &s.app;
+    // The metrics name no secret and the token-protected API keeps its Host check.
+    if s.metrics_from_any_host && req.uri().path() == "/metrics" {
+        return next.run(req).await;
+    }
     let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     let name =
         host.rsplit_once(':').map_or(host, |(h, port)| if port.chars().all(|c| c.is_ascii_digit()) { h } else { host });
