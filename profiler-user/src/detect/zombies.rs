@@ -264,3 +264,20 @@ impl Zombies {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// cgroup v2 counts come from the root's `cgroup.stat` (the incident's node: 240 live memory
+    /// cgroups, 70,000 dying).
+    #[test]
+    fn v2_counts_live_and_dying_from_cgroup_stat() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.stat"), "nr_descendants 239\nnr_dying_descendants 70000\n").unwrap();
+        let h = Hierarchy::V2 { mount: dir.path().to_str().unwrap().to_string() };
+        assert_eq!(count(&h, 7), Some(MemcgCount { ts_ns: 7, live: 240, dying: 70_000 }));
+        std::fs::write(dir.path().join("cgroup.stat"), "nr_descendants x\n").unwrap();
+        assert_eq!(count(&h, 7), None, "an unreadable count is no count, not zero");
+    }
+}

@@ -82,13 +82,24 @@ mod tests {
     }
 
     #[test]
-    fn differential_svg_renders_both_windows() {
+    fn differential_svg_colours_what_grew_red_and_what_shrank_blue() {
         let mut before = sample();
         before.stacks.insert("app;main;spin".into(), 1);
         let mut out = Vec::new();
         write_diff_svg(&before, &sample(), "t", "s", &mut out).unwrap();
         let svg = String::from_utf8(out).unwrap();
-        assert!(svg.contains("<svg") && svg.contains("spin"));
+        // Normalised: spin grew from 25 % to 70 % of the samples (red), the read shrank (blue).
+        let fill_after = |title: &str| {
+            let at = svg.find(title).unwrap_or_else(|| panic!("{title} in {svg}"));
+            let rest = &svg[at..];
+            let fill = &rest[rest.find("fill=\"rgb(").unwrap() + 10..];
+            let rgb: Vec<u32> = fill[..fill.find(')').unwrap()].split(',').map(|v| v.parse().unwrap()).collect();
+            (rgb[0], rgb[2])
+        };
+        let (r, b) = fill_after("<title>spin (7 samples, 70.00%; +50.00%)</title>");
+        assert!(r > b, "spin grew: red, not rgb({r},_,{b})");
+        let (r, b) = fill_after("<title>ksys_read (3 samples, 30.00%; -40.00%)</title>");
+        assert!(b > r, "ksys_read shrank: blue, not rgb({r},_,{b})");
     }
 
     #[test]
