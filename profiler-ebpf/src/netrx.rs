@@ -76,7 +76,7 @@ pub fn softirq_entry(ctx: TracePointContext) -> u32 {
     let Some(s) = stats() else { return 0 };
     s[netrx::ENTRIES] += 1;
     crate::raise_max(s, netrx::EPOCH, &MAXIMA, netrx::LATENCY_MAX, waited);
-    let bucket = (63 - waited.max(1).leading_zeros()).min(LATENCY_BUCKETS - 1);
+    let bucket = profiler_common::latency_bucket(waited).min(LATENCY_BUCKETS - 1);
     if let Some(n) = s.get_mut(netrx::HISTOGRAM + bucket as usize) {
         *n += 1;
     }

@@ -6,7 +6,8 @@ use serde_json::json;
 
 use super::{Active, Kind, Second, Severity, Thresholds, percent, top_processes};
 
-/// The upper bound (ns) of the histogram bucket holding the `q` quantile.
+/// The upper bound (ns) of the histogram bucket holding the `q` quantile (at most 12.5 % over
+/// the true value: `profiler_common::latency_bucket`).
 pub fn quantile_ns(histogram: &[u64], q: f64) -> Option<u64> {
     let total: u64 = histogram.iter().sum();
     if total == 0 {
@@ -17,7 +18,7 @@ pub fn quantile_ns(histogram: &[u64], q: f64) -> Option<u64> {
     for (i, &n) in histogram.iter().enumerate() {
         seen += n;
         if seen >= target {
-            return Some(1u64 << (i + 1).min(63));
+            return Some(profiler_common::latency_bucket_end(i as u32));
         }
     }
     None
@@ -96,14 +97,36 @@ mod tests {
         model::Stack,
     };
 
+    fn histogram(waits_ns: &[(u64, u64)]) -> Vec<u64> {
+        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
+        for &(ns, n) in waits_ns {
+            h[profiler_common::latency_bucket(ns) as usize] += n;
+        }
+        h
+    }
+
     #[test]
-    fn quantiles_from_log2_buckets() {
-        let mut h = vec![0u64; 36];
-        h[10] = 98; // ~1 µs
-        h[23] = 2; // ~8 ms
-        assert_eq!(quantile_ns(&h, 0.5), Some(2048));
-        assert_eq!(quantile_ns(&h, 0.99), Some(1 << 24));
+    fn quantiles_overstate_by_at_most_an_eighth() {
+        let h = histogram(&[(1_000, 98), (8_000_000, 2)]);
+        assert_eq!(quantile_ns(&h, 0.5), Some(1_024));
+        assert_eq!(quantile_ns(&h, 0.99), Some(8_388_608));
         assert_eq!(quantile_ns(&[0; 4], 0.99), None);
+        // Below 8 ns buckets are whole powers of two (no wait is that short).
+        for ns in [8, 9, 15, 1_000, 4_190_000, 4_999_999, 123_456_789] {
+            let end = profiler_common::latency_bucket_end(profiler_common::latency_bucket(ns));
+            assert!(end > ns && end as f64 <= ns as f64 * 1.125 + 1.0, "{ns} ns reads as up to {end}");
+        }
+    }
+
+    /// A true p99 of 4.19 ms is under a 5 ms threshold (whole powers of two read it as 8.4 ms).
+    #[test]
+    fn a_p99_just_under_the_threshold_does_not_fire() {
+        let h = histogram(&[(100_000, 900), (4_190_000, 100)]);
+        let n = NetRxSecond { runs: 1000, histogram: h, latency_max_ns: 4_190_000, poll_gap_max_ns: 0 };
+        assert!(evaluate(&second(n), &Thresholds::default(), &Default::default()).is_empty());
+        let h = histogram(&[(100_000, 900), (5_600_000, 100)]);
+        let n = NetRxSecond { runs: 1000, histogram: h, latency_max_ns: 5_600_000, poll_gap_max_ns: 0 };
+        assert_eq!(evaluate(&second(n), &Thresholds::default(), &Default::default()).len(), 1);
     }
 
     fn second(netrx: NetRxSecond) -> Second {
@@ -145,8 +168,7 @@ mod tests {
 
     #[test]
     fn healthy_softirqs_are_quiet() {
-        let mut h = vec![0u64; 36];
-        h[12] = 1000;
+        let h = histogram(&[(5_000, 1000)]);
         let n = NetRxSecond { runs: 1000, histogram: h, latency_max_ns: 90_000, poll_gap_max_ns: 2_000_000 };
         assert!(evaluate(&second(n), &Thresholds::default(), &Default::default()).is_empty());
     }
