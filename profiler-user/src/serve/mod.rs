@@ -392,3 +392,6 @@ pub fn router(state: AppState) -> Router {
 pub async fn spawn(addr: SocketAddr, state: AppState) -> std::io::Result<SocketAddr> {
     listener::spawn(addr, router(state))
 }
+
+#[cfg(test)]
+mod guard_tests;
