@@ -57,6 +57,19 @@ pub fn unmarked(name: &str) -> Cow<'_, str> {
     }
 }
 
+/// `s` cut to at most `max` bytes (at a character boundary) and marked with an ellipsis when cut.
+pub fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut at = max.saturating_sub('…'.len_utf8());
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+        s.push('…');
+    }
+    s
+}
+
 /// One frame (or the comm) of a folded line (`comm;frame;frame count`), the format inferno and
 /// flamegraph.pl read: hidden characters escaped, `;` (which separates frames) written `:`, and a
 /// trailing ` <digits>` written `_<digits>`, since inferno reads a line ending in two numbers as a
@@ -139,6 +152,14 @@ pub fn perf_frame(name: &str, user: bool) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cut_keeps_a_character_boundary_and_says_it_cut() {
+        assert_eq!(cut("short".into(), 10), "short");
+        let c = cut("ééééé".into(), 6);
+        assert!(c.len() <= 6 && c.ends_with('…'), "{c}");
+        assert_eq!(cut("abcdefgh".into(), 6), "abc…");
+    }
 
     #[test]
     fn control_characters_become_visible() {

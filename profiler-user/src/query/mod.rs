@@ -166,6 +166,8 @@ fn held(store: &mut Store) -> Result<String, StoreError> {
 }
 
 #[cfg(test)]
+mod crafted_tests;
+#[cfg(test)]
 mod properties;
 #[cfg(test)]
 mod tests;

@@ -51,6 +51,9 @@ const MAX_DECOMPRESSED: usize = 64 << 20;
 /// Most frames a stored stack may have (the kernel side copies at most 127 + 127): a crafted
 /// dictionary chaining a million nodes would otherwise fold into lines of megabytes.
 pub const MAX_STACK_FRAMES: usize = 512;
+/// Longest name a reader keeps (longer ones are cut): no real symbol comes near it, and a
+/// crafted dictionary of huge names would make every query build gigabytes of text.
+pub const MAX_NAME_BYTES: usize = 4096;
 
 /// The most bytes a block's sample section may decode to, by what its header announces: a row
 /// is at most 7 varints of 10 bytes and a count, so the header bounds the allocation.
@@ -502,7 +505,7 @@ impl Dict {
             return Err(FormatError::Section("node columns differ in length".into()));
         }
         let strings = self.strings.len() + delta.strings.len();
-        self.strings.extend(delta.strings);
+        self.strings.extend(delta.strings.into_iter().map(|s| crate::text::cut(s, MAX_NAME_BYTES)));
         self.nodes.reserve(delta.frame.len());
         for (&d, &f) in delta.parent_delta.iter().zip(&delta.frame) {
             let id = self.nodes.len() as u32;
