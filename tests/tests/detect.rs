@@ -84,6 +84,10 @@ fn s1_kernel_hog_and_s4_reset_event() {
         events.into_iter().find(|e| e["message"].as_str().is_some_and(|m| m.contains(&nonce))).map(|e| (e, now_secs()))
     });
     eprintln!("S4 event after {:.1} s: {}", event_at - written, event["message"]);
+    // Kernel-log times (printk's clock) land on the samples' time axis: the line is stamped
+    // when it was written, not seconds off.
+    let stamped = event["ts_ns"].as_f64().unwrap() / 1e9;
+    assert!((stamped - written).abs() < 0.5, "written at {written:.3}, stamped {stamped:.3}");
     // ...and the flamegraph around it shows the S1 hog on CPU 1.
     let id = event["id"].as_str().unwrap();
     wait_for("the store to hold samples a second past the event", Duration::from_secs(10), || {
