@@ -149,3 +149,41 @@ impl ClickHouse {
         a.trim().parse().unwrap_or_else(|_| panic!("{sql}: answered {a:?}"))
     }
 }
+
+/// The shipper's cursor in a data directory: samples before it are in ClickHouse (ns).
+pub fn cursor_ns(data: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(data.join("ship/clickhouse.cursor")).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["next_ns"].as_u64()
+}
+
+/// Waits until the shipper's cursor passes `to_ns`.
+pub fn wait_shipped(data: &Path, to_ns: u64) {
+    wait_for(&format!("the shipper's cursor to pass {}", to_ns / 1_000_000_000), Duration::from_secs(120), || {
+        cursor_ns(data).is_some_and(|c| c >= to_ns).then_some(())
+    });
+}
+
+/// Runs `statements` in order on today's ClickHouse, embedded (PyPI's chdb), in a fresh
+/// directory; each one's answer, trimmed. Says why and returns `None` when chdb is missing.
+pub fn chdb(statements: &[String]) -> Option<Vec<String>> {
+    let probe = Command::new("python3").args(["-c", "import chdb"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        skip("the PyPI package chdb (embedded current ClickHouse) is not installed: `pip install chdb`");
+        return None;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let script = "import sys, json\nfrom chdb.session import Session\ns = Session(sys.argv[1])\n\
+                  out = []\nfor q in json.load(sys.stdin):\n    out.append(str(s.query(q)).strip())\n\
+                  print(json.dumps(out))\n";
+    let mut child = Command::new("python3")
+        .args(["-c", script, tmp.path().join("chdb").to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(serde_json::to_string(statements).unwrap().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "chdb refused a statement: {}", String::from_utf8_lossy(&out.stderr));
+    Some(serde_json::from_slice(&out.stdout).unwrap())
+}

@@ -6,14 +6,15 @@
 
 use std::{
     collections::BTreeMap,
-    io::Write,
     path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
 
 use integration_tests::{
-    Daemon, Kill, clickhouse::ClickHouse, folded_window, helper_bin, now_secs, privileged, skip, wait_for,
+    Daemon, Kill,
+    clickhouse::{self, ClickHouse, cursor_ns, wait_shipped},
+    folded_window, helper_bin, now_secs, privileged, wait_for,
 };
 use profiler::{
     query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
@@ -24,17 +25,6 @@ use profiler::{
 
 const NODE: &str = "ch-test-node";
 const SEC: u64 = 1_000_000_000;
-
-fn cursor_ns(data: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(data.join("ship/clickhouse.cursor")).ok()?;
-    serde_json::from_str::<serde_json::Value>(&text).ok()?["next_ns"].as_u64()
-}
-
-fn wait_shipped(data: &Path, to_ns: u64) {
-    wait_for(&format!("the shipper's cursor to pass {}", to_ns / SEC), Duration::from_secs(120), || {
-        cursor_ns(data).is_some_and(|c| c >= to_ns).then_some(())
-    });
-}
 
 /// Busy samples per (CPU, comm) in `[a, b)`, and rows, from the node's store.
 fn local_counts(data: &Path, a: u64, b: u64) -> (BTreeMap<(u32, String), u64>, u64) {
@@ -220,11 +210,6 @@ fn clickhouse_holds_what_the_store_holds_through_server_and_daemon_kills() {
 
 #[test]
 fn schema_and_folded_query_run_on_current_clickhouse() {
-    let probe = Command::new("python3").args(["-c", "import chdb"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        skip("the PyPI package chdb (embedded current ClickHouse) is not installed: `pip install chdb`");
-        return;
-    }
     let mut statements =
         schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800), codecs: true });
     statements.push(
@@ -233,20 +218,8 @@ fn schema_and_folded_query_run_on_current_clickhouse() {
     );
     statements.push(format!("INSERT INTO p.samples VALUES ('{NODE}', 5, 1, 2, 3, 'bash', 7, '', 4)"));
     statements.push(folded_sql("p", &range(0, 10)).replace(" FORMAT JSONEachRow", " FORMAT TSV"));
-    let tmp = tempfile::tempdir().unwrap();
-    let script = "import sys, json\nfrom chdb.session import Session\ns = Session(sys.argv[1])\n\
-                  out = ''\nfor q in json.load(sys.stdin):\n    out = str(s.query(q))\nprint(out)\n";
-    let mut child = Command::new("python3")
-        .args(["-c", script, tmp.path().join("chdb").to_str().unwrap()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(serde_json::to_string(&statements).unwrap().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "chdb refused the schema: {}", String::from_utf8_lossy(&out.stderr));
-    let answer = String::from_utf8_lossy(&out.stdout);
+    let Some(answers) = clickhouse::chdb(&statements) else { return };
+    let answer = answers.last().unwrap();
     assert_eq!(answer.trim(), "bash\t['main','do_syscall_64']\t[0,1]\t4", "the folded query on chdb");
 }
 

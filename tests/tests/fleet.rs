@@ -8,20 +8,13 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, clickhouse::ClickHouse, helper_bin, now_secs, privileged, profiler, wait_for};
+use integration_tests::{
+    Daemon, Kill,
+    clickhouse::{ClickHouse, wait_shipped},
+    helper_bin, now_secs, privileged, profiler, wait_for,
+};
 
 const SEC: u64 = 1_000_000_000;
-
-fn cursor_ns(data: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(data.join("ship/clickhouse.cursor")).ok()?;
-    serde_json::from_str::<serde_json::Value>(&text).ok()?["next_ns"].as_u64()
-}
-
-fn wait_shipped(data: &Path, to_ns: u64) {
-    wait_for(&format!("the shipper's cursor to pass {}", to_ns / SEC), Duration::from_secs(120), || {
-        cursor_ns(data).is_some_and(|c| c >= to_ns).then_some(())
-    });
-}
 
 /// A daemon shipping to `url` as `node`; `extra_config` joins the config file.
 fn start_daemon(data: &Path, node: &str, url: &str, extra_config: &str) -> Daemon {

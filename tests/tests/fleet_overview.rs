@@ -9,9 +9,8 @@
 
 use std::{
     collections::BTreeMap,
-    io::Write,
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -19,7 +18,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::{clickhouse::ClickHouse, now_secs, profiler, skip, wait_for};
+use integration_tests::{
+    clickhouse::{ClickHouse, cursor_ns},
+    now_secs, profiler, wait_for,
+};
 use profiler::{
     collect::kmsg::Event,
     detect::{self, Finding},
@@ -81,11 +83,6 @@ fn write_node(data: &Path, node: &str, end: u64, plan: &[CpuPlan; 2]) {
         }
         w.flush(second + SEC).unwrap();
     }
-}
-
-fn cursor_ns(data: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(data.join("ship/clickhouse.cursor")).ok()?;
-    serde_json::from_str::<serde_json::Value>(&text).ok()?["next_ns"].as_u64()
 }
 
 /// Ships every store in `nodes` (name, data dir) with the real shipper, one thread each, until
@@ -311,11 +308,6 @@ fn fleet_sql_runs_on_current_clickhouse() {
         query::Window,
         ship::clickhouse::schema,
     };
-    let probe = Command::new("python3").args(["-c", "import chdb"]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        skip("the PyPI package chdb (embedded current ClickHouse) is not installed: `pip install chdb`");
-        return;
-    }
     let mut statements =
         schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800), codecs: true });
     let t = 1_795_000_000 * SEC;
@@ -347,21 +339,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
     ];
     let n = statements.len();
     statements.extend(queries.iter().map(|(q, _)| format!("{q} FORMAT TSV")));
-    let tmp = tempfile::tempdir().unwrap();
-    let script = "import sys, json\nfrom chdb.session import Session\ns = Session(sys.argv[1])\n\
-                  out = []\nfor q in json.load(sys.stdin):\n    out.append(str(s.query(q)).strip())\n\
-                  print(json.dumps(out))\n";
-    let mut child = Command::new("python3")
-        .args(["-c", script, tmp.path().join("chdb").to_str().unwrap()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(serde_json::to_string(&statements).unwrap().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "chdb refused a statement: {}", String::from_utf8_lossy(&out.stderr));
-    let answers: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    let Some(answers) = integration_tests::clickhouse::chdb(&statements) else { return };
     for ((q, want), got) in queries.iter().zip(&answers[n..]) {
         assert_eq!(got, want, "on chdb: {q}");
     }
