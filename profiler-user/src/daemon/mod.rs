@@ -185,10 +185,11 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         intake,
         drops,
         stop: stop.clone(),
-        // A sample waits in the ring at most a quarter of a flush interval (the flush then finds
-        // it queued). Each drain wakes two threads, which costs ~150 µs of CPU on a VM: at 99 Hz
-        // draining every 50 ms doubled the daemon's CPU per sample (BENCHMARKS.md).
-        poll_every: (config.flush_interval / 4).clamp(Duration::from_millis(5), Duration::from_millis(250)),
+        // One drain per flush, which the stage flushes right after: a sample waits at most a
+        // flush interval for the store. Each drain wakes two threads, which costs ~150 µs of CPU
+        // on a VM: at 99 Hz draining every 50 ms doubled the daemon's CPU per sample
+        // (BENCHMARKS.md).
+        flush_every: config.flush_interval,
     }
     .spawn(rings)
     .map_err(|e| DaemonError::Thread("ring reader", e))?;
@@ -219,8 +220,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 config: otlp,
                 host: hostname,
                 frequency_hz: config.frequency_hz,
-                // A sample reaches the store within a flush interval and a ring drain (a
-                // quarter of one); the margin covers a slow flush.
+                // A sample reaches the store within a flush interval (the drain before each
+                // flush takes it); the margin covers a slow flush.
                 settle: config.flush_interval + Duration::from_secs(2),
                 live: live.clone(),
                 stop: ship_stop_rx,
@@ -249,7 +250,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     notify("READY=1");
 
-    let mut check = tokio::time::interval(Duration::from_millis(500));
+    // A stage that died is noticed within this; every wakeup counts at 99 Hz.
+    let mut check = tokio::time::interval(Duration::from_secs(2));
     let mut shipper_gone = false;
     let outcome = loop {
         tokio::select! {

@@ -24,13 +24,16 @@ pub enum Source {
 #[derive(Debug)]
 pub struct Batch {
     pub source: Source,
+    /// The last batch of a drain on the reader's flush timer (it may be empty): once it is
+    /// handled, everything sampled before that drain has been, so the stage flushes then.
+    pub flush: bool,
     bytes: Vec<u8>,
     ends: Vec<u32>,
 }
 
 impl Batch {
     pub fn new(source: Source) -> Self {
-        Self { source, bytes: Vec::new(), ends: Vec::new() }
+        Self { source, flush: false, bytes: Vec::new(), ends: Vec::new() }
     }
 
     pub fn push(&mut self, record: &[u8]) {

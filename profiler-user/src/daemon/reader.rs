@@ -9,7 +9,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
@@ -28,9 +28,10 @@ pub struct Reader {
     pub intake: Intake,
     pub drops: Arc<Mutex<Drops>>,
     pub stop: Arc<AtomicBool>,
-    /// Longest wait between two drains when the kernel does not wake us (it wakes the reader
-    /// only when a quarter of the ring is used, see `WAKEUP_BYTES`).
-    pub poll_every: Duration,
+    /// The ring is drained on this period, and the stage flushes after each such drain (see
+    /// [`Batch::flush`]). Between two, the kernel wakes the reader only when a quarter of the
+    /// ring is used (`WAKEUP_BYTES`) and the events ring (execs) has a record.
+    pub flush_every: Duration,
 }
 
 impl Reader {
@@ -39,11 +40,10 @@ impl Reader {
     }
 
     fn run(self, mut rings: Rings) {
-        let timeout = self.poll_every.as_millis().clamp(1, i32::MAX as u128) as i32;
         // Edge-triggered: a ring buffer's fd polls readable for as long as it holds any data, so
         // a level-triggered wait would return at once whenever one record arrived since the
         // drain, and under load the thread would spin. The kernel wakes the fd when a quarter of
-        // the ring is used (`WAKEUP_BYTES`); the timeout drains the rest.
+        // the ring is used (`WAKEUP_BYTES`); the timer drains the rest.
         let epoll = Epoll::new(
             std::iter::once(rings.samples.as_fd().as_raw_fd())
                 .chain(rings.events.as_ref().map(|e| e.as_fd().as_raw_fd())),
@@ -51,29 +51,45 @@ impl Reader {
         if let Err(e) = &epoll {
             tracing::warn!(error = %e, "cannot wait on the ring buffers; draining them on a timer instead");
         }
+        // Fixed deadlines, not a wait after each drain: early wakeups (an exec) do not move
+        // them, so the stage's flushes keep one pace.
+        let mut next_flush = Instant::now() + self.flush_every;
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
+            let mut timed = false;
             if !stopping {
+                let wait = next_flush.saturating_duration_since(Instant::now());
                 match &epoll {
-                    Ok(ep) => ep.wait(timeout),
-                    Err(_) => std::thread::sleep(self.poll_every),
+                    // Rounded up: waking before the deadline would only wait again.
+                    Ok(ep) => ep.wait(wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32),
+                    Err(_) => std::thread::sleep(wait),
+                }
+                let now = Instant::now();
+                if now >= next_flush {
+                    timed = true;
+                    next_flush += self.flush_every;
+                    if next_flush <= now {
+                        // Overslept by a whole period (a stopped VM): start the pace afresh.
+                        next_flush = now + self.flush_every;
+                    }
                 }
             }
             // Events first: an exec read before the samples behind it lets the pipeline read
             // the new program's mappings before its first samples need them.
             if let Some(e) = rings.events.as_mut()
-                && !self.drain(e, Source::Events)
+                && !self.drain(e, Source::Events, false)
             {
                 return;
             }
-            if !self.drain(&mut rings.samples, Source::Samples) || stopping {
+            if !self.drain(&mut rings.samples, Source::Samples, timed) || stopping {
                 return;
             }
         }
     }
 
-    /// Moves every record in the ring into the queue. False once the pipeline is gone.
-    fn drain(&self, ring: &mut RingBuf<MapData>, source: Source) -> bool {
+    /// Moves every record in the ring into the queue; `flush`: mark the last batch so (sent even
+    /// when empty). False once the pipeline is gone.
+    fn drain(&self, ring: &mut RingBuf<MapData>, source: Source, flush: bool) -> bool {
         let mut batch = Batch::new(source);
         while let Some(record) = ring.next() {
             batch.push(&record);
@@ -82,7 +98,8 @@ impl Reader {
                 return false;
             }
         }
-        batch.is_empty() || self.hand_on(batch)
+        batch.flush = flush;
+        (batch.is_empty() && !flush) || self.hand_on(batch)
     }
 
     fn hand_on(&self, batch: Batch) -> bool {

@@ -33,8 +33,10 @@ use crate::{
     timespec::now_ns,
 };
 
-/// How often the set of online CPUs is compared with the CPUs sampled (one small sysfs read).
-const HOTPLUG_EVERY: Duration = Duration::from_millis(500);
+/// How often the set of online CPUs is compared with the CPUs sampled (sysfs) and the CPUs'
+/// busy time read (`/proc/stat`, for the throttling estimate and the stall check). Not on every
+/// flush: at 99 Hz these file reads were a visible part of the daemon's fixed cost per second.
+const CPU_CHECKS_EVERY: Duration = Duration::from_secs(2);
 /// A sampled CPU whose sampler has not run for this long gets a new perf event.
 const STALL_SECS: f64 = 3.0;
 /// While handling a batch of samples, look for exec events this often (records).
@@ -118,7 +120,7 @@ struct Stage {
     queue_full: u64,
     events_dropped: u64,
     write_failing: bool,
-    synced_cpus_at: Instant,
+    cpus_checked_at: Instant,
     next_tick: Instant,
     /// Sample batches taken from the queue while looking for events ([`Self::events_first`]).
     held: VecDeque<Batch>,
@@ -145,8 +147,8 @@ impl Stage {
             queue_full: 0,
             events_dropped: 0,
             write_failing: false,
-            synced_cpus_at: Instant::now(),
-            next_tick: Instant::now() + config_flush,
+            cpus_checked_at: Instant::now(),
+            next_tick: Instant::now() + fallback(config_flush),
             held: VecDeque::new(),
         }
     }
@@ -162,6 +164,9 @@ impl Stage {
                 Ok(batch) => {
                     self.handle(&batch);
                     self.links.outlet.release(&batch);
+                    if batch.flush {
+                        self.tick();
+                    }
                     false
                 }
                 Err(RecvTimeoutError::Timeout) => false,
@@ -238,7 +243,7 @@ impl Stage {
     }
 
     fn tick(&mut self) {
-        self.next_tick = Instant::now() + self.config.flush_interval;
+        self.next_tick = Instant::now() + fallback(self.config.flush_interval);
         let mut changes = Changes::default();
         // Thresholds reloaded; zombie counts from the upkeep stage.
         while let Ok(c) = self.links.control.try_recv() {
@@ -262,8 +267,9 @@ impl Stage {
         let now = now_ns();
         let mut ring_used_max = 0;
         if let Some(collector) = self.collector.as_mut() {
-            if self.synced_cpus_at.elapsed() >= HOTPLUG_EVERY {
-                self.synced_cpus_at = Instant::now();
+            let check_cpus = self.cpus_checked_at.elapsed() >= CPU_CHECKS_EVERY;
+            if check_cpus {
+                self.cpus_checked_at = Instant::now();
                 match collector.sync_cpus() {
                     Ok(change) if !change.is_empty() => {
                         tracing::info!(added = ?change.added, removed = ?change.removed, "CPUs came online or went offline");
@@ -279,7 +285,9 @@ impl Stage {
                     ring_used_max = counters.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
                     let sampled = collector.cpus();
                     let now_s = self.started.elapsed().as_secs_f64();
-                    let busy_s = crate::collect::cpus::read_busy_seconds();
+                    // Between two checks, no busy times: the estimate and the stall check wait.
+                    let busy_s =
+                        if check_cpus { crate::collect::cpus::read_busy_seconds() } else { Default::default() };
                     let idle = self.pipeline.per_cpu.iter().map(|(cpu, c)| (*cpu, c.1)).collect();
                     let reading =
                         Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
@@ -382,6 +390,13 @@ impl Stage {
         l.files_refused = symbols.files_refused;
         l.unwind = p.unwind.as_ref().map(crate::unwind::Notifier::stats);
     }
+}
+
+/// The stage flushes after each of the reader's timed drains (`Batch::flush`), once per flush
+/// interval, so that one wakeup of each thread per interval does both. Past this, it flushes
+/// without one: the marked batch can be lost to a full queue, or wait behind a slow batch.
+fn fallback(flush_interval: Duration) -> Duration {
+    flush_interval * 3 / 2
 }
 
 /// The CPUs sampled changed (hotplug): the blocks written from now on say so.

@@ -80,6 +80,14 @@ const KERNEL_NAMES_MAX: usize = 262_144;
 const MODULE_NAMES_MAX: usize = 65_536;
 /// How often the caches are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// A process not sampled for `EXITED_GRACE` is looked at (alive? same program?) by the first
+/// sweep after, then at most this often: each look costs two `/proc` lookups, and a quiet node
+/// has dozens of such processes (an exited one still goes at its first look).
+const IDLE_RECHECK: Duration = Duration::from_secs(10);
+/// The sweep's walks over every cache (stacks, modules, names) run when it forgot a process or
+/// a process image was replaced, and otherwise at most this often (for what a mapping change
+/// or the stack cache's own evictions left unused).
+const COLLECT_EVERY: Duration = Duration::from_secs(30);
 /// An address outside every known mapping re-reads the maps at most this often per process.
 const MAPS_REFRESH: Duration = Duration::from_secs(1);
 /// ...and at most this often when its maps are over a bound (see `maps`): reading them is what
@@ -116,6 +124,8 @@ struct Process {
     /// program's first third of a second with `[unknown]` for libc).
     read_at_exec: bool,
     seen_at: Instant,
+    /// When the sweep last looked at it (see `IDLE_RECHECK`).
+    checked_at: Instant,
     /// Which image of this pid this is (a serial, never reused): the stack cache's key, so a
     /// new program under the same pid never meets the stacks of the old one.
     image: u64,
@@ -167,6 +177,10 @@ pub struct Symbolizer {
     unknown: Arc<str>,
     stats: Stats,
     swept_at: Instant,
+    /// When the sweep last walked every cache (see `COLLECT_EVERY`), and whether a process image
+    /// was replaced since (its stacks are unreachable).
+    collected_at: Instant,
+    image_replaced: bool,
     /// The stack being resolved has a frame in JIT code that its perf map does not name yet.
     jit_missed: bool,
     /// Memory the cached processes' perf maps hold (recounted at each sweep, which forgets
@@ -200,6 +214,8 @@ impl Symbolizer {
             unknown: Arc::from(UNKNOWN),
             stats: Stats::default(),
             swept_at: Instant::now(),
+            collected_at: Instant::now(),
+            image_replaced: false,
             jit_missed: false,
             perf_map_bytes: 0,
             python: python::PyNames::default(),
@@ -294,6 +310,7 @@ impl Symbolizer {
 
     /// Forgets what is no longer needed (see the module comment).
     pub fn expire(&mut self) {
+        self.collected_at = Instant::now() - COLLECT_EVERY;
         self.sweep(Instant::now());
     }
 
@@ -302,12 +319,20 @@ impl Symbolizer {
         let before = self.processes.len();
         self.processes.retain(|&pid, p| {
             let idle = now.duration_since(p.seen_at);
+            if idle < EXITED_GRACE {
+                return true;
+            }
+            if idle >= PROCESS_TTL {
+                return false;
+            }
+            if p.checked_at > p.seen_at && now.duration_since(p.checked_at) < IDLE_RECHECK {
+                return true;
+            }
+            p.checked_at = now;
             // Alive means this pid still runs the same program: pids wrap around (every few
             // minutes under churn), and a reused one must not keep a gone process's mappings.
-            idle < EXITED_GRACE
-                || (idle < PROCESS_TTL && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == p.exe && {
-                    std::path::Path::new(&format!("/proc/{pid}")).exists()
-                })
+            std::fs::read_link(format!("/proc/{pid}/exe")).ok() == p.exe
+                && std::path::Path::new(&format!("/proc/{pid}")).exists()
         });
         if self.processes.len() > MAX_PROCESSES {
             let mut seen: Vec<Instant> = self.processes.values().map(|p| p.seen_at).collect();
@@ -315,6 +340,12 @@ impl Symbolizer {
             let (_, &mut oldest_kept, _) = seen.select_nth_unstable(cut);
             self.processes.retain(|_, p| p.seen_at >= oldest_kept);
         }
+        self.bound_names();
+        let forgot = self.processes.len() != before || std::mem::take(&mut self.image_replaced);
+        if !forgot && now.duration_since(self.collected_at) < COLLECT_EVERY {
+            return;
+        }
+        self.collected_at = now;
         let known: std::collections::HashSet<u32> = self.processes.keys().copied().collect();
         self.python.retain(|pid| known.contains(&pid));
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
@@ -342,6 +373,12 @@ impl Symbolizer {
                 libc::malloc_trim(0);
             }
         }
+        // Interned names held only by this table belong to nothing cached any more.
+        self.names.retain(|_, n| Arc::strong_count(n) > 1);
+    }
+
+    /// The address → name tables start over past their bounds.
+    fn bound_names(&mut self) {
         if self.kernel.len() > KERNEL_NAMES_MAX {
             self.kernel.clear();
         }
@@ -350,8 +387,6 @@ impl Symbolizer {
                 m.names.clear();
             }
         }
-        // Interned names held only by this table belong to nothing cached any more.
-        self.names.retain(|_, n| Arc::strong_count(n) > 1);
     }
 
     /// Closes blazesym's files of a module and drops their parsed symbols; best effort by
@@ -426,13 +461,14 @@ impl Symbolizer {
             over_bound: read.truncated,
             read_at_exec: false,
             seen_at: now,
+            checked_at: now,
             image: self.images,
             perf_map: perfmap::PerfMap::default(),
             perf_map_read_at: None,
         };
         // The stacks cached for an image this replaces are unreachable now (their key has the
         // old image) and go at the next sweep.
-        self.processes.insert(pid, process);
+        self.image_replaced |= self.processes.insert(pid, process).is_some();
     }
 
     fn read_maps(&mut self, pid: u32, wanted: Option<u64>) -> maps::Read {
