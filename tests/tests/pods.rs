@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, profiler, wait_for};
+use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, profiler, status_json, wait_for};
 
 const SECS: f64 = 3.0;
 
@@ -128,6 +128,11 @@ fn a_pods_samples_are_stored_with_its_identity_and_selected_by_it() {
         assert!(c.wait().unwrap().success());
     }
     let end = now_secs();
+    // Every count below reads the same window: all of it written first.
+    wait_for("the store to pass the window", Duration::from_secs(30), || {
+        let written = status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
+        (written > end + 1.0).then_some(())
+    });
     let all = wait_for("both processes' samples", Duration::from_secs(30), || {
         let stacks = folded_window(dir, start, end + 0.5, &["--comm", "busy-helper"]).ok()?;
         let total: u64 = stacks.iter().map(|(_, n)| n).sum();
