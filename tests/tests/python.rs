@@ -58,7 +58,8 @@ fn python_functions_replace_the_interpreter_frames() {
         let pid = child.id().to_string();
         assert!(child.wait().unwrap().success(), "{} failed", python.display());
         let end = now_secs();
-        let stacks = wait_for("the interpreter's samples", Duration::from_secs(30), || {
+        // A fresh daemon describes each interpreter first (a debug build takes seconds).
+        let stacks = wait_for("the interpreter's samples", Duration::from_secs(60), || {
             let stacks = folded_window(dir, start - 0.5, end + 0.5, &["--pid", &pid]).ok()?;
             let total: u64 = stacks.iter().map(|(_, n)| n).sum();
             (total as f64 >= SECS * 99.0 * 0.4).then_some(stacks)
