@@ -120,7 +120,7 @@ impl Pipeline {
         if let Some(unwind) = self.unwind.as_mut()
             && (header.user_frames > 0 || header.flags & FLAG_USER_MODE != 0)
         {
-            unwind.seen(header.pid);
+            unwind.seen(header.pid, std::time::Instant::now());
         }
         if let Some(hook) = self.before_symbolize.as_mut() {
             hook();
@@ -131,6 +131,11 @@ impl Pipeline {
             .and_then(crate::unwind::python::layout);
         let python = layout.map(|l| (l, self.python.as_slice()));
         let stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python);
+        if let Some(pid) = self.symbolizer.take_mapped()
+            && let Some(unwind) = self.unwind.as_mut()
+        {
+            unwind.mapped(pid, std::time::Instant::now());
+        }
         let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid)).unwrap_or_default();
         let tick = Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone(), workload: workload.clone() };
         self.engine.on_busy(ts_ns, header.cpu, tick);
@@ -152,10 +157,13 @@ impl Pipeline {
         self.engine.tick(now_ns)
     }
 
-    /// Writes what the writer holds. On failure nothing is lost: a later flush writes it.
-    pub fn flush(&mut self, now_ns: u64) -> Result<Flushed, StoreError> {
-        let flushed = self.writer.flush(now_ns)?;
+    /// Writes what the writer holds, but the seconds from `hold_from` (unix seconds) on. On
+    /// failure nothing is lost: a later flush writes it.
+    pub fn flush(&mut self, now_ns: u64, hold_from: u64) -> Result<Flushed, StoreError> {
+        let flushed = self.writer.flush_before(now_ns, hold_from)?;
         self.last_latency_ns = self.oldest_unflushed_ns.take().map(|oldest| now_ns.saturating_sub(oldest));
+        // What is held back counts from its own first sample at the flush that writes it.
+        self.oldest_unflushed_ns = self.writer.oldest_pending_ns();
         Ok(flushed)
     }
 }

@@ -33,7 +33,8 @@ pub struct RunArgs {
     /// pointers only [default: 80].
     #[arg(long)]
     unwind_table_mib: Option<u32>,
-    /// How often samples are written to disk, in milliseconds [default: 500].
+    /// How often samples are written to disk, in milliseconds [default: 1000: each second as one block,
+    /// written just after it ends].
     #[arg(long, value_parser = clap::value_parser!(u64).range(50..=1_000))]
     flush_ms: Option<u64>,
     /// How often the daemon logs its one-line report, in seconds [default: 10].
@@ -95,7 +96,7 @@ impl RunArgs {
         if !(1..=10_000).contains(&frequency) {
             anyhow::bail!("frequency {frequency} Hz is out of range: use 1 to 10000");
         }
-        let flush_ms = self.flush_ms.or(file.flush_ms).unwrap_or(500);
+        let flush_ms = self.flush_ms.or(file.flush_ms).unwrap_or(1_000);
         if !(50..=1_000).contains(&flush_ms) {
             anyhow::bail!(
                 "flush_ms {flush_ms} is out of range: use 50 to 1000 (at most 1 s of samples may wait in memory)"

@@ -52,8 +52,9 @@ impl Reader {
             tracing::warn!(error = %e, "cannot wait on the ring buffers; draining them on a timer instead");
         }
         // Fixed deadlines, not a wait after each drain: early wakeups (an exec) do not move
-        // them, so the stage's flushes keep one pace.
-        let mut next_flush = Instant::now() + self.flush_every;
+        // them, so the stage's flushes keep one pace. They fall just after the wall clock's
+        // multiples of the period, so that a 1 s flush finds a whole second to write.
+        let mut next_flush = first_deadline(self.flush_every);
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
             let mut timed = false;
@@ -105,6 +106,22 @@ impl Reader {
     fn hand_on(&self, batch: Batch) -> bool {
         queue_or_count(&self.intake, &self.drops, batch)
     }
+}
+
+/// How long after a second ends its last samples can still be on their way: through the ring
+/// (the reader is woken early only for a quarter-full ring) to the reader.
+const SECOND_SETTLES: Duration = Duration::from_millis(30);
+
+/// The first drain deadline: `SECOND_SETTLES` after the next wall-clock multiple of `period`.
+fn first_deadline(period: Duration) -> Instant {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let period_ns = period.as_nanos().max(1);
+    let into = Duration::from_nanos((now.as_nanos() % period_ns) as u64);
+    let mut wait = period.saturating_sub(into) + SECOND_SETTLES;
+    if wait > period {
+        wait -= period;
+    }
+    Instant::now() + wait
 }
 
 /// Queues a batch, or counts its records as dropped when the queue is full. False once the

@@ -124,6 +124,8 @@ struct Stage {
     next_tick: Instant,
     /// Sample batches taken from the queue while looking for events ([`Self::events_first`]).
     held: VecDeque<Batch>,
+    /// The last tick: everything is written.
+    stopping: bool,
 }
 
 impl Stage {
@@ -150,6 +152,7 @@ impl Stage {
             cpus_checked_at: Instant::now(),
             next_tick: Instant::now() + fallback(config_flush),
             held: VecDeque::new(),
+            stopping: false,
         }
     }
 
@@ -172,6 +175,7 @@ impl Stage {
                 Err(RecvTimeoutError::Timeout) => false,
                 Err(RecvTimeoutError::Disconnected) => true,
             };
+            self.stopping = stopping;
             if stopping || Instant::now() >= self.next_tick {
                 self.tick();
             }
@@ -327,7 +331,15 @@ impl Stage {
     }
 
     fn flush(&mut self) {
-        match self.pipeline.flush(now_ns()) {
+        let now = now_ns();
+        // With a flush a second or longer apart (on second boundaries, see the reader), the
+        // second in progress waits for the next flush and is written as one block, not two.
+        let hold_from = if self.config.flush_interval >= Duration::from_secs(1) && !self.stopping {
+            now / 1_000_000_000
+        } else {
+            u64::MAX
+        };
+        match self.pipeline.flush(now, hold_from) {
             Ok(f) => {
                 self.report.bytes += f.bytes;
                 if let Some(l) = self.pipeline.last_latency_ns {

@@ -226,6 +226,12 @@ impl StoreWriter {
         self.pending_rows
     }
 
+    /// The time of the oldest sample buffered and not yet written (wall-clock ns).
+    pub fn oldest_pending_ns(&self) -> Option<u64> {
+        let (second, s) = self.pending.first_key_value()?;
+        Some(s.rows.iter().map(|r| r.ts_ns).min().unwrap_or(second * NS_PER_SEC))
+    }
+
     /// Samples dropped so far because they could not be written in time.
     pub fn dropped(&self) -> u64 {
         self.dropped
@@ -242,14 +248,20 @@ impl StoreWriter {
     /// Writes everything buffered. On failure nothing buffered is lost: it is written by a
     /// later flush (memory permitting). `now_ns` places lost counts when no sample is pending.
     pub fn flush(&mut self, now_ns: u64) -> Result<Flushed, StoreError> {
-        if self.pending.is_empty() && !self.lost.is_empty() {
-            self.pending.insert(now_ns / NS_PER_SEC, Second::default());
+        self.flush_before(now_ns, u64::MAX)
+    }
+
+    /// [`Self::flush`], keeping the seconds from `hold_from` (unix seconds) on: a second still
+    /// in progress is written whole by a later flush, as one block instead of one per flush.
+    pub fn flush_before(&mut self, now_ns: u64, hold_from: u64) -> Result<Flushed, StoreError> {
+        if self.pending.range(..hold_from).next().is_none() && !self.lost.is_empty() {
+            self.pending.insert((now_ns / NS_PER_SEC).min(hold_from.saturating_sub(1)), Second::default());
         }
         let mut flushed = Flushed::default();
-        let last = self.pending.keys().next_back().copied();
+        let last = self.pending.range(..hold_from).next_back().map(|(s, _)| *s);
         // Seconds grouped by segment, in time order.
         let mut groups: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for &second in self.pending.keys() {
+        for &second in self.pending.range(..hold_from).map(|(s, _)| s) {
             groups.entry(second * NS_PER_SEC / SEGMENT_NS * SEGMENT_NS).or_default().push(second);
         }
         for (segment, seconds) in groups {
@@ -441,4 +453,51 @@ fn recover(path: &Path, file: &mut File, segment_start: u64) -> Result<(), Store
         file.set_len(valid as u64).map_err(io)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ts_ns: u64) -> Sample {
+        Sample {
+            ts_ns,
+            cpu: 0,
+            pid: 7,
+            tid: 7,
+            cgroup_id: 0,
+            comm: Arc::from("spin"),
+            stack: Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 }),
+            workload: Arc::from(""),
+        }
+    }
+
+    fn blocks_in(dir: &Path, start_ns: u64) -> Vec<BlockHeader> {
+        let file = fs::read(segment_path(dir, start_ns)).unwrap();
+        Blocks::new(&file).map(|(h, _)| h).collect()
+    }
+
+    #[test]
+    fn a_held_second_is_written_whole_by_the_next_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = StoreWriter::new(dir.path());
+        let s = 1_800_000_000; // a minute boundary: both seconds in one segment
+        w.push(&sample(s * NS_PER_SEC + 100));
+        w.push(&sample((s + 1) * NS_PER_SEC + 100));
+        // Just after second s ended: it is written, s + 1 (in progress) is held.
+        w.flush_before((s + 1) * NS_PER_SEC + 30_000_000, s + 1).unwrap();
+        let blocks = blocks_in(dir.path(), s * NS_PER_SEC);
+        assert_eq!(blocks.iter().map(|b| (b.start_ns / NS_PER_SEC, b.samples)).collect::<Vec<_>>(), [(s, 1)]);
+        assert_eq!(w.pending_samples(), 1);
+        assert_eq!(w.oldest_pending_ns(), Some((s + 1) * NS_PER_SEC + 100));
+        w.push(&sample((s + 1) * NS_PER_SEC + 900_000_000));
+        w.flush_before((s + 2) * NS_PER_SEC + 30_000_000, s + 2).unwrap();
+        let blocks = blocks_in(dir.path(), s * NS_PER_SEC);
+        assert_eq!(
+            blocks.iter().map(|b| (b.start_ns / NS_PER_SEC, b.samples)).collect::<Vec<_>>(),
+            [(s, 1), (s + 1, 2)],
+            "second s + 1 as one block"
+        );
+        assert_eq!(w.pending_samples(), 0);
+    }
 }

@@ -167,6 +167,8 @@ pub struct Symbolizer {
     blaze: Blaze,
     kernel_source: Source<'static>,
     kernel: HashMap<u64, Arc<str>>,
+    /// Kernel functions whose extent is known: start → (end, name).
+    kernel_functions: std::collections::BTreeMap<u64, (u64, Arc<str>)>,
     processes: HashMap<u32, Process>,
     modules: HashMap<(u64, u64), Module>,
     /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
@@ -183,6 +185,8 @@ pub struct Symbolizer {
     image_replaced: bool,
     /// The stack being resolved has a frame in JIT code that its perf map does not name yet.
     jit_missed: bool,
+    /// A process found to have mapped code since its maps were read (see [`Self::take_mapped`]).
+    mapped_since: Option<u32>,
     /// Memory the cached processes' perf maps hold (recounted at each sweep, which forgets
     /// processes, and grown by each read).
     perf_map_bytes: usize,
@@ -206,6 +210,7 @@ impl Symbolizer {
             blaze: Blaze::builder().enable_code_info(false).enable_inlined_fns(false).enable_auto_reload(false).build(),
             kernel_source: Source::Kernel(kernel),
             kernel: HashMap::new(),
+            kernel_functions: Default::default(),
             processes: HashMap::new(),
             modules: HashMap::new(),
             stacks: LruCache::new(STACK_CACHE_MAX),
@@ -217,6 +222,7 @@ impl Symbolizer {
             collected_at: Instant::now(),
             image_replaced: false,
             jit_missed: false,
+            mapped_since: None,
             perf_map_bytes: 0,
             python: python::PyNames::default(),
         }
@@ -289,6 +295,12 @@ impl Symbolizer {
         let until = unresolved.then(|| now + if self.jit_missed { PERF_MAP_REFRESH } else { UNRESOLVED_TTL });
         self.stacks.put(key, Cached { stack: stack.clone(), until });
         stack
+    }
+
+    /// The process, if any, whose last stack had an address in code mapped since its maps were
+    /// read before (a `dlopen`): its unwind tables are due too.
+    pub fn take_mapped(&mut self) -> Option<u32> {
+        self.mapped_since.take()
     }
 
     /// A process just exec'd: read its mappings and find its files now, while `/proc/PID` still
@@ -382,6 +394,9 @@ impl Symbolizer {
         if self.kernel.len() > KERNEL_NAMES_MAX {
             self.kernel.clear();
         }
+        if self.kernel_functions.len() > KERNEL_NAMES_MAX {
+            self.kernel_functions.clear();
+        }
         for m in self.modules.values_mut() {
             if m.names.len() > MODULE_NAMES_MAX {
                 m.names.clear();
@@ -411,10 +426,23 @@ impl Symbolizer {
         if let Some(name) = self.kernel.get(&addr) {
             return name.clone();
         }
+        // A tick lands on any instruction of a function: once the function's extent is known,
+        // its other addresses need no lookup (each is a `stat` and a search of kallsyms).
+        if let Some((_, (end, name))) = self.kernel_functions.range(..=addr).next_back()
+            && addr < *end
+        {
+            return name.clone();
+        }
         let name = match self.blaze.symbolize_single(&self.kernel_source, Input::AbsAddr(addr)) {
             Ok(Symbolized::Sym(sym)) => {
+                let extent = sym.size.filter(|s| *s > 0 && sym.addr <= addr).map(|s| (sym.addr, sym.addr + s as u64));
                 let owned = sym.name.into_owned();
-                self.intern(&owned)
+                let name = self.intern(&owned);
+                if let Some((start, end)) = extent {
+                    self.kernel_functions.insert(start, (end, name.clone()));
+                    return name;
+                }
+                name
             }
             _ => self.unknown.clone(),
         };
@@ -486,6 +514,9 @@ impl Symbolizer {
             // Something mapped since we looked (dlopen, a JIT, the loader after exec).
             let fresh = self.read_maps(pid, Some(addr));
             mapping = maps::find(&fresh.maps, addr).cloned();
+            if mapping.is_some() && !self.processes.get(&pid).is_some_and(|p| p.read_at_exec) {
+                self.mapped_since = Some(pid);
+            }
             if let Some(p) = self.processes.get_mut(&pid) {
                 if !fresh.maps.is_empty() {
                     p.maps = fresh.maps;

@@ -26,8 +26,12 @@ use registry::{Build, FileKey, MappedFile, Registry, Stats};
 use crate::symbolize::{file, maps};
 
 /// A process's mappings are read again when it is seen this long after the last read
-/// (libraries loaded later with `dlopen` get their tables then).
+/// (libraries loaded later with `dlopen` get their tables then), and then at twice the
+/// interval each time, up to `REREAD_MAX`: most processes map their code once. A library
+/// mapped later is found sooner by the symbolizer, which meets its addresses
+/// ([`Notifier::mapped`]).
 const REREAD_AFTER: Duration = Duration::from_secs(10);
+const REREAD_MAX: Duration = Duration::from_secs(80);
 /// How often exited processes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// After an exec the loader maps the libraries within milliseconds: the process is described
@@ -54,14 +58,15 @@ const CHECK_THE_REST_AFTER: Duration = Duration::from_millis(100);
 enum Request {
     /// A sample of this process was handled.
     Seen(u32),
-    /// The process exec'd: its mappings are new.
+    /// The process exec'd, or mapped code since it was described: its mappings are new.
     Exec(u32),
 }
 
 /// The pipeline's side: cheap, never blocks.
 pub struct Notifier {
     tx: SyncSender<Request>,
-    announced: HashMap<u32, Instant>,
+    /// When each process was last announced, and the interval to the next announcement.
+    announced: HashMap<u32, (Instant, Duration)>,
     stats: Arc<Mutex<Stats>>,
     /// CPython minor version per process with Python frames.
     versions: Arc<Mutex<HashMap<u32, u8>>>,
@@ -69,17 +74,25 @@ pub struct Notifier {
 
 impl Notifier {
     /// A sample of `pid` with a user stack was seen.
-    pub fn seen(&mut self, pid: u32) {
-        let now = Instant::now();
-        match self.announced.get(&pid) {
-            Some(at) if now.duration_since(*at) < REREAD_AFTER => return,
-            _ => {}
-        }
+    pub fn seen(&mut self, pid: u32, now: Instant) {
+        let every = match self.announced.get(&pid) {
+            Some(&(at, every)) if now.duration_since(at) < every => return,
+            Some(&(_, every)) => (every * 2).min(REREAD_MAX),
+            None => REREAD_AFTER,
+        };
         if self.announced.len() >= 65_536 {
             self.announced.clear();
         }
         if self.send(Request::Seen(pid)) {
-            self.announced.insert(pid, now);
+            self.announced.insert(pid, (now, every));
+        }
+    }
+
+    /// `pid` mapped code since its mappings were last read (the symbolizer met an address
+    /// outside them): describe it again now, and often again for a while.
+    pub fn mapped(&mut self, pid: u32, now: Instant) {
+        if self.send(Request::Exec(pid)) {
+            self.announced.insert(pid, (now, REREAD_AFTER));
         }
     }
 
