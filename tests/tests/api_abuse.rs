@@ -287,6 +287,7 @@ fn the_api_cannot_stop_the_sampling() {
 
     // 3. A /metrics flood for 3 s from 8 threads: a bounded number of answers, the rest 429.
     let lost_before = lost_total(port);
+    let samples_before = samples_total(port).unwrap_or(0);
     let cpu_before = cpu_ticks(pid);
     let flood_start = Instant::now();
     let flood_end = Instant::now() + Duration::from_secs(3);
@@ -317,8 +318,12 @@ fn the_api_cannot_stop_the_sampling() {
     assert!(cpu < 0.5, "a /metrics flood costs the daemon {:.0} % of a core", cpu * 100.0);
     assert!(ok <= 50 * 5, "at most 50 answers a second (plus the burst): {ok} in 3 s");
     seen = wait_for("/metrics after the flood", Duration::from_secs(10), || samples_total(port).filter(|&n| n > seen));
-    let lost_after = lost_total(port);
-    eprintln!("lost samples during the flood: {}", lost_after - lost_before);
+    let lost = lost_total(port) - lost_before;
+    let taken = seen.saturating_sub(samples_before);
+    eprintln!("lost samples during the flood: {lost} of {taken}");
+    // The server runs beside the sampling, never in its way: unbounded, a flood of 35,000
+    // requests a second lost 0.3 % of the samples. Here 1 % is the noise of a loaded 2-CPU VM.
+    assert!(lost * 100 <= taken.max(200), "a /metrics flood lost {lost} of {taken} samples");
 
     // 4. 1,100 idle connections: the daemon holds at most its cap, closes the idle ones after
     //    its header timeout, keeps writing samples, and answers again.

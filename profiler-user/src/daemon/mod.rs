@@ -251,7 +251,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     notify("READY=1");
 
     // A stage that died is noticed within this; every wakeup counts at 99 Hz.
-    let mut check = tokio::time::interval(Duration::from_secs(2));
+    let mut check = tokio::time::interval(Duration::from_secs(5));
     let mut shipper_gone = false;
     let outcome = loop {
         tokio::select! {

@@ -26,7 +26,7 @@ use crate::{
 /// How often retention and rollup are looked at (each has its own period, 5 s and more, and
 /// its budget per run; while writing fails, retention runs at each look). Kernel log lines
 /// wake the stage at once. Every wakeup counts at 99 Hz: this was 2 a second, then 1.
-const MAINTAIN_EVERY: Duration = Duration::from_secs(2);
+const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
 /// How often the store is measured and the zombie count read.
 const MEASURE_EVERY: Duration = Duration::from_secs(5);
 
