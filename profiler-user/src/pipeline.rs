@@ -85,8 +85,9 @@ impl Pipeline {
         }
     }
 
-    /// One ring-buffer record: a `SampleHeader`, then its kernel and user addresses.
-    pub fn handle(&mut self, bytes: &[u8]) {
+    /// One ring-buffer record: a `SampleHeader`, then its kernel and user addresses. `now`:
+    /// the caller's clock reading for it (one per record, shared by every cache here).
+    pub fn handle(&mut self, bytes: &[u8], now: std::time::Instant) {
         let header = match parse_record_python(bytes, &mut self.kernel, &mut self.user, &mut self.python) {
             Ok(h) => h,
             Err(e) => {
@@ -120,7 +121,7 @@ impl Pipeline {
         if let Some(unwind) = self.unwind.as_mut()
             && (header.user_frames > 0 || header.flags & FLAG_USER_MODE != 0)
         {
-            unwind.seen(header.pid, std::time::Instant::now());
+            unwind.seen(header.pid, now);
         }
         if let Some(hook) = self.before_symbolize.as_mut() {
             hook();
@@ -130,13 +131,13 @@ impl Pipeline {
             .flatten()
             .and_then(crate::unwind::python::layout);
         let python = layout.map(|l| (l, self.python.as_slice()));
-        let stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python);
+        let stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python, now);
         if let Some(pid) = self.symbolizer.take_mapped()
             && let Some(unwind) = self.unwind.as_mut()
         {
-            unwind.mapped(pid, std::time::Instant::now());
+            unwind.mapped(pid, now);
         }
-        let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid)).unwrap_or_default();
+        let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid, now)).unwrap_or_default();
         let tick = Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone(), workload: workload.clone() };
         self.engine.on_busy(ts_ns, header.cpu, tick);
         self.writer.push(&Sample {

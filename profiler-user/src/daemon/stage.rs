@@ -201,12 +201,13 @@ impl Stage {
                     if i % EVENTS_EVERY == 0 {
                         self.events_first();
                     }
-                    self.pipeline.handle(record);
+                    let now = Instant::now();
                     // A batch can take long to symbolize (new binaries, a slow disk): the flush
                     // keeps its pace, so what was handled is written on time.
-                    if Instant::now() >= self.next_tick {
+                    if now >= self.next_tick {
                         self.tick();
                     }
+                    self.pipeline.handle(record, now);
                 }
             }
             Source::Events => {

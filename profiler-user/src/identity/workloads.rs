@@ -30,8 +30,7 @@ impl Workloads {
     }
 
     /// The stored form of `pid`'s workload.
-    pub fn of(&mut self, pid: u32) -> Arc<str> {
-        let now = Instant::now();
+    pub fn of(&mut self, pid: u32, now: Instant) -> Arc<str> {
         if let Some((s, at)) = self.by_pid.get(&pid)
             && now.duration_since(*at) < RECHECK
         {
@@ -51,7 +50,7 @@ impl Workloads {
     pub fn exec(&mut self, pid: u32) {
         self.resolver.forget(pid);
         self.by_pid.remove(&pid);
-        self.of(pid);
+        self.of(pid, Instant::now());
     }
 
     fn encode(&mut self, identity: Identity) -> Arc<str> {
@@ -96,12 +95,12 @@ mod tests {
             std::fs::write(proc_root.join(format!("{pid}/cgroup")), cgroup).unwrap();
         }
         let mut w = Workloads::new(Resolver::new(&proc_root, dir.path().join("c"), dir.path().join("p")));
-        let kubelet = w.of(10);
+        let kubelet = w.of(10, Instant::now());
         let id = decode(&kubelet).expect("json");
         assert_eq!(id.unit.as_deref(), Some("kubelet.service"));
-        assert!(Arc::ptr_eq(&kubelet, &w.of(10)), "one string per identity");
-        assert_eq!(&*w.of(11), "");
-        assert_eq!(&*w.of(12), "", "a process that is gone");
+        assert!(Arc::ptr_eq(&kubelet, &w.of(10, Instant::now())), "one string per identity");
+        assert_eq!(&*w.of(11, Instant::now()), "");
+        assert_eq!(&*w.of(12, Instant::now()), "", "a process that is gone");
         assert_eq!(decode(""), None);
         assert_eq!(decode("main"), None);
     }

@@ -241,7 +241,7 @@ impl Symbolizer {
     /// The symbolized stack of a sample. `kernel` and `user` are leaf first, as the kernel's
     /// unwinder returns them; the result is root first.
     pub fn stack(&mut self, pid: u32, comm: &str, kernel: &[u64], user: &[u64]) -> Arc<Stack> {
-        self.stack_with_python(pid, comm, kernel, user, None)
+        self.stack_with_python(pid, comm, kernel, user, None, Instant::now())
     }
 
     /// [`Self::stack`] with the sampler's Python frame words (`profiler_common::python`) and
@@ -253,8 +253,8 @@ impl Symbolizer {
         kernel: &[u64],
         user: &[u64],
         python: Option<(&crate::unwind::python::Layout, &[u64])>,
+        now: Instant,
     ) -> Arc<Stack> {
-        let now = Instant::now();
         if now.duration_since(self.swept_at) >= SWEEP_EVERY {
             self.sweep(now);
         }
