@@ -36,7 +36,7 @@ use crate::{
 /// How often the set of online CPUs is compared with the CPUs sampled (sysfs) and the CPUs'
 /// busy time read (`/proc/stat`, for the throttling estimate and the stall check). Not on every
 /// flush: at 99 Hz these file reads were a visible part of the daemon's fixed cost per second.
-const CPU_CHECKS_EVERY: Duration = Duration::from_secs(2);
+const CPU_CHECKS_EVERY: Duration = Duration::from_secs(5);
 /// A sampled CPU whose sampler has not run for this long gets a new perf event.
 const STALL_SECS: f64 = 3.0;
 /// While handling a batch of samples, look for exec events this often (records).

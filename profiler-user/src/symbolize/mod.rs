@@ -29,6 +29,7 @@
 
 pub mod debuginfo;
 pub mod file;
+mod kallsyms;
 pub mod maps;
 mod module;
 pub mod perfmap;
@@ -167,8 +168,8 @@ pub struct Symbolizer {
     blaze: Blaze,
     kernel_source: Source<'static>,
     kernel: HashMap<u64, Arc<str>>,
-    /// Kernel functions whose extent is known: start → (end, name).
-    kernel_functions: std::collections::BTreeMap<u64, (u64, Arc<str>)>,
+    /// `/proc/kallsyms`, read at the first kernel address (empty if unreadable: blazesym then).
+    kallsyms: Option<kallsyms::Kallsyms>,
     processes: HashMap<u32, Process>,
     modules: HashMap<(u64, u64), Module>,
     /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
@@ -210,7 +211,7 @@ impl Symbolizer {
             blaze: Blaze::builder().enable_code_info(false).enable_inlined_fns(false).enable_auto_reload(false).build(),
             kernel_source: Source::Kernel(kernel),
             kernel: HashMap::new(),
-            kernel_functions: Default::default(),
+            kallsyms: None,
             processes: HashMap::new(),
             modules: HashMap::new(),
             stacks: LruCache::new(STACK_CACHE_MAX),
@@ -394,9 +395,6 @@ impl Symbolizer {
         if self.kernel.len() > KERNEL_NAMES_MAX {
             self.kernel.clear();
         }
-        if self.kernel_functions.len() > KERNEL_NAMES_MAX {
-            self.kernel_functions.clear();
-        }
         for m in self.modules.values_mut() {
             if m.names.len() > MODULE_NAMES_MAX {
                 m.names.clear();
@@ -426,25 +424,20 @@ impl Symbolizer {
         if let Some(name) = self.kernel.get(&addr) {
             return name.clone();
         }
-        // A tick lands on any instruction of a function: once the function's extent is known,
-        // its other addresses need no lookup (each is a `stat` and a search of kallsyms).
-        if let Some((_, (end, name))) = self.kernel_functions.range(..=addr).next_back()
-            && addr < *end
-        {
-            return name.clone();
-        }
-        let name = match self.blaze.symbolize_single(&self.kernel_source, Input::AbsAddr(addr)) {
-            Ok(Symbolized::Sym(sym)) => {
-                let extent = sym.size.filter(|s| *s > 0 && sym.addr <= addr).map(|s| (sym.addr, sym.addr + s as u64));
-                let owned = sym.name.into_owned();
-                let name = self.intern(&owned);
-                if let Some((start, end)) = extent {
-                    self.kernel_functions.insert(start, (end, name.clone()));
-                    return name;
-                }
-                name
+        let kallsyms = self.kallsyms.get_or_insert_with(|| kallsyms::Kallsyms::read().unwrap_or_default());
+        let name = if !kallsyms.is_empty() {
+            match kallsyms.name(addr).map(str::to_owned) {
+                Some(n) => self.intern(&n),
+                None => self.unknown.clone(),
             }
-            _ => self.unknown.clone(),
+        } else {
+            match self.blaze.symbolize_single(&self.kernel_source, Input::AbsAddr(addr)) {
+                Ok(Symbolized::Sym(sym)) => {
+                    let owned = sym.name.into_owned();
+                    self.intern(&owned)
+                }
+                _ => self.unknown.clone(),
+            }
         };
         self.kernel.insert(addr, name.clone());
         name
