@@ -227,14 +227,14 @@ fn run(a: &Args, cpus: u32) -> Value {
         let now = UNIX0_NS + (half + 1) * FLUSH_NS;
         let (cpu0, wall0) = (thread_cpu(), Instant::now());
         for r in batch.records() {
-            pipeline.handle(r);
+            pipeline.handle(r, Instant::now());
         }
         let cpu1 = thread_cpu();
         // What the daemon does on its flush tick that belongs to the sample path.
         pipeline.engine.on_netrx(now, netrx.next());
         let _findings = pipeline.tick(now);
         let cpu2 = thread_cpu();
-        let flushed = pipeline.flush(now).expect("flush");
+        let flushed = pipeline.flush(now, u64::MAX).expect("flush");
         if (now - UNIX0_NS).is_multiple_of(EXPIRE_EVERY_NS) {
             pipeline.symbolizer.expire();
         }
