@@ -95,6 +95,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
             "meta": meta,
             "summary": summary,
             "clickhouse": profiler::ship::clickhouse::read_cursor(data_dir),
+            "interrupts": profiler::collect::irqs::Placement::read(),
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
@@ -106,6 +107,11 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         if !m.node.is_empty() && m.node != m.hostname {
             println!("node         {}", text::visible(&m.node));
         }
+    }
+    // Where this machine's NIC and GPU interrupts go now: a busy CPU that takes a NIC queue's
+    // interrupts starves the queue (the ENA resets).
+    for line in profiler::collect::irqs::Placement::read().to_string().lines() {
+        println!("interrupts   {line}");
     }
     println!(
         "store        {:.2} MiB in {} segments, {} blocks",

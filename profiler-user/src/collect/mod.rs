@@ -4,6 +4,7 @@
 
 pub mod caps;
 pub mod cpus;
+pub mod irqs;
 pub mod kmsg;
 pub mod prog_info;
 pub mod tracefs;

@@ -34,7 +34,8 @@ use crate::{
 };
 
 /// How often the set of online CPUs is compared with the CPUs sampled (sysfs) and the CPUs'
-/// busy time read (`/proc/stat`, for the throttling estimate and the stall check). Not on every
+/// busy time read (`/proc/stat`, for the throttling estimate and the stall check), and where the
+/// NIC and GPU interrupts go (`collect::irqs`). Not on every
 /// flush: at 99 Hz these file reads were a visible part of the daemon's fixed cost per second.
 const CPU_CHECKS_EVERY: Duration = Duration::from_secs(5);
 /// A sampled CPU whose sampler has not run for this long gets a new perf event.
@@ -275,6 +276,8 @@ impl Stage {
             let check_cpus = self.cpus_checked_at.elapsed() >= CPU_CHECKS_EVERY;
             if check_cpus {
                 self.cpus_checked_at = Instant::now();
+                // irqbalance moves NIC queues between CPUs every 10 s or so.
+                self.pipeline.engine.interrupts = crate::collect::irqs::Placement::read();
                 match collector.sync_cpus() {
                     Ok(change) if !change.is_empty() => {
                         tracing::info!(added = ?change.added, removed = ?change.removed, "CPUs came online or went offline");

@@ -250,6 +250,9 @@ pub struct Engine {
     /// Real-time policies of processes on CPUs where NET_RX work waited, read while they ran.
     policies: HashMap<u32, String>,
     open: BTreeMap<(Kind, Option<u32>), Open>,
+    /// Which CPUs take the NIC and GPU interrupts (set by the daemon, read again every few
+    /// seconds): a finding on such a CPU says so.
+    pub interrupts: crate::collect::irqs::Placement,
 }
 
 /// What changed in one evaluation.
@@ -283,6 +286,7 @@ impl Engine {
             netrx_prev: Vec::new(),
             policies: HashMap::new(),
             open: BTreeMap::new(),
+            interrupts: Default::default(),
         }
     }
 
@@ -416,6 +420,7 @@ impl Engine {
     /// has been false for a while. Only findings of `kinds` are considered for closing.
     fn reconcile(&mut self, active: Vec<Active>, now_ns: u64, kinds: Option<&[Kind]>, changes: &mut Changes) {
         for a in active {
+            let a = self.with_interrupts(a);
             let key = (a.kind, a.cpu);
             match self.open.get_mut(&key) {
                 Some(o) => {
@@ -460,6 +465,18 @@ impl Engine {
             o.finding.end_ns = Some(o.last_active_ns);
             changes.closed.push(o.finding);
         }
+    }
+
+    /// A CPU finding on a CPU that takes a NIC's or GPU's interrupts says so: that is how the
+    /// ENA resets began (a NIC queue's CPU held at 100 % by kubelet).
+    fn with_interrupts(&self, mut a: Active) -> Active {
+        let Some(cpu) = a.cpu else { return a };
+        let Some(served) = self.interrupts.describe(cpu) else { return a };
+        a.summary = format!("{}; CPU {cpu} serves {served}", a.summary);
+        if let Some(evidence) = a.evidence.as_object_mut() {
+            evidence.insert("interrupts".into(), serde_json::json!(self.interrupts.serving(cpu)));
+        }
+        a
     }
 
     /// Busy share per CPU in the last evaluated second.
@@ -517,5 +534,37 @@ mod tests {
         assert_eq!(later.updated.len(), 1);
         assert!(later.updated[0].summary.starts_with("3000 dying"), "{}", later.updated[0].summary);
         assert_eq!(later.updated[0].id, first.opened[0].id);
+    }
+
+    #[test]
+    fn a_finding_on_a_cpu_that_takes_a_nic_queues_interrupts_says_so() {
+        use crate::collect::irqs::{DeviceKind, Irq, Placement};
+        let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+        e.interrupts = Placement {
+            irqs: vec![Irq {
+                number: 38,
+                name: "ena-Tx-Rx-1".into(),
+                device: "eth0".into(),
+                kind: DeviceKind::Nic,
+                cpus: vec![1],
+            }],
+        };
+        let active = |cpu| Active {
+            kind: Kind::SaturatedCore,
+            cpu: Some(cpu),
+            onset_ns: 0,
+            severity: Severity::Critical,
+            summary: format!("CPU {cpu} saturated for 3 s: kubelet (pid 7) 100 %"),
+            evidence: serde_json::json!({}),
+        };
+        let mut changes = Changes::default();
+        e.reconcile(vec![active(1), active(0)], NS_PER_SEC, None, &mut changes);
+        let on = |cpu| changes.opened.iter().find(|f| f.cpu == Some(cpu)).unwrap();
+        assert_eq!(
+            on(1).summary,
+            "CPU 1 saturated for 3 s: kubelet (pid 7) 100 %; CPU 1 serves eth0's interrupts (ena-Tx-Rx-1)"
+        );
+        assert_eq!(on(1).evidence["interrupts"][0]["name"], "ena-Tx-Rx-1");
+        assert_eq!(on(0).summary, "CPU 0 saturated for 3 s: kubelet (pid 7) 100 %", "CPU 0 takes none");
     }
 }

@@ -77,7 +77,10 @@ mod tests {
         if ours.is_empty() || ours.symbols[0].0 == 0 {
             return; // addresses hidden (not root): nothing to compare
         }
-        use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::{Kernel, Source}};
+        use blazesym::symbolize::{
+            Input, Symbolized, Symbolizer,
+            source::{Kernel, Source},
+        };
         let blaze = Symbolizer::new();
         let src = Source::Kernel(Kernel { vmlinux: blazesym::MaybeDefault::None, ..Kernel::default() });
         let step = (ours.symbols.len() / 500).max(1);
