@@ -132,6 +132,9 @@ struct Stage {
 impl Stage {
     fn new(config: StageConfig, mut links: Links, collector: Option<Collector>, mut pipeline: Pipeline) -> Self {
         pipeline.unwind = links.unwind.take();
+        if collector.is_some() {
+            pipeline.engine.interrupts = crate::collect::irqs::Placement::read();
+        }
         if let Some(delay) = config.symbolize_delay {
             pipeline.before_symbolize = Some(Box::new(move || std::thread::sleep(delay)));
         }
