@@ -14,6 +14,7 @@
 
 mod cgroup;
 mod exec;
+mod lifecycle;
 mod netrx;
 mod python;
 mod unwind;

@@ -14,8 +14,10 @@
 //!
 //! Every cache is bounded, because a node with heavy process churn (hundreds of short-lived
 //! processes a second, each in its own binary) would otherwise grow them forever:
-//! - a process that exited keeps its mappings for a grace period (its late samples still
-//!   resolve), then is forgotten; at most `MAX_PROCESSES` are kept, the least recently sampled
+//! - a process the kernel says exited is forgotten once the samples read have passed its exit,
+//!   and a sample taken after the exit starts a new process under the pid (`lifecycle`);
+//! - a process that stopped being sampled keeps its mappings for a grace period (its late
+//!   samples still resolve), then is forgotten if it is gone; at most `MAX_PROCESSES` are kept, the least recently sampled
 //!   going first;
 //! - a module no cached process maps any more is dropped, and blazesym is told to close its file;
 //! - the name tables start over past their bounds; interned names nothing uses are released.
@@ -29,6 +31,7 @@
 
 pub mod debuginfo;
 pub mod file;
+mod lifecycle;
 pub mod maps;
 mod module;
 pub mod perfmap;
@@ -132,6 +135,9 @@ struct Process {
     /// Its perf map as read so far, and when it was last read (see `jit_frame`).
     perf_map: perfmap::PerfMap,
     perf_map_read_at: Option<Instant>,
+    /// When the kernel said it ended (boot-time ns; see `lifecycle`): a sample taken later is
+    /// another process's.
+    exited_ns: Option<u64>,
 }
 
 /// A symbolized stack; `until` is set when it has an unnamed frame (see `UNRESOLVED_TTL`).
@@ -148,6 +154,9 @@ pub struct Stats {
     pub maps_reads: u64,
     /// Processes and modules forgotten so far.
     pub processes_evicted: u64,
+    /// Processes forgotten because the kernel said they ended (see `lifecycle`; not counted
+    /// in `processes_evicted`).
+    pub processes_exited: u64,
     pub modules_evicted: u64,
     /// Mapped files not symbolized: not a regular file, over a size or symbol bound, malformed,
     /// or over the open-file bound. Their frames show `module+0xOFFSET` (the file offset: the
@@ -188,6 +197,8 @@ pub struct Symbolizer {
     perf_map_bytes: usize,
     /// Names of Python code objects.
     python: python::PyNames,
+    /// Forks and exits: which process a pid is (see `lifecycle`).
+    lifecycle: lifecycle::Lifecycle,
 }
 
 impl Default for Symbolizer {
@@ -219,6 +230,7 @@ impl Symbolizer {
             jit_missed: false,
             perf_map_bytes: 0,
             python: python::PyNames::default(),
+            lifecycle: lifecycle::Lifecycle::default(),
         }
     }
 
@@ -294,6 +306,7 @@ impl Symbolizer {
     /// A process just exec'd: read its mappings and find its files now, while `/proc/PID` still
     /// leads to them (a process living milliseconds is gone before its samples are read).
     pub fn note_exec(&mut self, pid: u32, comm: &str) {
+        self.exec_replaces_fork(pid);
         self.load_process(pid, comm, Instant::now());
         if let Some(p) = self.processes.get_mut(&pid) {
             p.read_at_exec = true;
@@ -341,6 +354,7 @@ impl Symbolizer {
             self.processes.retain(|_, p| p.seen_at >= oldest_kept);
         }
         self.bound_names();
+        self.sweep_forks();
         let forgot = self.processes.len() != before || std::mem::take(&mut self.image_replaced);
         if !forgot && now.duration_since(self.collected_at) < COLLECT_EVERY {
             return;
@@ -465,6 +479,7 @@ impl Symbolizer {
             image: self.images,
             perf_map: perfmap::PerfMap::default(),
             perf_map_read_at: None,
+            exited_ns: None,
         };
         // The stacks cached for an image this replaces are unreachable now (their key has the
         // old image) and go at the next sweep.
