@@ -5,7 +5,9 @@
 //!   run     setup, build, and run the daemon in the foreground
 //!   test    setup, build, and run every test (unit, then real-BPF integration)
 //!   bench   measure (see bench.rs)
+//!   check-arm64  check that the profiler and its BPF object compile for arm64
 
+mod arm64;
 mod bench;
 mod setup;
 mod soak;
@@ -66,6 +68,14 @@ enum Cmd {
     Fuzz {
         #[arg(long, default_value_t = 120)]
         seconds: u64,
+    },
+    /// Check that profiler-user and its BPF object compile for aarch64-unknown-linux-gnu
+    /// (installs the target's standard library and Debian's cross gcc if missing). Untested on
+    /// arm64: see docs/arm64.md.
+    CheckArm64 {
+        /// Build and link the binary instead of `cargo check`.
+        #[arg(long)]
+        build: bool,
     },
     /// Run every test: unit tests, then the integration tests that load the real BPF program.
     Test {
@@ -131,6 +141,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             use std::os::unix::process::CommandExt;
             Err(cmd.exec()).with_context(|| format!("cannot start {}", bin.display()))
         }
+        Cmd::CheckArm64 { build } => arm64::check(build),
         Cmd::Fuzz { seconds } => {
             setup::ensure()?;
             if Command::new("cargo").args(["fuzz", "--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {

@@ -229,6 +229,11 @@ impl Collector {
             .map_err(CollectError::Load)?;
         let unwind = if config.unwind_rows == 0 {
             None
+        } else if !cfg!(target_arch = "x86_64") {
+            // The tables encode x86_64's rules (DWARF registers 6/7/16, the return address below
+            // the CFA); arm64 keeps it in x30 and numbers registers otherwise (docs/arm64.md).
+            tracing::warn!("unwind tables are built for x86_64 only: user stacks follow frame pointers here");
+            None
         } else {
             match crate::unwind::kernel::Maps::load(&mut ebpf) {
                 Ok(maps) => Some(maps),

@@ -11,26 +11,15 @@ use serde_json::json;
 
 use super::{Active, Kind, Machine, Second, Severity, Thresholds, percent, top_processes};
 
-/// Entry points and dispatchers that sit above whatever the kernel is really doing.
-pub const GENERIC: &[&str] = &[
-    "entry_SYSCALL_64",
-    "entry_SYSCALL_64_after_hwframe",
-    "do_syscall_64",
-    "x64_sys_call",
+/// Entry points and dispatchers that sit above whatever the kernel is really doing: those of
+/// every architecture, then the running one's entry code (`ARCH_GENERIC`).
+const GENERIC: &[&str] = &[
     "syscall_exit_to_user_mode",
-    "asm_sysvec_apic_timer_interrupt",
-    "sysvec_apic_timer_interrupt",
-    "asm_common_interrupt",
-    "common_interrupt",
     "irq_exit_rcu",
     "__irq_exit_rcu",
     "handle_softirqs",
     "__do_softirq",
-    "asm_exc_page_fault",
-    "exc_page_fault",
-    "do_user_addr_fault",
     "ret_from_fork",
-    "ret_from_fork_asm",
     "kthread",
     "worker_thread",
     "process_one_work",
@@ -38,18 +27,74 @@ pub const GENERIC: &[&str] = &[
     "ksys_write",
     "vfs_read",
     "vfs_write",
-    "__x64_sys_read",
-    "__x64_sys_write",
-    "__x64_sys_openat",
     "do_sys_openat2",
     "seq_read",
     "seq_read_iter",
     "kernfs_fop_read_iter",
     "do_idle",
     "cpu_startup_entry",
+];
+
+/// x86_64: syscall, interrupt and page-fault entry, and CPU bring-up.
+#[cfg(target_arch = "x86_64")]
+const ARCH_GENERIC: &[&str] = &[
+    "entry_SYSCALL_64",
+    "entry_SYSCALL_64_after_hwframe",
+    "do_syscall_64",
+    "x64_sys_call",
+    "asm_sysvec_apic_timer_interrupt",
+    "sysvec_apic_timer_interrupt",
+    "asm_common_interrupt",
+    "common_interrupt",
+    "asm_exc_page_fault",
+    "exc_page_fault",
+    "do_user_addr_fault",
+    "ret_from_fork_asm",
+    "__x64_sys_read",
+    "__x64_sys_write",
+    "__x64_sys_openat",
     "start_secondary",
     "common_startup_64",
 ];
+
+/// arm64 (arch/arm64/kernel/entry*.{S,c}): the same roles; compiled, untested (docs/arm64.md).
+#[cfg(target_arch = "aarch64")]
+const ARCH_GENERIC: &[&str] = &[
+    "el0t_64_sync",
+    "el0t_64_sync_handler",
+    "el0_svc",
+    "do_el0_svc",
+    "el0_svc_common",
+    "invoke_syscall",
+    "el0t_64_irq",
+    "el0t_64_irq_handler",
+    "el0_interrupt",
+    "el1h_64_irq",
+    "el1h_64_irq_handler",
+    "el1_interrupt",
+    "call_on_irq_stack",
+    "do_interrupt_handler",
+    "gic_handle_irq",
+    "el0_da",
+    "el0_ia",
+    "do_mem_abort",
+    "do_translation_fault",
+    "do_page_fault",
+    "__arm64_sys_read",
+    "__arm64_sys_write",
+    "__arm64_sys_openat",
+    "secondary_start_kernel",
+    "cpu_do_idle",
+    "arch_cpu_idle",
+];
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const ARCH_GENERIC: &[&str] = &[];
+
+/// An entry point or dispatcher, never the finding's function.
+pub fn is_generic(name: &str) -> bool {
+    GENERIC.contains(&name) || ARCH_GENERIC.contains(&name)
+}
 
 /// Known offenders: a lower threshold, and what usually causes them.
 pub const WATCHLIST: &[(&str, &str)] = &[
@@ -153,7 +198,7 @@ impl HotFunc {
                 .iter()
                 .filter(|(name, c)| {
                     let share = c.ticks as f64 / denom;
-                    !GENERIC.contains(name)
+                    !is_generic(name)
                         && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
                 })
                 .min_by(|a, b| {
@@ -264,6 +309,16 @@ mod tests {
             a.summary
         );
         assert!(a.summary.contains("known offender"), "{}", a.summary);
+    }
+
+    #[test]
+    fn entry_points_of_this_architecture_are_generic() {
+        assert!(is_generic("do_idle") && is_generic("handle_softirqs"));
+        #[cfg(target_arch = "x86_64")]
+        assert!(is_generic("entry_SYSCALL_64") && !is_generic("el0_svc"));
+        #[cfg(target_arch = "aarch64")]
+        assert!(is_generic("el0_svc") && !is_generic("entry_SYSCALL_64"));
+        assert!(!is_generic("mem_cgroup_node_nr_lru_pages"));
     }
 
     #[test]
