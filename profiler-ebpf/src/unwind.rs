@@ -40,7 +40,6 @@ static UNWIND_PROCS: HashMap<u32, ProcessTable> = HashMap::with_max_entries(1024
 #[map]
 static UNWIND_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
 
-
 /// Starts a table walk when the process has tables: does not return if it did. `user_mode`:
 /// the sample interrupted user code, so the context's registers are the user's.
 #[inline(always)]

@@ -92,7 +92,8 @@ impl Drop for Spinner {
 
 /// Samples of `pid` between `from` and now by module: (alpha.bin, beta.bin).
 fn by_module(data: &Path, pid: i32, from: f64) -> (u64, u64) {
-    let stacks = folded_window(data.to_str().unwrap(), from, now_secs(), &["--pid", &pid.to_string()]).unwrap_or_default();
+    let stacks =
+        folded_window(data.to_str().unwrap(), from, now_secs(), &["--pid", &pid.to_string()]).unwrap_or_default();
     let count = |module: &str| stacks.iter().filter(|(s, _)| s.contains(module)).map(|(_, n)| n).sum::<u64>();
     (count("alpha.bin"), count("beta.bin"))
 }
@@ -134,7 +135,11 @@ fn a_reused_pid_is_a_new_process_and_an_exited_one_is_forgotten() {
     drop(first);
     let forgot = format!("pid={a}");
     wait_for("the daemon to forget the exited process", Duration::from_secs(20), || {
-        daemon.log_text().lines().any(|l| l.contains("cached mappings are forgotten") && l.contains(&forgot)).then_some(())
+        daemon
+            .log_text()
+            .lines()
+            .any(|l| l.contains("cached mappings are forgotten") && l.contains(&forgot))
+            .then_some(())
     });
 
     // 3. A fork-only child gets its pid at once: same comm, same address, another file.

@@ -18,7 +18,8 @@ fn ok(cmd: &mut Command) -> bool {
 }
 
 fn ensure_target() -> anyhow::Result<()> {
-    let installed = Command::new("rustup").args(["target", "list", "--installed"]).current_dir(super::workspace_root()).output();
+    let installed =
+        Command::new("rustup").args(["target", "list", "--installed"]).current_dir(super::workspace_root()).output();
     if installed.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == TARGET)) {
         return Ok(());
     }

@@ -80,7 +80,10 @@ mod tests {
 
     #[test]
     fn exit_and_other_kinds() {
-        assert_eq!(parse(FIELDS, &record(event::PROCESS_EXIT, 9, 7, &[])), Some(ProcessEvent::Exit { pid: 9, ts_ns: 7 }));
+        assert_eq!(
+            parse(FIELDS, &record(event::PROCESS_EXIT, 9, 7, &[])),
+            Some(ProcessEvent::Exit { pid: 9, ts_ns: 7 })
+        );
         assert_eq!(parse(FIELDS, &record(event::PROCESS_EXEC, 9, 7, &[])), None);
         // A fork record whose child pid reads 0 or negative is not a process.
         assert_eq!(parse(FIELDS, &record(event::PROCESS_FORK, 9, 7, &[(8, &(-1i32).to_ne_bytes())])), None);

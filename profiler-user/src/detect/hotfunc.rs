@@ -198,8 +198,7 @@ impl HotFunc {
                 .iter()
                 .filter(|(name, c)| {
                     let share = c.ticks as f64 / denom;
-                    !is_generic(name)
-                        && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
+                    !is_generic(name) && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
                 })
                 .min_by(|a, b| {
                     // Fewest ticks = most specific; equal ticks: the deeper one.

@@ -361,6 +361,7 @@ mod tests {
         l.dying_memcgs = Some(3000);
         l.open_findings.insert("zombie-memcgs".into(), 1);
         (l.cached_processes, l.cached_modules) = (12, 40);
+        (l.processes_exited, l.events_lost) = (7, 4);
         l.otlp = Some(crate::ship::Stats {
             batches: 3,
             retries: 2,
@@ -388,6 +389,8 @@ mod tests {
         assert!(text.contains("profiler_dying_memcgs 3000\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"processes\"} 12\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"modules\"} 40\n"));
+        assert!(text.contains("profiler_symbol_processes_exited_total 7\n"));
+        assert!(text.contains("profiler_kernel_dropped_events_total 4\n"));
         assert!(text.contains("profiler_unwind_walks_total{cpu=\"1\",outcome=\"stopped\"} 3\n"));
         assert!(text.contains("profiler_unwind_table_rows 1000\n"));
         assert!(text.contains("profiler_unwind_tables_did_not_fit_total 1\n"));
