@@ -163,3 +163,57 @@ fn a_reused_pid_is_a_new_process_and_an_exited_one_is_forgotten() {
     assert_eq!(alpha, 0, "the new process under pid {a} was named with the mappings of the one that exited");
     drop(daemon);
 }
+
+/// A process that starts and ends threads for 2 s (each thread's exit fires the exit
+/// tracepoint), prints how many and when it stopped, then spins 3 s more.
+const THREADS: &str = r#"
+import threading, time
+n, end = 0, time.time() + 2
+while time.time() < end:
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    t.join()
+    n += 1
+print(n, time.time(), flush=True)
+end = time.time() + 3
+while time.time() < end:
+    pass
+"#;
+
+#[test]
+fn a_thread_exit_does_not_end_its_process() {
+    if !privileged("a_thread_exit_does_not_end_its_process") {
+        return;
+    }
+    // SAFETY: set before any thread of this test reads the environment.
+    unsafe { std::env::set_var("RUST_LOG", "info,profiler::symbolize::lifecycle=debug") };
+    let (_tmp, data, daemon) = Daemon::ready_in_tempdir(&["--frequency", "199", "--listen", "off"]);
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", THREADS])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let pid = child.id();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let _child = integration_tests::Kill(child);
+    let mut words = line.split_whitespace();
+    let threads: u64 = words.next().and_then(|w| w.parse().ok()).expect("thread count");
+    let ended: f64 = words.next().and_then(|w| w.parse().ok()).expect("time");
+    assert!(threads > 100, "only {threads} threads started and ended");
+    // The daemon has read samples 1.5 s past the last thread exit (past the time an exited
+    // process is kept for its late samples): had a thread's exit ended the process, it is
+    // forgotten by now.
+    wait_for("samples of the process after its threads ended", Duration::from_secs(30), || {
+        let stacks =
+            folded_window(data.to_str().unwrap(), ended + 1.5, now_secs(), &["--pid", &pid.to_string()]).ok()?;
+        (stacks.iter().map(|(_, n)| n).sum::<u64>() >= 5).then_some(())
+    });
+    let forgot = format!("pid={pid}");
+    let log = daemon.log_text();
+    assert!(
+        !log.lines().any(|l| l.contains("cached mappings are forgotten") && l.contains(&forgot)),
+        "{threads} thread exits made the daemon forget the living process {pid}"
+    );
+    drop(daemon);
+}
