@@ -3,7 +3,7 @@
 //!   setup   install what a fresh machine lacks to build the eBPF program
 //!   build   build the profiler (release)
 //!   run     setup, build, and run the daemon in the foreground
-//!   test    setup, build, and run every test (unit, then real-BPF integration)
+//!   test    setup, build, and run every test (unit, real-BPF integration, soak, arm64 check)
 //!   bench   measure (see bench.rs)
 //!   check-arm64  check that the profiler and its BPF object compile for arm64
 
