@@ -47,6 +47,9 @@ pub(super) struct Lifecycle {
     forks: std::collections::HashMap<u32, Fork>,
     /// Exits of cached processes, oldest first: (exit time, pid, image).
     exits: std::collections::VecDeque<(u64, u32, u64)>,
+    /// Pids forgotten since the last sweep, whose Python names the sweep drops (one pass over
+    /// them for all, not one per exit), or a new process under the pid at once.
+    python_stale: std::collections::HashSet<u32>,
 }
 
 impl Symbolizer {
@@ -126,8 +129,21 @@ impl Symbolizer {
             self.stats.processes_exited += 1;
             // Its stacks, modules and perf map go at the next sweep's collection.
             self.image_replaced = true;
+            self.lifecycle.python_stale.insert(pid);
+        }
+    }
+
+    /// A new process image under `pid`: Python names read for a process that had the pid
+    /// before must not name its frames (code objects can sit at the same addresses).
+    pub(super) fn new_image(&mut self, pid: u32) {
+        if self.lifecycle.python_stale.remove(&pid) {
             self.python.retain(|p| p != pid);
         }
+    }
+
+    /// Pids whose Python names the sweep drops (see `python_stale`).
+    pub(super) fn take_python_stale(&mut self) -> std::collections::HashSet<u32> {
+        std::mem::take(&mut self.lifecycle.python_stale)
     }
 
     /// The child's cache entry, from its parent's as it is now (unverified: see the module
@@ -150,6 +166,7 @@ impl Symbolizer {
             perf_map_read_at: None,
             exited_ns: None,
         };
+        self.new_image(child);
         self.processes.insert(child, seeded);
         if let Some(e) = fork.exited_ns {
             self.mark_exited(child, e);

@@ -361,7 +361,8 @@ impl Symbolizer {
         }
         self.collected_at = now;
         let known: std::collections::HashSet<u32> = self.processes.keys().copied().collect();
-        self.python.retain(|pid| known.contains(&pid));
+        let stale = self.take_python_stale();
+        self.python.retain(|pid| known.contains(&pid) && !stale.contains(&pid));
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
         self.perf_map_bytes = self.processes.values().map(|p| p.perf_map.bytes()).sum();
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
@@ -463,6 +464,7 @@ impl Symbolizer {
 
     /// Reads a process's mappings afresh (new, or it exec'd).
     fn load_process(&mut self, pid: u32, comm: &str, now: Instant) {
+        self.new_image(pid);
         let comm = self.intern(comm);
         let read = self.read_maps(pid, None);
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
