@@ -74,8 +74,12 @@ enum Cmd {
     /// arm64: see docs/arm64.md.
     CheckArm64 {
         /// Build and link the binary instead of `cargo check`.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "unit_tests")]
         build: bool,
+        /// Run profiler-user's unit tests as arm64 code under qemu-user (installs
+        /// qemu-user-static): about 3 minutes on top of the build.
+        #[arg(long)]
+        unit_tests: bool,
     },
     /// Run every test: unit tests, then the integration tests that load the real BPF program.
     Test {
@@ -141,7 +145,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             use std::os::unix::process::CommandExt;
             Err(cmd.exec()).with_context(|| format!("cannot start {}", bin.display()))
         }
-        Cmd::CheckArm64 { build } => arm64::check(build),
+        Cmd::CheckArm64 { build, unit_tests } => arm64::check(match (build, unit_tests) {
+            (_, true) => arm64::Depth::UnitTests,
+            (true, false) => arm64::Depth::Build,
+            (false, false) => arm64::Depth::Check,
+        }),
         Cmd::Fuzz { seconds } => {
             setup::ensure()?;
             if Command::new("cargo").args(["fuzz", "--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
@@ -219,7 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let (profiler, helpers) = (build(true)?, build_helpers()?);
                 soak::run(&profiler, &helpers.join("busy-helper"), &helpers.join("churn"), 2.0)?;
                 // The arm64 build still compiles (about 15 s warm; 6 min into a fresh target/).
-                arm64::check(false)?;
+                arm64::check(arm64::Depth::Check)?;
             }
             Ok(())
         }

@@ -261,6 +261,12 @@ mod tests {
         store::format::NS_PER_SEC,
     };
 
+    /// The syscall dispatcher of the architecture the tests run on (a generic entry point).
+    #[cfg(not(target_arch = "aarch64"))]
+    const SYSCALL: &str = "do_syscall_64";
+    #[cfg(target_arch = "aarch64")]
+    const SYSCALL: &str = "invoke_syscall";
+
     fn stack(user: &[&str], kernel: &[&str]) -> Arc<Stack> {
         Arc::new(Stack { frames: user.iter().chain(kernel).map(|f| Arc::from(*f)).collect(), user_len: user.len() })
     }
@@ -322,7 +328,7 @@ mod tests {
 
     #[test]
     fn below_the_threshold_or_only_generic_nothing() {
-        let spread: Vec<_> = (0..10).map(|i| (stack(&["main"], &["do_syscall_64", &format!("f{i}")]), 9)).collect();
+        let spread: Vec<_> = (0..10).map(|i| (stack(&["main"], &[SYSCALL, &format!("f{i}")]), 9)).collect();
         assert!(HotFunc::default().evaluate(&seconds(5, &spread), M, &Thresholds::default()).is_empty());
         // A user-space hog holds no kernel function.
         let user = seconds(5, &[(stack(&["main", "spin"], &[]), 100)]);
@@ -334,12 +340,12 @@ mod tests {
 
     #[test]
     fn watchlist_functions_fire_at_the_lower_share() {
-        let hot = stack(&["kubelet"], &["do_syscall_64", "mem_cgroup_nr_lru_pages"]);
+        let hot = stack(&["kubelet"], &[SYSCALL, "mem_cgroup_nr_lru_pages"]);
         let rest = stack(&["kubelet", "gc"], &[]);
         let h = seconds(5, &[(hot, 25), (rest, 75)]);
         let out = HotFunc::default().evaluate(&h, M, &Thresholds::default());
         assert_eq!(out[0].evidence["function"], "mem_cgroup_nr_lru_pages");
-        let plain = stack(&["x"], &["do_syscall_64", "some_function"]);
+        let plain = stack(&["x"], &[SYSCALL, "some_function"]);
         assert!(HotFunc::default().evaluate(&seconds(5, &[(plain, 25)]), M, &Thresholds::default()).is_empty());
     }
 }
