@@ -47,8 +47,10 @@ pub mod counter {
     /// Of those, walks that stopped before the outermost frame (no rule for an address, an
     /// unreadable stack word, or the frame limit).
     pub const UNWIND_STOPPED: usize = 7;
+    /// Event records (exec, fork, exit, cgroup) dropped because the `EVENTS` ring was full.
+    pub const EVENTS_LOST: usize = 8;
     /// Number of slots.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
 }
 
 /// How maxima ("the longest wait since the last read") are reset without a racy write of the
@@ -98,6 +100,12 @@ pub mod event {
     pub const CGROUP_RELEASE: u32 = 3;
     /// A process exec'd (`sched:sched_process_exec`): its mappings can be read now.
     pub const PROCESS_EXEC: u32 = 4;
+    /// A new process (`task:task_newtask` without `CLONE_THREAD`): the header is the parent,
+    /// the child's pid is in the record (`pid` field). A pid seen from then on is this child.
+    pub const PROCESS_FORK: u32 = 5;
+    /// A process ended (`sched:sched_process_exit` of its last thread, or of its leader on a
+    /// kernel whose record has no `group_dead`): the header is the exiting task.
+    pub const PROCESS_EXIT: u32 = 6;
 }
 
 /// Bytes of a tracepoint's raw record copied after an [`EventHeader`]; userspace decodes them

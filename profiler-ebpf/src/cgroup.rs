@@ -21,12 +21,16 @@ struct Record {
 }
 
 #[map]
-/// Bursts of thousands of cgroups a second happen (a crash loop, a test): room for ~18,000.
+/// Bursts of thousands of cgroups a second happen (a crash loop, a test), and a build machine
+/// forks, execs and exits thousands of processes a second: room for ~18,000 records.
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 
 #[inline(always)]
 pub(crate) fn send(ctx: &TracePointContext, kind: u32) -> u32 {
-    let Some(mut entry) = EVENTS.reserve::<Record>(0) else { return 0 };
+    let Some(mut entry) = EVENTS.reserve::<Record>(0) else {
+        crate::count(profiler_common::counter::EVENTS_LOST);
+        return 0;
+    };
     let record = entry.as_mut_ptr();
     let pid_tgid = bpf_get_current_pid_tgid();
     unsafe {

@@ -12,8 +12,10 @@
 #![no_std]
 #![no_main]
 
+mod arch;
 mod cgroup;
 mod exec;
+mod lifecycle;
 mod netrx;
 mod python;
 mod unwind;
@@ -137,10 +139,8 @@ fn try_sample(ctx: &PerfEventContext) {
     } else {
         header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
         header.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-        // The low two bits of CS are the privilege level the tick interrupted: 3 is user mode,
-        // where the kernel stack is empty and walking it would only cost time.
-        let regs = unsafe { &(*ctx.ctx).regs };
-        let user_mode = regs.cs & 3 == 3;
+        // In user mode the kernel stack is empty and walking it would only cost time.
+        let user_mode = arch::user_mode(unsafe { &(*ctx.ctx).regs });
         let frames = record.frames.as_mut_ptr();
         let mut kernel = 0usize;
         if user_mode {

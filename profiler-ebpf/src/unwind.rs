@@ -6,7 +6,6 @@
 //! short stack, never a wrong one).
 
 use aya_ebpf::{
-    bindings::pt_regs,
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
@@ -23,7 +22,11 @@ use profiler_common::{
     },
 };
 
-use crate::{FRAME_SLOTS, PROGRAMS, Record, SCRATCH, count, emit};
+use crate::{
+    FRAME_SLOTS, PROGRAMS, Record, SCRATCH,
+    arch::{self, Regs},
+    count, emit,
+};
 
 /// Every table's rows, back to back; userspace sizes it at load (`--unwind-table-rows`).
 #[map]
@@ -37,12 +40,6 @@ static UNWIND_PROCS: HashMap<u32, ProcessTable> = HashMap::with_max_entries(1024
 #[map]
 static UNWIND_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
 
-/// Offsets in the `ucontext` a signal trampoline's stack pointer points at (x86_64:
-/// `uc_flags`, `uc_link`, `uc_stack`, then `sigcontext` with r8..r15 first).
-const UC_RBP: u64 = 40 + 8 * 10;
-const UC_RSP: u64 = 40 + 8 * 15;
-const UC_RIP: u64 = 40 + 8 * 16;
-
 /// Starts a table walk when the process has tables: does not return if it did. `user_mode`:
 /// the sample interrupted user code, so the context's registers are the user's.
 #[inline(always)]
@@ -52,18 +49,19 @@ pub fn start(ctx: &PerfEventContext, record: &mut Record, kernel: usize, user_mo
     }
     let Some(state) = UNWIND_STATE.get_ptr_mut(0) else { return };
     let state = unsafe { &mut *state };
-    let regs: pt_regs = if user_mode {
+    let regs: Regs = if user_mode {
         unsafe { (*ctx.ctx).regs }
     } else {
         // In the kernel: the user registers saved at kernel entry.
         let task = unsafe { bpf_get_current_task_btf() };
-        let regs = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
+        let regs = unsafe { bpf_task_pt_regs(task) } as *const Regs;
         match unsafe { bpf_probe_read_kernel(regs) } {
             Ok(r) => r,
             Err(_) => return,
         }
     };
-    *state = State { ip: regs.rip, sp: regs.rsp, bp: regs.rbp, kernel: kernel as u32, user: 0, runs: 0, exact: 1 };
+    let f = arch::frame(&regs);
+    *state = State { ip: f.ip, sp: f.sp, bp: f.fp, kernel: kernel as u32, user: 0, runs: 0, exact: 1 };
     record.header.kernel_frames = kernel as u16;
     count(counter::UNWIND_TABLES);
     unsafe { PROGRAMS.tail_call(ctx, UNWIND_PROGRAM) };
@@ -157,7 +155,7 @@ fn step(state: &mut State, process: &ProcessTable) -> Step {
         kind::PLT => state.sp + 8 + if (state.ip & 15) >= row.fp_offset as u64 { 8 } else { 0 },
         kind::SIGNAL => {
             let (Some(bp), Some(sp), Some(ip)) =
-                (read(state.sp + UC_RBP), read(state.sp + UC_RSP), read(state.sp + UC_RIP))
+                (read(state.sp + arch::UC_FP), read(state.sp + arch::UC_SP), read(state.sp + arch::UC_IP))
             else {
                 return Step::Stopped;
             };

@@ -99,6 +99,7 @@ impl Pipeline {
         let ts_ns = (header.ts_ns as i128 + self.offset).max(0) as u64;
         self.oldest_unflushed_ns = Some(self.oldest_unflushed_ns.map_or(ts_ns, |o| o.min(ts_ns)));
         if header.flags & FLAG_IDLE != 0 {
+            self.symbolizer.advance(header.ts_ns);
             self.idle += 1;
             self.per_cpu.entry(header.cpu).or_default().1 += 1;
             self.writer.push_idle(ts_ns, header.cpu);
@@ -118,6 +119,15 @@ impl Pipeline {
                 c
             }
         };
+        if self.symbolizer.at_sample(header.pid, header.ts_ns) {
+            // Another process under this pid than the one its workload and tables were read for.
+            if let Some(w) = self.workloads.as_mut() {
+                w.exec(header.pid);
+            }
+            if let Some(unwind) = self.unwind.as_mut() {
+                unwind.exec(header.pid);
+            }
+        }
         if let Some(unwind) = self.unwind.as_mut()
             && (header.user_frames > 0 || header.flags & FLAG_USER_MODE != 0)
         {

@@ -3,9 +3,11 @@
 //!   setup   install what a fresh machine lacks to build the eBPF program
 //!   build   build the profiler (release)
 //!   run     setup, build, and run the daemon in the foreground
-//!   test    setup, build, and run every test (unit, then real-BPF integration)
+//!   test    setup, build, and run every test (unit, real-BPF integration, soak, arm64 check)
 //!   bench   measure (see bench.rs)
+//!   check-arm64  check that the profiler and its BPF object compile for arm64
 
+mod arm64;
 mod bench;
 mod setup;
 mod soak;
@@ -66,6 +68,18 @@ enum Cmd {
     Fuzz {
         #[arg(long, default_value_t = 120)]
         seconds: u64,
+    },
+    /// Check that profiler-user and its BPF object compile for aarch64-unknown-linux-gnu
+    /// (installs the target's standard library and Debian's cross gcc if missing). Untested on
+    /// arm64: see docs/arm64.md.
+    CheckArm64 {
+        /// Build and link the binary instead of `cargo check`.
+        #[arg(long, conflicts_with = "unit_tests")]
+        build: bool,
+        /// Run profiler-user's unit tests as arm64 code under qemu-user (installs
+        /// qemu-user-static): about 3 minutes on top of the build.
+        #[arg(long)]
+        unit_tests: bool,
     },
     /// Run every test: unit tests, then the integration tests that load the real BPF program.
     Test {
@@ -131,6 +145,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             use std::os::unix::process::CommandExt;
             Err(cmd.exec()).with_context(|| format!("cannot start {}", bin.display()))
         }
+        Cmd::CheckArm64 { build, unit_tests } => arm64::check(match (build, unit_tests) {
+            (_, true) => arm64::Depth::UnitTests,
+            (true, false) => arm64::Depth::Build,
+            (false, false) => arm64::Depth::Check,
+        }),
         Cmd::Fuzz { seconds } => {
             setup::ensure()?;
             if Command::new("cargo").args(["fuzz", "--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
@@ -207,6 +226,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if args.is_empty() {
                 let (profiler, helpers) = (build(true)?, build_helpers()?);
                 soak::run(&profiler, &helpers.join("busy-helper"), &helpers.join("churn"), 2.0)?;
+                // The arm64 build still compiles (about 15 s warm; 6 min into a fresh target/).
+                arm64::check(arm64::Depth::Check)?;
             }
             Ok(())
         }

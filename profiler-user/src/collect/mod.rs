@@ -1,11 +1,12 @@
 //! Loads the kernel programs: the sampler, attached to every online CPU, and the tracepoint
-//! programs (NET_RX softirq and NAPI timing, cgroup life cycle); reads their ring buffers and
-//! maps.
+//! programs (NET_RX softirq and NAPI timing, cgroup life cycle, process exec, fork and exit);
+//! reads their ring buffers and maps.
 
 pub mod caps;
 pub mod cpus;
 pub mod irqs;
 pub mod kmsg;
+pub mod lifecycle;
 pub mod prog_info;
 pub mod tracefs;
 
@@ -57,7 +58,7 @@ pub enum CollectError {
 /// collector, so that draining them never waits on anything else).
 pub struct Rings {
     pub samples: RingBuf<MapData>,
-    /// cgroup and exec events, when those tracepoints could be attached.
+    /// cgroup and process (exec, fork, exit) events, when those tracepoints could be attached.
     pub events: Option<RingBuf<MapData>>,
 }
 
@@ -125,6 +126,8 @@ pub struct CpuCounters {
     /// User stacks walked with unwind tables, and of those the walks that stopped early.
     pub unwind_walks: u64,
     pub unwind_stopped: u64,
+    /// Event records the kernel dropped: the `EVENTS` ring was full.
+    pub events_lost: u64,
     /// Most bytes waiting in the ring in the current maxima epoch ([`Collector::next_epoch`]).
     pub ring_used_max: u64,
 }
@@ -173,6 +176,7 @@ pub struct Collector {
     epoch_map: Array<MapData, u64>,
     epoch: u64,
     cgroup_fields: CgroupFields,
+    process_fields: lifecycle::ProcessFields,
     ring_bytes: u64,
     frequency_hz: u64,
     /// The perf event attached on each CPU sampled now.
@@ -210,6 +214,9 @@ impl Collector {
             id: off("cgroup", "cgroup_mkdir", "id", 16) as usize,
             path: off("cgroup", "cgroup_mkdir", "path", 24) as usize,
         };
+        let process_fields = lifecycle::ProcessFields::read();
+        let flags_off = process_fields.clone_flags as u64;
+        let group_dead_off = process_fields.group_dead.map_or(u64::MAX, |o| o as u64);
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("SAMPLES", ring_bytes)
             .map_max_entries("UNWIND_ROWS", config.unwind_rows.max(1))
@@ -217,9 +224,16 @@ impl Collector {
             .override_global("SOFTIRQ_VEC_OFFSET", &vec_off, true)
             .override_global("NAPI_WORK_OFFSET", &work_off, true)
             .override_global("NAPI_BUDGET_OFFSET", &budget_off, true)
+            .override_global("NEWTASK_FLAGS_OFFSET", &flags_off, true)
+            .override_global("EXIT_GROUP_DEAD_OFFSET", &group_dead_off, true)
             .load(PROGRAM)
             .map_err(CollectError::Load)?;
         let unwind = if config.unwind_rows == 0 {
+            None
+        } else if !cfg!(target_arch = "x86_64") {
+            // The tables encode x86_64's rules (DWARF registers 6/7/16, the return address below
+            // the CFA); arm64 keeps it in x30 and numbers registers otherwise (docs/arm64.md).
+            tracing::warn!("unwind tables are built for x86_64 only: user stacks follow frame pointers here");
             None
         } else {
             match crate::unwind::kernel::Maps::load(&mut ebpf) {
@@ -266,11 +280,15 @@ impl Collector {
         if let Err(e) = &exec_ok {
             tracing::warn!(error = %e, "exec tracepoint not attached: processes that live only milliseconds may show unnamed frames");
         }
+        let lifecycle_ok = attached("task_newtask", "task").and_then(|()| attached("sched_process_exit", "sched"));
+        if let Err(e) = &lifecycle_ok {
+            tracing::warn!(error = %e, "fork and exit tracepoints not attached: a reused pid is told from its old process only by its program");
+        }
         let netrx = match netrx_ok {
             Ok(_) => ebpf.take_map("NETRX").and_then(|m| PerCpuArray::try_from(m).ok()),
             Err(_) => None,
         };
-        let events = match cgroup_ok.map(drop).or(exec_ok) {
+        let events = match cgroup_ok.map(drop).or(exec_ok).or(lifecycle_ok) {
             Ok(()) => match ebpf.take_map("EVENTS").map(RingBuf::try_from) {
                 Some(Ok(ring)) => Some(ring),
                 _ => None,
@@ -292,6 +310,7 @@ impl Collector {
             epoch_map,
             epoch: 0,
             cgroup_fields,
+            process_fields,
             ring_bytes: u64::from(ring_bytes),
             frequency_hz: config.frequency_hz,
             links,
@@ -397,6 +416,11 @@ impl Collector {
     pub fn cgroup_fields(&self) -> CgroupFields {
         self.cgroup_fields
     }
+
+    /// Where this kernel puts the fork and exit tracepoints' fields.
+    pub fn process_fields(&self) -> lifecycle::ProcessFields {
+        self.process_fields
+    }
 }
 
 fn attach_cpu(program: &mut PerfEvent, cpu: u32, frequency_hz: u64) -> Result<PerfEventLinkId, CollectError> {
@@ -424,6 +448,7 @@ impl Collector {
                 user_stack_errors: v[counter::USER_STACK_ERROR],
                 unwind_walks: v[counter::UNWIND_TABLES],
                 unwind_stopped: v[counter::UNWIND_STOPPED],
+                events_lost: v[counter::EVENTS_LOST],
                 ring_used_max: epoch_max(v, counter::EPOCH, self.epoch, counter::RING_USED_MAX),
             })
             .collect())

@@ -113,6 +113,7 @@ struct Stage {
     links: Links,
     collector: Option<Collector>,
     cgroup_fields: Option<CgroupFields>,
+    process_fields: Option<crate::collect::lifecycle::ProcessFields>,
     pipeline: Pipeline,
     tally: Tally,
     started: Instant,
@@ -120,6 +121,8 @@ struct Stage {
     latencies: VecDeque<u64>,
     queue_full: u64,
     events_dropped: u64,
+    /// Event records the kernel dropped (its `EVENTS` ring was full), since the start.
+    events_lost: u64,
     write_failing: bool,
     cpus_checked_at: Instant,
     next_tick: Instant,
@@ -142,6 +145,7 @@ impl Stage {
         let config_flush = config.flush_interval;
         Self {
             cgroup_fields: collector.as_ref().map(Collector::cgroup_fields),
+            process_fields: collector.as_ref().map(Collector::process_fields),
             tally: Tally::new(config.machine.frequency_hz),
             report: Report::new(cpus),
             config,
@@ -152,6 +156,7 @@ impl Stage {
             latencies: VecDeque::new(),
             queue_full: 0,
             events_dropped: 0,
+            events_lost: 0,
             write_failing: false,
             cpus_checked_at: Instant::now(),
             next_tick: Instant::now() + fallback(config_flush),
@@ -217,6 +222,10 @@ impl Stage {
             Source::Events => {
                 let Some(fields) = self.cgroup_fields else { return };
                 for record in batch.records() {
+                    if let Some(p) = self.process_fields.and_then(|f| crate::collect::lifecycle::parse(f, record)) {
+                        self.process_event(p);
+                        continue;
+                    }
                     let Some(mut e) = parse_event(fields, record) else { continue };
                     if e.kind == PROCESS_EXEC {
                         self.pipeline.symbolizer.note_exec(e.pid, &e.comm);
@@ -232,6 +241,15 @@ impl Stage {
                     self.pipeline.engine.zombies.on_event(&e);
                 }
             }
+        }
+    }
+
+    /// A process created or ended: the symbolizer tells the processes under one pid apart.
+    fn process_event(&mut self, e: crate::collect::lifecycle::ProcessEvent) {
+        use crate::collect::lifecycle::ProcessEvent;
+        match e {
+            ProcessEvent::Fork { parent, child, ts_ns } => self.pipeline.symbolizer.note_fork(parent, child, ts_ns),
+            ProcessEvent::Exit { pid, ts_ns } => self.pipeline.symbolizer.note_exit(pid, ts_ns),
         }
     }
 
@@ -294,6 +312,7 @@ impl Stage {
             match collector.counters() {
                 Ok(counters) => {
                     ring_used_max = counters.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
+                    self.events_lost = counters.iter().map(|c| c.events_lost).sum();
                     let sampled = collector.cpus();
                     let now_s = self.started.elapsed().as_secs_f64();
                     // Between two checks, no busy times: the estimate and the stall check wait.
@@ -393,6 +412,7 @@ impl Stage {
         l.recursion_misses = recursion_misses;
         l.queue = self.links.queue.depth();
         l.events_dropped = self.events_dropped;
+        l.events_lost = self.events_lost;
         l.ring_to_disk_seconds = p50.zip(max).map(|(a, b)| (a as f64 / 1e9, b as f64 / 1e9));
         l.sampled_cpus = self.collector.as_ref().map_or(0, |c| c.cpus().len() as u64);
         l.busy_share = p.engine.last_busy_shares().into_iter().collect();
@@ -407,6 +427,7 @@ impl Stage {
         l.cached_stacks = symbols.stacks as u64;
         l.cached_names = symbols.names as u64;
         l.files_refused = symbols.files_refused;
+        l.processes_exited = symbols.processes_exited;
         l.unwind = p.unwind.as_ref().map(crate::unwind::Notifier::stats);
     }
 }

@@ -11,26 +11,15 @@ use serde_json::json;
 
 use super::{Active, Kind, Machine, Second, Severity, Thresholds, percent, top_processes};
 
-/// Entry points and dispatchers that sit above whatever the kernel is really doing.
-pub const GENERIC: &[&str] = &[
-    "entry_SYSCALL_64",
-    "entry_SYSCALL_64_after_hwframe",
-    "do_syscall_64",
-    "x64_sys_call",
+/// Entry points and dispatchers that sit above whatever the kernel is really doing: those of
+/// every architecture, then the running one's entry code (`ARCH_GENERIC`).
+const GENERIC: &[&str] = &[
     "syscall_exit_to_user_mode",
-    "asm_sysvec_apic_timer_interrupt",
-    "sysvec_apic_timer_interrupt",
-    "asm_common_interrupt",
-    "common_interrupt",
     "irq_exit_rcu",
     "__irq_exit_rcu",
     "handle_softirqs",
     "__do_softirq",
-    "asm_exc_page_fault",
-    "exc_page_fault",
-    "do_user_addr_fault",
     "ret_from_fork",
-    "ret_from_fork_asm",
     "kthread",
     "worker_thread",
     "process_one_work",
@@ -38,18 +27,74 @@ pub const GENERIC: &[&str] = &[
     "ksys_write",
     "vfs_read",
     "vfs_write",
-    "__x64_sys_read",
-    "__x64_sys_write",
-    "__x64_sys_openat",
     "do_sys_openat2",
     "seq_read",
     "seq_read_iter",
     "kernfs_fop_read_iter",
     "do_idle",
     "cpu_startup_entry",
+];
+
+/// x86_64: syscall, interrupt and page-fault entry, and CPU bring-up.
+#[cfg(target_arch = "x86_64")]
+const ARCH_GENERIC: &[&str] = &[
+    "entry_SYSCALL_64",
+    "entry_SYSCALL_64_after_hwframe",
+    "do_syscall_64",
+    "x64_sys_call",
+    "asm_sysvec_apic_timer_interrupt",
+    "sysvec_apic_timer_interrupt",
+    "asm_common_interrupt",
+    "common_interrupt",
+    "asm_exc_page_fault",
+    "exc_page_fault",
+    "do_user_addr_fault",
+    "ret_from_fork_asm",
+    "__x64_sys_read",
+    "__x64_sys_write",
+    "__x64_sys_openat",
     "start_secondary",
     "common_startup_64",
 ];
+
+/// arm64 (arch/arm64/kernel/entry*.{S,c}): the same roles; compiled, untested (docs/arm64.md).
+#[cfg(target_arch = "aarch64")]
+const ARCH_GENERIC: &[&str] = &[
+    "el0t_64_sync",
+    "el0t_64_sync_handler",
+    "el0_svc",
+    "do_el0_svc",
+    "el0_svc_common",
+    "invoke_syscall",
+    "el0t_64_irq",
+    "el0t_64_irq_handler",
+    "el0_interrupt",
+    "el1h_64_irq",
+    "el1h_64_irq_handler",
+    "el1_interrupt",
+    "call_on_irq_stack",
+    "do_interrupt_handler",
+    "gic_handle_irq",
+    "el0_da",
+    "el0_ia",
+    "do_mem_abort",
+    "do_translation_fault",
+    "do_page_fault",
+    "__arm64_sys_read",
+    "__arm64_sys_write",
+    "__arm64_sys_openat",
+    "secondary_start_kernel",
+    "cpu_do_idle",
+    "arch_cpu_idle",
+];
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const ARCH_GENERIC: &[&str] = &[];
+
+/// An entry point or dispatcher, never the finding's function.
+pub fn is_generic(name: &str) -> bool {
+    GENERIC.contains(&name) || ARCH_GENERIC.contains(&name)
+}
 
 /// Known offenders: a lower threshold, and what usually causes them.
 pub const WATCHLIST: &[(&str, &str)] = &[
@@ -153,8 +198,7 @@ impl HotFunc {
                 .iter()
                 .filter(|(name, c)| {
                     let share = c.ticks as f64 / denom;
-                    !GENERIC.contains(name)
-                        && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
+                    !is_generic(name) && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
                 })
                 .min_by(|a, b| {
                     // Fewest ticks = most specific; equal ticks: the deeper one.
@@ -217,6 +261,12 @@ mod tests {
         store::format::NS_PER_SEC,
     };
 
+    /// The syscall dispatcher of the architecture the tests run on (a generic entry point).
+    #[cfg(not(target_arch = "aarch64"))]
+    const SYSCALL: &str = "do_syscall_64";
+    #[cfg(target_arch = "aarch64")]
+    const SYSCALL: &str = "invoke_syscall";
+
     fn stack(user: &[&str], kernel: &[&str]) -> Arc<Stack> {
         Arc::new(Stack { frames: user.iter().chain(kernel).map(|f| Arc::from(*f)).collect(), user_len: user.len() })
     }
@@ -267,8 +317,18 @@ mod tests {
     }
 
     #[test]
+    fn entry_points_of_this_architecture_are_generic() {
+        assert!(is_generic("do_idle") && is_generic("handle_softirqs"));
+        #[cfg(target_arch = "x86_64")]
+        assert!(is_generic("entry_SYSCALL_64") && !is_generic("el0_svc"));
+        #[cfg(target_arch = "aarch64")]
+        assert!(is_generic("el0_svc") && !is_generic("entry_SYSCALL_64"));
+        assert!(!is_generic("mem_cgroup_node_nr_lru_pages"));
+    }
+
+    #[test]
     fn below_the_threshold_or_only_generic_nothing() {
-        let spread: Vec<_> = (0..10).map(|i| (stack(&["main"], &["do_syscall_64", &format!("f{i}")]), 9)).collect();
+        let spread: Vec<_> = (0..10).map(|i| (stack(&["main"], &[SYSCALL, &format!("f{i}")]), 9)).collect();
         assert!(HotFunc::default().evaluate(&seconds(5, &spread), M, &Thresholds::default()).is_empty());
         // A user-space hog holds no kernel function.
         let user = seconds(5, &[(stack(&["main", "spin"], &[]), 100)]);
@@ -280,12 +340,12 @@ mod tests {
 
     #[test]
     fn watchlist_functions_fire_at_the_lower_share() {
-        let hot = stack(&["kubelet"], &["do_syscall_64", "mem_cgroup_nr_lru_pages"]);
+        let hot = stack(&["kubelet"], &[SYSCALL, "mem_cgroup_nr_lru_pages"]);
         let rest = stack(&["kubelet", "gc"], &[]);
         let h = seconds(5, &[(hot, 25), (rest, 75)]);
         let out = HotFunc::default().evaluate(&h, M, &Thresholds::default());
         assert_eq!(out[0].evidence["function"], "mem_cgroup_nr_lru_pages");
-        let plain = stack(&["x"], &["do_syscall_64", "some_function"]);
+        let plain = stack(&["x"], &[SYSCALL, "some_function"]);
         assert!(HotFunc::default().evaluate(&seconds(5, &[(plain, 25)]), M, &Thresholds::default()).is_empty());
     }
 }

@@ -17,6 +17,8 @@ pub struct Live {
     pub queue: Depth,
     /// Event records (exec, cgroup) the reader could not queue.
     pub events_dropped: u64,
+    /// Event records (exec, fork, exit, cgroup) the kernel dropped: its ring was full.
+    pub events_lost: u64,
     /// Ring-to-disk latency over the last flushes: p50 and maximum, seconds.
     pub ring_to_disk_seconds: Option<(f64, f64)>,
     /// CPUs the sampler is attached to now.
@@ -44,6 +46,8 @@ pub struct Live {
     /// Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many
     /// open), whose frames are named by module only.
     pub files_refused: u64,
+    /// Cached processes forgotten because the kernel said they ended.
+    pub processes_exited: u64,
     /// The unwind stage's tables, when unwind tables are in use.
     pub unwind: Option<crate::unwind::registry::Stats>,
     /// The OTLP shipper's figures, when it runs.
@@ -178,6 +182,12 @@ pub fn render(l: &Live) -> String {
         vec![(String::new(), l.events_dropped as f64)],
     );
     family(
+        "profiler_kernel_dropped_events_total",
+        "counter",
+        "Exec, fork, exit and cgroup event records the kernel dropped because the events ring buffer was full.",
+        vec![(String::new(), l.events_lost as f64)],
+    );
+    family(
         "profiler_ring_to_disk_latency_seconds",
         "gauge",
         "Age of the oldest sample a flush wrote (flush time minus sample time), over the last 120 flushes: p50 and max.",
@@ -271,6 +281,12 @@ pub fn render(l: &Live) -> String {
         "Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many open); their frames are named by module only.",
         vec![(String::new(), l.files_refused as f64)],
     );
+    family(
+        "profiler_symbol_processes_exited_total",
+        "counter",
+        "Processes the symbolizer forgot because the kernel said they ended (fork and exit tracepoints); a pid seen again is a new process.",
+        vec![(String::new(), l.processes_exited as f64)],
+    );
     if let Some(o) = &l.otlp {
         let mut counter =
             |name: &str, help: &str, v: u64| family(name, "counter", help, vec![(String::new(), v as f64)]);
@@ -345,6 +361,7 @@ mod tests {
         l.dying_memcgs = Some(3000);
         l.open_findings.insert("zombie-memcgs".into(), 1);
         (l.cached_processes, l.cached_modules) = (12, 40);
+        (l.processes_exited, l.events_lost) = (7, 4);
         l.otlp = Some(crate::ship::Stats {
             batches: 3,
             retries: 2,
@@ -372,6 +389,8 @@ mod tests {
         assert!(text.contains("profiler_dying_memcgs 3000\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"processes\"} 12\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"modules\"} 40\n"));
+        assert!(text.contains("profiler_symbol_processes_exited_total 7\n"));
+        assert!(text.contains("profiler_kernel_dropped_events_total 4\n"));
         assert!(text.contains("profiler_unwind_walks_total{cpu=\"1\",outcome=\"stopped\"} 3\n"));
         assert!(text.contains("profiler_unwind_table_rows 1000\n"));
         assert!(text.contains("profiler_unwind_tables_did_not_fit_total 1\n"));

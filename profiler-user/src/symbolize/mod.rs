@@ -14,8 +14,10 @@
 //!
 //! Every cache is bounded, because a node with heavy process churn (hundreds of short-lived
 //! processes a second, each in its own binary) would otherwise grow them forever:
-//! - a process that exited keeps its mappings for a grace period (its late samples still
-//!   resolve), then is forgotten; at most `MAX_PROCESSES` are kept, the least recently sampled
+//! - a process the kernel says exited is forgotten once the samples read have passed its exit,
+//!   and a sample taken after the exit starts a new process under the pid (`lifecycle`);
+//! - a process that stopped being sampled keeps its mappings for a grace period (its late
+//!   samples still resolve), then is forgotten if it is gone; at most `MAX_PROCESSES` are kept, the least recently sampled
 //!   going first;
 //! - a module no cached process maps any more is dropped, and blazesym is told to close its file;
 //! - the name tables start over past their bounds; interned names nothing uses are released.
@@ -30,6 +32,7 @@
 pub mod debuginfo;
 pub mod file;
 mod kallsyms;
+mod lifecycle;
 pub mod maps;
 mod module;
 pub mod perfmap;
@@ -133,6 +136,9 @@ struct Process {
     /// Its perf map as read so far, and when it was last read (see `jit_frame`).
     perf_map: perfmap::PerfMap,
     perf_map_read_at: Option<Instant>,
+    /// When the kernel said it ended (boot-time ns; see `lifecycle`): a sample taken later is
+    /// another process's.
+    exited_ns: Option<u64>,
 }
 
 /// A symbolized stack; `until` is set when it has an unnamed frame (see `UNRESOLVED_TTL`).
@@ -149,6 +155,9 @@ pub struct Stats {
     pub maps_reads: u64,
     /// Processes and modules forgotten so far.
     pub processes_evicted: u64,
+    /// Processes forgotten because the kernel said they ended (see `lifecycle`; not counted
+    /// in `processes_evicted`).
+    pub processes_exited: u64,
     pub modules_evicted: u64,
     /// Mapped files not symbolized: not a regular file, over a size or symbol bound, malformed,
     /// or over the open-file bound. Their frames show `module+0xOFFSET` (the file offset: the
@@ -193,6 +202,8 @@ pub struct Symbolizer {
     perf_map_bytes: usize,
     /// Names of Python code objects.
     python: python::PyNames,
+    /// Forks and exits: which process a pid is (see `lifecycle`).
+    lifecycle: lifecycle::Lifecycle,
 }
 
 impl Default for Symbolizer {
@@ -226,6 +237,7 @@ impl Symbolizer {
             mapped_since: None,
             perf_map_bytes: 0,
             python: python::PyNames::default(),
+            lifecycle: lifecycle::Lifecycle::default(),
         }
     }
 
@@ -307,6 +319,7 @@ impl Symbolizer {
     /// A process just exec'd: read its mappings and find its files now, while `/proc/PID` still
     /// leads to them (a process living milliseconds is gone before its samples are read).
     pub fn note_exec(&mut self, pid: u32, comm: &str) {
+        self.exec_replaces_fork(pid);
         self.load_process(pid, comm, Instant::now());
         if let Some(p) = self.processes.get_mut(&pid) {
             p.read_at_exec = true;
@@ -354,13 +367,15 @@ impl Symbolizer {
             self.processes.retain(|_, p| p.seen_at >= oldest_kept);
         }
         self.bound_names();
+        self.sweep_forks();
         let forgot = self.processes.len() != before || std::mem::take(&mut self.image_replaced);
         if !forgot && now.duration_since(self.collected_at) < COLLECT_EVERY {
             return;
         }
         self.collected_at = now;
         let known: std::collections::HashSet<u32> = self.processes.keys().copied().collect();
-        self.python.retain(|pid| known.contains(&pid));
+        let stale = self.take_python_stale();
+        self.python.retain(|pid| known.contains(&pid) && !stale.contains(&pid));
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
         self.perf_map_bytes = self.processes.values().map(|p| p.perf_map.bytes()).sum();
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
@@ -470,6 +485,7 @@ impl Symbolizer {
 
     /// Reads a process's mappings afresh (new, or it exec'd).
     fn load_process(&mut self, pid: u32, comm: &str, now: Instant) {
+        self.new_image(pid);
         let comm = self.intern(comm);
         let read = self.read_maps(pid, None);
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
@@ -486,6 +502,7 @@ impl Symbolizer {
             image: self.images,
             perf_map: perfmap::PerfMap::default(),
             perf_map_read_at: None,
+            exited_ns: None,
         };
         // The stacks cached for an image this replaces are unreachable now (their key has the
         // old image) and go at the next sweep.

@@ -1,0 +1,75 @@
+//! What differs between the architectures the program is built for (aya-build sets
+//! `bpf_target_arch` from the userspace target: `cargo build --target aarch64-...` builds this
+//! for arm64): the registers a sample interrupted, and whether it interrupted user code.
+//!
+//! x86_64 is what runs and is tested; aarch64 (Graviton, Grace) compiles and is untested (see
+//! docs/arm64.md).
+
+/// The registers of a `perf_event` sample (`bpf_user_pt_regs_t`: `pt_regs` on x86_64,
+/// `user_pt_regs` on arm64), and the prefix of the kernel's `pt_regs` that
+/// `bpf_task_pt_regs` points at on both.
+pub(crate) use aya_ebpf::bindings::bpf_user_pt_regs_t as Regs;
+
+/// The registers a user-stack walk starts from.
+#[derive(Clone, Copy)]
+pub(crate) struct Frame {
+    pub ip: u64,
+    pub sp: u64,
+    /// The frame pointer: rbp, x29.
+    pub fp: u64,
+}
+
+#[cfg(bpf_target_arch = "x86_64")]
+mod imp {
+    use super::{Frame, Regs};
+
+    /// The low two bits of CS are the privilege level the tick interrupted: 3 is user mode.
+    #[inline(always)]
+    pub(crate) fn user_mode(regs: &Regs) -> bool {
+        regs.cs & 3 == 3
+    }
+
+    #[inline(always)]
+    pub(crate) fn frame(regs: &Regs) -> Frame {
+        Frame { ip: regs.rip, sp: regs.rsp, fp: regs.rbp }
+    }
+
+    /// Offsets of rbp, rsp and rip in the `ucontext` a signal trampoline's stack pointer points
+    /// at (`uc_flags`, `uc_link`, `uc_stack`, then `sigcontext` with r8..r15 first).
+    pub(crate) const UC_FP: u64 = 40 + 8 * 10;
+    pub(crate) const UC_SP: u64 = 40 + 8 * 15;
+    pub(crate) const UC_IP: u64 = 40 + 8 * 16;
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+mod imp {
+    use super::{Frame, Regs};
+
+    /// `PSR_MODE_MASK` and `PSR_MODE_EL0t` (arch/arm64/include/uapi/asm/ptrace.h): the
+    /// exception level the tick interrupted, as the kernel's `user_mode(regs)` reads it.
+    const PSR_MODE_MASK: u64 = 0x0000_000f;
+    const PSR_MODE_EL0T: u64 = 0x0000_0000;
+
+    #[inline(always)]
+    pub(crate) fn user_mode(regs: &Regs) -> bool {
+        regs.pstate & PSR_MODE_MASK == PSR_MODE_EL0T
+    }
+
+    #[inline(always)]
+    pub(crate) fn frame(regs: &Regs) -> Frame {
+        Frame { ip: regs.pc, sp: regs.sp, fp: regs.regs[29] }
+    }
+
+    /// At `__kernel_rt_sigreturn` sp points at `struct rt_sigframe`: a 128-byte `siginfo`, then
+    /// the `ucontext`, whose `uc_mcontext` (at 176: flags, link, stack, sigmask, 120 reserved
+    /// bytes, aligned to 16) starts with `fault_address`, then `regs[31]`, `sp`, `pc`.
+    const MCONTEXT: u64 = 128 + 176;
+    pub(crate) const UC_FP: u64 = MCONTEXT + 8 + 8 * 29;
+    pub(crate) const UC_SP: u64 = MCONTEXT + 8 + 8 * 31;
+    pub(crate) const UC_IP: u64 = MCONTEXT + 8 + 8 * 32;
+}
+
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+compile_error!("profiler-ebpf is written for x86_64 and aarch64 (bpf_target_arch): registers and signal frames differ");
+
+pub(crate) use imp::{UC_FP, UC_IP, UC_SP, frame, user_mode};
