@@ -16,6 +16,7 @@ use profiler_common::{COMM_LEN, FLAG_IDLE, FLAG_USER_MODE};
 
 use crate::{
     collect::{comm_str, parse_record_python},
+    context::Context,
     detect::{Changes, Engine, Tick},
     model::Sample,
     store::{StoreError, StoreWriter, writer::Flushed},
@@ -130,7 +131,13 @@ impl Pipeline {
             .flatten()
             .and_then(crate::unwind::python::layout);
         let python = layout.map(|l| (l, self.python.as_slice()));
-        let stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python);
+        let mut stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python);
+        // Softirq work (on the idle task too: the BPF side sends it as busy) gets its context as
+        // the root of its kernel frames (`context`).
+        let context = Context::from_flags(header.flags);
+        if context.is_softirq() {
+            stack = Arc::new(context.mark(&stack));
+        }
         let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid)).unwrap_or_default();
         let tick = Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone(), workload: workload.clone() };
         self.engine.on_busy(ts_ns, header.cpu, tick);
@@ -159,3 +166,6 @@ impl Pipeline {
         Ok(flushed)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -153,7 +153,9 @@ impl HotFunc {
                 .iter()
                 .filter(|(name, c)| {
                     let share = c.ticks as f64 / denom;
+                    // A `[softirq:NAME]` marker is a context, not a function: what runs under it is.
                     !GENERIC.contains(name)
+                        && !crate::context::Context::is_marker(name)
                         && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
                 })
                 .min_by(|a, b| {

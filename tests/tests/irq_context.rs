@@ -1,0 +1,187 @@
+//! Interrupt work on an idle CPU is busy, and labelled (issue 14 D): NET_RX processing steered
+//! to an otherwise idle CPU shows up as busy softirq samples of the idle task (`swapper/1`) with
+//! their kernel stacks (`net_rx_action`), under a `[softirq:NET_RX]` root frame; `--context`
+//! selects them, and CPU x time counts them as softirq share. Before the fix every sample of
+//! pid 0 was idle and had no stack, so none of this could be seen.
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use integration_tests::{Daemon, Kill, bin, folded, now_secs, privileged, profiler, skip, wait_for};
+
+/// Two network namespaces joined by a veth pair, deleted on drop (the veth goes with them).
+struct NetLab {
+    a: String,
+    b: String,
+}
+
+impl Drop for NetLab {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("ip");
+    assert!(st.success(), "ip {}", args.join(" "));
+}
+
+fn nsexec(ns: &str, script: &str) {
+    let st = Command::new("ip").args(["netns", "exec", ns, "sh", "-c", script]).status().expect("ip netns exec");
+    assert!(st.success(), "in {ns}: {script}");
+}
+
+/// Idle time of `cpu` so far, in `/proc/stat` ticks.
+fn cpu_idle_ticks(cpu: u32) -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let prefix = format!("cpu{cpu} ");
+    let line = stat.lines().find(|l| l.starts_with(&prefix)).unwrap_or_default();
+    line.split_whitespace().nth(4).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Polls `check` until it returns `Some` or `timeout` passes.
+fn wait_for_or<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A kernel frame in folded output.
+fn k(name: &str) -> String {
+    format!("{name}_[k]")
+}
+
+#[test]
+fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
+    if !privileged("net_rx_on_an_idle_cpu_is_busy_softirq_time") {
+        return;
+    }
+    if Command::new("ip").arg("-V").stdout(Stdio::null()).status().is_err() {
+        skip("net_rx_on_an_idle_cpu_is_busy_softirq_time: iproute2 (`ip`) is not installed");
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        skip("net_rx_on_an_idle_cpu_is_busy_softirq_time: needs two CPUs (sender on 0, receiver on 1)");
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let lab = NetLab { a: format!("irq-a-{id}"), b: format!("irq-b-{id}") };
+    let (va, vb) = (format!("iva{id}"), format!("ivb{id}"));
+    ip(&["netns", "add", &lab.a]);
+    ip(&["netns", "add", &lab.b]);
+    ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+    ip(&["link", "set", &va, "netns", &lab.a]);
+    ip(&["link", "set", &vb, "netns", &lab.b]);
+    ip(&["-n", &lab.a, "addr", "add", "10.78.0.1/24", "dev", &va]);
+    ip(&["-n", &lab.b, "addr", "add", "10.78.0.2/24", "dev", &vb]);
+    ip(&["-n", &lab.a, "link", "set", &va, "up"]);
+    ip(&["-n", &lab.b, "link", "set", &vb, "up"]);
+    // The receiving veth has no NAPI of its own (GRO off, the default) and NAPI is not threaded:
+    // a datagram goes to a CPU's backlog, and RPS picks CPU 1's. The sender runs on CPU 0, so
+    // CPU 1 does nothing but NET_RX softirqs (process_backlog, ip_rcv, udp_rcv), at the exit of
+    // the IPI that wakes it from idle.
+    nsexec(&lab.b, &format!("test \"$(cat /sys/class/net/{vb}/threaded)\" = 0"));
+    nsexec(&lab.b, &format!("echo 2 > /sys/class/net/{vb}/queues/rx-0/rps_cpus"));
+
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
+    let dir = data.to_str().unwrap();
+    let start = now_secs();
+    let from = format!("{start:.3}");
+    let netlab = bin("netrx-lab");
+    let _blast = Kill(
+        Command::new("ip")
+            .args(["netns", "exec", &lab.a, "taskset", "-c", "0"])
+            .arg(&netlab)
+            .args(["blast", "10.78.0.2:9", "150"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the sender"),
+    );
+
+    // NET_RX samples on CPU 1 with the kernel stack that did the work, whatever task they
+    // interrupted (the machine is shared: other work may run on CPU 1 too).
+    let window = ["--cpu", "1", "--from", &from, "--to", "now"];
+    let on_idle = |line: &str| line.starts_with("swapper/1;");
+    let net_rx = || {
+        let mut args = window.to_vec();
+        args.extend(["--context", "softirq:NET_RX"]);
+        folded(dir, &args).ok()
+    };
+    let with_work = |lines: &[(String, u64)], idle: bool| -> u64 {
+        lines.iter().filter(|(l, _)| (!idle || on_idle(l)) && l.contains(&k("net_rx_action"))).map(|(_, n)| n).sum()
+    };
+    wait_for("NET_RX samples with net_rx_action on CPU 1", Duration::from_secs(40), || {
+        net_rx().filter(|lines| with_work(lines, false) >= 20)
+    });
+    // The point of the fix: the ones that interrupted the idle task are busy samples with their
+    // stacks (before it they were idle, without a stack). They need CPU 1 to be idle now and
+    // then, which other work on a shared machine may delay: waited for with a deadline, and a
+    // failure says how much idle time CPU 1 had.
+    let idle_before = cpu_idle_ticks(1);
+    let softirq = wait_for_or(Duration::from_secs(100), || net_rx().filter(|lines| with_work(lines, true) >= 3))
+        .unwrap_or_else(|| {
+            panic!(
+                "no NET_RX samples of the idle task on CPU 1 in 100 s; CPU 1 was idle for {} ticks of /proc/stat meanwhile",
+                cpu_idle_ticks(1).saturating_sub(idle_before)
+            )
+        });
+    let total: u64 = softirq.iter().map(|(_, n)| n).sum();
+    let idle_task: u64 = softirq.iter().filter(|(l, _)| on_idle(l)).map(|(_, n)| n).sum();
+    eprintln!("CPU 1: {total} NET_RX samples, {idle_task} of them on the idle task");
+    for (line, _) in &softirq {
+        // The marker is the root of the kernel frames: right after the comm on the idle task
+        // (no user frames), after the user frames on any other task (ksoftirqd has none).
+        let first_kernel = line.split(';').find(|f| f.ends_with("_[k]"));
+        assert_eq!(first_kernel, Some(k("[softirq:NET_RX]").as_str()), "{line}");
+    }
+    let names = ["process_backlog", "__netif_receive_skb", "ip_rcv", "udp_rcv", "__udp4_lib_rcv"];
+    assert!(
+        softirq.iter().any(|(l, _)| on_idle(l) && names.iter().any(|f| l.contains(&k(f)))),
+        "the backlog's work under net_rx_action: {softirq:?}"
+    );
+
+    // Task context on the same CPU never carries a softirq marker; any softirq covers NET_RX.
+    let mut args = window.to_vec();
+    args.extend(["--context", "task"]);
+    if let Ok(task) = folded(dir, &args) {
+        assert!(task.iter().all(|(l, _)| !l.contains("[softirq:")), "task context with a marker: {task:?}");
+    }
+    let mut args = window.to_vec();
+    args.extend(["--context", "softirq"]);
+    let any: u64 = folded(dir, &args).expect("any softirq").iter().map(|(_, n)| n).sum();
+    assert!(any >= total, "--context softirq ({any}) keeps at least the NET_RX samples ({total})");
+    // A bad context is one sentence, not a panic.
+    let out = profiler(&["flamegraph", "--data-dir", dir, "--from", &from, "--context", "softirq:NETRX"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("not a softirq") && !err.contains("panicked"), "{err}");
+
+    // CPU x time: CPU 1's softirq share is part of its busy (and kernel) share.
+    let out = profiler(&["cputime", "--data-dir", dir, "--from", &from, "--to", "now", "--format", "csv"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let csv = String::from_utf8_lossy(&out.stdout);
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("start_ns,cpu,busy_share,kernel_share,softirq_share"));
+    let mut soft_sum = 0.0;
+    for line in lines {
+        let v: Vec<&str> = line.split(',').collect();
+        let (busy, kernel, soft): (f64, f64, f64) = (v[2].parse().unwrap(), v[3].parse().unwrap(), v[4].parse().unwrap());
+        assert!(soft <= kernel + 1e-3 && kernel <= busy + 1e-3, "softirq <= kernel <= busy: {line}");
+        if v[1] == "1" {
+            soft_sum += soft;
+        }
+    }
+    assert!(soft_sum > 0.0, "CPU 1 shows softirq time:\n{csv}");
+    daemon.stop();
+}
