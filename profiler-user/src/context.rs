@@ -238,8 +238,14 @@ mod tests {
             ],
         };
         let of = |n| Context::of_node(&dict, n);
-        assert_eq!([of(0), of(1), of(2), of(3)], [Context::Task, Context::Task, Context::Softirq(1), Context::Softirq(1)]);
-        assert_eq!([of(4), of(5), of(6), of(7)], [Context::Softirq(1), Context::Softirq(1), Context::Task, Context::Task]);
+        assert_eq!(
+            [of(0), of(1), of(2), of(3)],
+            [Context::Task, Context::Task, Context::Softirq(1), Context::Softirq(1)]
+        );
+        assert_eq!(
+            [of(4), of(5), of(6), of(7)],
+            [Context::Softirq(1), Context::Softirq(1), Context::Task, Context::Task]
+        );
         assert_eq!(of(99), Context::Task, "a dangling id is no context");
     }
 

@@ -176,7 +176,8 @@ fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
     let mut soft_sum = 0.0;
     for line in lines {
         let v: Vec<&str> = line.split(',').collect();
-        let (busy, kernel, soft): (f64, f64, f64) = (v[2].parse().unwrap(), v[3].parse().unwrap(), v[4].parse().unwrap());
+        let (busy, kernel, soft): (f64, f64, f64) =
+            (v[2].parse().unwrap(), v[3].parse().unwrap(), v[4].parse().unwrap());
         assert!(soft <= kernel + 1e-3 && kernel <= busy + 1e-3, "softirq <= kernel <= busy: {line}");
         if v[1] == "1" {
             soft_sum += soft;

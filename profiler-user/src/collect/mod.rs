@@ -250,10 +250,11 @@ impl Collector {
         // `softirq_exit` before `softirq_entry`: entry marks the softirq running for the sampler
         // (interrupt work on the idle task is busy) and only exit clears it, so entry must never
         // be attached without exit (the list stops at the first failure).
-        let netrx_ok = [("softirq_exit", "irq"), ("softirq_raise", "irq"), ("softirq_entry", "irq"), ("napi_poll", "napi")]
-            .iter()
-            .map(|(n, c)| attached(n, c))
-            .collect::<Result<Vec<_>, _>>();
+        let netrx_ok =
+            [("softirq_exit", "irq"), ("softirq_raise", "irq"), ("softirq_entry", "irq"), ("napi_poll", "napi")]
+                .iter()
+                .map(|(n, c)| attached(n, c))
+                .collect::<Result<Vec<_>, _>>();
         if let Err(e) = &netrx_ok {
             tracing::warn!(error = %e, "NET_RX tracepoints not attached: no softirq starvation detection, and softirq work on idle CPUs counts as idle");
         }

@@ -319,14 +319,15 @@ mod tests {
         let workload = crate::identity::workloads::encode(&id);
         let mut b = Builder::new(99);
         for w in [workload.as_str(), ""] {
-            let frames = [("main", false)];
+            let softirq = [("main", false), ("[softirq:NET_RX]", true), ("net_rx_action", true)];
+            let frames = if w.is_empty() { &softirq[..] } else { &softirq[..1] };
             b.add(&SampleRef {
                 ts_ns: 1,
                 cpu: 0,
                 pid: 1,
                 tid: 1,
                 comm: "py",
-                frames: &frames,
+                frames,
                 count: 1,
                 frequency_hz: None,
                 workload: w,
@@ -337,8 +338,11 @@ mod tests {
         let strs = |i: usize| -> Vec<(&str, &str)> {
             p.sample[i].label.iter().filter(|l| l.str != 0).map(|l| (s(l.key), s(l.str))).collect()
         };
-        assert_eq!(strs(0), [("comm", "py"), ("namespace", "ml"), ("pod", "trainer-0"), ("container", "main")]);
-        assert_eq!(strs(1), [("comm", "py")]);
+        assert_eq!(
+            strs(0),
+            [("comm", "py"), ("context", "task"), ("namespace", "ml"), ("pod", "trainer-0"), ("container", "main")]
+        );
+        assert_eq!(strs(1), [("comm", "py"), ("context", "softirq:NET_RX")]);
     }
 
     /// pprof is structured: names travel exactly, but a user frame cannot end like our kernel mark.

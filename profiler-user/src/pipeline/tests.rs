@@ -45,12 +45,13 @@ fn softirq_on_the_idle_task_is_busy_with_its_marker() {
     let timer = 2 << FLAG_SOFTIRQ_SHIFT;
     // Kernel addresses no kallsyms names: the symbolizer still gives one frame per address.
     let kernel = [0xffff_ffff_ff00_0010u64, 0xffff_ffff_ff00_0020];
+    // One tick per 10 ms per CPU: softirq ticks in even buckets, the others in odd ones.
     for i in 0..10u64 {
-        let ts = T0 + i * 10_000_000;
-        p.handle(&record(ts, 1, 0, "swapper/1", net_rx, &kernel));
-        p.handle(&record(ts, 1, 0, "", FLAG_IDLE, &[]));
-        p.handle(&record(ts, 0, 42, "app", timer, &kernel));
-        p.handle(&record(ts, 0, 42, "app", 0, &kernel));
+        let (even, odd) = (T0 + i * 20_000_000, T0 + i * 20_000_000 + 10_000_000);
+        p.handle(&record(even, 1, 0, "swapper/1", net_rx, &kernel));
+        p.handle(&record(odd, 1, 0, "", FLAG_IDLE, &[]));
+        p.handle(&record(even, 0, 42, "app", timer, &kernel));
+        p.handle(&record(odd, 0, 42, "app", 0, &kernel));
     }
     assert_eq!((p.samples, p.idle), (30, 10), "softirq samples of pid 0 are busy");
     p.flush(T0 + 2 * NS_PER_SEC).unwrap();

@@ -223,8 +223,11 @@ pub fn rollup_segment_with(
             idle: w.cpus.values().map(|c| c.idle).sum::<u64>().min(u64::from(u32::MAX)) as u32,
             ..Default::default()
         };
-        let summary =
-            Summary { cpus: w.cpus.into_values().collect(), buckets: Vec::new(), softirq: w.softirq.into_iter().collect() };
+        let summary = Summary {
+            cpus: w.cpus.into_values().collect(),
+            buckets: Vec::new(),
+            softirq: w.softirq.into_iter().collect(),
+        };
         // The whole dictionary goes with the first block; later blocks add nothing.
         let delta = if i == 0 { std::mem::take(&mut interner.delta) } else { DictDelta::default() };
         out.extend(encode_block(&h, &pack(&delta), &pack(&summary), &pack(&cols)));
