@@ -122,24 +122,10 @@ fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
     let with_work = |lines: &[(String, u64)], idle: bool| -> u64 {
         lines.iter().filter(|(l, _)| (!idle || on_idle(l)) && l.contains(&k("net_rx_action"))).map(|(_, n)| n).sum()
     };
-    wait_for("NET_RX samples with net_rx_action on CPU 1", Duration::from_secs(40), || {
+    let softirq = wait_for("NET_RX samples with net_rx_action on CPU 1", Duration::from_secs(40), || {
         net_rx().filter(|lines| with_work(lines, false) >= 20)
     });
-    // The point of the fix: the ones that interrupted the idle task are busy samples with their
-    // stacks (before it they were idle, without a stack). They need CPU 1 to be idle now and
-    // then, which other work on a shared machine may delay: waited for with a deadline, and a
-    // failure says how much idle time CPU 1 had.
-    let idle_before = cpu_idle_ticks(1);
-    let softirq = wait_for_or(Duration::from_secs(100), || net_rx().filter(|lines| with_work(lines, true) >= 3))
-        .unwrap_or_else(|| {
-            panic!(
-                "no NET_RX samples of the idle task on CPU 1 in 100 s; CPU 1 was idle for {} ticks of /proc/stat meanwhile",
-                cpu_idle_ticks(1).saturating_sub(idle_before)
-            )
-        });
     let total: u64 = softirq.iter().map(|(_, n)| n).sum();
-    let idle_task: u64 = softirq.iter().filter(|(l, _)| on_idle(l)).map(|(_, n)| n).sum();
-    eprintln!("CPU 1: {total} NET_RX samples, {idle_task} of them on the idle task");
     for (line, _) in &softirq {
         // The marker is the root of the kernel frames: right after the comm on the idle task
         // (no user frames), after the user frames on any other task (ksoftirqd has none).
@@ -148,7 +134,7 @@ fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
     }
     let names = ["process_backlog", "__netif_receive_skb", "ip_rcv", "udp_rcv", "__udp4_lib_rcv"];
     assert!(
-        softirq.iter().any(|(l, _)| on_idle(l) && names.iter().any(|f| l.contains(&k(f)))),
+        softirq.iter().any(|(l, _)| names.iter().any(|f| l.contains(&k(f)))),
         "the backlog's work under net_rx_action: {softirq:?}"
     );
 
@@ -184,5 +170,36 @@ fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
         }
     }
     assert!(soft_sum > 0.0, "CPU 1 shows softirq time:\n{csv}");
+
+    // The point of the fix: NET_RX that interrupted the idle task is busy, with its stack
+    // (before it, every sample of pid 0 was idle and had none). It needs CPU 1 to be idle now
+    // and then, which other work on a shared machine may prevent: waited for with a deadline;
+    // if CPU 1 never idled meanwhile, this part cannot be checked here and says so (under
+    // CI=true, a failure).
+    let idle_before = cpu_idle_ticks(1);
+    let Some(softirq) = wait_for_or(Duration::from_secs(100), || net_rx().filter(|lines| with_work(lines, true) >= 3))
+    else {
+        let idled = cpu_idle_ticks(1).saturating_sub(idle_before);
+        // USER_HZ is 100: under a second of idle time in 100 s is a CPU that other work kept.
+        assert!(
+            idled < 100,
+            "no NET_RX samples of the idle task on CPU 1 in 100 s, though CPU 1 was idle for {idled} ticks of /proc/stat"
+        );
+        skip(&format!(
+            "net_rx_on_an_idle_cpu_is_busy_softirq_time: CPU 1 was never idle (other work on it, {idled} idle ticks in \
+             100 s), so softirq work on the idle task could not be observed"
+        ));
+        return;
+    };
+    let idle_task: Vec<&(String, u64)> = softirq.iter().filter(|(l, _)| on_idle(l)).collect();
+    let n: u64 = idle_task.iter().map(|(_, n)| n).sum();
+    eprintln!("CPU 1: {n} NET_RX samples on the idle task");
+    for (line, _) in &idle_task {
+        assert!(line.starts_with("swapper/1;[softirq:NET_RX]_[k];"), "no user frames on the idle task: {line}");
+    }
+    assert!(
+        idle_task.iter().any(|(l, _)| names.iter().any(|f| l.contains(&k(f)))),
+        "the backlog's work on the idle task: {idle_task:?}"
+    );
     daemon.stop();
 }
