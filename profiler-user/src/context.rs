@@ -62,6 +62,11 @@ impl Context {
         }
     }
 
+    /// The context of a symbolized stack: its first kernel frame, if that is a marker.
+    pub fn of_stack(stack: &Stack) -> Self {
+        stack.frames.get(stack.user_len).and_then(|f| Self::of_marker(f)).map_or(Self::Task, Self::Softirq)
+    }
+
     /// The context of stack node `node` of `dict`: walks up to the root of its kernel frames.
     pub fn of_node(dict: &Dict, node: u32) -> Self {
         let mut n = node as usize;
@@ -211,6 +216,7 @@ mod tests {
         let marked = Context::Softirq(3).mark(&stack);
         assert_eq!(marked.frames, f(&["main", "read", "[softirq:NET_RX]", "entry_SYSCALL_64", "net_rx_action"]));
         assert_eq!(marked.user_len, 2);
+        assert_eq!((Context::of_stack(&marked), Context::of_stack(&stack)), (Context::Softirq(3), Context::Task));
         assert_eq!(Context::Task.mark(&stack), stack);
         let frames = marked.frames.iter().enumerate().map(|(i, n)| (&**n, i >= marked.user_len));
         assert_eq!(Context::of_frames(frames), Context::Softirq(3));

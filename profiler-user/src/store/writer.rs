@@ -385,7 +385,7 @@ fn encode_second(
         let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
         counts.busy += 1;
         counts.kernel += u64::from(r.stack.user_len < r.stack.frames.len());
-        if r.stack.frames.get(r.stack.user_len).is_some_and(|f| crate::context::Context::is_marker(f)) {
+        if crate::context::Context::of_stack(&r.stack).is_softirq() {
             *softirq.entry(r.cpu).or_default() += 1;
         }
         buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)] += 1;
