@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, bin, folded, now_secs, privileged, profiler, skip, wait_for};
+use integration_tests::{Daemon, Kill, bin, folded, now_secs, privileged, profiler, skip, status_json, wait_for};
 
 /// Two network namespaces joined by a veth pair, deleted on drop (the veth goes with them).
 struct NetLab {
@@ -175,22 +175,26 @@ fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
     assert!(soft_sum > 0.0, "CPU 1 shows softirq time:\n{csv}");
 
     // The point of the fix: NET_RX that interrupted the idle task is busy, with its stack
-    // (before it, every sample of pid 0 was idle and had none). It needs CPU 1 to be idle now
-    // and then, which other work on a shared machine may prevent: waited for with a deadline;
-    // if CPU 1 never idled meanwhile, this part cannot be checked here and says so (under
-    // CI=true, a failure).
+    // (before it, every sample of pid 0 was idle and had none). That needs ticks that land on
+    // CPU 1's idle task, which other work on a shared machine may prevent (CPU 1 never idles),
+    // and which some VMs rarely deliver (a halted vCPU gets no cpu-clock ticks: README, Defaults).
+    // Waited for with a deadline; if no tick reached CPU 1's idle task meanwhile (no idle
+    // sample either), this part cannot be checked here and says so (under CI=true, a failure).
     let idle_before = cpu_idle_ticks(1);
-    let Some(softirq) = wait_for_or(Duration::from_secs(100), || net_rx().filter(|lines| with_work(lines, true) >= 3))
+    let Some(softirq) = wait_for_or(Duration::from_secs(100), || net_rx().filter(|lines| with_work(lines, true) >= 1))
     else {
         let idled = cpu_idle_ticks(1).saturating_sub(idle_before);
-        // USER_HZ is 100: under a second of idle time in 100 s is a CPU that other work kept.
+        let idle_samples = status_json(&data).and_then(|s| s["summary"]["cpus"]["1"]["idle"].as_u64()).unwrap_or(0);
+        // Ticks did reach the idle task (idle samples), yet none in NET_RX: that is the bug.
         assert!(
-            idled < 100,
-            "no NET_RX samples of the idle task on CPU 1 in 100 s, though CPU 1 was idle for {idled} ticks of /proc/stat"
+            idle_samples < 30,
+            "no NET_RX samples of the idle task on CPU 1 in 100 s, though {idle_samples} ticks found it idle \
+             ({idled} idle ticks of /proc/stat)"
         );
         skip(&format!(
-            "net_rx_on_an_idle_cpu_is_busy_softirq_time: CPU 1 was never idle (other work on it, {idled} idle ticks in \
-             100 s), so softirq work on the idle task could not be observed"
+            "net_rx_on_an_idle_cpu_is_busy_softirq_time: no tick reached CPU 1's idle task ({idle_samples} idle samples, \
+             {idled} idle ticks of /proc/stat in 100 s: other work on it, or a VM without idle ticks), so softirq \
+             work on the idle task could not be observed"
         ));
         return;
     };
