@@ -26,6 +26,24 @@ pub const FLAG_USER_MODE: u32 = 1 << 1;
 pub const FLAG_KERNEL_STACK_ERROR: u32 = 1 << 2;
 /// The user stack could not be captured.
 pub const FLAG_USER_STACK_ERROR: u32 = 1 << 3;
+/// Bits of `flags` that name the softirq the sample interrupted, as its vector plus one (0: none,
+/// the sample ran in task context). See [`softirq_of`].
+pub const FLAG_SOFTIRQ_MASK: u32 = 0xF << FLAG_SOFTIRQ_SHIFT;
+/// Position of [`FLAG_SOFTIRQ_MASK`] in `flags`.
+pub const FLAG_SOFTIRQ_SHIFT: u32 = 8;
+/// Softirq vectors the kernel has (`NR_SOFTIRQS`), named as its `softirq_to_name` names them
+/// (`include/linux/interrupt.h`; the same in every kernel since 4.x).
+pub const SOFTIRQ_NAMES: [&str; 10] =
+    ["HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU"];
+
+/// The softirq vector a sample with these flags interrupted, or `None` for task context.
+#[inline(always)]
+pub fn softirq_of(flags: u32) -> Option<u32> {
+    match (flags & FLAG_SOFTIRQ_MASK) >> FLAG_SOFTIRQ_SHIFT {
+        0 => None,
+        v => Some(v - 1),
+    }
+}
 
 /// Slots of the per-CPU counters: `COUNTERS` holds one `[u64; counter::COUNT]` per CPU, so
 /// userspace reads them all with one syscall.

@@ -14,6 +14,7 @@
 
 mod arch;
 mod cgroup;
+mod context;
 mod exec;
 mod lifecycle;
 mod netrx;
@@ -34,8 +35,8 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use profiler_common::{
-    FLAG_IDLE, FLAG_KERNEL_STACK_ERROR, FLAG_USER_MODE, FLAG_USER_STACK_ERROR, HEADER_LEN, MAX_KERNEL_FRAMES,
-    MAX_USER_FRAMES, SampleHeader, counter,
+    FLAG_IDLE, FLAG_KERNEL_STACK_ERROR, FLAG_SOFTIRQ_SHIFT, FLAG_USER_MODE, FLAG_USER_STACK_ERROR, HEADER_LEN,
+    MAX_KERNEL_FRAMES, MAX_USER_FRAMES, SampleHeader, counter,
 };
 
 /// Room for both stacks; the user stack starts right after the kernel one.
@@ -126,12 +127,15 @@ fn try_sample(ctx: &PerfEventContext) {
     header.cpu = unsafe { bpf_get_smp_processor_id() };
     header.pid = (pid_tgid >> 32) as u32;
     header.tid = pid_tgid as u32;
-    header.flags = 0;
     header.kernel_frames = 0;
     header.user_frames = 0;
     header.python_frames = 0;
 
-    if header.tid == 0 {
+    // A softirq interrupted (see `context`): on the idle task that is work, not idleness (NET_RX
+    // on an otherwise idle NIC-queue core), so it takes the busy path below, kernel stack only.
+    let softirq = context::softirq_now();
+    header.flags = softirq << FLAG_SOFTIRQ_SHIFT;
+    if header.tid == 0 && softirq == 0 {
         // The idle task: only its existence matters (per-CPU utilisation), not its stack.
         header.flags = FLAG_IDLE;
         header.cgroup_id = 0;
@@ -154,6 +158,12 @@ fn try_sample(ctx: &PerfEventContext) {
             } else {
                 kernel = (ret as usize / 8).min(MAX_KERNEL_FRAMES);
             }
+        }
+        if header.tid == 0 {
+            // A softirq on the idle task: no user stack, no process to unwind.
+            header.kernel_frames = kernel as u16;
+            emit(record, kernel, 0);
+            return;
         }
         // Tables for this process: the unwinder takes over (and sends the record) from here.
         unwind::start(ctx, record, kernel, user_mode);

@@ -1,5 +1,6 @@
 //! NET_RX softirq and NAPI timing, aggregated in the kernel: these tracepoints fire thousands
-//! of times a second on a busy NIC, too often to send each one to userspace.
+//! of times a second on a busy NIC, too often to send each one to userspace. `softirq_entry`
+//! also marks the softirq running on its CPU for the sampler (`context`).
 
 use aya_ebpf::{
     helpers::generated::bpf_ktime_get_boot_ns,
@@ -64,7 +65,10 @@ pub fn softirq_raise(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn softirq_entry(ctx: TracePointContext) -> u32 {
-    if vec_of(&ctx) != NET_RX_VEC {
+    let vec = vec_of(&ctx);
+    // Every vector: the sampler labels what it interrupts (`context`).
+    crate::context::enter(vec);
+    if vec != NET_RX_VEC {
         return 0;
     }
     let Some(pending) = slot(&NETRX_STATE, 0) else { return 0 };

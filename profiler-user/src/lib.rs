@@ -4,11 +4,13 @@
 //! (the store pushed to a collector).
 //! `pipeline` is the per-sample path (parse a record → symbolize → detect → store); `daemon` feeds
 //! it from the ring buffer and flushes it; `main.rs` is the CLI over all of them.
-//! `identity` says which container, pod or systemd unit a pid belongs to.
+//! `identity` says which container, pod or systemd unit a pid belongs to; `context` whether a
+//! sample ran for its task or in a softirq.
 
 pub mod budget;
 pub mod collect;
 pub mod config;
+pub mod context;
 pub mod daemon;
 pub mod detect;
 pub mod export;

@@ -16,6 +16,7 @@ use profiler_common::{COMM_LEN, FLAG_IDLE, FLAG_USER_MODE};
 
 use crate::{
     collect::{comm_str, parse_record_python},
+    context::Context,
     detect::{Changes, Engine, Tick},
     model::Sample,
     store::{StoreError, StoreWriter, writer::Flushed},
@@ -141,11 +142,17 @@ impl Pipeline {
             .flatten()
             .and_then(crate::unwind::python::layout);
         let python = layout.map(|l| (l, self.python.as_slice()));
-        let stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python, now);
+        let mut stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python, now);
         if let Some(pid) = self.symbolizer.take_mapped()
             && let Some(unwind) = self.unwind.as_mut()
         {
             unwind.mapped(pid, now);
+        }
+        // Softirq work (on the idle task too: the BPF side sends it as busy) gets its context as
+        // the root of its kernel frames (`context`).
+        let context = Context::from_flags(header.flags);
+        if context.is_softirq() {
+            stack = Arc::new(context.mark(&stack));
         }
         let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid, now)).unwrap_or_default();
         let tick = Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone(), workload: workload.clone() };
@@ -178,3 +185,6 @@ impl Pipeline {
         Ok(flushed)
     }
 }
+
+#[cfg(test)]
+mod tests;

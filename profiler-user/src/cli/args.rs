@@ -139,6 +139,10 @@ pub struct FilterArgs {
     /// Only processes of this systemd unit (`kubelet` means `kubelet.service`).
     #[arg(long)]
     pub unit: Option<String>,
+    /// Only samples in this kernel context: task, softirq (any), or softirq:NAME (NET_RX,
+    /// TIMER, RCU, ...). Softirq samples carry a `[softirq:NAME]` frame.
+    #[arg(long, value_name = "task|softirq[:NAME]")]
+    pub context: Option<profiler::context::ContextFilter>,
 }
 
 impl FilterArgs {
@@ -153,6 +157,7 @@ impl FilterArgs {
                 container: self.container,
                 unit: self.unit,
             },
+            context: self.context,
             include_idle: false,
         }
     }

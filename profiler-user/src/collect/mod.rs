@@ -262,12 +262,16 @@ impl Collector {
             prog.load().map_err(|e| e.to_string())?;
             prog.attach(category, name).map(drop).map_err(|e| e.to_string())
         };
-        let netrx_ok = [("softirq_raise", "irq"), ("softirq_entry", "irq"), ("napi_poll", "napi")]
-            .iter()
-            .map(|(n, c)| attached(n, c))
-            .collect::<Result<Vec<_>, _>>();
+        // `softirq_exit` before `softirq_entry`: entry marks the softirq running for the sampler
+        // (interrupt work on the idle task is busy) and only exit clears it, so entry must never
+        // be attached without exit (the list stops at the first failure).
+        let netrx_ok =
+            [("softirq_exit", "irq"), ("softirq_raise", "irq"), ("softirq_entry", "irq"), ("napi_poll", "napi")]
+                .iter()
+                .map(|(n, c)| attached(n, c))
+                .collect::<Result<Vec<_>, _>>();
         if let Err(e) = &netrx_ok {
-            tracing::warn!(error = %e, "NET_RX tracepoints not attached: no softirq starvation detection");
+            tracing::warn!(error = %e, "NET_RX tracepoints not attached: no softirq starvation detection, and softirq work on idle CPUs counts as idle");
         }
         let cgroup_ok = ["cgroup_mkdir", "cgroup_rmdir", "cgroup_release"]
             .iter()

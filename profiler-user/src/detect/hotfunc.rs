@@ -198,7 +198,10 @@ impl HotFunc {
                 .iter()
                 .filter(|(name, c)| {
                     let share = c.ticks as f64 / denom;
-                    !is_generic(name) && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
+                    // A `[softirq:NAME]` marker is a context, not a function: what runs under it is.
+                    !is_generic(name)
+                        && !crate::context::Context::is_marker(name)
+                        && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
                 })
                 .min_by(|a, b| {
                     // Fewest ticks = most specific; equal ticks: the deeper one.

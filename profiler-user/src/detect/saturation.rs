@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use serde_json::json;
 
 use super::{Active, Kind, Machine, Second, Severity, Thresholds, percent, top_processes};
-use crate::store::format::NS_PER_SEC;
+use crate::{context::Context, store::format::NS_PER_SEC};
 
 #[derive(Debug, Default)]
 pub struct Saturation {
@@ -44,6 +44,12 @@ impl Saturation {
             let ticks: usize = run.iter().map(|c| c.busy.len()).sum();
             let kernel: usize = run.iter().map(|c| c.kernel()).sum();
             let kernel_share = kernel as f64 / ticks.max(1) as f64;
+            // Softirq work is busy wherever it ran, the idle task included: say how much of the
+            // run it was (NET_RX on a NIC-queue core), since the top "process" may be swapper/N.
+            let softirq = run.iter().flat_map(|c| c.busy.iter()).filter(|t| Context::of_stack(&t.stack).is_softirq());
+            let softirq_share = softirq.count() as f64 / ticks.max(1) as f64;
+            let softirq_text =
+                if softirq_share > 0.0 { format!(", {} in softirqs", percent(softirq_share)) } else { String::new() };
             let top = top_processes(run.iter().flat_map(|c| c.busy.iter()), 3);
             let mode = if kernel_share >= 0.5 { "kernel" } else { "user" };
             let top_text: Vec<String> = top
@@ -56,7 +62,7 @@ impl Saturation {
                 onset_ns: start,
                 severity: if secs >= 10 { Severity::Critical } else { Severity::Warning },
                 summary: format!(
-                    "CPU {cpu} saturated for {secs} s ({} busy, {} of it in the {mode}) while the machine is {} busy; top: {}",
+                    "CPU {cpu} saturated for {secs} s ({} busy, {} of it in the {mode}{softirq_text}) while the machine is {} busy; top: {}",
                     percent(busy),
                     percent(if mode == "kernel" { kernel_share } else { 1.0 - kernel_share }),
                     percent(machine_busy),
@@ -65,6 +71,7 @@ impl Saturation {
                 evidence: json!({
                     "busy_share": busy,
                     "kernel_share": kernel_share,
+                    "softirq_share": softirq_share,
                     "machine_busy_share": machine_busy,
                     "seconds": secs,
                     "mode": mode,
@@ -153,6 +160,24 @@ mod tests {
         assert!(a.summary.contains("dd (pid 7, pod ml/trainer-0 container main) 100 %"), "{}", a.summary);
         assert_eq!(a.evidence["top_processes"][0]["pod"], "trainer-0");
         assert_eq!(a.evidence["top_processes"][0]["namespace"], "ml");
+    }
+
+    #[test]
+    fn net_rx_on_the_idle_task_saturates_a_core_and_says_so() {
+        let stack = Context::Softirq(3).mark(&Stack { frames: vec![Arc::from("net_rx_action")], user_len: 0 });
+        let seconds: Vec<_> = (0..3)
+            .map(|i| {
+                let mut s = second(i, &[(2, false), (100, true)]);
+                s.cpus[1].busy.iter_mut().for_each(|t| {
+                    (t.stack, t.pid, t.comm) = (Arc::new(stack.clone()), 0, Arc::from("swapper/1"));
+                });
+                s
+            })
+            .collect();
+        let a = &run(&seconds)[2][0];
+        assert!(a.summary.contains("100 % of it in the kernel, 100 % in softirqs"), "{}", a.summary);
+        assert!(a.summary.contains("swapper/1 (pid 0) 100 %"), "{}", a.summary);
+        assert_eq!(a.evidence["softirq_share"], 1.0);
     }
 
     #[test]

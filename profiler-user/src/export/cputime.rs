@@ -1,5 +1,5 @@
 //! CPU x time: rows are CPUs, columns time buckets, cells the busy share (and the kernel-mode
-//! part of it); findings on a CPU are outlined over their span.
+//! and softirq parts of it); findings on a CPU are outlined over their span.
 
 use std::io::Write;
 
@@ -15,6 +15,8 @@ pub struct Json<'a> {
     pub cpus: &'a [u32],
     pub busy: &'a [Vec<f64>],
     pub kernel: &'a [Vec<f64>],
+    /// The part of `kernel` spent in softirqs (on any task, the idle one included).
+    pub softirq: &'a [Vec<f64>],
     pub findings: &'a [Finding],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coarsened: Option<Coarsened>,
@@ -48,6 +50,7 @@ pub fn json<'a>(grid: &'a CpuTime, findings: &'a [Finding]) -> Json<'a> {
         cpus: &grid.cpus,
         busy: &grid.busy,
         kernel: &grid.kernel,
+        softirq: &grid.softirq,
         findings,
         coarsened: coarsened(grid),
     }
@@ -59,12 +62,19 @@ pub fn write_json(grid: &CpuTime, findings: &[Finding], mut out: impl Write) -> 
     Ok(())
 }
 
-/// `start_ns,cpu,busy_share,kernel_share`, one line per cell.
+/// `start_ns,cpu,busy_share,kernel_share,softirq_share`, one line per cell (the new column last,
+/// so readers of the first four keep working).
 pub fn write_csv(grid: &CpuTime, mut out: impl Write) -> Result<(), ExportError> {
-    writeln!(out, "start_ns,cpu,busy_share,kernel_share")?;
+    writeln!(out, "start_ns,cpu,busy_share,kernel_share,softirq_share")?;
     for (row, cpu) in grid.cpus.iter().enumerate() {
         for (b, busy) in grid.busy[row].iter().enumerate() {
-            writeln!(out, "{},{cpu},{busy:.3},{:.3}", grid.first_ns + b as u64 * grid.bucket_ns, grid.kernel[row][b])?;
+            writeln!(
+                out,
+                "{},{cpu},{busy:.3},{:.3},{:.3}",
+                grid.first_ns + b as u64 * grid.bucket_ns,
+                grid.kernel[row][b],
+                grid.softirq[row][b]
+            )?;
         }
     }
     Ok(())
@@ -112,16 +122,17 @@ pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: imp
         let y = 20 + row * H;
         writeln!(out, r#"<text x="2" y="{}">CPU {cpu}</text>"#, y + H - 3)?;
         for (b, &busy) in grid.busy[row].iter().enumerate() {
-            let kernel = grid.kernel[row][b];
+            let (kernel, softirq) = (grid.kernel[row][b], grid.softirq[row][b]);
             let [red, light, _] = rgb(busy, kernel);
             writeln!(
                 out,
-                r#"<rect x="{}" y="{y}" width="{W}" height="{H}" fill="rgb({red},{light},255)" data-cpu="{cpu}" data-start-ns="{}" data-busy="{busy:.3}" data-kernel="{kernel:.3}"><title>CPU {cpu} {}: {:.0} % busy, {:.0} % kernel</title></rect>"#,
+                r#"<rect x="{}" y="{y}" width="{W}" height="{H}" fill="rgb({red},{light},255)" data-cpu="{cpu}" data-start-ns="{}" data-busy="{busy:.3}" data-kernel="{kernel:.3}" data-softirq="{softirq:.3}"><title>CPU {cpu} {}: {:.0} % busy, {:.0} % kernel, {:.0} % softirq</title></rect>"#,
                 60 + b * W,
                 grid.first_ns + b as u64 * grid.bucket_ns,
                 crate::timespec::format(grid.first_ns + b as u64 * grid.bucket_ns),
                 busy * 100.0,
-                kernel * 100.0
+                kernel * 100.0,
+                softirq * 100.0
             )?;
         }
     }
@@ -162,6 +173,7 @@ mod tests {
             cpus: vec![0, 1],
             busy: vec![vec![1.0; 3], vec![0.5; 3]],
             kernel: vec![vec![0.0; 3], vec![0.0; 3]],
+            softirq: vec![vec![0.0; 3], vec![0.0; 3]],
         };
         let title = "CPU x time, 2026-11-23T14:28:18.000Z to 2026-11-23T14:28:21.000Z";
         let mut svg = Vec::new();
@@ -180,6 +192,7 @@ mod tests {
             cpus: vec![0],
             busy: vec![vec![1.0, 1.0]],
             kernel: vec![vec![0.0, 0.0]],
+            softirq: vec![vec![0.0, 0.0]],
         };
         let evil = "CPU 0 saturated by evil\x1b]0;pwned\x07\r\n<b>&\u{1}\u{fffe}";
         let f = Finding {

@@ -1,6 +1,6 @@
 //! pprof: the gzipped `perftools.profiles.Profile` protobuf that `go tool pprof` reads. One
-//! pprof sample per profiler sample, with labels `cpu`, `pid`, `tid`, `comm` and
-//! `timestamp_ns`, values `samples/count` and `cpu/nanoseconds` (one period each).
+//! pprof sample per profiler sample, with labels `cpu`, `pid`, `tid`, `comm`, `context`
+//! (`task`, or the softirq it ran in: `softirq:NET_RX`) and `timestamp_ns`, values `samples/count` and `cpu/nanoseconds` (one period each).
 //!
 //! The messages below follow profile.proto's field numbers (github.com/google/pprof,
 //! proto/profile.proto); only the fields written are declared.
@@ -8,7 +8,7 @@
 use std::{collections::HashMap, io::Write};
 
 use super::ExportError;
-use crate::query::SampleRef;
+use crate::{context::Context, query::SampleRef};
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Profile {
@@ -173,8 +173,9 @@ impl Builder {
         let mut ids: Vec<u64> = s.frames.iter().rev().map(|&(n, k)| self.location(n, k)).collect();
         // The comm as the root, as in folded output.
         ids.push(self.location(s.comm, false));
-        let keys = ["cpu", "pid", "tid", "timestamp_ns", "comm", "nanoseconds"].map(|k| self.string(k));
+        let keys = ["cpu", "pid", "tid", "timestamp_ns", "comm", "nanoseconds", "context"].map(|k| self.string(k));
         let comm = self.string(s.comm);
+        let context = self.string(&Context::of_frames(s.frames.iter().copied()).to_string());
         let count = s.count as i64;
         let num = |key: i64, num: i64, num_unit: i64| Label { key, str: 0, num, num_unit };
         let mut label = vec![
@@ -183,6 +184,7 @@ impl Builder {
             num(keys[2], i64::from(s.tid), keys[2]),
             num(keys[3], s.ts_ns as i64, keys[5]),
             Label { key: keys[4], str: comm, num: 0, num_unit: 0 },
+            Label { key: keys[6], str: context, num: 0, num_unit: 0 },
         ];
         label.extend(self.workload_labels(s.workload).iter().cloned());
         self.profile.sample.push(Sample {
@@ -317,14 +319,15 @@ mod tests {
         let workload = crate::identity::workloads::encode(&id);
         let mut b = Builder::new(99);
         for w in [workload.as_str(), ""] {
-            let frames = [("main", false)];
+            let softirq = [("main", false), ("[softirq:NET_RX]", true), ("net_rx_action", true)];
+            let frames = if w.is_empty() { &softirq[..] } else { &softirq[..1] };
             b.add(&SampleRef {
                 ts_ns: 1,
                 cpu: 0,
                 pid: 1,
                 tid: 1,
                 comm: "py",
-                frames: &frames,
+                frames,
                 count: 1,
                 frequency_hz: None,
                 workload: w,
@@ -335,8 +338,11 @@ mod tests {
         let strs = |i: usize| -> Vec<(&str, &str)> {
             p.sample[i].label.iter().filter(|l| l.str != 0).map(|l| (s(l.key), s(l.str))).collect()
         };
-        assert_eq!(strs(0), [("comm", "py"), ("namespace", "ml"), ("pod", "trainer-0"), ("container", "main")]);
-        assert_eq!(strs(1), [("comm", "py")]);
+        assert_eq!(
+            strs(0),
+            [("comm", "py"), ("context", "task"), ("namespace", "ml"), ("pod", "trainer-0"), ("container", "main")]
+        );
+        assert_eq!(strs(1), [("comm", "py"), ("context", "softirq:NET_RX")]);
     }
 
     /// pprof is structured: names travel exactly, but a user frame cannot end like our kernel mark.

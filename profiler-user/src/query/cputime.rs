@@ -1,8 +1,9 @@
-//! CPU x time: per-CPU busy and kernel shares over time buckets.
+//! CPU x time: per-CPU busy, kernel and softirq shares over time buckets.
 
 use super::{QueryError, Window};
 use crate::{
     budget,
+    context::Context,
     store::{
         Store,
         reader::{BlockView, Need},
@@ -24,6 +25,9 @@ pub struct CpuTime {
     pub busy: Vec<Vec<f64>>,
     /// `kernel[row][bucket]`: the part of `busy` spent in kernel mode.
     pub kernel: Vec<Vec<f64>>,
+    /// `softirq[row][bucket]`: the part of `kernel` spent in softirqs (NET_RX, TIMER, ...),
+    /// on whatever task they interrupted, the idle one included (`crate::context`).
+    pub softirq: Vec<Vec<f64>>,
 }
 
 /// CPU x time for `window` in buckets of `bucket_ns` (10 ms or more). Buckets of whole seconds
@@ -43,6 +47,7 @@ pub fn cpu_time(
     let n = (window.to_ns - first_ns).div_ceil(bucket_ns) as usize;
     let mut busy = vec![vec![0f64; n]; rows];
     let mut kernel = vec![vec![0f64; n]; rows];
+    let mut softirq = vec![vec![0f64; n]; rows];
     let col = |ts: u64| ((ts - first_ns) / bucket_ns) as usize;
     // Ticks a CPU gets in one bucket at the frequency its block was recorded with: each block
     // is read by its own frequency, so a window spanning a restart at another frequency reads
@@ -64,7 +69,9 @@ pub fn cpu_time(
             }
             let span = (b.header.end_ns - b.header.start_ns) as f64;
             let w = weight(b.frequency_hz(frequency_hz));
-            for x in &b.summary.expect("summary decoded").cpus {
+            let summary = b.summary.expect("summary decoded");
+            for x in &summary.cpus {
+                let soft = summary.softirq(x.cpu) as f64;
                 let Some(row) = busy.get_mut(x.cpu as usize) else { continue };
                 let mut t = start;
                 while t < end {
@@ -73,6 +80,7 @@ pub fn cpu_time(
                     let part = (stop - t) as f64 / span;
                     row[c] += x.busy as f64 * part * w;
                     kernel[x.cpu as usize][c] += x.kernel as f64 * part * w;
+                    softirq[x.cpu as usize][c] += soft * part * w;
                     t = stop;
                 }
             }
@@ -82,6 +90,8 @@ pub fn cpu_time(
         budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
             let s = b.samples.expect("samples decoded");
             let w = weight(b.frequency_hz(frequency_hz));
+            // The context of each stack, derived once per stack of the block.
+            let mut contexts: rustc_hash::FxHashMap<u32, bool> = Default::default();
             for (i, ts) in s.timestamps(b.header.start_ns).enumerate() {
                 let cpu = s.cpu[i] as usize;
                 if !window.contains(ts) || cpu >= rows {
@@ -90,6 +100,11 @@ pub fn cpu_time(
                 busy[cpu][col(ts)] += s.count(i) as f64 * w;
                 if b.dict.nodes.get(s.stack[i] as usize).is_some_and(|node| node.kernel) {
                     kernel[cpu][col(ts)] += s.count(i) as f64 * w;
+                }
+                let soft =
+                    *contexts.entry(s.stack[i]).or_insert_with(|| Context::of_node(b.dict, s.stack[i]).is_softirq());
+                if soft {
+                    softirq[cpu][col(ts)] += s.count(i) as f64 * w;
                 }
             }
         })?;
@@ -105,6 +120,7 @@ pub fn cpu_time(
         cpus: (0..rows as u32).collect(),
         busy: share(busy),
         kernel: share(kernel),
+        softirq: share(softirq),
     })
 }
 

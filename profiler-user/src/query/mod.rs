@@ -18,6 +18,7 @@ pub use samples::{SampleRef, for_each_sample};
 
 use crate::{
     budget,
+    context::ContextFilter,
     store::{
         Meta, Store, StoreError,
         format::{Dict, SampleColumns},
@@ -54,6 +55,8 @@ pub struct Filter {
     pub comm: Option<String>,
     /// Pod, namespace, container, unit.
     pub workload: crate::identity::Filter,
+    /// Task or softirq context (`--context`), from each stack's marker (`crate::context`).
+    pub context: Option<ContextFilter>,
     pub include_idle: bool,
 }
 
@@ -69,6 +72,7 @@ impl Filter {
             && self.pid.is_none_or(|p| p == 0)
             && self.comm.is_none()
             && self.workload.is_empty()
+            && self.context.is_none_or(|c| c == ContextFilter::Task)
     }
 
     fn describe(&self) -> String {
@@ -89,6 +93,9 @@ impl Filter {
                 parts.push(format!("--{flag} {v}"));
             }
         }
+        if let Some(c) = self.context {
+            parts.push(format!("--context {c}"));
+        }
         if parts.is_empty() { "the filters".into() } else { parts.join(" ") }
     }
 }
@@ -97,30 +104,43 @@ impl Filter {
 /// every query applies to a sample.
 pub(crate) struct Matcher<'f> {
     filter: &'f Filter,
+    dict: &'f Dict,
     /// `Some(None)`: a comm was asked for that this dictionary does not hold.
     comm: Option<Option<u32>>,
     /// With a workload filter: the string ids of the workloads it keeps, sorted.
     workloads: Option<Vec<u32>>,
+    /// With a context filter: whether it keeps each stack node seen so far (derived once per
+    /// interned stack, not once per sample).
+    contexts: std::cell::RefCell<rustc_hash::FxHashMap<u32, bool>>,
 }
 
 impl Filter {
-    pub(crate) fn matcher(&self, dict: &Dict) -> Matcher<'_> {
+    pub(crate) fn matcher<'d>(&'d self, dict: &'d Dict) -> Matcher<'d> {
         let comm = self.comm.as_deref().map(|c| dict.strings.iter().position(|s| s == c).map(|i| i as u32));
         let workloads = (!self.workload.is_empty()).then(|| {
             let keeps = |s: &String| crate::identity::workloads::decode(s).is_some_and(|w| w.matches(&self.workload));
             dict.strings.iter().enumerate().filter(|(_, s)| keeps(s)).map(|(i, _)| i as u32).collect()
         });
-        Matcher { filter: self, comm, workloads }
+        Matcher { filter: self, dict, comm, workloads, contexts: Default::default() }
     }
 }
 
 impl Matcher<'_> {
-    /// Whether sample `i` of `s` passes the CPU, pid and comm filters.
+    /// Whether sample `i` of `s` passes the CPU, pid, comm, workload and context filters.
     pub(crate) fn keeps(&self, s: &SampleColumns, i: usize) -> bool {
         self.filter.cpu_ok(s.cpu[i])
             && self.filter.pid.is_none_or(|p| p == s.pid[i])
             && self.comm.is_none_or(|id| id == Some(s.comm[i]))
             && self.workloads.as_ref().is_none_or(|ids| s.workload(i).is_some_and(|w| ids.binary_search(&w).is_ok()))
+            && self.filter.context.is_none_or(|c| self.context_keeps(c, s.stack[i]))
+    }
+
+    fn context_keeps(&self, filter: ContextFilter, stack: u32) -> bool {
+        *self
+            .contexts
+            .borrow_mut()
+            .entry(stack)
+            .or_insert_with(|| filter.keeps(crate::context::Context::of_node(self.dict, stack)))
     }
 }
 

@@ -63,7 +63,7 @@ proptest! {
         w.flush(T0).unwrap();
         let mut store = Store::open(dir.path()).unwrap();
         let window = Window::new(T0 + from_us * 1000, T0 + (from_us + len_us) * 1000).unwrap();
-        let filter = Filter { cpus, pid, comm: comm.map(String::from), workload: Default::default(), include_idle: false };
+        let filter = Filter { cpus, pid, comm: comm.map(String::from), workload: Default::default(), context: None, include_idle: false };
         let want = super::tests::naive(&samples, window, &filter);
         match fold(&mut store, window, &filter) {
             Ok(got) => prop_assert_eq!(got.stacks, want),

@@ -62,3 +62,16 @@ async fn beyond_loopback_metrics_answer_any_host_and_the_api_does_not() {
     assert_eq!(status(&app, "/api/findings", "10.1.2.3:7070", &[("x-profiler-token", TOKEN)]).await, 403);
     assert_eq!(status(&app, "/", "10.1.2.3:7070", &[]).await, 403);
 }
+
+#[test]
+fn the_context_parameter_filters_or_is_refused_with_a_sentence() {
+    let p = |c: &str| Params { context: Some(c.into()), ..Default::default() }.filter();
+    let f = p("softirq:net_rx").ok().unwrap();
+    assert_eq!(f.context, Some(crate::context::ContextFilter::Softirq(Some(3))));
+    assert_eq!(p("").ok().unwrap().context, None, "a blank form field filters nothing");
+    let Err(Failure(code, msg)) = p("hardirq") else { panic!("hardirq accepted") };
+    assert_eq!(
+        (code, msg.as_str()),
+        (StatusCode::BAD_REQUEST, "context 'hardirq' is not one of task, softirq, softirq:NAME")
+    );
+}

@@ -107,6 +107,8 @@ pub struct Params {
     namespace: Option<String>,
     container: Option<String>,
     unit: Option<String>,
+    /// `task`, `softirq` or `softirq:NAME`.
+    context: Option<String>,
     rows: Option<u32>,
     bucket: Option<String>,
     format: Option<String>,
@@ -172,7 +174,8 @@ impl Params {
             container: given(&self.container),
             unit: given(&self.unit),
         };
-        Ok(Filter { cpus, pid: self.pid, comm: self.comm.clone(), workload, include_idle: false })
+        let context = given(&self.context).map(|c| c.parse().map_err(bad)).transpose()?;
+        Ok(Filter { cpus, pid: self.pid, comm: self.comm.clone(), workload, context, include_idle: false })
     }
 }
 

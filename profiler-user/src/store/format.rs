@@ -321,6 +321,36 @@ pub struct Summary {
     pub cpus: Vec<CpuCounts>,
     /// Busy samples of all CPUs per 10 ms of the block's second (empty in rollups).
     pub buckets: Vec<u32>,
+    /// Per CPU with any: `(cpu, busy samples in softirq context)` (their stacks start their
+    /// kernel frames with a `[softirq:NAME]` marker, `crate::context`). Added after version 4
+    /// without a version bump, as the workload column: summaries written before it end with
+    /// `buckets` and read as having none ([`unpack_summary`]); older readers ignore it.
+    pub softirq: Vec<(u32, u64)>,
+}
+
+/// The summary as blocks before the softirq counts have it.
+#[cfg_attr(test, derive(Serialize))]
+#[derive(Deserialize)]
+struct SummaryV4 {
+    cpus: Vec<CpuCounts>,
+    buckets: Vec<u32>,
+}
+
+/// Decodes a block's summary section, written with or without the softirq counts.
+pub fn unpack_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
+    let raw = decompress_bounded(bytes, MAX_DECOMPRESSED)?;
+    if let Ok(s) = postcard::from_bytes::<Summary>(&raw) {
+        return Ok(s);
+    }
+    let v4: SummaryV4 = postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))?;
+    Ok(Summary { cpus: v4.cpus, buckets: v4.buckets, softirq: Vec::new() })
+}
+
+impl Summary {
+    /// Busy samples of `cpu` in softirq context.
+    pub fn softirq(&self, cpu: u32) -> u64 {
+        self.softirq.iter().find(|(c, _)| *c == cpu).map_or(0, |(_, n)| *n)
+    }
 }
 
 /// The samples of a block, one column per field, sorted by CPU and then time.
@@ -544,6 +574,19 @@ mod tests {
 
     fn block(a: &[u8], b: &[u8], c: &[u8]) -> Vec<u8> {
         encode_block(&BlockHeader { start_ns: 1, end_ns: 2, samples: 3, idle: 4, ..Default::default() }, a, b, c)
+    }
+
+    #[test]
+    fn summaries_without_softirq_counts_still_read() {
+        let cpus = vec![CpuCounts { cpu: 1, busy: 5, kernel: 2, idle: 3, lost: 0 }];
+        let old = pack(&SummaryV4 { cpus: cpus.clone(), buckets: vec![1, 2] });
+        let read = unpack_summary(&old).unwrap();
+        assert_eq!(read, Summary { cpus: cpus.clone(), buckets: vec![1, 2], softirq: Vec::new() });
+        let new = Summary { cpus, buckets: vec![], softirq: vec![(1, 4)] };
+        let read = unpack_summary(&pack(&new)).unwrap();
+        assert_eq!((read.softirq(1), read.softirq(0)), (4, 0));
+        assert_eq!(read, new);
+        assert!(unpack_summary(b"not zstd").is_err());
     }
 
     #[test]

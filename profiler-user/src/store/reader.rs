@@ -9,7 +9,7 @@ use super::{
     StoreError, check_dir,
     format::{
         BlockHeader, Blocks, Dict, FLAG_IDENTITY, FLAG_RESET_DICT, SEGMENT_NS, SampleColumns, SegmentHeader, Summary,
-        Tail, samples_bound, unpack, unpack_samples,
+        Tail, samples_bound, unpack_samples, unpack_summary,
     },
     identity::Identity,
     segments_dir,
@@ -253,7 +253,7 @@ pub fn scan_segment(
             continue;
         }
         let summary = if need >= Need::Summary {
-            match unpack::<Summary>(sections.summary) {
+            match unpack_summary(sections.summary) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     warnings.push(format!("skipped a block of {}: {e}", path.display()));

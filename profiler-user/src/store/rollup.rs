@@ -14,7 +14,7 @@ use super::{
     StoreError,
     format::{
         BlockHeader, Blocks, CpuCounts, Dict, DictDelta, FLAG_IDENTITY, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION,
-        NS_PER_SEC, SampleColumns, SegmentHeader, Summary, encode_block, pack, unpack,
+        NS_PER_SEC, SampleColumns, SegmentHeader, Summary, encode_block, pack,
     },
 };
 
@@ -111,6 +111,8 @@ type Key = (u32, u32, u32, u64, u32, Option<u32>);
 struct Window {
     counts: BTreeMap<Key, u64>,
     cpus: BTreeMap<u32, CpuCounts>,
+    /// Busy samples in softirq context per CPU (`Summary::softirq`).
+    softirq: BTreeMap<u32, u64>,
 }
 
 /// Rewrites one raw segment as rollup blocks. Returns `None` if it was rolled up already.
@@ -152,7 +154,7 @@ pub fn rollup_segment_with(
             interner.memo.clear();
         }
         let decoded = dict.apply(&h, sections.dict).and_then(|()| {
-            let summary: Summary = unpack(sections.summary)?;
+            let summary = super::format::unpack_summary(sections.summary)?;
             let cols = super::format::unpack_samples(sections.samples, super::format::samples_bound(&h))?;
             cols.validate(dict.strings.len(), dict.nodes.len())?;
             Ok((summary, cols))
@@ -165,6 +167,9 @@ pub fn rollup_segment_with(
             }
         };
         let w = windows.entry((identities.len(), h.start_ns / ROLLUP_NS * ROLLUP_NS)).or_default();
+        for &(cpu, n) in &summary.softirq {
+            *w.softirq.entry(cpu).or_default() += n;
+        }
         for c in summary.cpus {
             let e = w.cpus.entry(c.cpu).or_insert(CpuCounts { cpu: c.cpu, ..Default::default() });
             e.busy += c.busy;
@@ -218,7 +223,11 @@ pub fn rollup_segment_with(
             idle: w.cpus.values().map(|c| c.idle).sum::<u64>().min(u64::from(u32::MAX)) as u32,
             ..Default::default()
         };
-        let summary = Summary { cpus: w.cpus.into_values().collect(), buckets: Vec::new() };
+        let summary = Summary {
+            cpus: w.cpus.into_values().collect(),
+            buckets: Vec::new(),
+            softirq: w.softirq.into_iter().collect(),
+        };
         // The whole dictionary goes with the first block; later blocks add nothing.
         let delta = if i == 0 { std::mem::take(&mut interner.delta) } else { DictDelta::default() };
         out.extend(encode_block(&h, &pack(&delta), &pack(&summary), &pack(&cols)));

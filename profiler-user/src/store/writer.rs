@@ -374,6 +374,7 @@ fn encode_second(
     // The column is written only when a sample of the second has a workload.
     let workloads = order.iter().any(|r| !r.workload.is_empty());
     let mut cpus: BTreeMap<u32, CpuCounts> = BTreeMap::new();
+    let mut softirq: BTreeMap<u32, u64> = BTreeMap::new();
     let mut buckets = vec![0u32; BUCKETS_PER_SEC];
     let mut prev: Option<(u32, u64)> = None;
     for r in order {
@@ -396,6 +397,9 @@ fn encode_second(
         let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
         counts.busy += 1;
         counts.kernel += u64::from(r.stack.user_len < r.stack.frames.len());
+        if crate::context::Context::of_stack(&r.stack).is_softirq() {
+            *softirq.entry(r.cpu).or_default() += 1;
+        }
         buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)] += 1;
     }
     for (&cpu, &count) in &second.idle {
@@ -412,7 +416,7 @@ fn encode_second(
         idle: second.idle.values().sum::<u64>() as u32,
         ..Default::default()
     };
-    let summary = Summary { cpus: cpus.into_values().collect(), buckets };
+    let summary = Summary { cpus: cpus.into_values().collect(), buckets, softirq: softirq.into_iter().collect() };
     let bytes = encode_block(&header, &pack(&delta), &pack(&summary), &pack(&cols));
     (bytes, header)
 }

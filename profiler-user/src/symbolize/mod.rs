@@ -271,7 +271,10 @@ impl Symbolizer {
         if now.duration_since(self.swept_at) >= SWEEP_EVERY {
             self.sweep(now);
         }
-        self.note_process(pid, comm, now);
+        // Pid 0 (softirq work on the idle task) has kernel frames only and no /proc entry.
+        if pid != 0 {
+            self.note_process(pid, comm, now);
+        }
         let mut key_addrs = Vec::with_capacity(kernel.len() + user.len());
         key_addrs.extend_from_slice(kernel);
         key_addrs.extend_from_slice(user);

@@ -3,6 +3,7 @@
 //! usage:
 //!   netrx-lab features IFACE GRO(0|1) TSO(0|1)   set GRO and TSO on an interface (ethtool ioctls)
 //!   netrx-lab blast ADDR:PORT SECONDS            send small UDP datagrams as fast as possible
+//!   netrx-lab pace ADDR:PORT SECONDS PER_SECOND  send them at a steady rate (bursts every ms)
 
 use std::{
     net::UdpSocket,
@@ -65,8 +66,29 @@ fn main() {
             }
             println!("{n}");
         }
+        Some("pace") if args.len() == 5 => {
+            let secs: f64 = args[3].parse().expect("seconds");
+            let per_ms = (args[4].parse::<u64>().expect("datagrams per second") / 1000).max(1);
+            let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            let start = Instant::now();
+            let msg = [0x42u8; 64];
+            let mut tick = 0u64;
+            while start.elapsed().as_secs_f64() < secs {
+                for _ in 0..per_ms {
+                    let _ = sock.send_to(&msg, &args[2]);
+                }
+                tick += 1;
+                // The next burst on the next millisecond: a steady load, not as fast as possible.
+                if let Some(wait) = Duration::from_millis(tick).checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            println!("{}", tick * per_ms);
+        }
         _ => {
-            eprintln!("usage: netrx-lab features IFACE GRO TSO | netrx-lab blast ADDR:PORT SECONDS");
+            eprintln!(
+                "usage: netrx-lab features IFACE GRO TSO | netrx-lab blast ADDR:PORT SECONDS | netrx-lab pace ADDR:PORT SECONDS PER_SECOND"
+            );
             std::process::exit(2);
         }
     }

@@ -7,7 +7,7 @@
 //! a (stack, attributes) pair with one value and one timestamp per stored sample (its count:
 //! 1, more in rolled-up data). Attributes follow the semantic conventions: `thread.id`,
 //! `process.pid`, `thread.name` (the comm the kernel reports is the thread's), and
-//! `cpu.logical_number`; the workload's as `container.id`, `container.runtime.name`,
+//! `cpu.logical_number`, `context` (`task`, or the softirq: `softirq:NET_RX`); the workload's as `container.id`, `container.runtime.name`,
 //! `k8s.pod.uid`, `k8s.namespace.name`, `k8s.pod.name`, `k8s.container.name`, and
 //! `systemd.unit` (semconv has no key for a unit), on the resource when every sample shares
 //! them. Frames carry `profile.frame.type` = `kernel`, `native` or `cpython` on their location
@@ -30,7 +30,10 @@ use proto::{
 };
 
 use super::ExportError;
-use crate::query::{SampleRef, Window};
+use crate::{
+    context::Context,
+    query::{SampleRef, Window},
+};
 
 /// Workload fields (`identity::Identity::fields`), with their attribute keys.
 const WORKLOAD_KEYS: [(&str, &str); 7] = [
@@ -44,7 +47,7 @@ const WORKLOAD_KEYS: [(&str, &str); 7] = [
 ];
 
 /// What a sample is, apart from its observations: stack, its own attributes, its workload.
-type SampleKey = (i32, [i32; 4], usize);
+type SampleKey = (i32, [i32; 5], usize);
 
 /// One profile: the samples of one sampling period.
 #[derive(Default)]
@@ -203,6 +206,8 @@ impl Builder {
             self.attribute("process.pid", Value::Int(i64::from(s.pid))),
             self.attribute("thread.name", Value::String(s.comm.to_string())),
             self.attribute("cpu.logical_number", Value::Int(i64::from(s.cpu))),
+            // `task` or `softirq:NET_RX` (semconv has no key for it), from the stack's marker.
+            self.attribute("context", Value::String(Context::of_frames(s.frames.iter().copied()).to_string())),
         ];
         let workload = self.workload(s.workload);
         let hz = s.frequency_hz.unwrap_or(self.default_hz).max(1);

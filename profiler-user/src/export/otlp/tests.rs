@@ -56,7 +56,7 @@ fn stack_frames(d: &ProfilesDictionary, stack: i32) -> Vec<(String, String, Stri
 #[test]
 fn request_decodes_with_stacks_attributes_and_one_observation_per_sample() {
     let frames_a = [("main", false), ("outer (/srv/app.py:31)", false), ("read_zero", true)];
-    let frames_b = [("main", false)];
+    let frames_b = [("main", false), ("[softirq:NET_RX]", true), ("net_rx_action", true)];
     let w = Window::new(T0, T0 + 10 * NS_PER_SEC).unwrap();
     let mut b = Builder::new(w, "node-1", 99);
     for i in 0..3 {
@@ -92,17 +92,24 @@ fn request_decodes_with_stacks_attributes_and_one_observation_per_sample() {
     assert_eq!(first.values, vec![1, 1, 1]);
     assert_eq!(p.samples[2].values, vec![7]);
     let a = attrs(d, &first.attribute_indices);
-    let want: HashMap<String, String> =
-        [("thread.id", "43"), ("process.pid", "42"), ("thread.name", "dd"), ("cpu.logical_number", "1")]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into();
+    let want: HashMap<String, String> = [
+        ("thread.id", "43"),
+        ("process.pid", "42"),
+        ("thread.name", "dd"),
+        ("cpu.logical_number", "1"),
+        ("context", "task"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .into();
     assert_eq!(a, want);
+    // The softirq marker (a kernel frame at the root of the kernel part) is the sample's context.
+    assert_eq!(attrs(d, &p.samples[2].attribute_indices)["context"], "softirq:NET_RX");
     // Leaf first; the kernel frame and the Python frame are typed, the names unmarked.
     let f = stack_frames(d, first.stack_index);
     let f: Vec<(&str, &str, &str, i64)> = f.iter().map(|(n, k, file, l)| (&n[..], &k[..], &file[..], *l)).collect();
     assert_eq!(f, [("read_zero", "kernel", "", 0), ("outer", "cpython", "/srv/app.py", 31), ("main", "native", "", 0)]);
-    // Shared frames are one location.
-    assert_eq!(d.location_table.len(), 4);
+    // Shared frames are one location (the zero one, three of a, two more of b).
+    assert_eq!(d.location_table.len(), 6);
     assert_eq!(p.samples[1].stack_index, first.stack_index);
 }
 
@@ -170,7 +177,7 @@ fn a_workload_every_sample_shares_describes_the_resource() {
     let a: Vec<HashMap<String, String>> = samples.iter().map(|s| attrs(d, &s.attribute_indices)).collect();
     assert_eq!(a[0]["k8s.pod.name"], "web-1");
     assert_eq!(a[1]["systemd.unit"], "cron.service");
-    assert_eq!((a[1].len(), a[2].len(), a[3].len()), (5, 4, 4), "{a:?}");
+    assert_eq!((a[1].len(), a[2].len(), a[3].len()), (6, 5, 5), "{a:?}");
 }
 
 /// Structured output: names travel exactly, and only the frame type says "kernel".
