@@ -25,8 +25,22 @@ struct Record {
 /// forks, execs and exits thousands of processes a second: room for ~18,000 records.
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 
+/// Sends an event and wakes the reader: an exec must be read while the process lives.
 #[inline(always)]
 pub(crate) fn send(ctx: &TracePointContext, kind: u32) -> u32 {
+    send_with(ctx, kind, 0)
+}
+
+/// Sends an event without waking the reader: it is read with the next drain (at most a flush
+/// interval later), before the samples drained with it. A wakeup is a context switch of the
+/// reader and the pipeline; a machine forks and exits hundreds of processes a second.
+#[inline(always)]
+pub(crate) fn send_quiet(ctx: &TracePointContext, kind: u32) -> u32 {
+    send_with(ctx, kind, aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64)
+}
+
+#[inline(always)]
+fn send_with(ctx: &TracePointContext, kind: u32, flags: u64) -> u32 {
     let Some(mut entry) = EVENTS.reserve::<Record>(0) else {
         crate::count(profiler_common::counter::EVENTS_LOST);
         return 0;
@@ -47,21 +61,21 @@ pub(crate) fn send(ctx: &TracePointContext, kind: u32) -> u32 {
             (*record).data = [0; EVENT_DATA_LEN];
         }
     }
-    entry.submit(0);
+    entry.submit(flags);
     0
 }
 
 #[tracepoint]
 pub fn cgroup_mkdir(ctx: TracePointContext) -> u32 {
-    send(&ctx, event::CGROUP_MKDIR)
+    send_quiet(&ctx, event::CGROUP_MKDIR)
 }
 
 #[tracepoint]
 pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
-    send(&ctx, event::CGROUP_RMDIR)
+    send_quiet(&ctx, event::CGROUP_RMDIR)
 }
 
 #[tracepoint]
 pub fn cgroup_release(ctx: TracePointContext) -> u32 {
-    send(&ctx, event::CGROUP_RELEASE)
+    send_quiet(&ctx, event::CGROUP_RELEASE)
 }
