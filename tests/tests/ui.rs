@@ -273,9 +273,21 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             "page: heatmap {heatmap_at:.2} s after Load, flamegraph {:.2} s after the end cell was clicked",
             now_secs() - t_select
         );
+        // Where the NIC's interrupts go, as `profiler status` says it (issue 16, part 1).
+        let irqs = client.find(Locator::Id("irqs")).await.unwrap().text().await.unwrap();
         client.close().await.unwrap();
-        found
+        (found, irqs)
     });
+    let (found, irqs) = found;
+    let placement = profiler::collect::irqs::Placement::read();
+    if let Some(nic) = placement.irqs.iter().find(|i| i.kind == profiler::collect::irqs::DeviceKind::Nic) {
+        let expected = format!("{} interrupts: CPU {} (", nic.device, nic.cpus.first().copied().unwrap_or(0));
+        assert!(
+            irqs.contains(&expected) && irqs.contains(&nic.name),
+            "the page shows {expected}...{}: {irqs:?}",
+            nic.name
+        );
+    }
     assert!(found, "the flamegraph of the selected range does not name the helper's busy function");
     assert!(daemon.stop().success());
 }

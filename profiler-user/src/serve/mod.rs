@@ -341,7 +341,11 @@ async fn status_api(State(s): State<Shared>) -> Result<Response, Failure> {
     let app = s.app.clone();
     heavy(&s, move || {
         let summary = open(&app)?.summary().map_err(internal)?;
-        json(serde_json::json!({ "meta": Meta::read(&app.data_dir), "summary": summary }))
+        json(serde_json::json!({
+            "meta": Meta::read(&app.data_dir),
+            "summary": summary,
+            "interrupts": crate::collect::irqs::Placement::read(),
+        }))
     })
     .await
 }
