@@ -3,10 +3,12 @@
 //!   setup   install what a fresh machine lacks to build the eBPF program
 //!   build   build the profiler (release)
 //!   run     setup, build, and run the daemon in the foreground
-//!   test    setup, build, and run every test (unit, then real-BPF integration)
+//!   test    setup, build, and run every test (unit, then real-BPF integration);
+//!           `test kernels`: boot Debian's kernels in qemu/KVM and check the profiler on each
 //!   bench   measure (see bench.rs)
 
 mod bench;
+mod kernels;
 mod setup;
 mod soak;
 
@@ -68,6 +70,8 @@ enum Cmd {
         seconds: u64,
     },
     /// Run every test: unit tests, then the integration tests that load the real BPF program.
+    /// `test kernels [--flavour F]... [--seconds S] [--timeout S]`: boot Debian's 6.1 kernels in
+    /// qemu/KVM and check sampling, stacks and tracepoints on each (docs/kernels.md).
     Test {
         /// Extra arguments for the test binaries (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -186,6 +190,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     )
                 }
             }
+        }
+        Cmd::Test { args } if args.first().is_some_and(|a| a == "kernels") => {
+            let opts = kernels::Options::parse_args(&args[1..])?;
+            setup::ensure()?;
+            let (profiler, helpers) = (build(true)?, build_helpers()?);
+            kernels::run(&workspace_root(), &profiler, &helpers.join("busy-helper"), &opts)
         }
         Cmd::Test { args } => {
             setup::ensure()?;
