@@ -213,10 +213,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .args(&args)
                 .env("PROFILER_BIN", &bin);
             status(integration)?;
-            // Last, unless a filter picked some tests: two minutes of the soak, release build.
+            // Last, unless a filter picked some tests: two minutes of the soak, release build,
+            // then one other kernel in qemu (`test kernels` boots all three).
             if args.is_empty() {
                 let (profiler, helpers) = (build(true)?, build_helpers()?);
                 soak::run(&profiler, &helpers.join("busy-helper"), &helpers.join("churn"), 2.0)?;
+                kernels::run(
+                    &workspace_root(),
+                    &profiler,
+                    &helpers.join("busy-helper"),
+                    &kernels::Options::in_suite(),
+                )?;
             }
             Ok(())
         }

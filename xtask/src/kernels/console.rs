@@ -236,10 +236,18 @@ pub fn cpu_busy_max(lines: &[String], cpu: u32) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The last `n` lines of a console, for a failure report.
+/// The last `n` lines of a console, for a failure report, each cut at 300 characters (a
+/// verifier's output is one log line of 16 KB).
 pub fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().map(|l| l.trim_end_matches('\r')).collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| match l.char_indices().nth(300) {
+            Some((i, _)) => format!("{} [...]", &l[..i]),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -389,5 +397,6 @@ mod tests {
     #[test]
     fn tail_keeps_the_last_lines() {
         assert_eq!(tail("a\r\nb\nc\n", 2), "b\nc");
+        assert_eq!(tail(&"x".repeat(1000), 1), format!("{} [...]", "x".repeat(300)));
     }
 }

@@ -44,6 +44,11 @@ pub struct Options {
 }
 
 impl Options {
+    /// What `cargo xtask test` runs: the cloud kernel only (1.5 minutes under TCG here, BENCHMARKS.md).
+    pub fn in_suite() -> Self {
+        Self { flavours: vec!["cloud-amd64".into()], seconds: 8, timeout: 300, accel: "auto".into() }
+    }
+
     pub fn parse_args(args: &[String]) -> anyhow::Result<Self> {
         Ok(Self::try_parse_from(std::iter::once("kernels".to_string()).chain(args.iter().cloned()))?)
     }
@@ -102,6 +107,8 @@ const BUSY_CPU: u32 = 1;
 struct Outcome {
     kernel: fetch::Kernel,
     verdict: Verdict,
+    /// Samples stored and lost, from `profiler status`, whatever the verdict.
+    totals: Option<(u64, u64)>,
     /// From qemu's start to its exit.
     seconds: f64,
 }
@@ -151,12 +158,14 @@ pub fn run(root: &Path, profiler: &Path, helper: &Path, opts: &Options) -> anyho
             comm: "busy-helper",
             hot_function: "profiler_test_hot_loop",
         };
-        let mut verdict = console::evaluate(&console::parse(&text), &expect);
+        let parsed = console::parse(&text);
+        let totals = parsed.sections.get("status").and_then(|s| console::status_totals(&s.lines));
+        let mut verdict = console::evaluate(&parsed, &expect);
         if timed_out && !matches!(verdict, Verdict::Fail { .. }) {
             verdict = Verdict::Fail { check: "timeout", detail: format!("still running after {} s", opts.timeout) };
         }
         report(&kernel, &verdict, seconds, &text, &log);
-        outcomes.push(Outcome { kernel, verdict, seconds });
+        outcomes.push(Outcome { kernel, verdict, totals, seconds });
     }
     let table = table(&outcomes);
     println!("{table}");
@@ -247,16 +256,13 @@ fn report(kernel: &fetch::Kernel, verdict: &Verdict, seconds: f64, text: &str, l
 fn table(outcomes: &[Outcome]) -> String {
     let mut t = String::from("| kernel | result | samples | lost | boot+test s |\n|---|---|---|---|---|\n");
     for o in outcomes {
-        let (result, samples, lost) = match &o.verdict {
-            Verdict::Pass(f) if f.degraded.is_empty() => {
-                ("pass".to_string(), f.samples.to_string(), f.lost.to_string())
-            }
-            Verdict::Pass(f) => {
-                (format!("pass, without: {}", f.degraded.join("; ")), f.samples.to_string(), f.lost.to_string())
-            }
-            Verdict::Refused(s) => (format!("refused: {s}"), "-".into(), "-".into()),
-            Verdict::Fail { check, .. } => (format!("FAIL ({check})"), "-".into(), "-".into()),
+        let result = match &o.verdict {
+            Verdict::Pass(f) if f.degraded.is_empty() => "pass".to_string(),
+            Verdict::Pass(f) => format!("pass, without: {}", f.degraded.join("; ")),
+            Verdict::Refused(s) => format!("refused: {s}"),
+            Verdict::Fail { check, .. } => format!("FAIL ({check})"),
         };
+        let (samples, lost) = o.totals.map_or(("-".into(), "-".into()), |(s, l)| (s.to_string(), l.to_string()));
         t.push_str(&format!("| {} | {result} | {samples} | {lost} | {:.0} |\n", o.kernel.release, o.seconds));
     }
     t
