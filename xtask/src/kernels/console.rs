@@ -147,13 +147,6 @@ pub fn evaluate(console: &Console, expect: &Expect) -> Verdict {
     if !missing.is_empty() {
         return fail("tracepoints", format!("not attached: {missing:?} (attached: {attached})"));
     }
-    // Parts the daemon runs without but that this kernel must load (the BPF verifier of an
-    // older kernel can reject what the host's accepts).
-    for (check, warning) in COMPONENTS {
-        if let Some(line) = log.iter().find(|l| l.contains(warning)) {
-            return fail(check, why_rejected(line));
-        }
-    }
     let degraded: Vec<String> =
         log.iter().filter_map(|l| l.split("this kernel lacks ").nth(1)).map(|s| s.trim().to_string()).collect();
     for name in ["health", "status", "folded", "cputime"] {
@@ -189,6 +182,13 @@ pub fn evaluate(console: &Console, expect: &Expect) -> Verdict {
             "cputime",
             format!("CPU {} was at most {busy_share:.2} busy while the helper spun", expect.busy_cpu),
         );
+    }
+    // Last, so that a kernel failing here has passed every check above: parts the daemon runs
+    // without but that this kernel must load (its verifier can reject what the host's accepts).
+    for (check, warning) in COMPONENTS {
+        if let Some(line) = log.iter().find(|l| l.contains(warning)) {
+            return fail(check, why_rejected(line));
+        }
     }
     Verdict::Pass(Figures { samples, lost, busy_share, degraded })
 }
@@ -385,6 +385,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Checked last: a kernel reported as failing it has passed every other check.
+        let also_short = text.replace("1500 samples", "700 samples");
+        assert_eq!(failed_check(evaluate(&parse(&also_short), &expect())), "sampling");
     }
 
     #[test]
