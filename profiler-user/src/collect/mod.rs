@@ -4,6 +4,7 @@
 
 pub mod caps;
 pub mod cpus;
+pub mod features;
 pub mod irqs;
 pub mod kmsg;
 pub mod lifecycle;
@@ -38,6 +39,9 @@ pub enum CollectError {
         "the daemon lacks {0}, which it needs for {1}: run it as root, or grant it (AmbientCapabilities= in its systemd unit)"
     )]
     Capability(&'static str, &'static str),
+    /// A kernel feature the daemon cannot run without is missing (one sentence naming it).
+    #[error("{0}")]
+    Kernel(String),
     #[error("the BPF program has no {0}: the embedded object does not match this build")]
     Missing(&'static str),
     #[error("the BPF program was rejected by the kernel: {0}")]
@@ -203,6 +207,20 @@ impl Collector {
         if let Err(e) = tracefs::ensure_mounted() {
             tracing::warn!(error = %e, "cannot mount tracefs: NET_RX and cgroup tracepoints will be missing");
         }
+        // After tracefs is mounted: the tracepoints are among the features probed.
+        let kernel = features::probe();
+        if let Some(sentence) = kernel.refusal() {
+            return Err(CollectError::Kernel(sentence));
+        }
+        for (feature, lost) in kernel.degraded() {
+            tracing::warn!(
+                kernel = %kernel.release,
+                since = %format!("{}.{}", feature.since.0, feature.since.1),
+                "this kernel lacks {}: {lost}",
+                feature.name
+            );
+        }
+        tracing::info!(kernel = %kernel.release, missing = kernel.missing.len(), "kernel features probed");
         let off = |cat: &str, ev: &str, field: &str, default: usize| {
             tracefs::field(cat, ev, field).map_or(default as u64, |(o, _)| o as u64)
         };
@@ -288,6 +306,13 @@ impl Collector {
         if let Err(e) = &lifecycle_ok {
             tracing::warn!(error = %e, "fork and exit tracepoints not attached: a reused pid is told from its old process only by its program");
         }
+        let attached: Vec<&str> =
+            [("NET_RX/NAPI", netrx_ok.is_ok()), ("cgroup", cgroup_ok.is_ok()), ("exec", exec_ok.is_ok())]
+                .iter()
+                .filter(|(_, ok)| *ok)
+                .map(|(name, _)| *name)
+                .collect();
+        tracing::info!(attached = %attached.join(","), "tracepoint detectors");
         let netrx = match netrx_ok {
             Ok(_) => ebpf.take_map("NETRX").and_then(|m| PerCpuArray::try_from(m).ok()),
             Err(_) => None,

@@ -17,6 +17,15 @@ pub fn ensure_mounted() -> std::io::Result<()> {
     if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
+/// Where tracefs is mounted (/sys/kernel/tracing, or debugfs's copy), if it is.
+pub fn root() -> Option<std::path::PathBuf> {
+    [TRACEFS, "/sys/kernel/debug/tracing"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.join("events").exists())
+        .map(Path::to_path_buf)
+}
+
 /// `(offset, size)` of a field in a tracepoint's format, e.g. `field("napi", "napi_poll", "work")`.
 pub fn field(category: &str, event: &str, name: &str) -> Option<(usize, usize)> {
     let text = std::fs::read_to_string(Path::new(TRACEFS).join("events").join(category).join(event).join("format"))
