@@ -25,10 +25,12 @@ struct Record {
 /// forks, execs and exits thousands of processes a second: room for ~18,000 records.
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
 
-/// Sends an event and wakes the reader: an exec must be read while the process lives.
+/// Sends an event and wakes the reader: an exec must be read while the process lives. Forced:
+/// the kernel's default wakes the reader only when the record is the first one it has not
+/// read, and a fork's record (sent quietly) usually precedes the exec's.
 #[inline(always)]
 pub(crate) fn send(ctx: &TracePointContext, kind: u32) -> u32 {
-    send_with(ctx, kind, 0)
+    send_with(ctx, kind, aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP as u64)
 }
 
 /// Sends an event without waking the reader: it is read with the next drain (at most a flush
