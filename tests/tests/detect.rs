@@ -198,24 +198,7 @@ fn s2_zombie_memcgs_are_counted_and_their_maker_named() {
     assert!(daemon.stop().success());
 }
 
-/// Two network namespaces joined by a veth pair, deleted on drop.
-struct NetLab {
-    a: String,
-    b: String,
-}
-
-impl Drop for NetLab {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("ip");
-    assert!(st.success(), "ip {}", args.join(" "));
-}
+use integration_tests::netlab::{NetLab, ip};
 
 #[test]
 fn s3_starved_napi_work_is_found_with_its_cause() {

@@ -11,24 +11,7 @@ use std::{
 
 use integration_tests::{Daemon, Kill, bin, folded, now_secs, privileged, profiler, skip, status_json, wait_for};
 
-/// Two network namespaces joined by a veth pair, deleted on drop (the veth goes with them).
-struct NetLab {
-    a: String,
-    b: String,
-}
-
-impl Drop for NetLab {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("ip");
-    assert!(st.success(), "ip {}", args.join(" "));
-}
+use integration_tests::netlab::{NetLab, ip};
 
 fn nsexec(ns: &str, script: &str) {
     let st = Command::new("ip").args(["netns", "exec", ns, "sh", "-c", script]).status().expect("ip netns exec");
