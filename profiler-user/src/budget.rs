@@ -140,7 +140,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         crate::store::create_and_lock(dir.path()).unwrap();
         let mut w = StoreWriter::new(&segments_dir(dir.path()));
-        let stack = Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 });
+        let stack = Arc::new(Stack::new(vec![Arc::from("main")], 1));
         for i in 0..3 * 3600 {
             let ts_ns = t0 + i * NS_PER_SEC;
             w.push(&Sample {

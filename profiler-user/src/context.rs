@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn marker_goes_at_the_root_of_the_kernel_frames() {
         let f = |s: &[&str]| s.iter().map(|x| Arc::from(*x)).collect::<Vec<Arc<str>>>();
-        let stack = Stack { frames: f(&["main", "read", "entry_SYSCALL_64", "net_rx_action"]), user_len: 2 };
+        let stack = Stack::new(f(&["main", "read", "entry_SYSCALL_64", "net_rx_action"]), 2);
         let marked = Context::Softirq(3).mark(&stack);
         assert_eq!(marked.frames, f(&["main", "read", "[softirq:NET_RX]", "entry_SYSCALL_64", "net_rx_action"]));
         assert_eq!(marked.user_len, 2);
@@ -232,6 +232,7 @@ mod tests {
         let node = |parent, frame, kernel| Node { parent, frame, kernel };
         let dict = Dict {
             strings: strings.iter().map(|s| s.to_string()).collect(),
+            locations: Vec::new(),
             nodes: vec![
                 node(0, 0, false),
                 node(0, 0, false), // 1: main

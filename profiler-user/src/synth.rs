@@ -177,7 +177,7 @@ impl StackPool {
             };
             // Distinct by content (a hash suffices to pick test data; the store never keys by one).
             if seen.insert(key) {
-                stacks.push((Arc::new(Stack { frames, user_len: user_depth }), proc_i));
+                stacks.push((Arc::new(Stack::new(frames, user_depth)), proc_i));
             }
         }
         let mut cdf = Vec::with_capacity(distinct);

@@ -116,6 +116,18 @@ pub fn perf_comm(comm: &str) -> Cow<'_, str> {
     if digit_word { Cow::Owned(s.replace(' ', "_")) } else { s }
 }
 
+/// The file on a perf-script frame line (`\t<addr> <name> (<file>)`): parsers take the file as
+/// what lies between the last ` (` and the closing `)`, so parentheses in a path (a deleted
+/// file's ` (deleted)`, which is dropped) are written `_`, as are `;` and control characters.
+pub fn perf_file(file: &str) -> Cow<'_, str> {
+    let file = file.strip_suffix(" (deleted)").unwrap_or(file);
+    if file.contains(|c: char| matches!(c, '(' | ')' | ';') || c.is_control()) {
+        Cow::Owned(file.chars().map(|c| if matches!(c, '(' | ')' | ';') || c.is_control() { '_' } else { c }).collect())
+    } else {
+        Cow::Borrowed(file)
+    }
+}
+
 /// A function name on a perf-script frame line (`\t<addr> <name> (<dso>)`). The name ends at
 /// the last space before `(<dso>)`, so spaces are fine; but parsers strip a trailing `+0x<hex>`
 /// (an offset), drop a name starting with `(`, and split Java inlining at `->`: those are written

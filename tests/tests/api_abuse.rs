@@ -106,7 +106,7 @@ fn more_samples(port: u16, than: u64, during: &str) -> u64 {
 fn write_store(data: &Path, now_ns: u64) -> (u64, u64) {
     let lock = create_and_lock(data).expect("create the data directory");
     let mut w = StoreWriter::new(&segments_dir(data));
-    let spin = Arc::new(Stack { frames: vec![Arc::from("main"), Arc::from("spin")], user_len: 2 });
+    let spin = Arc::new(Stack::new(vec![Arc::from("main"), Arc::from("spin")], 2));
     let comm: Arc<str> = Arc::from("synthetic");
     let names: Vec<Arc<str>> =
         (0..30 * 8).map(|i| Arc::from(format!("crate{}::module::function_{}", i / 8, i % 8))).collect();
@@ -134,7 +134,7 @@ fn write_store(data: &Path, now_ns: u64) -> (u64, u64) {
                     (0..29).map(|d| names[d * 8 + ((distinct >> (d % 12)) % 8) as usize].clone()).collect();
                 frames.push(Arc::from(format!("leaf_{distinct}")));
                 distinct += 1;
-                w.push(&sample(t + k * 20_000_000, Arc::new(Stack { frames, user_len: 30 })));
+                w.push(&sample(t + k * 20_000_000, Arc::new(Stack::new(frames, 30))));
             }
             t += NS_PER_SEC;
         } else {

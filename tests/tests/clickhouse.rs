@@ -247,7 +247,7 @@ fn synthetic_store_with(data: &Path, cpus: u32, secs: u64, end: u64, hz: u64, st
     let stacks: Vec<Arc<Stack>> = (0..stacks)
         .map(|i| {
             let frames = ["main".to_string(), format!("work_{i}"), "do_syscall_64".into()];
-            Arc::new(Stack { frames: frames.iter().map(|f| Arc::from(f.as_str())).collect(), user_len: 2 })
+            Arc::new(Stack::new(frames.iter().map(|f| Arc::from(f.as_str())).collect(), 2))
         })
         .collect();
     let mut w = StoreWriter::new(&segments_dir(data));

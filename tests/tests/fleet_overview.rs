@@ -35,7 +35,7 @@ const HZ: u64 = 50;
 const SECS: u64 = 60;
 
 fn stack(frames: &[&str], user_len: usize) -> Arc<Stack> {
-    Arc::new(Stack { frames: frames.iter().map(|f| Arc::from(*f)).collect(), user_len })
+    Arc::new(Stack::new(frames.iter().map(|f| Arc::from(*f)).collect(), user_len))
 }
 
 /// One CPU of a synthetic node: `busy` of every `HZ` ticks run `stack` as `comm`, the rest idle.

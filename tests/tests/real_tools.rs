@@ -15,9 +15,7 @@ const SEC: u64 = 1_000_000_000;
 /// ending `end`; CPU 0 runs a C++ template method.
 fn store(data: &Path, end: u64) {
     let _lock = create_and_lock(data).unwrap();
-    let stack = |frames: &[&str]| {
-        Arc::new(Stack { frames: frames.iter().map(|f| Arc::from(*f)).collect(), user_len: frames.len() })
-    };
+    let stack = |frames: &[&str]| Arc::new(Stack::new(frames.iter().map(|f| Arc::from(*f)).collect(), frames.len()));
     let templ = stack(&["main", "Scoped<T>::set"]);
     let other = stack(&["main", "other_work"]);
     let mut w = StoreWriter::new(&segments_dir(data));

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, folded_window, now_secs, privileged, skip, wait_for};
+use integration_tests::{Daemon, Kill, folded_window, now_secs, privileged, profiler, skip, wait_for};
 
 const HOT: &str = "symprog_hot_loop";
 
@@ -163,6 +163,42 @@ fn a_stripped_program_is_named_by_module_offset_or_its_debug_info() {
         eprintln!("{what}:\n{}", show(&stacks));
         assert!(stacks.iter().any(|(s, _)| s.contains(&format!(";main;{HOT}"))), "{what}:\n{}", show(&stacks));
     }
+
+    // perf script as perf prints it (issue 14 A3): a named frame with its file and the
+    // function's address there (what `nm` says of the unstripped build, linked alike), an
+    // unnamed one as `[unknown] (file)` at its own address, the period of 99 Hz in ns.
+    let hot_addr = {
+        let nm = Command::new("nm").arg(&full).output().unwrap();
+        let text = String::from_utf8_lossy(&nm.stdout).into_owned();
+        let line = text.lines().find(|l| l.ends_with(&format!(" {HOT}"))).expect("nm lists the hot loop").to_string();
+        u64::from_str_radix(line.split(' ').next().unwrap(), 16).unwrap()
+    };
+    let script = |pid: u32| {
+        let (from, pid) = (format!("{started:.3}"), pid.to_string());
+        let args =
+            ["export", "--format", "perf-script", "--data-dir", data.to_str().unwrap(), "--from", &from, "--pid", &pid];
+        let out = profiler(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = script(link.0.id());
+    let file = tmp.path().join("symprog-link");
+    let want = format!("{hot_addr:>16x} {HOT} ({})", file.display());
+    assert!(text.lines().any(|l| l.trim_start_matches('\t') == want), "no line `{want}` in\n{}", head(&text));
+    assert!(text.lines().any(|l| l.ends_with(": 10101010 cpu-clock: ")), "period of 99 Hz:\n{}", head(&text));
+    // FlameScope's rule (app/common/libtype.py): a file starting with `[` is kernel code.
+    for l in text.lines().filter(|l| l.starts_with('\t') && !l.ends_with("([kernel.kallsyms])")) {
+        let file = l.rsplit_once(" (").map(|(_, f)| f.trim_end_matches(')')).unwrap_or("");
+        assert!(!file.starts_with('[') || file == "[vdso]", "a user frame FlameScope would colour kernel: {l}");
+    }
+    let text = script(plain.0.id());
+    let unnamed = format!(" [unknown] ({})", tmp.path().join("symprog").display());
+    let vaddr = u64::from_str_radix(vaddr.trim_start_matches("0x"), 16).unwrap();
+    assert!(
+        text.lines().any(|l| l.ends_with(&unnamed) && l.trim_start().starts_with(&format!("{vaddr:x} "))),
+        "no `{vaddr:x}{unnamed}` in\n{}",
+        head(&text)
+    );
     drop((plain, link, mini, bid));
     assert!(daemon.stop().success(), "{}", daemon.log_text());
 }
@@ -216,6 +252,10 @@ fn node_jit_functions_are_named_from_its_perf_map() {
 
 /// The stacks, most frequent first, for a failure message or the log: the comm and the leaf
 /// end of each (Node's are 30 frames deep).
+fn head(text: &str) -> String {
+    text.lines().take(40).collect::<Vec<_>>().join("\n")
+}
+
 fn show(stacks: &[(String, u64)]) -> String {
     let mut s: Vec<&(String, u64)> = stacks.iter().collect();
     s.sort_by_key(|(_, c)| std::cmp::Reverse(*c));

@@ -271,7 +271,7 @@ mod tests {
     const SYSCALL: &str = "invoke_syscall";
 
     fn stack(user: &[&str], kernel: &[&str]) -> Arc<Stack> {
-        Arc::new(Stack { frames: user.iter().chain(kernel).map(|f| Arc::from(*f)).collect(), user_len: user.len() })
+        Arc::new(Stack::new(user.iter().chain(kernel).map(|f| Arc::from(*f)).collect(), user.len()))
     }
 
     fn seconds(n: u64, per_second: &[(Arc<Stack>, usize)]) -> VecDeque<Second> {

@@ -130,7 +130,7 @@ mod tests {
     }
 
     fn second(netrx: NetRxSecond) -> Second {
-        let spin = Arc::new(Stack { frames: vec![Arc::from("spin")], user_len: 1 });
+        let spin = Arc::new(Stack::new(vec![Arc::from("spin")], 1));
         Second {
             start_ns: 0,
             cpus: vec![

@@ -95,8 +95,8 @@ mod tests {
 
     pub fn second(i: u64, busy: &[(usize, bool)]) -> Second {
         // busy[cpu] = (ticks, kernel)
-        let user = Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 });
-        let kernel = Arc::new(Stack { frames: vec![Arc::from("main"), Arc::from("clear_user")], user_len: 1 });
+        let user = Arc::new(Stack::new(vec![Arc::from("main")], 1));
+        let kernel = Arc::new(Stack::new(vec![Arc::from("main"), Arc::from("clear_user")], 1));
         Second {
             start_ns: i * NS_PER_SEC,
             cpus: busy
@@ -164,7 +164,7 @@ mod tests {
 
     #[test]
     fn net_rx_on_the_idle_task_saturates_a_core_and_says_so() {
-        let stack = Context::Softirq(3).mark(&Stack { frames: vec![Arc::from("net_rx_action")], user_len: 0 });
+        let stack = Context::Softirq(3).mark(&Stack::new(vec![Arc::from("net_rx_action")], 0));
         let seconds: Vec<_> = (0..3)
             .map(|i| {
                 let mut s = second(i, &[(2, false), (100, true)]);

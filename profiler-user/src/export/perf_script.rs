@@ -1,8 +1,13 @@
 //! `perf script` text, as FlameScope loads it (and speedscope imports it): a header, then per
-//! sample a line `comm pid/tid [cpu] seconds: 1 cpu-clock:`, its frames leaf first one per
-//! line, and a blank line. Addresses are not kept by the store; they are written as 0, except
-//! for a frame nothing could name (`libc.so.6+0x3fb9c`), which is written as perf writes one:
-//! `[unknown] (libc.so.6)` after its address, here the ELF virtual address the name carries.
+//! sample a line `comm pid/tid [cpu] seconds: PERIOD cpu-clock:` (the period in ns, as perf
+//! prints it for cpu-clock: 10101010 at 99 Hz), its frames leaf first one per line, and a blank
+//! line. A user frame reads `ADDR name (FILE)` with the file it is mapped from, as perf prints
+//! it (FlameScope colours a frame by that file: `[...]` is kernel, `/tmp/perf-*` JIT, a path
+//! user). The store keeps functions, not instructions, so ADDR is the function's address in
+//! its file (an ELF virtual address), where perf has the sampled instruction's; a frame nothing
+//! named (`libc.so.6+0x3fb9c`) is `[unknown] (FILE)` at its own address, as perf writes it.
+//! Kernel frames are `0 name ([kernel.kallsyms])`: their addresses are not stored (they would
+//! give away the kernel's randomised base in every shared export).
 
 use std::io::Write;
 
@@ -19,23 +24,32 @@ pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
 }
 
 pub fn write_sample(s: &SampleRef<'_>, mut out: impl Write) -> Result<(), ExportError> {
+    // cpu-clock counts nanoseconds: one sample at F Hz stands for 1e9 / F of them. Data from
+    // before the store recorded its frequency says 1.
+    let period = s.frequency_hz.map_or(1, |hz| 1_000_000_000 / hz.max(1));
     for _ in 0..s.count.max(1) {
         let (secs, micros) = (s.ts_ns / 1_000_000_000, (s.ts_ns % 1_000_000_000) / 1000);
         let comm = text::perf_comm(s.comm);
-        writeln!(out, "{comm} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: 1 cpu-clock: ", s.pid, s.tid, s.cpu)?;
-        for &(name, kernel) in s.frames.iter().rev() {
-            if !kernel && let Some((module, vaddr)) = symbolize::parse_module_offset(name) {
-                let module = text::perf_frame(module, true);
-                writeln!(out, "\t{vaddr:>16x} [unknown] ({module})")?;
+        writeln!(out, "{comm} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: {period} cpu-clock: ", s.pid, s.tid, s.cpu)?;
+        for (i, &(name, kernel)) in s.frames.iter().enumerate().rev() {
+            if kernel {
+                // Each name by perf script's rule: one line, no parser-reserved pattern, no fake mark.
+                writeln!(out, "\t{:>16x} {} ([kernel.kallsyms])", 0, text::perf_frame(name, false))?;
                 continue;
             }
-            // Each name by perf script's rule: one line, no parser-reserved pattern, no fake mark.
-            let name = text::perf_frame(name, !kernel);
-            if kernel {
-                writeln!(out, "\t{:>16x} {name} ([kernel.kallsyms])", 0)?;
-            } else {
-                writeln!(out, "\t{:>16x} {name} ([unknown])", 0)?;
-            }
+            let (file, addr) = s.locations.get(i).copied().unwrap_or(("", 0));
+            let unnamed = symbolize::parse_module_offset(name);
+            let (name, addr) = match unnamed {
+                Some((_, vaddr)) => ("[unknown]".into(), vaddr),
+                None => (text::perf_frame(name, true), addr),
+            };
+            // Without a stored location (older data), the module an unnamed frame carries.
+            let file = match (file, unnamed) {
+                ("", Some((module, _))) => text::perf_file(module),
+                ("", None) => "[unknown]".into(),
+                (file, _) => text::perf_file(file),
+            };
+            writeln!(out, "\t{addr:>16x} {name} ({file})")?;
         }
         writeln!(out)?;
     }
@@ -127,6 +141,7 @@ mod tests {
             ("entry_SYSCALL_64_after_hwframe", true),
             ("read_zero", true),
         ];
+        let locations = [("/usr/lib/x86_64-linux-gnu/libc.so.6", 0x3fb9c), ("/srv/my (odd) prog (deleted)", 0x1139)];
         let samples = [
             SampleRef {
                 ts_ns: 1_795_000_000_123_456_789,
@@ -135,8 +150,9 @@ mod tests {
                 tid: 43,
                 comm: "dd",
                 frames: &frames,
+                locations: &locations,
                 count: 1,
-                frequency_hz: None,
+                frequency_hz: Some(99),
                 workload: "",
             },
             SampleRef {
@@ -146,6 +162,7 @@ mod tests {
                 tid: 7,
                 comm: "my prog",
                 frames: &frames[..2],
+                locations: &[],
                 count: 2,
                 frequency_hz: None,
                 workload: "",
@@ -156,7 +173,16 @@ mod tests {
         for s in &samples {
             write_sample(s, &mut out).unwrap();
         }
-        let parsed = parse(&String::from_utf8(out).unwrap());
+        let text = String::from_utf8(out).unwrap();
+        // As perf prints them: the period in ns, each user frame's file and address.
+        assert!(text.contains("[001] 1795000000.123456: 10101010 cpu-clock: \n"), "{text}");
+        assert!(text.contains("\n\t           3fb9c [unknown] (/usr/lib/x86_64-linux-gnu/libc.so.6)\n"), "{text}");
+        assert!(text.contains("\n\t            1139 main (/srv/my _odd_ prog)\n"), "{text}");
+        assert!(text.contains("\n\t               0 read_zero ([kernel.kallsyms])\n"), "{text}");
+        // Without locations (data from before they were stored): what the name says.
+        assert!(text.contains("\n\t           3fb9c [unknown] (libc.so.6)\n"), "{text}");
+        assert!(text.contains("\n\t               0 main ([unknown])\n"), "{text}");
+        let parsed = parse(&text);
         assert_eq!(parsed.len(), 3, "counts become repeated samples");
         assert_eq!(parsed[0].comm, "dd");
         assert_eq!((parsed[0].pid, parsed[0].tid, parsed[0].cpu), (42, 43, 1));
@@ -198,6 +224,7 @@ mod tests {
                 tid: 10,
                 comm,
                 frames: &frames,
+                locations: &[],
                 count: 3,
                 frequency_hz: None,
                 workload: "",

@@ -143,6 +143,7 @@ mod tests {
                 tid: 1,
                 comm: "a\tb;c 5",
                 frames: &frames,
+                locations: &[],
                 count: 1,
                 frequency_hz: None,
                 workload: "",
@@ -159,7 +160,18 @@ mod tests {
     }
 
     fn sample<'a>(ts_ns: u64, tid: u32, frames: &'a [(&'a str, bool)]) -> SampleRef<'a> {
-        SampleRef { ts_ns, cpu: 0, pid: 1, tid, comm: "app", frames, count: 1, frequency_hz: None, workload: "" }
+        SampleRef {
+            ts_ns,
+            cpu: 0,
+            pid: 1,
+            tid,
+            comm: "app",
+            frames,
+            locations: &[],
+            count: 1,
+            frequency_hz: None,
+            workload: "",
+        }
     }
 
     /// Two bursts of a thread 50 periods apart read as two bursts on a window-long axis, with
@@ -215,6 +227,7 @@ mod tests {
             tid: 1,
             comm: "py",
             frames: &frames,
+            locations: &[],
             count: 1,
             frequency_hz: None,
             workload: "",

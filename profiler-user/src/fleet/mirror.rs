@@ -212,7 +212,7 @@ impl Copier<'_> {
             let frames: Vec<Arc<str>> = frames.iter().map(|f| self.intern(f)).collect();
             // Kernel frames follow the user ones (root first).
             let user_len = kernel.iter().take_while(|&&k| k == 0).count().min(frames.len());
-            self.stacks.entry(id).or_insert_with(|| Arc::new(Stack { frames, user_len }));
+            self.stacks.entry(id).or_insert_with(|| Arc::new(Stack::new(frames, user_len)));
         }
         let sql = format!(
             "SELECT ts, cpu, pid, tid, comm, stack_id, workload, count FROM {} WHERE {range}",
@@ -234,7 +234,7 @@ impl Copier<'_> {
             let stack = match self.stacks.get(&stack_id) {
                 Some(s) => s.clone(),
                 None => {
-                    let missing = Arc::new(Stack { frames: vec![self.intern(MISSING_STACK)], user_len: 1 });
+                    let missing = Arc::new(Stack::new(vec![self.intern(MISSING_STACK)], 1));
                     self.stacks.insert(stack_id, missing.clone());
                     missing
                 }

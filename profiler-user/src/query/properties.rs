@@ -28,10 +28,7 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
             cgroup_id: u64::from(pid),
             workload: Default::default(),
             comm: Arc::from(comm),
-            stack: Arc::new(Stack {
-                user_len: user.min(frames.len()),
-                frames: frames.into_iter().map(Arc::from).collect(),
-            }),
+            stack: Arc::new(Stack::new(frames.iter().map(|f| Arc::from(*f)).collect(), user.min(frames.len()))),
         })
 }
 

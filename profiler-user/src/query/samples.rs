@@ -18,6 +18,9 @@ pub struct SampleRef<'a> {
     pub comm: &'a str,
     /// Root first: (name, kernel frame?).
     pub frames: &'a [(&'a str, bool)],
+    /// Where each frame lives, as `frames` lists them: (file, address; `model::Location`), with
+    /// "" for a kernel frame or one nothing is known of. May be shorter than `frames` (empty).
+    pub locations: &'a [(&'a str, u64)],
     /// Samples this row stands for (1 but in rolled-up data).
     pub count: u64,
     /// The frequency the sample was taken at, when its segment records it (format 4).
@@ -37,6 +40,7 @@ pub fn for_each_sample(
     check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
     let mut n = 0;
     let mut ids = Vec::new();
+    let mut places = Vec::new();
     let budget = budget::ScanBudget::default();
     budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget, &mut |b: BlockView<'_>| {
         let s = b.samples.expect("samples decoded");
@@ -50,6 +54,8 @@ pub fn for_each_sample(
             b.dict.frames(s.stack[i], &mut ids);
             let frames: Vec<(&str, bool)> =
                 ids.iter().map(|&(f, k)| (b.dict.strings[f as usize].as_str(), k)).collect();
+            b.dict.locations(s.stack[i], &mut places);
+            let locations: Vec<(&str, u64)> = places.iter().map(|&l| (b.dict.file(l), l.addr)).collect();
             n += s.count(i);
             f(&SampleRef {
                 ts_ns: ts,
@@ -58,6 +64,7 @@ pub fn for_each_sample(
                 tid: s.tid[i],
                 comm: &b.dict.strings[s.comm[i] as usize],
                 frames: &frames,
+                locations: &locations,
                 count: s.count(i),
                 frequency_hz: b.identity.map(|id| id.frequency_hz.max(1)),
                 workload: s.workload(i).map_or("", |w| b.dict.strings[w as usize].as_str()),

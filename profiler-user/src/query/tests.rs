@@ -16,7 +16,7 @@ const T0: u64 = 1_795_000_000 * NS_PER_SEC; // on a minute boundary
 
 fn stack(user: &[&str], kernel: &[&str]) -> Arc<Stack> {
     let frames = user.iter().chain(kernel).map(|f| Arc::from(*f)).collect();
-    Arc::new(Stack { frames, user_len: user.len() })
+    Arc::new(Stack::new(frames, user.len()))
 }
 
 /// A deterministic mix: 3 CPUs, 4 processes, 3 stacks, spread over 130 s (3 segments).
@@ -122,7 +122,7 @@ fn store_round_trip_keeps_every_field() {
                     tid: b.tid[i],
                     cgroup_id: b.cgroup[i],
                     comm: Arc::from(d.strings[b.comm[i] as usize].as_str()),
-                    stack: Arc::new(Stack { frames, user_len }),
+                    stack: Arc::new(Stack::new(frames, user_len)),
                     workload: b
                         .workload(i)
                         .map_or_else(Default::default, |w| Arc::from(d.strings[w as usize].as_str())),
@@ -525,4 +525,53 @@ fn corrupt_bytes_are_skipped_with_a_warning_naming_the_file() {
     fold(&mut store, w, &Filter::default()).unwrap();
     let warnings = store.take_warnings();
     assert!(warnings.iter().any(|w| w.contains(path.to_str().unwrap()) && w.contains("shorter")), "{warnings:?}");
+}
+
+/// Where each user frame lives is kept per stack node, through rollup; the same names in two
+/// files stay two stacks; stacks without locations (older data) read back without.
+#[test]
+fn frame_locations_survive_the_store_and_rollup() {
+    use crate::model::Location;
+    let loc = |file: &str, addr| Location { file: Arc::from(file), addr };
+    let located = |file: &str| {
+        let mut s = Stack::new(vec![Arc::from("main"), Arc::from("spin"), Arc::from("ksys_read")], 2);
+        s.locations = vec![loc(file, 0x1120), loc("/usr/lib/libc.so.6", 0x3fb90)];
+        Arc::new(s)
+    };
+    let stacks = [located("/srv/a"), located("/srv/b"), stack(&["main", "spin"], &["ksys_read"])];
+    let input: Vec<Sample> = (0..300u64)
+        .map(|i| Sample {
+            ts_ns: T0 + i * 100_000_000,
+            cpu: 0,
+            pid: 1,
+            tid: 1,
+            cgroup_id: 0,
+            comm: Arc::from("app"),
+            stack: stacks[(i % 3) as usize].clone(),
+            workload: Arc::from(""),
+        })
+        .collect();
+    let (_dir, mut store) = write_store(&input, &[]);
+    let mut read = |store: &mut Store| {
+        let mut seen: std::collections::BTreeMap<Vec<(String, u64)>, u64> = Default::default();
+        let w = Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap();
+        for_each_sample(store, w, &Filter::default(), |s| {
+            assert_eq!(s.frames.len(), 3);
+            let l: Vec<(String, u64)> = s.locations.iter().map(|&(f, a)| (f.to_string(), a)).collect();
+            *seen.entry(l).or_default() += s.count;
+        })
+        .unwrap();
+        seen
+    };
+    let want =
+        |file: &str| vec![(file.to_string(), 0x1120), ("/usr/lib/libc.so.6".to_string(), 0x3fb90), (String::new(), 0)];
+    let before = read(&mut store);
+    assert_eq!(before.get(&want("/srv/a")), Some(&100), "{before:?}");
+    assert_eq!(before.get(&want("/srv/b")), Some(&100), "{before:?}");
+    assert_eq!(before.values().sum::<u64>(), 300, "{before:?}");
+    for (_, path) in store.segments().unwrap() {
+        crate::store::rollup::rollup_segment(&path).unwrap().expect("rolls up");
+    }
+    assert_eq!(read(&mut store), before);
+    assert!(store.take_warnings().is_empty());
 }

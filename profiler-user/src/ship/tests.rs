@@ -254,7 +254,7 @@ const T0: u64 = 1_795_000_000 * NS_PER_SEC; // on a minute boundary
 /// 45 s of samples from T0, several blocks per second; returns them.
 fn write_store(dir: &Path) -> Vec<Sample> {
     crate::store::create_and_lock(dir).unwrap();
-    let stack = Arc::new(Stack { frames: vec![Arc::from("main"), Arc::from("spin")], user_len: 2 });
+    let stack = Arc::new(Stack::new(vec![Arc::from("main"), Arc::from("spin")], 2));
     let samples: Vec<Sample> = (0..4500u64)
         .map(|i| Sample {
             ts_ns: T0 + i * 10_000_000,

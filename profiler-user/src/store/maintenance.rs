@@ -131,7 +131,7 @@ mod tests {
     fn a_restart_rolls_the_unrolled_minute_first() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(segments_dir(dir.path())).unwrap();
-        let stack = Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 });
+        let stack = Arc::new(Stack::new(vec![Arc::from("main")], 1));
         // Ten minutes, an hour ago.
         let t0 = (now_ns() - 3600 * 1_000_000_000) / SEGMENT_NS * SEGMENT_NS;
         let mut w = StoreWriter::new(&segments_dir(dir.path()));

@@ -150,9 +150,8 @@ mod bound_tests {
         let mut w = StoreWriter::new(&segments_dir(dir.path()));
         let limit = 64 * 1024;
         let r = Retention { max_bytes: limit, max_age_ns: u64::MAX / 2 };
-        let stacks: Vec<Arc<Stack>> = (0..500)
-            .map(|i| Arc::new(Stack { frames: vec![Arc::from(format!("f{i}")), Arc::from("main")], user_len: 2 }))
-            .collect();
+        let stacks: Vec<Arc<Stack>> =
+            (0..500).map(|i| Arc::new(Stack::new(vec![Arc::from(format!("f{i}")), Arc::from("main")], 2))).collect();
         let comm: Arc<str> = Arc::from("app");
         let t0 = 1_795_000_000 * NS_PER_SEC;
         let (mut largest, mut removed) = (0u64, 0);

@@ -14,7 +14,7 @@ use super::{
     StoreError,
     format::{
         BlockHeader, Blocks, CpuCounts, Dict, DictDelta, FLAG_IDENTITY, FLAG_RESET_DICT, FLAG_ROLLUP, FORMAT_VERSION,
-        NS_PER_SEC, SampleColumns, SegmentHeader, Summary, encode_block, pack,
+        NS_PER_SEC, NodeLocations, SampleColumns, SegmentHeader, Summary, encode_block, pack,
     },
 };
 
@@ -62,8 +62,9 @@ pub struct RolledUp {
 #[derive(Default)]
 struct Interner {
     delta: DictDelta,
+    locations: NodeLocations,
     strings: HashMap<String, u32>,
-    nodes: HashMap<(u32, u32), u32>,
+    nodes: HashMap<(u32, u32, u32, u64), u32>,
     /// Raw node → new node, for the raw dictionary in use (cleared when it resets).
     memo: HashMap<u32, u32>,
 }
@@ -91,10 +92,14 @@ impl Interner {
         for &raw in chain.iter().rev() {
             let n = dict.nodes[raw as usize];
             let frame = self.string(&dict.strings[n.frame as usize]) * 2 + u32::from(n.kernel);
+            let l = dict.locations.get(raw as usize).copied().unwrap_or_default();
+            let file = if l.file == 0 { 0 } else { self.string(dict.file(l)) + 1 };
             let next = self.nodes.len() as u32 + 1;
-            parent = *self.nodes.entry((parent, frame)).or_insert_with(|| {
+            parent = *self.nodes.entry((parent, frame, file, l.addr)).or_insert_with(|| {
                 self.delta.parent_delta.push(next - parent);
                 self.delta.frame.push(frame);
+                self.locations.file.push(file);
+                self.locations.addr.push(l.addr);
                 next
             });
             self.memo.insert(raw, parent);
@@ -229,8 +234,12 @@ pub fn rollup_segment_with(
             softirq: w.softirq.into_iter().collect(),
         };
         // The whole dictionary goes with the first block; later blocks add nothing.
-        let delta = if i == 0 { std::mem::take(&mut interner.delta) } else { DictDelta::default() };
-        out.extend(encode_block(&h, &pack(&delta), &pack(&summary), &pack(&cols)));
+        let dict_section = match i {
+            0 if interner.locations.file.iter().any(|&f| f != 0) => pack(&(&interner.delta, &interner.locations)),
+            0 => pack(&interner.delta),
+            _ => pack(&DictDelta::default()),
+        };
+        out.extend(encode_block(&h, &dict_section, &pack(&summary), &pack(&cols)));
     }
     let tmp = path.with_extension("rollup.tmp");
     let write = || -> std::io::Result<()> {

@@ -21,8 +21,8 @@ use super::{
     StoreError,
     format::{
         BUCKET_NS, BUCKETS_PER_SEC, BlockHeader, Blocks, CpuCounts, DictDelta, FLAG_RESET_DICT, FORMAT_VERSION,
-        NS_PER_SEC, NS_PER_US, SEGMENT_HEADER_LEN, SEGMENT_NS, SampleColumns, SegmentHeader, Summary, Tail,
-        encode_block, pack,
+        NS_PER_SEC, NS_PER_US, NodeLocations, SEGMENT_HEADER_LEN, SEGMENT_NS, SampleColumns, SegmentHeader, Summary,
+        Tail, encode_block, pack,
     },
     segment_path,
 };
@@ -67,8 +67,8 @@ struct Second {
 #[derive(Default)]
 struct SegmentDict {
     strings: FxHashMap<Arc<str>, u32>,
-    /// (parent node, frame * 2 + kernel) → node; node 0 is the empty stack.
-    nodes: FxHashMap<(u32, u32), u32>,
+    /// (parent node, frame * 2 + kernel, location) → node; node 0 is the empty stack.
+    nodes: FxHashMap<(u32, u32, u32, u64), u32>,
     /// By allocation: the symbolizer hands out one `Arc` per distinct stack, so this is the
     /// common hit. The `Arc` is kept, so its address cannot be reused by another stack.
     stacks_by_ptr: FxHashMap<usize, (Arc<Stack>, u32)>,
@@ -96,7 +96,7 @@ impl SegmentDict {
     }
 
     /// The leaf node of a stack, adding the nodes it lacks.
-    fn stack(&mut self, s: &Arc<Stack>, delta: &mut DictDelta) -> u32 {
+    fn stack(&mut self, s: &Arc<Stack>, delta: &mut DictDelta, locations: &mut NodeLocations) -> u32 {
         let ptr = Arc::as_ptr(s) as usize;
         if let Some((_, id)) = self.stacks_by_ptr.get(&ptr) {
             return *id;
@@ -104,10 +104,16 @@ impl SegmentDict {
         let mut node = 0u32;
         for (i, f) in s.frames.iter().enumerate() {
             let frame = self.string(f, delta) * 2 + u32::from(i >= s.user_len);
+            let (file, addr) = match s.locations.get(i).filter(|l| i < s.user_len && !l.file.is_empty()) {
+                Some(l) => (self.string(&l.file, delta) + 1, l.addr),
+                None => (0, 0),
+            };
             let next = self.nodes.len() as u32 + 1;
-            node = *self.nodes.entry((node, frame)).or_insert_with(|| {
+            node = *self.nodes.entry((node, frame, file, addr)).or_insert_with(|| {
                 delta.parent_delta.push(next - node);
                 delta.frame.push(frame);
+                locations.file.push(file);
+                locations.addr.push(addr);
                 next
             });
         }
@@ -356,6 +362,7 @@ fn encode_second(
     lost: Option<&BTreeMap<u32, u64>>,
 ) -> (Vec<u8>, BlockHeader) {
     let mut delta = DictDelta::default();
+    let mut locations = NodeLocations::default();
     let flags = if std::mem::take(&mut dict.reset) { FLAG_RESET_DICT } else { 0 };
     let mut order: Vec<&Row> = second.rows.iter().collect();
     order.sort_unstable_by_key(|r| (r.cpu, r.ts_ns));
@@ -390,7 +397,7 @@ fn encode_second(
         cols.tid.push(r.tid);
         cols.comm.push(dict.string(&r.comm, &mut delta));
         cols.cgroup.push(r.cgroup);
-        cols.stack.push(dict.stack(&r.stack, &mut delta));
+        cols.stack.push(dict.stack(&r.stack, &mut delta, &mut locations));
         if workloads {
             cols.workload.push(dict.string(&r.workload, &mut delta));
         }
@@ -417,7 +424,8 @@ fn encode_second(
         ..Default::default()
     };
     let summary = Summary { cpus: cpus.into_values().collect(), buckets, softirq: softirq.into_iter().collect() };
-    let bytes = encode_block(&header, &pack(&delta), &pack(&summary), &pack(&cols));
+    let dict_section = if locations.file.iter().all(|&f| f == 0) { pack(&delta) } else { pack(&(&delta, &locations)) };
+    let bytes = encode_block(&header, &dict_section, &pack(&summary), &pack(&cols));
     (bytes, header)
 }
 
@@ -471,7 +479,7 @@ mod tests {
             tid: 7,
             cgroup_id: 0,
             comm: Arc::from("spin"),
-            stack: Arc::new(Stack { frames: vec![Arc::from("main")], user_len: 1 }),
+            stack: Arc::new(Stack::new(vec![Arc::from("main")], 1)),
             workload: Arc::from(""),
         }
     }

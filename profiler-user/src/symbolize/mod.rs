@@ -58,7 +58,7 @@ use blazesym::{
 
 use lru::LruCache;
 
-use crate::model::Stack;
+use crate::model::{Location, Stack};
 use maps::Mapping;
 use module::{Module, Opened};
 pub use module::{module_offset, parse_module_offset};
@@ -291,23 +291,29 @@ impl Symbolizer {
         }
         self.stats.stack_misses += 1;
         self.jit_missed = false;
-        let mut frames = Vec::with_capacity(kernel.len() + user.len());
+        let mut named: Vec<(Arc<str>, Location)> = Vec::with_capacity(user.len());
         for (i, &addr) in user.iter().enumerate().rev() {
-            frames.push(self.user_frame(pid, lookup_addr(addr, i), now));
+            named.push(self.user_frame(pid, lookup_addr(addr, i), now));
         }
-        let unresolved = frames.iter().any(|f| Arc::ptr_eq(f, &self.unknown));
+        let unresolved = named.iter().any(|f| Arc::ptr_eq(&f.0, &self.unknown));
         if let Some((layout, words)) = python.filter(|p| !p.1.is_empty()) {
-            let named: Vec<(Arc<str>, bool)> = python::frames(words)
+            let py: Vec<(Arc<str>, bool)> = python::frames(words)
                 .into_iter()
                 .map(|(code, instr, entry)| (self.python.name(pid, layout, code, instr), entry))
                 .collect();
-            frames = python::merge(&frames, &named);
+            named = python::merge(&named, &py);
         }
-        let user_len = frames.len();
+        let user_len = named.len();
+        let mut frames = Vec::with_capacity(kernel.len() + user_len);
+        let mut locations = Vec::with_capacity(user_len);
+        for (name, location) in named {
+            frames.push(name);
+            locations.push(location);
+        }
         for (i, &addr) in kernel.iter().enumerate().rev() {
             frames.push(self.kernel_frame(lookup_addr(addr, i)));
         }
-        let stack = Arc::new(Stack { frames, user_len });
+        let stack = Arc::new(Stack { frames, user_len, locations });
         let until = unresolved.then(|| now + if self.jit_missed { PERF_MAP_REFRESH } else { UNRESOLVED_TTL });
         self.stacks.put(key, Cached { stack: stack.clone(), until });
         stack
@@ -517,9 +523,10 @@ impl Symbolizer {
         maps::read(pid, wanted)
     }
 
-    fn user_frame(&mut self, pid: u32, addr: u64, now: Instant) -> Arc<str> {
+    /// The name of the user frame at `addr` and where it lives.
+    fn user_frame(&mut self, pid: u32, addr: u64, now: Instant) -> (Arc<str>, Location) {
         let Some(process) = self.processes.get(&pid) else {
-            return self.unknown.clone();
+            return (self.unknown.clone(), Location::default());
         };
         let mut mapping = maps::find(&process.maps, addr).cloned();
         let every = if process.over_bound { MAPS_REFRESH_OVER_BOUND } else { MAPS_REFRESH };
@@ -543,13 +550,21 @@ impl Symbolizer {
             // JIT code in pages the runtime made executable since the maps were read (they are
             // re-read at most every `MAPS_REFRESH`): its perf map may name it already. (A
             // process that writes none is looked for one at most every `MAPS_REFRESH` too.)
-            return self.jit_frame(pid, addr, now).unwrap_or_else(|| self.unknown.clone());
+            return match self.jit_frame(pid, addr, now) {
+                Some(name) => (name, self.jit_location(pid, addr)),
+                None => (self.unknown.clone(), Location::default()),
+            };
         };
         if !mapping.is_file() {
             if let Some(name) = self.jit_frame(pid, addr, now) {
-                return name;
+                return (name, self.jit_location(pid, addr));
             }
-            return if mapping.path.starts_with('[') { self.intern(&mapping.path) } else { self.unknown.clone() };
+            // `[vdso]`, `[heap]`: perf names the frame and the file alike.
+            if mapping.path.starts_with('[') {
+                let name = self.intern(&mapping.path);
+                return (name.clone(), Location { file: name, addr: addr - mapping.start });
+            }
+            return (self.unknown.clone(), Location::default());
         }
         let key = (mapping.dev, mapping.inode);
         let retry = self.modules.get(&key).map(|m| m.failed_at.is_some_and(|t| now.duration_since(t) >= MAPS_REFRESH));
@@ -561,21 +576,26 @@ impl Symbolizer {
         }
         let offset = mapping.file_offset(addr);
         let module = self.modules.get(&key).expect("inserted above");
-        if let Some(name) = module.names.get(&offset) {
-            return name.clone();
+        if let Some((name, at)) = module.names.get(&offset) {
+            return (name.clone(), Location { file: mapping.path.clone(), addr: *at });
         }
-        let name = match module.lookup(&self.blaze, offset) {
-            Some(n) => self.intern(&n),
+        let (name, at) = match module.lookup(&self.blaze, offset) {
+            Some((n, at)) => (self.intern(&n), at),
             // Final, unlike `[unknown]`: the file is the one mapped, and it has no name there.
             None => {
-                let unnamed = module.unnamed(offset);
-                self.intern(&unnamed)
+                let (unnamed, at) = module.unnamed(offset);
+                (self.intern(&unnamed), at)
             }
         };
         if let Some(m) = self.modules.get_mut(&key) {
-            m.names.insert(offset, name.clone());
+            m.names.insert(offset, (name.clone(), at));
         }
-        name
+        (name, Location { file: mapping.path.clone(), addr: at })
+    }
+
+    /// A JIT frame lives in its runtime's perf map, as perf prints it.
+    fn jit_location(&mut self, pid: u32, addr: u64) -> Location {
+        Location { file: self.intern(&format!("/tmp/perf-{pid}.map")), addr }
     }
 
     /// Opens a module, within the bound on open files.

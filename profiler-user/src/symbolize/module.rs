@@ -30,7 +30,8 @@ pub(super) struct Module {
     /// When opening it failed for a reason that may pass (the process exited first): retried
     /// after `MAPS_REFRESH` through another process that maps it.
     pub failed_at: Option<Instant>,
-    pub names: HashMap<u64, Arc<str>>,
+    /// By file offset: the name and the address `Location` gives it.
+    pub names: HashMap<u64, (Arc<str>, u64)>,
 }
 
 /// How opening a module went, for the caller's counters.
@@ -87,13 +88,14 @@ impl Module {
     }
 
     /// The name of the function at `offset` in the file, if anything names it.
-    pub fn lookup(&self, blaze: &Blaze, offset: u64) -> Option<String> {
+    /// With the function's start (an ELF virtual address).
+    pub fn lookup(&self, blaze: &Blaze, offset: u64) -> Option<(String, u64)> {
         let symbolize = |path: &PathBuf, input: Input<u64>| {
             // ELF symbols only: DWARF would cost time and memory per file, for names the
             // symbol tables already have.
             let src = Source::Elf(Elf { debug_syms: false, ..Elf::new(path.clone()) });
             match blaze.symbolize_single(&src, input) {
-                Ok(Symbolized::Sym(sym)) => Some(sym.name.into_owned()),
+                Ok(Symbolized::Sym(sym)) => Some((sym.name.into_owned(), sym.addr)),
                 _ => None,
             }
         };
@@ -108,9 +110,10 @@ impl Module {
     /// What an address nothing names shows: `module+0xVADDR`. Without the file's segments (it
     /// was refused or could not be opened) the file offset stands in for the virtual address:
     /// for most shared objects the two are the same.
-    pub fn unnamed(&self, offset: u64) -> String {
+    /// With that address.
+    pub fn unnamed(&self, offset: u64) -> (String, u64) {
         let vaddr = self.info.as_ref().and_then(|i| i.vaddr(offset)).unwrap_or(offset);
-        module_offset(&self.base, vaddr)
+        (module_offset(&self.base, vaddr), vaddr)
     }
 }
 
@@ -147,7 +150,7 @@ mod tests {
         let mut m = Module::unopened(&mapping("/usr/lib/x86_64-linux-gnu/libc.so.6 (deleted)", 0x28000));
         assert_eq!(&*m.base, "libc.so.6");
         // Not opened: the file offset stands in.
-        assert_eq!(m.unnamed(0x3fb9c), "libc.so.6+0x3fb9c");
+        assert_eq!(m.unnamed(0x3fb9c).0, "libc.so.6+0x3fb9c");
         // A non-PIE binary's text: file offset 0x1000 loads at 0x401000, which addr2line takes.
         m.info = Some(ElfInfo {
             loads: vec![
@@ -156,9 +159,9 @@ mod tests {
             ],
             ..ElfInfo::default()
         });
-        assert_eq!(m.unnamed(0x1139), "libc.so.6+0x401139");
+        assert_eq!(m.unnamed(0x1139).0, "libc.so.6+0x401139");
         // Past every segment (cannot be mapped, but a file can lie): the offset.
-        assert_eq!(m.unnamed(0x9000), "libc.so.6+0x9000");
+        assert_eq!(m.unnamed(0x9000).0, "libc.so.6+0x9000");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use profiler_common::python::ENTRY_FRAME;
 
-use crate::unwind::python::Layout;
+use crate::{model::Location, unwind::python::Layout};
 
 /// The native frame that runs Python frames.
 pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
@@ -154,13 +154,17 @@ fn read_str(pid: u32, l: &Layout, obj: u64) -> Option<String> {
 /// outwards, is replaced by the Python frames it ran: up to and including the next frame that
 /// began its evaluation. Python frames left over (the native walk stopped short of their
 /// evaluation) go on the root side.
-pub fn merge(user: &[Arc<str>], python: &[(Arc<str>, bool)]) -> Vec<Arc<str>> {
-    let mut out: Vec<Arc<str>> = Vec::with_capacity(user.len() + python.len());
+/// A Python frame takes the location of the evaluation frame it replaces (the interpreter runs
+/// it); the frames left over, that of the outermost one.
+pub fn merge(user: &[(Arc<str>, Location)], python: &[(Arc<str>, bool)]) -> Vec<(Arc<str>, Location)> {
+    let mut out: Vec<(Arc<str>, Location)> = Vec::with_capacity(user.len() + python.len());
     let mut next = 0;
+    let mut outermost = Location::default();
     for native in user.iter().rev() {
-        if &**native == EVAL_FRAME && next < python.len() {
+        if &*native.0 == EVAL_FRAME && next < python.len() {
+            outermost = native.1.clone();
             while next < python.len() {
-                out.push(python[next].0.clone());
+                out.push((python[next].0.clone(), native.1.clone()));
                 next += 1;
                 if python[next - 1].1 {
                     break;
@@ -174,7 +178,8 @@ pub fn merge(user: &[Arc<str>], python: &[(Arc<str>, bool)]) -> Vec<Arc<str>> {
     // Frames left over belong to evaluations further out than the native walk reached (it was
     // cut short): they go on the root side, so the Python story stays whole.
     if next < python.len() {
-        let mut merged: Vec<Arc<str>> = python[next..].iter().rev().map(|p| p.0.clone()).collect();
+        let mut merged: Vec<(Arc<str>, Location)> =
+            python[next..].iter().rev().map(|p| (p.0.clone(), outermost.clone())).collect();
         merged.append(&mut out);
         return merged;
     }
@@ -201,8 +206,16 @@ pub fn frames(words: &[u64]) -> Vec<(u64, u64, bool)> {
 mod tests {
     use super::*;
 
-    fn a(v: &[&str]) -> Vec<Arc<str>> {
-        v.iter().map(|s| Arc::from(*s)).collect()
+    /// Native frames, each in a file of its own (`/f<i>`) at address `i`.
+    fn a(v: &[&str]) -> Vec<(Arc<str>, Location)> {
+        v.iter()
+            .enumerate()
+            .map(|(i, s)| (Arc::from(*s), Location { file: format!("/f{i}").into(), addr: i as u64 }))
+            .collect()
+    }
+
+    fn names(frames: &[(Arc<str>, Location)]) -> Vec<&str> {
+        frames.iter().map(|s| &*s.0).collect()
     }
 
     #[test]
@@ -221,8 +234,10 @@ mod tests {
         // Python, leaf first: inner (run by the leaf-side eval, its entry), then outer, top.
         let python = [(Arc::from("inner"), true), (Arc::from("middle"), false), (Arc::from("top"), true)];
         let merged = merge(&user, &python);
-        let names: Vec<&str> = merged.iter().map(|s| &**s).collect();
-        assert_eq!(names, ["main", "Py_RunMain", "top", "middle", "ext_call", "inner", "leaf_c"]);
+        assert_eq!(names(&merged), ["main", "Py_RunMain", "top", "middle", "ext_call", "inner", "leaf_c"]);
+        // Each Python frame lives where the interpreter frame running it does.
+        let files: Vec<&str> = merged.iter().map(|s| &*s.1.file).collect();
+        assert_eq!(files, ["/f0", "/f1", "/f2", "/f2", "/f3", "/f4", "/f5"]);
     }
 
     #[test]
@@ -238,10 +253,9 @@ mod tests {
         let user = a(&["[unknown]", EVAL_FRAME, "leaf_c"]);
         let python = [(Arc::from("inner"), true), (Arc::from("outer"), false)];
         let merged = merge(&user, &python);
-        let names: Vec<&str> = merged.iter().map(|s| &**s).collect();
-        assert_eq!(names, ["outer", "[unknown]", "inner", "leaf_c"]);
-        let names: Vec<String> = merge(&a(&["[unknown]"]), &python).iter().map(|s| s.to_string()).collect();
-        assert_eq!(names, ["outer", "inner", "[unknown]"]);
+        assert_eq!(names(&merged), ["outer", "[unknown]", "inner", "leaf_c"]);
+        assert_eq!(&*merged[0].1.file, "/f1", "the outermost evaluation's file");
+        assert_eq!(names(&merge(&a(&["[unknown]"]), &python)), ["outer", "inner", "[unknown]"]);
     }
 
     #[test]

@@ -13,7 +13,18 @@ use crate::{
 const T0: u64 = 1_795_000_000 * NS_PER_SEC; // on a minute boundary
 
 fn sample<'a>(ts_ns: u64, tid: u32, frames: &'a [(&'a str, bool)], workload: &'a str) -> SampleRef<'a> {
-    SampleRef { ts_ns, cpu: 1, pid: 42, tid, comm: "dd", frames, count: 1, frequency_hz: None, workload }
+    SampleRef {
+        ts_ns,
+        cpu: 1,
+        pid: 42,
+        tid,
+        comm: "dd",
+        frames,
+        locations: &[],
+        count: 1,
+        frequency_hz: None,
+        workload,
+    }
 }
 
 fn roundtrip(b: Builder) -> ExportProfilesServiceRequest {
@@ -228,7 +239,7 @@ pub(crate) fn official_summary(file: &Path) -> Option<serde_json::Value> {
 fn write_store(dir: &Path) -> Vec<Stored> {
     let stack = |user: &[&str], kernel: &[&str]| {
         let frames = user.iter().chain(kernel).map(|f| Arc::from(*f)).collect();
-        Arc::new(StoredStack { frames, user_len: user.len() })
+        Arc::new(StoredStack::new(frames, user.len()))
     };
     let stacks = [
         stack(&["main", "spin"], &[]),

@@ -210,6 +210,7 @@ mod tests {
             tid: 8,
             comm: "bash",
             frames,
+            locations: &[],
             count: 1,
             frequency_hz: Some(99),
             workload: "",

@@ -10,7 +10,7 @@ const T0: u64 = 1_795_000_000 * NS_PER_SEC - 1_795_000_000 % 3600 * NS_PER_SEC; 
 
 /// Samples every 7 s on 3 CPUs from `from_ns` for `secs`, idle ones on CPU 2, some lost.
 fn write(dir: &Path, from_ns: u64, secs: u64) {
-    let stack = Arc::new(Stack { frames: vec![Arc::from("main"), Arc::from("spin")], user_len: 2 });
+    let stack = Arc::new(Stack::new(vec![Arc::from("main"), Arc::from("spin")], 2));
     let mut w = StoreWriter::new(&segments_dir(dir));
     for (i, t) in (0..secs).step_by(7).enumerate() {
         let ts_ns = from_ns + t * NS_PER_SEC;
