@@ -14,6 +14,8 @@ pub const MAX_MAPPINGS: usize = 256;
 /// Frames unwound per program run; the program tail-calls itself for more (the kernel allows
 /// 33 tail calls, far more than `MAX_USER_FRAMES` needs).
 pub const FRAMES_PER_RUN: usize = 8;
+/// Frames per run of the walker loaded where the kernel's verifier refuses the first (6.1).
+pub const FRAMES_PER_RUN_SMALL: usize = 4;
 /// Binary-search steps over a table's rows: tables up to 2^24 rows.
 pub const ROW_SEARCH_STEPS: usize = 24;
 /// Binary-search steps over a process's mappings (`MAX_MAPPINGS` = 2^8).

@@ -17,7 +17,7 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_USER_FRAMES, counter,
     unwind::{
-        FRAMES_PER_RUN, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable, ROW_SEARCH_STEPS, Row, State,
+        FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable, ROW_SEARCH_STEPS, Row, State,
         UNWIND_PROGRAM, kind,
     },
 };
@@ -70,17 +70,26 @@ pub fn start(ctx: &PerfEventContext, record: &mut Record, kernel: usize, user_mo
 
 #[perf_event]
 pub fn unwind_user(ctx: PerfEventContext) -> u32 {
-    run(&ctx);
+    run::<FRAMES_PER_RUN>(&ctx);
+    0
+}
+
+/// The same walk in shorter runs, for verifiers that give up on `unwind_user` (Linux 6.1
+/// stops at a million instructions processed, which 6.18 never reaches); userspace loads it
+/// into the slot instead. Deep stacks then run out of tail calls sooner.
+#[perf_event]
+pub fn unwind_user_small(ctx: PerfEventContext) -> u32 {
+    run::<FRAMES_PER_RUN_SMALL>(&ctx);
     0
 }
 
 #[inline(always)]
-fn run(ctx: &PerfEventContext) {
+fn run<const N: usize>(ctx: &PerfEventContext) {
     let (Some(record), Some(state)) = (SCRATCH.get_ptr_mut(0), UNWIND_STATE.get_ptr_mut(0)) else { return };
     let (record, state) = unsafe { (&mut *record, &mut *state) };
     let mut more = false;
     if let Some(process) = unsafe { UNWIND_PROCS.get(&record.header.pid) } {
-        more = walk(record, state, process);
+        more = walk::<N>(record, state, process);
     }
     state.runs += 1;
     if more {
@@ -95,10 +104,10 @@ fn run(ctx: &PerfEventContext) {
     emit(record, kernel, user);
 }
 
-/// Walks up to `FRAMES_PER_RUN` frames; true when the walk should go on in another run.
+/// Walks up to `N` frames; true when the walk should go on in another run.
 #[inline(always)]
-fn walk(record: &mut Record, state: &mut State, process: &ProcessTable) -> bool {
-    for _ in 0..FRAMES_PER_RUN {
+fn walk<const N: usize>(record: &mut Record, state: &mut State, process: &ProcessTable) -> bool {
+    for _ in 0..N {
         let slot = state.kernel as usize + state.user as usize;
         if state.user as usize >= MAX_USER_FRAMES || slot >= FRAME_SLOTS {
             count(counter::UNWIND_STOPPED);

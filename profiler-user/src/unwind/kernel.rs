@@ -11,7 +11,7 @@ use aya::{
 };
 use profiler_common::{
     python::{PYTHON_PROGRAM, PyProc},
-    unwind::{ProcessTable, Row, UNWIND_PROGRAM},
+    unwind::{FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, ProcessTable, Row, UNWIND_PROGRAM},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +86,13 @@ pub struct Maps {
 impl Maps {
     /// Loads the unwinder program into the sampler's tail-call slot and takes the maps.
     pub fn load(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
-        load_into_slot(ebpf, "unwind_user", UNWIND_PROGRAM)?;
+        if let Err(e) = load_into_slot(ebpf, "unwind_user", UNWIND_PROGRAM) {
+            // Older verifiers (6.1) give up on the walk's runs of 8 frames; runs of 4 pass.
+            let text = e.to_string();
+            let verdict = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+            tracing::info!(verdict, "the unwinder's runs of {FRAMES_PER_RUN} frames were refused; loading runs of {FRAMES_PER_RUN_SMALL}");
+            load_into_slot(ebpf, "unwind_user_small", UNWIND_PROGRAM).map_err(|_| e)?;
+        }
         // Python frames are a bonus: without the program, stacks are native only.
         let python = match Self::load_python(ebpf) {
             Ok(m) => Some(m),

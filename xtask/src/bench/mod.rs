@@ -179,7 +179,9 @@ pub fn spine(profiler: &Path, helper: &Path, seconds: u64) -> anyhow::Result<()>
         let out = Command::new(profiler)
             .args(["flamegraph", "--data-dir"])
             .arg(&dir)
-            .args(["--from", &format!("{:.3}", end - 30.0), "--to", &format!("{end:.3}"), "-o", "/dev/null"])
+            .args(["--from", &format!("{:.3}", end - 30.0), "--to", &format!("{end:.3}")])
+            // `-o` writes regular files only (it refuses devices): the SVG goes to stdout.
+            .stdout(std::process::Stdio::null())
             .output()?;
         if !out.status.success() {
             bail!("profiler flamegraph failed: {}", String::from_utf8_lossy(&out.stderr));
