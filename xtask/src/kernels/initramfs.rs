@@ -200,17 +200,22 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t tmpfs -o mode=0700 tmpfs /var/lib/profiler
 ip link set lo up
 D=/var/lib/profiler
+# Progress on the console as it happens, so a guest that hangs shows where (an rt guest once
+# printed nothing after its release until the timeout).
+step() {{ echo "@@KT step $1 $(cut -d' ' -f1 /proc/uptime)"; }}
 section() {{ name=$1; shift; echo "@@KT begin $name"; "$@" 2>&1; rc=$?; echo "@@KT end $name rc=$rc"; }}
 echo "@@KT kernel $(uname -r)"
 START=$(cut -d' ' -f1 /proc/uptime)
 profiler run --data-dir $D --listen off --frequency {frequency_hz} >/tmp/daemon.log 2>&1 &
 DAEMON=$!
+step daemon-started
 i=0
 until profiler health --data-dir $D >/dev/null 2>&1; do
   if ! kill -0 $DAEMON 2>/dev/null; then echo "@@KT daemon-exited"; break; fi
   i=$((i+1)); if [ $i -gt 600 ]; then echo "@@KT daemon-not-healthy"; break; fi
   sleep 0.1
 done
+step daemon-healthy
 if kill -0 $DAEMON 2>/dev/null; then
   busy-helper {busy_cpu} {seconds} >/dev/null &
   HELPER=$!
@@ -218,6 +223,7 @@ if kill -0 $DAEMON 2>/dev/null; then
   for n in 1 2 3 4 5; do mkdir /sys/fs/cgroup/kt$n && rmdir /sys/fs/cgroup/kt$n; ls / >/dev/null; done
   ping -c 5 -i 0.2 127.0.0.1 >/dev/null 2>&1
   wait $HELPER
+  step helper-done
   section health profiler health --data-dir $D
   kill -TERM $DAEMON
   wait $DAEMON

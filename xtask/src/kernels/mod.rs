@@ -44,9 +44,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// What `cargo xtask test` is to run once 6.1 accepts the unwinder: the cloud kernel only
-    /// (1.5 minutes under TCG here, BENCHMARKS.md).
-    #[allow(dead_code)]
+    /// What `cargo xtask test` runs: the cloud kernel only (about a minute under TCG here,
+    /// BENCHMARKS.md).
     pub fn in_suite() -> Self {
         Self { flavours: vec!["cloud-amd64".into()], seconds: 8, timeout: 300, accel: "auto".into() }
     }
