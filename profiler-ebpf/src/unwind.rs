@@ -105,29 +105,43 @@ fn run<const N: usize>(ctx: &PerfEventContext) {
 }
 
 /// Walks up to `N` frames; true when the walk should go on in another run.
+///
+/// The frame count lives in a local for the run, not in `state` (map memory): read back from
+/// memory each frame it is a fresh unknown to the verifier every time, and its exploration of
+/// runs of 8 grew past the million-instruction limit on 6.18 too.
 #[inline(always)]
 fn walk<const N: usize>(record: &mut Record, state: &mut State, process: &ProcessTable) -> bool {
+    let kernel = state.kernel as usize;
+    let mut user = state.user as usize;
+    let mut more = true;
     for _ in 0..N {
-        let slot = state.kernel as usize + state.user as usize;
-        if state.user as usize >= MAX_USER_FRAMES || slot >= FRAME_SLOTS {
+        let slot = kernel + user;
+        if user >= MAX_USER_FRAMES || slot >= FRAME_SLOTS {
             count(counter::UNWIND_STOPPED);
-            return false;
+            more = false;
+            break;
         }
         if state.ip == 0 {
-            return false;
+            more = false;
+            break;
         }
         record.frames[slot] = state.ip;
-        state.user += 1;
+        user += 1;
         match step(state, process) {
             Step::Next => {}
-            Step::Done => return false,
+            Step::Done => {
+                more = false;
+                break;
+            }
             Step::Stopped => {
                 count(counter::UNWIND_STOPPED);
-                return false;
+                more = false;
+                break;
             }
         }
     }
-    true
+    state.user = user as u32;
+    more
 }
 
 enum Step {

@@ -38,6 +38,11 @@ fn profile(bin: &Path) -> Vec<(String, u64)> {
         (total as f64 >= SECS * 99.0 * 0.5).then_some(stacks)
     });
     assert!(daemon.stop().success());
+    // This kernel's verifier takes the walker's runs of 8 frames; where one does not (6.1), the
+    // daemon loads runs of 4, which cost more tail calls per deep stack: a change that pushes
+    // the walker past the verifier's budget here must show.
+    let log = daemon.log_text();
+    assert!(!log.contains("frames were refused"), "the verifier refused the 8-frame walker:\n{log}");
     stacks
 }
 

@@ -14,7 +14,7 @@ pub mod tracefs;
 use std::collections::BTreeMap;
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader, VerifierLogLevel,
     maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, TracePoint,
@@ -236,6 +236,9 @@ impl Collector {
         let flags_off = process_fields.clone_flags as u64;
         let group_dead_off = process_fields.group_dead.map_or(u64::MAX, |o| o as u64);
         let mut ebpf = EbpfLoader::new()
+            // A refused program is retried with the verifier's log: its statistics (the verdict),
+            // not a line per instruction, which made one refusal cost 35-50 s of CPU at start.
+            .verifier_log_level(VerifierLogLevel::STATS)
             .map_max_entries("SAMPLES", ring_bytes)
             .map_max_entries("UNWIND_ROWS", config.unwind_rows.max(1))
             .override_global("WAKEUP_BYTES", &wakeup, true)
