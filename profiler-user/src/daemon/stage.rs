@@ -50,6 +50,9 @@ pub enum Control {
     Thresholds(Thresholds),
     /// Memory cgroup counts read by the upkeep stage (`None`: unreadable).
     Zombies(u64, Option<MemcgCount>),
+    /// Cgroups with a CPU quota and their throttling counters, read by the upkeep stage
+    /// (`None`: no hierarchy has the cpu controller).
+    Throttle(u64, Option<Vec<crate::detect::throttle::scan::Reading>>),
 }
 
 pub struct StageConfig {
@@ -278,6 +281,9 @@ impl Stage {
                 Control::Thresholds(t) => self.pipeline.engine.set_thresholds(t),
                 Control::Zombies(at, count) => {
                     changes.extend(self.pipeline.engine.check_zombies_count(at, count));
+                }
+                Control::Throttle(at, readings) => {
+                    changes.extend(self.pipeline.engine.check_throttle(at, readings));
                 }
             }
         }

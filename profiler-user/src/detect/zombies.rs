@@ -248,6 +248,7 @@ impl Zombies {
         Active {
             kind: Kind::ZombieMemcgs,
             cpu: None,
+            subject: None,
             onset_ns: onset,
             severity: if c.dying >= 10_000 { Severity::Critical } else { Severity::Warning },
             summary,

@@ -217,9 +217,9 @@ pub fn render(l: &Live) -> String {
         "profiler_open_findings",
         "gauge",
         "Findings currently open, by kind.",
-        ["saturated-core", "hot-kernel-function", "netrx-starvation", "zombie-memcgs"]
+        crate::detect::Kind::ALL
             .iter()
-            .map(|k| (format!("{{kind=\"{k}\"}}"), l.open_findings.get(*k).copied().unwrap_or(0) as f64))
+            .map(|k| (format!("{{kind=\"{}\"}}", k.name()), l.open_findings.get(k.name()).copied().unwrap_or(0) as f64))
             .collect(),
     );
     family(
