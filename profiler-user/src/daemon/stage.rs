@@ -424,6 +424,7 @@ impl Stage {
         l.busy_share = p.engine.last_busy_shares().into_iter().collect();
         l.dying_memcgs = p.engine.zombies.series.back().map(|c| c.dying);
         l.open_findings = p.engine.open_counts();
+        l.finding_labels = p.engine.open_labels();
         l.pending_samples = p.writer.pending_samples() as u64;
         l.ring_used_bytes = ring_used_max;
         l.ring_size_bytes = self.collector.as_ref().map_or(0, Collector::ring_bytes);

@@ -58,6 +58,26 @@ pub enum Severity {
     Critical,
 }
 
+impl Severity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// What metrics label an open finding with.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Labels {
+    pub kind: Kind,
+    pub cpu: Option<u32>,
+    /// `namespace/name` (or the name, or the pod uid) of the pod the finding is about.
+    pub pod: Option<String>,
+    pub severity: Severity,
+}
+
 /// Something worth a human's attention, on the timeline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
@@ -72,6 +92,24 @@ pub struct Finding {
     pub summary: String,
     /// The figures behind the summary: function, processes, shares, counts.
     pub evidence: serde_json::Value,
+}
+
+impl Finding {
+    /// The pod the finding is about: its own (`pod`, `namespace`, `pod_uid` in the evidence:
+    /// a throttled pod or container) or that of the first process it names.
+    pub fn pod(&self) -> Option<String> {
+        let e = &self.evidence;
+        let first = ["top_processes", "processes", "held_by"].iter().find_map(|k| e[*k].get(0));
+        [e, first.unwrap_or(&serde_json::Value::Null)].into_iter().find_map(|v| {
+            let (ns, name, uid) = (v["namespace"].as_str(), v["pod"].as_str(), v["pod_uid"].as_str());
+            match (ns, name, uid) {
+                (Some(ns), Some(name), _) => Some(format!("{ns}/{name}")),
+                (None, Some(name), _) => Some(name.to_string()),
+                (_, None, Some(uid)) => Some(uid.to_string()),
+                _ => None,
+            }
+        })
+    }
 }
 
 /// What a detector found true in the second it evaluated.
@@ -529,6 +567,19 @@ impl Engine {
             *m.entry(kind.name().to_string()).or_default() += 1;
         }
         m
+    }
+
+    /// Open findings' metric labels.
+    pub fn open_labels(&self) -> Vec<Labels> {
+        self.open
+            .values()
+            .map(|o| Labels {
+                kind: o.finding.kind,
+                cpu: o.finding.cpu,
+                pod: o.finding.pod(),
+                severity: o.finding.severity,
+            })
+            .collect()
     }
 
     /// Findings still open (for a clean shutdown: they are written with their current end).

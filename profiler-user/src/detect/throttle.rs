@@ -286,6 +286,29 @@ impl Throttle {
         let id = super::finding_id_of(Kind::CfsThrottling, None, Some(&subject(key)), onset);
         summary.push_str("; next: ");
         summary.push_str(&next_steps(s, threads.first(), in_pod, &id));
+        let mut evidence = json!({
+            "cgroup": &**key,
+            "path": s.path,
+            "cgroup_version": match s.version { Version::V1 => 1, Version::V2 => 2 },
+            "quota_us": quota.quota_us,
+            "period_us": quota.period_us,
+            "quota_cpus": quota.cpus(),
+            "window_secs": span_s,
+            "periods": w.periods,
+            "throttled_periods": w.throttled,
+            "throttled_share": w.share(),
+            "throttled_seconds": w.throttled_ns as f64 / 1e9,
+            "pids": s.pids.iter().take(50).collect::<Vec<_>>(),
+            "processes_in_cgroup": s.pids.len(),
+            "samples": p.samples,
+            "top_processes": threads.iter().map(Top::json).collect::<Vec<_>>(),
+            "top_functions": functions.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
+            "top_stacks": stacks.iter().map(|(s, n)| json!({"stack": s, "samples": n})).collect::<Vec<_>>(),
+        });
+        // The cgroup's own identity (pod, namespace, container, unit), as labels take it.
+        for (k, v) in identity.fields() {
+            evidence[k] = json!(v);
+        }
         Active {
             kind: Kind::CfsThrottling,
             cpu: None,
@@ -293,25 +316,7 @@ impl Throttle {
             onset_ns: onset,
             severity: if w.share() >= CRITICAL_SHARE { Severity::Critical } else { Severity::Warning },
             summary,
-            evidence: json!({
-                "cgroup": &**key,
-                "path": s.path,
-                "cgroup_version": match s.version { Version::V1 => 1, Version::V2 => 2 },
-                "quota_us": quota.quota_us,
-                "period_us": quota.period_us,
-                "quota_cpus": quota.cpus(),
-                "window_secs": span_s,
-                "periods": w.periods,
-                "throttled_periods": w.throttled,
-                "throttled_share": w.share(),
-                "throttled_seconds": w.throttled_ns as f64 / 1e9,
-                "pids": s.pids.iter().take(50).collect::<Vec<_>>(),
-                "processes_in_cgroup": s.pids.len(),
-                "samples": p.samples,
-                "top_processes": threads.iter().map(Top::json).collect::<Vec<_>>(),
-                "top_functions": functions.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
-                "top_stacks": stacks.iter().map(|(s, n)| json!({"stack": s, "samples": n})).collect::<Vec<_>>(),
-            }),
+            evidence,
         }
     }
 }
