@@ -111,10 +111,11 @@ impl Outlook {
             Method::Slope => "measured as reads slowed with the count",
             Method::Average => "the last read's time over the memory cgroups, an upper bound",
         };
-        let when = match self.minutes_left {
-            Some(m) if m <= 0.0 => "already there".to_string(),
-            Some(m) => format!("in about {} at this rate", duration(m)),
-            None => "not at this rate".to_string(),
+        let when = match (self.minutes_left, self.per_minute) {
+            (Some(m), _) if m <= 0.0 => "already there".to_string(),
+            (Some(m), _) => format!("in about {} at this rate", duration(m)),
+            (None, Some(_)) => "not at this rate".to_string(),
+            (None, None) => "the growth is not measured yet".to_string(),
         };
         out.push_str(&format!(
             "; a reader of memory.stat once a second would need a whole core at about {} dying ({when}; a read \
@@ -202,6 +203,10 @@ mod tests {
         let flat = outlook(&c, &series(&[(0, 10_000), (60, 10_000)]), &[(10_100, 10_100_000)]);
         assert_eq!(flat.minutes_left, None);
         assert!(flat.describe().starts_with("; not growing; ") && flat.describe().contains("(not at this rate;"));
+        let early = outlook(&c, &series(&[(0, 9000), (10, 10_000)]), &[(10_100, 10_100_000)]);
+        assert!(
+            early.describe().starts_with("; a reader") && early.describe().contains("(the growth is not measured yet;")
+        );
         // Without a timing: the growth alone.
         assert_eq!(outlook(&c, &series(&[(0, 9000), (60, 10_000)]), &[]).describe(), "; growing 1000 a minute");
     }
