@@ -463,14 +463,16 @@ mod tests {
         use crate::detect::{Kind, Labels, Severity};
         let label =
             |kind, cpu, pod: Option<&str>, severity| Labels { kind, cpu, pod: pod.map(str::to_string), severity };
-        let mut l = Live::default();
-        l.finding_labels = vec![
-            label(Kind::SaturatedCore, Some(1), Some("ml/trainer-0"), Severity::Critical),
-            label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
-            label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
-            label(Kind::ZombieMemcgs, None, None, Severity::Warning),
-            label(Kind::CfsThrottling, None, Some("odd\"pod\\\nname"), Severity::Critical),
-        ];
+        let mut l = Live {
+            finding_labels: vec![
+                label(Kind::SaturatedCore, Some(1), Some("ml/trainer-0"), Severity::Critical),
+                label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
+                label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
+                label(Kind::ZombieMemcgs, None, None, Severity::Warning),
+                label(Kind::CfsThrottling, None, Some("odd\"pod\\\nname"), Severity::Critical),
+            ],
+            ..Default::default()
+        };
         let text = render(&l);
         assert!(text.contains("# TYPE profiler_finding gauge\n"));
         assert!(
