@@ -62,7 +62,10 @@ struct Series {
 #[derive(Debug, Default)]
 struct Bucket {
     second: u64,
-    stacks: FxHashMap<Arc<Stack>, u64>,
+    /// By the stack's address: the symbolizer hands out one `Arc` per distinct stack it has
+    /// cached, so this costs no hashing of frames per sample; equal stacks under two addresses
+    /// are merged when a finding is made.
+    stacks: FxHashMap<usize, (Arc<Stack>, u64)>,
     /// (pid, comm) → (samples, workload)
     threads: FxHashMap<(u32, Arc<str>), (u64, Arc<str>)>,
     samples: u64,
@@ -153,8 +156,9 @@ impl Throttle {
         };
         let b = &mut buckets[at];
         b.samples += 1;
-        if b.stacks.len() < MAX_STACKS || b.stacks.contains_key(&tick.stack) {
-            *b.stacks.entry(tick.stack.clone()).or_default() += 1;
+        let addr = Arc::as_ptr(&tick.stack) as usize;
+        if b.stacks.len() < MAX_STACKS || b.stacks.contains_key(&addr) {
+            b.stacks.entry(addr).or_insert_with(|| (tick.stack.clone(), 0)).1 += 1;
         }
         b.threads.entry((tick.pid, tick.comm.clone())).or_insert_with(|| (0, tick.workload.clone())).0 += 1;
         let newest = buckets.back().map_or(second, |b| b.second);
@@ -242,7 +246,7 @@ impl Throttle {
             .filter(|b| (from..=to).contains(&b.second));
         for b in buckets {
             p.samples += b.samples;
-            for (stack, n) in &b.stacks {
+            for (stack, n) in b.stacks.values() {
                 *p.stacks.entry(stack.clone()).or_default() += n;
             }
             for (thread, (n, workload)) in &b.threads {
