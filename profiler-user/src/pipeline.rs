@@ -156,6 +156,7 @@ impl Pipeline {
         }
         let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid, now)).unwrap_or_default();
         let tick = Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone(), workload: workload.clone() };
+        self.engine.on_cgroup(ts_ns, header.cgroup_id, &tick);
         self.engine.on_busy(ts_ns, header.cpu, tick);
         self.writer.push(&Sample {
             ts_ns,

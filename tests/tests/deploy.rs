@@ -81,3 +81,45 @@ fn the_daemon_tells_systemd_it_is_ready() {
     assert_eq!(&buf[..n], b"STOPPING=1");
     assert!(st.success());
 }
+
+/// `promtool` is Debian's `prometheus` package (cargo xtask test installs it).
+fn promtool(args: &[&str]) -> Option<String> {
+    let dir = repo().join("deploy/prometheus");
+    let out = match Command::new("promtool").args(args).current_dir(&dir).output() {
+        Ok(out) => out,
+        Err(_) => {
+            integration_tests::skip(
+                "promtool is not installed (Debian package prometheus; cargo xtask test installs it)",
+            );
+            return None;
+        }
+    };
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "promtool {}: {text}", args.join(" "));
+    Some(text)
+}
+
+#[test]
+fn alerting_rules_pass_promtool_and_cover_every_finding_kind() {
+    let Some(text) = promtool(&["check", "rules", "profiler-rules.yml"]) else { return };
+    assert!(text.contains("SUCCESS"), "{text}");
+    let rules = std::fs::read_to_string(repo().join("deploy/prometheus/profiler-rules.yml")).unwrap();
+    for kind in profiler::detect::Kind::ALL {
+        let selector = format!("profiler_finding{{kind=\"{}\"}}", kind.name());
+        assert!(rules.contains(&selector), "no alert on {selector}");
+    }
+    // Every metric an alert reads is one the daemon exports (a renamed metric would leave its
+    // alert silent forever).
+    let exported = profiler::serve::metrics::render(&Default::default());
+    for metric in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("profiler_"))
+    {
+        let shipper = metric.starts_with("profiler_otlp_") || metric.starts_with("profiler_clickhouse_");
+        assert!(shipper || exported.contains(&format!("# TYPE {metric} ")), "{metric} is not exported");
+    }
+}
+
+#[test]
+fn alerting_rules_fire_as_their_unit_tests_expect() {
+    let Some(text) = promtool(&["test", "rules", "profiler-rules.test.yml"]) else { return };
+    assert!(text.contains("SUCCESS"), "{text}");
+}

@@ -89,7 +89,8 @@ fn install_bpf_linker() -> anyhow::Result<()> {
 
 /// What the tests need besides Rust: Debian's chromium and chromedriver for the UI test
 /// (browsers cannot be downloaded here; Debian's packages can), Go for the unwinder's Go
-/// workload (Go's own toolchain downloads are not reachable either), and the PyPI packages
+/// workload (Go's own toolchain downloads are not reachable either), Prometheus' promtool for the
+/// alerting rules, and the PyPI packages
 /// other tests check against.
 pub fn ensure_test_tools() -> anyhow::Result<()> {
     // kubernetes-validate (PyPI) carries the Kubernetes JSON schemas: it validates offline.
@@ -136,10 +137,14 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
     if output(Command::new("go").arg("version")).is_none() {
         missing.push("golang-go");
     }
+    // promtool checks and unit-tests the shipped alerting rules (deploy/prometheus).
+    if output(Command::new("promtool").arg("--version")).is_none() {
+        missing.push("prometheus");
+    }
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("xtask: installing {} (Debian) for the UI and unwinder tests", missing.join(" "));
+    eprintln!("xtask: installing {} (Debian) for the UI, unwinder and alerting rules tests", missing.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
     run(
         Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),

@@ -108,6 +108,10 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     float("detect.netrx_gap_ms", t.netrx_gap_ms, 60_000.0, "above 0 and at most 60000 ms")?;
     int("detect.zombie_min", t.zombie_min, 1..=100_000_000, "1 to 100000000")?;
     float("detect.zombie_ratio", t.zombie_ratio, 1e6, "above 0 and at most 1000000")?;
+    share("detect.throttle_share", t.throttle_share, false)?;
+    // The profile of a throttled cgroup is kept for the window (and 10 s more).
+    int("detect.throttle_window_secs", t.throttle_window_secs.into(), 5..=300, "5 to 300 seconds")?;
+    int("detect.throttle_min_periods", t.throttle_min_periods, 1..=1_000_000, "1 to 1000000")?;
     Ok(())
 }
 
@@ -306,6 +310,9 @@ mod tests {
             ("netrx_gap_ms = -5.0", "detect.netrx_gap_ms"),
             ("zombie_min = 0", "detect.zombie_min"),
             ("zombie_ratio = nan", "detect.zombie_ratio"),
+            ("throttle_share = 1.5", "detect.throttle_share"),
+            ("throttle_window_secs = 1", "detect.throttle_window_secs"),
+            ("throttle_min_periods = 0", "detect.throttle_min_periods"),
         ] {
             let file: ConfigFile = toml::from_str(&format!("[detect]\n{toml}\n")).unwrap();
             let e = Reloadable::from(&file, &StoreFlags::default()).unwrap_err().to_string();

@@ -50,6 +50,9 @@ pub enum Control {
     Thresholds(Thresholds),
     /// Memory cgroup counts read by the upkeep stage (`None`: unreadable).
     Zombies(u64, Option<MemcgCount>),
+    /// Cgroups with a CPU quota and their throttling counters, read by the upkeep stage
+    /// (`None`: no hierarchy has the cpu controller).
+    Throttle(u64, Option<Vec<crate::detect::throttle::scan::Reading>>),
 }
 
 pub struct StageConfig {
@@ -279,6 +282,9 @@ impl Stage {
                 Control::Zombies(at, count) => {
                     changes.extend(self.pipeline.engine.check_zombies_count(at, count));
                 }
+                Control::Throttle(at, readings) => {
+                    changes.extend(self.pipeline.engine.check_throttle(at, readings));
+                }
             }
         }
         // Lost in userspace: the reader knows the second of each record it dropped.
@@ -418,6 +424,7 @@ impl Stage {
         l.busy_share = p.engine.last_busy_shares().into_iter().collect();
         l.dying_memcgs = p.engine.zombies.series.back().map(|c| c.dying);
         l.open_findings = p.engine.open_counts();
+        l.finding_labels = p.engine.open_labels();
         l.pending_samples = p.writer.pending_samples() as u64;
         l.ring_used_bytes = ring_used_max;
         l.ring_size_bytes = self.collector.as_ref().map_or(0, Collector::ring_bytes);

@@ -1,6 +1,7 @@
 //! The upkeep stage: its own thread for the slow, file-heavy chores, so none of them delays the
 //! pipeline: retention and rollup, the store's size, the zombie memory cgroup count (a walk of
-//! cgroupfs under v1), the daemon's own RSS and CPU, and the kernel log.
+//! cgroupfs under v1), the CPU quota cgroups' throttling counters, the daemon's own RSS and CPU,
+//! and the kernel log.
 
 use std::{
     os::fd::AsRawFd,
@@ -17,7 +18,7 @@ use super::{clock, stage::Control};
 use crate::{
     collect::kmsg::{Event, Kmsg},
     config::Reloadable,
-    detect::{self, zombies::MemcgCounter},
+    detect::{self, throttle::scan::Scanner, zombies::MemcgCounter},
     serve::metrics::Live,
     store,
     timespec::now_ns,
@@ -27,7 +28,7 @@ use crate::{
 /// its budget per run; while writing fails, retention runs at each look). Kernel log lines
 /// wake the stage at once. Every wakeup counts at 99 Hz: this was 2 a second, then 1.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
-/// How often the store is measured and the zombie count read.
+/// How often the store is measured, the zombie count read and the quota cgroups' counters.
 const MEASURE_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Upkeep {
@@ -48,6 +49,7 @@ impl Upkeep {
     fn run(mut self) {
         let mut maintenance = store::maintenance::Maintenance::new(&self.data_dir);
         let mut memcgs = MemcgCounter::default();
+        let mut quotas = Scanner::default();
         let mut measured_at: Option<Instant> = None;
         let mut pruned_at: Option<Instant> = None;
         let mut first_sample: Option<(u64, u64)> = None;
@@ -70,6 +72,10 @@ impl Upkeep {
                 let now = now_ns();
                 if self.control.send(Control::Zombies(now, memcgs.read(now))).is_err() {
                     return; // the pipeline stage is gone; the supervisor says why
+                }
+                let readings = quotas.read();
+                if self.control.send(Control::Throttle(now_ns(), readings)).is_err() {
+                    return;
                 }
                 self.measure(now, &mut first_sample);
             }

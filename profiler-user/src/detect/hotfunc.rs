@@ -237,6 +237,7 @@ impl HotFunc {
             out.push(Active {
                 kind: Kind::HotKernelFunction,
                 cpu: Some(cpu as u32),
+                subject: None,
                 onset_ns: onset,
                 severity: if share >= 0.8 { Severity::Critical } else { Severity::Warning },
                 summary,

@@ -5,12 +5,14 @@
 //! - `saturation`: a CPU saturated while the machine as a whole looks fine;
 //! - `hotfunc`: one kernel function holding a CPU;
 //! - `netrx`: NET_RX softirq / NAPI work starved on a CPU;
-//! - `zombies`: dying memory cgroups piling up, and who makes them.
+//! - `zombies`: dying memory cgroups piling up, and who makes them;
+//! - `throttle`: a cgroup throttled by its CPU quota, and what it ran meanwhile.
 
 pub mod hotfunc;
 pub mod log;
 pub mod netrx;
 pub mod saturation;
+pub mod throttle;
 pub mod zombies;
 
 use std::{
@@ -29,6 +31,7 @@ pub enum Kind {
     HotKernelFunction,
     NetrxStarvation,
     ZombieMemcgs,
+    CfsThrottling,
 }
 
 impl Kind {
@@ -38,8 +41,13 @@ impl Kind {
             Kind::HotKernelFunction => "hot-kernel-function",
             Kind::NetrxStarvation => "netrx-starvation",
             Kind::ZombieMemcgs => "zombie-memcgs",
+            Kind::CfsThrottling => "cfs-throttling",
         }
     }
+
+    /// Every kind, in declaration order (metrics list them all, open or not).
+    pub const ALL: [Kind; 5] =
+        [Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation, Kind::ZombieMemcgs, Kind::CfsThrottling];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -48,6 +56,26 @@ pub enum Severity {
     Info,
     Warning,
     Critical,
+}
+
+impl Severity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// What metrics label an open finding with.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Labels {
+    pub kind: Kind,
+    pub cpu: Option<u32>,
+    /// `namespace/name` (or the name, or the pod uid) of the pod the finding is about.
+    pub pod: Option<String>,
+    pub severity: Severity,
 }
 
 /// Something worth a human's attention, on the timeline.
@@ -66,11 +94,31 @@ pub struct Finding {
     pub evidence: serde_json::Value,
 }
 
+impl Finding {
+    /// The pod the finding is about: its own (`pod`, `namespace`, `pod_uid` in the evidence:
+    /// a throttled pod or container) or that of the first process it names.
+    pub fn pod(&self) -> Option<String> {
+        let e = &self.evidence;
+        let first = ["top_processes", "processes", "held_by"].iter().find_map(|k| e[*k].get(0));
+        [e, first.unwrap_or(&serde_json::Value::Null)].into_iter().find_map(|v| {
+            let (ns, name, uid) = (v["namespace"].as_str(), v["pod"].as_str(), v["pod_uid"].as_str());
+            match (ns, name, uid) {
+                (Some(ns), Some(name), _) => Some(format!("{ns}/{name}")),
+                (None, Some(name), _) => Some(name.to_string()),
+                (_, None, Some(uid)) => Some(uid.to_string()),
+                _ => None,
+            }
+        })
+    }
+}
+
 /// What a detector found true in the second it evaluated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Active {
     pub kind: Kind,
     pub cpu: Option<u32>,
+    /// What else tells two findings of one kind apart (a cgroup): part of the finding's id.
+    pub subject: Option<String>,
     /// When the condition began (it may have been confirmed only later).
     pub onset_ns: u64,
     pub severity: Severity,
@@ -102,6 +150,12 @@ pub struct Thresholds {
     pub zombie_min: u64,
     /// ...and at least this many times the live ones.
     pub zombie_ratio: f64,
+    /// Detector 5: a cgroup's periods that ended throttled, at least this share...
+    pub throttle_share: f64,
+    /// ...over this window (its counters are read every 5 s)...
+    pub throttle_window_secs: u32,
+    /// ...of at least this many periods in which it ran.
+    pub throttle_min_periods: u64,
 }
 
 impl Default for Thresholds {
@@ -117,6 +171,9 @@ impl Default for Thresholds {
             netrx_gap_ms: 100.0,
             zombie_min: 1000,
             zombie_ratio: 10.0,
+            throttle_share: 0.25,
+            throttle_window_secs: 10,
+            throttle_min_periods: 10,
         }
     }
 }
@@ -246,10 +303,11 @@ pub struct Engine {
     saturation: saturation::Saturation,
     hotfunc: hotfunc::HotFunc,
     pub zombies: zombies::Zombies,
+    pub throttle: throttle::Throttle,
     netrx_prev: Vec<NetRxCpu>,
     /// Real-time policies of processes on CPUs where NET_RX work waited, read while they ran.
     policies: HashMap<u32, String>,
-    open: BTreeMap<(Kind, Option<u32>), Open>,
+    open: BTreeMap<(Kind, Option<u32>, Option<String>), Open>,
     /// Which CPUs take the NIC and GPU interrupts (set by the daemon, read again every few
     /// seconds): a finding on such a CPU says so.
     pub interrupts: crate::collect::irqs::Placement,
@@ -280,6 +338,7 @@ impl Engine {
             saturation: saturation::Saturation::default(),
             hotfunc: hotfunc::HotFunc::default(),
             zombies: zombies::Zombies::default(),
+            throttle: throttle::Throttle::default(),
             thresholds,
             pending: BTreeMap::new(),
             history: VecDeque::new(),
@@ -312,6 +371,12 @@ impl Engine {
         if let Some(c) = self.cpu(ts_ns, cpu) {
             c.busy.push(tick);
         }
+    }
+
+    /// A busy sample's cgroup (the sampler's v2 cgroup id): the throttling detector keeps what
+    /// runs in cgroups with a quota.
+    pub fn on_cgroup(&mut self, ts_ns: u64, cgroup_id: u64, tick: &Tick) {
+        self.throttle.on_tick(ts_ns, cgroup_id, tick);
     }
 
     pub fn on_idle(&mut self, ts_ns: u64, cpu: u32) {
@@ -416,12 +481,21 @@ impl Engine {
         changes
     }
 
+    /// Runs the CFS throttling detector on the cgroups read by the upkeep stage (`None`: they
+    /// could not be read; open throttling findings then close).
+    pub fn check_throttle(&mut self, now_ns: u64, readings: Option<Vec<throttle::scan::Reading>>) -> Changes {
+        let mut changes = Changes::default();
+        let active = self.throttle.evaluate(now_ns, readings, &self.thresholds);
+        self.reconcile(active, now_ns, Some(&[Kind::CfsThrottling]), &mut changes);
+        changes
+    }
+
     /// Opens findings for new conditions, refreshes open ones, closes those whose condition
     /// has been false for a while. Only findings of `kinds` are considered for closing.
     fn reconcile(&mut self, active: Vec<Active>, now_ns: u64, kinds: Option<&[Kind]>, changes: &mut Changes) {
         for a in active {
             let a = self.with_interrupts(a);
-            let key = (a.kind, a.cpu);
+            let key = (a.kind, a.cpu, a.subject.clone());
             match self.open.get_mut(&key) {
                 Some(o) => {
                     o.last_active_ns = now_ns;
@@ -437,7 +511,7 @@ impl Engine {
                 }
                 None => {
                     let finding = Finding {
-                        id: finding_id(a.kind, a.cpu, a.onset_ns),
+                        id: finding_id_of(a.kind, a.cpu, a.subject.as_deref(), a.onset_ns),
                         kind: a.kind,
                         start_ns: a.onset_ns,
                         end_ns: None,
@@ -458,7 +532,7 @@ impl Engine {
                 kinds.is_none_or(|ks| ks.contains(&k.0))
                     && now_ns.saturating_sub(o.last_active_ns) > CLOSE_AFTER_SECS * NS_PER_SEC
             })
-            .map(|(k, _)| *k)
+            .map(|(k, _)| k.clone())
             .collect();
         for key in stale {
             let mut o = self.open.remove(&key).expect("listed");
@@ -489,10 +563,23 @@ impl Engine {
     /// Open findings by kind name.
     pub fn open_counts(&self) -> BTreeMap<String, u64> {
         let mut m = BTreeMap::new();
-        for (kind, _) in self.open.keys() {
+        for (kind, _, _) in self.open.keys() {
             *m.entry(kind.name().to_string()).or_default() += 1;
         }
         m
+    }
+
+    /// Open findings' metric labels.
+    pub fn open_labels(&self) -> Vec<Labels> {
+        self.open
+            .values()
+            .map(|o| Labels {
+                kind: o.finding.kind,
+                cpu: o.finding.cpu,
+                pod: o.finding.pod(),
+                severity: o.finding.severity,
+            })
+            .collect()
     }
 
     /// Findings still open (for a clean shutdown: they are written with their current end).
@@ -503,10 +590,16 @@ impl Engine {
 
 /// `saturated-core-cpu1-20261121T101502`: kind, CPU, and the second it began (UTC).
 pub fn finding_id(kind: Kind, cpu: Option<u32>, onset_ns: u64) -> String {
+    finding_id_of(kind, cpu, None, onset_ns)
+}
+
+/// As [`finding_id`], with what tells findings of one kind apart (`cfs-throttling-busy-3f2a9c01-20261121T101502`).
+pub fn finding_id_of(kind: Kind, cpu: Option<u32>, subject: Option<&str>, onset_ns: u64) -> String {
     let when = finding_id_time(onset_ns);
+    let subject = subject.map_or(String::new(), |s| format!("{s}-"));
     match cpu {
-        Some(c) => format!("{}-cpu{c}-{when}", kind.name()),
-        None => format!("{}-{when}", kind.name()),
+        Some(c) => format!("{}-cpu{c}-{subject}{when}", kind.name()),
+        None => format!("{}-{subject}{when}", kind.name()),
     }
 }
 
@@ -525,7 +618,7 @@ mod tests {
     fn an_open_findings_new_figures_are_handed_out_at_most_every_few_seconds() {
         let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
         let s = |n: u64| n * NS_PER_SEC;
-        let count = |at: u64, dying: u64| Some(zombies::MemcgCount { ts_ns: at, live: 4, dying });
+        let count = |at: u64, dying: u64| Some(zombies::MemcgCount { ts_ns: at, live: 4, dying, stat_read_ns: None });
         let first = e.check_zombies_count(s(1), count(s(1), 1069));
         assert_eq!(first.opened.len(), 1);
         assert!(e.check_zombies_count(s(2), count(s(2), 2000)).updated.is_empty(), "written a second ago");
@@ -552,6 +645,7 @@ mod tests {
         let active = |cpu| Active {
             kind: Kind::SaturatedCore,
             cpu: Some(cpu),
+            subject: None,
             onset_ns: 0,
             severity: Severity::Critical,
             summary: format!("CPU {cpu} saturated for 3 s: kubelet (pid 7) 100 %"),
@@ -566,5 +660,34 @@ mod tests {
         );
         assert_eq!(on(1).evidence["interrupts"][0]["name"], "ena-Tx-Rx-1");
         assert_eq!(on(0).summary, "CPU 0 saturated for 3 s: kubelet (pid 7) 100 %", "CPU 0 takes none");
+    }
+
+    #[test]
+    fn two_throttled_cgroups_are_two_findings_and_close_when_the_throttling_stops() {
+        use throttle::scan::{CpuStat, Quota, Reading, Version};
+        let reading = |path: &str, periods: u64, throttled: u64| Reading {
+            version: Version::V1,
+            path: path.into(),
+            quota: Quota { quota_us: 20_000, period_us: 100_000 },
+            stat: CpuStat { nr_periods: periods, nr_throttled: throttled, throttled_ns: 0 },
+            pids: vec![],
+            ids: vec![],
+        };
+        let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+        let s = |n: u64| n * NS_PER_SEC;
+        assert!(e.check_throttle(s(0), Some(vec![reading("/a", 0, 0), reading("/b", 0, 0)])).opened.is_empty());
+        let opened = e.check_throttle(s(5), Some(vec![reading("/a", 50, 45), reading("/b", 50, 40)])).opened;
+        assert_eq!(opened.len(), 2);
+        assert_ne!(opened[0].id, opened[1].id);
+        assert!(opened.iter().all(|f| f.id.starts_with("cfs-throttling-") && f.kind == Kind::CfsThrottling));
+        assert_eq!(e.open_counts().get("cfs-throttling"), Some(&2));
+        // /a stops being throttled; /b goes on.
+        let later = e.check_throttle(s(10), Some(vec![reading("/a", 100, 45), reading("/b", 100, 80)]));
+        assert!(later.opened.is_empty());
+        let later = e.check_throttle(s(15), Some(vec![reading("/a", 150, 45), reading("/b", 150, 120)]));
+        assert_eq!(later.closed.len(), 1, "{later:?}");
+        assert_eq!(later.closed[0].evidence["path"], "/a");
+        // Unreadable: nothing is known to be throttled any more.
+        assert_eq!(e.check_throttle(s(20), None).closed.len(), 1);
     }
 }

@@ -72,6 +72,7 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
         out.push(Active {
             kind: Kind::NetrxStarvation,
             cpu: Some(cpu as u32),
+            subject: None,
             onset_ns: second.start_ns,
             severity: if worst >= 10 * gap_ns { Severity::Critical } else { Severity::Warning },
             summary: format!("CPU {cpu}: {} while the CPU ran {held}", what.join("; ")),

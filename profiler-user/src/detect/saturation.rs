@@ -59,6 +59,7 @@ impl Saturation {
             out.push(Active {
                 kind: Kind::SaturatedCore,
                 cpu: Some(cpu as u32),
+                subject: None,
                 onset_ns: start,
                 severity: if secs >= 10 { Severity::Critical } else { Severity::Warning },
                 summary: format!(

@@ -3,6 +3,8 @@
 //! every few seconds; attribution from the cgroup_mkdir / rmdir / release tracepoints: a cgroup
 //! removed and never released was made by the process that created it.
 
+pub mod outlook;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde_json::json;
@@ -17,6 +19,9 @@ pub struct MemcgCount {
     pub ts_ns: u64,
     pub live: u64,
     pub dying: u64,
+    /// CPU time of one read of the hierarchy root's `memory.stat`, ns, when it was timed
+    /// (once a minute: see `outlook`).
+    pub stat_read_ns: Option<u64>,
 }
 
 /// Where the memory controller lives.
@@ -69,12 +74,13 @@ fn count(h: &Hierarchy, ts_ns: u64) -> Option<MemcgCount> {
                 (f.first() == Some(&"memory")).then(|| f.get(2)?.parse().ok())?
             })?;
             let live = count_dirs(std::path::Path::new(mount));
-            Some(MemcgCount { ts_ns, live, dying: total.saturating_sub(live) })
+            Some(MemcgCount { ts_ns, live, dying: total.saturating_sub(live), stat_read_ns: None })
         }
         Hierarchy::V2 { mount } => {
             let stat = std::fs::read_to_string(format!("{mount}/cgroup.stat")).ok()?;
             let get = |k: &str| stat.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok());
-            Some(MemcgCount { ts_ns, live: get("nr_descendants ")? + 1, dying: get("nr_dying_descendants ")? })
+            let (live, dying) = (get("nr_descendants ")? + 1, get("nr_dying_descendants ")?);
+            Some(MemcgCount { ts_ns, live, dying, stat_read_ns: None })
         }
     }
 }
@@ -85,12 +91,38 @@ fn count(h: &Hierarchy, ts_ns: u64) -> Option<MemcgCount> {
 #[derive(Debug, Default)]
 pub struct MemcgCounter {
     hierarchy: Option<Option<Hierarchy>>,
+    timed_at: Option<u64>,
 }
+
+/// How often a `memory.stat` read is timed: the read costs what it measures.
+const TIME_READ_EVERY_NS: u64 = 60 * crate::store::format::NS_PER_SEC;
 
 impl MemcgCounter {
     pub fn read(&mut self, ts_ns: u64) -> Option<MemcgCount> {
-        count(self.hierarchy.get_or_insert_with(find_hierarchy).as_ref()?, ts_ns)
+        let h = self.hierarchy.get_or_insert_with(find_hierarchy).as_ref()?;
+        let mut c = count(h, ts_ns)?;
+        if self.timed_at.is_none_or(|t| ts_ns.saturating_sub(t) >= TIME_READ_EVERY_NS) {
+            self.timed_at = Some(ts_ns);
+            let mount = match h {
+                Hierarchy::V1 { mount, .. } | Hierarchy::V2 { mount } => mount,
+            };
+            c.stat_read_ns = time_read(&std::path::Path::new(mount).join("memory.stat"));
+        }
+        Some(c)
     }
+}
+
+/// CPU time this thread spends reading `path` whole, ns (other load does not count).
+fn time_read(path: &std::path::Path) -> Option<u64> {
+    let cpu_ns = || {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to fill.
+        (unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0)
+            .then(|| t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64)
+    };
+    let before = cpu_ns()?;
+    std::fs::read(path).ok()?;
+    Some(cpu_ns()?.saturating_sub(before))
 }
 
 /// Who made a cgroup, read from /proc when it was made.
@@ -134,6 +166,8 @@ pub struct Zombies {
     order: VecDeque<u64>,
     /// The time series: one count per evaluation, the last hour.
     pub series: VecDeque<MemcgCount>,
+    /// `memory.stat` read timings: (memory cgroups then, live and dying; CPU ns), the last hour.
+    timings: VecDeque<(u64, u64)>,
     onset_ns: Option<u64>,
 }
 
@@ -192,6 +226,12 @@ impl Zombies {
         while self.series.len() > 720 {
             self.series.pop_front();
         }
+        if let Some(ns) = c.stat_read_ns {
+            self.timings.push_back((c.live + c.dying, ns));
+            while self.timings.len() > 60 {
+                self.timings.pop_front();
+            }
+        }
         if c.dying < t.zombie_min || (c.dying as f64) < t.zombie_ratio * c.live as f64 {
             self.onset_ns = None;
             return None;
@@ -244,10 +284,14 @@ impl Zombies {
             }
             None => summary.push_str(": made before the profiler started (no maker seen)"),
         }
+        let timings: Vec<(u64, u64)> = self.timings.iter().copied().collect();
+        let outlook = outlook::outlook(&c, &self.series, &timings);
+        summary.push_str(&outlook.describe());
         let first = self.series.iter().find(|s| s.ts_ns >= onset).copied().unwrap_or(c);
         Active {
             kind: Kind::ZombieMemcgs,
             cpu: None,
+            subject: None,
             onset_ns: onset,
             severity: if c.dying >= 10_000 { Severity::Critical } else { Severity::Warning },
             summary,
@@ -256,6 +300,11 @@ impl Zombies {
                 "live": c.live,
                 "dying_at_onset": first.dying,
                 "attributed": attributed,
+                "growth_per_minute": outlook.per_minute,
+                "stat_read_ns_per_memcg": outlook.per_memcg_ns.map(|(ns, _)| ns),
+                "stat_read_cost_method": outlook.per_memcg_ns.map(|(_, m)| format!("{m:?}").to_lowercase()),
+                "core_saturated_at_dying": outlook.saturating_at,
+                "minutes_to_core_saturated": outlook.minutes_left,
                 "makers": groups.iter().take(5).map(|(n, pids, m, paths)| json!({
                     "comm": m.comm, "pid": m.pid, "ppid": m.ppid, "parent_comm": m.parent_comm,
                     "unit": m.unit, "zombies": n, "distinct_pids": pids.len(), "example_paths": paths,
@@ -276,8 +325,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("cgroup.stat"), "nr_descendants 239\nnr_dying_descendants 70000\n").unwrap();
         let h = Hierarchy::V2 { mount: dir.path().to_str().unwrap().to_string() };
-        assert_eq!(count(&h, 7), Some(MemcgCount { ts_ns: 7, live: 240, dying: 70_000 }));
+        assert_eq!(count(&h, 7), Some(MemcgCount { ts_ns: 7, live: 240, dying: 70_000, stat_read_ns: None }));
         std::fs::write(dir.path().join("cgroup.stat"), "nr_descendants x\n").unwrap();
         assert_eq!(count(&h, 7), None, "an unreadable count is no count, not zero");
+    }
+
+    #[test]
+    fn the_finding_says_how_fast_zombies_grow_and_when_a_reader_would_need_a_core() {
+        use crate::store::format::NS_PER_SEC;
+        let (mut z, t) = (Zombies::default(), Thresholds::default());
+        let c = |s: u64, dying: u64, read| MemcgCount { ts_ns: s * NS_PER_SEC, live: 100, dying, stat_read_ns: read };
+        // One read of memory.stat over 2100 memory cgroups took 2.1 ms of CPU: 1 us each.
+        z.evaluate_count(c(0, 2000, Some(2_100_000)), 0, &t).expect("2000 dying, 20x the live ones");
+        let a = z.evaluate_count(c(60, 3000, None), 60 * NS_PER_SEC, &t).unwrap();
+        assert!(
+            a.summary.contains(
+                "; growing 1000 a minute; a reader of memory.stat once a second would need a whole core at about \
+                 1.0 million dying (in about 16 h 37 min at this rate; a read costs 1.00 us per memory cgroup here"
+            ),
+            "{}",
+            a.summary
+        );
+        assert_eq!(a.evidence["growth_per_minute"], 1000.0);
+        assert_eq!(a.evidence["core_saturated_at_dying"], 999_900);
+        assert_eq!(a.evidence["stat_read_cost_method"], "average");
     }
 }

@@ -28,6 +28,8 @@ pub struct Live {
     pub dying_memcgs: Option<u64>,
     /// Open findings by kind name.
     pub open_findings: BTreeMap<String, u64>,
+    /// Each open finding's labels.
+    pub finding_labels: Vec<crate::detect::Labels>,
     pub store_bytes: u64,
     /// Seconds of data the store spans.
     pub store_span_seconds: f64,
@@ -217,10 +219,20 @@ pub fn render(l: &Live) -> String {
         "profiler_open_findings",
         "gauge",
         "Findings currently open, by kind.",
-        ["saturated-core", "hot-kernel-function", "netrx-starvation", "zombie-memcgs"]
+        crate::detect::Kind::ALL
             .iter()
-            .map(|k| (format!("{{kind=\"{k}\"}}"), l.open_findings.get(*k).copied().unwrap_or(0) as f64))
+            .map(|k| (format!("{{kind=\"{}\"}}", k.name()), l.open_findings.get(k.name()).copied().unwrap_or(0) as f64))
             .collect(),
+    );
+    family(
+        "profiler_finding",
+        "gauge",
+        &format!(
+            "Open findings by kind, CPU (empty: not about one CPU), pod (namespace/name, empty: none) and severity: \
+             1 per open finding. Past {MAX_FINDING_SERIES} label sets the rest are summed under pod=\"{OTHER_POD}\" \
+             (one series per kind and severity)."
+        ),
+        finding_series(&l.finding_labels),
     );
     family(
         "profiler_store_bytes",
@@ -329,6 +341,50 @@ pub fn render(l: &Live) -> String {
     out
 }
 
+/// Label sets of `profiler_finding` at most (a node with a hundred throttled pods must not
+/// grow the series without bound).
+pub const MAX_FINDING_SERIES: usize = 100;
+/// Where findings past [`MAX_FINDING_SERIES`] are counted.
+pub const OTHER_POD: &str = "_other";
+
+/// `profiler_finding`'s samples: open findings counted by their labels, bounded.
+fn finding_series(labels: &[crate::detect::Labels]) -> Vec<(String, f64)> {
+    let mut counts: BTreeMap<(&str, String, String, &str), u64> = BTreeMap::new();
+    // The most severe first keep their own series when the bound is reached.
+    let mut sorted: Vec<&crate::detect::Labels> = labels.iter().collect();
+    sorted.sort_by(|a, b| b.severity.cmp(&a.severity).then_with(|| a.cmp(b)));
+    for l in sorted {
+        let cpu = l.cpu.map_or(String::new(), |c| c.to_string());
+        let mut key = (l.kind.name(), cpu, l.pod.clone().unwrap_or_default(), l.severity.name());
+        if !counts.contains_key(&key) && counts.len() >= MAX_FINDING_SERIES - 1 {
+            (key.1, key.2) = (String::new(), OTHER_POD.to_string());
+        }
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|((kind, cpu, pod, severity), n)| {
+            let labels =
+                format!("{{kind=\"{kind}\",cpu=\"{cpu}\",pod=\"{}\",severity=\"{severity}\"}}", escape_label(&pod));
+            (labels, n as f64)
+        })
+        .collect()
+}
+
+/// A label value as the text format takes it: backslash, double quote and line feed escaped.
+pub fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,5 +456,72 @@ mod tests {
         assert!(text.contains("profiler_otlp_errors_total{reason=\"store\"} 0\n"));
         assert!(text.contains("profiler_otlp_lag_seconds 12.5\n"));
         assert!(text.contains("profiler_unwind_mappings_left_out 46\n"));
+    }
+
+    #[test]
+    fn open_findings_are_series_with_bounded_escaped_labels() {
+        use crate::detect::{Kind, Labels, Severity};
+        let label =
+            |kind, cpu, pod: Option<&str>, severity| Labels { kind, cpu, pod: pod.map(str::to_string), severity };
+        let mut l = Live {
+            finding_labels: vec![
+                label(Kind::SaturatedCore, Some(1), Some("ml/trainer-0"), Severity::Critical),
+                label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
+                label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
+                label(Kind::ZombieMemcgs, None, None, Severity::Warning),
+                label(Kind::CfsThrottling, None, Some("odd\"pod\\\nname"), Severity::Critical),
+            ],
+            ..Default::default()
+        };
+        let text = render(&l);
+        assert!(text.contains("# TYPE profiler_finding gauge\n"));
+        assert!(
+            text.contains(
+                "profiler_finding{kind=\"saturated-core\",cpu=\"1\",pod=\"ml/trainer-0\",severity=\"critical\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "profiler_finding{kind=\"cfs-throttling\",cpu=\"\",pod=\"ml/trainer-0\",severity=\"warning\"} 2\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("profiler_finding{kind=\"zombie-memcgs\",cpu=\"\",pod=\"\",severity=\"warning\"} 1\n"));
+        assert!(text.contains("pod=\"odd\\\"pod\\\\\\nname\""), "escaped: {text}");
+        assert!(text.contains("profiler_open_findings{kind=\"cfs-throttling\"} 0\n"), "every kind is listed");
+
+        // A thousand throttled pods: a bounded number of series, every finding still counted.
+        l.finding_labels = (0..1000)
+            .map(|i| label(Kind::CfsThrottling, None, Some(&format!("ns/pod-{i}")), Severity::Warning))
+            .collect();
+        let text = render(&l);
+        let series: Vec<&str> = text.lines().filter(|s| s.starts_with("profiler_finding{")).collect();
+        assert_eq!(series.len(), MAX_FINDING_SERIES, "{series:?}");
+        let total: f64 = series.iter().map(|s| s.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum();
+        assert_eq!(total, 1000.0);
+        assert!(text.contains("pod=\"_other\",severity=\"warning\"} 901\n"), "{text}");
+    }
+
+    #[test]
+    fn a_findings_pod_is_its_own_or_its_first_processes() {
+        use crate::detect::{Finding, Kind, Severity};
+        let finding = |evidence| Finding {
+            id: "x".into(),
+            kind: Kind::SaturatedCore,
+            start_ns: 0,
+            end_ns: None,
+            cpu: Some(1),
+            severity: Severity::Warning,
+            summary: String::new(),
+            evidence,
+        };
+        let own = finding(serde_json::json!({"namespace": "ml", "pod": "a", "top_processes": [{"pod": "b"}]}));
+        assert_eq!(own.pod().as_deref(), Some("ml/a"));
+        let first = finding(serde_json::json!({"processes": [{"namespace": "ml", "pod": "b"}, {"pod": "c"}]}));
+        assert_eq!(first.pod().as_deref(), Some("ml/b"));
+        let uid = finding(serde_json::json!({"held_by": [{"pod_uid": "0b3c"}]}));
+        assert_eq!(uid.pod().as_deref(), Some("0b3c"));
+        assert_eq!(finding(serde_json::json!({"top_processes": [{"comm": "dd"}]})).pod(), None);
     }
 }
