@@ -552,7 +552,7 @@ fn frame_locations_survive_the_store_and_rollup() {
         })
         .collect();
     let (_dir, mut store) = write_store(&input, &[]);
-    let mut read = |store: &mut Store| {
+    let read = |store: &mut Store| {
         let mut seen: std::collections::BTreeMap<Vec<(String, u64)>, u64> = Default::default();
         let w = Window::new(T0, T0 + 60 * NS_PER_SEC).unwrap();
         for_each_sample(store, w, &Filter::default(), |s| {

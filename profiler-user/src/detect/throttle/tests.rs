@@ -17,7 +17,7 @@ fn reading(path: &str, periods: u64, throttled: u64, pids: &[u32]) -> Reading {
 
 fn tick(pid: u32, comm: &str, frames: &[&str]) -> Tick {
     Tick {
-        stack: Arc::new(Stack { frames: frames.iter().map(|f| Arc::from(*f)).collect(), user_len: frames.len() }),
+        stack: Arc::new(Stack::new(frames.iter().map(|f| Arc::from(*f)).collect(), frames.len())),
         pid,
         comm: Arc::from(comm),
         workload: Default::default(),
@@ -141,7 +141,7 @@ fn v2_samples_match_by_cgroup_id_and_softirq_work_is_left_out() {
     (r.version, r.ids) = (Version::V2, vec![777]);
     d.evaluate(0, Some(vec![r.clone()]), &t);
     d.on_tick(S, 777, &tick(99, "batch", &["main", "crunch"]));
-    let softirq = Context::Softirq(3).mark(&Stack { frames: vec![Arc::from("net_rx_action")], user_len: 0 });
+    let softirq = Context::Softirq(3).mark(&Stack::new(vec![Arc::from("net_rx_action")], 0));
     d.on_tick(S, 777, &Tick { stack: Arc::new(softirq), ..tick(99, "batch", &[]) });
     r.stat = CpuStat { nr_periods: 40, nr_throttled: 30, throttled_ns: 2_000_000_000 };
     let a = &d.evaluate(5 * S, Some(vec![r]), &t)[0];
