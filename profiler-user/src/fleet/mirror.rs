@@ -14,7 +14,7 @@ use super::{Fleet, FleetError, Node};
 use crate::{
     collect::kmsg::Event,
     detect::{self, Finding},
-    model::{Sample, Stack},
+    model::{Location, Sample, Stack},
     query::Window,
     ship::clickhouse::schema,
     store::{self, Meta, StoreWriter, format::FORMAT_VERSION, identity::Identity},
@@ -208,11 +208,36 @@ impl Copier<'_> {
             ),
             |r| Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect::<Vec<_>>(), r.bytes()?.to_vec())),
         )?;
+        let locations = fleet.rows(
+            &format!(
+                "SELECT stack_id, any(files), any(addrs) FROM {} WHERE stack_id GLOBAL IN \
+                 (SELECT stack_id FROM {} WHERE {range}) GROUP BY stack_id",
+                fleet.table(schema::STACK_LOCATIONS),
+                fleet.table(schema::SAMPLES)
+            ),
+            |r| Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect::<Vec<_>>(), r.u64s()?)),
+        );
+        // A server shipped to before locations were stored has no such table: no locations.
+        let locations = match locations {
+            Err(FleetError::NoNodes(_)) => Vec::new(),
+            other => other?,
+        };
+        let mut locations: HashMap<u64, (Vec<String>, Vec<u64>)> =
+            locations.into_iter().map(|(id, f, a)| (id, (f, a))).collect();
         for (id, frames, kernel) in stacks {
             let frames: Vec<Arc<str>> = frames.iter().map(|f| self.intern(f)).collect();
             // Kernel frames follow the user ones (root first).
             let user_len = kernel.iter().take_while(|&&k| k == 0).count().min(frames.len());
-            self.stacks.entry(id).or_insert_with(|| Arc::new(Stack::new(frames, user_len)));
+            let mut stack = Stack::new(frames, user_len);
+            if let Some((files, addrs)) = locations.remove(&id) {
+                stack.locations = files
+                    .iter()
+                    .zip(addrs)
+                    .take(user_len)
+                    .map(|(f, addr)| Location { file: self.intern(f), addr })
+                    .collect();
+            }
+            self.stacks.entry(id).or_insert_with(|| Arc::new(stack));
         }
         let sql = format!(
             "SELECT ts, cpu, pid, tid, comm, stack_id, workload, count FROM {} WHERE {range}",

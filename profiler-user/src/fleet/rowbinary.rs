@@ -75,6 +75,12 @@ impl<'a> Reader<'a> {
         (0..n).map(|_| self.string()).collect()
     }
 
+    /// `Array(UInt64)`.
+    pub fn u64s(&mut self) -> Result<Vec<u64>, FleetError> {
+        let n = self.len()?;
+        (0..n).map(|_| self.u64()).collect()
+    }
+
     pub fn bytes(&mut self) -> Result<&'a [u8], FleetError> {
         let n = self.len()?;
         self.take(n)

@@ -7,14 +7,22 @@ use std::collections::{HashMap, HashSet};
 use crate::{query::SampleRef, store::format::CpuCounts};
 
 /// The id of a stack: XXH3-64 of its frames, root first, each as its kernel flag (one byte), its
-/// name and a 0xff byte (never in UTF-8, so names cannot run into each other). The same stack
-/// has the same id on every node and in every run, so `stacks` holds each once fleet-wide.
-pub fn stack_id(frames: &[(&str, bool)]) -> u64 {
+/// name and a 0xff byte (never in UTF-8, so names cannot run into each other), then, for a frame
+/// whose file is known, 0xfe, the file, 0xff and its address. The same stack has the same id on
+/// every node and in every run, so `stacks` holds each once fleet-wide; one without locations
+/// keeps the id it had before they were stored.
+pub fn stack_id(frames: &[(&str, bool)], locations: &[(&str, u64)]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for (name, kernel) in frames {
+    for (i, (name, kernel)) in frames.iter().enumerate() {
         h.update(&[u8::from(*kernel)]);
         h.update(name.as_bytes());
         h.update(&[0xff]);
+        if let Some((file, addr)) = locations.get(i).filter(|l| !l.0.is_empty()) {
+            h.update(&[0xfe]);
+            h.update(file.as_bytes());
+            h.update(&[0xff]);
+            h.update(&addr.to_le_bytes());
+        }
     }
     h.digest()
 }
@@ -56,6 +64,8 @@ pub struct Batch {
     /// `stacks` rows (RowBinary) not shipped before.
     pub stacks: Vec<u8>,
     pub new_stacks: usize,
+    /// `stack_locations` rows (RowBinary) of those with a known file.
+    pub locations: Vec<u8>,
     /// Samples the rows stand for (more than rows in rolled-up data).
     pub samples_count: u64,
 }
@@ -77,7 +87,7 @@ impl Batch {
 
     /// Adds a sample; its stack too when `shipped` does not hold it yet.
     pub fn push(&mut self, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) {
-        let id = stack_id(s.frames);
+        let id = stack_id(s.frames, s.locations);
         if shipped.insert(id) {
             let o = &mut self.stacks;
             o.extend_from_slice(&id.to_le_bytes());
@@ -88,6 +98,18 @@ impl Batch {
             put_len(o, s.frames.len());
             o.extend(s.frames.iter().map(|(_, k)| u8::from(*k)));
             self.new_stacks += 1;
+            if s.locations.iter().any(|l| !l.0.is_empty()) {
+                let o = &mut self.locations;
+                o.extend_from_slice(&id.to_le_bytes());
+                put_len(o, s.locations.len());
+                for (file, _) in s.locations {
+                    put_str(o, file);
+                }
+                put_len(o, s.locations.len());
+                for (_, addr) in s.locations {
+                    o.extend_from_slice(&addr.to_le_bytes());
+                }
+            }
         }
         self.ts.push(s.ts_ns);
         // CPU numbers above 65535 do not exist on Linux today (NR_CPUS is at most 8192).
@@ -219,11 +241,17 @@ mod tests {
 
     #[test]
     fn stack_ids_depend_on_every_name_boundary_and_flag() {
-        let a = stack_id(&[("ab", false), ("c", false)]);
-        assert_ne!(a, stack_id(&[("a", false), ("bc", false)]));
-        assert_ne!(a, stack_id(&[("ab", true), ("c", false)]));
-        assert_ne!(a, stack_id(&[("c", false), ("ab", false)]));
-        assert_eq!(a, stack_id(&[("ab", false), ("c", false)]));
+        let a = stack_id(&[("ab", false), ("c", false)], &[]);
+        assert_ne!(a, stack_id(&[("a", false), ("bc", false)], &[]));
+        assert_ne!(a, stack_id(&[("ab", true), ("c", false)], &[]));
+        assert_ne!(a, stack_id(&[("c", false), ("ab", false)], &[]));
+        assert_eq!(a, stack_id(&[("ab", false), ("c", false)], &[]));
+        // Locations count where known: the same names in another file are another stack.
+        assert_eq!(a, stack_id(&[("ab", false), ("c", false)], &[("", 0), ("", 0)]));
+        let located = stack_id(&[("ab", false), ("c", false)], &[("/bin/x", 0x10)]);
+        assert_ne!(a, located);
+        assert_ne!(located, stack_id(&[("ab", false), ("c", false)], &[("/bin/y", 0x10)]));
+        assert_ne!(located, stack_id(&[("ab", false), ("c", false)], &[("/bin/x", 0x11)]));
     }
 
     #[test]

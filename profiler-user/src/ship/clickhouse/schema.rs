@@ -67,6 +67,13 @@ const TABLES: &[(&str, &str, &str)] = &[
         "ReplacingMergeTree ORDER BY stack_id",
     ),
     (
+        // Where a stack's user frames live (`model::Location`), for the stacks that know it: a
+        // table of its own, so that servers with `stacks` from before it need no ALTER.
+        "stack_locations",
+        "stack_id UInt64, files Array(String), addrs Array(UInt64)",
+        "ReplacingMergeTree ORDER BY stack_id",
+    ),
+    (
         // A finding is written when it opens and again when it closes: the highest version
         // (ns of the write) wins.
         "findings",
@@ -99,6 +106,7 @@ const TABLES: &[(&str, &str, &str)] = &[
 /// Names of the tables, as the shipper inserts into them.
 pub const SAMPLES: &str = "samples";
 pub const STACKS: &str = "stacks";
+pub const STACK_LOCATIONS: &str = "stack_locations";
 pub const FINDINGS: &str = "findings";
 pub const EVENTS: &str = "events";
 pub const CPU_SECONDS: &str = "cpu_seconds";
@@ -125,7 +133,7 @@ pub fn statements(l: &Layout<'_>) -> Vec<String> {
                 quote_ident(&local),
                 quote_ident(cluster),
                 quote_ident(&local),
-                if *name == "stacks" { "stack_id" } else { "cityHash64(node)" },
+                if matches!(*name, STACKS | STACK_LOCATIONS) { "stack_id" } else { "cityHash64(node)" },
             ));
         }
     }

@@ -150,7 +150,7 @@ impl Shipper {
     }
 
     fn table(&self, name: &str) -> String {
-        let local = if self.config.cluster.is_some() && name != schema::STACKS {
+        let local = if self.config.cluster.is_some() && name != schema::STACKS && name != schema::STACK_LOCATIONS {
             // Inserting into a shard's local table keeps an insert one part (see the module doc);
             // the Distributed table is for reading.
             format!("{name}_local")
@@ -230,6 +230,10 @@ impl Shipper {
             // synchronous: a reader could see samples whose stacks are still on their way.
             let sync: &[(&str, &str)] =
                 if self.config.cluster.is_some() { &[("insert_distributed_sync", "1")] } else { &[] };
+            if !batch.locations.is_empty() {
+                // Before the stacks: a reader that sees a stack sees where it lives.
+                self.client.insert_with(&self.table(schema::STACK_LOCATIONS), "RowBinary", &batch.locations, sync)?;
+            }
             let bytes = self.client.insert_with(&self.table(schema::STACKS), "RowBinary", &batch.stacks, sync)?;
             self.stats.stacks.fetch_add(batch.new_stacks as u64, Ordering::Relaxed);
             self.stats.stack_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
