@@ -20,7 +20,8 @@ const SEC: u64 = 1_000_000_000;
 fn start_daemon(data: &Path, node: &str, url: &str, extra_config: &str) -> Daemon {
     // The busy CPU 1 is a finding even while other builds keep the machine busy.
     let config = data.with_extension("toml");
-    std::fs::write(&config, format!("[detect]\nmachine_busy_max = 1.0\n{extra_config}")).unwrap();
+    std::fs::write(&config, format!("[detect]\nmachine_busy_max = 1.0\nsaturated_kernel_min = 0.0\n{extra_config}"))
+        .unwrap();
     let config = config.to_str().unwrap();
     let mut d = Daemon::start(data, &["--listen", "off", "--node", node, "--clickhouse", url, "--config", config]);
     d.wait_ready();

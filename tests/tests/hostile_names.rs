@@ -69,7 +69,8 @@ fn hostile_names_stay_well_formed_in_every_output() {
     // them): the machine-wide bound is lifted. Five seconds, so that the helper's threads (every
     // name holds a control character) are the top of the finding's list.
     let config = tmp.path().join("profiler.toml");
-    std::fs::write(&config, "[detect]\nmachine_busy_max = 1.0\nsaturated_secs = 5\n").unwrap();
+    std::fs::write(&config, "[detect]\nmachine_busy_max = 1.0\nsaturated_secs = 5\nsaturated_kernel_min = 0.0\n")
+        .unwrap();
     let mut daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--listen", "off"]);
     daemon.wait_ready();
     let dir = data.to_str().unwrap();

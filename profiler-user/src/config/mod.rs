@@ -100,6 +100,7 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     share("detect.saturated_busy", t.saturated_busy, false)?;
     int("detect.saturated_secs", t.saturated_secs.into(), 1..=600, "1 to 600 seconds")?;
     share("detect.machine_busy_max", t.machine_busy_max, true)?;
+    share("detect.saturated_kernel_min", t.saturated_kernel_min, true)?;
     // Detector 2 keeps every busy tick of the window in memory.
     int("detect.hot_window_secs", t.hot_window_secs.into(), 1..=60, "1 to 60 seconds")?;
     share("detect.hot_share", t.hot_share, false)?;

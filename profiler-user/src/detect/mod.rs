@@ -134,8 +134,12 @@ pub struct Thresholds {
     pub saturated_busy: f64,
     /// ...for this many consecutive seconds...
     pub saturated_secs: u32,
-    /// ...while the whole machine is at most this busy.
+    /// ...while the whole machine is at most this busy...
     pub machine_busy_max: f64,
+    /// ...with at least this share of its busy ticks in the kernel (system time and softirqs).
+    /// A thread keeping a core busy in user space is a program at work, which per-core views
+    /// show; what starved NAPI polls and reset NICs was a core held in the kernel. 0: any.
+    pub saturated_kernel_min: f64,
     /// Detector 2: window over which a function's share of a CPU is measured.
     pub hot_window_secs: u32,
     /// Share of a CPU's samples (inclusive) that makes a kernel function hot.
@@ -164,6 +168,7 @@ impl Default for Thresholds {
             saturated_busy: 0.9,
             saturated_secs: 3,
             machine_busy_max: 0.6,
+            saturated_kernel_min: 0.5,
             hot_window_secs: 5,
             hot_share: 0.5,
             watch_share: 0.2,

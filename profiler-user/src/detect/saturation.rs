@@ -44,6 +44,9 @@ impl Saturation {
             let ticks: usize = run.iter().map(|c| c.busy.len()).sum();
             let kernel: usize = run.iter().map(|c| c.kernel()).sum();
             let kernel_share = kernel as f64 / ticks.max(1) as f64;
+            if kernel_share < t.saturated_kernel_min {
+                continue;
+            }
             // Softirq work is busy wherever it ran, the idle task included: say how much of the
             // run it was (NET_RX on a NIC-queue core), since the top "process" may be swapper/N.
             let softirq = run.iter().flat_map(|c| c.busy.iter()).filter(|t| Context::of_stack(&t.stack).is_softirq());
@@ -139,6 +142,25 @@ mod tests {
         assert_eq!((a.kind, a.cpu, a.onset_ns), (Kind::SaturatedCore, Some(1), 0));
         assert!(a.summary.contains("CPU 1 saturated for 3 s") && a.summary.contains("in the kernel"), "{}", a.summary);
         assert!(a.summary.contains("dd (pid 7)"), "{}", a.summary);
+    }
+
+    /// A program keeping a core busy in user space (a compile's serial step, a data loader) is
+    /// not a finding by default; with `saturated_kernel_min = 0` it is.
+    #[test]
+    fn a_core_busy_in_user_space_is_a_finding_only_when_asked() {
+        let seconds: Vec<_> = (0..5).map(|i| second(i, &[(2, false), (100, false)])).collect();
+        assert!(run(&seconds).iter().all(Vec::is_empty));
+        let m = Machine { cpus: 2, frequency_hz: 100 };
+        let t = Thresholds { saturated_kernel_min: 0.0, ..Thresholds::default() };
+        let (mut d, mut h) = (Saturation::default(), VecDeque::new());
+        let out: Vec<Vec<Active>> = seconds
+            .iter()
+            .map(|s| {
+                h.push_back(s.clone());
+                d.evaluate(&h, m, &t)
+            })
+            .collect();
+        assert!(out[2][0].summary.contains("CPU 1 saturated for 3 s") && out[2][0].summary.contains("in the user"));
     }
 
     #[test]
