@@ -178,6 +178,11 @@ fn utc_clock(t: u64) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
+/// A time as the page writes it into the address: RFC 3339 to the millisecond, URL-encoded.
+fn rfc3339(secs: f64) -> String {
+    profiler::timespec::format(((secs * 1e3).round() as u64) * 1_000_000).replace(':', "%3A")
+}
+
 /// The heatmap of a window once it has stopped changing (the last samples reach the store a
 /// flush after the helper ends).
 fn settled_heatmap(port: u16, query: &str) -> serde_json::Value {
@@ -218,12 +223,14 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
     });
     // A finding on CPU 1 inside the helper's run, written where the daemon keeps its findings:
     // the page is what is under test here (the detectors have scenario tests of their own).
-    let (f_start, f_end) = ((start + 1.0) * 1e9, (start + 2.0) * 1e9);
+    // (Whole milliseconds: the page writes the window it opens to the millisecond.)
+    let (f_start_ms, f_end_ms) = (((start + 1.0) * 1e3).floor() as u64, ((start + 2.0) * 1e3).floor() as u64);
+    let (f_start, f_end) = (f_start_ms as f64 / 1e3, f_end_ms as f64 / 1e3);
     let finding = profiler::detect::Finding {
         id: "ui-test-1".into(),
         kind: profiler::detect::Kind::SaturatedCore,
-        start_ns: f_start as u64,
-        end_ns: Some(f_end as u64),
+        start_ns: f_start_ms * 1_000_000,
+        end_ns: Some(f_end_ms * 1_000_000),
         cpu: Some(1),
         severity: profiler::detect::Severity::Warning,
         summary: "CPU 1 saturated by the UI test".into(),
@@ -282,7 +289,19 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
                     if !v.is_null() {
                         return v;
                     }
-                    assert!(now_secs() < t0 + 20.0, "the page never showed {what}");
+                    if now_secs() > t0 + 20.0 {
+                        let seen = client
+                            .execute(
+                                "return [location.href, document.getElementById('status').textContent, \
+                                 document.getElementById('heatmap').dataset.query, \
+                                 document.getElementById('flamegraph').dataset.query, \
+                                 document.getElementById('flamegraph').textContent.slice(0, 300)]",
+                                vec![],
+                            )
+                            .await
+                            .unwrap();
+                        panic!("the page never showed {what}: {seen}");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
@@ -371,7 +390,7 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         let asked = until(
             "the selection's flamegraph",
             "const f = document.getElementById('flamegraph'); \
-             return f.textContent.includes('profiler_test_hot_loop') ? f.dataset.query : null"
+             return f.querySelector('[data-name=profiler_test_hot_loop]') ? f.dataset.query : null"
                 .to_string(),
         )
         .await;
@@ -389,35 +408,64 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         let restored = until(
             "the selection's flamegraph after a reload",
             "const f = document.getElementById('flamegraph'); \
-             return f.textContent.includes('profiler_test_hot_loop') ? [f.dataset.query, document.getElementById('cpu').value] : null"
+             return f.querySelector('[data-name=profiler_test_hot_loop]') ? [f.dataset.query, document.getElementById('cpu').value] : null"
                 .to_string(),
         )
         .await;
         assert!(restored[0].as_str().unwrap().contains(&format!("from={a:.3}&to={b:.3}")), "{restored}");
         assert_eq!(restored[1], "1");
 
+        // Zoom into the selection, then back to the window it came from.
+        client.find(Locator::Id("zoom")).await.unwrap().click().await.unwrap();
+        until(
+            "the zoomed window",
+            format!(
+                "const q = document.getElementById('heatmap').dataset.query || ''; \
+                 return q.includes('from={}&to={}') ? q : null",
+                rfc3339(a),
+                rfc3339(b)
+            ),
+        )
+        .await;
+        client.find(Locator::Id("back")).await.unwrap().click().await.unwrap();
+        until("the window before the zoom", drawn.clone()).await;
+        // Counter tracks appear only when the daemon has them: without /api/counters (or with
+        // none recorded) the page draws none and shows no error.
+        let quiet = client
+            .execute(
+                "return [document.getElementById('counters').children.length, document.getElementById('status').textContent]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(quiet[1], "", "{quiet}");
+        if get(port, &format!("/api/counters?from={from:.3}&to={to:.3}")).0 == 404 {
+            assert_eq!(quiet[0], 0, "{quiet}");
+        }
+
         // The finding is a mark on the time line; it opens its window (5 s before, 1 s after,
         // as `--around`) on its CPU, with its own span selected.
         let mark = client.find(Locator::Css("#hm-marks button.finding[data-id='ui-test-1']")).await.unwrap();
         client.find(Locator::Id("cpu")).await.unwrap().clear().await.unwrap();
         mark.click().await.unwrap();
-        let (w0, w1) = (f_start / 1e9 - 5.0, f_end / 1e9 + 1.0);
+        let (w0, w1) = ((f_start_ms - 5000) as f64 / 1e3, (f_end_ms + 1000) as f64 / 1e3);
         let opened = until(
             "the finding's window",
             format!(
                 "const f = document.getElementById('flamegraph'); \
-                 return (f.dataset.query || '').includes('from={:.3}') && f.textContent.includes('profiler_test_hot_loop') \
+                 return (f.dataset.query || '').includes('from={:.3}') && f.querySelector('[data-name=profiler_test_hot_loop]') \
                  ? [document.getElementById('from').value, document.getElementById('to').value, document.getElementById('cpu').value, \
                     document.getElementById('heatmap').dataset.query, f.dataset.query] : null",
-                f_start / 1e9
+                f_start
             ),
         )
         .await;
-        assert_eq!(opened[0], format!("{w0:.3}"), "{opened}");
-        assert_eq!(opened[1], format!("{w1:.3}"), "{opened}");
+        assert_eq!(opened[0], profiler::timespec::format((f_start_ms - 5000) * 1_000_000), "{opened}");
+        assert_eq!(opened[1], profiler::timespec::format((f_end_ms + 1000) * 1_000_000), "{opened}");
         assert_eq!(opened[2], "1", "{opened}");
-        assert!(opened[3].as_str().unwrap().contains(&format!("from={w0:.3}&to={w1:.3}&cpu=1")), "{opened}");
-        assert!(opened[4].as_str().unwrap().contains(&format!("to={:.3}", f_end / 1e9)), "{opened}");
+        let window = format!("from={}&to={}&cpu=1", rfc3339(w0), rfc3339(w1));
+        assert!(opened[3].as_str().unwrap().contains(&window), "{opened}");
+        assert!(opened[4].as_str().unwrap().contains(&format!("to={f_end:.3}")), "{opened}");
 
         // Where the NIC's interrupts go, as `profiler status` says it (issue 16, part 1), and the
         // header names the node and the CPU count.

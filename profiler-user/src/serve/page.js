@@ -24,9 +24,17 @@ function params(extra) {
 }
 
 async function get(path, extra) {
-  const r = await fetch(path + "?" + params(extra), { headers: { "X-Profiler-Token": token } });
-  if (!r.ok) { const e = new Error((await r.text()).trim()); e.status = r.status; throw e; }
-  return r;
+  for (let attempt = 0; ; attempt++) {
+    const r = await fetch(path + "?" + params(extra), { headers: { "X-Profiler-Token": token } });
+    // The daemon sheds load (503/429 with Retry-After): come back as told, twice at most.
+    if ((r.status === 503 || r.status === 429) && attempt < 2) {
+      const wait = Math.min(5, Number(r.headers.get("retry-after")) || 1);
+      await new Promise((ok) => setTimeout(ok, wait * 1000));
+      continue;
+    }
+    if (!r.ok) { const e = new Error((await r.text()).trim()); e.status = r.status; throw e; }
+    return r;
+  }
 }
 
 // ---- state in the address ----
@@ -66,6 +74,9 @@ function dateOf(t) {
   const d = new Date(t * 1000), L = $("local").checked;
   return L ? `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}` : d.toISOString().slice(0, 10);
 }
+// What the page writes into the from/to inputs (and so the address): RFC 3339 in UTC, which
+// a human reads and the API parses, to the millisecond.
+const iso = (t) => new Date(Math.round(t * 1000)).toISOString();
 const zone = () => ($("local").checked ? "local" : "UTC");
 const full = (t, ms = true) => `${dateOf(t)} ${clock(t, ms)} ${zone()}`;
 function span(s) {
@@ -339,7 +350,7 @@ $("ct").addEventListener("blur", hideTip);
 // ---- findings and events: marks on both time lines ----
 function around(from, to, cpu) {
   return async () => {
-    $("from").value = (from / 1e9).toFixed(3); $("to").value = (to / 1e9).toFixed(3);
+    $("from").value = iso(from / 1e9); $("to").value = iso(to / 1e9);
     if (cpu !== null && cpu !== undefined) $("cpu").value = String(cpu);
     S.sel = null; writeURL(true);
     await load();
@@ -460,6 +471,7 @@ async function loadStatus() {
 
 // ---- loading ----
 function redraw() {
+  $("zoom").disabled = !S.sel;
   if (!S.dom) return;
   S.dom.w = plotWidth();
   if (S.grid) drawHeatmap();
@@ -501,7 +513,7 @@ async function load() {
 $("controls").addEventListener("submit", (ev) => { ev.preventDefault(); S.sel = null; writeURL(true); load(); });
 $("zoom").addEventListener("click", () => {
   if (!S.sel) return;
-  $("from").value = S.sel[0].toFixed(3); $("to").value = S.sel[1].toFixed(3);
+  $("from").value = iso(S.sel[0]); $("to").value = iso(S.sel[1]);
   writeURL(true); load();
 });
 $("back").addEventListener("click", () => history.back());
