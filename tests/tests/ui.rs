@@ -443,6 +443,32 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             assert_eq!(quiet[0], 0, "{quiet}");
         }
 
+        // A CPU x time cell selects its CPU and its second everywhere.
+        let ct: serde_json::Value = serde_json::from_str(&get(port, &format!("/api/cputime?{query}")).1).unwrap();
+        let (first_ns, bucket_ns) = (ct["first_ns"].as_u64().unwrap(), ct["bucket_ns"].as_u64().unwrap());
+        let row = ct["cpus"].as_array().unwrap().iter().position(|c| c == 0).expect("CPU 0 in CPU x time");
+        let k = ((start + 1.0) * 1e9 - first_ns as f64) as u64 / bucket_ns;
+        let t = (first_ns + k * bucket_ns) as f64 / 1e9;
+        client
+            .execute(
+                "const p = window.profilerUI.ctPoint(arguments[0], arguments[1]); \
+                 document.getElementById('ct').dispatchEvent(new MouseEvent('click', {clientX: p.x, clientY: p.y, bubbles: true}));",
+                vec![row.into(), k.into()],
+            )
+            .await
+            .unwrap();
+        let picked = until(
+            "the CPU x time cell's CPU and second",
+            format!(
+                "const q = document.getElementById('flamegraph').dataset.query || ''; \
+                 return q.includes('from={t:.3}&to={:.3}') && (document.getElementById('heatmap').dataset.query || '').includes('cpu=0') \
+                 ? [q, document.getElementById('cpu').value] : null",
+                t + bucket_ns as f64 / 1e9
+            ),
+        )
+        .await;
+        assert!(picked[0].as_str().unwrap().contains("cpu=0") && picked[1] == "0", "{picked}");
+
         // The finding is a mark on the time line; it opens its window (5 s before, 1 s after,
         // as `--around`) on its CPU, with its own span selected.
         let mark = client.find(Locator::Css("#hm-marks button.finding[data-id='ui-test-1']")).await.unwrap();

@@ -529,7 +529,11 @@ let resizing = 0;
 window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => { redraw(); loadCounters(); if (S.tree) drawFlame(); }, 150); });
 
 // What tests (and a curious engineer in the console) can ask the page.
-window.profilerUI = { cellPoint, cellText, state: S, X: (t) => X(t) };
+function ctPoint(row, k) {
+  const { g, rh } = ctInfo(), r = $("ct").getBoundingClientRect(), t = g.first_ns / 1e9 + ((k + 0.5) * g.bucket_ns) / 1e9;
+  return { x: r.left + LEFT + X(t), y: r.top + row * rh + rh / 2 };
+}
+window.profilerUI = { cellPoint, cellText, ctPoint, state: S, X: (t) => X(t) };
 
 readURL();
 if (hashToken) writeURL(false); // drops the token from the address
