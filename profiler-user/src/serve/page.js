@@ -96,7 +96,8 @@ function drawTimeAxis(el) {
   const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
   const step = steps.find((s) => spanS / s <= d.w / 80) || 86400;
   const ticks = [];
-  for (let t = Math.ceil(d.t0 / step) * step; t <= d.t1; t += step) {
+  // (A label centred closer than its half width to the right end would be cut off.)
+  for (let t = Math.ceil(d.t0 / step) * step; t <= d.t1 && X(t) <= d.w - 28; t += step) {
     const s = document.createElement("span");
     s.style.left = X(t) + "px"; s.dataset.t = t;
     s.textContent = clock(t, false);
@@ -454,7 +455,7 @@ async function loadStatus() {
     if (h.events_lost) problems.push(`${h.events_lost} process events lost`);
     const open = Object.values(h.open_findings || {}).reduce((a, b) => a + b, 0);
     hh.textContent = `daemon ${problems.length ? problems.join(", ") : "healthy"}` +
-      (h.ring_to_disk_seconds ? ` · ring→disk p50 ${h.ring_to_disk_seconds[0].toFixed(2)} s` : "") + (open ? ` · ${open} open findings` : "");
+      (h.ring_to_disk_seconds ? ` · ring→disk p50 ${h.ring_to_disk_seconds[0].toFixed(2)} s` : "") + (open ? ` · open findings: ${open}` : "");
     hh.className = problems.length ? "warn" : "";
     // Which CPUs take the NIC and GPU interrupts: a busy one of those starves its queue.
     const byDevice = {};
