@@ -441,6 +441,26 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         assert_eq!(quiet[1], "", "{quiet}");
         if get(port, &format!("/api/counters?from={from:.3}&to={to:.3}")).0 == 404 {
             assert_eq!(quiet[0], 0, "{quiet}");
+            // Until /api/counters is on this branch, the page is handed the answer its contract
+            // describes (`{"tracks":[{name, cpu, unit, points: [[unix_ms, value]]}]}`) to check
+            // that it draws one track per series on the heatmap's time axis.
+            let drawn = client
+                .execute(
+                    "const real = window.fetch, ms = arguments[0] * 1000; \
+                     window.fetch = (u, o) => String(u).startsWith('/api/counters') \
+                       ? Promise.resolve(new Response(JSON.stringify({tracks: [ \
+                           {name: 'softnet.time_squeeze', cpu: 1, unit: '/s', points: [[ms, 0], [ms + 1000, 5]]}, \
+                           {name: 'psi.cpu', cpu: null, unit: '%', points: []}]}), {status: 200})) \
+                       : real(u, o); \
+                     return window.profilerUI.loadCounters().then(() => { window.fetch = real; \
+                       return [[...document.querySelectorAll('#counters .track .name')].map((n) => n.textContent), \
+                               document.querySelector('#counters canvas').style.width, document.getElementById('hm').style.width]; })",
+                    vec![(start.floor()).into()],
+                )
+                .await
+                .unwrap();
+            assert_eq!(drawn[0], serde_json::json!(["softnet.time_squeeze cpu1"]), "{drawn}");
+            assert_eq!(drawn[1], drawn[2], "a track spans the heatmap's time axis: {drawn}");
         }
 
         // A CPU x time cell selects its CPU and its second everywhere.

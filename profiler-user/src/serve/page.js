@@ -396,6 +396,7 @@ function listItem(text, severity, open) {
 
 // ---- counter tracks (GET /api/counters, when the daemon has it) ----
 async function loadCounters() {
+  if (!S.dom) return;
   let tracks = [];
   try {
     const r = await get("/api/counters", { from: String(S.dom.t0), to: String(S.dom.t1) });
@@ -534,7 +535,7 @@ function ctPoint(row, k) {
   const { g, rh } = ctInfo(), r = $("ct").getBoundingClientRect(), t = g.first_ns / 1e9 + ((k + 0.5) * g.bucket_ns) / 1e9;
   return { x: r.left + LEFT + X(t), y: r.top + row * rh + rh / 2 };
 }
-window.profilerUI = { cellPoint, cellText, ctPoint, state: S, X: (t) => X(t) };
+window.profilerUI = { cellPoint, cellText, ctPoint, loadCounters, state: S, X: (t) => X(t) };
 
 readURL();
 if (hashToken) writeURL(false); // drops the token from the address
