@@ -369,6 +369,13 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         assert!(tip.contains(&format!("{} UTC", utc_clock(sec))), "{tip}");
         assert!(tip.contains(&format!("offset {}–", rows[i] as u64)), "{tip}");
         assert!(tip.ends_with(&format!("\n{v} samples")), "{tip}");
+        // Resting on the cell adds the thread that ran most in it, out of the cell's samples.
+        let top = until(
+            "the cell's top thread",
+            "const t = document.getElementById('tip').textContent; return t.includes('most: ') ? t : null".into(),
+        )
+        .await;
+        assert!(top.as_str().unwrap().ends_with(&format!(" of {v})")), "{top}");
 
         // A drag from the first busy cell to the last selects that range, to the row.
         let (c0, i0, _) = busy[0];

@@ -203,6 +203,27 @@ function drawHeatmap() {
   }), g.coarsened ? ` — ${g.coarsened.reason}` : "");
 }
 
+// Which thread ran most in a cell: asked once the pointer rests on it (one small fold of
+// that cell's slice), then remembered for the loaded grid.
+let topTimer = 0;
+const tops = new Map();
+function topOf(cell, x, y) {
+  clearTimeout(topTimer);
+  const [c, i] = cell, key = `${S.grid.first_second}/${c}/${i}`;
+  if (!S.grid.values[c][i]) return;
+  const show = (text) => { if (!tip.hidden && tip.textContent.startsWith(cellText(c, i))) showTip(`${cellText(c, i)}\n${text}`, x, y); };
+  if (tops.has(key)) return show(tops.get(key));
+  topTimer = setTimeout(async () => {
+    const t = cellTime(c, i);
+    try {
+      const tree = await (await get("/api/flamegraph", { from: t.toFixed(3), to: (t + cellSpan()).toFixed(3), format: "json" })).json();
+      const best = (tree.children || []).reduce((a, b) => (b.value > a.value ? b : a), { value: 0 });
+      tops.set(key, best.value ? `most: ${best.name} (${best.value} of ${tree.value})` : "");
+      show(tops.get(key));
+    } catch (_) { /* the tooltip stays without it */ }
+  }, 300);
+}
+
 // Selection: drag, or click a start cell then an end cell; shift-click extends the selection.
 let drag = null;
 function finishSelection(a, b) {
@@ -232,7 +253,7 @@ window.addEventListener("mousemove", (ev) => {
   if (!S.grid) return;
   const cell = cellAt(ev);
   if (drag && cell) { drag.to = cell; const a = cellTime(...drag.from), b = cellTime(...cell); S.sel = [Math.min(a, b), Math.max(a, b) + cellSpan()]; redraw(); }
-  if (ev.target === $("hm") && cell) showTip(cellText(...cell), ev.clientX, ev.clientY);
+  if (ev.target === $("hm") && cell) { showTip(cellText(...cell), ev.clientX, ev.clientY); topOf(cell, ev.clientX, ev.clientY); }
   else if (ev.target === $("hm")) hideTip();
 });
 window.addEventListener("mouseup", () => {
