@@ -402,6 +402,29 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         )
         .await;
         let flamegraph_at = now_secs() - t_select;
+        // Search highlights the frames it matches and says their share; a baseline range turns
+        // the colours into differences.
+        client.find(Locator::Id("search")).await.unwrap().send_keys("profiler_test_hot_loop").await.unwrap();
+        let searched = client
+            .execute(
+                "document.getElementById('baseline').click(); \
+                 return [document.getElementById('matched').textContent, \
+                         document.querySelectorAll('#flamegraph .f.hit').length, \
+                         document.querySelector('#flamegraph .f.hit').title]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert!(searched[0].as_str().unwrap().starts_with("matched ") && searched[1].as_u64() >= Some(1), "{searched}");
+        assert!(searched[2].as_str().unwrap().contains("+0.00 points vs the baseline"), "{searched}");
+        client
+            .execute(
+                "document.getElementById('baseline').click(); const s = document.getElementById('search'); \
+                 s.value = ''; s.dispatchEvent(new Event('input'));",
+                vec![],
+            )
+            .await
+            .unwrap();
         let asked = asked.as_str().unwrap().to_string();
         assert!(asked.contains(&format!("from={a:.3}&to={b:.3}")) && asked.contains("cpu=1"), "{asked}: {a:.3}..{b:.3}");
         eprintln!("page: heatmap {heatmap_at:.2} s after the address was opened, flamegraph {flamegraph_at:.2} s after the drag");
@@ -519,6 +542,25 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         let window = format!("from={}&to={}&cpu=1", rfc3339(w0), rfc3339(w1));
         assert!(opened[3].as_str().unwrap().contains(&window), "{opened}");
         assert!(opened[4].as_str().unwrap().contains(&format!("to={f_end:.3}")), "{opened}");
+
+        // CPU x time stays fast at 192 CPUs: a 5-minute window of them drawn on the canvas.
+        let ms = client
+            .execute(
+                "const ui = window.profilerUI, S = ui.state, n = 192, cols = 300, t0 = S.dom.t0; \
+                 const rows = (f) => Array.from({length: n}, (_, r) => Array.from({length: cols}, (_, k) => f(r, k))); \
+                 S.ct = {first_ns: t0 * 1e9, bucket_ns: 1e9, cpus: Array.from({length: n}, (_, i) => i), \
+                         busy: rows((r, k) => ((r * 7 + k) % 10) / 10), kernel: rows((r, k) => ((r + k) % 5) / 20), \
+                         softirq: rows(() => 0), findings: []}; \
+                 S.dom.t1 = t0 + cols; \
+                 const a = performance.now(); ui.redraw(); return performance.now() - a",
+                vec![],
+            )
+            .await
+            .unwrap()
+            .as_f64()
+            .unwrap();
+        eprintln!("page: redraw of a 192-CPU x 300 s CPU x time (and the heatmap) in {ms:.0} ms");
+        assert!(ms < 1000.0, "a redraw at 192 CPUs took {ms:.0} ms");
 
         // Where the NIC's interrupts go, as `profiler status` says it (issue 16, part 1), and the
         // header names the node and the CPU count.

@@ -120,7 +120,7 @@ function canvas(el, w, h) {
 const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 
 function heat(v, max) {
-  if (!v || !max) return css("--empty");
+  if (!v || !max) return palette ? palette.empty : css("--empty");
   const x = Math.sqrt(v / max), l = (a, b, t) => Math.round(a + (b - a) * t);
   if (x < 0.5) { const t = x * 2; return `rgb(${l(255, 253, t)},${l(230, 141, t)},${l(150, 60, t)})`; }
   const t = (x - 0.5) * 2; return `rgb(${l(253, 190, t)},${l(141, 0, t)},${l(60, 38, t)})`;
@@ -288,9 +288,12 @@ function ctInfo() {
   const g = S.ct, n = g.cpus.length;
   return { g, n, rh: Math.max(3, Math.min(14, Math.floor(640 / Math.max(1, n)))) };
 }
+// The theme's colours, read once per drawing (getComputedStyle per cell is slow at 192 CPUs).
+let palette = null;
 function ctColor(busy, kern) {
-  if (!busy) return css("--empty");
-  const u = css("--user").split(",").map(Number), k = css("--kernel").split(",").map(Number), f = Math.min(1, kern / busy);
+  const p = palette || { empty: css("--empty"), u: css("--user").split(",").map(Number), k: css("--kernel").split(",").map(Number) };
+  if (!busy) return p.empty;
+  const { u, k } = p, f = Math.min(1, kern / busy);
   const m = u.map((x, j) => Math.round(x + (k[j] - x) * f));
   return `rgba(${m.join(",")},${(0.12 + 0.88 * Math.min(1, busy)).toFixed(3)})`;
 }
@@ -302,8 +305,10 @@ function drawCputime() {
   const every = Math.ceil(11 / rh);
   c.font = "11px system-ui, sans-serif"; c.textAlign = "right"; c.textBaseline = "middle"; c.fillStyle = css("--muted");
   const cols = g.busy.length ? g.busy[0].length : 0, b0 = g.first_ns / 1e9, bs = g.bucket_ns / 1e9;
+  palette = { empty: css("--empty"), u: css("--user").split(",").map(Number), k: css("--kernel").split(",").map(Number) };
+  const muted = css("--muted");
   g.cpus.forEach((cpu, row) => {
-    if (row % every === 0) { c.fillStyle = css("--muted"); c.fillText("CPU " + cpu, LEFT - 6, row * rh + rh / 2); }
+    if (row % every === 0) { c.fillStyle = muted; c.fillText("CPU " + cpu, LEFT - 6, row * rh + rh / 2); }
     for (let k = 0; k < cols; k++) {
       const b = g.busy[row][k];
       if (!b) continue;
@@ -313,6 +318,7 @@ function drawCputime() {
       c.fillRect(Math.max(LEFT, x0), row * rh, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), rh - (rh > 5 ? 1 : 0));
     }
   });
+  palette = null;
   for (const f of S.findings) {
     const row = g.cpus.indexOf(f.cpu);
     if (row < 0) continue;
@@ -556,7 +562,7 @@ function ctPoint(row, k) {
   const { g, rh } = ctInfo(), r = $("ct").getBoundingClientRect(), t = g.first_ns / 1e9 + ((k + 0.5) * g.bucket_ns) / 1e9;
   return { x: r.left + LEFT + X(t), y: r.top + row * rh + rh / 2 };
 }
-window.profilerUI = { cellPoint, cellText, ctPoint, loadCounters, state: S, X: (t) => X(t) };
+window.profilerUI = { cellPoint, cellText, ctPoint, loadCounters, redraw, state: S, X: (t) => X(t) };
 
 readURL();
 if (hashToken) writeURL(false); // drops the token from the address
