@@ -172,6 +172,32 @@ fn metrics_are_scraped_off_loopback_but_the_api_is_not() {
     assert!(daemon.stop().success());
 }
 
+/// `HH:MM:SS` of a Unix second in UTC, as the page's time axis writes it.
+fn utc_clock(t: u64) -> String {
+    let s = t % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// A time as the page writes it into the address: RFC 3339 to the millisecond, URL-encoded.
+fn rfc3339(secs: f64) -> String {
+    profiler::timespec::format(((secs * 1e3).round() as u64) * 1_000_000).replace(':', "%3A")
+}
+
+/// The heatmap of a window once it has stopped changing (the last samples reach the store a
+/// flush after the helper ends).
+fn settled_heatmap(port: u16, query: &str) -> serde_json::Value {
+    let mut last = String::new();
+    wait_for("the heatmap to stop changing", Duration::from_secs(15), || {
+        let (code, body) = get(port, &format!("/api/heatmap?{query}"));
+        let same = code == 200 && body == last;
+        last = body;
+        if !same {
+            std::thread::sleep(Duration::from_millis(700));
+        }
+        same.then(|| serde_json::from_str(&last).unwrap())
+    })
+}
+
 #[test]
 fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
     if !privileged("the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap") {
@@ -195,6 +221,25 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         let (code, _) = get(port, &format!("/api/flamegraph?from={:.3}&to={:.3}&cpu=1&format=folded", start, end));
         (code == 200).then_some(())
     });
+    // A finding on CPU 1 inside the helper's run, written where the daemon keeps its findings:
+    // the page is what is under test here (the detectors have scenario tests of their own).
+    // (Whole milliseconds: the page writes the window it opens to the millisecond.)
+    let (f_start_ms, f_end_ms) = (((start + 1.0) * 1e3).floor() as u64, ((start + 2.0) * 1e3).floor() as u64);
+    let (f_start, f_end) = (f_start_ms as f64 / 1e3, f_end_ms as f64 / 1e3);
+    let finding = profiler::detect::Finding {
+        id: "ui-test-1".into(),
+        kind: profiler::detect::Kind::SaturatedCore,
+        start_ns: f_start_ms * 1_000_000,
+        end_ns: Some(f_end_ms * 1_000_000),
+        cpu: Some(1),
+        severity: profiler::detect::Severity::Warning,
+        summary: "CPU 1 saturated by the UI test".into(),
+        evidence: serde_json::Value::Null,
+    };
+    profiler::detect::log::record_finding(&data, &finding).unwrap();
+    let (from, to) = (start.floor() - 1.0, end.ceil() + 1.0);
+    let query = format!("from={from:.3}&to={to:.3}&cpu=1");
+    let grid = settled_heatmap(port, &query);
 
     let dport = free_port();
     let _driver = Kill(
@@ -206,8 +251,10 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             .expect("start chromedriver"),
     );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let found = rt.block_on(async move {
+    let grid2 = grid.clone();
+    let irqs = rt.block_on(async move {
         use fantoccini::{ClientBuilder, Locator};
+        let grid = grid2;
         let caps: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
             "goog:chromeOptions": {
                 "binary": chromium,
@@ -232,53 +279,309 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
                 Err(e) => panic!("cannot reach chromedriver: {e}"),
             }
         };
-        let t0 = now_secs();
-        client.goto(&format!("http://127.0.0.1:{port}/#token={token}")).await.unwrap();
-        // The helper's window, on CPU 1.
-        client.find(Locator::Id("from")).await.unwrap().clear().await.unwrap();
-        client.find(Locator::Id("from")).await.unwrap().send_keys(&format!("{:.3}", start)).await.unwrap();
-        client.find(Locator::Id("to")).await.unwrap().clear().await.unwrap();
-        client.find(Locator::Id("to")).await.unwrap().send_keys(&format!("{:.3}", end)).await.unwrap();
-        client.find(Locator::Id("cpu")).await.unwrap().send_keys("1").await.unwrap();
+        // Polls a script until it returns something other than null (one round trip a poll).
+        let until = |what: &'static str, script: String| {
+            let client = client.clone();
+            async move {
+                let t0 = now_secs();
+                loop {
+                    let v = client.execute(&script, vec![]).await.unwrap();
+                    if !v.is_null() {
+                        return v;
+                    }
+                    if now_secs() > t0 + 20.0 {
+                        let seen = client
+                            .execute(
+                                "return [location.href, document.getElementById('status').textContent, \
+                                 document.getElementById('heatmap').dataset.query, \
+                                 document.getElementById('flamegraph').dataset.query, \
+                                 document.getElementById('flamegraph').textContent.slice(0, 300)]",
+                                vec![],
+                            )
+                            .await
+                            .unwrap();
+                        panic!("the page never showed {what}: {seen}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let drawn = format!(
+            "const h = document.getElementById('heatmap'); return (h.dataset.query || '').includes('cpu=1') \
+             && (h.dataset.query || '').includes('from={from:.3}') && window.profilerUI.state.grid ? true : null"
+        );
+        // The window comes from the address (as a link pasted into a ticket would give it).
         let t_load = now_secs();
-        client.find(Locator::Id("load")).await.unwrap().click().await.unwrap();
-        // Cells with samples of the range asked for (the page's own first load, of its default
-        // range, may land first; one WebDriver round trip per poll): click the first, then the last.
-        let cells = loop {
-            let busy = client
-                .find_all(Locator::Css("#heatmap[data-query*='cpu=1'] rect:not([data-samples='0'])"))
+        client.goto(&format!("http://127.0.0.1:{port}/?{query}#token={token}")).await.unwrap();
+        until("the heatmap of the window", drawn.clone()).await;
+        let heatmap_at = now_secs() - t_load;
+
+        // The time axis names the data's seconds, in UTC, where the data's columns are.
+        let first = grid["first_second"].as_u64().unwrap();
+        let columns = grid["columns"].as_array().unwrap().len() as f64;
+        let ticks = client
+            .execute(
+                "const w = document.getElementById('hm').getBoundingClientRect().width; \
+                 const ct = [...document.querySelectorAll('#ct-x span[data-t]')].map((s) => s.style.left); \
+                 return [w, ct, [...document.querySelectorAll('#hm-x span[data-t]')].map((s) => [+s.dataset.t, s.textContent, s.style.left])]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let width = ticks[0].as_f64().unwrap();
+        let hm_ticks = ticks[2].as_array().unwrap();
+        assert!(hm_ticks.len() >= 2, "{ticks}");
+        for (i, t) in hm_ticks.iter().enumerate() {
+            let sec = t[0].as_u64().unwrap();
+            assert!((from as u64..=to as u64).contains(&sec), "tick {sec} outside the window: {ticks}");
+            assert_eq!(t[1].as_str().unwrap(), utc_clock(sec), "{ticks}");
+            let left: f64 = t[2].as_str().unwrap().trim_end_matches("px").parse().unwrap();
+            let expected = (sec - first) as f64 / columns * width;
+            assert!((left - expected).abs() < 1.0, "tick {sec} at {left}px, its column at {expected}px");
+            // CPU x time shares the axis.
+            assert_eq!(ticks[1][i], t[2], "CPU x time's axis is not aligned with the heatmap's: {ticks}");
+        }
+
+        // The tooltip of a known cell: its second, its offset and its samples.
+        let values = grid["values"].as_array().unwrap();
+        let rows: Vec<f64> = grid["rows"].as_array().unwrap().iter().map(|r| r.as_f64().unwrap()).collect();
+        let busy: Vec<(usize, usize, u64)> = values
+            .iter()
+            .enumerate()
+            .flat_map(|(c, col)| {
+                col.as_array().unwrap().iter().enumerate().map(move |(i, v)| (c, i, v.as_u64().unwrap()))
+            })
+            .filter(|&(_, _, v)| v > 0)
+            .collect();
+        assert!(busy.len() > 2, "the helper's second have samples on CPU 1");
+        let (c, i, v) = busy[busy.len() / 2];
+        let tip = client
+            .execute(
+                "const p = window.profilerUI.cellPoint(arguments[0], arguments[1]); \
+                 document.getElementById('hm').dispatchEvent(new MouseEvent('mousemove', {clientX: p.x, clientY: p.y, bubbles: true})); \
+                 return document.getElementById('tip').textContent",
+                vec![c.into(), i.into()],
+            )
+            .await
+            .unwrap();
+        let tip = tip.as_str().unwrap();
+        let sec = first + grid["columns"][c].as_u64().unwrap();
+        assert!(tip.contains(&format!("{} UTC", utc_clock(sec))), "{tip}");
+        assert!(tip.contains(&format!("offset {}–", rows[i] as u64)), "{tip}");
+        assert!(tip.ends_with(&format!("\n{v} samples")), "{tip}");
+        // Resting on the cell adds the thread that ran most in it, out of the cell's samples.
+        let top = until(
+            "the cell's top thread",
+            "const t = document.getElementById('tip').textContent; return t.includes('most: ') ? t : null".into(),
+        )
+        .await;
+        assert!(top.as_str().unwrap().ends_with(&format!(" of {v})")), "{top}");
+
+        // A drag from the first busy cell to the last selects that range, to the row.
+        let (c0, i0, _) = busy[0];
+        let (c1, i1, _) = busy[busy.len() - 1];
+        let row_s = 1.0 / rows.len() as f64;
+        let at = |c: usize, i: usize| (first + grid["columns"][c].as_u64().unwrap()) as f64 + rows[i] / 1000.0;
+        let (a, b) = (at(c0, i0).min(at(c1, i1)), at(c0, i0).max(at(c1, i1)) + row_s);
+        let t_select = now_secs();
+        client
+            .execute(
+                "const ui = window.profilerUI, hm = document.getElementById('hm'); \
+                 const p = ui.cellPoint(arguments[0], arguments[1]), q = ui.cellPoint(arguments[2], arguments[3]); \
+                 const ev = (t, p) => new MouseEvent(t, {clientX: p.x, clientY: p.y, bubbles: true, button: 0}); \
+                 hm.dispatchEvent(ev('mousedown', p)); hm.dispatchEvent(ev('mousemove', q)); hm.dispatchEvent(ev('mouseup', q));",
+                vec![c0.into(), i0.into(), c1.into(), i1.into()],
+            )
+            .await
+            .unwrap();
+        let asked = until(
+            "the selection's flamegraph",
+            "const f = document.getElementById('flamegraph'); \
+             return f.querySelector('[data-name=profiler_test_hot_loop]') ? f.dataset.query : null"
+                .to_string(),
+        )
+        .await;
+        let flamegraph_at = now_secs() - t_select;
+        // Search highlights the frames it matches and says their share; a baseline range turns
+        // the colours into differences.
+        client.find(Locator::Id("search")).await.unwrap().send_keys("profiler_test_hot_loop").await.unwrap();
+        let searched = client
+            .execute(
+                "document.getElementById('baseline').click(); \
+                 return [document.getElementById('matched').textContent, \
+                         document.querySelectorAll('#flamegraph .f.hit').length, \
+                         document.querySelector('#flamegraph .f.hit').title]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert!(searched[0].as_str().unwrap().starts_with("matched ") && searched[1].as_u64() >= Some(1), "{searched}");
+        assert!(searched[2].as_str().unwrap().contains("+0.00 points vs the baseline"), "{searched}");
+        client
+            .execute(
+                "document.getElementById('baseline').click(); const s = document.getElementById('search'); \
+                 s.value = ''; s.dispatchEvent(new Event('input'));",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let asked = asked.as_str().unwrap().to_string();
+        assert!(asked.contains(&format!("from={a:.3}&to={b:.3}")) && asked.contains("cpu=1"), "{asked}: {a:.3}..{b:.3}");
+        eprintln!("page: heatmap {heatmap_at:.2} s after the address was opened, flamegraph {flamegraph_at:.2} s after the drag");
+
+        // The state is in the address without the token, and survives a reload.
+        let address = client.current_url().await.unwrap().to_string();
+        assert!(!address.contains(&token) && !address.contains("token"), "{address}");
+        assert!(address.contains(&format!("sel={a:.3}%2C{b:.3}")) && address.contains("cpu=1"), "{address}");
+        client.refresh().await.unwrap();
+        until("the heatmap after a reload", drawn.clone()).await;
+        let restored = until(
+            "the selection's flamegraph after a reload",
+            "const f = document.getElementById('flamegraph'); \
+             return f.querySelector('[data-name=profiler_test_hot_loop]') ? [f.dataset.query, document.getElementById('cpu').value] : null"
+                .to_string(),
+        )
+        .await;
+        assert!(restored[0].as_str().unwrap().contains(&format!("from={a:.3}&to={b:.3}")), "{restored}");
+        assert_eq!(restored[1], "1");
+
+        // Zoom into the selection, then back to the window it came from.
+        client.find(Locator::Id("zoom")).await.unwrap().click().await.unwrap();
+        until(
+            "the zoomed window",
+            format!(
+                "const q = document.getElementById('heatmap').dataset.query || ''; \
+                 return q.includes('from={}&to={}') ? q : null",
+                rfc3339(a),
+                rfc3339(b)
+            ),
+        )
+        .await;
+        client.find(Locator::Id("back")).await.unwrap().click().await.unwrap();
+        until("the window before the zoom", drawn.clone()).await;
+        // Counter tracks appear only when the daemon has them: without /api/counters (or with
+        // none recorded) the page draws none and shows no error.
+        let quiet = client
+            .execute(
+                "return [document.getElementById('counters').children.length, document.getElementById('status').textContent]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(quiet[1], "", "{quiet}");
+        if get(port, &format!("/api/counters?from={from:.3}&to={to:.3}")).0 == 404 {
+            assert_eq!(quiet[0], 0, "{quiet}");
+            // Until /api/counters is on this branch, the page is handed the answer its contract
+            // describes (`{"tracks":[{name, cpu, unit, points: [[unix_ms, value]]}]}`) to check
+            // that it draws one track per series on the heatmap's time axis.
+            let drawn = client
+                .execute(
+                    "const real = window.fetch, ms = arguments[0] * 1000; \
+                     window.fetch = (u, o) => String(u).startsWith('/api/counters') \
+                       ? Promise.resolve(new Response(JSON.stringify({tracks: [ \
+                           {name: 'softnet.time_squeeze', cpu: 1, unit: '/s', points: [[ms, 0], [ms + 1000, 5]]}, \
+                           {name: 'psi.cpu', cpu: null, unit: '%', points: []}]}), {status: 200})) \
+                       : real(u, o); \
+                     return window.profilerUI.loadCounters().then(() => { window.fetch = real; \
+                       return [[...document.querySelectorAll('#counters .track .name')].map((n) => n.textContent), \
+                               document.querySelector('#counters canvas').style.width, document.getElementById('hm').style.width]; })",
+                    vec![(start.floor()).into()],
+                )
                 .await
                 .unwrap();
-            if !busy.is_empty() {
-                break busy;
-            }
-            assert!(now_secs() < t0 + 20.0, "the heatmap never showed samples");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let heatmap_at = now_secs() - t_load;
-        cells[0].click().await.unwrap();
-        cells[cells.len() - 1].click().await.unwrap();
-        let t_select = now_secs();
-        let found = loop {
-            let html = client.find(Locator::Id("flamegraph")).await.unwrap().html(true).await.unwrap();
-            if html.contains("profiler_test_hot_loop") {
-                break true;
-            }
-            if now_secs() > t0 + 20.0 {
-                break false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        eprintln!(
-            "page: heatmap {heatmap_at:.2} s after Load, flamegraph {:.2} s after the end cell was clicked",
-            now_secs() - t_select
-        );
-        // Where the NIC's interrupts go, as `profiler status` says it (issue 16, part 1).
+            assert_eq!(drawn[0], serde_json::json!(["softnet.time_squeeze cpu1"]), "{drawn}");
+            assert_eq!(drawn[1], drawn[2], "a track spans the heatmap's time axis: {drawn}");
+        }
+
+        // A CPU x time cell selects its CPU and its second everywhere.
+        let ct: serde_json::Value = serde_json::from_str(&get(port, &format!("/api/cputime?{query}")).1).unwrap();
+        let (first_ns, bucket_ns) = (ct["first_ns"].as_u64().unwrap(), ct["bucket_ns"].as_u64().unwrap());
+        let row = ct["cpus"].as_array().unwrap().iter().position(|c| c == 0).expect("CPU 0 in CPU x time");
+        let k = ((start + 1.0) * 1e9 - first_ns as f64) as u64 / bucket_ns;
+        let t = (first_ns + k * bucket_ns) as f64 / 1e9;
+        client
+            .execute(
+                "const p = window.profilerUI.ctPoint(arguments[0], arguments[1]); \
+                 document.getElementById('ct').dispatchEvent(new MouseEvent('click', {clientX: p.x, clientY: p.y, bubbles: true}));",
+                vec![row.into(), k.into()],
+            )
+            .await
+            .unwrap();
+        let picked = until(
+            "the CPU x time cell's CPU and second",
+            format!(
+                "const q = document.getElementById('flamegraph').dataset.query || ''; \
+                 return q.includes('from={t:.3}&to={:.3}') && (document.getElementById('heatmap').dataset.query || '').includes('cpu=0') \
+                 ? [q, document.getElementById('cpu').value] : null",
+                t + bucket_ns as f64 / 1e9
+            ),
+        )
+        .await;
+        assert!(picked[0].as_str().unwrap().contains("cpu=0") && picked[1] == "0", "{picked}");
+
+        // The finding is a mark on the time line; it opens its window (5 s before, 1 s after,
+        // as `--around`) on its CPU, with its own span selected.
+        let mark = client.find(Locator::Css("#hm-marks button.finding[data-id='ui-test-1']")).await.unwrap();
+        client.find(Locator::Id("cpu")).await.unwrap().clear().await.unwrap();
+        mark.click().await.unwrap();
+        let (w0, w1) = ((f_start_ms - 5000) as f64 / 1e3, (f_end_ms + 1000) as f64 / 1e3);
+        let opened = until(
+            "the finding's window",
+            format!(
+                "const f = document.getElementById('flamegraph'); \
+                 return (f.dataset.query || '').includes('from={:.3}') && f.querySelector('[data-name=profiler_test_hot_loop]') \
+                 ? [document.getElementById('from').value, document.getElementById('to').value, document.getElementById('cpu').value, \
+                    document.getElementById('heatmap').dataset.query, f.dataset.query] : null",
+                f_start
+            ),
+        )
+        .await;
+        assert_eq!(opened[0], profiler::timespec::format((f_start_ms - 5000) * 1_000_000), "{opened}");
+        assert_eq!(opened[1], profiler::timespec::format((f_end_ms + 1000) * 1_000_000), "{opened}");
+        assert_eq!(opened[2], "1", "{opened}");
+        let window = format!("from={}&to={}&cpu=1", rfc3339(w0), rfc3339(w1));
+        assert!(opened[3].as_str().unwrap().contains(&window), "{opened}");
+        assert!(opened[4].as_str().unwrap().contains(&format!("to={f_end:.3}")), "{opened}");
+
+        // CPU x time stays fast at 192 CPUs: a 5-minute window of them drawn on the canvas.
+        let ms = client
+            .execute(
+                "const ui = window.profilerUI, S = ui.state, n = 192, cols = 300, t0 = S.dom.t0; \
+                 const rows = (f) => Array.from({length: n}, (_, r) => Array.from({length: cols}, (_, k) => f(r, k))); \
+                 S.ct = {first_ns: t0 * 1e9, bucket_ns: 1e9, cpus: Array.from({length: n}, (_, i) => i), \
+                         busy: rows((r, k) => ((r * 7 + k) % 10) / 10), kernel: rows((r, k) => ((r + k) % 5) / 20), \
+                         softirq: rows(() => 0), findings: []}; \
+                 S.dom.t1 = t0 + cols; \
+                 const a = performance.now(); ui.redraw(); return performance.now() - a",
+                vec![],
+            )
+            .await
+            .unwrap()
+            .as_f64()
+            .unwrap();
+        eprintln!("page: redraw of a 192-CPU x 300 s CPU x time (and the heatmap) in {ms:.0} ms");
+        assert!(ms < 1000.0, "a redraw at 192 CPUs took {ms:.0} ms");
+
+        // Where the NIC's interrupts go, as `profiler status` says it (issue 16, part 1), and the
+        // header names the node and the CPU count.
+        let header = client.find(Locator::Id("hdr")).await.unwrap().text().await.unwrap();
         let irqs = client.find(Locator::Id("irqs")).await.unwrap().text().await.unwrap();
         client.close().await.unwrap();
-        (found, irqs)
+        (header, irqs)
     });
-    let (found, irqs) = found;
+    let (header, irqs) = irqs;
+    let meta = profiler::store::Meta::read(&data).expect("the daemon's meta.json");
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    for part in [
+        meta.node.clone(),
+        format!("kernel {}", release.trim()),
+        format!("{} CPUs", meta.cpus),
+        format!("{} Hz", meta.frequency_hz),
+        "lost samples".into(),
+        "daemon healthy".into(),
+    ] {
+        assert!(header.contains(&part), "the header lacks '{part}': {header}");
+    }
     let placement = profiler::collect::irqs::Placement::read();
     if let Some(nic) = placement.irqs.iter().find(|i| i.kind == profiler::collect::irqs::DeviceKind::Nic) {
         let expected = format!("{} interrupts: CPU {} (", nic.device, nic.cpus.first().copied().unwrap_or(0));
@@ -288,6 +591,5 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             nic.name
         );
     }
-    assert!(found, "the flamegraph of the selected range does not name the helper's busy function");
     assert!(daemon.stop().success());
 }

@@ -341,13 +341,36 @@ async fn status_api(State(s): State<Shared>) -> Result<Response, Failure> {
     let app = s.app.clone();
     heavy(&s, move || {
         let summary = open(&app)?.summary().map_err(internal)?;
+        let live = app.live.lock().map(|l| l.clone()).unwrap_or_default();
         json(serde_json::json!({
             "meta": Meta::read(&app.data_dir),
             "summary": summary,
             "interrupts": crate::collect::irqs::Placement::read(),
+            // What the page's header shows beside the store: the kernel and the daemon's health.
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()).ok(),
+            "health": health(&live),
         }))
     })
     .await
+}
+
+/// The few live figures an engineer checks first: is the sampler attached to every CPU, is it
+/// keeping up (pending samples, ring-to-disk latency), and is anything being dropped.
+fn health(l: &metrics::Live) -> serde_json::Value {
+    serde_json::json!({
+        "sampled_cpus": l.sampled_cpus,
+        // Possible CPUs (meta) can outnumber online ones on a cloud VM: compare with these.
+        "online_cpus": std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|s| crate::collect::irqs::parse_cpu_list(&s))
+            .map(|c| c.len()),
+        "pending_samples": l.pending_samples,
+        "ring_to_disk_seconds": l.ring_to_disk_seconds.map(|(p50, max)| [p50, max]),
+        "events_lost": l.events_lost + l.events_dropped,
+        "lost_samples": l.cpus.values().map(|c| c.2).sum::<u64>(),
+        "rss_bytes": l.rss_bytes,
+        "open_findings": l.open_findings,
+    })
 }
 
 /// Needs no token (Prometheus has none), so it is the cheapest route: rendered at most once
@@ -369,8 +392,17 @@ async fn metrics_api(State(s): State<Shared>) -> Result<Response, Failure> {
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text.to_string()).into_response())
 }
 
+/// The page, its style and its script: three files to keep each readable, one answer so the
+/// page stays self-contained (no second request, nothing external).
+fn page() -> String {
+    include_str!("page.html")
+        .replace("/*STYLE*/", include_str!("page.css"))
+        .replace("/*SCRIPT*/", concat!(include_str!("page.js"), include_str!("flame.js")))
+}
+
 async fn index() -> Response {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("page.html")).into_response()
+    static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE.get_or_init(page).as_str()).into_response()
 }
 
 pub fn router(state: AppState) -> Router {
@@ -402,3 +434,5 @@ pub async fn spawn(addr: SocketAddr, state: AppState) -> std::io::Result<SocketA
 
 #[cfg(test)]
 mod guard_tests;
+#[cfg(test)]
+mod page_tests;

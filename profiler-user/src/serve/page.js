@@ -1,0 +1,570 @@
+"use strict";
+// The live page: header, subsecond heatmap, counter tracks and CPU x time on one time axis,
+// findings and kernel events as marks on it, and the flamegraph of the selected range
+// (flame.js). The state lives in the address's query, the API token never does.
+const $ = (id) => document.getElementById(id);
+const FIELDS = ["from", "to", "cpu", "pod", "namespace", "container", "unit", "comm"];
+const LEFT = 70; // px left of every plot (labels); the time axes start there, so all align.
+
+// The token comes in the fragment of the address `profiler ui` prints (a fragment is never
+// sent over the wire). Kept for the tab's life, then removed from the address, so a link
+// copied into a ticket carries the state but not the token.
+const TOKEN_KEY = "profiler-token";
+const hashToken = new URLSearchParams(location.hash.slice(1)).get("token");
+if (hashToken) sessionStorage.setItem(TOKEN_KEY, hashToken);
+const token = hashToken || sessionStorage.getItem(TOKEN_KEY) || "";
+
+const S = { sel: null, anchor: null, grid: null, ct: null, dom: null, findings: [], events: [], cursor: null };
+
+function params(extra) {
+  const p = new URLSearchParams();
+  for (const k of FIELDS) if ($(k).value.trim()) p.set(k, $(k).value.trim());
+  for (const [k, v] of Object.entries(extra || {})) p.set(k, v);
+  return p;
+}
+
+async function get(path, extra) {
+  for (let attempt = 0; ; attempt++) {
+    const r = await fetch(path + "?" + params(extra), { headers: { "X-Profiler-Token": token } });
+    // The daemon sheds load (503/429 with Retry-After): come back as told, twice at most.
+    if ((r.status === 503 || r.status === 429) && attempt < 2) {
+      const wait = Math.min(5, Number(r.headers.get("retry-after")) || 1);
+      await new Promise((ok) => setTimeout(ok, wait * 1000));
+      continue;
+    }
+    if (!r.ok) { const e = new Error((await r.text()).trim()); e.status = r.status; throw e; }
+    return r;
+  }
+}
+
+// ---- state in the address ----
+function writeURL(push) {
+  const p = params();
+  if (S.sel) p.set("sel", S.sel.map((t) => t.toFixed(3)).join(","));
+  if ($("local").checked) p.set("tz", "local");
+  if ($("flameup").checked) p.set("view", "flame");
+  if ($("search").value) p.set("search", $("search").value);
+  const url = location.pathname + "?" + p;
+  // Zooms and jumps push (the browser's Back and ours return); other changes replace.
+  const depth = (history.state && history.state.depth) || 0;
+  if (push) history.pushState({ depth: depth + 1 }, "", url); else history.replaceState({ depth }, "", url);
+  $("back").disabled = !((history.state && history.state.depth) > 0);
+}
+
+function readURL() {
+  const p = new URLSearchParams(location.search);
+  for (const k of FIELDS) $(k).value = p.get(k) ?? (k === "from" ? "-5m" : k === "to" ? "now" : "");
+  $("local").checked = p.get("tz") === "local";
+  $("flameup").checked = p.get("view") === "flame";
+  $("search").value = p.get("search") || "";
+  const sel = (p.get("sel") || "").split(",").map(Number);
+  S.sel = sel.length === 2 && sel.every((x) => x > 0) && sel[0] < sel[1] ? sel : null;
+}
+
+// ---- time ----
+const pad = (n, w = 2) => String(n).padStart(w, "0");
+function clock(t, ms) {
+  const d = new Date(t * 1000), L = $("local").checked;
+  const h = L ? d.getHours() : d.getUTCHours(), m = L ? d.getMinutes() : d.getUTCMinutes(), s = L ? d.getSeconds() : d.getUTCSeconds();
+  let out = `${pad(h)}:${pad(m)}:${pad(s)}`;
+  if (ms) out += "." + pad(L ? d.getMilliseconds() : d.getUTCMilliseconds(), 3);
+  return out;
+}
+function dateOf(t) {
+  const d = new Date(t * 1000), L = $("local").checked;
+  return L ? `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}` : d.toISOString().slice(0, 10);
+}
+// What the page writes into the from/to inputs (and so the address): RFC 3339 in UTC, which
+// a human reads and the API parses, to the millisecond.
+const iso = (t) => new Date(Math.round(t * 1000)).toISOString();
+const zone = () => ($("local").checked ? "local" : "UTC");
+const full = (t, ms = true) => `${dateOf(t)} ${clock(t, ms)} ${zone()}`;
+function span(s) {
+  if (s < 120) return `${+s.toFixed(1)} s`;
+  if (s < 7200) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+// The time domain every chart shares, from the heatmap's columns.
+function X(t) { const d = S.dom; return ((t - d.t0) / (d.t1 - d.t0)) * d.w; }
+function T(x) { const d = S.dom; return d.t0 + (x / d.w) * (d.t1 - d.t0); }
+
+function plotWidth() { return Math.max(400, document.documentElement.clientWidth - LEFT - 40); }
+
+function drawTimeAxis(el) {
+  const d = S.dom, spanS = d.t1 - d.t0;
+  const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+  const step = steps.find((s) => spanS / s <= d.w / 80) || 86400;
+  const ticks = [];
+  // (A label centred closer than its half width to the right end would be cut off.)
+  for (let t = Math.ceil(d.t0 / step) * step; t <= d.t1 && X(t) <= d.w - 28; t += step) {
+    const s = document.createElement("span");
+    s.style.left = X(t) + "px"; s.dataset.t = t;
+    s.textContent = clock(t, false);
+    ticks.push(s);
+  }
+  const u = document.createElement("span");
+  u.className = "unit"; u.textContent = `${zone()}, ${dateOf(d.t0)}`;
+  el.style.width = d.w + "px";
+  el.replaceChildren(...ticks, u);
+}
+
+// ---- canvas helpers ----
+function canvas(el, w, h) {
+  const r = window.devicePixelRatio || 1;
+  el.width = Math.round(w * r); el.height = Math.round(h * r);
+  el.style.width = w + "px"; el.style.height = h + "px";
+  const c = el.getContext("2d"); c.setTransform(r, 0, 0, r, 0, 0);
+  return c;
+}
+const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+
+function heat(v, max) {
+  if (!v || !max) return palette ? palette.empty : css("--empty");
+  const x = Math.sqrt(v / max), l = (a, b, t) => Math.round(a + (b - a) * t);
+  if (x < 0.5) { const t = x * 2; return `rgb(${l(255, 253, t)},${l(230, 141, t)},${l(150, 60, t)})`; }
+  const t = (x - 0.5) * 2; return `rgb(${l(253, 190, t)},${l(141, 0, t)},${l(60, 38, t)})`;
+}
+
+const tip = $("tip");
+function showTip(text, x, y) {
+  tip.textContent = text; tip.hidden = false;
+  const w = tip.offsetWidth;
+  tip.style.left = Math.min(x + 14, innerWidth - w - 8) + "px"; tip.style.top = y + 14 + "px";
+}
+function hideTip() { tip.hidden = true; }
+
+// ---- heatmap ----
+function gridInfo() {
+  const g = S.grid, k = g.coarsened ? g.coarsened.seconds_per_column : 1;
+  return { g, k, rows: g.rows.length, rowMs: 1000 / g.rows.length, ch: Math.max(4, Math.floor(300 / g.rows.length)) };
+}
+// A cell's start time: its column's second plus its row's offset (whole columns when coarsened).
+function cellTime(c, i) {
+  const { g, k } = gridInfo();
+  return g.first_second + g.columns[c] + (k > 1 ? 0 : g.rows[i] / 1000);
+}
+function cellSpan() { const { k, rowMs } = gridInfo(); return k > 1 ? k : rowMs / 1000; }
+function cellText(c, i) {
+  const { g, k, rowMs } = gridInfo(), t = g.first_second + g.columns[c];
+  const when = k > 1 ? `${full(t, false)} + ${k} s` : full(t, false);
+  return `${when}\noffset ${g.rows[i]}–${+(g.rows[i] + rowMs).toFixed(1)} ms\n${g.values[c][i]} samples`;
+}
+function cellAt(ev) {
+  const { g, ch } = gridInfo(), r = $("hm").getBoundingClientRect();
+  const x = ev.clientX - r.left, y = ev.clientY - r.top;
+  const c = Math.floor((T(x) - g.first_second) / gridInfo().k), i = Math.floor(y / ch);
+  return c >= 0 && c < g.columns.length && i >= 0 && i < g.rows.length ? [c, i] : null;
+}
+function cellPoint(c, i) {
+  const { g, k, ch } = gridInfo(), r = $("hm").getBoundingClientRect();
+  const t = g.first_second + g.columns[c] + k / 2;
+  return { x: r.left + X(t), y: r.top + i * ch + ch / 2 };
+}
+
+function drawHeatmap() {
+  const { g, k, rows, ch } = gridInfo(), d = S.dom, h = rows * ch;
+  const c = canvas($("hm"), d.w, h);
+  c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, h);
+  g.values.forEach((col, ci) => {
+    const x0 = X(g.first_second + g.columns[ci]), x1 = X(g.first_second + g.columns[ci] + k);
+    col.forEach((v, i) => { if (v) { c.fillStyle = heat(v, g.maxvalue); c.fillRect(x0, i * ch, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), ch - (ch > 4 ? 1 : 0)); } });
+  });
+  if (S.sel) {
+    const [a, b] = S.sel, sp = cellSpan();
+    c.strokeStyle = css("--sel-line"); c.fillStyle = css("--sel"); c.lineWidth = 1;
+    g.values.forEach((col, ci) => col.forEach((_, i) => {
+      const t = cellTime(ci, i);
+      if (t + sp > a + 1e-6 && t < b - 1e-6) {
+        const x0 = X(g.first_second + g.columns[ci]), x1 = X(g.first_second + g.columns[ci] + k);
+        c.fillRect(x0, i * ch, x1 - x0, ch);
+      }
+    }));
+  }
+  if (S.anchor) {
+    const [ci, i] = S.anchor, x0 = X(g.first_second + g.columns[ci]);
+    c.strokeStyle = css("--sel-line"); c.lineWidth = 2; c.strokeRect(x0, i * ch, X(g.first_second + g.columns[ci] + k) - x0, ch);
+  }
+  if (S.cursor) {
+    const [ci, i] = S.cursor, x0 = X(g.first_second + g.columns[ci]);
+    c.strokeStyle = css("--fg"); c.lineWidth = 1; c.strokeRect(x0 + 0.5, i * ch + 0.5, X(g.first_second + g.columns[ci] + k) - x0 - 1, ch - 1);
+  }
+  // Offset axis: the grid's rows run from the last slice of the second (top) to 0 ms (bottom).
+  const y = $("hm-y"); y.style.height = h + "px";
+  y.replaceChildren(...[0, 200, 400, 600, 800, 1000].map((ms) => {
+    const s = document.createElement("span"); s.style.top = h - (ms / 1000) * h + "px"; s.textContent = ms + " ms"; return s;
+  }));
+  drawTimeAxis($("hm-x"));
+  const lg = [0, 0.05, 0.25, 0.5, 1].map((f) => Math.round(g.maxvalue * f)).filter((v, j, a) => j === 0 || v !== a[j - 1]);
+  const cell = k > 1 ? `${k} s` : `${+(1000 / rows).toFixed(1)} ms`;
+  $("hm-legend").replaceChildren(`samples per cell (${cell}):`, ...lg.map((v) => {
+    const s = document.createElement("span"), i = document.createElement("i"); i.style.background = heat(v, g.maxvalue);
+    s.append(i, String(v)); return s;
+  }), g.coarsened ? ` — ${g.coarsened.reason}` : "");
+}
+
+// Which thread ran most in a cell: asked once the pointer rests on it (one small fold of
+// that cell's slice), then remembered for the loaded grid.
+let topTimer = 0;
+const tops = new Map();
+function topOf(cell, x, y) {
+  clearTimeout(topTimer);
+  const [c, i] = cell, key = `${S.grid.first_second}/${c}/${i}`;
+  if (!S.grid.values[c][i]) return;
+  const show = (text) => { if (!tip.hidden && tip.textContent.startsWith(cellText(c, i))) showTip(`${cellText(c, i)}\n${text}`, x, y); };
+  if (tops.has(key)) return show(tops.get(key));
+  topTimer = setTimeout(async () => {
+    const t = cellTime(c, i);
+    try {
+      const tree = await (await get("/api/flamegraph", { from: t.toFixed(3), to: (t + cellSpan()).toFixed(3), format: "json" })).json();
+      const best = (tree.children || []).reduce((a, b) => (b.value > a.value ? b : a), { value: 0 });
+      tops.set(key, best.value ? `most: ${best.name} (${best.value} of ${tree.value})` : "");
+      show(tops.get(key));
+    } catch (_) { /* the tooltip stays without it */ }
+  }, 300);
+}
+
+// Selection: drag, or click a start cell then an end cell; shift-click extends the selection.
+let drag = null;
+function finishSelection(a, b) {
+  const [c0, i0] = a, [c1, i1] = b;
+  let t0 = cellTime(c0, i0), t1 = cellTime(c1, i1);
+  if (t1 < t0) [t0, t1] = [t1, t0];
+  select(t0, t1 + cellSpan());
+}
+function select(a, b) {
+  S.sel = [a, b]; S.anchor = null;
+  $("zoom").disabled = false;
+  writeURL(false); redraw(); showFlamegraph(a, b);
+}
+$("hm").addEventListener("mousedown", (ev) => {
+  const cell = S.grid && cellAt(ev);
+  if (!cell) return;
+  ev.preventDefault();
+  if (ev.shiftKey && (S.anchor || S.sel)) {
+    const [c, i] = cell, t = cellTime(c, i);
+    const a = S.anchor ? cellTime(...S.anchor) : S.sel[0];
+    select(Math.min(a, t), Math.max(a + (S.anchor ? cellSpan() : S.sel[1] - S.sel[0]), t + cellSpan()));
+    return;
+  }
+  drag = { from: cell, to: cell };
+});
+window.addEventListener("mousemove", (ev) => {
+  if (!S.grid) return;
+  const cell = cellAt(ev);
+  if (drag && cell) { drag.to = cell; const a = cellTime(...drag.from), b = cellTime(...cell); S.sel = [Math.min(a, b), Math.max(a, b) + cellSpan()]; redraw(); }
+  if (ev.target === $("hm") && cell) { showTip(cellText(...cell), ev.clientX, ev.clientY); topOf(cell, ev.clientX, ev.clientY); }
+  else if (ev.target === $("hm")) hideTip();
+});
+window.addEventListener("mouseup", () => {
+  if (!drag) return;
+  const d = drag; drag = null;
+  if (d.from[0] !== d.to[0] || d.from[1] !== d.to[1]) return finishSelection(d.from, d.to);
+  // A click: the first one anchors, the second ends the selection.
+  if (S.anchor) return finishSelection(S.anchor, d.from);
+  S.anchor = d.from; S.sel = null; $("range").textContent = "(now click the end cell)"; redraw();
+});
+$("hm").addEventListener("mouseleave", hideTip);
+$("hm").addEventListener("keydown", (ev) => {
+  if (!S.grid) return;
+  const { g } = gridInfo(), cur = S.cursor || [0, g.rows.length - 1];
+  const moves = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, -1], ArrowDown: [0, 1] };
+  if (moves[ev.key]) {
+    ev.preventDefault();
+    const [dc, di] = moves[ev.key];
+    S.cursor = [Math.max(0, Math.min(g.columns.length - 1, cur[0] + dc)), Math.max(0, Math.min(g.rows.length - 1, cur[1] + di))];
+    redraw();
+    const p = cellPoint(...S.cursor); showTip(cellText(...S.cursor), p.x, p.y);
+  } else if (ev.key === "Enter") {
+    ev.preventDefault();
+    if (S.anchor) finishSelection(S.anchor, cur);
+    else { S.anchor = cur; S.sel = null; redraw(); }
+  }
+});
+$("hm").addEventListener("blur", hideTip);
+
+// ---- CPU x time ----
+function ctInfo() {
+  const g = S.ct, n = g.cpus.length;
+  return { g, n, rh: Math.max(3, Math.min(14, Math.floor(640 / Math.max(1, n)))) };
+}
+// The theme's colours, read once per drawing (getComputedStyle per cell is slow at 192 CPUs).
+let palette = null;
+function ctColor(busy, kern) {
+  const p = palette || { empty: css("--empty"), u: css("--user").split(",").map(Number), k: css("--kernel").split(",").map(Number) };
+  if (!busy) return p.empty;
+  const { u, k } = p, f = Math.min(1, kern / busy);
+  const m = u.map((x, j) => Math.round(x + (k[j] - x) * f));
+  return `rgba(${m.join(",")},${(0.12 + 0.88 * Math.min(1, busy)).toFixed(3)})`;
+}
+function drawCputime() {
+  const { g, n, rh } = ctInfo(), d = S.dom, h = n * rh;
+  const el = $("ct"), c = canvas(el, LEFT + d.w, h);
+  el.style.marginLeft = "0";
+  c.fillStyle = css("--empty"); c.fillRect(LEFT, 0, d.w, h);
+  const every = Math.ceil(11 / rh);
+  c.font = "11px system-ui, sans-serif"; c.textAlign = "right"; c.textBaseline = "middle"; c.fillStyle = css("--muted");
+  const cols = g.busy.length ? g.busy[0].length : 0, b0 = g.first_ns / 1e9, bs = g.bucket_ns / 1e9;
+  palette = { empty: css("--empty"), u: css("--user").split(",").map(Number), k: css("--kernel").split(",").map(Number) };
+  const muted = css("--muted");
+  g.cpus.forEach((cpu, row) => {
+    if (row % every === 0) { c.fillStyle = muted; c.fillText("CPU " + cpu, LEFT - 6, row * rh + rh / 2); }
+    for (let k = 0; k < cols; k++) {
+      const b = g.busy[row][k];
+      if (!b) continue;
+      const x0 = LEFT + X(b0 + k * bs), x1 = LEFT + X(b0 + (k + 1) * bs);
+      if (x1 < LEFT || x0 > LEFT + d.w) continue;
+      c.fillStyle = ctColor(b, g.kernel[row][k]);
+      c.fillRect(Math.max(LEFT, x0), row * rh, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), rh - (rh > 5 ? 1 : 0));
+    }
+  });
+  palette = null;
+  for (const f of S.findings) {
+    const row = g.cpus.indexOf(f.cpu);
+    if (row < 0) continue;
+    const x0 = LEFT + Math.max(0, X(f.start_ns / 1e9)), x1 = LEFT + Math.min(d.w, X((f.end_ns ?? Date.now() * 1e6) / 1e9));
+    c.strokeStyle = css("--" + f.severity); c.lineWidth = 2; c.strokeRect(x0, row * rh + 1, Math.max(4, x1 - x0), rh - 2);
+  }
+  if (S.sel) {
+    const x0 = LEFT + X(S.sel[0]), x1 = LEFT + X(S.sel[1]);
+    c.fillStyle = css("--sel"); c.fillRect(x0, 0, Math.max(2, x1 - x0), h);
+    c.strokeStyle = css("--sel-line"); c.lineWidth = 2; c.strokeRect(x0, 1, Math.max(2, x1 - x0), h - 2);
+  }
+  drawTimeAxis($("ct-x"));
+  const sw = (busy, kern, label) => { const s = document.createElement("span"), i = document.createElement("i"); i.style.background = ctColor(busy, kern); s.append(i, label); return s; };
+  $("ct-legend").replaceChildren(
+    sw(0.1, 0, "10 % busy"), sw(0.5, 0, "50 %"), sw(1, 0, "100 % busy, user"), sw(1, 0.5, "half kernel"), sw(1, 1, "100 % kernel"),
+    `bucket ${span(bs)}` + (g.coarsened ? ` — ${g.coarsened.reason}` : ""));
+}
+function ctCell(ev) {
+  const { g, n, rh } = ctInfo(), r = $("ct").getBoundingClientRect();
+  const x = ev.clientX - r.left - LEFT, row = Math.floor((ev.clientY - r.top) / rh);
+  if (x < 0 || row < 0 || row >= n) return null;
+  const k = Math.floor((T(x) - g.first_ns / 1e9) / (g.bucket_ns / 1e9));
+  return k >= 0 && k < (g.busy[row] || []).length ? [row, k] : null;
+}
+$("ct").addEventListener("mousemove", (ev) => {
+  const cell = S.ct && ctCell(ev);
+  if (!cell) return hideTip();
+  const { g } = ctInfo(), [row, k] = cell, t = g.first_ns / 1e9 + (k * g.bucket_ns) / 1e9;
+  showTip(`CPU ${g.cpus[row]}  ${full(t, false)}\n${Math.round(g.busy[row][k] * 100)} % busy, ${Math.round(g.kernel[row][k] * 100)} % kernel` +
+    (g.softirq ? `, ${Math.round(g.softirq[row][k] * 100)} % softirq` : ""), ev.clientX, ev.clientY);
+});
+$("ct").addEventListener("mouseleave", hideTip);
+// A cell selects its CPU and its bucket everywhere: the heatmap and flamegraph follow.
+async function pickCpuCell([row, k]) {
+  const { g } = ctInfo(), t = g.first_ns / 1e9 + (k * g.bucket_ns) / 1e9;
+  $("cpu").value = String(g.cpus[row]);
+  S.sel = [t, t + g.bucket_ns / 1e9];
+  writeURL(true);
+  await load();
+}
+$("ct").addEventListener("click", (ev) => { const cell = S.ct && ctCell(ev); if (cell) pickCpuCell(cell); });
+let ctCursor = null;
+$("ct").addEventListener("keydown", (ev) => {
+  if (!S.ct) return;
+  const { g, rh } = ctInfo(), cur = ctCursor || [0, 0], cols = g.busy.length ? g.busy[0].length : 0;
+  const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+  if (moves[ev.key]) {
+    ev.preventDefault();
+    ctCursor = [Math.max(0, Math.min(g.cpus.length - 1, cur[0] + moves[ev.key][0])), Math.max(0, Math.min(cols - 1, cur[1] + moves[ev.key][1]))];
+    const r = $("ct").getBoundingClientRect(), [row, k] = ctCursor, t = g.first_ns / 1e9 + (k * g.bucket_ns) / 1e9;
+    showTip(`CPU ${g.cpus[row]}  ${full(t, false)}\n${Math.round(g.busy[row][k] * 100)} % busy, ${Math.round(g.kernel[row][k] * 100)} % kernel`,
+      r.left + LEFT + X(t), r.top + row * rh);
+  } else if (ev.key === "Enter" && ctCursor) { ev.preventDefault(); pickCpuCell(ctCursor); }
+});
+$("ct").addEventListener("blur", hideTip);
+
+// ---- findings and events: marks on both time lines ----
+function around(from, to, cpu) {
+  return async () => {
+    $("from").value = iso(from / 1e9); $("to").value = iso(to / 1e9);
+    if (cpu !== null && cpu !== undefined) $("cpu").value = String(cpu);
+    S.sel = null; writeURL(true);
+    await load();
+  };
+}
+function findingWindow(f) {
+  const end = f.end_ns ?? Date.now() * 1e6;
+  return { open: around(f.start_ns - 5e9, end + 1e9, f.cpu), sel: [f.start_ns / 1e9, end / 1e9] };
+}
+function marks(el) {
+  const d = S.dom, out = [];
+  el.style.width = d.w + "px";
+  for (const f of S.findings) {
+    const x0 = Math.max(0, X(f.start_ns / 1e9)), x1 = Math.min(d.w, X((f.end_ns ?? Date.now() * 1e6) / 1e9));
+    const b = document.createElement("button");
+    b.type = "button"; b.className = "finding " + f.severity; b.dataset.id = f.id;
+    b.style.left = x0 + "px"; b.style.width = Math.max(6, x1 - x0) + "px"; b.style.background = css("--" + f.severity);
+    b.setAttribute("aria-label", `${f.severity} finding ${f.id}${f.cpu != null ? " on CPU " + f.cpu : ""}: ${f.summary}`);
+    b.title = b.getAttribute("aria-label") + "\n" + full(f.start_ns / 1e9, false) + "\nclick: its window on its CPU";
+    b.addEventListener("click", async () => { const w = findingWindow(f); await w.open(); select(...w.sel); });
+    out.push(b);
+  }
+  for (const e of S.events) {
+    const b = document.createElement("button");
+    b.type = "button"; b.className = "event"; b.dataset.id = e.id;
+    b.style.left = X(e.ts_ns / 1e9) - 5 + "px"; b.style.background = css("--event");
+    b.setAttribute("aria-label", `kernel event ${e.id}: ${e.message}`);
+    b.title = `${full(e.ts_ns / 1e9)}\n${e.message}\nclick: the window around it`;
+    b.addEventListener("click", around(e.ts_ns - 5e9, e.ts_ns + 1e9, null));
+    out.push(b);
+  }
+  el.replaceChildren(...out);
+}
+function listItem(text, severity, open) {
+  const li = document.createElement("li"), a = document.createElement("a");
+  a.href = "#"; a.textContent = text;
+  if (severity) a.className = "sev-" + severity;
+  a.addEventListener("click", (ev) => { ev.preventDefault(); open(); });
+  li.appendChild(a);
+  return li;
+}
+
+// ---- counter tracks (GET /api/counters, when the daemon has it) ----
+async function loadCounters() {
+  if (!S.dom) return;
+  let tracks = [];
+  try {
+    const r = await get("/api/counters", { from: String(S.dom.t0), to: String(S.dom.t1) });
+    tracks = ((await r.json()).tracks || []).filter((t) => t.points && t.points.length);
+  } catch (_) { tracks = []; } // 404 (no counters in this build) or nothing recorded: no tracks.
+  const d = S.dom, out = [];
+  for (const t of tracks.slice(0, 24)) {
+    const row = document.createElement("div"), name = document.createElement("div"), cv = document.createElement("canvas");
+    row.className = "track"; name.className = "name";
+    const label = `${t.name}${t.cpu != null ? " cpu" + t.cpu : ""}`;
+    name.textContent = label; name.title = `${label} (${t.unit || ""})`;
+    const c = canvas(cv, d.w, 26), max = Math.max(...t.points.map((p) => p[1]), 0);
+    c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, 26);
+    c.strokeStyle = css("--info"); c.lineWidth = 1.5; c.beginPath();
+    t.points.forEach(([ms, v], j) => { const x = X(ms / 1000), y = 24 - (max ? (v / max) * 21 : 0); j ? c.lineTo(x, y) : c.moveTo(x, y); });
+    c.stroke();
+    c.fillStyle = css("--muted"); c.font = "10px system-ui, sans-serif"; c.textBaseline = "top"; c.fillText(`max ${+max.toPrecision(3)} ${t.unit || ""}`, 3, 1);
+    cv.addEventListener("mousemove", (ev) => {
+      const tm = T(ev.clientX - cv.getBoundingClientRect().left) * 1000;
+      const p = t.points.reduce((a, b) => (Math.abs(b[0] - tm) < Math.abs(a[0] - tm) ? b : a));
+      showTip(`${label}\n${full(p[0] / 1000, false)}: ${+p[1].toPrecision(4)} ${t.unit || ""}`, ev.clientX, ev.clientY);
+    });
+    cv.addEventListener("mouseleave", hideTip);
+    row.append(name, cv); out.push(row);
+  }
+  $("counters").replaceChildren(...out);
+}
+
+// ---- header ----
+function filtersText() {
+  const f = FIELDS.slice(2).filter((k) => $(k).value.trim()).map((k) => `${k === "cpu" ? "CPUs" : k} ${$(k).value.trim()}`);
+  return f.length ? f.join(", ") : "no filter (all CPUs, all processes)";
+}
+function drawWindow() {
+  let text = S.dom ? `window ${full(S.dom.t0, false)} → ${clock(S.dom.t1, false)} (${span(S.dom.t1 - S.dom.t0)})` : "window: none loaded";
+  text += ` · ${filtersText()}`;
+  if (S.sel) text += ` · selected ${clock(S.sel[0], true)} → ${clock(S.sel[1], true)} (${span(S.sel[1] - S.sel[0])})`;
+  $("h-window").textContent = text;
+}
+async function loadStatus() {
+  try {
+    const st = await (await get("/api/status", {})).json(), m = st.meta || {}, s = st.summary || {}, h = st.health || {};
+    $("h-node").textContent = m.node || m.hostname || "unknown node";
+    document.title = `profiler · ${$("h-node").textContent}`;
+    $("h-kernel").textContent = st.kernel ? `kernel ${st.kernel}` : "";
+    $("h-cpus").textContent = m.cpus ? `${m.cpus} CPUs` : "";
+    $("h-freq").textContent = m.frequency_hz ? `${m.frequency_hz} Hz` : "";
+    if (s.span) $("h-span").textContent = `data ${full(s.span[0] / 1e9, false)} → ${clock(s.span[1] / 1e9, false)} (${span((s.span[1] - s.span[0]) / 1e9)})`;
+    let lost = 0, all = 0;
+    for (const c of Object.values(s.cpus || {})) { lost += c.lost; all += c.samples + c.idle + c.lost; }
+    const lh = $("h-lost"); lh.textContent = `lost samples ${lost}${all ? ` (${((lost / all) * 100).toFixed(2)} %)` : ""}`;
+    lh.className = all && lost / all > 0.01 ? "bad" : "";
+    const hh = $("h-health"), problems = [];
+    const online = h.online_cpus || m.cpus;
+    if (online && h.sampled_cpus < online) problems.push(`sampling ${h.sampled_cpus} of ${online} online CPUs`);
+    if (h.ring_to_disk_seconds && h.ring_to_disk_seconds[1] > 10) problems.push(`ring to disk up to ${h.ring_to_disk_seconds[1].toFixed(1)} s`);
+    if (h.events_lost) problems.push(`${h.events_lost} process events lost`);
+    const open = Object.values(h.open_findings || {}).reduce((a, b) => a + b, 0);
+    hh.textContent = `daemon ${problems.length ? problems.join(", ") : "healthy"}` +
+      (h.ring_to_disk_seconds ? ` · ring→disk p50 ${h.ring_to_disk_seconds[0].toFixed(2)} s` : "") + (open ? ` · open findings: ${open}` : "");
+    hh.className = problems.length ? "warn" : "";
+    // Which CPUs take the NIC and GPU interrupts: a busy one of those starves its queue.
+    const byDevice = {};
+    for (const i of (st.interrupts && st.interrupts.irqs) || []) {
+      for (const cpu of i.cpus) ((byDevice[i.device] ||= {})[cpu] ||= []).push(i.name);
+    }
+    $("irqs").textContent = Object.entries(byDevice)
+      .map(([d, cpus]) => d + " interrupts: " + Object.entries(cpus).map(([c, n]) => "CPU " + c + " (" + n.join(", ") + ")").join("; "))
+      .join(" | ");
+  } catch (e) {
+    $("h-health").textContent = "daemon status unavailable: " + e.message; $("h-health").className = "bad";
+  }
+}
+
+// ---- loading ----
+function redraw() {
+  $("zoom").disabled = !S.sel;
+  if (!S.dom) return;
+  S.dom.w = plotWidth();
+  if (S.grid) drawHeatmap();
+  if (S.ct) drawCputime();
+  marks($("hm-marks")); marks($("ct-marks"));
+  drawWindow();
+}
+
+// Loads overlap (the one at page load, a click on Load): only the latest may draw, or a slow
+// earlier answer would replace the range asked for last.
+let loads = 0;
+async function load() {
+  const mine = ++loads, query = params().toString();
+  $("status").textContent = "loading…"; $("status").className = "";
+  try {
+    const [h, c, f, e] = await Promise.all([
+      get("/api/heatmap").then((r) => r.json()),
+      get("/api/cputime").then((r) => r.json()),
+      get("/api/findings").then((r) => r.json()),
+      get("/api/events").then((r) => r.json()),
+    ]);
+    if (mine !== loads) return;
+    const k = h.coarsened ? h.coarsened.seconds_per_column : 1;
+    S.grid = h; S.ct = c; S.findings = f; S.events = e; S.anchor = null; S.cursor = null;
+    S.dom = { t0: h.first_second, t1: h.first_second + h.columns.length * k, w: plotWidth() };
+    redraw();
+    $("heatmap").dataset.query = query;
+    $("findings").replaceChildren(...f.map((x) => listItem(`${full(x.start_ns / 1e9, false)} ${x.severity}${x.cpu != null ? " CPU " + x.cpu : ""}: ${x.summary}`, x.severity,
+      async () => { const w = findingWindow(x); await w.open(); select(...w.sel); })));
+    $("events").replaceChildren(...e.map((x) => listItem(`${full(x.ts_ns / 1e9)}: ${x.message}`, null, around(x.ts_ns - 5e9, x.ts_ns + 1e9, null))));
+    $("status").textContent = "";
+    if (S.sel) showFlamegraph(...S.sel);
+    loadCounters();
+  } catch (err) {
+    if (mine === loads) { $("status").textContent = err.message; $("status").className = "err"; }
+  }
+}
+
+$("controls").addEventListener("submit", (ev) => { ev.preventDefault(); S.sel = null; writeURL(true); load(); });
+$("zoom").addEventListener("click", () => {
+  if (!S.sel) return;
+  $("from").value = iso(S.sel[0]); $("to").value = iso(S.sel[1]);
+  writeURL(true); load();
+});
+$("back").addEventListener("click", () => history.back());
+window.addEventListener("popstate", () => { readURL(); $("back").disabled = !((history.state && history.state.depth) > 0); load(); });
+$("local").addEventListener("change", () => { writeURL(false); redraw(); loadStatus(); if (S.sel) showFlamegraph(...S.sel); });
+document.addEventListener("keydown", (ev) => {
+  if (ev.target.tagName === "INPUT") return;
+  if (ev.key === "z" && S.sel) $("zoom").click();
+  if (ev.key === "Backspace" && !$("back").disabled) { ev.preventDefault(); history.back(); }
+  if (ev.key === "Escape") { S.anchor = null; hideTip(); redraw(); }
+});
+let resizing = 0;
+window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => { redraw(); loadCounters(); if (S.tree) drawFlame(); }, 150); });
+
+// What tests (and a curious engineer in the console) can ask the page.
+function ctPoint(row, k) {
+  const { g, rh } = ctInfo(), r = $("ct").getBoundingClientRect(), t = g.first_ns / 1e9 + ((k + 0.5) * g.bucket_ns) / 1e9;
+  return { x: r.left + LEFT + X(t), y: r.top + row * rh + rh / 2 };
+}
+window.profilerUI = { cellPoint, cellText, ctPoint, loadCounters, redraw, state: S, X: (t) => X(t) };
+
+readURL();
+if (hashToken) writeURL(false); // drops the token from the address
+loadStatus();
+load();

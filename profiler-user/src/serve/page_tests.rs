@@ -1,0 +1,26 @@
+//! The page is one answer with its style and script inside, and names nothing external.
+
+use super::*;
+
+#[test]
+fn the_page_is_one_self_contained_answer() {
+    let p = page();
+    assert!(!p.contains("/*STYLE*/") && !p.contains("/*SCRIPT*/"), "a placeholder was left");
+    assert!(p.contains("prefers-color-scheme: dark") && p.contains("window.profilerUI"));
+    assert!(p.contains("function drawFlame("), "flame.js is part of the script");
+    // No external asset: nothing fetched from another origin, the page works offline.
+    for external in ["http://", "https://", "src=\"//", "@import"] {
+        assert!(!p.contains(external), "the page refers to '{external}'");
+    }
+}
+
+#[test]
+fn health_counts_lost_samples_and_dropped_events() {
+    let mut l = metrics::Live { events_lost: 2, events_dropped: 3, sampled_cpus: 4, ..Default::default() };
+    l.cpus.insert(0, (10, 5, 7));
+    l.cpus.insert(1, (10, 5, 1));
+    let h = health(&l);
+    assert_eq!(h["lost_samples"], 8);
+    assert_eq!(h["events_lost"], 5);
+    assert_eq!(h["sampled_cpus"], 4);
+}
