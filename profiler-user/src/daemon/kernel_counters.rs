@@ -6,7 +6,7 @@
 use std::{
     path::PathBuf,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -14,14 +14,11 @@ use std::{
 
 use crate::{
     collect::counters::{Point, Sampler, thread_cpu},
-    detect::zombies::MemcgCount,
     store::counters::CountersWriter,
     timespec::now_ns,
 };
 
-/// The latest memory cgroup count the upkeep stage read (for the zombie detector), shared so
-/// the cgroup tree is walked once.
-pub type LatestMemcg = Arc<Mutex<Option<(Instant, MemcgCount)>>>;
+pub use crate::collect::counters::LatestMemcg;
 
 pub struct KernelCounters {
     pub data_dir: PathBuf,

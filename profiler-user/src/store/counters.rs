@@ -252,7 +252,7 @@ fn parse_file(
     if !text.is_empty() && !text.starts_with(HEADER) {
         return Err(format!("not a counters file (it does not start with '{HEADER}'): skipped"));
     }
-    let mut ids: Vec<Option<(String, Option<u32>, String)>> = Vec::new();
+    let mut ids: Vec<Option<TrackDef>> = Vec::new();
     let mut skipped = 0;
     let lines: Vec<&str> = text.split('\n').collect();
     let last = lines.len() - 1;
@@ -283,7 +283,10 @@ fn parse_file(
     Ok(skipped)
 }
 
-fn parse_track(rest: &str) -> Option<(usize, (String, Option<u32>, String))> {
+/// A track's name, CPU and unit.
+type TrackDef = (String, Option<u32>, String);
+
+fn parse_track(rest: &str) -> Option<(usize, TrackDef)> {
     let mut w = rest.splitn(4, ' ');
     let id: usize = w.next()?.parse().ok().filter(|&i| i < 1_000_000)?;
     let cpu = match w.next()? {
@@ -297,7 +300,7 @@ fn parse_track(rest: &str) -> Option<(usize, (String, Option<u32>, String))> {
 
 fn parse_tick(
     rest: &str,
-    ids: &[Option<(String, Option<u32>, String)>],
+    ids: &[Option<TrackDef>],
     from_ms: u64,
     to_ms: u64,
     select: &Select,

@@ -8,6 +8,7 @@
 //! that went back, a NIC reset, gives none either); gauges are kept as read. A source the kernel
 //! does not have (PSI on 4.19, a v2 hierarchy without the cpu controller) is skipped, said once.
 
+pub mod ethtool;
 pub mod parse;
 
 use std::{
@@ -18,6 +19,10 @@ use std::{
 };
 
 use crate::detect::zombies::MemcgCount;
+
+/// The latest memory cgroup count the upkeep stage read (for the zombie detector) and when,
+/// shared so that the cgroup tree is walked once for both.
+pub type LatestMemcg = Arc<Mutex<Option<(Instant, MemcgCount)>>>;
 
 /// One value of one track at one tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,20 +57,18 @@ pub struct Sampler {
     cfs_at: Option<Instant>,
     cfs_mounts: Option<Vec<PathBuf>>,
     /// The latest memory cgroup count, which the upkeep stage reads for the zombie detector.
-    memcg: Option<Arc<Mutex<Option<(Instant, MemcgCount)>>>>,
+    memcg: Option<LatestMemcg>,
     missing: BTreeSet<&'static str>,
+    /// `None` in tests on a fake tree, or when no socket could be made.
+    ethtool: Option<ethtool::Ethtool>,
 }
 
 impl Sampler {
-    pub fn new(root: impl Into<PathBuf>, memcg: Option<Arc<Mutex<Option<(Instant, MemcgCount)>>>>) -> Self {
-        Self {
-            root: root.into(),
-            prev: HashMap::new(),
-            cfs_at: None,
-            cfs_mounts: None,
-            memcg,
-            missing: BTreeSet::new(),
-        }
+    pub fn new(root: impl Into<PathBuf>, memcg: Option<LatestMemcg>) -> Self {
+        let root: PathBuf = root.into();
+        // Driver counters come from the real kernel only (an ioctl, not a file under `root`).
+        let ethtool = (root == Path::new("/")).then(ethtool::Ethtool::new).and_then(Result::ok);
+        Self { root, prev: HashMap::new(), cfs_at: None, cfs_mounts: None, memcg, missing: BTreeSet::new(), ethtool }
     }
 
     fn read(&mut self, what: &'static str, rel: &str) -> Option<String> {
@@ -152,6 +155,11 @@ impl Sampler {
             for c in NIC_COUNTERS {
                 if let Some(v) = std::fs::read_to_string(stats.join(c)).ok().and_then(|t| t.trim().parse().ok()) {
                     raw.push((format!("nic.{ifname}.{c}"), None, "/s", Raw::Counter(v, 1.0)));
+                }
+            }
+            if let Some(e) = self.ethtool.as_mut() {
+                for (stat, v) in e.stats(&ifname) {
+                    raw.push((format!("ethtool.{ifname}.{stat}"), None, "/s", Raw::Counter(v, 1.0)));
                 }
             }
         }
