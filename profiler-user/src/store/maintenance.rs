@@ -21,7 +21,6 @@ pub struct Maintenance {
     last_retention: Option<Instant>,
     last_rollup: Option<Instant>,
     last_index: Option<Instant>,
-    last_counters_prune: Option<Instant>,
     indexer: Indexer,
     /// Segments known to be rolled up already (or not worth trying again).
     rolled: std::collections::HashSet<u64>,
@@ -33,7 +32,6 @@ impl Maintenance {
             last_retention: None,
             last_rollup: None,
             last_index: None,
-            last_counters_prune: None,
             indexer: Indexer::new(data_dir),
             rolled: Default::default(),
         }
@@ -47,10 +45,6 @@ impl Maintenance {
             let indexer = &mut self.indexer;
             match retention::enforce(data_dir, bounds, now_ns(), &mut |start, path| indexer.forget(start, path)) {
                 Ok(removed) => {
-                    if !removed.is_empty() || due(self.last_counters_prune, Duration::from_secs(60)) {
-                        self.last_counters_prune = Some(Instant::now());
-                        prune_counters(data_dir, bounds);
-                    }
                     for r in removed {
                         let why = match r.why {
                             Why::Size => format!("the store is over its {} byte limit", bounds.max_bytes),
@@ -118,19 +112,6 @@ impl Maintenance {
                 Err(e) => tracing::warn!(file = %path.display(), error = %e, "segment not rolled up"),
             }
         }
-    }
-}
-
-/// Kernel counters live as long as the samples beside them: minutes that ended before the
-/// oldest segment (or before the age limit) go.
-fn prune_counters(data_dir: &Path, bounds: &Retention) {
-    let oldest = reader::list_segments(data_dir).ok().and_then(|s| s.first().map(|(start, _)| *start));
-    let by_age = now_ns().saturating_sub(bounds.max_age_ns);
-    let cutoff = oldest.map_or(by_age, |o| o.max(by_age));
-    match super::counters::prune(data_dir, cutoff) {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(files = n, "minutes of kernel counters older than the store's samples removed"),
-        Err(e) => tracing::warn!(error = %e, "kernel counters could not be pruned"),
     }
 }
 
