@@ -2,7 +2,7 @@
 //! CPU is hot in softirq. Per CPU: softnet (`processed`, `dropped`, `time_squeeze`), softirqs
 //! by kind, interrupts taken; per NIC queue its interrupts; PSI (cpu, memory, io); live and
 //! dying memory cgroups (the zombie detector's count, not read twice); CFS throttling summed
-//! over the cpu hierarchy; NIC counters (`/sys/class/net/*/statistics`).
+//! over the cpu hierarchy; NIC counters (`/proc/net/dev`, and the driver's through ethtool).
 //!
 //! Monotonic counters become rates per second (the first read of each gives no point; a counter
 //! that went back, a NIC reset, gives none either); gauges are kept as read. A source the kernel
@@ -46,8 +46,6 @@ const CFS_EVERY: Duration = Duration::from_secs(5);
 const CFS_MAX_CGROUPS: usize = 20_000;
 /// A memory cgroup count older than this (upkeep reads it every 5 s) is not shown.
 const MEMCG_FRESH: Duration = Duration::from_secs(15);
-/// NIC counters read per interface, as rates.
-const NIC_COUNTERS: [&str; 6] = ["rx_packets", "tx_packets", "rx_dropped", "tx_dropped", "rx_errors", "tx_errors"];
 
 /// Reads the counters; keeps the previous values to make rates.
 pub struct Sampler {
@@ -147,15 +145,10 @@ impl Sampler {
     }
 
     fn nic(&mut self, raw: &mut Vec<(String, Option<u32>, &'static str, Raw)>) {
-        let Ok(dir) = std::fs::read_dir(self.root.join("sys/class/net")) else { return };
-        let mut names: Vec<String> = dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-        names.sort();
-        for ifname in names.into_iter().filter(|n| n != "lo") {
-            let stats = self.root.join("sys/class/net").join(&ifname).join("statistics");
-            for c in NIC_COUNTERS {
-                if let Some(v) = std::fs::read_to_string(stats.join(c)).ok().and_then(|t| t.trim().parse().ok()) {
-                    raw.push((format!("nic.{ifname}.{c}"), None, "/s", Raw::Counter(v, 1.0)));
-                }
+        let Some(t) = self.read("NIC", "proc/net/dev") else { return };
+        for (ifname, values) in parse::net_dev(&t).into_iter().filter(|(n, _)| n != "lo") {
+            for (c, v) in parse::NET_DEV_NAMES.iter().zip(values) {
+                raw.push((format!("nic.{ifname}.{c}"), None, "/s", Raw::Counter(v, 1.0)));
             }
             if let Some(e) = self.ethtool.as_mut() {
                 for (stat, v) in e.stats(&ifname) {
@@ -253,7 +246,7 @@ mod tests {
         write(r, "proc/net/softnet_stat", "00000010 00000000 00000001 0 0 0 0 0 0 0 0 0 00000001\n");
         write(r, "proc/softirqs", "  CPU1\nNET_RX: 100\n");
         write(r, "proc/pressure/cpu", "some avg10=5.00 avg60=0 avg300=0 total=1000\n");
-        write(r, "sys/class/net/eth0/statistics/rx_packets", "7\n");
+        write(r, "proc/net/dev", "h|\nh|\n eth0: 0 7 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n");
         write(r, "proc/mounts", "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n");
         write(r, "sys/fs/cgroup/cpu/cpu.stat", "nr_throttled 0\nthrottled_time 0\n");
         write(r, "sys/fs/cgroup/cpu/pod/cpu.stat", "nr_throttled 1\nthrottled_time 1000000\n");
@@ -268,7 +261,7 @@ mod tests {
         write(r, "proc/net/softnet_stat", "00000030 00000000 00000001 0 0 0 0 0 0 0 0 0 00000001\n");
         write(r, "proc/softirqs", "  CPU1\nNET_RX: 400\n");
         write(r, "proc/pressure/cpu", "some avg10=5.00 avg60=0 avg300=0 total=501000\n");
-        write(r, "sys/class/net/eth0/statistics/rx_packets", "3\n");
+        write(r, "proc/net/dev", "h|\nh|\n eth0: 0 3 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n");
         write(r, "sys/fs/cgroup/cpu/pod/cpu.stat", "nr_throttled 11\nthrottled_time 501000000\n");
         let second = s.tick(t0 + Duration::from_secs(2));
         assert_eq!(find(&second, "softnet.processed", Some(1)).unwrap().value, 16.0);
