@@ -152,7 +152,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The window around a finding (from `before` its start to `after` its end) or an event.
-fn around_window(src: &Opened, id: &str, before: &str, after: &str) -> anyhow::Result<(Window, Option<u32>)> {
+pub(super) fn around_window(
+    src: &Opened,
+    id: &str,
+    before: &str,
+    after: &str,
+) -> anyhow::Result<(Window, Option<u32>)> {
     let data_dir = src.data_dir();
     profiler::store::check_dir(data_dir)?;
     let dur = |what: &str, v: &str| {

@@ -2,6 +2,7 @@
 //! flags, then a call into query / export / store). `main` only parses and reports errors.
 
 mod args;
+mod counters;
 mod export;
 mod flamegraph;
 mod fleet;
@@ -47,6 +48,10 @@ pub enum Command {
     Findings(lists::Args),
     /// Kernel log events (resets, watchdogs) in a time window.
     Events(lists::Args),
+    /// Kernel counters the daemon read each second, on the samples' time axis: softnet
+    /// (processed, dropped, time_squeeze) and softirqs per CPU, NIC queue interrupts, PSI,
+    /// live and dying memory cgroups, CFS throttling, NIC counters.
+    Counters(counters::Args),
     /// What the store holds: time range, samples per CPU, lost samples, size.
     Status(status::Args),
     /// Liveness: exits 1 with a sentence unless a daemon holds the data directory and wrote
@@ -107,6 +112,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Ui(dir) => status::ui(dir),
         Command::Findings(args) => lists::findings(args),
         Command::Events(args) => lists::events(args),
+        Command::Counters(args) => counters::run(args),
         Command::Status(args) => status::run(args),
         Command::Health(args) => status::health(args),
         Command::Fleet(args) => fleet::run(args),

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// `[clickhouse] url` in the config file [default: no shipping].
     #[arg(long)]
     clickhouse: Option<String>,
+    /// Do not read kernel counters (softnet, softirqs, interrupts, PSI, cgroups, NICs) each
+    /// second; as `kernel_counters = false` in the config file [default: read them].
+    #[arg(long)]
+    no_kernel_counters: bool,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -134,6 +138,7 @@ impl RunArgs {
             settings.retention.max_age_ns / 1_000_000_000,
         )?;
         Ok(DaemonConfig {
+            kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
             clickhouse,
             listen,
             otlp,

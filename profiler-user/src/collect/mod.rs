@@ -3,6 +3,7 @@
 //! reads their ring buffers and maps.
 
 pub mod caps;
+pub mod counters;
 pub mod cpus;
 pub mod features;
 pub mod irqs;

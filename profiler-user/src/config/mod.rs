@@ -166,6 +166,9 @@ pub struct ConfigFile {
     pub otlp: OtlpFile,
     /// Shipping to ClickHouse (off without a URL).
     pub clickhouse: Option<crate::ship::clickhouse::FileConfig>,
+    /// Read kernel counters (softnet, softirqs, interrupts, PSI, cgroups, NICs) each second
+    /// and store them beside the samples [default: true].
+    pub kernel_counters: Option<bool>,
 }
 
 /// The `[events]` table.

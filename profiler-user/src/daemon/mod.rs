@@ -17,6 +17,7 @@
 mod clock;
 pub mod counters;
 pub mod drops;
+mod kernel_counters;
 pub mod queue;
 mod reader;
 mod report;
@@ -97,6 +98,8 @@ pub struct DaemonConfig {
     pub otlp: Option<crate::config::Otlp>,
     /// Where to ship samples, if anywhere.
     pub clickhouse: Option<crate::ship::clickhouse::Config>,
+    /// Whether kernel counters (softnet, softirqs, PSI, ...) are read each second and stored.
+    pub kernel_counters: bool,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -201,6 +204,21 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             None
         }
     };
+    let memcg_latest = kernel_counters::LatestMemcg::default();
+    let counters = if config.kernel_counters {
+        Some(
+            kernel_counters::KernelCounters {
+                data_dir: config.data_dir.clone(),
+                stop: stop.clone(),
+                memcg: memcg_latest.clone(),
+            }
+            .spawn()
+            .map_err(|e| DaemonError::Thread("kernel counters", e))?,
+        )
+    } else {
+        tracing::info!("kernel counters are off (kernel_counters = false)");
+        None
+    };
     let upkeep = upkeep::Upkeep {
         data_dir: config.data_dir.clone(),
         settings: settings.clone(),
@@ -209,6 +227,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         write_failing,
         stop: stop.clone(),
         kmsg,
+        memcg_latest,
     }
     .spawn()
     .map_err(|e| DaemonError::Thread("upkeep", e))?;
@@ -282,6 +301,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let reader_result = reader.join();
     let summary = stage.join();
     let upkeep_result = upkeep.join();
+    // Counters are not worth failing the stop for: a panic there was logged when it happened.
+    if counters.is_some_and(|c| c.join().is_err()) {
+        tracing::error!("the kernel counters stage had stopped (it panicked)");
+    }
     let _ = ship_stop.send(true);
     clickhouse_stop.store(true, Ordering::Release);
     if shipper.is_some_and(|s| s.join().is_err()) {

@@ -39,6 +39,8 @@ pub struct Upkeep {
     pub write_failing: Arc<AtomicBool>,
     pub stop: Arc<AtomicBool>,
     pub kmsg: Option<Kmsg>,
+    /// Where the memory cgroup count goes for the kernel counters stage (read once, used twice).
+    pub memcg_latest: super::kernel_counters::LatestMemcg,
 }
 
 impl Upkeep {
@@ -70,7 +72,11 @@ impl Upkeep {
             if measured_at.is_none_or(|t| t.elapsed() >= MEASURE_EVERY) {
                 measured_at = Some(Instant::now());
                 let now = now_ns();
-                if self.control.send(Control::Zombies(now, memcgs.read(now))).is_err() {
+                let count = memcgs.read(now);
+                if let Some(c) = count {
+                    *self.memcg_latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), c));
+                }
+                if self.control.send(Control::Zombies(now, count)).is_err() {
                     return; // the pipeline stage is gone; the supervisor says why
                 }
                 let readings = quotas.read();

@@ -337,6 +337,33 @@ async fn events_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
     .await
 }
 
+/// Points one `/api/counters` answer may carry (an hour of ~500 tracks); more is refused with
+/// a sentence rather than built in memory.
+const MAX_COUNTER_POINTS: usize = 2_000_000;
+
+/// `{"tracks":[{"name","cpu","unit","points":[[unix_ms,value],...]}]}`: the UI's counter tracks.
+async fn counters_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
+    let app = s.app.clone();
+    heavy(&s, move || {
+        let w = p.window("-1h")?;
+        let t =
+            crate::store::counters::read(&app.data_dir, w.from_ns, w.to_ns, &Default::default()).map_err(internal)?;
+        let points: usize = t.tracks.iter().map(|t| t.points.len()).sum();
+        if points > MAX_COUNTER_POINTS {
+            return Err(Failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "{points} counter points in this window, more than {MAX_COUNTER_POINTS}: ask for a shorter one"
+                ),
+            ));
+        }
+        let note = (t.skipped_lines > 0 || !t.skipped_files.is_empty())
+            .then(|| format!("{} lines and {} files unreadable, skipped", t.skipped_lines, t.skipped_files.len()));
+        Ok(with_note(json(&t)?, "x-profiler-skipped", note))
+    })
+    .await
+}
+
 async fn status_api(State(s): State<Shared>) -> Result<Response, Failure> {
     let app = s.app.clone();
     heavy(&s, move || {
@@ -420,6 +447,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/findings", get(findings_api))
         .route("/api/events", get(events_api))
         .route("/api/status", get(status_api))
+        .route("/api/counters", get(counters_api))
         .route("/metrics", get(metrics_api))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
         .with_state(shared)

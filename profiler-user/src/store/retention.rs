@@ -37,6 +37,10 @@ pub struct Removed {
 /// Removes segments, oldest first, until the store is within `r`. The newest segment is never
 /// removed (the daemon is writing it), so the store exceeds `max_bytes` by at most one segment.
 /// `before_remove` runs before each removal (the index lets go of the segment first).
+///
+/// A minute's kernel counters (`store::counters`) count with its segment and go with it, so
+/// they are kept exactly as long as the samples beside them; counters of minutes older than
+/// every segment left (their segment went before, or never was) go too.
 pub fn enforce(
     data_dir: &Path,
     r: &Retention,
@@ -63,6 +67,18 @@ pub fn enforce(
             }
         }
     }
+    let counters: std::collections::HashMap<u64, (PathBuf, u64)> = super::counters::list(data_dir)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(start, path)| {
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            (start, (path, bytes))
+        })
+        .collect();
+    let counters_bytes = |start: u64| counters.get(&start).map_or(0, |c| c.1);
+    for s in &mut segments {
+        s.2 += counters_bytes(s.0);
+    }
     let mut total: u64 = segments.iter().map(|s| s.2).sum();
     let mut removed = Vec::new();
     while segments.len() > 1 {
@@ -83,6 +99,12 @@ pub fn enforce(
         }
         total -= bytes;
         removed.push(Removed { path, start_ns: start, bytes, why });
+    }
+    // Counters whose samples are gone: older than the oldest segment left (with no segment,
+    // older than the age limit).
+    let keep_from = segments.first().map_or(now_ns.saturating_sub(r.max_age_ns).saturating_sub(SEGMENT_NS), |s| s.0);
+    if let Err(e) = super::counters::prune(data_dir, keep_from) {
+        tracing::warn!(error = %e, "kernel counters of removed minutes could not be removed");
     }
     Ok(removed)
 }
@@ -119,6 +141,24 @@ mod tests {
         let left = list_segments(dir.path()).unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].0, 11 * SEGMENT_NS);
+    }
+
+    #[test]
+    fn counters_count_with_their_minute_and_go_with_it() {
+        let dir = store_with(&[(10, 100), (11, 100), (12, 100)]);
+        let cdir = crate::store::counters::counters_dir(dir.path());
+        std::fs::create_dir_all(&cdir).unwrap();
+        // Minute 9 has counters but no segment; 10 and 12 have both.
+        for (minute, size) in [(9, 10), (10, 200), (12, 50)] {
+            std::fs::write(cdir.join(format!("{}.cnt", minute * 60)), vec![b'x'; size]).unwrap();
+        }
+        // 100 + 200 for minute 10 put the store over 500: minute 10 goes, its counters with it.
+        let r = Retention { max_bytes: 400, max_age_ns: u64::MAX / 2 };
+        let removed = enforce(dir.path(), &r, 13 * SEGMENT_NS, &mut |_, _| Ok(())).unwrap();
+        assert_eq!(removed.iter().map(|r| (r.start_ns / SEGMENT_NS, r.bytes)).collect::<Vec<_>>(), vec![(10, 300)]);
+        let left: Vec<u64> =
+            crate::store::counters::list(dir.path()).unwrap().iter().map(|(s, _)| s / SEGMENT_NS).collect();
+        assert_eq!(left, vec![12], "minute 9's counters (no segment, older than all) went too");
     }
 
     #[test]

@@ -1,0 +1,553 @@
+//! Kernel counters beside the samples: `DATA_DIR/counters/<unix second of the minute>.cnt`, one
+//! file per minute like the segments, removed by the same retention (what is older than the
+//! oldest segment, or than the age limit, goes).
+//!
+//! A file is text, appended once a second with one write, so a killed daemon leaves at most a
+//! partial last line, which readers skip and count:
+//!
+//! ```text
+//! profiler-counters 1                     each writer that opens the file starts with this
+//! track 0 3 /s softnet.time_squeeze       id, CPU (`-` for none), unit, name (to the end)
+//! t 1795000000000 0:12.5 1:0              unix ms, then id:value for what changed
+//! t 1795000001000 0:13                    track 1 is still 0
+//! t 1795000002000 1:-                     track 1 has no value any more (a NIC went away)
+//! ```
+//!
+//! A tick line carries only the values that changed since the tick before (most rates of an
+//! idle CPU stay 0: a third of the bytes on a 2-CPU VM); `-` ends a track. Ids and values hold
+//! from a header to the next, so a daemon restarted within a minute appends its own.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+    io::{Read, Seek, SeekFrom, Write},
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
+
+use super::{
+    files,
+    format::{NS_PER_SEC, SEGMENT_NS},
+};
+use crate::collect::counters::Point;
+
+pub const HEADER: &str = "profiler-counters 1";
+/// Largest counters file read (a minute of a 192-CPU node is about 2 MB).
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CountersError {
+    #[error("{0}: {1}")]
+    Io(PathBuf, #[source] std::io::Error),
+    #[error("{0} is not a directory of counters (a symbolic link or a file): remove it and restart the daemon")]
+    NotADirectory(PathBuf),
+}
+
+/// The counters directory inside a data directory.
+pub fn counters_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("counters")
+}
+
+fn file_path(dir: &Path, minute_ns: u64) -> PathBuf {
+    dir.join(format!("{}.cnt", minute_ns / NS_PER_SEC))
+}
+
+/// The counters files, oldest first, as (start of the minute, path).
+pub fn list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>, CountersError> {
+    let dir = counters_dir(data_dir);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(CountersError::Io(dir, e)),
+    };
+    let mut out: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let secs: u64 = e.file_name().to_str()?.strip_suffix(".cnt")?.parse().ok()?;
+            Some((secs.checked_mul(NS_PER_SEC)?, e.path()))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Appends ticks; one file per minute.
+pub struct CountersWriter {
+    dir: PathBuf,
+    current: Option<Current>,
+}
+
+struct Current {
+    minute_ns: u64,
+    file: std::fs::File,
+    ids: HashMap<(String, Option<u32>), usize>,
+    /// What the last tick left each track at (by id), as written.
+    last: HashMap<usize, String>,
+}
+
+impl CountersWriter {
+    /// Creates `DATA_DIR/counters` (0700) if missing; refuses a link or a file in its place.
+    pub fn new(data_dir: &Path) -> Result<Self, CountersError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = counters_dir(data_dir);
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(CountersError::Io(dir, e)),
+        }
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => Ok(Self { dir, current: None }),
+            Ok(_) => Err(CountersError::NotADirectory(dir)),
+            Err(e) => Err(CountersError::Io(dir, e)),
+        }
+    }
+
+    /// Writes one tick (at `ts_ns`) in one append.
+    pub fn append(&mut self, ts_ns: u64, points: &[Point]) -> Result<(), CountersError> {
+        let minute_ns = ts_ns / SEGMENT_NS * SEGMENT_NS;
+        let mut buf = String::new();
+        if self.current.as_ref().is_none_or(|c| c.minute_ns != minute_ns) {
+            self.current = None;
+            let path = file_path(&self.dir, minute_ns);
+            let mut file = files::open_append(&path).map_err(|e| CountersError::Io(path.clone(), e))?;
+            // A line a killed writer left half-written ends here, not in our header.
+            if !ends_with_newline(&mut file).map_err(|e| CountersError::Io(path.clone(), e))? {
+                buf.push('\n');
+            }
+            buf.push_str(HEADER);
+            buf.push('\n');
+            self.current = Some(Current { minute_ns, file, ids: HashMap::new(), last: HashMap::new() });
+        }
+        let Some(c) = self.current.as_mut() else { return Ok(()) };
+        let mut tick = format!("t {}", ts_ns / 1_000_000);
+        let mut now: HashMap<usize, String> = HashMap::with_capacity(points.len());
+        for p in points {
+            let next = c.ids.len();
+            let id = *c.ids.entry((p.name.clone(), p.cpu)).or_insert_with(|| {
+                let cpu = p.cpu.map_or("-".to_string(), |c| c.to_string());
+                let _ = writeln!(buf, "track {next} {cpu} {} {}", p.unit, p.name);
+                next
+            });
+            let v = compact(p.value);
+            if c.last.get(&id) != Some(&v) {
+                let _ = write!(tick, " {id}:{v}");
+            }
+            now.insert(id, v);
+        }
+        let mut gone: Vec<usize> = c.last.keys().filter(|id| !now.contains_key(id)).copied().collect();
+        gone.sort_unstable();
+        for id in gone {
+            let _ = write!(tick, " {id}:-");
+        }
+        c.last = now;
+        buf.push_str(&tick);
+        buf.push('\n');
+        let path = file_path(&self.dir, minute_ns);
+        let written = c.file.write_all(buf.as_bytes());
+        if let Err(e) = written {
+            // Start a fresh file section at the next tick (the ids may be half written).
+            self.current = None;
+            return Err(CountersError::Io(path, e));
+        }
+        Ok(())
+    }
+}
+
+fn ends_with_newline(f: &mut std::fs::File) -> std::io::Result<bool> {
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(true);
+    }
+    let mut last = [0u8];
+    f.seek(SeekFrom::Start(len - 1))?;
+    f.read_exact(&mut last)?;
+    Ok(last[0] == b'\n')
+}
+
+/// A value in few bytes: at most 3 decimals, no trailing zeros.
+fn compact(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.to_string() }
+}
+
+/// One counter over time (the JSON shape of `/api/counters` and `profiler counters`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Track {
+    pub name: String,
+    pub cpu: Option<u32>,
+    pub unit: String,
+    /// (unix ms, value), in time order.
+    pub points: Vec<(u64, f64)>,
+}
+
+/// The tracks of a window, and what could not be read.
+#[derive(Debug, Default, Serialize)]
+pub struct Tracks {
+    pub tracks: Vec<Track>,
+    /// Lines skipped: half-written (a killed daemon) or not understood.
+    #[serde(skip)]
+    pub skipped_lines: u64,
+    /// Files skipped whole (unreadable, too large, not ours), with why.
+    #[serde(skip)]
+    pub skipped_files: Vec<String>,
+}
+
+/// Which tracks to keep.
+#[derive(Debug, Default, Clone)]
+pub struct Select {
+    pub cpu: Option<u32>,
+    /// A glob over the name (`*` and `?`).
+    pub name: Option<String>,
+}
+
+impl Select {
+    fn keeps(&self, name: &str, cpu: Option<u32>) -> bool {
+        self.cpu.is_none_or(|c| cpu == Some(c)) && self.name.as_deref().is_none_or(|g| glob(g, name))
+    }
+}
+
+/// `*` any run of characters, `?` one; everything else itself.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// The tracks with points in `[from_ns, to_ns)`, ordered by name then CPU.
+pub fn read(data_dir: &Path, from_ns: u64, to_ns: u64, select: &Select) -> Result<Tracks, CountersError> {
+    let mut out = Tracks::default();
+    let mut tracks: BTreeMap<(String, Option<u32>), Track> = BTreeMap::new();
+    for (start, path) in list(data_dir)? {
+        if start >= to_ns || start.saturating_add(SEGMENT_NS) <= from_ns {
+            continue;
+        }
+        let bytes = match files::read_regular(&path, MAX_FILE_BYTES) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // retention took it
+            Err(e) => {
+                out.skipped_files.push(format!("{}: {e}", path.display()));
+                continue;
+            }
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        match parse_file(&text, from_ns / 1_000_000, to_ns.div_ceil(1_000_000), select, &mut tracks) {
+            Ok(skipped) => out.skipped_lines += skipped,
+            Err(why) => out.skipped_files.push(format!("{}: {why}", path.display())),
+        }
+    }
+    out.tracks = tracks.into_values().filter(|t| !t.points.is_empty()).collect();
+    Ok(out)
+}
+
+/// Adds a file's points in `[from_ms, to_ms)` to `tracks`; returns the lines skipped, or why
+/// the whole file is not ours.
+fn parse_file(
+    text: &str,
+    from_ms: u64,
+    to_ms: u64,
+    select: &Select,
+    tracks: &mut BTreeMap<(String, Option<u32>), Track>,
+) -> Result<u64, String> {
+    if !text.is_empty() && !text.starts_with(HEADER) {
+        return Err(format!("not a counters file (it does not start with '{HEADER}'): skipped"));
+    }
+    let mut ids: Vec<Option<TrackDef>> = Vec::new();
+    // Each track's value as of the last tick line (ticks carry what changed).
+    let mut state: BTreeMap<usize, f64> = BTreeMap::new();
+    let mut skipped = 0;
+    let lines: Vec<&str> = text.split('\n').collect();
+    let last = lines.len() - 1;
+    for (i, line) in lines.into_iter().enumerate() {
+        // The piece after the last newline is a line still being written (or cut by a kill).
+        if line.is_empty() || (i == last && !text.ends_with('\n')) {
+            skipped += u64::from(!line.is_empty());
+            continue;
+        }
+        if line == HEADER {
+            ids.clear();
+            state.clear();
+            continue;
+        }
+        let ok = if let Some(rest) = line.strip_prefix("track ") {
+            parse_track(rest).map(|(id, t)| {
+                if ids.len() <= id {
+                    ids.resize(id + 1, None);
+                }
+                ids[id] = Some(t);
+            })
+        } else if let Some(rest) = line.strip_prefix("t ") {
+            parse_tick(rest, &ids, &mut state, from_ms, to_ms, select, tracks)
+        } else {
+            None
+        };
+        skipped += u64::from(ok.is_none());
+    }
+    Ok(skipped)
+}
+
+/// A track's name, CPU and unit.
+type TrackDef = (String, Option<u32>, String);
+
+fn parse_track(rest: &str) -> Option<(usize, TrackDef)> {
+    let mut w = rest.splitn(4, ' ');
+    let id: usize = w.next()?.parse().ok().filter(|&i| i < 1_000_000)?;
+    let cpu = match w.next()? {
+        "-" => None,
+        c => Some(c.parse().ok()?),
+    };
+    let unit = w.next()?.to_string();
+    let name = w.next()?.to_string();
+    (!name.is_empty()).then_some((id, (name, cpu, unit)))
+}
+
+fn parse_tick(
+    rest: &str,
+    ids: &[Option<TrackDef>],
+    state: &mut BTreeMap<usize, f64>,
+    from_ms: u64,
+    to_ms: u64,
+    select: &Select,
+    tracks: &mut BTreeMap<(String, Option<u32>), Track>,
+) -> Option<()> {
+    let mut w = rest.split(' ');
+    let ms: u64 = w.next()?.parse().ok()?;
+    // Checked whole before anything changes: a bad line changes nothing.
+    let changes: Vec<(usize, Option<f64>)> = w
+        .map(|kv| {
+            let (id, v) = kv.split_once(':')?;
+            let v = match v {
+                "-" => None,
+                v => Some(v.parse::<f64>().ok().filter(|v| v.is_finite())?),
+            };
+            Some((id.parse().ok()?, v))
+        })
+        .collect::<Option<_>>()?;
+    if changes.iter().any(|(id, _)| ids.get(*id).is_none_or(Option::is_none)) {
+        return None;
+    }
+    for (id, v) in changes {
+        match v {
+            Some(v) => state.insert(id, v),
+            None => state.remove(&id),
+        };
+    }
+    if ms < from_ms || ms >= to_ms {
+        return Some(());
+    }
+    for (&id, &v) in state.iter() {
+        let Some((name, cpu, unit)) = &ids[id] else { continue };
+        if !select.keeps(name, *cpu) {
+            continue;
+        }
+        tracks
+            .entry((name.clone(), *cpu))
+            .or_insert_with(|| Track { name: name.clone(), cpu: *cpu, unit: unit.clone(), points: Vec::new() })
+            .points
+            .push((ms, v));
+    }
+    Some(())
+}
+
+/// Removes the counters of minutes that ended before `cutoff_ns` (the retention of the
+/// samples). Returns how many files went.
+pub fn prune(data_dir: &Path, cutoff_ns: u64) -> Result<usize, CountersError> {
+    let mut n = 0;
+    for (start, path) in list(data_dir)? {
+        if start.saturating_add(SEGMENT_NS) > cutoff_ns {
+            break;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => n += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(CountersError::Io(path, e)),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(name: &str, cpu: Option<u32>, value: f64) -> Point {
+        Point { name: name.into(), cpu, unit: "/s".into(), value }
+    }
+
+    const T0: u64 = 1_795_000_020 * NS_PER_SEC; // a minute boundary
+
+    fn all() -> Select {
+        Select::default()
+    }
+
+    #[test]
+    fn round_trip_across_minutes_and_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = CountersWriter::new(dir.path()).unwrap();
+        for s in 0..70u64 {
+            let mut points = vec![point("softnet.processed", Some(1), s as f64 * 1.5)];
+            if s >= 30 {
+                points.push(point("psi.cpu.some", None, 0.125));
+            }
+            w.append(T0 + s * NS_PER_SEC, &points).unwrap();
+        }
+        // A second daemon in the same minute: its own ids, in another order.
+        let mut w2 = CountersWriter::new(dir.path()).unwrap();
+        w2.append(T0 + 70 * NS_PER_SEC, &[point("psi.cpu.some", None, 9.0), point("softnet.processed", Some(1), 1.0)])
+            .unwrap();
+        assert_eq!(list(dir.path()).unwrap().len(), 2);
+        let t = read(dir.path(), T0, T0 + 100 * NS_PER_SEC, &all()).unwrap();
+        assert_eq!(t.skipped_lines, 0);
+        assert_eq!(t.tracks.len(), 2);
+        let psi = &t.tracks[0];
+        assert_eq!((psi.name.as_str(), psi.cpu, psi.unit.as_str()), ("psi.cpu.some", None, "/s"));
+        assert_eq!(psi.points.len(), 41);
+        assert_eq!(psi.points.last(), Some(&(T0 / 1_000_000 + 70_000, 9.0)));
+        let net = &t.tracks[1];
+        assert_eq!(net.points.len(), 71);
+        assert_eq!(net.points[3], (T0 / 1_000_000 + 3000, 4.5));
+        // A window and a selection.
+        let sel = Select { cpu: Some(1), name: Some("softnet.*".into()) };
+        let t = read(dir.path(), T0 + 10 * NS_PER_SEC, T0 + 20 * NS_PER_SEC, &sel).unwrap();
+        assert_eq!(t.tracks.len(), 1);
+        assert_eq!(t.tracks[0].points.len(), 10);
+        let none = Select { cpu: Some(0), name: None };
+        assert!(read(dir.path(), T0, T0 + 100 * NS_PER_SEC, &none).unwrap().tracks.is_empty());
+    }
+
+    #[test]
+    fn unchanged_values_are_not_written_and_gone_tracks_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = CountersWriter::new(dir.path()).unwrap();
+        w.append(T0, &[point("a", None, 0.0), point("b", Some(0), 1.0)]).unwrap();
+        w.append(T0 + NS_PER_SEC, &[point("a", None, 0.0), point("b", Some(0), 2.0)]).unwrap();
+        w.append(T0 + 2 * NS_PER_SEC, &[point("a", None, 0.0)]).unwrap();
+        w.append(T0 + 3 * NS_PER_SEC, &[point("a", None, 0.0), point("b", Some(0), 2.0)]).unwrap();
+        let (_, path) = list(dir.path()).unwrap().remove(0);
+        let text = std::fs::read_to_string(path).unwrap();
+        let ticks: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("t ")).map(|l| l.split_once(' ').unwrap().1).collect();
+        let ms = T0 / 1_000_000;
+        assert_eq!(
+            ticks,
+            vec![
+                format!("{ms} 0:0 1:1"),
+                format!("{} 1:2", ms + 1000),
+                format!("{} 1:-", ms + 2000),
+                format!("{} 1:2", ms + 3000)
+            ]
+        );
+        let t = read(dir.path(), T0, T0 + SEGMENT_NS, &all()).unwrap();
+        assert_eq!(t.tracks[0].points.len(), 4, "a: every tick, though written once");
+        let b = &t.tracks[1];
+        assert_eq!(b.points.iter().map(|p| p.1).collect::<Vec<_>>(), vec![1.0, 2.0, 2.0]);
+        assert_eq!(b.points[2].0, ms + 3000, "no point while it was gone");
+        // A window that starts after the value was written still sees it.
+        let t = read(dir.path(), T0 + 2 * NS_PER_SEC, T0 + SEGMENT_NS, &all()).unwrap();
+        assert_eq!(t.tracks[0].points, vec![(ms + 2000, 0.0), (ms + 3000, 0.0)]);
+    }
+
+    #[test]
+    fn a_truncated_file_loses_its_last_line_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = CountersWriter::new(dir.path()).unwrap();
+        for s in 0..5u64 {
+            w.append(T0 + s * NS_PER_SEC, &[point("softirq.NET_RX", Some(0), 100.0 + s as f64)]).unwrap();
+        }
+        drop(w);
+        let (_, path) = list(dir.path()).unwrap().remove(0);
+        let bytes = std::fs::read(&path).unwrap();
+        // Killed in the middle of the last tick's line.
+        std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+        let t = read(dir.path(), T0, T0 + SEGMENT_NS, &all()).unwrap();
+        assert_eq!(t.skipped_lines, 1);
+        assert_eq!(t.tracks[0].points.len(), 4);
+        // The next daemon appends after it, on a line of its own.
+        let mut w = CountersWriter::new(dir.path()).unwrap();
+        w.append(T0 + 10 * NS_PER_SEC, &[point("softirq.NET_RX", Some(0), 7.0)]).unwrap();
+        let t = read(dir.path(), T0, T0 + SEGMENT_NS, &all()).unwrap();
+        assert_eq!(t.skipped_lines, 1, "the cut line, now complete but garbled");
+        assert_eq!(t.tracks[0].points.len(), 5);
+        assert_eq!(t.tracks[0].points[4].1, 7.0);
+        // Cut anywhere: never a panic.
+        for cut in 0..bytes.len() {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            let _ = read(dir.path(), T0, T0 + SEGMENT_NS, &all()).unwrap();
+        }
+    }
+
+    #[test]
+    fn garbage_is_skipped_with_a_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = counters_dir(dir.path());
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(file_path(&d, T0), b"\x7fELF binary stuff\n").unwrap();
+        std::fs::write(
+            file_path(&d, T0 + SEGMENT_NS),
+            format!("{HEADER}\ntrack 0 - /s a\nt 1 0:x\nt 2 5:1\ntrack zz\nt {} 0:1\n", (T0 + SEGMENT_NS) / 1_000_000),
+        )
+        .unwrap();
+        let t = read(dir.path(), T0, T0 + 2 * SEGMENT_NS, &all()).unwrap();
+        assert_eq!(t.skipped_files.len(), 1);
+        assert!(t.skipped_files[0].contains("not a counters file"), "{:?}", t.skipped_files);
+        assert_eq!(t.skipped_lines, 3);
+        assert_eq!(t.tracks[0].points, vec![((T0 + SEGMENT_NS) / 1_000_000, 1.0)]);
+    }
+
+    #[test]
+    fn prune_follows_the_cutoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = CountersWriter::new(dir.path()).unwrap();
+        for m in 0..4 {
+            w.append(T0 + m * SEGMENT_NS, &[point("x", None, 1.0)]).unwrap();
+        }
+        assert_eq!(prune(dir.path(), T0 + 2 * SEGMENT_NS + 1).unwrap(), 2);
+        assert_eq!(list(dir.path()).unwrap().first().unwrap().0, T0 + 2 * SEGMENT_NS);
+    }
+
+    #[test]
+    fn globs_and_values() {
+        assert!(glob("softnet.*", "softnet.time_squeeze"));
+        assert!(glob("*NET_RX", "softirq.NET_RX"));
+        assert!(glob("irq.virtio?-input.*", "irq.virtio2-input.0"));
+        assert!(!glob("softnet.*", "softirq.NET_RX"));
+        assert!(glob("*", ""));
+        assert_eq!(compact(12.0), "12");
+        assert_eq!(compact(0.1254), "0.125");
+        assert_eq!(compact(-0.0001), "0");
+    }
+
+    #[test]
+    fn the_json_shape() {
+        let t = Tracks {
+            tracks: vec![Track {
+                name: "softnet.time_squeeze".into(),
+                cpu: Some(3),
+                unit: "/s".into(),
+                points: vec![(1000, 2.5)],
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            r#"{"tracks":[{"name":"softnet.time_squeeze","cpu":3,"unit":"/s","points":[[1000,2.5]]}]}"#
+        );
+    }
+}
