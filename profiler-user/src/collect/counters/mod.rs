@@ -257,7 +257,7 @@ mod tests {
         // Only gauges at the first tick.
         assert_eq!(find(&first, "psi.cpu.some.avg10", None).unwrap().value, 5.0);
         assert!(find(&first, "softnet.processed", Some(1)).is_none());
-        *memcg.lock().unwrap() = Some((t0, MemcgCount { ts_ns: 0, live: 40, dying: 7 }));
+        *memcg.lock().unwrap() = Some((t0, MemcgCount { ts_ns: 0, live: 40, dying: 7, stat_read_ns: None }));
         write(r, "proc/net/softnet_stat", "00000030 00000000 00000001 0 0 0 0 0 0 0 0 0 00000001\n");
         write(r, "proc/softirqs", "  CPU1\nNET_RX: 400\n");
         write(r, "proc/pressure/cpu", "some avg10=5.00 avg60=0 avg300=0 total=501000\n");
