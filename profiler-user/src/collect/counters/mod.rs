@@ -42,6 +42,10 @@ enum Raw {
 
 /// How often the cpu hierarchy is walked for CFS throttling (one `cpu.stat` per cgroup).
 const CFS_EVERY: Duration = Duration::from_secs(5);
+/// How often NIC driver statistics are asked for (an ioctl per interface that makes the driver
+/// gather every queue's counters): what they count, resets and timeouts, is rare, and a rate
+/// over 10 s shows it as well.
+const ETHTOOL_EVERY: Duration = Duration::from_secs(10);
 /// The walk stops after this many cgroups (a node with more says so once).
 const CFS_MAX_CGROUPS: usize = 20_000;
 /// A memory cgroup count older than this (upkeep reads it every 5 s) is not shown.
@@ -59,6 +63,7 @@ pub struct Sampler {
     missing: BTreeSet<&'static str>,
     /// `None` in tests on a fake tree, or when no socket could be made.
     ethtool: Option<ethtool::Ethtool>,
+    ethtool_at: Option<Instant>,
 }
 
 impl Sampler {
@@ -66,7 +71,16 @@ impl Sampler {
         let root: PathBuf = root.into();
         // Driver counters come from the real kernel only (an ioctl, not a file under `root`).
         let ethtool = (root == Path::new("/")).then(ethtool::Ethtool::new).and_then(Result::ok);
-        Self { root, prev: HashMap::new(), cfs_at: None, cfs_mounts: None, memcg, missing: BTreeSet::new(), ethtool }
+        Self {
+            root,
+            prev: HashMap::new(),
+            cfs_at: None,
+            cfs_mounts: None,
+            memcg,
+            missing: BTreeSet::new(),
+            ethtool,
+            ethtool_at: None,
+        }
     }
 
     fn read(&mut self, what: &'static str, rel: &str) -> Option<String> {
@@ -113,7 +127,7 @@ impl Sampler {
                 raw.push((format!("psi.{resource}.{}", p.kind), None, "%", Raw::Counter(p.total_us, 1e-4)));
             }
         }
-        self.nic(&mut raw);
+        self.nic(now, &mut raw);
         self.cfs(now, &mut raw);
         if let Some(m) = self.memcg.as_ref().and_then(|m| *m.lock().unwrap_or_else(|p| p.into_inner()))
             && now.saturating_duration_since(m.0) <= MEMCG_FRESH
@@ -144,13 +158,17 @@ impl Sampler {
         out
     }
 
-    fn nic(&mut self, raw: &mut Vec<(String, Option<u32>, &'static str, Raw)>) {
+    fn nic(&mut self, now: Instant, raw: &mut Vec<(String, Option<u32>, &'static str, Raw)>) {
         let Some(t) = self.read("NIC", "proc/net/dev") else { return };
+        let driver = self.ethtool_at.is_none_or(|t| now.saturating_duration_since(t) >= ETHTOOL_EVERY);
+        if driver {
+            self.ethtool_at = Some(now);
+        }
         for (ifname, values) in parse::net_dev(&t).into_iter().filter(|(n, _)| n != "lo") {
             for (c, v) in parse::NET_DEV_NAMES.iter().zip(values) {
                 raw.push((format!("nic.{ifname}.{c}"), None, "/s", Raw::Counter(v, 1.0)));
             }
-            if let Some(e) = self.ethtool.as_mut() {
+            if let Some(e) = self.ethtool.as_mut().filter(|_| driver) {
                 for (stat, v) in e.stats(&ifname) {
                     raw.push((format!("ethtool.{ifname}.{stat}"), None, "/s", Raw::Counter(v, 1.0)));
                 }
