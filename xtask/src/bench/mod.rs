@@ -72,6 +72,17 @@ pub(crate) fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// [`cpu_ns`] of the threads of `pid` named `comm` only.
+pub(crate) fn thread_cpu_ns(pid: u32, comm: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == comm))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// utime + stime in seconds, and VmRSS / VmHWM in KiB, of a process.
 pub(crate) fn usage(pid: u32) -> anyhow::Result<(f64, u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;

@@ -26,7 +26,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{bpf_stats, cpu_ns, usage, wait_for};
+use super::{bpf_stats, cpu_ns, thread_cpu_ns, usage, wait_for};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Config {
@@ -62,6 +62,8 @@ struct Tally {
     runs_whole: u64,
     /// CPU time of the tool's process (daemon or perf).
     cpu_s: f64,
+    /// Of which the kernel-counter thread's (issue 16's counters, one read a second).
+    counters_s: f64,
     bpf_ns: u64,
     bpf_runs: u64,
     /// Samples in perf.data (perf writes from just before the workload starts to after it ends).
@@ -104,6 +106,7 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
             // (A quarter of the run at most, so short runs still account most of it.)
             std::thread::sleep(SETTLE.min(Duration::from_secs_f64(seconds as f64 / 4.0)));
             let before = tool.as_ref().map(|c| (cpu_ns(c.id()), bpf_stats(c.id())));
+            let counters0 = tool.as_ref().map_or(0, |c| thread_cpu_ns(c.id(), "counters"));
             let t1 = Instant::now();
             let passes = wait_hash(children)?;
             let (wall, accounted) = (t0.elapsed().as_secs_f64(), t1.elapsed().as_secs_f64());
@@ -113,6 +116,7 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
                 let (cpu1, (_, rss, _)) = (cpu_ns(c.id()), usage(c.id())?);
                 let (ns1, runs1) = bpf_stats(c.id());
                 t.cpu_s += (cpu1 - cpu0) as f64 / 1e9;
+                t.counters_s += thread_cpu_ns(c.id(), "counters").saturating_sub(counters0) as f64 / 1e9;
                 process = format!(", tool's process {:.2} ms/s", (cpu1 - cpu0) as f64 / 1e6 / accounted);
                 t.bpf_ns += ns1 - ns0;
                 t.bpf_runs += runs1 - runs0;
@@ -206,6 +210,11 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
         "| daemon CPU time (userspace + its syscalls) | {:.2} µs | {:.2} µs |",
         per(a, a.cpu_s * 1e6),
         per(b, b.cpu_s * 1e6)
+    );
+    println!(
+        "| of which the kernel-counter thread (one read a second, not per sample) | {:.2} µs | {:.2} µs |",
+        per(a, a.counters_s * 1e6),
+        per(b, b.counters_s * 1e6)
     );
     println!("| samples measured | {} | {} |", a.bpf_runs, b.bpf_runs);
     println!(
