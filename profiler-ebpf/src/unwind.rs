@@ -17,8 +17,8 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_USER_FRAMES, counter,
     unwind::{
-        FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable,
-        ROW_SEARCH_STEPS, Row, State, UNWIND_PROGRAM, kind,
+        FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable, ROW_SEARCH_STEPS, Row, State,
+        UNWIND_PROGRAM, kind,
     },
 };
 

@@ -241,12 +241,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 arm64::check(arm64::Depth::Check)?;
                 // Another kernel than the host's: Debian's 6.1 cloud kernel in qemu (about a
                 // minute; all three flavours are `cargo xtask test kernels`).
-                kernels::run(
-                    &workspace_root(),
-                    &profiler,
-                    &helpers.join("busy-helper"),
-                    &kernels::Options::in_suite(),
-                )?;
+                kernels::run(&workspace_root(), &profiler, &helpers.join("busy-helper"), &kernels::Options::in_suite())?;
             }
             Ok(())
         }

@@ -90,10 +90,7 @@ impl Maps {
             // Older verifiers (6.1) give up on the walk's runs of 8 frames; runs of 4 pass.
             let text = e.to_string();
             let verdict = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
-            tracing::info!(
-                verdict,
-                "the unwinder's runs of {FRAMES_PER_RUN} frames were refused; loading runs of {FRAMES_PER_RUN_SMALL}"
-            );
+            tracing::info!(verdict, "the unwinder's runs of {FRAMES_PER_RUN} frames were refused; loading runs of {FRAMES_PER_RUN_SMALL}");
             load_into_slot(ebpf, "unwind_user_small", UNWIND_PROGRAM).map_err(|_| e)?;
         }
         // Python frames are a bonus: without the program, stacks are native only.
