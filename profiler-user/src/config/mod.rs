@@ -113,6 +113,11 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     // The profile of a throttled cgroup is kept for the window (and 10 s more).
     int("detect.throttle_window_secs", t.throttle_window_secs.into(), 5..=300, "5 to 300 seconds")?;
     int("detect.throttle_min_periods", t.throttle_min_periods, 1..=1_000_000, "1 to 1000000")?;
+    share("detect.lock_share", t.lock_share, false)?;
+    // At least two CPUs: one CPU spinning is a hot kernel function (detector 2), not contention.
+    int("detect.lock_min_cpus", t.lock_min_cpus.into(), 2..=4096, "2 to 4096 CPUs")?;
+    // Like detector 2, every busy tick of the window is kept in memory.
+    int("detect.lock_window_secs", t.lock_window_secs.into(), 1..=60, "1 to 60 seconds")?;
     Ok(())
 }
 
@@ -317,6 +322,11 @@ mod tests {
             ("throttle_share = 1.5", "detect.throttle_share"),
             ("throttle_window_secs = 1", "detect.throttle_window_secs"),
             ("throttle_min_periods = 0", "detect.throttle_min_periods"),
+            ("lock_share = 0.0", "detect.lock_share"),
+            ("lock_share = 1.5", "detect.lock_share"),
+            ("lock_min_cpus = 1", "detect.lock_min_cpus"),
+            ("lock_window_secs = 0", "detect.lock_window_secs"),
+            ("lock_window_secs = 61", "detect.lock_window_secs"),
         ] {
             let file: ConfigFile = toml::from_str(&format!("[detect]\n{toml}\n")).unwrap();
             let e = Reloadable::from(&file, &StoreFlags::default()).unwrap_err().to_string();

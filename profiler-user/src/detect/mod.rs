@@ -6,9 +6,11 @@
 //! - `hotfunc`: one kernel function holding a CPU;
 //! - `netrx`: NET_RX softirq / NAPI work starved on a CPU;
 //! - `zombies`: dying memory cgroups piling up, and who makes them;
-//! - `throttle`: a cgroup throttled by its CPU quota, and what it ran meanwhile.
+//! - `throttle`: a cgroup throttled by its CPU quota, and what it ran meanwhile;
+//! - `lockspin`: one kernel spin-lock slow path holding several CPUs, and who contends.
 
 pub mod hotfunc;
+pub mod lockspin;
 pub mod log;
 pub mod netrx;
 pub mod saturation;
@@ -32,6 +34,7 @@ pub enum Kind {
     NetrxStarvation,
     ZombieMemcgs,
     CfsThrottling,
+    LockSpinning,
 }
 
 impl Kind {
@@ -42,12 +45,19 @@ impl Kind {
             Kind::NetrxStarvation => "netrx-starvation",
             Kind::ZombieMemcgs => "zombie-memcgs",
             Kind::CfsThrottling => "cfs-throttling",
+            Kind::LockSpinning => "lock-spinning",
         }
     }
 
     /// Every kind, in declaration order (metrics list them all, open or not).
-    pub const ALL: [Kind; 5] =
-        [Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation, Kind::ZombieMemcgs, Kind::CfsThrottling];
+    pub const ALL: [Kind; 6] = [
+        Kind::SaturatedCore,
+        Kind::HotKernelFunction,
+        Kind::NetrxStarvation,
+        Kind::ZombieMemcgs,
+        Kind::CfsThrottling,
+        Kind::LockSpinning,
+    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -160,6 +170,12 @@ pub struct Thresholds {
     pub throttle_window_secs: u32,
     /// ...of at least this many periods in which it ran.
     pub throttle_min_periods: u64,
+    /// Detector 6: a spin-lock slow path holding at least this share of each of...
+    pub lock_share: f64,
+    /// ...at least this many CPUs at once (one CPU is `hot_share`'s business)...
+    pub lock_min_cpus: u32,
+    /// ...over this window.
+    pub lock_window_secs: u32,
 }
 
 impl Default for Thresholds {
@@ -179,6 +195,9 @@ impl Default for Thresholds {
             throttle_share: 0.25,
             throttle_window_secs: 10,
             throttle_min_periods: 10,
+            lock_share: 0.2,
+            lock_min_cpus: 2,
+            lock_window_secs: 5,
         }
     }
 }
@@ -307,6 +326,7 @@ pub struct Engine {
     history: VecDeque<Second>,
     saturation: saturation::Saturation,
     hotfunc: hotfunc::HotFunc,
+    lockspin: lockspin::LockSpin,
     pub zombies: zombies::Zombies,
     pub throttle: throttle::Throttle,
     netrx_prev: Vec<NetRxCpu>,
@@ -342,6 +362,7 @@ impl Engine {
             machine,
             saturation: saturation::Saturation::default(),
             hotfunc: hotfunc::HotFunc::default(),
+            lockspin: lockspin::LockSpin::default(),
             zombies: zombies::Zombies::default(),
             throttle: throttle::Throttle::default(),
             thresholds,
@@ -450,19 +471,21 @@ impl Engine {
             }
             let s = self.pending.remove(&second).expect("present");
             self.history.push_back(s);
-            let keep = self.thresholds.hot_window_secs.max(self.thresholds.saturated_secs).max(1) as usize + 1;
+            let t = &self.thresholds;
+            let keep = t.hot_window_secs.max(t.saturated_secs).max(t.lock_window_secs).max(1) as usize + 1;
             while self.history.len() > keep {
                 self.history.pop_front();
             }
             let mut active = Vec::new();
             active.extend(self.saturation.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(self.hotfunc.evaluate(&self.history, self.machine, &self.thresholds));
+            active.extend(self.lockspin.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds, &self.policies));
             let end = (second + 1) * NS_PER_SEC;
             self.reconcile(
                 active,
                 end,
-                Some(&[Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation]),
+                Some(&[Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation, Kind::LockSpinning]),
                 &mut changes,
             );
         }
