@@ -136,7 +136,13 @@ fn hostile_names_stay_well_formed_in_every_output() {
     let collapsed = String::from_utf8(collapsed).unwrap();
     check_folded(&collapsed, "inferno-collapse-perf");
     let total: u64 = collapsed.lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum();
-    assert_eq!(total, records, "inferno-collapse-perf reads one sample per record");
+    // Each record weighs its period, as perf's own output does (cpu-clock ns: 10101010 at 99 Hz).
+    let period: u64 = String::from_utf8_lossy(&script)
+        .lines()
+        .find_map(|l| l.strip_suffix(" cpu-clock: ")?.rsplit_once(": ")?.1.parse().ok())
+        .expect("an event line with its period");
+    assert_eq!(period, 1_000_000_000 / 99, "the period of 99 Hz");
+    assert_eq!(total, records * period, "inferno-collapse-perf reads one sample per record");
     assert!(collapsed.contains("evil:name_{k}"), "the hostile function reaches collapse-perf");
 
     // Structured formats keep names exactly (JSON escapes them).
