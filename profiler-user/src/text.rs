@@ -116,11 +116,17 @@ pub fn perf_comm(comm: &str) -> Cow<'_, str> {
     if digit_word { Cow::Owned(s.replace(' ', "_")) } else { s }
 }
 
-/// The file on a perf-script frame line (`\t<addr> <name> (<file>)`): parsers take the file as
-/// what lies between the last ` (` and the closing `)`, so parentheses in a path (a deleted
-/// file's ` (deleted)`, which is dropped) are written `_`, as are `;` and control characters.
+/// The file of a user frame on a perf-script frame line (`\t<addr> <name> (<file>)`): parsers take
+/// the file as what lies between the last ` (` and the closing `)`, so parentheses in a path (a
+/// deleted file's ` (deleted)`, which is dropped) are written `_`, as are `;` and control
+/// characters. A file in brackets is kernel code to FlameScope and inferno-collapse-perf, so the
+/// vDSO is written `linux-vdso.so.1` (as `ldd` names it) and other bracketed mappings lose theirs.
 pub fn perf_file(file: &str) -> Cow<'_, str> {
     let file = file.strip_suffix(" (deleted)").unwrap_or(file);
+    let file = match file {
+        "[vdso]" => "linux-vdso.so.1",
+        f => f.strip_prefix('[').and_then(|f| f.strip_suffix(']')).unwrap_or(f),
+    };
     if file.contains(|c: char| matches!(c, '(' | ')' | ';') || c.is_control()) {
         Cow::Owned(file.chars().map(|c| if matches!(c, '(' | ')' | ';') || c.is_control() { '_' } else { c }).collect())
     } else {

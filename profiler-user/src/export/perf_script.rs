@@ -141,7 +141,11 @@ mod tests {
             ("entry_SYSCALL_64_after_hwframe", true),
             ("read_zero", true),
         ];
-        let locations = [("/usr/lib/x86_64-linux-gnu/libc.so.6", 0x3fb9c), ("/srv/my (odd) prog (deleted)", 0x1139)];
+        let locations = [
+            ("/usr/lib/x86_64-linux-gnu/libc.so.6", 0x3fb9c),
+            ("/srv/my (odd) prog (deleted)", 0x1139),
+            ("[vdso]", 0x9a0),
+        ];
         let samples = [
             SampleRef {
                 ts_ns: 1_795_000_000_123_456_789,
@@ -178,6 +182,8 @@ mod tests {
         assert!(text.contains("[001] 1795000000.123456: 10101010 cpu-clock: \n"), "{text}");
         assert!(text.contains("\n\t           3fb9c [unknown] (/usr/lib/x86_64-linux-gnu/libc.so.6)\n"), "{text}");
         assert!(text.contains("\n\t            1139 main (/srv/my _odd_ prog)\n"), "{text}");
+        // The vDSO is user code: not in brackets, which readers take for the kernel.
+        assert!(text.contains("\n\t             9a0 std::vec::Vec<T>::push (inlined) (linux-vdso.so.1)\n"), "{text}");
         assert!(text.contains("\n\t               0 read_zero ([kernel.kallsyms])\n"), "{text}");
         // Without locations (data from before they were stored): what the name says.
         assert!(text.contains("\n\t           3fb9c [unknown] (libc.so.6)\n"), "{text}");
