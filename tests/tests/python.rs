@@ -59,8 +59,17 @@ fn python_functions_replace_the_interpreter_frames() {
         assert!(child.wait().unwrap().success(), "{} failed", python.display());
         let end = now_secs();
         // A fresh daemon describes each interpreter first (a debug build takes seconds).
+        // What the polls see, now and then, so that a timeout says why (it happened twice in a
+        // row once, on an idle machine, and not again).
+        let mut polls = 0u32;
         let stacks = wait_for("the interpreter's samples", Duration::from_secs(60), || {
-            let stacks = folded_window(dir, start - 0.5, end + 0.5, &["--pid", &pid]).ok()?;
+            polls += 1;
+            let answer = folded_window(dir, start - 0.5, end + 0.5, &["--pid", &pid]);
+            if polls % 25 == 0 {
+                let seen = answer.as_ref().map(|s| s.iter().map(|(_, n)| n).sum::<u64>());
+                eprintln!("{} (pid {pid}): {seen:?} samples so far", exe.display());
+            }
+            let stacks = answer.ok()?;
             let total: u64 = stacks.iter().map(|(_, n)| n).sum();
             (total as f64 >= SECS * 99.0 * 0.4).then_some(stacks)
         });
