@@ -78,14 +78,20 @@ pub fn now_secs() -> f64 {
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, timeout: Duration, check: impl FnMut() -> Option<T>) -> T {
+    wait_for_every(what, timeout, Duration::from_millis(50), check)
+}
+
+/// `wait_for`, polling every `interval`: for checks that cost CPU (each runs a `profiler`
+/// query) while the test measures how busy the machine is.
+pub fn wait_for_every<T>(what: &str, timeout: Duration, interval: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = check() {
             return v;
         }
         assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(interval);
     }
 }
 
