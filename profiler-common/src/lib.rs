@@ -130,6 +130,11 @@ pub mod event {
 /// with the offsets in the tracepoint's `format` file.
 pub const EVENT_DATA_LEN: usize = 192;
 
+/// Bytes of the record copied for a process fork or exit: the fields read (the child's pid,
+/// the clone flags, `group_dead`) lie in the first 40 on 6.x kernels. A short record is 2.5x
+/// less of the ring than a cgroup event's, and processes come and go far more often.
+pub const PROCESS_DATA_LEN: usize = 64;
+
 /// A kernel event (cgroup life cycle) with the task that caused it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -12,25 +12,27 @@ use aya_ebpf::{
     maps::RingBuf,
     programs::TracePointContext,
 };
-use profiler_common::{EVENT_DATA_LEN, EventHeader, event};
+use profiler_common::{EVENT_DATA_LEN, EventHeader, PROCESS_DATA_LEN, event};
 
 #[repr(C)]
-struct Record {
+struct Record<const N: usize> {
     header: EventHeader,
-    data: [u8; EVENT_DATA_LEN],
+    data: [u8; N],
 }
 
 #[map]
 /// Bursts of thousands of cgroups a second happen (a crash loop, a test), and a build machine
-/// forks, execs and exits thousands of processes a second: room for ~18,000 records.
-static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+/// forks, execs and exits thousands of processes a second: room for ~8,700 cgroup or exec
+/// records (240 bytes each in the ring) or ~21,800 forks and exits (96), read every flush. The
+/// ring's pages are mapped twice into the daemon and count twice in its RSS.
+static EVENTS: RingBuf = RingBuf::with_byte_size(2 * 1024 * 1024, 0);
 
 /// Sends an event and wakes the reader: an exec must be read while the process lives. Forced:
 /// the kernel's default wakes the reader only when the record is the first one it has not
 /// read, and a fork's record (sent quietly) usually precedes the exec's.
 #[inline(always)]
 pub(crate) fn send(ctx: &TracePointContext, kind: u32) -> u32 {
-    send_with(ctx, kind, aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP as u64)
+    send_with::<EVENT_DATA_LEN>(ctx, kind, aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP as u64)
 }
 
 /// Sends an event without waking the reader: it is read with the next drain (at most a flush
@@ -38,12 +40,18 @@ pub(crate) fn send(ctx: &TracePointContext, kind: u32) -> u32 {
 /// reader and the pipeline; a machine forks and exits hundreds of processes a second.
 #[inline(always)]
 pub(crate) fn send_quiet(ctx: &TracePointContext, kind: u32) -> u32 {
-    send_with(ctx, kind, aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64)
+    send_with::<EVENT_DATA_LEN>(ctx, kind, aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64)
+}
+
+/// `send_quiet` with the first [`PROCESS_DATA_LEN`] bytes of the record: a fork or an exit.
+#[inline(always)]
+pub(crate) fn send_process(ctx: &TracePointContext, kind: u32) -> u32 {
+    send_with::<PROCESS_DATA_LEN>(ctx, kind, aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64)
 }
 
 #[inline(always)]
-fn send_with(ctx: &TracePointContext, kind: u32, flags: u64) -> u32 {
-    let Some(mut entry) = EVENTS.reserve::<Record>(0) else {
+fn send_with<const N: usize>(ctx: &TracePointContext, kind: u32, flags: u64) -> u32 {
+    let Some(mut entry) = EVENTS.reserve::<Record<N>>(0) else {
         crate::count(profiler_common::counter::EVENTS_LOST);
         return 0;
     };
@@ -60,7 +68,7 @@ fn send_with(ctx: &TracePointContext, kind: u32, flags: u64) -> u32 {
         };
         // The raw tracepoint record; the path (a __data_loc string) lies inside it.
         if bpf_probe_read_kernel_buf(ctx.as_ptr() as *const u8, &mut (*record).data).is_err() {
-            (*record).data = [0; EVENT_DATA_LEN];
+            (*record).data = [0; N];
         }
     }
     entry.submit(flags);

@@ -24,7 +24,7 @@ static EXIT_GROUP_DEAD_OFFSET: u64 = u64::MAX;
 pub fn task_newtask(ctx: TracePointContext) -> u32 {
     let off = unsafe { core::ptr::read_volatile(&NEWTASK_FLAGS_OFFSET) } as usize;
     match unsafe { ctx.read_at::<u64>(off) } {
-        Ok(flags) if flags & CLONE_THREAD == 0 => crate::cgroup::send_quiet(&ctx, event::PROCESS_FORK),
+        Ok(flags) if flags & CLONE_THREAD == 0 => crate::cgroup::send_process(&ctx, event::PROCESS_FORK),
         _ => 0,
     }
 }
@@ -40,5 +40,5 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     } else {
         matches!(unsafe { ctx.read_at::<u8>(off as usize) }, Ok(dead) if dead != 0)
     };
-    if ends_process { crate::cgroup::send_quiet(&ctx, event::PROCESS_EXIT) } else { 0 }
+    if ends_process { crate::cgroup::send_process(&ctx, event::PROCESS_EXIT) } else { 0 }
 }

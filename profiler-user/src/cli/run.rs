@@ -26,7 +26,8 @@ pub struct RunArgs {
     /// Samples per second on each CPU [default: 99].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     frequency: Option<u64>,
-    /// Size of the BPF ring buffer in KiB, a power of two from 4 to 1048576 [default: 4096].
+    /// Size of the BPF ring buffer in KiB, a power of two from 4 to 1048576 [default: CPUs x Hz,
+    /// from 1024 to 4096].
     #[arg(long)]
     ring_buffer_kib: Option<u32>,
     /// Kernel memory for unwind tables of code without frame pointers, in MiB; 0: frame
@@ -146,7 +147,12 @@ impl RunArgs {
             kubelet_logs: self.kubelet_logs.or(file.kubelet_logs).unwrap_or_else(|| "/var/log".into()),
             data_dir,
             frequency_hz: frequency,
-            ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or(4096))?,
+            ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or_else(
+                || {
+                    let cpus = aya::util::online_cpus().map_or(64, |c| c.len() as u32);
+                    config::default_ring_kib(cpus, frequency)
+                },
+            ))?,
             unwind_rows: config::unwind_rows(
                 self.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(config::UNWIND_MIB_DEFAULT),
             )?,

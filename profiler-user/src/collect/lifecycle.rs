@@ -1,6 +1,6 @@
 //! Process fork and exit records from the `EVENTS` ring (see profiler-ebpf's `lifecycle`).
 
-use profiler_common::{EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, event};
+use profiler_common::{EVENT_HEADER_LEN, EventHeader, PROCESS_DATA_LEN, event};
 
 use super::tracefs;
 
@@ -34,12 +34,12 @@ pub enum ProcessEvent {
 
 /// Decodes a fork or exit record; `None` for other kinds and short records.
 pub fn parse(f: ProcessFields, bytes: &[u8]) -> Option<ProcessEvent> {
-    if bytes.len() < EVENT_HEADER_LEN + EVENT_DATA_LEN {
+    if bytes.len() < EVENT_HEADER_LEN + PROCESS_DATA_LEN {
         return None;
     }
     // SAFETY: EventHeader is plain old data and the length was checked.
     let h: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    let data = &bytes[EVENT_HEADER_LEN..EVENT_HEADER_LEN + EVENT_DATA_LEN];
+    let data = &bytes[EVENT_HEADER_LEN..EVENT_HEADER_LEN + PROCESS_DATA_LEN];
     match h.kind {
         event::PROCESS_FORK => {
             let child = i32::from_ne_bytes(data.get(f.child_pid..f.child_pid + 4)?.try_into().ok()?);
@@ -57,7 +57,7 @@ mod tests {
 
     fn record(kind: u32, pid: u32, ts_ns: u64, data: &[(usize, &[u8])]) -> Vec<u8> {
         let h = EventHeader { kind, pid, tid: pid, ts_ns, ..Default::default() };
-        let mut b = vec![0u8; EVENT_HEADER_LEN + EVENT_DATA_LEN];
+        let mut b = vec![0u8; EVENT_HEADER_LEN + PROCESS_DATA_LEN];
         // SAFETY: the buffer holds a header.
         unsafe { std::ptr::write_unaligned(b.as_mut_ptr().cast(), h) };
         for (off, bytes) in data {
@@ -88,5 +88,8 @@ mod tests {
         // A fork record whose child pid reads 0 or negative is not a process.
         assert_eq!(parse(FIELDS, &record(event::PROCESS_FORK, 9, 7, &[(8, &(-1i32).to_ne_bytes())])), None);
         assert_eq!(parse(FIELDS, &record(event::PROCESS_EXIT, 9, 7, &[])[..40]), None);
+        // A kernel placing the child's pid past the bytes copied: no process, no panic.
+        let far = ProcessFields { child_pid: PROCESS_DATA_LEN - 2, ..FIELDS };
+        assert_eq!(parse(far, &record(event::PROCESS_FORK, 9, 7, &[])), None);
     }
 }

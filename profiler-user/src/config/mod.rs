@@ -40,6 +40,15 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// samples is a typo).
 pub const RING_KIB: std::ops::RangeInclusive<u32> = 4..=1 << 20;
 
+/// The default ring: a second of samples at 1 KiB each (a record is a ~50-byte header and
+/// 8 bytes a frame; 40-frame stacks are typical) for `cpus` CPUs at `hz`, between 1 and 4 MiB.
+/// The reader is woken at a quarter full, so a 2-CPU node at 99 Hz needs little of even the
+/// least; a ring's pages are also mapped twice into the daemon, each counting in its RSS.
+pub fn default_ring_kib(cpus: u32, hz: u64) -> u32 {
+    let kib = (u64::from(cpus) * hz).next_power_of_two().clamp(1024, 4096);
+    kib as u32
+}
+
 /// The ring buffer's size in bytes, refusing what is not a power of two in [`RING_KIB`] rather
 /// than rounding it silently.
 pub fn ring_buffer_bytes(kib: u32) -> Result<u32, ConfigError> {
@@ -289,6 +298,17 @@ pub fn retention(max_size: &str, max_age: &str) -> Result<Retention, ConfigError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_ring_follows_cpus_times_hz_within_1_to_4_mib() {
+        assert_eq!(default_ring_kib(2, 99), 1024);
+        assert_eq!(default_ring_kib(2, 999), 2048);
+        assert_eq!(default_ring_kib(96, 99), 4096);
+        assert_eq!(default_ring_kib(1024, 10_000), 4096);
+        for (cpus, hz) in [(1, 1), (3, 333), (64, 999)] {
+            assert!(ring_buffer_bytes(default_ring_kib(cpus, hz)).is_ok());
+        }
+    }
 
     #[test]
     fn ring_sizes_are_refused_not_rounded() {
