@@ -65,7 +65,7 @@ fn python_functions_replace_the_interpreter_frames() {
         let stacks = wait_for("the interpreter's samples", Duration::from_secs(60), || {
             polls += 1;
             let answer = folded_window(dir, start - 0.5, end + 0.5, &["--pid", &pid]);
-            if polls % 25 == 0 {
+            if polls.is_multiple_of(25) {
                 let seen = answer.as_ref().map(|s| s.iter().map(|(_, n)| n).sum::<u64>());
                 eprintln!("{} (pid {pid}): {seen:?} samples so far", exe.display());
             }
