@@ -34,6 +34,8 @@ const REREAD_AFTER: Duration = Duration::from_secs(10);
 const REREAD_MAX: Duration = Duration::from_secs(80);
 /// How often exited processes are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// Freed table memory is handed back at most this often (`malloc_trim`).
+const TRIM_EVERY: Duration = Duration::from_secs(10);
 /// After an exec the loader maps the libraries within milliseconds: the process is described
 /// again this long after its exec (and once more, later), so a short-lived one gets every table.
 const AFTER_EXEC: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(500)];
@@ -221,18 +223,22 @@ fn run(
             again.sort_by_key(|a| std::cmp::Reverse(a.0));
         }
     };
-    // Tables received since memory was last handed back.
+    // Tables received since memory was last handed back, and when that was.
     let mut built_since_trim = false;
+    let mut trimmed_at = Instant::now();
     loop {
         while let Ok((key, result)) = builder.built.try_recv() {
             builder.pending = builder.pending.saturating_sub(1);
             registry.built(key, result);
             built_since_trim = true;
         }
-        if built_since_trim && builder.pending == 0 {
+        if built_since_trim && builder.pending == 0 && trimmed_at.elapsed() >= TRIM_EVERY {
             // A table is compiled in a builder's malloc arena and freed here once in the
             // kernel; glibc keeps the freed pages (~7 MiB resident after the start-up burst).
+            // Not after every table: a build machine maps new files all the time, and a trim
+            // walks every arena (20 a second cost 1 ms/s of CPU).
             built_since_trim = false;
+            trimmed_at = Instant::now();
             crate::budget::give_back_memory();
         }
         let now = Instant::now();
