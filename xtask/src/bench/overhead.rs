@@ -32,6 +32,9 @@ use super::{bpf_stats, cpu_ns, thread_cpu_ns, usage, wait_for};
 enum Config {
     Bare,
     Ours(u32),
+    /// Ours without unwind tables (`--unwind-table-mib 0`): frame pointers only, as before
+    /// issue 12, so that the same run shows what the tables cost code that has frame pointers.
+    OursFp(u32),
     Perf(u32),
     /// The sampling tick alone: bpftrace `profile:hz:N {}`, an empty BPF program on the same
     /// cpu-clock perf event, i.e. what any sampler pays before it does anything.
@@ -43,6 +46,7 @@ impl Config {
         match self {
             Config::Bare => "bare".into(),
             Config::Ours(hz) => format!("profiler {hz} Hz"),
+            Config::OursFp(hz) => format!("profiler {hz} Hz, frame pointers only (`--unwind-table-mib 0`)"),
             Config::Perf(hz) => format!("perf record -F {hz} -a -g"),
             Config::Tick(hz) => format!("the tick alone (bpftrace `profile:hz:{hz} {{}}`)"),
         }
@@ -71,10 +75,11 @@ struct Tally {
     rss_kib: u64,
 }
 
-const CONFIGS: [Config; 7] = [
+const CONFIGS: [Config; 8] = [
     Config::Bare,
     Config::Ours(99),
     Config::Ours(999),
+    Config::OursFp(99),
     Config::Perf(99),
     Config::Ours(AMPLIFIED),
     Config::Perf(AMPLIFIED),
@@ -150,7 +155,7 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
         let (mean, half) = mean_ci(&t.losses);
         let accounted = match config {
             Config::Bare => "—".to_string(),
-            Config::Ours(_) => format!(
+            Config::Ours(_) | Config::OursFp(_) => format!(
                 "{:.3} % (BPF {:.3} % + daemon {:.3} %)",
                 share(t.cpu_s + t.bpf_ns as f64 / 1e9, t.accounted_s, cpus),
                 share(t.bpf_ns as f64 / 1e9, t.accounted_s, cpus),
@@ -198,30 +203,19 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
     }
     let (ours, perf) = (find(|c| matches!(c, Config::Ours(_))), find(|c| matches!(c, Config::Perf(_))));
     println!("| ratio ours / perf | {:.2} | {:.2} |", ours / perf, (ours - tick) / (perf - tick));
-    println!("\n| per sample | 99 Hz | 999 Hz |\n|---|---|---|");
-    let (a, b) = (&tally[1], &tally[2]); // ours at 99 and 999 Hz
+    println!("\n| per sample | 99 Hz | 999 Hz | 99 Hz, frame pointers only |\n|---|---|---|---|");
+    let ours = [&tally[1], &tally[2], &tally[3]]; // 99 Hz, 999 Hz, 99 Hz without tables
     let per = |t: &Tally, v: f64| v / t.bpf_runs.max(1) as f64;
-    println!(
-        "| BPF program run time | {:.2} µs | {:.2} µs |",
-        per(a, a.bpf_ns as f64) / 1e3,
-        per(b, b.bpf_ns as f64) / 1e3
-    );
-    println!(
-        "| daemon CPU time (userspace + its syscalls) | {:.2} µs | {:.2} µs |",
-        per(a, a.cpu_s * 1e6),
-        per(b, b.cpu_s * 1e6)
-    );
-    println!(
-        "| of which the kernel-counter thread (one read a second, not per sample) | {:.2} µs | {:.2} µs |",
-        per(a, a.counters_s * 1e6),
-        per(b, b.counters_s * 1e6)
-    );
-    println!("| samples measured | {} | {} |", a.bpf_runs, b.bpf_runs);
-    println!(
-        "| daemon RSS (largest at the end of a run) | {:.1} MiB | {:.1} MiB |",
-        a.rss_kib as f64 / 1024.0,
-        b.rss_kib as f64 / 1024.0
-    );
+    let row = |what: &str, f: &dyn Fn(&Tally) -> String| {
+        println!("| {what} | {} |", ours.iter().map(|t| f(t)).collect::<Vec<_>>().join(" | "));
+    };
+    row("BPF program run time", &|t| format!("{:.2} µs", per(t, t.bpf_ns as f64) / 1e3));
+    row("daemon CPU time (userspace + its syscalls)", &|t| format!("{:.2} µs", per(t, t.cpu_s * 1e6)));
+    row("of which the kernel-counter thread (one read a second, not per sample)", &|t| {
+        format!("{:.2} µs", per(t, t.counters_s * 1e6))
+    });
+    row("samples measured", &|t| t.bpf_runs.to_string());
+    row("daemon RSS (largest at the end of a run)", &|t| format!("{:.1} MiB", t.rss_kib as f64 / 1024.0));
 
     against_bpftrace(profiler, busy_helper, seconds, rounds)
 }
@@ -289,10 +283,13 @@ fn scratch_dir(tag: &str) -> PathBuf {
 fn start(config: Config, profiler: &Path, dir: &Path) -> anyhow::Result<Option<Child>> {
     match config {
         Config::Bare => Ok(None),
-        Config::Ours(hz) => {
-            let child = Command::new(profiler)
-                .args(["run", "--listen", "off", "--frequency", &hz.to_string(), "--data-dir"])
-                .arg(dir)
+        Config::Ours(hz) | Config::OursFp(hz) => {
+            let mut cmd = Command::new(profiler);
+            cmd.args(["run", "--listen", "off", "--frequency", &hz.to_string(), "--data-dir"]).arg(dir);
+            if matches!(config, Config::OursFp(_)) {
+                cmd.args(["--unwind-table-mib", "0"]);
+            }
+            let child = cmd
                 .stderr(Stdio::null())
                 .spawn()?;
             wait_for("the daemon's first block", Duration::from_secs(30), || {
