@@ -14,8 +14,11 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, helper_bin, now_secs, privileged, profiler, skip, wait_for};
-use profiler::export::otlp::proto::{ExportProfilesServiceRequest, ProfilesDictionary, Value};
+use integration_tests::{Daemon, Kill, helper_bin, now_secs, privileged, profiler, skip, wait_for, wait_for_every};
+use profiler::export::otlp::{
+    logs::ExportLogsServiceRequest,
+    proto::{ExportProfilesServiceRequest, ProfilesDictionary, Value},
+};
 use prost::Message;
 
 #[derive(Default)]
@@ -28,6 +31,8 @@ struct Receiver {
     dropped: usize,
     /// Bodies answered 200, gunzipped.
     accepted: Vec<Vec<u8>>,
+    /// Log requests (`/v1/logs`: findings), gunzipped; always taken.
+    logs: Vec<Vec<u8>>,
 }
 
 /// A loopback OTLP/HTTP receiver, one thread per connection (it may hold one).
@@ -47,8 +52,18 @@ fn receiver(refuse: usize) -> (String, Arc<Mutex<Receiver>>) {
 
 fn answer(mut conn: TcpStream, state: &Mutex<Receiver>) {
     let Some((head, body)) = read_request(&mut conn) else { return };
-    assert!(head.starts_with("post /v1development/profiles http/1.1"), "{head}");
     assert!(head.contains("content-type: application/x-protobuf") && head.contains("content-encoding: gzip"));
+    let gunzip = |body: &[u8]| {
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(body).read_to_end(&mut raw).unwrap();
+        raw
+    };
+    if head.starts_with("post /v1/logs http/1.1") {
+        state.lock().unwrap().logs.push(gunzip(&body));
+        let _ = write!(conn, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        return;
+    }
+    assert!(head.starts_with("post /v1development/profiles http/1.1"), "{head}");
     let status = {
         let mut s = state.lock().unwrap();
         if s.refuse > 0 {
@@ -59,9 +74,7 @@ fn answer(mut conn: TcpStream, state: &Mutex<Receiver>) {
             s.dropped += 1;
             return; // closed unanswered
         } else {
-            let mut raw = Vec::new();
-            flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut raw).unwrap();
-            s.accepted.push(raw);
+            s.accepted.push(gunzip(&body));
             "200 OK"
         }
     };
@@ -333,4 +346,82 @@ fn the_daemon_pushes_over_grpc_to_the_reference_server() {
     let stored: u64 = folded.iter().map(|(_, n)| n).sum();
     eprintln!("{} gRPC requests, {samples} samples; the store holds {stored} for their window", got.len());
     assert_eq!(samples, stored, "{got:?}");
+}
+
+/// One log record as the receiver got it: event name, time, severity, and its attributes.
+type LogLine = (String, u64, i32, HashMap<String, Value>);
+
+fn log_records(bodies: &[Vec<u8>]) -> Vec<LogLine> {
+    let mut out = Vec::new();
+    for b in bodies {
+        let req = ExportLogsServiceRequest::decode(&b[..]).expect("a logs request our definitions read");
+        for r in req.resource_logs.iter().flat_map(|r| &r.scope_logs).flat_map(|s| &s.log_records) {
+            let attrs = r.attributes.iter().filter_map(|a| Some((a.key.clone(), a.value.clone()?.value?))).collect();
+            out.push((r.event_name.clone(), r.time_unix_nano, r.severity_number, attrs));
+        }
+    }
+    out
+}
+
+/// A real finding (a kernel hog on CPU 1) reaches the receiver as a log record when it opens
+/// and as another, with the same id, when it closes.
+#[test]
+fn a_finding_opening_and_closing_reaches_the_receiver_as_log_records() {
+    if !privileged("a_finding_opening_and_closing_reaches_the_receiver_as_log_records") {
+        return;
+    }
+    let (url, state) = receiver(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let config = tmp.path().join("profiler.toml");
+    // One saturated core is half of this 2-CPU machine; the daemon (a debug build) and the
+    // test's queries load the other.
+    std::fs::write(&config, "[otlp]\ninterval = \"1s\"\n[detect]\nmachine_busy_max = 0.75\n").unwrap();
+    let config = config.to_str().unwrap();
+    let mut daemon = Daemon::start(&data, &["--config", config, "--otlp-endpoint", &url, "--listen", "off"]);
+    daemon.wait_ready();
+    let hog = Kill(
+        Command::new("taskset")
+            .args(["-c", "1", "dd", "if=/dev/zero", "of=/dev/null", "bs=1M"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let saturated = |state: &Mutex<Receiver>, event: &str| {
+        log_records(&state.lock().unwrap().logs).into_iter().find(|(name, _, _, a)| {
+            name == event && a.get("profiler.finding.kind") == Some(&Value::String("saturated-core".into()))
+        })
+    };
+    let (_, opened_at, severity, open) = wait_for_every(
+        "a saturated-core opening as a log record",
+        Duration::from_secs(40),
+        Duration::from_millis(250),
+        || saturated(&state, "profiler.finding.open"),
+    );
+    assert_eq!(open.get("cpu.logical_number"), Some(&Value::Int(1)), "{open:?}");
+    assert!(severity == 13 || severity == 17, "WARN or ERROR: {severity}");
+    let Some(Value::String(id)) = open.get("profiler.finding.id").cloned() else { panic!("no id: {open:?}") };
+    // The finding the node lists, with the onset the record carries.
+    let listed = profiler(&["findings", "--data-dir", data.to_str().unwrap(), "--from", "-5m", "--format", "json"]);
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    let f = listed.iter().find(|f| f["id"] == id.as_str()).unwrap_or_else(|| panic!("{id} not in {listed:?}"));
+    assert_eq!(f["start_ns"].as_u64(), Some(opened_at), "{f}");
+    drop(hog);
+    let (_, closed_at, _, closed) = wait_for_every(
+        "the same finding's closing as a log record",
+        Duration::from_secs(40),
+        Duration::from_millis(250),
+        || saturated(&state, "profiler.finding.closed"),
+    );
+    assert_eq!(closed.get("profiler.finding.id"), Some(&Value::String(id.clone())));
+    assert!(closed_at > opened_at);
+    let opens = log_records(&state.lock().unwrap().logs)
+        .iter()
+        .filter(|(n, _, _, a)| {
+            n == "profiler.finding.open" && a.get("profiler.finding.id") == Some(&Value::String(id.clone()))
+        })
+        .count();
+    assert_eq!(opens, 1, "the opening is sent once");
+    assert!(daemon.stop().success(), "{}", daemon.log_text());
 }

@@ -60,6 +60,27 @@ pub struct Otlp {
 pub const OTLP_HTTP_PATH: &str = "/v1development/profiles";
 /// The gRPC method of the profiles service.
 pub const OTLP_GRPC_PATH: &str = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+/// Where findings go as log records: the logs signal's path beside the profiles'.
+pub const OTLP_LOGS_HTTP_PATH: &str = "/v1/logs";
+pub const OTLP_LOGS_GRPC_PATH: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Export";
+
+impl Otlp {
+    /// The same endpoint, for the logs signal: `.../v1development/profiles` becomes
+    /// `.../v1/logs` (a prefix kept), the gRPC method that of the logs service.
+    pub fn for_logs(&self) -> Otlp {
+        let path = match self.protocol {
+            OtlpProtocol::HttpProtobuf => {
+                let base = self.url.path().strip_suffix(OTLP_HTTP_PATH).unwrap_or("");
+                format!("{base}{OTLP_LOGS_HTTP_PATH}")
+            }
+            OtlpProtocol::Grpc => OTLP_LOGS_GRPC_PATH.to_string(),
+        };
+        let mut parts = self.url.clone().into_parts();
+        parts.path_and_query = path.parse().ok();
+        Otlp { url: http::Uri::from_parts(parts).unwrap_or_else(|_| self.url.clone()), ..self.clone() }
+    }
+}
+
 /// Batch intervals accepted: at least a second (the store's unit); at most five minutes, which
 /// bounds a batch's memory with the per-batch sample cap.
 pub const OTLP_INTERVAL: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(300);
@@ -201,6 +222,9 @@ mod tests {
         assert_eq!(settings("", "http://c:4318/prefix/").url.path(), "/prefix/v1development/profiles");
         let g = settings("protocol = \"grpc\"\ninterval = \"2s\"\ncompression = \"none\"", "http://c:4317");
         assert_eq!(g.url.path(), "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export");
+        assert_eq!(g.for_logs().url.path(), "/opentelemetry.proto.collector.logs.v1.LogsService/Export");
+        assert_eq!(settings("", "http://c:4318/prefix/").for_logs().url.to_string(), "http://c:4318/prefix/v1/logs");
+        assert_eq!(settings("", "http://c:4318").for_logs().url.to_string(), "http://c:4318/v1/logs");
         assert_eq!((g.interval, g.gzip), (Duration::from_secs(2), false));
         let h = settings("[headers]\nauthorization = \"Bearer s3cret\"", "http://c:4318");
         assert_eq!(h.headers[0].0, "authorization");

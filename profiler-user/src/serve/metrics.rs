@@ -306,6 +306,11 @@ pub fn render(l: &Live) -> String {
         counter("profiler_otlp_samples_total", "Samples in the OTLP requests the receiver accepted.", o.samples);
         counter("profiler_otlp_bytes_total", "Bytes of the OTLP requests the receiver accepted, as sent.", o.bytes);
         counter(
+            "profiler_otlp_log_records_total",
+            "Findings' openings and closings the OTLP receiver accepted as log records.",
+            o.log_records,
+        );
+        counter(
             "profiler_otlp_retries_total",
             "OTLP export attempts that failed in a way worth another try (connection, timeout, 429, 502-504, \
              retryable gRPC codes).",

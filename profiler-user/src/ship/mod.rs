@@ -9,6 +9,7 @@
 //! - `transport`: one request over HTTP/1.1 or gRPC, and what its answer means for a retry.
 
 pub mod clickhouse;
+mod findings;
 pub mod otlp;
 pub mod transport;
 
@@ -34,6 +35,8 @@ pub struct Stats {
     pub batches: u64,
     pub samples: u64,
     pub bytes: u64,
+    /// Findings' openings and closings sent as log records (OTLP only).
+    pub log_records: u64,
     /// Attempts that failed in a way worth another try (connection, timeout, 429, 502-504).
     pub retries: u64,
     /// Failures by reason: `rejected` (a batch refused for good, then skipped), `partial`

@@ -16,11 +16,12 @@ use tokio::sync::watch;
 
 use super::{
     Cursor, Stats,
+    findings::{LOOKBACK_NS, Owed},
     transport::{self, Outcome},
 };
 use crate::{
     config::Otlp,
-    export::otlp::Builder,
+    export::otlp::{Builder, logs},
     query::{self, Filter, QueryError, Window},
     serve::metrics::Live,
     store::{Store, StoreError, format::SEGMENT_NS, reader::Need},
@@ -36,6 +37,14 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Longest `Retry-After` honoured: a receiver's mistake must not stop shipping for a day.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// What a request carries: profiles (with their samples), or findings' transitions as log
+/// records (`ship::findings`), sent to the logs signal's path of the same endpoint.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    Profiles { samples: u64 },
+    Logs { records: u64 },
+}
 
 pub struct Shipper {
     pub data_dir: PathBuf,
@@ -82,6 +91,7 @@ impl Shipper {
             "pushing profiles over OTLP"
         );
         let mut stats = Stats::default();
+        let mut owed = Owed::default();
         let interval = self.config.interval.as_secs() * NS_PER_SEC;
         loop {
             self.publish(&stats, cursor);
@@ -108,8 +118,11 @@ impl Shipper {
                     continue;
                 }
             };
-            if samples > 0 && !self.deliver(body, samples, &mut stats, cursor).await {
+            if samples > 0 && !self.deliver(Signal::Profiles { samples }, body, &mut stats, cursor).await {
                 break; // stopped: the batch goes again after a restart
+            }
+            if !self.send_findings(&mut owed, cursor, end, &mut stats).await {
+                break;
             }
             cursor = self.skip_gap(end);
             if let Err(e) = cursor_file.save(cursor) {
@@ -167,14 +180,43 @@ impl Shipper {
         next.min(self.ready()).max(end)
     }
 
+    /// Sends the findings that opened or closed up to `end` and were not sent yet, as log
+    /// records; false if the daemon stopped first.
+    async fn send_findings(&mut self, owed: &mut Owed, cursor: u64, end: u64, stats: &mut Stats) -> bool {
+        let from = cursor.saturating_sub(LOOKBACK_NS);
+        let findings = match crate::detect::log::findings_in(&self.data_dir, from, end) {
+            Ok(f) => f,
+            Err(e) => {
+                *stats.errors.entry("store").or_default() += 1;
+                tracing::error!(error = %e, "the OTLP shipper cannot read the findings; they go with the next batch");
+                return true;
+            }
+        };
+        let (records, keys) = owed.due(&findings, from, end, now_ns());
+        if !records.is_empty() {
+            let signal = Signal::Logs { records: records.len() as u64 };
+            let config = self.config.for_logs();
+            let body = transport::body(&config, &prost::Message::encode_to_vec(&logs::request(&self.host, records)));
+            if !self.deliver(signal, body, stats, cursor).await {
+                return false;
+            }
+        }
+        owed.sent(keys, from);
+        true
+    }
+
     /// Posts `body` until it is taken or refused for good; false if the daemon stopped first.
-    async fn deliver(&mut self, body: Bytes, samples: u64, stats: &mut Stats, cursor: u64) -> bool {
+    async fn deliver(&mut self, signal: Signal, body: Bytes, stats: &mut Stats, cursor: u64) -> bool {
+        let config = match signal {
+            Signal::Profiles { .. } => self.config.clone(),
+            Signal::Logs { .. } => self.config.for_logs(),
+        };
         let mut backoff = FIRST_BACKOFF;
         for attempt in 1.. {
-            let send = tokio::time::timeout(self.config.timeout, transport::send(&self.config, body.clone()));
+            let send = tokio::time::timeout(config.timeout, transport::send(&config, body.clone()));
             let outcome = tokio::select! {
                 answer = send => answer.unwrap_or_else(|_| Outcome::Retry {
-                    why: format!("no answer within {} s", self.config.timeout.as_secs_f64()),
+                    why: format!("no answer within {} s", config.timeout.as_secs_f64()),
                     after: None,
                 }),
                 _ = self.stop.changed() => return false,
@@ -182,8 +224,13 @@ impl Shipper {
             let window = crate::timespec::format(cursor);
             match outcome {
                 Outcome::Accepted { rejected, message } => {
-                    stats.batches += 1;
-                    stats.samples += samples;
+                    match signal {
+                        Signal::Profiles { samples } => {
+                            stats.batches += 1;
+                            stats.samples += samples;
+                        }
+                        Signal::Logs { records } => stats.log_records += records,
+                    }
                     stats.bytes += body.len() as u64;
                     if rejected > 0 {
                         *stats.errors.entry("partial").or_default() += 1;
@@ -198,7 +245,7 @@ impl Shipper {
                 }
                 Outcome::Rejected { why } => {
                     *stats.errors.entry("rejected").or_default() += 1;
-                    tracing::error!(from = %window, samples, error = %why, "the OTLP receiver refused a batch; it is skipped");
+                    tracing::error!(from = %window, ?signal, error = %why, "the OTLP receiver refused a batch; it is skipped");
                     return true;
                 }
                 Outcome::Retry { why, after } => {

@@ -289,9 +289,7 @@ fn start(config: Config, profiler: &Path, dir: &Path) -> anyhow::Result<Option<C
             if matches!(config, Config::OursFp(_)) {
                 cmd.args(["--unwind-table-mib", "0"]);
             }
-            let child = cmd
-                .stderr(Stdio::null())
-                .spawn()?;
+            let child = cmd.stderr(Stdio::null()).spawn()?;
             wait_for("the daemon's first block", Duration::from_secs(30), || {
                 std::fs::read_dir(dir.join("segments")).ok()?.next().map(|_| ())
             })?;

@@ -14,6 +14,7 @@
 //! (as the OpenTelemetry eBPF profiler marks them), so names travel unmarked; a Python frame's
 //! file and first line go in `Function.filename`/`start_line` and `Line.line`.
 
+pub mod logs;
 pub mod proto;
 #[cfg(test)]
 mod tests;
