@@ -4,6 +4,10 @@ UNAVAILABLE, then takes every request and appends one JSON line per request to O
 
   {"time_unix_nano": t, "duration_nano": d, "samples": weighted count, "observations": n}
 
+It also serves LogsService (findings as log records): one JSON line per record to OUT.logs,
+
+  {"event_name": e, "time_unix_nano": t, "severity_number": n, "attributes": {key: value}}
+
 Usage: python3 otlp_grpc_receiver.py PORT_FILE OUT REFUSE
 (the port it listens on, on 127.0.0.1, is written to PORT_FILE once it is ready).
 """
@@ -15,6 +19,7 @@ import threading
 from concurrent import futures
 
 import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.profiles.v1development import (
     profiles_service_pb2,
     profiles_service_pb2_grpc,
@@ -48,8 +53,22 @@ class Receiver(profiles_service_pb2_grpc.ProfilesServiceServicer):
         return profiles_service_pb2.ExportProfilesServiceResponse()
 
 
+class Logs(logs_service_pb2_grpc.LogsServiceServicer):
+    def Export(self, request, context):
+        with lock, open(out_path + ".logs", "a") as out:
+            for rl in request.resource_logs:
+                for sl in rl.scope_logs:
+                    for r in sl.log_records:
+                        attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in r.attributes}
+                        line = {"event_name": r.event_name, "time_unix_nano": r.time_unix_nano,
+                                "severity_number": r.severity_number, "attributes": attrs}
+                        out.write(json.dumps(line) + "\n")
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
 profiles_service_pb2_grpc.add_ProfilesServiceServicer_to_server(Receiver(), server)
+logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
 port = server.add_insecure_port("127.0.0.1:0")
 server.start()
 with open(port_file + ".tmp", "w") as f:

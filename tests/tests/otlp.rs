@@ -322,7 +322,12 @@ fn the_daemon_pushes_over_grpc_to_the_reference_server() {
     });
     let data = tmp.path().join("data");
     let config = tmp.path().join("profiler.toml");
-    let toml = format!("[otlp]\nendpoint = \"http://127.0.0.1:{port}\"\nprotocol = \"grpc\"\ninterval = \"1s\"\n");
+    // The spinner on CPU 1 is a finding here (user time counts, the other CPU may be busy),
+    // whose opening goes to the receiver's LogsService.
+    let toml = format!(
+        "[otlp]\nendpoint = \"http://127.0.0.1:{port}\"\nprotocol = \"grpc\"\ninterval = \"1s\"\n\
+         [detect]\nsaturated_kernel_min = 0.0\nmachine_busy_max = 1.0\n"
+    );
     std::fs::write(&config, toml).unwrap();
     let _spin = Kill(Command::new(helper_bin()).args(["1", "60"]).spawn().unwrap());
     let mut daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--listen", "off"]);
@@ -332,6 +337,20 @@ fn the_daemon_pushes_over_grpc_to_the_reference_server() {
         text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
     };
     wait_for("4 requests taken by the gRPC receiver", Duration::from_secs(60), || (lines().len() >= 4).then_some(()));
+    let logs = tmp.path().join("received.jsonl.logs");
+    let open = wait_for_every(
+        "a finding's opening at the gRPC LogsService",
+        Duration::from_secs(40),
+        Duration::from_millis(250),
+        || {
+            let text = std::fs::read_to_string(&logs).unwrap_or_default();
+            text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find(|l| {
+                l["event_name"] == "profiler.finding.open"
+                    && l["attributes"]["profiler.finding.kind"] == "saturated-core"
+            })
+        },
+    );
+    assert_eq!(open["attributes"]["cpu.logical_number"], 1, "{open}");
     assert!(daemon.stop().success(), "{}", daemon.log_text());
     let log = daemon.log_text();
     assert!(log.contains("gRPC status 14: warming up"), "UNAVAILABLE is retried: {log}");
