@@ -562,6 +562,38 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         eprintln!("page: redraw of a 192-CPU x 300 s CPU x time (and the heatmap) in {ms:.0} ms");
         assert!(ms < 1000.0, "a redraw at 192 CPUs took {ms:.0} ms");
 
+        // Before the daemon started there is no data: those columns are hatched and their
+        // tooltip says so; a column the daemon recorded (idle or busy) is not a gap.
+        let early = start.floor() - 25.0;
+        client.goto(&format!("http://127.0.0.1:{port}/?from={early:.3}&to={to:.3}&cpu=1#token={token}")).await.unwrap();
+        let gaps = until(
+            "the heatmap from before the daemon started",
+            format!(
+                "const g = window.profilerUI.state.grid; \
+                 return g && g.first_second === {} && g.gaps ? g.gaps : null",
+                early as u64
+            ),
+        )
+        .await;
+        let gaps: Vec<u64> = serde_json::from_value(gaps).unwrap();
+        let recorded_from = (start.floor() - early) as u64;
+        assert!(gaps.contains(&0) && gaps.len() >= 15, "the seconds before the daemon: {gaps:?}");
+        assert!(gaps.iter().all(|&c| c < recorded_from), "no gap while the daemon ran: {gaps:?} (from column {recorded_from})");
+        let tip = client
+            .execute(
+                "const p = window.profilerUI.cellPoint(0, 0); \
+                 document.getElementById('hm').dispatchEvent(new MouseEvent('mousemove', {clientX: p.x, clientY: p.y, bubbles: true})); \
+                 return [document.getElementById('tip').textContent, document.getElementById('hm-legend').textContent, \
+                         window.profilerUI.cellText(arguments[0], 0)]",
+                vec![recorded_from.into()],
+            )
+            .await
+            .unwrap();
+        let tip: Vec<String> = serde_json::from_value(tip).unwrap();
+        assert!(tip[0].contains("no data: the profiler was not recording"), "{tip:?}");
+        assert!(tip[1].contains("no data"), "the legend names the hatching: {tip:?}");
+        assert!(tip[2].ends_with(" samples"), "a recorded second: {tip:?}");
+
         // Where the NIC's interrupts go, as `profiler status` says it (issue 16, part 1), and the
         // header names the node and the CPU count.
         let header = client.find(Locator::Id("hdr")).await.unwrap().text().await.unwrap();

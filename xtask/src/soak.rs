@@ -70,11 +70,14 @@ pub fn run(profiler: &Path, helper: &Path, churn: &Path, minutes: f64) -> anyhow
             warm_up.as_secs_f64() + 20.0
         );
     }
-    // At the limit by mid-run: this load writes about 3.5 KB/s. Never below a minute and a
-    // half of it: retention removes whole minute segments, and under one minute's worth it
-    // removes the last complete minute, which a 5 s window across a minute boundary reads.
-    let minute_mib = 60.0 * 3500.0 / 1048576.0;
-    let limit_mib = (minutes * 60.0 * 3500.0 / 2.0 / 1048576.0).max(1.5 * minute_mib);
+    // At the limit by mid-run: this load writes 3.5 to 5 KB/s (more when the churn makes new
+    // stacks). Never below two minutes of it: retention removes whole minute segments, and when
+    // the last complete minute and the new one's first seconds are over the limit it removes
+    // the last complete minute, which the check's 5 s window reads (a CI run at 1.5 minutes'
+    // worth, 0.30 MiB, lost it to a 0.29 MiB minute).
+    let rate = 5000.0;
+    let minute_mib = 60.0 * rate / 1048576.0;
+    let limit_mib = (minutes * 60.0 * rate / 2.0 / 1048576.0).max(2.0 * minute_mib);
     let interval = Duration::from_secs(if minutes <= 5.0 { 10 } else { 60 });
     let dir = std::env::temp_dir().join(format!("profiler-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -43,6 +43,11 @@ pub fn write_json_with(grid: &Grid, first_second: bool, mut out: impl Write) -> 
     write!(out, "],\"maxvalue\":{}", grid.max())?;
     if first_second {
         write!(out, ",\"first_second\":{}", grid.first_second)?;
+        // The page's own key (FlameScope's files stay as they were): columns without data.
+        let gaps: Vec<String> = grid.gaps().map(|c| c.to_string()).collect();
+        if !gaps.is_empty() {
+            write!(out, ",\"gaps\":[{}]", gaps.join(","))?;
+        }
     }
     if grid.coarsened() {
         write!(
@@ -203,7 +208,7 @@ mod tests {
         counts[0] = 3;
         counts[49] = 1;
         counts[50 + 10] = 7;
-        Grid { first_second: 1_795_000_000, rows: 50, columns: 2, seconds_per_column: 1, counts }
+        Grid { first_second: 1_795_000_000, rows: 50, columns: 2, seconds_per_column: 1, counts, recorded: vec![1, 1] }
     }
 
     fn json(grid: &Grid, first_second: bool) -> serde_json::Value {

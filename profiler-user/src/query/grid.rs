@@ -22,6 +22,10 @@ pub struct Grid {
     pub seconds_per_column: u64,
     /// `counts[column * rows + row]`, row 0 = offset 0.
     pub counts: Vec<u32>,
+    /// Per column: 1 if a block of the store covers part of it, else 0. The daemon writes a
+    /// block every second it runs (idle ticks count), so 0 means no data (the daemon was down,
+    /// or retention removed it), which an empty column of an idle machine is not.
+    pub recorded: Vec<u32>,
 }
 
 impl Grid {
@@ -35,6 +39,24 @@ impl Grid {
 
     pub fn coarsened(&self) -> bool {
         self.seconds_per_column > 1
+    }
+
+    /// The columns without data.
+    pub fn gaps(&self) -> impl Iterator<Item = usize> + '_ {
+        self.recorded.iter().enumerate().filter(|(_, n)| **n == 0).map(|(c, _)| c)
+    }
+
+    /// Notes that the store holds `[start_ns, end_ns)` (a block).
+    fn record(&mut self, start_ns: u64, end_ns: u64) {
+        use crate::store::format::NS_PER_SEC;
+        let last = end_ns.saturating_sub(1).max(start_ns) / NS_PER_SEC;
+        for second in start_ns / NS_PER_SEC..=last {
+            if let Some(col) = second.checked_sub(self.first_second).map(|s| (s / self.seconds_per_column) as usize)
+                && let Some(n) = self.recorded.get_mut(col)
+            {
+                *n = 1;
+            }
+        }
     }
 
     fn add(&mut self, second: u64, row: usize, n: u64) {
@@ -58,7 +80,14 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
     let seconds = window.to_ns.div_ceil(NS_PER_SEC) - first;
     let k = budget::seconds_per_column(seconds, rows as u64, budget::HEATMAP_CELLS);
     let columns = seconds.div_ceil(k) as usize;
-    let mut grid = Grid { first_second: first, rows, columns, seconds_per_column: k, counts: vec![0; columns * rows] };
+    let mut grid = Grid {
+        first_second: first,
+        rows,
+        columns,
+        seconds_per_column: k,
+        counts: vec![0; columns * rows],
+        recorded: vec![0; columns],
+    };
     // Summaries count every sample: any filter, the context one included, needs the samples.
     let unfiltered = filter.cpus.is_empty()
         && filter.pid.is_none()
@@ -73,6 +102,7 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
         let covered = Window { from_ns: inner.0, to_ns: inner.1 };
         store.scan(covered.from_ns, covered.to_ns, Need::Summary, &mut |b: BlockView<'_>| {
             let summary = b.summary.expect("summary decoded");
+            grid.record(b.header.start_ns, b.header.end_ns);
             let second = b.header.start_ns / NS_PER_SEC;
             for (i, &n) in summary.buckets.iter().enumerate() {
                 if covered.contains(b.header.start_ns + i as u64 * BUCKET_NS) {
@@ -102,6 +132,7 @@ fn grid_from_samples(store: &mut Store, window: Window, filter: &Filter, grid: &
         Need::Samples,
         budget::ScanBudget::default(),
         &mut |b: BlockView<'_>| {
+            grid.record(b.header.start_ns.max(window.from_ns), b.header.end_ns.min(window.to_ns));
             // Rolled-up blocks keep no subsecond times: they have no place in a heatmap.
             if b.header.flags & crate::store::format::FLAG_ROLLUP != 0 {
                 return;

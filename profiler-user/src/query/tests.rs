@@ -208,6 +208,37 @@ fn subsecond_grid_from_summaries_equals_the_one_from_samples() {
 }
 
 #[test]
+fn seconds_the_daemon_did_not_record_are_gaps_and_an_idle_second_is_not() {
+    // Samples every 26 ms but none in seconds 20-24 (the daemon was down); second 30 holds only
+    // idle ticks (an idle machine): recorded, not a gap.
+    let input: Vec<Sample> = samples()
+        .into_iter()
+        .filter(|s| !(20..25).contains(&((s.ts_ns - T0) / NS_PER_SEC)) && (s.ts_ns - T0) / NS_PER_SEC != 30)
+        .collect();
+    let (_dir, mut store) = write_store(&input, &[(T0 + 30 * NS_PER_SEC + 5, 0)]);
+    let w = Window::new(T0 + 10 * NS_PER_SEC, T0 + 40 * NS_PER_SEC).unwrap();
+    for filter in [Filter::default(), Filter { cpus: vec![1], ..Default::default() }] {
+        let grid = subsecond_grid(&mut store, w, 50, &filter).unwrap();
+        assert_eq!(grid.gaps().collect::<Vec<_>>(), (10..15).collect::<Vec<_>>(), "{filter:?}");
+        let mut text = Vec::new();
+        crate::export::heatmap::write_json_with(&grid, true, &mut text).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        assert_eq!(json["gaps"], serde_json::json!([10, 11, 12, 13, 14]));
+        assert!(grid.column(20).iter().all(|&n| n == 0), "the idle second has no busy sample");
+    }
+    // Coarsened: a column is a gap only when none of its seconds was recorded.
+    let long = Window::new(T0 - 1000 * NS_PER_SEC, T0 + 130 * NS_PER_SEC).unwrap();
+    let grid = subsecond_grid(&mut store, long, 1000, &Filter::default()).unwrap();
+    assert!(grid.coarsened());
+    let (k, t0) = (grid.seconds_per_column, T0 / NS_PER_SEC);
+    let recorded = |s: u64| (t0..t0 + 130).contains(&s) && !(t0 + 20..t0 + 25).contains(&s);
+    let expect: Vec<usize> =
+        (0..grid.columns).filter(|&c| (0..k).all(|i| !recorded(grid.first_second + c as u64 * k + i))).collect();
+    assert_eq!(grid.gaps().collect::<Vec<_>>(), expect);
+    assert!(expect.len() > 490, "the 1000 s before the data are gaps: {}", expect.len());
+}
+
+#[test]
 fn heatmap_json_equals_a_naive_count_cell_for_cell() {
     let input = samples();
     let (_dir, mut store) = write_store(&input, &[]);

@@ -145,10 +145,20 @@ function cellTime(c, i) {
   return g.first_second + g.columns[c] + (k > 1 ? 0 : g.rows[i] / 1000);
 }
 function cellSpan() { const { k, rowMs } = gridInfo(); return k > 1 ? k : rowMs / 1000; }
+// Columns the store holds nothing for (the daemon was down, or retention removed them): drawn
+// hatched and said so, unlike an idle machine's empty cells.
+function isGap(c) { return !!(S.grid.gaps && S.grid.gaps.includes(c)); }
 function cellText(c, i) {
   const { g, k, rowMs } = gridInfo(), t = g.first_second + g.columns[c];
   const when = k > 1 ? `${full(t, false)} + ${k} s` : full(t, false);
+  if (isGap(c)) return `${when}\nno data: the profiler was not recording (stopped, or the data aged out)`;
   return `${when}\noffset ${g.rows[i]}–${+(g.rows[i] + rowMs).toFixed(1)} ms\n${g.values[c][i]} samples`;
+}
+function hatch(c, x, w, h) {
+  c.save(); c.beginPath(); c.rect(x, 0, w, h); c.clip();
+  c.strokeStyle = css("--gap"); c.lineWidth = 2;
+  for (let d = -h; d < w; d += 6) { c.beginPath(); c.moveTo(x + d, h); c.lineTo(x + d + h, 0); c.stroke(); }
+  c.restore();
 }
 function cellAt(ev) {
   const { g, ch } = gridInfo(), r = $("hm").getBoundingClientRect();
@@ -166,6 +176,10 @@ function drawHeatmap() {
   const { g, k, rows, ch } = gridInfo(), d = S.dom, h = rows * ch;
   const c = canvas($("hm"), d.w, h);
   c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, h);
+  (g.gaps || []).forEach((ci) => {
+    const x0 = X(g.first_second + g.columns[ci]);
+    hatch(c, x0, X(g.first_second + g.columns[ci] + k) - x0, h);
+  });
   g.values.forEach((col, ci) => {
     const x0 = X(g.first_second + g.columns[ci]), x1 = X(g.first_second + g.columns[ci] + k);
     col.forEach((v, i) => { if (v) { c.fillStyle = heat(v, g.maxvalue); c.fillRect(x0, i * ch, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), ch - (ch > 4 ? 1 : 0)); } });
@@ -200,7 +214,10 @@ function drawHeatmap() {
   $("hm-legend").replaceChildren(`samples per cell (${cell}):`, ...lg.map((v) => {
     const s = document.createElement("span"), i = document.createElement("i"); i.style.background = heat(v, g.maxvalue);
     s.append(i, String(v)); return s;
-  }), g.coarsened ? ` — ${g.coarsened.reason}` : "");
+  }), ...(g.gaps && g.gaps.length ? [(() => {
+    const s = document.createElement("span"), i = document.createElement("i");
+    i.className = "gap"; s.append(i, "no data"); return s;
+  })()] : []), g.coarsened ? ` — ${g.coarsened.reason}` : "");
 }
 
 // Which thread ran most in a cell: asked once the pointer rests on it (one small fold of
@@ -210,7 +227,7 @@ const tops = new Map();
 function topOf(cell, x, y) {
   clearTimeout(topTimer);
   const [c, i] = cell, key = `${S.grid.first_second}/${c}/${i}`;
-  if (!S.grid.values[c][i]) return;
+  if (!S.grid.values[c][i] || isGap(c)) return;
   const show = (text) => { if (!tip.hidden && tip.textContent.startsWith(cellText(c, i))) showTip(`${cellText(c, i)}\n${text}`, x, y); };
   if (tops.has(key)) return show(tops.get(key));
   topTimer = setTimeout(async () => {
