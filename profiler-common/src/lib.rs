@@ -204,3 +204,30 @@ pub mod netrx {
     /// Slots in the value.
     pub const LEN: usize = HISTOGRAM + super::LATENCY_BUCKETS as usize;
 }
+
+/// Per-CPU run-queue waits (`profiler-ebpf/src/runq.rs`): `RUNQ` holds one `[u64; runq::LEN]`
+/// per CPU, the CPU a thread finally ran on after waiting runnable; cumulative counters, and
+/// the longest wait of the epoch (see [`MAXIMA_EPOCH`]) with who waited and what the CPU ran
+/// just before.
+pub mod runq {
+    /// Waits that ended (a runnable thread got the CPU).
+    pub const WAITS: usize = 0;
+    /// Longest wait in the epoch, ns.
+    pub const WAIT_MAX: usize = 1;
+    /// The epoch the maxima belong to.
+    pub const EPOCH: usize = 2;
+    /// The longest waiter: its thread id.
+    pub const WAITER_TID: usize = 3;
+    /// Its comm, 16 bytes.
+    pub const WAITER_COMM: usize = 4;
+    /// The thread the CPU switched from to run it, and that thread's comm (16 bytes).
+    pub const BEFORE_TID: usize = 6;
+    pub const BEFORE_COMM: usize = 7;
+    /// First histogram bucket (`latency_bucket` of the wait); `LATENCY_BUCKETS` follow.
+    pub const HISTOGRAM: usize = 10;
+    /// Slots in the value.
+    pub const LEN: usize = HISTOGRAM + super::LATENCY_BUCKETS as usize;
+    /// A `prev_state` of `sched_switch` with none of these bits set is a thread still runnable
+    /// (0, "R") or preempted (`TASK_REPORT_MAX`, "R+"): it waits from then on.
+    pub const SLEEP_STATE_MASK: u64 = 0xff;
+}

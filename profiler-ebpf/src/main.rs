@@ -19,6 +19,7 @@ mod exec;
 mod lifecycle;
 mod netrx;
 mod python;
+mod runq;
 mod unwind;
 
 use core::ffi::c_void;

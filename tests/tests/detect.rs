@@ -296,7 +296,9 @@ fn a_healthy_busy_machine_raises_no_cpu_findings() {
     });
     let noisy: Vec<Value> = findings(dir)
         .into_iter()
-        .filter(|f| f["kind"] == "saturated-core" || f["kind"] == "hot-kernel-function")
+        .filter(|f| {
+            ["saturated-core", "hot-kernel-function", "runq-starvation"].contains(&f["kind"].as_str().unwrap_or(""))
+        })
         .filter(|f| f["start_ns"].as_f64().unwrap() / 1e9 >= start - 1.0)
         .collect();
     assert!(noisy.is_empty(), "a healthy busy machine raised: {noisy:#?}");

@@ -10,6 +10,7 @@ pub mod irqs;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod prog_info;
+pub mod runq;
 pub mod tracefs;
 
 use std::collections::BTreeMap;
@@ -177,6 +178,7 @@ pub struct Collector {
     unwind: Option<crate::unwind::kernel::Maps>,
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
     netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
+    runq: Option<runq::RunQueue>,
     /// The maxima epoch the kernel stamps on maxima (see `profiler_common::MAXIMA_EPOCH`).
     epoch_map: Array<MapData, u64>,
     epoch: u64,
@@ -236,7 +238,12 @@ impl Collector {
         let process_fields = lifecycle::ProcessFields::read();
         let flags_off = process_fields.clone_flags as u64;
         let group_dead_off = process_fields.group_dead.map_or(u64::MAX, |o| o as u64);
-        let mut ebpf = EbpfLoader::new()
+        let runq_offsets = runq::offsets();
+        let mut loader = EbpfLoader::new();
+        for (global, offset) in &runq_offsets {
+            loader.override_global(global, offset, true);
+        }
+        let mut ebpf = loader
             // A refused program is retried with the verifier's log: its statistics (the verdict),
             // not a line per instruction, which made one refusal cost 35-50 s of CPU at start.
             .verifier_log_level(VerifierLogLevel::STATS)
@@ -302,6 +309,10 @@ impl Collector {
         if let Err(e) = &cgroup_ok {
             tracing::warn!(error = %e, "cgroup tracepoints not attached: zombie cgroups will not be attributed");
         }
+        let runq_ok = runq::TRACEPOINTS.iter().map(|(n, c)| attached(n, c)).collect::<Result<Vec<_>, _>>();
+        if let Err(e) = &runq_ok {
+            tracing::warn!(error = %e, "scheduler tracepoints not attached: no run-queue starvation detection");
+        }
         let exec_ok = attached("sched_process_exec", "sched");
         if let Err(e) = &exec_ok {
             tracing::warn!(error = %e, "exec tracepoint not attached: processes that live only milliseconds may show unnamed frames");
@@ -310,15 +321,23 @@ impl Collector {
         if let Err(e) = &lifecycle_ok {
             tracing::warn!(error = %e, "fork and exit tracepoints not attached: a reused pid is told from its old process only by its program");
         }
-        let attached: Vec<&str> =
-            [("NET_RX/NAPI", netrx_ok.is_ok()), ("cgroup", cgroup_ok.is_ok()), ("exec", exec_ok.is_ok())]
-                .iter()
-                .filter(|(_, ok)| *ok)
-                .map(|(name, _)| *name)
-                .collect();
+        let attached: Vec<&str> = [
+            ("NET_RX/NAPI", netrx_ok.is_ok()),
+            ("run queue", runq_ok.is_ok()),
+            ("cgroup", cgroup_ok.is_ok()),
+            ("exec", exec_ok.is_ok()),
+        ]
+        .iter()
+        .filter(|(_, ok)| *ok)
+        .map(|(name, _)| *name)
+        .collect();
         tracing::info!(attached = %attached.join(","), "tracepoint detectors");
         let netrx = match netrx_ok {
             Ok(_) => ebpf.take_map("NETRX").and_then(|m| PerCpuArray::try_from(m).ok()),
+            Err(_) => None,
+        };
+        let runq = match runq_ok {
+            Ok(_) => ebpf.take_map("RUNQ").and_then(|m| PerCpuArray::try_from(m).ok()).map(runq::RunQueue),
             Err(_) => None,
         };
         let events = match cgroup_ok.map(drop).or(exec_ok).or(lifecycle_ok) {
@@ -340,6 +359,7 @@ impl Collector {
             unwind,
             counters,
             netrx,
+            runq,
             epoch_map,
             epoch: 0,
             cgroup_fields,
@@ -433,6 +453,12 @@ impl Collector {
                 })
                 .collect(),
         )
+    }
+
+    /// Run-queue waits per CPU (index = CPU id), with the longest wait of the current epoch.
+    /// `None` without the scheduler tracepoints.
+    pub fn runq(&self) -> Option<Vec<runq::RunqCpu>> {
+        self.runq.as_ref()?.read(self.epoch)
     }
 
     /// Starts a new maxima epoch: what [`Self::counters`] and [`Self::netrx`] report as maxima

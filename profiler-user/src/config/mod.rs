@@ -127,6 +127,8 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     int("detect.lock_min_cpus", t.lock_min_cpus.into(), 2..=4096, "2 to 4096 CPUs")?;
     // Like detector 2, every busy tick of the window is kept in memory.
     int("detect.lock_window_secs", t.lock_window_secs.into(), 1..=60, "1 to 60 seconds")?;
+    float("detect.runq_max_ms", t.runq_max_ms, 60_000.0, "above 0 and at most 60000 ms")?;
+    float("detect.runq_p99_ms", t.runq_p99_ms, 60_000.0, "above 0 and at most 60000 ms")?;
     Ok(())
 }
 
@@ -347,6 +349,8 @@ mod tests {
             ("lock_min_cpus = 1", "detect.lock_min_cpus"),
             ("lock_window_secs = 0", "detect.lock_window_secs"),
             ("lock_window_secs = 61", "detect.lock_window_secs"),
+            ("runq_max_ms = 0.0", "detect.runq_max_ms"),
+            ("runq_p99_ms = inf", "detect.runq_p99_ms"),
         ] {
             let file: ConfigFile = toml::from_str(&format!("[detect]\n{toml}\n")).unwrap();
             let e = Reloadable::from(&file, &StoreFlags::default()).unwrap_err().to_string();

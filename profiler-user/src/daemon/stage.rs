@@ -348,6 +348,9 @@ impl Stage {
             if let Some(n) = collector.netrx() {
                 self.pipeline.engine.on_netrx(now, n);
             }
+            if let Some(r) = collector.runq() {
+                self.pipeline.engine.on_runq(now, r);
+            }
             collector.next_epoch();
         }
         self.pipeline.offset = clock::boot_to_unix_offset();

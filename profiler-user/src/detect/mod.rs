@@ -7,13 +7,16 @@
 //! - `netrx`: NET_RX softirq / NAPI work starved on a CPU;
 //! - `zombies`: dying memory cgroups piling up, and who makes them;
 //! - `throttle`: a cgroup throttled by its CPU quota, and what it ran meanwhile;
-//! - `lockspin`: one kernel spin-lock slow path holding several CPUs, and who contends.
+//! - `lockspin`: one kernel spin-lock slow path holding several CPUs, and who contends;
+//! - `runq`: a runnable thread kept off a CPU for long, and what ran instead.
 
 pub mod hotfunc;
 pub mod lockspin;
 pub mod log;
 pub mod netrx;
+pub mod runq;
 pub mod saturation;
+pub mod thresholds;
 pub mod throttle;
 pub mod zombies;
 
@@ -35,6 +38,7 @@ pub enum Kind {
     ZombieMemcgs,
     CfsThrottling,
     LockSpinning,
+    RunqStarvation,
 }
 
 impl Kind {
@@ -46,17 +50,19 @@ impl Kind {
             Kind::ZombieMemcgs => "zombie-memcgs",
             Kind::CfsThrottling => "cfs-throttling",
             Kind::LockSpinning => "lock-spinning",
+            Kind::RunqStarvation => "runq-starvation",
         }
     }
 
     /// Every kind, in declaration order (metrics list them all, open or not).
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::SaturatedCore,
         Kind::HotKernelFunction,
         Kind::NetrxStarvation,
         Kind::ZombieMemcgs,
         Kind::CfsThrottling,
         Kind::LockSpinning,
+        Kind::RunqStarvation,
     ];
 }
 
@@ -136,71 +142,7 @@ pub struct Active {
     pub evidence: serde_json::Value,
 }
 
-/// Thresholds, from the config file's `[detect]` table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Thresholds {
-    /// Detector 1: a CPU this busy (share of its ticks)...
-    pub saturated_busy: f64,
-    /// ...for this many consecutive seconds...
-    pub saturated_secs: u32,
-    /// ...while the whole machine is at most this busy...
-    pub machine_busy_max: f64,
-    /// ...with at least this share of its busy ticks in the kernel (system time and softirqs).
-    /// A thread keeping a core busy in user space is a program at work, which per-core views
-    /// show; what starved NAPI polls and reset NICs was a core held in the kernel. 0: any.
-    pub saturated_kernel_min: f64,
-    /// Detector 2: window over which a function's share of a CPU is measured.
-    pub hot_window_secs: u32,
-    /// Share of a CPU's samples (inclusive) that makes a kernel function hot.
-    pub hot_share: f64,
-    /// Lower share for the watchlist of known offenders.
-    pub watch_share: f64,
-    /// Detector 3: p99 of NET_RX raise→run waits in a second, ms.
-    pub netrx_p99_ms: f64,
-    /// Longest NET_RX wait or NAPI poll gap, ms.
-    pub netrx_gap_ms: f64,
-    /// Detector 4: dying memory cgroups at least this many...
-    pub zombie_min: u64,
-    /// ...and at least this many times the live ones.
-    pub zombie_ratio: f64,
-    /// Detector 5: a cgroup's periods that ended throttled, at least this share...
-    pub throttle_share: f64,
-    /// ...over this window (its counters are read every 5 s)...
-    pub throttle_window_secs: u32,
-    /// ...of at least this many periods in which it ran.
-    pub throttle_min_periods: u64,
-    /// Detector 6: a spin-lock slow path holding at least this share of each of...
-    pub lock_share: f64,
-    /// ...at least this many CPUs at once (one CPU is `hot_share`'s business)...
-    pub lock_min_cpus: u32,
-    /// ...over this window.
-    pub lock_window_secs: u32,
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Self {
-            saturated_busy: 0.9,
-            saturated_secs: 3,
-            machine_busy_max: 0.6,
-            saturated_kernel_min: 0.5,
-            hot_window_secs: 5,
-            hot_share: 0.5,
-            watch_share: 0.2,
-            netrx_p99_ms: 5.0,
-            netrx_gap_ms: 100.0,
-            zombie_min: 1000,
-            zombie_ratio: 10.0,
-            throttle_share: 0.25,
-            throttle_window_secs: 10,
-            throttle_min_periods: 10,
-            lock_share: 0.2,
-            lock_min_cpus: 2,
-            lock_window_secs: 5,
-        }
-    }
-}
+pub use thresholds::Thresholds;
 
 /// One sampled tick of a busy CPU, as detectors keep it.
 #[derive(Debug, Clone)]
@@ -220,6 +162,8 @@ pub struct CpuSecond {
     /// NET_RX figures credited to this second: (runs, histogram of waits, longest wait ns,
     /// longest poll gap ns).
     pub netrx: Option<NetRxSecond>,
+    /// Run-queue waits that ended on this CPU in this second.
+    pub runq: Option<runq::RunqSecond>,
 }
 
 impl CpuSecond {
@@ -330,6 +274,7 @@ pub struct Engine {
     pub zombies: zombies::Zombies,
     pub throttle: throttle::Throttle,
     netrx_prev: Vec<NetRxCpu>,
+    runq: runq::Tracker,
     /// Real-time policies of processes on CPUs where NET_RX work waited, read while they ran.
     policies: HashMap<u32, String>,
     open: BTreeMap<(Kind, Option<u32>, Option<String>), Open>,
@@ -369,6 +314,7 @@ impl Engine {
             pending: BTreeMap::new(),
             history: VecDeque::new(),
             netrx_prev: Vec::new(),
+            runq: runq::Tracker::default(),
             policies: HashMap::new(),
             open: BTreeMap::new(),
             interrupts: Default::default(),
@@ -452,6 +398,28 @@ impl Engine {
         }
     }
 
+    /// Cumulative run-queue figures read at `ts_ns`: their growth since the last read goes to
+    /// that second.
+    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<crate::collect::runq::RunqCpu>) {
+        // The p99 can fire without one wait that long: name any wait that long.
+        let name_from_ns = (self.thresholds.runq_max_ms.min(self.thresholds.runq_p99_ms) * 1e6) as u64;
+        for (cpu, second) in self.runq.update(now, name_from_ns) {
+            // A long wait's CPU: note the policies of what ran there while they still run.
+            if second.waiter.is_some() {
+                if self.policies.len() > 4096 {
+                    self.policies.clear();
+                }
+                let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
+                for t in top_processes(ticks, 3) {
+                    self.policies.insert(t.pid, netrx::policy(t.pid));
+                }
+            }
+            if let Some(c) = self.cpu(ts_ns, cpu as u32) {
+                c.runq.get_or_insert_with(Default::default).add(second);
+            }
+        }
+    }
+
     /// Evaluates every second that ended at least the grace period before `now_ns`.
     pub fn tick(&mut self, now_ns: u64) -> Changes {
         let mut changes = Changes::default();
@@ -481,11 +449,18 @@ impl Engine {
             active.extend(self.hotfunc.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(self.lockspin.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds, &self.policies));
+            active.extend(runq::evaluate(&self.history, &self.thresholds, &self.policies));
             let end = (second + 1) * NS_PER_SEC;
             self.reconcile(
                 active,
                 end,
-                Some(&[Kind::SaturatedCore, Kind::HotKernelFunction, Kind::NetrxStarvation, Kind::LockSpinning]),
+                Some(&[
+                    Kind::SaturatedCore,
+                    Kind::HotKernelFunction,
+                    Kind::NetrxStarvation,
+                    Kind::LockSpinning,
+                    Kind::RunqStarvation,
+                ]),
                 &mut changes,
             );
         }

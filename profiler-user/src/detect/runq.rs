@@ -1,0 +1,309 @@
+//! Detector 7: run-queue starvation. A thread runnable but kept off a CPU for long: the
+//! longest wait of a second on a CPU, or that CPU's p99 wait, over its threshold. The waits
+//! come from the scheduler tracepoints as per-CPU histograms (`collect::runq`), the waiter's
+//! name with the longest one, and what held the CPU meanwhile from the samples.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde_json::json;
+
+use super::{Active, Kind, Second, Severity, Thresholds, Top, netrx::quantile_ns, percent, top_processes};
+use crate::collect::runq::RunqCpu;
+
+/// Waits in a second below which a CPU's p99 says little.
+const MIN_WAITS_FOR_P99: u64 = 20;
+
+/// Who had a CPU's longest wait, named while the thread still existed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WaiterInfo {
+    pub tid: u32,
+    /// Its process (thread group) and that process's name; the thread's own if unreadable.
+    pub pid: u32,
+    pub comm: String,
+    pub thread: String,
+    /// What the CPU switched from to run it.
+    pub before_tid: u32,
+    pub before_comm: String,
+}
+
+/// The run-queue waits that ended on one CPU in one second.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunqSecond {
+    pub waits: u64,
+    pub histogram: Vec<u64>,
+    pub max_ns: u64,
+    pub waiter: Option<WaiterInfo>,
+}
+
+impl RunqSecond {
+    pub fn add(&mut self, other: RunqSecond) {
+        self.waits += other.waits;
+        if self.histogram.len() < other.histogram.len() {
+            self.histogram.resize(other.histogram.len(), 0);
+        }
+        for (a, b) in self.histogram.iter_mut().zip(&other.histogram) {
+            *a += b;
+        }
+        if other.max_ns > self.max_ns {
+            self.max_ns = other.max_ns;
+            self.waiter = other.waiter;
+        }
+    }
+
+    pub fn p99_ns(&self) -> Option<u64> {
+        if self.waits >= MIN_WAITS_FOR_P99 { quantile_ns(&self.histogram, 0.99) } else { None }
+    }
+}
+
+/// Turns cumulative per-CPU figures into per-read growth.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    prev: Vec<RunqCpu>,
+}
+
+impl Tracker {
+    /// The growth of each CPU's figures since the previous read; the longest wait is named
+    /// (its process read from /proc now: the thread may be gone by the evaluation) when it is
+    /// at least `name_from_ns`.
+    pub fn update(&mut self, now: Vec<RunqCpu>, name_from_ns: u64) -> Vec<(usize, RunqSecond)> {
+        let prev = std::mem::replace(&mut self.prev, now);
+        let mut out = Vec::with_capacity(self.prev.len());
+        for (cpu, n) in self.prev.iter().enumerate() {
+            let p = prev.get(cpu).cloned().unwrap_or_default();
+            let histogram = n
+                .histogram
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| v.saturating_sub(p.histogram.get(i).copied().unwrap_or(0)))
+                .collect();
+            let waiter = n.waiter.as_ref().filter(|_| n.max_ns >= name_from_ns).map(|w| {
+                let (pid, comm) = process_of(w.tid).unwrap_or((w.tid, w.comm.clone()));
+                WaiterInfo {
+                    tid: w.tid,
+                    pid,
+                    comm,
+                    thread: w.comm.clone(),
+                    before_tid: w.before_tid,
+                    before_comm: w.before_comm.clone(),
+                }
+            });
+            out.push((cpu, RunqSecond { waits: n.waits.saturating_sub(p.waits), histogram, max_ns: n.max_ns, waiter }));
+        }
+        out
+    }
+}
+
+/// A thread's process id and the process's name, from /proc.
+fn process_of(tid: u32) -> Option<(u32, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let tgid: u32 = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{tgid}/comm")).ok()?;
+    Some((tgid, comm.trim_end().to_string()))
+}
+
+/// Evaluates the latest second of `history`. `policies`: real-time policies of what ran on
+/// the CPUs with long waits, read while it ran.
+pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds, policies: &HashMap<u32, String>) -> Vec<Active> {
+    let Some(second) = history.back() else { return Vec::new() };
+    let ms = |ns: u64| ns as f64 / 1e6;
+    // Waits of microseconds and of seconds in one summary: enough digits for both.
+    let text = |ns: u64| match ms(ns) {
+        v if v >= 10.0 => format!("{v:.0} ms"),
+        v if v >= 1.0 => format!("{v:.1} ms"),
+        v => format!("{v:.2} ms"),
+    };
+    let p99_per_cpu: Vec<Option<f64>> =
+        second.cpus.iter().map(|c| c.runq.as_ref().and_then(RunqSecond::p99_ns).map(ms)).collect();
+    let mut out = Vec::new();
+    for (cpu, c) in second.cpus.iter().enumerate() {
+        let Some(r) = &c.runq else { continue };
+        let p99 = r.p99_ns();
+        let long = ms(r.max_ns) >= t.runq_max_ms;
+        if !long && !p99.is_some_and(|p| ms(p) >= t.runq_p99_ms) {
+            continue;
+        }
+        let busy = c.busy.len().max(1) as f64;
+        let holders = top_processes(c.busy.iter(), 3);
+        let realtime = holders.iter().filter_map(|h| policies.get(&h.pid).filter(|p| !p.is_empty())).count() > 0;
+        let held: Vec<String> = holders
+            .iter()
+            .map(|h| {
+                format!(
+                    "{} {}",
+                    h.who(policies.get(&h.pid).map_or("", String::as_str)),
+                    percent(h.samples as f64 / busy)
+                )
+            })
+            .collect();
+        let held = if held.is_empty() { "nothing sampled".to_string() } else { held.join(", ") };
+        let who = r.waiter.as_ref().map(|w| waiter_text(w, history));
+        let p99_text = p99.map_or(String::new(), |p| format!(", p99 ≤{} over {} waits", text(p), r.waits));
+        let what = match &who {
+            Some(who) => format!("{who} waited {} runnable for the CPU{p99_text}", text(r.max_ns)),
+            None => format!("runnable threads waited up to {} for the CPU{p99_text}", text(r.max_ns)),
+        };
+        let next = if realtime {
+            format!(
+                "look next: the real-time thread on CPU {cpu} (chrt -p PID): one that spins keeps normal threads off its CPU up to kernel.sched_rt_runtime_us"
+            )
+        } else {
+            format!(
+                "look next: more runnable threads than CPU {cpu} serves (taskset -p, cpusets, CPU quotas of the waiter), and `profiler flamegraph --cpu {cpu}`"
+            )
+        };
+        out.push(Active {
+            kind: Kind::RunqStarvation,
+            cpu: Some(cpu as u32),
+            subject: None,
+            onset_ns: second.start_ns,
+            severity: if ms(r.max_ns) >= 4.0 * t.runq_max_ms { Severity::Critical } else { Severity::Warning },
+            summary: format!("CPU {cpu}: {what} while the CPU ran {held}; {next}"),
+            evidence: json!({
+                "waits": r.waits,
+                "wait_max_ms": ms(r.max_ns),
+                "wait_p99_ms": p99.map(ms),
+                "wait_p99_ms_per_cpu": p99_per_cpu,
+                "waiter": r.waiter.as_ref().map(|w| json!({
+                    "tid": w.tid, "pid": w.pid, "comm": w.comm, "thread": w.thread,
+                    "ran_before_it": {"tid": w.before_tid, "comm": w.before_comm},
+                })),
+                "held_by": holders.iter().map(Top::json).collect::<Vec<_>>(),
+            }),
+        });
+    }
+    out
+}
+
+/// `victim (pid 42, thread worker-3 43, pod ml/trainer-0 container main)`: the workload from
+/// the waiter's own samples when it was sampled.
+fn waiter_text(w: &WaiterInfo, history: &VecDeque<Second>) -> String {
+    let workload = history
+        .iter()
+        .rev()
+        .flat_map(|s| s.cpus.iter().flat_map(|c| c.busy.iter()))
+        .find(|t| t.pid == w.pid)
+        .map(|t| t.workload.clone())
+        .unwrap_or_else(|| std::sync::Arc::from(""));
+    let thread = if w.tid != w.pid { format!(", thread {} {}", w.thread, w.tid) } else { String::new() };
+    Top { comm: w.comm.as_str().into(), pid: w.pid, samples: 0, workload }.who(&thread)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        detect::{CpuSecond, Tick},
+        model::Stack,
+    };
+
+    fn histogram(waits_ns: &[(u64, u64)]) -> Vec<u64> {
+        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
+        for &(ns, n) in waits_ns {
+            h[profiler_common::latency_bucket(ns) as usize] += n;
+        }
+        h
+    }
+
+    fn history(r: RunqSecond) -> VecDeque<Second> {
+        let spin = Arc::new(Stack::new(vec![Arc::from("spin")], 1));
+        let tick =
+            |pid: u32, comm: &str| Tick { stack: spin.clone(), pid, comm: Arc::from(comm), workload: Arc::from("") };
+        let mut busy: Vec<Tick> = (0..95).map(|_| tick(7, "fifo-hog")).collect();
+        busy.extend((0..4).map(|_| tick(42, "victim")));
+        VecDeque::from([Second {
+            start_ns: 0,
+            cpus: vec![CpuSecond::default(), CpuSecond { busy, runq: Some(r), ..Default::default() }],
+        }])
+    }
+
+    fn waiter() -> WaiterInfo {
+        WaiterInfo {
+            tid: 43,
+            pid: 42,
+            comm: "victim".into(),
+            thread: "worker".into(),
+            before_tid: 7,
+            before_comm: "fifo-hog".into(),
+        }
+    }
+
+    #[test]
+    fn a_long_wait_names_the_waiter_and_what_held_the_cpu() {
+        let r = RunqSecond {
+            waits: 3,
+            histogram: histogram(&[(930_000_000, 1), (1_000, 2)]),
+            max_ns: 930_000_000,
+            waiter: Some(waiter()),
+        };
+        let policies = HashMap::from([(7, ", SCHED_FIFO 50".to_string())]);
+        let out = evaluate(&history(r), &Thresholds::default(), &policies);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].cpu, Some(1));
+        let s = &out[0].summary;
+        assert!(
+            s.starts_with("CPU 1: victim (pid 42, thread worker 43) waited 930 ms runnable for the CPU while the CPU ran fifo-hog (pid 7, SCHED_FIFO 50) 96 %"),
+            "{s}"
+        );
+        assert!(s.contains("look next: the real-time thread on CPU 1"), "{s}");
+        assert_eq!(out[0].evidence["waiter"]["ran_before_it"]["comm"], "fifo-hog");
+    }
+
+    #[test]
+    fn a_high_p99_fires_without_one_very_long_wait() {
+        let r = RunqSecond {
+            waits: 400,
+            histogram: histogram(&[(150_000_000, 40), (2_000_000, 360)]),
+            max_ns: 160_000_000,
+            waiter: None,
+        };
+        let out = evaluate(&history(r), &Thresholds::default(), &HashMap::new());
+        assert_eq!(out.len(), 1);
+        assert!(
+            out[0].summary.contains("runnable threads waited up to 160 ms for the CPU, p99 ≤"),
+            "{}",
+            out[0].summary
+        );
+        assert!(out[0].summary.contains("more runnable threads than CPU 1 serves"), "{}", out[0].summary);
+    }
+
+    /// A busy CPU sharing its time among a few threads: waits of a few ms, quiet.
+    #[test]
+    fn ordinary_time_sharing_is_quiet() {
+        let r = RunqSecond {
+            waits: 2000,
+            histogram: histogram(&[(3_000_000, 1990), (40_000_000, 10)]),
+            max_ns: 45_000_000,
+            waiter: Some(waiter()),
+        };
+        assert!(evaluate(&history(r), &Thresholds::default(), &HashMap::new()).is_empty());
+        // Few waits: no p99, and the longest is under the threshold.
+        let r = RunqSecond { waits: 5, histogram: histogram(&[(300_000_000, 5)]), max_ns: 300_000_000, waiter: None };
+        assert!(evaluate(&history(r), &Thresholds::default(), &HashMap::new()).is_empty());
+    }
+
+    #[test]
+    fn the_tracker_reports_growth_and_the_longest_wait() {
+        let mut tracker = Tracker::default();
+        let h = |n: u64| {
+            let mut v = vec![0; profiler_common::LATENCY_BUCKETS as usize];
+            v[10] = n;
+            v
+        };
+        let first = tracker.update(vec![RunqCpu { waits: 10, histogram: h(10), max_ns: 5, waiter: None }], 1);
+        assert_eq!(first[0].1.waits, 10);
+        let w = crate::collect::runq::Waiter {
+            tid: u32::MAX - 1,
+            comm: "gone".into(),
+            before_tid: 1,
+            before_comm: "x".into(),
+        };
+        let second = tracker.update(vec![RunqCpu { waits: 15, histogram: h(15), max_ns: 9, waiter: Some(w) }], 1);
+        let (cpu, r) = &second[0];
+        assert_eq!((*cpu, r.waits, r.histogram[10], r.max_ns), (0, 5, 5, 9));
+        // A thread that is gone keeps the names the kernel gave.
+        let named = r.waiter.as_ref().expect("named");
+        assert_eq!((named.pid, named.comm.as_str(), named.thread.as_str()), (u32::MAX - 1, "gone", "gone"));
+    }
+}

@@ -1,0 +1,77 @@
+//! The detectors' thresholds: the config file's `[detect]` table, each with the reason for its
+//! default where it is not obvious.
+
+use serde::{Deserialize, Serialize};
+
+/// Thresholds, from the config file's `[detect]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Thresholds {
+    /// Detector 1: a CPU this busy (share of its ticks)...
+    pub saturated_busy: f64,
+    /// ...for this many consecutive seconds...
+    pub saturated_secs: u32,
+    /// ...while the whole machine is at most this busy...
+    pub machine_busy_max: f64,
+    /// ...with at least this share of its busy ticks in the kernel (system time and softirqs).
+    /// A thread keeping a core busy in user space is a program at work, which per-core views
+    /// show; what starved NAPI polls and reset NICs was a core held in the kernel. 0: any.
+    pub saturated_kernel_min: f64,
+    /// Detector 2: window over which a function's share of a CPU is measured.
+    pub hot_window_secs: u32,
+    /// Share of a CPU's samples (inclusive) that makes a kernel function hot.
+    pub hot_share: f64,
+    /// Lower share for the watchlist of known offenders.
+    pub watch_share: f64,
+    /// Detector 3: p99 of NET_RX raise→run waits in a second, ms.
+    pub netrx_p99_ms: f64,
+    /// Longest NET_RX wait or NAPI poll gap, ms.
+    pub netrx_gap_ms: f64,
+    /// Detector 4: dying memory cgroups at least this many...
+    pub zombie_min: u64,
+    /// ...and at least this many times the live ones.
+    pub zombie_ratio: f64,
+    /// Detector 5: a cgroup's periods that ended throttled, at least this share...
+    pub throttle_share: f64,
+    /// ...over this window (its counters are read every 5 s)...
+    pub throttle_window_secs: u32,
+    /// ...of at least this many periods in which it ran.
+    pub throttle_min_periods: u64,
+    /// Detector 6: a spin-lock slow path holding at least this share of each of...
+    pub lock_share: f64,
+    /// ...at least this many CPUs at once (one CPU is `hot_share`'s business)...
+    pub lock_min_cpus: u32,
+    /// ...over this window.
+    pub lock_window_secs: u32,
+    /// Detector 7: a runnable thread waited this long (ms) for a CPU...
+    pub runq_max_ms: f64,
+    /// ...or a CPU's p99 run-queue wait over a second (of at least 20 waits) is this long, ms.
+    /// A parallel compile with 8 jobs a CPU here stays under 30 ms (BENCHMARKS.md).
+    pub runq_p99_ms: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            saturated_busy: 0.9,
+            saturated_secs: 3,
+            machine_busy_max: 0.6,
+            saturated_kernel_min: 0.5,
+            hot_window_secs: 5,
+            hot_share: 0.5,
+            watch_share: 0.2,
+            netrx_p99_ms: 5.0,
+            netrx_gap_ms: 100.0,
+            zombie_min: 1000,
+            zombie_ratio: 10.0,
+            throttle_share: 0.25,
+            throttle_window_secs: 10,
+            throttle_min_periods: 10,
+            lock_share: 0.2,
+            lock_min_cpus: 2,
+            lock_window_secs: 5,
+            runq_max_ms: 500.0,
+            runq_p99_ms: 100.0,
+        }
+    }
+}

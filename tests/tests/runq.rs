@@ -1,0 +1,74 @@
+//! Detector 7 on this kernel: a thread that wakes every 2 ms on CPU 1 while a SCHED_FIFO
+//! spinner holds that CPU waits up to ~950 ms each time (real-time throttling leaves normal
+//! threads 5 % of a second): a runq-starvation finding names it, the spinner with its policy
+//! and the p99 wait of every CPU. The same napper beside normal spinners on every CPU (a busy,
+//! healthy machine: the scheduler shares each CPU in slices of milliseconds) raises nothing.
+
+use std::{process::Command, time::Duration};
+
+use integration_tests::{Daemon, Kill, bin, helper_bin, now_secs, privileged, profiler, status_json, wait_for_every};
+use serde_json::Value;
+
+fn runq_findings(dir: &str) -> Vec<Value> {
+    let out = profiler(&["findings", "--data-dir", dir, "--from", "-15m", "--format", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).expect("findings json");
+    all.into_iter().filter(|f| f["kind"] == "runq-starvation").collect()
+}
+
+fn spawn(cmd: &mut Command) -> Kill {
+    Kill(cmd.stdout(std::process::Stdio::null()).spawn().expect("spawn"))
+}
+
+#[test]
+fn a_thread_kept_off_its_cpu_by_a_realtime_spinner_is_found_and_time_sharing_is_not() {
+    if !privileged("a_thread_kept_off_its_cpu_by_a_realtime_spinner_is_found_and_time_sharing_is_not") {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        integration_tests::skip("one CPU: the scenario starves CPU 1");
+        return;
+    }
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
+    let dir = data.to_str().unwrap();
+
+    // Healthy: every CPU busy with a normal spinner, and a napper sharing CPU 1 with one.
+    let start = now_secs();
+    let mut busy: Vec<Kill> =
+        (0..cpus).map(|cpu| spawn(Command::new(helper_bin()).args([&cpu.to_string(), "15"]))).collect();
+    let _napper = spawn(Command::new(bin("napper")).args(["1", "15"]));
+    assert!(busy.iter_mut().all(|k| k.0.wait().unwrap().success()));
+    let judged = start + 15.0;
+    wait_for_every(
+        "the store to reach past the healthy run",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || {
+            let end = status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
+            (end > judged + 3.0).then_some(())
+        },
+    );
+    let healthy = runq_findings(dir);
+    assert!(healthy.is_empty(), "time sharing on a busy machine raised: {healthy:#?}");
+
+    // Starved: the napper on CPU 1 behind a SCHED_FIFO spinner for 6 s.
+    let _napper = spawn(Command::new(bin("napper")).args(["1", "20"]));
+    let start = now_secs();
+    let mut hog = spawn(Command::new("chrt").args(["-f", "50"]).arg(helper_bin()).args(["1", "6"]));
+    let (f, seen) =
+        wait_for_every("a runq-starvation finding", Duration::from_secs(20), Duration::from_millis(250), || {
+            runq_findings(dir).into_iter().find(|f| f["cpu"] == 1).map(|f| (f, now_secs()))
+        });
+    assert!(hog.0.wait().unwrap().success(), "chrt -f 50 busy-helper");
+    let summary = f["summary"].as_str().unwrap_or_default();
+    eprintln!("runq-starvation after {:.1} s: {summary}", seen - start);
+    assert!(summary.starts_with("CPU 1: napper (pid "), "{f}");
+    assert!(summary.contains("busy-helper (pid") && summary.contains("SCHED_FIFO 50"), "{f}");
+    assert!(summary.contains("look next: the real-time thread on CPU 1"), "{f}");
+    let e = &f["evidence"];
+    assert!(e["wait_max_ms"].as_f64().unwrap() >= 500.0, "{f}");
+    assert_eq!(e["waiter"]["comm"], "napper", "{f}");
+    assert_eq!(e["wait_p99_ms_per_cpu"].as_array().map(Vec::len), Some(cpus), "{f}");
+    assert!(daemon.stop().success());
+}
