@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod detect;
 pub mod export;
 pub mod fleet;
+pub mod flight;
 pub mod identity;
 pub mod logs;
 pub mod model;

@@ -60,6 +60,8 @@ pub struct Pipeline {
     /// Ring-to-disk latency of the last flush that wrote samples: its time minus the time of
     /// the oldest sample it wrote, ns.
     pub last_latency_ns: Option<u64>,
+    /// The flight recorder: samples of CPUs it records go there, and at the base frequency on.
+    pub flight: Option<crate::flight::Flight>,
 }
 
 impl Pipeline {
@@ -83,6 +85,7 @@ impl Pipeline {
             workloads: None,
             oldest_unflushed_ns: None,
             last_latency_ns: None,
+            flight: None,
         }
     }
 
@@ -98,17 +101,22 @@ impl Pipeline {
             }
         };
         let ts_ns = (header.ts_ns as i128 + self.offset).max(0) as u64;
+        let (to_flight, to_main) = self.flight.as_mut().map_or((false, true), |f| f.route(header.cpu, ts_ns));
         self.oldest_unflushed_ns = Some(self.oldest_unflushed_ns.map_or(ts_ns, |o| o.min(ts_ns)));
         if header.flags & FLAG_IDLE != 0 {
             self.symbolizer.advance(header.ts_ns);
+            if to_flight && let Some(f) = self.flight.as_mut() {
+                f.push_idle(ts_ns, header.cpu);
+            }
+            if !to_main {
+                return;
+            }
             self.idle += 1;
             self.per_cpu.entry(header.cpu).or_default().1 += 1;
             self.writer.push_idle(ts_ns, header.cpu);
             self.engine.on_idle(ts_ns, header.cpu);
             return;
         }
-        self.samples += 1;
-        self.per_cpu.entry(header.cpu).or_default().0 += 1;
         let comm = match self.comms.get(&header.comm) {
             Some(c) => c.clone(),
             None => {
@@ -155,10 +163,7 @@ impl Pipeline {
             stack = Arc::new(context.mark(&stack));
         }
         let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid, now)).unwrap_or_default();
-        let tick = Tick { stack: stack.clone(), pid: header.pid, comm: comm.clone(), workload: workload.clone() };
-        self.engine.on_cgroup(ts_ns, header.cgroup_id, &tick);
-        self.engine.on_busy(ts_ns, header.cpu, tick);
-        self.writer.push(&Sample {
+        let sample = Sample {
             ts_ns,
             cpu: header.cpu,
             pid: header.pid,
@@ -167,7 +172,24 @@ impl Pipeline {
             comm,
             stack,
             workload,
-        });
+        };
+        if to_flight && let Some(f) = self.flight.as_mut() {
+            f.push(&sample);
+        }
+        if !to_main {
+            return;
+        }
+        self.samples += 1;
+        self.per_cpu.entry(header.cpu).or_default().0 += 1;
+        let tick = Tick {
+            stack: sample.stack.clone(),
+            pid: sample.pid,
+            comm: sample.comm.clone(),
+            workload: sample.workload.clone(),
+        };
+        self.engine.on_cgroup(ts_ns, header.cgroup_id, &tick);
+        self.engine.on_busy(ts_ns, header.cpu, tick);
+        self.writer.push(&sample);
     }
 
     /// Runs the detectors over every second complete by `now_ns` (wall-clock ns). The daemon

@@ -46,7 +46,8 @@ enum Cmd {
     /// REPLAY_QUICK=1 for a short run), `status` (`profiler status` on a 1 GiB store, with and
     /// without its index), `fleet` (50 synthetic nodes x `--minutes` (default 10) shipped into one
     /// private ClickHouse 18.16: ingest rate, bytes per sample, `profiler flamegraph --clickhouse`
-    /// and `profiler fleet` latency).
+    /// and `profiler fleet` latency), `sched` (what the run-queue programs cost a context switch:
+    /// a ping-pong between two CPUs without and with the daemon).
     Bench {
         #[arg(default_value = "spine")]
         which: String,
@@ -186,6 +187,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     bench::overhead::run(&profiler, &helpers.join("hash-work"), &helper, seconds.unwrap_or(15), rounds)
                 }
                 "status" => bench::status(&workspace_root(), &profiler),
+                "sched" => bench::sched::run(&profiler, seconds.unwrap_or(10), rounds),
                 "unwind" => bench::unwind::run(&workspace_root(), &profiler, seconds.unwrap_or(10)),
                 "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
                 // An ignored test: it needs the test harness's private ClickHouse and the
@@ -205,7 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 other => {
                     bail!(
-                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status, unwind, fleet"
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status, unwind, fleet, sched"
                     )
                 }
             }

@@ -140,6 +140,7 @@ impl RunArgs {
         )?;
         Ok(DaemonConfig {
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
+            flight: file.flight,
             clickhouse,
             listen,
             otlp,

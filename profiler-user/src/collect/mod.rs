@@ -188,6 +188,8 @@ pub struct Collector {
     frequency_hz: u64,
     /// The perf event attached on each CPU sampled now.
     links: BTreeMap<u32, PerfEventLinkId>,
+    /// CPUs sampled at another frequency than `frequency_hz` for now (the flight recorder).
+    boosted: BTreeMap<u32, u64>,
 }
 
 impl Collector {
@@ -367,6 +369,7 @@ impl Collector {
             ring_bytes: u64::from(ring_bytes),
             frequency_hz: config.frequency_hz,
             links,
+            boosted: BTreeMap::new(),
         })
     }
 
@@ -424,8 +427,22 @@ impl Collector {
         if let Some(link) = self.links.remove(&cpu) {
             let _ = program.detach(link);
         }
-        self.links.insert(cpu, attach_cpu(program, cpu, self.frequency_hz)?);
+        let hz = self.boosted.get(&cpu).copied().unwrap_or(self.frequency_hz);
+        self.links.insert(cpu, attach_cpu(program, cpu, hz)?);
         Ok(())
+    }
+
+    /// Samples `cpu` at `hz` from now on (the base frequency: `None`). A CPU not sampled now
+    /// (offline) gets it when it comes back... at the base frequency: a boost is short.
+    pub fn set_frequency(&mut self, cpu: u32, hz: Option<u64>) -> Result<(), CollectError> {
+        match hz.filter(|&hz| hz != self.frequency_hz) {
+            Some(hz) => self.boosted.insert(cpu, hz),
+            None => self.boosted.remove(&cpu),
+        };
+        if !self.links.contains_key(&cpu) {
+            return Ok(());
+        }
+        self.reattach(cpu)
     }
 
     /// Samples the kernel did not run the sampler for because another BPF program was running
@@ -434,6 +451,16 @@ impl Collector {
         use std::os::fd::AsFd;
         let program: &PerfEvent = self.ebpf.program("sample")?.try_into().ok()?;
         prog_info::recursion_misses(program.fd().ok()?.as_fd()).ok()
+    }
+
+    /// Every loaded program's statistics, by program name (run time and count are zero unless
+    /// `kernel.bpf_stats_enabled` is 1).
+    pub fn program_stats(&self) -> Vec<(String, prog_info::Stats)> {
+        use std::os::fd::AsFd;
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| Some((name.to_string(), prog_info::stats(p.fd().ok()?.as_fd()).ok()?)))
+            .collect()
     }
 
     /// NET_RX figures per CPU (index = CPU id), with the maxima of the current epoch. `None`

@@ -1,14 +1,26 @@
 //! `bpf_prog_info` of a loaded program, read with the bpf syscall: aya 0.14's `ProgramInfo`
 //! does not expose `recursion_misses`, the count of runs the kernel skipped because another
-//! BPF program was already running on that CPU (such a sample is never taken).
+//! BPF program was already running on that CPU (such a sample is never taken), nor the run
+//! time and count the kernel keeps while `kernel.bpf_stats_enabled` is 1.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// `BPF_OBJ_GET_INFO_BY_FD`.
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
-/// Byte offset of `recursion_misses` in `struct bpf_prog_info` (uapi/linux/bpf.h; after
-/// `run_time_ns` at 192 and `run_cnt` at 200). Kernels before 5.12 return a shorter struct.
+/// Byte offsets in `struct bpf_prog_info` (uapi/linux/bpf.h) of `run_time_ns` and `run_cnt`
+/// (5.1+), and `recursion_misses` (5.12+; older kernels return a shorter struct).
+const RUN_TIME_NS: usize = 192;
+const RUN_CNT: usize = 200;
 const RECURSION_MISSES: usize = 208;
+
+/// A program's statistics: time and runs (counted only while `kernel.bpf_stats_enabled` is 1),
+/// and runs skipped because another BPF program was running on the CPU.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub run_time_ns: u64,
+    pub run_cnt: u64,
+    pub recursion_misses: Option<u64>,
+}
 
 /// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
 #[repr(C)]
@@ -19,6 +31,12 @@ struct InfoAttr {
 }
 
 pub fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
+    stats(fd)?.recursion_misses.ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::Unsupported, "kernel older than 5.12: no recursion_misses")
+    })
+}
+
+pub fn stats(fd: BorrowedFd<'_>) -> std::io::Result<Stats> {
     // Larger than any kernel's struct so far; the kernel checks the extra bytes are zero.
     let mut info = [0u64; 64];
     let mut attr = InfoAttr {
@@ -38,11 +56,11 @@ pub fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
     if ret < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    if (attr.info_len as usize) < RECURSION_MISSES + 8 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "kernel older than 5.12: no recursion_misses",
-        ));
-    }
-    Ok(info[RECURSION_MISSES / 8])
+    let has = |offset: usize| attr.info_len as usize >= offset + 8;
+    let field = |offset: usize| if has(offset) { info[offset / 8] } else { 0 };
+    Ok(Stats {
+        run_time_ns: field(RUN_TIME_NS),
+        run_cnt: field(RUN_CNT),
+        recursion_misses: has(RECURSION_MISSES).then(|| info[RECURSION_MISSES / 8]),
+    })
 }

@@ -185,6 +185,9 @@ pub struct ConfigFile {
     /// Read kernel counters (softnet, softirqs, interrupts, PSI, cgroups, NICs) each second
     /// and store them beside the samples [default: true].
     pub kernel_counters: Option<bool>,
+    /// The flight recorder (see `flight`).
+    #[serde(default)]
+    pub flight: crate::flight::Settings,
 }
 
 /// The `[events]` table.

@@ -100,6 +100,8 @@ pub struct DaemonConfig {
     pub clickhouse: Option<crate::ship::clickhouse::Config>,
     /// Whether kernel counters (softnet, softirqs, PSI, ...) are read each second and stored.
     pub kernel_counters: bool,
+    /// The flight recorder's frequency, length and number of recordings kept.
+    pub flight: crate::flight::Settings,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -171,6 +173,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             report_interval: config.report_interval,
             symbolize_delay,
             kubelet_logs: config.kubelet_logs.clone(),
+            flight: config.flight,
+            node: config.node.clone(),
         },
         stage::Links {
             outlet,

@@ -66,6 +66,9 @@ pub struct StageConfig {
     pub symbolize_delay: Option<Duration>,
     /// The host's /var/log, where the kubelet names pods and containers.
     pub kubelet_logs: PathBuf,
+    pub flight: crate::flight::Settings,
+    /// This node's name, in flight recordings' meta.json.
+    pub node: String,
 }
 
 /// The stage's connections to the others.
@@ -107,6 +110,10 @@ pub fn spawn(
             logs.join("containers"),
             logs.join("pods"),
         )));
+        let flight = crate::flight::Flight::new(config.flight, config.machine.frequency_hz, &config.data_dir);
+        if flight.enabled() && collector.is_some() {
+            pipeline.flight = Some(flight);
+        }
         Stage::new(config, links, collector, pipeline).run()
     })
 }
@@ -355,6 +362,7 @@ impl Stage {
         }
         self.pipeline.offset = clock::boot_to_unix_offset();
         changes.extend(self.pipeline.tick(now));
+        self.flight_findings(&mut changes, now);
         super::record_findings(&changes, &self.config.data_dir);
         self.flush();
         self.publish(ring_used_max);
@@ -374,6 +382,11 @@ impl Stage {
         } else {
             u64::MAX
         };
+        if let Some(flight) = self.pipeline.flight.as_mut() {
+            for cpu in flight.flush(now, hold_from) {
+                self.sample_at(cpu, None);
+            }
+        }
         match self.pipeline.flush(now, hold_from) {
             Ok(f) => {
                 self.report.bytes += f.bytes;
@@ -410,15 +423,52 @@ impl Stage {
         self.links.write_failing.store(self.write_failing, Ordering::Relaxed);
     }
 
+    /// Findings that open on a CPU start a flight recording there (a higher frequency for a
+    /// while); every finding written links to the recording it has.
+    fn flight_findings(&mut self, changes: &mut crate::detect::Changes, now: u64) {
+        let Some(flight) = self.pipeline.flight.as_mut() else { return };
+        let mut boost = Vec::new();
+        for f in &changes.opened {
+            match flight.start(f, now, self.config.machine.cpus, &self.config.node) {
+                Ok(Some(started)) => boost.push(started.cpu),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(finding = %f.id, error = %e, "no flight recording for the finding"),
+            }
+        }
+        for f in changes.opened.iter_mut().chain(changes.updated.iter_mut()).chain(changes.closed.iter_mut()) {
+            flight.annotate(f);
+        }
+        for f in &changes.closed {
+            flight.forget(&f.id);
+        }
+        let hz = self.config.flight.hz;
+        for cpu in boost {
+            tracing::info!(cpu, hz, secs = self.config.flight.secs, "flight recording started");
+            self.sample_at(cpu, Some(hz));
+        }
+    }
+
+    /// Samples `cpu` at `hz` (`None`: the base frequency); its tick counts start over.
+    fn sample_at(&mut self, cpu: u32, hz: Option<u64>) {
+        let Some(collector) = self.collector.as_mut() else { return };
+        if let Err(e) = collector.set_frequency(cpu, hz) {
+            tracing::warn!(cpu, error = %e, "cannot change the CPU's sampling frequency");
+        }
+        let busy_s = crate::collect::cpus::read_busy_seconds();
+        self.tally.restart(cpu, self.started.elapsed().as_secs_f64(), &busy_s);
+    }
+
     /// The figures /metrics shows.
     fn publish(&mut self, ring_used_max: u64) {
         let (p50, max) = p50_max(&self.latencies);
         let recursion_misses = self.collector.as_ref().and_then(Collector::recursion_misses);
+        let programs = self.collector.as_ref().map(Collector::program_stats).unwrap_or_default();
         let Ok(mut l) = self.links.live.lock() else { return };
         let p = &self.pipeline;
         l.cpus = p.per_cpu.clone();
         l.counters = self.tally.totals.clone();
         l.recursion_misses = recursion_misses;
+        l.programs = programs.into_iter().map(|(name, s)| (name, s.run_time_ns, s.run_cnt)).collect();
         l.queue = self.links.queue.depth();
         l.events_dropped = self.events_dropped;
         l.events_lost = self.events_lost;

@@ -46,7 +46,8 @@ pub struct Thresholds {
     /// Detector 7: a runnable thread waited this long (ms) for a CPU...
     pub runq_max_ms: f64,
     /// ...or a CPU's p99 run-queue wait over a second (of at least 20 waits) is this long, ms.
-    /// A parallel compile with 8 jobs a CPU here stays under 30 ms (BENCHMARKS.md).
+    /// A parallel compile here (cargo -j 4 on 2 CPUs beside another build) peaked at 88 ms for
+    /// one wait and 29 ms for a second's p99 (BENCHMARKS.md): the defaults are 5x and 3x that.
     pub runq_p99_ms: f64,
 }
 

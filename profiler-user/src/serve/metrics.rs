@@ -13,6 +13,8 @@ pub struct Live {
     pub counters: BTreeMap<u32, CpuTotals>,
     /// Runs of the sampler the kernel skipped: another BPF program was running on the CPU.
     pub recursion_misses: Option<u64>,
+    /// Per BPF program: its run time (ns) and runs, while `kernel.bpf_stats_enabled` is 1.
+    pub programs: Vec<(String, u64, u64)>,
     /// The queue between the ring reader and the pipeline.
     pub queue: Depth,
     /// Event records (exec, cgroup) the reader could not queue.
@@ -146,6 +148,20 @@ pub fn render(l: &Live) -> String {
         "Runs of the sampler the kernel skipped because another BPF program was running on that CPU \
          (bpf_prog_info.recursion_misses, kernel 5.12+).",
         l.recursion_misses.map(|n| vec![(String::new(), n as f64)]).unwrap_or_default(),
+    );
+    family(
+        "profiler_bpf_program_run_seconds_total",
+        "counter",
+        "Time the kernel spent in each of the daemon's BPF programs (bpf_prog_info.run_time_ns). Counted only \
+         while the sysctl kernel.bpf_stats_enabled is 1 (it costs ~20 ns a run), so 0 otherwise.",
+        l.programs.iter().map(|(name, ns, _)| (format!("{{program=\"{name}\"}}"), *ns as f64 / 1e9)).collect(),
+    );
+    family(
+        "profiler_bpf_program_runs_total",
+        "counter",
+        "Runs of each of the daemon's BPF programs (bpf_prog_info.run_cnt), counted only while \
+         kernel.bpf_stats_enabled is 1.",
+        l.programs.iter().map(|(name, _, n)| (format!("{{program=\"{name}\"}}"), *n as f64)).collect(),
     );
     family(
         "profiler_queue_records",

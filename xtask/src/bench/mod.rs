@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 
 pub mod churn;
 pub mod overhead;
+pub mod sched;
 pub mod unwind;
 
 pub(crate) fn now() -> f64 {

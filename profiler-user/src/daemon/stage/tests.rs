@@ -50,6 +50,8 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         report_interval: Duration::from_secs(3600),
         symbolize_delay: None,
         kubelet_logs: dir.path().join("no-kubelet"),
+        flight: Default::default(),
+        node: "test".into(),
     };
     let links = Links {
         outlet,

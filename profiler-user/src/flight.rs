@@ -1,0 +1,286 @@
+//! The flight recorder: when a detector opens a finding on a CPU, that CPU is sampled at a
+//! higher frequency (999 Hz by default) for a bounded time (30 s), and every one of those
+//! samples goes to a recording of its own, `DATA_DIR/flight/<finding>/`, a store like the main
+//! one that any query command reads with `--data-dir`. Rollup and retention never touch it
+//! (they work on `DATA_DIR/segments`), so that window keeps its full detail; the newest
+//! `keep` recordings are kept.
+//!
+//! The main store, the detectors and the exports keep seeing the base frequency: of a boosted
+//! CPU's samples, the first of each base-frequency period goes on to them ([`Flight::route`]),
+//! the rest only to the recording. So a CPU-time share, a heatmap cell or a flamegraph over a
+//! window with a recording in it reads the same as without.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    detect::Finding,
+    model::Sample,
+    store::{StoreError, StoreWriter, format::NS_PER_SEC, identity::Identity, meta::Meta},
+};
+
+/// The `[flight]` table of the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Sampling frequency of a recording, Hz; 0 turns the flight recorder off.
+    pub hz: u64,
+    /// How long a recording lasts from the finding's opening, seconds.
+    pub secs: u64,
+    /// Recordings kept; the oldest go when a new one starts.
+    pub keep: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { hz: 999, secs: 30, keep: 10 }
+    }
+}
+
+/// The directory of all recordings.
+pub fn flight_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("flight")
+}
+
+struct Recording {
+    name: String,
+    cpu: u32,
+    until_ns: u64,
+    writer: StoreWriter,
+}
+
+/// A recording that just started: the CPU to sample faster, and the link for its finding.
+pub struct Started {
+    pub cpu: u32,
+    pub link: serde_json::Value,
+}
+
+pub struct Flight {
+    settings: Settings,
+    base_hz: u64,
+    data_dir: PathBuf,
+    /// By CPU: at most one recording a CPU at a time.
+    recordings: BTreeMap<u32, Recording>,
+    /// By CPU: the base-frequency period of the last sample passed on to the main store.
+    last_period: HashMap<u32, u64>,
+    /// Links of findings to recordings, by finding id, until their findings close.
+    links: HashMap<String, serde_json::Value>,
+}
+
+impl Flight {
+    pub fn new(settings: Settings, base_hz: u64, data_dir: &Path) -> Self {
+        Self {
+            settings,
+            base_hz: base_hz.max(1),
+            data_dir: data_dir.to_path_buf(),
+            recordings: BTreeMap::new(),
+            last_period: HashMap::new(),
+            links: HashMap::new(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.settings.hz > self.base_hz && self.settings.secs > 0 && self.settings.keep > 0
+    }
+
+    /// Starts a recording for a finding that just opened on a CPU not being recorded yet.
+    /// `cpus` and `node` go into the recording's meta.json, which queries read.
+    pub fn start(&mut self, f: &Finding, now_ns: u64, cpus: u32, node: &str) -> Result<Option<Started>, StoreError> {
+        let Some(cpu) = f.cpu.filter(|_| self.enabled()) else { return Ok(None) };
+        if let Some(r) = self.recordings.get(&cpu) {
+            // Already recording this CPU: the finding links to that recording.
+            let link = self.link(&r.name, cpu, r.until_ns - self.settings.secs * NS_PER_SEC, r.until_ns);
+            self.links.insert(f.id.clone(), link);
+            return Ok(None);
+        }
+        // A name of our own (finding ids carry a cgroup path for some kinds).
+        let name = format!("{}-cpu{cpu}-{}", f.kind.name(), f.start_ns / NS_PER_SEC);
+        let dir = flight_dir(&self.data_dir).join(&name);
+        self.prune()?;
+        // Root's alone, checked like the data directory (no links, no other owner).
+        crate::store::files::prepare_private_dir(&dir)?;
+        let segments = crate::store::segments_dir(&dir);
+        Meta {
+            format_version: crate::store::format::FORMAT_VERSION,
+            hostname: node.to_string(),
+            node: node.to_string(),
+            cpus,
+            frequency_hz: self.settings.hz,
+            started_ns: now_ns,
+        }
+        .write(&dir)?;
+        let until_ns = now_ns + self.settings.secs * NS_PER_SEC;
+        let writer = StoreWriter::new(&segments).with_identity(Identity::current(self.settings.hz));
+        let link = self.link(&name, cpu, now_ns, until_ns);
+        self.links.insert(f.id.clone(), link.clone());
+        self.recordings.insert(cpu, Recording { name, cpu, until_ns, writer });
+        Ok(Some(Started { cpu, link }))
+    }
+
+    fn link(&self, name: &str, cpu: u32, from_ns: u64, until_ns: u64) -> serde_json::Value {
+        let dir = flight_dir(&self.data_dir).join(name);
+        serde_json::json!({
+            "dir": dir.display().to_string(),
+            "cpu": cpu,
+            "hz": self.settings.hz,
+            "from_ns": from_ns,
+            "to_ns": until_ns,
+            "command": format!(
+                "profiler flamegraph --data-dir {} --cpu {cpu} --from {} --to {}",
+                dir.display(),
+                crate::timespec::format(from_ns),
+                crate::timespec::format(until_ns)
+            ),
+        })
+    }
+
+    /// Adds the recording's link to the evidence of a finding that has one.
+    pub fn annotate(&self, f: &mut Finding) {
+        if let (Some(link), Some(e)) = (self.links.get(&f.id), f.evidence.as_object_mut()) {
+            e.insert("flight_recording".into(), link.clone());
+        }
+    }
+
+    /// A closed finding needs its link no more.
+    pub fn forget(&mut self, id: &str) {
+        self.links.remove(id);
+    }
+
+    /// Where a sample of `cpu` at `ts_ns` goes: `(to the recording, to the main store)`.
+    pub fn route(&mut self, cpu: u32, ts_ns: u64) -> (bool, bool) {
+        if !self.recordings.contains_key(&cpu) {
+            return (false, true);
+        }
+        let period = (ts_ns as u128 * self.base_hz as u128 / NS_PER_SEC as u128) as u64;
+        let first = self.last_period.insert(cpu, period) != Some(period);
+        (true, first)
+    }
+
+    pub fn push(&mut self, s: &Sample) {
+        if let Some(r) = self.recordings.get_mut(&s.cpu) {
+            r.writer.push(s);
+        }
+    }
+
+    pub fn push_idle(&mut self, ts_ns: u64, cpu: u32) {
+        if let Some(r) = self.recordings.get_mut(&cpu) {
+            r.writer.push_idle(ts_ns, cpu);
+        }
+    }
+
+    /// Writes what the recordings hold; ends those past their time. Returns the CPUs whose
+    /// recording ended (their sampling goes back to the base frequency).
+    pub fn flush(&mut self, now_ns: u64, hold_from: u64) -> Vec<u32> {
+        let mut ended = Vec::new();
+        for r in self.recordings.values_mut() {
+            let done = now_ns >= r.until_ns;
+            let result = if done { r.writer.flush(now_ns) } else { r.writer.flush_before(now_ns, hold_from) };
+            if let Err(e) = result {
+                tracing::warn!(recording = %r.name, error = %e, "flight recording not written");
+            }
+            if done {
+                ended.push(r.cpu);
+            }
+        }
+        for cpu in &ended {
+            if let Some(r) = self.recordings.remove(cpu) {
+                tracing::info!(recording = %r.name, cpu, "flight recording ended");
+            }
+            self.last_period.remove(cpu);
+        }
+        ended
+    }
+
+    /// Removes the oldest recordings so that a new one leaves at most `keep`.
+    fn prune(&self) -> Result<(), StoreError> {
+        let dir = flight_dir(&self.data_dir);
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(()) };
+        let mut all: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        all.sort();
+        let excess = (all.len() + 1).saturating_sub(self.settings.keep);
+        for (_, path) in all.into_iter().take(excess) {
+            std::fs::remove_dir_all(&path).map_err(|e| StoreError::Io(path.clone(), e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::{Kind, Severity};
+
+    fn finding(cpu: Option<u32>, start_s: u64) -> Finding {
+        Finding {
+            id: format!("saturated-core-{start_s}"),
+            kind: Kind::SaturatedCore,
+            start_ns: start_s * NS_PER_SEC,
+            end_ns: None,
+            cpu,
+            severity: Severity::Warning,
+            summary: String::new(),
+            evidence: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn a_boosted_cpu_passes_one_sample_a_base_period_to_the_main_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Flight::new(Settings { hz: 999, secs: 30, keep: 3 }, 99, dir.path());
+        assert_eq!(f.route(1, 0), (false, true));
+        let started = f.start(&finding(Some(1), 1_800_000_000), 1_800_000_000 * NS_PER_SEC, 2, "n").unwrap();
+        assert_eq!(started.map(|s| s.cpu), Some(1));
+        // One second at 999 Hz on CPU 1: 99 or 100 go on (periods of 1/99 s), all are recorded.
+        let t0 = 1_800_000_001 * NS_PER_SEC;
+        let (mut recorded, mut main) = (0, 0);
+        for i in 0..999u64 {
+            let (r, m) = f.route(1, t0 + i * NS_PER_SEC / 999);
+            recorded += r as u32;
+            main += m as u32;
+        }
+        assert_eq!(recorded, 999);
+        assert!((99..=100).contains(&main), "{main}");
+        // Other CPUs are untouched.
+        assert_eq!(f.route(0, t0), (false, true));
+        // A second finding on CPU 1 links to the same recording.
+        let mut other = finding(Some(1), 1_800_000_005);
+        assert!(f.start(&other, 1_800_000_005 * NS_PER_SEC, 2, "n").unwrap().is_none());
+        f.annotate(&mut other);
+        assert!(
+            other.evidence["flight_recording"]["dir"].as_str().unwrap().ends_with("saturated-core-cpu1-1800000000")
+        );
+        // The recording ends after its time; the CPU goes back to the base frequency.
+        assert!(f.flush(1_800_000_010 * NS_PER_SEC, u64::MAX).is_empty());
+        assert_eq!(f.flush(1_800_000_031 * NS_PER_SEC, u64::MAX), vec![1]);
+        assert_eq!(f.route(1, t0), (false, true));
+        assert!(Meta::read(&flight_dir(dir.path()).join("saturated-core-cpu1-1800000000")).is_some());
+    }
+
+    #[test]
+    fn only_cpu_findings_record_and_the_newest_recordings_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Flight::new(Settings { hz: 999, secs: 1, keep: 2 }, 99, dir.path());
+        assert!(f.start(&finding(None, 1_800_000_000), 0, 2, "n").unwrap().is_none());
+        for (i, s) in [1_800_000_000u64, 1_800_000_100, 1_800_000_200].iter().enumerate() {
+            assert!(f.start(&finding(Some(0), *s), s * NS_PER_SEC, 2, "n").unwrap().is_some());
+            f.flush((s + 2) * NS_PER_SEC, u64::MAX);
+            // Distinct modification times for the pruning order.
+            std::thread::sleep(std::time::Duration::from_millis(20 * (i as u64 + 1)));
+        }
+        let mut left: Vec<String> = std::fs::read_dir(flight_dir(dir.path()))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["saturated-core-cpu0-1800000100", "saturated-core-cpu0-1800000200"]);
+        // Off: nothing records.
+        let mut off = Flight::new(Settings { hz: 0, ..Settings::default() }, 99, dir.path());
+        assert!(off.start(&finding(Some(1), 1), 0, 2, "n").unwrap().is_none());
+    }
+}

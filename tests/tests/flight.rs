@@ -1,0 +1,80 @@
+//! The flight recorder on this kernel: a finding that opens on CPU 1 (a thread starved there
+//! by a SCHED_FIFO spinner, detector 7) raises CPU 1's sampling to 999 Hz for 5 s. The
+//! recording the finding links to holds ~10x the samples the main store holds for the same
+//! window and CPU, and the main store stays at the base 99 Hz (what its queries and detectors
+//! assume).
+
+use std::{process::Command, time::Duration};
+
+use integration_tests::{Daemon, Kill, bin, folded_window, helper_bin, now_secs, privileged, profiler, wait_for_every};
+use serde_json::Value;
+
+fn spawn(cmd: &mut Command) -> Kill {
+    Kill(cmd.stdout(std::process::Stdio::null()).spawn().expect("spawn"))
+}
+
+fn findings(dir: &str) -> Vec<Value> {
+    let out = profiler(&["findings", "--data-dir", dir, "--from", "-15m", "--format", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("findings json")
+}
+
+fn samples(dir: &str, from: f64, to: f64) -> u64 {
+    folded_window(dir, from, to, &["--cpu", "1"]).unwrap_or_default().iter().map(|(_, n)| n).sum()
+}
+
+#[test]
+fn a_finding_on_a_cpu_records_it_at_999_hz_beside_a_main_store_kept_at_99() {
+    if !privileged("a_finding_on_a_cpu_records_it_at_999_hz_beside_a_main_store_kept_at_99") {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        integration_tests::skip("one CPU: the scenario starves CPU 1");
+        return;
+    }
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), "[flight]\nhz = 999\nsecs = 5\nkeep = 3\n").unwrap();
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--config", config.path().to_str().unwrap()]);
+    let dir = data.to_str().unwrap();
+
+    let _napper = spawn(Command::new(bin("napper")).args(["1", "30"]));
+    let mut hog = spawn(Command::new("chrt").args(["-f", "50"]).arg(helper_bin()).args(["1", "15"]));
+    let f = wait_for_every(
+        "a finding on CPU 1 with a flight recording",
+        Duration::from_secs(25),
+        Duration::from_millis(250),
+        || findings(dir).into_iter().find(|f| f["cpu"] == 1 && f["evidence"]["flight_recording"].is_object()),
+    );
+    let link = f["evidence"]["flight_recording"].clone();
+    assert_eq!(link["hz"], 999, "{link}");
+    assert_eq!(link["cpu"], 1, "{link}");
+    let recording = link["dir"].as_str().unwrap().to_string();
+    assert!(recording.starts_with(&format!("{dir}/flight/")), "{link}");
+    let (from, to) = (link["from_ns"].as_f64().unwrap() / 1e9, link["to_ns"].as_f64().unwrap() / 1e9);
+    assert!((to - from - 5.0).abs() < 0.01, "{link}");
+    // The recording is complete once the main store has passed its end.
+    wait_for_every(
+        "the store to pass the recording's end",
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || (now_secs() > to + 2.0 && samples(dir, to, to + 1.0) > 0).then_some(()),
+    );
+    assert!(hog.0.wait().unwrap().success(), "chrt -f 50 busy-helper");
+    // Whole seconds inside the recording, where CPU 1 was the spinner's the whole time.
+    let (a, b) = (from.ceil(), to.floor());
+    let recorded = samples(&recording, a, b);
+    let main = samples(dir, a, b);
+    let secs = b - a;
+    eprintln!("flight recording {recording}: {recorded} samples on CPU 1 in {secs} s; main store {main}");
+    assert!(recorded as f64 >= 0.8 * 999.0 * secs, "{recorded} samples in {secs} s at 999 Hz");
+    assert!((0.8 * 99.0 * secs..=1.1 * 99.0 * secs).contains(&(main as f64)), "main store: {main} in {secs} s");
+    // The command the finding shows reads the recording.
+    let command: Vec<&str> = link["command"].as_str().unwrap().split_whitespace().collect();
+    assert_eq!(command[..2], ["profiler", "flamegraph"], "{link}");
+    let mut args = command[1..].to_vec();
+    args.extend(["--format", "folded"]);
+    let out = profiler(&args);
+    assert!(out.status.success(), "{}: {}", link["command"], String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("profiler_test_hot_loop"), "{link}");
+    assert!(daemon.stop().success());
+}
