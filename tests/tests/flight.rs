@@ -65,7 +65,15 @@ fn a_finding_on_a_cpu_records_it_at_999_hz_beside_a_main_store_kept_at_99() {
     let recorded = samples(&recording, a, b);
     let main = samples(dir, a, b);
     let secs = b - a;
-    eprintln!("flight recording {recording}: {recorded} samples on CPU 1 in {secs} s; main store {main}");
+    let bytes: u64 = std::fs::read_dir(format!("{recording}/segments"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    eprintln!(
+        "flight recording {recording}: {recorded} samples on CPU 1 in {secs} s, {bytes} bytes on disk for its 5 s; main store {main}"
+    );
     assert!(recorded as f64 >= 0.8 * 999.0 * secs, "{recorded} samples in {secs} s at 999 Hz");
     assert!((0.8 * 99.0 * secs..=1.1 * 99.0 * secs).contains(&(main as f64)), "main store: {main} in {secs} s");
     // The command the finding shows reads the recording.

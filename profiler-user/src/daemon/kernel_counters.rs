@@ -18,12 +18,13 @@ use crate::{
     timespec::now_ns,
 };
 
-pub use crate::collect::counters::LatestMemcg;
+pub use crate::collect::counters::{LatestMemcg, LatestRunq};
 
 pub struct KernelCounters {
     pub data_dir: PathBuf,
     pub stop: Arc<AtomicBool>,
     pub memcg: LatestMemcg,
+    pub runq: LatestRunq,
 }
 
 impl KernelCounters {
@@ -39,7 +40,7 @@ impl KernelCounters {
                 return;
             }
         };
-        let mut sampler = Sampler::new("/", Some(self.memcg.clone()));
+        let mut sampler = Sampler::new("/", Some(self.memcg.clone())).with_runq(self.runq.clone());
         let mut failing = false;
         while !self.stop.load(Ordering::Acquire) {
             // To the next whole second, so ticks line up with the heatmap's columns.

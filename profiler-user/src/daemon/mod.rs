@@ -163,6 +163,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             "{SYMBOLIZE_DELAY_ENV} is set: symbolizing is slowed (test only)"
         );
     }
+    let runq_latest = kernel_counters::LatestRunq::default();
     let stage = stage::spawn(
         stage::StageConfig {
             data_dir: config.data_dir.clone(),
@@ -184,6 +185,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             live: live.clone(),
             write_failing: write_failing.clone(),
             unwind,
+            runq_latest: runq_latest.clone(),
         },
         Some(collector),
     )
@@ -215,6 +217,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 data_dir: config.data_dir.clone(),
                 stop: stop.clone(),
                 memcg: memcg_latest.clone(),
+                runq: runq_latest,
             }
             .spawn()
             .map_err(|e| DaemonError::Thread("kernel counters", e))?,

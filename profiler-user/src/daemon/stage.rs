@@ -82,6 +82,8 @@ pub struct Links {
     pub write_failing: Arc<AtomicBool>,
     /// The unwind stage, when unwind tables are in use.
     pub unwind: Option<crate::unwind::Notifier>,
+    /// Where the latest run-queue waits go for the kernel counters' tracks.
+    pub runq_latest: crate::collect::counters::LatestRunq,
 }
 
 /// What the stage did, for its caller (tests; the supervisor's last log line).
@@ -356,7 +358,8 @@ impl Stage {
                 self.pipeline.engine.on_netrx(now, n);
             }
             if let Some(r) = collector.runq() {
-                self.pipeline.engine.on_runq(now, r);
+                let waits = self.pipeline.engine.on_runq(now, r);
+                *self.links.runq_latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), waits));
             }
             collector.next_epoch();
         }

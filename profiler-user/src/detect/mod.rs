@@ -399,11 +399,14 @@ impl Engine {
     }
 
     /// Cumulative run-queue figures read at `ts_ns`: their growth since the last read goes to
-    /// that second.
-    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<crate::collect::runq::RunqCpu>) {
+    /// that second. Returns, per CPU, the p99 (20 waits or more) and longest wait of this read, ms.
+    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<crate::collect::runq::RunqCpu>) -> Vec<(u32, Option<f64>, f64)> {
         // The p99 can fire without one wait that long: name any wait that long.
         let name_from_ns = (self.thresholds.runq_max_ms.min(self.thresholds.runq_p99_ms) * 1e6) as u64;
+        let mut waits = Vec::new();
         for (cpu, second) in self.runq.update(now, name_from_ns) {
+            let ms = |ns: u64| ns as f64 / 1e6;
+            waits.push((cpu as u32, second.p99_ns().map(ms), ms(second.max_ns)));
             // A long wait's CPU: note the policies of what ran there while they still run.
             if second.waiter.is_some() {
                 if self.policies.len() > 4096 {
@@ -418,6 +421,7 @@ impl Engine {
                 c.runq.get_or_insert_with(Default::default).add(second);
             }
         }
+        waits
     }
 
     /// Evaluates every second that ended at least the grace period before `now_ns`.
@@ -449,7 +453,7 @@ impl Engine {
             active.extend(self.hotfunc.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(self.lockspin.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds, &self.policies));
-            active.extend(runq::evaluate(&self.history, &self.thresholds, &self.policies));
+            active.extend(runq::evaluate(&self.history, self.machine, &self.thresholds, &self.policies));
             let end = (second + 1) * NS_PER_SEC;
             self.reconcile(
                 active,

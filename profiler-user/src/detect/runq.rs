@@ -1,17 +1,26 @@
 //! Detector 7: run-queue starvation. A thread runnable but kept off a CPU for long: the
-//! longest wait of a second on a CPU, or that CPU's p99 wait, over its threshold. The waits
-//! come from the scheduler tracepoints as per-CPU histograms (`collect::runq`), the waiter's
-//! name with the longest one, and what held the CPU meanwhile from the samples.
+//! longest wait of a second on a CPU, or that CPU's p99 wait, over its threshold, while the
+//! other CPUs had room. The waits come from the scheduler tracepoints as per-CPU histograms
+//! (`collect::runq`), the waiter's name with the longest one, and what held the CPU meanwhile
+//! from the samples.
+//!
+//! Why "while the other CPUs had room": a machine with more runnable threads than CPUs (a
+//! parallel build three times oversubscribed, measured here) makes every thread wait, up to a
+//! second at times, and every CPU is busy: that is overload, which the CPU x time view shows,
+//! not one CPU starving its threads. The pathology is a thread stuck behind a real-time hog, an
+//! interrupt storm or a pinned neighbour on one CPU while others sit idle.
 
 use std::collections::{HashMap, VecDeque};
 
 use serde_json::json;
 
-use super::{Active, Kind, Second, Severity, Thresholds, Top, netrx::quantile_ns, percent, top_processes};
+use super::{Active, Kind, Machine, Second, Severity, Thresholds, Top, netrx::quantile_ns, percent, top_processes};
 use crate::collect::runq::RunqCpu;
 
 /// Waits in a second below which a CPU's p99 says little.
 const MIN_WAITS_FOR_P99: u64 = 20;
+/// The other CPUs' mean busy share above which long waits are the machine's overload.
+const OTHERS_BUSY_MAX: f64 = 0.9;
 
 /// Who had a CPU's longest wait, named while the thread still existed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -103,8 +112,16 @@ fn process_of(tid: u32) -> Option<(u32, String)> {
 
 /// Evaluates the latest second of `history`. `policies`: real-time policies of what ran on
 /// the CPUs with long waits, read while it ran.
-pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds, policies: &HashMap<u32, String>) -> Vec<Active> {
+pub fn evaluate(
+    history: &VecDeque<Second>,
+    machine: Machine,
+    t: &Thresholds,
+    policies: &HashMap<u32, String>,
+) -> Vec<Active> {
     let Some(second) = history.back() else { return Vec::new() };
+    let hz = machine.frequency_hz.max(1) as f64;
+    let busy: Vec<f64> = second.cpus.iter().map(|c| (c.busy.len() as f64 / hz).min(1.0)).collect();
+    let total: f64 = busy.iter().sum();
     let ms = |ns: u64| ns as f64 / 1e6;
     // Waits of microseconds and of seconds in one summary: enough digits for both.
     let text = |ns: u64| match ms(ns) {
@@ -122,6 +139,12 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds, policies: &HashMap<u
         if !long && !p99.is_some_and(|p| ms(p) >= t.runq_p99_ms) {
             continue;
         }
+        // One CPU alone has no elsewhere: its waits count as they are.
+        let others = (busy.len() > 1).then(|| (total - busy[cpu]) / (busy.len() - 1) as f64);
+        if others.is_some_and(|o| o > OTHERS_BUSY_MAX) {
+            continue;
+        }
+        let others_text = others.map_or(String::new(), |o| format!(" (the other CPUs were {} busy)", percent(o)));
         let busy = c.busy.len().max(1) as f64;
         let holders = top_processes(c.busy.iter(), 3);
         let realtime = holders.iter().filter_map(|h| policies.get(&h.pid).filter(|p| !p.is_empty())).count() > 0;
@@ -157,7 +180,7 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds, policies: &HashMap<u
             subject: None,
             onset_ns: second.start_ns,
             severity: if ms(r.max_ns) >= 4.0 * t.runq_max_ms { Severity::Critical } else { Severity::Warning },
-            summary: format!("CPU {cpu}: {what} while the CPU ran {held}; {next}"),
+            summary: format!("CPU {cpu}: {what} while the CPU ran {held}{others_text}; {next}"),
             evidence: json!({
                 "waits": r.waits,
                 "wait_max_ms": ms(r.max_ns),
@@ -168,6 +191,7 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds, policies: &HashMap<u
                     "ran_before_it": {"tid": w.before_tid, "comm": w.before_comm},
                 })),
                 "held_by": holders.iter().map(Top::json).collect::<Vec<_>>(),
+                "others_busy": others,
             }),
         });
     }
@@ -218,6 +242,8 @@ mod tests {
         }])
     }
 
+    const MACHINE: Machine = Machine { cpus: 2, frequency_hz: 99 };
+
     fn waiter() -> WaiterInfo {
         WaiterInfo {
             tid: 43,
@@ -238,7 +264,7 @@ mod tests {
             waiter: Some(waiter()),
         };
         let policies = HashMap::from([(7, ", SCHED_FIFO 50".to_string())]);
-        let out = evaluate(&history(r), &Thresholds::default(), &policies);
+        let out = evaluate(&history(r), MACHINE, &Thresholds::default(), &policies);
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out[0].cpu, Some(1));
         let s = &out[0].summary;
@@ -258,7 +284,7 @@ mod tests {
             max_ns: 160_000_000,
             waiter: None,
         };
-        let out = evaluate(&history(r), &Thresholds::default(), &HashMap::new());
+        let out = evaluate(&history(r), MACHINE, &Thresholds::default(), &HashMap::new());
         assert_eq!(out.len(), 1);
         assert!(
             out[0].summary.contains("runnable threads waited up to 160 ms for the CPU, p99 ≤"),
@@ -277,10 +303,31 @@ mod tests {
             max_ns: 45_000_000,
             waiter: Some(waiter()),
         };
-        assert!(evaluate(&history(r), &Thresholds::default(), &HashMap::new()).is_empty());
+        assert!(evaluate(&history(r), MACHINE, &Thresholds::default(), &HashMap::new()).is_empty());
         // Few waits: no p99, and the longest is under the threshold.
         let r = RunqSecond { waits: 5, histogram: histogram(&[(300_000_000, 5)]), max_ns: 300_000_000, waiter: None };
-        assert!(evaluate(&history(r), &Thresholds::default(), &HashMap::new()).is_empty());
+        assert!(evaluate(&history(r), MACHINE, &Thresholds::default(), &HashMap::new()).is_empty());
+    }
+
+    /// Every CPU busy: the long waits are the machine's overload, not one CPU's starvation.
+    #[test]
+    fn long_waits_on_a_machine_with_no_room_elsewhere_are_overload() {
+        let r = RunqSecond {
+            waits: 3,
+            histogram: histogram(&[(930_000_000, 3)]),
+            max_ns: 930_000_000,
+            waiter: Some(waiter()),
+        };
+        let mut h = history(r.clone());
+        let spin = Arc::new(Stack::new(vec![Arc::from("cc1")], 1));
+        h[0].cpus[0].busy = (0..95)
+            .map(|_| Tick { stack: spin.clone(), pid: 9, comm: Arc::from("cc1"), workload: Arc::from("") })
+            .collect();
+        assert!(evaluate(&h, MACHINE, &Thresholds::default(), &HashMap::new()).is_empty());
+        // With room on CPU 0 (half busy) it is a finding, and says how busy the others were.
+        h[0].cpus[0].busy.truncate(50);
+        let out = evaluate(&h, MACHINE, &Thresholds::default(), &HashMap::new());
+        assert!(out[0].summary.contains("(the other CPUs were 51 % busy)"), "{}", out[0].summary);
     }
 
     #[test]

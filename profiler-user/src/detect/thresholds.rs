@@ -48,6 +48,7 @@ pub struct Thresholds {
     /// ...or a CPU's p99 run-queue wait over a second (of at least 20 waits) is this long, ms.
     /// A parallel compile here (cargo -j 4 on 2 CPUs beside another build) peaked at 88 ms for
     /// one wait and 29 ms for a second's p99 (BENCHMARKS.md): the defaults are 5x and 3x that.
+    /// Either counts only while the other CPUs have room (`detect::runq`).
     pub runq_p99_ms: f64,
 }
 

@@ -24,6 +24,11 @@ use crate::detect::zombies::MemcgCount;
 /// shared so that the cgroup tree is walked once for both.
 pub type LatestMemcg = Arc<Mutex<Option<(Instant, MemcgCount)>>>;
 
+/// The run-queue waits of the latest read (the pipeline stage reads the BPF histograms once a
+/// second for the detector): per CPU, the p99 wait (with enough waits to say) and the longest,
+/// ms.
+pub type LatestRunq = Arc<Mutex<Option<(Instant, Vec<(u32, Option<f64>, f64)>)>>>;
+
 /// One value of one track at one tick.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
@@ -60,6 +65,7 @@ pub struct Sampler {
     cfs_mounts: Option<Vec<PathBuf>>,
     /// The latest memory cgroup count, which the upkeep stage reads for the zombie detector.
     memcg: Option<LatestMemcg>,
+    runq: Option<LatestRunq>,
     missing: BTreeSet<&'static str>,
     /// `None` in tests on a fake tree, or when no socket could be made.
     ethtool: Option<ethtool::Ethtool>,
@@ -67,6 +73,12 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// Tracks of run-queue waits per CPU from `runq` (`sched.runq_wait_p99`, `.._max`).
+    pub fn with_runq(mut self, runq: LatestRunq) -> Self {
+        self.runq = Some(runq);
+        self
+    }
+
     pub fn new(root: impl Into<PathBuf>, memcg: Option<LatestMemcg>) -> Self {
         let root: PathBuf = root.into();
         // Driver counters come from the real kernel only (an ioctl, not a file under `root`).
@@ -77,6 +89,7 @@ impl Sampler {
             cfs_at: None,
             cfs_mounts: None,
             memcg,
+            runq: None,
             missing: BTreeSet::new(),
             ethtool,
             ethtool_at: None,
@@ -134,6 +147,16 @@ impl Sampler {
         {
             raw.push(("memcg.live".into(), None, "count", Raw::Gauge(m.1.live as f64)));
             raw.push(("memcg.dying".into(), None, "count", Raw::Gauge(m.1.dying as f64)));
+        }
+        if let Some(r) = self.runq.as_ref().and_then(|r| r.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            && now.saturating_duration_since(r.0) <= Duration::from_secs(3)
+        {
+            for (cpu, p99, max) in r.1 {
+                if let Some(p99) = p99 {
+                    raw.push(("sched.runq_wait_p99".into(), Some(cpu), "ms", Raw::Gauge(p99)));
+                }
+                raw.push(("sched.runq_wait_max".into(), Some(cpu), "ms", Raw::Gauge(max)));
+            }
         }
         self.rates(now, raw)
     }
@@ -269,13 +292,16 @@ mod tests {
         write(r, "sys/fs/cgroup/cpu/cpu.stat", "nr_throttled 0\nthrottled_time 0\n");
         write(r, "sys/fs/cgroup/cpu/pod/cpu.stat", "nr_throttled 1\nthrottled_time 1000000\n");
         let memcg = Arc::new(Mutex::new(None));
-        let mut s = Sampler::new(r, Some(memcg.clone()));
+        let runq: LatestRunq = Arc::new(Mutex::new(None));
+        let mut s = Sampler::new(r, Some(memcg.clone())).with_runq(runq.clone());
         let t0 = Instant::now();
         let first = s.tick(t0);
+        assert!(find(&first, "sched.runq_wait_max", Some(1)).is_none(), "no run-queue read yet");
         // Only gauges at the first tick.
         assert_eq!(find(&first, "psi.cpu.some.avg10", None).unwrap().value, 5.0);
         assert!(find(&first, "softnet.processed", Some(1)).is_none());
         *memcg.lock().unwrap() = Some((t0, MemcgCount { ts_ns: 0, live: 40, dying: 7, stat_read_ns: None }));
+        *runq.lock().unwrap() = Some((t0 + Duration::from_secs(1), vec![(0, None, 0.5), (1, Some(12.5), 930.0)]));
         write(r, "proc/net/softnet_stat", "00000030 00000000 00000001 0 0 0 0 0 0 0 0 0 00000001\n");
         write(r, "proc/softirqs", "  CPU1\nNET_RX: 400\n");
         write(r, "proc/pressure/cpu", "some avg10=5.00 avg60=0 avg300=0 total=501000\n");
@@ -285,6 +311,9 @@ mod tests {
         assert_eq!(find(&second, "softnet.processed", Some(1)).unwrap().value, 16.0);
         assert_eq!(find(&second, "softnet.time_squeeze", Some(1)).unwrap().value, 0.0);
         assert_eq!(find(&second, "softirq.NET_RX", Some(1)).unwrap().value, 150.0);
+        assert_eq!(find(&second, "sched.runq_wait_max", Some(1)).unwrap().value, 930.0);
+        assert_eq!(find(&second, "sched.runq_wait_p99", Some(1)).unwrap().value, 12.5);
+        assert!(find(&second, "sched.runq_wait_p99", Some(0)).is_none(), "too few waits for a p99");
         assert_eq!(find(&second, "psi.cpu.some", None).unwrap().value, 25.0, "0.5 s stalled of 2 s");
         assert!(find(&second, "nic.eth0.rx_packets", None).is_none(), "a counter that went back gives no rate");
         assert_eq!(find(&second, "memcg.dying", None).unwrap().value, 7.0);
