@@ -359,7 +359,10 @@ impl Stage {
             }
             if let Some(r) = collector.runq() {
                 let waits = self.pipeline.engine.on_runq(now, r);
-                *self.links.runq_latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), waits));
+                let mut latest = self.links.runq_latest.lock().unwrap_or_else(|p| p.into_inner());
+                for (cpu, w) in waits {
+                    latest.entry(cpu).or_default().add(w);
+                }
             }
             collector.next_epoch();
         }

@@ -399,14 +399,14 @@ impl Engine {
     }
 
     /// Cumulative run-queue figures read at `ts_ns`: their growth since the last read goes to
-    /// that second. Returns, per CPU, the p99 (20 waits or more) and longest wait of this read, ms.
-    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<crate::collect::runq::RunqCpu>) -> Vec<(u32, Option<f64>, f64)> {
+    /// that second. Returns each CPU's waits of this read (without names), for the counters.
+    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<crate::collect::runq::RunqCpu>) -> Vec<(u32, runq::RunqSecond)> {
         // The p99 can fire without one wait that long: name any wait that long.
         let name_from_ns = (self.thresholds.runq_max_ms.min(self.thresholds.runq_p99_ms) * 1e6) as u64;
         let mut waits = Vec::new();
         for (cpu, second) in self.runq.update(now, name_from_ns) {
-            let ms = |ns: u64| ns as f64 / 1e6;
-            waits.push((cpu as u32, second.p99_ns().map(ms), ms(second.max_ns)));
+            let unnamed = runq::RunqSecond { waiter: None, histogram: second.histogram.clone(), ..second };
+            waits.push((cpu as u32, unnamed));
             // A long wait's CPU: note the policies of what ran there while they still run.
             if second.waiter.is_some() {
                 if self.policies.len() > 4096 {

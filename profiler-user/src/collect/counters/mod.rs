@@ -24,10 +24,10 @@ use crate::detect::zombies::MemcgCount;
 /// shared so that the cgroup tree is walked once for both.
 pub type LatestMemcg = Arc<Mutex<Option<(Instant, MemcgCount)>>>;
 
-/// The run-queue waits of the latest read (the pipeline stage reads the BPF histograms once a
-/// second for the detector): per CPU, the p99 wait (with enough waits to say) and the longest,
-/// ms.
-pub type LatestRunq = Arc<Mutex<Option<(Instant, Vec<(u32, Option<f64>, f64)>)>>>;
+/// Run-queue waits per CPU since the counters last took them: the pipeline stage adds each
+/// read of the BPF histograms (every flush, up to 20 a second), the counters thread takes the
+/// sum once a second for the p99 and the longest wait of that second.
+pub type LatestRunq = Arc<Mutex<std::collections::BTreeMap<u32, crate::detect::runq::RunqSecond>>>;
 
 /// One value of one track at one tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,14 +148,14 @@ impl Sampler {
             raw.push(("memcg.live".into(), None, "count", Raw::Gauge(m.1.live as f64)));
             raw.push(("memcg.dying".into(), None, "count", Raw::Gauge(m.1.dying as f64)));
         }
-        if let Some(r) = self.runq.as_ref().and_then(|r| r.lock().unwrap_or_else(|p| p.into_inner()).clone())
-            && now.saturating_duration_since(r.0) <= Duration::from_secs(3)
-        {
-            for (cpu, p99, max) in r.1 {
-                if let Some(p99) = p99 {
-                    raw.push(("sched.runq_wait_p99".into(), Some(cpu), "ms", Raw::Gauge(p99)));
+        if let Some(r) = self.runq.as_ref() {
+            let waits = std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()));
+            let ms = |ns: u64| ns as f64 / 1e6;
+            for (cpu, w) in waits {
+                if let Some(p99) = w.p99_ns() {
+                    raw.push(("sched.runq_wait_p99".into(), Some(cpu), "ms", Raw::Gauge(ms(p99))));
                 }
-                raw.push(("sched.runq_wait_max".into(), Some(cpu), "ms", Raw::Gauge(max)));
+                raw.push(("sched.runq_wait_max".into(), Some(cpu), "ms", Raw::Gauge(ms(w.max_ns))));
             }
         }
         self.rates(now, raw)
@@ -292,7 +292,7 @@ mod tests {
         write(r, "sys/fs/cgroup/cpu/cpu.stat", "nr_throttled 0\nthrottled_time 0\n");
         write(r, "sys/fs/cgroup/cpu/pod/cpu.stat", "nr_throttled 1\nthrottled_time 1000000\n");
         let memcg = Arc::new(Mutex::new(None));
-        let runq: LatestRunq = Arc::new(Mutex::new(None));
+        let runq: LatestRunq = Arc::default();
         let mut s = Sampler::new(r, Some(memcg.clone())).with_runq(runq.clone());
         let t0 = Instant::now();
         let first = s.tick(t0);
@@ -301,7 +301,25 @@ mod tests {
         assert_eq!(find(&first, "psi.cpu.some.avg10", None).unwrap().value, 5.0);
         assert!(find(&first, "softnet.processed", Some(1)).is_none());
         *memcg.lock().unwrap() = Some((t0, MemcgCount { ts_ns: 0, live: 40, dying: 7, stat_read_ns: None }));
-        *runq.lock().unwrap() = Some((t0 + Duration::from_secs(1), vec![(0, None, 0.5), (1, Some(12.5), 930.0)]));
+        {
+            use crate::detect::runq::RunqSecond;
+            let h = |ns: u64, n: u64| {
+                let mut v = vec![0; profiler_common::LATENCY_BUCKETS as usize];
+                v[profiler_common::latency_bucket(ns) as usize] = n;
+                v
+            };
+            let mut w = runq.lock().unwrap();
+            w.insert(0, RunqSecond { waits: 3, histogram: h(500_000, 3), max_ns: 500_000, waiter: None });
+            // Two reads within the second: the longest wait and the histogram add up.
+            let one = RunqSecond { waits: 30, histogram: h(12_000_000, 30), max_ns: 12_000_000, waiter: None };
+            w.entry(1).or_default().add(one);
+            w.entry(1).or_default().add(RunqSecond {
+                waits: 1,
+                histogram: h(930_000_000, 1),
+                max_ns: 930_000_000,
+                waiter: None,
+            });
+        }
         write(r, "proc/net/softnet_stat", "00000030 00000000 00000001 0 0 0 0 0 0 0 0 0 00000001\n");
         write(r, "proc/softirqs", "  CPU1\nNET_RX: 400\n");
         write(r, "proc/pressure/cpu", "some avg10=5.00 avg60=0 avg300=0 total=501000\n");
@@ -312,7 +330,9 @@ mod tests {
         assert_eq!(find(&second, "softnet.time_squeeze", Some(1)).unwrap().value, 0.0);
         assert_eq!(find(&second, "softirq.NET_RX", Some(1)).unwrap().value, 150.0);
         assert_eq!(find(&second, "sched.runq_wait_max", Some(1)).unwrap().value, 930.0);
-        assert_eq!(find(&second, "sched.runq_wait_p99", Some(1)).unwrap().value, 12.5);
+        // 31 waits, the p99 is the longest one's bucket (the upper edge: up to 1/8 over).
+        let p99 = find(&second, "sched.runq_wait_p99", Some(1)).unwrap().value;
+        assert!((930.0..=1050.0).contains(&p99), "{p99}");
         assert!(find(&second, "sched.runq_wait_p99", Some(0)).is_none(), "too few waits for a p99");
         assert_eq!(find(&second, "psi.cpu.some", None).unwrap().value, 25.0, "0.5 s stalled of 2 s");
         assert!(find(&second, "nic.eth0.rx_packets", None).is_none(), "a counter that went back gives no rate");
