@@ -231,3 +231,26 @@ pub mod runq {
     /// (0, "R") or preempted (`TASK_REPORT_MAX`, "R+"): it waits from then on.
     pub const SLEEP_STATE_MASK: u64 = 0xff;
 }
+
+/// Per-CPU reclaim and compaction stalls (`profiler-ebpf/src/reclaim.rs`): `RECLAIM` holds one
+/// `[u64; reclaim::LEN]` per CPU (the CPU the stall ended on): per kind a count and the time
+/// stalled, cumulative; and the longest stall of the epoch (see [`MAXIMA_EPOCH`]) with its
+/// kind, thread and comm.
+pub mod reclaim {
+    /// Kinds of stall: direct reclaim (the zone is short), memory-cgroup reclaim (the cgroup is
+    /// at its limit), compaction.
+    pub const DIRECT: usize = 0;
+    pub const MEMCG: usize = 1;
+    pub const COMPACT: usize = 2;
+    pub const KINDS: usize = 3;
+    /// Stalls of kind `k` at `COUNT + k`, their ns at `NS + k`.
+    pub const COUNT: usize = 0;
+    pub const NS: usize = 3;
+    pub const EPOCH: usize = 6;
+    /// The longest stall of the epoch: ns, kind, `pid_tgid`, comm (16 bytes).
+    pub const MAX_NS: usize = 7;
+    pub const MAX_KIND: usize = 8;
+    pub const MAX_PID_TGID: usize = 9;
+    pub const MAX_COMM: usize = 10;
+    pub const LEN: usize = 12;
+}

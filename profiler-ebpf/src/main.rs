@@ -19,6 +19,7 @@ mod exec;
 mod lifecycle;
 mod netrx;
 mod python;
+mod reclaim;
 mod runq;
 mod unwind;
 

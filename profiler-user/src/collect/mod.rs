@@ -10,6 +10,7 @@ pub mod irqs;
 pub mod kmsg;
 pub mod lifecycle;
 pub mod prog_info;
+pub mod reclaim;
 pub mod runq;
 pub mod tracefs;
 
@@ -179,6 +180,7 @@ pub struct Collector {
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
     netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
     runq: Option<runq::RunQueue>,
+    reclaim: Option<reclaim::Reclaim>,
     /// The maxima epoch the kernel stamps on maxima (see `profiler_common::MAXIMA_EPOCH`).
     epoch_map: Array<MapData, u64>,
     epoch: u64,
@@ -315,6 +317,17 @@ impl Collector {
         if let Err(e) = &runq_ok {
             tracing::warn!(error = %e, "scheduler tracepoints not attached: no run-queue starvation detection");
         }
+        // Each kind on its own: a kernel without compaction tracepoints still has reclaim's.
+        let reclaim_ok: Vec<bool> = reclaim::TRACEPOINTS
+            .iter()
+            .map(|pair| match pair.iter().map(|(n, c)| attached(n, c)).collect::<Result<Vec<_>, _>>() {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(tracepoint = pair[1].0, error = %e, "reclaim or compaction stalls of this kind will not be seen");
+                    false
+                }
+            })
+            .collect();
         let exec_ok = attached("sched_process_exec", "sched");
         if let Err(e) = &exec_ok {
             tracing::warn!(error = %e, "exec tracepoint not attached: processes that live only milliseconds may show unnamed frames");
@@ -342,6 +355,10 @@ impl Collector {
             Ok(_) => ebpf.take_map("RUNQ").and_then(|m| PerCpuArray::try_from(m).ok()).map(runq::RunQueue),
             Err(_) => None,
         };
+        let reclaim = reclaim_ok
+            .contains(&true)
+            .then(|| ebpf.take_map("RECLAIM").and_then(|m| PerCpuArray::try_from(m).ok()).map(reclaim::Reclaim))
+            .flatten();
         let events = match cgroup_ok.map(drop).or(exec_ok).or(lifecycle_ok) {
             Ok(()) => match ebpf.take_map("EVENTS").map(RingBuf::try_from) {
                 Some(Ok(ring)) => Some(ring),
@@ -362,6 +379,7 @@ impl Collector {
             counters,
             netrx,
             runq,
+            reclaim,
             epoch_map,
             epoch: 0,
             cgroup_fields,
@@ -486,6 +504,12 @@ impl Collector {
     /// `None` without the scheduler tracepoints.
     pub fn runq(&self) -> Option<Vec<runq::RunqCpu>> {
         self.runq.as_ref()?.read(self.epoch)
+    }
+
+    /// Reclaim and compaction stalls per CPU (index = CPU id), with the longest of the current
+    /// epoch. `None` without the tracepoints.
+    pub fn reclaim(&self) -> Option<Vec<reclaim::ReclaimCpu>> {
+        self.reclaim.as_ref()?.read(self.epoch)
     }
 
     /// Starts a new maxima epoch: what [`Self::counters`] and [`Self::netrx`] report as maxima

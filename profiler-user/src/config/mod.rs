@@ -129,6 +129,7 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     int("detect.lock_window_secs", t.lock_window_secs.into(), 1..=60, "1 to 60 seconds")?;
     float("detect.runq_max_ms", t.runq_max_ms, 60_000.0, "above 0 and at most 60000 ms")?;
     float("detect.runq_p99_ms", t.runq_p99_ms, 60_000.0, "above 0 and at most 60000 ms")?;
+    share("detect.reclaim_share", t.reclaim_share, false)?;
     Ok(())
 }
 
@@ -354,6 +355,7 @@ mod tests {
             ("lock_window_secs = 61", "detect.lock_window_secs"),
             ("runq_max_ms = 0.0", "detect.runq_max_ms"),
             ("runq_p99_ms = inf", "detect.runq_p99_ms"),
+            ("reclaim_share = 0.0", "detect.reclaim_share"),
         ] {
             let file: ConfigFile = toml::from_str(&format!("[detect]\n{toml}\n")).unwrap();
             let e = Reloadable::from(&file, &StoreFlags::default()).unwrap_err().to_string();

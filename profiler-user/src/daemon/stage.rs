@@ -357,6 +357,9 @@ impl Stage {
             if let Some(n) = collector.netrx() {
                 self.pipeline.engine.on_netrx(now, n);
             }
+            if let Some(r) = collector.reclaim() {
+                self.pipeline.engine.on_reclaim(now, r);
+            }
             if let Some(r) = collector.runq() {
                 let waits = self.pipeline.engine.on_runq(now, r);
                 let mut latest = self.links.runq_latest.lock().unwrap_or_else(|p| p.into_inner());

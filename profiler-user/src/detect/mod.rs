@@ -8,12 +8,14 @@
 //! - `zombies`: dying memory cgroups piling up, and who makes them;
 //! - `throttle`: a cgroup throttled by its CPU quota, and what it ran meanwhile;
 //! - `lockspin`: one kernel spin-lock slow path holding several CPUs, and who contends;
-//! - `runq`: a runnable thread kept off a CPU for long, and what ran instead.
+//! - `runq`: a runnable thread kept off a CPU for long, and what ran instead;
+//! - `reclaim`: a CPU's tasks stalled in reclaim or compaction, and the memory cgroup.
 
 pub mod hotfunc;
 pub mod lockspin;
 pub mod log;
 pub mod netrx;
+pub mod reclaim;
 pub mod runq;
 pub mod saturation;
 pub mod thresholds;
@@ -39,6 +41,7 @@ pub enum Kind {
     CfsThrottling,
     LockSpinning,
     RunqStarvation,
+    ReclaimStall,
 }
 
 impl Kind {
@@ -51,11 +54,12 @@ impl Kind {
             Kind::CfsThrottling => "cfs-throttling",
             Kind::LockSpinning => "lock-spinning",
             Kind::RunqStarvation => "runq-starvation",
+            Kind::ReclaimStall => "reclaim-stall",
         }
     }
 
     /// Every kind, in declaration order (metrics list them all, open or not).
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::SaturatedCore,
         Kind::HotKernelFunction,
         Kind::NetrxStarvation,
@@ -63,6 +67,7 @@ impl Kind {
         Kind::CfsThrottling,
         Kind::LockSpinning,
         Kind::RunqStarvation,
+        Kind::ReclaimStall,
     ];
 }
 
@@ -164,6 +169,8 @@ pub struct CpuSecond {
     pub netrx: Option<NetRxSecond>,
     /// Run-queue waits that ended on this CPU in this second.
     pub runq: Option<runq::RunqSecond>,
+    /// Reclaim and compaction stalls that ended on this CPU in this second.
+    pub reclaim: Option<reclaim::ReclaimSecond>,
 }
 
 impl CpuSecond {
@@ -275,6 +282,7 @@ pub struct Engine {
     pub throttle: throttle::Throttle,
     netrx_prev: Vec<NetRxCpu>,
     runq: runq::Tracker,
+    reclaim: reclaim::Tracker,
     /// Real-time policies of processes on CPUs where NET_RX work waited, read while they ran.
     policies: HashMap<u32, String>,
     open: BTreeMap<(Kind, Option<u32>, Option<String>), Open>,
@@ -315,6 +323,7 @@ impl Engine {
             history: VecDeque::new(),
             netrx_prev: Vec::new(),
             runq: runq::Tracker::default(),
+            reclaim: reclaim::Tracker::default(),
             policies: HashMap::new(),
             open: BTreeMap::new(),
             interrupts: Default::default(),
@@ -424,6 +433,15 @@ impl Engine {
         waits
     }
 
+    /// Cumulative reclaim and compaction stalls read at `ts_ns`: their growth goes to that second.
+    pub fn on_reclaim(&mut self, ts_ns: u64, now: Vec<crate::collect::reclaim::ReclaimCpu>) {
+        for (cpu, second) in self.reclaim.update(now) {
+            if let Some(c) = self.cpu(ts_ns, cpu as u32) {
+                c.reclaim.get_or_insert_with(Default::default).add(second);
+            }
+        }
+    }
+
     /// Evaluates every second that ended at least the grace period before `now_ns`.
     pub fn tick(&mut self, now_ns: u64) -> Changes {
         let mut changes = Changes::default();
@@ -454,6 +472,7 @@ impl Engine {
             active.extend(self.lockspin.evaluate(&self.history, self.machine, &self.thresholds));
             active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds, &self.policies));
             active.extend(runq::evaluate(&self.history, self.machine, &self.thresholds, &self.policies));
+            active.extend(reclaim::evaluate(&self.history, &self.thresholds));
             let end = (second + 1) * NS_PER_SEC;
             self.reconcile(
                 active,
@@ -464,6 +483,7 @@ impl Engine {
                     Kind::NetrxStarvation,
                     Kind::LockSpinning,
                     Kind::RunqStarvation,
+                    Kind::ReclaimStall,
                 ]),
                 &mut changes,
             );

@@ -50,6 +50,10 @@ pub struct Thresholds {
     /// one wait and 29 ms for a second's p99 (BENCHMARKS.md): the defaults are 5x and 3x that.
     /// Either counts only while the other CPUs have room (`detect::runq`).
     pub runq_p99_ms: f64,
+    /// Detector 8: how long a CPU's tasks stall in direct or memory-cgroup reclaim or compaction
+    /// in one second, summed over the stalls (several tasks can stall at once), as a share of
+    /// the second: 0.1 is 100 ms.
+    pub reclaim_share: f64,
 }
 
 impl Default for Thresholds {
@@ -74,6 +78,7 @@ impl Default for Thresholds {
             lock_window_secs: 5,
             runq_max_ms: 500.0,
             runq_p99_ms: 100.0,
+            reclaim_share: 0.1,
         }
     }
 }

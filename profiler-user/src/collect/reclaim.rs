@@ -1,0 +1,83 @@
+//! Reclaim and compaction stalls per CPU, as the `vmscan`/`compaction` programs aggregate them
+//! (`profiler-ebpf/src/reclaim.rs`): read once a second with one syscall.
+
+use aya::maps::{MapData, PerCpuArray};
+use profiler_common::reclaim;
+
+/// The programs' tracepoints (`(name, category)`), attached in pairs: a begin without its end
+/// would leave every stall open.
+pub const TRACEPOINTS: [[(&str, &str); 2]; 3] = [
+    [("mm_vmscan_direct_reclaim_end", "vmscan"), ("mm_vmscan_direct_reclaim_begin", "vmscan")],
+    [("mm_vmscan_memcg_reclaim_end", "vmscan"), ("mm_vmscan_memcg_reclaim_begin", "vmscan")],
+    [("mm_compaction_end", "compaction"), ("mm_compaction_begin", "compaction")],
+];
+
+/// The longest stall of a read on one CPU.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Staller {
+    /// `profiler_common::reclaim::{DIRECT, MEMCG, COMPACT}`.
+    pub kind: usize,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+}
+
+/// One CPU's stalls: cumulative counts and time per kind, and the longest since the last read.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReclaimCpu {
+    pub count: [u64; reclaim::KINDS],
+    pub ns: [u64; reclaim::KINDS],
+    pub max_ns: u64,
+    pub staller: Option<Staller>,
+}
+
+pub struct Reclaim(pub PerCpuArray<MapData, [u64; reclaim::LEN]>);
+
+impl Reclaim {
+    /// Per CPU (index = CPU id), with the longest stall of maxima epoch `epoch` only.
+    pub fn read(&self, epoch: u64) -> Option<Vec<ReclaimCpu>> {
+        let values = self.0.get(&0, 0).ok()?;
+        Some(values.iter().map(|v| decode(v, epoch)).collect())
+    }
+}
+
+fn decode(v: &[u64; reclaim::LEN], epoch: u64) -> ReclaimCpu {
+    let max_ns = if v[reclaim::EPOCH] == epoch { v[reclaim::MAX_NS] } else { 0 };
+    let staller = (max_ns > 0).then(|| {
+        let comm: Vec<u8> = v[reclaim::MAX_COMM..reclaim::MAX_COMM + 2]
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .take_while(|&b| b != 0)
+            .collect();
+        Staller {
+            kind: (v[reclaim::MAX_KIND] as usize).min(reclaim::KINDS - 1),
+            pid: (v[reclaim::MAX_PID_TGID] >> 32) as u32,
+            tid: v[reclaim::MAX_PID_TGID] as u32,
+            comm: String::from_utf8_lossy(&comm).into_owned(),
+        }
+    });
+    let at = |base: usize| std::array::from_fn(|k| v[base + k]);
+    ReclaimCpu { count: at(reclaim::COUNT), ns: at(reclaim::NS), max_ns, staller }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_stall_names_its_task_in_its_epoch_only() {
+        let mut v = [0u64; reclaim::LEN];
+        v[reclaim::COUNT + reclaim::MEMCG] = 12;
+        v[reclaim::NS + reclaim::MEMCG] = 40_000_000;
+        v[reclaim::EPOCH] = 5;
+        v[reclaim::MAX_NS] = 9_000_000;
+        v[reclaim::MAX_KIND] = reclaim::MEMCG as u64;
+        v[reclaim::MAX_PID_TGID] = (4242u64 << 32) | 4243;
+        v[reclaim::MAX_COMM] = u64::from_ne_bytes(*b"dd\0\0\0\0\0\0");
+        let r = decode(&v, 5);
+        assert_eq!((r.count[reclaim::MEMCG], r.ns[reclaim::MEMCG], r.max_ns), (12, 40_000_000, 9_000_000));
+        let s = r.staller.expect("named");
+        assert_eq!((s.kind, s.pid, s.tid, s.comm.as_str()), (reclaim::MEMCG, 4242, 4243, "dd"));
+        assert_eq!(decode(&v, 6).staller, None);
+    }
+}

@@ -1,0 +1,348 @@
+//! Detector 8: reclaim stalls. A CPU whose tasks stall long in a second in direct reclaim,
+//! memory-cgroup reclaim or compaction (the `vmscan`/`compaction` tracepoints, summed per CPU
+//! in BPF: `collect::reclaim`; several tasks can stall at once, so a second can hold more than a
+//! second of stalls), named with the task that stalled longest, the memory cgroup it is charged
+//! to (its limit and usage), and from the samples of the last seconds the share of the CPU in
+//! reclaim code and the kernel paths that allocated.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde_json::json;
+
+use super::{Active, Kind, Second, Severity, Thresholds, Tick, Top, percent};
+use crate::collect::reclaim::ReclaimCpu;
+use profiler_common::reclaim::{COMPACT, DIRECT, KINDS, MEMCG};
+
+/// Kernel functions of reclaim and compaction: a sample with one of them is reclaim work.
+const RECLAIM_FRAMES: &[&str] = &[
+    "try_to_free_mem_cgroup_pages",
+    "try_to_free_pages",
+    "do_try_to_free_pages",
+    "__alloc_pages_direct_reclaim",
+    "__perform_reclaim",
+    "shrink_node",
+    "shrink_lruvec",
+    "shrink_folio_list",
+    "shrink_inactive_list",
+    "shrink_active_list",
+    "shrink_slab",
+    "mem_cgroup_handle_over_high",
+    "reclaim_high",
+    "__alloc_pages_direct_compact",
+    "try_to_compact_pages",
+    "compact_zone",
+    "compact_zone_order",
+];
+
+/// A stall shorter than this in a read does not make the daemon read /proc for its task.
+const NAME_FROM_NS: u64 = 10_000_000;
+
+fn is_reclaim_frame(name: &str) -> bool {
+    let base = name.split('.').next().unwrap_or(name);
+    RECLAIM_FRAMES.contains(&base)
+}
+
+fn kind_name(kind: usize) -> &'static str {
+    match kind {
+        DIRECT => "direct reclaim",
+        MEMCG => "memory-cgroup reclaim",
+        COMPACT => "compaction",
+        _ => "reclaim",
+    }
+}
+
+/// The memory cgroup a task is charged to, with its limit and usage when readable.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Memcg {
+    pub path: String,
+    pub limit_bytes: Option<u64>,
+    pub usage_bytes: Option<u64>,
+}
+
+/// The task that stalled longest in a read, named while it existed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StallerInfo {
+    pub kind: usize,
+    pub pid: u32,
+    pub tid: u32,
+    /// The process's name, the thread's when unreadable.
+    pub comm: String,
+    pub memcg: Option<Memcg>,
+}
+
+/// One CPU's stalls in one second.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReclaimSecond {
+    pub count: [u64; KINDS],
+    pub ns: [u64; KINDS],
+    pub max_ns: u64,
+    pub staller: Option<StallerInfo>,
+}
+
+impl ReclaimSecond {
+    pub fn add(&mut self, other: ReclaimSecond) {
+        for k in 0..KINDS {
+            self.count[k] += other.count[k];
+            self.ns[k] += other.ns[k];
+        }
+        if other.max_ns > self.max_ns {
+            self.max_ns = other.max_ns;
+            self.staller = other.staller;
+        }
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.ns.iter().sum()
+    }
+}
+
+/// Turns cumulative per-CPU figures into per-read growth.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    prev: Vec<ReclaimCpu>,
+}
+
+impl Tracker {
+    pub fn update(&mut self, now: Vec<ReclaimCpu>) -> Vec<(usize, ReclaimSecond)> {
+        let prev = std::mem::replace(&mut self.prev, now);
+        let mut out = Vec::new();
+        for (cpu, n) in self.prev.iter().enumerate() {
+            let p = prev.get(cpu).cloned().unwrap_or_default();
+            let count = std::array::from_fn(|k| n.count[k].saturating_sub(p.count[k]));
+            let ns: [u64; KINDS] = std::array::from_fn(|k| n.ns[k].saturating_sub(p.ns[k]));
+            if ns.iter().sum::<u64>() == 0 && n.max_ns == 0 {
+                continue;
+            }
+            let staller = n.staller.as_ref().filter(|_| ns.iter().sum::<u64>() >= NAME_FROM_NS).map(|s| {
+                let comm = std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
+                    .map(|c| c.trim_end().to_string())
+                    .unwrap_or_else(|_| s.comm.clone());
+                StallerInfo { kind: s.kind, pid: s.pid, tid: s.tid, comm, memcg: memcg_of(s.pid) }
+            });
+            out.push((cpu, ReclaimSecond { count, ns, max_ns: n.max_ns, staller }));
+        }
+        out
+    }
+}
+
+/// The memory cgroup of `pid` (the v1 `memory` hierarchy, or the v2 one), from /proc.
+fn memcg_of(pid: u32) -> Option<Memcg> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let (path, v1) = parse_memcg(&text)?;
+    let dir = if v1 { format!("/sys/fs/cgroup/memory{path}") } else { format!("/sys/fs/cgroup{path}") };
+    let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok()?.trim().parse::<u64>().ok();
+    let (limit, usage) =
+        if v1 { ("memory.limit_in_bytes", "memory.usage_in_bytes") } else { ("memory.max", "memory.current") };
+    // v1 says "no limit" with a huge number, v2 with "max" (which does not parse).
+    let limit_bytes = read(limit).filter(|&l| l < 1 << 60);
+    Some(Memcg { path, limit_bytes, usage_bytes: read(usage) })
+}
+
+/// `(path, is_v1)` of the memory cgroup in a `/proc/PID/cgroup` text.
+pub fn parse_memcg(text: &str) -> Option<(String, bool)> {
+    let mut v2 = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            return Some((path.to_string(), true));
+        }
+        if controllers.is_empty() {
+            v2 = Some((path.to_string(), false));
+        }
+    }
+    v2
+}
+
+/// Frames of the allocator and the memory controller themselves, skipped on the way up to
+/// what allocated (`try_charge_memcg ← charge_memcg ← __mem_cgroup_charge` says nothing).
+const ALLOCATOR_PARTS: &[&str] = &["charge", "alloc", "mem_cgroup", "folio", "get_page", "memcg"];
+
+/// The kernel frames above (root-side of) a sample's reclaim code and the allocator: what
+/// allocated, e.g. `generic_perform_write ← ext4_buffered_write_iter ← vfs_write`.
+fn allocating_path(tick: &Tick) -> Option<String> {
+    let kernel = tick.stack.kernel();
+    let first = kernel.iter().position(|f| is_reclaim_frame(f))?;
+    let above: Vec<&str> = kernel[..first]
+        .iter()
+        .rev()
+        .map(|f| &**f)
+        .skip_while(|f| ALLOCATOR_PARTS.iter().any(|p| f.contains(p)))
+        .take(3)
+        .collect();
+    (!above.is_empty()).then(|| above.join(" ← "))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / 1048576.0)
+}
+
+/// Evaluates the latest second of `history`; the samples of every second there (a few) say how
+/// much of the CPU went to reclaim code and what allocated.
+pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds) -> Vec<Active> {
+    let Some(second) = history.back() else { return Vec::new() };
+    let mut out = Vec::new();
+    for (cpu, c) in second.cpus.iter().enumerate() {
+        let Some(r) = &c.reclaim else { continue };
+        let share = r.total_ns() as f64 / 1e9;
+        if share < t.reclaim_share {
+            continue;
+        }
+        let kind = (0..KINDS).max_by_key(|&k| r.ns[k]).unwrap_or(MEMCG);
+        let stalls: u64 = r.count.iter().sum();
+        let busy: Vec<&Tick> = history.iter().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter()).collect();
+        let in_reclaim: Vec<&Tick> =
+            busy.iter().copied().filter(|t| t.stack.kernel().iter().any(|f| is_reclaim_frame(f))).collect();
+        let sampled = in_reclaim.len() as f64 / busy.len().max(1) as f64;
+        let mut paths: HashMap<String, u64> = HashMap::new();
+        for t in &in_reclaim {
+            if let Some(p) = allocating_path(t) {
+                *paths.entry(p).or_default() += 1;
+            }
+        }
+        let mut paths: Vec<(String, u64)> = paths.into_iter().collect();
+        paths.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        paths.truncate(3);
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let who = r.staller.as_ref().map(|s| {
+            let workload = busy.iter().find(|t| t.pid == s.pid).map(|t| t.workload.clone()).unwrap_or_default();
+            let thread = if s.tid != s.pid { format!(", thread {}", s.tid) } else { String::new() };
+            Top { comm: s.comm.as_str().into(), pid: s.pid, samples: 0, workload }.who(&thread)
+        });
+        let memcg = r.staller.as_ref().and_then(|s| s.memcg.as_ref());
+        let memcg_text = memcg.map_or(String::new(), |m| {
+            let fill = match (m.usage_bytes, m.limit_bytes) {
+                (Some(u), Some(l)) => format!(" ({} of its {} limit)", mib(u), mib(l)),
+                (Some(u), None) => format!(" ({}, no limit)", mib(u)),
+                _ => String::new(),
+            };
+            format!(" in memory cgroup {}{fill}", m.path)
+        });
+        let longest = who
+            .as_ref()
+            .map_or(format!("longest {:.1} ms", ms(r.max_ns)), |w| format!("longest {:.1} ms: {w}", ms(r.max_ns)));
+        let sampled_text = if in_reclaim.is_empty() {
+            String::new()
+        } else {
+            let under = paths.first().map_or(String::new(), |(p, _)| format!(", under {p}"));
+            format!("; sampled over {} s: {} of the CPU in reclaim code{under}", history.len(), percent(sampled))
+        };
+        let next = match (kind, memcg) {
+            (MEMCG, Some(m)) => format!(
+                "look next: the limit of {} and what fills it (page cache of its file I/O counts: memory.stat), or `profiler flamegraph --cpu {cpu}`",
+                m.path
+            ),
+            (COMPACT, _) => format!(
+                "look next: memory fragmentation (/proc/buddyinfo, huge page allocations), or `profiler flamegraph --cpu {cpu}`"
+            ),
+            _ => format!(
+                "look next: free memory and who holds it (/proc/meminfo, the largest cgroups), or `profiler flamegraph --cpu {cpu}`"
+            ),
+        };
+        out.push(Active {
+            kind: Kind::ReclaimStall,
+            cpu: Some(cpu as u32),
+            subject: None,
+            onset_ns: second.start_ns,
+            severity: if share >= 0.5 { Severity::Critical } else { Severity::Warning },
+            summary: format!(
+                "CPU {cpu}: its tasks stalled {:.0} ms in {} in one second ({stalls} stalls, {longest}){memcg_text}{sampled_text}; {next}",
+                ms(r.total_ns()),
+                kind_name(kind)
+            ),
+            evidence: json!({
+                "stalled_ms_per_second": ms(r.total_ns()),
+                "stalls": {"direct_reclaim": r.count[DIRECT], "memcg_reclaim": r.count[MEMCG], "compaction": r.count[COMPACT]},
+                "stalled_ms": {"direct_reclaim": ms(r.ns[DIRECT]), "memcg_reclaim": ms(r.ns[MEMCG]), "compaction": ms(r.ns[COMPACT])},
+                "longest_ms": ms(r.max_ns),
+                "staller": r.staller.as_ref().map(|s| json!({"pid": s.pid, "tid": s.tid, "comm": s.comm, "kind": kind_name(s.kind)})),
+                "memcg": memcg.map(|m| json!({"path": m.path, "limit_bytes": m.limit_bytes, "usage_bytes": m.usage_bytes})),
+                "sampled_share": sampled,
+                "allocating_paths": paths.iter().map(|(p, n)| json!({"path": p, "samples": n})).collect::<Vec<_>>(),
+            }),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{detect::CpuSecond, model::Stack};
+
+    fn tick(kernel: &[&str]) -> Tick {
+        let frames: Vec<Arc<str>> = ["dd"].iter().chain(kernel).map(|f| Arc::from(*f)).collect();
+        Tick { stack: Arc::new(Stack::new(frames, 1)), pid: 4242, comm: Arc::from("dd"), workload: Arc::from("") }
+    }
+
+    fn second(r: ReclaimSecond) -> Second {
+        let reclaiming = tick(&[
+            "do_syscall_64",
+            "ksys_write",
+            "generic_perform_write",
+            "try_charge_memcg",
+            "try_to_free_mem_cgroup_pages",
+            "shrink_node",
+        ]);
+        let mut busy: Vec<Tick> = (0..30).map(|_| reclaiming.clone()).collect();
+        busy.extend((0..70).map(|_| tick(&["do_syscall_64", "ksys_write", "copy_page_from_iter"])));
+        Second {
+            start_ns: 0,
+            cpus: vec![CpuSecond::default(), CpuSecond { busy, reclaim: Some(r), ..Default::default() }],
+        }
+    }
+
+    fn stalls(ns: u64) -> ReclaimSecond {
+        ReclaimSecond {
+            count: [0, 400, 0],
+            ns: [0, ns, 0],
+            max_ns: 14_600_000,
+            staller: Some(StallerInfo {
+                kind: MEMCG,
+                pid: 4242,
+                tid: 4242,
+                comm: "dd".into(),
+                memcg: Some(Memcg { path: "/rtest".into(), limit_bytes: Some(16 << 20), usage_bytes: Some(16 << 20) }),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_cpu_stalled_in_memcg_reclaim_names_the_cgroup_and_the_allocating_path() {
+        let out = evaluate(&VecDeque::from([second(stalls(180_000_000))]), &Thresholds::default());
+        assert_eq!(out.len(), 1);
+        let s = &out[0].summary;
+        assert!(
+            s.starts_with("CPU 1: its tasks stalled 180 ms in memory-cgroup reclaim in one second (400 stalls, longest 14.6 ms: dd (pid 4242)) in memory cgroup /rtest (16.0 MiB of its 16.0 MiB limit); sampled over 1 s: 30 % of the CPU in reclaim code, under generic_perform_write ← ksys_write ← do_syscall_64"),
+            "{s}"
+        );
+        assert!(s.contains("look next: the limit of /rtest"), "{s}");
+        assert_eq!(out[0].evidence["memcg"]["path"], "/rtest");
+    }
+
+    #[test]
+    fn a_little_reclaim_is_quiet() {
+        assert!(evaluate(&VecDeque::from([second(stalls(40_000_000))]), &Thresholds::default()).is_empty());
+    }
+
+    #[test]
+    fn the_memory_cgroup_is_read_from_v1_and_v2_lines() {
+        let v1 = "12:memory:/kubepods/pod1/abc\n11:cpu,cpuacct:/kubepods/pod1/abc\n0::/init.scope\n";
+        assert_eq!(parse_memcg(v1), Some(("/kubepods/pod1/abc".into(), true)));
+        assert_eq!(parse_memcg("0::/system.slice/x.service\n"), Some(("/system.slice/x.service".into(), false)));
+        assert_eq!(parse_memcg("3:cpu:/a\n"), None);
+    }
+
+    #[test]
+    fn the_tracker_reports_growth() {
+        let mut t = Tracker::default();
+        let cpu = |ns: u64| ReclaimCpu { count: [0, ns / 1000, 0], ns: [0, ns, 0], max_ns: 0, staller: None };
+        assert_eq!(t.update(vec![cpu(5_000)])[0].1.ns[MEMCG], 5_000);
+        let second = t.update(vec![cpu(8_000)]);
+        assert_eq!((second[0].1.ns[MEMCG], second[0].1.count[MEMCG]), (3_000, 3));
+        // Nothing new: nothing reported.
+        assert!(t.update(vec![cpu(8_000)]).is_empty());
+    }
+}

@@ -1,0 +1,120 @@
+//! Detector 8 on this kernel: two writers rewriting 256 MB files from a memory cgroup limited
+//! to 16 MiB keep charging page cache over the limit, so the kernel reclaims the cgroup on
+//! almost every write (memory-cgroup reclaim): a reclaim-stall finding names the CPU, `dd`, the
+//! cgroup with its usage and limit, and what to look at next. The same writers without the
+//! limit (their page cache fits in memory) raise nothing.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use integration_tests::{Daemon, Kill, now_secs, privileged, profiler, status_json, wait_for_every};
+use serde_json::Value;
+
+const MEMCG_ROOT: &str = "/sys/fs/cgroup/memory";
+
+fn reclaim_findings(dir: &str) -> Vec<Value> {
+    let out = profiler(&["findings", "--data-dir", dir, "--from", "-15m", "--format", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).expect("findings json");
+    all.into_iter().filter(|f| f["kind"] == "reclaim-stall").collect()
+}
+
+/// A memory cgroup for the test, removed (its tasks killed first) when dropped.
+struct Memcg(PathBuf);
+
+impl Drop for Memcg {
+    fn drop(&mut self) {
+        if let Ok(pids) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+            for pid in pids.lines().filter_map(|p| p.parse::<i32>().ok()) {
+                // SAFETY: killing the test's own writers.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.0).is_err() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A shell rewriting a 256 MB file in place, forever; in `cgroup` when given.
+fn writer(file: &Path, cgroup: Option<&Path>) -> Kill {
+    let join = cgroup.map_or(String::new(), |c| format!("echo $$ > {}/cgroup.procs; ", c.display()));
+    let script = format!(
+        "{join}while :; do dd if=/dev/zero of={} bs=1M count=256 conv=notrunc status=none; done",
+        file.display()
+    );
+    Kill(Command::new("sh").args(["-c", &script]).spawn().expect("spawn a writer"))
+}
+
+#[test]
+fn writers_held_at_a_memory_cgroup_limit_stall_in_reclaim_and_unlimited_ones_do_not() {
+    if !privileged("writers_held_at_a_memory_cgroup_limit_stall_in_reclaim_and_unlimited_ones_do_not") {
+        return;
+    }
+    if !Path::new(MEMCG_ROOT).join("memory.limit_in_bytes").exists() {
+        integration_tests::skip(
+            "no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory (the scenario sets a v1 limit)",
+        );
+        return;
+    }
+    let files = tempfile::tempdir_in("/var/tmp").expect("tempdir on disk");
+    let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
+    let dir = data.to_str().unwrap();
+
+    // Healthy: the same writes with room for their page cache.
+    let start = now_secs();
+    let healthy: Vec<Kill> = (0..2).map(|i| writer(&files.path().join(format!("free{i}")), None)).collect();
+    std::thread::sleep(Duration::from_secs(10));
+    drop(healthy);
+    let judged = start + 10.0;
+    wait_for_every("the store to pass the unlimited run", Duration::from_secs(30), Duration::from_millis(250), || {
+        let end = status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
+        (end > judged + 3.0).then_some(())
+    });
+    let quiet = reclaim_findings(dir);
+    assert!(quiet.is_empty(), "writers with room for their page cache raised: {quiet:#?}");
+
+    // Held at 16 MiB.
+    let name = format!("profiler-test-reclaim-{}", std::process::id());
+    let cgroup = Memcg(Path::new(MEMCG_ROOT).join(&name));
+    std::fs::create_dir(&cgroup.0).expect("create the memory cgroup");
+    std::fs::write(cgroup.0.join("memory.limit_in_bytes"), (16u64 << 20).to_string()).expect("set its limit");
+    let start = now_secs();
+    let _writers: Vec<Kill> = (0..2).map(|i| writer(&files.path().join(format!("held{i}")), Some(&cgroup.0))).collect();
+    let (f, seen) =
+        wait_for_every("a reclaim-stall finding", Duration::from_secs(30), Duration::from_millis(250), || {
+            reclaim_findings(dir).into_iter().next().map(|f| (f, now_secs()))
+        });
+    // Its figures are rewritten while it lasts: wait for the samples to show what allocated.
+    let sampled = wait_for_every(
+        "a reclaim-stall finding with the sampled allocating paths",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || {
+            reclaim_findings(dir)
+                .into_iter()
+                .find(|f| f["evidence"]["allocating_paths"].as_array().is_some_and(|p| !p.is_empty()))
+        },
+    );
+    let summary = f["summary"].as_str().unwrap_or_default();
+    eprintln!("reclaim-stall after {:.1} s: {summary}", seen - start);
+    assert!(summary.contains(" ms in memory-cgroup reclaim in one second ("), "{f}");
+    assert!(summary.contains("dd (pid"), "{f}");
+    assert!(
+        summary.contains(&format!("in memory cgroup /{name} (")) && summary.contains("of its 16.0 MiB limit"),
+        "{f}"
+    );
+    assert!(summary.contains(&format!("look next: the limit of /{name}")), "{f}");
+    assert!(f["cpu"].is_u64(), "{f}");
+    // What allocated is named past the allocator's own frames (a write path, here).
+    let paths = sampled["evidence"]["allocating_paths"].to_string();
+    assert!(!paths.contains("charge_memcg") && paths.contains("write"), "{paths}");
+    assert!(f["evidence"]["stalled_ms_per_second"].as_f64().unwrap() >= 100.0, "{f}");
+    drop(_writers);
+    drop(cgroup);
+    assert!(daemon.stop().success());
+}
