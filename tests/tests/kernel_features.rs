@@ -27,5 +27,5 @@ fn the_probe_finds_every_feature_of_this_kernel_and_every_tracepoint_group_attac
     assert!(probed.contains("missing=0"), "a feature this kernel has was judged missing: {probed}\n{log}");
     assert!(!log.contains("this kernel lacks"), "{log}");
     let attached = log.lines().find(|l| l.contains("tracepoint detectors")).expect("a `tracepoint detectors` line");
-    assert!(attached.contains("attached=NET_RX/NAPI,cgroup,exec"), "{attached}");
+    assert!(attached.contains("attached=NET_RX/NAPI,runq,reclaim,cgroup,exec"), "{attached}");
 }

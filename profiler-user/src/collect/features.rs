@@ -138,6 +138,20 @@ pub const FEATURES: &[Feature] = &[
         probe: Probe::Tracepoint("cgroup", "cgroup_release"),
     },
     Feature {
+        name: "tracepoints sched:sched_wakeup/sched_switch",
+        since: (2, 6),
+        used_for: "the run-queue starvation detector",
+        without: Some("no run-queue starvation detection"),
+        probe: Probe::Tracepoint("sched", "sched_switch"),
+    },
+    Feature {
+        name: "tracepoints vmscan:mm_vmscan_memcg_reclaim_begin/end",
+        since: (2, 6),
+        used_for: "the reclaim-stall detector",
+        without: Some("no reclaim-stall detection"),
+        probe: Probe::Tracepoint("vmscan", "mm_vmscan_memcg_reclaim_begin"),
+    },
+    Feature {
         name: "tracepoint sched:sched_process_exec",
         since: (3, 4),
         used_for: "reading a new program's mappings at exec",

@@ -338,7 +338,7 @@ impl Collector {
         }
         let attached: Vec<&str> = [
             ("NET_RX/NAPI", netrx_ok.is_ok()),
-            ("run queue", runq_ok.is_ok()),
+            ("runq", runq_ok.is_ok()),
             ("reclaim", reclaim_ok.contains(&true)),
             ("cgroup", cgroup_ok.is_ok()),
             ("exec", exec_ok.is_ok()),

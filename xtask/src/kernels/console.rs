@@ -109,7 +109,7 @@ fn fail(check: &'static str, detail: impl Into<String>) -> Verdict {
 }
 
 /// The tracepoint groups the daemon must report attached.
-pub const TRACEPOINT_GROUPS: [&str; 3] = ["NET_RX/NAPI", "cgroup", "exec"];
+pub const TRACEPOINT_GROUPS: [&str; 5] = ["NET_RX/NAPI", "runq", "reclaim", "cgroup", "exec"];
 
 pub fn evaluate(console: &Console, expect: &Expect) -> Verdict {
     match &console.release {
@@ -289,7 +289,7 @@ mod tests {
             "@@KT end cputime rc=0",
             "@@KT begin daemon-log",
             "2026-11-23T17:00:00Z  INFO profiler::collect: kernel features probed kernel=6.1.0 missing=0",
-            "2026-11-23T17:00:00Z  INFO profiler::collect: tracepoint detectors attached=NET_RX/NAPI,cgroup,exec",
+            "2026-11-23T17:00:00Z  INFO profiler::collect: tracepoint detectors attached=NET_RX/NAPI,runq,reclaim,cgroup,exec",
             "@@KT end daemon-log rc=0",
             "@@KT done",
         ]
@@ -337,7 +337,10 @@ mod tests {
         assert_eq!(failed_check(with("@@KT kernel 6.1.0-56-cloud-amd64", "@@KT kernel 6.1.0-56-amd64")), "boot");
         assert_eq!(failed_check(with("@@KT done", "")), "script");
         assert_eq!(failed_check(with("kernel features probed", "x")), "feature probe");
-        assert_eq!(failed_check(with("NET_RX/NAPI,cgroup,exec", "cgroup,exec")), "tracepoints");
+        assert_eq!(
+            failed_check(with("NET_RX/NAPI,runq,reclaim,cgroup,exec", "NET_RX/NAPI,cgroup,exec")),
+            "tracepoints"
+        );
         assert_eq!(failed_check(with("end health rc=0", "end health rc=1")), "commands");
         assert_eq!(failed_check(with("1500 samples", "700 samples")), "sampling");
         assert_eq!(failed_check(with("3 lost", "30 lost")), "ring buffer");
