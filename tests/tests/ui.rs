@@ -543,6 +543,32 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         assert!(opened[3].as_str().unwrap().contains(&window), "{opened}");
         assert!(opened[4].as_str().unwrap().contains(&format!("to={f_end:.3}")), "{opened}");
 
+        // A clicked frame filters everything by it: only the stacks through it, in every chart.
+        let offered = client
+            .execute(
+                "document.querySelector('#flamegraph [data-name=profiler_test_hot_loop]').click(); \
+                 return [...document.querySelectorAll('#picked button')].map((b) => b.textContent)",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert!(offered.to_string().contains("only stacks through profiler_test_hot_loop"), "{offered}");
+        assert!(offered.to_string().contains("only process busy-helper"), "{offered}");
+        client.execute("document.querySelector('#picked button').click()", vec![]).await.unwrap();
+        let filtered = until(
+            "the charts filtered by the clicked frame",
+            "const f = document.getElementById('flamegraph'), S = window.profilerUI.state; \
+             return (f.dataset.query || '').includes('function=profiler_test_hot_loop') \
+                 && (document.getElementById('heatmap').dataset.query || '').includes('function=profiler_test_hot_loop') \
+                 && S.tree && f.querySelector('[data-name=profiler_test_hot_loop]') \
+                 ? [S.tree.children.map((c) => c.name), location.search, document.getElementById('function').value] : null"
+                .to_string(),
+        )
+        .await;
+        assert_eq!(filtered[0], serde_json::json!(["busy-helper"]), "only the spinner's stacks are left: {filtered}");
+        assert!(filtered[1].as_str().unwrap().contains("function=profiler_test_hot_loop"), "{filtered}");
+        assert_eq!(filtered[2], "profiler_test_hot_loop");
+
         // CPU x time stays fast at 192 CPUs: a 5-minute window of them drawn on the canvas.
         let ms = client
             .execute(

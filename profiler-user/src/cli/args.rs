@@ -143,6 +143,10 @@ pub struct FilterArgs {
     /// TIMER, RCU, ...). Softirq samples carry a `[softirq:NAME]` frame.
     #[arg(long, value_name = "task|softirq[:NAME]")]
     pub context: Option<profiler::context::ContextFilter>,
+    /// Only stacks through a frame of this exact function name (as the flamegraph shows it,
+    /// without the `_[k]` of kernel frames).
+    #[arg(long, value_name = "NAME")]
+    pub function: Option<String>,
 }
 
 impl FilterArgs {
@@ -158,6 +162,7 @@ impl FilterArgs {
                 unit: self.unit,
             },
             context: self.context,
+            function: self.function,
             include_idle: false,
         }
     }

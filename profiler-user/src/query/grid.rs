@@ -89,11 +89,7 @@ pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &F
         recorded: vec![0; columns],
     };
     // Summaries count every sample: any filter, the context one included, needs the samples.
-    let unfiltered = filter.cpus.is_empty()
-        && filter.pid.is_none()
-        && filter.comm.is_none()
-        && filter.workload.is_empty()
-        && filter.context.is_none();
+    let unfiltered = filter.keeps_everything();
     // The 10 ms buckets the window covers whole come from summaries; only the slivers at its
     // edges (under 10 ms each) decode samples. A window of days costs no sample decoding.
     let inner = (window.from_ns.div_ceil(BUCKET_NS) * BUCKET_NS, window.to_ns / BUCKET_NS * BUCKET_NS);

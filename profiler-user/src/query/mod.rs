@@ -57,6 +57,9 @@ pub struct Filter {
     pub workload: crate::identity::Filter,
     /// Task or softirq context (`--context`), from each stack's marker (`crate::context`).
     pub context: Option<ContextFilter>,
+    /// Only stacks through a frame of this exact name (`--function`; the page's "only stacks
+    /// through this frame").
+    pub function: Option<String>,
     pub include_idle: bool,
 }
 
@@ -72,7 +75,18 @@ impl Filter {
             && self.pid.is_none_or(|p| p == 0)
             && self.comm.is_none()
             && self.workload.is_empty()
+            && self.function.is_none()
             && self.context.is_none_or(|c| c == ContextFilter::Task)
+    }
+
+    /// Whether every sample passes (the summaries' fast paths need no sample then).
+    pub(crate) fn keeps_everything(&self) -> bool {
+        self.cpus.is_empty()
+            && self.pid.is_none()
+            && self.comm.is_none()
+            && self.workload.is_empty()
+            && self.context.is_none()
+            && self.function.is_none()
     }
 
     fn describe(&self) -> String {
@@ -96,6 +110,9 @@ impl Filter {
         if let Some(c) = self.context {
             parts.push(format!("--context {c}"));
         }
+        if let Some(f) = &self.function {
+            parts.push(format!("--function {f}"));
+        }
         if parts.is_empty() { "the filters".into() } else { parts.join(" ") }
     }
 }
@@ -112,6 +129,10 @@ pub(crate) struct Matcher<'f> {
     /// With a context filter: whether it keeps each stack node seen so far (derived once per
     /// interned stack, not once per sample).
     contexts: std::cell::RefCell<rustc_hash::FxHashMap<u32, bool>>,
+    /// With a function filter: its string id (`Some(None)`: not in this dictionary, so no
+    /// stack of the block passes), and per stack node seen, whether the stack passes through it.
+    function: Option<Option<u32>>,
+    through: std::cell::RefCell<rustc_hash::FxHashMap<u32, bool>>,
 }
 
 impl Filter {
@@ -121,7 +142,16 @@ impl Filter {
             let keeps = |s: &String| crate::identity::workloads::decode(s).is_some_and(|w| w.matches(&self.workload));
             dict.strings.iter().enumerate().filter(|(_, s)| keeps(s)).map(|(i, _)| i as u32).collect()
         });
-        Matcher { filter: self, dict, comm, workloads, contexts: Default::default() }
+        let function = self.function.as_deref().map(|f| dict.strings.iter().position(|s| s == f).map(|i| i as u32));
+        Matcher {
+            filter: self,
+            dict,
+            comm,
+            workloads,
+            contexts: Default::default(),
+            function,
+            through: Default::default(),
+        }
     }
 }
 
@@ -133,6 +163,24 @@ impl Matcher<'_> {
             && self.comm.is_none_or(|id| id == Some(s.comm[i]))
             && self.workloads.as_ref().is_none_or(|ids| s.workload(i).is_some_and(|w| ids.binary_search(&w).is_ok()))
             && self.filter.context.is_none_or(|c| self.context_keeps(c, s.stack[i]))
+            && self.function.is_none_or(|f| f.is_some_and(|id| self.passes_through(id, s.stack[i])))
+    }
+
+    /// Whether the stack ending at `node` has a frame named by string `id`.
+    fn passes_through(&self, id: u32, node: u32) -> bool {
+        *self.through.borrow_mut().entry(node).or_insert_with(|| {
+            let (mut n, mut steps) = (node as usize, 0);
+            while let Some(cur) =
+                self.dict.nodes.get(n).filter(|_| n != 0 && steps < crate::store::format::MAX_STACK_FRAMES)
+            {
+                if cur.frame == id {
+                    return true;
+                }
+                n = cur.parent as usize;
+                steps += 1;
+            }
+            false
+        })
     }
 
     fn context_keeps(&self, filter: ContextFilter, stack: u32) -> bool {

@@ -47,6 +47,7 @@ proptest! {
         cpus in prop::collection::vec(0u32..4, 0..3),
         pid in prop::option::of(1u32..5),
         comm in prop::option::of(prop::sample::select(vec!["app", "db", "semi;colon"])),
+        function in prop::option::of(prop::sample::select(vec!["main", "a;b", "vfs_read", "absent"])),
     ) {
         let dir = tempfile::tempdir().unwrap();
         crate::store::create_and_lock(dir.path()).unwrap();
@@ -60,7 +61,13 @@ proptest! {
         w.flush(T0).unwrap();
         let mut store = Store::open(dir.path()).unwrap();
         let window = Window::new(T0 + from_us * 1000, T0 + (from_us + len_us) * 1000).unwrap();
-        let filter = Filter { cpus, pid, comm: comm.map(String::from), workload: Default::default(), context: None, include_idle: false };
+        let filter = Filter {
+            cpus,
+            pid,
+            comm: comm.map(String::from),
+            function: function.map(String::from),
+            ..Default::default()
+        };
         let want = super::tests::naive(&samples, window, &filter);
         match fold(&mut store, window, &filter) {
             Ok(got) => prop_assert_eq!(got.stacks, want),

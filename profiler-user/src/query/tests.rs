@@ -87,6 +87,7 @@ pub(super) fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::Fx
             && f.comm.as_deref().is_none_or(|c| c == &*s.comm)
             && (f.workload.is_empty()
                 || crate::identity::workloads::decode(&s.workload).is_some_and(|w| w.matches(&f.workload)))
+            && f.function.as_deref().is_none_or(|name| s.stack.frames.iter().any(|fr| &**fr == name))
     }) {
         let mut line = s.comm.replace(';', ":");
         for (i, fr) in s.stack.frames.iter().enumerate() {

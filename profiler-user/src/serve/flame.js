@@ -11,7 +11,7 @@ async function showFlamegraph(a, b) {
     const r = await get("/api/flamegraph", q);
     S.tree = await r.json(); S.zoom = null; S.truncated = r.headers.get("x-profiler-truncated");
     S.range = [a, b]; $("baseline").disabled = false;
-    drawFlame(); drawTop();
+    showPicked(null); drawFlame(); drawTop();
   } catch (e) {
     S.tree = null;
     const p = document.createElement("p"); p.className = "err";
@@ -75,10 +75,31 @@ function drawFlame() {
     f.addEventListener("click", () => {
       const path = d < zoom.length ? zoom.slice(0, d + 1) : [...zoom, ...pathTo(focus, n)];
       S.zoom = path.length > 1 ? path : null; drawFlame();
+      showPicked({ name: n.name, depth: path.length - 1, comm: path[1] && path[1].name });
     });
     return f;
   }));
   $("matched").textContent = re ? `matched ${((matched / root.value) * 100).toFixed(1)} % (${matched} of ${root.value} samples)` : `${root.value} samples` + (S.truncated ? ` — ${S.truncated}` : "");
+}
+
+// A clicked frame offers to filter everything by it: only the stacks through it (the function
+// filter) or only its process (the first frame under the root is the process name). Either
+// reloads every chart with the filter, which the URL keeps.
+function showPicked(p) {
+  const el = $("picked");
+  el.replaceChildren();
+  if (!p || p.depth < 1) return;
+  const offer = (label, title, apply) => {
+    const b = document.createElement("button");
+    b.type = "button"; b.textContent = label; b.title = title;
+    b.addEventListener("click", () => { apply(); el.replaceChildren(); writeURL(true); load(); });
+    el.appendChild(b);
+  };
+  if (p.depth >= 2) {
+    const fn = p.name.replace(/_\[k\]$/, "");
+    offer(`only stacks through ${fn}`, "every chart and the flamegraph keep only samples whose stack has this function", () => { $("function").value = fn; });
+  }
+  if (p.comm) offer(`only process ${p.comm}`, "every chart and the flamegraph keep only this process", () => { $("comm").value = p.comm; });
 }
 
 function pathTo(from, target) {

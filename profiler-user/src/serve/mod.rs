@@ -109,6 +109,8 @@ pub struct Params {
     unit: Option<String>,
     /// `task`, `softirq` or `softirq:NAME`.
     context: Option<String>,
+    /// Only stacks through a frame of this exact name.
+    function: Option<String>,
     rows: Option<u32>,
     bucket: Option<String>,
     format: Option<String>,
@@ -175,7 +177,15 @@ impl Params {
             unit: given(&self.unit),
         };
         let context = given(&self.context).map(|c| c.parse().map_err(bad)).transpose()?;
-        Ok(Filter { cpus, pid: self.pid, comm: self.comm.clone(), workload, context, include_idle: false })
+        Ok(Filter {
+            cpus,
+            pid: self.pid,
+            comm: self.comm.clone(),
+            workload,
+            context,
+            function: given(&self.function),
+            include_idle: false,
+        })
     }
 }
 

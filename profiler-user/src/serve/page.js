@@ -3,7 +3,7 @@
 // findings and kernel events as marks on it, and the flamegraph of the selected range
 // (flame.js). The state lives in the address's query, the API token never does.
 const $ = (id) => document.getElementById(id);
-const FIELDS = ["from", "to", "cpu", "pod", "namespace", "container", "unit", "comm"];
+const FIELDS = ["from", "to", "cpu", "pod", "namespace", "container", "unit", "comm", "function"];
 const LEFT = 70; // px left of every plot (labels); the time axes start there, so all align.
 
 // The token comes in the fragment of the address `profiler ui` prints (a fragment is never
