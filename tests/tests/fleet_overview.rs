@@ -310,7 +310,9 @@ fn fleet_sql_runs_on_current_clickhouse() {
     };
     let mut statements =
         schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800), codecs: true });
-    let t = 1_795_000_000 * SEC;
+    // Rows of a minute ago: the tables' 7-day TTL would drop a fixed date's rows once it is a
+    // week old (1_795_000_000 s expired on 2026-11-25), in a background merge, at random.
+    let t = (integration_tests::now_secs() as u64 - 60) * SEC;
     statements.extend([
         "INSERT INTO p.nodes VALUES ('n1', 2, 99, '0-1', 'h', 1)".to_string(),
         format!(

@@ -579,7 +579,7 @@ function ctPoint(row, k) {
   const { g, rh } = ctInfo(), r = $("ct").getBoundingClientRect(), t = g.first_ns / 1e9 + ((k + 0.5) * g.bucket_ns) / 1e9;
   return { x: r.left + LEFT + X(t), y: r.top + row * rh + rh / 2 };
 }
-window.profilerUI = { cellPoint, cellText, ctPoint, loadCounters, redraw, state: S, X: (t) => X(t) };
+window.profilerUI = { cellPoint, cellText, ctPoint, loadCounters, redraw, select, state: S, X: (t) => X(t) };
 
 readURL();
 if (hashToken) writeURL(false); // drops the token from the address
