@@ -128,6 +128,11 @@ fn a_64_cpu_hour_loads_and_selects_within_its_goals() {
             client.goto(&format!("http://127.0.0.1:{port}/?from={from}&to={to}#token={token}")).await.unwrap();
             until("return window.profilerUI && window.profilerUI.state.grid ? true : null", Duration::from_secs(30)).await;
             let heatmap = opened.elapsed();
+            let redraw = client
+                .execute("const a = performance.now(); window.profilerUI.redraw(); return performance.now() - a", vec![])
+                .await
+                .unwrap();
+            eprintln!("a redraw of both charts: {:.0} ms", redraw.as_f64().unwrap_or(0.0));
             // A 10 s selection in the middle of the hour, all 64 CPUs.
             let (a, b) = (from + 1800, from + 1810);
             let selected = Instant::now();
@@ -137,6 +142,15 @@ fn a_64_cpu_hour_loads_and_selects_within_its_goals() {
                 Duration::from_secs(30),
             )
             .await;
+            let fetch = client
+                .execute(
+                    "const e = performance.getEntriesByType('resource').filter((e) => e.name.includes('/api/flamegraph')).pop(); \
+                     return e ? [e.responseStart - e.requestStart, e.responseEnd - e.responseStart] : null",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            eprintln!("flamegraph request: server {:.0} ms, transfer {:.0} ms", fetch[0].as_f64().unwrap_or(0.0), fetch[1].as_f64().unwrap_or(0.0));
             runs.push((heatmap, selected.elapsed()));
         }
         let weight = client

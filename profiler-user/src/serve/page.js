@@ -119,6 +119,21 @@ function canvas(el, w, h) {
 }
 const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 
+// The charts' cells are drawn once per data, window, size and theme into an offscreen canvas;
+// a selection, the cursor or the anchor only re-composite it over that (a 64-CPU hour's cells
+// took ~350 ms to draw, and every selection redrew them).
+const layers = new Map();
+function layer(name, key, w, h, draw) {
+  const hit = layers.get(name);
+  if (hit && hit.key.length === key.length && hit.key.every((v, j) => v === key[j])) return hit.canvas;
+  const off = document.createElement("canvas"), r = window.devicePixelRatio || 1;
+  off.width = Math.round(w * r); off.height = Math.round(h * r);
+  const c = off.getContext("2d"); c.setTransform(r, 0, 0, r, 0, 0);
+  draw(c);
+  layers.set(name, { key, canvas: off });
+  return off;
+}
+
 function heat(v, max) {
   if (!v || !max) return palette ? palette.empty : css("--empty");
   const x = Math.sqrt(v / max), l = (a, b, t) => Math.round(a + (b - a) * t);
@@ -175,25 +190,33 @@ function cellPoint(c, i) {
 function drawHeatmap() {
   const { g, k, rows, ch } = gridInfo(), d = S.dom, h = rows * ch;
   const c = canvas($("hm"), d.w, h);
-  c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, h);
-  (g.gaps || []).forEach((ci) => {
-    const x0 = X(g.first_second + g.columns[ci]);
-    hatch(c, x0, X(g.first_second + g.columns[ci] + k) - x0, h);
+  const base = layer("hm", [g, d.w, h, d.t0, d.t1, css("--empty")], d.w, h, (c) => {
+    c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, h);
+    (g.gaps || []).forEach((ci) => {
+      const x0 = X(g.first_second + g.columns[ci]);
+      hatch(c, x0, X(g.first_second + g.columns[ci] + k) - x0, h);
+    });
+    g.values.forEach((col, ci) => {
+      const x0 = X(g.first_second + g.columns[ci]), x1 = X(g.first_second + g.columns[ci] + k);
+      col.forEach((v, i) => { if (v) { c.fillStyle = heat(v, g.maxvalue); c.fillRect(x0, i * ch, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), ch - (ch > 4 ? 1 : 0)); } });
+    });
   });
-  g.values.forEach((col, ci) => {
-    const x0 = X(g.first_second + g.columns[ci]), x1 = X(g.first_second + g.columns[ci] + k);
-    col.forEach((v, i) => { if (v) { c.fillStyle = heat(v, g.maxvalue); c.fillRect(x0, i * ch, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), ch - (ch > 4 ? 1 : 0)); } });
-  });
+  c.drawImage(base, 0, 0, d.w, h);
   if (S.sel) {
     const [a, b] = S.sel, sp = cellSpan();
     c.strokeStyle = css("--sel-line"); c.fillStyle = css("--sel"); c.lineWidth = 1;
-    g.values.forEach((col, ci) => col.forEach((_, i) => {
-      const t = cellTime(ci, i);
-      if (t + sp > a + 1e-6 && t < b - 1e-6) {
-        const x0 = X(g.first_second + g.columns[ci]), x1 = X(g.first_second + g.columns[ci] + k);
-        c.fillRect(x0, i * ch, x1 - x0, ch);
-      }
-    }));
+    g.values.forEach((col, ci) => {
+      // Only the columns the selection reaches (a column spans k seconds).
+      const t0 = g.first_second + g.columns[ci];
+      if (t0 + k <= a || t0 >= b) return;
+      col.forEach((_, i) => {
+        const t = cellTime(ci, i);
+        if (t + sp > a + 1e-6 && t < b - 1e-6) {
+          const x0 = X(t0), x1 = X(t0 + k);
+          c.fillRect(x0, i * ch, x1 - x0, ch);
+        }
+      });
+    });
   }
   if (S.anchor) {
     const [ci, i] = S.anchor, x0 = X(g.first_second + g.columns[ci]);
@@ -318,24 +341,27 @@ function drawCputime() {
   const { g, n, rh } = ctInfo(), d = S.dom, h = n * rh;
   const el = $("ct"), c = canvas(el, LEFT + d.w, h);
   el.style.marginLeft = "0";
-  c.fillStyle = css("--empty"); c.fillRect(LEFT, 0, d.w, h);
-  const every = Math.ceil(11 / rh);
-  c.font = "11px system-ui, sans-serif"; c.textAlign = "right"; c.textBaseline = "middle"; c.fillStyle = css("--muted");
   const cols = g.busy.length ? g.busy[0].length : 0, b0 = g.first_ns / 1e9, bs = g.bucket_ns / 1e9;
-  palette = { empty: css("--empty"), u: css("--user").split(",").map(Number), k: css("--kernel").split(",").map(Number) };
-  const muted = css("--muted");
-  g.cpus.forEach((cpu, row) => {
-    if (row % every === 0) { c.fillStyle = muted; c.fillText("CPU " + cpu, LEFT - 6, row * rh + rh / 2); }
-    for (let k = 0; k < cols; k++) {
-      const b = g.busy[row][k];
-      if (!b) continue;
-      const x0 = LEFT + X(b0 + k * bs), x1 = LEFT + X(b0 + (k + 1) * bs);
-      if (x1 < LEFT || x0 > LEFT + d.w) continue;
-      c.fillStyle = ctColor(b, g.kernel[row][k]);
-      c.fillRect(Math.max(LEFT, x0), row * rh, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), rh - (rh > 5 ? 1 : 0));
-    }
+  const base = layer("ct", [g, d.w, h, d.t0, d.t1, css("--empty")], LEFT + d.w, h, (c) => {
+    c.fillStyle = css("--empty"); c.fillRect(LEFT, 0, d.w, h);
+    const every = Math.ceil(11 / rh);
+    c.font = "11px system-ui, sans-serif"; c.textAlign = "right"; c.textBaseline = "middle"; c.fillStyle = css("--muted");
+    palette = { empty: css("--empty"), u: css("--user").split(",").map(Number), k: css("--kernel").split(",").map(Number) };
+    const muted = css("--muted");
+    g.cpus.forEach((cpu, row) => {
+      if (row % every === 0) { c.fillStyle = muted; c.fillText("CPU " + cpu, LEFT - 6, row * rh + rh / 2); }
+      for (let k = 0; k < cols; k++) {
+        const b = g.busy[row][k];
+        if (!b) continue;
+        const x0 = LEFT + X(b0 + k * bs), x1 = LEFT + X(b0 + (k + 1) * bs);
+        if (x1 < LEFT || x0 > LEFT + d.w) continue;
+        c.fillStyle = ctColor(b, g.kernel[row][k]);
+        c.fillRect(Math.max(LEFT, x0), row * rh, Math.max(1, x1 - x0 - (x1 - x0 > 4 ? 1 : 0)), rh - (rh > 5 ? 1 : 0));
+      }
+    });
+    palette = null;
   });
-  palette = null;
+  c.drawImage(base, 0, 0, LEFT + d.w, h);
   for (const f of S.findings) {
     const row = g.cpus.indexOf(f.cpu);
     if (row < 0) continue;
