@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use profiler::{
     detect,
-    export::{cputime, flamegraph, heatmap, report},
+    export::{cputime, heatmap, report},
     query::{self, Filter, Window},
     store::{Meta, Store},
     timespec,
@@ -58,43 +58,54 @@ fn report(
     let meta = Meta::read(data_dir);
     let (cpus, hz) = Meta::cpus_and_frequency(data_dir);
     let events = detect::log::events_in(data_dir, w.from_ns, w.to_ns)?;
-    let mut heat = Vec::new();
     let grid = query::subsecond_grid(store, w, 50, &Filter::default())?;
-    heatmap::write_png(&grid, &mut heat)?;
-    let mut cpu = Vec::new();
-    let bucket = ((w.to_ns - w.from_ns) / 600).max(1_000_000_000) / 1_000_000_000 * 1_000_000_000;
-    let ct = query::cpu_time(store, w, bucket, cpus, hz)?;
-    cputime::write_svg(&ct, found, "CPU x time", &mut cpu)?;
+    let mut heat = Vec::new();
+    heatmap::write_json_with(&grid, true, &mut heat)?;
+    // The page's own bucket (1 s), widened by the cell budget for long windows.
+    let ct = query::cpu_time(store, w, 1_000_000_000, cpus, hz)?;
+    let cputime = serde_json::to_value(cputime::json(&ct, found))?;
+    let counters =
+        serde_json::to_value(profiler::store::counters::read(data_dir, w.from_ns, w.to_ns, &Default::default())?)?;
     let mut flamegraphs = Vec::new();
-    let mut flame = |title: String, win: Window, filter: Filter, store: &mut Store| -> anyhow::Result<()> {
+    let mut flame = |caption: String, win: Window, cpu: Option<u32>, store: &mut Store| -> anyhow::Result<()> {
+        let filter = Filter { cpus: cpu.into_iter().collect(), ..Default::default() };
         match query::fold(store, win, &filter) {
             Ok(folded) => {
-                let mut svg = Vec::new();
-                let sub = format!("{} to {}", timespec::format(win.from_ns), timespec::format(win.to_ns));
-                flamegraph::write_svg(&folded, &title, &sub, &mut svg)?;
-                flamegraphs.push((title, svg));
+                let mut tree = Vec::new();
+                profiler::serve::tree::write(&folded, &mut tree)?;
+                flamegraphs.push(report::Flame { caption, from_ns: win.from_ns, to_ns: win.to_ns, cpu, tree });
             }
-            Err(e) => tracing::warn!(section = %title, error = %e, "report section left out"),
+            Err(e) => tracing::warn!(section = %caption, error = %e, "report section left out"),
         }
         Ok(())
     };
-    flame("Flamegraph of the whole window".into(), w, Filter::default(), store)?;
-    for (f, &win) in found.iter().zip(windows) {
-        let filter = Filter { cpus: f.cpu.into_iter().collect(), ..Default::default() };
-        flame(format!("{}: {}", f.id, f.summary), win, filter, store)?;
+    flame("the whole window, all CPUs".into(), w, None, store)?;
+    // A finding's own span on its CPU: what the page asks for when its mark is clicked (the
+    // store was read 5 s before it to 1 s after, `windows`, for the heatmap around it).
+    for (f, win) in found.iter().zip(windows) {
+        let end = f.end_ns.unwrap_or(win.to_ns).max(f.start_ns + 1_000_000);
+        flame(format!("{}: {}", f.id, f.summary), Window::new(f.start_ns, end)?, f.cpu, store)?;
     }
+    // Only what the window's data says: a report is read later, elsewhere, without the daemon.
+    let node = meta.as_ref().map(|m| if m.node.is_empty() { m.hostname.clone() } else { m.node.clone() });
+    let status = serde_json::json!({
+        "meta": {"node": node, "cpus": cpus, "frequency_hz": hz},
+        "summary": {"span": [w.from_ns, w.to_ns]},
+        "report": true,
+    });
     let r = report::Report {
-        title: format!("CPU profile of {}", meta.as_ref().map_or("this machine", |m| m.hostname.as_str())),
         from_ns: w.from_ns,
         to_ns: w.to_ns,
-        heatmap_png: heat,
-        cputime_svg: cpu,
+        status,
+        heatmap: heat,
+        cputime,
         findings: found.to_vec(),
         events,
+        counters,
         flamegraphs,
     };
     let mut out = open_output(Some(output))?;
-    report::write_html(&r, &mut out)?;
+    report::write_html(&r, &profiler::serve::page(), &mut out)?;
     out.finish()?;
     Ok(())
 }

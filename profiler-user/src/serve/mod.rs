@@ -5,7 +5,7 @@
 pub mod limits;
 mod listener;
 pub mod metrics;
-mod tree;
+pub mod tree;
 
 use std::{
     net::SocketAddr,
@@ -430,11 +430,13 @@ async fn metrics_api(State(s): State<Shared>) -> Result<Response, Failure> {
 }
 
 /// The page, its style and its script: three files to keep each readable, one answer so the
-/// page stays self-contained (no second request, nothing external).
-fn page() -> String {
+/// page stays self-contained (no second request, nothing external). `/*DATA*/` stays, before
+/// the script: `profiler report` puts its data there (`export::report`); the daemon's page
+/// has none (the placeholder is a comment).
+pub fn page() -> String {
     include_str!("page.html")
         .replace("/*STYLE*/", include_str!("page.css"))
-        .replace("/*SCRIPT*/", concat!(include_str!("page.js"), include_str!("flame.js")))
+        .replace("/*SCRIPT*/", concat!(include_str!("page.js"), include_str!("flame.js"), include_str!("report.js")))
 }
 
 async fn index() -> Response {

@@ -11,8 +11,10 @@ const LEFT = 70; // px left of every plot (labels); the time axes start there, s
 // copied into a ticket carries the state but not the token.
 const TOKEN_KEY = "profiler-token";
 const hashToken = new URLSearchParams(location.hash.slice(1)).get("token");
-if (hashToken) sessionStorage.setItem(TOKEN_KEY, hashToken);
-const token = hashToken || sessionStorage.getItem(TOKEN_KEY) || "";
+// A report opened from a file may have no storage (an opaque origin): it needs no token.
+const store = (() => { try { return sessionStorage; } catch (_) { return null; } })();
+if (hashToken && store) store.setItem(TOKEN_KEY, hashToken);
+const token = hashToken || (store && store.getItem(TOKEN_KEY)) || "";
 
 const S = { sel: null, anchor: null, grid: null, ct: null, dom: null, findings: [], events: [], cursor: null };
 
@@ -24,6 +26,7 @@ function params(extra) {
 }
 
 async function get(path, extra) {
+  if (window.PROFILER_REPORT) return fromReport(path, extra); // report.js
   for (let attempt = 0; ; attempt++) {
     const r = await fetch(path + "?" + params(extra), { headers: { "X-Profiler-Token": token } });
     // The daemon sheds load (503/429 with Retry-After): come back as told, twice at most.
@@ -47,13 +50,16 @@ function writeURL(push) {
   const url = location.pathname + "?" + p;
   // Zooms and jumps push (the browser's Back and ours return); other changes replace.
   const depth = (history.state && history.state.depth) || 0;
-  if (push) history.pushState({ depth: depth + 1 }, "", url); else history.replaceState({ depth }, "", url);
+  try {
+    if (push) history.pushState({ depth: depth + 1 }, "", url); else history.replaceState({ depth }, "", url);
+  } catch (_) { /* a report opened from a file: no address to keep the state in */ }
   $("back").disabled = !((history.state && history.state.depth) > 0);
 }
 
 function readURL() {
   const p = new URLSearchParams(location.search);
-  for (const k of FIELDS) $(k).value = p.get(k) ?? (k === "from" ? "-5m" : k === "to" ? "now" : "");
+  const fallback = (k) => (window.PROFILER_REPORT ? reportDefault(k) : k === "from" ? "-5m" : k === "to" ? "now" : "");
+  for (const k of FIELDS) $(k).value = p.get(k) ?? fallback(k);
   $("local").checked = p.get("tz") === "local";
   $("flameup").checked = p.get("view") === "flame";
   $("search").value = p.get("search") || "";
@@ -517,6 +523,11 @@ async function loadStatus() {
     if (s.span) $("h-span").textContent = `data ${full(s.span[0] / 1e9, false)} → ${clock(s.span[1] / 1e9, false)} (${span((s.span[1] - s.span[0]) / 1e9)})`;
     let lost = 0, all = 0;
     for (const c of Object.values(s.cpus || {})) { lost += c.lost; all += c.samples + c.idle + c.lost; }
+    if (st.report) {
+      $("h-lost").textContent = "";
+      $("h-health").textContent = "a report (profiler report): this window's data, read offline";
+      return;
+    }
     const lh = $("h-lost"); lh.textContent = `lost samples ${lost}${all ? ` (${((lost / all) * 100).toFixed(2)} %)` : ""}`;
     lh.className = all && lost / all > 0.01 ? "bad" : "";
     const hh = $("h-health"), problems = [];
