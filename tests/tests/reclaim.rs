@@ -1,6 +1,6 @@
 //! Detector 8 on this kernel: two writers rewriting 256 MB files from a memory cgroup limited
 //! to 16 MiB keep charging page cache over the limit, so the kernel reclaims the cgroup on
-//! almost every write (memory-cgroup reclaim): a reclaim-stall finding names the CPU, `dd`, the
+//! almost every write (memory-cgroup reclaim): a reclaim-stall finding names the CPU, the writer, the
 //! cgroup with its usage and limit, and what to look at next. The same writers without the
 //! limit (their page cache fits in memory) raise nothing.
 
@@ -40,11 +40,13 @@ impl Drop for Memcg {
     }
 }
 
-/// A shell rewriting a 256 MB file in place, forever; in `cgroup` when given.
+/// A process rewriting a 256 MB file in place, forever; in `cgroup` when given. One long-lived
+/// process (not a dd per pass): the finding names the memory cgroup from the stalled task's
+/// /proc entry, which a task that exited a moment later no longer has.
 fn writer(file: &Path, cgroup: Option<&Path>) -> Kill {
     let join = cgroup.map_or(String::new(), |c| format!("echo $$ > {}/cgroup.procs; ", c.display()));
     let script = format!(
-        "{join}while :; do dd if=/dev/zero of={} bs=1M count=256 conv=notrunc status=none; done",
+        "{join}exec python3 -c 'import os\nf = os.open(\"{}\", os.O_WRONLY | os.O_CREAT)\nb = bytes(1 << 20)\nwhile True:\n    os.lseek(f, 0, 0)\n    for _ in range(256): os.write(f, b)\n'",
         file.display()
     );
     Kill(Command::new("sh").args(["-c", &script]).spawn().expect("spawn a writer"))
@@ -103,7 +105,7 @@ fn writers_held_at_a_memory_cgroup_limit_stall_in_reclaim_and_unlimited_ones_do_
     let summary = f["summary"].as_str().unwrap_or_default();
     eprintln!("reclaim-stall after {:.1} s: {summary}", seen - start);
     assert!(summary.contains(" ms in memory-cgroup reclaim in one second ("), "{f}");
-    assert!(summary.contains("dd (pid"), "{f}");
+    assert!(summary.contains("python3 (pid"), "{f}");
     assert!(
         summary.contains(&format!("in memory cgroup /{name} (")) && summary.contains("of its 16.0 MiB limit"),
         "{f}"
