@@ -3,25 +3,24 @@
 //! report, marks the finding, opens the finding's flamegraph from its mark, and says in a
 //! sentence that another range's flamegraph needs the live page.
 
+mod browser;
+
 use std::{
     process::{Command, Stdio},
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, helper_bin, now_secs, privileged, profiler, skip};
+use integration_tests::{Daemon, helper_bin, now_secs, privileged, profiler, skip};
 
 #[test]
 fn a_report_opened_from_a_file_is_the_page_with_its_window() {
     if !privileged("a_report_opened_from_a_file_is_the_page_with_its_window") {
         return;
     }
-    let (Some(chromium), true) = (
-        ["/usr/bin/chromium"].into_iter().find(|p| std::path::Path::new(p).exists()),
-        std::path::Path::new("/usr/bin/chromedriver").exists(),
-    ) else {
+    if !browser::installed() {
         skip("the browser test needs Debian's chromium and chromium-driver (cargo xtask test installs them)");
         return;
-    };
+    }
     let (tmp, data, mut daemon) = Daemon::ready_in_tempdir(&[]);
     let start = now_secs();
     let st = Command::new(helper_bin()).args(["1", "4"]).stdout(Stdio::null()).status().unwrap();
@@ -66,35 +65,10 @@ fn a_report_opened_from_a_file_is_the_page_with_its_window() {
     let bytes = std::fs::metadata(&file).unwrap().len();
     eprintln!("report of {:.0} s: {bytes} bytes", end.ceil() + 1.0 - (start.floor() - 2.0));
 
-    let dport = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let _driver = Kill(
-        Command::new("/usr/bin/chromedriver")
-            .arg(format!("--port={dport}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let url = format!("file://{}", file.display());
     rt.block_on(async move {
-        use fantoccini::ClientBuilder;
-        let caps: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
-            "goog:chromeOptions": {"binary": chromium, "args": ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"]}
-        }))
-        .unwrap();
-        let deadline = now_secs() + 30.0;
-        let client = loop {
-            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                .capabilities(caps.clone())
-                .connect(&format!("http://127.0.0.1:{dport}"))
-                .await
-            {
-                Ok(c) => break c,
-                Err(_) if now_secs() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-                Err(e) => panic!("cannot reach chromedriver: {e}"),
-            }
-        };
+        let (_driver, client) = browser::open("1400,1000").await;
         let until = |what: &'static str, script: &'static str| {
             let client = client.clone();
             async move {

@@ -5,12 +5,11 @@
 //!
 //!     cargo test --release -p integration-tests --test ui_bench -- --ignored --nocapture
 
-use std::{
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+mod browser;
 
-use integration_tests::{Daemon, Kill, now_secs};
+use std::time::{Duration, Instant};
+
+use integration_tests::{Daemon, now_secs};
 use profiler::{
     store::{Meta, StoreWriter, create_and_lock, format::NS_PER_SEC, segments_dir},
     synth::{self, Rng, StackPool, Tick},
@@ -63,7 +62,7 @@ fn meta(data: &std::path::Path) {
 #[test]
 #[ignore = "a benchmark: cargo test --release -p integration-tests --test ui_bench -- --ignored --nocapture"]
 fn a_64_cpu_hour_loads_and_selects_within_its_goals() {
-    let chromium = ["/usr/bin/chromium"].into_iter().find(|p| std::path::Path::new(p).exists()).expect("chromium");
+    assert!(browser::installed(), "the benchmark needs Debian's chromium and chromium-driver");
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let end_s = now_secs() as u64 - 120;
@@ -78,35 +77,10 @@ fn a_64_cpu_hour_loads_and_selects_within_its_goals() {
     let out = integration_tests::profiler(&["ui", "--data-dir", data.to_str().unwrap()]);
     let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let token = url.split_once("#token=").expect("the API token in `profiler ui`").1.to_string();
-    let dport = free_port();
-    let _driver = Kill(
-        Command::new("/usr/bin/chromedriver")
-            .arg(format!("--port={dport}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let (from, to) = (end_s - 3600, end_s);
     let figures = rt.block_on(async move {
-        use fantoccini::ClientBuilder;
-        let caps: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
-            "goog:chromeOptions": {"binary": chromium, "args": ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1500,1100"]}
-        }))
-        .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let client = loop {
-            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                .capabilities(caps.clone())
-                .connect(&format!("http://127.0.0.1:{dport}"))
-                .await
-            {
-                Ok(c) => break c,
-                Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-                Err(e) => panic!("cannot reach chromedriver: {e}"),
-            }
-        };
+        let (_driver, client) = browser::open("1500,1100").await;
         let until = |script: &'static str, limit: Duration| {
             let client = client.clone();
             async move {
