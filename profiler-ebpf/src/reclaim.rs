@@ -1,7 +1,8 @@
 //! Reclaim and compaction stalls: the time a task spends in direct reclaim, memory-cgroup
 //! reclaim or compaction, from the `vmscan`/`compaction` begin and end tracepoints. They fire
-//! thousands of times a second under memory pressure: each stall is added to per-CPU sums here,
-//! and only the longest of each read keeps the task's name; userspace reads once a second.
+//! thousands of times a second under memory pressure: each stall is added to per-CPU sums and a
+//! histogram of durations here, and only the longest of each read keeps the task's name;
+//! userspace reads once a second.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_ktime_get_boot_ns},
@@ -9,7 +10,7 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use profiler_common::reclaim;
+use profiler_common::{LATENCY_BUCKETS, reclaim};
 
 #[map]
 static RECLAIM: PerCpuArray<[u64; reclaim::LEN]> = PerCpuArray::with_max_entries(1, 0);
@@ -44,6 +45,10 @@ fn end(kind: usize) -> u32 {
     }
     if let Some(ns) = s.get_mut(reclaim::NS + kind) {
         *ns += stalled;
+    }
+    let bucket = profiler_common::latency_bucket(stalled).min(LATENCY_BUCKETS - 1);
+    if let Some(n) = s.get_mut(reclaim::HISTOGRAM + bucket as usize) {
+        *n += 1;
     }
     crate::raise_max(s, reclaim::EPOCH, &[reclaim::MAX_NS], reclaim::MAX_NS, stalled);
     if s[reclaim::MAX_NS] == stalled {

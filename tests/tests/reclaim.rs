@@ -1,7 +1,8 @@
 //! Detector 8 on this kernel: two writers rewriting 256 MB files from a memory cgroup limited
 //! to 16 MiB keep charging page cache over the limit, so the kernel reclaims the cgroup on
 //! almost every write (memory-cgroup reclaim): a reclaim-stall finding names the CPU, the writer, the
-//! cgroup with its usage and limit, and what to look at next. The same writers without the
+//! cgroup with its usage and limit, the median and p99 of the stalls, and what to look at next;
+//! the stalls are on the time axis as a kernel-counter track. The same writers without the
 //! limit (their page cache fits in memory) raise nothing.
 
 use std::{
@@ -116,6 +117,30 @@ fn writers_held_at_a_memory_cgroup_limit_stall_in_reclaim_and_unlimited_ones_do_
     let paths = sampled["evidence"]["allocating_paths"].to_string();
     assert!(!paths.contains("charge_memcg") && paths.contains("write"), "{paths}");
     assert!(f["evidence"]["stalled_ms_per_second"].as_f64().unwrap() >= 100.0, "{f}");
+    // The median and p99 stall from the kernel's histogram of their durations, never over the
+    // longest (the sentence has them when there were enough stalls to say something).
+    let e = &sampled["evidence"];
+    let (p50, p99) = (e["stall_p50_ms"].as_f64(), e["stall_p99_ms"].as_f64());
+    let (p50, p99) = p50.zip(p99).unwrap_or_else(|| panic!("no stall quantiles: {sampled}"));
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= e["longest_ms"].as_f64().unwrap(), "{sampled}");
+    // The stalls on the time axis: a kernel-counter track of the finding's CPU (written each second).
+    let cpu = f["cpu"].as_u64().unwrap().to_string();
+    let stalled = || {
+        let args = ["counters", "--data-dir", dir, "--from", "-2m", "--name", "reclaim.stall", "--cpu", &cpu];
+        let out = profiler(&[&args[..], &["--format", "json"]].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let tracks: Value = serde_json::from_slice(&out.stdout).expect("counters JSON");
+        tracks["tracks"][0]["points"]
+            .as_array()
+            .map(|p| p.iter().filter_map(|p| p[1].as_f64()).fold(0.0, f64::max))
+            .unwrap_or(0.0)
+    };
+    wait_for_every(
+        "the reclaim.stall track to show 100 ms/s",
+        Duration::from_secs(15),
+        Duration::from_millis(500),
+        || (stalled() >= 100.0).then_some(()),
+    );
     drop(_writers);
     drop(cgroup);
     assert!(daemon.stop().success());

@@ -22,11 +22,14 @@ pub struct Staller {
     pub comm: String,
 }
 
-/// One CPU's stalls: cumulative counts and time per kind, and the longest since the last read.
+/// One CPU's stalls: cumulative counts and time per kind, a cumulative histogram of their
+/// durations, and the longest since the last read.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ReclaimCpu {
     pub count: [u64; reclaim::KINDS],
     pub ns: [u64; reclaim::KINDS],
+    /// Stalls of every kind per `profiler_common::latency_bucket` of their duration.
+    pub histogram: Vec<u64>,
     pub max_ns: u64,
     pub staller: Option<Staller>,
 }
@@ -57,7 +60,8 @@ fn decode(v: &[u64; reclaim::LEN], epoch: u64) -> ReclaimCpu {
         }
     });
     let at = |base: usize| std::array::from_fn(|k| v[base + k]);
-    ReclaimCpu { count: at(reclaim::COUNT), ns: at(reclaim::NS), max_ns, staller }
+    let histogram = v[reclaim::HISTOGRAM..].to_vec();
+    ReclaimCpu { count: at(reclaim::COUNT), ns: at(reclaim::NS), histogram, max_ns, staller }
 }
 
 #[cfg(test)]
@@ -74,7 +78,10 @@ mod tests {
         v[reclaim::MAX_KIND] = reclaim::MEMCG as u64;
         v[reclaim::MAX_PID_TGID] = (4242u64 << 32) | 4243;
         v[reclaim::MAX_COMM] = u64::from_ne_bytes(*b"dd\0\0\0\0\0\0");
+        v[reclaim::HISTOGRAM + profiler_common::latency_bucket(3_000_000) as usize] = 12;
         let r = decode(&v, 5);
+        assert_eq!(r.histogram.len(), profiler_common::LATENCY_BUCKETS as usize);
+        assert_eq!(r.histogram.iter().sum::<u64>(), 12);
         assert_eq!((r.count[reclaim::MEMCG], r.ns[reclaim::MEMCG], r.max_ns), (12, 40_000_000, 9_000_000));
         let s = r.staller.expect("named");
         assert_eq!((s.kind, s.pid, s.tid, s.comm.as_str()), (reclaim::MEMCG, 4242, 4243, "dd"));

@@ -18,13 +18,14 @@ use crate::{
     timespec::now_ns,
 };
 
-pub use crate::collect::counters::{LatestMemcg, LatestRunq};
+pub use crate::collect::counters::{LatestMemcg, LatestReclaim, LatestRunq};
 
 pub struct KernelCounters {
     pub data_dir: PathBuf,
     pub stop: Arc<AtomicBool>,
     pub memcg: LatestMemcg,
     pub runq: LatestRunq,
+    pub reclaim: LatestReclaim,
 }
 
 impl KernelCounters {
@@ -40,7 +41,8 @@ impl KernelCounters {
                 return;
             }
         };
-        let mut sampler = Sampler::new("/", Some(self.memcg.clone())).with_runq(self.runq.clone());
+        let mut sampler =
+            Sampler::new("/", Some(self.memcg.clone())).with_runq(self.runq.clone()).with_reclaim(self.reclaim.clone());
         let mut failing = false;
         while !self.stop.load(Ordering::Acquire) {
             // To the next whole second, so ticks line up with the heatmap's columns.

@@ -164,6 +164,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         );
     }
     let runq_latest = kernel_counters::LatestRunq::default();
+    let reclaim_latest = kernel_counters::LatestReclaim::default();
     let stage = stage::spawn(
         stage::StageConfig {
             data_dir: config.data_dir.clone(),
@@ -186,6 +187,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             write_failing: write_failing.clone(),
             unwind,
             runq_latest: runq_latest.clone(),
+            reclaim_latest: reclaim_latest.clone(),
         },
         Some(collector),
     )
@@ -218,6 +220,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 stop: stop.clone(),
                 memcg: memcg_latest.clone(),
                 runq: runq_latest,
+                reclaim: reclaim_latest,
             }
             .spawn()
             .map_err(|e| DaemonError::Thread("kernel counters", e))?,

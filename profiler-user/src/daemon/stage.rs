@@ -84,6 +84,8 @@ pub struct Links {
     pub unwind: Option<crate::unwind::Notifier>,
     /// Where the latest run-queue waits go for the kernel counters' tracks.
     pub runq_latest: crate::collect::counters::LatestRunq,
+    /// Where the latest reclaim stalls go for the kernel counters' tracks.
+    pub reclaim_latest: crate::collect::counters::LatestReclaim,
 }
 
 /// What the stage did, for its caller (tests; the supervisor's last log line).
@@ -358,7 +360,11 @@ impl Stage {
                 self.pipeline.engine.on_netrx(now, n);
             }
             if let Some(r) = collector.reclaim() {
-                self.pipeline.engine.on_reclaim(now, r);
+                let stalls = self.pipeline.engine.on_reclaim(now, r);
+                let mut latest = self.links.reclaim_latest.lock().unwrap_or_else(|p| p.into_inner());
+                for (cpu, s) in stalls {
+                    latest.entry(cpu).or_default().add(s);
+                }
             }
             if let Some(r) = collector.runq() {
                 let waits = self.pipeline.engine.on_runq(now, r);

@@ -434,12 +434,20 @@ impl Engine {
     }
 
     /// Cumulative reclaim and compaction stalls read at `ts_ns`: their growth goes to that second.
-    pub fn on_reclaim(&mut self, ts_ns: u64, now: Vec<crate::collect::reclaim::ReclaimCpu>) {
+    /// Returns each CPU's stalls of this read, for the counters' tracks.
+    pub fn on_reclaim(
+        &mut self,
+        ts_ns: u64,
+        now: Vec<crate::collect::reclaim::ReclaimCpu>,
+    ) -> Vec<(u32, reclaim::ReclaimSecond)> {
+        let mut stalls = Vec::new();
         for (cpu, second) in self.reclaim.update(now) {
+            stalls.push((cpu as u32, reclaim::ReclaimSecond { staller: None, ..second.clone() }));
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 c.reclaim.get_or_insert_with(Default::default).add(second);
             }
         }
+        stalls
     }
 
     /// Evaluates every second that ended at least the grace period before `now_ns`.

@@ -29,6 +29,10 @@ pub type LatestMemcg = Arc<Mutex<Option<(Instant, MemcgCount)>>>;
 /// sum once a second for the p99 and the longest wait of that second.
 pub type LatestRunq = Arc<Mutex<std::collections::BTreeMap<u32, crate::detect::runq::RunqSecond>>>;
 
+/// Reclaim and compaction stalls per CPU since the counters last took them, added the same way
+/// (`reclaim.stall`, `.._p99`, `.._max`: memory pressure on the samples' time axis).
+pub type LatestReclaim = Arc<Mutex<std::collections::BTreeMap<u32, crate::detect::reclaim::ReclaimSecond>>>;
+
 /// One value of one track at one tick.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
@@ -66,6 +70,7 @@ pub struct Sampler {
     /// The latest memory cgroup count, which the upkeep stage reads for the zombie detector.
     memcg: Option<LatestMemcg>,
     runq: Option<LatestRunq>,
+    reclaim: Option<LatestReclaim>,
     missing: BTreeSet<&'static str>,
     /// `None` in tests on a fake tree, or when no socket could be made.
     ethtool: Option<ethtool::Ethtool>,
@@ -76,6 +81,12 @@ impl Sampler {
     /// Tracks of run-queue waits per CPU from `runq` (`sched.runq_wait_p99`, `.._max`).
     pub fn with_runq(mut self, runq: LatestRunq) -> Self {
         self.runq = Some(runq);
+        self
+    }
+
+    /// Tracks of reclaim and compaction stalls per CPU from `reclaim`.
+    pub fn with_reclaim(mut self, reclaim: LatestReclaim) -> Self {
+        self.reclaim = Some(reclaim);
         self
     }
 
@@ -90,6 +101,7 @@ impl Sampler {
             cfs_mounts: None,
             memcg,
             runq: None,
+            reclaim: None,
             missing: BTreeSet::new(),
             ethtool,
             ethtool_at: None,
@@ -156,6 +168,18 @@ impl Sampler {
                     raw.push(("sched.runq_wait_p99".into(), Some(cpu), "ms", Raw::Gauge(ms(p99))));
                 }
                 raw.push(("sched.runq_wait_max".into(), Some(cpu), "ms", Raw::Gauge(ms(w.max_ns))));
+            }
+        }
+        if let Some(r) = self.reclaim.as_ref() {
+            let stalls = std::mem::take(&mut *r.lock().unwrap_or_else(|p| p.into_inner()));
+            let ms = |ns: u64| ns as f64 / 1e6;
+            for (cpu, s) in stalls {
+                // Stalls that ended in the second since the last tick: ms stalled per second.
+                raw.push(("reclaim.stall".into(), Some(cpu), "ms/s", Raw::Gauge(ms(s.total_ns()))));
+                if let Some(p99) = s.p99_ns() {
+                    raw.push(("reclaim.stall_p99".into(), Some(cpu), "ms", Raw::Gauge(ms(p99))));
+                }
+                raw.push(("reclaim.stall_max".into(), Some(cpu), "ms", Raw::Gauge(ms(s.max_ns))));
             }
         }
         self.rates(now, raw)
@@ -293,7 +317,8 @@ mod tests {
         write(r, "sys/fs/cgroup/cpu/pod/cpu.stat", "nr_throttled 1\nthrottled_time 1000000\n");
         let memcg = Arc::new(Mutex::new(None));
         let runq: LatestRunq = Arc::default();
-        let mut s = Sampler::new(r, Some(memcg.clone())).with_runq(runq.clone());
+        let reclaim: LatestReclaim = Arc::default();
+        let mut s = Sampler::new(r, Some(memcg.clone())).with_runq(runq.clone()).with_reclaim(reclaim.clone());
         let t0 = Instant::now();
         let first = s.tick(t0);
         assert!(find(&first, "sched.runq_wait_max", Some(1)).is_none(), "no run-queue read yet");
@@ -320,6 +345,22 @@ mod tests {
                 waiter: None,
             });
         }
+        {
+            use crate::detect::reclaim::ReclaimSecond;
+            let mut h = vec![0; profiler_common::LATENCY_BUCKETS as usize];
+            h[profiler_common::latency_bucket(2_000_000) as usize] = 60;
+            // Two reads of 60 stalls of 2 ms on CPU 1 (240 ms), the longest 2.05 ms.
+            let read = ReclaimSecond {
+                count: [0, 60, 0],
+                ns: [0, 120_000_000, 0],
+                histogram: h,
+                max_ns: 2_050_000,
+                staller: None,
+            };
+            let mut w = reclaim.lock().unwrap();
+            w.entry(1).or_default().add(read.clone());
+            w.entry(1).or_default().add(read);
+        }
         write(r, "proc/net/softnet_stat", "00000030 00000000 00000001 0 0 0 0 0 0 0 0 0 00000001\n");
         write(r, "proc/softirqs", "  CPU1\nNET_RX: 400\n");
         write(r, "proc/pressure/cpu", "some avg10=5.00 avg60=0 avg300=0 total=501000\n");
@@ -327,6 +368,12 @@ mod tests {
         write(r, "sys/fs/cgroup/cpu/pod/cpu.stat", "nr_throttled 11\nthrottled_time 501000000\n");
         let second = s.tick(t0 + Duration::from_secs(2));
         assert_eq!(find(&second, "softnet.processed", Some(1)).unwrap().value, 16.0);
+        assert_eq!(find(&second, "reclaim.stall", Some(1)).unwrap().value, 240.0);
+        assert_eq!(find(&second, "reclaim.stall_max", Some(1)).unwrap().value, 2.05);
+        // 120 stalls in the bucket of 2 ms (1.97-2.10 ms), capped by the longest.
+        assert_eq!(find(&second, "reclaim.stall_p99", Some(1)).unwrap().value, 2.05);
+        assert!(find(&second, "reclaim.stall", Some(0)).is_none(), "no stalls on CPU 0: no point");
+        assert!(s.tick(t0 + Duration::from_secs(3)).iter().all(|p| p.name != "reclaim.stall"), "taken once");
         assert_eq!(find(&second, "softnet.time_squeeze", Some(1)).unwrap().value, 0.0);
         assert_eq!(find(&second, "softirq.NET_RX", Some(1)).unwrap().value, 150.0);
         assert_eq!(find(&second, "sched.runq_wait_max", Some(1)).unwrap().value, 930.0);

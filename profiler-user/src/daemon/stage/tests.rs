@@ -62,6 +62,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         write_failing: Arc::new(AtomicBool::new(false)),
         unwind: None,
         runq_latest: Default::default(),
+        reclaim_latest: Default::default(),
     };
     let segments = crate::store::segments_dir(dir.path());
     std::fs::create_dir_all(&segments).unwrap();
