@@ -235,7 +235,7 @@ pub mod runq {
 /// Per-CPU reclaim and compaction stalls (`profiler-ebpf/src/reclaim.rs`): `RECLAIM` holds one
 /// `[u64; reclaim::LEN]` per CPU (the CPU the stall ended on): per kind a count and the time
 /// stalled, cumulative; a histogram of stall durations (all kinds); and the longest stall of
-/// the epoch (see [`MAXIMA_EPOCH`]) with its kind, thread and comm.
+/// the epoch (see [`MAXIMA_EPOCH`]) with its kind, thread, comm and memory cgroup.
 pub mod reclaim {
     /// Kinds of stall: direct reclaim (the zone is short), memory-cgroup reclaim (the cgroup is
     /// at its limit), compaction.
@@ -252,9 +252,13 @@ pub mod reclaim {
     pub const MAX_KIND: usize = 8;
     pub const MAX_PID_TGID: usize = 9;
     pub const MAX_COMM: usize = 10;
+    /// The id of the memory cgroup the longest stall's task was in (its cgroupfs directory's
+    /// inode number; 0: unknown), read by the kernel at the stall: the task may be gone by the
+    /// time userspace could read its /proc/PID/cgroup.
+    pub const MAX_MEMCG: usize = 12;
     /// First histogram bucket (`latency_bucket` of a stall's duration); `LATENCY_BUCKETS`
     /// follow. The sum says how long stalls took; a p99 says how long one allocation can hang.
-    pub const HISTOGRAM: usize = 12;
+    pub const HISTOGRAM: usize = 13;
     /// Slots in the value.
     pub const LEN: usize = HISTOGRAM + super::LATENCY_BUCKETS as usize;
 }

@@ -5,7 +5,10 @@
 //! userspace reads once a second.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_ktime_get_boot_ns},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        generated::{bpf_get_current_task, bpf_ktime_get_boot_ns},
+    },
     macros::{map, tracepoint},
     maps::{LruHashMap, PerCpuArray},
     programs::TracePointContext,
@@ -19,6 +22,50 @@ static RECLAIM: PerCpuArray<[u64; reclaim::LEN]> = PerCpuArray::with_max_entries
 /// throttling) and end on another CPU. LRU: a task killed mid-stall never takes its entry out.
 #[map]
 static RECLAIM_SINCE: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Where the running kernel keeps `task->cgroups`, `css_set->subsys[memory_cgrp_id]` (the index
+/// folded in), `css->cgroup`, `cgroup->kn` and `kn->id`: from its BTF, set by userspace
+/// (`collect::reclaim::memcg_offsets`); `u64::MAX` when unknown.
+#[unsafe(no_mangle)]
+static MEMCG_TASK_CGROUPS: u64 = u64::MAX;
+#[unsafe(no_mangle)]
+static MEMCG_CSS_SET_SUBSYS: u64 = 0;
+#[unsafe(no_mangle)]
+static MEMCG_CSS_CGROUP: u64 = 0;
+#[unsafe(no_mangle)]
+static MEMCG_CGROUP_KN: u64 = 0;
+#[unsafe(no_mangle)]
+static MEMCG_KN_ID: u64 = 0;
+
+#[inline(always)]
+fn global(g: &u64) -> u64 {
+    unsafe { core::ptr::read_volatile(g) }
+}
+
+/// One pointer-sized word at `base + off` in kernel memory (0 if unreadable).
+#[inline(always)]
+fn word(base: u64, off: u64) -> u64 {
+    if base == 0 {
+        return 0;
+    }
+    unsafe { bpf_probe_read_kernel((base + off) as *const u64) }.unwrap_or(0)
+}
+
+/// The id of the current task's memory cgroup (0: unknown): five reads, done only for a new
+/// longest stall.
+#[inline(always)]
+fn current_memcg() -> u64 {
+    let cgroups = global(&MEMCG_TASK_CGROUPS);
+    if cgroups == u64::MAX {
+        return 0;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let css_set = word(task, cgroups);
+    let css = word(css_set, global(&MEMCG_CSS_SET_SUBSYS));
+    let cgroup = word(css, global(&MEMCG_CSS_CGROUP));
+    let kn = word(cgroup, global(&MEMCG_CGROUP_KN));
+    word(kn, global(&MEMCG_KN_ID))
+}
 
 #[inline(always)]
 fn key(kind: usize) -> u64 {
@@ -59,6 +106,7 @@ fn end(kind: usize) -> u32 {
             u64::from_ne_bytes([comm[0], comm[1], comm[2], comm[3], comm[4], comm[5], comm[6], comm[7]]);
         s[reclaim::MAX_COMM + 1] =
             u64::from_ne_bytes([comm[8], comm[9], comm[10], comm[11], comm[12], comm[13], comm[14], comm[15]]);
+        s[reclaim::MAX_MEMCG] = current_memcg();
     }
     0
 }

@@ -112,6 +112,11 @@ fn writers_held_at_a_memory_cgroup_limit_stall_in_reclaim_and_unlimited_ones_do_
         "{f}"
     );
     assert!(summary.contains(&format!("look next: the limit of /{name}")), "{f}");
+    // Named by the id the kernel read at the stall (its directory's inode), not from /proc: the
+    // dd that stalled longest has often exited by the time the daemon reads the stall.
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(&cgroup.0).expect("the cgroup's directory").ino();
+    assert_eq!(f["evidence"]["memcg"]["id"].as_u64(), Some(ino), "{f}");
     assert!(f["cpu"].is_u64(), "{f}");
     // What allocated is named past the allocator's own frames (a write path, here).
     let paths = sampled["evidence"]["allocating_paths"].to_string();

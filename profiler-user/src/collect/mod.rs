@@ -2,6 +2,7 @@
 //! programs (NET_RX softirq and NAPI timing, cgroup life cycle, process exec, fork and exit);
 //! reads their ring buffers and maps.
 
+pub mod btf;
 pub mod caps;
 pub mod counters;
 pub mod cpus;
@@ -244,7 +245,8 @@ impl Collector {
         let group_dead_off = process_fields.group_dead.map_or(u64::MAX, |o| o as u64);
         let runq_offsets = runq::offsets();
         let mut loader = EbpfLoader::new();
-        for (global, offset) in &runq_offsets {
+        let memcg_offsets = reclaim::memcg_offsets();
+        for (global, offset) in runq_offsets.iter().chain(&memcg_offsets) {
             loader.override_global(global, offset, true);
         }
         let mut ebpf = loader

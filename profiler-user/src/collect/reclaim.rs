@@ -20,6 +20,8 @@ pub struct Staller {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
+    /// Its memory cgroup's id (cgroupfs inode number) at the stall; 0: unknown.
+    pub memcg_id: u64,
 }
 
 /// One CPU's stalls: cumulative counts and time per kind, a cumulative histogram of their
@@ -32,6 +34,37 @@ pub struct ReclaimCpu {
     pub histogram: Vec<u64>,
     pub max_ns: u64,
     pub staller: Option<Staller>,
+}
+
+/// Where the kernel keeps what leads from a task to its memory cgroup's id, for the programs'
+/// globals (`profiler-ebpf/src/reclaim.rs`): from the kernel's BTF. Without BTF, or on a
+/// kernel without the memory controller, `MEMCG_TASK_CGROUPS` stays `u64::MAX` and the
+/// stalled task's cgroup is read from /proc, while it lives.
+pub fn memcg_offsets() -> [(&'static str, u64); 5] {
+    let read = || -> Result<[u64; 5], String> {
+        let btf = super::btf::Btf::kernel().map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        let off = |s: &str, m: &str| btf.member_offset(s, m).map_err(|e| e.to_string());
+        let memory = btf.enum_value("memory_cgrp_id").map_err(|e| e.to_string())?;
+        let subsys = off("css_set", "subsys")? + 8 * u64::try_from(memory).map_err(|e| e.to_string())?;
+        Ok([
+            off("task_struct", "cgroups")?,
+            subsys,
+            off("cgroup_subsys_state", "cgroup")?,
+            off("cgroup", "kn")?,
+            off("kernfs_node", "id")?,
+        ])
+    };
+    let v = read().unwrap_or_else(|e| {
+        tracing::info!(error = %e, "a stalled task's memory cgroup is read from /proc while it lives");
+        [u64::MAX, 0, 0, 0, 0]
+    });
+    [
+        ("MEMCG_TASK_CGROUPS", v[0]),
+        ("MEMCG_CSS_SET_SUBSYS", v[1]),
+        ("MEMCG_CSS_CGROUP", v[2]),
+        ("MEMCG_CGROUP_KN", v[3]),
+        ("MEMCG_KN_ID", v[4]),
+    ]
 }
 
 pub struct Reclaim(pub PerCpuArray<MapData, [u64; reclaim::LEN]>);
@@ -57,6 +90,7 @@ fn decode(v: &[u64; reclaim::LEN], epoch: u64) -> ReclaimCpu {
             pid: (v[reclaim::MAX_PID_TGID] >> 32) as u32,
             tid: v[reclaim::MAX_PID_TGID] as u32,
             comm: String::from_utf8_lossy(&comm).into_owned(),
+            memcg_id: v[reclaim::MAX_MEMCG],
         }
     });
     let at = |base: usize| std::array::from_fn(|k| v[base + k]);
@@ -78,13 +112,14 @@ mod tests {
         v[reclaim::MAX_KIND] = reclaim::MEMCG as u64;
         v[reclaim::MAX_PID_TGID] = (4242u64 << 32) | 4243;
         v[reclaim::MAX_COMM] = u64::from_ne_bytes(*b"dd\0\0\0\0\0\0");
+        v[reclaim::MAX_MEMCG] = 2041;
         v[reclaim::HISTOGRAM + profiler_common::latency_bucket(3_000_000) as usize] = 12;
         let r = decode(&v, 5);
         assert_eq!(r.histogram.len(), profiler_common::LATENCY_BUCKETS as usize);
         assert_eq!(r.histogram.iter().sum::<u64>(), 12);
         assert_eq!((r.count[reclaim::MEMCG], r.ns[reclaim::MEMCG], r.max_ns), (12, 40_000_000, 9_000_000));
         let s = r.staller.expect("named");
-        assert_eq!((s.kind, s.pid, s.tid, s.comm.as_str()), (reclaim::MEMCG, 4242, 4243, "dd"));
+        assert_eq!((s.kind, s.pid, s.tid, s.comm.as_str(), s.memcg_id), (reclaim::MEMCG, 4242, 4243, "dd", 2041));
         assert_eq!(decode(&v, 6).staller, None);
     }
 }

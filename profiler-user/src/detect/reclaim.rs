@@ -9,9 +9,12 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::json;
 
+pub use self::memcg::Memcg;
 use super::{Active, Kind, Second, Severity, Thresholds, Tick, Top, netrx::quantile_ns, percent};
 use crate::collect::reclaim::ReclaimCpu;
 use profiler_common::reclaim::{COMPACT, DIRECT, KINDS, MEMCG};
+
+pub mod memcg;
 
 /// Where a task that allocates or charges memory enters reclaim or compaction itself: a sample
 /// under one of them is the CPU spent in a stall. Reclaim's inner functions (`shrink_node`,
@@ -58,14 +61,6 @@ fn kind_name(kind: usize) -> &'static str {
     }
 }
 
-/// The memory cgroup a task is charged to, with its limit and usage when readable.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Memcg {
-    pub path: String,
-    pub limit_bytes: Option<u64>,
-    pub usage_bytes: Option<u64>,
-}
-
 /// The task that stalled longest in a read, named while it existed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StallerInfo {
@@ -75,6 +70,8 @@ pub struct StallerInfo {
     /// The process's name, the thread's when unreadable.
     pub comm: String,
     pub memcg: Option<Memcg>,
+    /// The memory cgroup's id as the kernel read it at the stall (0: unknown).
+    pub memcg_id: u64,
 }
 
 /// One CPU's stalls in one second.
@@ -139,6 +136,7 @@ impl ReclaimSecond {
 #[derive(Debug, Default)]
 pub struct Tracker {
     prev: Vec<ReclaimCpu>,
+    memcgs: memcg::Index,
 }
 
 impl Tracker {
@@ -162,41 +160,16 @@ impl Tracker {
                 let comm = std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
                     .map(|c| c.trim_end().to_string())
                     .unwrap_or_else(|_| s.comm.clone());
-                StallerInfo { kind: s.kind, pid: s.pid, tid: s.tid, comm, memcg: memcg_of(s.pid) }
+                // The cgroup the kernel saw the task in at the stall; /proc while the task lives
+                // only when the kernel could not say (the writer of a stall is often a short
+                // process, gone by the read: `dd` in the test, a compiler in a pod).
+                let memcg = self.memcgs.by_id(s.memcg_id).or_else(|| memcg::of_pid(s.pid));
+                StallerInfo { kind: s.kind, pid: s.pid, tid: s.tid, comm, memcg, memcg_id: s.memcg_id }
             });
             out.push((cpu, ReclaimSecond { count, ns, histogram, max_ns: n.max_ns, staller }));
         }
         out
     }
-}
-
-/// The memory cgroup of `pid` (the v1 `memory` hierarchy, or the v2 one), from /proc.
-fn memcg_of(pid: u32) -> Option<Memcg> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let (path, v1) = parse_memcg(&text)?;
-    let dir = if v1 { format!("/sys/fs/cgroup/memory{path}") } else { format!("/sys/fs/cgroup{path}") };
-    let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok()?.trim().parse::<u64>().ok();
-    let (limit, usage) =
-        if v1 { ("memory.limit_in_bytes", "memory.usage_in_bytes") } else { ("memory.max", "memory.current") };
-    // v1 says "no limit" with a huge number, v2 with "max" (which does not parse).
-    let limit_bytes = read(limit).filter(|&l| l < 1 << 60);
-    Some(Memcg { path, limit_bytes, usage_bytes: read(usage) })
-}
-
-/// `(path, is_v1)` of the memory cgroup in a `/proc/PID/cgroup` text.
-pub fn parse_memcg(text: &str) -> Option<(String, bool)> {
-    let mut v2 = None;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if controllers.split(',').any(|c| c == "memory") {
-            return Some((path.to_string(), true));
-        }
-        if controllers.is_empty() {
-            v2 = Some((path.to_string(), false));
-        }
-    }
-    v2
 }
 
 /// Frames of the allocator and the memory controller themselves, skipped on the way up to
@@ -314,7 +287,12 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds) -> Vec<Active> {
                 "stall_p50_ms": r.quantile_ns(0.5).map(ms),
                 "stall_p99_ms": r.quantile_ns(0.99).map(ms),
                 "staller": r.staller.as_ref().map(|s| json!({"pid": s.pid, "tid": s.tid, "comm": s.comm, "kind": kind_name(s.kind)})),
-                "memcg": memcg.map(|m| json!({"path": m.path, "limit_bytes": m.limit_bytes, "usage_bytes": m.usage_bytes})),
+                "memcg": memcg.map(|m| json!({
+                    "path": m.path,
+                    "limit_bytes": m.limit_bytes,
+                    "usage_bytes": m.usage_bytes,
+                    "id": r.staller.as_ref().map(|s| s.memcg_id).filter(|&id| id != 0),
+                })),
                 "sampled_share": sampled,
                 "allocating_paths": paths.iter().map(|(p, n)| json!({"path": p, "samples": n})).collect::<Vec<_>>(),
             }),
@@ -374,6 +352,7 @@ mod tests {
                 tid: 4242,
                 comm: "dd".into(),
                 memcg: Some(Memcg { path: "/rtest".into(), limit_bytes: Some(16 << 20), usage_bytes: Some(16 << 20) }),
+                memcg_id: 2041,
             }),
         }
     }
@@ -467,14 +446,6 @@ mod tests {
     #[test]
     fn a_little_reclaim_is_quiet() {
         assert!(evaluate(&VecDeque::from([second(stalls(40_000_000))]), &Thresholds::default()).is_empty());
-    }
-
-    #[test]
-    fn the_memory_cgroup_is_read_from_v1_and_v2_lines() {
-        let v1 = "12:memory:/kubepods/pod1/abc\n11:cpu,cpuacct:/kubepods/pod1/abc\n0::/init.scope\n";
-        assert_eq!(parse_memcg(v1), Some(("/kubepods/pod1/abc".into(), true)));
-        assert_eq!(parse_memcg("0::/system.slice/x.service\n"), Some(("/system.slice/x.service".into(), false)));
-        assert_eq!(parse_memcg("3:cpu:/a\n"), None);
     }
 
     #[test]
