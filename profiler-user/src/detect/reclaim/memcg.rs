@@ -18,9 +18,10 @@ pub struct Memcg {
     pub usage_bytes: Option<u64>,
 }
 
-/// Directories a walk visits at most (a node with more memory cgroups gets the /proc answer
-/// for those past it).
-const WALK_MAX: usize = 200_000;
+/// Directories a walk visits at most: it runs on the pipeline's thread (when a stall is read),
+/// so it must stay short (a few ms per thousand cgroups); a node with more memory cgroups gets
+/// the /proc answer for those past it.
+const WALK_MAX: usize = 20_000;
 /// An id not found is looked for again (a new walk) at most this often: a cgroup made since
 /// the last walk is found within this, and a dying one (no directory) costs one walk each time.
 const REWALK_AFTER: Duration = Duration::from_secs(2);
