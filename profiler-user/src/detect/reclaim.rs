@@ -191,6 +191,20 @@ fn allocating_path(tick: &Tick) -> Option<String> {
     (!above.is_empty()).then(|| above.join(" ← "))
 }
 
+/// The evidence with the staller as `processes` and the memory cgroup's pod, namespace,
+/// container (or unit) at the top, where `Finding::pod` and the metrics' labels look.
+fn with_identity(
+    mut evidence: serde_json::Value,
+    identity: &crate::identity::Identity,
+    staller: Option<&Top>,
+) -> serde_json::Value {
+    evidence["processes"] = json!(staller.map(Top::json).into_iter().collect::<Vec<_>>());
+    for (k, v) in identity.fields() {
+        evidence[k] = json!(v);
+    }
+    evidence
+}
+
 /// `83.1 ms`, `45 µs`.
 fn duration(ns: u64) -> String {
     if ns >= 1_000_000 { format!("{:.1} ms", ns as f64 / 1e6) } else { format!("{} µs", ns / 1000) }
@@ -226,12 +240,19 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds) -> Vec<Active> {
         paths.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         paths.truncate(3);
         let ms = |ns: u64| ns as f64 / 1e6;
-        let who = r.staller.as_ref().map(|s| {
+        let staller = r.staller.as_ref().map(|s| {
             let workload = busy.iter().find(|t| t.pid == s.pid).map(|t| t.workload.clone()).unwrap_or_default();
+            Top { comm: s.comm.as_str().into(), pid: s.pid, samples: 0, workload }
+        });
+        let who = staller.as_ref().zip(r.staller.as_ref()).map(|(top, s)| {
             let thread = if s.tid != s.pid { format!(", thread {}", s.tid) } else { String::new() };
-            Top { comm: s.comm.as_str().into(), pid: s.pid, samples: 0, workload }.who(&thread)
+            top.who(&thread)
         });
         let memcg = r.staller.as_ref().and_then(|s| s.memcg.as_ref());
+        // The pod and container the memory cgroup belongs to (its path names them, and the
+        // staller's workload their names), as the metrics' pod label takes it: the staller may
+        // never have been sampled (its stalls slept), so its own workload can be unknown.
+        let identity = memcg.map(|m| super::throttle::identify(&m.path, staller.as_slice())).unwrap_or_default();
         let memcg_text = memcg.map_or(String::new(), |m| {
             let fill = match (m.usage_bytes, m.limit_bytes) {
                 (Some(u), Some(l)) => format!(" ({} of its {} limit)", mib(u), mib(l)),
@@ -278,7 +299,7 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds) -> Vec<Active> {
                 ms(r.total_ns()),
                 kind_name(kind)
             ),
-            evidence: json!({
+            evidence: with_identity(json!({
                 "stalled_ms_per_second": ms(r.total_ns()),
                 "stalls": {"direct_reclaim": r.count[DIRECT], "memcg_reclaim": r.count[MEMCG], "compaction": r.count[COMPACT]},
                 "stalled_ms": {"direct_reclaim": ms(r.ns[DIRECT]), "memcg_reclaim": ms(r.ns[MEMCG]), "compaction": ms(r.ns[COMPACT])},
@@ -295,7 +316,7 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds) -> Vec<Active> {
                 })),
                 "sampled_share": sampled,
                 "allocating_paths": paths.iter().map(|(p, n)| json!({"path": p, "samples": n})).collect::<Vec<_>>(),
-            }),
+            }), &identity, staller.as_ref()),
         });
     }
     out
@@ -441,6 +462,33 @@ mod tests {
             "{}",
             slept[0].summary
         );
+    }
+
+    /// A container's memory cgroup gives the finding its pod label, even when the staller was
+    /// never sampled (its workload unknown).
+    #[test]
+    fn the_pod_of_the_memory_cgroup_labels_the_finding() {
+        let uid = "0b3c6d1e-8f2a-4c5b-9d7e-112233445566";
+        let cid = "3f2a9c01b7d4".repeat(5) + "3f2a";
+        let mut r = stalls(180_000_000);
+        r.staller.as_mut().unwrap().memcg.as_mut().unwrap().path = format!("/kubepods/burstable/pod{uid}/{cid}");
+        let a = evaluate(&VecDeque::from([second(r)]), &Thresholds::default()).remove(0);
+        assert_eq!((a.evidence["pod_uid"].as_str(), a.evidence["container_id"].as_str()), (Some(uid), Some(&*cid)));
+        assert_eq!(a.evidence["processes"][0]["comm"], "dd");
+        let f = crate::detect::Finding {
+            id: String::new(),
+            kind: a.kind,
+            start_ns: 0,
+            end_ns: None,
+            cpu: a.cpu,
+            severity: a.severity,
+            summary: a.summary,
+            evidence: a.evidence,
+        };
+        assert_eq!(f.pod().as_deref(), Some(uid));
+        // A host cgroup: no pod.
+        let host = evaluate(&VecDeque::from([second(stalls(180_000_000))]), &Thresholds::default()).remove(0);
+        assert!(host.evidence.get("pod_uid").is_none(), "{}", host.evidence);
     }
 
     #[test]

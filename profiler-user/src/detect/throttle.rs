@@ -341,7 +341,7 @@ fn subject(key: &str) -> String {
 
 /// What the cgroup is, from its path and the identity of its processes (which know the
 /// kubelet's names): a container, a pod, a unit, or nothing known.
-fn identify(path: &str, threads: &[Top]) -> crate::identity::Identity {
+pub(crate) fn identify(path: &str, threads: &[Top]) -> crate::identity::Identity {
     let from_path = crate::identity::cgroup::parse_path(path);
     let same_pod = |i: &crate::identity::Identity| {
         from_path.pod_uid.is_none() || i.pod_uid.as_deref() == from_path.pod_uid.as_deref()
