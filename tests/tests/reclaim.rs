@@ -42,8 +42,9 @@ impl Drop for Memcg {
 }
 
 /// A process rewriting a 256 MB file in place, forever; in `cgroup` when given. One long-lived
-/// process (not a dd per pass): the finding names the memory cgroup from the stalled task's
-/// /proc entry, which a task that exited a moment later no longer has.
+/// process (not a dd per pass), so that the summary names one pid. (The memory cgroup no longer
+/// depends on it: the kernel reads it at the stall, below; a dd that exited before the daemon's
+/// read once left the finding without one.)
 fn writer(file: &Path, cgroup: Option<&Path>) -> Kill {
     let join = cgroup.map_or(String::new(), |c| format!("echo $$ > {}/cgroup.procs; ", c.display()));
     let script = format!(
@@ -113,7 +114,7 @@ fn writers_held_at_a_memory_cgroup_limit_stall_in_reclaim_and_unlimited_ones_do_
     );
     assert!(summary.contains(&format!("look next: the limit of /{name}")), "{f}");
     // Named by the id the kernel read at the stall (its directory's inode), not from /proc: the
-    // dd that stalled longest has often exited by the time the daemon reads the stall.
+    // task that stalled longest may have exited by the time the daemon reads the stall.
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata(&cgroup.0).expect("the cgroup's directory").ino();
     assert_eq!(f["evidence"]["memcg"]["id"].as_u64(), Some(ino), "{f}");
