@@ -60,6 +60,10 @@ enum Cmd {
         /// Span of the synthetic store (store: 60; fleet: 10).
         #[arg(long)]
         minutes: Option<u64>,
+        /// overhead: also run the daemon built from this git revision, side by side (e.g.
+        /// 852759a, the build issue 6 was measured on); built once under target/baseline/.
+        #[arg(long, value_name = "REV")]
+        baseline_rev: Option<String>,
     },
     /// The daemon for N minutes at 999 Hz with process churn and a full store: RSS, open files,
     /// lost samples and queries checked throughout (`cargo xtask test` runs 1.5 minutes of it).
@@ -173,7 +177,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let (profiler, helpers) = (build(true)?, build_helpers()?);
             soak::run(&profiler, &helpers.join("busy-helper"), &helpers.join("churn"), minutes)
         }
-        Cmd::Bench { which, seconds, minutes, rounds } => {
+        Cmd::Bench { which, seconds, minutes, rounds, baseline_rev } => {
             setup::ensure()?;
             setup::ensure_bench_tools()?;
             let profiler = build(true)?;
@@ -184,7 +188,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "store" => bench::store(&workspace_root(), minutes.unwrap_or(60)),
                 "perf" => bench::perf(&profiler, &helper, seconds.unwrap_or(60)),
                 "overhead" => {
-                    bench::overhead::run(&profiler, &helpers.join("hash-work"), &helper, seconds.unwrap_or(15), rounds)
+                    let baseline = baseline_rev.map(|rev| bench::build_at(&workspace_root(), &rev)).transpose()?;
+                    let builds = bench::overhead::Builds { profiler: &profiler, baseline: baseline.as_deref() };
+                    bench::overhead::run(builds, &helpers.join("hash-work"), &helper, seconds.unwrap_or(15), rounds)
                 }
                 "status" => bench::status(&workspace_root(), &profiler),
                 "sched" => bench::sched::run(&profiler, seconds.unwrap_or(10), rounds),

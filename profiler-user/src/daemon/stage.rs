@@ -108,6 +108,7 @@ pub fn spawn(
             Engine::new(config.machine, config.thresholds.clone()),
             clock::boot_to_unix_offset(),
         );
+        pipeline.symbolizer.load_kernel_symbols();
         let logs = &config.kubelet_logs;
         pipeline.workloads = Some(crate::identity::Workloads::new(crate::identity::Resolver::new(
             "/proc",

@@ -444,6 +444,13 @@ impl Symbolizer {
         n
     }
 
+    /// Reads `/proc/kallsyms` now rather than at the first kernel address: the read takes tens
+    /// of milliseconds (the kernel formats 200,000 lines), which would otherwise land on a sample
+    /// at some random moment of the steady state, and delay that sample's flush.
+    pub fn load_kernel_symbols(&mut self) {
+        self.kallsyms.get_or_insert_with(|| kallsyms::Kallsyms::read().unwrap_or_default());
+    }
+
     fn kernel_frame(&mut self, addr: u64) -> Arc<str> {
         if let Some(name) = self.kernel.get(&addr) {
             return name.clone();

@@ -33,6 +33,49 @@ pub(crate) fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> 
     }
 }
 
+/// The release daemon of another revision of this repository, for side-by-side runs: its tree
+/// (`git archive`, so nothing here changes) built in `target/baseline/REV` once, then reused.
+pub fn build_at(root: &Path, rev: &str) -> anyhow::Result<std::path::PathBuf> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")])
+        .output()?;
+    if !out.status.success() {
+        bail!("'{rev}' is not a commit of this repository (a shallow clone may not have it: git fetch --unshallow)");
+    }
+    let commit = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let dir = root.join("target/baseline").join(&commit[..12]);
+    let bin = dir.join("target/release/profiler");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    let src = dir.join("src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src)?;
+    let unpacked = Command::new("sh")
+        .arg("-c")
+        .arg("git -C \"$1\" archive \"$2\" | tar -x -C \"$3\"")
+        .args(["sh"])
+        .arg(root)
+        .arg(&commit)
+        .arg(&src)
+        .status()?;
+    if !unpacked.success() {
+        bail!("could not unpack {commit} into {}", src.display());
+    }
+    eprintln!("xtask: building the baseline daemon at {commit} in {}", dir.display());
+    let built = Command::new("cargo")
+        .current_dir(&src)
+        .args(["build", "--release", "--package", "profiler-user", "--bin", "profiler"])
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .status()?;
+    if !built.success() || !bin.exists() {
+        bail!("building the daemon at {commit} failed (see above)");
+    }
+    Ok(bin)
+}
+
 /// Open file descriptors of a process.
 pub(crate) fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())

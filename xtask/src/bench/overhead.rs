@@ -14,6 +14,9 @@
 //!    has run 2 s (a new program's one-time symbol loading is the churn benchmark's), per sample and as a share of
 //!    the machine. For perf, its process CPU time (its in-interrupt unwinding is not visible
 //!    this way; only the throughput column holds it).
+//!    With `--baseline-rev REV` another build of the daemon (e.g. the one issue 6 was measured
+//!    on) is one more configuration of the same rounds: on this VM the cost of a sample drifts
+//!    by 2-3x between hours, so only figures taken in one run compare.
 //! 3. The BPF program against bpftrace's `profile:hz:99 { @[kstack, ustack] = count(); }`, both
 //!    attached at once on a GPU-node-like mix (one CPU busy in user space, the other idle), so
 //!    both see the same ticks: average run time per sample of each.
@@ -35,6 +38,9 @@ enum Config {
     /// Ours without unwind tables (`--unwind-table-mib 0`): frame pointers only, as before
     /// issue 12, so that the same run shows what the tables cost code that has frame pointers.
     OursFp(u32),
+    /// Another build of the profiler (`--baseline-rev`, e.g. the one issue 6 was measured on),
+    /// run like `Ours`, so that "not worse than then" is read in one run on one machine.
+    Baseline(u32),
     Perf(u32),
     /// The sampling tick alone: bpftrace `profile:hz:N {}`, an empty BPF program on the same
     /// cpu-clock perf event, i.e. what any sampler pays before it does anything.
@@ -47,6 +53,7 @@ impl Config {
             Config::Bare => "bare".into(),
             Config::Ours(hz) => format!("profiler {hz} Hz"),
             Config::OursFp(hz) => format!("profiler {hz} Hz, frame pointers only (`--unwind-table-mib 0`)"),
+            Config::Baseline(hz) => format!("profiler {hz} Hz, the baseline build"),
             Config::Perf(hz) => format!("perf record -F {hz} -a -g"),
             Config::Tick(hz) => format!("the tick alone (bpftrace `profile:hz:{hz} {{}}`)"),
         }
@@ -75,7 +82,7 @@ struct Tally {
     rss_kib: u64,
 }
 
-const CONFIGS: [Config; 8] = [
+const CONFIGS: [Config; 9] = [
     Config::Bare,
     Config::Ours(99),
     Config::Ours(999),
@@ -84,23 +91,32 @@ const CONFIGS: [Config; 8] = [
     Config::Ours(AMPLIFIED),
     Config::Perf(AMPLIFIED),
     Config::Tick(AMPLIFIED),
+    // Last, and left out when no baseline is given: the columns below index the others.
+    Config::Baseline(99),
 ];
 /// How long the workload runs before the tools' costs are accounted.
 const SETTLE: Duration = Duration::from_secs(2);
 /// The rate at which a sample's cost rises above the noise of the throughput measurement.
 const AMPLIFIED: u32 = 4999;
 
-pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, rounds: usize) -> anyhow::Result<()> {
+/// The two builds a run compares: this one and, if given, the baseline's.
+pub struct Builds<'a> {
+    pub profiler: &'a Path,
+    pub baseline: Option<&'a Path>,
+}
+
+pub fn run(builds: Builds, hash_work: &Path, busy_helper: &Path, seconds: u64, rounds: usize) -> anyhow::Result<()> {
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling kernel.bpf_stats_enabled")?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut tally: Vec<Tally> = CONFIGS.iter().map(|_| Tally::default()).collect();
+    let configs = &CONFIGS[..CONFIGS.len() - usize::from(builds.baseline.is_none())];
+    let mut tally: Vec<Tally> = configs.iter().map(|_| Tally::default()).collect();
     for round in 0..rounds {
-        let mut this_round = [0.0; CONFIGS.len()];
-        for k in 0..CONFIGS.len() {
-            let i = (k + round) % CONFIGS.len();
-            let config = CONFIGS[i];
+        let mut this_round = vec![0.0; configs.len()];
+        for k in 0..configs.len() {
+            let i = (k + round) % configs.len();
+            let config = configs[i];
             let dir = scratch_dir(&format!("{round}-{i}"));
-            let tool = start(config, profiler, &dir)?;
+            let tool = start(config, &builds, &dir)?;
             let runs_at_start = tool.as_ref().map_or(0, |c| bpf_stats(c.id()).1);
             let t0 = Instant::now();
             let children = spawn_hash(hash_work, cpus, seconds)?;
@@ -151,11 +167,11 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
         "| configuration | passes/s (mean) | throughput loss vs bare, mean ± 95 % | tool's accounted cost, % of the machine |"
     );
     println!("|---|---|---|---|");
-    for (config, t) in CONFIGS.iter().zip(&tally) {
+    for (config, t) in configs.iter().zip(&tally) {
         let (mean, half) = mean_ci(&t.losses);
         let accounted = match config {
             Config::Bare => "—".to_string(),
-            Config::Ours(_) | Config::OursFp(_) => format!(
+            Config::Ours(_) | Config::OursFp(_) | Config::Baseline(_) => format!(
                 "{:.3} % (BPF {:.3} % + daemon {:.3} %)",
                 share(t.cpu_s + t.bpf_ns as f64 / 1e9, t.accounted_s, cpus),
                 share(t.bpf_ns as f64 / 1e9, t.accounted_s, cpus),
@@ -181,7 +197,7 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
     );
     println!("|---|---|---|");
     let mut per_sample = Vec::new();
-    for (config, t) in CONFIGS.iter().zip(&tally) {
+    for (config, t) in configs.iter().zip(&tally) {
         let samples = match config {
             Config::Ours(AMPLIFIED) | Config::Tick(AMPLIFIED) => t.runs_whole as f64,
             Config::Perf(AMPLIFIED) => t.perf_samples as f64,
@@ -203,8 +219,14 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
     }
     let (ours, perf) = (find(|c| matches!(c, Config::Ours(_))), find(|c| matches!(c, Config::Perf(_))));
     println!("| ratio ours / perf | {:.2} | {:.2} |", ours / perf, (ours - tick) / (perf - tick));
-    println!("\n| per sample | 99 Hz | 999 Hz | 99 Hz, frame pointers only |\n|---|---|---|---|");
-    let ours = [&tally[1], &tally[2], &tally[3]]; // 99 Hz, 999 Hz, 99 Hz without tables
+    // 99 Hz, 999 Hz, 99 Hz without tables, and the baseline build at 99 Hz.
+    let mut ours = vec![&tally[1], &tally[2], &tally[3]];
+    print!("\n| per sample | 99 Hz | 999 Hz | 99 Hz, frame pointers only |");
+    if let Some(b) = tally.get(CONFIGS.len() - 1) {
+        ours.push(b);
+        print!(" baseline build, 99 Hz |");
+    }
+    println!("\n|---|---|---|---|{}", if ours.len() > 3 { "---|" } else { "" });
     let per = |t: &Tally, v: f64| v / t.bpf_runs.max(1) as f64;
     let row = |what: &str, f: &dyn Fn(&Tally) -> String| {
         println!("| {what} | {} |", ours.iter().map(|t| f(t)).collect::<Vec<_>>().join(" | "));
@@ -217,7 +239,7 @@ pub fn run(profiler: &Path, hash_work: &Path, busy_helper: &Path, seconds: u64, 
     row("samples measured", &|t| t.bpf_runs.to_string());
     row("daemon RSS (largest at the end of a run)", &|t| format!("{:.1} MiB", t.rss_kib as f64 / 1024.0));
 
-    against_bpftrace(profiler, busy_helper, seconds, rounds)
+    against_bpftrace(builds.profiler, busy_helper, seconds, rounds)
 }
 
 /// Part 3: ours and bpftrace attached at once; one CPU busy in user space, the other idle.
@@ -226,7 +248,7 @@ fn against_bpftrace(profiler: &Path, busy_helper: &Path, seconds: u64, rounds: u
     let mut ratios = Vec::new();
     for round in 0..rounds {
         let dir = scratch_dir(&format!("bpftrace-{round}"));
-        let daemon = start(Config::Ours(99), profiler, &dir)?;
+        let daemon = start(Config::Ours(99), &Builds { profiler, baseline: None }, &dir)?;
         let mut bpftrace = bpftrace("profile:hz:99 { @[kstack, ustack] = count(); }")?;
         let mut busy = Command::new(busy_helper)
             .args(["1", &(seconds + 2).to_string()])
@@ -280,10 +302,14 @@ fn scratch_dir(tag: &str) -> PathBuf {
 }
 
 /// Starts the tool of a configuration, once it is sampling and past its start-up work.
-fn start(config: Config, profiler: &Path, dir: &Path) -> anyhow::Result<Option<Child>> {
+fn start(config: Config, builds: &Builds, dir: &Path) -> anyhow::Result<Option<Child>> {
     match config {
         Config::Bare => Ok(None),
-        Config::Ours(hz) | Config::OursFp(hz) => {
+        Config::Ours(hz) | Config::OursFp(hz) | Config::Baseline(hz) => {
+            let profiler = match config {
+                Config::Baseline(_) => builds.baseline.context("no baseline build")?,
+                _ => builds.profiler,
+            };
             let mut cmd = Command::new(profiler);
             cmd.args(["run", "--listen", "off", "--frequency", &hz.to_string(), "--data-dir"]).arg(dir);
             if matches!(config, Config::OursFp(_)) {
