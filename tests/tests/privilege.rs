@@ -4,7 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
-use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, status_json, wait_for};
+use integration_tests::{Daemon, Kill, folded_window, helper_bin, now_secs, privileged, wait_for};
 
 const CAPS: &str = "-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search,+syslog";
 
@@ -24,27 +24,33 @@ fn runs_with_only_the_documented_capabilities() {
     let allowed: u64 = [39, 38, 19, 2, 34].iter().map(|b| 1u64 << b).sum();
     assert_eq!(eff & !allowed, 0, "the daemon holds more than the documented capabilities: {eff:#x}");
 
-    // A user-space spinner on CPU 1, then a kernel-space one: both symbolized.
+    // A user-space spinner on CPU 1, then a kernel-space one: both symbolized. The kernel
+    // spinner runs until its samples are on disk: a fixed amount of work (`dd count=N`) took
+    // 0.19 s on one machine and left no sample to check.
     let start = now_secs();
     let st = Command::new(helper_bin()).args(["1", "2"]).stdout(std::process::Stdio::null()).status().unwrap();
     assert!(st.success());
-    let mut dd = Command::new("taskset")
-        .args(["-c", "1", "dd", "if=/dev/zero", "of=/dev/null", "bs=1M", "count=20000"])
-        .spawn()
-        .unwrap();
-    assert!(dd.wait().unwrap().success());
-    let end = now_secs();
-    wait_for("the samples on disk", Duration::from_secs(5), || {
-        let span = status_json(&data)?["summary"]["span"][1].as_u64()?;
-        (span as f64 / 1e9 >= end).then_some(())
+    let user_end = now_secs();
+    let dd = Kill(
+        Command::new("taskset")
+            .args(["-c", "1", "dd", "if=/dev/zero", "of=/dev/null", "bs=1M"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let in_kernel = |s: &str| s.starts_with("dd;") && s.contains("_[k]");
+    let stacks = wait_for("100 samples of dd on CPU 1", Duration::from_secs(20), || {
+        let stacks = folded_window(data.to_str().unwrap(), start, now_secs(), &["--cpu", "1"]).ok()?;
+        let dd: u64 = stacks.iter().filter(|(s, _)| in_kernel(s)).map(|(_, n)| n).sum();
+        (dd >= 100).then_some(stacks)
     });
-    let stacks = folded_window(data.to_str().unwrap(), start, end, &["--cpu", "1"]).unwrap();
+    drop(dd);
     assert!(
         stacks.iter().any(|(s, _)| s.contains(";profiler_test_hot_loop")),
-        "user frames not symbolized: {stacks:?}"
+        "user frames not symbolized (spinner ran {start:.3}..{user_end:.3}): {stacks:?}"
     );
     assert!(
-        stacks.iter().any(|(s, _)| s.starts_with("dd;") && s.contains("_[k]") && !s.contains("[unknown]_[k]")),
+        stacks.iter().any(|(s, _)| in_kernel(s) && !s.contains("[unknown]_[k]")),
         "kernel frames not symbolized: {stacks:?}"
     );
     assert!(daemon.stop().success(), "{}", daemon.log_text());
