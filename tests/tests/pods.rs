@@ -2,7 +2,8 @@
 //! layout, is stored with its pod, namespace and container; `--pod`, `--namespace`,
 //! `--container` and `--unit` select it, a process beside it stays out, and pprof exports carry
 //! the labels. The cgroup is real (cgroup v1 here, made by the test); the kubelet's log
-//! directory is a temporary one given with `--kubelet-logs`.
+//! directory is a temporary one given with `--kubelet-logs`. On the page (headless Chromium),
+//! the process's frame offers "only pod X", which filters every chart by the pod.
 
 use std::{
     io::Read,
@@ -11,7 +12,11 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, folded_window, helper_bin, now_secs, privileged, profiler, status_json, wait_for};
+use integration_tests::{
+    Daemon, folded_window, helper_bin, now_secs, privileged, profiler, skip, status_json, wait_for,
+};
+
+mod browser;
 
 const SECS: f64 = 3.0;
 
@@ -112,8 +117,10 @@ fn a_pods_samples_are_stored_with_its_identity_and_selected_by_it() {
     let link = logs.path().join(format!("containers/web-7d4b9c-x2x7k_shop_nginx-{id}.log"));
     std::os::unix::fs::symlink(&log, link).unwrap();
 
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
     let (_tmp, data, mut daemon) =
-        Daemon::ready_in_tempdir(&["--listen", "off", "--kubelet-logs", logs.path().to_str().unwrap()]);
+        Daemon::ready_in_tempdir(&["--listen", &listen, "--kubelet-logs", logs.path().to_str().unwrap()]);
     let dir = data.to_str().unwrap();
     let start = now_secs();
     // The pod's process enters its container's cgroup and then execs, as runc does.
@@ -167,5 +174,57 @@ fn a_pods_samples_are_stored_with_its_identity_and_selected_by_it() {
     for want in ["namespace", "shop", "pod", "web-7d4b9c-x2x7k", "container", "nginx", id.as_str()] {
         assert!(strings.contains(want), "pprof export lacks {want}");
     }
+    only_the_pod_on_the_page(&data, start, end + 0.5, pod);
     assert!(daemon.stop().success());
+}
+
+/// The page of the window, the busy-helper's frame clicked: it offers its pod (with its share of
+/// the process), and taking the offer filters the charts by the pod: `pod` samples are left.
+fn only_the_pod_on_the_page(data: &Path, from: f64, to: f64, pod: u64) {
+    if !browser::installed() {
+        skip("the page check needs Debian's chromium and chromium-driver (cargo xtask test installs them)");
+        return;
+    }
+    let out = profiler(&["ui", "--data-dir", data.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (base, token) = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split_once("/#token=")
+        .map(|(b, t)| (b.to_string(), t.to_string()))
+        .unwrap();
+    let url = format!("{base}/?from={from:.3}&to={to:.3}&comm=busy-helper&sel={from:.3},{to:.3}#token={token}");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let (_driver, client) = browser::open("1400,1000").await;
+        client.goto(&url).await.unwrap();
+        let offered = browser::until(
+            &client,
+            "the pod offered on the process's frame",
+            "const f = document.querySelector('#flamegraph [data-name=busy-helper]'); if (!f) return null; f.click(); \
+             const b = [...document.querySelectorAll('#picked button')].map((b) => b.textContent); \
+             return b.some((t) => t.startsWith('only pod')) ? b : null",
+        )
+        .await;
+        let text = offered.to_string();
+        assert!(text.contains("only pod shop/web-7d4b9c-x2x7k (") && text.contains("% of busy-helper)"), "{text}");
+        client
+            .execute(
+                "[...document.querySelectorAll('#picked button')].find((b) => b.textContent.startsWith('only pod')).click()",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let filtered = browser::until(
+            &client,
+            "the charts filtered by the pod",
+            "const f = document.getElementById('flamegraph'), S = window.profilerUI.state, q = f.dataset.query || ''; \
+             return q.includes('pod=shop%2Fweb-7d4b9c-x2x7k') && (document.getElementById('heatmap').dataset.query || '').includes('pod=shop') \
+                 && S.tree && f.querySelector('[data-name=busy-helper]') ? [S.tree.value, location.search] : null",
+        )
+        .await;
+        assert_eq!(filtered[0].as_u64(), Some(pod), "the pod's samples only: {filtered}");
+        assert!(filtered[1].as_str().unwrap().contains("pod=shop%2Fweb-7d4b9c-x2x7k"), "{filtered}");
+        eprintln!("page: the process's frame offered {offered}; the pod's flamegraph holds {} samples", filtered[0]);
+        let _ = client.close().await;
+    });
 }

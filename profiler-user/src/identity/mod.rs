@@ -110,6 +110,15 @@ impl Identity {
         parts.join(" ")
     }
 
+    /// The pod as the `pod` filter takes it back: `namespace/name`, else its name or uid.
+    pub fn pod(&self) -> Option<String> {
+        match (self.pod_namespace.as_deref(), self.pod_name.as_deref()) {
+            (Some(ns), Some(pod)) => Some(format!("{ns}/{pod}")),
+            (None, Some(pod)) => Some(pod.to_string()),
+            _ => self.pod_uid.as_deref().map(str::to_string),
+        }
+    }
+
     pub fn matches(&self, filter: &Filter) -> bool {
         let is = |field: &Option<Arc<str>>, want: &str| field.as_deref() == Some(want);
         let pod = |want: &str| match want.split_once('/') {

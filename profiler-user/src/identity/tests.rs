@@ -47,6 +47,16 @@ fn pods_by_name_namespaced_name_or_uid() {
 }
 
 #[test]
+fn a_pod_is_named_as_the_pod_filter_takes_it_back() {
+    let pod = nginx().pod().unwrap();
+    assert_eq!(pod, "shop/web-7d4b9c-x2x7k");
+    assert!(nginx().matches(&filter(Some(&pod), None, None, None)));
+    let uid_only = Identity { pod_uid: Some(UID.into()), ..Default::default() };
+    assert_eq!(uid_only.pod().as_deref(), Some(UID));
+    assert_eq!(sshd().pod(), None);
+}
+
+#[test]
 fn every_given_field_must_match() {
     assert!(nginx().matches(&filter(None, Some("shop"), Some("nginx"), None)));
     assert!(!nginx().matches(&filter(None, Some("shop"), Some("php"), None)));

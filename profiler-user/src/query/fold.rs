@@ -28,6 +28,9 @@ pub struct Folded {
     pub per_cpu: BTreeMap<u32, (u64, u64)>,
     /// Distinct stacks merged into [`budget::TRUNCATED`] to keep the fold within its budget.
     pub truncated_stacks: u64,
+    /// Per process (its name as the first frame of a line): the pods (`namespace/name`) its
+    /// samples ran in, with their samples. The UI offers "only pod X" on a process's frame.
+    pub pods: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 impl Folded {
@@ -84,12 +87,17 @@ fn fold_line_with(dict: &Dict, comm: u32, stack: u32, frames: &mut Vec<(u32, boo
     line
 }
 
+/// Pods kept per process in [`Folded::pods`] (Kubernetes' default limit is 110 pods a node).
+const MAX_PODS_PER_PROCESS: usize = 256;
+
 /// Folds blocks as a scan hands them over: counts per (comm, stack) id while a dictionary
 /// lasts, turned into folded lines once per dictionary rather than once per block.
 struct FoldVisitor<'a> {
     window: Window,
     filter: &'a Filter,
     counts: rustc_hash::FxHashMap<(u32, u32), u64>,
+    /// Samples per (comm, workload) ids of the current dictionary, for [`Folded::pods`].
+    workloads: rustc_hash::FxHashMap<(u32, u32), u64>,
     folded: Folded,
     in_window: u64,
     /// Bytes of the folded lines held.
@@ -111,6 +119,9 @@ impl Visitor for FoldVisitor<'_> {
                 continue;
             }
             *self.counts.entry((samples.comm[i], samples.stack[i])).or_default() += n;
+            if let Some(w) = samples.workload(i) {
+                *self.workloads.entry((samples.comm[i], w)).or_default() += n;
+            }
             self.folded.per_cpu.entry(cpu).or_default().0 += n;
         }
         // Idle counts are per block (one second): kept when the block lies inside the window,
@@ -136,6 +147,18 @@ impl Visitor for FoldVisitor<'_> {
                 0
             });
             *e += n;
+        }
+        for ((comm, workload), n) in self.workloads.drain() {
+            let Some(pod) = crate::identity::workloads::decode(&dict.strings[workload as usize]).and_then(|w| w.pod())
+            else {
+                continue;
+            };
+            let process = crate::text::folded_frame(&dict.strings[comm as usize], true);
+            // Bounded like the stacks: a process in more pods than a node runs is not offered.
+            let pods = self.folded.pods.entry(process.into_owned()).or_default();
+            if pods.len() < MAX_PODS_PER_PROCESS || pods.contains_key(&pod) {
+                *pods.entry(pod).or_default() += n;
+            }
         }
         // Half again the budget before pruning, so a long scan does not prune at every segment.
         if self.folded.stacks.len() > budget::MAX_STACKS * 3 / 2 || self.bytes > budget::MAX_FOLDED_BYTES * 3 / 2 {
@@ -174,8 +197,15 @@ impl Folded {
 /// Folds the samples of `window` that match `filter`.
 pub fn fold(store: &mut Store, window: Window, filter: &Filter) -> Result<Folded, QueryError> {
     check_filter(filter, Meta::read(store.data_dir()).as_ref())?;
-    let mut v =
-        FoldVisitor { window, filter, counts: Default::default(), folded: Folded::default(), in_window: 0, bytes: 0 };
+    let mut v = FoldVisitor {
+        window,
+        filter,
+        counts: Default::default(),
+        workloads: Default::default(),
+        folded: Folded::default(),
+        in_window: 0,
+        bytes: 0,
+    };
     budget::scan(store, window.from_ns, window.to_ns, Need::Samples, budget::ScanBudget::default(), &mut v)?;
     let FoldVisitor { mut folded, in_window, bytes, .. } = v;
     if folded.stacks.len() > budget::MAX_STACKS || bytes > budget::MAX_FOLDED_BYTES {

@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
 use crate::{
@@ -102,6 +102,19 @@ pub(super) fn naive(samples: &[Sample], w: Window, f: &Filter) -> rustc_hash::Fx
     out
 }
 
+/// What `Folded::pods` should be: per process, its samples per pod.
+fn naive_pods(samples: &[Sample], w: Window, f: &Filter) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for s in samples {
+        let Some(pod) = crate::identity::workloads::decode(&s.workload).and_then(|i| i.pod()) else { continue };
+        let one = [s.clone()];
+        if !naive(&one, w, f).is_empty() {
+            *out.entry(s.comm.replace(';', ":")).or_default().entry(pod).or_default() += 1;
+        }
+    }
+    out
+}
+
 #[test]
 fn store_round_trip_keeps_every_field() {
     let input = samples();
@@ -169,7 +182,10 @@ fn fold_equals_naive_count_for_windows_and_filters() {
         for f in &filters {
             let want = naive(&input, w, f);
             match fold(&mut store, w, f) {
-                Ok(got) => assert_eq!(got.stacks, want, "window {a}..{b}, {f:?}"),
+                Ok(got) => {
+                    assert_eq!(got.stacks, want, "window {a}..{b}, {f:?}");
+                    assert_eq!(got.pods, naive_pods(&input, w, f), "window {a}..{b}, {f:?}");
+                }
                 Err(e) => assert!(want.is_empty(), "window {a}..{b}, {f:?}: {e}"),
             }
         }

@@ -75,7 +75,7 @@ function drawFlame() {
     f.addEventListener("click", () => {
       const path = d < zoom.length ? zoom.slice(0, d + 1) : [...zoom, ...pathTo(focus, n)];
       S.zoom = path.length > 1 ? path : null; drawFlame();
-      showPicked({ name: n.name, depth: path.length - 1, comm: path[1] && path[1].name });
+      showPicked({ name: n.name, depth: path.length - 1, process: path[1] });
     });
     return f;
   }));
@@ -83,7 +83,8 @@ function drawFlame() {
 }
 
 // A clicked frame offers to filter everything by it: only the stacks through it (the function
-// filter) or only its process (the first frame under the root is the process name). Either
+// filter), only its process (the first frame under the root is the process name) or only a
+// pod that process ran in (the tree lists them on the process, most samples first). Each
 // reloads every chart with the filter, which the URL keeps.
 function showPicked(p) {
   const el = $("picked");
@@ -99,7 +100,13 @@ function showPicked(p) {
     const fn = p.name.replace(/_\[k\]$/, "");
     offer(`only stacks through ${fn}`, "every chart and the flamegraph keep only samples whose stack has this function", () => { $("function").value = fn; });
   }
-  if (p.comm) offer(`only process ${p.comm}`, "every chart and the flamegraph keep only this process", () => { $("comm").value = p.comm; });
+  const proc = p.process;
+  if (!proc) return;
+  offer(`only process ${proc.name}`, "every chart and the flamegraph keep only this process", () => { $("comm").value = proc.name; });
+  for (const [pod, n] of (proc.pods || []).slice(0, 3)) {
+    const share = n < proc.value ? ` (${((n / proc.value) * 100).toFixed(0)} % of ${proc.name})` : "";
+    offer(`only pod ${pod}${share}`, "every chart and the flamegraph keep only the processes of this pod", () => { $("pod").value = pod; });
+  }
 }
 
 function pathTo(from, target) {

@@ -2,6 +2,8 @@
 //! A tree of `serde_json::Value`s costs hundreds of bytes a node and deep stacks have many
 //! nodes; here nodes are 24 bytes in one vector, and nodes too thin to draw (under
 //! [`MIN_SHARE`] of all samples, a fraction of a pixel) are left to their parent's self time.
+//! A process (a node under the root) also carries the pods it ran in, most samples first:
+//! `"pods":[["namespace/name",samples],...]`, for the page's "only pod X".
 
 use std::io::Write;
 
@@ -48,6 +50,13 @@ pub fn write(folded: &Folded, mut out: impl Write) -> std::io::Result<()> {
         }
     }
     let min = (nodes[0].value as f64 * MIN_SHARE) as u64;
+    // Which nodes are processes (children of the root).
+    let mut process = vec![false; nodes.len()];
+    let mut c = nodes[0].first_child;
+    while c != NONE {
+        process[c as usize] = true;
+        c = nodes[c as usize].next_sibling;
+    }
     enum Step {
         Open(u32),
         Close,
@@ -66,10 +75,17 @@ pub fn write(folded: &Folded, mut out: impl Write) -> std::io::Result<()> {
                 out.write_all(b",")?;
                 continue;
             }
-            Step::Open(n) => &nodes[n as usize],
+            Step::Open(n) => (n, &nodes[n as usize]),
         };
+        let (index, n) = n;
         out.write_all(b"{\"name\":")?;
         serde_json::to_writer(&mut out, names[n.name as usize])?;
+        if let Some(pods) = process[index as usize].then(|| folded.pods.get(names[n.name as usize])).flatten() {
+            let mut pods: Vec<_> = pods.iter().collect();
+            pods.sort_unstable_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+            out.write_all(b",\"pods\":")?;
+            serde_json::to_writer(&mut out, &pods)?;
+        }
         write!(out, ",\"value\":{},\"children\":[", n.value)?;
         todo.push(Step::Close);
         kids.clear();
@@ -111,6 +127,17 @@ mod tests {
         assert_eq!(v["children"][0]["children"][0]["value"], 10);
         assert_eq!(v["children"][0]["children"][0]["children"][1]["name"], "spin");
         assert_eq!(v["children"][1]["children"][0]["name"], "\"q\"");
+        assert!(v["children"][0].get("pods").is_none(), "no pod known: no field");
+        f.pods.insert("app".into(), [("ml/a".to_string(), 3), ("ml/b".to_string(), 7)].into());
+        // A function named like a process is not one.
+        f.pods.insert("main".into(), [("ml/c".to_string(), 1)].into());
+        let mut out = Vec::new();
+        write(&f, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["children"][0]["pods"], serde_json::json!([["ml/b", 7], ["ml/a", 3]]));
+        assert!(v["children"][0]["children"][0].get("pods").is_none());
+        assert!(v.get("pods").is_none());
+        f.pods.clear();
         f.stacks.insert("rare;x".into(), 1);
         f.stacks.insert("app;main;spin".into(), 100_000);
         let mut out = Vec::new();

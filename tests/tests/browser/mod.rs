@@ -2,6 +2,9 @@
 //! a free port, killed with the returned guard, and a WebDriver session with the options every
 //! browser test uses.
 
+// Each test crate that includes this module uses some of it.
+#![allow(dead_code)]
+
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -44,5 +47,29 @@ pub async fn open(window: &str) -> (Kill, fantoccini::Client) {
             Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
             Err(e) => panic!("cannot reach chromedriver: {e}"),
         }
+    }
+}
+
+/// Runs `script` until it returns something other than null, for up to 20 s; the value. On
+/// timeout, panics with what the page shows (address, status line, last queries).
+pub async fn until(client: &fantoccini::Client, what: &str, script: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = client.execute(script, vec![]).await.unwrap();
+        if !v.is_null() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let seen = client
+                .execute(
+                    "const q = (id) => { const e = document.getElementById(id); return e && [e.dataset.query, e.textContent.slice(0, 300)]; }; \
+                     return [location.href, q('status'), q('h-node'), q('heatmap'), q('flamegraph')]",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            panic!("the page never showed {what}: {seen}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
