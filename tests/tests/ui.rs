@@ -65,6 +65,12 @@ fn api_answers_and_metrics_parse() {
     // On loopback even the metrics keep the Host check (a rebound name is refused).
     let (code, body) = get_as(port, "/metrics", "attacker.example", None);
     assert_eq!(code, 403, "{body}");
+    // The daemon answers for its own node, by name or unnamed, and refuses any other.
+    let status: serde_json::Value = serde_json::from_str(&get(port, "/api/status").1).unwrap();
+    let own = status["nodes"][0].as_str().expect("the daemon names its node").to_string();
+    assert_eq!(get(port, &format!("/api/findings?node={own}")).0, 200);
+    let (code, body) = get(port, "/api/findings?node=elsewhere");
+    assert!(code == 400 && body.contains(&format!("profiles node '{own}' only")), "{code} {body}");
     let mode = std::fs::metadata(data.join("ui-url")).unwrap().permissions();
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
     // Busy shares appear once the detectors have evaluated a complete second.
@@ -315,6 +321,16 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         client.goto(&format!("http://127.0.0.1:{port}/?{query}#token={token}")).await.unwrap();
         until("the heatmap of the window", drawn.clone()).await;
         let heatmap_at = now_secs() - t_load;
+        // The node field shows the daemon's node (the header's) and offers it.
+        let node = until(
+            "the daemon's node in the node field",
+            "const n = document.getElementById('node'); \
+             return n.placeholder && document.querySelector('#nodes option') \
+                 ? [n.placeholder, document.getElementById('h-node').textContent, document.querySelector('#nodes option').value] : null"
+                .into(),
+        )
+        .await;
+        assert!(node[0] == node[1] && node[1] == node[2], "{node}");
 
         // The time axis names the data's seconds, in UTC, where the data's columns are.
         let first = grid["first_second"].as_u64().unwrap();

@@ -12,13 +12,12 @@ mod output;
 mod report;
 mod run;
 mod status;
+mod ui;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use profiler::{logs, text};
-
-use args::DataDir;
 
 #[derive(Parser)]
 #[command(name = "profiler", version, about = "Always-on eBPF CPU profiler with a time axis")]
@@ -42,8 +41,9 @@ pub enum Command {
     /// One self-contained HTML file for an incident: heatmap, CPU x time, findings, events, and
     /// the flamegraph of the window and of each finding.
     Report(report::Args),
-    /// The live UI's address, with the token its API requires (root only).
-    Ui(DataDir),
+    /// The live UI's address, with the token its API requires (root only); with --clickhouse,
+    /// the UI served here for any node that ships to ClickHouse (--node picks the first shown).
+    Ui(ui::Args),
     /// Findings of the detectors in a time window.
     Findings(lists::Args),
     /// Kernel log events (resets, watchdogs) in a time window.
@@ -109,7 +109,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Cputime(args) => grids::cputime(args),
         Command::Export(args) => export::run(args),
         Command::Report(args) => report::run(args),
-        Command::Ui(dir) => status::ui(dir),
+        Command::Ui(args) => ui::run(args),
         Command::Findings(args) => lists::findings(args),
         Command::Events(args) => lists::events(args),
         Command::Counters(args) => counters::run(args),

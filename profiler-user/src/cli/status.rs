@@ -1,8 +1,7 @@
-//! `profiler status` (what the store holds) and `profiler ui` (the live UI's address).
+//! `profiler status`: what the store holds.
 
 use std::path::Path;
 
-use anyhow::Context as _;
 use profiler::{
     store::{Meta, Store},
     text, timespec,
@@ -71,15 +70,6 @@ pub fn health(args: HealthArgs) -> anyhow::Result<()> {
 }
 
 /// Prints the UI's address the daemon left in the data directory.
-pub fn ui(dir: DataDir) -> anyhow::Result<()> {
-    profiler::store::check_dir(&dir.data_dir)?;
-    let path = dir.data_dir.join(profiler::serve::URL_FILE);
-    let url = std::fs::read_to_string(&path)
-        .with_context(|| format!("no UI address in {} (is the daemon running with its UI on?)", path.display()))?;
-    println!("{}", text::visible(url.trim()));
-    Ok(())
-}
-
 fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     let mut store = Store::open(data_dir)?;
     let summary = store.summary()?;

@@ -275,7 +275,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         None => None,
     };
     if let Some(addr) = config.listen {
-        serve(addr, &config.data_dir, live).await?;
+        serve(addr, &config.data_dir, live)?;
     }
     notify("READY=1");
 
@@ -377,25 +377,20 @@ fn reload(config: &DaemonConfig, settings: &Mutex<Reloadable>, control: &mpsc::S
 /// Starts the UI, API and /metrics. The server runs on a thread and runtime of its own at low
 /// CPU priority (`serve::listener`), so a slow request never takes a thread the daemon's stages
 /// need. Profiling matters more than the UI: when it cannot listen, the daemon goes on without.
-async fn serve(
+fn serve(
     addr: std::net::SocketAddr,
     data_dir: &std::path::Path,
     live: Arc<Mutex<crate::serve::metrics::Live>>,
 ) -> Result<(), DaemonError> {
     let token = crate::serve::new_token().map_err(|e| StoreError::Io("/dev/urandom".into(), e))?;
-    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "[::1]".to_string()];
-    hosts.push(match addr.ip() {
-        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
-        ip => ip.to_string(),
-    });
     let state = crate::serve::AppState {
-        data_dir: data_dir.to_path_buf(),
+        source: Arc::new(crate::serve::source::Source::Store(data_dir.to_path_buf())),
         live,
         token: token.clone(),
-        hosts,
+        hosts: crate::serve::hosts(addr),
         metrics_from_any_host: !addr.ip().is_loopback(),
     };
-    match crate::serve::spawn(addr, state).await {
+    match crate::serve::spawn(addr, state) {
         Ok(bound) => {
             let url = format!("http://{bound}/#token={token}");
             crate::store::files::write_private(&data_dir.join(crate::serve::URL_FILE), url.as_bytes())?;

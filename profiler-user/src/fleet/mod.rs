@@ -155,6 +155,32 @@ impl Fleet {
         }
     }
 
+    /// What ClickHouse holds of `node`, as the store's summary says it of a data directory:
+    /// its first and last time and, per CPU, the busy, idle and lost samples.
+    pub fn summary(&self, node: &str) -> Result<crate::store::StoreSummary, FleetError> {
+        // A retried batch sends a block's row again: one per (ts, cpu), as `mirror` reads them.
+        let sql = format!(
+            "SELECT cpu, toUInt64(min(ts)), toUInt64(max(ts + sp)), toUInt64(sum(b)), toUInt64(sum(i)), \
+             toUInt64(sum(l)) FROM (SELECT ts, cpu, max(span) AS sp, max(busy) AS b, max(idle) AS i, \
+             max(lost) AS l FROM {} WHERE node = {} GROUP BY ts, cpu) GROUP BY cpu ORDER BY cpu",
+            self.table(schema::CPU_SECONDS),
+            quote_str(node)
+        );
+        let rows = self.rows(&sql, |r| Ok((r.u16()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?)))?;
+        let mut out = crate::store::StoreSummary::default();
+        for (cpu, first, last, samples, idle, lost) in rows {
+            let (a, b) = out.span.unwrap_or((first, last));
+            out.span = Some((a.min(first), b.max(last)));
+            out.cpus.insert(u32::from(cpu), crate::store::CpuSummary { samples, idle, lost });
+        }
+        Ok(out)
+    }
+
+    /// Where the fleet is read, without credentials: `ClickHouse at HOST:PORT, database D`.
+    pub fn describe(&self) -> String {
+        format!("ClickHouse at {}, database {}", self.addr, self.database)
+    }
+
     /// `node = '...' AND` a time range on `ts`, for a `WHERE`.
     fn node_range(node: &str, from_ns: u64, to_ns: u64) -> String {
         format!("node = {} AND ts >= {from_ns} AND ts < {to_ns}", quote_str(node))

@@ -10,7 +10,7 @@ const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 fn app(metrics_from_any_host: bool) -> (tempfile::TempDir, Router) {
     let dir = tempfile::tempdir().unwrap();
     let state = AppState {
-        data_dir: dir.path().to_path_buf(),
+        source: Arc::new(source::Source::Store(dir.path().to_path_buf())),
         live: Default::default(),
         token: TOKEN.into(),
         hosts: vec!["localhost".into(), "127.0.0.1".into()],

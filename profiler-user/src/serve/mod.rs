@@ -1,15 +1,17 @@
-//! The live UI and its JSON API, served by the daemon (loopback only unless told otherwise).
-//! Every request is answered from the store on disk, so the CLI and the UI always agree. No
-//! request parameter ever becomes a path: the data directory is fixed when the daemon starts.
+//! The live UI and its JSON API, served by the daemon (loopback only unless told otherwise),
+//! or by `profiler ui --clickhouse` for any node of a fleet. Every request is answered from a
+//! store on disk (the daemon's, or a node's window copied out of ClickHouse: [`source`]), so
+//! the CLI and the UI always agree. No request parameter ever becomes a path: the data
+//! directory is fixed when the server starts, and copies are private temporary directories.
 
 pub mod limits;
 mod listener;
 pub mod metrics;
+pub mod source;
 pub mod tree;
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
     sync::{Arc, Mutex},
 };
 
@@ -32,7 +34,7 @@ use crate::{
 
 #[derive(Clone)]
 pub struct AppState {
-    pub data_dir: PathBuf,
+    pub source: Arc<source::Source>,
     pub live: Arc<Mutex<metrics::Live>>,
     /// Required (header `X-Profiler-Token`) by every `/api/` request: the data is root-only,
     /// and the token lives in a root-only file, so a local user or a web page that reaches the
@@ -107,6 +109,8 @@ pub struct Params {
     namespace: Option<String>,
     container: Option<String>,
     unit: Option<String>,
+    /// Which node: the daemon's own (any other is refused), or one that shipped to ClickHouse.
+    node: Option<String>,
     /// `task`, `softirq` or `softirq:NAME`.
     context: Option<String>,
     /// Only stacks through a frame of this exact name.
@@ -144,6 +148,22 @@ impl From<query::QueryError> for Failure {
     }
 }
 
+impl From<source::SourceError> for Failure {
+    fn from(e: source::SourceError) -> Self {
+        use crate::fleet::FleetError;
+        let code = match &e {
+            source::SourceError::OtherNode { .. } | source::SourceError::WhichNode(..) => StatusCode::BAD_REQUEST,
+            source::SourceError::Fleet(f) => match f {
+                FleetError::UnknownNode { .. } | FleetError::NoNodes(_) => StatusCode::NOT_FOUND,
+                FleetError::TooMany { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+                FleetError::Down { .. } | FleetError::ClickHouse(_) | FleetError::Decode(_) => StatusCode::BAD_GATEWAY,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        };
+        Failure(code, e.to_string())
+    }
+}
+
 fn bad(msg: impl ToString) -> Failure {
     Failure(StatusCode::BAD_REQUEST, msg.to_string())
 }
@@ -158,6 +178,11 @@ impl Params {
         let from = timespec::parse(self.from.as_deref().unwrap_or(default_from), now).map_err(bad)?;
         let to = timespec::parse(self.to.as_deref().unwrap_or("now"), now).map_err(bad)?;
         Ok(Window::new(from, to)?)
+    }
+
+    /// The data directory that answers this request's node over `window`.
+    fn dir(&self, app: &AppState, window: Option<Window>) -> Result<source::Dir, Failure> {
+        Ok(app.source.dir(self.node.as_deref(), window)?)
     }
 
     fn filter(&self) -> Result<Filter, Failure> {
@@ -224,8 +249,8 @@ async fn heavy<T: Send + 'static>(
 /// When the memory of an answer is handed back: by then a loopback client has read it.
 const TRIM_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
-fn open(state: &AppState) -> Result<Store, Failure> {
-    Store::open(&state.data_dir).map_err(|e| internal(e.to_string()))
+fn open(dir: &source::Dir) -> Result<Store, Failure> {
+    Store::open(dir.path()).map_err(|e| internal(e.to_string()))
 }
 
 fn json(value: impl serde::Serialize) -> Result<Response, Failure> {
@@ -249,12 +274,13 @@ async fn heatmap_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result
     heavy(&s, move || {
         let w = p.window("-5m")?;
         let filter = p.filter()?;
-        query::check_filter(&filter, Meta::read(&app.data_dir).as_ref())?;
+        let dir = p.dir(&app, Some(w))?;
+        query::check_filter(&filter, Meta::read(dir.path()).as_ref())?;
         let rows = p.rows.unwrap_or(50);
         if !(1..=1000).contains(&rows) {
             return Err(bad(format!("rows={rows} is out of range: a heatmap has 1 to 1000 rows")));
         }
-        let grid = query::subsecond_grid(&mut open(&app)?, w, rows as usize, &filter)?;
+        let grid = query::subsecond_grid(&mut open(&dir)?, w, rows as usize, &filter)?;
         let mut body = Vec::with_capacity(grid.counts.len() * 2 + 4096);
         heatmap::write_json_with(&grid, true, &mut body).map_err(internal)?;
         let note = grid.coarsened().then(|| heatmap::coarsened_reason(&grid));
@@ -271,9 +297,10 @@ async fn cputime_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result
         let bucket_ns = timespec::parse_duration_ns(bucket)
             .filter(|&b| b >= 10_000_000)
             .ok_or_else(|| bad(format!("bucket '{bucket}' must be a duration of 10ms or more")))?;
-        let (cpus, hz) = Meta::cpus_and_frequency(&app.data_dir);
-        let grid = query::cpu_time(&mut open(&app)?, w, bucket_ns, cpus, hz)?;
-        let findings = detect::log::findings_in(&app.data_dir, w.from_ns, w.to_ns).map_err(internal)?;
+        let dir = p.dir(&app, Some(w))?;
+        let (cpus, hz) = Meta::cpus_and_frequency(dir.path());
+        let grid = query::cpu_time(&mut open(&dir)?, w, bucket_ns, cpus, hz)?;
+        let findings = detect::log::findings_in(dir.path(), w.from_ns, w.to_ns).map_err(internal)?;
         let note = cputime::coarsened(&grid).map(|c| c.reason);
         Ok(with_note(json(cputime::json(&grid, &findings))?, "x-profiler-coarsened", note))
     })
@@ -289,7 +316,7 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
         if !["svg", "json", "folded"].contains(&format) {
             return Err(bad(format!("format '{format}' is not one of svg, json, folded")));
         }
-        let folded = query::fold(&mut open(&app)?, w, &filter)?;
+        let folded = query::fold(&mut open(&p.dir(&app, Some(w))?)?, w, &filter)?;
         let note = (folded.truncated_stacks > 0).then(|| {
             format!(
                 "{} rare stacks merged into {}: a flamegraph keeps at most {} distinct stacks",
@@ -333,7 +360,7 @@ async fn findings_api(State(s): State<Shared>, Query(p): Query<Params>) -> Resul
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        json(detect::log::findings_in(&app.data_dir, w.from_ns, w.to_ns).map_err(internal)?)
+        json(detect::log::findings_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
     })
     .await
 }
@@ -342,7 +369,7 @@ async fn events_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        json(detect::log::events_in(&app.data_dir, w.from_ns, w.to_ns).map_err(internal)?)
+        json(detect::log::events_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
     })
     .await
 }
@@ -356,8 +383,9 @@ async fn counters_api(State(s): State<Shared>, Query(p): Query<Params>) -> Resul
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        let t =
-            crate::store::counters::read(&app.data_dir, w.from_ns, w.to_ns, &Default::default()).map_err(internal)?;
+        // Counters stay on the node (ClickHouse gets samples, findings and events): none here.
+        let dir = p.dir(&app, None)?;
+        let t = crate::store::counters::read(dir.path(), w.from_ns, w.to_ns, &Default::default()).map_err(internal)?;
         let points: usize = t.tracks.iter().map(|t| t.points.len()).sum();
         if points > MAX_COUNTER_POINTS {
             return Err(Failure(
@@ -374,14 +402,28 @@ async fn counters_api(State(s): State<Shared>, Query(p): Query<Params>) -> Resul
     .await
 }
 
-async fn status_api(State(s): State<Shared>) -> Result<Response, Failure> {
+async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
     let app = s.app.clone();
     heavy(&s, move || {
-        let summary = open(&app)?.summary().map_err(internal)?;
+        let nodes = app.source.nodes()?;
+        if let Some(fleet) = app.source.fleet_status(p.node.as_deref()) {
+            // A fleet: the node's description and what ClickHouse holds of it, or (several
+            // nodes, none chosen) the sentence that asks for one.
+            let (meta, summary, problem) = match fleet.summary {
+                Ok(summary) => (Meta::read(p.dir(&app, None)?.path()), Some(summary), None),
+                Err(e) => (None, None, Some(Failure::from(e).1)),
+            };
+            return json(serde_json::json!({
+                "meta": meta, "summary": summary, "nodes": nodes, "source": fleet.source, "problem": problem,
+            }));
+        }
+        let dir = p.dir(&app, None)?;
+        let summary = open(&dir)?.summary().map_err(internal)?;
         let live = app.live.lock().map(|l| l.clone()).unwrap_or_default();
         json(serde_json::json!({
-            "meta": Meta::read(&app.data_dir),
+            "meta": Meta::read(dir.path()),
             "summary": summary,
+            "nodes": nodes,
             "interrupts": crate::collect::irqs::Placement::read(),
             // What the page's header shows beside the store: the kernel and the daemon's health.
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()).ok(),
@@ -445,13 +487,14 @@ async fn index() -> Response {
 }
 
 pub fn router(state: AppState) -> Router {
+    let daemon = matches!(*state.source, source::Source::Store(_));
     let shared = Shared {
         app: state,
         heavy: Arc::new(limits::Heavy::new(limits::HEAVY_AT_ONCE, limits::HEAVY_WAIT)),
         metrics_rate: Arc::new(limits::Rate::new(limits::METRICS_PER_SEC)),
         metrics_text: Arc::new(limits::Cached::default()),
     };
-    Router::new()
+    let router = Router::new()
         .route("/", get(index))
         .route("/api/heatmap", get(heatmap_api))
         .route("/api/cputime", get(cputime_api))
@@ -459,17 +502,28 @@ pub fn router(state: AppState) -> Router {
         .route("/api/findings", get(findings_api))
         .route("/api/events", get(events_api))
         .route("/api/status", get(status_api))
-        .route("/api/counters", get(counters_api))
-        .route("/metrics", get(metrics_api))
-        .layer(axum::middleware::from_fn_with_state(shared.clone(), guard))
-        .with_state(shared)
+        .route("/api/counters", get(counters_api));
+    // The daemon's live figures; a fleet's are each daemon's own /metrics.
+    let router = if daemon { router.route("/metrics", get(metrics_api)) } else { router };
+    router.layer(axum::middleware::from_fn_with_state(shared.clone(), guard)).with_state(shared)
 }
 
 /// Binds `addr` and serves on a thread of its own, at low CPU priority, with its own runtime
 /// (see [`listener`]), until the process ends. Raises the daemon's soft RLIMIT_NOFILE to the
 /// hard limit first: the connection cap is computed from it.
-pub async fn spawn(addr: SocketAddr, state: AppState) -> std::io::Result<SocketAddr> {
+pub fn spawn(addr: SocketAddr, state: AppState) -> std::io::Result<SocketAddr> {
     listener::spawn(addr, router(state))
+}
+
+/// The host names a request to a server on `addr` may carry: loopback's, and the address
+/// itself (anything else is a rebound DNS name, [`AppState::hosts`]).
+pub fn hosts(addr: SocketAddr) -> Vec<String> {
+    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "[::1]".to_string()];
+    hosts.push(match addr.ip() {
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    });
+    hosts
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 // findings and kernel events as marks on it, and the flamegraph of the selected range
 // (flame.js). The state lives in the address's query, the API token never does.
 const $ = (id) => document.getElementById(id);
-const FIELDS = ["from", "to", "cpu", "pod", "namespace", "container", "unit", "comm", "function"];
+const FIELDS = ["from", "to", "cpu", "pod", "namespace", "container", "unit", "comm", "function", "node"];
+// The fields that filter samples (the node is a source, shown in the header).
+const FILTERS = FIELDS.slice(2, -1);
 const LEFT = 70; // px left of every plot (labels); the time axes start there, so all align.
 
 // The token comes in the fragment of the address `profiler ui` prints (a fragment is never
@@ -503,7 +505,7 @@ async function loadCounters() {
 
 // ---- header ----
 function filtersText() {
-  const f = FIELDS.slice(2).filter((k) => $(k).value.trim()).map((k) => `${k === "cpu" ? "CPUs" : k} ${$(k).value.trim()}`);
+  const f = FILTERS.filter((k) => $(k).value.trim()).map((k) => `${k === "cpu" ? "CPUs" : k} ${$(k).value.trim()}`);
   return f.length ? f.join(", ") : "no filter (all CPUs, all processes)";
 }
 function drawWindow() {
@@ -515,12 +517,16 @@ function drawWindow() {
 async function loadStatus() {
   try {
     const st = await (await get("/api/status", {})).json(), m = st.meta || {}, s = st.summary || {}, h = st.health || {};
-    $("h-node").textContent = m.node || m.hostname || "unknown node";
+    // Which nodes the node field offers: the daemon's own, or every node in ClickHouse.
+    $("nodes").replaceChildren(...(st.nodes || []).map((n) => Object.assign(document.createElement("option"), { value: n })));
+    const name = m.node || m.hostname;
+    $("node").placeholder = name || (st.nodes && st.nodes.length > 1 ? `one of ${st.nodes.length}` : "");
+    $("h-node").textContent = name || (st.problem ? "pick a node" : "unknown node");
     document.title = `profiler · ${$("h-node").textContent}`;
     $("h-kernel").textContent = st.kernel ? `kernel ${st.kernel}` : "";
     $("h-cpus").textContent = m.cpus ? `${m.cpus} CPUs` : "";
     $("h-freq").textContent = m.frequency_hz ? `${m.frequency_hz} Hz` : "";
-    if (s.span) $("h-span").textContent = `data ${full(s.span[0] / 1e9, false)} → ${clock(s.span[1] / 1e9, false)} (${span((s.span[1] - s.span[0]) / 1e9)})`;
+    $("h-span").textContent = s.span ? `data ${full(s.span[0] / 1e9, false)} → ${clock(s.span[1] / 1e9, false)} (${span((s.span[1] - s.span[0]) / 1e9)})` : "";
     let lost = 0, all = 0;
     for (const c of Object.values(s.cpus || {})) { lost += c.lost; all += c.samples + c.idle + c.lost; }
     if (st.report) {
@@ -530,6 +536,13 @@ async function loadStatus() {
     }
     const lh = $("h-lost"); lh.textContent = `lost samples ${lost}${all ? ` (${((lost / all) * 100).toFixed(2)} %)` : ""}`;
     lh.className = all && lost / all > 0.01 ? "bad" : "";
+    if (st.source) { // `profiler ui --clickhouse`: no daemon here to report on
+      const n = (st.nodes || []).length;
+      $("h-health").textContent = st.problem || `read from ${st.source}: ${n} node${n === 1 ? "" : "s"} (the node field picks one)`;
+      $("h-health").className = st.problem ? "warn" : "";
+      $("irqs").textContent = "";
+      return;
+    }
     const hh = $("h-health"), problems = [];
     const online = h.online_cpus || m.cpus;
     if (online && h.sampled_cpus < online) problems.push(`sampling ${h.sampled_cpus} of ${online} online CPUs`);
@@ -593,14 +606,14 @@ async function load() {
   }
 }
 
-$("controls").addEventListener("submit", (ev) => { ev.preventDefault(); S.sel = null; writeURL(true); load(); });
+$("controls").addEventListener("submit", (ev) => { ev.preventDefault(); S.sel = null; writeURL(true); loadStatus(); load(); });
 $("zoom").addEventListener("click", () => {
   if (!S.sel) return;
   $("from").value = iso(S.sel[0]); $("to").value = iso(S.sel[1]);
   writeURL(true); load();
 });
 $("back").addEventListener("click", () => history.back());
-window.addEventListener("popstate", () => { readURL(); $("back").disabled = !((history.state && history.state.depth) > 0); load(); });
+window.addEventListener("popstate", () => { readURL(); $("back").disabled = !((history.state && history.state.depth) > 0); loadStatus(); load(); });
 $("local").addEventListener("change", () => { writeURL(false); redraw(); loadStatus(); if (S.sel) showFlamegraph(...S.sel); });
 document.addEventListener("keydown", (ev) => {
   if (ev.target.tagName === "INPUT") return;

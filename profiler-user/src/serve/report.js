@@ -27,8 +27,10 @@ function fromReport(path, extra) {
   if (path === "/api/findings") return reportAnswer(R.findings);
   if (path === "/api/events") return reportAnswer(R.events);
   if (path === "/api/counters") return reportAnswer(R.counters || { tracks: [] });
+  const meta = (R.status && R.status.meta) || {}, own = meta.node || meta.hostname;
+  if (p.get("node") && p.get("node") !== own) throw reportRefusal(`this report holds node ${own} only`);
   // The report holds its window unfiltered (a finding's CPU aside, below).
-  if (FIELDS.slice(3).some((k) => p.get(k))) {
+  if (FIELDS.slice(3, -1).some((k) => p.get(k))) {
     throw reportRefusal("a report holds its window without filters: open the live page (`profiler ui`) to filter");
   }
   if (path === "/api/heatmap") return reportAnswer(R.heatmap);

@@ -19,7 +19,7 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 
 pub use meta::Meta;
-pub use reader::{Store, StoreSummary};
+pub use reader::{CpuSummary, Store, StoreSummary};
 pub use writer::{Flushed, StoreWriter};
 
 #[derive(Debug, thiserror::Error)]

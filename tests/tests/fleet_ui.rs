@@ -1,0 +1,204 @@
+//! The page for any node of a fleet (issue 15): `profiler ui --clickhouse URL` serves the UI
+//! from what two daemons shipped to ClickHouse. Its API answers for a node as the node's own
+//! store does, asks which node when several shipped, refuses unknown nodes and requests
+//! without the token, listens on loopback, and leaves no copy behind when it stops; in
+//! Chromium, the node field lists the nodes and switches the page between them.
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use integration_tests::{
+    Daemon, Kill,
+    clickhouse::{ClickHouse, wait_shipped},
+    helper_bin, now_secs, privileged, profiler, skip,
+};
+
+mod browser;
+
+const SEC: u64 = 1_000_000_000;
+
+/// A GET to the server at `base` (`http://host:port`): (status, body).
+fn get(base: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    get_as(base, path, "127.0.0.1", token)
+}
+
+fn get_as(base: &str, path: &str, host: &str, token: Option<&str>) -> (u16, String) {
+    let addr = base.strip_prefix("http://").unwrap();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let auth = token.map_or(String::new(), |t| format!("X-Profiler-Token: {t}\r\n"));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
+
+/// The private copies (`profiler-fleet-*` in the temporary directory) that exist now.
+fn copies() -> BTreeSet<String> {
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("profiler-fleet-"))
+        .collect()
+}
+
+/// `profiler flamegraph --format folded` of the node's own store.
+fn folded_from_store(data: &Path, from: &str, to: &str) -> String {
+    let out = profiler(&[
+        "flamegraph",
+        "--format",
+        "folded",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        from,
+        "--to",
+        to,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_page_reads_any_node_from_clickhouse() {
+    if !privileged("the_page_reads_any_node_from_clickhouse") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let url = ch.url();
+    let _busy = Kill(Command::new(helper_bin()).args(["1", "600"]).stdout(Stdio::null()).spawn().unwrap());
+    let nodes = ["node-a", "node-b"];
+    let data: Vec<_> = nodes.iter().map(|n| tmp.path().join(n)).collect();
+    let mut daemons: Vec<Daemon> = nodes
+        .iter()
+        .zip(&data)
+        .map(|(node, dir)| {
+            let mut d = Daemon::start(dir, &["--listen", "off", "--node", node, "--clickhouse", &url]);
+            d.wait_ready();
+            d
+        })
+        .collect();
+    let a = now_secs().ceil() as u64 + 1;
+    let b = a + 4;
+    for d in &data {
+        wait_shipped(d, b * SEC);
+    }
+    for d in &mut daemons {
+        d.stop();
+    }
+    let (from, to) = (a.to_string(), b.to_string());
+
+    // The default address: loopback.
+    let before = copies();
+    let mut child = Command::new(integration_tests::profiler_bin())
+        .args(["ui", "--clickhouse", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let mut ui = Kill(child);
+    let (base, token) =
+        line.trim().split_once("/#token=").map(|(b, t)| (b.to_string(), t.to_string())).unwrap_or_else(|| {
+            let mut err = String::new();
+            let _ = ui.0.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("no address from `profiler ui --clickhouse`: {line} {err}")
+        });
+    assert_eq!(base, "http://127.0.0.1:7071", "the page listens on loopback unless told otherwise");
+    let token_text = token;
+    let token = Some(token_text.as_str());
+
+    // Which nodes; several and none chosen: a sentence that asks for one.
+    let (code, body) = get(&base, "/api/status", token);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{code} {body}"));
+    assert_eq!(status["nodes"], serde_json::json!(nodes), "{status}");
+    assert!(status["problem"].as_str().unwrap_or("").contains("2 nodes (node-a, node-b)"), "{status}");
+    let (code, body) = get(&base, &format!("/api/flamegraph?format=folded&from={from}&to={to}"), token);
+    assert!(code == 400 && body.contains("type one in the node field"), "{code} {body}");
+
+    // Each node: its description, and the same flamegraph as its own store's.
+    for (node, dir) in nodes.iter().zip(&data) {
+        let (_, body) = get(&base, &format!("/api/status?node={node}"), token);
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["meta"]["node"], *node, "{status}");
+        let span = &status["summary"]["span"];
+        assert!(span[0].as_u64() <= Some(a * SEC) && span[1].as_u64() >= Some(b * SEC), "{status}");
+        let path = format!("/api/flamegraph?format=folded&node={node}&from={from}&to={to}");
+        let (code, folded) = get(&base, &path, token);
+        assert_eq!(code, 200, "{folded}");
+        assert!(folded.contains("profiler_test_hot_loop"), "{folded}");
+        assert_eq!(folded, folded_from_store(dir, &from, &to), "{node}: the page's flamegraph is the store's");
+        // A selection inside the window, then the window with a CPU filter (from the copy).
+        let (code, _) = get(&base, &format!("/api/heatmap?node={node}&from={from}&to={to}&cpu=1"), token);
+        assert_eq!(code, 200);
+        let mid = (a + 2).to_string();
+        let (code, body) = get(&base, &format!("/api/flamegraph?format=json&node={node}&from={from}&to={mid}"), token);
+        assert!(code == 200 && body.starts_with("{\"name\":\"all\""), "{code} {body}");
+    }
+
+    // Clear refusals: an unknown node, no token, another host name; no /metrics (no daemon).
+    let (code, body) = get(&base, &format!("/api/heatmap?node=nope&from={from}&to={to}"), token);
+    assert!(code == 404 && body.contains("node 'nope' has shipped nothing"), "{code} {body}");
+    let (code, body) = get(&base, "/api/status?node=node-a", None);
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = get_as(&base, "/api/status?node=node-a", "attacker.example", token);
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(get(&base, "/metrics", None).0, 404);
+
+    page_switches_nodes(&base, &token_text, &from, &to);
+
+    // Stopped, it leaves none of its copies behind.
+    assert!(copies().difference(&before).count() > 0, "the copies exist while it serves");
+    assert!(Command::new("kill").args(["-TERM", &ui.0.id().to_string()]).status().unwrap().success());
+    let stopped = ui.0.wait().unwrap();
+    assert!(stopped.success(), "{stopped}");
+    let left: Vec<_> = copies().difference(&before).cloned().collect();
+    assert!(left.is_empty(), "copies left behind: {left:?}");
+    eprintln!("2 nodes served from ClickHouse; flamegraphs equal to each node's store");
+}
+
+/// In Chromium: the node field lists both nodes, the address picks node-b, and typing node-a
+/// then Load switches every chart and the header to it.
+fn page_switches_nodes(base: &str, token: &str, from: &str, to: &str) {
+    if !browser::installed() {
+        skip("the page check needs Debian's chromium and chromium-driver (cargo xtask test installs them)");
+        return;
+    }
+    let url = format!("{base}/?node=node-b&from={from}&to={to}&cpu=1#token={token}");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let (_driver, client) = browser::open("1400,1000").await;
+        client.goto(&url).await.unwrap();
+        let shown = |node: &str| {
+            format!(
+                "const q = document.getElementById('heatmap').dataset.query || ''; \
+                 return q.includes('node={node}') && window.profilerUI.state.grid \
+                     && document.getElementById('h-node').textContent === '{node}' \
+                 ? [[...document.querySelectorAll('#nodes option')].map((o) => o.value), \
+                    document.getElementById('h-health').textContent, location.search] : null"
+            )
+        };
+        let b = browser::until(&client, "node-b's heatmap", &shown("node-b")).await;
+        assert_eq!(b[0], serde_json::json!(["node-a", "node-b"]), "{b}");
+        assert!(b[1].as_str().unwrap().contains("2 nodes"), "the header says where it reads: {b}");
+        client
+            .execute(
+                "const n = document.getElementById('node'); n.value = 'node-a'; \
+                 document.getElementById('load').click()",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let a = browser::until(&client, "node-a's heatmap", &shown("node-a")).await;
+        assert!(a[2].as_str().unwrap().contains("node=node-a"), "the address keeps the node: {a}");
+        let _ = client.close().await;
+    });
+}
