@@ -485,29 +485,37 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             .await
             .unwrap();
         assert_eq!(quiet[1], "", "{quiet}");
-        if get(port, &format!("/api/counters?from={from:.3}&to={to:.3}")).0 == 404 {
-            assert_eq!(quiet[0], 0, "{quiet}");
-            // Until /api/counters is on this branch, the page is handed the answer its contract
-            // describes (`{"tracks":[{name, cpu, unit, points: [[unix_ms, value]]}]}`) to check
-            // that it draws one track per series on the heatmap's time axis.
-            let drawn = client
-                .execute(
-                    "const real = window.fetch, ms = arguments[0] * 1000; \
-                     window.fetch = (u, o) => String(u).startsWith('/api/counters') \
-                       ? Promise.resolve(new Response(JSON.stringify({tracks: [ \
-                           {name: 'softnet.time_squeeze', cpu: 1, unit: '/s', points: [[ms, 0], [ms + 1000, 5]]}, \
-                           {name: 'psi.cpu', cpu: null, unit: '%', points: []}]}), {status: 200})) \
-                       : real(u, o); \
-                     return window.profilerUI.loadCounters().then(() => { window.fetch = real; \
-                       return [[...document.querySelectorAll('#counters .track .name')].map((n) => n.textContent), \
-                               document.querySelector('#counters canvas').style.width, document.getElementById('hm').style.width]; })",
-                    vec![(start.floor()).into()],
-                )
-                .await
-                .unwrap();
-            assert_eq!(drawn[0], serde_json::json!(["softnet.time_squeeze cpu1"]), "{drawn}");
-            assert_eq!(drawn[1], drawn[2], "a track spans the heatmap's time axis: {drawn}");
-        }
+        // Tracks at a glance: those of the CPUs shown (CPU 1 here) and machine-wide ones that
+        // moved, six before "more"; flat ones are counted, not drawn. The page is handed such
+        // an answer (`{"tracks":[{name, cpu, unit, points: [[unix_ms, value]]}]}`).
+        let drawn = client
+            .execute(
+                "const real = window.fetch, ms = arguments[0] * 1000; \
+                 const moving = (name, cpu) => ({name, cpu, unit: '/s', points: [[ms, 0], [ms + 1000, 5]]}); \
+                 const tracks = [moving('softnet.time_squeeze', 1), moving('softnet.time_squeeze', 0), \
+                   {name: 'psi.cpu', cpu: null, unit: '%', points: [[ms, 3], [ms + 1000, 3]]}, {name: 'empty', cpu: null, points: []}]; \
+                 for (let i = 0; i < 7; i++) tracks.push(moving('nic.q' + i, null)); \
+                 window.fetch = (u, o) => String(u).startsWith('/api/counters') \
+                   ? Promise.resolve(new Response(JSON.stringify({tracks}), {status: 200})) : real(u, o); \
+                 const names = () => [...document.querySelectorAll('#counters .track .name')].map((n) => n.textContent); \
+                 return window.profilerUI.loadCounters().then(async () => { \
+                   const first = [names(), document.querySelector('#counters .tracks-note').textContent, \
+                                  document.querySelector('#counters canvas').style.width, document.getElementById('hm').style.width]; \
+                   document.querySelector('#counters .tracks-note button').click(); \
+                   await new Promise((ok) => setTimeout(ok, 300)); \
+                   window.fetch = real; return [...first, names().length]; })",
+                vec![(start.floor()).into()],
+            )
+            .await
+            .unwrap();
+        let names = drawn[0].as_array().unwrap();
+        assert_eq!(names.len(), 6, "{drawn}");
+        assert_eq!(names[0], "softnet.time_squeeze cpu1", "{drawn}");
+        assert!(!drawn[0].to_string().contains("cpu0") && !drawn[0].to_string().contains("psi"), "{drawn}");
+        assert_eq!(drawn[1], "2 more counter tracks 1 flat (unchanged over the window) not drawn", "{drawn}");
+        assert_eq!(drawn[2], drawn[3], "a track spans the heatmap's time axis: {drawn}");
+        assert_eq!(drawn[4], 8, "all the tracks that moved, on asking: {drawn}");
+        client.execute("window.profilerUI.state.allTracks = false; window.profilerUI.loadCounters()", vec![]).await.unwrap();
 
         // A CPU x time cell selects its CPU and its second everywhere.
         let ct: serde_json::Value = serde_json::from_str(&get(port, &format!("/api/cputime?{query}")).1).unwrap();

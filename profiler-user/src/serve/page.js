@@ -6,6 +6,7 @@ const $ = (id) => document.getElementById(id);
 const FIELDS = ["from", "to", "cpu", "pod", "namespace", "container", "unit", "comm", "function", "node"];
 // The fields that filter samples (the node is a source, shown in the header).
 const FILTERS = FIELDS.slice(2, -1);
+const TRACKS = 6; // counter tracks drawn before "more"
 const LEFT = 70; // px left of every plot (labels); the time axes start there, so all align.
 
 // The token comes in the fragment of the address `profiler ui` prints (a fragment is never
@@ -480,8 +481,14 @@ async function loadCounters() {
     const r = await get("/api/counters", { from: String(S.dom.t0), to: String(S.dom.t1) });
     tracks = ((await r.json()).tracks || []).filter((t) => t.points && t.points.length);
   } catch (_) { tracks = []; } // 404 (no counters in this build) or nothing recorded: no tracks.
+  // At a glance: the tracks of the CPUs shown (and machine-wide ones) that moved in the window,
+  // a few unless asked for all; a flat line says nothing, so those are only counted.
+  const cpus = $("cpu").value.trim() ? new Set($("cpu").value.split(",").map((c) => Number(c.trim()))) : null;
+  const mine = tracks.filter((t) => t.cpu == null || !cpus || cpus.has(t.cpu));
+  const moved = mine.filter((t) => t.points.some((p) => p[1] !== t.points[0][1]));
+  const shown = S.allTracks ? moved : moved.slice(0, TRACKS);
   const d = S.dom, out = [];
-  for (const t of tracks.slice(0, 24)) {
+  for (const t of shown) {
     const row = document.createElement("div"), name = document.createElement("div"), cv = document.createElement("canvas");
     row.className = "track"; name.className = "name";
     const label = `${t.name}${t.cpu != null ? " cpu" + t.cpu : ""}`;
@@ -499,6 +506,19 @@ async function loadCounters() {
     });
     cv.addEventListener("mouseleave", hideTip);
     row.append(name, cv); out.push(row);
+  }
+  const flat = mine.length - moved.length, more = moved.length - shown.length;
+  if (more || flat || S.allTracks) {
+    const note = document.createElement("div");
+    note.className = "tracks-note";
+    if (more || (S.allTracks && moved.length > TRACKS)) {
+      const b = document.createElement("button");
+      b.type = "button"; b.textContent = more ? `${more} more counter tracks` : "fewer counter tracks";
+      b.addEventListener("click", () => { S.allTracks = !S.allTracks; loadCounters(); });
+      note.append(b, " ");
+    }
+    if (flat) note.append(`${flat} flat (unchanged over the window) not drawn`);
+    out.push(note);
   }
   $("counters").replaceChildren(...out);
 }
