@@ -243,3 +243,17 @@ pub fn parse_folded(text: &str) -> Vec<(String, u64)> {
         })
         .collect()
 }
+
+/// A plain HTTP/1.1 GET to `addr` (`host:port`) with this `Host` header and, if given, the
+/// API token: (status, body).
+pub fn http_get(addr: &str, path: &str, host: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    let auth = token.map_or(String::new(), |t| format!("X-Profiler-Token: {t}\r\n"));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}

@@ -6,8 +6,7 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead, BufReader, Read, Write},
-    net::TcpStream,
+    io::{BufRead, BufReader, Read},
     path::Path,
     process::{Command, Stdio},
 };
@@ -28,15 +27,7 @@ fn get(base: &str, path: &str, token: Option<&str>) -> (u16, String) {
 }
 
 fn get_as(base: &str, path: &str, host: &str, token: Option<&str>) -> (u16, String) {
-    let addr = base.strip_prefix("http://").unwrap();
-    let mut s = TcpStream::connect(addr).expect("connect");
-    let auth = token.map_or(String::new(), |t| format!("X-Profiler-Token: {t}\r\n"));
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
-    (status, body)
+    integration_tests::http_get(base.strip_prefix("http://").unwrap(), path, host, token)
 }
 
 /// The private copies (`profiler-fleet-*` in the temporary directory) that exist now.

@@ -2,8 +2,6 @@
 //! chromedriver), /metrics read as Prometheus text, and bad parameters answered with a 400.
 
 use std::{
-    io::{Read, Write},
-    net::TcpStream,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -16,14 +14,7 @@ fn get(port: u16, path: &str) -> (u16, String) {
 }
 
 fn get_as(port: u16, path: &str, host: &str, token: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let auth = token.map_or(String::new(), |t| format!("X-Profiler-Token: {t}\r\n"));
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
-    (status, body)
+    integration_tests::http_get(&format!("127.0.0.1:{port}"), path, host, token)
 }
 
 thread_local! {
