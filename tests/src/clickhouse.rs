@@ -187,3 +187,18 @@ pub fn chdb(statements: &[String]) -> Option<Vec<String>> {
     assert!(out.status.success(), "chdb refused a statement: {}", String::from_utf8_lossy(&out.stderr));
     Some(serde_json::from_slice(&out.stdout).unwrap())
 }
+
+/// Starts a daemon per data directory (`start(i)`, shipping to ClickHouse), lets them ship
+/// `secs` whole seconds and stops them: the seconds `[a, b)` every one of them shipped.
+pub fn ship_for(data: &[PathBuf], secs: u64, start: impl FnMut(usize) -> crate::Daemon) -> (u64, u64) {
+    let mut daemons: Vec<crate::Daemon> = (0..data.len()).map(start).collect();
+    let a = crate::now_secs().ceil() as u64 + 1;
+    let b = a + secs;
+    for d in data {
+        wait_shipped(d, b * 1_000_000_000);
+    }
+    for d in &mut daemons {
+        d.stop();
+    }
+    (a, b)
+}

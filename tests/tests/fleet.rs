@@ -10,7 +10,7 @@ use std::{
 
 use integration_tests::{
     Daemon, Kill,
-    clickhouse::{ClickHouse, wait_shipped},
+    clickhouse::{ClickHouse, ship_for, wait_shipped},
     helper_bin, now_secs, privileged, profiler, wait_for,
 };
 
@@ -195,17 +195,9 @@ fn two_nodes_on_two_shards_read_through_either_shard() {
     // Each node ships to its own shard, as the docs tell a fleet to.
     let nodes = ["node-a", "node-b"];
     let data: Vec<_> = nodes.iter().map(|n| tmp.path().join(n)).collect();
-    let mut daemons: Vec<Daemon> = (0..2)
-        .map(|i| start_daemon(&data[i], nodes[i], &shards[i].url(), "[clickhouse]\ncluster = \"fleet\"\n"))
-        .collect();
-    let a = now_secs().ceil() as u64 + 1;
-    let b = a + 4;
-    for d in &data {
-        wait_shipped(d, b * SEC);
-    }
-    for d in &mut daemons {
-        d.stop();
-    }
+    let (a, b) = ship_for(&data, 4, |i| {
+        start_daemon(&data[i], nodes[i], &shards[i].url(), "[clickhouse]\ncluster = \"fleet\"\n")
+    });
     let (from, to) = (a.to_string(), b.to_string());
     for (i, node) in nodes.iter().enumerate() {
         // The node's rows are on its shard only.

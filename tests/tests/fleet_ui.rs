@@ -13,8 +13,8 @@ use std::{
 
 use integration_tests::{
     Daemon, Kill,
-    clickhouse::{ClickHouse, wait_shipped},
-    helper_bin, now_secs, privileged, profiler, skip,
+    clickhouse::{ClickHouse, ship_for},
+    helper_bin, privileged, profiler, skip,
 };
 
 mod browser;
@@ -67,23 +67,11 @@ fn the_page_reads_any_node_from_clickhouse() {
     let _busy = Kill(Command::new(helper_bin()).args(["1", "600"]).stdout(Stdio::null()).spawn().unwrap());
     let nodes = ["node-a", "node-b"];
     let data: Vec<_> = nodes.iter().map(|n| tmp.path().join(n)).collect();
-    let mut daemons: Vec<Daemon> = nodes
-        .iter()
-        .zip(&data)
-        .map(|(node, dir)| {
-            let mut d = Daemon::start(dir, &["--listen", "off", "--node", node, "--clickhouse", &url]);
-            d.wait_ready();
-            d
-        })
-        .collect();
-    let a = now_secs().ceil() as u64 + 1;
-    let b = a + 4;
-    for d in &data {
-        wait_shipped(d, b * SEC);
-    }
-    for d in &mut daemons {
-        d.stop();
-    }
+    let (a, b) = ship_for(&data, 4, |i| {
+        let mut d = Daemon::start(&data[i], &["--listen", "off", "--node", nodes[i], "--clickhouse", &url]);
+        d.wait_ready();
+        d
+    });
     let (from, to) = (a.to_string(), b.to_string());
 
     // The default address: loopback.

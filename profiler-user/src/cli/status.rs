@@ -69,7 +69,6 @@ pub fn health(args: HealthArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Prints the UI's address the daemon left in the data directory.
 fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     let mut store = Store::open(data_dir)?;
     let summary = store.summary()?;
