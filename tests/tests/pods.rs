@@ -217,7 +217,7 @@ fn only_the_pod_on_the_page(data: &Path, from: f64, to: f64, pod: u64) {
         let filtered = browser::until(
             &client,
             "the charts filtered by the pod",
-            "const f = document.getElementById('flamegraph'), S = window.profilerUI.state, q = f.dataset.query || ''; \
+            "const f = document.getElementById('flamegraph'), S = window.profilerUI.state, q = f.dataset.drawn || ''; \
              return q.includes('pod=shop%2Fweb-7d4b9c-x2x7k') && (document.getElementById('heatmap').dataset.query || '').includes('pod=shop') \
                  && S.tree && f.querySelector('[data-name=busy-helper]') ? [S.tree.value, location.search] : null",
         )

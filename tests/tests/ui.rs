@@ -573,7 +573,7 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         let filtered = until(
             "the charts filtered by the clicked frame",
             "const f = document.getElementById('flamegraph'), S = window.profilerUI.state; \
-             return (f.dataset.query || '').includes('function=profiler_test_hot_loop') \
+             return (f.dataset.drawn || '').includes('function=profiler_test_hot_loop') \
                  && (document.getElementById('heatmap').dataset.query || '').includes('function=profiler_test_hot_loop') \
                  && S.tree && f.querySelector('[data-name=profiler_test_hot_loop]') \
                  ? [S.tree.children.map((c) => c.name), location.search, document.getElementById('function').value] : null"

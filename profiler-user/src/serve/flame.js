@@ -3,21 +3,27 @@
 // flame or icicle, and the functions with the most self samples.
 const ROW = 17;
 
+// Requests overlap (a drag, then a filter): only the latest may draw, or a slow earlier answer
+// would replace the one asked for last. `data-drawn` says which request the drawing answers.
+let flames = 0;
 async function showFlamegraph(a, b) {
-  const q = { from: a.toFixed(3), to: b.toFixed(3), format: "json" };
+  const mine = ++flames, q = { from: a.toFixed(3), to: b.toFixed(3), format: "json" }, query = params(q).toString();
   $("range").textContent = `${full(a)} → ${clock(b, true)} (${span(b - a)})${$("cpu").value.trim() ? ", CPUs " + $("cpu").value.trim() : ""}`;
-  $("flamegraph").dataset.query = params(q).toString();
+  $("flamegraph").dataset.query = query;
   try {
-    const r = await get("/api/flamegraph", q);
-    S.tree = await r.json(); S.zoom = null; S.truncated = r.headers.get("x-profiler-truncated");
+    const r = await get("/api/flamegraph", q), tree = await r.json();
+    if (mine !== flames) return;
+    S.tree = tree; S.zoom = null; S.truncated = r.headers.get("x-profiler-truncated");
     S.range = [a, b]; $("baseline").disabled = false;
     showPicked(null); drawFlame(); drawTop();
   } catch (e) {
+    if (mine !== flames) return;
     S.tree = null;
     const p = document.createElement("p"); p.className = "err";
     p.textContent = e.status === 404 ? "No samples in this range with these filters." : e.message;
     $("flamegraph").replaceChildren(p); $("top").replaceChildren();
   }
+  $("flamegraph").dataset.drawn = query;
   drawWindow();
 }
 
