@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod flight;
 pub mod identity;
 pub mod logs;
+pub mod memory;
 pub mod model;
 pub mod outfile;
 pub mod pipeline;

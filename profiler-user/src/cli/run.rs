@@ -34,6 +34,10 @@ pub struct RunArgs {
     /// pointers only [default: 80].
     #[arg(long)]
     unwind_table_mib: Option<u32>,
+    /// The daemon's memory budget in MiB: what it may hold in all, its BPF maps included
+    /// [default: its memory cgroup's limit (the unit's MemoryMax), else 256].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(64..=1_048_576))]
+    memory_mib: Option<u64>,
     /// How often samples are written to disk, in milliseconds [default: 1000: each second as one block,
     /// written just after it ends].
     #[arg(long, value_parser = clap::value_parser!(u64).range(50..=1_000))]
@@ -138,7 +142,21 @@ impl RunArgs {
             data_dir.clone(),
             settings.retention.max_age_ns / 1_000_000_000,
         )?;
+        let unwind_mib = self.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(config::UNWIND_MIB_DEFAULT);
+        let ring_bytes = config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or_else(|| {
+            let cpus = aya::util::online_cpus().map_or(64, |c| c.len() as u32);
+            config::default_ring_kib(cpus, frequency)
+        }))?;
+        let (limit, source) = match self.memory_mib.or(file.memory_mib) {
+            Some(mib) => (mib << 20, "flag"),
+            None => match profiler::memory::cgroup_limit() {
+                Some(bytes) => (bytes, "cgroup"),
+                None => (profiler::memory::DEFAULT_LIMIT, "default"),
+            },
+        };
+        let memory = profiler::memory::Plan::new(limit, source, u64::from(unwind_mib) << 20, u64::from(ring_bytes))?;
         Ok(DaemonConfig {
+            memory,
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
             flight: file.flight,
             clickhouse,
@@ -148,15 +166,8 @@ impl RunArgs {
             kubelet_logs: self.kubelet_logs.or(file.kubelet_logs).unwrap_or_else(|| "/var/log".into()),
             data_dir,
             frequency_hz: frequency,
-            ring_bytes: config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or_else(
-                || {
-                    let cpus = aya::util::online_cpus().map_or(64, |c| c.len() as u32);
-                    config::default_ring_kib(cpus, frequency)
-                },
-            ))?,
-            unwind_rows: config::unwind_rows(
-                self.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(config::UNWIND_MIB_DEFAULT),
-            )?,
+            ring_bytes,
+            unwind_rows: config::unwind_rows(unwind_mib)?,
             flush_interval: Duration::from_millis(flush_ms),
             report_interval: Duration::from_secs(report_secs),
             settings,

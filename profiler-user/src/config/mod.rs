@@ -165,6 +165,8 @@ pub struct ConfigFile {
     pub flush_ms: Option<u64>,
     pub ring_buffer_kib: Option<u32>,
     pub unwind_table_mib: Option<u32>,
+    /// The daemon's memory budget in MiB (`--memory-mib`).
+    pub memory_mib: Option<u64>,
     pub report_secs: Option<u64>,
     /// `IP:PORT` of the UI and API, or "off".
     pub listen: Option<String>,

@@ -71,6 +71,8 @@ pub enum DaemonError {
 }
 
 pub struct DaemonConfig {
+    /// How the memory budget is spent (see `memory`).
+    pub memory: crate::memory::Plan,
     pub data_dir: PathBuf,
     pub frequency_hz: u64,
     pub ring_bytes: u32,
@@ -111,6 +113,14 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
     let mut sighup = signal(SignalKind::hangup()).map_err(|e| DaemonError::Signal("SIGHUP", e))?;
     let _lock = store::create_and_lock(&config.data_dir)?;
+    config.memory.apply();
+    tracing::info!(
+        limit_mib = config.memory.limit >> 20,
+        pools_mib = config.memory.pools >> 20,
+        "{}",
+        config.memory.describe()
+    );
+    crate::memory::watch::spawn(config.memory.anon_target()).map_err(|e| DaemonError::Thread("memory-watch", e))?;
     // The symbolizer keeps up to ~770 files open and the server computes its connection cap
     // from the limit: raise the soft limit to the hard one whether or not the server runs.
     crate::serve::limits::raise_nofile();

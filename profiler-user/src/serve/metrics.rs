@@ -359,7 +359,42 @@ pub fn render(l: &Live) -> String {
     if let Some(stats) = &l.clickhouse {
         out.push_str(&crate::ship::clickhouse::metrics::render(stats));
     }
+    render_memory(&mut out);
     out
+}
+
+/// The memory budget: each pool's use, limit, peak and refusals, and the daemon's anonymous
+/// memory against the plan (see `memory`).
+fn render_memory(out: &mut String) {
+    let pools = crate::memory::pools();
+    let mut family = |name: &str, kind: &str, help: &str, f: &dyn Fn(&crate::memory::Pool) -> u64| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for p in pools {
+            let _ = writeln!(out, "{name}{{pool=\"{}\"}} {}", p.name, f(p));
+        }
+    };
+    family("profiler_memory_pool_bytes", "gauge", "Bytes each part of the memory budget holds now.", &|p| p.used());
+    family("profiler_memory_pool_limit_bytes", "gauge", "Bytes each part of the memory budget may hold.", &|p| p.limit());
+    family("profiler_memory_pool_peak_bytes", "gauge", "The most bytes each part of the memory budget held.", &|p| p.peak());
+    family(
+        "profiler_memory_refused_total",
+        "counter",
+        "Requests a part of the memory budget refused: unwind tables not built (frame pointers), symbol tables not \
+         read (module+offset names), caches started over, perf maps not read on.",
+        &|p| p.refused(),
+    );
+    let w = crate::memory::watch::anon_bytes();
+    let _ = writeln!(out, "# HELP profiler_memory_anon_bytes The daemon's anonymous memory (RssAnon), and its peak.");
+    let _ = writeln!(out, "# TYPE profiler_memory_anon_bytes gauge");
+    let _ = writeln!(out, "profiler_memory_anon_bytes{{at=\"now\"}} {w}");
+    let _ = writeln!(out, "profiler_memory_anon_bytes{{at=\"peak\"}} {}", crate::memory::watch::peak_anon_bytes());
+    let _ = writeln!(
+        out,
+        "# HELP profiler_memory_sheds_total Times the daemon's memory passed its budget and the symbol and stack caches were dropped."
+    );
+    let _ = writeln!(out, "# TYPE profiler_memory_sheds_total counter");
+    let _ = writeln!(out, "profiler_memory_sheds_total {}", crate::memory::watch::sheds());
 }
 
 /// Label sets of `profiler_finding` at most (a node with a hundred throttled pods must not

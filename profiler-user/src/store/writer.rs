@@ -74,7 +74,15 @@ struct SegmentDict {
     stacks_by_ptr: FxHashMap<usize, (Arc<Stack>, u32)>,
     /// The next block must reset readers' dictionaries (first block this writer writes here).
     reset: bool,
+    /// Bytes of the strings and stacks it holds (the names are what a user shapes: 500-byte JIT
+    /// names in 126-frame stacks), against [`DICT_MAX_BYTES`].
+    bytes: usize,
 }
+
+/// Bytes a segment's dictionary may hold before it starts over, whatever its entry count:
+/// about a minute of the most varied stacks a node makes, and a bound on what a user's names
+/// cost the daemon.
+pub const DICT_MAX_BYTES: usize = 8 << 20;
 
 impl SegmentDict {
     fn new() -> Self {
@@ -91,6 +99,9 @@ impl SegmentDict {
         }
         let id = self.strings.len() as u32;
         self.strings.insert(s.clone(), id);
+        // The map holds the name (shared with the symbolizer until it forgets it) and the
+        // delta a copy until the block is written.
+        self.bytes += 2 * s.len() + 48;
         delta.strings.push(s.to_string());
         id
     }
@@ -117,6 +128,8 @@ impl SegmentDict {
                 next
             });
         }
+        // The stack is kept alive by the map: its frames, locations and the map's slot.
+        self.bytes += s.frames.len() * 40 + 64;
         self.stacks_by_ptr.insert(ptr, (s.clone(), node));
         node
     }
@@ -277,7 +290,7 @@ impl StoreWriter {
             }
             let known = self.dicts.contains_key(&segment);
             let mut dict = match self.dicts.remove(&segment) {
-                Some(d) if d.entries() < self.limits.dict_cap => d,
+                Some(d) if d.entries() < self.limits.dict_cap && d.bytes < DICT_MAX_BYTES => d,
                 _ => SegmentDict::new(),
             };
             let mut bytes = Vec::new();

@@ -91,6 +91,8 @@ pub struct ElfInfo {
     pub build_id: Option<Box<[u8]>>,
     /// `.gnu_debuglink`: the debug file's name and the CRC-32 of its contents.
     pub debuglink: Option<(Box<str>, u32)>,
+    /// Entries of its symbol tables (`.symtab` and `.dynsym`): what parsing them will cost.
+    pub symbols: u64,
 }
 
 impl ElfInfo {
@@ -231,6 +233,7 @@ fn check_sections<'a, H: FileHeader<Endian = Endianness>, R: ReadRef<'a>>(
             if count > MAX_SYMBOLS {
                 return Err(Refused::TooManySymbols(count));
             }
+            info.symbols += count;
         }
         if kind == elf::SHT_NOTE
             && info.build_id.is_none()

@@ -106,8 +106,6 @@ const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
 /// Node hot loop had 121 of its ~400 samples `[unknown]`). Reading on costs the new lines only.
 /// A process without a perf map is looked at every `MAPS_REFRESH`.
 const PERF_MAP_REFRESH: Duration = Duration::from_millis(100);
-/// Most memory the perf maps of all processes hold together; past it they are not read on.
-const PERF_MAPS_MAX_BYTES: usize = 128 << 20;
 /// Most mapped files (and debug files) held open at once; past it a new file is refused,
 /// counted, and its frames named by module. Each is one descriptor of ours and one of
 /// blazesym's: 384 leave a quarter of the default limit of 1,024 to the store and the API (a
@@ -141,6 +139,15 @@ struct Process {
     exited_ns: Option<u64>,
 }
 
+/// A stack as the sampler sent it: process image (0 for kernel-only), addresses, frame counts.
+type StackKey = (u64, Vec<u64>, usize);
+
+/// What a cached stack costs: its key, frames and locations (the names are shared and counted
+/// where they are made), and the cache's slot.
+fn stack_bytes(key: &StackKey, stack: &Stack) -> u64 {
+    (key.1.len() * 8 + stack.frames.len() * 16 + stack.locations.len() * 32 + 160) as u64
+}
+
 /// A symbolized stack; `until` is set when it has an unnamed frame (see `UNRESOLVED_TTL`).
 struct Cached {
     stack: Arc<Stack>,
@@ -166,6 +173,8 @@ pub struct Stats {
     /// Perf map reads, and frames they named.
     pub perf_map_reads: u64,
     pub jit_frames: u64,
+    /// Times every cache was dropped because the daemon's memory passed its budget.
+    pub sheds: u64,
     /// Entries cached now.
     pub processes: usize,
     pub modules: usize,
@@ -182,7 +191,9 @@ pub struct Symbolizer {
     processes: HashMap<u32, Process>,
     modules: HashMap<(u64, u64), Module>,
     /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
-    stacks: LruCache<(u64, Vec<u64>, usize), Cached>,
+    stacks: LruCache<StackKey, Cached>,
+    /// What the cached stacks hold, against `memory::STACKS`.
+    stack_bytes: u64,
     /// Process images loaded so far (the last one's serial).
     images: u64,
     names: HashMap<Box<str>, Arc<str>>,
@@ -204,6 +215,10 @@ pub struct Symbolizer {
     python: python::PyNames,
     /// Forks and exits: which process a pid is (see `lifecycle`).
     lifecycle: lifecycle::Lifecycle,
+    /// Whether a file refused for want of symbol memory was logged (once a daemon).
+    symbols_refusal_logged: bool,
+    /// The last request of the memory watcher to shed that was served.
+    sheds_seen: u64,
 }
 
 impl Default for Symbolizer {
@@ -226,6 +241,7 @@ impl Symbolizer {
             processes: HashMap::new(),
             modules: HashMap::new(),
             stacks: LruCache::new(STACK_CACHE_MAX),
+            stack_bytes: 0,
             images: 0,
             names: HashMap::new(),
             unknown: Arc::from(UNKNOWN),
@@ -238,6 +254,8 @@ impl Symbolizer {
             perf_map_bytes: 0,
             python: python::PyNames::default(),
             lifecycle: lifecycle::Lifecycle::default(),
+            symbols_refusal_logged: false,
+            sheds_seen: crate::memory::watch::sheds(),
         }
     }
 
@@ -268,6 +286,9 @@ impl Symbolizer {
         python: Option<(&crate::unwind::python::Layout, &[u64])>,
         now: Instant,
     ) -> Arc<Stack> {
+        if crate::memory::watch::shed_requested(&mut self.sheds_seen) {
+            self.shed();
+        }
         if now.duration_since(self.swept_at) >= SWEEP_EVERY {
             self.sweep(now);
         }
@@ -315,8 +336,49 @@ impl Symbolizer {
         }
         let stack = Arc::new(Stack { frames, user_len, locations });
         let until = unresolved.then(|| now + if self.jit_missed { PERF_MAP_REFRESH } else { UNRESOLVED_TTL });
-        self.stacks.put(key, Cached { stack: stack.clone(), until });
+        self.cache_stack(key, Cached { stack: stack.clone(), until });
         stack
+    }
+
+    /// Caches a symbolized stack within the stacks' pool of the memory budget: the least
+    /// recently used ones go first (a user's 126-frame stacks of random JIT addresses would
+    /// otherwise fill 8,192 slots with megabytes).
+    fn cache_stack(&mut self, key: StackKey, cached: Cached) {
+        let cost = stack_bytes(&key, &cached.stack);
+        let limit = crate::memory::STACKS.limit();
+        while self.stack_bytes + cost > limit {
+            let Some((k, old)) = self.stacks.pop_lru() else { break };
+            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
+        }
+        if let Some((k, old)) = self.stacks.push(key, cached) {
+            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
+        }
+        self.stack_bytes += cost;
+        crate::memory::STACKS.set_used(self.stack_bytes);
+    }
+
+    /// Drops every cache that samples rebuild (the daemon's memory passed its budget): stacks,
+    /// names, Python code objects, perf maps, and blazesym's parsed symbols.
+    fn shed(&mut self) {
+        self.stacks.clear();
+        self.stack_bytes = 0;
+        crate::memory::STACKS.set_used(0);
+        self.python.shed();
+        self.kernel.clear();
+        self.names.clear();
+        for m in self.modules.values_mut() {
+            m.names.clear();
+            for path in m.paths() {
+                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path.clone())));
+            }
+        }
+        for p in self.processes.values_mut() {
+            p.perf_map = perfmap::PerfMap::default();
+            p.perf_map_read_at = None;
+        }
+        self.perf_map_bytes = 0;
+        crate::memory::PERF_MAPS.set_used(0);
+        self.stats.sheds += 1;
     }
 
     /// The process, if any, whose last stack had an address in code mapped since its maps were
@@ -387,9 +449,12 @@ impl Symbolizer {
         self.python.retain(|pid| known.contains(&pid) && !stale.contains(&pid));
         self.stats.processes_evicted += (before - self.processes.len()) as u64;
         self.perf_map_bytes = self.processes.values().map(|p| p.perf_map.bytes()).sum();
+        crate::memory::PERF_MAPS.set_used(self.perf_map_bytes as u64);
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
         let live: std::collections::HashSet<u64> = self.processes.values().map(|p| p.image).collect();
         self.stacks.retain(|k, _| k.0 == 0 || live.contains(&k.0));
+        self.stack_bytes = self.stacks.iter().map(|(k, c)| stack_bytes(k, &c.stack)).sum();
+        crate::memory::STACKS.set_used(self.stack_bytes);
         let mapped: std::collections::HashSet<(u64, u64)> =
             self.processes.values().flat_map(|p| p.maps.iter().map(|m| (m.dev, m.inode))).collect();
         let gone: Vec<(u64, u64)> = self.modules.keys().filter(|k| !mapped.contains(k)).copied().collect();
@@ -611,9 +676,30 @@ impl Symbolizer {
             self.stats.files_refused += 1;
             return Module::unopened(mapping);
         }
-        let (module, opened) = Module::open(pid, mapping, now);
+        let (mut module, opened) = Module::open(pid, mapping, now);
         if let Opened::Refused = opened {
             self.stats.files_refused += 1;
+        }
+        // Symbol tables of all files share one pool of the memory budget: past it a new file's
+        // frames are named `module+0xVADDR` (the last step of degrading), counted, until files
+        // are forgotten with the processes that mapped them.
+        let symbols = module.info.as_ref().map_or(0, |i| i.symbols);
+        if symbols > 0 {
+            match crate::memory::SYMBOLS.try_charge(symbols * module::BYTES_PER_SYMBOL) {
+                Some(charge) => module.charge = Some(charge),
+                None => {
+                    self.stats.files_refused += 1;
+                    if !self.symbols_refusal_logged {
+                        self.symbols_refusal_logged = true;
+                        tracing::warn!(
+                            file = %mapping.path,
+                            symbols,
+                            "the symbol tables of the mapped files fill their part of the memory budget: this file and later ones are named module+offset until files are forgotten (profiler_memory_refused_total{{pool=\"symbols\"}})"
+                        );
+                    }
+                    return Module::unopened(mapping);
+                }
+            }
         }
         module
     }

@@ -22,7 +22,8 @@ use std::{
     time::Instant,
 };
 
-use super::{MAPS_REFRESH, PERF_MAP_REFRESH, PERF_MAPS_MAX_BYTES, file};
+use super::{MAPS_REFRESH, PERF_MAP_REFRESH, file};
+use crate::memory;
 
 /// Most bytes of a perf map read in all. Node writes ~100 bytes a function; a large service
 /// compiles some 100,000 functions.
@@ -190,11 +191,18 @@ impl super::Symbolizer {
             p.perf_map_read_at = Some(now);
             self.stats.perf_map_reads += 1;
             let held = p.perf_map.bytes();
-            if let Err(why) = p.perf_map.refresh(pid, PERF_MAPS_MAX_BYTES.saturating_sub(self.perf_map_bytes)) {
+            // The perf maps of all processes share one pool of the memory budget; past it they
+            // are not read on (their JIT frames stay `[unknown]` until processes exit).
+            let room = (memory::PERF_MAPS.limit() as usize).saturating_sub(self.perf_map_bytes);
+            if room < MIN_ROOM {
+                memory::PERF_MAPS.note_refused();
+            }
+            if let Err(why) = p.perf_map.refresh(pid, room) {
                 tracing::trace!(pid, "perf map not read: {why}");
             }
             // Grown (or, when the file was replaced, started over: counted at the next sweep).
             self.perf_map_bytes += p.perf_map.bytes().saturating_sub(held);
+            memory::PERF_MAPS.set_used(self.perf_map_bytes as u64);
         }
         let name = p.perf_map.find(addr).cloned();
         self.stats.jit_frames += u64::from(name.is_some());

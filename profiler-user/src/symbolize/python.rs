@@ -9,12 +9,16 @@ use std::{collections::HashMap, sync::Arc};
 
 use profiler_common::python::ENTRY_FRAME;
 
-use crate::{model::Location, unwind::python::Layout};
+use crate::{memory, model::Location, unwind::python::Layout};
 
 /// The native frame that runs Python frames.
 pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
-/// Names cached before the cache starts over.
+/// Names cached before the cache starts over (and before that, the bytes of the Python pool
+/// of the memory budget: a process whose code objects each carry a 64 KiB line table fills it
+/// with a few hundred).
 const MAX_NAMES: usize = 65_536;
+/// What a cached entry costs besides its strings and line table: map slot, `Arc`, `Code`.
+const ENTRY_BYTES: u64 = 96;
 /// Longest name or file name read.
 const MAX_STR: usize = 512;
 
@@ -27,6 +31,8 @@ pub struct PyNames {
     codes: HashMap<(u32, u64), Arc<Code>>,
     /// (pid, code object, line) → the frame's name.
     names: HashMap<(u32, u64, i64), Arc<str>>,
+    /// Bytes both maps hold, against `memory::PYTHON`.
+    bytes: u64,
 }
 
 /// What a code object says of itself.
@@ -38,6 +44,12 @@ struct Code {
     lines: Option<Vec<u8>>,
 }
 
+impl Code {
+    fn bytes(&self) -> u64 {
+        (self.name.len() + self.file.len() + self.lines.as_ref().map_or(0, |l| l.len())) as u64 + ENTRY_BYTES
+    }
+}
+
 impl PyNames {
     /// The frame's name: `qualname (file:line)`, at the line the frame is running (3.11+; the
     /// function's first line before that, or where the table says nothing). `instr` is the
@@ -47,9 +59,12 @@ impl PyNames {
             Some(c) => c.clone(),
             None => match describe(pid, layout, code) {
                 Some(c) => {
-                    if self.codes.len() >= MAX_NAMES {
-                        self.codes.clear();
+                    let cost = c.bytes();
+                    if self.codes.len() >= MAX_NAMES || !memory::PYTHON.fits_total(self.bytes + cost) {
+                        self.start_over(self.codes.len() >= MAX_NAMES);
                     }
+                    self.bytes += cost;
+                    memory::PYTHON.set_used(self.bytes);
                     let c = Arc::new(c);
                     self.codes.insert((pid, code), c.clone());
                     c
@@ -68,18 +83,41 @@ impl PyNames {
         if let Some(n) = self.names.get(&(pid, code, line)) {
             return n.clone();
         }
-        if self.names.len() >= MAX_NAMES {
-            self.names.clear();
-        }
         let name: Arc<str> = Arc::from(format!("{} ({}:{line})", info.name, info.file));
+        let cost = name.len() as u64 + ENTRY_BYTES;
+        if self.names.len() >= MAX_NAMES || !memory::PYTHON.fits_total(self.bytes + cost) {
+            self.start_over(self.names.len() >= MAX_NAMES);
+        }
+        self.bytes += cost;
+        memory::PYTHON.set_used(self.bytes);
         self.names.insert((pid, code, line), name.clone());
         name
+    }
+
+    /// Forgets every name (they are read again as samples need them); `by_count`: the count
+    /// bound, else the byte budget, was reached (counted as a refusal of the pool).
+    fn start_over(&mut self, by_count: bool) {
+        if !by_count {
+            memory::PYTHON.note_refused();
+        }
+        self.codes.clear();
+        self.names.clear();
+        self.bytes = 0;
+        memory::PYTHON.set_used(0);
+    }
+
+    /// Drops everything (the daemon's memory passed its budget).
+    pub fn shed(&mut self) {
+        self.start_over(true);
     }
 
     /// Forgets the names of processes no longer known.
     pub fn retain(&mut self, live: impl Fn(u32) -> bool) {
         self.codes.retain(|(pid, _), _| live(*pid));
         self.names.retain(|(pid, _, _), _| live(*pid));
+        self.bytes = self.codes.values().map(|c| c.bytes()).sum::<u64>()
+            + self.names.values().map(|n| n.len() as u64 + ENTRY_BYTES).sum::<u64>();
+        memory::PYTHON.set_used(self.bytes);
     }
 }
 

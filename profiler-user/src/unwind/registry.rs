@@ -319,6 +319,12 @@ impl<T: Tables> Registry<T> {
                 let entry = self.load(t);
                 self.files.insert(key, entry);
             }
+            // Too large for the memory budget: said once per file, which is not tried again
+            // while it is unchanged (counted in profiler_memory_refused_total).
+            Err(e @ TableError::OverBudget { .. }) => {
+                tracing::warn!(pid, error = %e, "an unwind table was not built: frame pointers for its binary");
+                self.files.insert(key, Entry::Without);
+            }
             // The file's own fault: not tried again while it is unchanged.
             Err(e) if e.is_about_the_file() => {
                 tracing::debug!(pid, error = %e, "no unwind table for a mapping: frame pointers there");

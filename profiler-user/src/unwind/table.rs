@@ -17,6 +17,8 @@ use gimli::{
 use object::{Object, ObjectSection, ObjectSegment, ReadRef};
 use profiler_common::unwind::{ROW_SEARCH_STEPS, Row, kind};
 
+use crate::memory;
+
 /// x86_64 DWARF register numbers.
 const RBP: Register = Register(6);
 const RSP: Register = Register(7);
@@ -31,6 +33,8 @@ pub const MAX_DEBUG_FRAME_BYTES: u64 = 64 << 20;
 pub enum TableError {
     #[error("not an ELF file the profiler can read: {0}")]
     Elf(#[from] object::Error),
+    #[error("not an ELF file the profiler can read: {0}")]
+    Malformed(&'static str),
     #[error("no .eh_frame or .debug_frame: nothing to unwind with")]
     NoCfi,
     #[error("malformed call frame information: {0}")]
@@ -47,6 +51,10 @@ pub enum TableError {
     Refused(String),
     #[error("cannot read the mapped file: {0}")]
     Unreadable(String),
+    #[error(
+        "building its table would hold {bytes} bytes, more than the unwind-build part of the memory budget has free ({pool} bytes in all): frame pointers for this file"
+    )]
+    OverBudget { bytes: u64, pool: u64 },
 }
 
 impl TableError {
@@ -124,38 +132,110 @@ struct Rule {
 
 const NONE: Rule = Rule { kind: kind::NONE, cfa_offset: 0, fp_offset: 0 };
 
-/// Compiles the unwind table of the ELF file in `data` (a file or a mapped image like the vDSO).
+/// Compiles the unwind table of the ELF file in `data` (a file or a mapped image like the vDSO),
+/// drawing on the unwind-build pool of the memory budget for everything it reads and holds.
 pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
+    compile_within(data, &memory::UNWIND)
+}
+
+/// [`compile`] charging `pool`. What a build holds at its peak is charged before it is read or
+/// grown: the sections `object` reads whole (symbol tables, `.eh_frame`, `.debug_frame` and
+/// its inflated copy, each checked against the file's length first, so that a section header
+/// claiming a gigabyte of a sparse file costs nothing), an index of the FDEs (32 bytes each),
+/// and the rows (8 bytes each), which FDE by FDE in address order go straight into the table:
+/// no intermediate list of ranges. A build that does not fit fails with [`TableError::OverBudget`]
+/// and its file is walked with frame pointers.
+pub fn compile_within<'data, R: ReadRef<'data>>(data: R, pool: &'static memory::Pool) -> Result<Table, TableError> {
+    let mut meter = Meter::new(pool)?;
+    meter.fixed = read_whole_bytes(data)?;
+    meter.check()?;
     let file = object::File::parse(data)?;
     let loads = loads(&file);
-    let mut ranges = Vec::new();
-    if let Some(section) = file.section_by_name(".eh_frame") {
-        let bytes = section.data()?;
-        let mut eh = EhFrame::new(bytes, LittleEndian);
-        eh.set_address_size(8);
-        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    let eh_section = file.section_by_name(".eh_frame");
+    let eh_bytes = match &eh_section {
+        Some(section) => section.data()?,
+        None => &[],
+    };
+    let mut eh = EhFrame::new(eh_bytes, LittleEndian);
+    eh.set_address_size(8);
+    let mut bases = BaseAddresses::default();
+    if let Some(section) = &eh_section {
+        bases = bases.set_eh_frame(section.address());
         if let Some(text) = file.section_by_name(".text") {
             bases = bases.set_text(text.address());
         }
         if let Some(got) = file.section_by_name(".got") {
             bases = bases.set_got(got.address());
         }
-        collect(&eh, &bases, false, &mut ranges)?;
     }
-    if let Some(section) = file.section_by_name(".debug_frame") {
-        let bytes = inflate(section.compressed_data()?, MAX_DEBUG_FRAME_BYTES)?;
-        let mut debug = DebugFrame::new(&bytes, LittleEndian);
-        debug.set_address_size(8);
-        // `build` keeps the first of overlapping ranges: `.eh_frame`'s, collected above.
-        let go = [".gopclntab", ".note.go.buildid", ".go.buildinfo"].iter().any(|s| file.section_by_name(s).is_some());
-        collect(&debug, &BaseAddresses::default(), go, &mut ranges)?;
+    let debug_bytes = match file.section_by_name(".debug_frame") {
+        Some(section) => {
+            let compressed = section.compressed_data()?;
+            if compressed.format != object::CompressionFormat::None {
+                meter.fixed += compressed.uncompressed_size.min(MAX_DEBUG_FRAME_BYTES);
+                meter.check()?;
+            }
+            inflate(compressed, MAX_DEBUG_FRAME_BYTES)?
+        }
+        None => std::borrow::Cow::Borrowed(&[][..]),
+    };
+    let mut debug = DebugFrame::new(&debug_bytes, LittleEndian);
+    debug.set_address_size(8);
+    let debug_bases = BaseAddresses::default();
+    let go = [".gopclntab", ".note.go.buildid", ".go.buildinfo"].iter().any(|s| file.section_by_name(s).is_some());
+
+    // Every FDE's range, then the FDEs in address order: `.eh_frame`'s first where both
+    // sections describe the same code (`Rows` keeps the first of overlapping ranges).
+    let mut index: Vec<FdeAt> = Vec::new();
+    if eh_section.is_some() {
+        list(&eh, &bases, false, &mut index, &mut meter)?;
     }
-    if ranges.is_empty() {
+    if !debug_bytes.is_empty() {
+        list(&debug, &debug_bases, true, &mut index, &mut meter)?;
+    }
+    if index.is_empty() {
         return Err(TableError::NoCfi);
     }
-    let mut table = build(ranges)?;
+    index.sort_unstable_by_key(|f| (f.start, std::cmp::Reverse(f.end), f.debug));
+    let mut rows = Rows::default();
+    let mut ctx = UnwindContext::new();
+    for at in &index {
+        let result = if at.debug {
+            fde_rows(&debug, &debug_bases, at, go, &mut ctx, &mut rows, &mut meter, index.len())
+        } else {
+            fde_rows(&eh, &bases, at, false, &mut ctx, &mut rows, &mut meter, index.len())
+        };
+        result?;
+    }
+    let mut table = rows.finish()?;
     table.loads = loads;
     Ok(table)
+}
+
+/// Bytes `object::File::parse` and the sections this module asks for read whole: the symbol
+/// tables (object reads them as it parses), `.eh_frame` and the stored `.debug_frame`. An
+/// error when one lies past the end of the file.
+fn read_whole_bytes<'data, R: ReadRef<'data>>(data: R) -> Result<u64, TableError> {
+    use object::read::elf::{FileHeader as _, SectionHeader as _};
+    let len = data.len().map_err(|()| TableError::Malformed("cannot read the file's length"))?;
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)?;
+    let endian = header.endian()?;
+    let sections = header.sections(endian, data)?;
+    let mut total = 0u64;
+    for section in sections.iter() {
+        let kind = section.sh_type(endian);
+        let wanted = matches!(kind, object::elf::SHT_SYMTAB | object::elf::SHT_DYNSYM)
+            || matches!(sections.section_name(endian, section), Ok(b".eh_frame" | b".debug_frame"));
+        if !wanted || kind == object::elf::SHT_NOBITS {
+            continue;
+        }
+        let (offset, size) = (section.sh_offset(endian), section.sh_size(endian));
+        if offset.checked_add(size).is_none_or(|end| end > len) {
+            return Err(TableError::Malformed("a section lies past the end of the file"));
+        }
+        total += size;
+    }
+    Ok(total)
 }
 
 /// A section's bytes, inflated within `MAX_DEBUG_FRAME_BYTES` when compressed (zlib only: Go and
@@ -165,7 +245,8 @@ fn inflate(data: object::CompressedData<'_>, max: u64) -> Result<std::borrow::Co
     match data.format {
         object::CompressionFormat::None => Ok(data.data.into()),
         object::CompressionFormat::Zlib => {
-            let mut out = Vec::new();
+            // The size the header claims, within the bound (charged before): no doubling.
+            let mut out = Vec::with_capacity(data.uncompressed_size.min(max) as usize);
             flate2::read::ZlibDecoder::new(data.data)
                 .take(max + 1)
                 .read_to_end(&mut out)
@@ -179,37 +260,115 @@ fn inflate(data: object::CompressedData<'_>, max: u64) -> Result<std::borrow::Co
     }
 }
 
-/// Every FDE's rows as `(start, end, rule)`; `go`: the CFI was written by Go's linker.
-fn collect<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
+/// Where one FDE is and what it claims to cover.
+struct FdeAt {
+    start: u64,
+    end: u64,
+    offset: usize,
+    /// In `.debug_frame` (else `.eh_frame`).
+    debug: bool,
+}
+
+/// What a build holds, against its charge.
+struct Meter {
+    /// `None`: not charged (tables made by hand, and the last row of one already charged).
+    charge: Option<memory::Charge>,
+    /// Bytes read whole (sections) and inflated.
+    fixed: u64,
+    index_cap: usize,
+    rows_cap: usize,
+}
+
+impl Meter {
+    fn new(pool: &'static memory::Pool) -> Result<Self, TableError> {
+        let charge = pool.try_charge(0).ok_or(TableError::OverBudget { bytes: 0, pool: pool.limit() })?;
+        Ok(Self { charge: Some(charge), fixed: 0, index_cap: 0, rows_cap: 0 })
+    }
+
+    fn unmetered() -> Self {
+        Self { charge: None, fixed: 0, index_cap: 0, rows_cap: 0 }
+    }
+
+    fn total(&self) -> u64 {
+        self.fixed + (self.index_cap * size_of::<FdeAt>()) as u64 + (self.rows_cap * size_of::<Row>()) as u64
+    }
+
+    fn check(&mut self) -> Result<(), TableError> {
+        let total = self.total();
+        match &mut self.charge {
+            Some(charge) => match charge.grow_to(total) {
+                true => Ok(()),
+                false => Err(TableError::OverBudget { bytes: total, pool: charge.pool().limit() }),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Room for one more element in `v`, charged before the vector grows.
+    fn room<T>(&mut self, v: &mut Vec<T>, cap: fn(&mut Self) -> &mut usize) -> Result<(), TableError> {
+        if v.len() < v.capacity() {
+            return Ok(());
+        }
+        let next = (v.capacity() * 2).max(4096);
+        *cap(self) = next;
+        self.check()?;
+        v.reserve_exact(next - v.len());
+        Ok(())
+    }
+}
+
+/// Lists every FDE of `section` into `index`.
+fn list<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
     section: &S,
     bases: &BaseAddresses,
-    go: bool,
-    out: &mut Vec<(u64, u64, Rule)>,
+    debug: bool,
+    index: &mut Vec<FdeAt>,
+    meter: &mut Meter,
 ) -> Result<(), TableError>
 where
     S::Offset: gimli::UnwindOffset<usize>,
 {
-    let mut ctx = UnwindContext::new();
     let mut entries = section.entries(bases);
     while let Some(entry) = entries.next()? {
         let CieOrFde::Fde(partial) = entry else { continue };
         // One bad FDE costs its function, not the table.
         let Ok(fde) = partial.parse(S::cie_from_offset) else { continue };
-        if fde.len() == 0 {
+        if fde.len() == 0 || fde.initial_address() >= fde.end_address() {
             continue;
         }
-        if fde.is_signal_trampoline() {
-            out.push((
-                fde.initial_address(),
-                fde.end_address(),
-                Rule { kind: kind::SIGNAL, cfa_offset: 0, fp_offset: 0 },
-            ));
-            continue;
-        }
-        let Ok(mut rows) = fde.rows(section, bases, &mut ctx) else { continue };
-        while let Ok(Some(row)) = rows.next_row() {
-            let rule = rule(section, row, go);
-            out.push((row.start_address(), row.end_address(), rule));
+        meter.room(index, |m| &mut m.index_cap)?;
+        let offset = fde.offset();
+        index.push(FdeAt { start: fde.initial_address(), end: fde.end_address(), offset, debug });
+    }
+    Ok(())
+}
+
+/// The rows of the FDE at `at`, into `rows`; `go`: the CFI was written by Go's linker.
+#[allow(clippy::too_many_arguments)]
+fn fde_rows<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    at: &FdeAt,
+    go: bool,
+    ctx: &mut UnwindContext<usize>,
+    rows: &mut Rows,
+    meter: &mut Meter,
+    fdes: usize,
+) -> Result<(), TableError>
+where
+    S::Offset: gimli::UnwindOffset<usize>,
+{
+    let offset = S::Offset::from(at.offset);
+    let Ok(fde) = section.fde_from_offset(bases, offset, S::cie_from_offset) else { return Ok(()) };
+    if fde.is_signal_trampoline() {
+        return rows.push(at.start, at.end, Rule { kind: kind::SIGNAL, cfa_offset: 0, fp_offset: 0 }, meter);
+    }
+    let Ok(mut table) = fde.rows(section, bases, ctx) else { return Ok(()) };
+    while let Ok(Some(row)) = table.next_row() {
+        let rule = rule(section, row, go);
+        rows.push(row.start_address(), row.end_address(), rule, meter)?;
+        if rows.rows.len() > MAX_ROWS {
+            return Err(TableError::TooLarge(rows.rows.len().max(fdes)));
         }
     }
     Ok(())
@@ -284,47 +443,73 @@ fn expression(bytes: &[u8], fp_offset: i8) -> Rule {
     }
 }
 
-/// Sorts the ranges, fills the gaps between functions with "no rule", and merges neighbours
-/// with the same rule.
-fn build(mut ranges: Vec<(u64, u64, Rule)>) -> Result<Table, TableError> {
-    // A malformed FDE can claim an empty or backwards range.
-    ranges.retain(|r| r.0 < r.1);
-    if ranges.is_empty() {
-        return Err(TableError::NoCfi);
+/// A table's rows as ranges come in, by start: the gaps between functions get "no rule",
+/// neighbours with the same rule merge, and of overlapping ranges the first one wins.
+#[derive(Default)]
+struct Rows {
+    base: Option<u64>,
+    rows: Vec<Row>,
+    covered_to: u64,
+}
+
+impl Rows {
+    fn push(&mut self, start: u64, end: u64, rule: Rule, meter: &mut Meter) -> Result<(), TableError> {
+        // A malformed FDE can claim an empty or backwards range.
+        if start >= end {
+            return Ok(());
+        }
+        let base = *self.base.get_or_insert(start);
+        if start < base || (end <= self.covered_to && start < self.covered_to) {
+            // Inside a range already covered (overlapping FDEs): the first one wins.
+            return Ok(());
+        }
+        let start = start.max(self.covered_to);
+        if start > self.covered_to && !self.rows.is_empty() {
+            self.row(self.covered_to, NONE, meter)?;
+        }
+        self.row(start, rule, meter)?;
+        self.covered_to = end;
+        Ok(())
     }
-    ranges.sort_by_key(|r| (r.0, std::cmp::Reverse(r.1)));
-    let base = ranges[0].0;
-    let mut rows: Vec<Row> = Vec::with_capacity(ranges.len());
-    let mut covered_to = base;
-    let push = |rows: &mut Vec<Row>, at: u64, rule: Rule| -> Result<(), TableError> {
+
+    fn row(&mut self, at: u64, rule: Rule, meter: &mut Meter) -> Result<(), TableError> {
+        let base = self.base.unwrap_or(at);
         let pc = u32::try_from(at - base).map_err(|_| TableError::TooWide)?;
-        match rows.last_mut() {
-            Some(last) if last.pc == pc => {
-                *last = Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset }
+        let row = Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset };
+        match self.rows.last_mut() {
+            Some(last) if last.pc == pc => *last = row,
+            Some(last) if (last.kind, last.cfa_offset, last.fp_offset) == (rule.kind, rule.cfa_offset, rule.fp_offset) => {}
+            _ => {
+                meter.room(&mut self.rows, |m| &mut m.rows_cap)?;
+                self.rows.push(row);
             }
-            Some(last)
-                if (last.kind, last.cfa_offset, last.fp_offset) == (rule.kind, rule.cfa_offset, rule.fp_offset) => {}
-            _ => rows.push(Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset }),
         }
         Ok(())
-    };
+    }
+
+    fn finish(mut self) -> Result<Table, TableError> {
+        let Some(base) = self.base else { return Err(TableError::NoCfi) };
+        let end = self.covered_to;
+        let mut meter = Meter::unmetered();
+        self.row(end, NONE, &mut meter)?;
+        if self.rows.len() > MAX_ROWS {
+            return Err(TableError::TooLarge(self.rows.len()));
+        }
+        self.rows.shrink_to_fit();
+        Ok(Table { base, rows: self.rows, loads: Vec::new() })
+    }
+}
+
+/// The rows of `ranges` in any order (tests, and tables made by hand).
+#[cfg(test)]
+fn build(mut ranges: Vec<(u64, u64, Rule)>) -> Result<Table, TableError> {
+    ranges.sort_by_key(|r| (r.0, std::cmp::Reverse(r.1)));
+    let mut rows = Rows::default();
+    let mut meter = Meter::unmetered();
     for (start, end, rule) in ranges {
-        if end <= covered_to && start < covered_to {
-            // Inside a range already covered (overlapping FDEs): the first one wins.
-            continue;
-        }
-        let start = start.max(covered_to);
-        if start > covered_to {
-            push(&mut rows, covered_to, NONE)?;
-        }
-        push(&mut rows, start, rule)?;
-        covered_to = end;
+        rows.push(start, end, rule, &mut meter)?;
     }
-    push(&mut rows, covered_to, NONE)?;
-    if rows.len() > MAX_ROWS {
-        return Err(TableError::TooLarge(rows.len()));
-    }
-    Ok(Table { base, rows, loads: Vec::new() })
+    rows.finish()
 }
 
 #[cfg(test)]
