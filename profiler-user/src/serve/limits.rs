@@ -16,6 +16,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// Heavy requests (anything that reads the store) running at once. Each is held to the
 /// per-query budget (tens of MB at most), so two keep the total well under the 256 MiB cap.
 pub const HEAVY_AT_ONCE: usize = 2;
+/// What one heavy request may hold at its peak (a fold at its stack and byte budgets, its
+/// dictionaries and its answer; a month's fold of 127-frame stacks measured ~100 MiB before the
+/// budgets): requests queue on the queries' pool of the memory budget, this much a turn.
+pub const HEAVY_BYTES: u64 = 32 << 20;
+
+/// Heavy requests at once: as many as the queries' pool holds at [`HEAVY_BYTES`] each, at least
+/// one, at most [`HEAVY_AT_ONCE`] (at the unit's 256 MiB: one).
+pub fn heavy_at_once() -> usize {
+    (crate::memory::QUERIES.limit() / HEAVY_BYTES).clamp(1, HEAVY_AT_ONCE as u64) as usize
+}
+
 /// Heavy requests that may wait for a turn; beyond it the answer is an immediate 503.
 pub const HEAVY_QUEUE: usize = 8;
 /// How long a heavy request waits for a turn before a 503.

@@ -133,6 +133,20 @@ pub fn render(l: &Live) -> String {
              are walked with frame pointers.",
             vec![(String::new(), u.did_not_fit as f64)],
         );
+        family(
+            "profiler_unwind_processes_evicted_total",
+            "counter",
+            "Processes that gave up their place in the kernel's full table of described processes to a newer one (the \
+             least recently sampled first): walked with frame pointers until sampled again.",
+            vec![(String::new(), u.processes_evicted as f64)],
+        );
+        family(
+            "profiler_unwind_processes_refused_total",
+            "counter",
+            "Processes the kernel's table of described processes refused even after an eviction: walked with frame \
+             pointers.",
+            vec![(String::new(), u.processes_refused as f64)],
+        );
     }
     family(
         "profiler_throttled_samples_estimate_total",

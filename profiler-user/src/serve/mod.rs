@@ -224,8 +224,8 @@ async fn heavy<T: Send + 'static>(
         Failure(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "{} heavy requests are already running and others waiting: retry in {} s",
-                limits::HEAVY_AT_ONCE,
+                "{} heavy requests are already running (as many as the daemon's memory budget allows) and others waiting: retry in {} s",
+                limits::heavy_at_once(),
                 limits::RETRY_AFTER_SECS
             ),
         )
@@ -490,7 +490,7 @@ pub fn router(state: AppState) -> Router {
     let daemon = matches!(*state.source, source::Source::Store(_));
     let shared = Shared {
         app: state,
-        heavy: Arc::new(limits::Heavy::new(limits::HEAVY_AT_ONCE, limits::HEAVY_WAIT)),
+        heavy: Arc::new(limits::Heavy::new(limits::heavy_at_once(), limits::HEAVY_WAIT)),
         metrics_rate: Arc::new(limits::Rate::new(limits::METRICS_PER_SEC)),
         metrics_text: Arc::new(limits::Cached::default()),
     };

@@ -267,6 +267,7 @@ fn run(
         };
         match request {
             Request::Seen(pid) => {
+                registry.touch(pid);
                 if read_at.get(&pid).is_none_or(|at| at.elapsed() >= REREAD_AFTER) {
                     describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
                 }

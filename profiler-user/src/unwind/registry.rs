@@ -99,6 +99,11 @@ pub struct Stats {
     /// Mappings with (or maybe with) a table that processes' descriptions left out, as of each
     /// process's last description: walked with frame pointers.
     pub mappings_left_out: u64,
+    /// Processes whose description made room for another's in the kernel's full process
+    /// table: the least recently sampled go first.
+    pub processes_evicted: u64,
+    /// Descriptions the kernel refused even then: those processes are walked with frame pointers.
+    pub processes_refused: u64,
 }
 
 /// What the registry knows of a described process.
@@ -114,6 +119,8 @@ struct Process {
     left_out: u32,
     /// Whether that was logged.
     warned: bool,
+    /// When a sample of it was last seen ([`Registry::touch`]), on the registry's clock.
+    seen: u64,
 }
 
 pub struct Registry<T: Tables> {
@@ -126,6 +133,8 @@ pub struct Registry<T: Tables> {
     waiting: HashMap<FileKey, Vec<u32>>,
     clock: u64,
     did_not_fit: u64,
+    processes_evicted: u64,
+    processes_refused: u64,
 }
 
 impl<T: Tables> Registry<T> {
@@ -139,6 +148,8 @@ impl<T: Tables> Registry<T> {
             waiting: HashMap::new(),
             clock: 0,
             did_not_fit: 0,
+            processes_evicted: 0,
+            processes_refused: 0,
         }
     }
 
@@ -259,8 +270,47 @@ impl<T: Tables> Registry<T> {
                  are walked with frame pointers"
             );
         }
-        self.processes.insert(pid, Process { keys, described, left_out, warned });
-        self.tables.set_process(pid, &table).map(|()| unchecked)
+        self.clock += 1;
+        self.processes.insert(pid, Process { keys, described, left_out, warned, seen: self.clock });
+        self.insert_process(pid, &table).map(|()| unchecked)
+    }
+
+    /// A sample of `pid` was seen: the last process to give up its place in the kernel.
+    pub fn touch(&mut self, pid: u32) {
+        self.clock += 1;
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.seen = self.clock;
+        }
+    }
+
+    /// Puts a description into the kernel's process table. When the table is full (a node runs
+    /// more processes than it holds, or a user started a thousand sleeping ones), the process
+    /// sampled least recently gives up its place, counted and logged: the processes that run
+    /// keep complete stacks.
+    fn insert_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String> {
+        let Err(first) = self.tables.set_process(pid, table) else { return Ok(()) };
+        let victim = self.processes.iter().filter(|(p, _)| **p != pid).min_by_key(|(_, p)| p.seen).map(|(p, _)| *p);
+        if let Some(victim) = victim {
+            self.remove_process(victim);
+            self.processes_evicted += 1;
+            if self.processes_evicted == 1 || self.processes_evicted.is_power_of_two() {
+                tracing::warn!(
+                    pid,
+                    evicted = victim,
+                    evictions = self.processes_evicted,
+                    "the kernel's table of processes with unwind tables is full: the least recently sampled process \
+                     gave up its place (profiler_unwind_processes_evicted_total)"
+                );
+            }
+            if self.tables.set_process(pid, table).is_ok() {
+                return Ok(());
+            }
+        }
+        self.processes_refused += 1;
+        if self.processes_refused == 1 || self.processes_refused.is_power_of_two() {
+            tracing::warn!(pid, error = %first, refused = self.processes_refused, "a process could not be described to the unwinder: frame pointers for it");
+        }
+        Err(first)
     }
 
     /// The mappings `pid`'s description holds from `start` up: a read of its maps that stopped
@@ -441,6 +491,8 @@ impl<T: Tables> Registry<T> {
             processes: self.processes.len() as u64,
             without,
             did_not_fit: self.did_not_fit,
+            processes_evicted: self.processes_evicted,
+            processes_refused: self.processes_refused,
             mappings_left_out: self.processes.values().map(|p| p.left_out as u64).sum(),
         }
     }

@@ -196,11 +196,11 @@ pub fn compile_within<'data, R: ReadRef<'data>>(data: R, pool: &'static memory::
     if index.is_empty() {
         return Err(TableError::NoCfi);
     }
-    index.sort_unstable_by_key(|f| (f.start, std::cmp::Reverse(f.end), f.debug));
+    index.sort_unstable_by_key(|f| (f.start, std::cmp::Reverse(f.len), f.debug()));
     let mut rows = Rows::default();
     let mut ctx = UnwindContext::new();
     for at in &index {
-        let result = if at.debug {
+        let result = if at.debug() {
             fde_rows(&debug, &debug_bases, at, go, &mut ctx, &mut rows, &mut meter, index.len())
         } else {
             fde_rows(&eh, &bases, at, false, &mut ctx, &mut rows, &mut meter, index.len())
@@ -260,13 +260,30 @@ fn inflate(data: object::CompressedData<'_>, max: u64) -> Result<std::borrow::Co
     }
 }
 
-/// Where one FDE is and what it claims to cover.
+/// Where one FDE is and what it claims to cover: 16 bytes (a 200 MB library has 160,000).
+#[derive(Clone, Copy)]
 struct FdeAt {
     start: u64,
-    end: u64,
-    offset: usize,
-    /// In `.debug_frame` (else `.eh_frame`).
-    debug: bool,
+    len: u32,
+    /// Offset in its section, with [`IN_DEBUG_FRAME`] set for `.debug_frame`'s.
+    at: u32,
+}
+
+/// Sections are read within the memory budget, far below 2 GiB: the top bit says which.
+const IN_DEBUG_FRAME: u32 = 1 << 31;
+
+impl FdeAt {
+    fn end(&self) -> u64 {
+        self.start + u64::from(self.len)
+    }
+
+    fn debug(&self) -> bool {
+        self.at & IN_DEBUG_FRAME != 0
+    }
+
+    fn offset(&self) -> usize {
+        (self.at & !IN_DEBUG_FRAME) as usize
+    }
 }
 
 /// What a build holds, against its charge.
@@ -309,7 +326,8 @@ impl Meter {
         if v.len() < v.capacity() {
             return Ok(());
         }
-        let next = (v.capacity() * 2).max(4096);
+        // By half again, not double: the overshoot is charged too.
+        let next = (v.capacity() + v.capacity() / 2).max(4096);
         *cap(self) = next;
         self.check()?;
         v.reserve_exact(next - v.len());
@@ -336,9 +354,10 @@ where
         if fde.len() == 0 || fde.initial_address() >= fde.end_address() {
             continue;
         }
+        let len = u32::try_from(fde.len()).map_err(|_| TableError::TooWide)?;
+        let offset = u32::try_from(fde.offset()).ok().filter(|o| o & IN_DEBUG_FRAME == 0).ok_or(TableError::TooWide)?;
         meter.room(index, |m| &mut m.index_cap)?;
-        let offset = fde.offset();
-        index.push(FdeAt { start: fde.initial_address(), end: fde.end_address(), offset, debug });
+        index.push(FdeAt { start: fde.initial_address(), len, at: offset | if debug { IN_DEBUG_FRAME } else { 0 } });
     }
     Ok(())
 }
@@ -358,10 +377,10 @@ fn fde_rows<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
 where
     S::Offset: gimli::UnwindOffset<usize>,
 {
-    let offset = S::Offset::from(at.offset);
+    let offset = S::Offset::from(at.offset());
     let Ok(fde) = section.fde_from_offset(bases, offset, S::cie_from_offset) else { return Ok(()) };
     if fde.is_signal_trampoline() {
-        return rows.push(at.start, at.end, Rule { kind: kind::SIGNAL, cfa_offset: 0, fp_offset: 0 }, meter);
+        return rows.push(at.start, at.end(), Rule { kind: kind::SIGNAL, cfa_offset: 0, fp_offset: 0 }, meter);
     }
     let Ok(mut table) = fde.rows(section, bases, ctx) else { return Ok(()) };
     while let Ok(Some(row)) = table.next_row() {

@@ -7,6 +7,8 @@ use crate::unwind::table::Load;
 struct Fake {
     rows: Vec<Row>,
     processes: HashMap<u32, ProcessTable>,
+    /// Processes the kernel's table holds, as a BPF hash map of that size (0: unbounded).
+    max_processes: usize,
 }
 
 impl Tables for Fake {
@@ -18,6 +20,9 @@ impl Tables for Fake {
         true
     }
     fn set_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String> {
+        if self.max_processes > 0 && !self.processes.contains_key(&pid) && self.processes.len() >= self.max_processes {
+            return Err("Argument list too long (os error 7)".into());
+        }
         self.processes.insert(pid, *table);
         Ok(())
     }
@@ -275,4 +280,23 @@ fn what_a_cut_read_missed_is_taken_from_the_last_description() {
     let kept: Vec<(u64, u64, FileKey)> = kept.iter().map(|m| (m.start, m.offset, m.key)).collect();
     assert_eq!(kept, [(0x7e00_0000_0000, 0x1000, key(2)), (0x7f00_0000_0000, 0x1000, key(3))]);
     assert!(r.described_from(2, 0).is_empty());
+}
+
+#[test]
+fn a_full_process_table_makes_room_by_evicting_the_least_recently_sampled() {
+    let mut r = Registry::new(Fake { rows: vec![Row::default(); 1000], max_processes: 3, ..Default::default() });
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(10, 7)));
+    for pid in 1..=3 {
+        r.set_process(pid, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    }
+    // 1 and 3 keep running; 2 sleeps.
+    r.touch(1);
+    r.touch(3);
+    r.set_process(4, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    let mut held: Vec<u32> = r.kernel().processes.keys().copied().collect();
+    held.sort();
+    assert_eq!(held, [1, 3, 4], "the sleeper gave up its place");
+    assert!(!r.is_known(2));
+    let s = r.stats();
+    assert_eq!((s.processes_evicted, s.processes_refused, s.processes), (1, 0, 3));
 }

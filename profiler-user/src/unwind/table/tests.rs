@@ -192,3 +192,32 @@ fn a_go_binary_compiles_with_its_saved_frame_pointers() {
     let mix = rule_at(&table, addr("main.mix") + 4);
     assert_eq!((mix.kind, mix.cfa_offset, mix.fp_offset), (kind::CFA_SP, 8, 0), "frameless: {mix:?}");
 }
+
+/// The largest library on this machine (the Rust toolchain's libLLVM, 200 MB, 160,000 FDEs)
+/// builds within its charge, and what it holds at its peak is about its rows and its sections.
+#[test]
+fn a_200_mb_library_builds_within_a_bounded_charge() {
+    static POOL: crate::memory::Pool = crate::memory::Pool::new_for_tests("test-unwind", 64 << 20);
+    let Some(path) = std::fs::read_dir(std::env::var("HOME").unwrap_or_default() + "/.rustup/toolchains")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|t| std::fs::read_dir(t.path().join("lib")).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libLLVM.so.")))
+    else {
+        return eprintln!("SKIPPED a_200_mb_library_builds_within_a_bounded_charge: no libLLVM under ~/.rustup");
+    };
+    let file = std::fs::File::open(&path).unwrap();
+    let table = compile_within(&object::ReadCache::new(&file), &POOL).unwrap();
+    let peak = POOL.peak();
+    eprintln!("{}: {} rows, peak charge {:.1} MiB", path.display(), table.rows.len(), peak as f64 / (1 << 20) as f64);
+    assert!(table.rows.len() > 100_000);
+    assert!(peak < 40 << 20, "peak {peak}");
+    assert_eq!(POOL.used(), 0, "released");
+    // Too small a pool: refused with a sentence, nothing held.
+    static SMALL: crate::memory::Pool = crate::memory::Pool::new_for_tests("test-small", 4 << 20);
+    let err = compile_within(&object::ReadCache::new(&file), &SMALL).unwrap_err();
+    assert!(matches!(err, TableError::OverBudget { .. }), "{err}");
+    assert_eq!(SMALL.used(), 0);
+}
