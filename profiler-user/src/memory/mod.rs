@@ -28,23 +28,25 @@ pub const OTHER_MAPS: u64 = 8 * MIB;
 pub const MIN_POOLS: u64 = 24 * MIB;
 
 /// Each concern's share of the pools, in percent (they add up to 100). At 256 MiB with the
-/// default 80 MiB of unwind rows the pools have 84 MiB: 33 MiB build one 200 MB library's table
-/// (libLLVM: 1.4 M rows, 31.5 MiB at its peak; `unwind::table` tests).
+/// default 80 MiB of unwind rows the pools have 98 MiB: 33 MiB build one 200 MB library's table
+/// (libLLVM: 1.4 M rows, 31.5 MiB at its peak; `unwind::table` tests), 23 MiB index 1.5 M
+/// symbols (three libLLVMs hold 0.9 M).
 const SHARES: [(&Pool, u64); 6] =
-    [(&UNWIND, 40), (&SYMBOLS, 20), (&QUERIES, 16), (&STACKS, 10), (&PERF_MAPS, 8), (&PYTHON, 6)];
+    [(&UNWIND, 34), (&SYMBOLS, 24), (&QUERIES, 14), (&STACKS, 10), (&PERF_MAPS, 10), (&PYTHON, 8)];
 
 /// Building unwind tables: the section read, the ranges collected, the rows before the kernel.
 pub static UNWIND: Pool = Pool::new("unwind_build", 33 * MIB);
-/// ELF symbol tables of the mapped files (blazesym's parsed copy, ~40 bytes a symbol).
-pub static SYMBOLS: Pool = Pool::new("symbols", 16 * MIB);
+/// ELF symbol tables of the mapped files (blazesym's index of them, ~16 bytes a symbol; the
+/// names stay in the file, mapped).
+pub static SYMBOLS: Pool = Pool::new("symbols", 23 * MIB);
 /// Folds, grids and exports of API queries in flight: requests wait for room, not for a slot.
 pub static QUERIES: Pool = Pool::new("queries", 13 * MIB);
 /// Symbolized stacks the pipeline caches, and the names they share.
-pub static STACKS: Pool = Pool::new("stacks", 8 * MIB);
+pub static STACKS: Pool = Pool::new("stacks", 9 * MIB);
 /// JIT perf maps (`/tmp/perf-PID.map`) of every process together.
-pub static PERF_MAPS: Pool = Pool::new("perf_maps", 6 * MIB);
+pub static PERF_MAPS: Pool = Pool::new("perf_maps", 9 * MIB);
 /// CPython code objects (names, files, line tables) read from processes.
-pub static PYTHON: Pool = Pool::new("python", 5 * MIB);
+pub static PYTHON: Pool = Pool::new("python", 7 * MIB);
 
 /// Every pool, for /metrics and the log.
 pub fn pools() -> [&'static Pool; 6] {
@@ -203,7 +205,7 @@ impl Plan {
     /// The plan for `limit` bytes with `unwind_bytes` of unwind rows and a ring of `ring_bytes`.
     pub fn new(limit: u64, source: &'static str, unwind_bytes: u64, ring_bytes: u64) -> Result<Self, PlanError> {
         let maps = unwind_bytes + ring_bytes + OTHER_MAPS;
-        let margin = limit / 8;
+        let margin = limit / 10;
         let pools = limit as i64 - (maps + BASE + margin) as i64;
         if pools < MIN_POOLS as i64 {
             return Err(PlanError::TooSmall {
@@ -275,8 +277,9 @@ mod tests {
         // 256 MiB, the default 80 MiB of unwind rows, a 4 MiB ring.
         let p = Plan::new(256 * MIB, "default", 80 * MIB, 4 * MIB).unwrap();
         assert_eq!(p.maps, 92 * MIB);
-        assert_eq!(p.margin, 32 * MIB);
-        assert_eq!(p.pools, (256 - 92 - 40 - 32) * MIB);
+        assert_eq!(p.margin, 256 * MIB / 10);
+        assert_eq!(p.pools, 256 * MIB - (92 + 40) * MIB - 256 * MIB / 10);
+        assert_eq!(p.pools >> 20, 98);
         assert_eq!(p.anon_target(), (40 + 92) * MIB);
         let shares: u64 = SHARES.iter().map(|(_, s)| s).sum();
         assert_eq!(shares, 100);

@@ -386,6 +386,11 @@ fn describe(
             Err(e) if e.is_about_the_file() => return Build::Done(Err(table::TableError::Refused(e.to_string()))),
             Err(e) => return Build::Done(Err(table::TableError::Unreadable(e.to_string()))),
         };
+        // A file whose sections could never fit in the memory budget is refused here, from its
+        // headers, rather than wait its turn behind every smaller file for the same answer.
+        if let Err(e) = table::precheck(&object::ReadCache::new(&f), &crate::memory::UNWIND) {
+            return Build::Done(Err(e));
+        }
         if !queue {
             return Build::Checked;
         }

@@ -372,7 +372,13 @@ impl<T: Tables> Registry<T> {
             // Too large for the memory budget: said once per file, which is not tried again
             // while it is unchanged (counted in profiler_memory_refused_total).
             Err(e @ TableError::OverBudget { .. }) => {
-                tracing::warn!(pid, error = %e, "an unwind table was not built: frame pointers for its binary");
+                tracing::warn!(
+                    pid,
+                    file_bytes = key.size,
+                    inode = key.ino,
+                    error = %e,
+                    "an unwind table was not built: frame pointers for its binary"
+                );
                 self.files.insert(key, Entry::Without);
             }
             // The file's own fault: not tried again while it is unchanged.

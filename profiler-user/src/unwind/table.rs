@@ -147,7 +147,7 @@ pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
 /// and its file is walked with frame pointers.
 pub fn compile_within<'data, R: ReadRef<'data>>(data: R, pool: &'static memory::Pool) -> Result<Table, TableError> {
     let mut meter = Meter::new(pool)?;
-    meter.fixed = read_whole_bytes(data)?;
+    meter.fixed = read_whole_bytes(data)?.0;
     meter.check()?;
     let file = object::File::parse(data)?;
     let loads = loads(&file);
@@ -171,11 +171,14 @@ pub fn compile_within<'data, R: ReadRef<'data>>(data: R, pool: &'static memory::
     let debug_bytes = match file.section_by_name(".debug_frame") {
         Some(section) => {
             let compressed = section.compressed_data()?;
+            // Inflated within what its header claims (charged first): a stream that inflates
+            // past it is refused, not followed.
+            let claimed = compressed.uncompressed_size.min(MAX_DEBUG_FRAME_BYTES);
             if compressed.format != object::CompressionFormat::None {
-                meter.fixed += compressed.uncompressed_size.min(MAX_DEBUG_FRAME_BYTES);
+                meter.fixed += claimed;
                 meter.check()?;
             }
-            inflate(compressed, MAX_DEBUG_FRAME_BYTES)?
+            inflate(compressed, claimed)?
         }
         None => std::borrow::Cow::Borrowed(&[][..]),
     };
@@ -212,20 +215,34 @@ pub fn compile_within<'data, R: ReadRef<'data>>(data: R, pool: &'static memory::
     Ok(table)
 }
 
+/// Whether building the table of the ELF file in `data` could fit in `pool` at all: what it
+/// would read whole and inflate, from the section headers alone (a few KB read). A file that
+/// claims more is refused at once, never queued for a builder.
+pub fn precheck<'data, R: ReadRef<'data>>(data: R, pool: &memory::Pool) -> Result<(), TableError> {
+    let (read, inflated) = read_whole_bytes(data)?;
+    let bytes = read + inflated.min(MAX_DEBUG_FRAME_BYTES);
+    if bytes > pool.limit() {
+        return Err(TableError::OverBudget { bytes, pool: pool.limit() });
+    }
+    Ok(())
+}
+
 /// Bytes `object::File::parse` and the sections this module asks for read whole: the symbol
-/// tables (object reads them as it parses), `.eh_frame` and the stored `.debug_frame`. An
-/// error when one lies past the end of the file.
-fn read_whole_bytes<'data, R: ReadRef<'data>>(data: R) -> Result<u64, TableError> {
-    use object::read::elf::{FileHeader as _, SectionHeader as _};
+/// tables (object reads them as it parses), `.eh_frame` and the stored `.debug_frame`; and
+/// what a compressed `.debug_frame` claims to inflate to. An error when one lies past the end
+/// of the file.
+fn read_whole_bytes<'data, R: ReadRef<'data>>(data: R) -> Result<(u64, u64), TableError> {
+    use object::read::elf::{CompressionHeader as _, FileHeader as _, SectionHeader as _};
     let len = data.len().map_err(|()| TableError::Malformed("cannot read the file's length"))?;
     let header = object::elf::FileHeader64::<object::Endianness>::parse(data)?;
     let endian = header.endian()?;
     let sections = header.sections(endian, data)?;
-    let mut total = 0u64;
+    let (mut total, mut inflated) = (0u64, 0u64);
     for section in sections.iter() {
         let kind = section.sh_type(endian);
-        let wanted = matches!(kind, object::elf::SHT_SYMTAB | object::elf::SHT_DYNSYM)
-            || matches!(sections.section_name(endian, section), Ok(b".eh_frame" | b".debug_frame"));
+        let name = sections.section_name(endian, section).unwrap_or_default();
+        let wanted =
+            matches!(kind, object::elf::SHT_SYMTAB | object::elf::SHT_DYNSYM) || matches!(name, b".eh_frame" | b".debug_frame");
         if !wanted || kind == object::elf::SHT_NOBITS {
             continue;
         }
@@ -234,8 +251,13 @@ fn read_whole_bytes<'data, R: ReadRef<'data>>(data: R) -> Result<u64, TableError
             return Err(TableError::Malformed("a section lies past the end of the file"));
         }
         total += size;
+        if name == b".debug_frame"
+            && let Ok(Some((chdr, _, _))) = section.compression(endian, data)
+        {
+            inflated += chdr.ch_size(endian);
+        }
     }
-    Ok(total)
+    Ok((total, inflated))
 }
 
 /// A section's bytes, inflated within `MAX_DEBUG_FRAME_BYTES` when compressed (zlib only: Go and

@@ -9,6 +9,13 @@
 //! - `bigsym DIR`: writes a sparse ELF below DIR whose symbol table claims 100 M symbols, maps it
 //!   executable and spins in it.
 //!
+//! - `ehframe DIR`: the same, with an `.eh_frame` section header claiming 1,000 MB (a sparse
+//!   1 GB file): an unwind-table builder that reads sections whole reads a gigabyte;
+//! - `debugframe DIR`: the same, with a 60 KB zlib-compressed `.debug_frame` that inflates to
+//!   60 MiB: one CIE and one FDE of 21 M rows, alternating the CFA offset;
+//! - `perfmap LINES NAME_BYTES`: spins in anonymous executable memory ("JIT code") named by a
+//!   `/tmp/perf-PID.map` of LINES lines with names of NAME_BYTES characters;
+//!
 //! - `early SECONDS`: spins in `hostile_early_spin` from its first instant (the profiler read
 //!   its maps at exec, before the loader mapped libc) for SECONDS.
 //!
@@ -98,8 +105,53 @@ fn main() {
             let base = map_exec(&path, 4096, 1);
             run_in_mapping(base + CODE_OFFSET);
         }
+        Some(mode @ ("ehframe" | "debugframe")) => {
+            let path = Path::new(args.get(2).expect("ehframe|debugframe DIR")).join(format!("{mode}.so"));
+            if mode == "ehframe" {
+                write_elf(&path, (".eh_frame", 1, 2, 0), &[], EH_FRAME_CLAIM);
+            } else {
+                let section = debug_frame_bomb();
+                write_elf(&path, (".debug_frame", 1, SHF_COMPRESSED, 0), &section, section.len() as u64);
+            }
+            let base = map_exec(&path, 4096, 1);
+            run_in_mapping(base + CODE_OFFSET);
+        }
+        Some("perfmap") => {
+            let lines: usize = args.get(2).and_then(|a| a.parse().ok()).expect("perfmap LINES NAME_BYTES");
+            let name_bytes: usize = args.get(3).and_then(|a| a.parse().ok()).expect("perfmap LINES NAME_BYTES");
+            // SAFETY: a fresh anonymous mapping, written before it is run.
+            let code = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(code, libc::MAP_FAILED);
+            let code = code as usize;
+            // SAFETY: the page is ours and writable.
+            unsafe { std::ptr::copy_nonoverlapping(SPIN_CODE.as_ptr(), (code + CODE_OFFSET) as *mut u8, 2) };
+            let mut map = std::io::BufWriter::new(
+                std::fs::File::create(format!("/tmp/perf-{}.map", std::process::id())).expect("perf map"),
+            );
+            // Everything but the spinning code first: a reader that stops early never names it.
+            for i in 0..lines {
+                let name: String = std::iter::repeat_n(char::from(b'a' + (i % 26) as u8), name_bytes).collect();
+                writeln!(map, "{:x} 10 {name}{i}", 0x1000_0000 + i * 16).expect("write perf map");
+            }
+            writeln!(map, "{:x} 10 hostile_jit_spin", code + CODE_OFFSET).expect("write perf map");
+            map.flush().expect("write perf map");
+            println!("perf map written");
+            let _ = std::io::stdout().flush();
+            run_in_mapping(code + CODE_OFFSET);
+        }
         _ => {
-            eprintln!("usage: hostile-proc fifo|deleted|early SECONDS|mappings N DIR|bigsym DIR");
+            eprintln!(
+                "usage: hostile-proc fifo|deleted|early SECONDS|mappings N DIR|bigsym DIR|ehframe DIR|debugframe DIR|perfmap LINES NAME_BYTES"
+            );
             std::process::exit(2);
         }
     }
@@ -174,10 +226,61 @@ fn run_in_mapping(addr: usize) -> ! {
     }
 }
 
+/// What the `.eh_frame` of `ehframe` claims: 1,000 MB.
+const EH_FRAME_CLAIM: u64 = 1000 << 20;
+const SHF_COMPRESSED: u64 = 0x800;
+
 /// An ELF64 of a few KB on disk and 2.4 GB in size (sparse), whose `.symtab` claims 100 M
 /// entries, with `jmp .` at `CODE_OFFSET`.
 fn write_bigsym(path: &Path) {
     const SYMS: u64 = 100_000_000;
+    write_elf(path, (".symtab", 2, 0, 24), &[], 24 * SYMS);
+}
+
+/// A `.debug_frame` (an `Elf64_Chdr`, then zlib) that inflates to 60 MiB: a CIE (CFA = rsp + 8,
+/// the return address below it), then one FDE over 256 MB of code whose instructions are 21 M
+/// one-byte advances, each after a change of the CFA offset: every row differs from the last.
+fn debug_frame_bomb() -> Vec<u8> {
+    const ROWS: usize = 20 << 20;
+    let mut cie = Vec::new();
+    cie.extend_from_slice(&0xffff_ffffu32.to_le_bytes()); // CIE id
+    cie.extend_from_slice(&[1, 0, 1, 0x78, 16]); // version 1, "", code align 1, data align -8, RA r16
+    cie.extend_from_slice(&[0x0c, 7, 8, 0x90, 1]); // def_cfa rsp+8; offset r16 at cfa-8
+    while (cie.len() + 4) % 8 != 0 {
+        cie.push(0); // DW_CFA_nop
+    }
+    let mut plain = Vec::new();
+    plain.extend_from_slice(&(cie.len() as u32).to_le_bytes());
+    plain.extend_from_slice(&cie);
+    // Each row: DW_CFA_def_cfa_offset 16 or 24, then DW_CFA_advance_loc 1: three bytes.
+    let fde_len = 4 + 8 + 8 + ROWS * 3;
+    plain.extend_from_slice(&(fde_len as u32).to_le_bytes());
+    plain.extend_from_slice(&0u32.to_le_bytes()); // its CIE at offset 0
+    plain.extend_from_slice(&(CODE_OFFSET as u64).to_le_bytes());
+    plain.extend_from_slice(&(256u64 << 20).to_le_bytes());
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    z.write_all(&plain).expect("deflate");
+    let rows: Vec<u8> = (0..4096).flat_map(|i| [0x0e, if i % 2 == 0 { 16 } else { 24 }, 0x41]).collect();
+    for _ in 0..ROWS / 4096 {
+        z.write_all(&rows).expect("deflate");
+    }
+    let inflated = plain.len() + ROWS * 3;
+    let mut out = Vec::new();
+    out.extend_from_slice(&1u32.to_le_bytes()); // ELFCOMPRESS_ZLIB
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(inflated as u64).to_le_bytes());
+    out.extend_from_slice(&8u64.to_le_bytes());
+    out.extend_from_slice(&z.finish().expect("deflate"));
+    out
+}
+
+/// An ELF64 with `jmp .` at `CODE_OFFSET` in `.text`, and one more section at file offset
+/// 0x1000: (name, type, flags, entry size), holding `contents` and claiming `size` bytes (the
+/// file is made that long, sparse).
+fn write_elf(path: &Path, extra: (&str, u32, u64, u64), contents: &[u8], size: u64) {
+    let (extra_name, extra_kind, extra_flags, extra_entsize) = extra;
+    let names = format!("\0.text\0{extra_name}\0.strtab\0");
+    let (text_name, extra_at, strtab_name) = (1u32, 7u32, 8 + extra_name.len() as u32);
     let mut out = Vec::new();
     out.extend_from_slice(b"\x7fELF\x02\x01\x01\0");
     out.extend_from_slice(&[0; 8]);
@@ -205,9 +308,9 @@ fn write_bigsym(path: &Path) {
     };
     section(0, 0, 0, 0, 0, 0, 0, 0);
     // .text (SHF_ALLOC | SHF_EXECINSTR) over the spinning code.
-    section(1, 1, 6, CODE_OFFSET as u64, CODE_OFFSET as u64, 16, 0, 0);
-    section(7, 2, 0, 0, 0x1000, 24 * SYMS, 3, 24); // .symtab → .strtab (sh_link 3)
-    section(15, 3, 0, 0, 0x800, 0x40, 0, 0); // .strtab, also the section names
+    section(text_name, 1, 6, CODE_OFFSET as u64, CODE_OFFSET as u64, 16, 0, 0);
+    section(extra_at, extra_kind, extra_flags, 0, 0x1000, size, 3, extra_entsize); // → .strtab (sh_link 3)
+    section(strtab_name, 3, 0, 0, 0x800, 0x40, 0, 0); // .strtab, also the section names
     out.resize(0x1000, 0);
     // One PT_LOAD (read, execute) over the first page: file offsets resolve to addresses.
     let mut phdr = Vec::new();
@@ -217,9 +320,10 @@ fn write_bigsym(path: &Path) {
         phdr.extend_from_slice(&v.to_le_bytes());
     }
     out[PHDR_OFFSET..PHDR_OFFSET + phdr.len()].copy_from_slice(&phdr);
-    out[0x800..0x800 + 23].copy_from_slice(b"\0.text\0.symtab\0.strtab\0");
+    out[0x800..0x800 + names.len()].copy_from_slice(names.as_bytes());
     out[CODE_OFFSET..CODE_OFFSET + 2].copy_from_slice(&SPIN_CODE);
-    let mut f = std::fs::File::create(path).expect("create bigsym.so");
-    f.write_all(&out).expect("write bigsym.so");
-    f.set_len(0x1000 + 24 * SYMS).expect("size bigsym.so");
+    out.extend_from_slice(contents);
+    let mut f = std::fs::File::create(path).expect("create the ELF file");
+    f.write_all(&out).expect("write the ELF file");
+    f.set_len(0x1000 + size).expect("size the ELF file");
 }
