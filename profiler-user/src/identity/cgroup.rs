@@ -35,6 +35,11 @@
 //!   writes the parent slices into each name, `/kubelet.slice/kubelet-kubepods.slice/
 //!   kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod<uid>.slice/...`. The
 //!   innermost container and pod are the ones reported.
+//! * what a user can create is never a workload: below a systemd user manager
+//!   (`user@UID.service`, which systemd delegates to the user, so that
+//!   `…/user@1000.service/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope` is a name
+//!   anyone can make) only units are reported, never a pod or container; and the resolver reports no
+//!   container or pod for a process whose cgroup directory is not root's ([`owned_by_others`]).
 //! * systemd units outside containers: `/system.slice/foo.service` → `foo.service`,
 //!   `/user.slice/user-0.slice/session-3.scope` → `session-3.scope`; the user manager's own
 //!   `user@0.service/init.scope` → `user@0.service`.
@@ -160,10 +165,23 @@ struct Walk {
     parent: String,
     qos: Option<QosClass>,
     unit: Option<String>,
+    /// Below a user manager: the user names what follows.
+    delegated: bool,
 }
 
 impl Walk {
     fn visit(&mut self, segment: &str, out: &mut CgroupIdentity) {
+        if segment.starts_with("user@") && segment.ends_with(".service") {
+            self.delegated = true;
+            *out = CgroupIdentity::default();
+        }
+        if self.delegated {
+            // The user's own units are theirs to name; pods and containers are not.
+            if is_unit(segment) && !(segment == "init.scope" && self.unit.is_some()) {
+                self.unit = Some(segment.to_string());
+            }
+            return;
+        }
         if let Some(qos) = qos_of(segment) {
             self.qos = Some(qos);
         }
@@ -186,6 +204,30 @@ impl Walk {
         }
         segment.clone_into(&mut self.parent);
     }
+}
+
+/// Whether the cgroup directory of a process (the lines of its `/proc/PID/cgroup`, looked up
+/// under `sys_cgroup`, normally `/sys/fs/cgroup`) belongs to someone other than root: a
+/// directory a user created, so a name they chose. Directories not found say nothing.
+pub fn owned_by_others(text: &str, sys_cgroup: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    text.lines().any(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
+            return false;
+        };
+        let path = path.trim_end().strip_suffix(" (deleted)").unwrap_or(path.trim_end());
+        if path == "/" || path.split('/').any(|s| s == "..") {
+            return false;
+        }
+        let rel = path.trim_start_matches('/');
+        let roots: Vec<std::path::PathBuf> = if controllers.is_empty() {
+            vec![sys_cgroup.to_path_buf(), sys_cgroup.join("unified")]
+        } else {
+            vec![sys_cgroup.join(controllers.strip_prefix("name=").unwrap_or(controllers))]
+        };
+        roots.iter().filter_map(|root| std::fs::metadata(root.join(rel)).ok()).any(|m| m.is_dir() && m.uid() != 0)
+    })
 }
 
 /// The runtimes' systemd scope (and cgroupfs) prefixes.

@@ -233,3 +233,37 @@ fn log_directory_uids() {
     assert!(!is_pod_uid(UID_), "/var/log/pods writes dashes");
     assert!(!is_pod_uid("not-a-uid"));
 }
+
+#[test]
+fn a_pod_named_below_a_user_manager_is_the_users_service_not_a_pod() {
+    // What systemd delegates to a user: they can make any directory below it.
+    let forged = "/user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-burstable.slice/\
+                  kubepods-burstable-pod0b3c6d1e_2f4a_4b5c_8d6e_7f8091a2b3c4.slice/\
+                  cri-containerd-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.scope";
+    let scope = "cri-containerd-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.scope";
+    assert_eq!(parse_path(forged), unit(scope));
+    assert_eq!(parse_proc_cgroup(&format!("0::{forged}\n")), unit(scope));
+    assert_eq!(parse_path("/user.slice/user-1000.slice/user@1000.service/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"), unit("user@1000.service"));
+}
+
+#[test]
+fn a_cgroup_directory_a_user_owns_is_found_and_roots_are_not() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let mine = root.path().join("kubepods/podx");
+    std::fs::create_dir_all(&mine).unwrap();
+    std::fs::create_dir_all(root.path().join("memory/kubepods/pody")).unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Owned by whoever runs the test: root here, so nothing is "others'".
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(owned_by_others("0::/kubepods/podx\n", root.path()), euid != 0);
+    assert!(!owned_by_others("0::/not/there\n4:memory:/kubepods/nothere\n", root.path()));
+    assert!(!owned_by_others("0::/\n", root.path()));
+    if euid == 0 {
+        std::os::unix::fs::chown(&mine, Some(65534), Some(65534)).unwrap();
+        assert!(owned_by_others("0::/kubepods/podx\n", root.path()));
+        std::os::unix::fs::chown(root.path().join("memory/kubepods/pody"), Some(65534), None).unwrap();
+        assert!(owned_by_others("4:memory:/kubepods/pody\n", root.path()));
+        assert!(!owned_by_others("4:memory:/kubepods\n", root.path()));
+    }
+}

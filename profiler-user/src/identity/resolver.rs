@@ -41,6 +41,9 @@ struct Cached {
     retry_until: Option<Instant>,
 }
 
+/// Where the cgroup hierarchies are mounted.
+const SYS_CGROUP: &str = "/sys/fs/cgroup";
+
 impl Default for Resolver {
     /// The host's `/proc`, `/var/log/containers` and `/var/log/pods`.
     fn default() -> Self {
@@ -105,7 +108,13 @@ impl Resolver {
                 return Identity::default();
             }
         };
-        let parsed = cgroup::parse_proc_cgroup(&text);
+        let mut parsed = cgroup::parse_proc_cgroup(&text);
+        // A container or pod named by a directory a user made is theirs to name: not reported.
+        if (parsed.container_id.is_some() || parsed.pod_uid.is_some())
+            && cgroup::owned_by_others(&text, std::path::Path::new(SYS_CGROUP))
+        {
+            parsed = cgroup::CgroupIdentity::default();
+        }
         let arc = |s: Option<String>| s.map(Arc::<str>::from);
         Identity {
             container_id: arc(parsed.container_id),
