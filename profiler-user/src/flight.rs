@@ -2,8 +2,11 @@
 //! higher frequency (999 Hz by default) for a bounded time (30 s), and every one of those
 //! samples goes to a recording of its own, `DATA_DIR/flight/<finding>/`, a store like the main
 //! one that any query command reads with `--data-dir`. Rollup and retention never touch it
-//! (they work on `DATA_DIR/segments`), so that window keeps its full detail; the newest
-//! `keep` recordings are kept.
+//! (they work on `DATA_DIR/segments`), so that window keeps its full detail; `keep` recordings
+//! are kept, shared fairly among the kinds of finding: a new one replaces the oldest of the
+//! kind that holds the most, so that a user who triggers one kind again and again (spinning in
+//! the kernel every half minute) replaces only recordings of that kind, never a real incident's
+//! of another.
 //!
 //! The main store, the detectors and the exports keep seeing the base frequency: of a boosted
 //! CPU's samples, the first of each base-frequency period goes on to them ([`Flight::route`]),
@@ -98,7 +101,7 @@ impl Flight {
         // A name of our own (finding ids carry a cgroup path for some kinds).
         let name = format!("{}-cpu{cpu}-{}", f.kind.name(), f.start_ns / NS_PER_SEC);
         let dir = flight_dir(&self.data_dir).join(&name);
-        self.prune()?;
+        self.prune(f.kind.name())?;
         // Root's alone, checked like the data directory (no links, no other owner).
         crate::store::files::prepare_private_dir(&dir)?;
         let segments = crate::store::segments_dir(&dir);
@@ -193,22 +196,40 @@ impl Flight {
         ended
     }
 
-    /// Removes the oldest recordings so that a new one leaves at most `keep`.
-    fn prune(&self) -> Result<(), StoreError> {
+    /// Removes recordings so that a new one of `kind` leaves at most `keep`: each time the
+    /// oldest of the kind with the most (the new one counted; on a tie, the new one's kind).
+    fn prune(&self, kind: &str) -> Result<(), StoreError> {
         let dir = flight_dir(&self.data_dir);
         let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(()) };
-        let mut all: Vec<(std::time::SystemTime, PathBuf)> = entries
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-            .collect();
-        all.sort();
-        let excess = (all.len() + 1).saturating_sub(self.settings.keep);
-        for (_, path) in all.into_iter().take(excess) {
+        let mut by_kind: HashMap<String, Vec<(std::time::SystemTime, PathBuf)>> = HashMap::new();
+        for e in entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+            let Some(modified) = e.metadata().ok().and_then(|m| m.modified().ok()) else { continue };
+            let name = e.file_name().to_string_lossy().into_owned();
+            by_kind.entry(kind_of(&name).to_string()).or_default().push((modified, e.path()));
+        }
+        let mut total: usize = by_kind.values().map(Vec::len).sum::<usize>() + 1;
+        while total > self.settings.keep.max(1) {
+            let count = |k: &str, v: &Vec<_>| v.len() + usize::from(k == kind);
+            let Some((_, oldest)) = by_kind
+                .iter_mut()
+                .filter(|(_, v)| !v.is_empty())
+                .max_by_key(|(k, v)| (count(k, v), *k == kind))
+                .map(|(k, v)| (k.clone(), v))
+            else {
+                break;
+            };
+            oldest.sort();
+            let (_, path) = oldest.remove(0);
             std::fs::remove_dir_all(&path).map_err(|e| StoreError::Io(path.clone(), e))?;
+            total -= 1;
         }
         Ok(())
     }
+}
+
+/// The kind of finding a recording is of: its name is `KIND-cpuN-START`.
+fn kind_of(name: &str) -> &str {
+    name.rsplit_once("-cpu").map_or(name, |(kind, _)| kind)
 }
 
 #[cfg(test)]
@@ -279,6 +300,23 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["saturated-core-cpu0-1800000100", "saturated-core-cpu0-1800000200"]);
+        // A flood of one kind replaces only its own: another kind's recording stays.
+        let mut spin = finding(Some(1), 1_800_000_300);
+        spin.kind = Kind::HotKernelFunction;
+        assert!(f.start(&spin, 1_800_000_300 * NS_PER_SEC, 2, "n").unwrap().is_some());
+        f.flush(1_800_000_302 * NS_PER_SEC, u64::MAX);
+        for s in [1_800_000_400u64, 1_800_000_500, 1_800_000_600] {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(f.start(&finding(Some(0), s), s * NS_PER_SEC, 2, "n").unwrap().is_some());
+            f.flush((s + 2) * NS_PER_SEC, u64::MAX);
+        }
+        let mut left: Vec<String> = std::fs::read_dir(flight_dir(dir.path()))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["hot-kernel-function-cpu1-1800000300", "saturated-core-cpu0-1800000600"]);
+        assert_eq!(kind_of("hot-kernel-function-cpu1-1800000300"), "hot-kernel-function");
         // Off: nothing records.
         let mut off = Flight::new(Settings { hz: 0, ..Settings::default() }, 99, dir.path());
         assert!(off.start(&finding(Some(1), 1), 0, 2, "n").unwrap().is_none());
