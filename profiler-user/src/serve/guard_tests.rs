@@ -75,3 +75,29 @@ fn the_context_parameter_filters_or_is_refused_with_a_sentence() {
         (StatusCode::BAD_REQUEST, "context 'hardirq' is not one of task, softirq, softirq:NAME")
     );
 }
+
+#[tokio::test]
+async fn an_absolute_target_naming_another_host_is_refused_and_a_token_marks_the_connection() {
+    let (_dir, app) = app(false);
+    let host = "127.0.0.1:7070";
+    let with = [("x-profiler-token", TOKEN)];
+    assert_eq!(status(&app, "http://attacker.example/api/findings", host, &with).await, 403);
+    assert_eq!(status(&app, "http://attacker.example/metrics", host, &[]).await, 403);
+    let ok = status(&app, "http://127.0.0.1:7070/api/findings", host, &with).await;
+    assert!(ok != 401 && ok != 403, "this host, absolute: {ok}");
+    // The connection's mark: trusted after a request with the token, not after one without.
+    let mark = Arc::new(listener::ConnMark::default());
+    let req = |token: Option<&str>| {
+        let mut r = Request::get("/api/findings").header("host", host);
+        if let Some(t) = token {
+            r = r.header("x-profiler-token", t);
+        }
+        let mut r = r.body(Body::empty()).unwrap();
+        r.extensions_mut().insert(mark.clone());
+        r
+    };
+    app.clone().oneshot(req(Some("wrong"))).await.unwrap();
+    assert!(!mark.is_trusted());
+    app.clone().oneshot(req(Some(TOKEN))).await.unwrap();
+    assert!(mark.is_trusted());
+}

@@ -29,8 +29,9 @@ pub fn heavy_at_once() -> usize {
 
 /// Heavy requests that may wait for a turn; beyond it the answer is an immediate 503.
 pub const HEAVY_QUEUE: usize = 8;
-/// How long a heavy request waits for a turn before a 503.
-pub const HEAVY_WAIT: Duration = Duration::from_secs(5);
+/// How long a heavy request waits for a turn before a 503 (they queue on memory: at the
+/// unit's limit one runs at a time, a few seconds each on a large store).
+pub const HEAVY_WAIT: Duration = Duration::from_secs(15);
 /// Seconds a client is told to wait after a 503 or 429.
 pub const RETRY_AFTER_SECS: u64 = 2;
 /// `/metrics` answers per second, all clients together (Prometheus scrapes every 15-60 s).

@@ -79,6 +79,18 @@ async fn guard(State(s): State<Shared>, req: axum::extract::Request, next: axum:
     if !s.hosts.iter().any(|h| h == name) {
         return Failure(StatusCode::FORBIDDEN, format!("host '{host}' is not this profiler's address")).into_response();
     }
+    // An absolute-form target (`GET http://other/...`) names its host too: it must be this one.
+    if let Some(authority) = req.uri().authority()
+        && !s.hosts.iter().any(|h| h == authority.host())
+    {
+        return Failure(
+            StatusCode::FORBIDDEN,
+            format!("the request names host '{}', not this profiler's address", authority.host()),
+        )
+        .into_response();
+    }
+    let mark = req.extensions().get::<Arc<listener::ConnMark>>().cloned();
+    let _busy = mark.as_ref().map(|m| m.busy());
     if req.uri().path().starts_with("/api/") {
         let given = req.headers().get("x-profiler-token").and_then(|t| t.to_str().ok()).unwrap_or("");
         // Compared in full whatever the input, so timing says nothing about the token.
@@ -90,6 +102,9 @@ async fn guard(State(s): State<Shared>, req: axum::extract::Request, next: axum:
                 "missing or wrong X-Profiler-Token: open the address `profiler ui` prints (as root)".to_string(),
             )
             .into_response();
+        }
+        if let Some(m) = &mark {
+            m.trust();
         }
     }
     next.run(req).await
