@@ -207,3 +207,88 @@ fn an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget() {
     assert!(share >= 0.9, "only {:.1} % of root's samples reach main after the user filled the tables", share * 100.0);
     assert!(daemon.stop().success());
 }
+
+/// One keep-alive request on `c`: the status, or 0 when the daemon closed the connection.
+fn keep_alive_get(c: &mut std::net::TcpStream, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    if write!(c, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return 0;
+    }
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    // The head, then the body's length of bytes.
+    loop {
+        let Ok(n) = c.read(&mut buf) else { return 0 };
+        if n == 0 {
+            return 0;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+        let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if raw.len() >= split + 4 + len {
+            return head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        }
+    }
+}
+
+#[test]
+fn keep_alive_connections_holding_every_slot_do_not_keep_the_owner_out() {
+    if !privileged("keep_alive_connections_holding_every_slot_do_not_keep_the_owner_out") {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let (tmp, data, _daemon) = Daemon::ready_in_tempdir(&["--listen", &addr]);
+    let _ = tmp;
+    let out = integration_tests::profiler(&["ui", "--data-dir", data.to_str().unwrap()]);
+    let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token = url.split_once("#token=").expect("token in the UI address").1.to_string();
+    // 140 connections (the cap is 128), each asking for /metrics every 5 s (within the server's
+    // idle timeout, and under its /metrics rate): every slot held.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holders: Vec<_> = (0..4)
+        .map(|_| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut conns: Vec<std::net::TcpStream> = (0..35)
+                    .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
+                    .inspect(|c| c.set_read_timeout(Some(Duration::from_secs(5))).unwrap())
+                    .collect();
+                let mut answered = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for c in conns.iter_mut() {
+                        if keep_alive_get(c, "/metrics") == 200 {
+                            answered += 1;
+                        } else if let Ok(new) = std::net::TcpStream::connect(&addr) {
+                            // Closed for someone else: the attacker comes back at once.
+                            new.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                            *c = new;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+                answered
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    // The owner: 20 tries of the API with its token, and 20 scrapes, each on a new connection.
+    let (mut api_ok, mut metrics_ok) = (0, 0);
+    for _ in 0..20 {
+        let (code, _) = integration_tests::http_get(&addr, "/api/status", "127.0.0.1", Some(&token));
+        api_ok += u32::from(code == 200);
+        let (code, _) = integration_tests::http_get(&addr, "/metrics", "127.0.0.1", None);
+        metrics_ok += u32::from(code == 200);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let attackers: u64 = holders.into_iter().map(|h| h.join().unwrap()).sum();
+    eprintln!("owner: API {api_ok}/20, /metrics {metrics_ok}/20; the 140 holders' answers: {attackers}");
+    assert_eq!(api_ok, 20, "the API with its token was kept out");
+    assert_eq!(metrics_ok, 20, "the owner's scrape was kept out");
+}
