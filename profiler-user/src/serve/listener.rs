@@ -81,7 +81,7 @@ type Open = Arc<Mutex<Vec<(u64, Instant, Arc<ConnMark>)>>>;
 /// token, idle before busy, the oldest first; `None` when all showed it.
 fn victim(open: &[(u64, Instant, Arc<ConnMark>)]) -> Option<Arc<ConnMark>> {
     open.iter()
-        .filter(|(_, _, m)| !m.trusted.load(Ordering::Relaxed))
+        .filter(|(_, _, m)| !m.is_trusted())
         .min_by_key(|(_, at, m)| (m.in_flight.load(Ordering::Relaxed) > 0, *at))
         .map(|(_, _, m)| m.clone())
 }

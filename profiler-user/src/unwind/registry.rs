@@ -107,7 +107,7 @@ pub struct Stats {
 }
 
 /// What the registry knows of a described process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Process {
     /// Files whose tables its description uses.
     keys: Vec<FileKey>,
@@ -119,9 +119,16 @@ struct Process {
     left_out: u32,
     /// Whether that was logged.
     warned: bool,
-    /// When a sample of it was last seen ([`Registry::touch`]), on the registry's clock.
+    /// When a sample of it was last seen ([`Registry::touch`]), on the registry's clock, and
+    /// in time.
     seen: u64,
+    seen_at: std::time::Instant,
 }
+
+/// A process not sampled for this long may lose the tables it uses to one that runs, when
+/// the rows array is full: a user's thousand sleeping processes cannot hold the rows that
+/// root's new program needs.
+pub const STALE: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub struct Registry<T: Tables> {
     tables: T,
@@ -135,6 +142,8 @@ pub struct Registry<T: Tables> {
     did_not_fit: u64,
     processes_evicted: u64,
     processes_refused: u64,
+    /// Processes forgotten so that their tables give way (`evict_stale`).
+    stale_evicted: u64,
 }
 
 impl<T: Tables> Registry<T> {
@@ -150,6 +159,7 @@ impl<T: Tables> Registry<T> {
             did_not_fit: 0,
             processes_evicted: 0,
             processes_refused: 0,
+            stale_evicted: 0,
         }
     }
 
@@ -271,7 +281,8 @@ impl<T: Tables> Registry<T> {
             );
         }
         self.clock += 1;
-        self.processes.insert(pid, Process { keys, described, left_out, warned, seen: self.clock });
+        let seen_at = std::time::Instant::now();
+        self.processes.insert(pid, Process { keys, described, left_out, warned, seen: self.clock, seen_at });
         self.insert_process(pid, &table).map(|()| unchecked)
     }
 
@@ -280,6 +291,7 @@ impl<T: Tables> Registry<T> {
         self.clock += 1;
         if let Some(p) = self.processes.get_mut(&pid) {
             p.seen = self.clock;
+            p.seen_at = std::time::Instant::now();
         }
     }
 
@@ -458,11 +470,56 @@ impl<T: Tables> Registry<T> {
                     Entry::Loaded { users: 0, last_used, .. } => Some((*last_used, *k)),
                     _ => None,
                 })
-                .min()?;
+                .min();
+            let Some(victim) = victim else {
+                // Every table is in use: those of processes not sampled for `STALE` go, least
+                // recently used first (their processes are walked with frame pointers until
+                // sampled again, and then described anew).
+                self.evict_stale()?;
+                continue;
+            };
             if let Some(Entry::Loaded { start, len, .. }) = self.files.remove(&victim.1) {
                 self.free_range(start, len);
             }
         }
+    }
+
+    /// Forgets the processes that use the least recently used table no recently sampled
+    /// process uses; `None` when there is no such table.
+    fn evict_stale(&mut self) -> Option<()> {
+        let fresh: std::collections::HashSet<FileKey> = self
+            .processes
+            .values()
+            .filter(|p| p.seen_at.elapsed() < STALE)
+            .flat_map(|p| p.keys.iter().copied())
+            .collect();
+        let (_, key) = self
+            .files
+            .iter()
+            .filter_map(|(k, e)| match e {
+                Entry::Loaded { last_used, .. } if !fresh.contains(k) => Some((*last_used, *k)),
+                _ => None,
+            })
+            .min()?;
+        let users: Vec<u32> = self.processes.iter().filter(|(_, p)| p.keys.contains(&key)).map(|(pid, _)| *pid).collect();
+        self.stale_evicted += users.len() as u64;
+        if self.stale_evicted == users.len() as u64 {
+            tracing::warn!(
+                processes = users.len(),
+                "the unwind rows are full of tables of processes not sampled for {} s: their tables give way to a running program's (profiler_unwind_processes_evicted_total)",
+                STALE.as_secs()
+            );
+        }
+        for pid in users {
+            self.remove_process(pid);
+        }
+        // A table with no user left is freed by the caller's next pass.
+        if let Some(Entry::Loaded { users, .. }) = self.files.get(&key)
+            && *users > 0
+        {
+            return None;
+        }
+        Some(())
     }
 
     fn free_range(&mut self, start: usize, len: usize) {
@@ -497,9 +554,17 @@ impl<T: Tables> Registry<T> {
             processes: self.processes.len() as u64,
             without,
             did_not_fit: self.did_not_fit,
-            processes_evicted: self.processes_evicted,
+            processes_evicted: self.processes_evicted + self.stale_evicted,
             processes_refused: self.processes_refused,
             mappings_left_out: self.processes.values().map(|p| p.left_out as u64).sum(),
+        }
+    }
+
+    /// Makes `pid` look sampled `ago` earlier than it was (tests of `STALE`).
+    #[cfg(test)]
+    pub fn age(&mut self, pid: u32, ago: std::time::Duration) {
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.seen_at -= ago;
         }
     }
 

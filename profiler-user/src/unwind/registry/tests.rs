@@ -300,3 +300,31 @@ fn a_full_process_table_makes_room_by_evicting_the_least_recently_sampled() {
     let s = r.stats();
     assert_eq!((s.processes_evicted, s.processes_refused, s.processes), (1, 0, 3));
 }
+
+#[test]
+fn tables_of_processes_not_sampled_for_a_while_give_way_to_a_running_programs() {
+    let mut r = registry(100);
+    // Three sleepers, each with a table of 30 rows of its own: 90 of 100 rows.
+    for pid in 1..=3u32 {
+        let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, pid as u16)));
+        r.set_process(pid, &[mapping(u64::from(pid), 0x7000_0000)], &mut compile).unwrap();
+    }
+    assert_eq!(r.stats().rows, 90);
+    // Recent sleepers keep their tables: the new one does not fit.
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 9)));
+    r.set_process(4, &[mapping(4, 0x7000_0000)], &mut compile).unwrap();
+    assert_eq!(r.stats().did_not_fit, 1);
+    r.remove_process(4);
+    // Once not sampled for a while, the least recently used table's process gives way.
+    for pid in 1..=3 {
+        r.age(pid, STALE * 2);
+    }
+    r.touch(3);
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 9)));
+    r.set_process(5, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    assert!(r.is_known(5) && r.is_known(3) && r.is_known(2));
+    assert!(!r.is_known(1), "the least recently used table's process gave way");
+    assert_eq!(r.stats().did_not_fit, 1);
+    let described = r.kernel().processes[&5];
+    assert!(described.mappings[..described.len as usize].iter().any(|m| m.table_len == 30));
+}
