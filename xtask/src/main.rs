@@ -47,7 +47,8 @@ enum Cmd {
     /// without its index), `fleet` (50 synthetic nodes x `--minutes` (default 10) shipped into one
     /// private ClickHouse 18.16: ingest rate, bytes per sample, `profiler flamegraph --clickhouse`
     /// and `profiler fleet` latency), `sched` (what the run-queue programs cost a context switch:
-    /// a ping-pong between two CPUs without and with the daemon).
+    /// a ping-pong between two CPUs without and with the daemon), `memory` (the daemon in a 256
+    /// MiB memory cgroup while one process maps three copies of a 200 MB library: peak RSS).
     Bench {
         #[arg(default_value = "spine")]
         which: String,
@@ -180,7 +181,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench { which, seconds, minutes, rounds, baseline_rev } => {
             setup::ensure()?;
             setup::ensure_bench_tools()?;
-            let profiler = build(true)?;
+            // PROFILER_BIN: a daemon built elsewhere (another revision, a stripped copy).
+            let profiler = match std::env::var_os("PROFILER_BIN") {
+                Some(bin) => PathBuf::from(bin),
+                None => build(true)?,
+            };
+            if which == "memory" {
+                return bench::memory::run(&profiler);
+            }
             let helpers = build_helpers()?;
             let helper = helpers.join("busy-helper");
             match which.as_str() {
@@ -213,7 +221,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 other => {
                     bail!(
-                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status, unwind, fleet, sched"
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, replay, status, unwind, memory, fleet, sched"
                     )
                 }
             }

@@ -166,9 +166,19 @@ impl Tables for Maps {
 
     fn set_python(&mut self, pid: u32, python: Option<&PyProc>) {
         let Some(map) = self.python.as_mut() else { return };
-        let _ = match python {
-            Some(p) => map.insert(pid, p, 0),
-            None => map.remove(&pid),
-        };
+        match python {
+            Some(p) => {
+                if let Err(e) = map.insert(pid, p, 0) {
+                    // Full (1,024 interpreters) or out of memory: said once a daemon.
+                    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!(pid, error = %e, "a Python process could not be described to the sampler: its Python frames show as the interpreter's (the table of Python processes is full)");
+                    }
+                }
+            }
+            None => {
+                let _ = map.remove(&pid);
+            }
+        }
     }
 }
