@@ -280,7 +280,7 @@ mod tests {
         assert_eq!(p.margin, 256 * MIB / 10);
         assert_eq!(p.pools, 256 * MIB - (92 + 40) * MIB - 256 * MIB / 10);
         assert_eq!(p.pools >> 20, 98);
-        assert_eq!(p.anon_target(), (40 + 92) * MIB);
+        assert_eq!(p.anon_target(), 40 * MIB + p.pools);
         let shares: u64 = SHARES.iter().map(|(_, s)| s).sum();
         assert_eq!(shares, 100);
         let err = Plan::new(256 * MIB, "flag", 512 * MIB, 4 * MIB).unwrap_err().to_string();
