@@ -194,8 +194,13 @@ fn an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget() {
         peak_cgroup as f64 / (1 << 20) as f64,
         share * 100.0
     );
+    // The perf maps are the attackers' files in /tmp (their pid: setpriv and nice exec).
+    let maps: Vec<String> = attacks.iter().map(|k| format!("/tmp/perf-{}.map", k.0.id())).collect();
     drop(attacks);
     drop(sleepers);
+    for m in maps {
+        let _ = std::fs::remove_file(m);
+    }
     assert!(alive, "the daemon died:\n{}", daemon.log_text());
     assert_eq!(oom, 0, "the kernel OOM-killed in the daemon's cgroup");
     // What a user's files make the daemon hold: anonymous memory. Mapped files (blazesym maps
