@@ -31,12 +31,16 @@ fn profile(bin: &Path) -> Vec<(String, u64)> {
     let st = Command::new(bin).arg(SECS.to_string()).status().unwrap();
     assert!(st.success() || st.code() == Some(0), "{} failed", bin.display());
     let end = now_secs();
-    // Every sample of the run is on disk once the daemon has flushed past its end.
-    let stacks = wait_for("the workload's samples", Duration::from_secs(30), || {
-        let stacks = folded_window(dir, start - 1.0, end + 1.0, &["--comm", &comm]).ok()?;
-        let total: u64 = stacks.iter().map(|(_, n)| n).sum();
-        (total as f64 >= SECS * 99.0 * 0.5).then_some(stacks)
+    // Every sample of the run is on disk once the daemon has flushed past its end. How many
+    // there are depends on the CPU the workload got (a loaded machine gave it 44 %): enough to
+    // judge a share is asked, not a rate.
+    wait_for("the store past the workload's end", Duration::from_secs(60), || {
+        let end_ns = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()?;
+        (end_ns as f64 / 1e9 > end + 1.0).then_some(())
     });
+    let stacks = folded_window(dir, start - 1.0, end + 1.0, &["--comm", &comm]).expect("the workload's samples");
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    assert!(total >= 50, "only {total} samples of {comm} in its {SECS} s run");
     assert!(daemon.stop().success());
     // This kernel's verifier takes the walker's runs of 8 frames; where one does not (6.1), the
     // daemon loads runs of 4, which cost more tail calls per deep stack: a change that pushes

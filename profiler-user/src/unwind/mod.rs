@@ -179,11 +179,28 @@ fn build_tables(
         queue.extend(job_rx.try_iter());
         let smallest = (0..queue.len()).min_by_key(|&i| queue[i].0.size).expect("not empty");
         let (key, file) = queue.swap_remove(smallest);
-        let result = table::compile(&object::ReadCache::new(&file));
+        let result = match trusted_map(&file) {
+            Some(map) => table::compile_within(&map[..], &crate::memory::UNWIND, table::Source::Mapped),
+            None => table::compile(&object::ReadCache::new(&file)),
+        };
         if built_tx.send((key, result)).is_err() {
             return;
         }
     }
+}
+
+/// A regular file of root's that no one else may write: nothing a user does can change it while
+/// it is mapped (package managers replace files by renaming, which leaves the mapped inode as it was).
+fn trusted(file: &File) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    file.metadata().is_ok_and(|m| m.is_file() && m.uid() == 0 && m.permissions().mode() & 0o022 == 0)
+}
+
+/// A read-only mapping of `file` when it is [`trusted`].
+fn trusted_map(file: &File) -> Option<memmap2::Mmap> {
+    // SAFETY: read-only and private to this build; the file is root's and writable by root
+    // alone, so no user can truncate it under the mapping.
+    trusted(file).then(|| unsafe { memmap2::Mmap::map(file) }.ok()).flatten()
 }
 
 fn run(
@@ -390,7 +407,8 @@ fn describe(
         };
         // A file whose sections could never fit in the memory budget is refused here, from its
         // headers, rather than wait its turn behind every smaller file for the same answer.
-        if let Err(e) = table::precheck(&object::ReadCache::new(&f), &crate::memory::UNWIND) {
+        let source = if trusted(&f) { table::Source::Mapped } else { table::Source::Read };
+        if let Err(e) = table::precheck(&object::ReadCache::new(&f), &crate::memory::UNWIND, source) {
             return Build::Done(Err(e));
         }
         if !queue {

@@ -135,7 +135,18 @@ const NONE: Rule = Rule { kind: kind::NONE, cfa_offset: 0, fp_offset: 0 };
 /// Compiles the unwind table of the ELF file in `data` (a file or a mapped image like the vDSO),
 /// drawing on the unwind-build pool of the memory budget for everything it reads and holds.
 pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
-    compile_within(data, &memory::UNWIND)
+    compile_within(data, &memory::UNWIND, Source::Read)
+}
+
+/// Where a build's bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Read into the daemon's memory (a `ReadCache`): the sections are charged.
+    Read,
+    /// A mapping of a file no user can change (root's, not writable by others): the sections
+    /// are page cache, which the kernel reclaims, and are not charged. A user's file is never
+    /// mapped: truncated under the mapping, it would kill the daemon with SIGBUS.
+    Mapped,
 }
 
 /// [`compile`] charging `pool`. What a build holds at its peak is charged before it is read or
@@ -145,9 +156,14 @@ pub fn compile<'data, R: ReadRef<'data>>(data: R) -> Result<Table, TableError> {
 /// and the rows (8 bytes each), which FDE by FDE in address order go straight into the table:
 /// no intermediate list of ranges. A build that does not fit fails with [`TableError::OverBudget`]
 /// and its file is walked with frame pointers.
-pub fn compile_within<'data, R: ReadRef<'data>>(data: R, pool: &'static memory::Pool) -> Result<Table, TableError> {
+pub fn compile_within<'data, R: ReadRef<'data>>(
+    data: R,
+    pool: &'static memory::Pool,
+    source: Source,
+) -> Result<Table, TableError> {
     let mut meter = Meter::new(pool)?;
-    meter.fixed = read_whole_bytes(data)?.0;
+    let read = read_whole_bytes(data)?.0;
+    meter.fixed = if source == Source::Read { read } else { 0 };
     meter.check()?;
     let file = object::File::parse(data)?;
     let loads = loads(&file);
@@ -218,8 +234,9 @@ pub fn compile_within<'data, R: ReadRef<'data>>(data: R, pool: &'static memory::
 /// Whether building the table of the ELF file in `data` could fit in `pool` at all: what it
 /// would read whole and inflate, from the section headers alone (a few KB read). A file that
 /// claims more is refused at once, never queued for a builder.
-pub fn precheck<'data, R: ReadRef<'data>>(data: R, pool: &memory::Pool) -> Result<(), TableError> {
+pub fn precheck<'data, R: ReadRef<'data>>(data: R, pool: &memory::Pool, source: Source) -> Result<(), TableError> {
     let (read, inflated) = read_whole_bytes(data)?;
+    let read = if source == Source::Read { read } else { 0 };
     let bytes = read + inflated.min(MAX_DEBUG_FRAME_BYTES);
     if bytes > pool.limit() {
         return Err(TableError::OverBudget { bytes, pool: pool.limit() });

@@ -209,7 +209,7 @@ fn a_200_mb_library_builds_within_a_bounded_charge() {
         return eprintln!("SKIPPED a_200_mb_library_builds_within_a_bounded_charge: no libLLVM under ~/.rustup");
     };
     let file = std::fs::File::open(&path).unwrap();
-    let table = compile_within(&object::ReadCache::new(&file), &POOL).unwrap();
+    let table = compile_within(&object::ReadCache::new(&file), &POOL, Source::Read).unwrap();
     let peak = POOL.peak();
     eprintln!("{}: {} rows, peak charge {:.1} MiB", path.display(), table.rows.len(), peak as f64 / (1 << 20) as f64);
     assert!(table.rows.len() > 100_000);
@@ -217,7 +217,16 @@ fn a_200_mb_library_builds_within_a_bounded_charge() {
     assert_eq!(POOL.used(), 0, "released");
     // Too small a pool: refused with a sentence, nothing held.
     static SMALL: crate::memory::Pool = crate::memory::Pool::new_for_tests("test-small", 4 << 20);
-    let err = compile_within(&object::ReadCache::new(&file), &SMALL).unwrap_err();
+    let err = compile_within(&object::ReadCache::new(&file), &SMALL, Source::Read).unwrap_err();
     assert!(matches!(err, TableError::OverBudget { .. }), "{err}");
     assert_eq!(SMALL.used(), 0);
+    // Mapped (a file no user can change), the sections are the page cache's: the charge is the
+    // index and the rows.
+    static MAPPED: crate::memory::Pool = crate::memory::Pool::new_for_tests("test-mapped", 64 << 20);
+    // SAFETY: a read-only mapping of a toolchain file nothing writes during the test.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    let mapped = compile_within(&map[..], &MAPPED, Source::Mapped).unwrap();
+    assert_eq!(mapped, table);
+    eprintln!("mapped: peak charge {:.1} MiB", MAPPED.peak() as f64 / (1 << 20) as f64);
+    assert!(MAPPED.peak() < peak - (7 << 20), "the 7.7 MB .eh_frame is not charged");
 }
