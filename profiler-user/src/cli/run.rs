@@ -73,6 +73,14 @@ pub struct RunArgs {
     /// second; as `kernel_counters = false` in the config file [default: read them].
     #[arg(long)]
     no_kernel_counters: bool,
+    /// NVIDIA's management library for the GPU tracks: a file name the loader finds, a path
+    /// (a driver installed elsewhere), or `off`; as `[gpu] nvml_library` [default:
+    /// libnvidia-ml.so.1]. A node without it runs as before and says so.
+    #[arg(long)]
+    nvml_library: Option<String>,
+    /// How often the GPUs are read, ms; as `[gpu] poll_ms` [default: 100].
+    #[arg(long)]
+    gpu_poll_ms: Option<u64>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -138,7 +146,9 @@ impl RunArgs {
             data_dir.clone(),
             settings.retention.max_age_ns / 1_000_000_000,
         )?;
+        let gpu = config::gpu(&file.gpu, self.nvml_library, self.gpu_poll_ms)?;
         Ok(DaemonConfig {
+            gpu,
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
             flight: file.flight,
             clickhouse,

@@ -58,6 +58,8 @@ pub struct Live {
     pub otlp: Option<crate::ship::Stats>,
     /// The ClickHouse shipper's figures, when it runs.
     pub clickhouse: Option<std::sync::Arc<crate::ship::clickhouse::Stats>>,
+    /// What the GPU poller read, when GPU tracks are on.
+    pub gpu: Option<crate::gpu::Shared>,
 }
 
 pub fn render(l: &Live) -> String {
@@ -358,6 +360,9 @@ pub fn render(l: &Live) -> String {
     );
     if let Some(stats) = &l.clickhouse {
         out.push_str(&crate::ship::clickhouse::metrics::render(stats));
+    }
+    if let Some(gpu) = &l.gpu {
+        out.push_str(&super::gpu_metrics::render(&gpu.lock().unwrap_or_else(|p| p.into_inner())));
     }
     out
 }
