@@ -145,10 +145,23 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
     for (r, pattern) in k.read_matches() {
         let ts_ns = (i128::from(r.usec) * 1000 + offset).max(0) as u64;
         let id = format!("event-{}-{}", detect::finding_id_time(ts_ns), r.seq);
-        let e = Event { id, ts_ns, pattern, message: r.message };
+        let xid = crate::gpu::xid::parse(&r.message);
+        let mut e = Event { id, ts_ns, pattern, message: r.message };
+        // A GPU fault: which GPU, and what its number means, in the message itself (which
+        // ClickHouse and OTLP carry as they are); a fatal one is also a finding.
+        let fault = xid.map(|x| crate::gpu::xid::describe(&x, &crate::gpu::Inventory::read(data_dir).unwrap_or_default(), &e));
+        if let Some((text, _)) = &fault {
+            e.message = format!("{} [{text}]", e.message);
+        }
         tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
         if let Err(err) = detect::log::record_event(data_dir, &e) {
             tracing::error!(event = %e.id, error = %err, "cannot record an event");
+        }
+        if let Some((_, Some(finding))) = fault {
+            tracing::warn!(finding = %finding.id, "{}", finding.summary);
+            if let Err(err) = detect::log::record_finding(data_dir, &finding) {
+                tracing::error!(finding = %finding.id, error = %err, "cannot record a finding");
+            }
         }
     }
 }

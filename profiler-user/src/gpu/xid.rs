@@ -76,6 +76,57 @@ pub fn meaning(code: u32) -> (&'static str, bool) {
     }
 }
 
+/// What an Xid event adds to its kernel log line (`GPU 0 (NVIDIA H100): Xid 79, GPU has
+/// fallen off the bus: ...`), and for a fatal one the finding (closed at once: the fault is a
+/// moment; the GPU stays broken until a reset, which `nvidia-smi` shows).
+pub fn describe(
+    x: &Xid,
+    inv: &super::Inventory,
+    event: &crate::collect::kmsg::Event,
+) -> (String, Option<crate::detect::Finding>) {
+    use crate::detect::{Finding, Kind, Severity, finding_id_of};
+    let (meaning, fatal) = meaning(x.code);
+    let gpu = inv.by_bus(&x.bus);
+    let who = match gpu {
+        Some(g) => format!("GPU {} ({})", g.index, g.model),
+        None => format!("the GPU at PCI {}", x.bus),
+    };
+    let text = format!("{who}: Xid {}, {meaning}", x.code);
+    let process = match (x.pid, &x.process) {
+        (Some(pid), Some(name)) => format!("; the driver names {name} (pid {pid})"),
+        (Some(pid), None) => format!("; the driver names pid {pid}"),
+        _ => String::new(),
+    };
+    let finding = fatal.then(|| {
+        let subject = gpu.map_or_else(|| format!("pci{}", x.bus.replace(':', "")), |g| format!("gpu{}", g.index));
+        Finding {
+            id: finding_id_of(Kind::GpuFault, None, Some(&subject), event.ts_ns),
+            kind: Kind::GpuFault,
+            start_ns: event.ts_ns,
+            end_ns: Some(event.ts_ns),
+            cpu: None,
+            severity: Severity::Critical,
+            summary: format!(
+                "{text}{process}; look next: nvidia-smi -q on the node, drain it if the GPU does not come back"
+            ),
+            evidence: serde_json::json!({
+                "gpu": gpu.map(|g| g.index),
+                "model": gpu.map(|g| g.model.clone()),
+                "uuid": gpu.map(|g| g.uuid.clone()),
+                "bus_id": x.bus,
+                "local_cpus": gpu.map(|g| super::inventory::cpu_list(&g.local_cpus)),
+                "xid": x.code,
+                "meaning": meaning,
+                "pid": x.pid,
+                "process": x.process,
+                "event": event.id,
+                "message": event.message,
+            }),
+        }
+    });
+    (text, finding)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +159,36 @@ mod tests {
         ] {
             assert_eq!(parse(line), None, "{line}");
         }
+    }
+
+    #[test]
+    fn a_fatal_xid_names_its_gpu_and_becomes_a_finding_a_benign_one_does_not() {
+        let inv = crate::gpu::Inventory {
+            gpus: vec![crate::gpu::GpuInfo {
+                index: 2,
+                model: "NVIDIA H100".into(),
+                bus_id: "00000000:3B:00.0".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.";
+        let e = crate::collect::kmsg::Event {
+            id: "event-20261126T100000-7".into(),
+            ts_ns: 1_795_000_000_000_000_000,
+            pattern: PATTERN.into(),
+            message: line.into(),
+        };
+        let (text, f) = describe(&parse(line).unwrap(), &inv, &e);
+        assert_eq!(text, "GPU 2 (NVIDIA H100): Xid 79, GPU has fallen off the bus: it no longer answers; drain the node");
+        let f = f.expect("79 is fatal");
+        assert_eq!(f.kind, crate::detect::Kind::GpuFault);
+        assert_eq!(f.id, "gpu-fault-gpu2-20261118T110640");
+        assert!(f.summary.contains("python3 (pid 1234)"), "{}", f.summary);
+        assert_eq!(f.evidence["xid"], 79);
+        let (text, f) = describe(&parse("NVRM: Xid (PCI:0000:65:00): 13, Graphics Exception").unwrap(), &inv, &e);
+        assert!(text.starts_with("the GPU at PCI 0000:65:00: Xid 13, graphics engine exception"), "{text}");
+        assert!(f.is_none());
     }
 
     #[test]
