@@ -72,6 +72,8 @@ fn ppid(proc: &Path, pid: u32) -> Option<u32> {
 
 /// Whether `pid` descends from one of `holders` (up to 8 generations: workers of workers).
 fn descends(proc: &Path, pid: u32, holders: &[u32], cache: &mut HashMap<u32, Option<u32>>) -> bool {
+    // Everything descends from init: a holder that is pid 1 (or 0) says nothing of its children.
+    let holders: Vec<u32> = holders.iter().copied().filter(|&h| h > 1).collect();
     let mut p = pid;
     for _ in 0..8 {
         let parent = *cache.entry(p).or_insert_with(|| ppid(proc, p));
@@ -173,6 +175,7 @@ impl GpuDetect {
         let helper_cpus: Vec<u32> = per_cpu.iter().filter(|c| busy(c.1 + c.2) && c.2 > 0).map(|c| c.0).collect();
         let helpers_busy = !helper_cpus.is_empty() || per_pid.values().any(|(n, s)| *s == Side::Helper && busy(*n));
         let own_busy = per_pid.values().any(|(n, s)| *s == Side::Holder && busy(*n));
+        tracing::debug!(gpu = g.index, util, holders = ?g.holders, per_cpu = ?per_cpu, per_pid = ?per_pid, "GPU feeders this second");
         let kind = if helpers_busy {
             Kind::GpuStarved
         } else if own_busy {

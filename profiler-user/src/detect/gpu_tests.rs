@@ -121,3 +121,10 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
         assert!(out.is_empty(), "second {s}: the run restarted at 7");
     }
 }
+
+#[test]
+fn init_holding_a_gpu_does_not_make_every_process_its_feeder() {
+    let tree = proc_tree(&[(777, 1), (778, 777)]);
+    let busy: &[(usize, u32, &str, &[&str])] = &[(1, 778, "cc1", &["main"]), (2, 777, "make", &["main"])];
+    assert!(run(tree.path(), 15, &[gpu(20.0, &[1], 0)], busy).is_empty());
+}
