@@ -55,9 +55,10 @@ def workload_input(seconds):
     end = time.time() + seconds
     for batch in loader:
         batch = batch.cuda(non_blocking=True)
-        # About 20 ms of GPU work a batch (8 FP32 products of 4096², ~2.5 ms each on an H100),
-        # while 6 workers make ~10 batches a second: the GPU idles, the workers never wait.
-        for _ in range(8):
+        # A little GPU work a batch, while 6 workers make the next ones: the GPU idles, the workers
+        # never wait. 8 FP32 products of 4096² a batch held an H100 at 50.7 % (BENCHMARKS.md, just
+        # above the detector's 50 %); 3 aim at ~20 %.
+        for _ in range(3):
             a = torch.tanh(a @ a) + batch.mean()
         torch.cuda.synchronize()
         if time.time() > end:

@@ -50,11 +50,17 @@ struct Run {
     ticks: u64,
     busy_cpus: Vec<u32>,
     reasons: u64,
+    /// SM clock: the sum of the run's per-second means and how many, and the highest seen.
+    clock_sum: f64,
+    clock_n: u64,
+    clock_max: f64,
 }
 
 #[derive(Debug, Default)]
 pub struct GpuDetect {
     runs: BTreeMap<(u32, Kind), Run>,
+    /// Per GPU: the highest SM clock seen in a second (what "held down" is measured against).
+    clock_max: BTreeMap<u32, f64>,
 }
 
 /// Whose ticks feed a GPU.
@@ -98,6 +104,10 @@ impl GpuDetect {
         let mut parents = HashMap::new();
         let mut seen: Vec<(u32, Kind)> = Vec::new();
         for g in input.gpus {
+            if let Some(c) = g.sm_clock_mhz {
+                let max = self.clock_max.entry(g.index).or_default();
+                *max = max.max(c);
+            }
             let Some(util) = g.util else { continue };
             let idle = util < t.gpu_idle_below * 100.0;
             if idle && !g.holders.is_empty() {
@@ -110,10 +120,17 @@ impl GpuDetect {
                 run.seconds += 1;
                 run.util_sum += util;
                 run.reasons |= g.reasons;
+                if let Some(c) = g.sm_clock_mhz {
+                    run.clock_sum += c;
+                    run.clock_n += 1;
+                }
                 seen.push((g.index, Kind::GpuThrottled));
             }
         }
         self.runs.retain(|k, _| seen.contains(k));
+        for ((index, _), run) in self.runs.iter_mut() {
+            run.clock_max = self.clock_max.get(index).copied().unwrap_or(0.0);
+        }
         for ((index, kind), run) in &self.runs {
             if run.seconds >= u64::from(t.gpu_secs) {
                 out.push(active(*index, *kind, run, input.inventory, m));
@@ -268,13 +285,24 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
                 procs.first().map_or("the process holding it".to_string(), |p| p.who(""))
             ),
         ),
-        _ => (
-            Severity::Warning,
-            format!(
-                "{name} with its clocks held down ({}); look next: power limit, cooling, the node's power budget",
-                crate::gpu::reason_names(run.reasons & crate::gpu::SLOWDOWN_REASONS).join(", ")
-            ),
-        ),
+        _ => {
+            // The SM clock against the highest this daemon saw: how much "held down" costs.
+            let clock = (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64);
+            let clock_text = match clock {
+                Some(c) if run.clock_max > 0.0 => {
+                    format!(", SM clock {c:.0} MHz against {:.0} MHz at best", run.clock_max)
+                }
+                _ => String::new(),
+            };
+            (
+                Severity::Warning,
+                format!(
+                    "{name} with its clocks held down ({}{clock_text}); look next: power limit, cooling, \
+                     the node's power budget",
+                    crate::gpu::reason_names(run.reasons & crate::gpu::SLOWDOWN_REASONS).join(", ")
+                ),
+            )
+        }
     };
     Active {
         kind,
@@ -296,6 +324,8 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
             "top_functions": functions.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
             "top_python": python.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
             "clock_event_reasons": crate::gpu::reason_names(run.reasons),
+            "sm_clock_mhz": (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64),
+            "sm_clock_max_mhz": (run.clock_max > 0.0).then_some(run.clock_max),
             "since_ns": run.start_ns,
             "until_ns": run.start_ns + secs * NS_PER_SEC,
         }),

@@ -29,7 +29,15 @@ fn second(s: u64, busy: &[(usize, u32, &str, &[&str])]) -> Second {
 }
 
 fn gpu(util: f64, holders: &[u32], slowed: u32) -> GpuSecond {
-    GpuSecond { index: 0, util: Some(util), polls: 10, slowed_polls: slowed, reasons: if slowed > 0 { 0x4 } else { 0 }, holders: holders.to_vec() }
+    GpuSecond {
+        index: 0,
+        util: Some(util),
+        polls: 10,
+        slowed_polls: slowed,
+        reasons: if slowed > 0 { 0x4 } else { 0 },
+        holders: holders.to_vec(),
+        sm_clock_mhz: Some(if slowed > 0 { 1375.0 } else { 1980.0 }),
+    }
 }
 
 /// `/proc/PID/stat` files saying who each child's parent is.
@@ -112,6 +120,17 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
     assert_eq!(a.len(), 1, "{a:?}");
     assert_eq!(a[0].kind, Kind::GpuThrottled);
     assert!(a[0].summary.contains("software power cap"), "{}", a[0].summary);
+    // The H100 of BENCHMARKS.md at its 700 W cap: 1375 MHz against 1980.
+    let mut d = GpuDetect::default();
+    let inv = inventory();
+    let free = [gpu(50.0, &[812], 0)];
+    d.evaluate(&second(0, &[]), &Input { gpus: &free, inventory: &inv, proc: tree.path() }, M, &Thresholds::default());
+    let held = [gpu(97.0, &[812], 9)];
+    let mut out = Vec::new();
+    for s in 1..=10 {
+        out = d.evaluate(&second(s, &[]), &Input { gpus: &held, inventory: &inv, proc: tree.path() }, M, &Thresholds::default());
+    }
+    assert!(out[0].summary.contains("SM clock 1375 MHz against 1980 MHz at best"), "{}", out[0].summary);
     assert!(run(tree.path(), 10, &[gpu(97.0, &[812], 3)], &[]).is_empty(), "a few slowed polls are not throttling");
     let mut d = GpuDetect::default();
     let inv = inventory();

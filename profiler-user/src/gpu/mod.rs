@@ -99,6 +99,8 @@ pub struct GpuSecond {
     pub slowed_polls: u32,
     /// Every clock-event bit seen in the second.
     pub reasons: u64,
+    /// Mean SM clock over the second's polls, MHz (`None`: not read).
+    pub sm_clock_mhz: Option<f64>,
     pub holders: Vec<u32>,
 }
 

@@ -182,6 +182,8 @@ pub struct Seconds {
     /// The unix second being summed (0: none yet).
     pub second: u64,
     per: Vec<(GpuSecond, f64, u32)>,
+    /// Per GPU (by position in `per`): the SM clock's sum and count this second.
+    clocks: Vec<(f64, u32)>,
 }
 
 impl Seconds {
@@ -192,10 +194,13 @@ impl Seconds {
         if second != self.second {
             if self.second != 0 {
                 let per = std::mem::take(&mut self.per);
+                let clocks = std::mem::take(&mut self.clocks);
                 let summary = per
                     .into_iter()
-                    .map(|(mut g, sum, n)| {
+                    .zip(clocks)
+                    .map(|((mut g, sum, n), (clock, m))| {
                         g.util = (n > 0).then(|| sum / f64::from(n));
+                        g.sm_clock_mhz = (m > 0).then(|| clock / f64::from(m));
                         g
                     })
                     .collect();
@@ -203,12 +208,14 @@ impl Seconds {
             }
             self.second = second;
             self.per.clear();
+            self.clocks.clear();
         }
         for r in readings {
             let at = match self.per.iter().position(|(g, _, _)| g.index == r.index) {
                 Some(i) => i,
                 None => {
                     self.per.push((GpuSecond { index: r.index, ..Default::default() }, 0.0, 0));
+                    self.clocks.push((0.0, 0));
                     self.per.len() - 1
                 }
             };
@@ -217,6 +224,10 @@ impl Seconds {
             if let Some(u) = r.util {
                 *sum += u;
                 *n += 1;
+            }
+            if let Some(c) = r.sm_clock_mhz {
+                self.clocks[at].0 += c;
+                self.clocks[at].1 += 1;
             }
             let reasons = r.clock_events.unwrap_or(0);
             g.reasons |= reasons;
@@ -256,6 +267,7 @@ mod tests {
         assert_eq!(done[0].util, Some(30.0));
         assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (2, 1, 0x4));
         assert_eq!(done[0].holders, vec![812]);
+        assert_eq!(done[0].sm_clock_mhz, None, "not read");
     }
 
     #[test]

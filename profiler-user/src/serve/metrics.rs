@@ -360,15 +360,15 @@ pub fn render(l: &Live) -> String {
         "Samples per second per CPU.",
         vec![(String::new(), l.frequency_hz as f64)],
     );
-    if let Some(stats) = &l.clickhouse {
-        out.push_str(&crate::ship::clickhouse::metrics::render(stats));
-    }
     family(
         "profiler_gpu_xid_total",
         "counter",
         "NVIDIA driver Xid lines in the kernel log since the start, by Xid and whether it is fatal.",
         l.gpu_xids.iter().map(|((xid, fatal), n)| (format!("{{xid=\"{xid}\",fatal=\"{fatal}\"}}"), *n as f64)).collect(),
     );
+    if let Some(stats) = &l.clickhouse {
+        out.push_str(&crate::ship::clickhouse::metrics::render(stats));
+    }
     if let Some(gpu) = &l.gpu {
         out.push_str(&super::gpu_metrics::render(&gpu.lock().unwrap_or_else(|p| p.into_inner())));
     }
