@@ -68,7 +68,8 @@ fn gpu_tracks(dir: &str) -> Vec<(String, Vec<(u64, f64)>)> {
         .unwrap()
         .iter()
         .map(|t| {
-            let points = t["points"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()));
+            let points =
+                t["points"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()));
             (t["name"].as_str().unwrap().to_string(), points.collect())
         })
         .collect()
@@ -115,7 +116,8 @@ fn gpu_tracks_status_and_metrics_say_what_the_library_said() {
     nvml.say(&h100(37, &[4242], 0));
     let port = free_port();
     let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &["--nvml-library", nvml.lib_str(), "--listen", &format!("127.0.0.1:{port}")]);
+    let mut daemon =
+        Daemon::start(&data, &["--nvml-library", nvml.lib_str(), "--listen", &format!("127.0.0.1:{port}")]);
     daemon.wait_ready();
     let dir = data.to_str().unwrap();
 
@@ -153,7 +155,9 @@ fn gpu_tracks_status_and_metrics_say_what_the_library_said() {
 
     // The tracks follow the library.
     nvml.say(&h100(81, &[4242], 0));
-    wait_for("utilisation at 81 %", Duration::from_secs(10), || (last_value(&gpu_tracks(dir), "gpu.0.util") == Some(81.0)).then_some(()));
+    wait_for("utilisation at 81 %", Duration::from_secs(10), || {
+        (last_value(&gpu_tracks(dir), "gpu.0.util") == Some(81.0)).then_some(())
+    });
 
     let status = status_json(&data).expect("status");
     let gpu = &status["gpus"]["gpus"][0];
@@ -164,7 +168,9 @@ fn gpu_tracks_status_and_metrics_say_what_the_library_said() {
     assert_eq!(status["gpus"]["driver"], "580.159.04");
     let text = String::from_utf8(profiler(&["status", "--data-dir", dir]).stdout).unwrap();
     assert!(
-        text.contains("gpu          0 NVIDIA H100 80GB HBM3 GPU-8e3c1f0a-stand-in bus 00000000:3B:00.0 driver 580.159.04"),
+        text.contains(
+            "gpu          0 NVIDIA H100 80GB HBM3 GPU-8e3c1f0a-stand-in bus 00000000:3B:00.0 driver 580.159.04"
+        ),
         "{text}"
     );
 
@@ -224,7 +230,12 @@ fn a_library_lacking_half_the_calls_still_gives_utilisation_and_none_at_all_is_s
     let mut daemon = Daemon::start(&data, &["--nvml-library", "/nonexistent/lib64/libnvidia-ml.so.1"]);
     daemon.wait_ready();
     let text = String::from_utf8(profiler(&["status", "--data-dir", data.to_str().unwrap()]).stdout).unwrap();
-    assert!(text.contains("gpu          none: cannot load NVIDIA's management library /nonexistent/lib64/libnvidia-ml.so.1"), "{text}");
+    assert!(
+        text.contains(
+            "gpu          none: cannot load NVIDIA's management library /nonexistent/lib64/libnvidia-ml.so.1"
+        ),
+        "{text}"
+    );
     assert!(text.contains("daemon       running"), "{text}");
     wait_for("the log line", Duration::from_secs(5), || daemon.log_text().contains("no GPU tracks").then_some(()));
     assert_eq!(daemon.log_text().matches("no GPU tracks").count(), 1, "{}", daemon.log_text());
@@ -235,7 +246,10 @@ fn a_library_lacking_half_the_calls_still_gives_utilisation_and_none_at_all_is_s
     let mut daemon = Daemon::start(&data, &["--nvml-library", nvml.lib_str()]);
     daemon.wait_ready();
     let status = status_json(&data).expect("status");
-    assert!(status["gpus"]["unavailable"].as_str().is_some_and(|u| u.ends_with("loaded, but it lists no GPU")), "{status}");
+    assert!(
+        status["gpus"]["unavailable"].as_str().is_some_and(|u| u.ends_with("loaded, but it lists no GPU")),
+        "{status}"
+    );
 }
 
 /// A daemon whose GPU detectors decide after 4 s (not 10: the test's time), with feeders at
@@ -296,7 +310,8 @@ fn workers_saturating_cpus_starve_a_gpu_at_20_percent_not_one_at_95() {
     assert!(summary.contains("the input pipeline is the bottleneck"), "{summary}");
     assert_eq!(f["evidence"]["gpu"], 0);
     assert_eq!(f["evidence"]["uuid"], "GPU-8e3c1f0a-stand-in");
-    let workers: Vec<u64> = f["evidence"]["processes"].as_array().unwrap().iter().filter_map(|p| p["pid"].as_u64()).collect();
+    let workers: Vec<u64> =
+        f["evidence"]["processes"].as_array().unwrap().iter().filter_map(|p| p["pid"].as_u64()).collect();
     assert!(!workers.is_empty() && !workers.contains(&u64::from(pid)), "the workers, not the idle shell: {f}");
 }
 
@@ -345,18 +360,31 @@ fn an_xid_in_the_kernel_log_is_an_event_naming_the_gpu_and_a_fatal_one_a_finding
     let dir = data.to_str().unwrap();
     wait_for("the GPU list", Duration::from_secs(10), || status_json(&data)?["gpus"]["gpus"][0]["index"].as_u64());
     let nonce = std::process::id();
-    std::fs::write("/dev/kmsg", format!("<4>NVRM: Xid (PCI:0000:3b:00): 13, pid={nonce}, name=python3, Graphics SM Warp Exception\n")).expect("write /dev/kmsg");
-    std::fs::write("/dev/kmsg", format!("<3>NVRM: Xid (PCI:0000:3b:00): 79, pid={nonce}, name=python3, GPU has fallen off the bus.\n")).expect("write /dev/kmsg");
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<4>NVRM: Xid (PCI:0000:3b:00): 13, pid={nonce}, name=python3, Graphics SM Warp Exception\n"),
+    )
+    .expect("write /dev/kmsg");
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>NVRM: Xid (PCI:0000:3b:00): 79, pid={nonce}, name=python3, GPU has fallen off the bus.\n"),
+    )
+    .expect("write /dev/kmsg");
     let events = wait_for("both Xid events", Duration::from_secs(10), || {
         let out = profiler(&["events", "--data-dir", dir, "--from", "-5m", "--format", "json"]);
         let all: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
-        let mine: Vec<Value> =
-            all.into_iter().filter(|e| e["message"].as_str().is_some_and(|m| m.contains(&format!("pid={nonce},")))).collect();
+        let mine: Vec<Value> = all
+            .into_iter()
+            .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(&format!("pid={nonce},"))))
+            .collect();
         (mine.len() == 2).then_some(mine)
     });
     let messages: Vec<&str> = events.iter().map(|e| e["message"].as_str().unwrap()).collect();
     assert!(messages.iter().any(|m| m.ends_with("[GPU 0 (NVIDIA H100 80GB HBM3): Xid 13, graphics engine exception (an application fault, or a driver or hardware error)]")), "{messages:?}");
-    assert!(messages.iter().any(|m| m.contains("[GPU 0 (NVIDIA H100 80GB HBM3): Xid 79, GPU has fallen off the bus")), "{messages:?}");
+    assert!(
+        messages.iter().any(|m| m.contains("[GPU 0 (NVIDIA H100 80GB HBM3): Xid 79, GPU has fallen off the bus")),
+        "{messages:?}"
+    );
     let faults = wait_for("the gpu-fault finding", Duration::from_secs(10), || {
         let f: Vec<Value> = findings(dir, "gpu-fault").into_iter().filter(|f| f["evidence"]["pid"] == nonce).collect();
         (!f.is_empty()).then_some(f)
@@ -366,9 +394,24 @@ fn an_xid_in_the_kernel_log_is_an_event_naming_the_gpu_and_a_fatal_one_a_finding
     assert_eq!(faults[0]["severity"], "critical");
     assert!(faults[0]["summary"].as_str().unwrap().contains(&format!("python3 (pid {nonce})")), "{}", faults[0]);
     // The window around the event has a flamegraph like any other.
-    let id = events.iter().find(|e| e["message"].as_str().unwrap().contains("Xid 79")).unwrap()["id"].as_str().unwrap().to_string();
+    let id = events.iter().find(|e| e["message"].as_str().unwrap().contains("Xid 79")).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     wait_for("the store past the event", Duration::from_secs(10), || {
-        let out = profiler(&["flamegraph", "--data-dir", dir, "--around", &id, "--before", "2s", "--after", "1s", "--format", "folded"]);
+        let out = profiler(&[
+            "flamegraph",
+            "--data-dir",
+            dir,
+            "--around",
+            &id,
+            "--before",
+            "2s",
+            "--after",
+            "1s",
+            "--format",
+            "folded",
+        ]);
         (out.status.success() && !out.stdout.is_empty()).then_some(())
     });
 }

@@ -246,13 +246,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let (profiler, helpers) = (build(true)?, build_helpers()?);
             kernels::run(&workspace_root(), &profiler, &helpers.join("busy-helper"), &opts)
         }
-        Cmd::GpuCheck { write_script, binary, standin, out, seconds } => gpu_check::run(
-            gpu_check::Options { write_script, binary, standin, out, seconds },
-            || {
+        Cmd::GpuCheck { write_script, binary, standin, out, seconds } => {
+            gpu_check::run(gpu_check::Options { write_script, binary, standin, out, seconds }, || {
                 setup::ensure()?;
                 build(true)
-            },
-        ),
+            })
+        }
         Cmd::Test { args } => {
             setup::ensure()?;
             setup::ensure_test_tools()?;

@@ -149,7 +149,9 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::ser
         let mut e = Event { id, ts_ns, pattern, message: r.message };
         // A GPU fault: which GPU, and what its number means, in the message itself (which
         // ClickHouse and OTLP carry as they are); a fatal one is also a finding.
-        let fault = xid.as_ref().map(|x| crate::gpu::xid::describe(x, &crate::gpu::Inventory::read(data_dir).unwrap_or_default(), &e));
+        let fault = xid
+            .as_ref()
+            .map(|x| crate::gpu::xid::describe(x, &crate::gpu::Inventory::read(data_dir).unwrap_or_default(), &e));
         if let Some((text, finding)) = &fault {
             e.message = format!("{} [{text}]", e.message);
             // Counted for /metrics: a fatal one's finding closes at once, no open gauge shows it.

@@ -260,9 +260,8 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
     let python = top(&run.python, 5);
     // Python frames say more than the interpreter's C functions under them, when there are some.
     let lead = python.first().filter(|p| p.1 * 10 >= run.ticks * 3).or(functions.first());
-    let lead_text = lead.map_or(String::new(), |(f, n)| {
-        format!(", {} in {f}", percent(*n as f64 / run.ticks.max(1) as f64))
-    });
+    let lead_text =
+        lead.map_or(String::new(), |(f, n)| format!(", {} in {f}", percent(*n as f64 / run.ticks.max(1) as f64)));
     let (severity, summary) = match kind {
         Kind::GpuStarved => {
             let cores = run.ticks as f64 / secs.max(1) as f64 / m.frequency_hz.max(1) as f64;

@@ -53,7 +53,12 @@ fn proc_tree(children: &[(u32, u32)]) -> tempfile::TempDir {
 
 fn inventory() -> Inventory {
     Inventory {
-        gpus: vec![GpuInfo { index: 0, model: "NVIDIA H100".into(), local_cpus: vec![0, 1, 2, 3], ..Default::default() }],
+        gpus: vec![GpuInfo {
+            index: 0,
+            model: "NVIDIA H100".into(),
+            local_cpus: vec![0, 1, 2, 3],
+            ..Default::default()
+        }],
         ..Default::default()
     }
 }
@@ -75,8 +80,11 @@ const AUGMENT: &[&str] = &["_start", "_PyEval_EvalFrameDefault", "augment (datas
 #[test]
 fn workers_saturating_cpus_while_the_gpu_idles_is_gpu_starved_after_10_s() {
     let tree = proc_tree(&[(901, 812), (902, 812), (903, 901)]);
-    let busy: &[(usize, u32, &str, &[&str])] =
-        &[(1, 901, "pt_data_worker", AUGMENT), (2, 902, "pt_data_worker", AUGMENT), (3, 903, "pt_data_worker", AUGMENT)];
+    let busy: &[(usize, u32, &str, &[&str])] = &[
+        (1, 901, "pt_data_worker", AUGMENT),
+        (2, 902, "pt_data_worker", AUGMENT),
+        (3, 903, "pt_data_worker", AUGMENT),
+    ];
     assert!(run(tree.path(), 9, &[gpu(20.0, &[812], 0)], busy).is_empty(), "not before 10 s");
     let a = run(tree.path(), 10, &[gpu(20.0, &[812], 0)], busy);
     assert_eq!(a.len(), 1, "{a:?}");
@@ -128,7 +136,12 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
     let held = [gpu(97.0, &[812], 9)];
     let mut out = Vec::new();
     for s in 1..=10 {
-        out = d.evaluate(&second(s, &[]), &Input { gpus: &held, inventory: &inv, proc: tree.path() }, M, &Thresholds::default());
+        out = d.evaluate(
+            &second(s, &[]),
+            &Input { gpus: &held, inventory: &inv, proc: tree.path() },
+            M,
+            &Thresholds::default(),
+        );
     }
     assert!(out[0].summary.contains("SM clock 1375 MHz against 1980 MHz at best"), "{}", out[0].summary);
     assert!(run(tree.path(), 10, &[gpu(97.0, &[812], 3)], &[]).is_empty(), "a few slowed polls are not throttling");
@@ -136,7 +149,12 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
     let inv = inventory();
     for s in 0..12 {
         let g = [gpu(97.0, &[812], if s == 6 { 0 } else { 9 })];
-        let out = d.evaluate(&second(s, &[]), &Input { gpus: &g, inventory: &inv, proc: tree.path() }, M, &Thresholds::default());
+        let out = d.evaluate(
+            &second(s, &[]),
+            &Input { gpus: &g, inventory: &inv, proc: tree.path() },
+            M,
+            &Thresholds::default(),
+        );
         assert!(out.is_empty(), "second {s}: the run restarted at 7");
     }
 }

@@ -103,9 +103,9 @@ impl Source {
             let bus_id = Self::call(dead, index, "pci_info", || d.pci_info()).map(|p| p.bus_id).unwrap_or_default();
             let affinity = || {
                 let words = Self::call(dead, index, "cpu_affinity", || d.cpu_affinity(16)).unwrap_or_default();
-                let bits = 8 * size_of::<std::ffi::c_ulong>();
+                let bits = std::ffi::c_ulong::BITS as usize;
                 let cpus = words.iter().enumerate().flat_map(|(w, &m)| {
-                    (0..bits).filter(move |b| m as u64 >> b & 1 == 1).map(move |b| (w * bits + b) as u32)
+                    (0..bits).filter(move |b| m >> b & 1 == 1).map(move |b| (w * bits + b) as u32)
                 });
                 cpus.collect()
             };
@@ -151,8 +151,7 @@ impl Source {
             r.clock_events =
                 Self::call(dead, index, "current_throttle_reasons", || d.current_throttle_reasons()).map(|b| b.bits());
             r.power_w = Self::call(dead, index, "power_usage", || d.power_usage()).map(|mw| f64::from(mw) / 1000.0);
-            r.temp_c =
-                Self::call(dead, index, "temperature", || d.temperature(TemperatureSensor::Gpu)).map(f64::from);
+            r.temp_c = Self::call(dead, index, "temperature", || d.temperature(TemperatureSensor::Gpu)).map(f64::from);
             if let Some(m) = Self::call(dead, index, "memory_info", || d.memory_info()) {
                 r.mem_used_mib = Some(m.used as f64 / 1048576.0);
                 r.mem_total_mib = Some(m.total as f64 / 1048576.0);
@@ -185,7 +184,10 @@ impl Source {
                                 UsedGpuMemory::Unavailable => None,
                             },
                             sm_util: samples.as_ref().and_then(|s| {
-                                s.iter().filter(|x| x.pid == p.pid).max_by_key(|x| x.timestamp).map(|x| f64::from(x.sm_util))
+                                s.iter()
+                                    .filter(|x| x.pid == p.pid)
+                                    .max_by_key(|x| x.timestamp)
+                                    .map(|x| f64::from(x.sm_util))
                             }),
                         })
                         .collect()

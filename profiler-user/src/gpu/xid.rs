@@ -180,7 +180,10 @@ mod tests {
             message: line.into(),
         };
         let (text, f) = describe(&parse(line).unwrap(), &inv, &e);
-        assert_eq!(text, "GPU 2 (NVIDIA H100): Xid 79, GPU has fallen off the bus: it no longer answers; drain the node");
+        assert_eq!(
+            text,
+            "GPU 2 (NVIDIA H100): Xid 79, GPU has fallen off the bus: it no longer answers; drain the node"
+        );
         let f = f.expect("79 is fatal");
         assert_eq!(f.kind, crate::detect::Kind::GpuFault);
         assert_eq!(f.id, "gpu-fault-gpu2-20261118T110640");

@@ -22,7 +22,12 @@ pub fn render(s: &State) -> String {
         "GPUs NVIDIA's management library lists (0: no library, no GPU, or not yet read).",
         vec![(String::new(), if up { s.inventory.gpus.len() as f64 } else { 0.0 })],
     );
-    family("profiler_gpu_polls_total", "counter", "Reads of every GPU since the start.", vec![(String::new(), s.polls as f64)]);
+    family(
+        "profiler_gpu_polls_total",
+        "counter",
+        "Reads of every GPU since the start.",
+        vec![(String::new(), s.polls as f64)],
+    );
     family(
         "profiler_gpu_poll_cpu_seconds_total",
         "counter",
@@ -37,9 +42,11 @@ pub fn render(s: &State) -> String {
     type Get = fn(&Reading) -> Option<f64>;
     let gauges: [(&str, &str, Get); 13] = [
         ("profiler_gpu_utilization_percent", "Share of the last sample period a kernel ran on the GPU.", |r| r.util),
-        ("profiler_gpu_memory_utilization_percent", "Share of the last sample period memory was read or written.", |r| {
-            r.mem_util
-        }),
+        (
+            "profiler_gpu_memory_utilization_percent",
+            "Share of the last sample period memory was read or written.",
+            |r| r.mem_util,
+        ),
         ("profiler_gpu_sm_clock_mhz", "SM clock.", |r| r.sm_clock_mhz),
         ("profiler_gpu_memory_clock_mhz", "Memory clock.", |r| r.mem_clock_mhz),
         ("profiler_gpu_clock_event_reasons", "Why the clocks are held down (NVML's bitmask).", |r| {
@@ -74,7 +81,12 @@ mod tests {
     fn gauges_carry_gpu_uuid_and_model_and_skip_what_was_not_read() {
         let s = State {
             inventory: Inventory {
-                gpus: vec![GpuInfo { index: 0, model: "NVIDIA \"H100\"".into(), uuid: "GPU-1".into(), ..Default::default() }],
+                gpus: vec![GpuInfo {
+                    index: 0,
+                    model: "NVIDIA \"H100\"".into(),
+                    uuid: "GPU-1".into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
             },
             latest: vec![Reading { index: 0, util: Some(31.0), ..Default::default() }],
@@ -84,7 +96,11 @@ mod tests {
         let text = render(&s);
         assert!(text.contains("profiler_gpus 1\n"), "{text}");
         assert!(text.contains("profiler_gpu_polls_total 7\n"));
-        assert!(text.contains("profiler_gpu_utilization_percent{gpu=\"0\",uuid=\"GPU-1\",model=\"NVIDIA \\\"H100\\\"\"} 31\n"));
+        assert!(
+            text.contains(
+                "profiler_gpu_utilization_percent{gpu=\"0\",uuid=\"GPU-1\",model=\"NVIDIA \\\"H100\\\"\"} 31\n"
+            )
+        );
         assert!(!text.contains("profiler_gpu_power_watts"), "{text}");
     }
 }

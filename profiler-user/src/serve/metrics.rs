@@ -364,7 +364,10 @@ pub fn render(l: &Live) -> String {
         "profiler_gpu_xid_total",
         "counter",
         "NVIDIA driver Xid lines in the kernel log since the start, by Xid and whether it is fatal.",
-        l.gpu_xids.iter().map(|((xid, fatal), n)| (format!("{{xid=\"{xid}\",fatal=\"{fatal}\"}}"), *n as f64)).collect(),
+        l.gpu_xids
+            .iter()
+            .map(|((xid, fatal), n)| (format!("{{xid=\"{xid}\",fatal=\"{fatal}\"}}"), *n as f64))
+            .collect(),
     );
     if let Some(stats) = &l.clickhouse {
         out.push_str(&crate::ship::clickhouse::metrics::render(stats));
