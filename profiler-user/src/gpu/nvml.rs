@@ -34,6 +34,12 @@ pub struct Source {
 
 #[derive(Debug, Clone, Default)]
 struct Slow {
+    mem_clock_mhz: Option<f64>,
+    temp_c: Option<f64>,
+    mem_used_mib: Option<f64>,
+    mem_total_mib: Option<f64>,
+    pcie_rx_mbps: Option<f64>,
+    pcie_tx_mbps: Option<f64>,
     holders: Option<Vec<Holder>>,
     ecc_corrected: Option<f64>,
     ecc_uncorrected: Option<f64>,
@@ -134,8 +140,12 @@ impl Source {
         self.count
     }
 
-    /// One read of every GPU; `slow` also reads what changes slowly or costs more (processes,
-    /// ECC counts): the poller asks for it once a second.
+    /// One read of every GPU. Each NVML call costs: on an H100 (driver 580) a poll of all of them
+    /// took 1.7 ms of CPU, 1.7 % of a core at 10 polls a second (BENCHMARKS.md). So every poll
+    /// reads what the detectors and the page follow closely (utilisation, SM clock, clock-event
+    /// reasons, power); `slow` (the poller's first poll of each second) also reads what moves
+    /// slowly or costs more (memory clock, temperature, memory, PCIe, ECC, processes), and the
+    /// polls between repeat it.
     pub fn read(&mut self, slow: bool) -> Vec<Reading> {
         let mut out = Vec::with_capacity(self.count as usize);
         for index in 0..self.count {
@@ -147,20 +157,22 @@ impl Source {
                 r.mem_util = Some(f64::from(u.memory));
             }
             r.sm_clock_mhz = Self::call(dead, index, "clock_info(sm)", || d.clock_info(Clock::SM)).map(f64::from);
-            r.mem_clock_mhz = Self::call(dead, index, "clock_info(mem)", || d.clock_info(Clock::Memory)).map(f64::from);
             r.clock_events =
                 Self::call(dead, index, "current_throttle_reasons", || d.current_throttle_reasons()).map(|b| b.bits());
             r.power_w = Self::call(dead, index, "power_usage", || d.power_usage()).map(|mw| f64::from(mw) / 1000.0);
-            r.temp_c = Self::call(dead, index, "temperature", || d.temperature(TemperatureSensor::Gpu)).map(f64::from);
-            if let Some(m) = Self::call(dead, index, "memory_info", || d.memory_info()) {
-                r.mem_used_mib = Some(m.used as f64 / 1048576.0);
-                r.mem_total_mib = Some(m.total as f64 / 1048576.0);
-            }
-            // KB/s in NVML; MB/s here.
-            let pcie = |c| d.pcie_throughput(c).map(|kb| f64::from(kb) / 1000.0);
-            r.pcie_rx_mbps = Self::call(dead, index, "pcie_throughput(rx)", || pcie(PcieUtilCounter::Receive));
-            r.pcie_tx_mbps = Self::call(dead, index, "pcie_throughput(tx)", || pcie(PcieUtilCounter::Send));
             if slow {
+                let s = &mut self.slow[index as usize];
+                s.mem_clock_mhz =
+                    Self::call(dead, index, "clock_info(mem)", || d.clock_info(Clock::Memory)).map(f64::from);
+                s.temp_c =
+                    Self::call(dead, index, "temperature", || d.temperature(TemperatureSensor::Gpu)).map(f64::from);
+                let mem = Self::call(dead, index, "memory_info", || d.memory_info());
+                s.mem_used_mib = mem.as_ref().map(|m| m.used as f64 / 1048576.0);
+                s.mem_total_mib = mem.as_ref().map(|m| m.total as f64 / 1048576.0);
+                // KB/s in NVML; MB/s here.
+                let pcie = |c| d.pcie_throughput(c).map(|kb| f64::from(kb) / 1000.0);
+                s.pcie_rx_mbps = Self::call(dead, index, "pcie_throughput(rx)", || pcie(PcieUtilCounter::Receive));
+                s.pcie_tx_mbps = Self::call(dead, index, "pcie_throughput(tx)", || pcie(PcieUtilCounter::Send));
                 let ecc = |t| d.total_ecc_errors(t, EccCounter::Volatile).map(|n| n as f64);
                 let slow = &mut self.slow[index as usize];
                 slow.ecc_corrected = Self::call(dead, index, "ecc(corrected)", || ecc(MemoryError::Corrected));
@@ -194,6 +206,12 @@ impl Source {
                 });
             }
             let slow = &self.slow[index as usize];
+            r.mem_clock_mhz = slow.mem_clock_mhz;
+            r.temp_c = slow.temp_c;
+            r.mem_used_mib = slow.mem_used_mib;
+            r.mem_total_mib = slow.mem_total_mib;
+            r.pcie_rx_mbps = slow.pcie_rx_mbps;
+            r.pcie_tx_mbps = slow.pcie_tx_mbps;
             r.holders = slow.holders.clone();
             r.ecc_corrected = slow.ecc_corrected;
             r.ecc_uncorrected = slow.ecc_uncorrected;
