@@ -147,11 +147,12 @@ fn gpu_tracks_status_and_metrics_say_what_the_library_said() {
         assert_eq!(last_value(&tracks, name), Some(value), "{name}: {tracks:?}");
     }
     // Every 100 ms by default: consecutive utilisation points 100 ms apart (a slow poll may
-    // stretch one gap; the median is the interval).
+    // stretch one gap, and a late wakeup on a loaded machine moves a stamp by a millisecond or
+    // two; the median is the interval).
     let util = &tracks.iter().find(|(n, _)| n == "gpu.0.util").unwrap().1;
     let mut gaps: Vec<u64> = util.windows(2).map(|w| w[1].0 - w[0].0).collect();
     gaps.sort_unstable();
-    assert_eq!(gaps[gaps.len() / 2], 100, "{gaps:?}");
+    assert!((95..=105).contains(&gaps[gaps.len() / 2]), "{gaps:?}");
 
     // The tracks follow the library.
     nvml.say(&h100(81, &[4242], 0));
