@@ -110,9 +110,10 @@ impl Source {
             let affinity = || {
                 let words = Self::call(dead, index, "cpu_affinity", || d.cpu_affinity(16)).unwrap_or_default();
                 let bits = std::ffi::c_ulong::BITS as usize;
-                let cpus = words.iter().enumerate().flat_map(|(w, &m)| {
-                    (0..bits).filter(move |b| m >> b & 1 == 1).map(move |b| (w * bits + b) as u32)
-                });
+                let cpus = words
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(w, &m)| (0..bits).filter(move |b| m >> b & 1 == 1).map(move |b| (w * bits + b) as u32));
                 cpus.collect()
             };
             let local_cpus = super::inventory::local_cpus(&bus_id).unwrap_or_else(affinity);

@@ -82,7 +82,12 @@ impl Poller {
 
     fn run(self) {
         let Some(mut source) = self.open() else { return };
-        let mut writer = match CountersWriter::stream(&self.data_dir, "gpu") {
+        // Two files a minute: what every poll reads, and what is read once a second. A reader
+        // gives every track a point at each tick of its file, so the slow tracks in the fast
+        // file would be ten times the points (an 8-GPU hour past `/api/counters`' bound).
+        let writers = CountersWriter::stream(&self.data_dir, "gpu")
+            .and_then(|fast| Ok((fast, CountersWriter::stream(&self.data_dir, "gpuslow")?)));
+        let (mut fast_writer, mut slow_writer) = match writers {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(error = %e, "GPU tracks will not be recorded");
@@ -100,17 +105,21 @@ impl Poller {
             // The first poll of each second also reads processes and ECC counts.
             let slow = acc.second != ts_ns / NS_PER_SEC;
             let readings = source.read(slow);
-            let mut points = points(&readings);
-            if slow && acc.second != 0 {
-                points.push(Point {
-                    name: "profiler.gpu_poll_cpu".into(),
-                    cpu: None,
-                    unit: "us".into(),
-                    value: second_cpu * 1e6,
-                });
+            let (fast, mut slow_points) = points(&readings);
+            let mut written = fast_writer.append(ts_ns, &fast);
+            if slow {
+                if acc.second != 0 {
+                    slow_points.push(Point {
+                        name: "profiler.gpu_poll_cpu".into(),
+                        cpu: None,
+                        unit: "us".into(),
+                        value: second_cpu * 1e6,
+                    });
+                }
                 second_cpu = 0.0;
+                written = written.and(slow_writer.append(ts_ns, &slow_points));
             }
-            match writer.append(ts_ns, &points) {
+            match written {
                 Ok(()) => failing = false,
                 Err(e) if !failing => {
                     failing = true;
@@ -143,21 +152,24 @@ impl Poller {
     }
 }
 
-/// The tracks of one poll.
-pub fn points(readings: &[Reading]) -> Vec<Point> {
-    let mut out = Vec::with_capacity(readings.len() * 16);
+/// The tracks of one poll: (read every poll, read once a second).
+pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
+    let (mut fast, mut out) = (Vec::with_capacity(readings.len() * 5), Vec::with_capacity(readings.len() * 12));
     for r in readings {
-        let mut put = |what: &str, unit: &str, v: Option<f64>| {
-            if let Some(value) = v {
-                out.push(Point { name: format!("gpu.{}.{what}", r.index), cpu: None, unit: unit.into(), value });
-            }
+        let point = |what: &str, unit: &str, value: f64| Point {
+            name: format!("gpu.{}.{what}", r.index),
+            cpu: None,
+            unit: unit.into(),
+            value,
         };
-        put("util", "%", r.util);
-        put("mem_util", "%", r.mem_util);
-        put("sm_clock_mhz", "MHz", r.sm_clock_mhz);
+        let mut every = |what: &str, unit: &str, v: Option<f64>| fast.extend(v.map(|v| point(what, unit, v)));
+        every("util", "%", r.util);
+        every("mem_util", "%", r.mem_util);
+        every("sm_clock_mhz", "MHz", r.sm_clock_mhz);
+        every("clock_events", "bits", r.clock_events.map(|b| b as f64));
+        every("power_w", "W", r.power_w);
+        let mut put = |what: &str, unit: &str, v: Option<f64>| out.extend(v.map(|v| point(what, unit, v)));
         put("mem_clock_mhz", "MHz", r.mem_clock_mhz);
-        put("clock_events", "bits", r.clock_events.map(|b| b as f64));
-        put("power_w", "W", r.power_w);
         put("temp_c", "C", r.temp_c);
         put("mem_used_mib", "MiB", r.mem_used_mib);
         put("mem_total_mib", "MiB", r.mem_total_mib);
@@ -173,7 +185,7 @@ pub fn points(readings: &[Reading]) -> Vec<Point> {
             }
         }
     }
-    out
+    (fast, out)
 }
 
 /// Folds the polls of each wall-clock second into one summary per GPU.
@@ -272,12 +284,10 @@ mod tests {
 
     #[test]
     fn tracks_say_gpu_and_quantity_and_skip_what_was_not_read() {
-        let p = points(&[reading(20.0, 0)]);
-        let names: Vec<&str> = p.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["gpu.0.util", "gpu.0.clock_events", "gpu.0.processes", "gpu.0.pid.812.sm_util", "gpu.0.pid.812.mem_mib"]
-        );
-        assert!(p.iter().all(|p| p.cpu.is_none()));
+        let (fast, slow) = points(&[reading(20.0, 0)]);
+        let names = |p: &[Point]| p.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&fast), ["gpu.0.util", "gpu.0.clock_events"]);
+        assert_eq!(names(&slow), ["gpu.0.processes", "gpu.0.pid.812.sm_util", "gpu.0.pid.812.mem_mib"]);
+        assert!(fast.iter().chain(&slow).all(|p| p.cpu.is_none()));
     }
 }
