@@ -16,6 +16,7 @@ pub mod detect;
 pub mod export;
 pub mod fleet;
 pub mod flight;
+pub mod gpu;
 pub mod identity;
 pub mod logs;
 pub mod memory;

@@ -3,6 +3,7 @@
 
 pub mod clickhouse;
 pub mod netlab;
+pub mod nvml;
 
 use std::{
     path::{Path, PathBuf},

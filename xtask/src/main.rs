@@ -7,9 +7,11 @@
 //!           `test kernels`: boot Debian's kernels in qemu and check the profiler on each
 //!   bench   measure (see bench.rs)
 //!   check-arm64  check that the profiler and its BPF object compile for arm64
+//!   gpu-check    the profiler on a real GPU node (PyTorch, nvidia-smi); see gpu_check.rs
 
 mod arm64;
 mod bench;
+mod gpu_check;
 mod kernels;
 mod setup;
 mod soak;
@@ -88,6 +90,26 @@ enum Cmd {
         /// qemu-user-static): about 3 minutes on top of the build.
         #[arg(long)]
         unit_tests: bool,
+    },
+    /// The profiler on a GPU node: the daemon's GPU utilisation beside nvidia-smi's and its
+    /// findings in an input-bound and a GPU-bound PyTorch phase, its CPU and peak RSS. Not part
+    /// of `test`. `--write-script DIR` prepares DIR for a node without cargo.
+    GpuCheck {
+        /// Write gpu_check.py and the stripped release binary into DIR instead of running.
+        #[arg(long, value_name = "DIR")]
+        write_script: Option<PathBuf>,
+        /// Use this profiler binary instead of building the release one.
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+        /// No GPU: check against the tests' stand-in NVML with CPU-only Python workers.
+        #[arg(long)]
+        standin: bool,
+        /// Where the results go.
+        #[arg(long, default_value = "target/gpu-check")]
+        out: PathBuf,
+        /// Length of each phase.
+        #[arg(long, default_value_t = 40)]
+        seconds: u64,
     },
     /// Run every test: unit tests, then the integration tests that load the real BPF program.
     /// `test kernels [--flavour F]... [--seconds S] [--timeout S]`: boot Debian's 6.1 kernels in
@@ -231,6 +253,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             setup::ensure()?;
             let (profiler, helpers) = (build(true)?, build_helpers()?);
             kernels::run(&workspace_root(), &profiler, &helpers.join("busy-helper"), &opts)
+        }
+        Cmd::GpuCheck { write_script, binary, standin, out, seconds } => {
+            gpu_check::run(gpu_check::Options { write_script, binary, standin, out, seconds }, || {
+                setup::ensure()?;
+                build(true)
+            })
         }
         Cmd::Test { args } => {
             setup::ensure()?;

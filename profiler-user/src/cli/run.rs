@@ -77,6 +77,14 @@ pub struct RunArgs {
     /// second; as `kernel_counters = false` in the config file [default: read them].
     #[arg(long)]
     no_kernel_counters: bool,
+    /// NVIDIA's management library for the GPU tracks: a file name the loader finds, a path
+    /// (a driver installed elsewhere), or `off`; as `[gpu] nvml_library` [default:
+    /// libnvidia-ml.so.1]. A node without it runs as before and says so.
+    #[arg(long)]
+    nvml_library: Option<String>,
+    /// How often the GPUs are read, ms; as `[gpu] poll_ms` [default: 100].
+    #[arg(long)]
+    gpu_poll_ms: Option<u64>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -155,8 +163,10 @@ impl RunArgs {
             },
         };
         let memory = profiler::memory::Plan::new(limit, source, u64::from(unwind_mib) << 20, u64::from(ring_bytes))?;
+        let gpu = config::gpu(&file.gpu, self.nvml_library, self.gpu_poll_ms)?;
         Ok(DaemonConfig {
             memory,
+            gpu,
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
             flight: file.flight,
             clickhouse,

@@ -85,6 +85,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
             "summary": summary,
             "clickhouse": profiler::ship::clickhouse::read_cursor(data_dir),
             "interrupts": profiler::collect::irqs::Placement::read(),
+            "gpus": profiler::gpu::Inventory::read(data_dir),
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
@@ -101,6 +102,12 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     // interrupts starves the queue (the ENA resets).
     for line in profiler::collect::irqs::Placement::read().to_string().lines() {
         println!("interrupts   {line}");
+    }
+    // What the daemon found of NVIDIA's GPUs, or why none (no library, no GPU, off).
+    if let Some(inv) = profiler::gpu::Inventory::read(data_dir) {
+        for line in inv.describe() {
+            println!("gpu          {}", text::visible(&line));
+        }
     }
     println!(
         "store        {:.2} MiB in {} segments, {} blocks",

@@ -19,6 +19,8 @@ pub const DEFAULT_PATTERNS: &[&str] = &[
     r"rcu_.* detected stalls?",
     r"blocked for more than \d+ seconds",
     r"Out of memory: Killed process",
+    // NVIDIA's driver: a GPU fault, numbered (`gpu::xid`).
+    r"NVRM: Xid \(",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

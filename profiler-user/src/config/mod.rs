@@ -130,6 +130,9 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     float("detect.runq_max_ms", t.runq_max_ms, 60_000.0, "above 0 and at most 60000 ms")?;
     float("detect.runq_p99_ms", t.runq_p99_ms, 60_000.0, "above 0 and at most 60000 ms")?;
     share("detect.reclaim_share", t.reclaim_share, false)?;
+    share("detect.gpu_idle_below", t.gpu_idle_below, false)?;
+    int("detect.gpu_secs", t.gpu_secs.into(), 1..=600, "1 to 600 seconds")?;
+    share("detect.gpu_cpu_busy", t.gpu_cpu_busy, false)?;
     Ok(())
 }
 
@@ -191,6 +194,51 @@ pub struct ConfigFile {
     /// The flight recorder (see `flight`).
     #[serde(default)]
     pub flight: crate::flight::Settings,
+    #[serde(default)]
+    pub gpu: GpuFile,
+}
+
+/// `[gpu]`: where NVIDIA's management library is and how often the GPUs are read.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuFile {
+    /// A file name the loader finds (`libnvidia-ml.so.1`, the default), a path
+    /// (`/usr/local/nvidia/lib64/libnvidia-ml.so.1`), or `off`.
+    pub nvml_library: Option<String>,
+    pub poll_ms: Option<u64>,
+}
+
+/// The GPU poller's settings: `None` when GPU tracks are off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpu {
+    pub library: String,
+    pub interval: Duration,
+}
+
+pub const NVML_DEFAULT: &str = "libnvidia-ml.so.1";
+
+/// `--nvml-library`/`--gpu-poll-ms` over `[gpu]`, checked.
+pub fn gpu(file: &GpuFile, library: Option<String>, poll_ms: Option<u64>) -> Result<Option<Gpu>, ConfigError> {
+    let library = library.or_else(|| file.nvml_library.clone()).unwrap_or_else(|| NVML_DEFAULT.to_string());
+    let poll_ms = poll_ms.or(file.poll_ms).unwrap_or(100);
+    if !crate::gpu::poll::POLL_MS.contains(&poll_ms) {
+        return Err(ConfigError::Range {
+            key: "gpu.poll_ms",
+            value: poll_ms.to_string(),
+            allowed: "10 to 10000 ms, such as 100",
+        });
+    }
+    if library.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    if library.trim().is_empty() || library.contains('\0') {
+        return Err(ConfigError::Range {
+            key: "gpu.nvml_library",
+            value: library,
+            allowed: "a file name, a path to libnvidia-ml.so.1, or off",
+        });
+    }
+    Ok(Some(Gpu { library, interval: Duration::from_millis(poll_ms) }))
 }
 
 /// The `[events]` table.
@@ -306,6 +354,20 @@ pub fn retention(max_size: &str, max_age: &str) -> Result<Retention, ConfigError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_settings_default_to_the_standard_library_every_100_ms_and_refuse_nonsense() {
+        let g = gpu(&GpuFile::default(), None, None).unwrap().unwrap();
+        assert_eq!((g.library.as_str(), g.interval), (NVML_DEFAULT, Duration::from_millis(100)));
+        let file = GpuFile { nvml_library: Some("/opt/nv/libnvidia-ml.so.1".into()), poll_ms: Some(500) };
+        let g = gpu(&file, None, None).unwrap().unwrap();
+        assert_eq!((g.library.as_str(), g.interval.as_millis()), ("/opt/nv/libnvidia-ml.so.1", 500));
+        assert_eq!(gpu(&file, Some("/x.so".into()), Some(50)).unwrap().unwrap().library, "/x.so");
+        assert_eq!(gpu(&file, Some("off".into()), None).unwrap(), None);
+        let e = gpu(&GpuFile::default(), None, Some(0)).unwrap_err().to_string();
+        assert!(e.contains("gpu.poll_ms = 0 is out of range"), "{e}");
+        assert!(gpu(&GpuFile::default(), Some(" ".into()), None).is_err());
+    }
 
     #[test]
     fn the_default_ring_follows_cpus_times_hz_within_1_to_4_mib() {

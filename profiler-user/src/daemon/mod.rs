@@ -104,6 +104,8 @@ pub struct DaemonConfig {
     pub kernel_counters: bool,
     /// The flight recorder's frequency, length and number of recordings kept.
     pub flight: crate::flight::Settings,
+    /// The GPU poller's library and interval; `None`: GPU tracks off.
+    pub gpu: Option<crate::config::Gpu>,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -173,6 +175,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             "{SYMBOLIZE_DELAY_ENV} is set: symbolizing is slowed (test only)"
         );
     }
+    let gpu = config.gpu.as_ref().map(|_| crate::gpu::Shared::default());
+    live.lock().unwrap_or_else(|p| p.into_inner()).gpu = gpu.clone();
     let runq_latest = kernel_counters::LatestRunq::default();
     let reclaim_latest = kernel_counters::LatestReclaim::default();
     let stage = stage::spawn(
@@ -198,6 +202,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             unwind,
             runq_latest: runq_latest.clone(),
             reclaim_latest: reclaim_latest.clone(),
+            gpu: gpu.clone(),
         },
         Some(collector),
     )
@@ -238,6 +243,29 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     } else {
         tracing::info!("kernel counters are off (kernel_counters = false)");
         None
+    };
+    // Its own thread: a slow or hung driver call delays only the next GPU poll.
+    let _gpu_poller = match (&config.gpu, &gpu) {
+        (Some(g), Some(shared)) => Some(
+            crate::gpu::poll::Poller {
+                data_dir: config.data_dir.clone(),
+                stop: stop.clone(),
+                interval: g.interval,
+                library: g.library.clone(),
+                shared: shared.clone(),
+            }
+            .spawn()
+            .map_err(|e| DaemonError::Thread("GPU poller", e))?,
+        ),
+        _ => {
+            tracing::info!("GPU tracks are off (nvml_library = off)");
+            let off = crate::gpu::Inventory {
+                unavailable: Some("GPU tracks are off (nvml_library = off)".into()),
+                ..Default::default()
+            };
+            let _ = off.write(&config.data_dir);
+            None
+        }
     };
     let upkeep = upkeep::Upkeep {
         data_dir: config.data_dir.clone(),

@@ -86,6 +86,8 @@ pub struct Links {
     pub runq_latest: crate::collect::counters::LatestRunq,
     /// Where the latest reclaim stalls go for the kernel counters' tracks.
     pub reclaim_latest: crate::collect::counters::LatestReclaim,
+    /// What the GPU poller read, for the GPU detectors; `None`: GPU tracks off.
+    pub gpu: Option<crate::gpu::Shared>,
 }
 
 /// What the stage did, for its caller (tests; the supervisor's last log line).
@@ -150,6 +152,7 @@ struct Stage {
 impl Stage {
     fn new(config: StageConfig, mut links: Links, collector: Option<Collector>, mut pipeline: Pipeline) -> Self {
         pipeline.unwind = links.unwind.take();
+        pipeline.engine.gpu = links.gpu.clone();
         if collector.is_some() {
             pipeline.engine.interrupts = crate::collect::irqs::Placement::read();
         }

@@ -58,7 +58,7 @@ impl Upkeep {
         while !self.stop.load(Ordering::Acquire) {
             self.wait_for_kmsg(MAINTAIN_EVERY);
             if let Some(k) = self.kmsg.as_mut() {
-                record_kmsg(k, &self.data_dir);
+                record_kmsg(k, &self.data_dir, &self.live);
             }
             let (retention, rollup_after) = match self.settings.lock() {
                 Ok(s) => (s.retention, s.rollup_after),
@@ -140,15 +140,33 @@ fn prune_findings(data_dir: &std::path::Path, retention: &store::retention::Rete
     }
 }
 
-fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path) {
+fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::serve::metrics::Live>) {
     let offset = clock::unix_offset(libc::CLOCK_MONOTONIC);
     for (r, pattern) in k.read_matches() {
         let ts_ns = (i128::from(r.usec) * 1000 + offset).max(0) as u64;
         let id = format!("event-{}-{}", detect::finding_id_time(ts_ns), r.seq);
-        let e = Event { id, ts_ns, pattern, message: r.message };
+        let xid = crate::gpu::xid::parse(&r.message);
+        let mut e = Event { id, ts_ns, pattern, message: r.message };
+        // A GPU fault: which GPU, and what its number means, in the message itself (which
+        // ClickHouse and OTLP carry as they are); a fatal one is also a finding.
+        let fault = xid
+            .as_ref()
+            .map(|x| crate::gpu::xid::describe(x, &crate::gpu::Inventory::read(data_dir).unwrap_or_default(), &e));
+        if let Some((text, finding)) = &fault {
+            e.message = format!("{} [{text}]", e.message);
+            // Counted for /metrics: a fatal one's finding closes at once, no open gauge shows it.
+            let code = xid.as_ref().map_or(0, |x| x.code);
+            *live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.entry((code, finding.is_some())).or_default() += 1;
+        }
         tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
         if let Err(err) = detect::log::record_event(data_dir, &e) {
             tracing::error!(event = %e.id, error = %err, "cannot record an event");
+        }
+        if let Some((_, Some(finding))) = fault {
+            tracing::warn!(finding = %finding.id, "{}", finding.summary);
+            if let Err(err) = detect::log::record_finding(data_dir, &finding) {
+                tracing::error!(finding = %finding.id, error = %err, "cannot record a finding");
+            }
         }
     }
 }

@@ -9,8 +9,11 @@
 //! - `throttle`: a cgroup throttled by its CPU quota, and what it ran meanwhile;
 //! - `lockspin`: one kernel spin-lock slow path holding several CPUs, and who contends;
 //! - `runq`: a runnable thread kept off a CPU for long, and what ran instead;
-//! - `reclaim`: a CPU's tasks stalled in reclaim or compaction, and the memory cgroup.
+//! - `reclaim`: a CPU's tasks stalled in reclaim or compaction, and the memory cgroup;
+//! - `gpu`: a GPU idle while its feeders' CPUs are saturated (input pipeline, launch thread),
+//!   or busy with its clocks held down; a fatal Xid in the kernel log (`gpu::xid`).
 
+pub mod gpu;
 pub mod hotfunc;
 pub mod lockspin;
 pub mod log;
@@ -42,6 +45,10 @@ pub enum Kind {
     LockSpinning,
     RunqStarvation,
     ReclaimStall,
+    GpuStarved,
+    GpuLaunchBound,
+    GpuThrottled,
+    GpuFault,
 }
 
 impl Kind {
@@ -55,11 +62,15 @@ impl Kind {
             Kind::LockSpinning => "lock-spinning",
             Kind::RunqStarvation => "runq-starvation",
             Kind::ReclaimStall => "reclaim-stall",
+            Kind::GpuStarved => "gpu-starved",
+            Kind::GpuLaunchBound => "gpu-launch-bound",
+            Kind::GpuThrottled => "gpu-throttled",
+            Kind::GpuFault => "gpu-fault",
         }
     }
 
     /// Every kind, in declaration order (metrics list them all, open or not).
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 12] = [
         Kind::SaturatedCore,
         Kind::HotKernelFunction,
         Kind::NetrxStarvation,
@@ -68,6 +79,10 @@ impl Kind {
         Kind::LockSpinning,
         Kind::RunqStarvation,
         Kind::ReclaimStall,
+        Kind::GpuStarved,
+        Kind::GpuLaunchBound,
+        Kind::GpuThrottled,
+        Kind::GpuFault,
     ];
 }
 
@@ -289,6 +304,9 @@ pub struct Engine {
     /// Which CPUs take the NIC and GPU interrupts (set by the daemon, read again every few
     /// seconds): a finding on such a CPU says so.
     pub interrupts: crate::collect::irqs::Placement,
+    /// What the GPU poller read (set by the daemon when GPU tracks are on).
+    pub gpu: Option<crate::gpu::Shared>,
+    gpu_detect: gpu::GpuDetect,
 }
 
 /// What changed in one evaluation.
@@ -327,6 +345,8 @@ impl Engine {
             policies: HashMap::new(),
             open: BTreeMap::new(),
             interrupts: Default::default(),
+            gpu: None,
+            gpu_detect: gpu::GpuDetect::default(),
         }
     }
 
@@ -481,6 +501,14 @@ impl Engine {
             active.extend(netrx::evaluate(self.history.back().expect("pushed"), &self.thresholds, &self.policies));
             active.extend(runq::evaluate(&self.history, self.machine, &self.thresholds, &self.policies));
             active.extend(reclaim::evaluate(&self.history, &self.thresholds));
+            if let Some(shared) = &self.gpu {
+                let state = shared.lock().unwrap_or_else(|p| p.into_inner());
+                let now = self.history.back().expect("pushed");
+                if let Some(gpus) = state.second(now.start_ns) {
+                    let input = gpu::Input { gpus, inventory: &state.inventory, proc: std::path::Path::new("/proc") };
+                    active.extend(self.gpu_detect.evaluate(now, &input, self.machine, &self.thresholds));
+                }
+            }
             let end = (second + 1) * NS_PER_SEC;
             self.reconcile(
                 active,
@@ -492,6 +520,9 @@ impl Engine {
                     Kind::LockSpinning,
                     Kind::RunqStarvation,
                     Kind::ReclaimStall,
+                    Kind::GpuStarved,
+                    Kind::GpuLaunchBound,
+                    Kind::GpuThrottled,
                 ]),
                 &mut changes,
             );

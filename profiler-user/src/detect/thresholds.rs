@@ -54,6 +54,13 @@ pub struct Thresholds {
     /// in one second, summed over the stalls (several tasks can stall at once), as a share of
     /// the second: 0.1 is 100 ms.
     pub reclaim_share: f64,
+    /// GPU detectors: a GPU below this utilisation (a share: 0.5 is 50 %) is idle...
+    pub gpu_idle_below: f64,
+    /// ...for this many consecutive seconds (also how long clocks must be held down)...
+    pub gpu_secs: u32,
+    /// ...while its feeders keep a CPU (or one process a core) at least this busy. A DataLoader
+    /// worker in a CPU-bound transform shows 97-99 % of a core (issue 26's H100 node).
+    pub gpu_cpu_busy: f64,
 }
 
 impl Default for Thresholds {
@@ -79,6 +86,9 @@ impl Default for Thresholds {
             runq_max_ms: 500.0,
             runq_p99_ms: 100.0,
             reclaim_share: 0.1,
+            gpu_idle_below: 0.5,
+            gpu_secs: 10,
+            gpu_cpu_busy: 0.9,
         }
     }
 }

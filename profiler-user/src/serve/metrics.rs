@@ -58,6 +58,10 @@ pub struct Live {
     pub otlp: Option<crate::ship::Stats>,
     /// The ClickHouse shipper's figures, when it runs.
     pub clickhouse: Option<std::sync::Arc<crate::ship::clickhouse::Stats>>,
+    /// What the GPU poller read, when GPU tracks are on.
+    pub gpu: Option<crate::gpu::Shared>,
+    /// NVIDIA Xid lines seen in the kernel log, by (Xid, fatal).
+    pub gpu_xids: BTreeMap<(u32, bool), u64>,
 }
 
 pub fn render(l: &Live) -> String {
@@ -370,8 +374,20 @@ pub fn render(l: &Live) -> String {
         "Samples per second per CPU.",
         vec![(String::new(), l.frequency_hz as f64)],
     );
+    family(
+        "profiler_gpu_xid_total",
+        "counter",
+        "NVIDIA driver Xid lines in the kernel log since the start, by Xid and whether it is fatal.",
+        l.gpu_xids
+            .iter()
+            .map(|((xid, fatal), n)| (format!("{{xid=\"{xid}\",fatal=\"{fatal}\"}}"), *n as f64))
+            .collect(),
+    );
     if let Some(stats) = &l.clickhouse {
         out.push_str(&crate::ship::clickhouse::metrics::render(stats));
+    }
+    if let Some(gpu) = &l.gpu {
+        out.push_str(&super::gpu_metrics::render(&gpu.lock().unwrap_or_else(|p| p.into_inner())));
     }
     render_memory(&mut out);
     out

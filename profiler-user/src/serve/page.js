@@ -484,16 +484,20 @@ async function loadCounters() {
   // At a glance: the tracks of the CPUs shown (and machine-wide ones) that moved in the window,
   // a few unless asked for all; a flat line says nothing, so those are only counted.
   const cpus = $("cpu").value.trim() ? new Set($("cpu").value.split(",").map((c) => Number(c.trim()))) : null;
-  const mine = tracks.filter((t) => t.cpu == null || !cpus || cpus.has(t.cpu));
+  const all = tracks.filter((t) => t.cpu == null || !cpus || cpus.has(t.cpu));
+  // One strip per GPU first, on a fixed 0-100 % scale and drawn even when flat: a GPU at 0 %
+  // while its feeders are busy is the answer, not a flat line.
+  const gpu = (t) => /^gpu\.\d+\.util$/.test(t.name);
+  const mine = all.filter((t) => !gpu(t));
   const moved = mine.filter((t) => t.points.some((p) => p[1] !== t.points[0][1]));
-  const shown = S.allTracks ? moved : moved.slice(0, TRACKS);
+  const shown = [...all.filter(gpu), ...(S.allTracks ? moved : moved.slice(0, TRACKS))];
   const d = S.dom, out = [];
   for (const t of shown) {
     const row = document.createElement("div"), name = document.createElement("div"), cv = document.createElement("canvas");
     row.className = "track"; name.className = "name";
     const label = `${t.name}${t.cpu != null ? " cpu" + t.cpu : ""}`;
     name.textContent = label; name.title = `${label} (${t.unit || ""})`;
-    const c = canvas(cv, d.w, 26), max = Math.max(...t.points.map((p) => p[1]), 0);
+    const c = canvas(cv, d.w, 26), max = gpu(t) ? 100 : Math.max(...t.points.map((p) => p[1]), 0);
     c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, 26);
     c.strokeStyle = css("--info"); c.lineWidth = 1.5; c.beginPath();
     t.points.forEach(([ms, v], j) => { const x = X(ms / 1000), y = 24 - (max ? (v / max) * 21 : 0); j ? c.lineTo(x, y) : c.moveTo(x, y); });

@@ -49,11 +49,18 @@ pub fn counters_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("counters")
 }
 
-fn file_path(dir: &Path, minute_ns: u64) -> PathBuf {
-    dir.join(format!("{}.cnt", minute_ns / NS_PER_SEC))
+/// `<unix second>.cnt` for the kernel counters; `<unix second>.<stream>.cnt` for a writer of
+/// its own (the GPU poller ticks every 100 ms: in the kernel counters' file each of its ticks
+/// would repeat every kernel track).
+fn file_path(dir: &Path, minute_ns: u64, stream: Option<&str>) -> PathBuf {
+    match stream {
+        Some(s) => dir.join(format!("{}.{s}.cnt", minute_ns / NS_PER_SEC)),
+        None => dir.join(format!("{}.cnt", minute_ns / NS_PER_SEC)),
+    }
 }
 
-/// The counters files, oldest first, as (start of the minute, path).
+/// The counters files, oldest first, as (start of the minute, path); a minute may have one
+/// file per stream.
 pub fn list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>, CountersError> {
     let dir = counters_dir(data_dir);
     let entries = match std::fs::read_dir(&dir) {
@@ -64,7 +71,15 @@ pub fn list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>, CountersError> {
     let mut out: Vec<(u64, PathBuf)> = entries
         .flatten()
         .filter_map(|e| {
-            let secs: u64 = e.file_name().to_str()?.strip_suffix(".cnt")?.parse().ok()?;
+            let name = e.file_name();
+            let stem = name.to_str()?.strip_suffix(".cnt")?;
+            // `<secs>` or `<secs>.<stream>` (a stream name is letters only).
+            let secs = match stem.split_once('.') {
+                Some((secs, stream)) if !stream.is_empty() && stream.bytes().all(|b| b.is_ascii_lowercase()) => secs,
+                Some(_) => return None,
+                None => stem,
+            };
+            let secs: u64 = secs.parse().ok()?;
             Some((secs.checked_mul(NS_PER_SEC)?, e.path()))
         })
         .collect();
@@ -75,6 +90,7 @@ pub fn list(data_dir: &Path) -> Result<Vec<(u64, PathBuf)>, CountersError> {
 /// Appends ticks; one file per minute.
 pub struct CountersWriter {
     dir: PathBuf,
+    stream: Option<String>,
     current: Option<Current>,
 }
 
@@ -97,10 +113,17 @@ impl CountersWriter {
             Err(e) => return Err(CountersError::Io(dir, e)),
         }
         match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() => Ok(Self { dir, current: None }),
+            Ok(m) if m.is_dir() => Ok(Self { dir, stream: None, current: None }),
             Ok(_) => Err(CountersError::NotADirectory(dir)),
             Err(e) => Err(CountersError::Io(dir, e)),
         }
+    }
+
+    /// A writer of files of its own (`<minute>.<stream>.cnt`, `stream` in lower-case letters),
+    /// read and removed with the others.
+    pub fn stream(data_dir: &Path, stream: &str) -> Result<Self, CountersError> {
+        assert!(!stream.is_empty() && stream.bytes().all(|b| b.is_ascii_lowercase()), "stream names are letters");
+        Ok(Self { stream: Some(stream.to_string()), ..Self::new(data_dir)? })
     }
 
     /// Writes one tick (at `ts_ns`) in one append.
@@ -109,7 +132,7 @@ impl CountersWriter {
         let mut buf = String::new();
         if self.current.as_ref().is_none_or(|c| c.minute_ns != minute_ns) {
             self.current = None;
-            let path = file_path(&self.dir, minute_ns);
+            let path = file_path(&self.dir, minute_ns, self.stream.as_deref());
             let mut file = files::open_append(&path).map_err(|e| CountersError::Io(path.clone(), e))?;
             // A line a killed writer left half-written ends here, not in our header.
             if !ends_with_newline(&mut file).map_err(|e| CountersError::Io(path.clone(), e))? {
@@ -143,7 +166,7 @@ impl CountersWriter {
         c.last = now;
         buf.push_str(&tick);
         buf.push('\n');
-        let path = file_path(&self.dir, minute_ns);
+        let path = file_path(&self.dir, minute_ns, self.stream.as_deref());
         let written = c.file.write_all(buf.as_bytes());
         if let Err(e) = written {
             // Start a fresh file section at the next tick (the ids may be half written).
@@ -498,9 +521,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = counters_dir(dir.path());
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(file_path(&d, T0), b"\x7fELF binary stuff\n").unwrap();
+        std::fs::write(file_path(&d, T0, None), b"\x7fELF binary stuff\n").unwrap();
         std::fs::write(
-            file_path(&d, T0 + SEGMENT_NS),
+            file_path(&d, T0 + SEGMENT_NS, None),
             format!("{HEADER}\ntrack 0 - /s a\nt 1 0:x\nt 2 5:1\ntrack zz\nt {} 0:1\n", (T0 + SEGMENT_NS) / 1_000_000),
         )
         .unwrap();

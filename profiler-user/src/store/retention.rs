@@ -67,15 +67,12 @@ pub fn enforce(
             }
         }
     }
-    let counters: std::collections::HashMap<u64, (PathBuf, u64)> = super::counters::list(data_dir)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(start, path)| {
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            (start, (path, bytes))
-        })
-        .collect();
-    let counters_bytes = |start: u64| counters.get(&start).map_or(0, |c| c.1);
+    // A minute may have several counters files (kernel, GPU): their bytes add up.
+    let mut counters: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (start, path) in super::counters::list(data_dir).unwrap_or_default() {
+        *counters.entry(start).or_default() += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    }
+    let counters_bytes = |start: u64| counters.get(&start).copied().unwrap_or(0);
     for s in &mut segments {
         s.2 += counters_bytes(s.0);
     }

@@ -63,6 +63,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         unwind: None,
         runq_latest: Default::default(),
         reclaim_latest: Default::default(),
+        gpu: None,
     };
     let segments = crate::store::segments_dir(dir.path());
     std::fs::create_dir_all(&segments).unwrap();

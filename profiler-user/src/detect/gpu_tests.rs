@@ -1,0 +1,167 @@
+//! The GPU detectors on synthetic seconds: real `/proc` layouts in a temporary directory for
+//! the parent links, stacks as the symbolizer names them.
+
+use std::{path::Path, sync::Arc};
+
+use super::*;
+use crate::{
+    detect::{CpuSecond, Second},
+    gpu::{GpuInfo, GpuSecond, Inventory},
+    model::Stack,
+};
+
+const HZ: u64 = 99;
+const M: Machine = Machine { cpus: 4, frequency_hz: HZ };
+
+fn tick(pid: u32, comm: &str, frames: &[&str]) -> Tick {
+    let frames: Vec<Arc<str>> = frames.iter().map(|f| Arc::from(*f)).collect();
+    let n = frames.len();
+    Tick { stack: Arc::new(Stack::new(frames, n)), pid, comm: Arc::from(comm), workload: Arc::from("") }
+}
+
+/// A second in which each `(cpu, pid, comm, frames)` kept its CPU busy (99 ticks).
+fn second(s: u64, busy: &[(usize, u32, &str, &[&str])]) -> Second {
+    let mut cpus = vec![CpuSecond::default(); M.cpus as usize];
+    for (cpu, pid, comm, frames) in busy {
+        cpus[*cpu].busy.extend((0..HZ).map(|_| tick(*pid, comm, frames)));
+    }
+    Second { start_ns: s * NS_PER_SEC, cpus }
+}
+
+fn gpu(util: f64, holders: &[u32], slowed: u32) -> GpuSecond {
+    GpuSecond {
+        index: 0,
+        util: Some(util),
+        polls: 10,
+        slowed_polls: slowed,
+        reasons: if slowed > 0 { 0x4 } else { 0 },
+        holders: holders.to_vec(),
+        sm_clock_mhz: Some(if slowed > 0 { 1375.0 } else { 1980.0 }),
+    }
+}
+
+/// `/proc/PID/stat` files saying who each child's parent is.
+fn proc_tree(children: &[(u32, u32)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (pid, parent) in children {
+        let d = dir.path().join(pid.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("stat"), format!("{pid} (pt_data_worker) R {parent} {pid} {pid} 0 -1")).unwrap();
+    }
+    dir
+}
+
+fn inventory() -> Inventory {
+    Inventory {
+        gpus: vec![GpuInfo {
+            index: 0,
+            model: "NVIDIA H100".into(),
+            local_cpus: vec![0, 1, 2, 3],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// Runs `secs` seconds; returns what the last one reported.
+fn run(proc: &Path, secs: u64, gpus: &[GpuSecond], busy: &[(usize, u32, &str, &[&str])]) -> Vec<Active> {
+    let mut d = GpuDetect::default();
+    let inv = inventory();
+    let mut last = Vec::new();
+    for s in 0..secs {
+        let input = Input { gpus, inventory: &inv, proc };
+        last = d.evaluate(&second(1000 + s, busy), &input, M, &Thresholds::default());
+    }
+    last
+}
+
+const AUGMENT: &[&str] = &["_start", "_PyEval_EvalFrameDefault", "augment (dataset.py:14)", "PyNumber_Multiply"];
+
+#[test]
+fn workers_saturating_cpus_while_the_gpu_idles_is_gpu_starved_after_10_s() {
+    let tree = proc_tree(&[(901, 812), (902, 812), (903, 901)]);
+    let busy: &[(usize, u32, &str, &[&str])] = &[
+        (1, 901, "pt_data_worker", AUGMENT),
+        (2, 902, "pt_data_worker", AUGMENT),
+        (3, 903, "pt_data_worker", AUGMENT),
+    ];
+    assert!(run(tree.path(), 9, &[gpu(20.0, &[812], 0)], busy).is_empty(), "not before 10 s");
+    let a = run(tree.path(), 10, &[gpu(20.0, &[812], 0)], busy);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuStarved);
+    assert_eq!(a[0].subject.as_deref(), Some("gpu0"));
+    assert!(a[0].summary.starts_with("GPU 0 (NVIDIA H100) 20 % busy for 10 s"), "{}", a[0].summary);
+    assert!(a[0].summary.contains("kept 3 CPU(s) busy"), "{}", a[0].summary);
+    assert!(a[0].summary.contains("100 % in augment (dataset.py:14)"), "{}", a[0].summary);
+    assert_eq!(a[0].evidence["busy_cpus"], json!([1, 2, 3]));
+    assert_eq!(a[0].evidence["processes"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn a_busy_gpu_an_unheld_gpu_or_strangers_saturating_cpus_raise_nothing() {
+    let tree = proc_tree(&[(901, 812), (777, 1)]);
+    let workers: &[(usize, u32, &str, &[&str])] = &[(1, 901, "pt_data_worker", AUGMENT)];
+    assert!(run(tree.path(), 15, &[gpu(95.0, &[812], 0)], workers).is_empty(), "GPU busy");
+    assert!(run(tree.path(), 15, &[gpu(20.0, &[], 0)], workers).is_empty(), "nobody holds the GPU");
+    let stranger: &[(usize, u32, &str, &[&str])] = &[(1, 777, "cc1", &["main"])];
+    assert!(run(tree.path(), 15, &[gpu(20.0, &[812], 0)], stranger).is_empty(), "not the GPU's feeders");
+    let idle_gpu: &[GpuSecond] = &[GpuSecond { util: None, ..gpu(0.0, &[812], 0) }];
+    assert!(run(tree.path(), 15, idle_gpu, workers).is_empty(), "no utilisation read");
+}
+
+#[test]
+fn the_holder_itself_saturating_a_core_is_launch_bound() {
+    let tree = proc_tree(&[]);
+    let main: &[(usize, u32, &str, &[&str])] =
+        &[(0, 812, "python3", &["_start", "train_step (train.py:40)", "cudaLaunchKernel"])];
+    let a = run(tree.path(), 10, &[gpu(30.0, &[812], 0)], main);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuLaunchBound);
+    assert!(a[0].summary.contains("python3 (pid 812) kept a core busy itself"), "{}", a[0].summary);
+    assert!(a[0].summary.contains("train_step (train.py:40)"), "{}", a[0].summary);
+}
+
+#[test]
+fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
+    let tree = proc_tree(&[]);
+    let a = run(tree.path(), 10, &[gpu(97.0, &[812], 8)], &[]);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuThrottled);
+    assert!(a[0].summary.contains("software power cap"), "{}", a[0].summary);
+    // The H100 of BENCHMARKS.md at its 700 W cap: 1375 MHz against 1980.
+    let mut d = GpuDetect::default();
+    let inv = inventory();
+    let free = [gpu(50.0, &[812], 0)];
+    d.evaluate(&second(0, &[]), &Input { gpus: &free, inventory: &inv, proc: tree.path() }, M, &Thresholds::default());
+    let held = [gpu(97.0, &[812], 9)];
+    let mut out = Vec::new();
+    for s in 1..=10 {
+        out = d.evaluate(
+            &second(s, &[]),
+            &Input { gpus: &held, inventory: &inv, proc: tree.path() },
+            M,
+            &Thresholds::default(),
+        );
+    }
+    assert!(out[0].summary.contains("SM clock 1375 MHz against 1980 MHz at best"), "{}", out[0].summary);
+    assert!(run(tree.path(), 10, &[gpu(97.0, &[812], 3)], &[]).is_empty(), "a few slowed polls are not throttling");
+    let mut d = GpuDetect::default();
+    let inv = inventory();
+    for s in 0..12 {
+        let g = [gpu(97.0, &[812], if s == 6 { 0 } else { 9 })];
+        let out = d.evaluate(
+            &second(s, &[]),
+            &Input { gpus: &g, inventory: &inv, proc: tree.path() },
+            M,
+            &Thresholds::default(),
+        );
+        assert!(out.is_empty(), "second {s}: the run restarted at 7");
+    }
+}
+
+#[test]
+fn init_holding_a_gpu_does_not_make_every_process_its_feeder() {
+    let tree = proc_tree(&[(777, 1), (778, 777)]);
+    let busy: &[(usize, u32, &str, &[&str])] = &[(1, 778, "cc1", &["main"]), (2, 777, "make", &["main"])];
+    assert!(run(tree.path(), 15, &[gpu(20.0, &[1], 0)], busy).is_empty());
+}

@@ -1,0 +1,223 @@
+//! NVML through `nvml-wrapper`, which opens the library by path at run time (libloading) and
+//! turns a missing symbol into an error rather than a crash: the daemon builds and runs on
+//! nodes without NVIDIA's driver, and tests load a stand-in library by the same path.
+//!
+//! Any call may be missing (an older driver), unsupported (a GPU, a MIG slice) or refused: such
+//! a call is noted once per GPU and not made again (its track is absent); a transient failure
+//! (a GPU fallen off the bus) skips only that poll's value.
+
+use std::{collections::BTreeSet, ffi::OsStr};
+
+use nvml_wrapper::{
+    Nvml,
+    enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor},
+    enums::device::UsedGpuMemory,
+    error::NvmlError,
+};
+
+use super::{GpuError, GpuInfo, Holder, Inventory, Reading};
+
+/// Processes listed per GPU at most (a read allocates for each; the rest are not named).
+pub const MAX_HOLDERS: usize = 64;
+
+pub struct Source {
+    nvml: Nvml,
+    count: u32,
+    /// (GPU index, call) pairs that failed for good: not called again.
+    dead: BTreeSet<(u32, &'static str)>,
+    /// Per GPU: the newest per-process sample's time (NVML returns those after it).
+    last_process_ts: Vec<u64>,
+    /// Per GPU: what the last slow read found (processes, ECC counts), repeated in the polls
+    /// between, so that their tracks do not flicker.
+    slow: Vec<Slow>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Slow {
+    mem_clock_mhz: Option<f64>,
+    temp_c: Option<f64>,
+    mem_used_mib: Option<f64>,
+    mem_total_mib: Option<f64>,
+    pcie_rx_mbps: Option<f64>,
+    pcie_tx_mbps: Option<f64>,
+    holders: Option<Vec<Holder>>,
+    ecc_corrected: Option<f64>,
+    ecc_uncorrected: Option<f64>,
+}
+
+/// Whether an error means the call will never work here (rather than this once).
+fn permanent(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported
+            | NvmlError::FunctionNotFound
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::NoPermission
+            | NvmlError::InvalidArg
+    )
+}
+
+impl Source {
+    /// Loads the library at `path` and starts it.
+    pub fn open(path: &str) -> Result<Self, GpuError> {
+        let nvml = Nvml::builder().lib_path(OsStr::new(path)).init().map_err(|e| match e {
+            NvmlError::LibloadingError(l) => GpuError::Load { path: path.into(), why: l.to_string() },
+            NvmlError::FailedToLoadSymbol(s) => GpuError::Load { path: path.into(), why: s },
+            e => GpuError::Init { path: path.into(), why: e.to_string() },
+        })?;
+        let count = nvml.device_count().map_err(|e| GpuError::Init { path: path.into(), why: e.to_string() })?;
+        Ok(Self {
+            nvml,
+            count,
+            dead: BTreeSet::new(),
+            last_process_ts: vec![0; count as usize],
+            slow: vec![Slow::default(); count as usize],
+        })
+    }
+
+    /// Calls `f` unless it failed for good on this GPU before; remembers a permanent failure.
+    fn call<T>(
+        dead: &mut BTreeSet<(u32, &'static str)>,
+        gpu: u32,
+        what: &'static str,
+        f: impl FnOnce() -> Result<T, NvmlError>,
+    ) -> Option<T> {
+        if dead.contains(&(gpu, what)) {
+            return None;
+        }
+        match f() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                if permanent(&e) {
+                    tracing::info!(gpu, call = what, error = %e, "NVML call not available on this GPU; its track is skipped");
+                    dead.insert((gpu, what));
+                }
+                None
+            }
+        }
+    }
+
+    /// The GPUs, their names and where they sit.
+    pub fn inventory(&mut self, library: &str, irqs: &crate::collect::irqs::Placement) -> Inventory {
+        let driver = self.nvml.sys_driver_version().ok();
+        let mut gpus = Vec::new();
+        for index in 0..self.count {
+            let Ok(d) = self.nvml.device_by_index(index) else { continue };
+            let dead = &mut self.dead;
+            let model = Self::call(dead, index, "name", || d.name()).unwrap_or_default();
+            let uuid = Self::call(dead, index, "uuid", || d.uuid()).unwrap_or_default();
+            let bus_id = Self::call(dead, index, "pci_info", || d.pci_info()).map(|p| p.bus_id).unwrap_or_default();
+            let affinity = || {
+                let words = Self::call(dead, index, "cpu_affinity", || d.cpu_affinity(16)).unwrap_or_default();
+                let bits = std::ffi::c_ulong::BITS as usize;
+                let cpus = words
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(w, &m)| (0..bits).filter(move |b| m >> b & 1 == 1).map(move |b| (w * bits + b) as u32));
+                cpus.collect()
+            };
+            let local_cpus = super::inventory::local_cpus(&bus_id).unwrap_or_else(affinity);
+            let short = super::inventory::short_bus_id(&bus_id);
+            let mut irq_cpus: Vec<u32> = irqs
+                .irqs
+                .iter()
+                .filter(|i| short.is_some() && super::inventory::short_bus_id(&i.device) == short)
+                .flat_map(|i| i.cpus.iter().copied())
+                .collect();
+            irq_cpus.sort_unstable();
+            irq_cpus.dedup();
+            gpus.push(GpuInfo { index, model, uuid, bus_id, local_cpus, irq_cpus });
+        }
+        let unavailable = gpus.is_empty().then(|| format!("{library} loaded, but it lists no GPU"));
+        Inventory { library: library.into(), unavailable, driver, gpus, unsupported: self.unsupported() }
+    }
+
+    /// Calls that failed for good, as `gpu N: call`.
+    pub fn unsupported(&self) -> Vec<String> {
+        self.dead.iter().map(|(g, c)| format!("gpu {g}: {c}")).collect()
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// One read of every GPU. Each NVML call costs: on an H100 (driver 580) a poll of all of them
+    /// took 1.7 ms of CPU, 1.7 % of a core at 10 polls a second (BENCHMARKS.md). So every poll
+    /// reads what the detectors and the page follow closely (utilisation, SM clock, clock-event
+    /// reasons, power); `slow` (the poller's first poll of each second) also reads what moves
+    /// slowly or costs more (memory clock, temperature, memory, PCIe, ECC, processes), and the
+    /// polls between repeat it.
+    pub fn read(&mut self, slow: bool) -> Vec<Reading> {
+        let mut out = Vec::with_capacity(self.count as usize);
+        for index in 0..self.count {
+            let Ok(d) = self.nvml.device_by_index(index) else { continue };
+            let dead = &mut self.dead;
+            let mut r = Reading { index, ..Default::default() };
+            if let Some(u) = Self::call(dead, index, "utilization_rates", || d.utilization_rates()) {
+                r.util = Some(f64::from(u.gpu));
+                r.mem_util = Some(f64::from(u.memory));
+            }
+            r.sm_clock_mhz = Self::call(dead, index, "clock_info(sm)", || d.clock_info(Clock::SM)).map(f64::from);
+            r.clock_events =
+                Self::call(dead, index, "current_throttle_reasons", || d.current_throttle_reasons()).map(|b| b.bits());
+            r.power_w = Self::call(dead, index, "power_usage", || d.power_usage()).map(|mw| f64::from(mw) / 1000.0);
+            if slow {
+                let s = &mut self.slow[index as usize];
+                s.mem_clock_mhz =
+                    Self::call(dead, index, "clock_info(mem)", || d.clock_info(Clock::Memory)).map(f64::from);
+                s.temp_c =
+                    Self::call(dead, index, "temperature", || d.temperature(TemperatureSensor::Gpu)).map(f64::from);
+                let mem = Self::call(dead, index, "memory_info", || d.memory_info());
+                s.mem_used_mib = mem.as_ref().map(|m| m.used as f64 / 1048576.0);
+                s.mem_total_mib = mem.as_ref().map(|m| m.total as f64 / 1048576.0);
+                // KB/s in NVML; MB/s here.
+                let pcie = |c| d.pcie_throughput(c).map(|kb| f64::from(kb) / 1000.0);
+                s.pcie_rx_mbps = Self::call(dead, index, "pcie_throughput(rx)", || pcie(PcieUtilCounter::Receive));
+                s.pcie_tx_mbps = Self::call(dead, index, "pcie_throughput(tx)", || pcie(PcieUtilCounter::Send));
+                let ecc = |t| d.total_ecc_errors(t, EccCounter::Volatile).map(|n| n as f64);
+                let slow = &mut self.slow[index as usize];
+                slow.ecc_corrected = Self::call(dead, index, "ecc(corrected)", || ecc(MemoryError::Corrected));
+                slow.ecc_uncorrected = Self::call(dead, index, "ecc(uncorrected)", || ecc(MemoryError::Uncorrected));
+                let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
+                let since = self.last_process_ts[index as usize];
+                let samples =
+                    Self::call(dead, index, "process_utilization_stats", || d.process_utilization_stats(since));
+                if let Some(s) = &samples {
+                    let newest = s.iter().map(|p| p.timestamp).max().unwrap_or(since);
+                    self.last_process_ts[index as usize] = newest;
+                }
+                self.slow[index as usize].holders = procs.map(|mut procs| {
+                    procs.truncate(MAX_HOLDERS);
+                    procs
+                        .into_iter()
+                        .map(|p| Holder {
+                            pid: p.pid,
+                            mem_mib: match p.used_gpu_memory {
+                                UsedGpuMemory::Used(b) => Some(b as f64 / 1048576.0),
+                                UsedGpuMemory::Unavailable => None,
+                            },
+                            sm_util: samples.as_ref().and_then(|s| {
+                                s.iter()
+                                    .filter(|x| x.pid == p.pid)
+                                    .max_by_key(|x| x.timestamp)
+                                    .map(|x| f64::from(x.sm_util))
+                            }),
+                        })
+                        .collect()
+                });
+            }
+            let slow = &self.slow[index as usize];
+            r.mem_clock_mhz = slow.mem_clock_mhz;
+            r.temp_c = slow.temp_c;
+            r.mem_used_mib = slow.mem_used_mib;
+            r.mem_total_mib = slow.mem_total_mib;
+            r.pcie_rx_mbps = slow.pcie_rx_mbps;
+            r.pcie_tx_mbps = slow.pcie_tx_mbps;
+            r.holders = slow.holders.clone();
+            r.ecc_corrected = slow.ecc_corrected;
+            r.ecc_uncorrected = slow.ecc_uncorrected;
+            out.push(r);
+        }
+        out
+    }
+}

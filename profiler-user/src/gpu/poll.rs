@@ -1,0 +1,293 @@
+//! The GPU poller: its own thread, every `interval` (100 ms by default) on the wall clock's
+//! multiples, reads every GPU (`nvml`), appends the readings to the store as counter tracks
+//! (`gpu.<index>.<quantity>`), and shares the latest reading and one summary per second.
+//! Its own CPU per second is a track too (`profiler.gpu_poll_cpu`, µs) and on `/metrics`.
+//!
+//! Memory is bounded whatever runs on the GPUs: one reading per GPU, [`super::SECONDS_KEPT`]
+//! seconds of summaries, at most [`super::nvml::MAX_HOLDERS`] processes a GPU.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use super::{GpuSecond, Inventory, Reading, SECONDS_KEPT, SLOWDOWN_REASONS, Shared, nvml::Source};
+use crate::{
+    collect::counters::{Point, thread_cpu},
+    store::{counters::CountersWriter, format::NS_PER_SEC},
+    timespec::now_ns,
+};
+
+/// Intervals `[gpu] poll_ms` accepts: NVML's utilisation is itself an average over 1/6 s to 1 s,
+/// and faster polls only cost CPU; slower than 10 s misses the detectors' windows.
+pub const POLL_MS: std::ops::RangeInclusive<u64> = 10..=10_000;
+
+pub struct Poller {
+    pub data_dir: PathBuf,
+    pub stop: Arc<AtomicBool>,
+    pub interval: Duration,
+    /// The library's file name or path.
+    pub library: String,
+    pub shared: Shared,
+}
+
+impl Poller {
+    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new().name("gpu".into()).spawn(move || self.run())
+    }
+
+    /// Opens the library and lists the GPUs; `None` (said once, in the log and `gpus.json`)
+    /// when there is nothing to poll.
+    fn open(&self) -> Option<Source> {
+        let unavailable = |why: String| {
+            tracing::info!("no GPU tracks: {why}");
+            let inv = Inventory { library: self.library.clone(), unavailable: Some(why), ..Default::default() };
+            self.publish(inv);
+        };
+        let mut source = match Source::open(&self.library) {
+            Ok(s) => s,
+            Err(e) => {
+                unavailable(e.to_string());
+                return None;
+            }
+        };
+        let inv = source.inventory(&self.library, &crate::collect::irqs::Placement::read());
+        if let Some(why) = inv.unavailable.clone() {
+            unavailable(why);
+            return None;
+        }
+        let models: Vec<String> = inv.gpus.iter().map(|g| format!("{} {}", g.index, g.model)).collect();
+        tracing::info!(
+            library = %self.library,
+            driver = inv.driver.as_deref().unwrap_or("unknown"),
+            interval_ms = self.interval.as_millis() as u64,
+            "GPU tracks: {} GPU(s): {}",
+            inv.gpus.len(),
+            models.join(", ")
+        );
+        self.publish(inv);
+        Some(source)
+    }
+
+    fn publish(&self, inv: Inventory) {
+        if let Err(e) = inv.write(&self.data_dir) {
+            tracing::warn!(error = %e, "the GPU list will not show in profiler status");
+        }
+        self.shared.lock().unwrap_or_else(|p| p.into_inner()).inventory = inv;
+    }
+
+    fn run(self) {
+        let Some(mut source) = self.open() else { return };
+        // Two files a minute: what every poll reads, and what is read once a second. A reader
+        // gives every track a point at each tick of its file, so the slow tracks in the fast
+        // file would be ten times the points (an 8-GPU hour past `/api/counters`' bound).
+        let writers = CountersWriter::stream(&self.data_dir, "gpu")
+            .and_then(|fast| Ok((fast, CountersWriter::stream(&self.data_dir, "gpuslow")?)));
+        let (mut fast_writer, mut slow_writer) = match writers {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(error = %e, "GPU tracks will not be recorded");
+                return;
+            }
+        };
+        let step = self.interval.as_nanos().max(1) as u64;
+        let mut acc = Seconds::default();
+        let mut unsupported = source.unsupported().len();
+        let (mut second_cpu, mut failing) = (0.0, false);
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
+            let ts_ns = now_ns();
+            let cpu_before = thread_cpu();
+            // The first poll of each second also reads processes and ECC counts.
+            let slow = acc.second != ts_ns / NS_PER_SEC;
+            let readings = source.read(slow);
+            let (fast, mut slow_points) = points(&readings);
+            let mut written = fast_writer.append(ts_ns, &fast);
+            if slow {
+                if acc.second != 0 {
+                    slow_points.push(Point {
+                        name: "profiler.gpu_poll_cpu".into(),
+                        cpu: None,
+                        unit: "us".into(),
+                        value: second_cpu * 1e6,
+                    });
+                }
+                second_cpu = 0.0;
+                written = written.and(slow_writer.append(ts_ns, &slow_points));
+            }
+            match written {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "cannot write GPU tracks; retrying at each poll");
+                }
+                Err(_) => {}
+            }
+            let done = acc.add(ts_ns, &readings);
+            let cost = (thread_cpu() - cpu_before).as_secs_f64();
+            second_cpu += cost;
+            let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            s.latest = readings;
+            s.polls += 1;
+            s.poll_cpu_seconds += cost;
+            if let Some(done) = done {
+                s.seconds.push_back(done);
+                while s.seconds.len() > SECONDS_KEPT {
+                    s.seconds.pop_front();
+                }
+            }
+            // A call found unsupported after the start: status says so.
+            if source.unsupported().len() != unsupported {
+                unsupported = source.unsupported().len();
+                s.inventory.unsupported = source.unsupported();
+                let inv = s.inventory.clone();
+                drop(s);
+                let _ = inv.write(&self.data_dir);
+            }
+        }
+    }
+}
+
+/// The tracks of one poll: (read every poll, read once a second).
+pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
+    let (mut fast, mut out) = (Vec::with_capacity(readings.len() * 5), Vec::with_capacity(readings.len() * 12));
+    for r in readings {
+        let point = |what: &str, unit: &str, value: f64| Point {
+            name: format!("gpu.{}.{what}", r.index),
+            cpu: None,
+            unit: unit.into(),
+            value,
+        };
+        let mut every = |what: &str, unit: &str, v: Option<f64>| fast.extend(v.map(|v| point(what, unit, v)));
+        every("util", "%", r.util);
+        every("mem_util", "%", r.mem_util);
+        every("sm_clock_mhz", "MHz", r.sm_clock_mhz);
+        every("clock_events", "bits", r.clock_events.map(|b| b as f64));
+        every("power_w", "W", r.power_w);
+        let mut put = |what: &str, unit: &str, v: Option<f64>| out.extend(v.map(|v| point(what, unit, v)));
+        put("mem_clock_mhz", "MHz", r.mem_clock_mhz);
+        put("temp_c", "C", r.temp_c);
+        put("mem_used_mib", "MiB", r.mem_used_mib);
+        put("mem_total_mib", "MiB", r.mem_total_mib);
+        put("pcie_rx_mbps", "MB/s", r.pcie_rx_mbps);
+        put("pcie_tx_mbps", "MB/s", r.pcie_tx_mbps);
+        put("ecc_corrected", "errors", r.ecc_corrected);
+        put("ecc_uncorrected", "errors", r.ecc_uncorrected);
+        if let Some(holders) = &r.holders {
+            put("processes", "processes", Some(holders.len() as f64));
+            for h in holders {
+                put(&format!("pid.{}.sm_util", h.pid), "%", h.sm_util);
+                put(&format!("pid.{}.mem_mib", h.pid), "MiB", h.mem_mib);
+            }
+        }
+    }
+    (fast, out)
+}
+
+/// Folds the polls of each wall-clock second into one summary per GPU.
+#[derive(Debug, Default)]
+pub struct Seconds {
+    /// The unix second being summed (0: none yet).
+    pub second: u64,
+    per: Vec<(GpuSecond, f64, u32)>,
+    /// Per GPU (by position in `per`): the SM clock's sum and count this second.
+    clocks: Vec<(f64, u32)>,
+}
+
+impl Seconds {
+    /// Adds a poll; returns the summary of the second before when this poll begins a new one.
+    pub fn add(&mut self, ts_ns: u64, readings: &[Reading]) -> Option<(u64, Vec<GpuSecond>)> {
+        let second = ts_ns / NS_PER_SEC;
+        let mut done = None;
+        if second != self.second {
+            if self.second != 0 {
+                let per = std::mem::take(&mut self.per);
+                let clocks = std::mem::take(&mut self.clocks);
+                let summary = per
+                    .into_iter()
+                    .zip(clocks)
+                    .map(|((mut g, sum, n), (clock, m))| {
+                        g.util = (n > 0).then(|| sum / f64::from(n));
+                        g.sm_clock_mhz = (m > 0).then(|| clock / f64::from(m));
+                        g
+                    })
+                    .collect();
+                done = Some((self.second * NS_PER_SEC, summary));
+            }
+            self.second = second;
+            self.per.clear();
+            self.clocks.clear();
+        }
+        for r in readings {
+            let at = match self.per.iter().position(|(g, _, _)| g.index == r.index) {
+                Some(i) => i,
+                None => {
+                    self.per.push((GpuSecond { index: r.index, ..Default::default() }, 0.0, 0));
+                    self.clocks.push((0.0, 0));
+                    self.per.len() - 1
+                }
+            };
+            let (g, sum, n) = &mut self.per[at];
+            g.polls += 1;
+            if let Some(u) = r.util {
+                *sum += u;
+                *n += 1;
+            }
+            if let Some(c) = r.sm_clock_mhz {
+                self.clocks[at].0 += c;
+                self.clocks[at].1 += 1;
+            }
+            let reasons = r.clock_events.unwrap_or(0);
+            g.reasons |= reasons;
+            g.slowed_polls += u32::from(reasons & SLOWDOWN_REASONS != 0);
+            if let Some(h) = &r.holders {
+                g.holders = h.iter().map(|h| h.pid).collect();
+            }
+        }
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Holder;
+
+    fn reading(util: f64, reasons: u64) -> Reading {
+        Reading {
+            index: 0,
+            util: Some(util),
+            clock_events: Some(reasons),
+            holders: Some(vec![Holder { pid: 812, mem_mib: Some(1024.0), sm_util: Some(30.0) }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn polls_fold_into_one_summary_per_second() {
+        let mut s = Seconds::default();
+        let t = 1_795_000_000 * NS_PER_SEC;
+        assert_eq!(s.add(t, &[reading(20.0, 0)]), None);
+        assert_eq!(s.add(t + 100_000_000, &[reading(40.0, 0x4)]), None);
+        let (start, done) = s.add(t + NS_PER_SEC, &[reading(90.0, 0)]).expect("the second ended");
+        assert_eq!(start, t);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].util, Some(30.0));
+        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (2, 1, 0x4));
+        assert_eq!(done[0].holders, vec![812]);
+        assert_eq!(done[0].sm_clock_mhz, None, "not read");
+    }
+
+    #[test]
+    fn tracks_say_gpu_and_quantity_and_skip_what_was_not_read() {
+        let (fast, slow) = points(&[reading(20.0, 0)]);
+        let names = |p: &[Point]| p.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&fast), ["gpu.0.util", "gpu.0.clock_events"]);
+        assert_eq!(names(&slow), ["gpu.0.processes", "gpu.0.pid.812.sm_util", "gpu.0.pid.812.mem_mib"]);
+        assert!(fast.iter().chain(&slow).all(|p| p.cpu.is_none()));
+    }
+}

@@ -1,0 +1,106 @@
+//! `/metrics` for the GPUs: the poller's latest reading as gauges labelled `gpu`, `uuid` and
+//! `model`, and what the polling costs (like the kernel counters' own CPU track).
+
+use std::fmt::Write;
+
+use super::metrics::escape_label;
+use crate::gpu::{Reading, State};
+
+pub fn render(s: &State) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, v) in values {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let up = s.inventory.unavailable.is_none() && !s.inventory.gpus.is_empty();
+    family(
+        "profiler_gpus",
+        "gauge",
+        "GPUs NVIDIA's management library lists (0: no library, no GPU, or not yet read).",
+        vec![(String::new(), if up { s.inventory.gpus.len() as f64 } else { 0.0 })],
+    );
+    family(
+        "profiler_gpu_polls_total",
+        "counter",
+        "Reads of every GPU since the start.",
+        vec![(String::new(), s.polls as f64)],
+    );
+    family(
+        "profiler_gpu_poll_cpu_seconds_total",
+        "counter",
+        "CPU time the GPU poller spent reading NVML and writing the GPU tracks.",
+        vec![(String::new(), s.poll_cpu_seconds)],
+    );
+    let labels = |r: &Reading| {
+        let g = s.inventory.gpus.iter().find(|g| g.index == r.index);
+        let (uuid, model) = g.map_or(("", ""), |g| (g.uuid.as_str(), g.model.as_str()));
+        format!("{{gpu=\"{}\",uuid=\"{}\",model=\"{}\"}}", r.index, escape_label(uuid), escape_label(model))
+    };
+    type Get = fn(&Reading) -> Option<f64>;
+    let gauges: [(&str, &str, Get); 13] = [
+        ("profiler_gpu_utilization_percent", "Share of the last sample period a kernel ran on the GPU.", |r| r.util),
+        (
+            "profiler_gpu_memory_utilization_percent",
+            "Share of the last sample period memory was read or written.",
+            |r| r.mem_util,
+        ),
+        ("profiler_gpu_sm_clock_mhz", "SM clock.", |r| r.sm_clock_mhz),
+        ("profiler_gpu_memory_clock_mhz", "Memory clock.", |r| r.mem_clock_mhz),
+        ("profiler_gpu_clock_event_reasons", "Why the clocks are held down (NVML's bitmask).", |r| {
+            r.clock_events.map(|b| b as f64)
+        }),
+        ("profiler_gpu_power_watts", "Power draw.", |r| r.power_w),
+        ("profiler_gpu_temperature_celsius", "GPU temperature.", |r| r.temp_c),
+        ("profiler_gpu_memory_used_bytes", "GPU memory in use.", |r| r.mem_used_mib.map(|m| m * 1048576.0)),
+        ("profiler_gpu_memory_total_bytes", "GPU memory.", |r| r.mem_total_mib.map(|m| m * 1048576.0)),
+        ("profiler_gpu_pcie_rx_bytes_per_second", "PCIe traffic into the GPU.", |r| r.pcie_rx_mbps.map(|m| m * 1e6)),
+        ("profiler_gpu_pcie_tx_bytes_per_second", "PCIe traffic out of the GPU.", |r| r.pcie_tx_mbps.map(|m| m * 1e6)),
+        ("profiler_gpu_ecc_errors", "Volatile uncorrected ECC errors.", |r| r.ecc_uncorrected),
+        ("profiler_gpu_processes", "Processes holding a compute context on the GPU.", |r| {
+            r.holders.as_ref().map(|h| h.len() as f64)
+        }),
+    ];
+    for (name, help, get) in gauges {
+        let values: Vec<(String, f64)> = s.latest.iter().filter_map(|r| Some((labels(r), get(r)?))).collect();
+        if !values.is_empty() {
+            family(name, "gauge", help, values);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{GpuInfo, Inventory};
+
+    #[test]
+    fn gauges_carry_gpu_uuid_and_model_and_skip_what_was_not_read() {
+        let s = State {
+            inventory: Inventory {
+                gpus: vec![GpuInfo {
+                    index: 0,
+                    model: "NVIDIA \"H100\"".into(),
+                    uuid: "GPU-1".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            latest: vec![Reading { index: 0, util: Some(31.0), ..Default::default() }],
+            polls: 7,
+            ..Default::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("profiler_gpus 1\n"), "{text}");
+        assert!(text.contains("profiler_gpu_polls_total 7\n"));
+        assert!(
+            text.contains(
+                "profiler_gpu_utilization_percent{gpu=\"0\",uuid=\"GPU-1\",model=\"NVIDIA \\\"H100\\\"\"} 31\n"
+            )
+        );
+        assert!(!text.contains("profiler_gpu_power_watts"), "{text}");
+    }
+}

@@ -1,0 +1,278 @@
+/*
+ * A stand-in for NVIDIA's management library (libnvidia-ml.so.1), for tests on machines
+ * without a GPU: it exports the NVML functions the profiler's daemon calls (through
+ * nvml-wrapper) and answers from a text file the test writes, read again at every call, so a
+ * test can change what the "GPU" says while the daemon runs. Only this library is stood in
+ * for: the processes, CPUs and kernel of a test are real.
+ *
+ * Built by the tests: gcc -shared -fPIC -DSTANDIN_FILE='"PATH"' [-DHALF] -o libnvidia-ml.so.1
+ * HALF leaves out about half the functions (power, temperature, memory, PCIe, ECC, clocks,
+ * clock events, per-process utilisation, CPU affinity): a driver that lacks them.
+ *
+ * The file, one fact a line (a missing fact: NVML_ERROR_NOT_SUPPORTED):
+ *   gpus 1
+ *   driver 580.159.04
+ *   0 name NVIDIA H100 80GB HBM3
+ *   0 uuid GPU-...
+ *   0 bus 00000000:3B:00.0
+ *   0 util 37            0 mem_util 12
+ *   0 sm_clock 1980      0 mem_clock 2619      0 reasons 4
+ *   0 power_mw 350000    0 temp 55
+ *   0 mem_total 85899345920   0 mem_used 1073741824
+ *   0 pcie_rx 1000       0 pcie_tx 2000       (KB/s)
+ *   0 ecc_corrected 3    0 ecc_uncorrected 0
+ *   0 procs 812:1073741824,901:0    (pid:bytes, comma separated)
+ *   0 proc_util 812:30
+ *   0 affinity 3         (a CPU mask)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <time.h>
+
+#ifndef STANDIN_FILE
+#error "build with -DSTANDIN_FILE='\"/path/of/the/file\"'"
+#endif
+
+#define OK 0
+#define INVALID_ARGUMENT 2
+#define NOT_SUPPORTED 3
+#define NOT_FOUND 6
+#define INSUFFICIENT_SIZE 7
+
+typedef struct device *nvmlDevice_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+/* The value of `key` (for GPU `gpu`, or global when gpu < 0) into out; 0 when found. */
+static int fact(int gpu, const char *key, char *out, size_t len) {
+    FILE *f = fopen(STANDIN_FILE, "r");
+    if (!f) return -1;
+    char line[1024], want[128];
+    if (gpu >= 0) snprintf(want, sizeof want, "%d %s ", gpu, key);
+    else snprintf(want, sizeof want, "%s ", key);
+    int found = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, want, strlen(want)) == 0) {
+            char *v = line + strlen(want);
+            v[strcspn(v, "\n")] = 0;
+            snprintf(out, len, "%s", v);
+            found = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static int number(int gpu, const char *key, unsigned long long *out) {
+    char v[256];
+    if (fact(gpu, key, v, sizeof v) != 0) return NOT_SUPPORTED;
+    *out = strtoull(v, NULL, 0);
+    return OK;
+}
+
+static int index_of(nvmlDevice_t d) { return (int)((uintptr_t)d - 1); }
+
+static int text(nvmlDevice_t d, const char *key, char *out, unsigned int len) {
+    char v[256];
+    if (!out) return INVALID_ARGUMENT;
+    if (fact(index_of(d), key, v, sizeof v) != 0) return NOT_SUPPORTED;
+    if (strlen(v) + 1 > len) return INSUFFICIENT_SIZE;
+    strcpy(out, v);
+    return OK;
+}
+
+/* Up to max "pid:value" pairs of `key`; returns how many there are. */
+static unsigned int pairs(int gpu, const char *key, unsigned int *pids, unsigned long long *values, unsigned int max) {
+    char v[1024];
+    if (fact(gpu, key, v, sizeof v) != 0) return 0;
+    unsigned int n = 0;
+    for (char *p = strtok(v, ","); p; p = strtok(NULL, ",")) {
+        if (n < max) {
+            pids[n] = (unsigned int)strtoul(p, NULL, 10);
+            char *colon = strchr(p, ':');
+            values[n] = colon ? strtoull(colon + 1, NULL, 10) : 0;
+        }
+        n++;
+    }
+    return n;
+}
+
+int nvmlInit_v2(void) { return OK; }
+int nvmlInitWithFlags(unsigned int flags) { (void)flags; return OK; }
+int nvmlShutdown(void) { return OK; }
+const char *nvmlErrorString(int r) { return r == OK ? "Success" : "Not Supported (stand-in)"; }
+
+int nvmlSystemGetDriverVersion(char *out, unsigned int len) {
+    char v[128];
+    if (fact(-1, "driver", v, sizeof v) != 0) return NOT_SUPPORTED;
+    snprintf(out, len, "%s", v);
+    return OK;
+}
+
+int nvmlDeviceGetCount_v2(unsigned int *count) {
+    unsigned long long n = 0;
+    number(-1, "gpus", &n);
+    *count = (unsigned int)n;
+    return OK;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *d) {
+    unsigned int n = 0;
+    nvmlDeviceGetCount_v2(&n);
+    if (index >= n) return INVALID_ARGUMENT;
+    *d = (nvmlDevice_t)(uintptr_t)(index + 1);
+    return OK;
+}
+
+int nvmlDeviceGetName(nvmlDevice_t d, char *out, unsigned int len) { return text(d, "name", out, len); }
+int nvmlDeviceGetUUID(nvmlDevice_t d, char *out, unsigned int len) { return text(d, "uuid", out, len); }
+
+int nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
+    char v[64];
+    if (fact(index_of(d), "bus", v, sizeof v) != 0) return NOT_SUPPORTED;
+    memset(p, 0, sizeof *p);
+    snprintf(p->busId, sizeof p->busId, "%.31s", v);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%.15s", v);
+    sscanf(v, "%x:%x:%x", &p->domain, &p->bus, &p->device);
+    return OK;
+}
+
+int nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    unsigned long long g, m = 0;
+    if (number(index_of(d), "util", &g) != OK) return NOT_SUPPORTED;
+    number(index_of(d), "mem_util", &m);
+    u->gpu = (unsigned int)g;
+    u->memory = (unsigned int)m;
+    return OK;
+}
+
+int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    unsigned int pids[64];
+    unsigned long long bytes[64];
+    unsigned int n = pairs(index_of(d), "procs", pids, bytes, 64);
+    if (n > 64) n = 64;
+    if (!infos || *count < n) {
+        *count = n;
+        return n == 0 ? OK : INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        memset(&infos[i], 0, sizeof infos[i]);
+        infos[i].pid = pids[i];
+        infos[i].usedGpuMemory = bytes[i];
+        infos[i].gpuInstanceId = 0xFFFFFFFF;
+        infos[i].computeInstanceId = 0xFFFFFFFF;
+    }
+    *count = n;
+    return OK;
+}
+
+#ifndef HALF
+int nvmlDeviceGetCpuAffinity(nvmlDevice_t d, unsigned int size, unsigned long *set) {
+    unsigned long long mask;
+    if (number(index_of(d), "affinity", &mask) != OK) return NOT_SUPPORTED;
+    memset(set, 0, size * sizeof *set);
+    if (size > 0) set[0] = (unsigned long)mask;
+    return OK;
+}
+
+int nvmlDeviceGetClockInfo(nvmlDevice_t d, int type, unsigned int *mhz) {
+    unsigned long long v;
+    /* NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 */
+    const char *key = type == 1 ? "sm_clock" : type == 2 ? "mem_clock" : NULL;
+    if (!key || number(index_of(d), key, &v) != OK) return NOT_SUPPORTED;
+    *mhz = (unsigned int)v;
+    return OK;
+}
+
+int nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *reasons) {
+    return number(index_of(d), "reasons", reasons);
+}
+
+int nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
+    unsigned long long v;
+    int r = number(index_of(d), "power_mw", &v);
+    *mw = (unsigned int)v;
+    return r;
+}
+
+int nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *c) {
+    unsigned long long v;
+    if (sensor != 0 || number(index_of(d), "temp", &v) != OK) return NOT_SUPPORTED;
+    *c = (unsigned int)v;
+    return OK;
+}
+
+int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    unsigned long long total, used = 0;
+    if (number(index_of(d), "mem_total", &total) != OK) return NOT_SUPPORTED;
+    number(index_of(d), "mem_used", &used);
+    m->total = total;
+    m->used = used;
+    m->free = total > used ? total - used : 0;
+    m->reserved = 0;
+    return OK;
+}
+
+int nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsigned int *kbs) {
+    unsigned long long v;
+    /* NVML_PCIE_UTIL_TX_BYTES = 0, NVML_PCIE_UTIL_RX_BYTES = 1 */
+    if (number(index_of(d), counter == 0 ? "pcie_tx" : "pcie_rx", &v) != OK) return NOT_SUPPORTED;
+    *kbs = (unsigned int)v;
+    return OK;
+}
+
+int nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int type, int counter, unsigned long long *n) {
+    (void)counter;
+    return number(index_of(d), type == 0 ? "ecc_corrected" : "ecc_uncorrected", n);
+}
+
+int nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *count,
+                                    unsigned long long last_seen) {
+    (void)last_seen;
+    unsigned int pids[64];
+    unsigned long long util[64];
+    unsigned int n = pairs(index_of(d), "proc_util", pids, util, 64);
+    if (n > 64) n = 64;
+    if (n == 0) return NOT_FOUND;
+    if (!s || *count < n) {
+        *count = n;
+        return INSUFFICIENT_SIZE;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (unsigned int i = 0; i < n; i++) {
+        memset(&s[i], 0, sizeof s[i]);
+        s[i].pid = pids[i];
+        s[i].timeStamp = (unsigned long long)ts.tv_sec * 1000000ULL + ts.tv_nsec / 1000;
+        s[i].smUtil = (unsigned int)util[i];
+    }
+    *count = n;
+    return OK;
+}
+#endif
