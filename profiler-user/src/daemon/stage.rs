@@ -145,6 +145,10 @@ struct Stage {
     held: VecDeque<Batch>,
     /// The last tick: everything is written.
     stopping: bool,
+    /// Every sample stamped before this (wall-clock ns) has been handled: the start of the
+    /// reader's latest drain whose batches are all handled. The detectors judge a second only
+    /// once it is past (a lagging pipeline's not-yet-arrived samples are not idle CPUs).
+    arrived_ns: u64,
 }
 
 impl Stage {
@@ -177,6 +181,7 @@ impl Stage {
             next_tick: Instant::now() + fallback(config_flush),
             held: VecDeque::new(),
             stopping: false,
+            arrived_ns: 0,
         }
     }
 
@@ -191,13 +196,20 @@ impl Stage {
                 Ok(batch) => {
                     self.handle(&batch);
                     self.links.outlet.release(&batch);
+                    if let Some(at) = batch.drained_at_ns {
+                        self.arrived_ns = self.arrived_ns.max(at);
+                    }
                     if batch.flush {
                         self.tick();
                     }
                     false
                 }
                 Err(RecvTimeoutError::Timeout) => false,
-                Err(RecvTimeoutError::Disconnected) => true,
+                Err(RecvTimeoutError::Disconnected) => {
+                    // The reader drained the ring one last time and is gone: all has arrived.
+                    self.arrived_ns = now_ns();
+                    true
+                }
             };
             self.stopping = stopping;
             if stopping || Instant::now() >= self.next_tick {
@@ -299,9 +311,11 @@ impl Stage {
                 }
             }
         }
-        // Lost in userspace: the reader knows the second of each record it dropped.
+        // Lost in userspace: the reader knows the second of each record it dropped. Counted
+        // before the detectors run: the reader counts a drop before it queues the drain's end.
         let drops = self.links.drops.lock().map(|mut d| std::mem::take(&mut *d)).unwrap_or_default();
         for ((second, cpu), n) in drops.samples {
+            self.pipeline.engine.on_lost(second * 1_000_000_000, cpu, n);
             self.pipeline.writer.add_lost_at(second, cpu, n);
             self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
             self.tally.add_queue_full(cpu, n);
@@ -340,6 +354,7 @@ impl Stage {
                     let reading =
                         Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
                     for (cpu, n) in self.tally.update(&reading) {
+                        self.pipeline.engine.on_lost(now, cpu, n);
                         self.pipeline.writer.add_lost_at(now / 1_000_000_000, cpu, n);
                         self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
                         self.report.lost += n;
@@ -377,7 +392,7 @@ impl Stage {
             collector.next_epoch();
         }
         self.pipeline.offset = clock::boot_to_unix_offset();
-        changes.extend(self.pipeline.tick(now));
+        changes.extend(self.pipeline.tick(self.arrived_ns, now));
         self.flight_findings(&mut changes, now);
         super::record_findings(&changes, &self.config.data_dir);
         self.flush();
