@@ -55,7 +55,7 @@ fn processes_on_both_cpus_contending_for_one_file_lock_are_found_and_the_same_wo
     assert!(healthy.is_empty(), "the same lock work on separate files raised: {healthy:#?}");
 
     let start = now_secs();
-    let _contend = hammer("contend", 120, files.path());
+    let contend = hammer("contend", 120, files.path());
     let (f, seen) = wait_for("a lock-spinning finding", Duration::from_secs(90), || {
         lock_findings(dir).into_iter().next().map(|f| (f, now_secs()))
     });
@@ -73,5 +73,8 @@ fn processes_on_both_cpus_contending_for_one_file_lock_are_found_and_the_same_wo
     assert!(summary.contains(&format!("profiler flamegraph --around {id} --cpu")), "{summary}");
     let stacks = integration_tests::folded(dir, &["--around", id, "--cpu", &cpu]).expect("flamegraph");
     assert!(stacks.iter().any(|(s, _)| s.contains("posix_lock_inode") && s.contains(lock)), "{stacks:?}");
+    // The hammer first: under eight nice -10 processes the daemon (nice 0) gets about 1 % of
+    // the CPUs, and the seconds its pipeline is behind are handled before it exits.
+    drop(contend);
     assert!(daemon.stop().success());
 }

@@ -269,7 +269,7 @@ const ARRIVAL_SLACK_NS: u64 = 10_000_000;
 /// A second whose samples have not all arrived this long after it ended is evaluated anyway
 /// (its missing ticks counted as lost, never as idle), so that a pipeline that stopped hearing
 /// from the reader does not hold seconds without end.
-const MAX_WAIT_NS: u64 = 30 * NS_PER_SEC;
+const MAX_WAIT_NS: u64 = 60 * NS_PER_SEC;
 /// A finding closes after its condition has been false for this many evaluated seconds.
 const CLOSE_AFTER_SECS: u64 = 2;
 
