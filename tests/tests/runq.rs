@@ -132,12 +132,13 @@ fn a_machine_saturated_like_the_lock_hammer_raises_no_runq_finding() {
     let dir = data.to_str().unwrap();
     let start = now_secs();
     const SECS: f64 = 20.0;
-    let mut hammer = spawn(
-        Command::new("nice")
-            .args(["-n", "-10"])
-            .arg(bin("lock-hammer"))
-            .args(["spread", "4", &SECS.to_string(), files.path().to_str().unwrap(), "100"]),
-    );
+    let mut hammer = spawn(Command::new("nice").args(["-n", "-10"]).arg(bin("lock-hammer")).args([
+        "spread",
+        "4",
+        &SECS.to_string(),
+        files.path().to_str().unwrap(),
+        "100",
+    ]));
     assert!(hammer.0.wait().unwrap().success(), "lock-hammer");
     // Every second of the run judged: the store reaches past it (the pipeline caught up).
     wait_for_every("the store to reach past the run", Duration::from_secs(120), Duration::from_millis(500), || {

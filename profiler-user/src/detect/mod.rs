@@ -484,7 +484,8 @@ impl Engine {
         let overdue = |second: u64| (second + 1) * NS_PER_SEC + MAX_WAIT_NS <= now_ns;
         // Seconds with no sample at all still count (an idle vCPU may get no ticks).
         if let Some(last) = self.history.back().map(|s| s.start_ns / NS_PER_SEC) {
-            let ready = arrived_ns.saturating_sub(ARRIVAL_SLACK_NS).max(now_ns.saturating_sub(MAX_WAIT_NS)) / NS_PER_SEC;
+            let ready =
+                arrived_ns.saturating_sub(ARRIVAL_SLACK_NS).max(now_ns.saturating_sub(MAX_WAIT_NS)) / NS_PER_SEC;
             for second in last + 1..ready.min(last + 120) {
                 let n = self.machine.cpus as usize;
                 self.pending

@@ -130,7 +130,10 @@ fn a_second_whose_samples_never_arrive_is_judged_late_with_its_ticks_unknown() {
     e.tick(b * NS_PER_SEC, b * NS_PER_SEC);
     let mut histogram = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
     histogram[profiler_common::latency_bucket(930_000_000) as usize] = 3;
-    e.on_runq(b * NS_PER_SEC, vec![RunqCpu::default(), RunqCpu { waits: 3, histogram, max_ns: 930_000_000, waiter: None }]);
+    e.on_runq(
+        b * NS_PER_SEC,
+        vec![RunqCpu::default(), RunqCpu { waits: 3, histogram, max_ns: 930_000_000, waiter: None }],
+    );
     assert!(e.tick(b * NS_PER_SEC, (b + 50) * NS_PER_SEC).opened.is_empty());
     assert!(e.history.is_empty(), "second b judged before it was due");
     let late = e.tick(b * NS_PER_SEC, (b + 61) * NS_PER_SEC);
@@ -138,6 +141,10 @@ fn a_second_whose_samples_never_arrive_is_judged_late_with_its_ticks_unknown() {
     let judged = e.history.iter().find(|s| s.start_ns == b * NS_PER_SEC).expect("judged");
     assert_eq!(judged.cpus.iter().map(|c| c.lost).collect::<Vec<_>>(), vec![99, 99]);
     // A sample of that second arriving now is too late to count.
-    e.on_busy(b * NS_PER_SEC + 1, 0, Tick { stack: Arc::new(Stack::new(vec![], 0)), pid: 1, comm: Arc::from("x"), workload: Arc::from("") });
+    e.on_busy(
+        b * NS_PER_SEC + 1,
+        0,
+        Tick { stack: Arc::new(Stack::new(vec![], 0)), pid: 1, comm: Arc::from("x"), workload: Arc::from("") },
+    );
     assert!(e.pending.keys().all(|&k| k > b));
 }
