@@ -134,6 +134,8 @@ struct Stage {
     started: Instant,
     report: Report,
     latencies: VecDeque<u64>,
+    /// Every flush's latency since start: sum (ns) and count.
+    latency_total: (u128, u64),
     queue_full: u64,
     events_dropped: u64,
     /// Event records the kernel dropped (its `EVENTS` ring was full), since the start.
@@ -173,6 +175,7 @@ impl Stage {
             pipeline,
             started: Instant::now(),
             latencies: VecDeque::new(),
+            latency_total: (0, 0),
             queue_full: 0,
             events_dropped: 0,
             events_lost: 0,
@@ -426,6 +429,7 @@ impl Stage {
                         self.latencies.pop_front();
                     }
                     self.latencies.push_back(l);
+                    self.latency_total = (self.latency_total.0 + u128::from(l), self.latency_total.1 + 1);
                     self.report.latency_max_ns = self.report.latency_max_ns.max(l);
                 }
                 if self.write_failing {
@@ -504,6 +508,7 @@ impl Stage {
         l.events_dropped = self.events_dropped;
         l.events_lost = self.events_lost;
         l.ring_to_disk_seconds = p50.zip(max).map(|(a, b)| (a as f64 / 1e9, b as f64 / 1e9));
+        l.ring_to_disk_total = (self.latency_total.0 as f64 / 1e9, self.latency_total.1);
         l.sampled_cpus = self.collector.as_ref().map_or(0, |c| c.cpus().len() as u64);
         l.busy_share = p.engine.last_busy_shares().into_iter().collect();
         l.dying_memcgs = p.engine.zombies.series.back().map(|c| c.dying);
