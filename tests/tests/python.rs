@@ -37,15 +37,22 @@ fn run_script(exe: &Path, secs: f64) -> Run {
 /// The folded stacks of a run, once every sample of it is in the store (a debug daemon on a
 /// loaded machine is seconds behind the ring: 20 s measured under the lock hammer's load), and
 /// at least 40 % of the `secs` x 99 expected.
-fn samples_of(data: &Path, run: &Run, secs: f64) -> Vec<(String, u64)> {
+fn samples_of(data: &Path, daemon: &mut Daemon, run: &Run, secs: f64) -> Vec<(String, u64)> {
     let (dir, pid) = (data.to_str().unwrap(), &run.pid);
     // What the polls see, now and then, so that a timeout says why.
     let mut polls = 0u32;
     wait_for_every("the interpreter's samples", Duration::from_secs(90), Duration::from_millis(500), || {
         polls += 1;
+        // A daemon that died (a panic in its pipeline did, reading a torn-down frame) writes
+        // no more: say so at once, with its log.
+        if let Some(Ok(Some(status))) = daemon.child.as_mut().map(|c| c.try_wait()) {
+            let log = daemon.log_text();
+            let tail: Vec<&str> = log.lines().filter(|l| !l.contains("DEBUG")).collect();
+            panic!("the daemon exited ({status}):\n{}", tail[tail.len().saturating_sub(40)..].join("\n"));
+        }
         let written = status_json(data).and_then(|s| s["summary"]["span"][1].as_u64()).unwrap_or(0) as f64 / 1e9;
-        let answer =
-            (written > run.end + 1.0).then(|| folded_window(dir, run.start - 0.5, run.end + 0.5, &["--pid", pid]));
+        let answer = (written > run.end + 1.0)
+            .then(|| folded_window(dir, run.start - 0.5, run.end + 0.5, &["--pid", pid, "--lines"]));
         if polls.is_multiple_of(20) {
             let seen = answer.as_ref().map(|a| a.as_ref().map(|s| s.iter().map(|(_, n)| n).sum::<u64>()));
             eprintln!("pid {pid}: store written to {:.1} s after the run, {seen:?} samples", written - run.end);
@@ -125,7 +132,7 @@ fn python_functions_replace_the_interpreter_frames() {
         loop {
             warmups += 1;
             let warm = run_script(&exe, WARMUP_SECS);
-            let stacks = samples_of(&data, &warm, WARMUP_SECS);
+            let stacks = samples_of(&data, &mut daemon, &warm, WARMUP_SECS);
             if through_libc(&stacks) > 0 {
                 break;
             }
@@ -139,7 +146,7 @@ fn python_functions_replace_the_interpreter_frames() {
         // SECS of the script's own CPU time (however loaded the machine is): about SECS x 99
         // samples.
         let run = run_script(&exe, SECS);
-        let stacks = samples_of(&data, &run, SECS);
+        let stacks = samples_of(&data, &mut daemon, &run, SECS);
         let total: u64 = stacks.iter().map(|(_, n)| n).sum();
         let frames = |s: &str| s.split(';').map(str::to_string).collect::<Vec<_>>();
         let position = |f: &[String], name: &str| f.iter().position(|x| x.starts_with(name));
