@@ -232,7 +232,7 @@ fn run(a: &Args, cpus: u32) -> Value {
         let cpu1 = thread_cpu();
         // What the daemon does on its flush tick that belongs to the sample path.
         pipeline.engine.on_netrx(now, netrx.next());
-        let _findings = pipeline.tick(now);
+        let _findings = pipeline.tick(now, now);
         let cpu2 = thread_cpu();
         let flushed = pipeline.flush(now, u64::MAX).expect("flush");
         if (now - UNIX0_NS).is_multiple_of(EXPIRE_EVERY_NS) {

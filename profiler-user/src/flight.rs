@@ -70,7 +70,17 @@ pub struct Flight {
     last_period: HashMap<u32, u64>,
     /// Links of findings to recordings, by finding id, until their findings close.
     links: HashMap<String, serde_json::Value>,
+    /// By CPU whose recording ended: samples stamped before this time (wall-clock ns) may still
+    /// be at the recording's frequency, and are thinned to the base frequency as during it.
+    /// They are still in the ring and the queue when the recording ends (up to a flush interval
+    /// of them, more when the pipeline lags): passed on whole, they made the main store's
+    /// seconds hold ten times the base frequency's samples (false red streaks on the heatmap).
+    winding_down: HashMap<u32, u64>,
 }
+
+/// After a recording ends its CPU's sampler is set back to the base frequency at once; the
+/// sample already timed at the recording's frequency fires within a millisecond. Margin.
+const SWITCH_BACK_NS: u64 = 50_000_000;
 
 impl Flight {
     pub fn new(settings: Settings, base_hz: u64, data_dir: &Path) -> Self {
@@ -81,6 +91,7 @@ impl Flight {
             recordings: BTreeMap::new(),
             last_period: HashMap::new(),
             links: HashMap::new(),
+            winding_down: HashMap::new(),
         }
     }
 
@@ -154,11 +165,24 @@ impl Flight {
     /// Where a sample of `cpu` at `ts_ns` goes: `(to the recording, to the main store)`.
     pub fn route(&mut self, cpu: u32, ts_ns: u64) -> (bool, bool) {
         if !self.recordings.contains_key(&cpu) {
+            match self.winding_down.get(&cpu) {
+                Some(&until) if ts_ns < until => return (false, self.first_of_period(cpu, ts_ns)),
+                Some(_) => {
+                    // Past the switch back (a CPU's samples arrive in order): base frequency.
+                    self.winding_down.remove(&cpu);
+                    self.last_period.remove(&cpu);
+                }
+                None => {}
+            }
             return (false, true);
         }
+        (true, self.first_of_period(cpu, ts_ns))
+    }
+
+    /// Whether `ts_ns` is the first sample of `cpu` in its base-frequency period.
+    fn first_of_period(&mut self, cpu: u32, ts_ns: u64) -> bool {
         let period = (ts_ns as u128 * self.base_hz as u128 / NS_PER_SEC as u128) as u64;
-        let first = self.last_period.insert(cpu, period) != Some(period);
-        (true, first)
+        self.last_period.insert(cpu, period) != Some(period)
     }
 
     pub fn push(&mut self, s: &Sample) {
@@ -191,7 +215,8 @@ impl Flight {
             if let Some(r) = self.recordings.remove(cpu) {
                 tracing::info!(recording = %r.name, cpu, "flight recording ended");
             }
-            self.last_period.remove(cpu);
+            // The caller sets the CPU back to the base frequency now.
+            self.winding_down.insert(*cpu, now_ns + SWITCH_BACK_NS);
         }
         ended
     }
@@ -279,8 +304,27 @@ mod tests {
         // The recording ends after its time; the CPU goes back to the base frequency.
         assert!(f.flush(1_800_000_010 * NS_PER_SEC, u64::MAX).is_empty());
         assert_eq!(f.flush(1_800_000_031 * NS_PER_SEC, u64::MAX), vec![1]);
-        assert_eq!(f.route(1, t0), (false, true));
+        assert_eq!(f.route(1, 1_800_000_032 * NS_PER_SEC), (false, true));
         assert!(Meta::read(&flight_dir(dir.path()).join("saturated-core-cpu1-1800000000")).is_some());
+    }
+
+    /// The recording's last samples are still in the ring and the queue when it ends (up to a
+    /// flush interval of them; seconds when the pipeline lags): they reach the main store at
+    /// the base frequency, not ten times it.
+    #[test]
+    fn samples_at_the_recordings_frequency_still_on_their_way_when_it_ends_are_thinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Flight::new(Settings { hz: 999, secs: 30, keep: 3 }, 99, dir.path());
+        let t0 = 1_800_000_000 * NS_PER_SEC;
+        f.start(&finding(Some(1), 1_800_000_000), t0, 2, "n").unwrap();
+        let end = t0 + 31 * NS_PER_SEC;
+        assert_eq!(f.flush(end, u64::MAX), vec![1]);
+        // The last 0.9 s at 999 Hz, handled after the end, and the switch's few milliseconds.
+        let main: u32 = (0..950u64).map(|i| f.route(1, end - 900_000_000 + i * NS_PER_SEC / 999).1 as u32).sum();
+        assert!((90..=97).contains(&main), "{main} of 950 samples at 999 Hz reached the main store");
+        // Then the base frequency: every sample goes on, as on any CPU.
+        let after = end + SWITCH_BACK_NS;
+        assert!((0..99u64).all(|i| f.route(1, after + i * NS_PER_SEC / 99) == (false, true)));
     }
 
     #[test]

@@ -192,10 +192,11 @@ impl Pipeline {
         self.writer.push(&sample);
     }
 
-    /// Runs the detectors over every second complete by `now_ns` (wall-clock ns). The daemon
-    /// calls it on every flush tick, before [`Pipeline::flush`].
-    pub fn tick(&mut self, now_ns: u64) -> Changes {
-        self.engine.tick(now_ns)
+    /// Runs the detectors over every second whose samples have all been handled by
+    /// `arrived_ns` (see [`Engine::tick`]; wall-clock ns). The daemon calls it on every flush
+    /// tick, before [`Pipeline::flush`].
+    pub fn tick(&mut self, arrived_ns: u64, now_ns: u64) -> Changes {
+        self.engine.tick(arrived_ns, now_ns)
     }
 
     /// Writes what the writer holds, but the seconds from `hold_from` (unix seconds) on. On

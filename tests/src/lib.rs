@@ -23,6 +23,32 @@ pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Runs `cmd` in a session of its own, whose scheduling autogroup gets `nice`.
+///
+/// With `kernel.sched_autogroup_enabled` (Debian's default) the scheduler first shares the CPUs
+/// evenly among sessions and only then by nice within each: a workload at nice -10 started by a
+/// test still gets a third of the CPUs when two other sessions run builds or test suites, and
+/// a test that needs its workload to hold the CPUs (lock contention on two CPUs at once) fails
+/// at random. Where autogroups are off the session's nice is ignored and the process's own nice
+/// (set by the caller) decides.
+pub fn in_own_autogroup(cmd: &mut Command, nice: i32) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    let value = format!("{nice}\n").into_bytes();
+    // SAFETY: only async-signal-safe calls (setsid, open, write, close) between fork and exec,
+    // on a path and buffer built before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            let fd = libc::open(c"/proc/self/autogroup".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd >= 0 {
+                libc::write(fd, value.as_ptr().cast(), value.len());
+                libc::close(fd);
+            }
+            Ok(())
+        })
+    }
+}
+
 /// True when the tests may load BPF programs. Otherwise says why, and under `CI=true`
 /// panics: CI must run them, never skip them silently.
 pub fn privileged(test: &str) -> bool {
@@ -125,6 +151,27 @@ impl Daemon {
 
     /// Starts the daemon under `wrapper` (e.g. `setpriv ... --`), if not empty.
     pub fn start_wrapped(wrapper: &[&str], data_dir: &Path, extra: &[&str], flush_ms: u64) -> Self {
+        Self::start_configured(wrapper, data_dir, extra, flush_ms, |_| {})
+    }
+
+    /// A daemon in a session of its own whose scheduling autogroup gets `nice` (see
+    /// [`in_own_autogroup`]), ready: for tests whose workload is made to hold the CPUs, so that
+    /// the daemon still gets the CPU time it needs beside it.
+    pub fn ready_in_own_autogroup(data_dir: &Path, extra: &[&str], nice: i32) -> Self {
+        let mut daemon = Self::start_configured(&[], data_dir, extra, 200, |c| {
+            in_own_autogroup(c, nice);
+        });
+        daemon.wait_ready();
+        daemon
+    }
+
+    fn start_configured(
+        wrapper: &[&str],
+        data_dir: &Path,
+        extra: &[&str],
+        flush_ms: u64,
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
         let log = data_dir.with_extension("log");
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("daemon log");
         let log_start = log_file.metadata().map_or(0, |m| m.len() as usize);
@@ -136,6 +183,7 @@ impl Daemon {
             }
             None => Command::new(profiler_bin()),
         };
+        configure(&mut cmd);
         let child = cmd
             .args(["run", "--data-dir"])
             .arg(data_dir)

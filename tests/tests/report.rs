@@ -94,6 +94,14 @@ fn a_report_opened_from_a_file_is_the_page_with_its_window() {
         .await;
         assert!(shown[1].as_u64() >= Some(2), "the time axis has labels: {shown}");
         assert!(shown[2].as_u64() >= Some(1), "the finding is marked: {shown}");
+        // It opens on the whole window's flamegraph (not "Select a range on the heatmap.").
+        let whole = until(
+            "the whole window's flamegraph",
+            "const f = document.getElementById('flamegraph'); \
+             return f.querySelector('[data-name=profiler_test_hot_loop]') ? document.getElementById('matched').textContent : null",
+        )
+        .await;
+        assert!(whole.as_str().unwrap().contains("from this report: the whole window, all CPUs"), "{whole}");
         // The finding's mark opens its window and its flamegraph, from the report.
         client.execute("document.querySelector('#hm-marks > *').click()", vec![]).await.unwrap();
         let opened = until(

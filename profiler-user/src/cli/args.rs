@@ -164,6 +164,7 @@ impl FilterArgs {
             context: self.context,
             function: self.function,
             include_idle: false,
+            lines: false,
         }
     }
 }

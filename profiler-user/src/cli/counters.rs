@@ -71,7 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("note: {}", text::visible(f));
     }
     if let StatusFormat::Json = args.format {
-        println!("{}", serde_json::to_string(&tracks)?);
+        outln!("{}", serde_json::to_string(&tracks)?)?;
         return Ok(());
     }
     if tracks.tracks.is_empty() {
@@ -79,15 +79,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (None, None) => String::new(),
             _ => " matching --name/--cpu".to_string(),
         };
-        println!(
+        outln!(
             "no kernel counters{which} between {} and {} in {} (is the daemon running with kernel counters on?)",
             timespec::format(window.from_ns),
             timespec::format(window.to_ns),
             data_dir.display()
-        );
+        )?;
         return Ok(());
     }
-    print!("{}", table(&tracks.tracks));
+    out!("{}", table(&tracks.tracks))?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use profiler::{
     collect::kmsg,
     detect,
     export::flamegraph,
-    query::{self, Filter, Window},
+    query::{self, Filter, FoldBudget, Window},
     timespec,
 };
 
@@ -43,6 +43,12 @@ pub struct Args {
     /// Show idle samples (as `[idle]`).
     #[arg(long)]
     pub include_idle: bool,
+    /// Python frames one per line they ran (`work (app.py:12)`), not one per function.
+    #[arg(long)]
+    pub lines: bool,
+    /// Distinct stacks kept; past it the rarest leaves fold into their parent (`[… N more]`).
+    #[arg(long, default_value_t = CLI_MAX_STACKS)]
+    pub max_stacks: usize,
     /// Differential flamegraph: compare the window with this baseline window (start)...
     #[arg(long, allow_hyphen_values = true, requires = "baseline_to")]
     pub baseline_from: Option<String>,
@@ -55,6 +61,10 @@ pub struct Args {
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 }
+
+/// Distinct stacks `profiler flamegraph` keeps by default: it reads in its own process, not in
+/// the daemon's memory (the API keeps `budget::MAX_STACKS`).
+const CLI_MAX_STACKS: usize = 200_000;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -72,6 +82,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         after,
         filter,
         include_idle,
+        lines,
+        max_stacks,
         baseline_from,
         baseline_to,
         format,
@@ -93,28 +105,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             timespec::parse(to.as_deref().unwrap_or("now"), now)?,
         )?,
     };
-    let filter = Filter { include_idle, ..filter };
+    let filter = Filter { include_idle, lines, ..filter };
+    // The CLI reads in its own process: ten times the daemon's budget, bytes alike.
+    let budget = FoldBudget {
+        max_stacks: max_stacks.max(1),
+        max_bytes: profiler::budget::MAX_FOLDED_BYTES
+            .saturating_mul(max_stacks.max(1))
+            .div_ceil(profiler::budget::MAX_STACKS),
+    };
     let baseline = match (baseline_from, baseline_to) {
         (Some(bf), Some(bt)) => Some(Window::new(timespec::parse(&bf, now)?, timespec::parse(&bt, now)?)?),
         _ => None,
     };
     let mut store = src.load(&[&[window][..], baseline.as_slice()].concat())?;
-    let result = query::fold(&mut store, window, &filter);
+    let result = query::fold_within(&mut store, window, &filter, budget);
     for w in store.take_warnings() {
         tracing::warn!("{w}");
     }
     let folded = result?;
     if folded.truncated_stacks > 0 {
         eprintln!(
-            "note: {} rare stacks merged into {}: a flamegraph keeps at most {} distinct stacks",
+            "note: {} rare stacks folded into their parents ([… N more]): --max-stacks {max_stacks} keeps that many \
+             distinct stacks",
             folded.truncated_stacks,
-            profiler::budget::TRUNCATED,
-            profiler::budget::MAX_STACKS
         );
     }
     let mut out = open_output(output.as_deref())?;
     if let Some(base_window) = baseline {
-        let baseline = query::fold(&mut store, base_window, &filter)?;
+        let baseline = query::fold_within(&mut store, base_window, &filter, budget)?;
         if let Format::Folded = format {
             anyhow::bail!("a differential flamegraph is SVG only: drop --format folded");
         }

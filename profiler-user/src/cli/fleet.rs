@@ -45,8 +45,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let req = Request { window, nodes: args.node, top: usize::from(args.top), event: args.event };
     let answer = overview::overview(&fleet, &req)?;
     match args.format {
-        StatusFormat::Json => println!("{}", serde_json::to_string(&answer)?),
-        StatusFormat::Text => print!("{}", overview::render_text(&answer)),
+        StatusFormat::Json => outln!("{}", serde_json::to_string(&answer)?)?,
+        StatusFormat::Text => out!("{}", overview::render_text(&answer))?,
     }
     Ok(())
 }

@@ -67,12 +67,12 @@ fn print_list<T: serde::Serialize>(
     line: impl Fn(&T) -> String,
 ) -> anyhow::Result<()> {
     if let StatusFormat::Json = format {
-        println!("{}", serde_json::to_string_pretty(list)?);
+        outln!("{}", serde_json::to_string_pretty(list)?)?;
     } else if list.is_empty() {
-        println!("no {what} between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
+        outln!("no {what} between {} and {}", timespec::format(w.from_ns), timespec::format(w.to_ns))?;
     } else {
         for item in list {
-            println!("{}", line(item));
+            outln!("{}", line(item))?;
         }
     }
     Ok(())

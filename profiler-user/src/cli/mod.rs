@@ -1,6 +1,23 @@
 //! The command line: one module per command group, each a thin layer over the library (its
 //! flags, then a call into query / export / store). `main` only parses and reports errors.
 
+/// `println!` that hands back the write's error instead of panicking: a reader that went away
+/// (`profiler findings | head -1`) is EPIPE, which `main` treats as the end of the output.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod args;
 mod counters;
 mod export;

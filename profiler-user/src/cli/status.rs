@@ -51,12 +51,12 @@ pub fn health(args: HealthArgs) -> anyhow::Result<()> {
     let started = Meta::read(data_dir).map_or(0, |m| m.started_ns);
     match Store::open(data_dir)?.last_end()? {
         Some(end) if now.saturating_sub(end) <= max_age => {
-            println!("healthy: samples written {} ago", timespec::format_duration(now.saturating_sub(end)));
+            outln!("healthy: samples written {} ago", timespec::format_duration(now.saturating_sub(end)))?;
             Ok(())
         }
         // Just started: the first block comes within a flush interval.
         _ if now.saturating_sub(started) <= max_age => {
-            println!("healthy: started {} ago", timespec::format_duration(now.saturating_sub(started)));
+            outln!("healthy: started {} ago", timespec::format_duration(now.saturating_sub(started)))?;
             Ok(())
         }
         Some(end) => anyhow::bail!(
@@ -87,60 +87,60 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
             "interrupts": profiler::collect::irqs::Placement::read(),
             "gpus": profiler::gpu::Inventory::read(data_dir),
         });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        outln!("{}", serde_json::to_string_pretty(&json)?)?;
         return Ok(());
     }
-    println!("data dir     {}", text::visible(&data_dir.display().to_string()));
-    println!("daemon       {}", if daemon_running { "running" } else { "not running" });
+    outln!("data dir     {}", text::visible(&data_dir.display().to_string()))?;
+    outln!("daemon       {}", if daemon_running { "running" } else { "not running" })?;
     if let Some(m) = &meta {
-        println!("machine      {} ({} CPUs), sampled at {} Hz", text::visible(&m.hostname), m.cpus, m.frequency_hz);
+        outln!("machine      {} ({} CPUs), sampled at {} Hz", text::visible(&m.hostname), m.cpus, m.frequency_hz)?;
         if !m.node.is_empty() && m.node != m.hostname {
-            println!("node         {}", text::visible(&m.node));
+            outln!("node         {}", text::visible(&m.node))?;
         }
     }
     // Where this machine's NIC and GPU interrupts go now: a busy CPU that takes a NIC queue's
     // interrupts starves the queue (the ENA resets).
     for line in profiler::collect::irqs::Placement::read().to_string().lines() {
-        println!("interrupts   {line}");
+        outln!("interrupts   {line}")?;
     }
     // What the daemon found of NVIDIA's GPUs, or why none (no library, no GPU, off).
     if let Some(inv) = profiler::gpu::Inventory::read(data_dir) {
         for line in inv.describe() {
-            println!("gpu          {}", text::visible(&line));
+            outln!("gpu          {}", text::visible(&line))?;
         }
     }
-    println!(
+    outln!(
         "store        {:.2} MiB in {} segments, {} blocks",
         summary.bytes as f64 / 1048576.0,
         summary.segments,
         summary.blocks
-    );
+    )?;
     let Some((first, last)) = summary.span else {
-        println!("time range   empty: no samples yet");
+        outln!("time range   empty: no samples yet")?;
         return Ok(());
     };
-    println!(
+    outln!(
         "time range   {} to {} ({})",
         timespec::format(first),
         timespec::format(last),
         timespec::format_duration(last - first)
-    );
+    )?;
     let (mut busy, mut idle, mut lost) = (0, 0, 0);
     for (cpu, c) in &summary.cpus {
         let total = c.samples + c.idle;
-        println!("cpu {cpu:<8} {total} samples ({} busy, {} idle), {} lost", c.samples, c.idle, c.lost);
+        outln!("cpu {cpu:<8} {total} samples ({} busy, {} idle), {} lost", c.samples, c.idle, c.lost)?;
         busy += c.samples;
         idle += c.idle;
         lost += c.lost;
     }
-    println!("total        {} samples ({busy} busy, {idle} idle), {lost} lost", busy + idle);
+    outln!("total        {} samples ({busy} busy, {idle} idle), {lost} lost", busy + idle)?;
     if let Some(c) = profiler::ship::clickhouse::read_cursor(data_dir) {
-        println!(
+        outln!(
             "clickhouse   {}: shipped up to {} ({} before the store's end)",
             text::visible(&c.target),
             timespec::format(c.next_ns),
             timespec::format_duration(last.saturating_sub(c.next_ns))
-        );
+        )?;
     }
     Ok(())
 }

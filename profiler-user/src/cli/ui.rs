@@ -53,7 +53,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         many => format!("{} nodes", many.len()),
     };
     eprintln!("profiler: serving {which} from ClickHouse until interrupted (Ctrl-C); open:");
-    println!("http://{bound}/#token={token}");
+    // A reader gone (`| head -1` after the address) stops no server.
+    let _ = outln!("http://{bound}/#token={token}");
     // Until SIGINT or SIGTERM; then the copies' private directories go with the process.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
@@ -75,6 +76,6 @@ fn daemon_address(dir: &args::DataDir) -> anyhow::Result<()> {
     let path = dir.data_dir.join(serve::URL_FILE);
     let url = std::fs::read_to_string(&path)
         .with_context(|| format!("no UI address in {} (is the daemon running with its UI on?)", path.display()))?;
-    println!("{}", text::visible(url.trim()));
+    outln!("{}", text::visible(url.trim()))?;
     Ok(())
 }

@@ -27,13 +27,17 @@ pub struct Batch {
     /// The last batch of a drain on the reader's flush timer (it may be empty): once it is
     /// handled, everything sampled before that drain has been, so the stage flushes then.
     pub flush: bool,
+    /// On a flush batch: the wall-clock time (unix ns) at which its drain began. Every sample
+    /// stamped before it was in the ring by then, so once this batch is handled the pipeline
+    /// has seen every sample of the seconds that ended before it (see `detect::Engine::tick`).
+    pub drained_at_ns: Option<u64>,
     bytes: Vec<u8>,
     ends: Vec<u32>,
 }
 
 impl Batch {
     pub fn new(source: Source) -> Self {
-        Self { source, flush: false, bytes: Vec::new(), ends: Vec::new() }
+        Self { source, flush: false, drained_at_ns: None, bytes: Vec::new(), ends: Vec::new() }
     }
 
     pub fn push(&mut self, record: &[u8]) {

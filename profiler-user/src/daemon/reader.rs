@@ -78,19 +78,21 @@ impl Reader {
             // Events first: an exec read before the samples behind it lets the pipeline read
             // the new program's mappings before its first samples need them.
             if let Some(e) = rings.events.as_mut()
-                && !self.drain(e, Source::Events, false)
+                && !self.drain(e, Source::Events, None)
             {
                 return;
             }
-            if !self.drain(&mut rings.samples, Source::Samples, timed) || stopping {
+            // Read before the drain: every sample stamped earlier is in the ring now.
+            let drained_at = timed.then(crate::timespec::now_ns);
+            if !self.drain(&mut rings.samples, Source::Samples, drained_at) || stopping {
                 return;
             }
         }
     }
 
-    /// Moves every record in the ring into the queue; `flush`: mark the last batch so (sent even
-    /// when empty). False once the pipeline is gone.
-    fn drain(&self, ring: &mut RingBuf<MapData>, source: Source, flush: bool) -> bool {
+    /// Moves every record in the ring into the queue; `drained_at`: mark the last batch as a
+    /// flush that began then (sent even when empty). False once the pipeline is gone.
+    fn drain(&self, ring: &mut RingBuf<MapData>, source: Source, drained_at: Option<u64>) -> bool {
         let mut batch = Batch::new(source);
         while let Some(record) = ring.next() {
             batch.push(&record);
@@ -99,8 +101,9 @@ impl Reader {
                 return false;
             }
         }
-        batch.flush = flush;
-        (batch.is_empty() && !flush) || self.hand_on(batch)
+        batch.flush = drained_at.is_some();
+        batch.drained_at_ns = drained_at;
+        (batch.is_empty() && !batch.flush) || self.hand_on(batch)
     }
 
     fn hand_on(&self, batch: Batch) -> bool {

@@ -136,6 +136,8 @@ struct Stage {
     started: Instant,
     report: Report,
     latencies: VecDeque<u64>,
+    /// Every flush's latency since start: sum (ns) and count.
+    latency_total: (u128, u64),
     queue_full: u64,
     events_dropped: u64,
     /// Event records the kernel dropped (its `EVENTS` ring was full), since the start.
@@ -147,6 +149,10 @@ struct Stage {
     held: VecDeque<Batch>,
     /// The last tick: everything is written.
     stopping: bool,
+    /// Every sample stamped before this (wall-clock ns) has been handled: the start of the
+    /// reader's latest drain whose batches are all handled. The detectors judge a second only
+    /// once it is past (a lagging pipeline's not-yet-arrived samples are not idle CPUs).
+    arrived_ns: u64,
 }
 
 impl Stage {
@@ -172,6 +178,7 @@ impl Stage {
             pipeline,
             started: Instant::now(),
             latencies: VecDeque::new(),
+            latency_total: (0, 0),
             queue_full: 0,
             events_dropped: 0,
             events_lost: 0,
@@ -180,6 +187,7 @@ impl Stage {
             next_tick: Instant::now() + fallback(config_flush),
             held: VecDeque::new(),
             stopping: false,
+            arrived_ns: 0,
         }
     }
 
@@ -194,13 +202,20 @@ impl Stage {
                 Ok(batch) => {
                     self.handle(&batch);
                     self.links.outlet.release(&batch);
+                    if let Some(at) = batch.drained_at_ns {
+                        self.arrived_ns = self.arrived_ns.max(at);
+                    }
                     if batch.flush {
                         self.tick();
                     }
                     false
                 }
                 Err(RecvTimeoutError::Timeout) => false,
-                Err(RecvTimeoutError::Disconnected) => true,
+                Err(RecvTimeoutError::Disconnected) => {
+                    // The reader drained the ring one last time and is gone: all has arrived.
+                    self.arrived_ns = now_ns();
+                    true
+                }
             };
             self.stopping = stopping;
             if stopping || Instant::now() >= self.next_tick {
@@ -302,9 +317,11 @@ impl Stage {
                 }
             }
         }
-        // Lost in userspace: the reader knows the second of each record it dropped.
+        // Lost in userspace: the reader knows the second of each record it dropped. Counted
+        // before the detectors run: the reader counts a drop before it queues the drain's end.
         let drops = self.links.drops.lock().map(|mut d| std::mem::take(&mut *d)).unwrap_or_default();
         for ((second, cpu), n) in drops.samples {
+            self.pipeline.engine.on_lost(second * 1_000_000_000, cpu, n);
             self.pipeline.writer.add_lost_at(second, cpu, n);
             self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
             self.tally.add_queue_full(cpu, n);
@@ -343,6 +360,7 @@ impl Stage {
                     let reading =
                         Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
                     for (cpu, n) in self.tally.update(&reading) {
+                        self.pipeline.engine.on_lost(now, cpu, n);
                         self.pipeline.writer.add_lost_at(now / 1_000_000_000, cpu, n);
                         self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
                         self.report.lost += n;
@@ -380,7 +398,7 @@ impl Stage {
             collector.next_epoch();
         }
         self.pipeline.offset = clock::boot_to_unix_offset();
-        changes.extend(self.pipeline.tick(now));
+        changes.extend(self.pipeline.tick(self.arrived_ns, now));
         self.flight_findings(&mut changes, now);
         super::record_findings(&changes, &self.config.data_dir);
         self.flush();
@@ -414,6 +432,7 @@ impl Stage {
                         self.latencies.pop_front();
                     }
                     self.latencies.push_back(l);
+                    self.latency_total = (self.latency_total.0 + u128::from(l), self.latency_total.1 + 1);
                     self.report.latency_max_ns = self.report.latency_max_ns.max(l);
                 }
                 if self.write_failing {
@@ -492,6 +511,7 @@ impl Stage {
         l.events_dropped = self.events_dropped;
         l.events_lost = self.events_lost;
         l.ring_to_disk_seconds = p50.zip(max).map(|(a, b)| (a as f64 / 1e9, b as f64 / 1e9));
+        l.ring_to_disk_total = (self.latency_total.0 as f64 / 1e9, self.latency_total.1);
         l.sampled_cpus = self.collector.as_ref().map_or(0, |c| c.cpus().len() as u64);
         l.busy_share = p.engine.last_busy_shares().into_iter().collect();
         l.dying_memcgs = p.engine.zombies.series.back().map(|c| c.dying);

@@ -179,6 +179,10 @@ pub struct Tick {
 pub struct CpuSecond {
     pub busy: Vec<Tick>,
     pub idle: u32,
+    /// Ticks whose sample never reached the detectors: lost (a full ring or queue), or not
+    /// arrived when the second had to be evaluated anyway (see [`Engine::tick`]). Neither busy
+    /// nor idle: a detector that asks whether a CPU had room must not read them as idle.
+    pub lost: u32,
     /// NET_RX figures credited to this second: (runs, histogram of waits, longest wait ns,
     /// longest poll gap ns).
     pub netrx: Option<NetRxSecond>,
@@ -192,6 +196,13 @@ impl CpuSecond {
     /// Busy ticks in kernel mode (the stack has kernel frames).
     pub fn kernel(&self) -> usize {
         self.busy.iter().filter(|t| t.stack.user_len < t.stack.frames.len()).count()
+    }
+
+    /// The share of the second the CPU may have been busy: busy ticks and ticks of unknown fate
+    /// (lost, not arrived) over the ticks the frequency gives it. What "the other CPUs had room"
+    /// must be judged from: a lost tick is no evidence of room.
+    pub fn not_idle_share(&self, frequency_hz: u64) -> f64 {
+        ((self.busy.len() as f64 + f64::from(self.lost)) / frequency_hz.max(1) as f64).min(1.0)
     }
 }
 
@@ -267,9 +278,13 @@ pub fn percent(x: f64) -> String {
     format!("{:.0} %", x * 100.0)
 }
 
-/// Seconds are evaluated this long after they end: samples reach the daemon up to one flush
-/// interval (and a ring-buffer drain) late.
-const GRACE_NS: u64 = 1_500_000_000;
+/// A second is evaluated once every sample stamped up to this long after its end has arrived:
+/// a sample is stamped a few microseconds before the BPF program commits it to the ring.
+const ARRIVAL_SLACK_NS: u64 = 10_000_000;
+/// A second whose samples have not all arrived this long after it ended is evaluated anyway
+/// (its missing ticks counted as lost, never as idle), so that a pipeline that stopped hearing
+/// from the reader does not hold seconds without end.
+const MAX_WAIT_NS: u64 = 60 * NS_PER_SEC;
 /// A finding closes after its condition has been false for this many evaluated seconds.
 const CLOSE_AFTER_SECS: u64 = 2;
 
@@ -386,6 +401,13 @@ impl Engine {
         }
     }
 
+    /// `n` samples of `cpu` in the second of `ts_ns` never arrived (a full ring or queue).
+    pub fn on_lost(&mut self, ts_ns: u64, cpu: u32, n: u64) {
+        if let Some(c) = self.cpu(ts_ns, cpu) {
+            c.lost = c.lost.saturating_add(n.min(u64::from(u32::MAX)) as u32);
+        }
+    }
+
     /// Cumulative NET_RX figures read at `ts_ns`: their growth since the last read goes to
     /// that second.
     pub fn on_netrx(&mut self, ts_ns: u64, now: Vec<NetRxCpu>) {
@@ -470,12 +492,20 @@ impl Engine {
         stalls
     }
 
-    /// Evaluates every second that ended at least the grace period before `now_ns`.
-    pub fn tick(&mut self, now_ns: u64) -> Changes {
+    /// Evaluates every second whose samples have all arrived: `arrived_ns` (wall clock) is a
+    /// time before which every sample stamped has been handed to the engine (the daemon knows
+    /// it from the reader's drains, not from the clock: a pipeline behind the ring has not seen
+    /// the last seconds' samples yet, and an empty second read as idle CPUs made the run-queue
+    /// detector see "room elsewhere" on a saturated machine). A second still incomplete
+    /// [`MAX_WAIT_NS`] after its end by `now_ns` is evaluated with its missing ticks as lost.
+    pub fn tick(&mut self, arrived_ns: u64, now_ns: u64) -> Changes {
         let mut changes = Changes::default();
+        let complete = |second: u64| (second + 1) * NS_PER_SEC + ARRIVAL_SLACK_NS <= arrived_ns;
+        let overdue = |second: u64| (second + 1) * NS_PER_SEC + MAX_WAIT_NS <= now_ns;
         // Seconds with no sample at all still count (an idle vCPU may get no ticks).
         if let Some(last) = self.history.back().map(|s| s.start_ns / NS_PER_SEC) {
-            let ready = now_ns.saturating_sub(GRACE_NS) / NS_PER_SEC;
+            let ready =
+                arrived_ns.saturating_sub(ARRIVAL_SLACK_NS).max(now_ns.saturating_sub(MAX_WAIT_NS)) / NS_PER_SEC;
             for second in last + 1..ready.min(last + 120) {
                 let n = self.machine.cpus as usize;
                 self.pending
@@ -484,10 +514,18 @@ impl Engine {
             }
         }
         while let Some((&second, _)) = self.pending.first_key_value() {
-            if (second + 1) * NS_PER_SEC + GRACE_NS > now_ns {
+            if !complete(second) && !overdue(second) {
                 break;
             }
-            let s = self.pending.remove(&second).expect("present");
+            let mut s = self.pending.remove(&second).expect("present");
+            if !complete(second) {
+                // What has not arrived is unknown, not idle.
+                let hz = self.machine.frequency_hz.min(u64::from(u32::MAX)) as u32;
+                for c in &mut s.cpus {
+                    let seen = (c.busy.len() as u32).saturating_add(c.idle).saturating_add(c.lost);
+                    c.lost += hz.saturating_sub(seen);
+                }
+            }
             self.history.push_back(s);
             let t = &self.thresholds;
             let keep = t.hot_window_secs.max(t.saturated_secs).max(t.lock_window_secs).max(1) as usize + 1;

@@ -119,8 +119,8 @@ pub fn evaluate(
     policies: &HashMap<u32, String>,
 ) -> Vec<Active> {
     let Some(second) = history.back() else { return Vec::new() };
-    let hz = machine.frequency_hz.max(1) as f64;
-    let busy: Vec<f64> = second.cpus.iter().map(|c| (c.busy.len() as f64 / hz).min(1.0)).collect();
+    // Lost ticks are no room: only what was seen idle is.
+    let busy: Vec<f64> = second.cpus.iter().map(|c| c.not_idle_share(machine.frequency_hz)).collect();
     let total: f64 = busy.iter().sum();
     let ms = |ns: u64| ns as f64 / 1e6;
     // Waits of microseconds and of seconds in one summary: enough digits for both.

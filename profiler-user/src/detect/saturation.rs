@@ -24,8 +24,9 @@ fn share(ticks: usize, freq: u64) -> f64 {
 impl Saturation {
     pub fn evaluate(&mut self, history: &VecDeque<Second>, m: Machine, t: &Thresholds) -> Vec<Active> {
         let Some(now) = history.back() else { return Vec::new() };
+        // Lost ticks count as busy here: "the machine looks fine" needs seen idle time.
         let machine_busy: f64 =
-            now.cpus.iter().map(|c| share(c.busy.len(), m.frequency_hz)).sum::<f64>() / m.cpus.max(1) as f64;
+            now.cpus.iter().map(|c| c.not_idle_share(m.frequency_hz)).sum::<f64>() / m.cpus.max(1) as f64;
         self.runs.resize(now.cpus.len(), None);
         let mut out = Vec::new();
         for (cpu, c) in now.cpus.iter().enumerate() {

@@ -76,3 +76,75 @@ fn two_throttled_cgroups_are_two_findings_and_close_when_the_throttling_stops() 
     // Unreadable: nothing is known to be throttled any more.
     assert_eq!(e.check_throttle(s(20), None).closed.len(), 1);
 }
+
+/// The lock hammer's load on a debug daemon: both CPUs saturated by nice -10 processes, the
+/// daemon's own threads waiting long for a CPU, and its pipeline seconds behind the ring. The
+/// second the waits were read in must not be judged before its samples arrive: its CPUs
+/// would look idle ("the other CPUs were 0 % busy") and the waits a starvation.
+#[test]
+fn a_pipeline_behind_the_ring_raises_no_runq_finding_on_a_saturated_machine() {
+    use crate::collect::runq::RunqCpu;
+    let b = 1_800_000_000u64;
+    let s = |secs: f64| (secs * NS_PER_SEC as f64) as u64;
+    let spin = Arc::new(Stack::new(vec![Arc::from("posix_lock_inode_[k]")], 0));
+    let tick = |pid: u32| Tick { stack: spin.clone(), pid, comm: Arc::from("lock-hammer"), workload: Arc::from("") };
+    let waits = || {
+        let mut histogram = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
+        histogram[profiler_common::latency_bucket(930_000_000) as usize] = 3;
+        vec![RunqCpu::default(), RunqCpu { waits: 3, histogram, max_ns: 930_000_000, waiter: None }]
+    };
+    // `busy_cpu0`: CPU 0's samples of second b are busy (the hammer) or idle (room).
+    let run = |busy_cpu0: bool| {
+        let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+        e.tick(s(b as f64), s(b as f64));
+        e.on_runq(s(b as f64 + 0.5), waits());
+        // 11.7 s later by the wall clock the pipeline has handed on nothing of second b.
+        let early = e.tick(s(b as f64), s(b as f64 + 11.7));
+        assert!(early.opened.is_empty(), "judged before its samples arrived: {:?}", early.opened);
+        for i in 0..99u64 {
+            let ts = s(b as f64) + i * NS_PER_SEC / 99;
+            e.on_busy(ts, 1, tick(40));
+            if busy_cpu0 {
+                e.on_busy(ts, 0, tick(41));
+            } else {
+                e.on_idle(ts, 0);
+            }
+        }
+        e.tick(s(b as f64 + 1.03), s(b as f64 + 12.0)).opened
+    };
+    let saturated = run(true);
+    assert!(saturated.iter().all(|f| f.kind != Kind::RunqStarvation), "{saturated:#?}");
+    // The same waits with CPU 0 seen idle: a starvation, as before.
+    let room = run(false);
+    let found = room.iter().find(|f| f.kind == Kind::RunqStarvation && f.cpu == Some(1)).expect("a finding");
+    assert!(found.summary.contains("(the other CPUs were 0 % busy)"), "{}", found.summary);
+}
+
+/// A second whose samples never arrive (the reader gone quiet) is judged after a while, with
+/// its missing ticks as lost: no room is read into them.
+#[test]
+fn a_second_whose_samples_never_arrive_is_judged_late_with_its_ticks_unknown() {
+    use crate::collect::runq::RunqCpu;
+    let b = 1_800_000_000u64;
+    let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+    e.tick(b * NS_PER_SEC, b * NS_PER_SEC);
+    let mut histogram = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
+    histogram[profiler_common::latency_bucket(930_000_000) as usize] = 3;
+    e.on_runq(
+        b * NS_PER_SEC,
+        vec![RunqCpu::default(), RunqCpu { waits: 3, histogram, max_ns: 930_000_000, waiter: None }],
+    );
+    assert!(e.tick(b * NS_PER_SEC, (b + 50) * NS_PER_SEC).opened.is_empty());
+    assert!(e.history.is_empty(), "second b judged before it was due");
+    let late = e.tick(b * NS_PER_SEC, (b + 61) * NS_PER_SEC);
+    assert!(late.opened.iter().all(|f| f.kind != Kind::RunqStarvation), "{:#?}", late.opened);
+    let judged = e.history.iter().find(|s| s.start_ns == b * NS_PER_SEC).expect("judged");
+    assert_eq!(judged.cpus.iter().map(|c| c.lost).collect::<Vec<_>>(), vec![99, 99]);
+    // A sample of that second arriving now is too late to count.
+    e.on_busy(
+        b * NS_PER_SEC + 1,
+        0,
+        Tick { stack: Arc::new(Stack::new(vec![], 0)), pid: 1, comm: Arc::from("x"), workload: Arc::from("") },
+    );
+    assert!(e.pending.keys().all(|&k| k > b));
+}

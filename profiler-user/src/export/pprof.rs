@@ -2,6 +2,13 @@
 //! pprof sample per profiler sample, with labels `cpu`, `pid`, `tid`, `comm`, `context`
 //! (`task`, or the softirq it ran in: `softirq:NET_RX`) and `timestamp_ns`, values `samples/count` and `cpu/nanoseconds` (one period each).
 //!
+//! A user frame's location has the mapping of the file it was mapped from and, as its address,
+//! its function's ELF virtual address there (the store keeps functions, not instructions, and
+//! no load address: the mapping's range is 0). Mappings are numbered in the order their files
+//! are first met from the root of a stack, so mapping 1, which pprof takes for the main binary,
+//! is the outermost file of the first sample: its executable. They say they hold functions, so
+//! pprof does not try to symbolize the addresses again.
+//!
 //! The messages below follow profile.proto's field numbers (github.com/google/pprof,
 //! proto/profile.proto); only the fields written are declared.
 
@@ -16,6 +23,8 @@ pub struct Profile {
     pub sample_type: Vec<ValueType>,
     #[prost(message, repeated, tag = "2")]
     pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
     #[prost(message, repeated, tag = "4")]
     pub location: Vec<Location>,
     #[prost(message, repeated, tag = "5")]
@@ -66,9 +75,33 @@ pub struct Label {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+    #[prost(bool, tag = "8")]
+    pub has_filenames: bool,
+    #[prost(bool, tag = "9")]
+    pub has_line_numbers: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct Location {
     #[prost(uint64, tag = "1")]
     pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
     #[prost(message, repeated, tag = "4")]
     pub line: Vec<Line>,
 }
@@ -99,8 +132,10 @@ pub struct Function {
 pub struct Builder {
     pub(crate) profile: Profile,
     strings: HashMap<String, i64>,
-    /// (name, kernel) → location id (one function per location).
-    locations: HashMap<(String, bool), u64>,
+    /// (name, kernel, file, address) → location id (one function per location).
+    locations: HashMap<(String, bool, String, u64), u64>,
+    /// File → mapping id.
+    mappings: HashMap<String, u64>,
     period_ns: i64,
     /// Stored workload → its labels.
     workloads: HashMap<String, Vec<Label>>,
@@ -116,6 +151,7 @@ impl Builder {
             profile: Profile::default(),
             strings: HashMap::new(),
             locations: HashMap::new(),
+            mappings: HashMap::new(),
             period_ns: (1_000_000_000 / frequency_hz.max(1)) as i64,
             workloads: HashMap::new(),
             first_ns: None,
@@ -147,10 +183,34 @@ impl Builder {
         i
     }
 
-    fn location(&mut self, name: &str, kernel: bool) -> u64 {
-        if let Some(&id) = self.locations.get(&(name.to_string(), kernel)) {
+    fn mapping(&mut self, file: &str) -> u64 {
+        if let Some(&id) = self.mappings.get(file) {
             return id;
         }
+        let id = self.profile.mapping.len() as u64 + 1;
+        let filename = self.string(file);
+        self.profile.mapping.push(Mapping {
+            id,
+            memory_start: 0,
+            memory_limit: 0,
+            file_offset: 0,
+            filename,
+            has_functions: true,
+            has_filenames: false,
+            has_line_numbers: false,
+        });
+        self.mappings.insert(file.to_string(), id);
+        id
+    }
+
+    /// `file` and `address`: where a user frame's function lives ("" and 0: unknown).
+    fn location(&mut self, name: &str, kernel: bool, file: &str, address: u64) -> u64 {
+        let (file, address) = if kernel { ("", 0) } else { (file, address) };
+        let key = (name.to_string(), kernel, file.to_string(), address);
+        if let Some(&id) = self.locations.get(&key) {
+            return id;
+        }
+        let mapping_id = if file.is_empty() { 0 } else { self.mapping(file) };
         let id = self.profile.location.len() as u64 + 1;
         // A user name cannot end like the kernel mark (`text::unmarked`).
         let shown = if kernel { format!("{name} [kernel]") } else { crate::text::unmarked(name).into_owned() };
@@ -164,15 +224,30 @@ impl Builder {
         // No system name: pprof demangles, and simplifies, a name equal to its system name
         // (`Scoped<T>::set` would become `Scoped::set`); ours are final.
         self.profile.function.push(Function { id, name: n, system_name: 0, filename, start_line: 0 });
-        self.profile.location.push(Location { id, line: vec![Line { function_id: id, line }] });
-        self.locations.insert((name.to_string(), kernel), id);
+        self.profile.location.push(Location { id, mapping_id, address, line: vec![Line { function_id: id, line }] });
+        self.locations.insert(key, id);
         id
     }
 
     pub fn add(&mut self, s: &SampleRef<'_>) {
-        let mut ids: Vec<u64> = s.frames.iter().rev().map(|&(n, k)| self.location(n, k)).collect();
+        // Files numbered from the root: the first is the executable (pprof's main binary).
+        for (&(_, kernel), &(file, _)) in s.frames.iter().zip(s.locations) {
+            if !kernel && !file.is_empty() {
+                self.mapping(file);
+            }
+        }
+        let mut ids: Vec<u64> = s
+            .frames
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, &(n, k))| {
+                let (file, address) = s.locations.get(i).copied().unwrap_or(("", 0));
+                self.location(n, k, file, address)
+            })
+            .collect();
         // The comm as the root, as in folded output.
-        ids.push(self.location(s.comm, false));
+        ids.push(self.location(s.comm, false, "", 0));
         let keys = ["cpu", "pid", "tid", "timestamp_ns", "comm", "nanoseconds", "context"].map(|k| self.string(k));
         let comm = self.string(s.comm);
         let context = self.string(&Context::of_frames(s.frames.iter().copied()).to_string());
@@ -246,6 +321,39 @@ mod tests {
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
         Profile::decode(&raw[..]).unwrap()
+    }
+
+    /// pprof's "Main binary filename not available": mapping 1 is the stack's outermost file,
+    /// and each user location has its mapping and its function's address.
+    #[test]
+    fn user_locations_have_mappings_and_the_first_is_the_executable() {
+        let frames = [("_start", false), ("__libc_start_main", false), ("main", false), ("read_zero", true)];
+        let places = [("/usr/bin/dd", 0x2040u64), ("/usr/lib/libc.so.6", 0x27200), ("/usr/bin/dd", 0x3100), ("", 0)];
+        let mut b = Builder::new(99);
+        b.add(&SampleRef {
+            ts_ns: 1_000,
+            cpu: 1,
+            pid: 42,
+            tid: 43,
+            comm: "dd",
+            frames: &frames,
+            locations: &places,
+            count: 1,
+            frequency_hz: None,
+            workload: "",
+        });
+        let p = decoded(b);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let files: Vec<(u64, &str, bool)> = p.mapping.iter().map(|m| (m.id, s(m.filename), m.has_functions)).collect();
+        assert_eq!(files, vec![(1, "/usr/bin/dd", true), (2, "/usr/lib/libc.so.6", true)]);
+        let at = |name: &str| {
+            let f = p.function.iter().find(|f| s(f.name) == name).unwrap();
+            let l = p.location.iter().find(|l| l.line[0].function_id == f.id).unwrap();
+            (l.mapping_id, l.address)
+        };
+        assert_eq!(at("main"), (1, 0x3100));
+        assert_eq!(at("__libc_start_main"), (2, 0x27200));
+        assert_eq!(at("read_zero [kernel]"), (0, 0), "kernel frames carry no address");
     }
 
     #[test]

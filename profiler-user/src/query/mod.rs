@@ -12,7 +12,7 @@ mod samples;
 use std::path::PathBuf;
 
 pub use cputime::{CpuTime, cpu_time};
-pub use fold::{Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line, fold_names};
+pub use fold::{FoldBudget, Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line, fold_names, fold_within};
 pub use grid::{Grid, subsecond_grid};
 pub use samples::{SampleRef, for_each_sample};
 
@@ -61,6 +61,9 @@ pub struct Filter {
     /// through this frame").
     pub function: Option<String>,
     pub include_idle: bool,
+    /// Python frames keep the line they ran in folds (`--lines`); otherwise one frame per
+    /// function (pprof, OTLP and exports keep lines either way).
+    pub lines: bool,
 }
 
 impl Filter {

@@ -346,22 +346,75 @@ fn names_cannot_forge_folded_lines_and_huge_grids_are_refused() {
 }
 
 #[test]
-fn a_fold_over_its_stack_budget_keeps_the_frequent_ones_and_says_how_many_merged() {
+fn a_fold_over_its_stack_budget_folds_the_rarest_leaves_into_their_parent() {
     let mut f = Folded::default();
     for i in 0..100u64 {
         f.stacks.insert(format!("app;f{i:03}"), i + 1);
     }
     let total = f.total();
-    f.truncate(11, usize::MAX);
+    f.fold_rarest(11, usize::MAX);
     assert_eq!(f.stacks.len(), 11);
     assert_eq!(f.truncated_stacks, 90);
-    assert_eq!(f.total(), total, "no sample is lost, only merged");
-    assert_eq!(f.stacks[budget::TRUNCATED], (1..=90).sum::<u64>());
+    assert_eq!(f.total(), total, "no sample is lost, only folded");
     assert!(f.stacks.contains_key("app;f099") && !f.stacks.contains_key("app;f089"));
-    // A byte budget cuts too; merging again keeps the earlier merged count.
-    f.truncate(1000, 3 * "app;f099".len());
-    assert_eq!((f.stacks.len(), f.truncated_stacks), (4, 97));
+    assert!(!f.stacks.contains_key(budget::TRUNCATED), "nothing at the root");
+    // A byte budget folds too; folding again keeps what was folded before.
+    f.fold_rarest(1000, 4 * "app;f099".len());
     assert_eq!(f.total(), total);
+    f.name_folded();
+    let more: Vec<(&String, &u64)> = f.stacks.iter().filter(|(l, _)| l.contains("more]")).collect();
+    assert_eq!(more.len(), 1, "{:?}", f.stacks);
+    assert!(more[0].0.starts_with("app;[… ") && more[0].0.ends_with(" more]"), "{more:?}");
+    assert!(f.stacks.keys().all(|l| l.starts_with("app;")), "every sample under its process: {:?}", f.stacks);
+}
+
+/// Deep stacks of a few processes, far over the budget: the rarest fold a level at a time, so
+/// each keeps its process and its upper frames; the `[… N more]` leaves add up to the stacks
+/// folded, and the totals per process are exact.
+#[test]
+fn rare_deep_stacks_keep_their_process_and_upper_frames() {
+    let mut f = Folded::default();
+    let mut per_process: BTreeMap<String, u64> = BTreeMap::new();
+    for p in 0..3u64 {
+        for a in 0..20u64 {
+            for b in 0..50u64 {
+                let n = 1 + (a * 50 + b) % 7 + if b == 0 { 500 } else { 0 };
+                f.stacks.insert(format!("proc{p};main;handler{a};leaf{b};inner"), n);
+                *per_process.entry(format!("proc{p}")).or_default() += n;
+            }
+        }
+    }
+    let (distinct, total) = (f.stacks.len() as u64, f.total());
+    f.fold_rarest(200, usize::MAX);
+    f.name_folded();
+    assert!(f.stacks.len() <= 200, "{}", f.stacks.len());
+    assert_eq!(f.total(), total);
+    let mut got: BTreeMap<String, u64> = BTreeMap::new();
+    for (line, n) in &f.stacks {
+        *got.entry(line.split(';').next().unwrap().to_string()).or_default() += n;
+    }
+    assert_eq!(got, per_process, "totals per process exact, nothing at the root");
+    // The frequent stacks stay whole; the folded ones sit under their handler or main.
+    assert!(f.stacks.contains_key("proc0;main;handler0;leaf0;inner"));
+    let held: u64 =
+        f.stacks.keys().filter_map(|l| l.rsplit_once(";[… ")?.1.strip_suffix(" more]")?.parse::<u64>().ok()).sum();
+    let whole = f.stacks.keys().filter(|l| !l.contains("more]")).count() as u64;
+    assert_eq!(held + whole, distinct, "every distinct stack is whole or counted in one [… N more]");
+    assert!(f.stacks.keys().all(|l| l.matches(';').count() >= 1 && l.split(';').nth(1) == Some("main")));
+}
+
+/// More processes than the budget holds lines: those that do not fit merge at the root, said.
+#[test]
+fn processes_beyond_the_budget_merge_at_the_root() {
+    let mut f = Folded::default();
+    for p in 0..50u64 {
+        f.stacks.insert(format!("proc{p:02};main"), p + 1);
+    }
+    let total = f.total();
+    f.fold_rarest(10, usize::MAX);
+    assert_eq!(f.total(), total);
+    assert!(f.stacks.len() <= 10, "{:?}", f.stacks);
+    assert!(f.stacks.contains_key(budget::TRUNCATED));
 }
 
 /// A CPU busy all along, recorded at 99 Hz and then, after a restart, at 999 Hz (in the same

@@ -23,6 +23,9 @@ pub struct Live {
     pub events_lost: u64,
     /// Ring-to-disk latency over the last flushes: p50 and maximum, seconds.
     pub ring_to_disk_seconds: Option<(f64, f64)>,
+    /// Every flush's ring-to-disk latency since start: their sum (seconds) and count (the
+    /// summary's `_sum` and `_count`).
+    pub ring_to_disk_total: (f64, u64),
     /// CPUs the sampler is attached to now.
     pub sampled_cpus: u64,
     /// Per CPU: busy share in the last evaluated second.
@@ -223,13 +226,23 @@ pub fn render(l: &Live) -> String {
         "Exec, fork, exit and cgroup event records the kernel dropped because the events ring buffer was full.",
         vec![(String::new(), l.events_lost as f64)],
     );
+    // A summary: a `quantile` label belongs to no other type (`promtool check metrics` refuses
+    // it on a gauge), and a summary has its `_sum` and `_count` (written here as the "labels"
+    // that follow the family's name).
     family(
         "profiler_ring_to_disk_latency_seconds",
-        "gauge",
-        "Age of the oldest sample a flush wrote (flush time minus sample time), over the last 120 flushes: p50 and max.",
-        l.ring_to_disk_seconds
-            .map(|(p50, max)| vec![("{quantile=\"0.5\"}".to_string(), p50), ("{quantile=\"1\"}".to_string(), max)])
-            .unwrap_or_default(),
+        "summary",
+        "Age of the oldest sample a flush wrote (flush time minus sample time): p50 and max over the last 120 \
+         flushes; sum and count over every flush since start.",
+        {
+            let mut v: Vec<(String, f64)> = l
+                .ring_to_disk_seconds
+                .map(|(p50, max)| vec![("{quantile=\"0.5\"}".to_string(), p50), ("{quantile=\"1\"}".to_string(), max)])
+                .unwrap_or_default();
+            v.push(("_sum".to_string(), l.ring_to_disk_total.0));
+            v.push(("_count".to_string(), l.ring_to_disk_total.1 as f64));
+            v
+        },
     );
     family(
         "profiler_sampled_cpus",
@@ -499,6 +512,7 @@ mod tests {
             ..Default::default()
         });
         l.ring_to_disk_seconds = Some((0.25, 0.75));
+        l.ring_to_disk_total = (30.5, 100);
         l.busy_share.insert(1, 1.0);
         l.dying_memcgs = Some(3000);
         l.open_findings.insert("zombie-memcgs".into(), 1);
@@ -542,6 +556,53 @@ mod tests {
         assert!(text.contains("profiler_otlp_errors_total{reason=\"store\"} 0\n"));
         assert!(text.contains("profiler_otlp_lag_seconds 12.5\n"));
         assert!(text.contains("profiler_unwind_mappings_left_out 46\n"));
+        assert!(text.contains(
+            "profiler_ring_to_disk_latency_seconds_sum 30.5\nprofiler_ring_to_disk_latency_seconds_count 100\n"
+        ));
+        exposition_rules(&text);
+    }
+
+    /// What `promtool check metrics` holds the text to, as far as this exporter can break it:
+    /// every sample belongs to the family its `# TYPE` line announced (a summary's `_sum` and
+    /// `_count` included), a `quantile` label appears only in a summary (a gauge with one made
+    /// promtool refuse the whole page), and every summary has its `_sum` and `_count`.
+    fn exposition_rules(text: &str) {
+        let mut family: Option<(String, String)> = None;
+        let mut seen: Vec<String> = Vec::new();
+        let check_summary = |family: &Option<(String, String)>, seen: &[String]| {
+            if let Some((name, kind)) = family
+                && kind == "summary"
+            {
+                for suffix in ["_sum", "_count"] {
+                    assert!(seen.iter().any(|n| *n == format!("{name}{suffix}")), "summary {name} without {suffix}");
+                }
+            }
+        };
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                check_summary(&family, &seen);
+                let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+                assert!(["counter", "gauge", "summary", "histogram", "untyped"].contains(&kind), "{line}");
+                family = Some((name.to_string(), kind.to_string()));
+                seen.clear();
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            let (name, kind) = family.as_ref().unwrap_or_else(|| panic!("a sample before any TYPE: {line}"));
+            let sample = line.split(['{', ' ']).next().unwrap();
+            let allowed: Vec<String> = match kind.as_str() {
+                "summary" => vec![name.clone(), format!("{name}_sum"), format!("{name}_count")],
+                _ => vec![name.clone()],
+            };
+            assert!(allowed.iter().any(|a| a == sample), "{sample} under the TYPE of {name} ({kind})");
+            if line.contains("quantile=") {
+                assert_eq!(kind, "summary", "a quantile label outside a summary: {line}");
+            }
+            seen.push(sample.to_string());
+        }
+        check_summary(&family, &seen);
     }
 
     #[test]

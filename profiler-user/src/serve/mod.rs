@@ -131,6 +131,8 @@ pub struct Params {
     context: Option<String>,
     /// Only stacks through a frame of this exact name.
     function: Option<String>,
+    /// `1`: Python frames keep the line they ran (flamegraphs).
+    lines: Option<String>,
     rows: Option<u32>,
     bucket: Option<String>,
     format: Option<String>,
@@ -226,6 +228,7 @@ impl Params {
             context,
             function: given(&self.function),
             include_idle: false,
+            lines: self.lines.as_deref().is_some_and(|l| l == "1" || l == "true"),
         })
     }
 }
@@ -335,9 +338,8 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
         let folded = query::fold(&mut open(&p.dir(&app, Some(w))?)?, w, &filter)?;
         let note = (folded.truncated_stacks > 0).then(|| {
             format!(
-                "{} rare stacks merged into {}: a flamegraph keeps at most {} distinct stacks",
+                "{} rare stacks folded into their parents ([… N more]): a flamegraph keeps at most {} distinct stacks",
                 folded.truncated_stacks,
-                budget::TRUNCATED,
                 budget::MAX_STACKS
             )
         });

@@ -496,13 +496,18 @@ async function loadCounters() {
     const row = document.createElement("div"), name = document.createElement("div"), cv = document.createElement("canvas");
     row.className = "track"; name.className = "name";
     const label = `${t.name}${t.cpu != null ? " cpu" + t.cpu : ""}`;
-    name.textContent = label; name.title = `${label} (${t.unit || ""})`;
+    // The counter's name and its CPU on lines of their own: cut to the 70 px column on one
+    // line, `irq.total cp…` lost the CPU. The whole label is on the plot too.
+    const line = (text) => Object.assign(document.createElement("span"), { textContent: text });
+    name.append(line(t.name));
+    if (t.cpu != null) name.append(" ", line("cpu" + t.cpu));
+    name.title = `${label} (${t.unit || ""})`;
     const c = canvas(cv, d.w, 26), max = gpu(t) ? 100 : Math.max(...t.points.map((p) => p[1]), 0);
     c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, 26);
     c.strokeStyle = css("--info"); c.lineWidth = 1.5; c.beginPath();
     t.points.forEach(([ms, v], j) => { const x = X(ms / 1000), y = 24 - (max ? (v / max) * 21 : 0); j ? c.lineTo(x, y) : c.moveTo(x, y); });
     c.stroke();
-    c.fillStyle = css("--muted"); c.font = "10px system-ui, sans-serif"; c.textBaseline = "top"; c.fillText(`max ${+max.toPrecision(3)} ${t.unit || ""}`, 3, 1);
+    c.fillStyle = css("--muted"); c.font = "10px system-ui, sans-serif"; c.textBaseline = "top"; c.fillText(`${label} · max ${+max.toPrecision(3)} ${t.unit || ""}`, 3, 1);
     cv.addEventListener("mousemove", (ev) => {
       const tm = T(ev.clientX - cv.getBoundingClientRect().left) * 1000;
       const p = t.points.reduce((a, b) => (Math.abs(b[0] - tm) < Math.abs(a[0] - tm) ? b : a));
@@ -624,6 +629,8 @@ async function load() {
     $("events").replaceChildren(...e.map((x) => listItem(`${full(x.ts_ns / 1e9)}: ${x.message}`, null, around(x.ts_ns - 5e9, x.ts_ns + 1e9, null))));
     $("status").textContent = "";
     if (S.sel) showFlamegraph(...S.sel);
+    // A report opens on its whole window's flamegraph (it holds it), not on an empty panel.
+    else if (window.PROFILER_REPORT) showFlamegraph(window.PROFILER_REPORT.from_ns / 1e9, window.PROFILER_REPORT.to_ns / 1e9);
     loadCounters();
   } catch (err) {
     if (mine === loads) { $("status").textContent = err.message; $("status").className = "err"; }

@@ -73,7 +73,7 @@ impl PyNames {
                 None => return Arc::from("[python]"),
             },
         };
-        let start = code + layout.code_adaptive;
+        let start = code.wrapping_add(layout.code_adaptive);
         let line = info
             .lines
             .as_deref()
@@ -131,26 +131,31 @@ pub fn source(frame: &str) -> Option<(&str, &str, u32)> {
 }
 
 fn describe(pid: u32, l: &Layout, code: u64) -> Option<Code> {
-    let qualname = read_u64(pid, code + l.code_qualname)?;
-    let filename = read_u64(pid, code + l.code_filename)?;
-    let first_line = read_u32(pid, code + l.code_firstlineno)? as i32 as i64;
+    let qualname = read_u64(pid, code.wrapping_add(l.code_qualname))?;
+    let filename = read_u64(pid, code.wrapping_add(l.code_filename))?;
+    let first_line = read_u32(pid, code.wrapping_add(l.code_firstlineno))? as i32 as i64;
     let name = read_str(pid, l, qualname)?;
     let file = read_str(pid, l, filename).unwrap_or_else(|| "?".into());
-    let lines = (l.code_linetable != 0).then(|| read_bytes(pid, read_u64(pid, code + l.code_linetable)?)).flatten();
+    let lines =
+        (l.code_linetable != 0).then(|| read_bytes(pid, read_u64(pid, code.wrapping_add(l.code_linetable))?)).flatten();
     Some(Code { name, file, first_line, lines })
 }
 
 /// A `bytes` object's contents (`ob_size` at 16, `ob_sval` at 32 in every 3.x), at most
 /// [`MAX_LINE_TABLE`] bytes.
 fn read_bytes(pid: u32, obj: u64) -> Option<Vec<u8>> {
-    let len = read_u64(pid, obj + 16)? as usize;
+    let len = read_u64(pid, obj.wrapping_add(16))? as usize;
     if len > MAX_LINE_TABLE {
         return None;
     }
     let mut buf = vec![0u8; len];
-    read(pid, obj + 32, &mut buf).then_some(buf)
+    read(pid, obj.wrapping_add(32), &mut buf).then_some(buf)
 }
 
+/// Reads another process's memory. Every address here is computed from pointers read out of
+/// that process (a frame being torn down holds garbage): offsets are added wrapping, and an
+/// address that is not mapped there simply reads nothing. (An overflowing `+` on a garbage
+/// pointer panicked the pipeline of a debug build, and the daemon with it.)
 fn read(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
     let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
@@ -173,13 +178,13 @@ fn read_u32(pid: u32, addr: u64) -> Option<u32> {
 /// are); anything else reads as `?`.
 fn read_str(pid: u32, l: &Layout, obj: u64) -> Option<String> {
     // PyASCIIObject: ob_refcnt, ob_type, length at 16, hash, state at 32.
-    let len = read_u64(pid, obj + 16)? as usize;
-    let state = read_u32(pid, obj + 32)?;
+    let len = read_u64(pid, obj.wrapping_add(16))? as usize;
+    let state = read_u32(pid, obj.wrapping_add(32))?;
     let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
     if !compact || kind != 1 {
         return Some("?".into());
     }
-    let data = obj + if ascii { l.ascii_data } else { l.compact_data };
+    let data = obj.wrapping_add(if ascii { l.ascii_data } else { l.compact_data });
     let mut buf = vec![0u8; len.min(MAX_STR)];
     if !read(pid, data, &mut buf) {
         return None;
@@ -243,6 +248,20 @@ pub fn frames(words: &[u64]) -> Vec<(u64, u64, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pointers read out of a frame being torn down are garbage: near the top of the address
+    /// space, offsets added to them overflowed and panicked the pipeline (and the daemon).
+    #[test]
+    fn garbage_pointers_read_nothing_and_panic_nowhere() {
+        let layout = crate::unwind::python::layout(11).expect("3.11's layout");
+        let me = std::process::id();
+        let mut names = PyNames::default();
+        for code in [u64::MAX, u64::MAX - 3, u64::MAX - 40, 0, 8] {
+            assert_eq!(&*names.name(me, layout, code, u64::MAX), "[python]");
+            assert!(read_str(me, layout, code).is_none());
+            assert!(read_bytes(me, code).is_none());
+        }
+    }
 
     /// Native frames, each in a file of its own (`/f<i>`) at address `i`.
     fn a(v: &[&str]) -> Vec<(Arc<str>, Location)> {

@@ -11,8 +11,13 @@
 //! `k8s.pod.uid`, `k8s.namespace.name`, `k8s.pod.name`, `k8s.container.name`, and
 //! `systemd.unit` (semconv has no key for a unit), on the resource when every sample shares
 //! them. Frames carry `profile.frame.type` = `kernel`, `native` or `cpython` on their location
-//! (as the OpenTelemetry eBPF profiler marks them), so names travel unmarked; a Python frame's
-//! file and first line go in `Function.filename`/`start_line` and `Line.line`.
+//! (as the OpenTelemetry eBPF profiler marks them), so names travel unmarked. A user frame's
+//! location has the mapping of the file it was mapped from (`Mapping.filename`) and, as its
+//! `address`, its function's ELF virtual address there (the store keeps functions, not
+//! instructions, and no load address: `memory_start`/`memory_limit` stay 0). A Python frame's
+//! file goes in `Function.filename` and the line it ran in `Line.line`: one Function per
+//! function and file, whatever line its samples ran, with `start_line` 0 (unknown: the store
+//! keeps the line that ran, not the function's first).
 
 pub mod logs;
 pub mod proto;
@@ -65,9 +70,13 @@ pub struct Builder {
     dict: ProfilesDictionary,
     strings: HashMap<String, i32>,
     attributes: HashMap<(i32, Value), i32>,
-    /// Location of each frame name, per kind (user, kernel).
-    user: HashMap<String, i32>,
+    /// Location of each frame: (name, file, address) for user frames, name for kernel ones.
+    user: HashMap<(String, String, u64), i32>,
     kernel: HashMap<String, i32>,
+    /// Function of each (name, file).
+    functions: HashMap<(i32, i32), i32>,
+    /// Mapping of each file.
+    mappings: HashMap<String, i32>,
     stacks: HashMap<Vec<i32>, i32>,
     /// Workload string → its id (0: none) and attributes.
     workload_ids: HashMap<String, usize>,
@@ -100,6 +109,8 @@ impl Builder {
             attributes: HashMap::new(),
             user: HashMap::new(),
             kernel: HashMap::new(),
+            functions: HashMap::new(),
+            mappings: HashMap::new(),
             stacks: HashMap::new(),
             workload_ids: HashMap::from([(String::new(), 0)]),
             workloads: vec![Vec::new()],
@@ -140,40 +151,78 @@ impl Builder {
         i
     }
 
-    fn location(&mut self, name: &str, kernel: bool) -> i32 {
-        let known = if kernel { &self.kernel } else { &self.user };
-        if let Some(&i) = known.get(name) {
+    /// A frame's location: `file` and `address` are where a user frame's function lives
+    /// (`SampleRef::locations`; "" and 0 unknown).
+    fn location(&mut self, name: &str, kernel: bool, file: &str, address: u64) -> i32 {
+        let (file, address) = if kernel { ("", 0) } else { (file, address) };
+        let key = (name.to_string(), file.to_string(), address);
+        let known = if kernel { self.kernel.get(name) } else { self.user.get(&key) };
+        if let Some(&i) = known {
             return i;
         }
         let python = crate::symbolize::python::source(name).filter(|_| !kernel);
-        let (function, file, line, kind) = match python {
-            Some((function, file, line)) => (function, file, i64::from(line), "cpython"),
+        let (function, source, line, kind) = match python {
+            Some((function, source, line)) => (function, source, i64::from(line), "cpython"),
             None => (name, "", 0, if kernel { "kernel" } else { "native" }),
         };
-        let (name_strindex, filename_strindex) = (self.string(function), self.string(file));
-        let function_index = self.dict.function_table.len() as i32;
+        let function_index = self.function(function, source);
+        let kind = self.attribute("profile.frame.type", Value::String(kind.into()));
+        let mapping_index = if file.is_empty() { 0 } else { self.mapping(file) };
+        let i = self.dict.location_table.len() as i32;
+        self.dict.location_table.push(Location {
+            mapping_index,
+            address,
+            lines: vec![Line { function_index, line, column: 0 }],
+            attribute_indices: vec![kind],
+        });
+        if kernel {
+            self.kernel.insert(name.to_string(), i);
+        } else {
+            self.user.insert(key, i);
+        }
+        i
+    }
+
+    /// One Function per name and source file: a Python function sampled on several lines is one
+    /// function with several locations.
+    fn function(&mut self, name: &str, file: &str) -> i32 {
+        let (name_strindex, filename_strindex) = (self.string(name), self.string(file));
+        if let Some(&i) = self.functions.get(&(name_strindex, filename_strindex)) {
+            return i;
+        }
+        let i = self.dict.function_table.len() as i32;
         self.dict.function_table.push(Function {
             name_strindex,
             system_name_strindex: name_strindex,
             filename_strindex,
-            start_line: line,
+            start_line: 0,
         });
-        let kind = self.attribute("profile.frame.type", Value::String(kind.into()));
-        let i = self.dict.location_table.len() as i32;
-        self.dict.location_table.push(Location {
-            mapping_index: 0,
-            address: 0,
-            lines: vec![Line { function_index, line, column: 0 }],
-            attribute_indices: vec![kind],
-        });
-        let known = if kernel { &mut self.kernel } else { &mut self.user };
-        known.insert(name.to_string(), i);
+        self.functions.insert((name_strindex, filename_strindex), i);
         i
     }
 
-    fn stack(&mut self, frames: &[(&str, bool)]) -> i32 {
+    fn mapping(&mut self, file: &str) -> i32 {
+        if let Some(&i) = self.mappings.get(file) {
+            return i;
+        }
+        let filename_strindex = self.string(file);
+        let i = self.dict.mapping_table.len() as i32;
+        self.dict.mapping_table.push(Mapping { memory_start: 0, memory_limit: 0, file_offset: 0, filename_strindex });
+        self.mappings.insert(file.to_string(), i);
+        i
+    }
+
+    fn stack(&mut self, frames: &[(&str, bool)], places: &[(&str, u64)]) -> i32 {
         // Leaf first, as OTLP (and pprof) order stacks.
-        let locations: Vec<i32> = frames.iter().rev().map(|&(name, kernel)| self.location(name, kernel)).collect();
+        let locations: Vec<i32> = frames
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, &(name, kernel))| {
+                let (file, address) = places.get(i).copied().unwrap_or(("", 0));
+                self.location(name, kernel, file, address)
+            })
+            .collect();
         if let Some(&i) = self.stacks.get(&locations) {
             return i;
         }
@@ -201,7 +250,7 @@ impl Builder {
     }
 
     pub fn add(&mut self, s: &SampleRef<'_>) {
-        let stack = self.stack(s.frames);
+        let stack = self.stack(s.frames, s.locations);
         let attrs = [
             self.attribute("thread.id", Value::Int(i64::from(s.tid))),
             self.attribute("process.pid", Value::Int(i64::from(s.pid))),

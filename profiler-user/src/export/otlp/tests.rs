@@ -356,3 +356,42 @@ fn the_official_definitions_read_what_the_store_holds() {
     assert_eq!(count(r#"{"systemd.unit": "b.service"}"#), units, "{workloads:?}");
     assert_eq!(count("{}"), n - pods - units);
 }
+
+/// One Python function sampled on two lines is one Function (its first line unknown: 0), with a
+/// location per line; a user frame's location has its file's mapping and its function's address.
+#[test]
+fn a_python_function_is_one_function_and_user_frames_have_mappings_and_addresses() {
+    let w = Window::new(T0, T0 + 10 * NS_PER_SEC).unwrap();
+    let mut b = Builder::new(w, "node-1", 99);
+    let on =
+        |line: u32| [("_start", false), (if line == 4 { "work (/srv/a.py:4)" } else { "work (/srv/a.py:5)" }, false)];
+    let places = [("/usr/bin/python3.12", 0x4a_1000u64), ("", 0)];
+    let (four, five) = (on(4), on(5));
+    b.add(&SampleRef { locations: &places, ..sample(T0, 43, &four, "") });
+    b.add(&SampleRef { locations: &places, ..sample(T0 + 1, 43, &five, "") });
+    let r = roundtrip(b);
+    let d = r.dictionary.as_ref().unwrap();
+    let s = |i: i32| d.string_table[i as usize].as_str();
+    let works: Vec<&Function> = d.function_table.iter().filter(|f| s(f.name_strindex) == "work").collect();
+    assert_eq!(works.len(), 1, "{:?}", d.function_table);
+    assert_eq!((s(works[0].filename_strindex), works[0].start_line), ("/srv/a.py", 0));
+    let lines: Vec<i64> = d
+        .location_table
+        .iter()
+        .filter(|l| {
+            l.lines.first().is_some_and(|x| s(d.function_table[x.function_index as usize].name_strindex) == "work")
+        })
+        .map(|l| l.lines[0].line)
+        .collect();
+    assert_eq!(lines, vec![4, 5]);
+    let start = d
+        .location_table
+        .iter()
+        .find(|l| {
+            l.lines.first().is_some_and(|x| s(d.function_table[x.function_index as usize].name_strindex) == "_start")
+        })
+        .expect("_start's location");
+    assert_eq!(start.address, 0x4a_1000);
+    assert_eq!(s(d.mapping_table[start.mapping_index as usize].filename_strindex), "/usr/bin/python3.12");
+    assert_eq!(d.mapping_table.len(), 2, "the zero mapping and python3.12's: {:?}", d.mapping_table);
+}

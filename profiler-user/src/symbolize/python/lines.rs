@@ -16,18 +16,18 @@ pub fn line_at(table: &[u8], first_line: i64, unit: u64) -> Option<i64> {
         let here = match code {
             15 => None,
             14 => {
-                line += r.svarint()?;
+                line = line.checked_add(r.svarint()?)?;
                 r.varint()?; // end line
                 r.varint()?; // column
                 r.varint()?; // end column
                 Some(line)
             }
             13 => {
-                line += r.svarint()?;
+                line = line.checked_add(r.svarint()?)?;
                 Some(line)
             }
             10..=12 => {
-                line += i64::from(code - 10);
+                line = line.checked_add(i64::from(code - 10))?;
                 r.byte()?;
                 r.byte()?;
                 Some(line)
