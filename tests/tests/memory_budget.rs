@@ -16,7 +16,6 @@ use std::{
 
 use integration_tests::{Daemon, Kill, bin, folded_window, now_secs, privileged, skip, status_json, wait_for};
 
-
 const MEMCG_V1: &str = "/sys/fs/cgroup/memory";
 const LIMIT: u64 = 256 << 20;
 const NOBODY: &str = "65534";
@@ -97,7 +96,9 @@ fn an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget() {
         return;
     }
     if !Path::new(MEMCG_V1).join("memory.limit_in_bytes").exists() {
-        skip("an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget: no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory");
+        skip(
+            "an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget: no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory",
+        );
         return;
     }
     let memcg = Memcg::new(LIMIT).expect("a memory cgroup of 256 MiB");
@@ -174,8 +175,7 @@ fn an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget() {
     });
     let stacks = folded_window(dir, before_root - 1.0, after_root + 1.0, &["--comm", "budget-nofp"]).unwrap();
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
-    let complete: u64 =
-        stacks.iter().filter(|(s, _)| s.split(';').any(|f| f == "main")).map(|(_, n)| n).sum();
+    let complete: u64 = stacks.iter().filter(|(s, _)| s.split(';').any(|f| f == "main")).map(|(_, n)| n).sum();
     let share = complete as f64 / total as f64;
 
     peak_anon = peak_anon.max(status_bytes(pid, "RssAnon"));

@@ -151,10 +151,11 @@ impl RunArgs {
             settings.retention.max_age_ns / 1_000_000_000,
         )?;
         let unwind_mib = self.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(config::UNWIND_MIB_DEFAULT);
-        let ring_bytes = config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or_else(|| {
-            let cpus = aya::util::online_cpus().map_or(64, |c| c.len() as u32);
-            config::default_ring_kib(cpus, frequency)
-        }))?;
+        let ring_bytes =
+            config::ring_buffer_bytes(self.ring_buffer_kib.or(file.ring_buffer_kib).unwrap_or_else(|| {
+                let cpus = aya::util::online_cpus().map_or(64, |c| c.len() as u32);
+                config::default_ring_kib(cpus, frequency)
+            }))?;
         let (limit, source) = match self.memory_mib.or(file.memory_mib) {
             Some(mib) => (mib << 20, "flag"),
             None => match profiler::memory::cgroup_limit() {

@@ -243,7 +243,12 @@ fn a_pod_named_below_a_user_manager_is_the_users_service_not_a_pod() {
     let scope = "cri-containerd-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.scope";
     assert_eq!(parse_path(forged), unit(scope));
     assert_eq!(parse_proc_cgroup(&format!("0::{forged}\n")), unit(scope));
-    assert_eq!(parse_path("/user.slice/user-1000.slice/user@1000.service/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"), unit("user@1000.service"));
+    assert_eq!(
+        parse_path(
+            "/user.slice/user-1000.slice/user@1000.service/docker/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+        ),
+        unit("user@1000.service")
+    );
 }
 
 #[test]

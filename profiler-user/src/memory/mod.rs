@@ -67,7 +67,13 @@ pub struct Pool {
 
 impl Pool {
     const fn new(name: &'static str, limit: u64) -> Self {
-        Self { name, limit: AtomicU64::new(limit), used: AtomicU64::new(0), refused: AtomicU64::new(0), peak: AtomicU64::new(0) }
+        Self {
+            name,
+            limit: AtomicU64::new(limit),
+            used: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+        }
     }
 
     /// A pool of its own for a test.

@@ -152,7 +152,11 @@ async fn accept_loop(listener: tokio::net::TcpListener, router: Router, cap: usi
                     Some(slot) => {
                         replaced += 1;
                         if replaced.is_power_of_two() {
-                            tracing::warn!(replaced, cap, "HTTP connections over the cap: connections without the API token were closed for new ones");
+                            tracing::warn!(
+                                replaced,
+                                cap,
+                                "HTTP connections over the cap: connections without the API token were closed for new ones"
+                            );
                         }
                         slot
                     }
@@ -196,11 +200,20 @@ mod tests {
     fn a_new_connection_replaces_an_idle_one_without_the_token_the_oldest_first() {
         let t0 = Instant::now();
         let at = |s| t0 + Duration::from_secs(s);
-        let (owner, busy, idle_old, idle_new) =
-            (Arc::new(ConnMark::default()), Arc::new(ConnMark::default()), Arc::new(ConnMark::default()), Arc::new(ConnMark::default()));
+        let (owner, busy, idle_old, idle_new) = (
+            Arc::new(ConnMark::default()),
+            Arc::new(ConnMark::default()),
+            Arc::new(ConnMark::default()),
+            Arc::new(ConnMark::default()),
+        );
         owner.trust();
         let _working = busy.busy();
-        let open = vec![(1, at(0), owner.clone()), (2, at(1), busy.clone()), (3, at(2), idle_old.clone()), (4, at(3), idle_new)];
+        let open = vec![
+            (1, at(0), owner.clone()),
+            (2, at(1), busy.clone()),
+            (3, at(2), idle_old.clone()),
+            (4, at(3), idle_new),
+        ];
         assert!(Arc::ptr_eq(&victim(&open).unwrap(), &idle_old));
         // Only the owner's and a busy one: the busy one goes, never the owner's.
         let open = vec![(1, at(0), owner.clone()), (2, at(1), busy.clone())];

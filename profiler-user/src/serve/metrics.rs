@@ -418,8 +418,12 @@ fn render_memory(out: &mut String) {
         }
     };
     family("profiler_memory_pool_bytes", "gauge", "Bytes each part of the memory budget holds now.", &|p| p.used());
-    family("profiler_memory_pool_limit_bytes", "gauge", "Bytes each part of the memory budget may hold.", &|p| p.limit());
-    family("profiler_memory_pool_peak_bytes", "gauge", "The most bytes each part of the memory budget held.", &|p| p.peak());
+    family("profiler_memory_pool_limit_bytes", "gauge", "Bytes each part of the memory budget may hold.", &|p| {
+        p.limit()
+    });
+    family("profiler_memory_pool_peak_bytes", "gauge", "The most bytes each part of the memory budget held.", &|p| {
+        p.peak()
+    });
     family(
         "profiler_memory_refused_total",
         "counter",

@@ -34,6 +34,7 @@ pub mod file;
 mod kallsyms;
 mod lifecycle;
 pub mod maps;
+mod memory;
 mod module;
 pub mod perfmap;
 pub mod python;
@@ -141,12 +142,6 @@ struct Process {
 
 /// A stack as the sampler sent it: process image (0 for kernel-only), addresses, frame counts.
 type StackKey = (u64, Vec<u64>, usize);
-
-/// What a cached stack costs: its key, frames and locations (the names are shared and counted
-/// where they are made), and the cache's slot.
-fn stack_bytes(key: &StackKey, stack: &Stack) -> u64 {
-    (key.1.len() * 8 + stack.frames.len() * 16 + stack.locations.len() * 32 + 160) as u64
-}
 
 /// A symbolized stack; `until` is set when it has an unnamed frame (see `UNRESOLVED_TTL`).
 struct Cached {
@@ -340,47 +335,6 @@ impl Symbolizer {
         stack
     }
 
-    /// Caches a symbolized stack within the stacks' pool of the memory budget: the least
-    /// recently used ones go first (a user's 126-frame stacks of random JIT addresses would
-    /// otherwise fill 8,192 slots with megabytes).
-    fn cache_stack(&mut self, key: StackKey, cached: Cached) {
-        let cost = stack_bytes(&key, &cached.stack);
-        let limit = crate::memory::STACKS.limit();
-        while self.stack_bytes + cost > limit {
-            let Some((k, old)) = self.stacks.pop_lru() else { break };
-            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
-        }
-        if let Some((k, old)) = self.stacks.push(key, cached) {
-            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
-        }
-        self.stack_bytes += cost;
-        crate::memory::STACKS.set_used(self.stack_bytes);
-    }
-
-    /// Drops every cache that samples rebuild (the daemon's memory passed its budget): stacks,
-    /// names, Python code objects, perf maps, and blazesym's parsed symbols.
-    fn shed(&mut self) {
-        self.stacks.clear();
-        self.stack_bytes = 0;
-        crate::memory::STACKS.set_used(0);
-        self.python.shed();
-        self.kernel.clear();
-        self.names.clear();
-        for m in self.modules.values_mut() {
-            m.names.clear();
-            for path in m.paths() {
-                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path.clone())));
-            }
-        }
-        for p in self.processes.values_mut() {
-            p.perf_map = perfmap::PerfMap::default();
-            p.perf_map_read_at = None;
-        }
-        self.perf_map_bytes = 0;
-        crate::memory::PERF_MAPS.set_used(0);
-        self.stats.sheds += 1;
-    }
-
     /// The process, if any, whose last stack had an address in code mapped since its maps were
     /// read before (a `dlopen`): its unwind tables are due too.
     pub fn take_mapped(&mut self) -> Option<u32> {
@@ -453,7 +407,7 @@ impl Symbolizer {
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
         let live: std::collections::HashSet<u64> = self.processes.values().map(|p| p.image).collect();
         self.stacks.retain(|k, _| k.0 == 0 || live.contains(&k.0));
-        self.stack_bytes = self.stacks.iter().map(|(k, c)| stack_bytes(k, &c.stack)).sum();
+        self.stack_bytes = self.stacks.iter().map(|(k, c)| memory::stack_bytes(k, &c.stack)).sum();
         crate::memory::STACKS.set_used(self.stack_bytes);
         let mapped: std::collections::HashSet<(u64, u64)> =
             self.processes.values().flat_map(|p| p.maps.iter().map(|m| (m.dev, m.inode))).collect();
@@ -676,32 +630,11 @@ impl Symbolizer {
             self.stats.files_refused += 1;
             return Module::unopened(mapping);
         }
-        let (mut module, opened) = Module::open(pid, mapping, now);
+        let (module, opened) = Module::open(pid, mapping, now);
         if let Opened::Refused = opened {
             self.stats.files_refused += 1;
         }
-        // Symbol tables of all files share one pool of the memory budget: past it a new file's
-        // frames are named `module+0xVADDR` (the last step of degrading), counted, until files
-        // are forgotten with the processes that mapped them.
-        let symbols = module.info.as_ref().map_or(0, |i| i.symbols);
-        if symbols > 0 {
-            match crate::memory::SYMBOLS.try_charge(symbols * module::BYTES_PER_SYMBOL) {
-                Some(charge) => module.charge = Some(charge),
-                None => {
-                    self.stats.files_refused += 1;
-                    if !self.symbols_refusal_logged {
-                        self.symbols_refusal_logged = true;
-                        tracing::warn!(
-                            file = %mapping.path,
-                            symbols,
-                            "the symbol tables of the mapped files fill their part of the memory budget: this file and later ones are named module+offset until files are forgotten (profiler_memory_refused_total{{pool=\"symbols\"}})"
-                        );
-                    }
-                    return Module::unopened(mapping);
-                }
-            }
-        }
-        module
+        self.charge_symbols(module, mapping)
     }
 }
 

@@ -55,7 +55,15 @@ impl Module {
     pub fn unopened(mapping: &Mapping) -> Self {
         let path = mapping.path.trim_end_matches(" (deleted)");
         let base = path.rsplit('/').next().unwrap_or(path);
-        Module { base: Arc::from(base), file: None, info: None, debug: None, failed_at: None, names: HashMap::new(), charge: None }
+        Module {
+            base: Arc::from(base),
+            file: None,
+            info: None,
+            debug: None,
+            failed_at: None,
+            names: HashMap::new(),
+            charge: None,
+        }
     }
 
     /// Opens the mapped file itself, checked (see `file`), whatever its path now holds, and

@@ -287,7 +287,10 @@ fn run(
                 registry.touch(pid);
                 // Not known any more (its place or its tables went to a running process): now.
                 let due = read_at.get(&pid).is_none_or(|at| at.elapsed() >= REREAD_AFTER);
-                if due || (!registry.is_known(pid) && read_at.get(&pid).is_none_or(|at| at.elapsed() >= Duration::from_secs(1))) {
+                if due
+                    || (!registry.is_known(pid)
+                        && read_at.get(&pid).is_none_or(|at| at.elapsed() >= Duration::from_secs(1)))
+                {
                     describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
                 }
             }

@@ -501,7 +501,8 @@ impl<T: Tables> Registry<T> {
                 _ => None,
             })
             .min()?;
-        let users: Vec<u32> = self.processes.iter().filter(|(_, p)| p.keys.contains(&key)).map(|(pid, _)| *pid).collect();
+        let users: Vec<u32> =
+            self.processes.iter().filter(|(_, p)| p.keys.contains(&key)).map(|(pid, _)| *pid).collect();
         self.stale_evicted += users.len() as u64;
         if self.stale_evicted == users.len() as u64 {
             tracing::warn!(

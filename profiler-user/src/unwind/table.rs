@@ -258,8 +258,8 @@ fn read_whole_bytes<'data, R: ReadRef<'data>>(data: R) -> Result<(u64, u64), Tab
     for section in sections.iter() {
         let kind = section.sh_type(endian);
         let name = sections.section_name(endian, section).unwrap_or_default();
-        let wanted =
-            matches!(kind, object::elf::SHT_SYMTAB | object::elf::SHT_DYNSYM) || matches!(name, b".eh_frame" | b".debug_frame");
+        let wanted = matches!(kind, object::elf::SHT_SYMTAB | object::elf::SHT_DYNSYM)
+            || matches!(name, b".eh_frame" | b".debug_frame");
         if !wanted || kind == object::elf::SHT_NOBITS {
             continue;
         }
@@ -536,7 +536,8 @@ impl Rows {
         let row = Row { pc, cfa_offset: rule.cfa_offset, kind: rule.kind, fp_offset: rule.fp_offset };
         match self.rows.last_mut() {
             Some(last) if last.pc == pc => *last = row,
-            Some(last) if (last.kind, last.cfa_offset, last.fp_offset) == (rule.kind, rule.cfa_offset, rule.fp_offset) => {}
+            Some(last)
+                if (last.kind, last.cfa_offset, last.fp_offset) == (rule.kind, rule.cfa_offset, rule.fp_offset) => {}
             _ => {
                 meter.room(&mut self.rows, |m| &mut m.rows_cap)?;
                 self.rows.push(row);

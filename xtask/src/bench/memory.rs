@@ -84,7 +84,10 @@ fn measure(profiler: &Path, cg: &Path) -> anyhow::Result<()> {
     });
     let secs = started.elapsed().as_secs_f64();
     let m = metrics(&addr)?;
-    let (hwm, anon) = (status_kib(pid, "VmHWM"), m.iter().find(|(k, _)| k == "profiler_memory_anon_bytes{at=\"peak\"}").map_or(0.0, |(_, v)| *v));
+    let (hwm, anon) = (
+        status_kib(pid, "VmHWM"),
+        m.iter().find(|(k, _)| k == "profiler_memory_anon_bytes{at=\"peak\"}").map_or(0.0, |(_, v)| *v),
+    );
     let cg_peak: u64 = std::fs::read_to_string(cg.join("memory.max_usage_in_bytes"))?.trim().parse().unwrap_or(0);
     let oom = std::fs::read_to_string(cg.join("memory.oom_control"))?
         .lines()

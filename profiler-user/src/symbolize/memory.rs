@@ -1,0 +1,89 @@
+//! The symbolizer's caches within the memory budget: the stack cache bounded in bytes by its
+//! pool (the least recently used stacks go first), and the shed that drops every cache samples
+//! rebuild when the daemon's memory passes its budget (`crate::memory::watch`).
+
+use blazesym::symbolize::evict::{self, Evict};
+
+use super::{
+    Cached, StackKey, Symbolizer,
+    maps::Mapping,
+    module::{self, Module},
+    perfmap,
+};
+use crate::{memory, model::Stack};
+
+/// What a cached stack costs: its key, frames and locations (the names are shared and counted
+/// where they are made), and the cache's slot.
+pub(super) fn stack_bytes(key: &StackKey, stack: &Stack) -> u64 {
+    (key.1.len() * 8 + stack.frames.len() * 16 + stack.locations.len() * 32 + 160) as u64
+}
+
+impl Symbolizer {
+    /// Caches a symbolized stack within the stacks' pool of the memory budget: the least
+    /// recently used ones go first (a user's 126-frame stacks of random JIT addresses would
+    /// otherwise fill 8,192 slots with megabytes).
+    pub(super) fn cache_stack(&mut self, key: StackKey, cached: Cached) {
+        let cost = stack_bytes(&key, &cached.stack);
+        let limit = memory::STACKS.limit();
+        while self.stack_bytes + cost > limit {
+            let Some((k, old)) = self.stacks.pop_lru() else { break };
+            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
+        }
+        if let Some((k, old)) = self.stacks.push(key, cached) {
+            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
+        }
+        self.stack_bytes += cost;
+        memory::STACKS.set_used(self.stack_bytes);
+    }
+
+    /// Drops every cache that samples rebuild (the daemon's memory passed its budget): stacks,
+    /// names, Python code objects, perf maps, and blazesym's parsed symbols.
+    pub(super) fn shed(&mut self) {
+        self.stacks.clear();
+        self.stack_bytes = 0;
+        memory::STACKS.set_used(0);
+        self.python.shed();
+        self.kernel.clear();
+        self.names.clear();
+        for m in self.modules.values_mut() {
+            m.names.clear();
+            for path in m.paths() {
+                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(path.clone())));
+            }
+        }
+        for p in self.processes.values_mut() {
+            p.perf_map = perfmap::PerfMap::default();
+            p.perf_map_read_at = None;
+        }
+        self.perf_map_bytes = 0;
+        memory::PERF_MAPS.set_used(0);
+        self.stats.sheds += 1;
+    }
+
+    /// Charges a module's symbol tables to the symbols' pool; a module that does not fit is
+    /// given up for an unopened one.
+    pub(super) fn charge_symbols(&mut self, mut module: Module, mapping: &Mapping) -> Module {
+        // Symbol tables of all files share one pool of the memory budget: past it a new file's
+        // frames are named `module+0xVADDR` (the last step of degrading), counted, until files
+        // are forgotten with the processes that mapped them.
+        let symbols = module.info.as_ref().map_or(0, |i| i.symbols);
+        if symbols > 0 {
+            match memory::SYMBOLS.try_charge(symbols * module::BYTES_PER_SYMBOL) {
+                Some(charge) => module.charge = Some(charge),
+                None => {
+                    self.stats.files_refused += 1;
+                    if !self.symbols_refusal_logged {
+                        self.symbols_refusal_logged = true;
+                        tracing::warn!(
+                            file = %mapping.path,
+                            symbols,
+                            "the symbol tables of the mapped files fill their part of the memory budget: this file and later ones are named module+offset until files are forgotten (profiler_memory_refused_total{{pool=\"symbols\"}})"
+                        );
+                    }
+                    return Module::unopened(mapping);
+                }
+            }
+        }
+        module
+    }
+}
