@@ -1,4 +1,7 @@
+use std::sync::Arc;
+
 use super::*;
+use crate::model::Stack;
 
 #[test]
 fn an_open_findings_new_figures_are_handed_out_at_most_every_few_seconds() {
