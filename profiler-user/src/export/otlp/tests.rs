@@ -314,8 +314,8 @@ fn the_official_definitions_read_what_the_store_holds() {
     let want: Vec<&Stored> = stored.iter().filter(|s| w.contains(s.ts_ns)).collect();
     assert_eq!(n, want.len() as u64);
     assert_eq!(summary["samples"].as_u64(), Some(n));
-    // Stacks: what the store folds, exactly.
-    let folded = query::fold(&mut store, w, &Filter::default()).unwrap();
+    // Stacks: what the store folds, exactly (with Python lines: OTLP keeps them).
+    let folded = query::fold(&mut store, w, &Filter { lines: true, ..Filter::default() }).unwrap();
     let stacks: HashMap<String, u64> = folded.stacks.into_iter().collect();
     assert_eq!(fold_summary(&summary), stacks);
     // Every sample once, with its own time, thread, process and CPU.
