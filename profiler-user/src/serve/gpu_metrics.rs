@@ -1,19 +1,13 @@
 //! `/metrics` for the GPUs: the poller's latest reading as gauges labelled `gpu`, `uuid` and
 //! `model`, and what the polling costs (like the kernel counters' own CPU track).
 
-use std::fmt::Write;
-
-use super::metrics::escape_label;
+use super::metrics::{escape_label, write_family};
 use crate::gpu::{Reading, State};
 
 pub fn render(s: &State) -> String {
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, v) in values {
-            let _ = writeln!(out, "{name}{labels} {v}");
-        }
+        write_family(&mut out, name, kind, help, values)
     };
     let up = s.inventory.unavailable.is_none() && !s.inventory.gpus.is_empty();
     family(

@@ -67,14 +67,19 @@ pub struct Live {
     pub gpu_xids: BTreeMap<(u32, bool), u64>,
 }
 
+/// One metric family in the exposition format: its HELP and TYPE lines, then a line per series.
+pub(super) fn write_family(out: &mut String, name: &str, kind: &str, help: &str, values: Vec<(String, f64)>) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, v) in values {
+        let _ = writeln!(out, "{name}{labels} {v}");
+    }
+}
+
 pub fn render(l: &Live) -> String {
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, v) in values {
-            let _ = writeln!(out, "{name}{labels} {v}");
-        }
+        write_family(&mut out, name, kind, help, values)
     };
     family("profiler_samples_total", "counter", "Samples taken, by CPU and state.", {
         let mut v: Vec<(String, f64)> =
@@ -410,38 +415,56 @@ pub fn render(l: &Live) -> String {
 /// memory against the plan (see `memory`).
 fn render_memory(out: &mut String) {
     let pools = crate::memory::pools();
-    let mut family = |name: &str, kind: &str, help: &str, f: &dyn Fn(&crate::memory::Pool) -> u64| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for p in pools {
-            let _ = writeln!(out, "{name}{{pool=\"{}\"}} {}", p.name, f(p));
-        }
+    let by_pool = |f: &dyn Fn(&crate::memory::Pool) -> u64| -> Vec<(String, f64)> {
+        pools.iter().map(|p| (format!("{{pool=\"{}\"}}", p.name), f(p) as f64)).collect()
     };
-    family("profiler_memory_pool_bytes", "gauge", "Bytes each part of the memory budget holds now.", &|p| p.used());
-    family("profiler_memory_pool_limit_bytes", "gauge", "Bytes each part of the memory budget may hold.", &|p| {
-        p.limit()
-    });
-    family("profiler_memory_pool_peak_bytes", "gauge", "The most bytes each part of the memory budget held.", &|p| {
-        p.peak()
-    });
-    family(
+    write_family(
+        out,
+        "profiler_memory_pool_bytes",
+        "gauge",
+        "Bytes each part of the memory budget holds now.",
+        by_pool(&|p| p.used()),
+    );
+    write_family(
+        out,
+        "profiler_memory_pool_limit_bytes",
+        "gauge",
+        "Bytes each part of the memory budget may hold.",
+        by_pool(&|p| p.limit()),
+    );
+    write_family(
+        out,
+        "profiler_memory_pool_peak_bytes",
+        "gauge",
+        "The most bytes each part of the memory budget held.",
+        by_pool(&|p| p.peak()),
+    );
+    write_family(
+        out,
         "profiler_memory_refused_total",
         "counter",
         "Requests a part of the memory budget refused: unwind tables not built (frame pointers), symbol tables not \
          read (module+offset names), caches started over, perf maps not read on.",
-        &|p| p.refused(),
+        by_pool(&|p| p.refused()),
     );
-    let w = crate::memory::watch::anon_bytes();
-    let _ = writeln!(out, "# HELP profiler_memory_anon_bytes The daemon's anonymous memory (RssAnon), and its peak.");
-    let _ = writeln!(out, "# TYPE profiler_memory_anon_bytes gauge");
-    let _ = writeln!(out, "profiler_memory_anon_bytes{{at=\"now\"}} {w}");
-    let _ = writeln!(out, "profiler_memory_anon_bytes{{at=\"peak\"}} {}", crate::memory::watch::peak_anon_bytes());
-    let _ = writeln!(
+    let watch = &crate::memory::watch::anon_bytes;
+    write_family(
         out,
-        "# HELP profiler_memory_sheds_total Times the daemon's memory passed its budget and the symbol and stack caches were dropped."
+        "profiler_memory_anon_bytes",
+        "gauge",
+        "The daemon's anonymous memory (RssAnon), and its peak.",
+        vec![
+            ("{at=\"now\"}".into(), watch() as f64),
+            ("{at=\"peak\"}".into(), crate::memory::watch::peak_anon_bytes() as f64),
+        ],
     );
-    let _ = writeln!(out, "# TYPE profiler_memory_sheds_total counter");
-    let _ = writeln!(out, "profiler_memory_sheds_total {}", crate::memory::watch::sheds());
+    write_family(
+        out,
+        "profiler_memory_sheds_total",
+        "counter",
+        "Times the daemon's memory passed its budget and the symbol and stack caches were dropped.",
+        vec![(String::new(), crate::memory::watch::sheds() as f64)],
+    );
 }
 
 /// Label sets of `profiler_finding` at most (a node with a hundred throttled pods must not
@@ -553,6 +576,9 @@ mod tests {
         assert!(text.contains("profiler_kernel_dropped_events_total 4\n"));
         assert!(text.contains("profiler_unwind_walks_total{cpu=\"1\",outcome=\"stopped\"} 3\n"));
         assert!(text.contains("profiler_unwind_table_rows 1000\n"));
+        assert!(text.contains("# TYPE profiler_memory_pool_limit_bytes gauge\n"));
+        assert!(text.contains("profiler_memory_pool_limit_bytes{pool=\"unwind_build\"} "));
+        assert!(text.contains("profiler_memory_anon_bytes{at=\"peak\"} "));
         assert!(text.contains("profiler_unwind_tables_did_not_fit_total 1\n"));
         assert!(text.contains("profiler_otlp_batches_total 3\n"));
         assert!(text.contains("profiler_otlp_retries_total 2\n"));
