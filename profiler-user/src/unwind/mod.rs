@@ -377,6 +377,7 @@ fn describe(
             ino: meta.ino(),
             size: meta.size(),
             mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            owner: meta.uid(),
         };
         let preferred = exe == Some((meta.dev(), meta.ino()));
         mapped.push(MappedFile { start: m.start, end: m.end, offset: m.offset, key, preferred });
@@ -509,6 +510,6 @@ impl Vdso {
         let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
         // SAFETY: the vDSO is mapped readable for the life of the process.
         let image = unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) }.to_vec();
-        Some(Self { key: FileKey { dev: 0, ino: 0, size: image.len() as u64, mtime_ns: -1 }, image })
+        Some(Self { key: FileKey { dev: 0, ino: 0, size: image.len() as u64, mtime_ns: -1, owner: 0 }, image })
     }
 }

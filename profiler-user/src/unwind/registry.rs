@@ -29,6 +29,8 @@ pub struct FileKey {
     pub ino: u64,
     pub size: u64,
     pub mtime_ns: i64,
+    /// The file's owner: the rows one owner's files hold are shared fairly (`rows.rs`).
+    pub owner: u32,
 }
 
 /// One executable mapping of a process, with the file behind it.
@@ -142,8 +144,10 @@ pub struct Registry<T: Tables> {
     did_not_fit: u64,
     processes_evicted: u64,
     processes_refused: u64,
-    /// Processes forgotten so that their tables give way (`evict_stale`).
+    /// Processes forgotten so that their tables give way (`rows.rs`): not sampled lately, or
+    /// of an owner past its share.
     stale_evicted: u64,
+    share_evicted: u64,
 }
 
 impl<T: Tables> Registry<T> {
@@ -160,6 +164,7 @@ impl<T: Tables> Registry<T> {
             processes_evicted: 0,
             processes_refused: 0,
             stale_evicted: 0,
+            share_evicted: 0,
         }
     }
 
@@ -378,7 +383,7 @@ impl<T: Tables> Registry<T> {
     fn finish(&mut self, key: FileKey, result: Result<Table, TableError>, pid: u32) {
         match result {
             Ok(t) => {
-                let entry = self.load(t);
+                let entry = self.load(t, key.owner);
                 self.files.insert(key, entry);
             }
             // Too large for the memory budget: said once per file, which is not tried again
@@ -422,9 +427,9 @@ impl<T: Tables> Registry<T> {
         }
     }
 
-    fn load(&mut self, table: Table) -> Entry {
+    fn load(&mut self, table: Table, owner: u32) -> Entry {
         let len = table.rows.len();
-        let start = match self.allocate(len) {
+        let start = match self.allocate(len, owner) {
             Some(s) => s,
             None => {
                 self.did_not_fit += 1;
@@ -448,95 +453,6 @@ impl<T: Tables> Registry<T> {
         }
     }
 
-    /// First fit; evicts tables no process uses, least recently used first, until one fits.
-    fn allocate(&mut self, len: usize) -> Option<usize> {
-        if len == 0 {
-            return None;
-        }
-        loop {
-            if let Some(i) = self.free.iter().position(|&(_, l)| l >= len) {
-                let (start, l) = self.free[i];
-                if l == len {
-                    self.free.remove(i);
-                } else {
-                    self.free[i] = (start + len, l - len);
-                }
-                return Some(start);
-            }
-            let victim = self
-                .files
-                .iter()
-                .filter_map(|(k, e)| match e {
-                    Entry::Loaded { users: 0, last_used, .. } => Some((*last_used, *k)),
-                    _ => None,
-                })
-                .min();
-            let Some(victim) = victim else {
-                // Every table is in use: those of processes not sampled for `STALE` go, least
-                // recently used first (their processes are walked with frame pointers until
-                // sampled again, and then described anew).
-                self.evict_stale()?;
-                continue;
-            };
-            if let Some(Entry::Loaded { start, len, .. }) = self.files.remove(&victim.1) {
-                self.free_range(start, len);
-            }
-        }
-    }
-
-    /// Forgets the processes that use the least recently used table no recently sampled
-    /// process uses; `None` when there is no such table.
-    fn evict_stale(&mut self) -> Option<()> {
-        let fresh: std::collections::HashSet<FileKey> = self
-            .processes
-            .values()
-            .filter(|p| p.seen_at.elapsed() < STALE)
-            .flat_map(|p| p.keys.iter().copied())
-            .collect();
-        let (_, key) = self
-            .files
-            .iter()
-            .filter_map(|(k, e)| match e {
-                Entry::Loaded { last_used, .. } if !fresh.contains(k) => Some((*last_used, *k)),
-                _ => None,
-            })
-            .min()?;
-        let users: Vec<u32> =
-            self.processes.iter().filter(|(_, p)| p.keys.contains(&key)).map(|(pid, _)| *pid).collect();
-        self.stale_evicted += users.len() as u64;
-        if self.stale_evicted == users.len() as u64 {
-            tracing::warn!(
-                processes = users.len(),
-                "the unwind rows are full of tables of processes not sampled for {} s: their tables give way to a running program's (profiler_unwind_processes_evicted_total)",
-                STALE.as_secs()
-            );
-        }
-        for pid in users {
-            self.remove_process(pid);
-        }
-        // A table with no user left is freed by the caller's next pass.
-        if let Some(Entry::Loaded { users, .. }) = self.files.get(&key)
-            && *users > 0
-        {
-            return None;
-        }
-        Some(())
-    }
-
-    fn free_range(&mut self, start: usize, len: usize) {
-        let i = self.free.partition_point(|&(s, _)| s < start);
-        self.free.insert(i, (start, len));
-        // Merge with the next, then with the previous.
-        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
-            self.free[i].1 += self.free[i + 1].1;
-            self.free.remove(i + 1);
-        }
-        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
-            self.free[i - 1].1 += self.free[i].1;
-            self.free.remove(i);
-        }
-    }
-
     pub fn stats(&self) -> Stats {
         let (mut tables, mut rows, mut without) = (0, 0, 0);
         for e in self.files.values() {
@@ -555,7 +471,7 @@ impl<T: Tables> Registry<T> {
             processes: self.processes.len() as u64,
             without,
             did_not_fit: self.did_not_fit,
-            processes_evicted: self.processes_evicted + self.stale_evicted,
+            processes_evicted: self.processes_evicted + self.stale_evicted + self.share_evicted,
             processes_refused: self.processes_refused,
             mappings_left_out: self.processes.values().map(|p| p.left_out as u64).sum(),
         }
@@ -585,5 +501,6 @@ fn process_table(described: &[(Mapping, FileKey, u64)]) -> ProcessTable {
     table
 }
 
+mod rows;
 #[cfg(test)]
 mod tests;

@@ -37,7 +37,7 @@ fn registry(capacity: usize) -> Registry<Fake> {
 }
 
 fn key(ino: u64) -> FileKey {
-    FileKey { dev: 1, ino, size: 100, mtime_ns: 0 }
+    FileKey { dev: 1, ino, size: 100, mtime_ns: 0, owner: 0 }
 }
 
 /// A table of `n` rows whose file is loaded at vaddr 0x1000 from offset 0x1000.
@@ -203,7 +203,8 @@ fn this_process_is_described_with_tables() {
     for m in read.maps.iter().filter(|m| m.is_file()) {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&*m.path).unwrap();
-        let key = FileKey { dev: meta.dev(), ino: meta.ino(), size: meta.size(), mtime_ns: meta.mtime() };
+        let key =
+            FileKey { dev: meta.dev(), ino: meta.ino(), size: meta.size(), mtime_ns: meta.mtime(), owner: meta.uid() };
         mapped
             .push((MappedFile { start: m.start, end: m.end, offset: m.offset, key, preferred: false }, m.path.clone()));
     }
@@ -248,9 +249,9 @@ fn a_table_built_elsewhere_reaches_the_processes_that_wait_for_it() {
     assert_eq!(r.kernel().processes[&1].mappings[0].table_len, 10);
     r.built(key(3), Ok(table(10, 2)));
     assert_eq!(r.stats().tables, 1, "a result nobody asked for is ignored");
-    assert_eq!(r.allocate(95), None, "a table in use is not evicted");
+    assert_eq!(r.allocate(95, 0), None, "a table in use is not evicted");
     r.remove_process(1);
-    assert_eq!(r.allocate(95), Some(0), "its one user gone, it is");
+    assert_eq!(r.allocate(95, 0), Some(0), "its one user gone, it is");
 }
 
 #[test]
@@ -327,4 +328,51 @@ fn tables_of_processes_not_sampled_for_a_while_give_way_to_a_running_programs() 
     assert_eq!(r.stats().did_not_fit, 1);
     let described = r.kernel().processes[&5];
     assert!(described.mappings[..described.len as usize].iter().any(|m| m.table_len == 30));
+}
+
+fn owned(ino: u64, owner: u32) -> MappedFile {
+    MappedFile { key: FileKey { owner, ..key(ino) }, ..mapping(ino, 0x7000_0000) }
+}
+
+#[test]
+fn one_owners_busy_processes_take_free_rows_but_give_way_past_their_share() {
+    let mut r = registry(100);
+    // A user's three running programs, each with a library of its own: 90 of 100 rows, taken
+    // while nobody else needed them.
+    for pid in 1..=3u32 {
+        let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, pid as u16)));
+        r.set_process(pid, &[owned(u64::from(pid), 1000)], &mut compile).unwrap();
+        r.touch(pid);
+    }
+    assert_eq!((r.stats().rows, r.stats().did_not_fit), (90, 0));
+    // The same user's fourth does not push its own tables out.
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 4)));
+    r.set_process(4, &[owned(4, 1000)], &mut compile).unwrap();
+    assert_eq!(r.stats().did_not_fit, 1);
+    r.remove_process(4);
+    r.touch(2);
+    r.touch(3);
+    // Root's new program: the user's least recently used table gives way, and only that one
+    // (the user is then back to 60 rows, and root's 30 fit beside them).
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 9)));
+    r.set_process(5, &[owned(5, 0)], &mut compile).unwrap();
+    assert!(!r.is_known(1), "the user's least recently sampled program gave way");
+    assert!(r.is_known(2) && r.is_known(3) && r.is_known(5));
+    let s = r.stats();
+    assert_eq!((s.rows, s.did_not_fit, s.processes_evicted), (90, 1, 1));
+    let described = r.kernel().processes[&5];
+    assert!(described.mappings[..described.len as usize].iter().any(|m| m.table_len == 30));
+    // Another table of root's: the user holds 60 of 100 rows, past its share, and gives way
+    // again.
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 10)));
+    r.set_process(6, &[owned(6, 0)], &mut compile).unwrap();
+    assert!(r.is_known(6) && r.is_known(5) && !r.is_known(2));
+    assert_eq!((r.stats().rows, r.stats().did_not_fit), (90, 1));
+    // The share works both ways, but only where it makes room: root's 60 rows are 10 past its
+    // share, which with 10 free rows cannot hold the user's 50; nothing of root's is evicted
+    // for nothing.
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(50, 11)));
+    r.set_process(7, &[owned(7, 1000)], &mut compile).unwrap();
+    assert!(r.is_known(5) && r.is_known(6));
+    assert_eq!(r.stats().did_not_fit, 2);
 }
