@@ -6,7 +6,10 @@
 //! are kept, shared fairly among the kinds of finding: a new one replaces the oldest of the
 //! kind that holds the most, so that a user who triggers one kind again and again (spinning in
 //! the kernel every half minute) replaces only recordings of that kind, never a real incident's
-//! of another.
+//! of another. And a process owner other than root causes at most [`PER_OWNER_PER_HOUR`]
+//! recordings an hour (the owner of the first process the finding names; a finding that
+//! names none is the kernel's, root's): past it the finding opens as always, without a
+//! recording, said once an hour in the log.
 //!
 //! The main store, the detectors and the exports keep seeing the base frequency: of a boosted
 //! CPU's samples, the first of each base-frequency period goes on to them ([`Flight::route`]),
@@ -14,7 +17,8 @@
 //! window with a recording in it reads the same as without.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -76,7 +80,17 @@ pub struct Flight {
     /// of them, more when the pipeline lags): passed on whole, they made the main store's
     /// seconds hold ten times the base frequency's samples (false red streaks on the heatmap).
     winding_down: HashMap<u32, u64>,
+    /// By process owner (not root): when its last recordings started, wall-clock ns.
+    by_owner: HashMap<u32, VecDeque<u64>>,
+    /// By owner held back: the oldest start it was held back for (said once).
+    warned: HashMap<u32, Option<u64>>,
 }
+
+/// Recordings one process owner other than root causes in an hour.
+pub const PER_OWNER_PER_HOUR: usize = 3;
+
+/// The owner of a process whose pid was not found (it exited): rate-limited like a user.
+const GONE: u32 = u32::MAX;
 
 /// After a recording ends its CPU's sampler is set back to the base frequency at once; the
 /// sample already timed at the recording's frequency fires within a millisecond. Margin.
@@ -92,6 +106,8 @@ impl Flight {
             last_period: HashMap::new(),
             links: HashMap::new(),
             winding_down: HashMap::new(),
+            by_owner: HashMap::new(),
+            warned: HashMap::new(),
         }
     }
 
@@ -102,11 +118,26 @@ impl Flight {
     /// Starts a recording for a finding that just opened on a CPU not being recorded yet.
     /// `cpus` and `node` go into the recording's meta.json, which queries read.
     pub fn start(&mut self, f: &Finding, now_ns: u64, cpus: u32, node: &str) -> Result<Option<Started>, StoreError> {
+        self.start_for(f, owner_of(f), now_ns, cpus, node)
+    }
+
+    /// [`Self::start`] for a finding whose first process belongs to `owner`.
+    fn start_for(
+        &mut self,
+        f: &Finding,
+        owner: u32,
+        now_ns: u64,
+        cpus: u32,
+        node: &str,
+    ) -> Result<Option<Started>, StoreError> {
         let Some(cpu) = f.cpu.filter(|_| self.enabled()) else { return Ok(None) };
         if let Some(r) = self.recordings.get(&cpu) {
             // Already recording this CPU: the finding links to that recording.
             let link = self.link(&r.name, cpu, r.until_ns - self.settings.secs * NS_PER_SEC, r.until_ns);
             self.links.insert(f.id.clone(), link);
+            return Ok(None);
+        }
+        if !self.owner_may_record(owner, now_ns) {
             return Ok(None);
         }
         // A name of our own (finding ids carry a cgroup path for some kinds).
@@ -131,6 +162,33 @@ impl Flight {
         self.links.insert(f.id.clone(), link.clone());
         self.recordings.insert(cpu, Recording { name, cpu, until_ns, writer });
         Ok(Some(Started { cpu, link }))
+    }
+
+    /// Whether `owner` may cause one more recording now (counted when it may).
+    fn owner_may_record(&mut self, owner: u32, now_ns: u64) -> bool {
+        if owner == 0 {
+            return true;
+        }
+        let hour = 3_600 * NS_PER_SEC;
+        let started = self.by_owner.entry(owner).or_default();
+        while started.front().is_some_and(|&t| t + hour <= now_ns) {
+            started.pop_front();
+        }
+        if started.len() >= PER_OWNER_PER_HOUR {
+            // Said once for each time the owner reaches its bound: its oldest recording's
+            // start tells the times apart.
+            let oldest = started.front().copied();
+            if self.warned.insert(owner, oldest) != Some(oldest) {
+                tracing::warn!(
+                    owner = (owner != GONE).then_some(owner),
+                    "findings about one user's processes caused {PER_OWNER_PER_HOUR} flight recordings in the last hour: \
+                     the next ones open without a recording, so that a user cannot replace the recordings of real incidents"
+                );
+            }
+            return false;
+        }
+        started.push_back(now_ns);
+        true
     }
 
     fn link(&self, name: &str, cpu: u32, from_ns: u64, until_ns: u64) -> serde_json::Value {
@@ -252,6 +310,17 @@ impl Flight {
     }
 }
 
+/// The owner of the first process a finding names (`GONE` when it exited); root's (the
+/// kernel's) when it names none.
+fn owner_of(f: &Finding) -> u32 {
+    let e = &f.evidence;
+    let first = ["top_processes", "processes", "held_by", "staller"]
+        .iter()
+        .find_map(|k| e[*k].get(0).or_else(|| e[*k].as_object().map(|_| &e[*k])));
+    let Some(pid) = first.and_then(|p| p["pid"].as_u64()) else { return 0 };
+    std::fs::metadata(format!("/proc/{pid}")).map_or(GONE, |m| m.uid())
+}
+
 /// The kind of finding a recording is of: its name is `KIND-cpuN-START`.
 fn kind_of(name: &str) -> &str {
     name.rsplit_once("-cpu").map_or(name, |(kind, _)| kind)
@@ -364,5 +433,45 @@ mod tests {
         // Off: nothing records.
         let mut off = Flight::new(Settings { hz: 0, ..Settings::default() }, 99, dir.path());
         assert!(off.start(&finding(Some(1), 1), 0, 2, "n").unwrap().is_none());
+    }
+
+    #[test]
+    fn one_user_causes_at_most_a_few_recordings_an_hour_and_root_is_not_held_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Flight::new(Settings { hz: 999, secs: 1, keep: 10 }, 99, dir.path());
+        let t0 = 1_800_000_000u64;
+        // A user spinning in the kernel every 39 s.
+        let mut recorded = 0;
+        for i in 0..10u64 {
+            let s = t0 + 39 * i;
+            recorded += f.start_for(&finding(Some(0), s), 1000, s * NS_PER_SEC, 2, "n").unwrap().is_some() as usize;
+            f.flush((s + 2) * NS_PER_SEC, u64::MAX);
+        }
+        assert_eq!(recorded, PER_OWNER_PER_HOUR);
+        // Root's (or the kernel's) finding meanwhile records.
+        let s = t0 + 400;
+        assert!(f.start_for(&finding(Some(1), s), 0, s * NS_PER_SEC, 2, "n").unwrap().is_some());
+        f.flush((s + 2) * NS_PER_SEC, u64::MAX);
+        // So does another user's, and the first user's again an hour after its first.
+        let s = t0 + 500;
+        assert!(f.start_for(&finding(Some(0), s), 1001, s * NS_PER_SEC, 2, "n").unwrap().is_some());
+        f.flush((s + 2) * NS_PER_SEC, u64::MAX);
+        let s = t0 + 3_600;
+        assert!(f.start_for(&finding(Some(0), s), 1000, s * NS_PER_SEC, 2, "n").unwrap().is_some());
+    }
+
+    #[test]
+    fn a_findings_owner_is_that_of_the_first_process_it_names() {
+        let mut f = finding(Some(0), 1);
+        assert_eq!(owner_of(&f), 0, "no process: the kernel's");
+        let me = std::process::id();
+        let uid = std::fs::metadata("/proc/self").unwrap().uid();
+        f.evidence = serde_json::json!({"top_processes": [{"pid": me, "comm": "x"}]});
+        assert_eq!(owner_of(&f), uid);
+        f.evidence = serde_json::json!({"staller": {"pid": me}});
+        assert_eq!(owner_of(&f), uid);
+        // pid_max is at most 2^22: this one cannot exist.
+        f.evidence = serde_json::json!({"processes": [{"pid": 1u64 << 23}]});
+        assert_eq!(owner_of(&f), GONE);
     }
 }
