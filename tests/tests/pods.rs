@@ -228,3 +228,93 @@ fn only_the_pod_on_the_page(data: &Path, from: f64, to: f64, pod: u64) {
         let _ = client.close().await;
     });
 }
+
+/// Issue 25: a user names cgroups like a pod's where it may create them (below its systemd
+/// user manager, which systemd delegates to it, or in a directory it owns) and runs there,
+/// with the kubelet's log layout naming the pod: its samples are stored with no pod and no
+/// container, while they are stored (so the test sees the processes were sampled).
+#[test]
+fn cgroups_a_user_can_create_make_no_pod() {
+    if !privileged("cgroups_a_user_can_create_make_no_pod") {
+        return;
+    }
+    let hierarchy = cpu_hierarchy().expect("a cgroup v1 hierarchy to move a process into");
+    let mut cleanup = Cleanup::default();
+    let logs = tempfile::tempdir().unwrap();
+    std::fs::create_dir(logs.path().join("containers")).unwrap();
+    let mut forged = Vec::new();
+    // (below the user manager: systemd's names; a directory the user owns: cgroupfs names;
+    // how many of the path's directories the user owns)
+    for (i, (layout, owned)) in [
+        ("user.slice/user-65534.slice/user@65534.service/kubepods-burstable-pod{uid}.slice/cri-containerd-{id}.scope", 3),
+        ("kubepods/besteffort/pod{uid}/{id}", 2),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = random_hex(16);
+        let uid = format!("{}-{}-{}-{}-{}", &r[..8], &r[8..12], &r[12..16], &r[16..20], &r[20..]);
+        let id = random_hex(32);
+        let dir = hierarchy.join(layout.replace("{uid}", &uid).replace("{id}", &id));
+        let depth = dir.strip_prefix(&hierarchy).unwrap().components().count();
+        for (n, d) in dir.ancestors().take(depth).collect::<Vec<_>>().into_iter().rev().enumerate() {
+            match std::fs::create_dir(d) {
+                Ok(()) => cleanup.made.push(d.to_path_buf()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => panic!("mkdir {}: {e}", d.display()),
+            }
+            if n >= depth - owned {
+                std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+            }
+        }
+        let pod = format!("victim-{i}");
+        let log = logs.path().join(format!("pods/payments_{pod}_{uid}/api/0.log"));
+        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+        std::fs::write(&log, b"").unwrap();
+        let link = logs.path().join(format!("containers/{pod}_payments_api-{id}.log"));
+        std::os::unix::fs::symlink(&log, link).unwrap();
+        forged.push((dir, pod));
+    }
+    let (_tmp, data, mut daemon) =
+        Daemon::ready_in_tempdir(&["--listen", "off", "--kubelet-logs", logs.path().to_str().unwrap()]);
+    let dir = data.to_str().unwrap();
+    let start = now_secs();
+    let mut pids = Vec::new();
+    for (i, (cgroup, _)) in forged.iter().enumerate() {
+        // Root moves the shell there (as the user's manager would); the user's program runs.
+        let script = format!(
+            "echo $$ > {} && exec setpriv --reuid 65534 --regid 65534 --clear-groups -- {} {i} {SECS}",
+            cgroup.join("cgroup.procs").display(),
+            helper_bin().display()
+        );
+        let child = Command::new("sh").args(["-c", &script]).stdout(Stdio::null()).spawn().unwrap();
+        pids.push(child.id());
+        cleanup.children.push(child);
+    }
+    for c in &mut cleanup.children {
+        assert!(c.wait().unwrap().success());
+    }
+    let end = now_secs();
+    wait_for("the store to pass the window", Duration::from_secs(30), || {
+        let written = status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
+        (written > end + 1.0).then_some(())
+    });
+    for (pid, (cgroup, pod)) in pids.iter().zip(&forged) {
+        let pid = pid.to_string();
+        let total: u64 = folded_window(dir, start, end + 0.5, &["--pid", &pid]).unwrap().iter().map(|(_, n)| n).sum();
+        // (A loaded machine gives the user's spinner less than its CPU: what matters is that it
+        // was sampled.)
+        assert!(total >= 30, "only {total} samples of the process in {}", cgroup.display());
+        for filter in [&["--pod", pod.as_str()][..], &["--namespace", "payments"], &["--container", "api"]] {
+            let mut args = vec!["--pid", pid.as_str()];
+            args.extend_from_slice(filter);
+            let got = folded_window(dir, start, end + 0.5, &args);
+            assert!(
+                got.as_ref().is_err_and(|e| e.contains("no samples match")),
+                "a user's cgroup {} gave its samples {filter:?}: {got:?}",
+                cgroup.display()
+            );
+        }
+    }
+    assert!(daemon.stop().success());
+}
