@@ -5,7 +5,11 @@
 //! that inflates to 63 MiB of rows, a 2.4 GB symbol table, five perf maps of 30 MB with
 //! 500-character names, and 1,100 sleeping processes that fill the kernel's process table. The
 //! daemon must stay up, never be OOM-killed, lose no sample, keep its anonymous memory under
-//! 160 MiB, and still give a root program without frame pointers complete stacks.
+//! 160 MiB, and still give a root program without frame pointers complete stacks. A second
+//! round floods what grows with names and stacks: 24 files of 999,999 symbols each spun in at
+//! once, JIT code called in ever new 126-frame chains named by a perf map of 500-character
+//! names, and a Python program whose every call runs code objects never seen before, each with
+//! a line table of 63 KB.
 
 use std::{
     os::unix::fs::PermissionsExt,
@@ -296,4 +300,114 @@ fn keep_alive_connections_holding_every_slot_do_not_keep_the_owner_out() {
     eprintln!("owner: API {api_ok}/20, /metrics {metrics_ok}/20; the 140 holders' answers: {attackers}");
     assert_eq!(api_ok, 20, "the API with its token was kept out");
     assert_eq!(metrics_ok, 20, "the owner's scrape was kept out");
+}
+
+/// A figure of the daemon's `/metrics` (the first sample of `family` whose labels hold
+/// `labels`; 0 when the daemon does not answer: the caller sees whether it died).
+fn metric(addr: &str, family: &str, labels: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return 0.0 };
+    let mut text = String::new();
+    if write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err()
+        || s.read_to_string(&mut text).is_err()
+    {
+        return 0.0;
+    }
+    text.lines()
+        .find(|l| l.starts_with(family) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn symbol_stack_and_code_object_floods_stay_within_the_budget() {
+    if !privileged("symbol_stack_and_code_object_floods_stay_within_the_budget") {
+        return;
+    }
+    if !Path::new(MEMCG_V1).join("memory.limit_in_bytes").exists() {
+        skip(
+            "symbol_stack_and_code_object_floods_stay_within_the_budget: no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory",
+        );
+        return;
+    }
+    let memcg = Memcg::new(LIMIT).expect("a memory cgroup of 256 MiB");
+    let tmp = tempfile::tempdir().unwrap();
+    let play = tmp.path().join("play");
+    std::fs::create_dir(&play).unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&play, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let exe = play.join("hostile-proc");
+    std::fs::copy(bin("hostile-proc"), &exe).unwrap();
+    let script = play.join("code_flood.py");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/code_flood.py"), &script).unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let data = tmp.path().join("data");
+    let join = format!("echo $$ > {}/cgroup.procs && exec \"$@\"", memcg.0.display());
+    let mut daemon = Daemon::start_wrapped(&["sh", "-c", &join, "sh"], &data, &["--listen", &addr], 200);
+    daemon.wait_ready();
+    let pid = daemon.child.as_ref().unwrap().id();
+    let started = now_secs();
+
+    let play_dir = play.to_str().unwrap();
+    let attacks = [
+        as_nobody(&exe, &["symflood", "24", "999999", play_dir]),
+        as_nobody(&exe, &["jitchain", "4096", "500"]),
+        as_nobody(Path::new("/usr/bin/python3"), &[script.to_str().unwrap()]),
+    ];
+    // Until each flood has hit its pool (the symbol files are written first: seconds), then
+    // 30 s more of floods.
+    let mut peak_anon = 0;
+    let mut hit_at = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        if let Ok(Some(st)) = daemon.child.as_mut().unwrap().try_wait() {
+            panic!("the daemon died ({st}); OOM kills in its cgroup: {}\n{}", memcg.oom_kills(), daemon.log_text());
+        }
+        peak_anon = peak_anon.max(status_bytes(pid, "RssAnon"));
+        if hit_at.is_none() {
+            let refused = metric(&addr, "profiler_memory_refused_total", "pool=\"symbols\"");
+            let used = |pool: &str| metric(&addr, "profiler_memory_pool_peak_bytes", &format!("pool=\"{pool}\""));
+            if refused > 0.0 && used("stacks") > 0.0 && used("python") > 0.0 && used("perf_maps") > 0.0 {
+                hit_at = Some(std::time::Instant::now());
+            }
+        }
+        if hit_at.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for the floods to reach the symbols', stacks', Python and perf-map pools:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let pools: Vec<String> = ["symbols", "stacks", "python", "perf_maps"]
+        .iter()
+        .map(|p| {
+            let peak = metric(&addr, "profiler_memory_pool_peak_bytes", &format!("pool=\"{p}\""));
+            let limit = metric(&addr, "profiler_memory_pool_limit_bytes", &format!("pool=\"{p}\""));
+            assert!(peak <= limit, "pool {p}: peak {peak} over its limit {limit}");
+            format!("{p} {:.1}/{:.1} MiB", peak / f64::from(1 << 20), limit / f64::from(1 << 20))
+        })
+        .collect();
+    let (alive, oom) = (daemon.child.as_mut().unwrap().try_wait().unwrap().is_none(), memcg.oom_kills());
+    let cgroup_peak = memcg.read("memory.max_usage_in_bytes").trim().parse::<u64>().unwrap_or(0);
+    let lost = lost(&data);
+    eprintln!(
+        "flooded for {:.0} s: peak anonymous memory {:.1} MiB (sampled), cgroup peak {:.1} MiB, OOM kills {oom}, lost {lost}; pools (peak/limit): {}",
+        now_secs() - started,
+        peak_anon as f64 / (1 << 20) as f64,
+        cgroup_peak as f64 / (1 << 20) as f64,
+        pools.join(", ")
+    );
+    let map = format!("/tmp/perf-{}.map", attacks[1].0.id());
+    drop(attacks);
+    let _ = std::fs::remove_file(map);
+    assert!(alive, "the daemon died:\n{}", daemon.log_text());
+    assert_eq!(oom, 0, "the kernel OOM-killed in the daemon's cgroup");
+    assert!(peak_anon <= 160 << 20, "peak anonymous memory {peak_anon} bytes over 160 MiB");
+    assert_eq!(lost, 0, "samples were lost");
+    assert!(daemon.stop().success());
 }

@@ -16,6 +16,13 @@
 //! - `perfmap LINES NAME_BYTES`: spins in anonymous executable memory ("JIT code") named by a
 //!   `/tmp/perf-PID.map` of LINES lines with names of NAME_BYTES characters;
 //!
+//! - `symflood FILES SYMBOLS DIR`: writes FILES distinct ELF files below DIR, each with a real
+//!   symbol table of SYMBOLS functions, maps them all, and spins in each from a thread of its
+//!   own: every file's symbols are wanted at once;
+//! - `jitchain FUNCTIONS NAME_BYTES`: writes FUNCTIONS small functions into anonymous executable
+//!   memory, named by a perf map with names of NAME_BYTES characters, and calls them in ever
+//!   new random chains 126 deep (frame pointers kept): every sample a stack never seen before;
+//!
 //! - `early SECONDS`: spins in `hostile_early_spin` from its first instant (the profiler read
 //!   its maps at exec, before the loader mapped libc) for SECONDS.
 //!
@@ -116,6 +123,29 @@ fn main() {
             let base = map_exec(&path, 4096, 1);
             run_in_mapping(base + CODE_OFFSET);
         }
+        Some("symflood") => {
+            let usage = "symflood FILES SYMBOLS DIR";
+            let files: usize = args.get(2).and_then(|a| a.parse().ok()).expect(usage);
+            let symbols: usize = args.get(3).and_then(|a| a.parse().ok()).expect(usage);
+            let dir = Path::new(args.get(4).expect(usage));
+            let image = symflood_elf(symbols);
+            let mut bases = Vec::new();
+            for i in 0..files {
+                let path = dir.join(format!("symflood-{i}.so"));
+                std::fs::write(&path, &image).expect("write a symbol-flood file");
+                bases.push(map_exec(&path, 4096, 1));
+            }
+            for &base in &bases[1..] {
+                std::thread::spawn(move || run_in_mapping(base + CODE_OFFSET));
+            }
+            run_in_mapping(bases[0] + CODE_OFFSET);
+        }
+        Some("jitchain") => {
+            let usage = "jitchain FUNCTIONS NAME_BYTES";
+            let functions: usize = args.get(2).and_then(|a| a.parse().ok()).expect(usage);
+            let name_bytes: usize = args.get(3).and_then(|a| a.parse().ok()).expect(usage);
+            jit_chains(functions, name_bytes);
+        }
         Some("perfmap") => {
             let lines: usize = args.get(2).and_then(|a| a.parse().ok()).expect("perfmap LINES NAME_BYTES");
             let name_bytes: usize = args.get(3).and_then(|a| a.parse().ok()).expect("perfmap LINES NAME_BYTES");
@@ -150,7 +180,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: hostile-proc fifo|deleted|early SECONDS|mappings N DIR|bigsym DIR|ehframe DIR|debugframe DIR|perfmap LINES NAME_BYTES"
+                "usage: hostile-proc fifo|deleted|early SECONDS|mappings N DIR|bigsym DIR|ehframe DIR|debugframe DIR|perfmap LINES NAME_BYTES|symflood FILES SYMBOLS DIR|jitchain FUNCTIONS NAME_BYTES"
             );
             std::process::exit(2);
         }
@@ -326,4 +356,149 @@ fn write_elf(path: &Path, extra: (&str, u32, u64, u64), contents: &[u8], size: u
     let mut f = std::fs::File::create(path).expect("create the ELF file");
     f.write_all(&out).expect("write the ELF file");
     f.set_len(0x1000 + size).expect("size the ELF file");
+}
+
+/// An ELF64 with `jmp .` at `CODE_OFFSET` in `.text` and a symbol table of `symbols` functions
+/// (the first, `hostile_symflood_spin`, over the spinning code), with its string table.
+fn symflood_elf(symbols: usize) -> Vec<u8> {
+    const SYMTAB_AT: usize = 0x1000;
+    let mut strtab = vec![0u8];
+    let mut symtab = vec![0u8; 24]; // the null symbol
+    for i in 0..symbols {
+        let name = strtab.len() as u32;
+        if i == 0 {
+            strtab.extend_from_slice(b"hostile_symflood_spin\0");
+        } else {
+            strtab.extend_from_slice(format!("hostile_symflood_{i:07}\0").as_bytes());
+        }
+        let value = if i == 0 { CODE_OFFSET as u64 } else { 0x2000 + 16 * i as u64 };
+        symtab.extend_from_slice(&name.to_le_bytes());
+        symtab.extend_from_slice(&[0x12, 0]); // STB_GLOBAL, STT_FUNC
+        symtab.extend_from_slice(&1u16.to_le_bytes()); // in .text
+        symtab.extend_from_slice(&value.to_le_bytes());
+        symtab.extend_from_slice(&16u64.to_le_bytes());
+    }
+    let names = "\0.text\0.symtab\0.strtab\0.shstrtab\0";
+    let strtab_at = SYMTAB_AT + symtab.len();
+    let mut out = Vec::new();
+    out.extend_from_slice(b"\x7fELF\x02\x01\x01\0");
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&3u16.to_le_bytes());
+    out.extend_from_slice(&62u16.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&(PHDR_OFFSET as u64).to_le_bytes());
+    out.extend_from_slice(&64u64.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for v in [64u16, 56, 1, 64, 5, 4] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    // (name, type, flags, addr, offset, size, link, info, entsize)
+    let sections: [(u32, u32, u64, u64, u64, u64, u32, u32, u64); 5] = [
+        (0, 0, 0, 0, 0, 0, 0, 0, 0),
+        (1, 1, 6, CODE_OFFSET as u64, CODE_OFFSET as u64, 16, 0, 0, 0),
+        (7, 2, 0, 0, SYMTAB_AT as u64, symtab.len() as u64, 3, 1, 24),
+        (15, 3, 0, 0, strtab_at as u64, strtab.len() as u64, 0, 0, 0),
+        (23, 3, 0, 0, 0x800, names.len() as u64, 0, 0, 0),
+    ];
+    for (name, kind, flags, addr, offset, size, link, info, entsize) in sections {
+        out.extend_from_slice(&name.to_le_bytes());
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&link.to_le_bytes());
+        out.extend_from_slice(&info.to_le_bytes());
+        out.extend_from_slice(&8u64.to_le_bytes());
+        out.extend_from_slice(&entsize.to_le_bytes());
+    }
+    out.resize(SYMTAB_AT, 0);
+    let mut phdr = Vec::new();
+    phdr.extend_from_slice(&1u32.to_le_bytes());
+    phdr.extend_from_slice(&5u32.to_le_bytes());
+    for v in [0u64, 0, 0, 0x1000, 0x1000, 0x1000] {
+        phdr.extend_from_slice(&v.to_le_bytes());
+    }
+    out[PHDR_OFFSET..PHDR_OFFSET + phdr.len()].copy_from_slice(&phdr);
+    out[0x800..0x800 + names.len()].copy_from_slice(names.as_bytes());
+    out[CODE_OFFSET..CODE_OFFSET + 2].copy_from_slice(&SPIN_CODE);
+    out.extend_from_slice(&symtab);
+    out.extend_from_slice(&strtab);
+    out
+}
+
+/// One JIT function (x86-64, 34 bytes), called with `rdi` pointing at a zero-terminated list of
+/// function addresses: it keeps a frame (`push rbp; mov rbp, rsp`), calls the next one in the
+/// list, or, at the end of the list, counts down from 200,000 (about 0.1 ms) and returns.
+const JIT_FUNCTION: [u8; 34] = [
+    0x55, // push rbp
+    0x48, 0x89, 0xe5, // mov rbp, rsp
+    0x48, 0x8b, 0x07, // mov rax, [rdi]
+    0x48, 0x83, 0xc7, 0x08, // add rdi, 8
+    0x48, 0x85, 0xc0, // test rax, rax
+    0x74, 0x04, // jz leaf
+    0xff, 0xd0, // call rax
+    0x5d, // pop rbp
+    0xc3, // ret
+    0x48, 0xc7, 0xc1, 0x40, 0x0d, 0x03, 0x00, // leaf: mov rcx, 200000
+    0x48, 0xff, 0xc9, // dec rcx
+    0x75, 0xfb, // jnz dec
+    0x5d, // pop rbp
+    0xc3, // ret
+];
+
+/// `jitchain`: `functions` JIT functions 64 bytes apart, a perf map naming each with
+/// `name_bytes` characters, then random chains of 126 of them, for good.
+fn jit_chains(functions: usize, name_bytes: usize) -> ! {
+    let len = (functions * 64).next_multiple_of(4096);
+    // SAFETY: a fresh anonymous mapping, written before it is run.
+    let code = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(code, libc::MAP_FAILED);
+    let code = code as usize;
+    let mut map = std::io::BufWriter::new(
+        std::fs::File::create(format!("/tmp/perf-{}.map", std::process::id())).expect("perf map"),
+    );
+    for i in 0..functions {
+        let at = code + i * 64;
+        // SAFETY: inside the mapping, which is ours and writable.
+        unsafe { std::ptr::copy_nonoverlapping(JIT_FUNCTION.as_ptr(), at as *mut u8, JIT_FUNCTION.len()) };
+        let name: String = std::iter::repeat_n(char::from(b'a' + (i % 26) as u8), name_bytes).collect();
+        writeln!(map, "{at:x} 40 {name}{i}").expect("write perf map");
+    }
+    map.flush().expect("write perf map");
+    println!("jit written");
+    let _ = std::io::stdout().flush();
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+        let mut chain = [0u64; 127];
+        loop {
+            for slot in chain.iter_mut().take(126) {
+                // xorshift64
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                *slot = (code + (state % functions as u64) as usize * 64) as u64;
+            }
+            // SAFETY: every address holds a JIT function, and the list ends with 0.
+            let entry: extern "C" fn(*const u64) = unsafe { std::mem::transmute(chain[0] as usize) };
+            entry(chain[1..].as_ptr());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        eprintln!("hostile-proc: JIT chains need x86-64");
+        std::process::exit(3)
+    }
 }
