@@ -525,6 +525,7 @@ impl Stage {
         l.cached_modules = symbols.modules as u64;
         l.cached_stacks = symbols.stacks as u64;
         l.cached_names = symbols.names as u64;
+        (l.stack_hits, l.stack_misses) = (symbols.stack_hits, symbols.stack_misses);
         l.files_refused = symbols.files_refused;
         l.processes_exited = symbols.processes_exited;
         l.unwind = p.unwind.as_ref().map(crate::unwind::Notifier::stats);

@@ -50,6 +50,9 @@ pub struct Live {
     pub cached_modules: u64,
     pub cached_stacks: u64,
     pub cached_names: u64,
+    /// Symbolized-stack cache lookups that hit and that missed, since the start.
+    pub stack_hits: u64,
+    pub stack_misses: u64,
     /// Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many
     /// open), whose frames are named by module only.
     pub files_refused: u64,
@@ -340,6 +343,15 @@ pub fn render(l: &Live) -> String {
         ],
     );
     family(
+        "profiler_symbol_stack_cache_lookups_total",
+        "counter",
+        "Lookups of a sample's raw stack in the symbolizer's stack cache, by result: a hit costs a hash of the addresses, a miss names every frame.",
+        vec![
+            ("{result=\"hit\"}".to_string(), l.stack_hits as f64),
+            ("{result=\"miss\"}".to_string(), l.stack_misses as f64),
+        ],
+    );
+    family(
         "profiler_symbol_files_refused_total",
         "counter",
         "Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many open); their frames are named by module only.",
@@ -544,6 +556,7 @@ mod tests {
         l.dying_memcgs = Some(3000);
         l.open_findings.insert("zombie-memcgs".into(), 1);
         (l.cached_processes, l.cached_modules) = (12, 40);
+        (l.stack_hits, l.stack_misses) = (750, 250);
         (l.processes_exited, l.events_lost) = (7, 4);
         l.otlp = Some(crate::ship::Stats {
             batches: 3,
@@ -572,6 +585,8 @@ mod tests {
         assert!(text.contains("profiler_dying_memcgs 3000\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"processes\"} 12\n"));
         assert!(text.contains("profiler_symbol_cache_entries{kind=\"modules\"} 40\n"));
+        assert!(text.contains("profiler_symbol_stack_cache_lookups_total{result=\"hit\"} 750\n"));
+        assert!(text.contains("profiler_symbol_stack_cache_lookups_total{result=\"miss\"} 250\n"));
         assert!(text.contains("profiler_symbol_processes_exited_total 7\n"));
         assert!(text.contains("profiler_kernel_dropped_events_total 4\n"));
         assert!(text.contains("profiler_unwind_walks_total{cpu=\"1\",outcome=\"stopped\"} 3\n"));
