@@ -76,7 +76,7 @@ pub fn heatmap(args: HeatmapArgs) -> anyhow::Result<()> {
         GridFormat::Json => heatmap::write_json(&grid, &mut out)?,
         GridFormat::Csv => heatmap::write_csv(&grid, &mut out)?,
         GridFormat::Svg => heatmap::write_svg(&grid, &title, &mut out)?,
-        GridFormat::Png => heatmap::write_png(&grid, &mut out)?,
+        GridFormat::Png => heatmap::write_png(&grid, &title, &mut out)?,
         GridFormat::Html => {
             let mut svg = Vec::new();
             heatmap::write_svg(&grid, &title, &mut svg)?;
@@ -108,7 +108,7 @@ pub fn cputime(args: CputimeArgs) -> anyhow::Result<()> {
         GridFormat::Json => cputime::write_json(&grid, &found, &mut out)?,
         GridFormat::Csv => cputime::write_csv(&grid, &mut out)?,
         GridFormat::Svg => cputime::write_svg(&grid, &found, &title, &mut out)?,
-        GridFormat::Png => cputime::write_png(&grid, &mut out)?,
+        GridFormat::Png => cputime::write_png(&grid, &title, &mut out)?,
         GridFormat::Html => {
             let mut svg = Vec::new();
             cputime::write_svg(&grid, &found, &title, &mut svg)?;

@@ -90,23 +90,48 @@ fn rgb(busy: f64, kernel: f64) -> [u8; 3] {
     [red, light, 255]
 }
 
-/// One row of 4x12-pixel cells per CPU; findings are not marked (use SVG or HTML for those).
-pub fn write_png(grid: &CpuTime, out: impl Write) -> Result<(), ExportError> {
+/// One row of 4x12-pixel cells per CPU, labelled, with the title, the first bucket's time and
+/// the window's length, and a legend of the colours; findings are not marked (use SVG or HTML
+/// for those).
+pub fn write_png(grid: &CpuTime, title: &str, out: impl Write) -> Result<(), ExportError> {
+    use super::raster::{Canvas, INK, LINE_H, text_px};
     let cols = grid.busy.first().map_or(0, Vec::len).max(1);
     let rows = grid.cpus.len().max(1);
-    let (w, h) = (cols * 4, rows * 12);
-    let mut pixels = vec![255u8; w * h * 3];
+    let labels: Vec<String> = grid.cpus.iter().map(|c| format!("CPU {c}")).collect();
+    let left = labels.iter().map(|l| text_px(l)).max().unwrap_or(0) + 8;
+    let top = LINE_H + 6;
+    let (plot_w, plot_h) = (cols * 4, rows * 12);
+    let start = crate::timespec::format(grid.first_ns);
+    let span =
+        format!("+{} s in {} ms buckets", cols as u64 * grid.bucket_ns / 1_000_000_000, grid.bucket_ns / 1_000_000);
+    let legend = ["idle", "busy", "in the kernel"];
+    let width = [
+        left + plot_w + 8,
+        text_px(title) + 8,
+        left + text_px(&start) + text_px(&span) + 16,
+        left + 3 * 16 + legend.iter().map(|l| text_px(l) + 8).sum::<usize>(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let mut c = Canvas::new(width, top + plot_h + 2 * LINE_H + 12);
+    c.text(4, 4, title, INK);
     for (row, busy) in grid.busy.iter().enumerate() {
+        c.text_right(left - 4, top + row * 12 + 2, &labels[row], INK);
         for (b, &v) in busy.iter().enumerate() {
-            let c = rgb(v, grid.kernel[row][b]);
-            for y in row * 12..row * 12 + 11 {
-                for x in b * 4..b * 4 + 4 {
-                    pixels[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&c);
-                }
-            }
+            c.fill(left + b * 4, top + row * 12, 4, 11, rgb(v, grid.kernel[row][b]));
         }
     }
-    super::write_rgb_png(w, h, &pixels, out)
+    let below = top + plot_h + 4;
+    c.text(left, below, &start, INK);
+    c.text_right((left + plot_w).max(left + text_px(&start) + 8 + text_px(&span)), below, &span, INK);
+    let mut x = left;
+    for (label, colour) in legend.iter().zip([rgb(0.0, 0.0), rgb(1.0, 0.0), rgb(1.0, 1.0)]) {
+        c.fill(x, below + LINE_H + 2, 12, 8, colour);
+        c.text(x + 16, below + LINE_H + 2, label, INK);
+        x += 16 + text_px(label) + 8;
+    }
+    c.write_png(out)
 }
 
 pub fn write_svg(grid: &CpuTime, findings: &[Finding], title: &str, mut out: impl Write) -> Result<(), ExportError> {

@@ -165,23 +165,55 @@ pub fn write_svg(grid: &Grid, title: &str, mut out: impl Write) -> Result<(), Ex
     Ok(())
 }
 
-pub fn write_png(grid: &Grid, out: impl Write) -> Result<(), ExportError> {
-    let (cols, rows) = (grid.columns.max(1), grid.rows.max(1));
-    let (w, h) = (cols * 4, rows * 4);
-    let max = u64::from(grid.max());
-    let mut pixels = vec![0u8; w * h * 3];
-    for c in 0..grid.columns {
-        for (r, &v) in grid.column(c).iter().enumerate() {
-            let rgb = color(u64::from(v), max);
-            for dy in 0..4 {
-                for dx in 0..4 {
-                    let (x, y) = (c * 4 + dx, (rows - 1 - r) * 4 + dy);
-                    pixels[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&rgb);
-                }
-            }
+/// Cells of 4x4 pixels, offsets up and seconds across, with the title, the offsets within the
+/// second (0 ms at the bottom, as on the page and in FlameScope), the first second and the
+/// window's length, and a legend from an empty cell to the fullest one.
+pub fn write_png(grid: &Grid, title: &str, out: impl Write) -> Result<(), ExportError> {
+    use super::raster::{Canvas, INK, LINE_H, text_px};
+    const CELL: usize = 4;
+    let (cols, rows, k) = (grid.columns.max(1), grid.rows.max(1), grid.seconds_per_column);
+    let max = grid.max();
+    let (left, top) = (text_px("500 ms") + 8, LINE_H + 6);
+    let (plot_w, plot_h) = (cols * CELL, rows * CELL);
+    let start = crate::timespec::format(grid.first_second * 1_000_000_000);
+    let span = format!("+{} s", cols as u64 * k);
+    let legend = format!("0 .. {max} samples in a cell");
+    let note = if grid.coarsened() { coarsened_reason(grid) } else { String::new() };
+    let width = [
+        left + plot_w + 8,
+        text_px(title) + 8,
+        left + text_px(&start) + text_px(&span) + 16,
+        left + 108 + text_px(&legend),
+        left + text_px(&note) + 8,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let mut c = Canvas::new(width, top + plot_h + 3 * LINE_H + 12);
+    c.text(4, 4, title, INK);
+    for col in 0..grid.columns {
+        for (r, &v) in grid.column(col).iter().enumerate() {
+            c.fill(left + col * CELL, top + (rows - 1 - r) * CELL, CELL, CELL, color(u64::from(v), u64::from(max)));
         }
     }
-    super::write_rgb_png(w, h, &pixels, out)
+    // The axes: a line left of and below the cells, the offsets beside them.
+    c.fill(left - 2, top, 1, plot_h + 2, INK);
+    c.fill(left - 2, top + plot_h + 1, plot_w + 2, 1, INK);
+    c.text_right(left - 4, top, "1 s", INK);
+    c.text_right(left - 4, top + plot_h / 2 - 4, "500 ms", INK);
+    c.text_right(left - 4, top + plot_h - 8, "0 ms", INK);
+    let below = top + plot_h + 4;
+    c.text(left, below, &start, INK);
+    c.text_right((left + plot_w).max(left + text_px(&start) + 8 + text_px(&span)), below, &span, INK);
+    // The legend: the colours from one sample to the most, then what they mean.
+    let bar = below + LINE_H + 2;
+    for x in 0..100u64 {
+        let v = (x * u64::from(max)).div_ceil(99).max(1);
+        c.fill(left + x as usize, bar, 1, 8, if max == 0 { color(0, 0) } else { color(v, u64::from(max)) });
+    }
+    c.text(left + 108, bar, &legend, INK);
+    c.text(left, bar + LINE_H + 2, &note, INK);
+    c.write_png(out)
 }
 
 /// Text for SVG/HTML: control characters (which XML 1.0 forbids, and which names can hold) made
@@ -259,7 +291,7 @@ mod tests {
         assert_eq!(svg.matches("<rect").count(), 100);
         assert!(svg.contains(r#"data-second="1795000001" data-offset-ms="200" data-samples="7""#));
         let mut png = Vec::new();
-        write_png(&grid(), &mut png).unwrap();
+        write_png(&grid(), "t", &mut png).unwrap();
         assert_eq!(&png[1..4], b"PNG");
     }
 
@@ -272,5 +304,38 @@ mod tests {
         let svg = String::from_utf8(svg).unwrap();
         let width: usize = svg.split(r#"width=""#).nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
         assert!(width >= 50 + title.len() * 7, "{width} px for a title of {} characters", title.len());
+    }
+
+    fn decode(png: &[u8]) -> (usize, usize, Vec<u8>) {
+        let mut reader = png::Decoder::new(std::io::Cursor::new(png)).read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        buf.truncate(info.buffer_size());
+        (info.width as usize, info.height as usize, buf)
+    }
+
+    /// The PNG says what it shows, as the SVG does: its title, the offsets beside the cells,
+    /// the first second below them, and a legend running to the fullest cell's colour.
+    #[test]
+    fn a_png_carries_its_title_axes_and_legend() {
+        use crate::export::raster::{INK, LINE_H, text_px};
+        let title = "Subsecond heatmap, 2026-11-23T14:28:18.000Z to 2026-11-23T14:28:20.000Z";
+        let mut png = Vec::new();
+        write_png(&grid(), title, &mut png).unwrap();
+        let (w, h, px) = decode(&png);
+        let at = |x: usize, y: usize| [px[(y * w + x) * 3], px[(y * w + x) * 3 + 1], px[(y * w + x) * 3 + 2]];
+        let inked = |x0: usize, x1: usize, y0: usize, y1: usize| (y0..y1).any(|y| (x0..x1).any(|x| at(x, y) == INK));
+        // 50 rows of 4 px: the cells are 200 px high.
+        assert!(w >= text_px(title) && h > 200 + 3 * LINE_H, "{w}x{h}");
+        let (left, top) = (text_px("500 ms") + 8, LINE_H + 6);
+        assert!(inked(4, 4 + text_px(title), 4, 12), "the title");
+        assert!(inked(0, left - 4, top, top + 8), "'1 s' beside the top row");
+        assert!(inked(0, left - 4, top + 200 - 8, top + 200), "'0 ms' beside the bottom row");
+        let below = top + 200 + 4;
+        assert!(inked(left, w, below, below + 8), "the first second below the cells");
+        // The fullest cell (7 samples: second 1, 200 ms) and the legend's last colour agree.
+        let fullest = color(7, 7);
+        assert_eq!(at(left + 4 + 1, top + (50 - 1 - 10) * 4 + 1), fullest);
+        assert_eq!(at(left + 99, below + LINE_H + 2 + 4), fullest);
     }
 }

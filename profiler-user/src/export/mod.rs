@@ -8,6 +8,7 @@ pub mod heatmap;
 pub mod otlp;
 pub mod perf_script;
 pub mod pprof;
+pub mod raster;
 pub mod report;
 pub mod speedscope;
 
