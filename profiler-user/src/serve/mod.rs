@@ -4,7 +4,6 @@
 //! the CLI and the UI always agree. No request parameter ever becomes a path: the data
 //! directory is fixed when the server starts, and copies are private temporary directories.
 
-mod gpu_metrics;
 pub mod limits;
 mod listener;
 pub mod metrics;

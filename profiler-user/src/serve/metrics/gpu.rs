@@ -1,7 +1,7 @@
 //! `/metrics` for the GPUs: the poller's latest reading as gauges labelled `gpu`, `uuid` and
 //! `model`, and what the polling costs (like the kernel counters' own CPU track).
 
-use super::metrics::{escape_label, write_family};
+use super::exposition::{escape_label, write_family};
 use crate::gpu::{Reading, State};
 
 pub fn render(s: &State) -> String {
