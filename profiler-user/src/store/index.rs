@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     StoreError,
     format::{NS_PER_SEC, SEGMENT_NS, SegmentHeader},
-    reader::{BlockView, CpuSummary, Need, StoreSummary, scan_segment},
+    reader::{BlockView, CpuSummary, Need, Store, StoreSummary, scan_segment},
 };
 
 /// One index file covers the segments starting in one hour.
@@ -186,6 +186,20 @@ fn store(data_dir: &Path, hour_ns: u64, index: &HourIndex) -> Result<(), StoreEr
 /// Whether every file `index` names is listed, unchanged.
 fn still_true(index: &HourIndex, files: &HashMap<u64, FileId>) -> bool {
     index.entries.iter().all(|e| files.get(&e.start_ns) == Some(&e.file))
+}
+
+impl Store {
+    /// Span, sizes and per-CPU counts of the whole store: from the hours' indexes where they
+    /// hold, from block summaries where they do not. (Here, not beside the reader: the index
+    /// is built from what the reader scans.)
+    pub fn summary(&mut self) -> Result<StoreSummary, StoreError> {
+        summarize(&self.data_dir, &mut self.warnings)
+    }
+
+    /// `[first, last)` covered (from the index, as [`Store::summary`]).
+    pub fn span(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
+        Ok(self.summary()?.span)
+    }
 }
 
 /// Span, sizes and per-CPU counts of the whole store: from each hour's index where it holds,

@@ -60,10 +60,10 @@ impl<F: FnMut(BlockView<'_>)> Visitor for F {
 
 /// A read-only view of a data directory.
 pub struct Store {
-    data_dir: PathBuf,
+    pub(super) data_dir: PathBuf,
     /// Problems met while reading (corrupt or unreadable files), one sentence each, naming
     /// the file. Reading goes on past them.
-    warnings: Vec<String>,
+    pub(super) warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -146,12 +146,6 @@ impl Store {
         Ok(())
     }
 
-    /// Span, sizes and per-CPU counts of the whole store: from the hours' indexes where they
-    /// hold, from block summaries where they do not (see [`super::index`]).
-    pub fn summary(&mut self) -> Result<StoreSummary, StoreError> {
-        super::index::summarize(&self.data_dir, &mut self.warnings)
-    }
-
     /// End of the newest block: reads only the newest segment that holds one.
     pub fn last_end(&mut self) -> Result<Option<u64>, StoreError> {
         for (start, _) in self.segments()?.into_iter().rev() {
@@ -178,11 +172,6 @@ impl Store {
             }
         }
         Ok(None)
-    }
-
-    /// `[first, last)` covered (from the index, as [`Store::summary`]).
-    pub fn span(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
-        Ok(self.summary()?.span)
     }
 }
 
