@@ -30,5 +30,6 @@ pub mod store;
 pub mod symbolize;
 pub mod synth;
 pub mod text;
+pub mod threads;
 pub mod timespec;
 pub mod unwind;

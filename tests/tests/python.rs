@@ -25,11 +25,27 @@ struct Run {
     end: f64,
 }
 
-/// Runs the script for `secs` of its own CPU time.
-fn run_script(exe: &Path, secs: f64) -> Run {
-    let start = now_secs();
-    let mut child = Command::new(exe).arg(SCRIPT).arg(secs.to_string()).spawn().unwrap();
+/// CPU seconds a measured run works before its samples count: the daemon describes a new
+/// process (a thread of its own, seconds late on a loaded machine) and until then walks it
+/// with frame pointers alone, which the interpreters built without them do not keep.
+const SETTLE_SECS: f64 = 0.5;
+
+/// Runs the script for `settle` and then `secs` of its own CPU time; the run's window starts
+/// when the script says it has settled.
+fn run_script(exe: &Path, secs: f64, settle: f64) -> Run {
+    use std::io::BufRead;
+    let mut child = Command::new(exe)
+        .arg(SCRIPT)
+        .arg(secs.to_string())
+        .arg(settle.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id().to_string();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let said = lines.next().and_then(Result::ok);
+    let start = now_secs();
+    assert_eq!(said.as_deref(), Some("measuring"), "{} said", exe.display());
     assert!(child.wait().unwrap().success(), "{} failed", exe.display());
     Run { pid, start, end: now_secs() }
 }
@@ -51,8 +67,8 @@ fn samples_of(data: &Path, daemon: &mut Daemon, run: &Run, secs: f64) -> Vec<(St
             panic!("the daemon exited ({status}):\n{}", tail[tail.len().saturating_sub(40)..].join("\n"));
         }
         let written = status_json(data).and_then(|s| s["summary"]["span"][1].as_u64()).unwrap_or(0) as f64 / 1e9;
-        let answer = (written > run.end + 1.0)
-            .then(|| folded_window(dir, run.start - 0.5, run.end + 0.5, &["--pid", pid, "--lines"]));
+        let answer =
+            (written > run.end + 1.0).then(|| folded_window(dir, run.start, run.end + 0.5, &["--pid", pid, "--lines"]));
         if polls.is_multiple_of(20) {
             let seen = answer.as_ref().map(|a| a.as_ref().map(|s| s.iter().map(|(_, n)| n).sum::<u64>()));
             eprintln!("pid {pid}: store written to {:.1} s after the run, {seen:?} samples", written - run.end);
@@ -131,7 +147,7 @@ fn python_functions_replace_the_interpreter_frames() {
         let mut warmups = 0;
         loop {
             warmups += 1;
-            let warm = run_script(&exe, WARMUP_SECS);
+            let warm = run_script(&exe, WARMUP_SECS, 0.0);
             let stacks = samples_of(&data, &mut daemon, &warm, WARMUP_SECS);
             if through_libc(&stacks) > 0 {
                 break;
@@ -145,7 +161,7 @@ fn python_functions_replace_the_interpreter_frames() {
         }
         // SECS of the script's own CPU time (however loaded the machine is): about SECS x 99
         // samples.
-        let run = run_script(&exe, SECS);
+        let run = run_script(&exe, SECS, SETTLE_SECS);
         let stacks = samples_of(&data, &mut daemon, &run, SECS);
         let total: u64 = stacks.iter().map(|(_, n)| n).sum();
         let frames = |s: &str| s.split(';').map(str::to_string).collect::<Vec<_>>();

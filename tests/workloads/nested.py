@@ -47,14 +47,26 @@ def middle_layer(items):
     return sort_through_c(items)
 
 
-def outer_loop(secs):
+def outer_loop(secs, settle):
     # Seconds of this process's CPU time, not of the wall clock: on a loaded machine it gets a
-    # fraction of a CPU, and a test counting its samples needs the same work either way.
+    # fraction of a CPU, and a test counting its samples needs the same work either way. After
+    # `settle` of them it says "measuring": a test counts the samples from then on, when the
+    # profiler has long described the new process (its first samples, before that, are
+    # walked with frame pointers alone).
     items = list(range(2000))
-    end = time.process_time() + secs
-    while time.process_time() < end:
+    start = time.process_time()
+    said = settle <= 0
+    if said:
+        print("measuring", flush=True)
+    while time.process_time() < start + settle + secs:
         middle_layer(items)
+        if not said and time.process_time() >= start + settle:
+            print("measuring", flush=True)
+            said = True
 
 
 if __name__ == "__main__":
-    outer_loop(float(sys.argv[1]) if len(sys.argv) > 1 else 5.0)
+    outer_loop(
+        float(sys.argv[1]) if len(sys.argv) > 1 else 5.0,
+        float(sys.argv[2]) if len(sys.argv) > 2 else 0.0,
+    )

@@ -17,23 +17,8 @@ use std::collections::BTreeMap;
 
 use crate::collect::CpuCounters;
 
-/// Cumulative figures of one CPU since the daemon started.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct CpuTotals {
-    pub ring_full: u64,
-    pub queue_full: u64,
-    pub kernel_stack_errors: u64,
-    pub user_stack_errors: u64,
-    pub unwind_walks: u64,
-    pub unwind_stopped: u64,
-    pub throttled_estimate: u64,
-}
-
-impl CpuTotals {
-    pub fn lost(&self) -> u64 {
-        self.ring_full + self.queue_full
-    }
-}
+// What /metrics shows of them; defined there, so that the server needs nothing of the daemon.
+pub use crate::serve::metrics::CpuTotals;
 
 /// A CPU's figures when it was attached (or when its estimate started over).
 #[derive(Debug, Clone, Copy)]

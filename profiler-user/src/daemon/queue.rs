@@ -73,16 +73,8 @@ pub struct QueueStats {
     max_bytes: AtomicU64,
 }
 
-/// A reading of [`QueueStats`].
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Depth {
-    pub records: u64,
-    pub bytes: u64,
-    /// High-water marks since start.
-    pub max_records: u64,
-    pub max_bytes: u64,
-    pub capacity_bytes: u64,
-}
+// A reading of [`QueueStats`], as /metrics shows it (defined there).
+pub use crate::serve::metrics::Depth;
 
 impl QueueStats {
     pub fn depth(&self) -> Depth {

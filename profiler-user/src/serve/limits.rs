@@ -160,20 +160,6 @@ pub fn connection_cap(nofile: u64) -> usize {
     (spare.min(MAX_CONNECTIONS as u64) as usize).max(4)
 }
 
-/// Lowers the calling thread's CPU priority (nice 10): the server's threads (and the blocking
-/// threads they start, which inherit it) and the unwind stage never compete with the sampling
-/// stages. Linux
-/// applies `setpriority(PRIO_PROCESS, tid)` to one thread.
-pub fn lower_this_thread() {
-    // SAFETY: plain syscalls on our own thread id.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        if libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower a thread's priority");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

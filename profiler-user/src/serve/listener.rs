@@ -95,7 +95,7 @@ pub fn spawn(addr: SocketAddr, router: Router) -> std::io::Result<SocketAddr> {
     tracing::debug!(nofile, connections = cap, "HTTP server limits");
     std::thread::Builder::new().name("http".into()).spawn(move || {
         // Before the runtime starts: its worker and blocking threads inherit the nice value.
-        limits::lower_this_thread();
+        crate::threads::lower_this_thread();
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .max_blocking_threads(BLOCKING_THREADS)

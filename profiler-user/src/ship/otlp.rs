@@ -65,7 +65,7 @@ impl Shipper {
     /// Runs on its own thread at nice 10, with its own small runtime.
     pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
         std::thread::Builder::new().name("ship-otlp".into()).spawn(move || {
-            crate::serve::limits::lower_this_thread();
+            crate::threads::lower_this_thread();
             match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt.block_on(self.run()),
                 Err(e) => tracing::error!(error = %e, "the OTLP shipper could not start"),

@@ -167,7 +167,7 @@ fn build_tables(
     job_rx: Receiver<(FileKey, File)>,
     built_tx: std::sync::mpsc::Sender<(FileKey, Result<table::Table, table::TableError>)>,
 ) {
-    crate::serve::limits::lower_this_thread();
+    crate::threads::lower_this_thread();
     let mut queue: Vec<(FileKey, File)> = Vec::new();
     loop {
         if queue.is_empty() {

@@ -9,7 +9,34 @@ mod memory;
 pub use exposition::escape_label;
 use exposition::write_family;
 
-use crate::daemon::{counters::CpuTotals, queue::Depth};
+/// Cumulative figures of one CPU since the daemon started.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct CpuTotals {
+    pub ring_full: u64,
+    pub queue_full: u64,
+    pub kernel_stack_errors: u64,
+    pub user_stack_errors: u64,
+    pub unwind_walks: u64,
+    pub unwind_stopped: u64,
+    pub throttled_estimate: u64,
+}
+
+impl CpuTotals {
+    pub fn lost(&self) -> u64 {
+        self.ring_full + self.queue_full
+    }
+}
+
+/// The queue between the daemon's ring reader and its pipeline, read at one moment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Depth {
+    pub records: u64,
+    pub bytes: u64,
+    /// High-water marks since start.
+    pub max_records: u64,
+    pub max_bytes: u64,
+    pub capacity_bytes: u64,
+}
 
 /// Updated by the daemon on every flush tick; read by the HTTP server.
 #[derive(Debug, Default, Clone)]
