@@ -6,8 +6,8 @@
  * for: the processes, CPUs and kernel of a test are real.
  *
  * Built by the tests: gcc -shared -fPIC -DSTANDIN_FILE='"PATH"' [-DHALF] -o libnvidia-ml.so.1
- * HALF leaves out about half the functions (power, temperature, memory, PCIe, ECC, clocks,
- * clock events, per-process utilisation, CPU affinity): a driver that lacks them.
+ * HALF leaves out about half the functions (power, temperature, memory, PCIe, ECC, row remapping,
+ * clocks, clock events, per-process utilisation, CPU affinity): a driver that lacks them.
  *
  * The file, one fact a line (a missing fact: NVML_ERROR_NOT_SUPPORTED):
  *   gpus 1
@@ -21,6 +21,7 @@
  *   0 mem_total 85899345920   0 mem_used 1073741824
  *   0 pcie_rx 1000       0 pcie_tx 2000       (KB/s)
  *   0 ecc_corrected 3    0 ecc_uncorrected 0
+ *   0 remap 2,1,0,0      (rows remapped correctable, uncorrectable, pending, failed)
  *   0 procs 812:1073741824,901:0    (pid:bytes, comma separated)
  *   0 proc_util 812:30
  *   0 affinity 3         (a CPU mask)
@@ -250,6 +251,14 @@ int nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsigned int *kbs) 
 int nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int type, int counter, unsigned long long *n) {
     (void)counter;
     return number(index_of(d), type == 0 ? "ecc_corrected" : "ecc_uncorrected", n);
+}
+
+int nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc, unsigned int *pending,
+                              unsigned int *failed) {
+    char v[128];
+    if (fact(index_of(d), "remap", v, sizeof v) != 0) return NOT_SUPPORTED;
+    if (sscanf(v, "%u,%u,%u,%u", corr, unc, pending, failed) != 4) return INVALID_ARGUMENT;
+    return OK;
 }
 
 int nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *count,

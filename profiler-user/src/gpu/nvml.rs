@@ -9,7 +9,7 @@
 use std::{collections::BTreeSet, ffi::OsStr};
 
 use nvml_wrapper::{
-    Nvml,
+    Device, Nvml,
     enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor},
     enums::device::UsedGpuMemory,
     error::NvmlError,
@@ -43,6 +43,7 @@ struct Slow {
     holders: Option<Vec<Holder>>,
     ecc_corrected: Option<f64>,
     ecc_uncorrected: Option<f64>,
+    remap: Option<super::RowRemap>,
 }
 
 /// Whether an error means the call will never work here (rather than this once).
@@ -178,6 +179,7 @@ impl Source {
                 let slow = &mut self.slow[index as usize];
                 slow.ecc_corrected = Self::call(dead, index, "ecc(corrected)", || ecc(MemoryError::Corrected));
                 slow.ecc_uncorrected = Self::call(dead, index, "ecc(uncorrected)", || ecc(MemoryError::Uncorrected));
+                slow.remap = Self::call(dead, index, "remapped_rows", || remapped_rows(&self.nvml, &d));
                 let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
                 let since = self.last_process_ts[index as usize];
                 let samples =
@@ -216,8 +218,23 @@ impl Source {
             r.holders = slow.holders.clone();
             r.ecc_corrected = slow.ecc_corrected;
             r.ecc_uncorrected = slow.ecc_uncorrected;
+            r.remap = slow.remap;
             out.push(r);
         }
         out
     }
+}
+
+/// Row remapping (A100 and later: a failing memory row replaced by a spare, NVIDIA's successor
+/// to page retirement): `nvmlDeviceGetRemappedRows`, which nvml-wrapper 0.12 loads but does not
+/// wrap, called through its symbol table. A missing symbol or an older GPU is `NotSupported`
+/// (the call is then not made again, like any other).
+fn remapped_rows(nvml: &Nvml, d: &Device<'_>) -> Result<super::RowRemap, NvmlError> {
+    let sym = nvml_wrapper::error::nvml_sym(nvml.lib().nvmlDeviceGetRemappedRows.as_ref())?;
+    let (mut corrected, mut uncorrected, mut pending, mut failed) = (0, 0, 0, 0);
+    // SAFETY: NVML's own function, called with a live device handle and four out-parameters
+    // that outlive the call.
+    let code = unsafe { sym(d.handle(), &mut corrected, &mut uncorrected, &mut pending, &mut failed) };
+    nvml_wrapper::error::nvml_try(code)?;
+    Ok(super::RowRemap { corrected, uncorrected, pending: pending != 0, failed: failed != 0 })
 }

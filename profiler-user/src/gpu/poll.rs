@@ -177,6 +177,12 @@ pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
         put("pcie_tx_mbps", "MB/s", r.pcie_tx_mbps);
         put("ecc_corrected", "errors", r.ecc_corrected);
         put("ecc_uncorrected", "errors", r.ecc_uncorrected);
+        if let Some(m) = r.remap {
+            put("remapped_rows_correctable", "rows", Some(f64::from(m.corrected)));
+            put("remapped_rows_uncorrectable", "rows", Some(f64::from(m.uncorrected)));
+            put("row_remap_pending", "bool", Some(f64::from(u8::from(m.pending))));
+            put("row_remap_failed", "bool", Some(f64::from(u8::from(m.failed))));
+        }
         if let Some(holders) = &r.holders {
             put("processes", "processes", Some(holders.len() as f64));
             for h in holders {
@@ -272,12 +278,14 @@ mod tests {
         let mut s = Seconds::default();
         let t = 1_795_000_000 * NS_PER_SEC;
         assert_eq!(s.add(t, &[reading(20.0, 0)]), None);
-        assert_eq!(s.add(t + 100_000_000, &[reading(40.0, 0x4)]), None);
+        assert_eq!(s.add(t + 100_000_000, &[reading(40.0, 0x40)]), None);
+        // The software power cap alone is a GPU at its limit, not a slowdown (`SLOWDOWN_REASONS`).
+        assert_eq!(s.add(t + 200_000_000, &[reading(30.0, 0x4)]), None);
         let (start, done) = s.add(t + NS_PER_SEC, &[reading(90.0, 0)]).expect("the second ended");
         assert_eq!(start, t);
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].util, Some(30.0));
-        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (2, 1, 0x4));
+        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (3, 1, 0x44));
         assert_eq!(done[0].holders, vec![812]);
         assert_eq!(done[0].sm_clock_mhz, None, "not read");
     }

@@ -34,7 +34,7 @@ pub fn render(s: &State) -> String {
         format!("{{gpu=\"{}\",uuid=\"{}\",model=\"{}\"}}", r.index, escape_label(uuid), escape_label(model))
     };
     type Get = fn(&Reading) -> Option<f64>;
-    let gauges: [(&str, &str, Get); 13] = [
+    let gauges: [(&str, &str, Get); 17] = [
         ("profiler_gpu_utilization_percent", "Share of the last sample period a kernel ran on the GPU.", |r| r.util),
         (
             "profiler_gpu_memory_utilization_percent",
@@ -53,6 +53,16 @@ pub fn render(s: &State) -> String {
         ("profiler_gpu_pcie_rx_bytes_per_second", "PCIe traffic into the GPU.", |r| r.pcie_rx_mbps.map(|m| m * 1e6)),
         ("profiler_gpu_pcie_tx_bytes_per_second", "PCIe traffic out of the GPU.", |r| r.pcie_tx_mbps.map(|m| m * 1e6)),
         ("profiler_gpu_ecc_errors", "Volatile uncorrected ECC errors.", |r| r.ecc_uncorrected),
+        ("profiler_gpu_ecc_corrected_errors", "Volatile corrected ECC errors.", |r| r.ecc_corrected),
+        ("profiler_gpu_remapped_rows", "Memory rows remapped to spares (correctable and uncorrectable causes).", |r| {
+            r.remap.map(|m| f64::from(m.corrected) + f64::from(m.uncorrected))
+        }),
+        ("profiler_gpu_row_remap_pending", "1: a row remap waits for a GPU reset.", |r| {
+            r.remap.map(|m| f64::from(u8::from(m.pending)))
+        }),
+        ("profiler_gpu_row_remap_failed", "1: a row remap failed (no spare rows left).", |r| {
+            r.remap.map(|m| f64::from(u8::from(m.failed)))
+        }),
         ("profiler_gpu_processes", "Processes holding a compute context on the GPU.", |r| {
             r.holders.as_ref().map(|h| h.len() as f64)
         }),
