@@ -189,7 +189,13 @@ fn a_gpu_bound_run_at_its_power_cap_raises_no_finding() {
             util: Some(90.0 + (poll % 11) as f64),
             sm_clock_mhz: Some(if poll < 10 { 1980.0 } else { 1375.0 }),
             clock_events: Some(0x4),
-            holders: Some(vec![Holder { pid: 812, mem_mib: Some(70_000.0), sm_util: Some(98.0) }]),
+            holders: Some(vec![Holder {
+                pid: 812,
+                mem_mib: Some(70_000.0),
+                sm_util: Some(98.0),
+                comm: None,
+                identity: None,
+            }]),
             ..Default::default()
         };
         let Some((start, gpus)) = fold.add(1_795_000_000 * NS_PER_SEC + poll * 100_000_000, &[r]) else { continue };

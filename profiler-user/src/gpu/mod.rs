@@ -9,10 +9,13 @@
 //!   reading for `/metrics`, and one summary per second for the detectors (`detect::gpu`);
 //! - `inventory`: which GPUs there are (or why none), written to `DATA_DIR/gpus.json` for
 //!   `profiler status` and for mapping a kernel log line's PCI address to a GPU;
+//! - `holders`: the processes holding each GPU named through the identity module (pod,
+//!   container) for `/metrics` and `profiler status`;
 //! - `xid`: the driver's `NVRM: Xid` kernel log lines and what their numbers mean.
 //!
 //! A node without the library or without GPUs says so once (log, status) and runs as before.
 
+pub mod holders;
 pub mod inventory;
 pub mod nvml;
 pub mod poll;
@@ -74,6 +77,9 @@ pub struct Holder {
     pub mem_mib: Option<f64>,
     /// SM utilisation of this process, %, from the last per-process sample.
     pub sm_util: Option<f64>,
+    /// Its command and who it belongs to (`holders::Namer`); `None` until named.
+    pub comm: Option<std::sync::Arc<str>>,
+    pub identity: Option<crate::identity::Identity>,
 }
 
 /// What one poll read of one GPU (`None`: the call is missing or unsupported there).

@@ -127,7 +127,7 @@ impl Source {
                 .collect();
             irq_cpus.sort_unstable();
             irq_cpus.dedup();
-            gpus.push(GpuInfo { index, model, uuid, bus_id, local_cpus, irq_cpus });
+            gpus.push(GpuInfo { index, model, uuid, bus_id, local_cpus, irq_cpus, processes: Vec::new() });
         }
         let unavailable = gpus.is_empty().then(|| format!("{library} loaded, but it lists no GPU"));
         Inventory { library: library.into(), unavailable, driver, gpus, unsupported: self.unsupported() }
@@ -204,6 +204,8 @@ impl Source {
                                     .max_by_key(|x| x.timestamp)
                                     .map(|x| f64::from(x.sm_util))
                             }),
+                            comm: None,
+                            identity: None,
                         })
                         .collect()
                 });

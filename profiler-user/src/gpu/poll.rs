@@ -33,6 +33,8 @@ pub struct Poller {
     /// The library's file name or path.
     pub library: String,
     pub shared: Shared,
+    /// The kubelet's log directory (`--kubelet-logs`): holders' pods and containers.
+    pub kubelet_logs: PathBuf,
 }
 
 impl Poller {
@@ -97,6 +99,7 @@ impl Poller {
         let step = self.interval.as_nanos().max(1) as u64;
         let mut acc = Seconds::default();
         let mut unsupported = source.unsupported().len();
+        let mut namer = super::holders::Namer::new(&self.kubelet_logs);
         let (mut second_cpu, mut failing) = (0.0, false);
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
@@ -104,7 +107,8 @@ impl Poller {
             let cpu_before = thread_cpu();
             // The first poll of each second also reads processes and ECC counts.
             let slow = acc.second != ts_ns / NS_PER_SEC;
-            let readings = source.read(slow);
+            let mut readings = source.read(slow);
+            namer.name(&mut readings);
             let (fast, mut slow_points) = points(&readings);
             let mut written = fast_writer.append(ts_ns, &fast);
             if slow {
@@ -140,8 +144,20 @@ impl Poller {
                     s.seconds.pop_front();
                 }
             }
-            // A call found unsupported after the start: status says so.
-            if source.unsupported().len() != unsupported {
+            // The processes holding a GPU changed (read once a second), or a call was found
+            // unsupported after the start: status says so.
+            let mut changed = false;
+            if slow {
+                for (index, procs) in super::holders::Namer::processes(&s.latest) {
+                    if let Some(g) = s.inventory.gpus.iter_mut().find(|g| g.index == index)
+                        && g.processes != procs
+                    {
+                        g.processes = procs;
+                        changed = true;
+                    }
+                }
+            }
+            if source.unsupported().len() != unsupported || changed {
                 unsupported = source.unsupported().len();
                 s.inventory.unsupported = source.unsupported();
                 let inv = s.inventory.clone();
@@ -268,7 +284,13 @@ mod tests {
             index: 0,
             util: Some(util),
             clock_events: Some(reasons),
-            holders: Some(vec![Holder { pid: 812, mem_mib: Some(1024.0), sm_util: Some(30.0) }]),
+            holders: Some(vec![Holder {
+                pid: 812,
+                mem_mib: Some(1024.0),
+                sm_util: Some(30.0),
+                comm: None,
+                identity: None,
+            }]),
             ..Default::default()
         }
     }

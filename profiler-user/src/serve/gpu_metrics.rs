@@ -2,7 +2,7 @@
 //! `model`, and what the polling costs (like the kernel counters' own CPU track).
 
 use super::metrics::{escape_label, write_family};
-use crate::gpu::{Reading, State};
+use crate::gpu::{Holder, Reading, State};
 
 pub fn render(s: &State) -> String {
     let mut out = String::new();
@@ -73,7 +73,41 @@ pub fn render(s: &State) -> String {
             family(name, "gauge", help, values);
         }
     }
+    // Per process holding a GPU, with its pod and container (`gpu::holders`): at most 64
+    // series a GPU (`gpu::nvml::MAX_HOLDERS`), gone when the process lets go.
+    type GetHolder = fn(&Holder) -> Option<f64>;
+    let per_process: [(&str, &str, GetHolder); 2] = [
+        ("profiler_gpu_process_sm_utilization_percent", "SM utilisation of a process on the GPU.", |h| h.sm_util),
+        ("profiler_gpu_process_memory_bytes", "GPU memory a process holds.", |h| h.mem_mib.map(|m| m * 1048576.0)),
+    ];
+    for (name, help, get) in per_process {
+        let values: Vec<(String, f64)> = s
+            .latest
+            .iter()
+            .flat_map(|r| r.holders.iter().flatten().map(move |h| (r, h)))
+            .filter_map(|(r, h)| Some((process_labels(&labels(r), h), get(h)?)))
+            .collect();
+        if !values.is_empty() {
+            family(name, "gauge", help, values);
+        }
+    }
     out
+}
+
+/// The GPU's labels with the process's added: pid, comm, namespace, pod, container (empty when
+/// not known).
+fn process_labels(gpu: &str, h: &Holder) -> String {
+    let id = h.identity.clone().unwrap_or_default();
+    let field = |v: Option<&str>| escape_label(v.unwrap_or_default());
+    format!(
+        "{},pid=\"{}\",comm=\"{}\",namespace=\"{}\",pod=\"{}\",container=\"{}\"}}",
+        gpu.trim_end_matches('}'),
+        h.pid,
+        field(h.comm.as_deref()),
+        field(id.pod_namespace.as_deref()),
+        field(id.pod_name.as_deref()),
+        field(id.container_name.as_deref()),
+    )
 }
 
 #[cfg(test)]
@@ -93,7 +127,23 @@ mod tests {
                 }],
                 ..Default::default()
             },
-            latest: vec![Reading { index: 0, util: Some(31.0), ..Default::default() }],
+            latest: vec![Reading {
+                index: 0,
+                util: Some(31.0),
+                holders: Some(vec![Holder {
+                    pid: 812,
+                    mem_mib: Some(1.0),
+                    sm_util: None,
+                    comm: Some("python3".into()),
+                    identity: Some(crate::identity::Identity {
+                        pod_namespace: Some("ml".into()),
+                        pod_name: Some("trainer-7".into()),
+                        container_name: Some("main".into()),
+                        ..Default::default()
+                    }),
+                }]),
+                ..Default::default()
+            }],
             polls: 7,
             ..Default::default()
         };
@@ -106,5 +156,13 @@ mod tests {
             )
         );
         assert!(!text.contains("profiler_gpu_power_watts"), "{text}");
+        assert!(
+            text.contains(
+                "profiler_gpu_process_memory_bytes{gpu=\"0\",uuid=\"GPU-1\",model=\"NVIDIA \\\"H100\\\"\",pid=\"812\",\
+                 comm=\"python3\",namespace=\"ml\",pod=\"trainer-7\",container=\"main\"} 1048576\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("profiler_gpu_process_sm_utilization_percent"), "not read: {text}");
     }
 }
