@@ -10,6 +10,7 @@
 //!   and the GPU is at 20 %, none at 95 %; `gpu-launch-bound` with a real Python loop as the
 //!   holder; `gpu-throttled` from clock-event reasons;
 //! - an Xid line written to /dev/kmsg becomes an event naming the GPU and, when fatal, a finding;
+//! - NVML's Xid events (where offered) are events too, and one fault is one finding;
 //! - a GPU-bound run (90-100 %, at its power cap) raises no GPU finding.
 
 use std::{
@@ -478,4 +479,70 @@ fn an_xid_in_the_kernel_log_is_an_event_naming_the_gpu_and_a_fatal_one_a_finding
         ]);
         (out.status.success() && !out.stdout.is_empty()).then_some(())
     });
+}
+
+/// NVML's Xid events, where the library offers them (the stand-in does when told): each is an
+/// event naming the GPU and the Xid's meaning, a fatal one a `gpu-fault` finding; the same fault
+/// in the kernel log afterwards is an event too but no second finding.
+#[test]
+fn nvml_xid_events_are_events_and_a_fatal_one_a_single_finding() {
+    let test = "nvml_xid_events_are_events_and_a_fatal_one_a_single_finding";
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(nvml) = stand_in(tmp.path(), false, test) else { return };
+    if !privileged(test) {
+        return;
+    }
+    let gpu = format!("{}0 xid_events 1\n", h100(50, &[], 0));
+    nvml.say(&gpu);
+    let data = tmp.path().join("data");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut daemon = Daemon::start(&data, &["--nvml-library", nvml.lib_str(), "--listen", &listen]);
+    daemon.wait_ready();
+    let dir = data.to_str().unwrap();
+    wait_for("the GPU list", Duration::from_secs(10), || status_json(&data)?["gpus"]["gpus"][0]["index"].as_u64());
+    nvml.say(&format!("{gpu}xids 0:13,0:79\n"));
+    let events = wait_for("both NVML Xid events", Duration::from_secs(10), || {
+        let out = profiler(&["events", "--data-dir", dir, "--from", "-5m", "--format", "json"]);
+        let all: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        let mine: Vec<Value> = all.into_iter().filter(|e| e["pattern"] == "nvml-xid").collect();
+        (mine.len() == 2).then_some(mine)
+    });
+    let messages: Vec<&str> = events.iter().map(|e| e["message"].as_str().unwrap()).collect();
+    assert!(
+        messages.contains(&"NVML: Xid 13 on GPU 0 [GPU 0 (NVIDIA H100 80GB HBM3): Xid 13, graphics engine exception (an application fault, or a driver or hardware error)]"),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m
+            .starts_with("NVML: Xid 79 on GPU 0 [GPU 0 (NVIDIA H100 80GB HBM3): Xid 79, GPU has fallen off the bus")),
+        "{messages:?}"
+    );
+    let fault =
+        wait_for("the gpu-fault finding", Duration::from_secs(10), || findings(dir, "gpu-fault").into_iter().next());
+    assert_eq!((fault["evidence"]["xid"].as_u64(), fault["evidence"]["gpu"].as_u64()), (Some(79), Some(0)), "{fault}");
+    // The driver's kernel log line of the same fault: an event, not a second finding. In a later
+    // second than NVML's (a finding's id has its second: the same second would be the same id).
+    // A benign line after it is recorded once the first line's finding was decided (one reader,
+    // in order).
+    let at = fault["start_ns"].as_u64().unwrap() as f64 / 1e9;
+    wait_for("a second past NVML's finding", Duration::from_secs(3), || (now_secs() > at.floor() + 1.05).then_some(()));
+    let nonce = std::process::id();
+    for line in [
+        format!("<3>NVRM: Xid (PCI:0000:3b:00): 79, pid={nonce}, name=python3, GPU has fallen off the bus.\n"),
+        format!("<4>NVRM: Xid (PCI:0000:3b:00): 13, pid={nonce}, name=marker, Graphics Exception\n"),
+    ] {
+        std::fs::write("/dev/kmsg", line).expect("write /dev/kmsg");
+    }
+    wait_for("the kernel log's events", Duration::from_secs(10), || {
+        let out = profiler(&["events", "--data-dir", dir, "--from", "-5m", "--format", "json"]);
+        let all: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        let mine = all.iter().filter(|e| e["message"].as_str().is_some_and(|m| m.contains(&format!("pid={nonce},"))));
+        (mine.count() == 2).then_some(())
+    });
+    // Each source counts on /metrics: NVML's 13 and 79, the kernel log's 79 and 13.
+    let (code, metrics) = http_get(&listen, "/metrics", "127.0.0.1", None);
+    assert_eq!(code, 200);
+    assert!(metrics.contains("profiler_gpu_xid_total{xid=\"79\",fatal=\"true\"} 2\n"), "{metrics}");
+    assert!(metrics.contains("profiler_gpu_xid_total{xid=\"13\",fatal=\"false\"} 2\n"), "{metrics}");
+    assert_eq!(findings(dir, "gpu-fault").len(), 1, "one fault, one finding: {:?}", findings(dir, "gpu-fault"));
 }

@@ -254,6 +254,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 library: g.library.clone(),
                 shared: shared.clone(),
                 kubelet_logs: config.kubelet_logs.clone(),
+                live: live.clone(),
             }
             .spawn()
             .map_err(|e| DaemonError::Thread("GPU poller", e))?,

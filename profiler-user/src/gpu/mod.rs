@@ -11,10 +11,13 @@
 //!   `profiler status` and for mapping a kernel log line's PCI address to a GPU;
 //! - `holders`: the processes holding each GPU named through the identity module (pod,
 //!   container) for `/metrics` and `profiler status`;
+//! - `events`: NVML's Xid events where the library offers them (the same faults, for nodes
+//!   whose kernel log the daemon cannot read);
 //! - `xid`: the driver's `NVRM: Xid` kernel log lines and what their numbers mean.
 //!
 //! A node without the library or without GPUs says so once (log, status) and runs as before.
 
+pub mod events;
 pub mod holders;
 pub mod inventory;
 pub mod nvml;

@@ -21,7 +21,11 @@ use super::{GpuError, GpuInfo, Holder, Inventory, Reading};
 pub const MAX_HOLDERS: usize = 64;
 
 pub struct Source {
-    nvml: Nvml,
+    /// Leaked on purpose: NVML's event set (`events`) borrows it, and both live as long as the
+    /// daemon (one `Source` per run).
+    nvml: &'static Nvml,
+    /// NVML's Xid events, where the library offers them.
+    pub events: Option<super::events::XidEvents>,
     count: u32,
     /// (GPU index, call) pairs that failed for good: not called again.
     dead: BTreeSet<(u32, &'static str)>,
@@ -67,8 +71,10 @@ impl Source {
             e => GpuError::Init { path: path.into(), why: e.to_string() },
         })?;
         let count = nvml.device_count().map_err(|e| GpuError::Init { path: path.into(), why: e.to_string() })?;
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
         Ok(Self {
             nvml,
+            events: super::events::XidEvents::register(nvml, count),
             count,
             dead: BTreeSet::new(),
             last_process_ts: vec![0; count as usize],

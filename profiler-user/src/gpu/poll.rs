@@ -35,6 +35,8 @@ pub struct Poller {
     pub shared: Shared,
     /// The kubelet's log directory (`--kubelet-logs`): holders' pods and containers.
     pub kubelet_logs: PathBuf,
+    /// `/metrics`' figures: NVML's Xid events count in `profiler_gpu_xid_total`.
+    pub live: Arc<std::sync::Mutex<crate::serve::metrics::Live>>,
 }
 
 impl Poller {
@@ -82,6 +84,21 @@ impl Poller {
         self.shared.lock().unwrap_or_else(|p| p.into_inner()).inventory = inv;
     }
 
+    /// NVML's Xid events waiting now, recorded as events (and a fatal one as a finding).
+    fn record_xids(&self, source: &mut Source, ts_ns: u64) {
+        let Some(events) = source.events.as_mut() else { return };
+        let xids = events.take();
+        if xids.is_empty() {
+            return;
+        }
+        let inv = self.shared.lock().unwrap_or_else(|p| p.into_inner()).inventory.clone();
+        for (index, code) in xids {
+            let fatal = events.record(&self.data_dir, &inv, index, code, ts_ns);
+            let code = u32::try_from(code).unwrap_or(u32::MAX);
+            *self.live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.entry((code, fatal)).or_default() += 1;
+        }
+    }
+
     fn run(self) {
         let Some(mut source) = self.open() else { return };
         // Two files a minute: what every poll reads, and what is read once a second. A reader
@@ -109,6 +126,7 @@ impl Poller {
             let slow = acc.second != ts_ns / NS_PER_SEC;
             let mut readings = source.read(slow);
             namer.name(&mut readings);
+            self.record_xids(&mut source, ts_ns);
             let (fast, mut slow_points) = points(&readings);
             let mut written = fast_writer.append(ts_ns, &fast);
             if slow {

@@ -4,6 +4,21 @@
 use super::metrics::{escape_label, write_family};
 use crate::gpu::{Holder, Reading, State};
 
+/// The Xids seen since the start, by number and fatality: the kernel log's lines and NVML's
+/// events each count (one fault both report counts twice; `increase(...) > 0` alerts either way).
+/// Always written, GPU tracks on or off: the kernel log reader runs without NVML.
+pub fn xids(counts: &std::collections::BTreeMap<(u32, bool), u64>) -> String {
+    let mut out = String::new();
+    write_family(
+        &mut out,
+        "profiler_gpu_xid_total",
+        "counter",
+        "NVIDIA Xids (kernel log lines, NVML events) since the start, by Xid and whether it is fatal.",
+        counts.iter().map(|((xid, fatal), n)| (format!("{{xid=\"{xid}\",fatal=\"{fatal}\"}}"), *n as f64)).collect(),
+    );
+    out
+}
+
 pub fn render(s: &State) -> String {
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| {
