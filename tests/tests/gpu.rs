@@ -360,7 +360,7 @@ fn a_gpu_bound_run_raises_no_gpu_finding() {
     let start = now_secs();
     let mut i = 0u32;
     while now_secs() - start < 19.0 {
-        let reasons = if i % 2 == 0 { 0x4 } else { 0 };
+        let reasons = if i.is_multiple_of(2) { 0x4 } else { 0 };
         nvml.say(&h100(90 + i % 11, &[pid], if now_secs() - start < 16.0 { reasons } else { 0 }));
         let found = gpu_findings(dir);
         assert!(found.is_empty(), "a GPU-bound run raised {found:?}");

@@ -185,7 +185,7 @@ impl Source {
                 let slow = &mut self.slow[index as usize];
                 slow.ecc_corrected = Self::call(dead, index, "ecc(corrected)", || ecc(MemoryError::Corrected));
                 slow.ecc_uncorrected = Self::call(dead, index, "ecc(uncorrected)", || ecc(MemoryError::Uncorrected));
-                slow.remap = Self::call(dead, index, "remapped_rows", || remapped_rows(&self.nvml, &d));
+                slow.remap = Self::call(dead, index, "remapped_rows", || remapped_rows(self.nvml, &d));
                 let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
                 let since = self.last_process_ts[index as usize];
                 let samples =
