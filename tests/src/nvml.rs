@@ -50,6 +50,17 @@ impl StandIn {
         Ok(Self { lib, facts })
     }
 
+    /// Builds it, or says why not (a failure under CI=true, `crate::skip`) and gives `None`.
+    pub fn build_or_skip(dir: &Path, half: bool, test: &str) -> Option<Self> {
+        match Self::build(dir, half) {
+            Ok(s) => Some(s),
+            Err(why) => {
+                crate::skip(&format!("{test}: cannot build the NVML stand-in: {why}"));
+                None
+            }
+        }
+    }
+
     /// Replaces what the stand-in says (a rename: a call never reads half a file).
     pub fn say(&self, facts: &str) {
         let tmp = self.facts.with_extension("tmp");

@@ -17,7 +17,7 @@ use integration_tests::{
     clickhouse::{self, ClickHouse, cursor_ns, wait_shipped},
     folded_window, helper_bin, now_secs,
     nvml::{StandIn, h100},
-    privileged, skip, wait_for,
+    privileged, wait_for,
 };
 use profiler::{
     query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
@@ -222,13 +222,7 @@ fn counter_tracks_gpu_and_kernel_reach_clickhouse_as_the_store_has_them() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let nvml = match StandIn::build(tmp.path(), false) {
-        Ok(n) => n,
-        Err(why) => {
-            skip(&format!("{test}: cannot build the NVML stand-in: {why}"));
-            return;
-        }
-    };
+    let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, test) else { return };
     let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
     nvml.say(&h100(37, &[], 0));
     let data = tmp.path().join("data");

@@ -61,13 +61,7 @@ fn a_gpus_holder_is_listed_with_its_pod_and_container() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let nvml = match StandIn::build(tmp.path(), false) {
-        Ok(n) => n,
-        Err(why) => {
-            skip(&format!("{test}: cannot build the NVML stand-in: {why}"));
-            return;
-        }
-    };
+    let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, test) else { return };
     let r = random_hex(16);
     let uid = format!("{}-{}-{}-{}-{}", &r[..8], &r[8..12], &r[12..16], &r[16..20], &r[20..]);
     let id = random_hex(32);

@@ -145,13 +145,7 @@ fn a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let nvml = match integration_tests::nvml::StandIn::build(tmp.path(), false) {
-        Ok(n) => n,
-        Err(why) => {
-            skip(&format!("{test}: cannot build the NVML stand-in: {why}"));
-            return;
-        }
-    };
+    let Some(nvml) = integration_tests::nvml::StandIn::build_or_skip(tmp.path(), false, test) else { return };
     nvml.say(&integration_tests::nvml::h100(23, &[], 0).replace("0 affinity 3", "0 affinity 2"));
     let data = tmp.path().join("data");
     let mut daemon = Daemon::start(&data, &["--nvml-library", nvml.lib_str()]);
