@@ -170,6 +170,13 @@ fn gpu_tracks_status_and_metrics_say_what_the_library_said() {
         "{text}"
     );
 
+    // The live page's GPU list and GPU-local CPUs come from /api/status.
+    let ui = String::from_utf8(profiler(&["ui", "--data-dir", dir]).stdout).unwrap();
+    let token = ui.trim().split_once("#token=").expect("token in the UI address").1.to_string();
+    let (code, api) = http_get(&format!("127.0.0.1:{port}"), "/api/status", "127.0.0.1", Some(&token));
+    assert_eq!(code, 200, "{api}");
+    let api: Value = serde_json::from_str(&api).unwrap();
+    assert_eq!(api["gpus"]["gpus"][0]["local_cpus"], serde_json::json!([0, 1]), "{api}");
     let (code, metrics) = http_get(&format!("127.0.0.1:{port}"), "/metrics", "127.0.0.1", None);
     assert_eq!(code, 200);
     let labels = "{gpu=\"0\",uuid=\"GPU-8e3c1f0a-stand-in\",model=\"NVIDIA H100 80GB HBM3\"}";
