@@ -131,7 +131,8 @@ fn a_report_opened_from_a_file_is_the_page_with_its_window() {
 }
 
 /// A GPU node's report (issue 26) carries the GPU as the live page shows it: the GPU strip
-/// (`gpu.0.util`, first of the tracks), the GPU findings marked, the GPU list under the header,
+/// (`gpu.0.util`, first of the tracks) with the GPU's fault marked on it, the GPU findings
+/// marked, the GPU list under the header,
 /// and the CPU the GPU is local to marked in CPU x time (the NVML stand-in's affinity: CPU 1
 /// only), the other not.
 #[test]
@@ -167,6 +168,18 @@ fn a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus() {
             severity: profiler::detect::Severity::Warning,
             summary: "GPU 0 (NVIDIA H100 80GB HBM3) 23 % busy for 2 s in the report test".into(),
             evidence: serde_json::json!({"gpu": 0}),
+        },
+    )
+    .unwrap();
+    // A fault of the GPU (as NVML's Xid event reads), marked on its strip.
+    let fault_ns = ((start + 2.5) * 1e3) as u64 * 1_000_000;
+    profiler::detect::log::record_event(
+        &data,
+        &profiler::collect::kmsg::Event {
+            id: "event-report-gpu-xid".into(),
+            ts_ns: fault_ns,
+            pattern: "nvml-xid".into(),
+            message: "NVML: Xid 79 on GPU 0 [GPU 0 (NVIDIA H100 80GB HBM3): Xid 79, GPU has fallen off the bus]".into(),
         },
     )
     .unwrap();
@@ -221,6 +234,20 @@ fn a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus() {
         );
         assert_eq!((shown[2].as_u64(), shown[3].as_u64()), (Some(0), Some(255)), "CPU 1 marked, CPU 0 not: {shown}");
         assert!(shown[4].as_str().unwrap().contains("local to GPU 0: CPUs 1"), "{shown}");
+        // The fault's red line on the GPU strip, between its label and its utilisation line;
+        // 20 px later the strip's background.
+        let script = format!(
+            "const cv = document.querySelector('#counters .track canvas'), k = cv.width / cv.clientWidth; \
+             const x = window.profilerUI.X({}); \
+             const at = (px) => Array.from(cv.getContext('2d').getImageData(Math.round(px * k), Math.round(12 * k), 1, 1).data); \
+             return [at(x), at(x + 20)];",
+            fault_ns as f64 / 1e9
+        );
+        let px = client.execute(&script, vec![]).await.unwrap();
+        let rgb = |v: &serde_json::Value| -> Vec<u64> { v.as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect() };
+        let (mark, beside) = (rgb(&px[0]), rgb(&px[1]));
+        assert!(mark[0] > 150 && mark[1] < 80 && mark[2] < 80, "the fault's mark is red: {px}");
+        assert!(!(beside[0] > 150 && beside[1] < 80), "only at the fault: {px}");
         client.close().await.unwrap();
     });
 }

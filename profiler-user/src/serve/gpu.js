@@ -1,7 +1,8 @@
 // The node's GPUs on the page (issue 26), from `/api/status`'s `gpus` (a report carries the
 // same): a line per GPU under the header (model, UUID, bus, the CPUs local to it and those that
-// take its interrupts), and the GPU-local CPUs marked beside their rows in CPU x time: a GPU's
-// feeders on CPUs far from it cross the socket for every batch.
+// take its interrupts), the GPU-local CPUs marked beside their rows in CPU x time (a GPU's
+// feeders on CPUs far from it cross the socket for every batch), and each GPU's faults (the
+// Xid events naming it) as marks on its strip.
 
 // The GPU list a status answer has; none on a node without NVML or without GPUs (the page does
 // not say so on every CPU-only node: `profiler status` does).
@@ -46,4 +47,14 @@ function gpuLegend() {
   i.className = "gpu-local"; i.style.background = css("--info");
   s.append(i, gpus.map((g) => `local to GPU ${g.index}: CPUs ${cpuRuns(g.local_cpus)}`).join("; "));
   return [s];
+}
+
+// The Xid events of GPU `index` (the kernel log's `[GPU 0 (...): Xid ...]`, NVML's `on GPU 0`)
+// as red lines across its strip, where the utilisation shows what the fault did.
+function markGpuFaults(c, index) {
+  const mine = new RegExp(`(\\[GPU ${index} \\(|\\bon GPU ${index}\\b)`);
+  c.fillStyle = css("--critical");
+  for (const e of S.events) {
+    if (/Xid/.test(e.message) && mine.test(e.message)) c.fillRect(Math.round(X(e.ts_ns / 1e9)) - 1, 0, 2, 26);
+  }
 }

@@ -508,6 +508,7 @@ async function loadCounters() {
     c.strokeStyle = css("--info"); c.lineWidth = 1.5; c.beginPath();
     t.points.forEach(([ms, v], j) => { const x = X(ms / 1000), y = 24 - (max ? (v / max) * 21 : 0); j ? c.lineTo(x, y) : c.moveTo(x, y); });
     c.stroke();
+    if (gpu(t)) markGpuFaults(c, Number(t.name.split(".")[1]));
     c.fillStyle = css("--muted"); c.font = "10px system-ui, sans-serif"; c.textBaseline = "top"; c.fillText(`${label} · max ${+max.toPrecision(3)} ${t.unit || ""}`, 3, 1);
     cv.addEventListener("mousemove", (ev) => {
       const tm = T(ev.clientX - cv.getBoundingClientRect().left) * 1000;
