@@ -6,8 +6,8 @@
  * for: the processes, CPUs and kernel of a test are real.
  *
  * Built by the tests: gcc -shared -fPIC -DSTANDIN_FILE='"PATH"' [-DHALF] -o libnvidia-ml.so.1
- * HALF leaves out about half the functions (power, temperature, memory, PCIe, ECC, clocks,
- * clock events, per-process utilisation, CPU affinity): a driver that lacks them.
+ * HALF leaves out about half the functions (power, temperature, memory, PCIe, ECC, row remapping,
+ * clocks, clock events, per-process utilisation, CPU affinity): a driver that lacks them.
  *
  * The file, one fact a line (a missing fact: NVML_ERROR_NOT_SUPPORTED):
  *   gpus 1
@@ -21,9 +21,12 @@
  *   0 mem_total 85899345920   0 mem_used 1073741824
  *   0 pcie_rx 1000       0 pcie_tx 2000       (KB/s)
  *   0 ecc_corrected 3    0 ecc_uncorrected 0
+ *   0 remap 2,1,0,0      (rows remapped correctable, uncorrectable, pending, failed)
  *   0 procs 812:1073741824,901:0    (pid:bytes, comma separated)
  *   0 proc_util 812:30
  *   0 affinity 3         (a CPU mask)
+ *   0 xid_events 1       (the GPU offers NVML's Xid events)
+ *   xids 0:79,0:13       (Xid events, GPU:number, delivered once each in order; append to add)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +43,8 @@
 #define NOT_SUPPORTED 3
 #define NOT_FOUND 6
 #define INSUFFICIENT_SIZE 7
+#define TIMEOUT 10
+#define XID_CRITICAL 0x8ULL
 
 typedef struct device *nvmlDevice_t;
 
@@ -250,6 +255,60 @@ int nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsigned int *kbs) 
 int nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int type, int counter, unsigned long long *n) {
     (void)counter;
     return number(index_of(d), type == 0 ? "ecc_corrected" : "ecc_uncorrected", n);
+}
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+int nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
+    *index = (unsigned int)index_of(d);
+    return OK;
+}
+
+int nvmlEventSetCreate(void **set) { *set = (void *)1; return OK; }
+int nvmlEventSetFree(void *set) { (void)set; return OK; }
+
+int nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    unsigned long long on = 0;
+    if (number(index_of(d), "xid_events", &on) != OK || !on) return NOT_SUPPORTED;
+    *types = XID_CRITICAL;
+    return OK;
+}
+
+int nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, void *set) {
+    (void)set;
+    unsigned long long on = 0;
+    if (number(index_of(d), "xid_events", &on) != OK || !on || types != XID_CRITICAL) return NOT_SUPPORTED;
+    return OK;
+}
+
+/* The next undelivered "xids" entry, without waiting (the daemon asks with a zero timeout). */
+int nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    static unsigned int delivered = 0;
+    (void)set;
+    (void)timeout_ms;
+    unsigned int gpus[64];
+    unsigned long long codes[64];
+    unsigned int n = pairs(-1, "xids", gpus, codes, 64);
+    if (n > 64) n = 64;
+    if (delivered >= n) return TIMEOUT;
+    memset(data, 0, sizeof *data);
+    data->device = (nvmlDevice_t)(uintptr_t)(gpus[delivered] + 1);
+    data->eventType = XID_CRITICAL;
+    data->eventData = codes[delivered];
+    delivered++;
+    return OK;
+}
+
+int nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc, unsigned int *pending,
+                              unsigned int *failed) {
+    char v[128];
+    if (fact(index_of(d), "remap", v, sizeof v) != 0) return NOT_SUPPORTED;
+    if (sscanf(v, "%u,%u,%u,%u", corr, unc, pending, failed) != 4) return INVALID_ARGUMENT;
+    return OK;
 }
 
 int nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *count,

@@ -22,7 +22,8 @@ pub fn h100(util: u32, holders: &[u32], reasons: u64) -> String {
         "gpus 1\ndriver 580.159.04\n0 name NVIDIA H100 80GB HBM3\n0 uuid GPU-8e3c1f0a-stand-in\n\
          0 bus 00000000:3B:00.0\n0 util {util}\n0 mem_util 12\n0 sm_clock 1980\n0 mem_clock 2619\n\
          0 reasons {reasons}\n0 power_mw 350000\n0 temp 55\n0 mem_total 85899345920\n0 mem_used 1073741824\n\
-         0 pcie_rx 1000\n0 pcie_tx 2000\n0 ecc_corrected 3\n0 ecc_uncorrected 0\n0 procs {}\n0 proc_util {}\n\
+         0 pcie_rx 1000\n0 pcie_tx 2000\n0 ecc_corrected 3\n0 ecc_uncorrected 0\n0 remap 2,1,1,0\n\
+         0 procs {}\n0 proc_util {}\n\
          0 affinity 3\n",
         procs.join(","),
         proc_util.join(",")
@@ -47,6 +48,17 @@ impl StandIn {
             return Err(format!("gcc failed: {}", String::from_utf8_lossy(&out.stderr)));
         }
         Ok(Self { lib, facts })
+    }
+
+    /// Builds it, or says why not (a failure under CI=true, `crate::skip`) and gives `None`.
+    pub fn build_or_skip(dir: &Path, half: bool, test: &str) -> Option<Self> {
+        match Self::build(dir, half) {
+            Ok(s) => Some(s),
+            Err(why) => {
+                crate::skip(&format!("{test}: cannot build the NVML stand-in: {why}"));
+                None
+            }
+        }
     }
 
     /// Replaces what the stand-in says (a rename: a call never reads half a file).

@@ -2,10 +2,11 @@
 //! ClickHouse 18.16, and what ClickHouse holds is what the node's store holds, exactly: per
 //! (CPU, comm) counts and folded stacks for a window; then through a kill -9 of ClickHouse and
 //! a kill -9 of the daemon, 0 samples lost and 0 duplicated once caught up. The schema is also
-//! checked on today's ClickHouse (the embedded chdb from PyPI).
+//! checked on today's ClickHouse (the embedded chdb from PyPI). The counter tracks (kernel
+//! counters, and GPU tracks from the NVML stand-in) reach the `counters` table exactly.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::Path,
     process::{Command, Stdio},
     time::Duration,
@@ -14,7 +15,9 @@ use std::{
 use integration_tests::{
     Daemon, Kill,
     clickhouse::{self, ClickHouse, cursor_ns, wait_shipped},
-    folded_window, helper_bin, now_secs, privileged, wait_for,
+    folded_window, helper_bin, now_secs,
+    nvml::{StandIn, h100},
+    privileged, wait_for,
 };
 use profiler::{
     query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
@@ -206,6 +209,67 @@ fn clickhouse_holds_what_the_store_holds_through_server_and_daemon_kills() {
         ));
         eprintln!("{table}: {bytes} compressed bytes, {:.1} per sample row", bytes as f64 / rows as f64);
     }
+}
+
+/// The counter tracks reach ClickHouse as the store has them (issue 26: the GPU tracks ship like
+/// the kernel counters): a daemon reading the NVML stand-in ships, and for a window of 5 s every
+/// (track, CPU, tick, value) that `store::counters` reads on the node is a row of `counters`, and
+/// nothing else is: the GPU's tracks (ten ticks a second) and the kernel counters (one) alike.
+#[test]
+fn counter_tracks_gpu_and_kernel_reach_clickhouse_as_the_store_has_them() {
+    let test = "counter_tracks_gpu_and_kernel_reach_clickhouse_as_the_store_has_them";
+    if !privileged(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, test) else { return };
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    nvml.say(&h100(37, &[], 0));
+    let data = tmp.path().join("data");
+    let url = ch.url();
+    let args = ["--listen", "off", "--node", NODE, "--clickhouse", &url, "--nvml-library", nvml.lib_str()];
+    let mut daemon = Daemon::start(&data, &args);
+    daemon.wait_ready();
+    let a = now_secs().ceil() as u64 + 2;
+    let b = a + 5;
+    // The GPU moves within the window: the rows carry each value at its tick.
+    std::thread::sleep(Duration::from_secs_f64((a as f64 + 2.5 - now_secs()).max(0.0)));
+    nvml.say(&h100(81, &[], 0));
+    wait_shipped(&data, b * SEC);
+    type Row = (String, i64, u64, String);
+    let local: BTreeSet<Row> = profiler::store::counters::read(&data, a * SEC, b * SEC, &Default::default())
+        .unwrap()
+        .tracks
+        .into_iter()
+        .flat_map(|t| {
+            let cpu = t.cpu.map_or(-1, i64::from);
+            t.points.into_iter().map(move |(ms, v)| (t.name.clone(), cpu, ms, v.to_string()))
+        })
+        .collect();
+    let sql = format!(
+        "SELECT name, cpu, intDiv(ts, 1000000) AS ms, value FROM profiler.counters FINAL WHERE {} FORMAT JSONEachRow",
+        range(a * SEC, b * SEC)
+    );
+    let remote: BTreeSet<Row> = ch
+        .query(&sql)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            // 18.16 writes 64-bit integers as JSON strings.
+            let ms = v["ms"].as_str().map_or_else(|| v["ms"].as_u64().unwrap(), |s| s.parse().unwrap());
+            let value = v["value"].as_f64().unwrap().to_string();
+            (v["name"].as_str().unwrap().to_string(), v["cpu"].as_i64().unwrap(), ms, value)
+        })
+        .collect();
+    let util: Vec<&Row> = local.iter().filter(|r| r.0 == "gpu.0.util").collect();
+    assert!(util.len() >= 45, "ten GPU ticks a second: {util:?}");
+    assert!(util.iter().any(|r| r.3 == "37") && util.iter().any(|r| r.3 == "81"), "{util:?}");
+    assert!(local.iter().any(|r| r.1 >= 0 && !r.0.starts_with("gpu.")), "per-CPU kernel counters: {local:?}");
+    let missing: Vec<&Row> = local.difference(&remote).take(5).collect();
+    let extra: Vec<&Row> = remote.difference(&local).take(5).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "not in ClickHouse: {missing:?}; only there: {extra:?}");
+    eprintln!("[{a}, {b}): {} counter rows match, {} of them gpu.0.util", local.len(), util.len());
 }
 
 #[test]

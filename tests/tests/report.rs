@@ -129,3 +129,125 @@ fn a_report_opened_from_a_file_is_the_page_with_its_window() {
         client.close().await.unwrap();
     });
 }
+
+/// A GPU node's report (issue 26) carries the GPU as the live page shows it: the GPU strip
+/// (`gpu.0.util`, first of the tracks) with the GPU's fault marked on it, the GPU findings
+/// marked, the GPU list under the header,
+/// and the CPU the GPU is local to marked in CPU x time (the NVML stand-in's affinity: CPU 1
+/// only), the other not.
+#[test]
+fn a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus() {
+    let test = "a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus";
+    if !privileged(test) {
+        return;
+    }
+    if !browser::installed() {
+        skip("the browser test needs Debian's chromium and chromium-driver (cargo xtask test installs them)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(nvml) = integration_tests::nvml::StandIn::build_or_skip(tmp.path(), false, test) else { return };
+    nvml.say(&integration_tests::nvml::h100(23, &[], 0).replace("0 affinity 3", "0 affinity 2"));
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--nvml-library", nvml.lib_str()]);
+    daemon.wait_ready();
+    let start = now_secs();
+    integration_tests::wait_for("the GPU list", Duration::from_secs(10), || {
+        integration_tests::status_json(&data)?["gpus"]["gpus"][0]["local_cpus"][0].as_u64()
+    });
+    // A GPU finding in the window (the detectors have tests of their own).
+    let at = ((start + 1.0) * 1e3) as u64 * 1_000_000;
+    profiler::detect::log::record_finding(
+        &data,
+        &profiler::detect::Finding {
+            id: "report-gpu-1".into(),
+            kind: profiler::detect::Kind::GpuStarved,
+            start_ns: at,
+            end_ns: Some(at + 2_000_000_000),
+            cpu: None,
+            severity: profiler::detect::Severity::Warning,
+            summary: "GPU 0 (NVIDIA H100 80GB HBM3) 23 % busy for 2 s in the report test".into(),
+            evidence: serde_json::json!({"gpu": 0}),
+        },
+    )
+    .unwrap();
+    // A fault of the GPU (as NVML's Xid event reads), marked on its strip.
+    let fault_ns = ((start + 2.5) * 1e3) as u64 * 1_000_000;
+    profiler::detect::log::record_event(
+        &data,
+        &profiler::collect::kmsg::Event {
+            id: "event-report-gpu-xid".into(),
+            ts_ns: fault_ns,
+            pattern: "nvml-xid".into(),
+            message: "NVML: Xid 79 on GPU 0 [GPU 0 (NVIDIA H100 80GB HBM3): Xid 79, GPU has fallen off the bus]".into(),
+        },
+    )
+    .unwrap();
+    let end = start + 4.0;
+    integration_tests::wait_for("the store past the run", Duration::from_secs(15), || {
+        let span = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
+        (span > end + 1.0).then_some(())
+    });
+    let file = tmp.path().join("gpu-report.html");
+    let (from, to) = (format!("{:.3}", start.floor() - 1.0), format!("{:.3}", end.ceil()));
+    let out = profiler(&[
+        "report",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(daemon.stop().success());
+    let html = std::fs::read_to_string(&file).unwrap();
+    for what in ["gpu.0.util", "GPU-8e3c1f0a-stand-in", "report-gpu-1"] {
+        assert!(html.contains(what), "the report holds {what}");
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let url = format!("file://{}", file.display());
+    rt.block_on(async move {
+        let (_driver, client) = browser::open("1400,1000").await;
+        client.goto(&url).await.unwrap();
+        let shown = browser::until(
+            &client,
+            "the GPU strip, list, mark and local CPU",
+            "const U = window.profilerUI, S = U && U.state; \
+             const first = document.querySelector('#counters .track .name'); \
+             if (!S || !S.ct || !S.gpus || !first || !document.querySelector('#hm-marks [data-id=report-gpu-1]')) return null; \
+             const cv = document.getElementById('ct'), k = cv.width / cv.clientWidth, rh = cv.clientHeight / S.ct.cpus.length; \
+             const px = (cpu) => cv.getContext('2d').getImageData(Math.floor((70 - 3) * k), \
+               Math.floor((S.ct.cpus.indexOf(cpu) + 0.5) * rh * k), 1, 1).data[3]; \
+             return [first.textContent, document.getElementById('gpus').textContent, px(0), px(1), \
+               document.getElementById('ct-legend').textContent];",
+        )
+        .await;
+        assert_eq!(shown[0], "gpu.0.util", "the GPU strip first: {shown}");
+        let list = shown[1].as_str().unwrap();
+        assert!(
+            list.starts_with("GPU 0 NVIDIA H100 80GB HBM3 (GPU-8e3c1f0a-stand-in, bus 00000000:3B:00.0): local CPUs 1,"),
+            "{list}"
+        );
+        assert_eq!((shown[2].as_u64(), shown[3].as_u64()), (Some(0), Some(255)), "CPU 1 marked, CPU 0 not: {shown}");
+        assert!(shown[4].as_str().unwrap().contains("local to GPU 0: CPUs 1"), "{shown}");
+        // The fault's red line on the GPU strip, between its label and its utilisation line;
+        // 20 px later the strip's background.
+        let script = format!(
+            "const cv = document.querySelector('#counters .track canvas'), k = cv.width / cv.clientWidth; \
+             const x = window.profilerUI.X({}); \
+             const at = (px) => Array.from(cv.getContext('2d').getImageData(Math.round(px * k), Math.round(12 * k), 1, 1).data); \
+             return [at(x), at(x + 20)];",
+            fault_ns as f64 / 1e9
+        );
+        let px = client.execute(&script, vec![]).await.unwrap();
+        let rgb = |v: &serde_json::Value| -> Vec<u64> { v.as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect() };
+        let (mark, beside) = (rgb(&px[0]), rgb(&px[1]));
+        assert!(mark[0] > 150 && mark[1] < 80 && mark[2] < 80, "the fault's mark is red: {px}");
+        assert!(!(beside[0] > 150 && beside[1] < 80), "only at the fault: {px}");
+        client.close().await.unwrap();
+    });
+}

@@ -91,6 +91,9 @@ fn report(
     let status = serde_json::json!({
         "meta": {"node": node, "cpus": cpus, "frequency_hz": hz},
         "summary": {"span": [w.from_ns, w.to_ns]},
+        // The GPUs as the daemon last listed them (`gpus.json`): the page's GPU line and the
+        // GPU-local CPUs in CPU x time; the GPU strips come with the counter tracks.
+        "gpus": profiler::gpu::Inventory::read(data_dir),
         "report": true,
     });
     let r = report::Report {

@@ -253,6 +253,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 interval: g.interval,
                 library: g.library.clone(),
                 shared: shared.clone(),
+                kubelet_logs: config.kubelet_logs.clone(),
+                live: live.clone(),
             }
             .spawn()
             .map_err(|e| DaemonError::Thread("GPU poller", e))?,

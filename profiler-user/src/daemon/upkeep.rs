@@ -162,7 +162,10 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::ser
         if let Err(err) = detect::log::record_event(data_dir, &e) {
             tracing::error!(event = %e.id, error = %err, "cannot record an event");
         }
-        if let Some((_, Some(finding))) = fault {
+        // NVML's Xid event may have raised this fault's finding already (`gpu::events`).
+        if let Some((_, Some(finding))) =
+            fault.filter(|(_, f)| !f.as_ref().is_some_and(|f| crate::gpu::events::already_raised(data_dir, f)))
+        {
             tracing::warn!(finding = %finding.id, "{}", finding.summary);
             if let Err(err) = detect::log::record_finding(data_dir, &finding) {
                 tracing::error!(finding = %finding.id, error = %err, "cannot record a finding");

@@ -19,6 +19,9 @@ pub struct GpuInfo {
     pub local_cpus: Vec<u32>,
     /// CPUs that take its interrupts now (`collect::irqs`).
     pub irq_cpus: Vec<u32>,
+    /// The processes holding it as of the poller's last change of them, with pod and container.
+    #[serde(default)]
+    pub processes: Vec<super::holders::Process>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -70,6 +73,10 @@ impl Inventory {
                 cpu_list(&g.local_cpus),
                 cpu_list(&g.irq_cpus)
             ));
+            if !g.processes.is_empty() {
+                let procs: Vec<String> = g.processes.iter().map(|p| p.describe()).collect();
+                lines.push(format!("{} held by {}", g.index, procs.join(", ")));
+            }
         }
         if !self.unsupported.is_empty() {
             lines.push(format!("not supported here (no track): {}", self.unsupported.join(", ")));

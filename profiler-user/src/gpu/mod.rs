@@ -9,10 +9,16 @@
 //!   reading for `/metrics`, and one summary per second for the detectors (`detect::gpu`);
 //! - `inventory`: which GPUs there are (or why none), written to `DATA_DIR/gpus.json` for
 //!   `profiler status` and for mapping a kernel log line's PCI address to a GPU;
+//! - `holders`: the processes holding each GPU named through the identity module (pod,
+//!   container) for `/metrics` and `profiler status`;
+//! - `events`: NVML's Xid events where the library offers them (the same faults, for nodes
+//!   whose kernel log the daemon cannot read);
 //! - `xid`: the driver's `NVRM: Xid` kernel log lines and what their numbers mean.
 //!
 //! A node without the library or without GPUs says so once (log, status) and runs as before.
 
+pub mod events;
+pub mod holders;
 pub mod inventory;
 pub mod nvml;
 pub mod poll;
@@ -38,9 +44,18 @@ pub enum GpuError {
     Write(std::path::PathBuf, String),
 }
 
-/// Clock-event (throttle) reasons that mean the clocks are held down by power, heat or the
-/// hardware, not by an idle GPU or an application's setting (NVML's `nvmlClocksEventReason*`).
-pub const SLOWDOWN_REASONS: u64 = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
+/// Clock-event (throttle) reasons that mean the clocks are held down by heat or the hardware,
+/// not by an idle GPU, an application's setting or the power cap (NVML's
+/// `nvmlClocksEventReason*`): hardware slowdown (0x8), software and hardware thermal slowdown
+/// (0x20, 0x40), the hardware power brake (0x80).
+///
+/// The software power cap (0x4) is left out on purpose: a GPU doing dense work runs at its power
+/// limit, and the driver then trades clock for power as designed. On an H100 the GPU-bound phase
+/// of `cargo xtask gpu-check` (BF16 8192² products) sat at its 700 W limit with the SM clock at
+/// 1375 of 1980 MHz and that bit set for the whole run (BENCHMARKS.md): counted, every healthy
+/// busy GPU would be a `gpu-throttled` finding. The bit is still stored (`gpu.N.clock_events`),
+/// named in a finding's evidence and on `/metrics`; a lowered power limit shows in `power_w`.
+pub const SLOWDOWN_REASONS: u64 = 0x8 | 0x20 | 0x40 | 0x80;
 
 /// Names of the clock-event bits, for findings and status.
 pub fn reason_names(bits: u64) -> Vec<&'static str> {
@@ -65,6 +80,9 @@ pub struct Holder {
     pub mem_mib: Option<f64>,
     /// SM utilisation of this process, %, from the last per-process sample.
     pub sm_util: Option<f64>,
+    /// Its command and who it belongs to (`holders::Namer`); `None` until named.
+    pub comm: Option<std::sync::Arc<str>>,
+    pub identity: Option<crate::identity::Identity>,
 }
 
 /// What one poll read of one GPU (`None`: the call is missing or unsupported there).
@@ -84,8 +102,21 @@ pub struct Reading {
     pub pcie_tx_mbps: Option<f64>,
     pub ecc_corrected: Option<f64>,
     pub ecc_uncorrected: Option<f64>,
+    /// Row remapping where the GPU has it (A100 and later).
+    pub remap: Option<RowRemap>,
     /// Processes holding the GPU as of the last read of them (read once a second).
     pub holders: Option<Vec<Holder>>,
+}
+
+/// Rows of GPU memory replaced by spares because of errors (NVML's remapped rows): a pending
+/// remap needs a GPU reset to take effect; a failed one means the GPU ran out of spares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct RowRemap {
+    /// Rows remapped after correctable errors, and after uncorrectable ones.
+    pub corrected: u32,
+    pub uncorrected: u32,
+    pub pending: bool,
+    pub failed: bool,
 }
 
 /// One GPU over one wall-clock second, as the detectors see it.

@@ -9,7 +9,7 @@
 use std::{collections::BTreeSet, ffi::OsStr};
 
 use nvml_wrapper::{
-    Nvml,
+    Device, Nvml,
     enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor},
     enums::device::UsedGpuMemory,
     error::NvmlError,
@@ -21,7 +21,11 @@ use super::{GpuError, GpuInfo, Holder, Inventory, Reading};
 pub const MAX_HOLDERS: usize = 64;
 
 pub struct Source {
-    nvml: Nvml,
+    /// Leaked on purpose: NVML's event set (`events`) borrows it, and both live as long as the
+    /// daemon (one `Source` per run).
+    nvml: &'static Nvml,
+    /// NVML's Xid events, where the library offers them.
+    pub events: Option<super::events::XidEvents>,
     count: u32,
     /// (GPU index, call) pairs that failed for good: not called again.
     dead: BTreeSet<(u32, &'static str)>,
@@ -43,6 +47,7 @@ struct Slow {
     holders: Option<Vec<Holder>>,
     ecc_corrected: Option<f64>,
     ecc_uncorrected: Option<f64>,
+    remap: Option<super::RowRemap>,
 }
 
 /// Whether an error means the call will never work here (rather than this once).
@@ -66,8 +71,10 @@ impl Source {
             e => GpuError::Init { path: path.into(), why: e.to_string() },
         })?;
         let count = nvml.device_count().map_err(|e| GpuError::Init { path: path.into(), why: e.to_string() })?;
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
         Ok(Self {
             nvml,
+            events: super::events::XidEvents::register(nvml, count),
             count,
             dead: BTreeSet::new(),
             last_process_ts: vec![0; count as usize],
@@ -126,7 +133,7 @@ impl Source {
                 .collect();
             irq_cpus.sort_unstable();
             irq_cpus.dedup();
-            gpus.push(GpuInfo { index, model, uuid, bus_id, local_cpus, irq_cpus });
+            gpus.push(GpuInfo { index, model, uuid, bus_id, local_cpus, irq_cpus, processes: Vec::new() });
         }
         let unavailable = gpus.is_empty().then(|| format!("{library} loaded, but it lists no GPU"));
         Inventory { library: library.into(), unavailable, driver, gpus, unsupported: self.unsupported() }
@@ -178,6 +185,7 @@ impl Source {
                 let slow = &mut self.slow[index as usize];
                 slow.ecc_corrected = Self::call(dead, index, "ecc(corrected)", || ecc(MemoryError::Corrected));
                 slow.ecc_uncorrected = Self::call(dead, index, "ecc(uncorrected)", || ecc(MemoryError::Uncorrected));
+                slow.remap = Self::call(dead, index, "remapped_rows", || remapped_rows(self.nvml, &d));
                 let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
                 let since = self.last_process_ts[index as usize];
                 let samples =
@@ -202,6 +210,8 @@ impl Source {
                                     .max_by_key(|x| x.timestamp)
                                     .map(|x| f64::from(x.sm_util))
                             }),
+                            comm: None,
+                            identity: None,
                         })
                         .collect()
                 });
@@ -216,8 +226,23 @@ impl Source {
             r.holders = slow.holders.clone();
             r.ecc_corrected = slow.ecc_corrected;
             r.ecc_uncorrected = slow.ecc_uncorrected;
+            r.remap = slow.remap;
             out.push(r);
         }
         out
     }
+}
+
+/// Row remapping (A100 and later: a failing memory row replaced by a spare, NVIDIA's successor
+/// to page retirement): `nvmlDeviceGetRemappedRows`, which nvml-wrapper 0.12 loads but does not
+/// wrap, called through its symbol table. A missing symbol or an older GPU is `NotSupported`
+/// (the call is then not made again, like any other).
+fn remapped_rows(nvml: &Nvml, d: &Device<'_>) -> Result<super::RowRemap, NvmlError> {
+    let sym = nvml_wrapper::error::nvml_sym(nvml.lib().nvmlDeviceGetRemappedRows.as_ref())?;
+    let (mut corrected, mut uncorrected, mut pending, mut failed) = (0, 0, 0, 0);
+    // SAFETY: NVML's own function, called with a live device handle and four out-parameters
+    // that outlive the call.
+    let code = unsafe { sym(d.handle(), &mut corrected, &mut uncorrected, &mut pending, &mut failed) };
+    nvml_wrapper::error::nvml_try(code)?;
+    Ok(super::RowRemap { corrected, uncorrected, pending: pending != 0, failed: failed != 0 })
 }

@@ -33,6 +33,10 @@ pub struct Poller {
     /// The library's file name or path.
     pub library: String,
     pub shared: Shared,
+    /// The kubelet's log directory (`--kubelet-logs`): holders' pods and containers.
+    pub kubelet_logs: PathBuf,
+    /// `/metrics`' figures: NVML's Xid events count in `profiler_gpu_xid_total`.
+    pub live: Arc<std::sync::Mutex<crate::serve::metrics::Live>>,
 }
 
 impl Poller {
@@ -80,6 +84,21 @@ impl Poller {
         self.shared.lock().unwrap_or_else(|p| p.into_inner()).inventory = inv;
     }
 
+    /// NVML's Xid events waiting now, recorded as events (and a fatal one as a finding).
+    fn record_xids(&self, source: &mut Source, ts_ns: u64) {
+        let Some(events) = source.events.as_mut() else { return };
+        let xids = events.take();
+        if xids.is_empty() {
+            return;
+        }
+        let inv = self.shared.lock().unwrap_or_else(|p| p.into_inner()).inventory.clone();
+        for (index, code) in xids {
+            let fatal = events.record(&self.data_dir, &inv, index, code, ts_ns);
+            let code = u32::try_from(code).unwrap_or(u32::MAX);
+            *self.live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.entry((code, fatal)).or_default() += 1;
+        }
+    }
+
     fn run(self) {
         let Some(mut source) = self.open() else { return };
         // Two files a minute: what every poll reads, and what is read once a second. A reader
@@ -97,6 +116,7 @@ impl Poller {
         let step = self.interval.as_nanos().max(1) as u64;
         let mut acc = Seconds::default();
         let mut unsupported = source.unsupported().len();
+        let mut namer = super::holders::Namer::new(&self.kubelet_logs);
         let (mut second_cpu, mut failing) = (0.0, false);
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
@@ -104,7 +124,9 @@ impl Poller {
             let cpu_before = thread_cpu();
             // The first poll of each second also reads processes and ECC counts.
             let slow = acc.second != ts_ns / NS_PER_SEC;
-            let readings = source.read(slow);
+            let mut readings = source.read(slow);
+            namer.name(&mut readings);
+            self.record_xids(&mut source, ts_ns);
             let (fast, mut slow_points) = points(&readings);
             let mut written = fast_writer.append(ts_ns, &fast);
             if slow {
@@ -140,8 +162,20 @@ impl Poller {
                     s.seconds.pop_front();
                 }
             }
-            // A call found unsupported after the start: status says so.
-            if source.unsupported().len() != unsupported {
+            // The processes holding a GPU changed (read once a second), or a call was found
+            // unsupported after the start: status says so.
+            let mut changed = false;
+            if slow {
+                for (index, procs) in super::holders::Namer::processes(&s.latest) {
+                    if let Some(g) = s.inventory.gpus.iter_mut().find(|g| g.index == index)
+                        && g.processes != procs
+                    {
+                        g.processes = procs;
+                        changed = true;
+                    }
+                }
+            }
+            if source.unsupported().len() != unsupported || changed {
                 unsupported = source.unsupported().len();
                 s.inventory.unsupported = source.unsupported();
                 let inv = s.inventory.clone();
@@ -177,6 +211,12 @@ pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
         put("pcie_tx_mbps", "MB/s", r.pcie_tx_mbps);
         put("ecc_corrected", "errors", r.ecc_corrected);
         put("ecc_uncorrected", "errors", r.ecc_uncorrected);
+        if let Some(m) = r.remap {
+            put("remapped_rows_correctable", "rows", Some(f64::from(m.corrected)));
+            put("remapped_rows_uncorrectable", "rows", Some(f64::from(m.uncorrected)));
+            put("row_remap_pending", "bool", Some(f64::from(u8::from(m.pending))));
+            put("row_remap_failed", "bool", Some(f64::from(u8::from(m.failed))));
+        }
         if let Some(holders) = &r.holders {
             put("processes", "processes", Some(holders.len() as f64));
             for h in holders {
@@ -262,7 +302,13 @@ mod tests {
             index: 0,
             util: Some(util),
             clock_events: Some(reasons),
-            holders: Some(vec![Holder { pid: 812, mem_mib: Some(1024.0), sm_util: Some(30.0) }]),
+            holders: Some(vec![Holder {
+                pid: 812,
+                mem_mib: Some(1024.0),
+                sm_util: Some(30.0),
+                comm: None,
+                identity: None,
+            }]),
             ..Default::default()
         }
     }
@@ -272,12 +318,14 @@ mod tests {
         let mut s = Seconds::default();
         let t = 1_795_000_000 * NS_PER_SEC;
         assert_eq!(s.add(t, &[reading(20.0, 0)]), None);
-        assert_eq!(s.add(t + 100_000_000, &[reading(40.0, 0x4)]), None);
+        assert_eq!(s.add(t + 100_000_000, &[reading(40.0, 0x40)]), None);
+        // The software power cap alone is a GPU at its limit, not a slowdown (`SLOWDOWN_REASONS`).
+        assert_eq!(s.add(t + 200_000_000, &[reading(30.0, 0x4)]), None);
         let (start, done) = s.add(t + NS_PER_SEC, &[reading(90.0, 0)]).expect("the second ended");
         assert_eq!(start, t);
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].util, Some(30.0));
-        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (2, 1, 0x4));
+        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (3, 1, 0x44));
         assert_eq!(done[0].holders, vec![812]);
         assert_eq!(done[0].sm_clock_mhz, None, "not read");
     }

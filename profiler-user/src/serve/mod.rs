@@ -442,6 +442,9 @@ async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
             "summary": summary,
             "nodes": nodes,
             "interrupts": crate::collect::irqs::Placement::read(),
+            // The GPUs the daemon's poller found (`gpu::inventory`): the page lists them and
+            // marks the CPUs local to each.
+            "gpus": crate::gpu::Inventory::read(dir.path()),
             // What the page's header shows beside the store: the kernel and the daemon's health.
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()).ok(),
             "health": health(&live),
@@ -493,9 +496,10 @@ async fn metrics_api(State(s): State<Shared>) -> Result<Response, Failure> {
 /// the script: `profiler report` puts its data there (`export::report`); the daemon's page
 /// has none (the placeholder is a comment).
 pub fn page() -> String {
-    include_str!("page.html")
-        .replace("/*STYLE*/", include_str!("page.css"))
-        .replace("/*SCRIPT*/", concat!(include_str!("page.js"), include_str!("flame.js"), include_str!("report.js")))
+    include_str!("page.html").replace("/*STYLE*/", include_str!("page.css")).replace(
+        "/*SCRIPT*/",
+        concat!(include_str!("page.js"), include_str!("flame.js"), include_str!("gpu.js"), include_str!("report.js")),
+    )
 }
 
 async fn index() -> Response {

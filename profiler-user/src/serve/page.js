@@ -371,6 +371,7 @@ function drawCputime() {
     palette = null;
   });
   c.drawImage(base, 0, 0, LEFT + d.w, h);
+  markGpuLocal(c, g.cpus, rh);
   for (const f of S.findings) {
     const row = g.cpus.indexOf(f.cpu);
     if (row < 0) continue;
@@ -386,7 +387,7 @@ function drawCputime() {
   const sw = (busy, kern, label) => { const s = document.createElement("span"), i = document.createElement("i"); i.style.background = ctColor(busy, kern); s.append(i, label); return s; };
   $("ct-legend").replaceChildren(
     sw(0.1, 0, "10 % busy"), sw(0.5, 0, "50 %"), sw(1, 0, "100 % busy, user"), sw(1, 0.5, "half kernel"), sw(1, 1, "100 % kernel"),
-    `bucket ${span(bs)}` + (g.coarsened ? ` — ${g.coarsened.reason}` : ""));
+    ...gpuLegend(), `bucket ${span(bs)}` + (g.coarsened ? ` — ${g.coarsened.reason}` : ""));
 }
 function ctCell(ev) {
   const { g, n, rh } = ctInfo(), r = $("ct").getBoundingClientRect();
@@ -507,6 +508,7 @@ async function loadCounters() {
     c.strokeStyle = css("--info"); c.lineWidth = 1.5; c.beginPath();
     t.points.forEach(([ms, v], j) => { const x = X(ms / 1000), y = 24 - (max ? (v / max) * 21 : 0); j ? c.lineTo(x, y) : c.moveTo(x, y); });
     c.stroke();
+    if (gpu(t)) markGpuFaults(c, Number(t.name.split(".")[1]));
     c.fillStyle = css("--muted"); c.font = "10px system-ui, sans-serif"; c.textBaseline = "top"; c.fillText(`${label} · max ${+max.toPrecision(3)} ${t.unit || ""}`, 3, 1);
     cv.addEventListener("mousemove", (ev) => {
       const tm = T(ev.clientX - cv.getBoundingClientRect().left) * 1000;
@@ -555,6 +557,7 @@ async function loadStatus() {
     $("h-kernel").textContent = st.kernel ? `kernel ${st.kernel}` : "";
     $("h-cpus").textContent = m.cpus ? `${m.cpus} CPUs` : "";
     $("h-freq").textContent = m.frequency_hz ? `${m.frequency_hz} Hz` : "";
+    showGpus(st);
     $("h-span").textContent = s.span ? `data ${full(s.span[0] / 1e9, false)} → ${clock(s.span[1] / 1e9, false)} (${span((s.span[1] - s.span[0]) / 1e9)})` : "";
     let lost = 0, all = 0;
     for (const c of Object.values(s.cpus || {})) { lost += c.lost; all += c.samples + c.idle + c.lost; }

@@ -113,6 +113,18 @@ pub fn record(f: &Finding, t: Transition, observed_ns: u64) -> LogRecord {
         Some(None) => attributes.push(string("k8s.pod.name", f.pod().unwrap_or_default())),
         None => {}
     }
+    // A GPU finding names its GPU (`detect::gpu`, `gpu::xid`): which one to drain or look at.
+    if let Some(index) = f.evidence["gpu"].as_u64() {
+        attributes.push(KeyValue {
+            key: "profiler.gpu.index".into(),
+            value: Some(AnyValue { value: Some(Value::Int(index as i64)) }),
+        });
+        for (key, field) in [("profiler.gpu.uuid", "uuid"), ("profiler.gpu.model", "model")] {
+            if let Some(v) = f.evidence[field].as_str().filter(|v| !v.is_empty()) {
+                attributes.push(string(key, v));
+            }
+        }
+    }
     LogRecord {
         time_unix_nano: time,
         severity_number: number,
@@ -198,6 +210,25 @@ mod tests {
         assert_eq!((closed.time_unix_nano, closed.severity_number), (900, 9));
         assert_eq!(attr(&closed, "profiler.finding.id"), attr(&open, "profiler.finding.id"));
         assert_eq!(closed.event_name, "profiler.finding.closed");
+    }
+
+    #[test]
+    fn a_gpu_finding_names_its_gpu_and_the_pod_of_its_processes() {
+        let f = Finding {
+            kind: Kind::GpuStarved,
+            cpu: None,
+            evidence: json!({"gpu": 2, "uuid": "GPU-1", "model": "NVIDIA H100",
+                "processes": [{"comm": "pt_data_worker", "namespace": "ml", "pod": "trainer-7"}]}),
+            ..finding(100, None)
+        };
+        let open = record(&f, Transition::Opened, 1000);
+        assert_eq!(attr(&open, "profiler.finding.kind"), Some(&Value::String("gpu-starved".into())));
+        assert_eq!(attr(&open, "profiler.gpu.index"), Some(&Value::Int(2)));
+        assert_eq!(attr(&open, "profiler.gpu.uuid"), Some(&Value::String("GPU-1".into())));
+        assert_eq!(attr(&open, "profiler.gpu.model"), Some(&Value::String("NVIDIA H100".into())));
+        assert_eq!(attr(&open, "k8s.pod.name"), Some(&Value::String("trainer-7".into())));
+        assert_eq!(attr(&open, "cpu.logical_number"), None);
+        assert_eq!(attr(&record(&finding(1, None), Transition::Opened, 2), "profiler.gpu.index"), None);
     }
 
     #[test]

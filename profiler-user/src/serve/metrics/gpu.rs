@@ -2,7 +2,22 @@
 //! `model`, and what the polling costs (like the kernel counters' own CPU track).
 
 use super::exposition::{escape_label, write_family};
-use crate::gpu::{Reading, State};
+use crate::gpu::{Holder, Reading, State};
+
+/// The Xids seen since the start, by number and fatality: the kernel log's lines and NVML's
+/// events each count (one fault both report counts twice; `increase(...) > 0` alerts either way).
+/// Always written, GPU tracks on or off: the kernel log reader runs without NVML.
+pub fn xids(counts: &std::collections::BTreeMap<(u32, bool), u64>) -> String {
+    let mut out = String::new();
+    write_family(
+        &mut out,
+        "profiler_gpu_xid_total",
+        "counter",
+        "NVIDIA Xids (kernel log lines, NVML events) since the start, by Xid and whether it is fatal.",
+        counts.iter().map(|((xid, fatal), n)| (format!("{{xid=\"{xid}\",fatal=\"{fatal}\"}}"), *n as f64)).collect(),
+    );
+    out
+}
 
 pub fn render(s: &State) -> String {
     let mut out = String::new();
@@ -34,7 +49,7 @@ pub fn render(s: &State) -> String {
         format!("{{gpu=\"{}\",uuid=\"{}\",model=\"{}\"}}", r.index, escape_label(uuid), escape_label(model))
     };
     type Get = fn(&Reading) -> Option<f64>;
-    let gauges: [(&str, &str, Get); 13] = [
+    let gauges: [(&str, &str, Get); 17] = [
         ("profiler_gpu_utilization_percent", "Share of the last sample period a kernel ran on the GPU.", |r| r.util),
         (
             "profiler_gpu_memory_utilization_percent",
@@ -53,6 +68,16 @@ pub fn render(s: &State) -> String {
         ("profiler_gpu_pcie_rx_bytes_per_second", "PCIe traffic into the GPU.", |r| r.pcie_rx_mbps.map(|m| m * 1e6)),
         ("profiler_gpu_pcie_tx_bytes_per_second", "PCIe traffic out of the GPU.", |r| r.pcie_tx_mbps.map(|m| m * 1e6)),
         ("profiler_gpu_ecc_errors", "Volatile uncorrected ECC errors.", |r| r.ecc_uncorrected),
+        ("profiler_gpu_ecc_corrected_errors", "Volatile corrected ECC errors.", |r| r.ecc_corrected),
+        ("profiler_gpu_remapped_rows", "Memory rows remapped to spares (correctable and uncorrectable causes).", |r| {
+            r.remap.map(|m| f64::from(m.corrected) + f64::from(m.uncorrected))
+        }),
+        ("profiler_gpu_row_remap_pending", "1: a row remap waits for a GPU reset.", |r| {
+            r.remap.map(|m| f64::from(u8::from(m.pending)))
+        }),
+        ("profiler_gpu_row_remap_failed", "1: a row remap failed (no spare rows left).", |r| {
+            r.remap.map(|m| f64::from(u8::from(m.failed)))
+        }),
         ("profiler_gpu_processes", "Processes holding a compute context on the GPU.", |r| {
             r.holders.as_ref().map(|h| h.len() as f64)
         }),
@@ -63,7 +88,41 @@ pub fn render(s: &State) -> String {
             family(name, "gauge", help, values);
         }
     }
+    // Per process holding a GPU, with its pod and container (`gpu::holders`): at most 64
+    // series a GPU (`gpu::nvml::MAX_HOLDERS`), gone when the process lets go.
+    type GetHolder = fn(&Holder) -> Option<f64>;
+    let per_process: [(&str, &str, GetHolder); 2] = [
+        ("profiler_gpu_process_sm_utilization_percent", "SM utilisation of a process on the GPU.", |h| h.sm_util),
+        ("profiler_gpu_process_memory_bytes", "GPU memory a process holds.", |h| h.mem_mib.map(|m| m * 1048576.0)),
+    ];
+    for (name, help, get) in per_process {
+        let values: Vec<(String, f64)> = s
+            .latest
+            .iter()
+            .flat_map(|r| r.holders.iter().flatten().map(move |h| (r, h)))
+            .filter_map(|(r, h)| Some((process_labels(&labels(r), h), get(h)?)))
+            .collect();
+        if !values.is_empty() {
+            family(name, "gauge", help, values);
+        }
+    }
     out
+}
+
+/// The GPU's labels with the process's added: pid, comm, namespace, pod, container (empty when
+/// not known).
+fn process_labels(gpu: &str, h: &Holder) -> String {
+    let id = h.identity.clone().unwrap_or_default();
+    let field = |v: Option<&str>| escape_label(v.unwrap_or_default());
+    format!(
+        "{},pid=\"{}\",comm=\"{}\",namespace=\"{}\",pod=\"{}\",container=\"{}\"}}",
+        gpu.trim_end_matches('}'),
+        h.pid,
+        field(h.comm.as_deref()),
+        field(id.pod_namespace.as_deref()),
+        field(id.pod_name.as_deref()),
+        field(id.container_name.as_deref()),
+    )
 }
 
 #[cfg(test)]
@@ -83,7 +142,23 @@ mod tests {
                 }],
                 ..Default::default()
             },
-            latest: vec![Reading { index: 0, util: Some(31.0), ..Default::default() }],
+            latest: vec![Reading {
+                index: 0,
+                util: Some(31.0),
+                holders: Some(vec![Holder {
+                    pid: 812,
+                    mem_mib: Some(1.0),
+                    sm_util: None,
+                    comm: Some("python3".into()),
+                    identity: Some(crate::identity::Identity {
+                        pod_namespace: Some("ml".into()),
+                        pod_name: Some("trainer-7".into()),
+                        container_name: Some("main".into()),
+                        ..Default::default()
+                    }),
+                }]),
+                ..Default::default()
+            }],
             polls: 7,
             ..Default::default()
         };
@@ -96,5 +171,13 @@ mod tests {
             )
         );
         assert!(!text.contains("profiler_gpu_power_watts"), "{text}");
+        assert!(
+            text.contains(
+                "profiler_gpu_process_memory_bytes{gpu=\"0\",uuid=\"GPU-1\",model=\"NVIDIA \\\"H100\\\"\",pid=\"812\",\
+                 comm=\"python3\",namespace=\"ml\",pod=\"trainer-7\",container=\"main\"} 1048576\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("profiler_gpu_process_sm_utilization_percent"), "not read: {text}");
     }
 }

@@ -119,15 +119,7 @@ pub fn render(l: &Live) -> String {
         "Samples per second per CPU.",
         vec![(String::new(), l.frequency_hz as f64)],
     );
-    family(
-        "profiler_gpu_xid_total",
-        "counter",
-        "NVIDIA driver Xid lines in the kernel log since the start, by Xid and whether it is fatal.",
-        l.gpu_xids
-            .iter()
-            .map(|((xid, fatal), n)| (format!("{{xid=\"{xid}\",fatal=\"{fatal}\"}}"), *n as f64))
-            .collect(),
-    );
+    out.push_str(&gpu::xids(&l.gpu_xids));
     if let Some(stats) = &l.clickhouse {
         out.push_str(&crate::ship::clickhouse::metrics::render(stats));
     }

@@ -41,6 +41,12 @@ pub fn render(s: &Stats) -> String {
         &[("{table=\"findings\"}", get(&s.findings)), ("{table=\"events\"}", get(&s.events))],
     );
     family(
+        "profiler_clickhouse_counter_rows_total",
+        "counter",
+        "Counter-track rows (kernel counters, GPU tracks; one per track and tick) inserted into ClickHouse.",
+        &[("", get(&s.counter_rows))],
+    );
+    family(
         "profiler_clickhouse_sent_bytes_total",
         "counter",
         "Bytes of insert bodies sent to ClickHouse (gzipped RowBinary), by table.",
@@ -75,6 +81,6 @@ mod tests {
         let text = render(&s);
         assert!(text.contains("\nprofiler_clickhouse_rows_total 7\n"), "{text}");
         assert!(text.contains("\nprofiler_clickhouse_lag_seconds NaN\n"), "{text}");
-        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE")).count(), 8);
+        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE")).count(), 9);
     }
 }

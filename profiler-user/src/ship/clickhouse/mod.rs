@@ -1,7 +1,9 @@
-//! Ships the node's samples to ClickHouse (docs/clickhouse.md). A thread of its own follows
+//! Ships the node's samples, findings, events and counter tracks to ClickHouse
+//! (docs/clickhouse.md). A thread of its own follows
 //! the store with a cursor persisted in the data directory: ClickHouse being slow, down or
 //! restarted costs lag, never samples, and sampling never waits for it.
 
+mod counters;
 mod cursor;
 pub mod http;
 pub mod metrics;
@@ -125,6 +127,8 @@ pub struct Stats {
     /// Finding and event rows sent (findings again while open).
     pub findings: AtomicU64,
     pub events: AtomicU64,
+    /// Counter-track rows sent (one per track and tick; again with a re-sent batch).
+    pub counter_rows: AtomicU64,
     /// Gzipped bytes sent: sample rows, stack rows.
     pub sample_bytes: AtomicU64,
     pub stack_bytes: AtomicU64,

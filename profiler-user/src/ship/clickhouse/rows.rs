@@ -27,7 +27,7 @@ pub fn stack_id(frames: &[(&str, bool)], locations: &[(&str, u64)]) -> u64 {
     h.digest()
 }
 
-fn put_len(out: &mut Vec<u8>, mut n: usize) {
+pub(super) fn put_len(out: &mut Vec<u8>, mut n: usize) {
     loop {
         let byte = (n & 0x7f) as u8;
         n >>= 7;
@@ -39,7 +39,7 @@ fn put_len(out: &mut Vec<u8>, mut n: usize) {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_len(out, s.len());
     out.extend_from_slice(s.as_bytes());
 }

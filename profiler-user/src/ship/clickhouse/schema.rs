@@ -96,6 +96,13 @@ const TABLES: &[(&str, &str, &str)] = &[
         "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, cpu){ttl}",
     ),
     (
+        // The counter tracks (kernel counters, GPU tracks) as `profiler counters` prints them:
+        // one row per track and tick; `cpu` -1 for a track of no one CPU. Re-sent rows collapse.
+        "counters",
+        "node String, ts UInt64, name String, cpu Int32, unit String, value Float64",
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, name, cpu, ts){ttl}",
+    ),
+    (
         // How each node records: one row per daemon start or change, the latest wins.
         "nodes",
         "node String, cpus UInt32, hz UInt32, online String, host String, version UInt64",
@@ -110,6 +117,7 @@ pub const STACK_LOCATIONS: &str = "stack_locations";
 pub const FINDINGS: &str = "findings";
 pub const EVENTS: &str = "events";
 pub const CPU_SECONDS: &str = "cpu_seconds";
+pub const COUNTERS: &str = "counters";
 pub const NODES: &str = "nodes";
 
 /// Every statement, in order, each safe to run again.

@@ -19,7 +19,9 @@ use std::{
 };
 
 use super::{
-    Config, ShipError, Stats, cursor,
+    Config, ShipError, Stats,
+    counters::CounterRows,
+    cursor,
     http::Client,
     notes,
     rows::{Batch, CpuSeconds},
@@ -68,6 +70,8 @@ pub struct Shipper {
     findings_rescanned: bool,
     /// The `nodes` row this run sent last.
     node_shipped: Option<NodeRow>,
+    /// The counter tracks of the batch being built (kept: it remembers what it said).
+    counters: CounterRows,
 }
 
 /// How the node records, as `nodes` holds it.
@@ -107,6 +111,7 @@ impl Shipper {
             retention_done: None,
             findings_rescanned: false,
             node_shipped: None,
+            counters: CounterRows::default(),
         }
     }
 
@@ -205,11 +210,14 @@ impl Shipper {
         let day_end = (from / schema::DAY_NS + 1) * schema::DAY_NS;
         let mut batch = Batch::default();
         let mut to = from;
-        while to < settled.min(day_end) && batch.rows() < self.config.batch_rows {
+        self.counters.clear();
+        // The counter tracks of the same seconds count toward the batch's bound.
+        while to < settled.min(day_end) && batch.rows() + self.counters.rows < self.config.batch_rows {
             let next = (to + STEP_NS).min(settled).min(day_end);
             let window = Window::new(to, next)?;
             let shipped = &mut self.shipped_stacks;
             for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(s, shipped))?;
+            self.counters.read(&self.config.data_dir, &self.config.node, to, next);
             to = next;
         }
         if batch.rows() == 0 {
@@ -241,6 +249,11 @@ impl Shipper {
         if !cpu_seconds.is_empty() {
             let rows = cpu_seconds.encode(&self.config.node);
             self.client.insert(&self.table(schema::CPU_SECONDS), "RowBinary", &rows)?;
+        }
+        if !self.counters.is_empty() {
+            // Before the samples: a batch found whole on the server had its counters sent too.
+            self.client.insert(&self.table(schema::COUNTERS), "RowBinary", &self.counters.bytes)?;
+            self.stats.counter_rows.fetch_add(self.counters.rows as u64, Ordering::Relaxed);
         }
         if batch.rows() > 0 {
             let native = batch.native(&self.config.node);
@@ -357,7 +370,7 @@ impl Shipper {
             return Ok(());
         }
         let keep_from_day = now_ns().saturating_sub(self.config.max_age_secs.saturating_mul(SEC)) / schema::DAY_NS;
-        for table in [schema::SAMPLES, schema::FINDINGS, schema::EVENTS, schema::CPU_SECONDS] {
+        for table in [schema::SAMPLES, schema::FINDINGS, schema::EVENTS, schema::CPU_SECONDS, schema::COUNTERS] {
             let parts = self.client.query(&format!(
                 "SELECT DISTINCT partition FROM system.parts WHERE active AND database = {} AND table = {}",
                 schema::quote_str(&self.config.database),
