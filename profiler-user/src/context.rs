@@ -5,7 +5,7 @@
 //! puts a synthetic frame `[softirq:NET_RX]` at the root of the sample's kernel frames. The
 //! store keeps it as any kernel frame (a node with the kernel bit, which no user-space name can
 //! set), so segments, rollups, ClickHouse shipping and the fleet's mirror carry it unchanged, and
-//! every reader derives the context from a stack once per interned stack: folded output and
+//! every reader derives the context from a stack once per interned stack (`Dict::context_of`): folded output and
 //! flamegraphs show it, `--context` filters on it, CPU x time counts it, pprof and OTLP label it.
 
 use std::{
@@ -16,7 +16,7 @@ use std::{
 
 use profiler_common::SOFTIRQ_NAMES;
 
-use crate::{model::Stack, store::format::Dict};
+use crate::model::Stack;
 
 const MARKER_PREFIX: &str = "[softirq:";
 
@@ -42,7 +42,7 @@ impl Context {
     }
 
     /// The softirq a marker frame names (`[softirq:NET_RX]` → 3); `None` for any other name.
-    fn of_marker(name: &str) -> Option<u8> {
+    pub fn of_marker(name: &str) -> Option<u8> {
         let vector = name.strip_prefix(MARKER_PREFIX)?.strip_suffix(']')?;
         SOFTIRQ_NAMES.iter().position(|n| *n == vector).map(|v| v as u8)
     }
@@ -65,26 +65,6 @@ impl Context {
     /// The context of a symbolized stack: its first kernel frame, if that is a marker.
     pub fn of_stack(stack: &Stack) -> Self {
         stack.frames.get(stack.user_len).and_then(|f| Self::of_marker(f)).map_or(Self::Task, Self::Softirq)
-    }
-
-    /// The context of stack node `node` of `dict`: walks up to the root of its kernel frames.
-    pub fn of_node(dict: &Dict, node: u32) -> Self {
-        let mut n = node as usize;
-        let mut steps = 0;
-        while let Some(cur) = dict.nodes.get(n).filter(|_| n != 0 && steps < crate::store::format::MAX_STACK_FRAMES) {
-            if !cur.kernel {
-                // Kernel frames follow user frames (root first): a user leaf means none.
-                return Self::Task;
-            }
-            let parent = cur.parent as usize;
-            if parent == 0 || !dict.nodes.get(parent).is_some_and(|p| p.kernel) {
-                let name = dict.strings.get(cur.frame as usize).map_or("", String::as_str);
-                return Self::of_marker(name).map_or(Self::Task, Self::Softirq);
-            }
-            n = parent;
-            steps += 1;
-        }
-        Self::Task
     }
 
     pub fn is_softirq(self) -> bool {
@@ -185,7 +165,6 @@ impl fmt::Display for ContextFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::format::Node;
 
     #[test]
     fn vector_names_are_the_kernels() {
@@ -224,36 +203,6 @@ mod tests {
         assert_eq!(Context::of_frames([("[softirq:NET_RX]", false), ("x", true)]), Context::Task);
         assert_eq!(Context::of_frames([("[softirq:NET_RX]", false)]), Context::Task);
         assert_eq!(Context::of_frames([("[softirq:BOGUS]", true)]), Context::Task);
-    }
-
-    #[test]
-    fn context_of_a_stored_stack_node() {
-        let strings = ["main", "[softirq:TIMER]", "run_timer_softirq", "[softirq:NET_RX]"];
-        let node = |parent, frame, kernel| Node { parent, frame, kernel };
-        let dict = Dict {
-            strings: strings.iter().map(|s| s.to_string()).collect(),
-            locations: Vec::new(),
-            nodes: vec![
-                node(0, 0, false),
-                node(0, 0, false), // 1: main
-                node(1, 1, true),  // 2: main;[softirq:TIMER]
-                node(2, 2, true),  // 3: ...;run_timer_softirq
-                node(0, 1, true),  // 4: [softirq:TIMER] (idle task: no user frames)
-                node(4, 2, true),  // 5
-                node(1, 3, false), // 6: main;[softirq:NET_RX] as a *user* frame
-                node(6, 2, true),  // 7: ...;run_timer_softirq (kernel root is not a marker)
-            ],
-        };
-        let of = |n| Context::of_node(&dict, n);
-        assert_eq!(
-            [of(0), of(1), of(2), of(3)],
-            [Context::Task, Context::Task, Context::Softirq(1), Context::Softirq(1)]
-        );
-        assert_eq!(
-            [of(4), of(5), of(6), of(7)],
-            [Context::Softirq(1), Context::Softirq(1), Context::Task, Context::Task]
-        );
-        assert_eq!(of(99), Context::Task, "a dangling id is no context");
     }
 
     #[test]

@@ -3,7 +3,6 @@
 use super::{QueryError, Window};
 use crate::{
     budget,
-    context::Context,
     store::{
         Store,
         reader::{BlockView, Need},
@@ -101,8 +100,7 @@ pub fn cpu_time(
                 if b.dict.nodes.get(s.stack[i] as usize).is_some_and(|node| node.kernel) {
                     kernel[cpu][col(ts)] += s.count(i) as f64 * w;
                 }
-                let soft =
-                    *contexts.entry(s.stack[i]).or_insert_with(|| Context::of_node(b.dict, s.stack[i]).is_softirq());
+                let soft = *contexts.entry(s.stack[i]).or_insert_with(|| b.dict.context_of(s.stack[i]).is_softirq());
                 if soft {
                     softirq[cpu][col(ts)] += s.count(i) as f64 * w;
                 }

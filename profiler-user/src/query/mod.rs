@@ -187,11 +187,7 @@ impl Matcher<'_> {
     }
 
     fn context_keeps(&self, filter: ContextFilter, stack: u32) -> bool {
-        *self
-            .contexts
-            .borrow_mut()
-            .entry(stack)
-            .or_insert_with(|| filter.keeps(crate::context::Context::of_node(self.dict, stack)))
+        *self.contexts.borrow_mut().entry(stack).or_insert_with(|| filter.keeps(self.dict.context_of(stack)))
     }
 }
 

@@ -4,6 +4,7 @@
 //! files concurrently and see every block flushed so far (see `format` for why a reader never
 //! sees half a block).
 
+mod contexts;
 pub mod counters;
 pub mod files;
 pub mod format;
