@@ -268,6 +268,25 @@ fn main() {
         let mut out = Vec::with_capacity(1 << 20);
         profiler::export::cputime::write_json(&g, &[], &mut out).unwrap();
     });
+    // The whole span in one flamegraph, within the API's budget and the CLI's default (issue
+    // 28: the rarest leaves fold into their parents, no sample leaves its process and upper
+    // frames, and nothing sits in a root-level `[truncated]`).
+    let whole_fold = |max_stacks: usize| {
+        let budget = query::FoldBudget {
+            max_stacks,
+            max_bytes: profiler::budget::MAX_FOLDED_BYTES * max_stacks / profiler::budget::MAX_STACKS,
+        };
+        let t = Instant::now();
+        let f = query::fold_within(&mut s, whole, &all, budget).unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let total: u64 = f.stacks.values().sum();
+        assert_eq!(total, busy, "the fold keeps every busy sample");
+        let root_truncated: u64 = f.stacks.iter().filter(|(l, _)| l.starts_with('[')).map(|(_, n)| n).sum();
+        let in_more: u64 = f.stacks.iter().filter(|(l, _)| l.ends_with(" more]")).map(|(_, n)| n).sum();
+        (f.stacks.len(), f.truncated_stacks, in_more, root_truncated, ms)
+    };
+    let folds =
+        [(profiler::budget::MAX_STACKS, "the API's"), (200_000, "the CLI's")].map(|(m, who)| (who, m, whole_fold(m)));
     let cpu_ms = time_ms(3, || {
         query::fold(&mut s, w60, &Filter { cpus: vec![3], ..Default::default() }).unwrap();
     });
@@ -299,6 +318,12 @@ fn main() {
     println!("| flamegraph SVG, 60 s window ({n_lines} distinct stacks) | {svg_ms:.0} ms | <= 150 ms |");
     println!("| folded, same window | {fold_ms:.0} ms | |");
     println!("| folded, same window, --cpu 3 | {cpu_ms:.0} ms | |");
+    for (who, max, (lines, folded_stacks, in_more, root_truncated, ms)) in folds {
+        println!(
+            "| flamegraph of the whole span within {who} budget ({max} stacks) | {lines} lines; {folded_stacks} stacks folded into `[… N more]` leaves holding {in_more} samples ({:.2} %); {root_truncated} samples in a root-level `[truncated]`; {ms:.0} ms | 0 at the root |",
+            in_more as f64 * 100.0 / busy as f64
+        );
+    }
     println!("| subsecond grid, whole span, 50 rows ({} columns) | {grid_ms:.1} ms | <= 100 ms |", grid.columns);
     println!("| heatmap JSON (FlameScope schema), whole span, 50 rows | {heatmap_json_ms:.1} ms | <= 100 ms |");
     println!("| CPU x time JSON, whole span, {} CPUs x 1 s buckets | {cputime_ms:.1} ms | <= 100 ms |", a.cpus);
