@@ -271,7 +271,7 @@ fn main() {
     // The whole span in one flamegraph, within the API's budget and the CLI's default (issue
     // 28: the rarest leaves fold into their parents, no sample leaves its process and upper
     // frames, and nothing sits in a root-level `[truncated]`).
-    let whole_fold = |max_stacks: usize| {
+    let mut whole_fold = |max_stacks: usize| {
         let budget = query::FoldBudget {
             max_stacks,
             max_bytes: profiler::budget::MAX_FOLDED_BYTES * max_stacks / profiler::budget::MAX_STACKS,
