@@ -8,6 +8,7 @@
 //! paired with a stack it did not have.
 #![no_std]
 
+pub mod cuda;
 pub mod python;
 pub mod unwind;
 
@@ -67,8 +68,14 @@ pub mod counter {
     pub const UNWIND_STOPPED: usize = 7;
     /// Event records (exec, fork, exit, cgroup) dropped because the `EVENTS` ring was full.
     pub const EVENTS_LOST: usize = 8;
+    /// CUDA driver calls the probes counted (`cuda`).
+    pub const CUDA_CALLS: usize = 9;
+    /// Launch-probe hits inside a launch already counted (one launch through two functions).
+    pub const CUDA_NESTED: usize = 10;
+    /// CUDA calls or stacks not kept: a map was full.
+    pub const CUDA_DROPPED: usize = 11;
     /// Number of slots.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 12;
 }
 
 /// How maxima ("the longest wait since the last read") are reset without a racy write of the
@@ -107,6 +114,22 @@ pub struct SampleHeader {
 
 /// Size of the header in bytes.
 pub const HEADER_LEN: usize = core::mem::size_of::<SampleHeader>();
+
+/// Words of room after a record's header: both stacks, or a user stack and its Python pairs.
+pub const RECORD_WORDS: usize = 384;
+const _: () = assert!(MAX_KERNEL_FRAMES + MAX_USER_FRAMES <= RECORD_WORDS);
+
+/// A whole record as the kernel builds it; the ring carries only its used prefix, a CUDA stack
+/// (`cuda`) is kept whole in a map.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Record {
+    pub header: SampleHeader,
+    pub frames: [u64; RECORD_WORDS],
+}
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Record {}
 
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for SampleHeader {}

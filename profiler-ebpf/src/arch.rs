@@ -34,6 +34,20 @@ mod imp {
         Frame { ip: regs.rip, sp: regs.rsp, fp: regs.rbp }
     }
 
+    /// Integer argument `n` (from 0) at a function's entry (System V: rdi, rsi, rdx, rcx, r8, r9).
+    #[inline(always)]
+    pub(crate) fn arg(regs: &Regs, n: usize) -> u64 {
+        match n {
+            0 => regs.rdi,
+            1 => regs.rsi,
+            2 => regs.rdx,
+            3 => regs.rcx,
+            4 => regs.r8,
+            5 => regs.r9,
+            _ => 0,
+        }
+    }
+
     /// Offsets of rbp, rsp and rip in the `ucontext` a signal trampoline's stack pointer points
     /// at (`uc_flags`, `uc_link`, `uc_stack`, then `sigcontext` with r8..r15 first).
     pub(crate) const UC_FP: u64 = 40 + 8 * 10;
@@ -60,6 +74,12 @@ mod imp {
         Frame { ip: regs.pc, sp: regs.sp, fp: regs.regs[29] }
     }
 
+    /// Integer argument `n` (from 0) at a function's entry (AAPCS64: x0 to x7).
+    #[inline(always)]
+    pub(crate) fn arg(regs: &Regs, n: usize) -> u64 {
+        if n < 8 { regs.regs[n] } else { 0 }
+    }
+
     /// At `__kernel_rt_sigreturn` sp points at `struct rt_sigframe`: a 128-byte `siginfo`, then
     /// the `ucontext`, whose `uc_mcontext` (at 176: flags, link, stack, sigmask, 120 reserved
     /// bytes, aligned to 16) starts with `fault_address`, then `regs[31]`, `sp`, `pc`.
@@ -72,4 +92,4 @@ mod imp {
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
 compile_error!("profiler-ebpf is written for x86_64 and aarch64 (bpf_target_arch): registers and signal frames differ");
 
-pub(crate) use imp::{UC_FP, UC_IP, UC_SP, frame, user_mode};
+pub(crate) use imp::{UC_FP, UC_IP, UC_SP, arg, frame, user_mode};

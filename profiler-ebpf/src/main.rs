@@ -15,6 +15,7 @@
 mod arch;
 mod cgroup;
 mod context;
+mod cuda;
 mod exec;
 mod lifecycle;
 mod netrx;
@@ -38,23 +39,16 @@ use aya_ebpf::{
 };
 use profiler_common::{
     FLAG_IDLE, FLAG_KERNEL_STACK_ERROR, FLAG_SOFTIRQ_SHIFT, FLAG_USER_MODE, FLAG_USER_STACK_ERROR, HEADER_LEN,
-    MAX_KERNEL_FRAMES, MAX_USER_FRAMES, SampleHeader, counter,
+    MAX_KERNEL_FRAMES, MAX_USER_FRAMES, counter,
 };
 
 /// Room for both stacks; the user stack starts right after the kernel one.
-pub(crate) const FRAME_SLOTS: usize = 384;
-const _: () = assert!(MAX_KERNEL_FRAMES + MAX_USER_FRAMES <= FRAME_SLOTS);
+pub(crate) use profiler_common::{RECORD_WORDS as FRAME_SLOTS, Record};
 
 /// Tail-call slots: the table unwinder and the Python frame reader
 /// (`profiler_common::unwind::UNWIND_PROGRAM`, `profiler_common::python::PYTHON_PROGRAM`).
 #[map]
 pub(crate) static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
-
-#[repr(C)]
-pub(crate) struct Record {
-    pub(crate) header: SampleHeader,
-    pub(crate) frames: [u64; FRAME_SLOTS],
-}
 
 /// Default size; userspace sets the real one at load time (`--ring-buffer-kib`).
 #[map]
@@ -106,6 +100,28 @@ static WAKEUP_BYTES: u64 = 0;
 pub fn sample(ctx: PerfEventContext) -> u32 {
     try_sample(&ctx);
     0
+}
+
+/// The sampler's walks: built in `SCRATCH`, sent to the ring.
+pub(crate) struct Sampler;
+
+impl unwind::Sink for Sampler {
+    #[inline(always)]
+    fn record() -> Option<*mut Record> {
+        SCRATCH.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn state() -> Option<*mut profiler_common::unwind::State> {
+        unwind::UNWIND_STATE.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn tail_call<C: EbpfContext>(ctx: &C, slot: u32) {
+        let _ = unsafe { PROGRAMS.tail_call(ctx, slot) };
+    }
+    #[inline(always)]
+    fn finish(record: &mut Record, kernel: usize, user: usize) {
+        emit(record, kernel, user);
+    }
 }
 
 #[inline(always)]
@@ -190,7 +206,7 @@ fn try_sample(ctx: &PerfEventContext) {
         header.kernel_frames = kernel as u16;
         header.user_frames = user as u16;
         let pid = header.pid;
-        python::start(ctx, &PROGRAMS, pid);
+        python::start::<Sampler, _>(ctx, pid);
         emit(record, kernel, user);
         return;
     }

@@ -2,9 +2,10 @@
 //! a described Python process is sent, so both user-stack walks (frame pointers, tables) end here.
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::bpf_probe_read_user,
     macros::{map, perf_event},
-    maps::{HashMap, ProgramArray},
+    maps::HashMap,
     programs::PerfEventContext,
 };
 use profiler_common::{
@@ -12,7 +13,7 @@ use profiler_common::{
     python::{ENTRY_FRAME, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NONE, PYTHON_PROGRAM, PyProc},
 };
 
-use crate::{FRAME_SLOTS, Record, SCRATCH, emit};
+use crate::{FRAME_SLOTS, Record, Sampler, unwind::Sink};
 
 const _: () = assert!(MAX_KERNEL_FRAMES + MAX_USER_FRAMES + 2 * MAX_PYTHON_FRAMES <= FRAME_SLOTS);
 
@@ -31,15 +32,22 @@ fn field(base: u64, offset: u16) -> Option<u64> {
 
 /// Hands the record to the Python program when its process runs CPython; returns if not.
 #[inline(always)]
-pub fn start(ctx: &PerfEventContext, programs: &ProgramArray, pid: u32) {
+pub fn start<S: Sink, C: EbpfContext>(ctx: &C, pid: u32) {
     if unsafe { PY_PROCS.get(&pid) }.is_some() {
-        unsafe { programs.tail_call(ctx, PYTHON_PROGRAM) };
+        S::tail_call(ctx, PYTHON_PROGRAM);
     }
 }
 
 #[perf_event]
 pub fn python_frames(_ctx: PerfEventContext) -> u32 {
-    let Some(record) = SCRATCH.get_ptr_mut(0) else { return 0 };
+    frames::<Sampler>();
+    0
+}
+
+/// Adds the Python frames to sink `S`'s record and finishes it.
+#[inline(always)]
+pub(crate) fn frames<S: Sink>() {
+    let Some(record) = S::record() else { return };
     let record = unsafe { &mut *record };
     let kernel = (record.header.kernel_frames as usize).min(MAX_KERNEL_FRAMES);
     let user = (record.header.user_frames as usize).min(MAX_USER_FRAMES);
@@ -48,8 +56,7 @@ pub fn python_frames(_ctx: PerfEventContext) -> u32 {
         None => 0,
     };
     record.header.python_frames = n as u16;
-    emit(record, kernel, user);
-    0
+    S::finish(record, kernel, user);
 }
 
 /// Copies the sampled thread's Python frames after word `at`; returns how many.

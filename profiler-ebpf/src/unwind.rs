@@ -6,6 +6,7 @@
 //! short stack, never a wrong one).
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
@@ -23,10 +24,23 @@ use profiler_common::{
 };
 
 use crate::{
-    FRAME_SLOTS, PROGRAMS, Record, SCRATCH,
+    FRAME_SLOTS, Record, Sampler,
     arch::{self, Regs},
-    count, emit,
+    count,
 };
+
+/// Where a walk's record lives and where it goes when the walk is done: the sampler's goes to
+/// the ring (`Sampler`), a CUDA probe's into per-stack counters (`cuda::Probes`). Static
+/// dispatch: BPF has no indirect calls.
+pub(crate) trait Sink {
+    fn record() -> Option<*mut Record>;
+    fn state() -> Option<*mut State>;
+    /// Tail-calls `slot` of this path's program array (programs of the caller's own type);
+    /// returns only if it failed.
+    fn tail_call<C: EbpfContext>(ctx: &C, slot: u32);
+    /// The record is complete: `kernel` + `user` frames and its Python pairs.
+    fn finish(record: &mut Record, kernel: usize, user: usize);
+}
 
 /// Every table's rows, back to back; userspace sizes it at load (`--unwind-table-rows`).
 #[map]
@@ -38,17 +52,21 @@ static UNWIND_ROWS: Array<Row> =
 static UNWIND_PROCS: HashMap<u32, ProcessTable> = HashMap::with_max_entries(1024, 1 /* BPF_F_NO_PREALLOC */);
 
 #[map]
-static UNWIND_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static UNWIND_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether `pid` has tables.
+#[inline(always)]
+pub fn has_tables(pid: u32) -> bool {
+    unsafe { UNWIND_PROCS.get(&pid) }.is_some()
+}
 
 /// Starts a table walk when the process has tables: does not return if it did. `user_mode`:
 /// the sample interrupted user code, so the context's registers are the user's.
 #[inline(always)]
 pub fn start(ctx: &PerfEventContext, record: &mut Record, kernel: usize, user_mode: bool) {
-    if unsafe { UNWIND_PROCS.get(&record.header.pid) }.is_none() {
+    if !has_tables(record.header.pid) {
         return;
     }
-    let Some(state) = UNWIND_STATE.get_ptr_mut(0) else { return };
-    let state = unsafe { &mut *state };
     let regs: Regs = if user_mode {
         unsafe { (*ctx.ctx).regs }
     } else {
@@ -60,17 +78,25 @@ pub fn start(ctx: &PerfEventContext, record: &mut Record, kernel: usize, user_mo
             Err(_) => return,
         }
     };
-    let f = arch::frame(&regs);
+    start_at::<Sampler, _>(ctx, record, kernel, &regs);
+}
+
+/// Starts a table walk from `regs` (user registers) for sink `S`; returns only if the tail
+/// call failed (no program in the slot): the caller then walks frame pointers.
+#[inline(always)]
+pub fn start_at<S: Sink, C: EbpfContext>(ctx: &C, record: &mut Record, kernel: usize, regs: &Regs) {
+    let Some(state) = S::state() else { return };
+    let state = unsafe { &mut *state };
+    let f = arch::frame(regs);
     *state = State { ip: f.ip, sp: f.sp, bp: f.fp, kernel: kernel as u32, user: 0, runs: 0, exact: 1 };
     record.header.kernel_frames = kernel as u16;
     count(counter::UNWIND_TABLES);
-    unsafe { PROGRAMS.tail_call(ctx, UNWIND_PROGRAM) };
-    // The tail call failed (no program in the slot): the caller walks frame pointers.
+    S::tail_call(ctx, UNWIND_PROGRAM);
 }
 
 #[perf_event]
 pub fn unwind_user(ctx: PerfEventContext) -> u32 {
-    run::<FRAMES_PER_RUN>(&ctx);
+    run::<FRAMES_PER_RUN, Sampler, _>(&ctx);
     0
 }
 
@@ -79,13 +105,14 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
 /// into the slot instead. Deep stacks then run out of tail calls sooner.
 #[perf_event]
 pub fn unwind_user_small(ctx: PerfEventContext) -> u32 {
-    run::<FRAMES_PER_RUN_SMALL>(&ctx);
+    run::<FRAMES_PER_RUN_SMALL, Sampler, _>(&ctx);
     0
 }
 
+/// One run of the walk for sink `S`: `N` frames, then a tail call for more or the end.
 #[inline(always)]
-fn run<const N: usize>(ctx: &PerfEventContext) {
-    let (Some(record), Some(state)) = (SCRATCH.get_ptr_mut(0), UNWIND_STATE.get_ptr_mut(0)) else { return };
+pub(crate) fn run<const N: usize, S: Sink, C: EbpfContext>(ctx: &C) {
+    let (Some(record), Some(state)) = (S::record(), S::state()) else { return };
     let (record, state) = unsafe { (&mut *record, &mut *state) };
     let mut more = false;
     if let Some(process) = unsafe { UNWIND_PROCS.get(&record.header.pid) } {
@@ -94,14 +121,14 @@ fn run<const N: usize>(ctx: &PerfEventContext) {
     state.runs += 1;
     if more {
         // At most 33 tail calls happen anyway; `MAX_USER_FRAMES` ends the walk long before.
-        unsafe { PROGRAMS.tail_call(ctx, UNWIND_PROGRAM) };
+        S::tail_call(ctx, UNWIND_PROGRAM);
         count(counter::UNWIND_STOPPED);
     }
     let kernel = (state.kernel as usize).min(MAX_USER_FRAMES);
     let user = (state.user as usize).min(MAX_USER_FRAMES);
     record.header.user_frames = user as u16;
-    crate::python::start(ctx, &PROGRAMS, record.header.pid);
-    emit(record, kernel, user);
+    crate::python::start::<S, C>(ctx, record.header.pid);
+    S::finish(record, kernel, user);
 }
 
 /// Walks up to `N` frames; true when the walk should go on in another run.

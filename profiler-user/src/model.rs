@@ -51,3 +51,89 @@ pub struct Sample {
     /// empty when nothing is known.
     pub workload: Arc<str>,
 }
+
+/// What a store's samples count. The CPU samples live in `DATA_DIR/segments`; each CUDA kind
+/// in a store of its own under `DATA_DIR/cuda/<kind>` (see `gpu::cuda`), whose rows carry
+/// weights (launches, nanoseconds blocked, bytes) and are read by the same queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SampleKind {
+    /// CPU time: one sample per tick.
+    #[default]
+    Cpu,
+    /// GPU kernel launches, one per launch.
+    CudaLaunches,
+    /// Time blocked in CUDA synchronisation, stored in microseconds.
+    CudaSync,
+    /// Bytes copied by `cuMemcpy*`.
+    CudaCopies,
+}
+
+impl SampleKind {
+    pub const ALL: [SampleKind; 4] = [Self::Cpu, Self::CudaLaunches, Self::CudaSync, Self::CudaCopies];
+    pub const CUDA: [SampleKind; 3] = [Self::CudaLaunches, Self::CudaSync, Self::CudaCopies];
+
+    /// The name in flags, URLs and files (`--samples cuda-launches`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::CudaLaunches => "cuda-launches",
+            Self::CudaSync => "cuda-sync",
+            Self::CudaCopies => "cuda-copies",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// The store holding this kind, inside a data directory (a fixed name: no request
+    /// parameter becomes a path).
+    pub fn store_dir(self, data_dir: &std::path::Path) -> std::path::PathBuf {
+        match self {
+            Self::Cpu => data_dir.to_path_buf(),
+            Self::CudaLaunches => data_dir.join("cuda").join("launches"),
+            Self::CudaSync => data_dir.join("cuda").join("sync"),
+            Self::CudaCopies => data_dir.join("cuda").join("copies"),
+        }
+    }
+
+    /// The pprof / OTLP sample type and unit.
+    pub fn sample_type(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Cpu => ("samples", "count"),
+            Self::CudaLaunches => ("cuda_launches", "count"),
+            Self::CudaSync => ("cuda_sync", "nanoseconds"),
+            Self::CudaCopies => ("cuda_copies", "bytes"),
+        }
+    }
+
+    /// What one stored unit is in the export's unit: the sync store keeps microseconds
+    /// (a u32 row holds a thread's second many times over), exports say nanoseconds.
+    pub fn stored_scale(self) -> i64 {
+        match self {
+            Self::CudaSync => 1_000,
+            _ => 1,
+        }
+    }
+
+    /// What one unit of a folded count is, for titles and tooltips.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Self::Cpu => "samples",
+            Self::CudaLaunches => "launches",
+            Self::CudaSync => "µs blocked",
+            Self::CudaCopies => "bytes",
+        }
+    }
+
+    /// The page's label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Cpu => "CPU",
+            Self::CudaLaunches => "GPU launches",
+            Self::CudaSync => "waiting on the GPU",
+            Self::CudaCopies => "copies",
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::{
     sync::Arc,
 };
 
-use profiler_common::{COMM_LEN, FLAG_IDLE, FLAG_USER_MODE};
+use profiler_common::{COMM_LEN, FLAG_IDLE, FLAG_USER_MODE, SampleHeader};
 
 use crate::{
     collect::{comm_str, parse_record_python},
@@ -62,6 +62,8 @@ pub struct Pipeline {
     pub last_latency_ns: Option<u64>,
     /// The flight recorder: samples of CPUs it records go there, and at the base frequency on.
     pub flight: Option<crate::flight::Flight>,
+    /// Processes that ran since the CUDA recorder last looked (`None`: it is off).
+    pub active: Option<std::collections::HashSet<u32>>,
 }
 
 impl Pipeline {
@@ -86,6 +88,7 @@ impl Pipeline {
             oldest_unflushed_ns: None,
             last_latency_ns: None,
             flight: None,
+            active: None,
         }
     }
 
@@ -117,6 +120,32 @@ impl Pipeline {
             self.engine.on_idle(ts_ns, header.cpu);
             return;
         }
+        let sample = self.build(&header, ts_ns, now);
+        if let Some(active) = self.active.as_mut() {
+            active.insert(header.pid);
+        }
+        if to_flight && let Some(f) = self.flight.as_mut() {
+            f.push(&sample);
+        }
+        if !to_main {
+            return;
+        }
+        self.samples += 1;
+        self.per_cpu.entry(header.cpu).or_default().0 += 1;
+        let tick = Tick {
+            stack: sample.stack.clone(),
+            pid: sample.pid,
+            comm: sample.comm.clone(),
+            workload: sample.workload.clone(),
+        };
+        self.engine.on_cgroup(ts_ns, header.cgroup_id, &tick);
+        self.engine.on_busy(ts_ns, header.cpu, tick);
+        self.writer.push(&sample);
+    }
+
+    /// The sample of a parsed record (its addresses in the scratch vectors): comm, symbolized
+    /// stack, workload.
+    fn build(&mut self, header: &SampleHeader, ts_ns: u64, now: std::time::Instant) -> Sample {
         let comm = match self.comms.get(&header.comm) {
             Some(c) => c.clone(),
             None => {
@@ -163,7 +192,7 @@ impl Pipeline {
             stack = Arc::new(context.mark(&stack));
         }
         let workload: Arc<str> = self.workloads.as_mut().map(|w| w.of(header.pid, now)).unwrap_or_default();
-        let sample = Sample {
+        Sample {
             ts_ns,
             cpu: header.cpu,
             pid: header.pid,
@@ -172,24 +201,20 @@ impl Pipeline {
             comm,
             stack,
             workload,
-        };
-        if to_flight && let Some(f) = self.flight.as_mut() {
-            f.push(&sample);
         }
-        if !to_main {
-            return;
-        }
-        self.samples += 1;
-        self.per_cpu.entry(header.cpu).or_default().0 += 1;
-        let tick = Tick {
-            stack: sample.stack.clone(),
-            pid: sample.pid,
-            comm: sample.comm.clone(),
-            workload: sample.workload.clone(),
+    }
+
+    /// A CUDA probe's stack (`collect::cuda`), read like a ring record, as a sample at `ts_ns`.
+    pub fn cuda_sample(&mut self, bytes: &[u8], ts_ns: u64, now: std::time::Instant) -> Option<Sample> {
+        let header = match parse_record_python(bytes, &mut self.kernel, &mut self.user, &mut self.python) {
+            Ok(h) => h,
+            Err(e) => {
+                self.bad_records += 1;
+                tracing::debug!(error = %e, "malformed CUDA stack skipped");
+                return None;
+            }
         };
-        self.engine.on_cgroup(ts_ns, header.cgroup_id, &tick);
-        self.engine.on_busy(ts_ns, header.cpu, tick);
-        self.writer.push(&sample);
+        Some(self.build(&header, ts_ns, now))
     }
 
     /// Runs the detectors over every second whose samples have all been handled by

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use profiler::{
     fleet::{Fleet, mirror::Mirror},
+    model::SampleKind,
     query::{Filter, Window},
     store::Store,
     timespec,
@@ -62,6 +63,29 @@ impl Opened {
         &self.data_dir
     }
 
+    /// The store of `kind`'s samples (the CPU samples: [`Opened::load`]).
+    pub fn load_kind(&mut self, windows: &[Window], kind: SampleKind) -> anyhow::Result<Store> {
+        if kind == SampleKind::Cpu {
+            return self.load(windows);
+        }
+        if self.fleet.is_some() {
+            anyhow::bail!(
+                "--samples {} reads the node's own data directory: CUDA counts are not shipped to ClickHouse yet",
+                kind.name()
+            );
+        }
+        let dir = kind.store_dir(&self.data_dir);
+        if !dir.is_dir() {
+            profiler::store::check_dir(&self.data_dir)?;
+            anyhow::bail!(
+                "no {} in {}: the daemon counts them only for processes that map CUDA's driver library                  (libcuda.so.1); `profiler status` says whether it probes one",
+                kind.unit(),
+                self.data_dir.display()
+            );
+        }
+        Ok(Store::open(&dir)?)
+    }
+
     /// Copies the samples of the span of `windows` when reading from ClickHouse; opens the store.
     pub fn load(&mut self, windows: &[Window]) -> anyhow::Result<Store> {
         if let Some((fleet, mirror)) = &mut self.fleet {
@@ -100,6 +124,31 @@ impl Opened {
                 timespec::format(b)
             ),
             None => anyhow::bail!("the store in {} is empty: is the daemon running?", self.describe()),
+        }
+    }
+}
+
+/// `--samples`: which samples a command reads.
+#[derive(Clone, Copy, Default, ValueEnum)]
+pub enum Samples {
+    /// CPU time (one sample per tick).
+    #[default]
+    Cpu,
+    /// GPU kernel launches, per launching stack (count).
+    CudaLaunches,
+    /// Time blocked in CUDA synchronisations, per waiting stack (microseconds).
+    CudaSync,
+    /// Bytes copied by cuMemcpy*, per copying stack.
+    CudaCopies,
+}
+
+impl Samples {
+    pub fn kind(self) -> SampleKind {
+        match self {
+            Self::Cpu => SampleKind::Cpu,
+            Self::CudaLaunches => SampleKind::CudaLaunches,
+            Self::CudaSync => SampleKind::CudaSync,
+            Self::CudaCopies => SampleKind::CudaCopies,
         }
     }
 }

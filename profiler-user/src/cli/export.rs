@@ -11,7 +11,7 @@ use profiler::{
 };
 
 use super::{
-    args::{FilterArgs, Source, WindowArgs, window_of},
+    args::{FilterArgs, Samples, Source, WindowArgs, window_of},
     output::open_output,
 };
 
@@ -41,15 +41,21 @@ pub struct Args {
     pub filter: FilterArgs,
     #[arg(long, value_enum)]
     pub format: ExportFormat,
+    /// What the profile counts: CPU samples, or (from the CUDA probes) GPU launches, time
+    /// blocked waiting on the GPU, bytes copied (pprof and OTLP sample types
+    /// `cuda_launches/count`, `cuda_sync/nanoseconds`, `cuda_copies/bytes`).
+    #[arg(long, value_enum, default_value_t = Samples::Cpu)]
+    pub samples: Samples,
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let Args { source, window, filter, format, output } = args;
+    let Args { source, window, filter, format, samples, output } = args;
+    let kind = samples.kind();
     let w = window_of(&window.from, &window.to)?;
     let mut src = source.open()?;
-    let mut store = src.load(&[w])?;
+    let mut store = src.load_kind(&[w], kind)?;
     src.require_data(&mut store, w)?;
     let filter = filter.filter();
     let meta = Meta::read(src.data_dir());
@@ -73,7 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         ExportFormat::Pprof => {
-            let mut b = pprof::Builder::new(hz).for_window(w);
+            let mut b = pprof::Builder::new(hz).for_window(w).for_kind(kind);
             query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
             b.finish(&mut out)?;
         }
@@ -84,7 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             b.finish(&format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)), &mut out)?;
         }
         ExportFormat::Otlp => {
-            let mut b = otlp::Builder::new(w, meta.as_ref().map_or("", |m| m.hostname.as_str()), hz);
+            let mut b = otlp::Builder::new(w, meta.as_ref().map_or("", |m| m.hostname.as_str()), hz).with_kind(kind);
             query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
             b.write(&mut out)?;
         }

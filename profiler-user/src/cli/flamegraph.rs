@@ -13,7 +13,7 @@ use profiler::{
 };
 
 use super::{
-    args::{FilterArgs, Opened, Source},
+    args::{FilterArgs, Opened, Samples, Source},
     output::open_output,
 };
 
@@ -40,6 +40,10 @@ pub struct Args {
     pub after: String,
     #[command(flatten)]
     pub filter: FilterArgs,
+    /// What the flamegraph counts: CPU samples, or (from the CUDA probes) GPU launches,
+    /// microseconds blocked waiting on the GPU, bytes copied.
+    #[arg(long, value_enum, default_value_t = Samples::Cpu)]
+    pub samples: Samples,
     /// Show idle samples (as `[idle]`).
     #[arg(long)]
     pub include_idle: bool,
@@ -81,6 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         before,
         after,
         filter,
+        samples,
         include_idle,
         lines,
         max_stacks,
@@ -117,7 +122,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(bf), Some(bt)) => Some(Window::new(timespec::parse(&bf, now)?, timespec::parse(&bt, now)?)?),
         _ => None,
     };
-    let mut store = src.load(&[&[window][..], baseline.as_slice()].concat())?;
+    let kind = samples.kind();
+    let mut store = src.load_kind(&[&[window][..], baseline.as_slice()].concat(), kind)?;
     let result = query::fold_within(&mut store, window, &filter, budget);
     for w in store.take_warnings() {
         tracing::warn!("{w}");
@@ -150,18 +156,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match format {
         Format::Folded => flamegraph::write_folded(&folded, &mut out)?,
         Format::Svg => {
+            let what = match kind {
+                profiler::model::SampleKind::Cpu => "CPU flamegraph".to_string(),
+                k => format!("{} flamegraph", k.label()),
+            };
             let title = match filter.cpus.as_slice() {
-                [] => "CPU flamegraph".to_string(),
-                cpus => {
-                    format!("CPU flamegraph, CPU {}", cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
-                }
+                [] => what,
+                cpus => format!("{what}, CPU {}", cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
             };
             let subtitle = format!(
-                "{} to {} ({}), {} samples",
+                "{} to {} ({}), {} {}",
                 timespec::format(window.from_ns),
                 timespec::format(window.to_ns),
                 timespec::format_duration(window.to_ns - window.from_ns),
-                folded.total()
+                folded.total(),
+                kind.unit()
             );
             flamegraph::write_svg(&folded, &title, &subtitle, &mut out)?
         }

@@ -85,6 +85,10 @@ pub struct RunArgs {
     /// How often the GPUs are read, ms; as `[gpu] poll_ms` [default: 100].
     #[arg(long)]
     gpu_poll_ms: Option<u64>,
+    /// Do not probe CUDA's driver library (launches, synchronisations and copies per stack);
+    /// as `[gpu] cuda_probes = false` [default: probe every process that maps libcuda.so.1].
+    #[arg(long)]
+    no_cuda_probes: bool,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -167,6 +171,7 @@ impl RunArgs {
         let gpu = config::gpu(&file.gpu, self.nvml_library, self.gpu_poll_ms)?;
         Ok(DaemonConfig {
             memory,
+            cuda: !self.no_cuda_probes && file.gpu.cuda_probes.unwrap_or(true),
             gpu,
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
             flight: file.flight,

@@ -6,6 +6,7 @@ pub mod btf;
 pub mod caps;
 pub mod counters;
 pub mod cpus;
+pub mod cuda;
 pub mod features;
 pub mod irqs;
 pub mod kmsg;
@@ -178,6 +179,8 @@ pub struct Collector {
     ebpf: Ebpf,
     rings: Option<Rings>,
     unwind: Option<crate::unwind::kernel::Maps>,
+    /// The CUDA probes' maps, when their programs loaded (`cuda`).
+    cuda: Option<cuda::Maps>,
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
     netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
     runq: Option<runq::RunQueue>,
@@ -277,6 +280,14 @@ impl Collector {
                     tracing::warn!(error = %e, "user stacks without frame pointers will be cut short: unwind tables unavailable");
                     None
                 }
+            }
+        };
+        // The CUDA probes are extra: without them everything else works.
+        let cuda = match cuda::load(&mut ebpf) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(error = %e, "CUDA launches and synchronisations will not be counted");
+                None
             }
         };
         let program: &mut PerfEvent =
@@ -379,6 +390,7 @@ impl Collector {
             ebpf,
             rings: Some(Rings { samples: ring, events }),
             unwind,
+            cuda,
             counters,
             netrx,
             runq,

@@ -206,6 +206,8 @@ pub struct GpuFile {
     /// (`/usr/local/nvidia/lib64/libnvidia-ml.so.1`), or `off`.
     pub nvml_library: Option<String>,
     pub poll_ms: Option<u64>,
+    /// Uprobes on `libcuda.so.1` in every process mapping it (`gpu::cuda`) [default: true].
+    pub cuda_probes: Option<bool>,
 }
 
 /// The GPU poller's settings: `None` when GPU tracks are off.

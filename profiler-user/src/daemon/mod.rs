@@ -106,6 +106,8 @@ pub struct DaemonConfig {
     pub flight: crate::flight::Settings,
     /// The GPU poller's library and interval; `None`: GPU tracks off.
     pub gpu: Option<crate::config::Gpu>,
+    /// Whether `libcuda.so.1` is probed in the processes mapping it (`gpu::cuda`).
+    pub cuda: bool,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -191,6 +193,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             kubelet_logs: config.kubelet_logs.clone(),
             flight: config.flight,
             node: config.node.clone(),
+            cuda: config.cuda,
         },
         stage::Links {
             outlet,

@@ -69,6 +69,8 @@ pub struct StageConfig {
     pub flight: crate::flight::Settings,
     /// This node's name, in flight recordings' meta.json.
     pub node: String,
+    /// Probe `libcuda.so.1` (`gpu::cuda`).
+    pub cuda: bool,
 }
 
 /// The stage's connections to the others.
@@ -153,6 +155,8 @@ struct Stage {
     /// reader's latest drain whose batches are all handled. The detectors judge a second only
     /// once it is past (a lagging pipeline's not-yet-arrived samples are not idle CPUs).
     arrived_ns: u64,
+    /// CUDA launches, synchronisations and copies per stack, when on.
+    cuda: Option<crate::gpu::cuda::Recorder>,
 }
 
 impl Stage {
@@ -166,6 +170,11 @@ impl Stage {
             pipeline.before_symbolize = Some(Box::new(move || std::thread::sleep(delay)));
         }
         let cpus = collector.as_ref().map_or(config.machine.cpus as usize, |c| c.cpus().len());
+        let cuda = (config.cuda && collector.as_ref().is_some_and(Collector::cuda_ready))
+            .then(|| crate::gpu::cuda::Recorder::new(&config.data_dir));
+        if cuda.is_some() {
+            pipeline.active = Some(Default::default());
+        }
         let config_flush = config.flush_interval;
         Self {
             cgroup_fields: collector.as_ref().map(Collector::cgroup_fields),
@@ -188,6 +197,7 @@ impl Stage {
             held: VecDeque::new(),
             stopping: false,
             arrived_ns: 0,
+            cuda,
         }
     }
 
@@ -268,6 +278,9 @@ impl Stage {
                         if let Some(unwind) = self.pipeline.unwind.as_mut() {
                             unwind.exec(e.pid);
                         }
+                        if let Some(c) = self.cuda.as_mut() {
+                            c.note_exec(e.pid);
+                        }
                         continue;
                     }
                     e.ts_ns = (e.ts_ns as i128 + self.pipeline.offset).max(0) as u64;
@@ -282,7 +295,12 @@ impl Stage {
         use crate::collect::lifecycle::ProcessEvent;
         match e {
             ProcessEvent::Fork { parent, child, ts_ns } => self.pipeline.symbolizer.note_fork(parent, child, ts_ns),
-            ProcessEvent::Exit { pid, ts_ns } => self.pipeline.symbolizer.note_exit(pid, ts_ns),
+            ProcessEvent::Exit { pid, ts_ns } => {
+                self.pipeline.symbolizer.note_exit(pid, ts_ns);
+                if let Some(c) = self.cuda.as_mut() {
+                    c.note_exit(pid);
+                }
+            }
         }
     }
 
@@ -396,6 +414,9 @@ impl Stage {
                 }
             }
             collector.next_epoch();
+            if let Some(c) = self.cuda.as_mut() {
+                c.tick(collector, &mut self.pipeline, now);
+            }
         }
         self.pipeline.offset = clock::boot_to_unix_offset();
         changes.extend(self.pipeline.tick(self.arrived_ns, now));

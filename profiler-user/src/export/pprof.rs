@@ -143,6 +143,8 @@ pub struct Builder {
     last_ns: u64,
     /// The window asked for: the profile's time and duration.
     window: Option<crate::query::Window>,
+    /// What the samples count; a CUDA kind has one value type of its own.
+    kind: crate::model::SampleKind,
 }
 
 impl Builder {
@@ -157,6 +159,7 @@ impl Builder {
             first_ns: None,
             last_ns: 0,
             window: None,
+            kind: crate::model::SampleKind::Cpu,
         };
         b.string(""); // index 0 must be the empty string
         let (samples, count, cpu, ns) =
@@ -165,6 +168,20 @@ impl Builder {
         b.profile.period_type = Some(ValueType { r#type: cpu, unit: ns });
         b.profile.period = b.period_ns;
         b
+    }
+
+    /// The samples are a CUDA store's (`--samples`): one value, `cuda_launches/count`,
+    /// `cuda_sync/nanoseconds` or `cuda_copies/bytes`, period 1 of it.
+    pub fn for_kind(mut self, kind: crate::model::SampleKind) -> Self {
+        self.kind = kind;
+        if kind != crate::model::SampleKind::Cpu {
+            let (t, u) = kind.sample_type();
+            let vt = ValueType { r#type: self.string(t), unit: self.string(u) };
+            self.profile.sample_type = vec![vt.clone()];
+            self.profile.period_type = Some(vt);
+            self.profile.period = 1;
+        }
+        self
     }
 
     /// The profile covers `w` (its time and duration), not only its first to last sample.
@@ -262,12 +279,14 @@ impl Builder {
             Label { key: keys[6], str: context, num: 0, num_unit: 0 },
         ];
         label.extend(self.workload_labels(s.workload).iter().cloned());
-        self.profile.sample.push(Sample {
-            location_id: ids,
+        let value = match self.kind {
             // Each sample weighs its own period: a window may span a restart at another frequency.
-            value: vec![count, count * s.frequency_hz.map_or(self.period_ns, |hz| (1_000_000_000 / hz.max(1)) as i64)],
-            label,
-        });
+            crate::model::SampleKind::Cpu => {
+                vec![count, count * s.frequency_hz.map_or(self.period_ns, |hz| (1_000_000_000 / hz.max(1)) as i64)]
+            }
+            kind => vec![count.saturating_mul(kind.stored_scale())],
+        };
+        self.profile.sample.push(Sample { location_id: ids, value, label });
         self.first_ns = Some(self.first_ns.map_or(s.ts_ns, |f| f.min(s.ts_ns)));
         self.last_ns = self.last_ns.max(s.ts_ns);
     }

@@ -17,6 +17,7 @@
 //!
 //! A node without the library or without GPUs says so once (log, status) and runs as before.
 
+pub mod cuda;
 pub mod events;
 pub mod holders;
 pub mod inventory;

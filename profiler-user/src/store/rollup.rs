@@ -202,23 +202,30 @@ pub fn rollup_segment_with(
             let (summary, cols) = (Summary::default(), SampleColumns::default());
             out.extend(encode_block(&h, &identities[identity - 1], &pack(&summary), &pack(&cols)));
         }
-        let n = w.counts.len();
-        let mut cols = SampleColumns { ts_delta_us: vec![0; n], tid: vec![0; n], ..Default::default() };
+        let mut cols = SampleColumns::default();
         let mut total = 0u64;
         // Rows without a workload get the empty string when others in the block have one.
         let has_workloads = w.counts.keys().any(|k| k.5.is_some());
-        for ((cpu, pid, comm, cgroup, stack, workload), count) in w.counts {
-            if let (true, Some(none)) = (has_workloads, no_workload) {
-                cols.workload.push(workload.unwrap_or(none));
-            }
-            cols.cpu.push(cpu);
-            cols.pid.push(pid);
-            cols.comm.push(comm);
-            cols.cgroup.push(cgroup);
-            cols.stack.push(stack);
-            cols.count.push(count.min(u64::from(u32::MAX)) as u32);
+        for ((cpu, pid, comm, cgroup, stack, workload), mut count) in w.counts {
             total += count;
+            // A weighted store's row (bytes copied) can pass a u32 in ten seconds: split it.
+            while count > 0 {
+                let part = count.min(u64::from(u32::MAX));
+                count -= part;
+                if let (true, Some(none)) = (has_workloads, no_workload) {
+                    cols.workload.push(workload.unwrap_or(none));
+                }
+                cols.cpu.push(cpu);
+                cols.pid.push(pid);
+                cols.comm.push(comm);
+                cols.cgroup.push(cgroup);
+                cols.stack.push(stack);
+                cols.count.push(part as u32);
+            }
         }
+        let n = cols.cpu.len();
+        cols.ts_delta_us = vec![0; n];
+        cols.tid = vec![0; n];
         stats.rows += n as u64;
         let h = BlockHeader {
             flags: FLAG_ROLLUP | if i == 0 { FLAG_RESET_DICT } else { 0 },

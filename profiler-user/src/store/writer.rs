@@ -52,6 +52,8 @@ struct Row {
     comm: Arc<str>,
     stack: Arc<Stack>,
     workload: Arc<str>,
+    /// Samples the row stands for (1 for a CPU sample; a CUDA store's launches, ns or bytes).
+    count: u32,
 }
 
 /// One second of samples, waiting for the next flush.
@@ -198,6 +200,11 @@ impl StoreWriter {
     }
 
     pub fn push(&mut self, s: &Sample) {
+        self.push_weighted(s, 1);
+    }
+
+    /// A row standing for `count` samples (a CUDA store's launches, nanoseconds or bytes).
+    pub fn push_weighted(&mut self, s: &Sample, count: u32) {
         self.pending.entry(s.ts_ns / NS_PER_SEC).or_default().rows.push(Row {
             ts_ns: s.ts_ns,
             cpu: s.cpu,
@@ -207,6 +214,7 @@ impl StoreWriter {
             comm: s.comm.clone(),
             stack: s.stack.clone(),
             workload: s.workload.clone(),
+            count,
         });
         self.pending_rows += 1;
         if self.pending_rows > self.limits.max_pending {
@@ -391,8 +399,9 @@ fn encode_second(
         count: Vec::new(),
         workload: Vec::new(),
     };
-    // The column is written only when a sample of the second has a workload.
+    // The columns are written only when a sample of the second has a workload or a weight.
     let workloads = order.iter().any(|r| !r.workload.is_empty());
+    let weighted = order.iter().any(|r| r.count != 1);
     let mut cpus: BTreeMap<u32, CpuCounts> = BTreeMap::new();
     let mut softirq: BTreeMap<u32, u64> = BTreeMap::new();
     let mut buckets = vec![0u32; BUCKETS_PER_SEC];
@@ -414,13 +423,18 @@ fn encode_second(
         if workloads {
             cols.workload.push(dict.string(&r.workload, &mut delta));
         }
-        let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
-        counts.busy += 1;
-        counts.kernel += u64::from(r.stack.user_len < r.stack.frames.len());
-        if crate::context::Context::of_stack(&r.stack).is_softirq() {
-            *softirq.entry(r.cpu).or_default() += 1;
+        if weighted {
+            cols.count.push(r.count);
         }
-        buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)] += 1;
+        let w = u64::from(r.count);
+        let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
+        counts.busy += w;
+        counts.kernel += w * u64::from(r.stack.user_len < r.stack.frames.len());
+        if crate::context::Context::of_stack(&r.stack).is_softirq() {
+            *softirq.entry(r.cpu).or_default() += w;
+        }
+        let bucket = &mut buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)];
+        *bucket = bucket.saturating_add(r.count);
     }
     for (&cpu, &count) in &second.idle {
         cpus.entry(cpu).or_insert(CpuCounts { cpu, ..Default::default() }).idle += count;
@@ -432,7 +446,11 @@ fn encode_second(
         flags,
         start_ns,
         end_ns: start_ns + NS_PER_SEC,
-        samples: n as u32,
+        samples: if weighted {
+            second.rows.iter().map(|r| u64::from(r.count)).sum::<u64>().min(u64::from(u32::MAX)) as u32
+        } else {
+            n as u32
+        },
         idle: second.idle.values().sum::<u64>() as u32,
         ..Default::default()
     };

@@ -52,6 +52,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         kubelet_logs: dir.path().join("no-kubelet"),
         flight: Default::default(),
         node: "test".into(),
+        cuda: false,
     };
     let links = Links {
         outlet,

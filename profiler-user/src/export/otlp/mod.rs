@@ -84,6 +84,8 @@ pub struct Builder {
     /// By period in ns.
     profiles: BTreeMap<i64, Samples>,
     samples: u64,
+    /// What the samples count (`with_kind`).
+    kind: crate::model::SampleKind,
 }
 
 impl Builder {
@@ -116,6 +118,7 @@ impl Builder {
             workloads: vec![Vec::new()],
             profiles: BTreeMap::new(),
             samples: 0,
+            kind: crate::model::SampleKind::Cpu,
         };
         b.string("");
         b
@@ -249,6 +252,13 @@ impl Builder {
         id
     }
 
+    /// The samples are a CUDA store's (`--samples`): sample type `cuda_launches/count`,
+    /// `cuda_sync/nanoseconds` or `cuda_copies/bytes`, period 1.
+    pub fn with_kind(mut self, kind: crate::model::SampleKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
     pub fn add(&mut self, s: &SampleRef<'_>) {
         let stack = self.stack(s.frames, s.locations);
         let attrs = [
@@ -260,15 +270,18 @@ impl Builder {
             self.attribute("context", Value::String(Context::of_frames(s.frames.iter().copied()).to_string())),
         ];
         let workload = self.workload(s.workload);
-        let hz = s.frequency_hz.unwrap_or(self.default_hz).max(1);
-        let profile = self.profiles.entry(period_ns(hz)).or_default();
+        // A CUDA kind's samples are counts of their own, one profile with period 1.
+        let cpu = self.kind == crate::model::SampleKind::Cpu;
+        let period = if cpu { period_ns(s.frequency_hz.unwrap_or(self.default_hz).max(1)) } else { 1 };
+        let scale = self.kind.stored_scale();
+        let profile = self.profiles.entry(period).or_default();
         let key = (stack, attrs, workload);
         let row = *profile.index.entry(key).or_insert_with(|| {
             profile.rows.push((key, Vec::new(), Vec::new()));
             profile.rows.len() - 1
         });
         let (_, values, timestamps) = &mut profile.rows[row];
-        values.push(s.count as i64);
+        values.push((s.count as i64).saturating_mul(scale));
         timestamps.push(s.ts_ns);
         self.samples += s.count;
     }
@@ -302,8 +315,13 @@ impl Builder {
                 attrs.into_iter().map(|(key, v)| self.attribute(key, Value::String(v))).collect()
             })
             .collect();
-        let (samples_t, count, cpu, ns) =
+        let (mut samples_t, mut count, mut cpu, mut ns) =
             (self.string("samples"), self.string("count"), self.string("cpu"), self.string("nanoseconds"));
+        if self.kind != crate::model::SampleKind::Cpu {
+            let (t, u) = self.kind.sample_type();
+            (samples_t, count) = (self.string(t), self.string(u));
+            (cpu, ns) = (samples_t, count);
+        }
         let profiles = std::mem::take(&mut self.profiles)
             .into_iter()
             .map(|(period, p)| Profile {

@@ -1,0 +1,96 @@
+//! CUDA driver calls counted per stack (`profiler-ebpf/src/cuda.rs`): uprobes on `libcuda.so.1`
+//! walk the calling thread's stack with the sampler's unwinder and add to per-stack counters in
+//! the kernel, so a launch costs no ring-buffer record.
+//!
+//! Three maps carry the counts to userspace:
+//! - `CUDA_STACKS` (LRU, by [`CudaKey::hash`]): the stack itself as a [`crate::Record`] (header,
+//!   user addresses, Python pairs; no kernel frames), so the sampler's parser reads it;
+//! - `CUDA_COUNTS_0` / `CUDA_COUNTS_1`: [`CudaCount`] by [`CudaKey`], double-buffered by
+//!   `CUDA_GEN`: userspace flips the generation, lets the programs in flight finish, then reads
+//!   and clears the other map, so no increment is lost between a read and a delete;
+//! - `CUDA_PENDING` (LRU, by thread id): a synchronisation entered and not yet returned.
+
+use crate::COMM_LEN;
+
+/// What a probe counts (the low byte of its attach cookie; see [`cookie`]).
+pub mod kind {
+    /// A kernel launch (`cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
+    /// `cuGraphLaunch`, their `_ptsz` forms): counts.
+    pub const LAUNCH: u32 = 0;
+    /// A host-blocking synchronisation (`cu{Stream,Event,Ctx}Synchronize`): calls and
+    /// nanoseconds from entry to return.
+    pub const SYNC: u32 = 1;
+    /// A copy (`cuMemcpy*`): calls and bytes.
+    pub const COPY: u32 = 2;
+    pub const COUNT: usize = 3;
+}
+
+/// The attach cookie: `kind | arg << 8 | how << 16`.
+pub mod cookie {
+    /// The byte count is the argument numbered `arg` (from 0).
+    pub const BYTES_ARG: u64 = 1;
+    /// The argument numbered `arg` points at a `CUDA_MEMCPY2D`: bytes = WidthInBytes × Height.
+    pub const BYTES_2D: u64 = 2;
+    /// No byte count is read.
+    pub const BYTES_NONE: u64 = 0;
+    /// `CUDA_MEMCPY2D::WidthInBytes` and `Height` (cuda.h: eight 8-byte fields per side, with
+    /// the memory type padded to 8, then width and height).
+    pub const MEMCPY2D_WIDTH: u64 = 112;
+    pub const MEMCPY2D_HEIGHT: u64 = 120;
+
+    pub const fn make(kind: u32, arg: u64, how: u64) -> u64 {
+        kind as u64 | arg << 8 | how << 16
+    }
+    pub const fn kind(c: u64) -> u32 {
+        (c & 0xff) as u32
+    }
+    pub const fn arg(c: u64) -> u64 {
+        (c >> 8) & 0xff
+    }
+    pub const fn how(c: u64) -> u64 {
+        (c >> 16) & 0xff
+    }
+}
+
+/// Per thread and stack: the thread matters (a synchronisation stall is a thread's), and a
+/// thread runs on one CPU at a time, so the kernel adds to an entry without atomics.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CudaKey {
+    pub pid: u32,
+    pub tid: u32,
+    /// One of [`kind`].
+    pub kind: u32,
+    pub _pad: u32,
+    /// Of the stack's words, pid and tid (the key of `CUDA_STACKS`).
+    pub hash: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaCount {
+    pub calls: u64,
+    pub bytes: u64,
+    /// Nanoseconds blocked (synchronisations).
+    pub ns: u64,
+}
+
+/// A synchronisation in progress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pending {
+    pub hash: u64,
+    pub start_ns: u64,
+    pub pid: u32,
+    pub _pad: u32,
+}
+
+pub const CUDA_STACKS_MAX: u32 = 1024;
+pub const CUDA_COUNTS_MAX: u32 = 8192;
+pub const CUDA_PENDING_MAX: u32 = 4096;
+const _: () = assert!(COMM_LEN == 16);
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for CudaKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for CudaCount {}

@@ -1,0 +1,273 @@
+//! CUDA driver calls attributed to stacks (`profiler_common::cuda`): userspace attaches
+//! `cuda_call` to the launch, copy and synchronisation functions of every `libcuda.so.1` a
+//! process maps (what each probe counts is in its attach cookie) and `cuda_return` to the
+//! synchronisations' returns. The calling thread's stack is walked by the sampler's unwinder
+//! (tables, frame pointers, Python frames) into a scratch record of its own; the walk's end
+//! adds to per-stack counters instead of sending a record.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_boot_ns},
+    },
+    macros::{map, uprobe, uretprobe},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    programs::{ProbeContext, RetProbeContext},
+};
+use profiler_common::{
+    FLAG_USER_MODE, MAX_USER_FRAMES, RECORD_WORDS, counter,
+    cuda::{CUDA_COUNTS_MAX, CUDA_PENDING_MAX, CUDA_STACKS_MAX, CudaCount, CudaKey, Pending, cookie, kind},
+    python::MAX_PYTHON_FRAMES,
+    unwind::{FRAMES_PER_RUN_SMALL, State},
+};
+
+use crate::{
+    Record,
+    arch::{self, Regs},
+    count, python, unwind,
+    unwind::Sink,
+};
+
+/// Two calls of a launch function on one thread within this many ns, the second deeper in the
+/// stack, are one launch passing through both (`cuLaunchKernel` calling `cuLaunchKernelEx`):
+/// counted once.
+const NESTED_NS: u64 = 50_000;
+
+/// Tail-call slots for the probes' walks (kprobe-type programs: a uprobe can only tail-call
+/// its own type), the same slot numbers as the sampler's `PROGRAMS`.
+#[map]
+static CUDA_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+#[map]
+static CUDA_SCRATCH: PerCpuArray<Record> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static CUDA_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
+
+/// The call being walked: what it counts.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Call {
+    kind: u32,
+    _pad: u32,
+    bytes: u64,
+}
+
+#[map]
+static CUDA_CALL: PerCpuArray<Call> = PerCpuArray::with_max_entries(1, 0);
+
+/// The last launch counted on this CPU (see [`NESTED_NS`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Last {
+    tid: u32,
+    _pad: u32,
+    ns: u64,
+    sp: u64,
+}
+
+#[map]
+static CUDA_LAST: PerCpuArray<Last> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static CUDA_STACKS: LruHashMap<u64, Record> = LruHashMap::with_max_entries(CUDA_STACKS_MAX, 0);
+
+#[map]
+static CUDA_COUNTS_0: HashMap<CudaKey, CudaCount> = HashMap::with_max_entries(CUDA_COUNTS_MAX, 0);
+
+#[map]
+static CUDA_COUNTS_1: HashMap<CudaKey, CudaCount> = HashMap::with_max_entries(CUDA_COUNTS_MAX, 0);
+
+/// Which counts map the probes add to (its low bit); userspace flips it before a drain.
+#[map]
+static CUDA_GEN: Array<u32> = Array::with_max_entries(1, 0);
+
+#[map]
+static CUDA_PENDING: LruHashMap<u32, Pending> = LruHashMap::with_max_entries(CUDA_PENDING_MAX, 0);
+
+/// The probes' walks: built in `CUDA_SCRATCH`, ended in the counters.
+pub(crate) struct Probes;
+
+impl Sink for Probes {
+    #[inline(always)]
+    fn record() -> Option<*mut Record> {
+        CUDA_SCRATCH.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn state() -> Option<*mut State> {
+        CUDA_STATE.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn tail_call<C: EbpfContext>(ctx: &C, slot: u32) {
+        let _ = unsafe { CUDA_PROGRAMS.tail_call(ctx, slot) };
+    }
+    #[inline(always)]
+    fn finish(record: &mut Record, _kernel: usize, user: usize) {
+        end(record, user);
+    }
+}
+
+#[uprobe]
+pub fn cuda_call(ctx: ProbeContext) -> u32 {
+    enter(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn cuda_unwind(ctx: ProbeContext) -> u32 {
+    unwind::run::<FRAMES_PER_RUN_SMALL, Probes, _>(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn cuda_python(_ctx: ProbeContext) -> u32 {
+    python::frames::<Probes>();
+    0
+}
+
+#[uretprobe]
+pub fn cuda_return(_ctx: RetProbeContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(p) = (unsafe { CUDA_PENDING.get(&tid) }).copied() else { return 0 };
+    let _ = CUDA_PENDING.remove(&tid);
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, _pad: 0, hash: p.hash };
+    add(&key, 0, now.saturating_sub(p.start_ns));
+    0
+}
+
+#[inline(always)]
+fn enter(ctx: &ProbeContext) {
+    let c = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let k = cookie::kind(c);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    // A uprobe fires in user mode at the function's first instruction: the context's registers
+    // are the caller's user registers (`pt_regs` starts with what `Regs` names on both arches).
+    // Copied with a helper: the verifier refuses loads through a ctx pointer the compiler offset.
+    let Ok(regs) = (unsafe { bpf_probe_read_kernel(ctx.regs as *const Regs) }) else { return };
+    let regs = &regs;
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    if k == kind::LAUNCH
+        && let Some(last) = CUDA_LAST.get_ptr_mut(0)
+    {
+        let last = unsafe { &mut *last };
+        let sp = arch::frame(regs).sp;
+        if last.tid == tid && now.wrapping_sub(last.ns) < NESTED_NS && sp < last.sp {
+            count(counter::CUDA_NESTED);
+            return;
+        }
+        *last = Last { tid, _pad: 0, ns: now, sp };
+    }
+    count(counter::CUDA_CALLS);
+    let arg = cookie::arg(c) as usize;
+    let bytes = match cookie::how(c) {
+        cookie::BYTES_ARG => arch::arg(regs, arg),
+        cookie::BYTES_2D => match arch::arg(regs, arg) {
+            p if p != 0 => {
+                let w = unsafe { bpf_probe_read_user((p + cookie::MEMCPY2D_WIDTH) as *const u64) }.unwrap_or(0);
+                let h = unsafe { bpf_probe_read_user((p + cookie::MEMCPY2D_HEIGHT) as *const u64) }.unwrap_or(0);
+                // Each bounded below 2^31 (a 2 GiB row): the product fits, and BPF has no 128-bit multiply.
+                w.min(1 << 31) * h.min(1 << 31)
+            }
+            _ => 0,
+        },
+        _ => 0,
+    };
+    let (Some(call), Some(record)) = (CUDA_CALL.get_ptr_mut(0), CUDA_SCRATCH.get_ptr_mut(0)) else { return };
+    unsafe { *call = Call { kind: k, _pad: 0, bytes } };
+    let record = unsafe { &mut *record };
+    let header = &mut record.header;
+    header.ts_ns = now;
+    header.cpu = unsafe { bpf_get_smp_processor_id() };
+    header.pid = pid;
+    header.tid = tid;
+    header.flags = FLAG_USER_MODE;
+    header.kernel_frames = 0;
+    header.user_frames = 0;
+    header.python_frames = 0;
+    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    header.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    if unwind::has_tables(pid) {
+        // Does not return when the table walk took over.
+        unwind::start_at::<Probes, _>(ctx, record, 0, regs);
+    }
+    let ret = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            record.frames.as_mut_ptr().cast(),
+            (MAX_USER_FRAMES * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    let user = if ret < 0 { 0 } else { (ret as usize / 8).min(MAX_USER_FRAMES) };
+    record.header.user_frames = user as u16;
+    python::start::<Probes, _>(ctx, pid);
+    end(record, user);
+}
+
+/// The walk is done: the stack goes into `CUDA_STACKS` (once), the call into the counters, or,
+/// for a synchronisation, into `CUDA_PENDING` until it returns.
+#[inline(always)]
+fn end(record: &mut Record, user: usize) {
+    let python = (record.header.python_frames as usize).min(MAX_PYTHON_FRAMES);
+    let n = user.min(MAX_USER_FRAMES) + 2 * python;
+    let (pid, tid) = (record.header.pid, record.header.tid);
+    // FNV-1a over the words, seeded with the thread: 64 bits, so two stacks of one thread
+    // sharing a hash (and so their counts) would take billions of distinct stacks.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ((pid as u64) << 32 | tid as u64);
+    for i in 0..RECORD_WORDS {
+        if i >= n {
+            break;
+        }
+        h = (h ^ record.frames[i]).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    if unsafe { CUDA_STACKS.get(&h) }.is_none() && CUDA_STACKS.insert(&h, &*record, 0).is_err() {
+        count(counter::CUDA_DROPPED);
+    }
+    let Some(call) = CUDA_CALL.get_ptr_mut(0) else { return };
+    let call = unsafe { *call };
+    if call.kind == kind::SYNC {
+        let start_ns = unsafe { bpf_ktime_get_boot_ns() };
+        let p = Pending { hash: h, start_ns, pid, _pad: 0 };
+        if CUDA_PENDING.insert(&tid, &p, 0).is_err() {
+            count(counter::CUDA_DROPPED);
+        }
+        return;
+    }
+    if call.kind == kind::LAUNCH
+        && let Some(last) = CUDA_LAST.get_ptr_mut(0)
+    {
+        // Nesting is timed from the end of this walk: a first walk of a stack is slow.
+        let last = unsafe { &mut *last };
+        if last.tid == tid {
+            last.ns = unsafe { bpf_ktime_get_boot_ns() };
+        }
+    }
+    let key = CudaKey { pid, tid, kind: call.kind, _pad: 0, hash: h };
+    add(&key, call.bytes, 0);
+}
+
+/// One call more for `key` in the current generation's counts.
+#[inline(always)]
+fn add(key: &CudaKey, bytes: u64, ns: u64) {
+    let odd = CUDA_GEN.get(0).copied().unwrap_or(0) & 1 == 1;
+    let map = if odd { &CUDA_COUNTS_1 } else { &CUDA_COUNTS_0 };
+    match map.get_ptr_mut(key) {
+        Some(v) => {
+            // One thread runs on one CPU at a time and the key holds the thread: no atomics.
+            let v = unsafe { &mut *v };
+            v.calls += 1;
+            v.bytes += bytes;
+            v.ns += ns;
+        }
+        None => {
+            let v = CudaCount { calls: 1, bytes, ns };
+            if map.insert(key, &v, 0).is_err() {
+                count(counter::CUDA_DROPPED);
+            }
+        }
+    }
+}

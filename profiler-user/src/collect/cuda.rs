@@ -1,0 +1,204 @@
+//! The CUDA probes' kernel side (`profiler-ebpf/src/cuda.rs`): loading their programs,
+//! attaching them to one library file's functions, and draining the per-stack counts. Which
+//! files, which functions and what the counts become is `gpu::cuda`'s business.
+
+use std::{path::Path, time::Duration};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, MapData, ProgramArray},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
+};
+use profiler_common::{
+    Record,
+    cuda::{CudaCount, CudaKey},
+    python::PYTHON_PROGRAM,
+    unwind::UNWIND_PROGRAM,
+};
+
+use super::Collector;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("the CUDA probe program {0} is missing from the BPF object")]
+    Missing(&'static str),
+    #[error("the kernel refused the CUDA probe program {0}: {1}")]
+    Program(&'static str, #[source] aya::programs::ProgramError),
+    #[error("the CUDA map {0} cannot be opened: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+    #[error("the CUDA probes are not loaded (see the daemon's log at start)")]
+    Unavailable,
+    #[error("attaching a CUDA probe to {path} at offset {offset:#x} failed: {source}")]
+    Attach { path: String, offset: u64, source: aya::programs::ProgramError },
+}
+
+/// One function to probe in a library file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// File offset of the function's first instruction.
+    pub offset: u64,
+    /// What the probe counts (`profiler_common::cuda::cookie`).
+    pub cookie: u64,
+    /// A synchronisation: its return is probed too (the time blocked).
+    pub returns: bool,
+}
+
+/// The attachments of one file, to detach them together.
+#[derive(Debug, Default)]
+pub struct Links {
+    calls: Vec<UProbeLinkId>,
+    returns: Vec<UProbeLinkId>,
+}
+
+impl Links {
+    pub fn len(&self) -> usize {
+        self.calls.len() + self.returns.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What one drain read: a thread's calls from one stack since the previous drain.
+#[derive(Clone, Copy)]
+pub struct Drained {
+    pub key: CudaKey,
+    pub count: CudaCount,
+}
+
+/// The maps the probes fill.
+pub struct Maps {
+    stacks: HashMap<MapData, u64, Record>,
+    counts: [HashMap<MapData, CudaKey, CudaCount>; 2],
+    generation: Array<MapData, u32>,
+    current: u32,
+}
+
+/// Loads the probe programs, fills their tail-call slots and takes their maps.
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
+    for name in ["cuda_call", "cuda_return", "cuda_unwind", "cuda_python"] {
+        let p: &mut UProbe = program(ebpf, name)?;
+        p.load().map_err(|e| CudaError::Program(name, e))?;
+    }
+    for (name, slot) in [("cuda_unwind", UNWIND_PROGRAM), ("cuda_python", PYTHON_PROGRAM)] {
+        let p: &mut UProbe = program(ebpf, name)?;
+        let fd = p.fd().map_err(|e| CudaError::Program(name, e))?;
+        let fd = fd.try_clone().map_err(|e| CudaError::Program(name, aya::programs::ProgramError::IOError(e)))?;
+        let mut slots: ProgramArray<_> = ebpf
+            .map_mut("CUDA_PROGRAMS")
+            .ok_or(CudaError::Missing("CUDA_PROGRAMS"))?
+            .try_into()
+            .map_err(|e| CudaError::Map("CUDA_PROGRAMS", e))?;
+        slots.set(slot, &fd, 0).map_err(|e| CudaError::Map("CUDA_PROGRAMS", e))?;
+    }
+    let mut take = |name: &'static str| ebpf.take_map(name).ok_or(CudaError::Missing(name));
+    let stacks = HashMap::try_from(take("CUDA_STACKS")?).map_err(|e| CudaError::Map("CUDA_STACKS", e))?;
+    let c0 = HashMap::try_from(take("CUDA_COUNTS_0")?).map_err(|e| CudaError::Map("CUDA_COUNTS_0", e))?;
+    let c1 = HashMap::try_from(take("CUDA_COUNTS_1")?).map_err(|e| CudaError::Map("CUDA_COUNTS_1", e))?;
+    let generation = Array::try_from(take("CUDA_GEN")?).map_err(|e| CudaError::Map("CUDA_GEN", e))?;
+    Ok(Maps { stacks, counts: [c0, c1], generation, current: 0 })
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CudaError> {
+    ebpf.program_mut(name)
+        .ok_or(CudaError::Missing(name))?
+        .try_into()
+        .map_err(|e| CudaError::Program(name, e))
+}
+
+impl Collector {
+    /// Whether the CUDA probes loaded.
+    pub fn cuda_ready(&self) -> bool {
+        self.cuda.is_some()
+    }
+
+    /// Attaches the probes to `target` (a path this process can open: `/proc/PID/root/...`
+    /// reaches a container's file), for every process mapping it. All or nothing: on an error
+    /// what was attached is detached again.
+    pub fn cuda_attach(&mut self, target: &Path, probes: &[Probe]) -> Result<Links, CudaError> {
+        if self.cuda.is_none() {
+            return Err(CudaError::Unavailable);
+        }
+        let mut links = Links::default();
+        for p in probes {
+            let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: Some(p.cookie) };
+            let call = program(&mut self.ebpf, "cuda_call").and_then(|prog| {
+                prog.attach(point, target, UProbeScope::AllProcesses).map_err(|source| CudaError::Attach {
+                    path: target.display().to_string(),
+                    offset: p.offset,
+                    source,
+                })
+            });
+            match call {
+                Ok(id) => links.calls.push(id),
+                Err(e) => {
+                    self.cuda_detach(links);
+                    return Err(e);
+                }
+            }
+            if p.returns {
+                let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: None };
+                let ret = program(&mut self.ebpf, "cuda_return").and_then(|prog| {
+                    prog.attach(point, target, UProbeScope::AllProcesses).map_err(|source| CudaError::Attach {
+                        path: target.display().to_string(),
+                        offset: p.offset,
+                        source,
+                    })
+                });
+                match ret {
+                    Ok(id) => links.returns.push(id),
+                    Err(e) => {
+                        self.cuda_detach(links);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(links)
+    }
+
+    pub fn cuda_detach(&mut self, links: Links) {
+        for (name, ids) in [("cuda_call", links.calls), ("cuda_return", links.returns)] {
+            let Ok(prog) = program(&mut self.ebpf, name) else { continue };
+            for id in ids {
+                if let Err(e) = prog.detach(id) {
+                    tracing::debug!(error = %e, "detaching a CUDA probe failed");
+                }
+            }
+        }
+    }
+
+    /// Everything counted since the previous drain. The probes move to the other counts map
+    /// first, so nothing they add meanwhile is read half or deleted unread.
+    pub fn cuda_drain(&mut self) -> Vec<Drained> {
+        let Some(maps) = self.cuda.as_mut() else { return Vec::new() };
+        let old = maps.current as usize & 1;
+        maps.current ^= 1;
+        if let Err(e) = maps.generation.set(0, maps.current, 0) {
+            tracing::warn!(error = %e, "cannot switch the CUDA counts map; counts wait for the next drain");
+            maps.current ^= 1;
+            return Vec::new();
+        }
+        // A probe that read the old generation is still adding: programs run without sleeping
+        // for microseconds, so a millisecond sees them done.
+        std::thread::sleep(Duration::from_millis(1));
+        let map = &mut maps.counts[old];
+        let keys: Vec<CudaKey> = map.keys().filter_map(Result::ok).collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Ok(count) = map.get(&key, 0) {
+                out.push(Drained { key, count });
+            }
+            let _ = map.remove(&key);
+        }
+        out
+    }
+
+    /// The stack a drained key names, while the kernel still holds it.
+    pub fn cuda_stack(&self, hash: u64) -> Option<Record> {
+        self.cuda.as_ref()?.stacks.get(&hash, 0).ok()
+    }
+}

@@ -1,0 +1,200 @@
+//! Finding `libcuda.so.1` in a process and the functions to probe in it.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+use profiler_common::cuda::{cookie, kind};
+
+use crate::collect::cuda::Probe;
+
+/// The library's file name, as NVIDIA's driver installs it (the runtime and every framework
+/// open it by this name).
+pub const LIBRARY: &str = "libcuda.so";
+
+/// A library file mapped by a process: the same file (device and inode) is probed once however
+/// many processes map it, under whatever path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    pub dev: String,
+    pub inode: u64,
+}
+
+/// Where a process maps the library: its identity and a path the daemon can open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapped {
+    pub id: FileId,
+    /// `/proc/PID/root` + the path in the process's mount namespace.
+    pub path: PathBuf,
+}
+
+/// The CUDA driver library `maps` (a `/proc/PID/maps` text) shows mapped, if any.
+pub fn find(pid: u32, maps: &str) -> Option<Mapped> {
+    for line in maps.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let (_range, _perms, _off, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let Some(path) = f.next() else { continue };
+        // A deleted or replaced file cannot be opened by its path (a following word: "(deleted)").
+        if f.next().is_some() || !path.starts_with('/') {
+            continue;
+        }
+        let name = path.rsplit('/').next().unwrap_or("");
+        if !name.starts_with(LIBRARY) {
+            continue;
+        }
+        let Ok(inode) = inode.parse() else { continue };
+        if inode == 0 {
+            continue;
+        }
+        return Some(Mapped {
+            id: FileId { dev: dev.to_string(), inode },
+            path: PathBuf::from(format!("/proc/{pid}/root{path}")),
+        });
+    }
+    None
+}
+
+/// The driver API functions probed, with what each counts.
+pub fn functions() -> Vec<(&'static str, u64, bool)> {
+    let launch = cookie::make(kind::LAUNCH, 0, cookie::BYTES_NONE);
+    let sync = cookie::make(kind::SYNC, 0, cookie::BYTES_NONE);
+    let copy = |arg| cookie::make(kind::COPY, arg, cookie::BYTES_ARG);
+    let copy_2d = cookie::make(kind::COPY, 0, cookie::BYTES_2D);
+    let copy_3d = cookie::make(kind::COPY, 0, cookie::BYTES_NONE);
+    let mut v = Vec::new();
+    for name in ["cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch"] {
+        v.push((name, launch, false));
+    }
+    for name in ["cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch_ptsz"] {
+        v.push((name, launch, false));
+    }
+    for name in ["cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuEventSynchronize", "cuCtxSynchronize"] {
+        v.push((name, sync, true));
+    }
+    // (dst, src, bytes[, stream]): the byte count is the third argument.
+    for name in [
+        "cuMemcpy",
+        "cuMemcpy_ptds",
+        "cuMemcpyAsync",
+        "cuMemcpyAsync_ptsz",
+        "cuMemcpyHtoD",
+        "cuMemcpyHtoD_v2",
+        "cuMemcpyHtoD_v2_ptds",
+        "cuMemcpyDtoH",
+        "cuMemcpyDtoH_v2",
+        "cuMemcpyDtoH_v2_ptds",
+        "cuMemcpyDtoD",
+        "cuMemcpyDtoD_v2",
+        "cuMemcpyDtoD_v2_ptds",
+        "cuMemcpyHtoDAsync",
+        "cuMemcpyHtoDAsync_v2",
+        "cuMemcpyHtoDAsync_v2_ptsz",
+        "cuMemcpyDtoHAsync",
+        "cuMemcpyDtoHAsync_v2",
+        "cuMemcpyDtoHAsync_v2_ptsz",
+        "cuMemcpyDtoDAsync",
+        "cuMemcpyDtoDAsync_v2",
+        "cuMemcpyDtoDAsync_v2_ptsz",
+    ] {
+        v.push((name, copy(2), false));
+    }
+    // (dst, dstContext, src, srcContext, bytes[, stream]).
+    for name in ["cuMemcpyPeer", "cuMemcpyPeer_ptds", "cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz"] {
+        v.push((name, copy(4), false));
+    }
+    for name in [
+        "cuMemcpy2D",
+        "cuMemcpy2D_v2",
+        "cuMemcpy2D_v2_ptds",
+        "cuMemcpy2DAsync",
+        "cuMemcpy2DAsync_v2",
+        "cuMemcpy2DAsync_v2_ptsz",
+        "cuMemcpy2DUnaligned",
+        "cuMemcpy2DUnaligned_v2",
+        "cuMemcpy2DUnaligned_v2_ptds",
+    ] {
+        v.push((name, copy_2d, false));
+    }
+    for name in ["cuMemcpy3D", "cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds", "cuMemcpy3DAsync", "cuMemcpy3DAsync_v2"] {
+        v.push((name, copy_3d, false));
+    }
+    v
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LibraryError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("{0} is not an ELF file this daemon reads: {1}")]
+    Elf(PathBuf, String),
+    #[error("{0} exports none of the CUDA driver functions probed")]
+    NoFunctions(PathBuf),
+}
+
+/// The probes for the library at `path`: each function it defines, at its file offset. Names
+/// it lacks are skipped; aliases of one address (a `_v2` and its plain name) are probed once.
+pub fn probes(path: &std::path::Path) -> Result<Vec<Probe>, LibraryError> {
+    let file = std::fs::File::open(path).map_err(|e| LibraryError::Read(path.into(), e))?;
+    // Mapped, not read: a real libcuda is tens of megabytes and only its symbol tables and
+    // headers are touched (page cache, not the daemon's memory).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LibraryError::Read(path.into(), e))?;
+    let elf = object::File::parse(&*map).map_err(|e| LibraryError::Elf(path.into(), e.to_string()))?;
+    let wanted: BTreeMap<&str, (u64, bool)> = functions().into_iter().map(|(n, c, r)| (n, (c, r))).collect();
+    let mut found: BTreeMap<u64, Probe> = BTreeMap::new();
+    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        let Some(&(cookie, returns)) = wanted.get(name) else { continue };
+        if sym.address() == 0 || !sym.is_definition() {
+            continue;
+        }
+        let Some(offset) = file_offset(&elf, sym.address()) else { continue };
+        found.entry(offset).or_insert(Probe { offset, cookie, returns });
+    }
+    if found.is_empty() {
+        return Err(LibraryError::NoFunctions(path.into()));
+    }
+    Ok(found.into_values().collect())
+}
+
+/// The file offset of virtual address `addr`: through the loadable segment holding it.
+fn file_offset(elf: &object::File<'_>, addr: u64) -> Option<u64> {
+    elf.segments().find_map(|s| {
+        let (start, size) = (s.address(), s.size());
+        let (off, fsize) = s.file_range();
+        (addr >= start && addr < start + size && addr - start < fsize).then(|| off + (addr - start))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_is_found_by_name_with_its_file_identity() {
+        let maps = "\
+55d0c000-55d0d000 r-xp 00000000 08:01 1234 /usr/bin/python3.12
+7f00a000-7f00b000 r-xp 00010000 08:01 98765 /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06
+7f00c000-7f00d000 r-xp 00000000 08:01 4321 /usr/lib/libc.so.6
+";
+        let m = find(42, maps).expect("found");
+        assert_eq!(m.id, FileId { dev: "08:01".into(), inode: 98765 });
+        assert_eq!(m.path, PathBuf::from("/proc/42/root/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"));
+    }
+
+    #[test]
+    fn deleted_files_and_other_libraries_are_not_probed() {
+        assert_eq!(find(1, "7f00a000-7f00b000 r-xp 0 08:01 98 /tmp/libcuda.so.1 (deleted)\n"), None);
+        assert_eq!(find(1, "7f00a000-7f00b000 r-xp 0 08:01 98 /usr/lib/libcudart.so.12\n"), None);
+        assert_eq!(find(1, "7f00a000-7f00b000 rw-p 0 00:00 0 \n"), None);
+    }
+
+    #[test]
+    fn every_launch_path_and_synchronisation_is_probed_and_only_syncs_return() {
+        let f = functions();
+        for name in ["cuLaunchKernel", "cuLaunchKernelEx_ptsz", "cuGraphLaunch", "cuMemcpyHtoDAsync_v2", "cuCtxSynchronize"] {
+            assert!(f.iter().any(|(n, _, _)| *n == name), "{name}");
+        }
+        for (name, c, returns) in f {
+            assert_eq!(returns, cookie::kind(c) == kind::SYNC, "{name}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+"""Launches GPU work through a CUDA driver library (the tests' stand-in) from named functions,
+for the CUDA probe tests (tests/tests/cuda.rs).
+
+    python3 cuda_app.py LIB [--late] [--rate N]
+
+Loads LIB with ctypes at once (or, with --late, after "go"), spins a little so the profiler
+samples it, prints "ready", waits for a line "go" on stdin, then calls:
+  launch_direct: cuLaunchKernelEx 3000 times;
+  launch_nested: cuLaunchKernel 2000 times (which passes through cuLaunchKernelEx: one launch);
+  copy_up: cuMemcpyHtoD_v2 100 times, 1 MiB each;
+  wait_gpu: cuStreamSynchronize 50 times, measuring the time blocked;
+then prints one JSON line with what it did, and waits for stdin to close before exiting.
+With --rate N it instead launches from launch_steady at N a second for 4 s and prints, in the
+JSON line, when it loaded the library and how many launches it made after each 100 ms.
+"""
+import ctypes
+import json
+import sys
+import time
+
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+    return x
+
+
+def launch_direct(lib, n):
+    for _ in range(n):
+        lib.cuLaunchKernelEx(None, None, None, None)
+
+
+def launch_nested(lib, n):
+    for _ in range(n):
+        lib.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+
+
+def copy_up(lib, n, size):
+    for _ in range(n):
+        lib.cuMemcpyHtoD_v2(ctypes.c_uint64(0), None, ctypes.c_size_t(size))
+
+
+def wait_gpu(lib, n):
+    blocked = 0.0
+    for _ in range(n):
+        t = time.perf_counter()
+        lib.cuStreamSynchronize(None)
+        blocked += time.perf_counter() - t
+    return blocked
+
+
+def launch_steady(lib, rate, seconds):
+    start = time.time()
+    after = []
+    n = 0
+    period = 1.0 / rate
+    next_t = time.perf_counter()
+    end = next_t + seconds
+    while time.perf_counter() < end:
+        lib.cuLaunchKernelEx(None, None, None, None)
+        n += 1
+        elapsed = time.time() - start
+        while len(after) < int(elapsed * 10):
+            after.append(n - 1)
+        next_t += period
+        while time.perf_counter() < next_t:
+            pass
+    return start, n, after
+
+
+def main():
+    path = sys.argv[1]
+    late = "--late" in sys.argv
+    rate = int(sys.argv[sys.argv.index("--rate") + 1]) if "--rate" in sys.argv else 0
+    lib = None if late else ctypes.CDLL(path)
+    spin(1.5)
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return
+    if late:
+        loaded_at = time.time()
+        lib = ctypes.CDLL(path)
+    else:
+        loaded_at = None
+    if rate:
+        start, n, after = launch_steady(lib, rate, 4.0)
+        print(json.dumps({"loaded_at": loaded_at, "start": start, "launches": n, "after_tenths": after}), flush=True)
+    else:
+        launch_direct(lib, 3000)
+        launch_nested(lib, 2000)
+        copy_up(lib, 100, 1 << 20)
+        blocked = wait_gpu(lib, 50)
+        print(json.dumps({"direct": 3000, "nested": 2000, "copied": 100 << 20, "blocked_us": blocked * 1e6}), flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()
