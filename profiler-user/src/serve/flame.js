@@ -1,26 +1,42 @@
 // The flamegraph of the selected range, drawn from /api/flamegraph?format=json
-// (`{name, value, children}`): search with highlight, click a frame to zoom, reset,
-// flame or icicle, and the functions with the most self samples.
+// (`{unit, name, value, children}`): search with highlight, click a frame to zoom, reset,
+// flame or icicle, and the functions with the most self samples. It counts CPU samples, or
+// (the `samples` selector) what the daemon's CUDA probes counted: its answer names the unit.
 const ROW = 17;
+// What each kind counts, for a tree that does not say (a report's).
+const UNITS = { cpu: "samples", "cuda-launches": "launches", "cuda-sync": "µs blocked", "cuda-copies": "bytes" };
+const NONE = { cpu: "samples", "cuda-launches": "GPU launches", "cuda-sync": "time waiting on the GPU", "cuda-copies": "GPU copies" };
+// A report holds CPU samples only: no selector there.
+const samplesKind = () => (window.PROFILER_REPORT ? "cpu" : $("samples").value || "cpu");
+const kindLabel = () => $("samples").selectedOptions[0]?.textContent || "CPU";
+const fmtCount = (v) => v.toLocaleString("en-US");
+const counted = (v) => `${fmtCount(v)} ${S.unit || "samples"}`;
 
 // Requests overlap (a drag, then a filter): only the latest may draw, or a slow earlier answer
 // would replace the one asked for last. `data-drawn` says which request the drawing answers.
 let flames = 0;
 async function showFlamegraph(a, b) {
-  const mine = ++flames, q = { from: a.toFixed(3), to: b.toFixed(3), format: "json" }, query = params(q).toString();
-  $("range").textContent = `${full(a)} → ${clock(b, true)} (${span(b - a)})${$("cpu").value.trim() ? ", CPUs " + $("cpu").value.trim() : ""}`;
+  const mine = ++flames, kind = samplesKind(), q = { from: a.toFixed(3), to: b.toFixed(3), format: "json" };
+  if (kind !== "cpu") q.samples = kind;
+  const query = params(q).toString();
+  $("range").textContent = `${full(a)} → ${clock(b, true)} (${span(b - a)})${$("cpu").value.trim() ? ", CPUs " + $("cpu").value.trim() : ""}` +
+    (kind !== "cpu" ? ` · ${kindLabel()}` : "");
   $("flamegraph").dataset.query = query;
   try {
     const r = await get("/api/flamegraph", q), tree = await r.json();
     if (mine !== flames) return;
     S.tree = tree; S.zoom = null; S.truncated = r.headers.get("x-profiler-truncated");
+    S.unit = tree.unit || UNITS[kind];
     S.range = [a, b]; $("baseline").disabled = false;
     showPicked(null); drawFlame(); drawTop();
   } catch (e) {
     if (mine !== flames) return;
     S.tree = null;
     const p = document.createElement("p"); p.className = "err";
-    p.textContent = e.status === 404 ? "No samples in this range with these filters." : e.message;
+    // A CUDA kind the daemon never recorded: the server's sentence says why.
+    const never = kind !== "cpu" && /libcuda/.test(e.message);
+    p.textContent = e.status !== 404 ? e.message : never ? e.message[0].toUpperCase() + e.message.slice(1)
+      : `No ${NONE[kind]} in this range with these filters.`;
     $("flamegraph").replaceChildren(p); $("top").replaceChildren();
   }
   $("flamegraph").dataset.drawn = query;
@@ -77,7 +93,7 @@ function drawFlame() {
     f.style.background = S.base ? diffColor(n) : frameColor(n.name);
     f.textContent = w > 20 ? n.name : "";
     f.dataset.name = n.name;
-    f.title = `${n.name}\n${n.value} samples, ${((n.value / root.value) * 100).toFixed(2)} % of the range` + (S.base ? diffText(n) : "");
+    f.title = `${n.name}\n${counted(n.value)}, ${((n.value / root.value) * 100).toFixed(2)} % of the range` + (S.base ? diffText(n) : "");
     f.addEventListener("click", () => {
       const path = d < zoom.length ? zoom.slice(0, d + 1) : [...zoom, ...pathTo(focus, n)];
       S.zoom = path.length > 1 ? path : null; drawFlame();
@@ -85,7 +101,7 @@ function drawFlame() {
     });
     return f;
   }));
-  $("matched").textContent = re ? `matched ${((matched / root.value) * 100).toFixed(1)} % (${matched} of ${root.value} samples)` : `${root.value} samples` + (S.truncated ? ` — ${S.truncated}` : "");
+  $("matched").textContent = re ? `matched ${((matched / root.value) * 100).toFixed(1)} % (${fmtCount(matched)} of ${counted(root.value)})` : counted(root.value) + (S.truncated ? ` — ${S.truncated}` : "");
 }
 
 // A clicked frame offers to filter everything by it: only the stacks through it (the function
@@ -144,11 +160,12 @@ function drawTop() {
   walk(root, new Set());
   const rows = [...self.entries()].filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]).slice(0, 20);
   const pct = (v) => ((v / root.value) * 100).toFixed(1) + " %";
+  $("top-unit").textContent = S.unit || "samples";
   const head = document.createElement("tr");
   head.innerHTML = "<th>self</th><th></th><th>total</th><th>function</th>";
   $("top").replaceChildren(head, ...rows.map(([name, v]) => {
     const tr = document.createElement("tr");
-    for (const t of [String(v), pct(v), pct(total.get(name) || 0), name]) { const td = document.createElement("td"); td.textContent = t; tr.appendChild(td); }
+    for (const t of [fmtCount(v), pct(v), pct(total.get(name) || 0), name]) { const td = document.createElement("td"); td.textContent = t; tr.appendChild(td); }
     tr.tabIndex = 0; tr.title = "highlight it in the flamegraph";
     const pick = () => { $("search").value = "^" + name.replace(/[.*+?^${}()|[\]\\]/g, "\\$&") + "$"; writeURL(false); drawFlame(); };
     tr.addEventListener("click", pick);
@@ -160,6 +177,15 @@ function drawTop() {
 $("search").addEventListener("input", () => { writeURL(false); drawFlame(); });
 $("reset").addEventListener("click", () => { S.zoom = null; drawFlame(); });
 $("flameup").addEventListener("change", () => { writeURL(false); drawFlame(); });
+// Another count: the selected range's flamegraph again (a baseline of another count would
+// compare unlike things: it is cleared). The heatmap and CPU x time stay CPU.
+$("samples").addEventListener("change", () => {
+  writeURL(false);
+  if (S.base) $("baseline").click();
+  const r = S.sel || S.range;
+  if (r) showFlamegraph(...r);
+});
+if (window.PROFILER_REPORT) $("samples-pick").hidden = true;
 
 // Differential mode: each frame coloured by how its share of the samples changed from the
 // baseline range (red: more, blue: less), matched by its path from the root.

@@ -27,7 +27,8 @@ use serde::Deserialize;
 use crate::{
     budget, detect,
     export::{cputime, flamegraph, heatmap},
-    query::{self, Filter, Window},
+    model::SampleKind,
+    query::{self, Filter, Folded, Window},
     store::{Meta, Store},
     timespec,
 };
@@ -135,6 +136,10 @@ pub struct Params {
     rows: Option<u32>,
     bucket: Option<String>,
     format: Option<String>,
+    /// What the flamegraph and heatmap count: `cpu` (the default), `cuda-launches`,
+    /// `cuda-sync` or `cuda-copies` ([`SampleKind`]). Never a path: only
+    /// [`SampleKind::store_dir`] turns the parsed kind into one.
+    samples: Option<String>,
 }
 
 /// A 4xx/5xx with one sentence (and, for 429/503, when to come back).
@@ -202,6 +207,35 @@ impl Params {
         Ok(app.source.dir(self.node.as_deref(), window)?)
     }
 
+    /// The kind of counts asked for; anything but the four names is refused with a sentence.
+    fn kind(&self) -> Result<SampleKind, Failure> {
+        match self.samples.as_deref().filter(|s| !s.is_empty()) {
+            None => Ok(SampleKind::Cpu),
+            Some(s) => SampleKind::parse(s).ok_or_else(|| {
+                let names: Vec<_> = SampleKind::ALL.iter().map(|k| k.name()).collect();
+                bad(format!("samples '{s}' is not one of {}", names.join(", ")))
+            }),
+        }
+    }
+
+    /// The store of `kind`'s counts for this request's node over `window`, with the directory
+    /// that keeps a copy of a fleet's node alive while it is read.
+    fn store(&self, app: &AppState, window: Window, kind: SampleKind) -> Result<(source::Dir, Store), Failure> {
+        if kind != SampleKind::Cpu && matches!(*app.source, source::Source::Fleet(_)) {
+            return Err(bad(format!(
+                "samples={}: CUDA counts are not shipped to ClickHouse yet: open the node's own `profiler ui`",
+                kind.name()
+            )));
+        }
+        let dir = self.dir(app, Some(window))?;
+        let path = kind.store_dir(dir.path());
+        if kind != SampleKind::Cpu && !path.is_dir() {
+            return Err(Failure(StatusCode::NOT_FOUND, not_recorded(kind)));
+        }
+        let store = Store::open(&path).map_err(|e| internal(e.to_string()))?;
+        Ok((dir, store))
+    }
+
     fn filter(&self) -> Result<Filter, Failure> {
         let cpus = match self.cpu.as_deref().filter(|c| !c.is_empty()) {
             None => Vec::new(),
@@ -230,6 +264,44 @@ impl Params {
             lines: self.lines.as_deref().is_some_and(|l| l == "1" || l == "true"),
         })
     }
+}
+
+/// Why a CUDA kind has no store: the daemon makes one at the first count it records.
+fn not_recorded(kind: SampleKind) -> String {
+    let (what, counts) = match kind {
+        SampleKind::Cpu => ("CPU samples", "counts them"),
+        SampleKind::CudaLaunches => ("GPU launches", "counts them"),
+        SampleKind::CudaSync => ("time waiting on the GPU", "measures it"),
+        SampleKind::CudaCopies => ("GPU copies", "counts them"),
+    };
+    format!("no {what} recorded: the daemon {counts} only for processes that map libcuda.so.1")
+}
+
+/// The flamegraph's tree with the unit of its counts as the root's first field:
+/// `{"unit":"launches","name":"all","value":...}`, written in one pass (trees can be megabytes).
+fn tree_with_unit(folded: &Folded, kind: SampleKind) -> std::io::Result<Vec<u8>> {
+    /// Passes the tree's bytes on, less its opening brace (the prefix opened the object).
+    struct AfterBrace<'a>(&'a mut Vec<u8>, bool);
+    impl std::io::Write for AfterBrace<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let mut rest = buf;
+            if !self.1 && !rest.is_empty() {
+                if rest[0] != b'{' {
+                    return Err(std::io::Error::other("the tree does not start with an object"));
+                }
+                rest = &rest[1..];
+                self.1 = true;
+            }
+            self.0.extend_from_slice(rest);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut out = format!("{{\"unit\":{},", serde_json::to_string(kind.unit())?).into_bytes();
+    tree::write(folded, AfterBrace(&mut out, false))?;
+    Ok(out)
 }
 
 /// Runs `f` on the blocking pool once a heavy request's turn comes (see [`limits::Heavy`]),
@@ -292,13 +364,14 @@ async fn heatmap_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result
     heavy(&s, move || {
         let w = p.window("-5m")?;
         let filter = p.filter()?;
-        let dir = p.dir(&app, Some(w))?;
-        query::check_filter(&filter, Meta::read(dir.path()).as_ref())?;
+        let kind = p.kind()?;
         let rows = p.rows.unwrap_or(50);
         if !(1..=1000).contains(&rows) {
             return Err(bad(format!("rows={rows} is out of range: a heatmap has 1 to 1000 rows")));
         }
-        let grid = query::subsecond_grid(&mut open(&dir)?, w, rows as usize, &filter)?;
+        let (dir, mut store) = p.store(&app, w, kind)?;
+        query::check_filter(&filter, Meta::read(dir.path()).as_ref())?;
+        let grid = query::subsecond_grid(&mut store, w, rows as usize, &filter)?;
         let mut body = Vec::with_capacity(grid.counts.len() * 2 + 4096);
         heatmap::write_json_with(&grid, true, &mut body).map_err(internal)?;
         let note = grid.coarsened().then(|| heatmap::coarsened_reason(&grid));
@@ -311,6 +384,11 @@ async fn cputime_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-5m")?;
+        if p.kind()? != SampleKind::Cpu {
+            return Err(bad(
+                "CPU x time counts CPU samples only: samples= applies to /api/flamegraph and /api/heatmap",
+            ));
+        }
         let bucket = p.bucket.as_deref().unwrap_or("1s");
         let bucket_ns = timespec::parse_duration_ns(bucket)
             .filter(|&b| b >= 10_000_000)
@@ -334,7 +412,9 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
         if !["svg", "json", "folded"].contains(&format) {
             return Err(bad(format!("format '{format}' is not one of svg, json, folded")));
         }
-        let folded = query::fold(&mut open(&p.dir(&app, Some(w))?)?, w, &filter)?;
+        let kind = p.kind()?;
+        let (_dir, mut store) = p.store(&app, w, kind)?;
+        let folded = query::fold(&mut store, w, &filter)?;
         let note = (folded.truncated_stacks > 0).then(|| {
             format!(
                 "{} rare stacks folded into their parents ([… N more]): a flamegraph keeps at most {} distinct stacks",
@@ -343,11 +423,7 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
             )
         });
         let r = match format {
-            "json" => {
-                let mut out = Vec::new();
-                tree::write(&folded, &mut out).map_err(internal)?;
-                json_bytes(out)?
-            }
+            "json" => json_bytes(tree_with_unit(&folded, kind).map_err(internal)?)?,
             "folded" => {
                 let mut out = Vec::new();
                 flamegraph::write_folded(&folded, &mut out).map_err(internal)?;
@@ -356,15 +432,17 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
             _ => {
                 let mut out = Vec::new();
                 let mut subtitle = format!(
-                    "{} to {}, {} samples",
+                    "{} to {}, {} {}",
                     timespec::format(w.from_ns),
                     timespec::format(w.to_ns),
-                    folded.total()
+                    folded.total(),
+                    kind.unit()
                 );
                 if let Some(n) = &note {
                     subtitle = format!("{subtitle} ({n})");
                 }
-                flamegraph::write_svg(&folded, "CPU flamegraph", &subtitle, &mut out).map_err(internal)?;
+                let title = format!("{} flamegraph", kind.label());
+                flamegraph::write_svg(&folded, &title, &subtitle, &mut out).map_err(internal)?;
                 ([(header::CONTENT_TYPE, "image/svg+xml")], out).into_response()
             }
         };
@@ -551,3 +629,5 @@ pub fn hosts(addr: SocketAddr) -> Vec<String> {
 mod guard_tests;
 #[cfg(test)]
 mod page_tests;
+#[cfg(test)]
+mod samples_tests;

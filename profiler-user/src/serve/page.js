@@ -49,6 +49,7 @@ function writeURL(push) {
   if (S.sel) p.set("sel", S.sel.map((t) => t.toFixed(3)).join(","));
   if ($("local").checked) p.set("tz", "local");
   if ($("flameup").checked) p.set("view", "flame");
+  if ($("samples").value !== "cpu") p.set("samples", $("samples").value);
   if ($("search").value) p.set("search", $("search").value);
   const url = location.pathname + "?" + p;
   // Zooms and jumps push (the browser's Back and ours return); other changes replace.
@@ -65,6 +66,8 @@ function readURL() {
   for (const k of FIELDS) $(k).value = p.get(k) ?? fallback(k);
   $("local").checked = p.get("tz") === "local";
   $("flameup").checked = p.get("view") === "flame";
+  const kind = p.get("samples"); // one of the selector's, else CPU
+  $("samples").value = [...$("samples").options].some((o) => o.value === kind) ? kind : "cpu";
   $("search").value = p.get("search") || "";
   const sel = (p.get("sel") || "").split(",").map(Number);
   S.sel = sel.length === 2 && sel.every((x) => x > 0) && sel[0] < sel[1] ? sel : null;

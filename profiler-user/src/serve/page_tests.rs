@@ -24,3 +24,19 @@ fn health_counts_lost_samples_and_dropped_events() {
     assert_eq!(h["events_lost"], 5);
     assert_eq!(h["sampled_cpus"], 4);
 }
+
+#[test]
+fn the_flamegraph_offers_every_kind_of_count_with_its_label() {
+    let p = page();
+    assert!(p.contains(r#"<select id="samples">"#), "the selector beside the flamegraph");
+    for kind in crate::model::SampleKind::ALL {
+        let option = format!(r#"<option value="{}">{}</option>"#, kind.name(), kind.label());
+        assert!(p.contains(&option), "missing {option}");
+        // The page's units for a tree that names none (a report's) are the server's.
+        assert!(p.contains(&format!(r#""{}": "{}""#, kind.name(), kind.unit())) || kind.name() == "cpu");
+    }
+    assert!(p.contains(r#"UNITS = { cpu: "samples","#));
+    // Sent with the flamegraph's request and kept in the address; the heatmap stays CPU.
+    assert!(p.contains("q.samples = kind") && p.contains(r#"p.set("samples""#));
+    assert!(p.contains(r#"get("/api/heatmap")"#));
+}
