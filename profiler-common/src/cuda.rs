@@ -25,7 +25,12 @@ pub mod kind {
     pub const COUNT: usize = 3;
 }
 
-/// The attach cookie: `kind | arg << 8 | how << 16`.
+/// The attach cookie: what the probe counts, where its byte count is, and where the probed
+/// function sits in its executable segment (to tell a call from inside the library, one launch
+/// passing through two probed functions, from a call by the application).
+///
+/// Bits: kind 0-3, argument 4-7, how 8-11, the function's offset in its segment 12-39, the
+/// segment's size in 16-byte units 40-63 (0: unknown, no check).
 pub mod cookie {
     /// The byte count is the argument numbered `arg` (from 0).
     pub const BYTES_ARG: u64 = 1;
@@ -37,18 +42,37 @@ pub mod cookie {
     /// the memory type padded to 8, then width and height).
     pub const MEMCPY2D_WIDTH: u64 = 112;
     pub const MEMCPY2D_HEIGHT: u64 = 120;
+    /// Largest function offset and segment size the cookie holds.
+    pub const MAX_OFFSET: u64 = (1 << 28) - 1;
+    pub const MAX_SEGMENT: u64 = ((1 << 24) - 1) * 16;
 
     pub const fn make(kind: u32, arg: u64, how: u64) -> u64 {
-        kind as u64 | arg << 8 | how << 16
+        (kind as u64 & 0xf) | (arg & 0xf) << 4 | (how & 0xf) << 8
+    }
+    /// `c` with the function's place: `offset` from the start of its executable segment of
+    /// `size` bytes (left out when either does not fit).
+    pub const fn with_segment(c: u64, offset: u64, size: u64) -> u64 {
+        if offset > MAX_OFFSET || size > MAX_SEGMENT || offset >= size {
+            return c;
+        }
+        c | offset << 12 | size.div_ceil(16) << 40
     }
     pub const fn kind(c: u64) -> u32 {
-        (c & 0xff) as u32
+        (c & 0xf) as u32
     }
     pub const fn arg(c: u64) -> u64 {
-        (c >> 8) & 0xff
+        (c >> 4) & 0xf
     }
     pub const fn how(c: u64) -> u64 {
-        (c >> 16) & 0xff
+        (c >> 8) & 0xf
+    }
+    /// The function's offset in its executable segment.
+    pub const fn offset(c: u64) -> u64 {
+        (c >> 12) & MAX_OFFSET
+    }
+    /// The segment's size in bytes (0: unknown).
+    pub const fn segment(c: u64) -> u64 {
+        (c >> 40) * 16
     }
 }
 

@@ -10,7 +10,10 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_boot_ns},
+        generated::{
+            bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack,
+            bpf_ktime_get_boot_ns,
+        },
     },
     macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
@@ -29,11 +32,6 @@ use crate::{
     count, python, unwind,
     unwind::Sink,
 };
-
-/// Two calls of a launch function on one thread within this many ns, the second deeper in the
-/// stack, are one launch passing through both (`cuLaunchKernel` calling `cuLaunchKernelEx`):
-/// counted once.
-const NESTED_NS: u64 = 50_000;
 
 /// Tail-call slots for the probes' walks (kprobe-type programs: a uprobe can only tail-call
 /// its own type), the same slot numbers as the sampler's `PROGRAMS`.
@@ -57,19 +55,6 @@ struct Call {
 
 #[map]
 static CUDA_CALL: PerCpuArray<Call> = PerCpuArray::with_max_entries(1, 0);
-
-/// The last launch counted on this CPU (see [`NESTED_NS`]).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Last {
-    tid: u32,
-    _pad: u32,
-    ns: u64,
-    sp: u64,
-}
-
-#[map]
-static CUDA_LAST: PerCpuArray<Last> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static CUDA_STACKS: LruHashMap<u64, Record> = LruHashMap::with_max_entries(CUDA_STACKS_MAX, 0);
@@ -150,16 +135,11 @@ fn enter(ctx: &ProbeContext) {
     let Ok(regs) = (unsafe { bpf_probe_read_kernel(ctx.regs as *const Regs) }) else { return };
     let regs = &regs;
     let now = unsafe { bpf_ktime_get_boot_ns() };
-    if k == kind::LAUNCH
-        && let Some(last) = CUDA_LAST.get_ptr_mut(0)
-    {
-        let last = unsafe { &mut *last };
-        let sp = arch::frame(regs).sp;
-        if last.tid == tid && now.wrapping_sub(last.ns) < NESTED_NS && sp < last.sp {
-            count(counter::CUDA_NESTED);
-            return;
-        }
-        *last = Last { tid, _pad: 0, ns: now, sp };
+    if inside_library(c, regs) {
+        // Called by the library itself (`cuLaunchKernel` going through `cuLaunchKernelEx`):
+        // the application's call was counted at its own entry.
+        count(counter::CUDA_NESTED);
+        return;
     }
     count(counter::CUDA_CALLS);
     let arg = cookie::arg(c) as usize;
@@ -208,6 +188,24 @@ fn enter(ctx: &ProbeContext) {
     end(record, user);
 }
 
+/// Whether the probed function was called from its own library's code: at the entry the
+/// return address is on top of the stack, and the cookie says where the function sits in its
+/// executable segment, so the segment's bounds in this process follow from the address hit.
+#[inline(always)]
+fn inside_library(c: u64, regs: &Regs) -> bool {
+    let size = cookie::segment(c);
+    if size == 0 {
+        return false;
+    }
+    let f = arch::frame(regs);
+    let start = f.ip.wrapping_sub(cookie::offset(c));
+    match unsafe { bpf_probe_read_user(f.sp as *const u64) } {
+        // Within a few bytes of the bounds either way: `ip` may be past the breakpoint.
+        Ok(ra) => ra.wrapping_sub(start.wrapping_sub(16)) < size + 32,
+        Err(_) => false,
+    }
+}
+
 /// The walk is done: the stack goes into `CUDA_STACKS` (once), the call into the counters, or,
 /// for a synchronisation, into `CUDA_PENDING` until it returns.
 #[inline(always)]
@@ -236,15 +234,6 @@ fn end(record: &mut Record, user: usize) {
             count(counter::CUDA_DROPPED);
         }
         return;
-    }
-    if call.kind == kind::LAUNCH
-        && let Some(last) = CUDA_LAST.get_ptr_mut(0)
-    {
-        // Nesting is timed from the end of this walk: a first walk of a stack is slow.
-        let last = unsafe { &mut *last };
-        if last.tid == tid {
-            last.ns = unsafe { bpf_ktime_get_boot_ns() };
-        }
     }
     let key = CudaKey { pid, tid, kind: call.kind, _pad: 0, hash: h };
     add(&key, call.bytes, 0);

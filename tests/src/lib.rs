@@ -2,6 +2,7 @@
 //! conditions with deadlines, and the privilege check that skips (or, under CI, fails).
 
 pub mod clickhouse;
+pub mod cuda;
 pub mod netlab;
 pub mod nvml;
 

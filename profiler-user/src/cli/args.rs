@@ -78,7 +78,7 @@ impl Opened {
         if !dir.is_dir() {
             profiler::store::check_dir(&self.data_dir)?;
             anyhow::bail!(
-                "no {} in {}: the daemon counts them only for processes that map CUDA's driver library                  (libcuda.so.1); `profiler status` says whether it probes one",
+                "no {} in {}: the daemon counts them only for processes that map CUDA's driver library (libcuda.so.1); `profiler status` says whether it probes one",
                 kind.unit(),
                 self.data_dir.display()
             );

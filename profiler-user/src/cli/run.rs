@@ -89,6 +89,11 @@ pub struct RunArgs {
     /// as `[gpu] cuda_probes = false` [default: probe every process that maps libcuda.so.1].
     #[arg(long)]
     no_cuda_probes: bool,
+    /// CUDA calls a second per process above which the probes are on only part of the time
+    /// (their cost is a trap per call; counts then are scaled estimates, marked); as `[gpu]
+    /// cuda_max_calls_per_sec` [default: 10000].
+    #[arg(long)]
+    cuda_max_calls_per_sec: Option<u32>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -172,6 +177,7 @@ impl RunArgs {
         Ok(DaemonConfig {
             memory,
             cuda: !self.no_cuda_probes && file.gpu.cuda_probes.unwrap_or(true),
+            cuda_max_calls: config::cuda_max_calls(self.cuda_max_calls_per_sec.or(file.gpu.cuda_max_calls_per_sec))?,
             gpu,
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
             flight: file.flight,

@@ -86,6 +86,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
             "clickhouse": profiler::ship::clickhouse::read_cursor(data_dir),
             "interrupts": profiler::collect::irqs::Placement::read(),
             "gpus": profiler::gpu::Inventory::read(data_dir),
+            "cuda": profiler::gpu::cuda::status::Status::read(data_dir),
         });
         outln!("{}", serde_json::to_string_pretty(&json)?)?;
         return Ok(());
@@ -107,6 +108,12 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     if let Some(inv) = profiler::gpu::Inventory::read(data_dir) {
         for line in inv.describe() {
             outln!("gpu          {}", text::visible(&line))?;
+        }
+    }
+    // The CUDA probes: which driver libraries, how many processes, the rate guard.
+    if let Some(cuda) = profiler::gpu::cuda::status::Status::read(data_dir) {
+        for line in cuda.describe() {
+            outln!("cuda         {}", text::visible(&line))?;
         }
     }
     outln!(

@@ -2,7 +2,7 @@
 //! attaching them to one library file's functions, and draining the per-stack counts. Which
 //! files, which functions and what the counts become is `gpu::cuda`'s business.
 
-use std::{path::Path, time::Duration};
+use std::path::Path;
 
 use aya::{
     Ebpf,
@@ -103,10 +103,7 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CudaError> {
-    ebpf.program_mut(name)
-        .ok_or(CudaError::Missing(name))?
-        .try_into()
-        .map_err(|e| CudaError::Program(name, e))
+    ebpf.program_mut(name).ok_or(CudaError::Missing(name))?.try_into().map_err(|e| CudaError::Program(name, e))
 }
 
 impl Collector {
@@ -124,7 +121,8 @@ impl Collector {
         }
         let mut links = Links::default();
         for p in probes {
-            let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: Some(p.cookie) };
+            let point =
+                UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: Some(p.cookie) };
             let call = program(&mut self.ebpf, "cuda_call").and_then(|prog| {
                 prog.attach(point, target, UProbeScope::AllProcesses).map_err(|source| CudaError::Attach {
                     path: target.display().to_string(),
@@ -140,7 +138,8 @@ impl Collector {
                 }
             }
             if p.returns {
-                let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: None };
+                let point =
+                    UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: None };
                 let ret = program(&mut self.ebpf, "cuda_return").and_then(|prog| {
                     prog.attach(point, target, UProbeScope::AllProcesses).map_err(|source| CudaError::Attach {
                         path: target.display().to_string(),
@@ -171,29 +170,21 @@ impl Collector {
         }
     }
 
-    /// Everything counted since the previous drain. The probes move to the other counts map
-    /// first, so nothing they add meanwhile is read half or deleted unread.
+    /// What the probes counted in the map they left at the previous drain (a drain's counts
+    /// come a drain late); then they move to the map just emptied. A probe that read the
+    /// generation before a switch may still add to the map it read for a while (its program can
+    /// be preempted on a busy machine: with a millisecond's grace 14 of 5,000 launches were
+    /// lost), so a map is read a whole drain after the probes left it, never while they may
+    /// still write.
     pub fn cuda_drain(&mut self) -> Vec<Drained> {
         let Some(maps) = self.cuda.as_mut() else { return Vec::new() };
-        let old = maps.current as usize & 1;
-        maps.current ^= 1;
-        if let Err(e) = maps.generation.set(0, maps.current, 0) {
+        let retired = (maps.current ^ 1) as usize & 1;
+        let out = read_and_clear(&mut maps.counts[retired]);
+        if let Err(e) = maps.generation.set(0, retired as u32, 0) {
             tracing::warn!(error = %e, "cannot switch the CUDA counts map; counts wait for the next drain");
-            maps.current ^= 1;
-            return Vec::new();
+            return out;
         }
-        // A probe that read the old generation is still adding: programs run without sleeping
-        // for microseconds, so a millisecond sees them done.
-        std::thread::sleep(Duration::from_millis(1));
-        let map = &mut maps.counts[old];
-        let keys: Vec<CudaKey> = map.keys().filter_map(Result::ok).collect();
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Ok(count) = map.get(&key, 0) {
-                out.push(Drained { key, count });
-            }
-            let _ = map.remove(&key);
-        }
+        maps.current = retired as u32;
         out
     }
 
@@ -201,4 +192,16 @@ impl Collector {
     pub fn cuda_stack(&self, hash: u64) -> Option<Record> {
         self.cuda.as_ref()?.stacks.get(&hash, 0).ok()
     }
+}
+
+fn read_and_clear(map: &mut HashMap<MapData, CudaKey, CudaCount>) -> Vec<Drained> {
+    let keys: Vec<CudaKey> = map.keys().filter_map(Result::ok).collect();
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Ok(count) = map.get(&key, 0) {
+            out.push(Drained { key, count });
+        }
+        let _ = map.remove(&key);
+    }
+    out
 }

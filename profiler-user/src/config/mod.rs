@@ -208,6 +208,21 @@ pub struct GpuFile {
     pub poll_ms: Option<u64>,
     /// Uprobes on `libcuda.so.1` in every process mapping it (`gpu::cuda`) [default: true].
     pub cuda_probes: Option<bool>,
+    /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 10000].
+    pub cuda_max_calls_per_sec: Option<u32>,
+}
+
+/// `--cuda-max-calls-per-sec` / `[gpu] cuda_max_calls_per_sec`, checked.
+pub fn cuda_max_calls(value: Option<u32>) -> Result<f64, ConfigError> {
+    let v = value.map_or(crate::gpu::cuda::MAX_CALLS_PER_SEC, f64::from);
+    if !(10.0..=10_000_000.0).contains(&v) {
+        return Err(ConfigError::Range {
+            key: "gpu.cuda_max_calls_per_sec",
+            value: v.to_string(),
+            allowed: "10 to 10000000 calls a second, such as 10000",
+        });
+    }
+    Ok(v)
 }
 
 /// The GPU poller's settings: `None` when GPU tracks are off.
@@ -361,7 +376,11 @@ mod tests {
     fn gpu_settings_default_to_the_standard_library_every_100_ms_and_refuse_nonsense() {
         let g = gpu(&GpuFile::default(), None, None).unwrap().unwrap();
         assert_eq!((g.library.as_str(), g.interval), (NVML_DEFAULT, Duration::from_millis(100)));
-        let file = GpuFile { nvml_library: Some("/opt/nv/libnvidia-ml.so.1".into()), poll_ms: Some(500) };
+        let file = GpuFile {
+            nvml_library: Some("/opt/nv/libnvidia-ml.so.1".into()),
+            poll_ms: Some(500),
+            ..Default::default()
+        };
         let g = gpu(&file, None, None).unwrap().unwrap();
         assert_eq!((g.library.as_str(), g.interval.as_millis()), ("/opt/nv/libnvidia-ml.so.1", 500));
         assert_eq!(gpu(&file, Some("/x.so".into()), Some(50)).unwrap().unwrap().library, "/x.so");

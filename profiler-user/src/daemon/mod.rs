@@ -108,6 +108,8 @@ pub struct DaemonConfig {
     pub gpu: Option<crate::config::Gpu>,
     /// Whether `libcuda.so.1` is probed in the processes mapping it (`gpu::cuda`).
     pub cuda: bool,
+    /// The CUDA probes' rate guard: calls a second per process above which they are duty-cycled.
+    pub cuda_max_calls: f64,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
@@ -194,6 +196,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             flight: config.flight,
             node: config.node.clone(),
             cuda: config.cuda,
+            cuda_max_calls: config.cuda_max_calls,
         },
         stage::Links {
             outlet,

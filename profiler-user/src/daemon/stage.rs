@@ -71,6 +71,8 @@ pub struct StageConfig {
     pub node: String,
     /// Probe `libcuda.so.1` (`gpu::cuda`).
     pub cuda: bool,
+    /// The CUDA rate guard's limit, calls a second per process.
+    pub cuda_max_calls: f64,
 }
 
 /// The stage's connections to the others.
@@ -171,7 +173,7 @@ impl Stage {
         }
         let cpus = collector.as_ref().map_or(config.machine.cpus as usize, |c| c.cpus().len());
         let cuda = (config.cuda && collector.as_ref().is_some_and(Collector::cuda_ready))
-            .then(|| crate::gpu::cuda::Recorder::new(&config.data_dir));
+            .then(|| crate::gpu::cuda::Recorder::new(&config.data_dir, config.cuda_max_calls));
         if cuda.is_some() {
             pipeline.active = Some(Default::default());
         }
@@ -523,6 +525,7 @@ impl Stage {
         let recursion_misses = self.collector.as_ref().and_then(Collector::recursion_misses);
         let programs = self.collector.as_ref().map(Collector::program_stats).unwrap_or_default();
         let Ok(mut l) = self.links.live.lock() else { return };
+        l.cuda = self.cuda.as_ref().map(|c| c.status.clone());
         let p = &self.pipeline;
         l.cpus = p.per_cpu.clone();
         l.counters = self.tally.totals.clone();

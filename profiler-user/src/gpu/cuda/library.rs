@@ -64,7 +64,8 @@ pub fn functions() -> Vec<(&'static str, u64, bool)> {
     for name in ["cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch"] {
         v.push((name, launch, false));
     }
-    for name in ["cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch_ptsz"] {
+    for name in ["cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch_ptsz"]
+    {
         v.push((name, launch, false));
     }
     for name in ["cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuEventSynchronize", "cuCtxSynchronize"] {
@@ -146,7 +147,8 @@ pub fn probes(path: &std::path::Path) -> Result<Vec<Probe>, LibraryError> {
         if sym.address() == 0 || !sym.is_definition() {
             continue;
         }
-        let Some(offset) = file_offset(&elf, sym.address()) else { continue };
+        let Some((offset, in_segment, segment)) = place(&elf, sym.address()) else { continue };
+        let cookie = cookie::with_segment(cookie, in_segment, segment);
         found.entry(offset).or_insert(Probe { offset, cookie, returns });
     }
     if found.is_empty() {
@@ -155,12 +157,14 @@ pub fn probes(path: &std::path::Path) -> Result<Vec<Probe>, LibraryError> {
     Ok(found.into_values().collect())
 }
 
-/// The file offset of virtual address `addr`: through the loadable segment holding it.
-fn file_offset(elf: &object::File<'_>, addr: u64) -> Option<u64> {
+/// Where virtual address `addr` is: its file offset, its offset in the loadable segment holding
+/// it, and that segment's size.
+fn place(elf: &object::File<'_>, addr: u64) -> Option<(u64, u64, u64)> {
     elf.segments().find_map(|s| {
         let (start, size) = (s.address(), s.size());
         let (off, fsize) = s.file_range();
-        (addr >= start && addr < start + size && addr - start < fsize).then(|| off + (addr - start))
+        (addr >= start && addr < start + size && addr - start < fsize)
+            .then(|| (off + (addr - start), addr - start, size))
     })
 }
 
@@ -190,7 +194,9 @@ mod tests {
     #[test]
     fn every_launch_path_and_synchronisation_is_probed_and_only_syncs_return() {
         let f = functions();
-        for name in ["cuLaunchKernel", "cuLaunchKernelEx_ptsz", "cuGraphLaunch", "cuMemcpyHtoDAsync_v2", "cuCtxSynchronize"] {
+        for name in
+            ["cuLaunchKernel", "cuLaunchKernelEx_ptsz", "cuGraphLaunch", "cuMemcpyHtoDAsync_v2", "cuCtxSynchronize"]
+        {
             assert!(f.iter().any(|(n, _, _)| *n == name), "{name}");
         }
         for (name, c, returns) in f {

@@ -10,11 +10,14 @@
 //! Once a second the counts are drained into stores of their own
 //! (`model::SampleKind::store_dir`): launches, microseconds blocked, bytes, as weighted rows the
 //! same queries, filters and exports read. A file no process maps any more loses its probes.
+//! A process calling faster than the budget gets its probes part of the time (`guard`).
 
+pub mod guard;
 pub mod library;
+pub mod status;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     num::NonZeroUsize,
     path::{Path, PathBuf},
     sync::Arc,
@@ -25,7 +28,10 @@ use lru::LruCache;
 use profiler_common::cuda::kind;
 
 use crate::{
-    collect::{Collector, cuda::Links},
+    collect::{
+        Collector,
+        cuda::{Links, Probe},
+    },
     model::{Sample, SampleKind},
     pipeline::Pipeline,
     store::StoreWriter,
@@ -41,31 +47,21 @@ const ALIVE_EVERY: Duration = Duration::from_secs(5);
 /// it launches).
 const STACKS_KEPT: usize = 4096;
 
+/// Calls a second per process above which the rate guard duty-cycles the probes (10,000 at
+/// about 2.5 µs a hit is 2.5 % of one core).
+pub const MAX_CALLS_PER_SEC: f64 = 10_000.0;
+
 struct File {
     path: PathBuf,
+    /// The functions found in it, at their offsets (read once).
+    probes: Option<Vec<Probe>>,
     links: Option<Links>,
     pids: BTreeSet<u32>,
     /// Why it is not probed, said once.
     failed: Option<String>,
-}
-
-/// What the recorder did, for `/metrics` and `profiler status`.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Stats {
-    /// Library files with probes now.
-    pub files: usize,
-    /// Probes attached now (entries and returns).
-    pub probes: usize,
-    /// Processes mapping a probed file.
-    pub processes: usize,
-    /// Since start: launches, synchronisations and copies counted.
-    pub launches: u64,
-    pub syncs: u64,
-    pub copies: u64,
-    /// Counts whose stack the kernel no longer held (drained under `[stack lost]`).
-    pub stacks_lost: u64,
-    /// The last error attaching, if any.
-    pub last_error: Option<String>,
+    duty: guard::DutyCycle,
+    /// The busiest process's calls a second, last measured with the probes on.
+    rate: f64,
 }
 
 pub struct Recorder {
@@ -79,11 +75,13 @@ pub struct Recorder {
     started: bool,
     last_drain: Instant,
     last_alive: Instant,
-    pub stats: Stats,
+    max_calls_per_sec: f64,
+    pub status: status::Status,
 }
 
 impl Recorder {
-    pub fn new(data_dir: &Path) -> Self {
+    /// `max_calls_per_sec`: the rate guard's limit per process ([`MAX_CALLS_PER_SEC`] by default).
+    pub fn new(data_dir: &Path, max_calls_per_sec: f64) -> Self {
         Self {
             data_dir: data_dir.to_path_buf(),
             files: BTreeMap::new(),
@@ -94,7 +92,8 @@ impl Recorder {
             started: false,
             last_drain: Instant::now(),
             last_alive: Instant::now(),
-            stats: Stats::default(),
+            max_calls_per_sec,
+            status: status::Status { max_calls_per_sec, ..Default::default() },
         }
     }
 
@@ -123,10 +122,8 @@ impl Recorder {
         if !collector.cuda_ready() {
             return;
         }
-        if self.started && self.last_drain.elapsed() < DRAIN_EVERY {
-            return;
-        }
-        self.last_drain = Instant::now();
+        // Every tick: the processes that ran, and probes for a library first seen (a `dlopen`
+        // is probed within the tick); the counts and the guard once a second.
         let active: Vec<u32> = if self.started {
             pipeline.active.as_mut().map(|a| a.drain().collect()).unwrap_or_default()
         } else {
@@ -134,8 +131,22 @@ impl Recorder {
             all_pids()
         };
         for pid in active {
-            self.look_at(pid);
+            if self.look_at(pid)
+                && let Some(unwind) = pipeline.unwind.as_mut()
+            {
+                // Its stacks are walked from now on: its tables and Python frames are wanted
+                // now, not once a sample happens to meet it (it may sleep until it launches).
+                unwind.mapped(pid, Instant::now());
+            }
         }
+        if self.files.values().any(|f| f.links.is_none() && f.failed.is_none() && !f.duty.estimating()) {
+            self.attach_new(collector);
+        }
+        if self.last_drain.elapsed() < DRAIN_EVERY {
+            return;
+        }
+        let elapsed = self.last_drain.elapsed().as_secs_f64().max(0.001);
+        self.last_drain = Instant::now();
         if self.last_alive.elapsed() >= ALIVE_EVERY {
             self.last_alive = Instant::now();
             let gone: Vec<u32> =
@@ -145,26 +156,31 @@ impl Recorder {
             }
             self.sizes.retain(|p, _| Path::new(&format!("/proc/{p}")).exists());
         }
-        self.attach_and_detach(collector);
-        self.drain(collector, pipeline, now_ns);
+        let rates = self.drain(collector, pipeline, now_ns, elapsed);
+        self.attach_and_detach(collector, &rates);
+        self.publish();
     }
 
-    /// Reads the maps of `pid` if its size changed since the last look.
-    fn look_at(&mut self, pid: u32) {
+    /// Reads the maps of `pid` if its size changed since the last look; true when it maps the
+    /// library (newly).
+    fn look_at(&mut self, pid: u32) -> bool {
         if pid == 0 || self.by_pid.contains_key(&pid) {
-            return;
+            return false;
         }
-        let Some(size) = vm_pages(pid) else { return };
+        let Some(size) = vm_pages(pid) else { return false };
         if self.sizes.insert(pid, size) == Some(size) {
-            return;
+            return false;
         }
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
-        let Some(m) = library::find(pid, &maps) else { return };
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return false };
+        let Some(m) = library::find(pid, &maps) else { return false };
         let file = self.files.entry(m.id.clone()).or_insert_with(|| File {
             path: m.path.clone(),
+            probes: None,
             links: None,
             pids: BTreeSet::new(),
             failed: None,
+            duty: guard::DutyCycle::default(),
+            rate: 0.0,
         });
         if file.pids.is_empty() {
             // The first process to map it (again): its path is the one that opens.
@@ -172,9 +188,22 @@ impl Recorder {
         }
         file.pids.insert(pid);
         self.by_pid.insert(pid, m.id);
+        true
     }
 
-    fn attach_and_detach(&mut self, collector: &mut Collector) {
+    /// Probes the files some process maps and that have none yet (outside the guard's cycle).
+    fn attach_new(&mut self, collector: &mut Collector) {
+        for (id, file) in &mut self.files {
+            if file.pids.is_empty() || file.links.is_some() || file.failed.is_some() || file.duty.estimating() {
+                continue;
+            }
+            attach(collector, id, file);
+        }
+    }
+
+    /// Attaches what should be, by the processes mapping each file and its guard; detaches the
+    /// rest. `rates`: calls a second per process in the drain just done.
+    fn attach_and_detach(&mut self, collector: &mut Collector, rates: &HashMap<u32, f64>) {
         for (id, file) in &mut self.files {
             if file.pids.is_empty() {
                 if let Some(links) = file.links.take() {
@@ -183,57 +212,98 @@ impl Recorder {
                 }
                 continue;
             }
-            if file.links.is_some() || file.failed.is_some() {
+            if file.failed.is_some() {
                 continue;
             }
-            let attached = library::probes(&file.path)
-                .map_err(|e| e.to_string())
-                .and_then(|probes| collector.cuda_attach(&file.path, &probes).map_err(|e| e.to_string()));
-            match attached {
-                Ok(links) => {
-                    tracing::info!(
+            let measured = file
+                .links
+                .is_some()
+                .then(|| file.pids.iter().filter_map(|p| rates.get(p)).copied().fold(0.0, f64::max));
+            if let Some(r) = measured {
+                file.rate = r;
+            }
+            let was = file.duty.estimating();
+            let want = file.duty.next(measured, self.max_calls_per_sec);
+            if file.duty.estimating() != was {
+                if file.duty.estimating() {
+                    tracing::warn!(
                         library = %file.path.display(),
-                        inode = id.inode,
-                        probes = links.len(),
-                        processes = file.pids.len(),
-                        "CUDA driver library probed: launches, synchronisations and copies are counted per stack"
+                        calls_per_sec = file.rate.round(),
+                        limit = self.max_calls_per_sec,
+                        attached_percent = (file.duty.fraction() * 100.0).round(),
+                        "CUDA calls faster than the probes' budget: probes attached part of the time, counts are \
+                         estimates scaled to the whole time"
                     );
-                    file.links = Some(links);
+                } else {
+                    tracing::info!(library = %file.path.display(), "CUDA calls within the budget again: probes always on, counts exact");
                 }
-                Err(e) => {
-                    tracing::warn!(library = %file.path.display(), error = %e, "cannot probe the CUDA driver library");
-                    self.stats.last_error = Some(e.clone());
-                    file.failed = Some(e);
-                }
+            }
+            match (want, file.links.is_some()) {
+                (false, true) => collector.cuda_detach(file.links.take().expect("attached")),
+                (true, false) => attach(collector, id, file),
+                _ => {}
             }
         }
         self.files.retain(|_, f| !f.pids.is_empty() || f.links.is_some());
-        self.stats.files = self.files.values().filter(|f| f.links.is_some()).count();
-        self.stats.probes = self.files.values().filter_map(|f| f.links.as_ref()).map(Links::len).sum();
-        self.stats.processes = self.by_pid.len();
     }
 
-    fn drain(&mut self, collector: &mut Collector, pipeline: &mut Pipeline, now_ns: u64) {
+    fn publish(&mut self) {
+        let libraries = self
+            .files
+            .values()
+            .map(|f| status::Library {
+                path: f.path.display().to_string(),
+                probes: f.probes.as_ref().map_or(0, |p| p.len() + p.iter().filter(|p| p.returns).count()),
+                processes: f.pids.len(),
+                fraction: f.duty.fraction(),
+                calls_per_sec: f.rate,
+                error: f.failed.clone(),
+            })
+            .collect();
+        let status = status::Status { libraries, ..self.status.clone() };
+        if status != self.status {
+            status.write(&self.data_dir);
+            self.status = status;
+        }
+    }
+
+    /// Drains the counts into the stores; returns each process's calls a second.
+    fn drain(
+        &mut self,
+        collector: &mut Collector,
+        pipeline: &mut Pipeline,
+        now_ns: u64,
+        elapsed: f64,
+    ) -> HashMap<u32, f64> {
+        let mut rates: HashMap<u32, f64> = HashMap::new();
         let drained = collector.cuda_drain();
         if drained.is_empty() {
-            return;
+            return rates;
         }
         let now = Instant::now();
         for d in drained {
+            *rates.entry(d.key.pid).or_default() += d.count.calls as f64 / elapsed;
             let (kind, weight) = match d.key.kind {
                 kind::LAUNCH => {
-                    self.stats.launches += d.count.calls;
+                    self.status.launches += d.count.calls;
                     (SampleKind::CudaLaunches, d.count.calls)
                 }
                 kind::SYNC => {
-                    self.stats.syncs += d.count.calls;
+                    self.status.syncs += d.count.calls;
                     (SampleKind::CudaSync, d.count.ns / 1_000)
                 }
                 kind::COPY => {
-                    self.stats.copies += d.count.calls;
+                    self.status.copies += d.count.calls;
                     (SampleKind::CudaCopies, d.count.bytes)
                 }
                 _ => continue,
+            };
+            // Counted part of the time (the guard): scaled to the whole time, and marked.
+            let duty = self.by_pid.get(&d.key.pid).and_then(|id| self.files.get(id)).map(|f| f.duty.clone());
+            let estimate = duty.filter(guard::DutyCycle::estimating);
+            let weight = match &estimate {
+                Some(d) => (weight as f64 / d.fraction()).round() as u64,
+                None => weight,
             };
             let sample = match self.stacks.get(&d.key.hash) {
                 Some(s) => Some(s.clone()),
@@ -255,9 +325,13 @@ impl Recorder {
                     s
                 }
                 None => {
-                    self.stats.stacks_lost += 1;
+                    self.status.stacks_lost += 1;
                     lost_stack(d.key.pid, d.key.tid, now_ns)
                 }
+            };
+            let sample = match &estimate {
+                Some(d) => estimated(sample, d.fraction()),
+                None => sample,
             };
             let Some(writer) = self.writer(kind) else { continue };
             let mut left = weight;
@@ -272,6 +346,7 @@ impl Recorder {
                 tracing::warn!(samples = kind.name(), error = %e, "cannot write CUDA counts; they are held and written later");
             }
         }
+        rates
     }
 
     fn writer(&mut self, kind: SampleKind) -> Option<&mut StoreWriter> {
@@ -293,6 +368,51 @@ impl Recorder {
 /// A record's bytes as the ring would carry them (the parser reads only what the header counts).
 fn record_bytes(r: &profiler_common::Record) -> &[u8] {
     unsafe { std::slice::from_raw_parts((r as *const profiler_common::Record).cast::<u8>(), size_of_val(r)) }
+}
+
+/// Attaches the probes to `file` (its functions read once), or records why not.
+fn attach(collector: &mut Collector, id: &FileId, file: &mut File) {
+    let probes = match &file.probes {
+        Some(p) => Ok(p.clone()),
+        None => library::probes(&file.path).map_err(|e| e.to_string()),
+    };
+    let attached = probes.and_then(|probes| {
+        let links = collector.cuda_attach(&file.path, &probes).map_err(|e| e.to_string());
+        file.probes = Some(probes);
+        links
+    });
+    match attached {
+        Ok(links) => {
+            if !file.duty.estimating() {
+                tracing::info!(
+                    library = %file.path.display(),
+                    inode = id.inode,
+                    probes = links.len(),
+                    processes = file.pids.len(),
+                    "CUDA driver library probed: launches, synchronisations and copies are counted per stack"
+                );
+            }
+            file.links = Some(links);
+        }
+        Err(e) => {
+            tracing::warn!(library = %file.path.display(), error = %e, "cannot probe the CUDA driver library");
+            file.failed = Some(e);
+        }
+    }
+}
+
+/// A sample counted while the guard had the probes on `fraction` of the time: its stack gets a
+/// root frame saying so, so estimates never merge with exact counts.
+fn estimated(mut s: Sample, fraction: f64) -> Sample {
+    let mark: Arc<str> = Arc::from(format!("[estimate: probes on {:.0} % of the time]", fraction * 100.0));
+    let mut stack = (*s.stack).clone();
+    stack.frames.insert(0, mark);
+    stack.user_len += 1;
+    if !stack.locations.is_empty() {
+        stack.locations.insert(0, Default::default());
+    }
+    s.stack = Arc::new(stack);
+    s
 }
 
 /// Counts whose stack the kernel's map dropped before the drain (more distinct stacks in a
@@ -321,9 +441,4 @@ fn all_pids() -> Vec<u32> {
 fn vm_pages(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
     text.split_ascii_whitespace().next()?.parse().ok()
-}
-
-/// `HashSet` of the pids a pipeline saw run, for [`Pipeline::active`].
-pub fn active_set() -> HashSet<u32> {
-    HashSet::new()
 }

@@ -19,6 +19,45 @@ pub fn xids(counts: &std::collections::BTreeMap<(u32, bool), u64>) -> String {
     out
 }
 
+/// The CUDA probes: calls counted by kind, the libraries probed and the rate guard's share.
+pub fn cuda(s: &crate::gpu::cuda::status::Status) -> String {
+    let mut out = String::new();
+    write_family(
+        &mut out,
+        "profiler_cuda_calls_total",
+        "counter",
+        "CUDA driver calls the probes counted since the start, by kind (launch, sync, copy).",
+        vec![
+            ("{kind=\"launch\"}".into(), s.launches as f64),
+            ("{kind=\"sync\"}".into(), s.syncs as f64),
+            ("{kind=\"copy\"}".into(), s.copies as f64),
+        ],
+    );
+    write_family(
+        &mut out,
+        "profiler_cuda_stacks_lost_total",
+        "counter",
+        "CUDA counts stored without their stack: more distinct stacks in a second than the kernel map holds.",
+        vec![(String::new(), s.stacks_lost as f64)],
+    );
+    let lib = |l: &crate::gpu::cuda::status::Library| format!("{{library=\"{}\"}}", escape_label(&l.path));
+    write_family(
+        &mut out,
+        "profiler_cuda_probe_attached_ratio",
+        "gauge",
+        "Share of the time the probes of a CUDA driver library are attached (below 1: the rate guard cut them and its counts are estimates).",
+        s.libraries.iter().map(|l| (lib(l), if l.error.is_some() { 0.0 } else { l.fraction })).collect(),
+    );
+    write_family(
+        &mut out,
+        "profiler_cuda_calls_per_second",
+        "gauge",
+        "The busiest process's CUDA calls a second through a library, last measured with its probes on.",
+        s.libraries.iter().map(|l| (lib(l), l.calls_per_sec)).collect(),
+    );
+    out
+}
+
 pub fn render(s: &State) -> String {
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| {

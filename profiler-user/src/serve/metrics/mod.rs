@@ -41,6 +41,8 @@ pub struct Depth {
 /// Updated by the daemon on every flush tick; read by the HTTP server.
 #[derive(Debug, Default, Clone)]
 pub struct Live {
+    /// The CUDA probes (`gpu::cuda`), when on.
+    pub cuda: Option<crate::gpu::cuda::status::Status>,
     /// Per CPU: busy samples, idle samples, lost samples (cumulative since start).
     pub cpus: BTreeMap<u32, (u64, u64, u64)>,
     /// Per CPU: losses by cause, stack capture failures, the throttling estimate.
@@ -125,6 +127,9 @@ pub fn render(l: &Live) -> String {
     }
     if let Some(gpu) = &l.gpu {
         out.push_str(&gpu::render(&gpu.lock().unwrap_or_else(|p| p.into_inner())));
+    }
+    if let Some(cuda) = &l.cuda {
+        out.push_str(&gpu::cuda(cuda));
     }
     memory::render(&mut out);
     out

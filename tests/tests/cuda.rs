@@ -1,0 +1,235 @@
+//! CUDA launches, synchronisations and copies attributed to stacks (issue 27), on a machine
+//! without a GPU: a stand-in `libcuda.so.1` (tests/cuda/standin.c; launches return at once,
+//! synchronisations sleep) loaded by a Python program with ctypes. Only NVIDIA's library is
+//! replaced: the uprobes, the kernel, the unwinder and the Python frame reader are real.
+
+use std::{path::Path, time::Duration};
+
+use integration_tests::{Daemon, cuda, folded, privileged, wait_for_every};
+
+/// The daemon's view of the CUDA probes (`DATA_DIR/cuda.json`).
+fn status(data: &Path) -> serde_json::Value {
+    std::fs::read(data.join("cuda.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
+/// Waits until the daemon has probed `n` library files.
+fn wait_probed(data: &Path, n: usize) {
+    wait_for_every("the CUDA library probed", Duration::from_secs(20), Duration::from_millis(100), || {
+        let s = status(data);
+        let libs = s["libraries"].as_array()?;
+        let probed = libs.iter().filter(|l| l["error"].is_null() && l["probes"].as_u64().unwrap_or(0) > 0).count();
+        (probed == n).then_some(())
+    });
+}
+
+/// The total of `kind`'s folded counts for `pid` in stacks through `function`.
+fn total(data: &Path, kind: &str, pid: u32, function: &str) -> u64 {
+    let dir = data.to_str().unwrap();
+    let pid = pid.to_string();
+    folded(dir, &["--samples", kind, "--from", "-5m", "--pid", &pid])
+        .unwrap_or_default()
+        .iter()
+        .filter(|(stack, _)| function.is_empty() || stack.split(';').any(|f| f.starts_with(&format!("{function} ("))))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Waits until `kind`'s count through `function` reaches `want` (drained once a second), then
+/// gives the count as it stands a drain later (so a count past `want` shows).
+fn settled(data: &Path, kind: &str, pid: u32, function: &str, want: u64) -> u64 {
+    wait_for_every(
+        &format!("{want} {kind} in {function}"),
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || (total(data, kind, pid, function) >= want).then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    total(data, kind, pid, function)
+}
+
+/// Every launch and copy of the app counted, whatever the stacks (the first calls of a process
+/// the daemon had not described yet have no Python frames).
+fn check_totals(data: &Path, app: &mut cuda::App) {
+    let pid = app.pid();
+    app.go();
+    let all = |kind: &str, want: u64| {
+        wait_for_every(&format!("{want} {kind}"), Duration::from_secs(20), Duration::from_millis(250), || {
+            (total(data, kind, pid, "") >= want).then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        total(data, kind, pid, "")
+    };
+    assert_eq!(all("cuda-launches", 5000), 5000, "launches");
+    assert_eq!(all("cuda-copies", 100 << 20), 100 << 20, "bytes copied");
+}
+
+fn check_exact(data: &Path, app: &mut cuda::App) {
+    let pid = app.pid();
+    let report = app.go();
+    assert_eq!(settled(data, "cuda-launches", pid, "launch_direct", 3000), 3000, "cuLaunchKernelEx calls");
+    // One launch passes through cuLaunchKernel and cuLaunchKernelEx: counted once.
+    assert_eq!(settled(data, "cuda-launches", pid, "launch_nested", 2000), 2000, "cuLaunchKernel calls");
+    assert_eq!(settled(data, "cuda-copies", pid, "copy_up", 100 << 20), 100 << 20, "bytes copied");
+    let measured = report["blocked_us"].as_f64().unwrap();
+    let blocked = settled(data, "cuda-sync", pid, "wait_gpu", (measured * 0.95) as u64) as f64;
+    assert!(
+        (blocked - measured).abs() <= measured * 0.05,
+        "blocked {blocked} µs counted against {measured} µs measured by the program"
+    );
+}
+
+#[test]
+fn launches_copies_and_waits_are_counted_per_python_function_exactly() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
+    daemon.wait_ready();
+    let mut app = cuda::App::start(&lib, &[], 2000);
+    wait_probed(&data, 1);
+    check_exact(&data, &mut app);
+    // The page's selector and the exports read the same stores.
+    let out = integration_tests::profiler(&[
+        "export",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        "-5m",
+        "--to",
+        "now",
+        "--samples",
+        "cuda-sync",
+        "--format",
+        "pprof",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    app.finish();
+    daemon.stop();
+}
+
+#[test]
+fn a_process_that_mapped_the_library_before_the_daemon_started_is_probed() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let mut app = cuda::App::start(&lib, &[], 1000);
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
+    daemon.wait_ready();
+    wait_probed(&data, 1);
+    check_totals(&data, &mut app);
+    app.finish();
+    daemon.stop();
+}
+
+#[test]
+fn a_library_loaded_later_is_probed_within_a_second() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
+    daemon.wait_ready();
+    let mut app = cuda::App::start(&lib, &["--late", "--rate", "2000"], 1000);
+    let pid = app.pid();
+    let report = app.go();
+    let made = report["launches"].as_u64().unwrap();
+    // Launches made more than a second after the dlopen: every one of them must be counted.
+    let tenths = report["after_tenths"].as_array().unwrap();
+    let start = report["start"].as_f64().unwrap();
+    let loaded = report["loaded_at"].as_f64().unwrap();
+    let second = (((loaded + 1.0 - start) * 10.0).ceil().max(0.0) as usize).min(tenths.len() - 1);
+    let after_a_second = made - tenths[second].as_u64().unwrap();
+    let counted = settled(&data, "cuda-launches", pid, "launch_steady", after_a_second);
+    assert!(counted <= made, "{counted} counted, {made} made");
+    eprintln!("dlopen then {made} launches in 4 s; {after_a_second} made a second or more after it; {counted} counted");
+    app.finish();
+    daemon.stop();
+}
+
+#[test]
+fn probes_go_when_the_last_process_exits_and_come_back_with_the_next() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
+    daemon.wait_ready();
+    let app = cuda::App::start(&lib, &[], 1000);
+    wait_probed(&data, 1);
+    app.finish();
+    wait_for_every("the probes removed", Duration::from_secs(20), Duration::from_millis(100), || {
+        let gone = status(&data)["libraries"].as_array().is_some_and(|l| l.is_empty());
+        (gone && daemon.log_text().contains("no process maps the CUDA library any more: probes removed")).then_some(())
+    });
+    let mut again = cuda::App::start(&lib, &[], 1000);
+    wait_probed(&data, 1);
+    check_exact(&data, &mut again);
+    again.finish();
+    daemon.stop();
+}
+
+#[test]
+fn two_processes_with_two_copies_of_the_library_are_both_probed() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(a) = cuda::build_or_skip(&tmp.path().join("a"), "cuda") else { return };
+    let Some(b) = cuda::build_or_skip(&tmp.path().join("b"), "cuda") else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
+    daemon.wait_ready();
+    let mut first = cuda::App::start(&a, &[], 1000);
+    let mut second = cuda::App::start(&b, &[], 1000);
+    wait_probed(&data, 2);
+    check_exact(&data, &mut first);
+    check_exact(&data, &mut second);
+    first.finish();
+    second.finish();
+    daemon.stop();
+}
+
+#[test]
+fn the_rate_guard_engages_past_its_limit_and_says_so() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off", "--cuda-max-calls-per-sec", "500"]);
+    daemon.wait_ready();
+    let mut app = cuda::App::start(&lib, &["--rate", "3000"], 1000);
+    wait_probed(&data, 1);
+    let pid = app.pid();
+    app.go();
+    let log = wait_for_every("the guard's warning", Duration::from_secs(20), Duration::from_millis(100), || {
+        let log = daemon.log_text();
+        log.contains("CUDA calls faster than the probes' budget").then_some(log)
+    });
+    assert!(log.contains("attached_percent"), "{log}");
+    let s = status(&data);
+    let fraction = s["libraries"][0]["fraction"].as_f64().unwrap();
+    assert!(fraction < 1.0, "{s}");
+    let dir = data.to_str().unwrap();
+    let lines = folded(dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()]).unwrap();
+    assert!(
+        lines.iter().any(|(stack, _)| stack.contains("[estimate: probes on")),
+        "counts made while duty-cycled are marked as estimates: {lines:?}"
+    );
+    let text =
+        String::from_utf8_lossy(&integration_tests::profiler(&["status", "--data-dir", dir]).stdout).into_owned();
+    assert!(text.contains("counts are estimates"), "{text}");
+    app.finish();
+    daemon.stop();
+}
