@@ -78,8 +78,18 @@ impl App {
 
     /// Tells it to launch; returns its report.
     pub fn go(&mut self) -> serde_json::Value {
+        self.start_work();
+        self.report()
+    }
+
+    /// Tells it to launch, without waiting for it to finish.
+    pub fn start_work(&mut self) {
         let stdin = self.stdin.as_mut().expect("stdin open");
         stdin.write_all(b"go\n").and_then(|()| stdin.flush()).expect("tell the app to go");
+    }
+
+    /// Its report, when it finished.
+    pub fn report(&mut self) -> serde_json::Value {
         let line = self.line();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("the app's report {line:?}: {e}"))
     }

@@ -5,7 +5,11 @@
 
 use std::{path::Path, time::Duration};
 
-use integration_tests::{Daemon, cuda, folded, privileged, wait_for_every};
+use integration_tests::{
+    Daemon, cuda, folded,
+    nvml::{StandIn, h100},
+    privileged, profiler, wait_for_every,
+};
 
 /// The daemon's view of the CUDA probes (`DATA_DIR/cuda.json`).
 fn status(data: &Path) -> serde_json::Value {
@@ -92,7 +96,7 @@ fn launches_copies_and_waits_are_counted_per_python_function_exactly() {
     wait_probed(&data, 1);
     check_exact(&data, &mut app);
     // The page's selector and the exports read the same stores.
-    let out = integration_tests::profiler(&[
+    let out = profiler(&[
         "export",
         "--data-dir",
         data.to_str().unwrap(),
@@ -227,9 +231,88 @@ fn the_rate_guard_engages_past_its_limit_and_says_so() {
         lines.iter().any(|(stack, _)| stack.contains("[estimate: probes on")),
         "counts made while duty-cycled are marked as estimates: {lines:?}"
     );
-    let text =
-        String::from_utf8_lossy(&integration_tests::profiler(&["status", "--data-dir", dir]).stdout).into_owned();
+    let text = String::from_utf8_lossy(&profiler(&["status", "--data-dir", dir]).stdout).into_owned();
     assert!(text.contains("counts are estimates"), "{text}");
     app.finish();
+    daemon.stop();
+}
+
+/// The findings of `kind` as JSON, once one exists (30 s at most).
+fn wait_finding(data: &Path, kind: &str, daemon: &Daemon) -> serde_json::Value {
+    let dir = data.to_str().unwrap();
+    let found = std::cell::RefCell::new(None);
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for_every(&format!("a {kind} finding"), Duration::from_secs(40), Duration::from_millis(500), || {
+            let out = profiler(&["findings", "--data-dir", dir, "--from", "-10m", "--format", "json"]);
+            let all: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let f = all.into_iter().find(|f| f["kind"] == kind)?;
+            *found.borrow_mut() = Some(f);
+            Some(())
+        })
+    }));
+    if ok.is_err() {
+        let all = profiler(&["findings", "--data-dir", dir, "--from", "-10m"]);
+        panic!("no {kind} finding; findings:\n{}\nlog:\n{}", String::from_utf8_lossy(&all.stdout), daemon.log_text());
+    }
+    found.into_inner().expect("found")
+}
+
+#[test]
+fn a_thread_waiting_on_an_idle_gpu_is_a_sync_stall_naming_the_line_that_waits() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, "cuda") else { return };
+    // Each wait 20 ms after 1 ms of work: the thread waits about 95 % of its time.
+    let mut app = cuda::App::start(&lib, &["--stall", "40"], 20_000);
+    nvml.say(&h100(8, &[app.pid()], 0));
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off", "--nvml-library", nvml.lib_str()]);
+    daemon.wait_ready();
+    wait_probed(&data, 1);
+    app.start_work();
+    let f = wait_finding(&data, "gpu-sync-stall", &daemon);
+    let summary = f["summary"].as_str().unwrap();
+    assert!(summary.contains("waited on GPU 0"), "{summary}");
+    assert!(summary.contains("log_loss (") && summary.contains("cuda_app.py:"), "names the Python line: {summary}");
+    assert_eq!(f["evidence"]["pid"], app.pid(), "{f}");
+    assert!(f["evidence"]["blocked_share"].as_f64().unwrap() >= 0.5, "{f}");
+    drop(app);
+    daemon.stop();
+}
+
+#[test]
+fn a_launch_bound_finding_gives_the_launch_rate_and_the_line_that_launches() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, "cuda") else { return };
+    let mut app = cuda::App::start(&lib, &["--launch-bound", "40"], 1000);
+    nvml.say(&h100(8, &[app.pid()], 0));
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(
+        &data,
+        &["--listen", "off", "--nvml-library", nvml.lib_str(), "--cuda-max-calls-per-sec", "10000000"],
+    );
+    daemon.wait_ready();
+    wait_probed(&data, 1);
+    app.start_work();
+    // The figures come with the finding's updates: wait for a summary that has them.
+    let summary =
+        wait_for_every("launch figures in the finding", Duration::from_secs(60), Duration::from_millis(500), || {
+            let f = wait_finding(&data, "gpu-launch-bound", &daemon);
+            let s = f["summary"].as_str()?.to_string();
+            s.contains("launches/s").then_some(s)
+        });
+    assert!(
+        summary.contains("train_step (") && summary.contains("cuda_app.py:"),
+        "names the launching line: {summary}"
+    );
+    assert!(summary.contains("one every"), "{summary}");
+    drop(app);
     daemon.stop();
 }

@@ -12,6 +12,9 @@ samples it, prints "ready", waits for a line "go" on stdin, then calls:
 then prints one JSON line with what it did, and waits for stdin to close before exiting.
 With --rate N it instead launches from launch_steady at N a second for 4 s and prints, in the
 JSON line, when it loaded the library and how many launches it made after each 100 ms.
+With --stall S it spends S seconds in a step that computes 1 ms and then waits on the GPU
+(log_loss: cuStreamSynchronize); with --launch-bound S, S seconds in a step that launches
+kernels one by one between bits of Python work (train_step).
 """
 import ctypes
 import json
@@ -70,6 +73,37 @@ def launch_steady(lib, rate, seconds):
     return start, n, after
 
 
+def log_loss(lib):
+    lib.cuStreamSynchronize(None)
+
+
+def stall(lib, seconds):
+    end = time.perf_counter() + seconds
+    steps = 0
+    while time.perf_counter() < end:
+        spin(0.001)
+        log_loss(lib)
+        steps += 1
+    return steps
+
+
+def train_step(lib):
+    x = 0
+    for _ in range(8):
+        lib.cuLaunchKernelEx(None, None, None, None)
+        x += sum(range(200))
+    return x
+
+
+def launch_bound(lib, seconds):
+    end = time.perf_counter() + seconds
+    steps = 0
+    while time.perf_counter() < end:
+        train_step(lib)
+        steps += 1
+    return steps * 8
+
+
 def main():
     path = sys.argv[1]
     late = "--late" in sys.argv
@@ -84,7 +118,13 @@ def main():
         lib = ctypes.CDLL(path)
     else:
         loaded_at = None
-    if rate:
+    if "--stall" in sys.argv:
+        steps = stall(lib, float(sys.argv[sys.argv.index("--stall") + 1]))
+        print(json.dumps({"steps": steps}), flush=True)
+    elif "--launch-bound" in sys.argv:
+        n = launch_bound(lib, float(sys.argv[sys.argv.index("--launch-bound") + 1]))
+        print(json.dumps({"launches": n}), flush=True)
+    elif rate:
         start, n, after = launch_steady(lib, rate, 4.0)
         print(json.dumps({"loaded_at": loaded_at, "start": start, "launches": n, "after_tenths": after}), flush=True)
     else:

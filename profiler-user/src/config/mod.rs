@@ -133,6 +133,7 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     share("detect.gpu_idle_below", t.gpu_idle_below, false)?;
     int("detect.gpu_secs", t.gpu_secs.into(), 1..=600, "1 to 600 seconds")?;
     share("detect.gpu_cpu_busy", t.gpu_cpu_busy, false)?;
+    share("detect.gpu_sync_share", t.gpu_sync_share, false)?;
     Ok(())
 }
 

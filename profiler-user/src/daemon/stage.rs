@@ -417,7 +417,7 @@ impl Stage {
             }
             collector.next_epoch();
             if let Some(c) = self.cuda.as_mut() {
-                c.tick(collector, &mut self.pipeline, now);
+                changes.extend(c.tick(collector, &mut self.pipeline, now));
             }
         }
         self.pipeline.offset = clock::boot_to_unix_offset();

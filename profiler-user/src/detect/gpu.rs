@@ -32,6 +32,9 @@ pub struct Input<'a> {
     pub inventory: &'a Inventory,
     /// `/proc` (a directory laid out like it in tests): parents of the busy processes.
     pub proc: &'a Path,
+    /// Per process, its CUDA launches over the latest window (`detect::cuda`; empty without
+    /// the probes).
+    pub launches: &'a HashMap<u32, super::cuda::LaunchFigures>,
 }
 
 /// Functions kept per run at most (the rest are not counted).
@@ -54,6 +57,11 @@ struct Run {
     clock_sum: f64,
     clock_n: u64,
     clock_max: f64,
+    /// The holders' CUDA launches a second (sum over the seconds that had figures, and how
+    /// many), and the Python line that launched most at the latest.
+    launches_sum: f64,
+    launches_n: u64,
+    launch_line: Option<(Arc<str>, f64)>,
 }
 
 #[derive(Debug, Default)]
@@ -111,7 +119,7 @@ impl GpuDetect {
             let Some(util) = g.util else { continue };
             let idle = util < t.gpu_idle_below * 100.0;
             if idle && !g.holders.is_empty() {
-                if let Some(kind) = self.feed(now, g, util, input.proc, &mut parents, m, t) {
+                if let Some(kind) = self.feed(now, g, util, input.proc, input.launches, &mut parents, m, t) {
                     seen.push((g.index, kind));
                 }
             } else if !idle && g.slowed_polls * 2 > g.polls {
@@ -148,6 +156,7 @@ impl GpuDetect {
         g: &GpuSecond,
         util: f64,
         proc: &Path,
+        launches: &HashMap<u32, super::cuda::LaunchFigures>,
         parents: &mut HashMap<u32, Option<u32>>,
         m: Machine,
         t: &Thresholds,
@@ -203,6 +212,16 @@ impl GpuDetect {
         let run = self.runs.entry((g.index, kind)).or_default();
         if run.seconds == 0 {
             run.start_ns = now.start_ns;
+        }
+        let figures: Vec<&super::cuda::LaunchFigures> = g.holders.iter().filter_map(|p| launches.get(p)).collect();
+        if !figures.is_empty() {
+            run.launches_sum += figures.iter().map(|f| f.per_sec).sum::<f64>();
+            run.launches_n += 1;
+            if let Some(best) =
+                figures.iter().filter(|f| f.top_line.is_some()).max_by(|a, b| a.per_sec.total_cmp(&b.per_sec))
+            {
+                run.launch_line = best.top_line.clone();
+            }
         }
         run.seconds += 1;
         run.util_sum += util;
@@ -276,14 +295,27 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
                 ),
             )
         }
-        Kind::GpuLaunchBound => (
-            Severity::Warning,
-            format!(
-                "{name} while {} kept a core busy itself{lead_text}: kernels are launched one by one; look next: \
-                 CUDA graphs, larger batches, a compiled model",
-                procs.first().map_or("the process holding it".to_string(), |p| p.who(""))
-            ),
-        ),
+        Kind::GpuLaunchBound => {
+            // With the CUDA probes: how fast it launches, and from where.
+            let rate = (run.launches_n > 0).then(|| run.launches_sum / run.launches_n as f64);
+            let launch_text = match (rate, &run.launch_line) {
+                (Some(r), Some((line, share))) if r > 0.0 => format!(
+                    ", {r:.0} launches/s (one every {:.0} µs), {} of them from {line}",
+                    1e6 / r,
+                    percent(*share)
+                ),
+                (Some(r), None) if r > 0.0 => format!(", {r:.0} launches/s (one every {:.0} µs)", 1e6 / r),
+                _ => String::new(),
+            };
+            (
+                Severity::Warning,
+                format!(
+                    "{name} while {} kept a core busy itself{lead_text}{launch_text}: kernels are launched one by \
+                     one; look next: CUDA graphs, larger batches, a compiled model",
+                    procs.first().map_or("the process holding it".to_string(), |p| p.who(""))
+                ),
+            )
+        }
         _ => {
             // The SM clock against the highest this daemon saw: how much "held down" costs.
             let clock = (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64);
@@ -325,6 +357,8 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
             "clock_event_reasons": crate::gpu::reason_names(run.reasons),
             "sm_clock_mhz": (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64),
             "sm_clock_max_mhz": (run.clock_max > 0.0).then_some(run.clock_max),
+            "launches_per_sec": (run.launches_n > 0).then(|| run.launches_sum / run.launches_n as f64),
+            "top_launch_line": run.launch_line.as_ref().map(|(l, s)| json!({"line": &**l, "share": s})),
             "since_ns": run.start_ns,
             "until_ns": run.start_ns + secs * NS_PER_SEC,
         }),

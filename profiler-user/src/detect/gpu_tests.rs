@@ -9,6 +9,7 @@ use crate::{
     gpu::{GpuInfo, GpuSecond, Inventory},
     model::Stack,
 };
+use std::collections::HashMap;
 
 const HZ: u64 = 99;
 const M: Machine = Machine { cpus: 4, frequency_hz: HZ };
@@ -70,7 +71,7 @@ fn run(proc: &Path, secs: u64, gpus: &[GpuSecond], busy: &[(usize, u32, &str, &[
     let inv = inventory();
     let mut last = Vec::new();
     for s in 0..secs {
-        let input = Input { gpus, inventory: &inv, proc };
+        let input = Input { gpus, inventory: &inv, proc, launches: &HashMap::new() };
         last = d.evaluate(&second(1000 + s, busy), &input, M, &Thresholds::default());
     }
     last
@@ -133,13 +134,18 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
     let mut d = GpuDetect::default();
     let inv = inventory();
     let free = [gpu(50.0, &[812], 0)];
-    d.evaluate(&second(0, &[]), &Input { gpus: &free, inventory: &inv, proc: tree.path() }, M, &Thresholds::default());
+    d.evaluate(
+        &second(0, &[]),
+        &Input { gpus: &free, inventory: &inv, proc: tree.path(), launches: &HashMap::new() },
+        M,
+        &Thresholds::default(),
+    );
     let held = [gpu(97.0, &[812], 9)];
     let mut out = Vec::new();
     for s in 1..=10 {
         out = d.evaluate(
             &second(s, &[]),
-            &Input { gpus: &held, inventory: &inv, proc: tree.path() },
+            &Input { gpus: &held, inventory: &inv, proc: tree.path(), launches: &HashMap::new() },
             M,
             &Thresholds::default(),
         );
@@ -152,7 +158,7 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
         let g = [gpu(97.0, &[812], if s == 6 { 0 } else { 9 })];
         let out = d.evaluate(
             &second(s, &[]),
-            &Input { gpus: &g, inventory: &inv, proc: tree.path() },
+            &Input { gpus: &g, inventory: &inv, proc: tree.path(), launches: &HashMap::new() },
             M,
             &Thresholds::default(),
         );
@@ -200,7 +206,7 @@ fn a_gpu_bound_run_at_its_power_cap_raises_no_finding() {
         };
         let Some((start, gpus)) = fold.add(1_795_000_000 * NS_PER_SEC + poll * 100_000_000, &[r]) else { continue };
         assert_eq!((gpus[0].slowed_polls, gpus[0].reasons), (0, 0x4), "the power cap is not a slowdown");
-        let input = Input { gpus: &gpus, inventory: &inv, proc: tree.path() };
+        let input = Input { gpus: &gpus, inventory: &inv, proc: tree.path(), launches: &HashMap::new() };
         let out = d.evaluate(&second(start / NS_PER_SEC, busy), &input, M, &Thresholds::default());
         assert!(out.is_empty(), "second {seconds} of a GPU-bound run: {out:?}");
         seconds += 1;

@@ -13,6 +13,7 @@
 //! - `gpu`: a GPU idle while its feeders' CPUs are saturated (input pipeline, launch thread),
 //!   or busy with its clocks held down; a fatal Xid in the kernel log (`gpu::xid`).
 
+pub mod cuda;
 pub mod gpu;
 pub mod hotfunc;
 pub mod lockspin;
@@ -47,6 +48,7 @@ pub enum Kind {
     GpuLaunchBound,
     GpuThrottled,
     GpuFault,
+    GpuSyncStall,
 }
 
 impl Kind {
@@ -64,11 +66,12 @@ impl Kind {
             Kind::GpuLaunchBound => "gpu-launch-bound",
             Kind::GpuThrottled => "gpu-throttled",
             Kind::GpuFault => "gpu-fault",
+            Kind::GpuSyncStall => "gpu-sync-stall",
         }
     }
 
     /// Every kind, in declaration order (metrics list them all, open or not).
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::SaturatedCore,
         Kind::HotKernelFunction,
         Kind::NetrxStarvation,
@@ -81,6 +84,7 @@ impl Kind {
         Kind::GpuLaunchBound,
         Kind::GpuThrottled,
         Kind::GpuFault,
+        Kind::GpuSyncStall,
     ];
 }
 
@@ -207,6 +211,7 @@ pub struct Engine {
     /// What the GPU poller read (set by the daemon when GPU tracks are on).
     pub gpu: Option<crate::gpu::Shared>,
     gpu_detect: gpu::GpuDetect,
+    cuda_detect: cuda::CudaDetect,
 }
 
 /// What changed in one evaluation.
@@ -247,6 +252,7 @@ impl Engine {
             interrupts: Default::default(),
             gpu: None,
             gpu_detect: gpu::GpuDetect::default(),
+            cuda_detect: cuda::CudaDetect::default(),
         }
     }
 
@@ -428,7 +434,12 @@ impl Engine {
                 let state = shared.lock().unwrap_or_else(|p| p.into_inner());
                 let now = self.history.back().expect("pushed");
                 if let Some(gpus) = state.second(now.start_ns) {
-                    let input = gpu::Input { gpus, inventory: &state.inventory, proc: std::path::Path::new("/proc") };
+                    let input = gpu::Input {
+                        gpus,
+                        inventory: &state.inventory,
+                        proc: std::path::Path::new("/proc"),
+                        launches: &self.cuda_detect.launches,
+                    };
                     active.extend(self.gpu_detect.evaluate(now, &input, self.machine, &self.thresholds));
                 }
             }
@@ -472,6 +483,16 @@ impl Engine {
 
     /// Runs the CFS throttling detector on the cgroups read by the upkeep stage (`None`: they
     /// could not be read; open throttling findings then close).
+    /// One drain of the CUDA probes (`gpu::cuda`): `threads`' calls over `secs` ending at `now_ns`.
+    pub fn check_cuda(&mut self, now_ns: u64, secs: f64, threads: Vec<cuda::CudaThread>) -> Changes {
+        let mut changes = Changes::default();
+        let state = self.gpu.as_ref().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()));
+        let active = self.cuda_detect.evaluate(now_ns, secs, threads, state.as_deref(), &self.thresholds);
+        drop(state);
+        self.reconcile(active, now_ns, Some(&[Kind::GpuSyncStall]), &mut changes);
+        changes
+    }
+
     pub fn check_throttle(&mut self, now_ns: u64, readings: Option<Vec<throttle::scan::Reading>>) -> Changes {
         let mut changes = Changes::default();
         let active = self.throttle.evaluate(now_ns, readings, &self.thresholds);

@@ -61,6 +61,9 @@ pub struct Thresholds {
     /// ...while its feeders keep a CPU (or one process a core) at least this busy. A DataLoader
     /// worker in a CPU-bound transform shows 97-99 % of a core (issue 26's H100 node).
     pub gpu_cpu_busy: f64,
+    /// `gpu-sync-stall`: a thread blocked in CUDA synchronisation at least this share of its
+    /// time over `gpu_secs` while its GPU is below `gpu_idle_below`.
+    pub gpu_sync_share: f64,
 }
 
 impl Default for Thresholds {
@@ -89,6 +92,7 @@ impl Default for Thresholds {
             gpu_idle_below: 0.5,
             gpu_secs: 10,
             gpu_cpu_busy: 0.9,
+            gpu_sync_share: 0.5,
         }
     }
 }

@@ -32,6 +32,10 @@ use crate::{
         Collector,
         cuda::{Links, Probe},
     },
+    detect::{
+        Changes,
+        cuda::{CudaThread, python_line},
+    },
     model::{Sample, SampleKind},
     pipeline::Pipeline,
     store::StoreWriter,
@@ -118,9 +122,9 @@ impl Recorder {
 
     /// Once a second: looks at the processes that ran, attaches and detaches, drains the counts
     /// into the stores. `now_ns`: wall-clock time the drained counts are stamped with.
-    pub fn tick(&mut self, collector: &mut Collector, pipeline: &mut Pipeline, now_ns: u64) {
+    pub fn tick(&mut self, collector: &mut Collector, pipeline: &mut Pipeline, now_ns: u64) -> Changes {
         if !collector.cuda_ready() {
-            return;
+            return Changes::default();
         }
         // Every tick: the processes that ran, and probes for a library first seen (a `dlopen`
         // is probed within the tick); the counts and the guard once a second.
@@ -143,7 +147,7 @@ impl Recorder {
             self.attach_new(collector);
         }
         if self.last_drain.elapsed() < DRAIN_EVERY {
-            return;
+            return Changes::default();
         }
         let elapsed = self.last_drain.elapsed().as_secs_f64().max(0.001);
         self.last_drain = Instant::now();
@@ -156,9 +160,10 @@ impl Recorder {
             }
             self.sizes.retain(|p, _| Path::new(&format!("/proc/{p}")).exists());
         }
-        let rates = self.drain(collector, pipeline, now_ns, elapsed);
+        let (rates, threads) = self.drain(collector, pipeline, now_ns, elapsed);
         self.attach_and_detach(collector, &rates);
         self.publish();
+        pipeline.engine.check_cuda(now_ns, elapsed, threads)
     }
 
     /// Reads the maps of `pid` if its size changed since the last look; true when it maps the
@@ -267,18 +272,20 @@ impl Recorder {
         }
     }
 
-    /// Drains the counts into the stores; returns each process's calls a second.
+    /// Drains the counts into the stores; returns each process's calls a second, and each
+    /// thread's calls for the detectors.
     fn drain(
         &mut self,
         collector: &mut Collector,
         pipeline: &mut Pipeline,
         now_ns: u64,
         elapsed: f64,
-    ) -> HashMap<u32, f64> {
+    ) -> (HashMap<u32, f64>, Vec<CudaThread>) {
         let mut rates: HashMap<u32, f64> = HashMap::new();
+        let mut threads: BTreeMap<u32, CudaThread> = BTreeMap::new();
         let drained = collector.cuda_drain();
         if drained.is_empty() {
-            return rates;
+            return (rates, Vec::new());
         }
         let now = Instant::now();
         for d in drained {
@@ -301,10 +308,8 @@ impl Recorder {
             // Counted part of the time (the guard): scaled to the whole time, and marked.
             let duty = self.by_pid.get(&d.key.pid).and_then(|id| self.files.get(id)).map(|f| f.duty.clone());
             let estimate = duty.filter(guard::DutyCycle::estimating);
-            let weight = match &estimate {
-                Some(d) => (weight as f64 / d.fraction()).round() as u64,
-                None => weight,
-            };
+            let scale = estimate.as_ref().map_or(1.0, |d| 1.0 / d.fraction());
+            let weight = (weight as f64 * scale).round() as u64;
             let sample = match self.stacks.get(&d.key.hash) {
                 Some(s) => Some(s.clone()),
                 None => match collector.cuda_stack(d.key.hash) {
@@ -329,6 +334,30 @@ impl Recorder {
                     lost_stack(d.key.pid, d.key.tid, now_ns)
                 }
             };
+            let th = threads.entry(d.key.tid).or_insert_with(|| CudaThread {
+                pid: d.key.pid,
+                tid: d.key.tid,
+                comm: sample.comm.clone(),
+                workload: sample.workload.clone(),
+                ..Default::default()
+            });
+            let line = python_line(sample.stack.user());
+            match d.key.kind {
+                kind::LAUNCH => {
+                    th.launches += weight;
+                    if let Some(l) = line {
+                        th.launch_lines.push((l, weight));
+                    }
+                }
+                kind::SYNC => {
+                    let ns = (d.count.ns as f64 * scale) as u64;
+                    th.sync_ns += ns;
+                    if let Some(l) = line {
+                        th.sync_lines.push((l, ns));
+                    }
+                }
+                _ => {}
+            }
             let sample = match &estimate {
                 Some(d) => estimated(sample, d.fraction()),
                 None => sample,
@@ -346,7 +375,7 @@ impl Recorder {
                 tracing::warn!(samples = kind.name(), error = %e, "cannot write CUDA counts; they are held and written later");
             }
         }
-        rates
+        (rates, threads.into_values().collect())
     }
 
     fn writer(&mut self, kind: SampleKind) -> Option<&mut StoreWriter> {
