@@ -109,8 +109,11 @@ pub struct Pending {
     pub _pad: u32,
 }
 
-pub const CUDA_STACKS_MAX: u32 = 1024;
-pub const CUDA_COUNTS_MAX: u32 = 8192;
+/// Sized to the memory budget's `OTHER_MAPS` (about 2.8 MiB together, measured from the maps'
+/// `memlock`): a stack stays while it is used (LRU), so this bounds the distinct stacks calling
+/// within one drain, not over time.
+pub const CUDA_STACKS_MAX: u32 = 512;
+pub const CUDA_COUNTS_MAX: u32 = 4096;
 pub const CUDA_PENDING_MAX: u32 = 4096;
 const _: () = assert!(COMM_LEN == 16);
 

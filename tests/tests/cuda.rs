@@ -95,6 +95,21 @@ fn launches_copies_and_waits_are_counted_per_python_function_exactly() {
     let mut app = cuda::App::start(&lib, &[], 2000);
     wait_probed(&data, 1);
     check_exact(&data, &mut app);
+    // Launches a second per process, as a counter track beside the GPUs'.
+    let track = format!("cuda.{}.launches", app.pid());
+    let out = profiler(&[
+        "counters",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        "-5m",
+        "--name",
+        "cuda*",
+        "--format",
+        "json",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains(&track), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     // The page's selector and the exports read the same stores.
     let out = profiler(&[
         "export",

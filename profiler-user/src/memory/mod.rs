@@ -22,7 +22,9 @@ pub const DEFAULT_LIMIT: u64 = 256 * MIB;
 /// the async runtime, the store writer's open block, the detectors' windows and the ring
 /// reader's batches. Measured: 30-35 MiB RSS on an idle 2-CPU node (BENCHMARKS.md, overhead).
 pub const BASE: u64 = 40 * MIB;
-/// BPF maps besides the unwind rows and the ring: stack scratch, process tables, histograms.
+/// BPF maps besides the unwind rows and the ring: stack scratch, process tables, histograms
+/// (about 3 MiB), the CUDA probes' stacks and counts (about 2.8 MiB). Measured from the maps'
+/// `memlock` in `/proc/PID/fdinfo`: 5.9 MiB together.
 pub const OTHER_MAPS: u64 = 8 * MIB;
 /// The least the pools may have together; below it the daemon refuses to start.
 pub const MIN_POOLS: u64 = 24 * MIB;

@@ -47,6 +47,8 @@ pub const DRAIN_EVERY: Duration = Duration::from_secs(1);
 /// How often the processes holding probed files are checked for life (their exit event may be
 /// lost).
 const ALIVE_EVERY: Duration = Duration::from_secs(5);
+/// Processes given tracks per drain at most (the busiest launchers).
+const TRACKS_MAX: usize = 32;
 /// Stacks kept symbolized between drains (a launch site is drained every second for as long as
 /// it launches).
 const STACKS_KEPT: usize = 4096;
@@ -80,6 +82,9 @@ pub struct Recorder {
     last_drain: Instant,
     last_alive: Instant,
     max_calls_per_sec: f64,
+    /// `cuda.<pid>.launches` and `cuda.<pid>.sync_ms` tracks, beside the GPUs' (`None` until
+    /// the first drain with counts, or when the counters directory cannot be written).
+    tracks: Option<crate::store::counters::CountersWriter>,
     pub status: status::Status,
 }
 
@@ -97,6 +102,7 @@ impl Recorder {
             last_drain: Instant::now(),
             last_alive: Instant::now(),
             max_calls_per_sec,
+            tracks: None,
             status: status::Status { max_calls_per_sec, ..Default::default() },
         }
     }
@@ -161,6 +167,7 @@ impl Recorder {
             self.sizes.retain(|p, _| Path::new(&format!("/proc/{p}")).exists());
         }
         let (rates, threads) = self.drain(collector, pipeline, now_ns, elapsed);
+        self.write_tracks(&threads, now_ns, elapsed);
         self.attach_and_detach(collector, &rates);
         self.publish();
         pipeline.engine.check_cuda(now_ns, elapsed, threads)
@@ -376,6 +383,52 @@ impl Recorder {
             }
         }
         (rates, threads.into_values().collect())
+    }
+
+    /// Per process: launches a second and milliseconds a second blocked, as counter tracks
+    /// (`profiler counters --name 'cuda*'`, the page's tracks under the GPUs').
+    fn write_tracks(&mut self, threads: &[CudaThread], now_ns: u64, elapsed: f64) {
+        if threads.is_empty() {
+            return;
+        }
+        let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for t in threads {
+            let e = per_pid.entry(t.pid).or_default();
+            e.0 += t.launches;
+            e.1 += t.sync_ns;
+        }
+        let mut busiest: Vec<(u32, (u64, u64))> = per_pid.into_iter().collect();
+        busiest.sort_by(|a, b| (b.1.0, b.1.1).cmp(&(a.1.0, a.1.1)));
+        busiest.truncate(TRACKS_MAX);
+        let mut points = Vec::new();
+        for (pid, (launches, sync_ns)) in busiest {
+            points.push(crate::collect::counters::Point {
+                name: format!("cuda.{pid}.launches"),
+                cpu: None,
+                unit: "launches/s".into(),
+                value: launches as f64 / elapsed,
+            });
+            points.push(crate::collect::counters::Point {
+                name: format!("cuda.{pid}.sync_ms"),
+                cpu: None,
+                unit: "ms/s".into(),
+                value: sync_ns as f64 / 1e6 / elapsed,
+            });
+        }
+        if self.tracks.is_none() {
+            match crate::store::counters::CountersWriter::stream(&self.data_dir, "cuda") {
+                Ok(w) => self.tracks = Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot write the CUDA tracks");
+                    return;
+                }
+            }
+        }
+        if let Some(w) = self.tracks.as_mut()
+            && let Err(e) = w.append(now_ns, &points)
+        {
+            tracing::warn!(error = %e, "cannot write the CUDA tracks");
+        }
     }
 
     fn writer(&mut self, kind: SampleKind) -> Option<&mut StoreWriter> {
