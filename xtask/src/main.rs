@@ -227,6 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "unwind" => bench::unwind::run(&workspace_root(), &profiler, seconds.unwrap_or(10)),
                 "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
                 "python" => bench::python::run(&workspace_root(), &profiler, &helper, seconds.unwrap_or(20)),
+                "cuda" => bench::cuda::run(&workspace_root(), &profiler, rounds),
                 // An ignored test: it needs the test harness's private ClickHouse and the
                 // synthetic stores it builds; the release test binary ships like the daemon.
                 "fleet" => status({
@@ -244,7 +245,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 other => {
                     bail!(
-                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, replay, status, unwind, memory, fleet, sched"
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, cuda, replay, status, unwind, memory, fleet, sched"
                     )
                 }
             }

@@ -12,6 +12,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 pub mod churn;
+pub mod cuda;
 pub mod memory;
 pub mod overhead;
 pub mod python;
