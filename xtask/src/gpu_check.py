@@ -12,7 +12,10 @@ It runs the daemon, then a PyTorch job in two phases, each a process of its own 
 It prints, per phase, the daemon's mean GPU utilisation beside nvidia-smi's over the same
 seconds, the findings that began in it (gpu-starved expected in the first, none in the second),
 the daemon's CPU and peak RSS (VmHWM), and keeps /metrics lines about unwinding, stack ends and
-memory. Without a GPU, `--standin LIB` runs the same check against the tests' stand-in NVML
+memory. Then the CUDA probes (issue 27), on a GPU only: a launch-bound loop of small kernels,
+whose launches per step the daemon counts beside torch.profiler's `cudaLaunchKernel` events over
+the same steps (within 5 %), the top launching Python frame, and the loop's step time with the
+probes and without (a daemon with --no-cuda-probes), in alternating rounds. Without a GPU, `--standin LIB` runs the same check against the tests' stand-in NVML
 (CPU-heavy Python worker processes in place of the PyTorch job; nvidia-smi's figures are what the
 stand-in was told).
 """
@@ -76,6 +79,41 @@ def workload_gpu(seconds):
             c = a @ b
         torch.cuda.synchronize()
     del c
+
+
+def launch_step(x):
+    """40 small elementwise kernels: the GPU finishes each before the next is launched."""
+    import torch
+
+    y = x
+    for _ in range(40):
+        y = torch.relu(y * 1.0001 + 0.0001)
+    return y
+
+
+def workload_launch(seconds):
+    """Launch-bound steps for `seconds`; prints one JSON line: the measured window (unix s), the
+    steps in it, and torch.profiler's cudaLaunchKernel count over 50 profiled steps."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(256, device="cuda")
+    for _ in range(100):
+        launch_step(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(50):
+            launch_step(x)
+        torch.cuda.synchronize()
+    launches = sum(e.count for e in prof.key_averages() if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"))
+    start = time.time()
+    end = start + seconds
+    steps = 0
+    while time.time() < end:
+        launch_step(x)
+        steps += 1
+    torch.cuda.synchronize()
+    print(json.dumps({"start": start, "end": time.time(), "steps": steps, "torch_launches_per_step": launches / 50}), flush=True)
 
 
 def fake_worker(seconds):
@@ -217,6 +255,8 @@ def main():
             workload_fake(kind[5:], a.seconds)
         elif kind == "input":
             workload_input(a.seconds)
+        elif kind == "launch":
+            workload_launch(a.seconds)
         else:
             workload_gpu(a.seconds)
         return 0
@@ -236,10 +276,37 @@ def main():
                                "--listen", f"127.0.0.1:{port}"], stderr=log, stdout=subprocess.DEVNULL)
     started = time.time()
     try:
-        return check(a, daemon, data, lib, port, started)
+        code = check(a, daemon, data, lib, port, started)
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
+    if not a.standin:
+        text = step_ab(a, lib)
+        print(text, flush=True)
+        open(os.path.join(a.out, "report.txt"), "a").write(text + "\n")
+    return code
+
+
+def step_ab(a, lib, rounds=3, seconds=10):
+    """The launch loop's steps a second under a daemon with the CUDA probes and one without, in
+    alternating rounds (a fresh daemon each: the probes are attached when it finds the job)."""
+    rates = {True: [], False: []}
+    for i in range(rounds):
+        for probes in ((True, False) if i % 2 == 0 else (False, True)):
+            data = os.path.abspath(os.path.join(a.out, f"ab-{i}-{probes}"))
+            args = [a.profiler, "run", "--data-dir", data, "--nvml-library", lib, "--listen", "off"]
+            if not probes:
+                args.append("--no-cuda-probes")
+            d = subprocess.Popen(args, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            time.sleep(5)
+            r = launch_job(a, seconds)
+            rates[probes].append(r["steps"] / (r["end"] - r["start"]))
+            d.terminate()
+            d.wait(timeout=30)
+    med = lambda v: sorted(v)[len(v) // 2]
+    on, off = med(rates[True]), med(rates[False])
+    return (f"cuda step rate: {off:.1f} steps/s without the probes, {on:.1f} with ({(on - off) / off * 100:+.2f} %), "
+            f"medians of {rounds} alternating rounds of {seconds} s: {rates}")
 
 
 def wait(what, seconds, f):
@@ -321,12 +388,49 @@ def check(a, daemon, data, lib, port, started):
     starved = any(x["kind"] == "gpu-starved" for x in results[0]["findings"])
     gpu_quiet = not any(x["kind"].startswith("gpu-") for x in results[1]["findings"])
     report.append(f"verdict: util within 5 points {ok}; gpu-starved in input-bound {starved}; no GPU finding in gpu-bound {gpu_quiet}")
+    cuda_ok = True
+    if not a.standin:
+        cuda_ok, lines = check_cuda(a, prof, data)
+        report.extend(lines)
     text = "\n".join(report)
     print(text, flush=True)
     open(os.path.join(a.out, "report.txt"), "w").write(text + "\n")
     json.dump({"phases": results, "daemon_cpu_s": cpu, "wall_s": wall, "vm_hwm_mib": hwm, "gpus": json.loads(profiler(["status", "--format", "json"], prof, data)).get("gpus")},
               open(os.path.join(a.out, "summary.json"), "w"), indent=1)
-    return 0 if all(ok) and starved and gpu_quiet else 1
+    return 0 if all(ok) and starved and gpu_quiet and cuda_ok else 1
+
+
+def launch_job(a, seconds):
+    out = run([sys.executable, os.path.abspath(__file__), "--seconds", str(seconds), "--workload", "launch"])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check_cuda(a, prof, data):
+    """The CUDA probes against torch.profiler, and the step time with and without them."""
+    lines = []
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--seconds", "20", "--workload", "launch"],
+                         stdout=subprocess.PIPE, text=True)
+    r = json.loads(p.communicate()[0].strip().splitlines()[-1])
+    time.sleep(3)  # drained each second, read a drain later
+    folded = profiler(["flamegraph", "--samples", "cuda-launches", "--from", iso(r["start"]), "--to", iso(r["end"]),
+                       "--pid", str(p.pid), "--format", "folded"], prof, data)
+    counts = [(l.rsplit(" ", 1)[0], int(l.rsplit(" ", 1)[1])) for l in folded.splitlines() if " " in l]
+    total = sum(n for _, n in counts)
+    per_step = total / max(r["steps"], 1)
+    torch_per_step = r["torch_launches_per_step"]
+    within = torch_per_step > 0 and abs(per_step - torch_per_step) <= 0.05 * torch_per_step
+    frames = {}
+    for stack, n in counts:
+        py = [f for f in stack.split(";") if f.endswith(")") and ".py" in f]
+        if py:
+            frames[py[-1]] = frames.get(py[-1], 0) + n
+    top = max(frames.items(), key=lambda kv: kv[1]) if frames else ("none", 0)
+    lines.append(f"cuda launches: daemon {per_step:.1f} per step ({total} over {r['steps']} steps, "
+                 f"{total / max(r['end'] - r['start'], 1e-9):.0f}/s), torch.profiler {torch_per_step:.1f} per step: "
+                 f"within 5 % {within}; top launching Python frame {top[0]} ({top[1]})")
+    status = json.loads(profiler(["status", "--format", "json"], prof, data)).get("cuda") or {}
+    lines.append(f"cuda probes: {json.dumps(status.get('libraries'))}")
+    return within, lines
 
 
 def fmt(v, unit=" %"):
