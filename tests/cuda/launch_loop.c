@@ -7,7 +7,7 @@
  *   launch_loop LIB step SECONDS WORK_US   steps of WORK_US of arithmetic then 20 launches:
  *                                          steps a second
  *
- * Each first computes for 1.5 s (the profiler samples it and finds the library), then runs.
+ * Each first computes for 3 s (the profiler samples it and finds the library), then runs.
  * Prints one line of `key=value` pairs. */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     launch_fn launch = (launch_fn)dlsym(h, "cuLaunchKernelEx");
-    work(1.5e6);
+    work(3e6);
     double seconds = atof(argv[3]);
     double start = now(), cpu0 = cpu_seconds();
     uint64_t n = 0;

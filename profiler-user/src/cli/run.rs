@@ -91,7 +91,7 @@ pub struct RunArgs {
     no_cuda_probes: bool,
     /// CUDA calls a second per process above which the probes are on only part of the time
     /// (their cost is a trap per call; counts then are scaled estimates, marked); as `[gpu]
-    /// cuda_max_calls_per_sec` [default: 10000].
+    /// cuda_max_calls_per_sec` [default: 12000].
     #[arg(long)]
     cuda_max_calls_per_sec: Option<u32>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the

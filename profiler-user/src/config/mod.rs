@@ -209,7 +209,7 @@ pub struct GpuFile {
     pub poll_ms: Option<u64>,
     /// Uprobes on `libcuda.so.1` in every process mapping it (`gpu::cuda`) [default: true].
     pub cuda_probes: Option<bool>,
-    /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 10000].
+    /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 12000].
     pub cuda_max_calls_per_sec: Option<u32>,
 }
 
