@@ -29,8 +29,9 @@ use profiler_common::{
 use crate::{
     Record,
     arch::{self, Regs},
-    count, python, unwind,
-    unwind::Sink,
+    count, python,
+    sink::Sink,
+    unwind,
 };
 
 /// Tail-call slots for the probes' walks (kprobe-type programs: a uprobe can only tail-call

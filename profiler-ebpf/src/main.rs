@@ -22,6 +22,7 @@ mod netrx;
 mod python;
 mod reclaim;
 mod runq;
+mod sink;
 mod unwind;
 
 use core::ffi::c_void;
@@ -105,7 +106,7 @@ pub fn sample(ctx: PerfEventContext) -> u32 {
 /// The sampler's walks: built in `SCRATCH`, sent to the ring.
 pub(crate) struct Sampler;
 
-impl unwind::Sink for Sampler {
+impl sink::Sink for Sampler {
     #[inline(always)]
     fn record() -> Option<*mut Record> {
         SCRATCH.get_ptr_mut(0)

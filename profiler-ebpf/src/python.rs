@@ -13,7 +13,7 @@ use profiler_common::{
     python::{ENTRY_FRAME, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NONE, PYTHON_PROGRAM, PyProc},
 };
 
-use crate::{FRAME_SLOTS, Record, Sampler, unwind::Sink};
+use crate::{FRAME_SLOTS, Record, Sampler, sink::Sink};
 
 const _: () = assert!(MAX_KERNEL_FRAMES + MAX_USER_FRAMES + 2 * MAX_PYTHON_FRAMES <= FRAME_SLOTS);
 
