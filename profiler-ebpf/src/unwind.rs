@@ -30,7 +30,6 @@ use crate::{
     sink::Sink,
 };
 
-
 /// Every table's rows, back to back; userspace sizes it at load (`--unwind-table-rows`).
 #[map]
 static UNWIND_ROWS: Array<Row> =

@@ -27,7 +27,8 @@ const ADDR: &str = "127.0.0.1:17074";
 
 fn gcc(args: &[&str], out: &Path, source: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(out.parent().expect("a directory"))?;
-    let st = Command::new("gcc").args(args).arg("-o").arg(out).arg(source).arg("-ldl").status().context("running gcc")?;
+    let st =
+        Command::new("gcc").args(args).arg("-o").arg(out).arg(source).arg("-ldl").status().context("running gcc")?;
     anyhow::ensure!(st.success(), "gcc failed building {}", out.display());
     Ok(())
 }
@@ -99,7 +100,9 @@ pub fn run(root: &Path, profiler: &Path, rounds: usize) -> anyhow::Result<()> {
         println!("Interleaved rounds: {rounds}; medians. Not probed: the same code as `libnotcuda.so.1`.\n");
         println!("| loop | not probed | probed | cost |");
         println!("|---|---|---|---|");
-        for (name, lib) in [("first instruction emulated (push %rbp)", &emulated), ("first instruction single-stepped", &stepped)] {
+        for (name, lib) in
+            [("first instruction emulated (push %rbp)", &emulated), ("first instruction single-stepped", &stepped)]
+        {
             let (mut a, mut b, mut prog) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..rounds {
                 a.push(get(&run_loop(&bin, &plain, &["tight", "2"])?.0, "ns_per_call"));
@@ -149,7 +152,8 @@ pub fn run(root: &Path, profiler: &Path, rounds: usize) -> anyhow::Result<()> {
         );
         let _ = daemon.kill();
         let _ = daemon.wait();
-        daemon = start_daemon(profiler, &dir.join("data-defaults"), &["--frequency", "99", "--listen", ADDR], log.into())?;
+        daemon =
+            start_daemon(profiler, &dir.join("data-defaults"), &["--frequency", "99", "--listen", ADDR], log.into())?;
         super::wait_for("the daemon's /metrics", Duration::from_secs(30), || metrics(ADDR).ok())?;
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for i in 0..rounds {
