@@ -34,6 +34,13 @@ mod imp {
         Frame { ip: regs.rip, sp: regs.rsp, fp: regs.rbp }
     }
 
+    /// The return address at a function's first instruction: on top of the stack (`call`
+    /// pushed it).
+    #[inline(always)]
+    pub(crate) fn return_address(regs: &Regs) -> Option<u64> {
+        unsafe { aya_ebpf::helpers::bpf_probe_read_user(regs.rsp as *const u64) }.ok()
+    }
+
     /// Integer argument `n` (from 0) at a function's entry (System V: rdi, rsi, rdx, rcx, r8, r9).
     #[inline(always)]
     pub(crate) fn arg(regs: &Regs, n: usize) -> u64 {
@@ -74,6 +81,12 @@ mod imp {
         Frame { ip: regs.pc, sp: regs.sp, fp: regs.regs[29] }
     }
 
+    /// The return address at a function's first instruction: the link register (x30).
+    #[inline(always)]
+    pub(crate) fn return_address(regs: &Regs) -> Option<u64> {
+        Some(regs.regs[30])
+    }
+
     /// Integer argument `n` (from 0) at a function's entry (AAPCS64: x0 to x7).
     #[inline(always)]
     pub(crate) fn arg(regs: &Regs, n: usize) -> u64 {
@@ -92,4 +105,4 @@ mod imp {
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
 compile_error!("profiler-ebpf is written for x86_64 and aarch64 (bpf_target_arch): registers and signal frames differ");
 
-pub(crate) use imp::{UC_FP, UC_IP, UC_SP, arg, frame, user_mode};
+pub(crate) use imp::{UC_FP, UC_IP, UC_SP, arg, frame, return_address, user_mode};

@@ -145,13 +145,14 @@ fn enter(ctx: &ProbeContext) {
     count(counter::CUDA_CALLS);
     let arg = cookie::arg(c) as usize;
     let bytes = match cookie::how(c) {
-        cookie::BYTES_ARG => arch::arg(regs, arg),
+        // The caller sets the register: bounded (1 TiB a call), so no sum can overflow.
+        cookie::BYTES_ARG => arch::arg(regs, arg).min(1 << 40),
         cookie::BYTES_2D => match arch::arg(regs, arg) {
             p if p != 0 => {
                 let w = unsafe { bpf_probe_read_user((p + cookie::MEMCPY2D_WIDTH) as *const u64) }.unwrap_or(0);
                 let h = unsafe { bpf_probe_read_user((p + cookie::MEMCPY2D_HEIGHT) as *const u64) }.unwrap_or(0);
                 // Each bounded below 2^31 (a 2 GiB row): the product fits, and BPF has no 128-bit multiply.
-                w.min(1 << 31) * h.min(1 << 31)
+                (w.min(1 << 31) * h.min(1 << 31)).min(1 << 40)
             }
             _ => 0,
         },
@@ -198,12 +199,11 @@ fn inside_library(c: u64, regs: &Regs) -> bool {
     if size == 0 {
         return false;
     }
-    let f = arch::frame(regs);
-    let start = f.ip.wrapping_sub(cookie::offset(c));
-    match unsafe { bpf_probe_read_user(f.sp as *const u64) } {
+    let start = arch::frame(regs).ip.wrapping_sub(cookie::offset(c));
+    match arch::return_address(regs) {
         // Within a few bytes of the bounds either way: `ip` may be past the breakpoint.
-        Ok(ra) => ra.wrapping_sub(start.wrapping_sub(16)) < size + 32,
-        Err(_) => false,
+        Some(ra) => ra.wrapping_sub(start.wrapping_sub(16)) < size + 32,
+        None => false,
     }
 }
 

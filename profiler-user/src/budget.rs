@@ -53,7 +53,8 @@ struct Counting<'v, V> {
 
 impl<V: Visitor> Visitor for Counting<'_, V> {
     fn block(&mut self, b: BlockView<'_>) {
-        self.rows += u64::from(b.header.samples);
+        // Rows, not what they weigh: a CUDA store's row stands for microseconds or bytes.
+        self.rows += b.samples.map_or(u64::from(b.header.samples), |s| s.len() as u64);
         self.inner.block(b);
     }
 

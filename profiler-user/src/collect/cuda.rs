@@ -112,14 +112,16 @@ impl Collector {
         self.cuda.is_some()
     }
 
-    /// Attaches the probes to `target` (a path this process can open: `/proc/PID/root/...`
-    /// reaches a container's file), for every process mapping it. All or nothing: on an error
-    /// what was attached is detached again.
+    /// Attaches the probes to `target` (a path this process can open: `/proc/self/fd/N` of the
+    /// file opened through a process's `map_files`), for every process mapping it. A probe the
+    /// kernel refuses (an instruction it cannot step at that offset) is skipped and logged; an
+    /// error only if none attached.
     pub fn cuda_attach(&mut self, target: &Path, probes: &[Probe]) -> Result<Links, CudaError> {
         if self.cuda.is_none() {
             return Err(CudaError::Unavailable);
         }
         let mut links = Links::default();
+        let mut last_error = None;
         for p in probes {
             let point =
                 UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: Some(p.cookie) };
@@ -133,8 +135,9 @@ impl Collector {
             match call {
                 Ok(id) => links.calls.push(id),
                 Err(e) => {
-                    self.cuda_detach(links);
-                    return Err(e);
+                    tracing::debug!(error = %e, "a CUDA probe was refused; the others stay");
+                    last_error = Some(e);
+                    continue;
                 }
             }
             if p.returns {
@@ -150,13 +153,16 @@ impl Collector {
                 match ret {
                     Ok(id) => links.returns.push(id),
                     Err(e) => {
-                        self.cuda_detach(links);
-                        return Err(e);
+                        tracing::debug!(error = %e, "a CUDA return probe was refused; the others stay");
+                        last_error = Some(e);
                     }
                 }
             }
         }
-        Ok(links)
+        match (links.calls.is_empty(), last_error) {
+            (true, Some(e)) => Err(e),
+            _ => Ok(links),
+        }
     }
 
     pub fn cuda_detach(&mut self, links: Links) {

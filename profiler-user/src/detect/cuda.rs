@@ -104,7 +104,10 @@ impl CudaDetect {
                 continue;
             }
             let blocked: u64 = w.drains.iter().map(|d| d.2.sync_ns).sum();
-            let share = blocked as f64 / (covered * 1e9);
+            // Over the whole span since the window's first drain, not only the drains the thread
+            // appears in: a thread blocked 0.6 s every other second waits 30 %, not 60 %.
+            let span = (now_ns.saturating_sub(first) as f64 / 1e9).max(covered);
+            let share = blocked as f64 / (span * 1e9);
             if share < t.gpu_sync_share {
                 continue;
             }

@@ -67,10 +67,18 @@ pub fn enforce(
             }
         }
     }
-    // A minute may have several counters files (kernel, GPU): their bytes add up.
+    // A minute may have several counters files (kernel, GPU) and CUDA segments: their bytes
+    // add up, and they go with the minute's samples.
     let mut counters: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
     for (start, path) in super::counters::list(data_dir).unwrap_or_default() {
         *counters.entry(start).or_default() += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    }
+    let cuda: Vec<(u64, PathBuf)> = crate::model::SampleKind::CUDA
+        .iter()
+        .flat_map(|k| list_segments(&k.store_dir(data_dir)).unwrap_or_default())
+        .collect();
+    for (start, path) in &cuda {
+        *counters.entry(*start).or_default() += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     }
     let counters_bytes = |start: u64| counters.get(&start).copied().unwrap_or(0);
     for s in &mut segments {
@@ -102,6 +110,15 @@ pub fn enforce(
     let keep_from = segments.first().map_or(now_ns.saturating_sub(r.max_age_ns).saturating_sub(SEGMENT_NS), |s| s.0);
     if let Err(e) = super::counters::prune(data_dir, keep_from) {
         tracing::warn!(error = %e, "kernel counters of removed minutes could not be removed");
+    }
+    for (start, path) in cuda {
+        if start < keep_from {
+            match std::fs::remove_file(&path) {
+                Ok(()) => removed.push(Removed { path, start_ns: start, bytes: 0, why: Why::Age }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(file = %path.display(), error = %e, "a CUDA segment could not be removed"),
+            }
+        }
     }
     Ok(removed)
 }
@@ -156,6 +173,24 @@ mod tests {
         let left: Vec<u64> =
             crate::store::counters::list(dir.path()).unwrap().iter().map(|(s, _)| s / SEGMENT_NS).collect();
         assert_eq!(left, vec![12], "minute 9's counters (no segment, older than all) went too");
+    }
+
+    #[test]
+    fn cuda_segments_count_with_their_minute_and_go_with_it() {
+        let dir = store_with(&[(10, 100), (11, 100), (12, 100)]);
+        let launches = crate::model::SampleKind::CudaLaunches.store_dir(dir.path());
+        std::fs::create_dir_all(segments_dir(&launches)).unwrap();
+        for (minute, size) in [(9, 10), (10, 200), (12, 50)] {
+            std::fs::write(segment_path(&segments_dir(&launches), minute * SEGMENT_NS), vec![0u8; size]).unwrap();
+        }
+        let r = Retention { max_bytes: 400, max_age_ns: u64::MAX / 2 };
+        let removed = enforce(dir.path(), &r, 13 * SEGMENT_NS, &mut |_, _| Ok(())).unwrap();
+        // Minute 10 (100 + 200 bytes) goes for size, and its CUDA segment; minute 9's CUDA
+        // segment is older than every sample left.
+        assert!(removed.iter().any(|r| r.start_ns == 10 * SEGMENT_NS && r.bytes == 300), "{removed:?}");
+        let left: Vec<u64> =
+            crate::store::reader::list_segments(&launches).unwrap().iter().map(|(s, _)| s / SEGMENT_NS).collect();
+        assert_eq!(left, vec![12]);
     }
 
     #[test]

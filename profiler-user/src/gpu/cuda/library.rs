@@ -23,15 +23,17 @@ pub struct FileId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapped {
     pub id: FileId,
-    /// `/proc/PID/root` + the path in the process's mount namespace.
+    /// `/proc/PID/root` + the path in the process's mount namespace (for messages).
     pub path: PathBuf,
+    /// `/proc/PID/map_files/START-END`: the very file mapped, whatever its path now holds.
+    pub map_files: PathBuf,
 }
 
 /// The CUDA driver library `maps` (a `/proc/PID/maps` text) shows mapped, if any.
 pub fn find(pid: u32, maps: &str) -> Option<Mapped> {
     for line in maps.lines() {
         let mut f = line.split_ascii_whitespace();
-        let (_range, _perms, _off, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let (range, _perms, _off, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
         let Some(path) = f.next() else { continue };
         // A deleted or replaced file cannot be opened by its path (a following word: "(deleted)").
         if f.next().is_some() || !path.starts_with('/') {
@@ -48,6 +50,7 @@ pub fn find(pid: u32, maps: &str) -> Option<Mapped> {
         return Some(Mapped {
             id: FileId { dev: dev.to_string(), inode },
             path: PathBuf::from(format!("/proc/{pid}/root{path}")),
+            map_files: PathBuf::from(format!("/proc/{pid}/map_files/{range}")),
         });
     }
     None
@@ -71,28 +74,24 @@ pub fn functions() -> Vec<(&'static str, u64, bool)> {
     for name in ["cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuEventSynchronize", "cuCtxSynchronize"] {
         v.push((name, sync, true));
     }
-    // (dst, src, bytes[, stream]): the byte count is the third argument.
+    // (dst, src, bytes[, stream]): the byte count is the third argument. The v1 names (no `_v2`)
+    // take a 32-bit count whose register's upper half is undefined, and an older 2D layout:
+    // left out (programs built since CUDA 3.2 call the `_v2` ones).
     for name in [
         "cuMemcpy",
         "cuMemcpy_ptds",
         "cuMemcpyAsync",
         "cuMemcpyAsync_ptsz",
-        "cuMemcpyHtoD",
         "cuMemcpyHtoD_v2",
         "cuMemcpyHtoD_v2_ptds",
-        "cuMemcpyDtoH",
         "cuMemcpyDtoH_v2",
         "cuMemcpyDtoH_v2_ptds",
-        "cuMemcpyDtoD",
         "cuMemcpyDtoD_v2",
         "cuMemcpyDtoD_v2_ptds",
-        "cuMemcpyHtoDAsync",
         "cuMemcpyHtoDAsync_v2",
         "cuMemcpyHtoDAsync_v2_ptsz",
-        "cuMemcpyDtoHAsync",
         "cuMemcpyDtoHAsync_v2",
         "cuMemcpyDtoHAsync_v2_ptsz",
-        "cuMemcpyDtoDAsync",
         "cuMemcpyDtoDAsync_v2",
         "cuMemcpyDtoDAsync_v2_ptsz",
     ] {
@@ -103,26 +102,47 @@ pub fn functions() -> Vec<(&'static str, u64, bool)> {
         v.push((name, copy(4), false));
     }
     for name in [
-        "cuMemcpy2D",
         "cuMemcpy2D_v2",
         "cuMemcpy2D_v2_ptds",
-        "cuMemcpy2DAsync",
         "cuMemcpy2DAsync_v2",
         "cuMemcpy2DAsync_v2_ptsz",
-        "cuMemcpy2DUnaligned",
         "cuMemcpy2DUnaligned_v2",
         "cuMemcpy2DUnaligned_v2_ptds",
     ] {
         v.push((name, copy_2d, false));
     }
-    for name in ["cuMemcpy3D", "cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds", "cuMemcpy3DAsync", "cuMemcpy3DAsync_v2"] {
+    for name in ["cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds", "cuMemcpy3DAsync_v2"] {
         v.push((name, copy_3d, false));
     }
     v
 }
 
+/// Opens the file a process maps, through `map_files` (the mapped inode itself: a path
+/// replaced or a link planted since cannot redirect it), and checks that it is the file the maps
+/// named and one no user but root can change: a driver's library is root's, and the daemon (root)
+/// must not parse and plant probes in a file a user can rewrite or truncate under it.
+pub fn open(m: &Mapped) -> Result<std::fs::File, LibraryError> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::open(&m.map_files).map_err(|e| LibraryError::Read(m.path.clone(), e))?;
+    let meta = file.metadata().map_err(|e| LibraryError::Read(m.path.clone(), e))?;
+    let dev = format!("{:02x}:{:02x}", libc::major(meta.dev()), libc::minor(meta.dev()));
+    if meta.ino() != m.id.inode || dev != m.id.dev {
+        return Err(LibraryError::Changed(m.path.clone()));
+    }
+    if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(LibraryError::NotRoots(m.path.clone(), meta.uid(), meta.mode() & 0o7777));
+    }
+    Ok(file)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LibraryError {
+    #[error("{0} changed between reading the process's maps and opening it")]
+    Changed(PathBuf),
+    #[error(
+        "{0} is owned by uid {1} with mode {2:o}: only a library root owns and no one else can write is probed (a user's file could be rewritten under the daemon)"
+    )]
+    NotRoots(PathBuf, u32, u32),
     #[error("cannot read {0}: {1}")]
     Read(PathBuf, std::io::Error),
     #[error("{0} is not an ELF file this daemon reads: {1}")]
@@ -133,11 +153,11 @@ pub enum LibraryError {
 
 /// The probes for the library at `path`: each function it defines, at its file offset. Names
 /// it lacks are skipped; aliases of one address (a `_v2` and its plain name) are probed once.
-pub fn probes(path: &std::path::Path) -> Result<Vec<Probe>, LibraryError> {
-    let file = std::fs::File::open(path).map_err(|e| LibraryError::Read(path.into(), e))?;
+pub fn probes(file: &std::fs::File, path: &std::path::Path) -> Result<Vec<Probe>, LibraryError> {
     // Mapped, not read: a real libcuda is tens of megabytes and only its symbol tables and
-    // headers are touched (page cache, not the daemon's memory).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LibraryError::Read(path.into(), e))?;
+    // headers are touched (page cache, not the daemon's memory). Only root can truncate it
+    // under the mapping ([`open`]).
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| LibraryError::Read(path.into(), e))?;
     let elf = object::File::parse(&*map).map_err(|e| LibraryError::Elf(path.into(), e.to_string()))?;
     let wanted: BTreeMap<&str, (u64, bool)> = functions().into_iter().map(|(n, c, r)| (n, (c, r))).collect();
     let mut found: BTreeMap<u64, Probe> = BTreeMap::new();
@@ -182,6 +202,7 @@ mod tests {
         let m = find(42, maps).expect("found");
         assert_eq!(m.id, FileId { dev: "08:01".into(), inode: 98765 });
         assert_eq!(m.path, PathBuf::from("/proc/42/root/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"));
+        assert_eq!(m.map_files, PathBuf::from("/proc/42/map_files/7f00a000-7f00b000"));
     }
 
     #[test]

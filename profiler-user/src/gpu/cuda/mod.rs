@@ -60,8 +60,26 @@ const STACKS_KEPT: usize = 4096;
 /// 1-3 % of one core.
 pub const MAX_CALLS_PER_SEC: f64 = 12_000.0;
 
+/// Library files probed at most: each holds an open file and its probes' file descriptors.
+const FILES_MAX: usize = 16;
+
+/// What the probes of a file were during one drain's interval.
+#[derive(Debug, Clone, Copy, Default)]
+struct Interval {
+    /// Attached the whole interval (a rate measured then is the process's).
+    attached: bool,
+    /// Counts of the interval are estimates, to be scaled by `1 / fraction`.
+    estimating: bool,
+    fraction: f64,
+}
+
 struct File {
     path: PathBuf,
+    /// Where a process maps it now (its `map_files` entry opens the very file).
+    source: library::Mapped,
+    /// The file itself, opened once through `map_files` and checked (`library::open`): probes
+    /// are attached through it (`/proc/self/fd/N`), never by a path that could change.
+    open: Option<std::fs::File>,
     /// The functions found in it, at their offsets (read once).
     probes: Option<Vec<Probe>>,
     links: Option<Links>,
@@ -71,6 +89,17 @@ struct File {
     duty: guard::DutyCycle,
     /// The busiest process's calls a second, last measured with the probes on.
     rate: f64,
+    /// The state of the last intervals, newest last: the counts a drain reads were written
+    /// the interval before the last (`collect::cuda`), so that one says how to read them.
+    intervals: std::collections::VecDeque<Interval>,
+}
+
+impl File {
+    /// The interval whose counts the coming drain reads.
+    fn read_interval(&self) -> Interval {
+        let n = self.intervals.len();
+        if n >= 2 { self.intervals[n - 2] } else { Interval::default() }
+    }
 }
 
 pub struct Recorder {
@@ -173,9 +202,19 @@ impl Recorder {
             }
             self.sizes.retain(|p, _| Path::new(&format!("/proc/{p}")).exists());
         }
-        let (rates, threads) = self.drain(collector, pipeline, now_ns, elapsed);
+        let read: HashMap<FileId, Interval> =
+            self.files.iter().map(|(id, f)| (id.clone(), f.read_interval())).collect();
+        let (rates, threads) = self.drain(collector, pipeline, now_ns, elapsed, &read);
         self.write_tracks(&threads, now_ns, elapsed);
-        self.attach_and_detach(collector, &rates);
+        self.attach_and_detach(collector, &rates, &read);
+        for f in self.files.values_mut() {
+            let now =
+                Interval { attached: f.links.is_some(), estimating: f.duty.estimating(), fraction: f.duty.fraction() };
+            f.intervals.push_back(now);
+            if f.intervals.len() > 3 {
+                f.intervals.pop_front();
+            }
+        }
         self.publish();
         pipeline.engine.check_cuda(now_ns, elapsed, threads)
     }
@@ -192,18 +231,26 @@ impl Recorder {
         }
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return false };
         let Some(m) = library::find(pid, &maps) else { return false };
+        if !self.files.contains_key(&m.id) && self.files.len() >= FILES_MAX {
+            tracing::debug!(library = %m.path.display(), "more CUDA driver libraries than the daemon probes ({FILES_MAX}): not probed");
+            return false;
+        }
         let file = self.files.entry(m.id.clone()).or_insert_with(|| File {
             path: m.path.clone(),
+            source: m.clone(),
+            open: None,
             probes: None,
             links: None,
             pids: BTreeSet::new(),
             failed: None,
             duty: guard::DutyCycle::default(),
             rate: 0.0,
+            intervals: Default::default(),
         });
         if file.pids.is_empty() {
-            // The first process to map it (again): its path is the one that opens.
-            file.path = m.path;
+            // The first process to map it (again): the one its file is opened through.
+            file.path = m.path.clone();
+            file.source = m.clone();
         }
         file.pids.insert(pid);
         self.by_pid.insert(pid, m.id);
@@ -222,7 +269,12 @@ impl Recorder {
 
     /// Attaches what should be, by the processes mapping each file and its guard; detaches the
     /// rest. `rates`: calls a second per process in the drain just done.
-    fn attach_and_detach(&mut self, collector: &mut Collector, rates: &HashMap<u32, f64>) {
+    fn attach_and_detach(
+        &mut self,
+        collector: &mut Collector,
+        rates: &HashMap<u32, f64>,
+        read: &HashMap<FileId, Interval>,
+    ) {
         for (id, file) in &mut self.files {
             if file.pids.is_empty() {
                 if let Some(links) = file.links.take() {
@@ -234,9 +286,10 @@ impl Recorder {
             if file.failed.is_some() {
                 continue;
             }
-            let measured = file
-                .links
-                .is_some()
+            // Only an interval the probes covered whole says how fast the processes call.
+            let measured = read
+                .get(id)
+                .is_some_and(|i| i.attached)
                 .then(|| file.pids.iter().filter_map(|p| rates.get(p)).copied().fold(0.0, f64::max));
             if let Some(r) = measured {
                 file.rate = r;
@@ -294,6 +347,7 @@ impl Recorder {
         pipeline: &mut Pipeline,
         now_ns: u64,
         elapsed: f64,
+        read: &HashMap<FileId, Interval>,
     ) -> (HashMap<u32, f64>, Vec<CudaThread>) {
         let mut rates: HashMap<u32, f64> = HashMap::new();
         let mut threads: BTreeMap<u32, CudaThread> = BTreeMap::new();
@@ -319,10 +373,13 @@ impl Recorder {
                 }
                 _ => continue,
             };
-            // Counted part of the time (the guard): scaled to the whole time, and marked.
-            let duty = self.by_pid.get(&d.key.pid).and_then(|id| self.files.get(id)).map(|f| f.duty.clone());
-            let estimate = duty.filter(guard::DutyCycle::estimating);
-            let scale = estimate.as_ref().map_or(1.0, |d| 1.0 / d.fraction());
+            // Counted part of the time (the guard): scaled to the whole time, and marked, by the
+            // state of the interval these counts were made in.
+            let estimate =
+                self.by_pid.get(&d.key.pid).and_then(|id| read.get(id)).filter(|i| i.estimating && i.fraction > 0.0);
+            let scale = estimate.map_or(1.0, |i| 1.0 / i.fraction);
+            // A copy's bytes come from a register the caller sets: bounded (1 TiB a row).
+            let weight = weight.min(1 << 40);
             let weight = (weight as f64 * scale).round() as u64;
             let sample = match self.stacks.get(&d.key.hash) {
                 Some(s) => Some(s.clone()),
@@ -372,8 +429,8 @@ impl Recorder {
                 }
                 _ => {}
             }
-            let sample = match &estimate {
-                Some(d) => estimated(sample, d.fraction()),
+            let sample = match estimate {
+                Some(i) => estimated(sample, i.fraction),
                 None => sample,
             };
             let Some(writer) = self.writer(kind) else { continue };
@@ -461,12 +518,26 @@ fn record_bytes(r: &profiler_common::Record) -> &[u8] {
 
 /// Attaches the probes to `file` (its functions read once), or records why not.
 fn attach(collector: &mut Collector, id: &FileId, file: &mut File) {
+    if file.open.is_none() {
+        match library::open(&file.source) {
+            Ok(f) => file.open = Some(f),
+            // The process it was opened through exited: the next one to map it opens it.
+            Err(library::LibraryError::Read(..)) => return,
+            Err(e) => {
+                tracing::warn!(library = %file.path.display(), error = %e, "the CUDA driver library is not probed");
+                file.failed = Some(e.to_string());
+                return;
+            }
+        }
+    }
+    let Some(open) = file.open.as_ref() else { return };
+    let target = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(open)));
     let probes = match &file.probes {
         Some(p) => Ok(p.clone()),
-        None => library::probes(&file.path).map_err(|e| e.to_string()),
+        None => library::probes(open, &file.path).map_err(|e| e.to_string()),
     };
     let attached = probes.and_then(|probes| {
-        let links = collector.cuda_attach(&file.path, &probes).map_err(|e| e.to_string());
+        let links = collector.cuda_attach(&target, &probes).map_err(|e| e.to_string());
         file.probes = Some(probes);
         links
     });
