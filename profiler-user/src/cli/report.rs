@@ -92,8 +92,10 @@ fn report(
         "meta": {"node": node, "cpus": cpus, "frequency_hz": hz},
         "summary": {"span": [w.from_ns, w.to_ns]},
         // The GPUs as the daemon last listed them (`gpus.json`): the page's GPU line and the
-        // GPU-local CPUs in CPU x time; the GPU strips come with the counter tracks.
-        "gpus": profiler::gpu::Inventory::read(data_dir),
+        // GPU-local CPUs in CPU x time; the GPU strips come with the counter tracks. A node
+        // without GPUs has none to list: the report is the same from its store and from what it
+        // shipped to ClickHouse (which keeps no `gpus.json`).
+        "gpus": profiler::gpu::Inventory::read(data_dir).filter(|i| !i.gpus.is_empty()),
         "report": true,
     });
     let r = report::Report {
