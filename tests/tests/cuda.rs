@@ -26,6 +26,21 @@ fn wait_probed(data: &Path, n: usize) {
     });
 }
 
+/// Root, the stand-in built, a daemon started with `extra` and ready: (its directory, the
+/// library, the data directory, the daemon), or `None` where the test cannot run (a failure
+/// under CI=true).
+fn ready(extra: &[&str]) -> Option<(tempfile::TempDir, std::path::PathBuf, std::path::PathBuf, Daemon)> {
+    if !privileged("cuda") {
+        return None;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = cuda::build_or_skip(&tmp.path().join("lib"), "cuda")?;
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &[&["--listen", "off"], extra].concat());
+    daemon.wait_ready();
+    Some((tmp, lib, data, daemon))
+}
+
 /// The total of `kind`'s folded counts for `pid` in stacks through `function`.
 fn total(data: &Path, kind: &str, pid: u32, function: &str) -> u64 {
     let dir = data.to_str().unwrap();
@@ -84,14 +99,7 @@ fn check_exact(data: &Path, app: &mut cuda::App) {
 
 #[test]
 fn launches_copies_and_waits_are_counted_per_python_function_exactly() {
-    if !privileged("cuda") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
-    let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
-    daemon.wait_ready();
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
     let mut app = cuda::App::start(&lib, &[], 2000);
     wait_probed(&data, 1);
     check_exact(&data, &mut app);
@@ -148,14 +156,7 @@ fn a_process_that_mapped_the_library_before_the_daemon_started_is_probed() {
 
 #[test]
 fn a_library_loaded_later_is_probed_within_a_second() {
-    if !privileged("cuda") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
-    let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
-    daemon.wait_ready();
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
     let mut app = cuda::App::start(&lib, &["--late", "--rate", "2000"], 1000);
     let pid = app.pid();
     let report = app.go();
@@ -175,14 +176,7 @@ fn a_library_loaded_later_is_probed_within_a_second() {
 
 #[test]
 fn probes_go_when_the_last_process_exits_and_come_back_with_the_next() {
-    if !privileged("cuda") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
-    let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
-    daemon.wait_ready();
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
     let app = cuda::App::start(&lib, &[], 1000);
     wait_probed(&data, 1);
     app.finish();
@@ -220,14 +214,7 @@ fn two_processes_with_two_copies_of_the_library_are_both_probed() {
 
 #[test]
 fn the_rate_guard_engages_past_its_limit_and_says_so() {
-    if !privileged("cuda") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
-    let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &["--listen", "off", "--cuda-max-calls-per-sec", "500"]);
-    daemon.wait_ready();
+    let Some((_tmp, lib, data, mut daemon)) = ready(&["--cuda-max-calls-per-sec", "500"]) else { return };
     let mut app = cuda::App::start(&lib, &["--rate", "3000"], 1000);
     wait_probed(&data, 1);
     let pid = app.pid();
@@ -334,17 +321,10 @@ fn a_launch_bound_finding_gives_the_launch_rate_and_the_line_that_launches() {
 
 #[test]
 fn a_library_a_user_could_rewrite_is_not_probed() {
-    if !privileged("cuda") {
-        return;
-    }
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
     // Anyone may write it: the daemon (root) must not parse it or plant probes from it.
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
-    daemon.wait_ready();
     let app = cuda::App::start(&lib, &[], 1000);
     let error = wait_for_every("the library refused", Duration::from_secs(20), Duration::from_millis(100), || {
         status(&data)["libraries"][0]["error"].as_str().map(str::to_string)

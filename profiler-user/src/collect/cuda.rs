@@ -123,16 +123,7 @@ impl Collector {
         let mut links = Links::default();
         let mut last_error = None;
         for p in probes {
-            let point =
-                UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: Some(p.cookie) };
-            let call = program(&mut self.ebpf, "cuda_call").and_then(|prog| {
-                prog.attach(point, target, UProbeScope::AllProcesses).map_err(|source| CudaError::Attach {
-                    path: target.display().to_string(),
-                    offset: p.offset,
-                    source,
-                })
-            });
-            match call {
+            match self.attach_one("cuda_call", target, p.offset, Some(p.cookie)) {
                 Ok(id) => links.calls.push(id),
                 Err(e) => {
                     tracing::debug!(error = %e, "a CUDA probe was refused; the others stay");
@@ -141,16 +132,7 @@ impl Collector {
                 }
             }
             if p.returns {
-                let point =
-                    UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(p.offset), cookie: None };
-                let ret = program(&mut self.ebpf, "cuda_return").and_then(|prog| {
-                    prog.attach(point, target, UProbeScope::AllProcesses).map_err(|source| CudaError::Attach {
-                        path: target.display().to_string(),
-                        offset: p.offset,
-                        source,
-                    })
-                });
-                match ret {
+                match self.attach_one("cuda_return", target, p.offset, None) {
                     Ok(id) => links.returns.push(id),
                     Err(e) => {
                         tracing::debug!(error = %e, "a CUDA return probe was refused; the others stay");
@@ -163,6 +145,19 @@ impl Collector {
             (true, Some(e)) => Err(e),
             _ => Ok(links),
         }
+    }
+
+    fn attach_one(
+        &mut self,
+        name: &'static str,
+        target: &Path,
+        offset: u64,
+        cookie: Option<u64>,
+    ) -> Result<UProbeLinkId, CudaError> {
+        let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie };
+        program(&mut self.ebpf, name)?
+            .attach(point, target, UProbeScope::AllProcesses)
+            .map_err(|source| CudaError::Attach { path: target.display().to_string(), offset, source })
     }
 
     pub fn cuda_detach(&mut self, links: Links) {

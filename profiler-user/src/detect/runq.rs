@@ -139,6 +139,12 @@ pub fn evaluate(
         if !long && !p99.is_some_and(|p| ms(p) >= t.runq_p99_ms) {
             continue;
         }
+        // The daemon lowers its own threads' priority on purpose (`threads::lower_this_thread`):
+        // when the longest wait is its own, it yielded as designed; no finding names the
+        // profiler as a victim of the machine it profiles.
+        if r.waiter.as_ref().is_some_and(|w| w.pid == std::process::id()) {
+            continue;
+        }
         // One CPU alone has no elsewhere: its waits count as they are.
         let others = (busy.len() > 1).then(|| (total - busy[cpu]) / (busy.len() - 1) as f64);
         if others.is_some_and(|o| o > OTHERS_BUSY_MAX) {

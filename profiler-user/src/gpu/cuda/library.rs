@@ -29,6 +29,32 @@ pub struct Mapped {
     pub map_files: PathBuf,
 }
 
+/// Lines of a process's maps read at most when looking for the library.
+const MAPS_LINES_MAX: usize = 200_000;
+
+/// The CUDA driver library process `pid` maps, if any: its maps read a line at a time (they
+/// can be megabytes), up to the library's first line.
+pub fn find_in_maps(pid: u32) -> Option<Mapped> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(format!("/proc/{pid}/maps")).ok()?;
+    let mut reader = std::io::BufReader::with_capacity(64 << 10, file);
+    let mut line = String::new();
+    for _ in 0..MAPS_LINES_MAX {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+        // Cheap test first: most lines are not the library.
+        if line.contains(LIBRARY)
+            && let Some(m) = find(pid, &line)
+        {
+            return Some(m);
+        }
+    }
+    None
+}
+
 /// The CUDA driver library `maps` (a `/proc/PID/maps` text) shows mapped, if any.
 pub fn find(pid: u32, maps: &str) -> Option<Mapped> {
     for line in maps.lines() {

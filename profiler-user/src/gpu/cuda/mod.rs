@@ -48,11 +48,15 @@ pub const DRAIN_EVERY: Duration = Duration::from_millis(900);
 /// How often the processes holding probed files are checked for life (their exit event may be
 /// lost).
 const ALIVE_EVERY: Duration = Duration::from_secs(5);
+/// The least time between two reads of one process's maps.
+const MAPS_EVERY: Duration = Duration::from_millis(500);
 /// Processes given tracks per drain at most (the busiest launchers).
 const TRACKS_MAX: usize = 32;
 /// Stacks kept symbolized between drains (a launch site is drained every second for as long as
-/// it launches).
-const STACKS_KEPT: usize = 4096;
+/// it launches). Twice what the kernel's stack map holds (`CUDA_STACKS_MAX`): a stack it no
+/// longer holds cannot be drained under a new hash anyway, and each entry shares its frames
+/// with the symbolizer's cache.
+const STACKS_KEPT: usize = 1024;
 
 /// Calls a second per process above which the rate guard duty-cycles the probes: 10,000 a
 /// second stay exact with room to spare (a paced loop measures a little over its rate). At
@@ -106,8 +110,8 @@ pub struct Recorder {
     data_dir: PathBuf,
     files: BTreeMap<FileId, File>,
     by_pid: HashMap<u32, FileId>,
-    /// Each process's VM size (pages) when its maps were last read.
-    sizes: HashMap<u32, u64>,
+    /// Each process's VM size (pages) when its maps were last read, and when.
+    sizes: HashMap<u32, (u64, Instant)>,
     writers: HashMap<SampleKind, StoreWriter>,
     stacks: LruCache<u64, Sample>,
     started: bool,
@@ -226,11 +230,16 @@ impl Recorder {
             return false;
         }
         let Some(size) = vm_pages(pid) else { return false };
-        if self.sizes.insert(pid, size) == Some(size) {
-            return false;
+        let now = Instant::now();
+        match self.sizes.get(&pid) {
+            Some(&(s, _)) if s == size => return false,
+            // A process whose size keeps changing (an allocator's arenas) is read at most this
+            // often: its maps can be megabytes (60,000 mappings) and take its mmap lock.
+            Some(&(_, at)) if now.duration_since(at) < MAPS_EVERY => return false,
+            _ => {}
         }
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return false };
-        let Some(m) = library::find(pid, &maps) else { return false };
+        self.sizes.insert(pid, (size, now));
+        let Some(m) = library::find_in_maps(pid) else { return false };
         if !self.files.contains_key(&m.id) && self.files.len() >= FILES_MAX {
             tracing::debug!(library = %m.path.display(), "more CUDA driver libraries than the daemon probes ({FILES_MAX}): not probed");
             return false;
