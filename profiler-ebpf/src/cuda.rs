@@ -9,7 +9,7 @@ use aya_ebpf::{
     EbpfContext,
     bindings::BPF_F_USER_STACK,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel_buf, bpf_probe_read_user,
         generated::{
             bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack,
             bpf_ktime_get_boot_ns,
@@ -41,6 +41,10 @@ static CUDA_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
 
 #[map]
 static CUDA_SCRATCH: PerCpuArray<Record> = PerCpuArray::with_max_entries(1, 0);
+
+/// The probe's registers, copied out of its context.
+#[map]
+static CUDA_REGS: PerCpuArray<Regs> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static CUDA_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
@@ -132,9 +136,15 @@ fn enter(ctx: &ProbeContext) {
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     // A uprobe fires in user mode at the function's first instruction: the context's registers
     // are the caller's user registers (`pt_regs` starts with what `Regs` names on both arches).
-    // Copied with a helper: the verifier refuses loads through a ctx pointer the compiler offset.
-    let Ok(regs) = (unsafe { bpf_probe_read_kernel(ctx.regs as *const Regs) }) else { return };
-    let regs = &regs;
+    // Copied with a helper (the verifier refuses loads through a ctx pointer the compiler
+    // offset) into map memory: arm64's registers (272 bytes) do not fit the BPF stack beside
+    // the rest.
+    let Some(slot) = CUDA_REGS.get_ptr_mut(0) else { return };
+    let buf = unsafe { core::slice::from_raw_parts_mut(slot.cast::<u8>(), core::mem::size_of::<Regs>()) };
+    if unsafe { bpf_probe_read_kernel_buf(ctx.regs as *const u8, buf) }.is_err() {
+        return;
+    }
+    let regs = unsafe { &*slot };
     let now = unsafe { bpf_ktime_get_boot_ns() };
     if inside_library(c, regs) {
         // Called by the library itself (`cuLaunchKernel` going through `cuLaunchKernelEx`):
