@@ -55,7 +55,7 @@ pub struct Sample {
 /// What a store's samples count. The CPU samples live in `DATA_DIR/segments`; each CUDA kind
 /// in a store of its own under `DATA_DIR/cuda/<kind>` (see `gpu::cuda`), whose rows carry
 /// weights (launches, nanoseconds blocked, bytes) and are read by the same queries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SampleKind {
     /// CPU time: one sample per tick.

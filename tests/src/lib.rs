@@ -5,6 +5,7 @@ pub mod clickhouse;
 pub mod cuda;
 pub mod netlab;
 pub mod nvml;
+pub mod otlp;
 
 use std::{
     path::{Path, PathBuf},

@@ -334,3 +334,105 @@ fn a_library_a_user_could_rewrite_is_not_probed() {
     app.finish();
     daemon.stop();
 }
+
+/// The sum of one CUDA kind's values for `pid` in the OTLP requests the receiver took.
+fn otlp_total(bodies: &[Vec<u8>], sample_type: &str, pid: i64) -> i64 {
+    use profiler::export::otlp::proto::{ExportProfilesServiceRequest, Value};
+    use prost::Message;
+    let mut total = 0;
+    for body in bodies {
+        let req = ExportProfilesServiceRequest::decode(&body[..]).expect("a request our definitions read");
+        let d = req.dictionary.as_ref().unwrap();
+        for p in &req.resource_profiles[0].scope_profiles[0].profiles {
+            let t = p.sample_type.as_ref().unwrap();
+            if d.string_table[t.type_strindex as usize] != sample_type {
+                continue;
+            }
+            for s in &p.samples {
+                let of_pid = s.attribute_indices.iter().any(|&i| {
+                    let a = &d.attribute_table[i as usize];
+                    d.string_table[a.key_strindex as usize] == "process.pid"
+                        && a.value.as_ref().and_then(|v| v.value.as_ref()) == Some(&Value::Int(pid))
+                });
+                if of_pid {
+                    total += s.values.iter().sum::<i64>();
+                }
+            }
+        }
+    }
+    total
+}
+
+/// CUDA counts go where the samples go: into ClickHouse, where `--clickhouse` reads them back as
+/// the node's store has them, and to an OTLP receiver as profiles of their own sample types.
+#[test]
+fn cuda_counts_reach_clickhouse_and_an_otlp_receiver_as_the_store_has_them() {
+    if !privileged("cuda") {
+        return;
+    }
+    let servers = tempfile::tempdir().unwrap();
+    let Some(ch) = integration_tests::clickhouse::ClickHouse::start(&servers.path().join("clickhouse")) else {
+        return;
+    };
+    let (otlp_url, received) = integration_tests::otlp::receiver(0);
+    let config = servers.path().join("profiler.toml");
+    std::fs::write(&config, "[otlp]\ninterval = \"1s\"\n").unwrap();
+    let (url, config) = (ch.url(), config.to_str().unwrap().to_string());
+    let extra = ["--node", "gpu-a", "--clickhouse", &url, "--otlp-endpoint", &otlp_url, "--config", &config];
+    let Some((_tmp, lib, data, mut daemon)) = ready(&extra) else { return };
+    let from = integration_tests::now_secs().floor() as u64;
+    let mut app = cuda::App::start(&lib, &[], 2000);
+    wait_probed(&data, 1);
+    check_exact(&data, &mut app);
+    let pid = app.pid();
+    app.finish();
+    let to = integration_tests::now_secs().ceil() as u64 + 1;
+    integration_tests::clickhouse::wait_shipped(&data, to * 1_000_000_000);
+    let (from, to, pid_arg) = (from.to_string(), to.to_string(), pid.to_string());
+    let dir = data.to_str().unwrap();
+    for kind in ["cuda-launches", "cuda-sync", "cuda-copies"] {
+        let args =
+            ["flamegraph", "--format", "folded", "--samples", kind, "--from", &from, "--to", &to, "--pid", &pid_arg];
+        let local = profiler(&[&args[..], &["--data-dir", dir]].concat());
+        let fleet = profiler(&[&args[..], &["--clickhouse", &url, "--node", "gpu-a"]].concat());
+        assert!(local.status.success(), "{}", String::from_utf8_lossy(&local.stderr));
+        assert!(fleet.status.success(), "{}", String::from_utf8_lossy(&fleet.stderr));
+        let (local, fleet) = (String::from_utf8(local.stdout).unwrap(), String::from_utf8(fleet.stdout).unwrap());
+        assert!(local.contains("wait_gpu") || kind != "cuda-sync", "{kind}: the app's waits in the store:\n{local}");
+        assert_eq!(local, fleet, "{kind}: the store and ClickHouse differ");
+    }
+    // The page reads them from ClickHouse too (`profiler ui --clickhouse`).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = std::process::Command::new(integration_tests::profiler_bin())
+        .args(["ui", "--clickhouse", &url, "--listen", &listen])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let _ui = integration_tests::Kill(child);
+    let token = line.trim().split_once("/#token=").map(|(_, t)| t.to_string()).expect("the page's address");
+    let path = format!("/api/flamegraph?format=folded&samples=cuda-launches&node=gpu-a&from={from}&to={to}");
+    let (code, body) = integration_tests::http_get(&listen, &path, "127.0.0.1", Some(&token));
+    assert_eq!(code, 200, "{body}");
+    let page: u64 = integration_tests::parse_folded(&body).iter().map(|(_, n)| n).sum();
+    assert_eq!(page, 5000, "launches on the page read from ClickHouse:\n{body}");
+    let launches = ch.number(&format!(
+        "SELECT sum(value) FROM profiler.cuda_samples WHERE node = 'gpu-a' AND kind = 'cuda-launches' AND pid = {pid}"
+    ));
+    assert_eq!(launches, 5000, "launches in ClickHouse");
+    // The OTLP receiver: every launch once, in profiles of type cuda_launches.
+    let got = wait_for_every(
+        "the launches at the OTLP receiver",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || {
+            let total = otlp_total(&received.lock().unwrap().accepted, "cuda_launches", i64::from(pid));
+            (total >= 5000).then_some(total)
+        },
+    );
+    assert_eq!(got, 5000, "launches pushed over OTLP");
+    daemon.stop();
+}

@@ -68,11 +68,10 @@ impl Opened {
         if kind == SampleKind::Cpu {
             return self.load(windows);
         }
-        if self.fleet.is_some() {
-            anyhow::bail!(
-                "--samples {} reads the node's own data directory: CUDA counts are not shipped to ClickHouse yet",
-                kind.name()
-            );
+        if let Some((fleet, mirror)) = &mut self.fleet {
+            let from = windows.iter().map(|w| w.from_ns).min().expect("a window");
+            let to = windows.iter().map(|w| w.to_ns).max().expect("a window");
+            mirror.copy_kind(fleet, Window::new(from, to)?, kind)?;
         }
         let dir = kind.store_dir(&self.data_dir);
         if !dir.is_dir() {

@@ -128,7 +128,9 @@ impl CudaDetect {
     }
 
     fn launch_figures(&mut self, window_ns: u64) {
-        let mut per_pid: HashMap<u32, (u64, f64, HashMap<Arc<str>, u64>)> = HashMap::new();
+        // Per process: launches, seconds covered, launches per Python line.
+        type Launches = (u64, f64, HashMap<Arc<str>, u64>);
+        let mut per_pid: HashMap<u32, Launches> = HashMap::new();
         for w in self.threads.values() {
             for (_, secs, th) in &w.drains {
                 let e = per_pid.entry(th.pid).or_default();

@@ -14,7 +14,7 @@ use super::{Fleet, FleetError, Node};
 use crate::{
     collect::kmsg::Event,
     detect::{self, Finding},
-    model::{Location, Sample, Stack},
+    model::{Location, Sample, SampleKind, Stack},
     query::Window,
     ship::clickhouse::schema,
     store::{self, Meta, StoreWriter, format::FORMAT_VERSION, identity::Identity},
@@ -122,16 +122,7 @@ impl Mirror {
             });
         }
         let segments = store::segments_dir(self.dir.path());
-        let mut copier = Copier {
-            fleet,
-            node,
-            segments: &segments,
-            writer: None,
-            hz: 0,
-            stacks: HashMap::new(),
-            strings: HashMap::new(),
-            samples: 0,
-        };
+        let mut copier = Copier::new(fleet, node, &segments, SampleKind::Cpu);
         let mut chunk = lo;
         while chunk < hi {
             let end = (chunk + CHUNK_NS).min(hi);
@@ -145,11 +136,44 @@ impl Mirror {
         self.samples += copier.samples;
         Ok(())
     }
+
+    /// Copies what ClickHouse holds of the node's `kind` counts (`cuda_samples`) in the whole
+    /// seconds of `window` into the copy's store of that kind ([`SampleKind::store_dir`]).
+    /// Call once per kind. The rows are few (one per second, thread and stack), so the bound
+    /// is the samples' own.
+    pub fn copy_kind(&mut self, fleet: &Fleet, window: Window, kind: SampleKind) -> Result<(), FleetError> {
+        let (lo, hi) = (window.from_ns / SEC * SEC, window.to_ns.div_ceil(SEC) * SEC);
+        let dir = kind.store_dir(self.dir.path());
+        let segments = store::segments_dir(&dir);
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&segments).map_err(FleetError::Temp)?;
+        let mut copier = Copier::new(fleet, &self.node, &segments, kind);
+        let mut chunk = lo;
+        while chunk < hi {
+            let end = (chunk + CHUNK_NS).min(hi);
+            copier.samples(chunk, end)?;
+            if let Some(w) = copier.writer.as_mut() {
+                w.flush(end)?;
+            }
+            chunk = end;
+            if copier.samples > MAX_SAMPLES {
+                return Err(FleetError::TooMany {
+                    node: self.node.name.clone(),
+                    rows: copier.samples,
+                    limit: MAX_SAMPLES,
+                    from: timespec::format(window.from_ns),
+                    to: timespec::format(window.to_ns),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 struct Copier<'a> {
     fleet: &'a Fleet,
     node: &'a Node,
+    /// What is copied: the CPU samples, or a CUDA kind's weighted rows.
+    kind: SampleKind,
     segments: &'a Path,
     writer: Option<StoreWriter>,
     /// The frequency the writer records.
@@ -160,7 +184,21 @@ struct Copier<'a> {
     samples: u64,
 }
 
-impl Copier<'_> {
+impl<'a> Copier<'a> {
+    fn new(fleet: &'a Fleet, node: &'a Node, segments: &'a Path, kind: SampleKind) -> Self {
+        Copier {
+            fleet,
+            node,
+            kind,
+            segments,
+            writer: None,
+            hz: 0,
+            stacks: HashMap::new(),
+            strings: HashMap::new(),
+            samples: 0,
+        }
+    }
+
     /// The writer for blocks recorded at `hz`: a new identity (block) when it changes.
     fn writer(&mut self, hz: u32, now: u64) -> Result<&mut StoreWriter, FleetError> {
         if self.writer.is_none() || (hz != self.hz && hz != 0) {
@@ -198,22 +236,27 @@ impl Copier<'_> {
     }
 
     fn samples(&mut self, from: u64, to: u64) -> Result<(), FleetError> {
-        let (fleet, range) = (self.fleet, Fleet::node_range(&self.node.name, from, to));
+        let (fleet, mut range) = (self.fleet, Fleet::node_range(&self.node.name, from, to));
+        let table = match self.kind {
+            SampleKind::Cpu => fleet.table(schema::SAMPLES),
+            kind => {
+                range = format!("{range} AND kind = {}", schema::quote_str(kind.name()));
+                fleet.table(schema::CUDA_SAMPLES)
+            }
+        };
         let stacks = fleet.rows(
             &format!(
                 "SELECT stack_id, any(frames), any(kernel) FROM {} WHERE stack_id GLOBAL IN \
-                 (SELECT stack_id FROM {} WHERE {range}) GROUP BY stack_id",
+                 (SELECT stack_id FROM {table} WHERE {range}) GROUP BY stack_id",
                 fleet.table(schema::STACKS),
-                fleet.table(schema::SAMPLES)
             ),
             |r| Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect::<Vec<_>>(), r.bytes()?.to_vec())),
         )?;
         let locations = fleet.rows(
             &format!(
                 "SELECT stack_id, any(files), any(addrs) FROM {} WHERE stack_id GLOBAL IN \
-                 (SELECT stack_id FROM {} WHERE {range}) GROUP BY stack_id",
+                 (SELECT stack_id FROM {table} WHERE {range}) GROUP BY stack_id",
                 fleet.table(schema::STACK_LOCATIONS),
-                fleet.table(schema::SAMPLES)
             ),
             |r| Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect::<Vec<_>>(), r.u64s()?)),
         );
@@ -239,10 +282,18 @@ impl Copier<'_> {
             }
             self.stacks.entry(id).or_insert_with(|| Arc::new(stack));
         }
-        let sql = format!(
-            "SELECT ts, cpu, pid, tid, comm, stack_id, workload, count FROM {} WHERE {range}",
-            fleet.table(schema::SAMPLES)
-        );
+        let sql = match self.kind {
+            SampleKind::Cpu => {
+                format!(
+                    "SELECT ts, cpu, pid, tid, comm, stack_id, workload, toUInt64(count) FROM {table} WHERE {range}"
+                )
+            }
+            // A row sent twice is there twice until a merge: one per key.
+            _ => format!(
+                "SELECT ts, any(cpu), any(pid), tid, any(comm), stack_id, any(workload), max(value) FROM {table} \
+                 WHERE {range} GROUP BY ts, tid, stack_id"
+            ),
+        };
         let bytes_rows = fleet.rows(&sql, |r| {
             Ok((
                 r.u64()?,
@@ -252,7 +303,7 @@ impl Copier<'_> {
                 r.string()?.to_string(),
                 r.u64()?,
                 r.string()?.to_string(),
-                r.u32()?,
+                r.u64()?,
             ))
         })?;
         for (ts_ns, cpu, pid, tid, comm, stack_id, workload, count) in bytes_rows {
@@ -274,13 +325,24 @@ impl Copier<'_> {
                 stack,
                 workload: self.intern(&workload),
             };
-            let hz = self.hz;
+            let (hz, kind) = (self.hz, self.kind);
             let w = self.writer(hz, ts_ns)?;
-            // A rolled-up row comes back as the samples it stands for.
-            for _ in 0..count.max(1) {
-                w.push(&sample);
+            if kind == SampleKind::Cpu {
+                // A rolled-up row comes back as the samples it stands for.
+                for _ in 0..count.max(1) {
+                    w.push(&sample);
+                }
+                self.samples += count.max(1);
+            } else {
+                // A weighted row, as the daemon writes it: split where it passes a u32.
+                let mut left = count;
+                while left > 0 {
+                    let part = left.min(u64::from(u32::MAX));
+                    left -= part;
+                    w.push_weighted(&sample, part as u32);
+                }
+                self.samples += 1;
             }
-            self.samples += u64::from(count.max(1));
         }
         Ok(())
     }

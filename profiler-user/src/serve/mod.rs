@@ -207,6 +207,10 @@ impl Params {
         Ok(app.source.dir(self.node.as_deref(), window)?)
     }
 
+    fn dir_of(&self, app: &AppState, window: Option<Window>, kind: SampleKind) -> Result<source::Dir, Failure> {
+        Ok(app.source.dir_of(self.node.as_deref(), window, kind)?)
+    }
+
     /// The kind of counts asked for; anything but the four names is refused with a sentence.
     fn kind(&self) -> Result<SampleKind, Failure> {
         match self.samples.as_deref().filter(|s| !s.is_empty()) {
@@ -221,13 +225,7 @@ impl Params {
     /// The store of `kind`'s counts for this request's node over `window`, with the directory
     /// that keeps a copy of a fleet's node alive while it is read.
     fn store(&self, app: &AppState, window: Window, kind: SampleKind) -> Result<(source::Dir, Store), Failure> {
-        if kind != SampleKind::Cpu && matches!(*app.source, source::Source::Fleet(_)) {
-            return Err(bad(format!(
-                "samples={}: CUDA counts are not shipped to ClickHouse yet: open the node's own `profiler ui`",
-                kind.name()
-            )));
-        }
-        let dir = self.dir(app, Some(window))?;
+        let dir = self.dir_of(app, Some(window), kind)?;
         let path = kind.store_dir(dir.path());
         if kind != SampleKind::Cpu && !path.is_dir() {
             return Err(Failure(StatusCode::NOT_FOUND, not_recorded(kind)));

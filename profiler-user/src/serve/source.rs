@@ -14,6 +14,7 @@ use std::{
 
 use crate::{
     fleet::{Fleet, FleetError, mirror::Mirror},
+    model::SampleKind,
     query::Window,
     store::{Meta, StoreSummary},
     timespec,
@@ -72,6 +73,8 @@ pub struct FleetSource {
 
 struct Copy {
     node: String,
+    /// The samples copied: the CPU's, or a CUDA kind's (a copy of its own).
+    kind: SampleKind,
     /// `None`: findings, events and the node's description, no samples.
     window: Option<Window>,
     made_ns: u64,
@@ -98,6 +101,11 @@ impl Source {
     /// The data directory that answers for `node` (empty: the default one) over `window`
     /// (`None`: its findings, events and description only).
     pub fn dir(&self, node: Option<&str>, window: Option<Window>) -> Result<Dir, SourceError> {
+        self.dir_of(node, window, SampleKind::Cpu)
+    }
+
+    /// As [`Source::dir`], with `kind`'s samples in it (a CUDA kind: in `kind.store_dir`).
+    pub fn dir_of(&self, node: Option<&str>, window: Option<Window>, kind: SampleKind) -> Result<Dir, SourceError> {
         let asked = node.filter(|n| !n.is_empty());
         match self {
             Source::Store(dir) => {
@@ -109,7 +117,7 @@ impl Source {
                 }
                 Ok(Dir { path: dir.clone(), _copy: None })
             }
-            Source::Fleet(f) => f.dir(asked, window),
+            Source::Fleet(f) => f.dir(asked, window, kind),
         }
     }
 
@@ -149,24 +157,29 @@ impl FleetSource {
         }
     }
 
-    fn dir(&self, asked: Option<&str>, window: Option<Window>) -> Result<Dir, SourceError> {
+    fn dir(&self, asked: Option<&str>, window: Option<Window>, kind: SampleKind) -> Result<Dir, SourceError> {
         let name = self.resolve(asked)?;
         // Held while copying: the page's concurrent requests for one window wait for one copy.
         let mut copies = self.copies.lock().unwrap_or_else(|e| e.into_inner());
         let now = timespec::now_ns();
-        if let Some(c) = copies.iter().find(|c| c.node == name && covers(c.window, c.made_ns, window, now)) {
+        let found = copies.iter().find(|c| {
+            c.node == name && (c.kind == kind || window.is_none()) && covers(c.window, c.made_ns, window, now)
+        });
+        if let Some(c) = found {
             return Ok(Dir { path: c.mirror.data_dir().to_path_buf(), _copy: Some(c.mirror.clone()) });
         }
         let node = self.fleet.node(Some(&name))?;
         let mut mirror = Mirror::new(&self.fleet, node)?;
-        if let Some(w) = window {
-            mirror.copy(&self.fleet, w)?;
+        match (window, kind) {
+            (Some(w), SampleKind::Cpu) => mirror.copy(&self.fleet, w)?,
+            (Some(w), kind) => mirror.copy_kind(&self.fleet, w, kind)?,
+            (None, _) => {}
         }
         let mirror = Arc::new(mirror);
         if copies.len() >= KEEP {
             copies.remove(0);
         }
-        copies.push(Copy { node: name, window, made_ns: now, mirror: mirror.clone() });
+        copies.push(Copy { node: name, kind, window, made_ns: now, mirror: mirror.clone() });
         Ok(Dir { path: mirror.data_dir().to_path_buf(), _copy: Some(mirror) })
     }
 }

@@ -37,6 +37,8 @@ pub struct Stats {
     pub bytes: u64,
     /// Findings' openings and closings sent as log records (OTLP only).
     pub log_records: u64,
+    /// Samples of the CUDA profiles accepted (one per kind, second, thread and stack).
+    pub cuda_samples: u64,
     /// Attempts that failed in a way worth another try (connection, timeout, 429, 502-504).
     pub retries: u64,
     /// Failures by reason: `rejected` (a batch refused for good, then skipped), `partial`

@@ -22,6 +22,7 @@ use super::{
 use crate::{
     config::Otlp,
     export::otlp::{Builder, logs},
+    model::SampleKind,
     query::{self, Filter, QueryError, Window},
     serve::metrics::Live,
     store::{Store, StoreError, format::SEGMENT_NS, reader::Need},
@@ -42,8 +43,16 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// records (`ship::findings`), sent to the logs signal's path of the same endpoint.
 #[derive(Debug, Clone, Copy)]
 enum Signal {
-    Profiles { samples: u64 },
-    Logs { records: u64 },
+    Profiles {
+        samples: u64,
+    },
+    /// One CUDA kind's rows (launches, time blocked or bytes per second, thread and stack).
+    Cuda {
+        rows: u64,
+    },
+    Logs {
+        records: u64,
+    },
 }
 
 pub struct Shipper {
@@ -121,6 +130,9 @@ impl Shipper {
             if samples > 0 && !self.deliver(Signal::Profiles { samples }, body, &mut stats, cursor).await {
                 break; // stopped: the batch goes again after a restart
             }
+            if !self.send_cuda(cursor, end, &mut stats).await {
+                break;
+            }
             if !self.send_findings(&mut owed, cursor, end, &mut stats).await {
                 break;
             }
@@ -168,6 +180,41 @@ impl Shipper {
         Ok((transport::body(&self.config, &message), samples))
     }
 
+    /// Sends the CUDA stores' rows of `[from, to)`, a request per kind (a request's profiles
+    /// share one sample type); false if the daemon stopped first. A store that cannot be read
+    /// is said and skipped: it must not hold the CPU samples back.
+    async fn send_cuda(&mut self, from: u64, to: u64, stats: &mut Stats) -> bool {
+        for kind in SampleKind::CUDA {
+            let dir = kind.store_dir(&self.data_dir);
+            if !crate::store::segments_dir(&dir).is_dir() {
+                continue;
+            }
+            let request = Window::new(from, to).and_then(|window| {
+                let mut store = Store::open(&dir)?;
+                let mut b = Builder::new(window, &self.host, self.frequency_hz).with_kind(kind);
+                let mut rows = 0;
+                query::for_each_sample(&mut store, window, &Filter::default(), |s| {
+                    b.add(s);
+                    rows += 1;
+                })?;
+                Ok((transport::body(&self.config, &prost::Message::encode_to_vec(&b.finish())), rows))
+            });
+            match request {
+                Ok((_, 0)) => {}
+                Ok((body, rows)) => {
+                    if !self.deliver(Signal::Cuda { rows }, body, stats, from).await {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    *stats.errors.entry("store").or_default() += 1;
+                    tracing::error!(samples = kind.name(), error = %e, "the OTLP shipper cannot read a CUDA store; its rows of this batch are not sent");
+                }
+            }
+        }
+        true
+    }
+
     /// Where the cursor goes after `end`: past a stretch without segments (the daemon was off,
     /// or retention removed it) to the next data, or to the completed seconds' end when no data
     /// follows, so a gap costs one step, not one per interval.
@@ -208,7 +255,7 @@ impl Shipper {
     /// Posts `body` until it is taken or refused for good; false if the daemon stopped first.
     async fn deliver(&mut self, signal: Signal, body: Bytes, stats: &mut Stats, cursor: u64) -> bool {
         let config = match signal {
-            Signal::Profiles { .. } => self.config.clone(),
+            Signal::Profiles { .. } | Signal::Cuda { .. } => self.config.clone(),
             Signal::Logs { .. } => self.config.for_logs(),
         };
         let mut backoff = FIRST_BACKOFF;
@@ -228,6 +275,10 @@ impl Shipper {
                         Signal::Profiles { samples } => {
                             stats.batches += 1;
                             stats.samples += samples;
+                        }
+                        Signal::Cuda { rows } => {
+                            stats.batches += 1;
+                            stats.cuda_samples += rows;
                         }
                         Signal::Logs { records } => stats.log_records += records,
                     }

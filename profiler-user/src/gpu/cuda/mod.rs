@@ -471,7 +471,7 @@ impl Recorder {
             e.1 += t.sync_ns;
         }
         let mut busiest: Vec<(u32, (u64, u64))> = per_pid.into_iter().collect();
-        busiest.sort_by(|a, b| (b.1.0, b.1.1).cmp(&(a.1.0, a.1.1)));
+        busiest.sort_by_key(|b| std::cmp::Reverse((b.1.0, b.1.1)));
         busiest.truncate(TRACKS_MAX);
         let mut points = Vec::new();
         for (pid, (launches, sync_ns)) in busiest {

@@ -441,6 +441,12 @@ fn otlp(l: &Live, out: &mut String) {
             |name: &str, help: &str, v: u64| family(name, "counter", help, vec![(String::new(), v as f64)]);
         counter("profiler_otlp_batches_total", "OTLP export requests the receiver accepted.", o.batches);
         counter("profiler_otlp_samples_total", "Samples in the OTLP requests the receiver accepted.", o.samples);
+        counter(
+            "profiler_otlp_cuda_samples_total",
+            "Samples of CUDA profiles (launches, time blocked, bytes copied per second, thread and stack) the OTLP \
+             receiver accepted.",
+            o.cuda_samples,
+        );
         counter("profiler_otlp_bytes_total", "Bytes of the OTLP requests the receiver accepted, as sent.", o.bytes);
         counter(
             "profiler_otlp_log_records_total",

@@ -47,6 +47,12 @@ pub fn render(s: &Stats) -> String {
         &[("", get(&s.counter_rows))],
     );
     family(
+        "profiler_clickhouse_cuda_rows_total",
+        "counter",
+        "CUDA rows (launches, time blocked, bytes copied per second, thread and stack) inserted into ClickHouse.",
+        &[("", get(&s.cuda_rows))],
+    );
+    family(
         "profiler_clickhouse_sent_bytes_total",
         "counter",
         "Bytes of insert bodies sent to ClickHouse (gzipped RowBinary), by table.",
@@ -81,6 +87,6 @@ mod tests {
         let text = render(&s);
         assert!(text.contains("\nprofiler_clickhouse_rows_total 7\n"), "{text}");
         assert!(text.contains("\nprofiler_clickhouse_lag_seconds NaN\n"), "{text}");
-        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE")).count(), 9);
+        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE")).count(), 10);
     }
 }

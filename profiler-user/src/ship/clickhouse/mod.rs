@@ -129,6 +129,8 @@ pub struct Stats {
     pub events: AtomicU64,
     /// Counter-track rows sent (one per track and tick; again with a re-sent batch).
     pub counter_rows: AtomicU64,
+    /// CUDA rows sent (`cuda_samples`: one per kind, second, thread and stack).
+    pub cuda_rows: AtomicU64,
     /// Gzipped bytes sent: sample rows, stack rows.
     pub sample_bytes: AtomicU64,
     pub stack_bytes: AtomicU64,

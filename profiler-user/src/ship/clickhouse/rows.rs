@@ -2,9 +2,9 @@
 //! little-endian at their width, strings as a LEB128 length and bytes, arrays as a LEB128
 //! length and elements. Batches go gzipped on the wire (18.16 reads `Content-Encoding: gzip`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::{query::SampleRef, store::format::CpuCounts};
+use crate::{model::SampleKind, query::SampleRef, store::format::CpuCounts};
 
 /// The id of a stack: XXH3-64 of its frames, root first, each as its kernel flag (one byte), its
 /// name and a 0xff byte (never in UTF-8, so names cannot run into each other), then, for a frame
@@ -68,6 +68,19 @@ pub struct Batch {
     pub locations: Vec<u8>,
     /// Samples the rows stand for (more than rows in rolled-up data).
     pub samples_count: u64,
+    /// The CUDA stores' rows (`cuda_samples`), one per kind, second, thread and stack: rows
+    /// the store split at `u32::MAX` (bytes copied) are one again, so the table's key is the
+    /// row's identity and a row sent twice collapses in merges.
+    cuda: BTreeMap<(SampleKind, u64, u32, u64), CudaRow>,
+}
+
+#[derive(Debug)]
+struct CudaRow {
+    cpu: u16,
+    pid: u32,
+    comm: u32,
+    workload: u32,
+    value: u64,
 }
 
 impl Batch {
@@ -87,6 +100,61 @@ impl Batch {
 
     /// Adds a sample; its stack too when `shipped` does not hold it yet.
     pub fn push(&mut self, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) {
+        let id = self.stack(s, shipped);
+        self.ts.push(s.ts_ns);
+        // CPU numbers above 65535 do not exist on Linux today (NR_CPUS is at most 8192).
+        self.cpu.push(s.cpu.min(u16::MAX as u32) as u16);
+        self.pid.push(s.pid);
+        self.tid.push(s.tid);
+        let comm = self.name(s.comm);
+        self.comm.push(comm);
+        self.stack.push(id);
+        let workload = self.name(s.workload);
+        self.workload.push(workload);
+        self.count.push(s.count.min(u32::MAX as u64) as u32);
+        self.samples_count += s.count;
+    }
+
+    /// Adds a row of a CUDA store (its weight: launches, microseconds blocked, bytes).
+    pub fn push_cuda(&mut self, kind: SampleKind, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) {
+        let id = self.stack(s, shipped);
+        let (comm, workload) = (self.name(s.comm), self.name(s.workload));
+        let row = self.cuda.entry((kind, s.ts_ns, s.tid, id)).or_insert(CudaRow {
+            cpu: s.cpu.min(u16::MAX as u32) as u16,
+            pid: s.pid,
+            comm,
+            workload,
+            value: 0,
+        });
+        row.value = row.value.saturating_add(s.count);
+    }
+
+    /// `cuda_samples` rows in this batch.
+    pub fn cuda_rows(&self) -> usize {
+        self.cuda.len()
+    }
+
+    /// `cuda_samples` rows (RowBinary): `node, ts, kind, cpu, pid, tid, comm, stack_id,
+    /// workload, value`.
+    pub fn cuda(&self, node: &str) -> Vec<u8> {
+        let mut o = Vec::with_capacity(self.cuda.len() * (node.len() + 64));
+        for (&(kind, ts, tid, stack), r) in &self.cuda {
+            put_str(&mut o, node);
+            o.extend_from_slice(&ts.to_le_bytes());
+            put_str(&mut o, kind.name());
+            o.extend_from_slice(&r.cpu.to_le_bytes());
+            o.extend_from_slice(&r.pid.to_le_bytes());
+            o.extend_from_slice(&tid.to_le_bytes());
+            put_str(&mut o, &self.names[r.comm as usize]);
+            o.extend_from_slice(&stack.to_le_bytes());
+            put_str(&mut o, &self.names[r.workload as usize]);
+            o.extend_from_slice(&r.value.to_le_bytes());
+        }
+        o
+    }
+
+    /// The id of `s`'s stack, its rows added when `shipped` does not hold it yet.
+    fn stack(&mut self, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) -> u64 {
         let id = stack_id(s.frames, s.locations);
         if shipped.insert(id) {
             let o = &mut self.stacks;
@@ -111,18 +179,7 @@ impl Batch {
                 }
             }
         }
-        self.ts.push(s.ts_ns);
-        // CPU numbers above 65535 do not exist on Linux today (NR_CPUS is at most 8192).
-        self.cpu.push(s.cpu.min(u16::MAX as u32) as u16);
-        self.pid.push(s.pid);
-        self.tid.push(s.tid);
-        let comm = self.name(s.comm);
-        self.comm.push(comm);
-        self.stack.push(id);
-        let workload = self.name(s.workload);
-        self.workload.push(workload);
-        self.count.push(s.count.min(u32::MAX as u64) as u32);
-        self.samples_count += s.count;
+        id
     }
 
     /// Keeps only the samples after `ts_ns` (what a server that already holds part of the
@@ -274,6 +331,24 @@ mod tests {
         assert_eq!(b.rows(), 1);
         assert_eq!(b.ts, [6]);
         assert_eq!(b.native("n1").len(), n.len() - (3 + 8 + 2 + 4 + 4 + 5 + 8 + 1 + 4));
+    }
+
+    #[test]
+    fn cuda_rows_split_by_the_store_are_one_row_again() {
+        let frames = [("launch", false)];
+        let (mut b, mut shipped) = (Batch::default(), HashSet::new());
+        let big = SampleRef { count: u64::from(u32::MAX), ..sample(5, &frames) };
+        b.push_cuda(SampleKind::CudaCopies, &big, &mut shipped);
+        b.push_cuda(SampleKind::CudaCopies, &SampleRef { count: 7, ..big }, &mut shipped);
+        b.push_cuda(SampleKind::CudaLaunches, &SampleRef { count: 3, ..big }, &mut shipped);
+        assert_eq!((b.rows(), b.cuda_rows(), b.new_stacks), (0, 2, 1), "one stack shipped once, two kinds");
+        let rows = b.cuda("n");
+        // node, ts, kind, cpu, pid, tid, comm, stack_id, workload, value.
+        let launches = 2 + 8 + 14 + 2 + 4 + 4 + 5 + 8 + 1 + 8;
+        assert_eq!(rows.len(), launches + launches - 2, "cuda-copies is two bytes shorter than cuda-launches");
+        assert_eq!(&rows[10..24], b"\x0dcuda-launches");
+        assert_eq!(&rows[launches - 8..launches], 3u64.to_le_bytes());
+        assert_eq!(&rows[rows.len() - 8..], (u64::from(u32::MAX) + 7).to_le_bytes());
     }
 
     #[test]

@@ -103,6 +103,16 @@ const TABLES: &[(&str, &str, &str)] = &[
         "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, name, cpu, ts){ttl}",
     ),
     (
+        // The CUDA stores' rows (`model::SampleKind`): `kind` is `cuda-launches` (value:
+        // launches), `cuda-sync` (microseconds blocked) or `cuda-copies` (bytes), one row per
+        // kind, second, thread and stack, so a row sent again collapses in merges (read with
+        // `max(value)` per key, as `fleet` does). Stacks are in `stacks` with the samples'.
+        "cuda_samples",
+        "node String, ts UInt64, kind String, cpu UInt16, pid UInt32, tid UInt32, comm String, stack_id UInt64, \
+         workload String, value UInt64",
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, kind, ts, tid, stack_id){ttl}",
+    ),
+    (
         // How each node records: one row per daemon start or change, the latest wins.
         "nodes",
         "node String, cpus UInt32, hz UInt32, online String, host String, version UInt64",
@@ -118,6 +128,7 @@ pub const FINDINGS: &str = "findings";
 pub const EVENTS: &str = "events";
 pub const CPU_SECONDS: &str = "cpu_seconds";
 pub const COUNTERS: &str = "counters";
+pub const CUDA_SAMPLES: &str = "cuda_samples";
 pub const NODES: &str = "nodes";
 
 /// Every statement, in order, each safe to run again.

@@ -28,6 +28,7 @@ use super::{
     schema,
 };
 use crate::{
+    model::SampleKind,
     query::{Filter, Window, for_each_sample},
     store::{
         Meta, Store,
@@ -211,12 +212,18 @@ impl Shipper {
         let mut batch = Batch::default();
         let mut to = from;
         self.counters.clear();
-        // The counter tracks of the same seconds count toward the batch's bound.
-        while to < settled.min(day_end) && batch.rows() + self.counters.rows < self.config.batch_rows {
+        let mut cuda = self.cuda_stores()?;
+        // The counter tracks and CUDA rows of the same seconds count toward the batch's bound.
+        while to < settled.min(day_end)
+            && batch.rows() + batch.cuda_rows() + self.counters.rows < self.config.batch_rows
+        {
             let next = (to + STEP_NS).min(settled).min(day_end);
             let window = Window::new(to, next)?;
             let shipped = &mut self.shipped_stacks;
             for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(s, shipped))?;
+            for (kind, store) in &mut cuda {
+                for_each_sample(store, window, &Filter::default(), |s| batch.push_cuda(*kind, s, shipped))?;
+            }
             self.counters.read(&self.config.data_dir, &self.config.node, to, next);
             to = next;
         }
@@ -255,6 +262,11 @@ impl Shipper {
             self.client.insert(&self.table(schema::COUNTERS), "RowBinary", &self.counters.bytes)?;
             self.stats.counter_rows.fetch_add(self.counters.rows as u64, Ordering::Relaxed);
         }
+        if batch.cuda_rows() > 0 {
+            // Before the samples too; rows sent again with a partly landed batch collapse.
+            self.client.insert(&self.table(schema::CUDA_SAMPLES), "RowBinary", &batch.cuda(&self.config.node))?;
+            self.stats.cuda_rows.fetch_add(batch.cuda_rows() as u64, Ordering::Relaxed);
+        }
         if batch.rows() > 0 {
             let native = batch.native(&self.config.node);
             let bytes = self.client.insert(&self.table(schema::SAMPLES), "Native", &native)?;
@@ -266,6 +278,18 @@ impl Shipper {
             self.uncertain = false;
         }
         self.advance(to)
+    }
+
+    /// The CUDA stores the daemon has written (none on a node without CUDA processes).
+    fn cuda_stores(&self) -> Result<Vec<(SampleKind, Store)>, ShipError> {
+        let mut out = Vec::new();
+        for kind in SampleKind::CUDA {
+            let dir = kind.store_dir(&self.config.data_dir);
+            if crate::store::segments_dir(&dir).is_dir() {
+                out.push((kind, Store::open(&dir).map_err(crate::query::QueryError::from)?));
+            }
+        }
+        Ok(out)
     }
 
     fn advance(&mut self, to: u64) -> Result<Progress, ShipError> {
@@ -370,7 +394,15 @@ impl Shipper {
             return Ok(());
         }
         let keep_from_day = now_ns().saturating_sub(self.config.max_age_secs.saturating_mul(SEC)) / schema::DAY_NS;
-        for table in [schema::SAMPLES, schema::FINDINGS, schema::EVENTS, schema::CPU_SECONDS, schema::COUNTERS] {
+        let tables = [
+            schema::SAMPLES,
+            schema::FINDINGS,
+            schema::EVENTS,
+            schema::CPU_SECONDS,
+            schema::COUNTERS,
+            schema::CUDA_SAMPLES,
+        ];
+        for table in tables {
             let parts = self.client.query(&format!(
                 "SELECT DISTINCT partition FROM system.parts WHERE active AND database = {} AND table = {}",
                 schema::quote_str(&self.config.database),
