@@ -64,7 +64,7 @@ pub mod counter {
     /// Samples whose user stack was walked with unwind tables.
     pub const UNWIND_TABLES: usize = 6;
     /// Of those, walks that stopped before the outermost frame (no rule for an address, an
-    /// unreadable stack word, or the frame limit).
+    /// unreadable stack word, or the frame limit): every end but `OUTERMOST` and `FP_ZERO`.
     pub const UNWIND_STOPPED: usize = 7;
     /// Event records (exec, fork, exit, cgroup) dropped because the `EVENTS` ring was full.
     pub const EVENTS_LOST: usize = 8;
@@ -74,8 +74,12 @@ pub mod counter {
     pub const CUDA_NESTED: usize = 10;
     /// CUDA calls or stacks not kept: a map was full.
     pub const CUDA_DROPPED: usize = 11;
+    /// How table walks ended: `UNWIND_ENDS + reason` ([`crate::unwind::end`]).
+    pub const UNWIND_ENDS: usize = 12;
+    /// Return addresses the stack scan found (frames no rule could give), after `UNWIND_ENDS`.
+    pub const UNWIND_SCANNED: usize = UNWIND_ENDS + crate::unwind::end::COUNT;
     /// Number of slots.
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = UNWIND_SCANNED + 1;
 }
 
 /// How maxima ("the longest wait since the last read") are reset without a racy write of the

@@ -22,6 +22,45 @@ pub const ROW_SEARCH_STEPS: usize = 24;
 pub const MAPPING_SEARCH_STEPS: usize = 9;
 /// Slot of the unwinder in the `PROGRAMS` program array.
 pub const UNWIND_PROGRAM: u32 = 0;
+/// Slot of the stack scan (`unwind_scan`): tried where a walk found no rule (below).
+pub const SCAN_PROGRAM: u32 = 2;
+/// Stack words the scan reads, from the stack pointer up, for a return address: 24 (an
+/// assembly kernel that saved six registers and kept 17 words of locals) is what 6.18's
+/// verifier takes; 40 passed its million instructions.
+pub const SCAN_WORDS: usize = 24;
+/// Words of the scan loaded where the verifier refuses the first.
+pub const SCAN_WORDS_SMALL: usize = 8;
+/// Scans in one walk at most (each costs two tail calls of the kernel's 33).
+pub const SCAN_MAX: u32 = 4;
+
+/// Why a table walk ended: each is a counter slot (`counter::UNWIND_ENDS` + reason), so a node
+/// says why its stacks end (`profiler_unwind_walk_ends_total{reason}`).
+pub mod end {
+    /// The outermost frame: an `END` rule (`_start`, a thread's entry) or a zero return address.
+    pub const OUTERMOST: u32 = 0;
+    /// Outside every table, a zero frame pointer: the thread's start where the code keeps frame
+    /// pointers, or where code that does not keep them left a zero in the register.
+    pub const FP_ZERO: u32 = 1;
+    /// An address in a table without a row: code without unwind information (hand-written
+    /// assembly, a stub) or past the table's end.
+    pub const NO_ROW: u32 = 2;
+    /// A row that knows no rule there (a gap between functions, a rule the table compiler
+    /// could not follow).
+    pub const NO_RULE: u32 = 3;
+    /// A stack word the walk needed could not be read (a wrong rule, a broken frame pointer).
+    pub const UNREADABLE: u32 = 4;
+    /// The frame limit, or the kernel's limit of tail calls.
+    pub const LIMIT: u32 = 5;
+    pub const COUNT: usize = 6;
+    /// Label values, by reason.
+    pub const NAMES: [&str; COUNT] = ["outermost", "fp_zero", "no_row", "no_rule", "unreadable", "limit"];
+
+    /// Whether a stack scan may go on from an end: only where no rule was found or a rule
+    /// failed, never past the outermost frame or a limit.
+    pub const fn scannable(reason: u32) -> bool {
+        matches!(reason, NO_ROW | NO_RULE | UNREADABLE)
+    }
+}
 
 /// How to find the caller's frame at one address range: valid from `pc` (relative to the
 /// mapping's `bias`) to the next row's `pc`. 8 bytes, so 2 M rows cost 16 MiB of kernel memory.
@@ -108,6 +147,10 @@ pub struct State {
     /// 1 when `ip` is the exact address of the instruction (the leaf, or the interrupted
     /// address after a signal frame), not a return address.
     pub exact: u32,
+    /// Why the walk ended so far ([`end`]).
+    pub end: u32,
+    /// Return addresses the stack scan found in this walk.
+    pub scans: u32,
 }
 
 #[cfg(feature = "user")]

@@ -55,6 +55,31 @@ mod imp {
         }
     }
 
+    /// Whether the bytes before `ra` end with a call instruction, so `ra` can be a return
+    /// address (the stack scan's check): `call rel32` (e8), or `call` through a register or
+    /// memory (ff /2) in its 2- to 7-byte forms; a REX prefix before ff changes nothing here.
+    #[inline(always)]
+    pub(crate) fn after_call(ra: u64) -> bool {
+        let Ok(w) = (unsafe { aya_ebpf::helpers::bpf_probe_read_user((ra - 8) as *const u64) }) else {
+            return false;
+        };
+        let b = w.to_le_bytes();
+        // ModRM of `ff /2`: reg field 2; its mod and rm fields say what follows it.
+        let call = |op: u8, modrm: u8| op == 0xff && (modrm & 0x38) == 0x10;
+        let parts = |m: u8| (m >> 6, m & 7);
+        b[3] == 0xe8
+            // ff d0+r (call *%r), ff 10+r (call *(%r), not SIB or rip-relative)
+            || (call(b[6], b[7]) && (parts(b[7]).0 == 3 || (parts(b[7]).0 == 0 && parts(b[7]).1 != 4 && parts(b[7]).1 != 5)))
+            // disp8, or SIB without displacement
+            || (call(b[5], b[6]) && ((parts(b[6]).0 == 1 && parts(b[6]).1 != 4) || (parts(b[6]).0 == 0 && parts(b[6]).1 == 4)))
+            // SIB and disp8
+            || (call(b[4], b[5]) && parts(b[5]).0 == 1 && parts(b[5]).1 == 4)
+            // disp32, or rip-relative (ff 15)
+            || (call(b[2], b[3]) && ((parts(b[3]).0 == 2 && parts(b[3]).1 != 4) || (parts(b[3]).0 == 0 && parts(b[3]).1 == 5)))
+            // SIB and disp32
+            || (call(b[1], b[2]) && parts(b[2]).0 == 2 && parts(b[2]).1 == 4)
+    }
+
     /// Offsets of rbp, rsp and rip in the `ucontext` a signal trampoline's stack pointer points
     /// at (`uc_flags`, `uc_link`, `uc_stack`, then `sigcontext` with r8..r15 first).
     pub(crate) const UC_FP: u64 = 40 + 8 * 10;
@@ -93,6 +118,16 @@ mod imp {
         if n < 8 { regs.regs[n] } else { 0 }
     }
 
+    /// Whether the instruction before `ra` is a call (`bl`, `blr`), so `ra` can be a return
+    /// address (the stack scan's check).
+    #[inline(always)]
+    pub(crate) fn after_call(ra: u64) -> bool {
+        let Ok(w) = (unsafe { aya_ebpf::helpers::bpf_probe_read_user((ra - 4) as *const u32) }) else {
+            return false;
+        };
+        (w & 0xfc00_0000) == 0x9400_0000 || (w & 0xffff_fc1f) == 0xd63f_0000
+    }
+
     /// At `__kernel_rt_sigreturn` sp points at `struct rt_sigframe`: a 128-byte `siginfo`, then
     /// the `ucontext`, whose `uc_mcontext` (at 176: flags, link, stack, sigmask, 120 reserved
     /// bytes, aligned to 16) starts with `fault_address`, then `regs[31]`, `sp`, `pc`.
@@ -105,4 +140,4 @@ mod imp {
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
 compile_error!("profiler-ebpf is written for x86_64 and aarch64 (bpf_target_arch): registers and signal frames differ");
 
-pub(crate) use imp::{UC_FP, UC_IP, UC_SP, arg, frame, return_address, user_mode};
+pub(crate) use imp::{UC_FP, UC_IP, UC_SP, after_call, arg, frame, return_address, user_mode};

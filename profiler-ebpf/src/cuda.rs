@@ -37,7 +37,7 @@ use crate::{
 /// Tail-call slots for the probes' walks (kprobe-type programs: a uprobe can only tail-call
 /// its own type), the same slot numbers as the sampler's `PROGRAMS`.
 #[map]
-static CUDA_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+static CUDA_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(3, 0);
 
 #[map]
 static CUDA_SCRATCH: PerCpuArray<Record> = PerCpuArray::with_max_entries(1, 0);
@@ -108,6 +108,12 @@ pub fn cuda_call(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn cuda_unwind(ctx: ProbeContext) -> u32 {
     unwind::run::<FRAMES_PER_RUN_SMALL, Probes, _>(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn cuda_scan(ctx: ProbeContext) -> u32 {
+    unwind::scan::<{ profiler_common::unwind::SCAN_WORDS_SMALL }, Probes, _>(&ctx);
     0
 }
 

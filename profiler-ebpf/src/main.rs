@@ -46,10 +46,11 @@ use profiler_common::{
 /// Room for both stacks; the user stack starts right after the kernel one.
 pub(crate) use profiler_common::{RECORD_WORDS as FRAME_SLOTS, Record};
 
-/// Tail-call slots: the table unwinder and the Python frame reader
-/// (`profiler_common::unwind::UNWIND_PROGRAM`, `profiler_common::python::PYTHON_PROGRAM`).
+/// Tail-call slots: the table unwinder, the Python frame reader and the stack scan
+/// (`profiler_common::unwind::UNWIND_PROGRAM`, `profiler_common::python::PYTHON_PROGRAM`,
+/// `profiler_common::unwind::SCAN_PROGRAM`).
 #[map]
-pub(crate) static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+pub(crate) static PROGRAMS: ProgramArray = ProgramArray::with_max_entries(3, 0);
 
 /// Default size; userspace sets the real one at load time (`--ring-buffer-kib`).
 #[map]

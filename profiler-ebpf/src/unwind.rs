@@ -19,7 +19,7 @@ use profiler_common::{
     MAX_USER_FRAMES, counter,
     unwind::{
         FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable,
-        ROW_SEARCH_STEPS, Row, State, UNWIND_PROGRAM, kind,
+        ROW_SEARCH_STEPS, Row, SCAN_MAX, SCAN_PROGRAM, SCAN_WORDS, SCAN_WORDS_SMALL, State, UNWIND_PROGRAM, end, kind,
     },
 };
 
@@ -76,7 +76,17 @@ pub fn start_at<S: Sink, C: EbpfContext>(ctx: &C, record: &mut Record, kernel: u
     let Some(state) = S::state() else { return };
     let state = unsafe { &mut *state };
     let f = arch::frame(regs);
-    *state = State { ip: f.ip, sp: f.sp, bp: f.fp, kernel: kernel as u32, user: 0, runs: 0, exact: 1 };
+    *state = State {
+        ip: f.ip,
+        sp: f.sp,
+        bp: f.fp,
+        kernel: kernel as u32,
+        user: 0,
+        runs: 0,
+        exact: 1,
+        end: end::OUTERMOST,
+        scans: 0,
+    };
     record.header.kernel_frames = kernel as u16;
     count(counter::UNWIND_TABLES);
     S::tail_call(ctx, UNWIND_PROGRAM);
@@ -97,7 +107,8 @@ pub fn unwind_user_small(ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// One run of the walk for sink `S`: `N` frames, then a tail call for more or the end.
+/// One run of the walk for sink `S`: `N` frames, then a tail call for more, a stack scan
+/// where no rule went on, or the end.
 #[inline(always)]
 pub(crate) fn run<const N: usize, S: Sink, C: EbpfContext>(ctx: &C) {
     let (Some(record), Some(state)) = (S::record(), S::state()) else { return };
@@ -110,6 +121,27 @@ pub(crate) fn run<const N: usize, S: Sink, C: EbpfContext>(ctx: &C) {
     if more {
         // At most 33 tail calls happen anyway; `MAX_USER_FRAMES` ends the walk long before.
         S::tail_call(ctx, UNWIND_PROGRAM);
+        state.end = end::LIMIT;
+    } else if end::scannable(state.end) && state.scans < SCAN_MAX {
+        // Only after every rule failed; returns only if the scan is not loaded.
+        S::tail_call(ctx, SCAN_PROGRAM);
+    }
+    finish::<S, C>(ctx, record, state);
+}
+
+/// The walk is over: counts why, then the Python frames (a tail call) or the sink.
+#[inline(always)]
+fn finish<S: Sink, C: EbpfContext>(ctx: &C, record: &mut Record, state: &State) {
+    // Constant slots: a computed index loses its bounds in the verifier's eyes.
+    match state.end {
+        end::OUTERMOST => count(counter::UNWIND_ENDS + end::OUTERMOST as usize),
+        end::FP_ZERO => count(counter::UNWIND_ENDS + end::FP_ZERO as usize),
+        end::NO_ROW => count(counter::UNWIND_ENDS + end::NO_ROW as usize),
+        end::NO_RULE => count(counter::UNWIND_ENDS + end::NO_RULE as usize),
+        end::UNREADABLE => count(counter::UNWIND_ENDS + end::UNREADABLE as usize),
+        _ => count(counter::UNWIND_ENDS + end::LIMIT as usize),
+    }
+    if state.end != end::OUTERMOST && state.end != end::FP_ZERO {
         count(counter::UNWIND_STOPPED);
     }
     let kernel = (state.kernel as usize).min(MAX_USER_FRAMES);
@@ -117,6 +149,59 @@ pub(crate) fn run<const N: usize, S: Sink, C: EbpfContext>(ctx: &C) {
     record.header.user_frames = user as u16;
     crate::python::start::<S, C>(ctx, record.header.pid);
     S::finish(record, kernel, user);
+}
+
+#[perf_event]
+pub fn unwind_scan(ctx: PerfEventContext) -> u32 {
+    scan::<SCAN_WORDS, Sampler, _>(&ctx);
+    0
+}
+
+/// The scan over fewer words, for verifiers that refuse `unwind_scan`.
+#[perf_event]
+pub fn unwind_scan_small(ctx: PerfEventContext) -> u32 {
+    scan::<SCAN_WORDS_SMALL, Sampler, _>(&ctx);
+    0
+}
+
+/// Where the rules ran out (code without unwind information: hand-written assembly in a vendor
+/// library), looks up the stack for a word that returns into a described executable mapping
+/// just after a call instruction, and goes on from there with the rules. A stale return address
+/// can pass both checks, so this runs only after every rule failed, at most `SCAN_MAX` times a
+/// walk, and each find is counted (`counter::UNWIND_SCANNED`).
+#[inline(always)]
+pub(crate) fn scan<const W: usize, S: Sink, C: EbpfContext>(ctx: &C) {
+    let (Some(record), Some(state)) = (S::record(), S::state()) else { return };
+    let (record, state) = unsafe { (&mut *record, &mut *state) };
+    let found = match unsafe { UNWIND_PROCS.get(&record.header.pid) } {
+        Some(process) => return_address_above::<W>(process, state.sp),
+        None => None,
+    };
+    if let Some((ra, at)) = found {
+        state.ip = ra;
+        state.sp = at + 8;
+        state.exact = 0;
+        state.scans += 1;
+        state.end = end::OUTERMOST;
+        count(counter::UNWIND_SCANNED);
+        S::tail_call(ctx, UNWIND_PROGRAM);
+        state.end = end::LIMIT;
+    }
+    finish::<S, C>(ctx, record, state);
+}
+
+/// The first of `W` stack words from `sp` up that returns into one of the process's
+/// executable mappings right after a call: (the return address, where it was).
+#[inline(always)]
+fn return_address_above<const W: usize>(process: &ProcessTable, sp: u64) -> Option<(u64, u64)> {
+    for i in 0..W as u64 {
+        let at = sp + i * 8;
+        let word = read(at)?;
+        if word > 8 && find_mapping(process, word - 1).is_some() && arch::after_call(word) {
+            return Some((word, at));
+        }
+    }
+    None
 }
 
 /// Walks up to `N` frames; true when the walk should go on in another run.
@@ -132,11 +217,12 @@ fn walk<const N: usize>(record: &mut Record, state: &mut State, process: &Proces
     for _ in 0..N {
         let slot = kernel + user;
         if user >= MAX_USER_FRAMES || slot >= FRAME_SLOTS {
-            count(counter::UNWIND_STOPPED);
+            state.end = end::LIMIT;
             more = false;
             break;
         }
         if state.ip == 0 {
+            state.end = end::OUTERMOST;
             more = false;
             break;
         }
@@ -144,12 +230,7 @@ fn walk<const N: usize>(record: &mut Record, state: &mut State, process: &Proces
         user += 1;
         match step(state, process) {
             Step::Next => {}
-            Step::Done => {
-                more = false;
-                break;
-            }
-            Step::Stopped => {
-                count(counter::UNWIND_STOPPED);
+            Step::Done | Step::Stopped => {
                 more = false;
                 break;
             }
@@ -159,12 +240,20 @@ fn walk<const N: usize>(record: &mut Record, state: &mut State, process: &Proces
     more
 }
 
+/// What a step did; where it ended, it wrote why in `State::end`.
 enum Step {
     Next,
     /// The outermost frame was reached.
     Done,
     /// No way on: the stack is cut here.
     Stopped,
+}
+
+/// Ends the walk for `reason`.
+#[inline(always)]
+fn stop(state: &mut State, reason: u32) -> Step {
+    state.end = reason;
+    Step::Stopped
 }
 
 #[inline(always)]
@@ -182,52 +271,66 @@ fn step(state: &mut State, process: &ProcessTable) -> Step {
     if mapping.table_len == 0 {
         return frame_pointer_step(state);
     }
-    let Some(row) = find_row(mapping, pc) else { return Step::Stopped };
+    let Some(row) = find_row(mapping, pc) else { return stop(state, end::NO_ROW) };
     let cfa = match row.kind {
         kind::CFA_SP => state.sp + row.cfa_offset as u64,
         kind::CFA_FP => state.bp + row.cfa_offset as u64,
         kind::CFA_FP_DEREF => match read(state.bp - row.cfa_offset as u64) {
             Some(cfa) => cfa,
-            None => return Step::Stopped,
+            None => return stop(state, end::UNREADABLE),
         },
         kind::PLT => state.sp + 8 + if (state.ip & 15) >= row.fp_offset as u64 { 8 } else { 0 },
         kind::SIGNAL => {
             let (Some(bp), Some(sp), Some(ip)) =
                 (read(state.sp + arch::UC_FP), read(state.sp + arch::UC_SP), read(state.sp + arch::UC_IP))
             else {
-                return Step::Stopped;
+                return stop(state, end::UNREADABLE);
             };
             *state = State { ip, sp, bp, exact: 1, ..*state };
             return Step::Next;
         }
-        kind::END => return Step::Done,
-        _ => return Step::Stopped,
+        kind::END => {
+            state.end = end::OUTERMOST;
+            return Step::Done;
+        }
+        _ => return stop(state, end::NO_RULE),
     };
-    let Some(ra) = read(cfa - 8) else { return Step::Stopped };
+    let Some(ra) = read(cfa - 8) else { return stop(state, end::UNREADABLE) };
     if row.kind != kind::PLT && row.fp_offset != 0 {
         match read(cfa.wrapping_add((row.fp_offset as i64 * 8) as u64)) {
             Some(bp) => state.bp = bp,
-            None => return Step::Stopped,
+            None => return stop(state, end::UNREADABLE),
         }
     }
     state.sp = cfa;
     state.ip = ra;
     state.exact = 0;
-    if ra == 0 { Step::Done } else { Step::Next }
+    if ra == 0 {
+        state.end = end::OUTERMOST;
+        Step::Done
+    } else {
+        Step::Next
+    }
 }
 
 /// A frame outside every table: its frame pointer leads to the caller.
 #[inline(always)]
 fn frame_pointer_step(state: &mut State) -> Step {
     if state.bp == 0 {
+        state.end = end::FP_ZERO;
         return Step::Done;
     }
-    let (Some(bp), Some(ra)) = (read(state.bp), read(state.bp + 8)) else { return Step::Stopped };
+    let (Some(bp), Some(ra)) = (read(state.bp), read(state.bp + 8)) else { return stop(state, end::UNREADABLE) };
     state.sp = state.bp + 16;
     state.bp = bp;
     state.ip = ra;
     state.exact = 0;
-    if ra == 0 { Step::Done } else { Step::Next }
+    if ra == 0 {
+        state.end = end::OUTERMOST;
+        Step::Done
+    } else {
+        Step::Next
+    }
 }
 
 /// The mapping holding `pc`: the last one starting at or before it.

@@ -343,3 +343,67 @@ fn a_binary_deleted_while_it_runs_keeps_complete_stacks() {
     drop(child);
     assert!(daemon.stop().success(), "{}", daemon.log_text());
 }
+
+/// A thread whose innermost function is a library's assembly without unwind information (as
+/// OpenBLAS's and cuBLAS's kernels are): the rules stop in it, the stack scan finds the return
+/// address it pushed below two saved registers, and its samples reach the thread's start.
+/// `/metrics` says why walks ended and counts the scanned frames.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn assembly_without_unwind_information_in_a_library_is_crossed_by_the_stack_scan() {
+    if !privileged("assembly_without_unwind_information_in_a_library_is_crossed_by_the_stack_scan") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let lib_src = format!("{WORKLOADS}/asm_leaf_lib.c");
+    build(tmp.path(), "gcc", &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC", &lib_src], "libasmleaf.so");
+    let dir = tmp.path().to_str().unwrap();
+    let (src, rpath) = (format!("{WORKLOADS}/asm_leaf.c"), format!("-Wl,-rpath,{dir}"));
+    let bin = build(
+        tmp.path(),
+        "gcc",
+        &["-O2", "-fomit-frame-pointer", &src, "-L", dir, "-lasmleaf", &rpath, "-lpthread"],
+        "cfi-asm-leaf",
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let (_data_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", &listen]);
+    let metric = |name: &str| -> f64 {
+        let (_, body) = integration_tests::http_get(&listen, "/metrics", "127.0.0.1", None);
+        body.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok()).sum()
+    };
+    let scanned_before = metric("profiler_unwind_scanned_frames_total");
+    let start = now_secs();
+    assert!(Command::new(&bin).arg(SECS.to_string()).status().unwrap().success());
+    let end = now_secs();
+    wait_for("the store past the workload's end", Duration::from_secs(60), || {
+        let end_ns = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()?;
+        (end_ns as f64 / 1e9 > end + 1.0).then_some(())
+    });
+    let stacks = folded_window(data.to_str().unwrap(), start - 1.0, end + 1.0, &["--comm", "cfi-asm-leaf"])
+        .expect("the workload's samples");
+    let in_kernel: Vec<(String, u64)> =
+        stacks.into_iter().filter(|(s, _)| s.split(';').any(|f| f == "spin_asm_kernel")).collect();
+    let total: u64 = in_kernel.iter().map(|(_, n)| n).sum();
+    let complete: u64 = in_kernel
+        .iter()
+        .filter(|(s, _)| {
+            let frames: Vec<&str> = s.split(';').collect();
+            let at = |f: &str| frames.iter().position(|&x| x == f);
+            // The thread's entry, then the library's C caller, in order down to the assembly.
+            matches!((at("asm_thread_main"), at("asm_lib_gemm"), at("spin_asm_kernel")), (Some(a), Some(b), Some(c)) if a < b && b < c)
+        })
+        .map(|(_, n)| n)
+        .sum();
+    let worst = in_kernel.iter().filter(|(s, _)| !s.contains("asm_thread_main")).max_by_key(|(_, n)| *n);
+    eprintln!("{complete} of {total} samples in the assembly reach the thread's entry; most common other: {worst:?}");
+    assert!(total >= 50, "only {total} samples in the assembly kernel");
+    assert!(
+        complete as f64 >= 0.95 * total as f64,
+        "{complete} of {total} samples in the assembly reach the thread's entry; e.g. {worst:?}"
+    );
+    let scanned = metric("profiler_unwind_scanned_frames_total") - scanned_before;
+    assert!(scanned >= complete as f64 * 0.9, "{scanned} frames scanned for {complete} complete stacks");
+    assert!(metric("profiler_unwind_walk_ends_total{reason=\"outermost\"}") > 0.0, "walks counted by how they end");
+    assert!(daemon.stop().success());
+}

@@ -16,7 +16,7 @@ use profiler_common::{
     Record,
     cuda::{CudaCount, CudaKey},
     python::PYTHON_PROGRAM,
-    unwind::UNWIND_PROGRAM,
+    unwind::{SCAN_PROGRAM, UNWIND_PROGRAM},
 };
 
 use super::Collector;
@@ -79,11 +79,12 @@ pub struct Maps {
 
 /// Loads the probe programs, fills their tail-call slots and takes their maps.
 pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
-    for name in ["cuda_call", "cuda_return", "cuda_unwind", "cuda_python"] {
+    for name in ["cuda_call", "cuda_return", "cuda_unwind", "cuda_python", "cuda_scan"] {
         let p: &mut UProbe = program(ebpf, name)?;
         p.load().map_err(|e| CudaError::Program(name, e))?;
     }
-    for (name, slot) in [("cuda_unwind", UNWIND_PROGRAM), ("cuda_python", PYTHON_PROGRAM)] {
+    for (name, slot) in [("cuda_unwind", UNWIND_PROGRAM), ("cuda_python", PYTHON_PROGRAM), ("cuda_scan", SCAN_PROGRAM)]
+    {
         let p: &mut UProbe = program(ebpf, name)?;
         let fd = p.fd().map_err(|e| CudaError::Program(name, e))?;
         let fd = fd.try_clone().map_err(|e| CudaError::Program(name, aya::programs::ProgramError::IOError(e)))?;

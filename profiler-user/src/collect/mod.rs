@@ -135,6 +135,9 @@ pub struct CpuCounters {
     /// User stacks walked with unwind tables, and of those the walks that stopped early.
     pub unwind_walks: u64,
     pub unwind_stopped: u64,
+    /// How those walks ended, by `unwind::end` reason, and the frames the stack scan found.
+    pub unwind_ends: [u64; profiler_common::unwind::end::COUNT],
+    pub unwind_scanned: u64,
     /// Event records the kernel dropped: the `EVENTS` ring was full.
     pub events_lost: u64,
     /// Most bytes waiting in the ring in the current maxima epoch ([`Collector::next_epoch`]).
@@ -573,6 +576,8 @@ impl Collector {
                 user_stack_errors: v[counter::USER_STACK_ERROR],
                 unwind_walks: v[counter::UNWIND_TABLES],
                 unwind_stopped: v[counter::UNWIND_STOPPED],
+                unwind_ends: std::array::from_fn(|i| v[counter::UNWIND_ENDS + i]),
+                unwind_scanned: v[counter::UNWIND_SCANNED],
                 events_lost: v[counter::EVENTS_LOST],
                 ring_used_max: epoch_max(v, counter::EPOCH, self.epoch, counter::RING_USED_MAX),
             })

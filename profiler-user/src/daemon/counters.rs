@@ -71,6 +71,10 @@ impl Tally {
             t.user_stack_errors += c.user_stack_errors.saturating_sub(prev.user_stack_errors);
             t.unwind_walks += c.unwind_walks.saturating_sub(prev.unwind_walks);
             t.unwind_stopped += c.unwind_stopped.saturating_sub(prev.unwind_stopped);
+            for (i, n) in c.unwind_ends.iter().enumerate() {
+                t.unwind_ends[i] += n.saturating_sub(prev.unwind_ends[i]);
+            }
+            t.unwind_scanned += c.unwind_scanned.saturating_sub(prev.unwind_scanned);
             if full > 0 {
                 ring_full.push((cpu, full));
             }

@@ -11,7 +11,7 @@ use aya::{
 };
 use profiler_common::{
     python::{PYTHON_PROGRAM, PyProc},
-    unwind::{FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, ProcessTable, Row, UNWIND_PROGRAM},
+    unwind::{FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, ProcessTable, Row, SCAN_PROGRAM, UNWIND_PROGRAM},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +95,12 @@ impl Maps {
                 "the unwinder's runs of {FRAMES_PER_RUN} frames were refused; loading runs of {FRAMES_PER_RUN_SMALL}"
             );
             load_into_slot(ebpf, "unwind_user_small", UNWIND_PROGRAM).map_err(|_| e)?;
+        }
+        // The stack scan is a fallback: without it, walks end where the rules do.
+        if load_into_slot(ebpf, "unwind_scan", SCAN_PROGRAM).is_err()
+            && let Err(e) = load_into_slot(ebpf, "unwind_scan_small", SCAN_PROGRAM)
+        {
+            tracing::warn!(error = %e, "the stack scan is unavailable: walks end where code has no unwind rule");
         }
         // Python frames are a bonus: without the program, stacks are native only.
         let python = match Self::load_python(ebpf) {

@@ -18,6 +18,10 @@ pub struct CpuTotals {
     pub user_stack_errors: u64,
     pub unwind_walks: u64,
     pub unwind_stopped: u64,
+    /// How table walks ended, by `profiler_common::unwind::end` reason.
+    pub unwind_ends: [u64; profiler_common::unwind::end::COUNT],
+    /// Return addresses the stack scan found.
+    pub unwind_scanned: u64,
     pub throttled_estimate: u64,
 }
 
@@ -161,6 +165,29 @@ fn sampler(l: &Live, out: &mut String) {
         "Samples taken but never stored, by cause: ring_full (the kernel's ring buffer had no room) or queue_full \
          (the queue behind the ring reader had no room).",
         by_cpu("reason", &[("ring_full", &|c| c.ring_full), ("queue_full", &|c| c.queue_full)]),
+    );
+    family(
+        "profiler_unwind_walk_ends_total",
+        "counter",
+        "Why table walks ended, summed over CPUs: outermost (the thread's first frame), fp_zero (a zero frame \
+         pointer outside the tables), no_row (code without unwind information), no_rule (a gap or a rule the \
+         compiler could not follow), unreadable (a stack word), limit (frames or tail calls). After no_row, no_rule \
+         or unreadable the stack scan may go on (profiler_unwind_scanned_frames_total); the last end counts.",
+        profiler_common::unwind::end::NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let total: u64 = l.counters.values().map(|c| c.unwind_ends[i]).sum();
+                (format!("{{reason=\"{name}\"}}"), total as f64)
+            })
+            .collect(),
+    );
+    family(
+        "profiler_unwind_scanned_frames_total",
+        "counter",
+        "Return addresses found by scanning the stack where no unwind rule went on (a word returning into an \
+         executable mapping just after a call instruction), summed over CPUs.",
+        vec![(String::new(), l.counters.values().map(|c| c.unwind_scanned).sum::<u64>() as f64)],
     );
     family(
         "profiler_stack_errors_total",
