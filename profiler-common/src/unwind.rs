@@ -30,7 +30,8 @@ pub const SCAN_PROGRAM: u32 = 2;
 pub const SCAN_WORDS: usize = 24;
 /// Words of the scan loaded where the verifier refuses the first.
 pub const SCAN_WORDS_SMALL: usize = 8;
-/// Scans in one walk at most (each costs two tail calls of the kernel's 33).
+/// Return addresses the scan may try in one walk (each costs one or two tail calls of the
+/// kernel's 33).
 pub const SCAN_MAX: u32 = 4;
 
 /// Why a table walk ended: each is a counter slot (`counter::UNWIND_ENDS` + reason), so a node
