@@ -375,6 +375,7 @@ def check(a, daemon, data, lib, port, started):
                       f"({r['smi_samples']} samples)  diff {fmt(diff, '')}  findings: {', '.join(kinds) or 'none'}")
         for x in r["findings"]:
             report.append(f"             {x['kind']}: {x['summary']}")
+        report.extend(stack_reach(prof, data, t0, t1))
     hwm = vm_hwm_mib(daemon.pid)
     report.append(f"daemon CPU {cpu:.2f} s over {wall:.0f} s ({100 * cpu / wall:.2f} % of one core), peak RSS (VmHWM) {hwm:.1f} MiB")
     try:
@@ -398,6 +399,32 @@ def check(a, daemon, data, lib, port, started):
     json.dump({"phases": results, "daemon_cpu_s": cpu, "wall_s": wall, "vm_hwm_mib": hwm, "gpus": json.loads(profiler(["status", "--format", "json"], prof, data)).get("gpus")},
               open(os.path.join(a.out, "summary.json"), "w"), indent=1)
     return 0 if all(ok) and starved and gpu_quiet and cuda_ok else 1
+
+
+# Frames a thread's stack starts at: the process's entry or a thread's (a libc without symbols
+# names clone3 and start_thread `libc.so.6+0x...`).
+STARTS = ("_start", "__clone3", "clone3", "__clone", "clone", "start_thread")
+
+
+def stack_reach(prof, data, t0, t1, top=8):
+    """Per thread name, the share of samples whose stack reaches the thread's start (issue 28:
+    the autograd and OpenBLAS threads, the interpreter's main thread)."""
+    folded = profiler(["flamegraph", "--from", iso(t0), "--to", iso(t1), "--format", "folded", "--max-stacks",
+                       "1000000"], prof, data)
+    per = {}
+    for line in folded.splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if len(frames) < 2 or not n.isdigit() or frames[0].startswith("swapper"):
+            continue
+        user = [f for f in frames[1:] if not f.endswith("_[k]")]
+        ok = bool(user) and (user[0] in STARTS or user[0].startswith("libc.so.6+"))
+        c = per.setdefault(frames[0], [0, 0])
+        c[0] += int(n)
+        c[1] += int(n) if ok else 0
+    rows = sorted(per.items(), key=lambda kv: -kv[1][0])[:top]
+    return ["             stacks reaching their thread's start: " +
+            ", ".join(f"{comm} {100 * ok / total:.0f} % of {total}" for comm, (total, ok) in rows)]
 
 
 def launch_job(a, seconds):
