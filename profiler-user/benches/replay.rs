@@ -221,9 +221,7 @@ fn thousands(x: f64) -> String {
 fn run(a: &Args, cpus: u32) -> Value {
     let hz = a.hz;
     let (helpers, pys) = if a.python {
-        let (h, pys) =
-            python::spawn(a.processes).expect("python3 is CPython 3.11 (the layout the records are built for)");
-        (h, pys)
+        python::spawn(a.processes).expect("python3 is CPython 3.11 (the layout the records are built for)")
     } else {
         (spawn_helpers(a.processes), Vec::new())
     };

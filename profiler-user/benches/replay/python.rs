@@ -199,7 +199,7 @@ pub fn pool(distinct: usize, procs: &[Proc], pys: &[PyProc], kernel: &KernelText
         }
         // Native, root first: the root chain, an evaluation per start, calls between them.
         let mut user: Vec<u64> = native.root.iter().map(|&f| call_site(f, node)).collect();
-        for (k, _) in starts.iter().enumerate() {
+        for k in 0..starts.len() {
             if k > 0 {
                 let via = native.call[(mix(node, k as u64) % native.call.len() as u64) as usize];
                 user.push(call_site(via, node ^ k as u64));
