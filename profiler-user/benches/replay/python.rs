@@ -12,7 +12,6 @@ use std::{
     io::{BufRead, BufReader},
     ops::ControlFlow,
     os::unix::process::CommandExt,
-    path::PathBuf,
     process::{Command, Stdio},
 };
 
@@ -114,9 +113,7 @@ fn named(pid: u32, names: &[&str]) -> Vec<(u64, u64)> {
         .iter()
         .filter_map(|n| {
             let &(_, off, size) = found.iter().find(|f| f.0 == *n)?;
-            let m = maps
-                .iter()
-                .find(|m| PathBuf::from(&*m.path) == exe && off >= m.offset && off < m.offset + (m.end - m.start))?;
+            let m = maps.iter().find(|m| *exe == *m.path && off >= m.offset && off < m.offset + (m.end - m.start))?;
             Some((m.start + off - m.offset, size))
         })
         .collect()
