@@ -14,6 +14,10 @@
 //! `cargo bench -p profiler-user --bench replay -- --help`. Without `--cpus` it runs every
 //! configuration of the table, each in a fresh process, so that warm-up and peak RSS are that
 //! configuration's own.
+//!
+//! `--python` replays a Python training node instead (`replay/python.rs`): real CPython
+//! processes whose code objects are read, as the daemon reads them, and records carrying
+//! Python frames; without `--cpus` it runs 16 CPUs at 99 Hz.
 
 use std::{
     process::{Command, Stdio},
@@ -30,6 +34,8 @@ use profiler::{
 use profiler_common::{FLAG_IDLE, FLAG_USER_MODE, HEADER_LEN, SampleHeader};
 use serde_json::{Value, json};
 
+#[path = "replay/python.rs"]
+mod python;
 #[path = "replay/workload.rs"]
 mod workload;
 
@@ -37,6 +43,8 @@ use workload::*;
 
 /// The table's rows: CPUs and frequency. 2 and 64 CPUs are there to compare with.
 const CONFIGS: &[(u32, u64)] = &[(2, 99), (64, 99), (192, 99), (64, 999), (192, 999)];
+/// The Python training node's: a 16-CPU node at the default frequency.
+const PYTHON_CONFIGS: &[(u32, u64)] = &[(16, 99)];
 const NS: u64 = 1_000_000_000;
 /// The daemon's default flush interval: records are fed, then flushed, this much at a time.
 const FLUSH_NS: u64 = 500_000_000;
@@ -67,15 +75,21 @@ struct Args {
     warmup: u64,
     stacks: usize,
     processes: usize,
+    /// A Python training node's records (see `replay/python.rs`).
+    python: bool,
 }
 
 fn args() -> Args {
     let quick = std::env::var_os("REPLAY_QUICK").is_some_and(|v| v != "0");
-    let mut a = Args { cpus: None, hz: 99, seconds: 60, warmup: 3, stacks: 3000, processes: 16 };
+    let mut a = Args { cpus: None, hz: 99, seconds: 60, warmup: 3, stacks: 3000, processes: 16, python: false };
     if quick {
         (a.seconds, a.warmup) = (5, 2);
     }
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    // A training node: the main process and six DataLoader workers.
+    if argv.iter().any(|k| k == "--python") {
+        a.processes = 7;
+    }
     let mut it = argv.iter();
     while let Some(k) = it.next() {
         let mut val = || it.next().and_then(|v| v.parse::<u64>().ok()).expect("a number after the flag");
@@ -87,11 +101,12 @@ fn args() -> Args {
             "--stacks" => a.stacks = val() as usize,
             "--processes" => a.processes = val().max(1) as usize,
             "--quick" => (a.seconds, a.warmup) = (5, 2),
+            "--python" => a.python = true,
             "--bench" => {}
             "--help" => {
                 println!(
                     "replay bench [--cpus N --hz F] [--seconds 60] [--warmup 3] [--stacks 3000] [--processes 16] \
-                     [--quick]\n(REPLAY_QUICK=1 is --quick; without --cpus every configuration runs)"
+                     [--quick] [--python]\n(REPLAY_QUICK=1 is --quick; without --cpus every configuration runs)"
                 );
                 std::process::exit(0);
             }
@@ -112,7 +127,8 @@ fn main() {
 /// Every configuration, each in a child process of this binary; then the tables.
 fn all(a: &Args) {
     let me = std::env::current_exe().expect("own path");
-    let rows: Vec<Value> = CONFIGS
+    let configs = if a.python { PYTHON_CONFIGS } else { CONFIGS };
+    let rows: Vec<Value> = configs
         .iter()
         .map(|&(cpus, hz)| {
             eprintln!("replay: {cpus} CPUs x {hz} Hz, {} s warm-up + {} s measured", a.warmup, a.seconds);
@@ -120,6 +136,7 @@ fn all(a: &Args) {
                 .args(["--cpus", &cpus.to_string(), "--hz", &hz.to_string()])
                 .args(["--seconds", &a.seconds.to_string(), "--warmup", &a.warmup.to_string()])
                 .args(["--stacks", &a.stacks.to_string(), "--processes", &a.processes.to_string()])
+                .args(a.python.then_some("--python"))
                 .stderr(Stdio::inherit())
                 .output()
                 .expect("run one configuration");
@@ -174,6 +191,18 @@ fn all(a: &Args) {
             f(r, "kernel_share") * 100.0,
         );
     }
+    if a.python {
+        println!();
+        for r in &rows {
+            println!(
+                "{} x {}: {:.0} % of busy samples with Python frames, {:.1} Python frames each",
+                r["cpus"],
+                r["hz"],
+                f(r, "python_share") * 100.0,
+                f(r, "python_frames_per_sample")
+            );
+        }
+    }
 }
 
 fn thousands(x: f64) -> String {
@@ -191,10 +220,18 @@ fn thousands(x: f64) -> String {
 /// One configuration: returns its figures as a JSON line.
 fn run(a: &Args, cpus: u32) -> Value {
     let hz = a.hz;
-    let helpers = spawn_helpers(a.processes);
+    let (helpers, pys) = if a.python {
+        python::spawn(a.processes).expect("python3 is CPython 3.11 (the layout the records are built for)")
+    } else {
+        (spawn_helpers(a.processes), Vec::new())
+    };
     let procs = processes(&helpers);
     let kernel = KernelText::read();
-    let pool = Pool::new(a.stacks, &procs, &kernel, &mut Rng::new(0x5eed));
+    let pool = if a.python {
+        python::pool(a.stacks, &procs, &pys, &kernel, &mut Rng::new(0x5eed))
+    } else {
+        Pool::new(a.stacks, &procs, &kernel, &mut Rng::new(0x5eed))
+    };
     drop(kernel);
     // One core: the daemon is one thread, and a pinned run is not disturbed by the other CPU.
     pin_to_last_cpu();
@@ -203,7 +240,15 @@ fn run(a: &Args, cpus: u32) -> Value {
     store::create_and_lock(dir.path()).expect("store");
     let mut rng = Rng::new(0xfeed);
     let mut batch = Batch::default();
-    let mut generator = Generator { cpus, hz, pool: &pool, procs: &procs, kernel_share: (0, 0) };
+    let mut generator = Generator {
+        cpus,
+        hz,
+        pool: &pool,
+        procs: &procs,
+        kernel_share: (0, 0),
+        python: (0, 0, 0),
+        busy_share: if a.python { python::busy_share } else { synth::busy_share },
+    };
     // The first batch before the baseline, so the reused record buffer counts as the harness's.
     generator.fill(&mut batch, &mut rng, 0);
     reset_peak_rss();
@@ -214,6 +259,10 @@ fn run(a: &Args, cpus: u32) -> Value {
         Engine::new(Machine { cpus, frequency_hz: hz }, Thresholds::default()),
         UNIX0_NS as i128 - BOOT0_NS as i128,
     );
+    // The daemon's unwind stage knows which processes run CPython, and which version; what the
+    // pipeline tells it is taken off the queue between batches, as that stage's thread would.
+    let (notifier, told) = profiler::unwind::Notifier::detached(pys.iter().map(|p| (p.pid, p.minor)).collect());
+    pipeline.unwind = Some(notifier);
     let mut netrx = NetRx::new(cpus);
     let halves = (a.warmup + a.seconds) * NS / FLUSH_NS;
     let warmup_halves = a.warmup * NS / FLUSH_NS;
@@ -239,6 +288,7 @@ fn run(a: &Args, cpus: u32) -> Value {
             pipeline.symbolizer.expire();
         }
         let (cpu3, wall) = (thread_cpu(), wall0.elapsed());
+        told.drain();
         store_bytes += flushed.bytes;
         fed += batch.offsets.len() as u64;
         if half < warmup_halves {
@@ -256,7 +306,7 @@ fn run(a: &Args, cpus: u32) -> Value {
     let peak_rss = status_kib("VmHWM:");
     assert_eq!(pipeline.bad_records, 0, "every record built here is well formed");
     assert_eq!(pipeline.samples + pipeline.idle, fed, "every record is a sample");
-    let named = named_share(&pool, &procs);
+    let named = named_share(&pool, &procs, &pys);
     drop(helpers);
 
     let cpu = (m.handle + m.tick + m.flush).as_secs_f64();
@@ -283,19 +333,27 @@ fn run(a: &Args, cpus: u32) -> Value {
         "base_rss_mib": base_rss as f64 / 1024.0,
         "store_bytes_per_sample": store_bytes as f64 / total as f64,
         "named_share": named,
+        "python_share": generator.python.0 as f64 / generator.python.1.max(1) as f64,
+        "python_frames_per_sample": generator.python.2 as f64 / generator.python.0.max(1) as f64,
     })
 }
 
-/// Share of the pool's frames that symbolize to a name (not `[unknown]`), checked apart from
-/// the timed run; the most popular stack goes to stderr for the eye.
-fn named_share(pool: &Pool, procs: &[Proc]) -> f64 {
+/// Share of the pool's frames that symbolize to a name (not `[unknown]`, not an unread Python
+/// frame), checked apart from the timed run; the most popular stack goes to stderr for the eye.
+fn named_share(pool: &Pool, procs: &[Proc], pys: &[python::PyProc]) -> f64 {
     let mut symbolizer = Symbolizer::new();
     let (mut named, mut all) = (0usize, 0usize);
     for (i, s) in pool.stacks.iter().enumerate() {
         let p = &procs[s.proc];
         let comm = String::from_utf8_lossy(&p.comm).trim_end_matches('\0').to_string();
-        let stack = symbolizer.stack(p.pid, &comm, &s.kernel, &s.user);
-        named += stack.frames.iter().filter(|f| !f.starts_with(UNKNOWN) && parse_module_offset(f).is_none()).count();
+        let layout = pys
+            .iter()
+            .find(|py| py.pid == p.pid)
+            .and_then(|py| profiler::unwind::python::layout(py.minor))
+            .map(|l| (l, &s.python[..]));
+        let stack = symbolizer.stack_with_python(p.pid, &comm, &s.kernel, &s.user, layout, Instant::now());
+        let unread = |f: &str| f.starts_with(UNKNOWN) || f == "[python]" || parse_module_offset(f).is_some();
+        named += stack.frames.iter().filter(|f| !unread(f)).count();
         all += stack.frames.len();
         if i == 0 {
             let frames: Vec<&str> = stack.frames.iter().map(|f| &**f).collect();
@@ -336,6 +394,10 @@ struct Generator<'a> {
     procs: &'a [Proc],
     /// Busy samples with kernel frames, busy samples.
     kernel_share: (u64, u64),
+    /// Busy samples with Python frames, busy samples, Python frames.
+    python: (u64, u64, u64),
+    /// A CPU's share of busy ticks.
+    busy_share: fn(u32, u32) -> f64,
 }
 
 impl Generator<'_> {
@@ -354,7 +416,7 @@ impl Generator<'_> {
                 let ts = BOOT0_NS + k * period + rng.below(period / 20) + u64::from(cpu) * 997;
                 let mut h = SampleHeader { ts_ns: ts, cpu, ..SampleHeader::default() };
                 let at = batch.bytes.len() as u32;
-                if rng.unit() < synth::busy_share(cpu, self.cpus) {
+                if rng.unit() < (self.busy_share)(cpu, self.cpus) {
                     let s = self.pool.pick(rng);
                     let p = &self.procs[s.proc];
                     h.pid = p.pid;
@@ -364,13 +426,17 @@ impl Generator<'_> {
                     h.flags = if s.kernel.is_empty() { FLAG_USER_MODE } else { 0 };
                     h.kernel_frames = s.kernel.len() as u16;
                     h.user_frames = s.user.len() as u16;
+                    h.python_frames = (s.python.len() / 2) as u16;
                     push_header(&mut batch.bytes, &h);
-                    for &addr in s.kernel.iter().chain(&s.user) {
+                    for &addr in s.kernel.iter().chain(&s.user).chain(&s.python) {
                         batch.bytes.extend_from_slice(&addr.to_ne_bytes());
                     }
                     batch.busy += 1;
                     self.kernel_share.0 += u64::from(!s.kernel.is_empty());
                     self.kernel_share.1 += 1;
+                    self.python.0 += u64::from(!s.python.is_empty());
+                    self.python.1 += 1;
+                    self.python.2 += s.python.len() as u64 / 2;
                 } else {
                     h.flags = FLAG_IDLE;
                     push_header(&mut batch.bytes, &h);

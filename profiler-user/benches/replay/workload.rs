@@ -42,6 +42,12 @@ pub struct Proc {
 /// the kernel if this process dies first).
 pub struct Helpers(Vec<Child>);
 
+impl From<Vec<Child>> for Helpers {
+    fn from(children: Vec<Child>) -> Self {
+        Self(children)
+    }
+}
+
 impl Drop for Helpers {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -241,11 +247,14 @@ impl KernelText {
     }
 }
 
-/// One distinct raw stack: its process and its addresses, leaf first as the kernel gives them.
+/// One distinct raw stack: its process and its addresses, leaf first as the kernel gives them,
+/// and its Python frame words as the sampler sends them (`profiler_common::python`; empty for
+/// native code).
 pub struct RawStack {
     pub proc: usize,
     pub kernel: Vec<u64>,
     pub user: Vec<u64>,
+    pub python: Vec<u64>,
 }
 
 /// Distinct raw stacks with Zipf-like popularity (∝ 1/rank^1.1, as `synth` draws them).
@@ -284,12 +293,17 @@ impl Pool {
                 Vec::new()
             };
             if seen.insert((procs[proc].pid, kernel.clone(), user.clone())) {
-                stacks.push(RawStack { proc, kernel, user });
+                stacks.push(RawStack { proc, kernel, user, python: Vec::new() });
             }
         }
-        let mut cdf = Vec::with_capacity(distinct);
+        Self::zipf(stacks)
+    }
+
+    /// The pool of `stacks`, the first the most popular.
+    pub fn zipf(stacks: Vec<RawStack>) -> Self {
+        let mut cdf = Vec::with_capacity(stacks.len());
         let mut acc = 0.0;
-        for rank in 1..=distinct {
+        for rank in 1..=stacks.len() {
             acc += 1.0 / (rank as f64).powf(1.1);
             cdf.push(acc);
         }

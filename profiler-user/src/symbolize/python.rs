@@ -1,125 +1,26 @@
 //! Names of CPython frames: the sampler sends each frame's code object address; its qualified
 //! name, file and first line are read from the process's memory (`process_vm_readv`, bounded)
-//! and cached per process and address. The frames then take the place of the interpreter's
+//! and cached per process and address (`names`). The frames then take the place of the interpreter's
 //! `_PyEval_EvalFrameDefault` frames that ran them.
 
 mod lines;
+mod names;
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use profiler_common::python::ENTRY_FRAME;
 
-use crate::{memory, model::Location, unwind::python::Layout};
+use crate::{model::Location, unwind::python::Layout};
+use names::Code;
+pub use names::PyNames;
 
 /// The native frame that runs Python frames.
 pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
-/// Names cached before the cache starts over (and before that, the bytes of the Python pool
-/// of the memory budget: a process whose code objects each carry a 64 KiB line table fills it
-/// with a few hundred).
-const MAX_NAMES: usize = 65_536;
-/// What a cached entry costs besides its strings and line table: map slot, `Arc`, `Code`.
-const ENTRY_BYTES: u64 = 96;
 /// Longest name or file name read.
 const MAX_STR: usize = 512;
 
 /// Longest line table read (a function of thousands of lines has a few KiB).
 const MAX_LINE_TABLE: usize = 64 << 10;
-
-#[derive(Default)]
-pub struct PyNames {
-    /// (pid, code object) → what the object says, read once.
-    codes: HashMap<(u32, u64), Arc<Code>>,
-    /// (pid, code object, line) → the frame's name.
-    names: HashMap<(u32, u64, i64), Arc<str>>,
-    /// Bytes both maps hold, against `memory::PYTHON`.
-    bytes: u64,
-}
-
-/// What a code object says of itself.
-struct Code {
-    name: String,
-    file: String,
-    first_line: i64,
-    /// `co_linetable` (3.11+).
-    lines: Option<Vec<u8>>,
-}
-
-impl Code {
-    fn bytes(&self) -> u64 {
-        (self.name.len() + self.file.len() + self.lines.as_ref().map_or(0, |l| l.len())) as u64 + ENTRY_BYTES
-    }
-}
-
-impl PyNames {
-    /// The frame's name: `qualname (file:line)`, at the line the frame is running (3.11+; the
-    /// function's first line before that, or where the table says nothing). `instr` is the
-    /// sampler's instruction address, 0 when it sent none.
-    pub fn name(&mut self, pid: u32, layout: &Layout, code: u64, instr: u64) -> Arc<str> {
-        let info = match self.codes.get(&(pid, code)) {
-            Some(c) => c.clone(),
-            None => match describe(pid, layout, code) {
-                Some(c) => {
-                    let cost = c.bytes();
-                    if self.codes.len() >= MAX_NAMES || !memory::PYTHON.fits_total(self.bytes + cost) {
-                        self.start_over(self.codes.len() >= MAX_NAMES);
-                    }
-                    self.bytes += cost;
-                    memory::PYTHON.set_used(self.bytes);
-                    let c = Arc::new(c);
-                    self.codes.insert((pid, code), c.clone());
-                    c
-                }
-                // Not cached: the object may be readable next time (or was freed).
-                None => return Arc::from("[python]"),
-            },
-        };
-        let start = code.wrapping_add(layout.code_adaptive);
-        let line = info
-            .lines
-            .as_deref()
-            .filter(|_| instr >= start)
-            .and_then(|t| lines::line_at(t, info.first_line, (instr - start) / 2))
-            .unwrap_or(info.first_line);
-        if let Some(n) = self.names.get(&(pid, code, line)) {
-            return n.clone();
-        }
-        let name: Arc<str> = Arc::from(format!("{} ({}:{line})", info.name, info.file));
-        let cost = name.len() as u64 + ENTRY_BYTES;
-        if self.names.len() >= MAX_NAMES || !memory::PYTHON.fits_total(self.bytes + cost) {
-            self.start_over(self.names.len() >= MAX_NAMES);
-        }
-        self.bytes += cost;
-        memory::PYTHON.set_used(self.bytes);
-        self.names.insert((pid, code, line), name.clone());
-        name
-    }
-
-    /// Forgets every name (they are read again as samples need them); `by_count`: the count
-    /// bound, else the byte budget, was reached (counted as a refusal of the pool).
-    fn start_over(&mut self, by_count: bool) {
-        if !by_count {
-            memory::PYTHON.note_refused();
-        }
-        self.codes.clear();
-        self.names.clear();
-        self.bytes = 0;
-        memory::PYTHON.set_used(0);
-    }
-
-    /// Drops everything (the daemon's memory passed its budget).
-    pub fn shed(&mut self) {
-        self.start_over(true);
-    }
-
-    /// Forgets the names of processes no longer known.
-    pub fn retain(&mut self, live: impl Fn(u32) -> bool) {
-        self.codes.retain(|(pid, _), _| live(*pid));
-        self.names.retain(|(pid, _, _), _| live(*pid));
-        self.bytes = self.codes.values().map(|c| c.bytes()).sum::<u64>()
-            + self.names.values().map(|n| n.len() as u64 + ENTRY_BYTES).sum::<u64>();
-        memory::PYTHON.set_used(self.bytes);
-    }
-}
 
 /// A Python frame's name, `function (file:line)` as [`PyNames::name`] makes it, split into its
 /// parts (for exports with fields for them); `None` for any other frame.
@@ -138,7 +39,7 @@ fn describe(pid: u32, l: &Layout, code: u64) -> Option<Code> {
     let file = read_str(pid, l, filename).unwrap_or_else(|| "?".into());
     let lines =
         (l.code_linetable != 0).then(|| read_bytes(pid, read_u64(pid, code.wrapping_add(l.code_linetable))?)).flatten();
-    Some(Code { name, file, first_line, lines })
+    Some(Code::new(name, file, first_line, lines))
 }
 
 /// A `bytes` object's contents (`ob_size` at 16, `ob_sval` at 32 in every 3.x), at most

@@ -98,6 +98,16 @@ impl Notifier {
         }
     }
 
+    /// A notifier with no stage behind it, knowing the CPython versions of `versions`: the
+    /// replay bench's, so that its Python records go through the daemon's very path. What it
+    /// is told waits in the returned queue, which the caller empties as the stage would.
+    pub fn detached(versions: HashMap<u32, u8>) -> (Self, Detached) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+        let notifier =
+            Self { tx, announced: HashMap::new(), stats: Arc::default(), versions: Arc::new(Mutex::new(versions)) };
+        (notifier, Detached(rx))
+    }
+
     /// The CPython minor version of `pid`, when its samples carry Python frames.
     pub fn python_version(&self, pid: u32) -> Option<u8> {
         self.versions.lock().ok()?.get(&pid).copied()
@@ -118,6 +128,16 @@ impl Notifier {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
         }
+    }
+}
+
+/// What a [`Notifier::detached`] was told, waiting.
+pub struct Detached(Receiver<Request>);
+
+impl Detached {
+    /// Takes what waits; returns how many requests there were.
+    pub fn drain(&self) -> usize {
+        self.0.try_iter().count()
     }
 }
 
