@@ -15,6 +15,7 @@ pub mod prog_info;
 pub mod reclaim;
 pub mod runq;
 pub mod tracefs;
+pub mod unwind_maps;
 
 use std::collections::BTreeMap;
 
@@ -181,7 +182,7 @@ pub struct Collector {
     // Dropping the Ebpf object detaches the perf events: keep it for the collector's life.
     ebpf: Ebpf,
     rings: Option<Rings>,
-    unwind: Option<crate::unwind::kernel::Maps>,
+    unwind: Option<unwind_maps::Maps>,
     /// The CUDA probes' maps, when their programs loaded (`cuda`).
     cuda: Option<cuda::Maps>,
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
@@ -277,7 +278,7 @@ impl Collector {
             tracing::warn!("unwind tables are built for x86_64 only: user stacks follow frame pointers here");
             None
         } else {
-            match crate::unwind::kernel::Maps::load(&mut ebpf) {
+            match unwind_maps::Maps::load(&mut ebpf) {
                 Ok(maps) => Some(maps),
                 Err(e) => {
                     tracing::warn!(error = %e, "user stacks without frame pointers will be cut short: unwind tables unavailable");
@@ -415,7 +416,7 @@ impl Collector {
     }
 
     /// The unwind-table maps, once: the unwind stage owns them from then on.
-    pub fn take_unwind(&mut self) -> Option<crate::unwind::kernel::Maps> {
+    pub fn take_unwind(&mut self) -> Option<unwind_maps::Maps> {
         self.unwind.take()
     }
 

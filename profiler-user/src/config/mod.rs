@@ -5,8 +5,10 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
+mod clickhouse;
 mod otlp;
 
+pub use clickhouse::ClickHouseFile;
 pub use otlp::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, OTLP_INTERVAL, Otlp, OtlpFile, OtlpProtocol, otlp};
 
 use crate::{store::retention::Retention, timespec::parse_duration_ns};
@@ -188,7 +190,7 @@ pub struct ConfigFile {
     #[serde(default)]
     pub otlp: OtlpFile,
     /// Shipping to ClickHouse (off without a URL).
-    pub clickhouse: Option<crate::ship::clickhouse::FileConfig>,
+    pub clickhouse: Option<ClickHouseFile>,
     /// Read kernel counters (softnet, softirqs, interrupts, PSI, cgroups, NICs) each second
     /// and store them beside the samples [default: true].
     pub kernel_counters: Option<bool>,

@@ -19,8 +19,6 @@ use crate::collect::runq::RunqCpu;
 
 /// Waits in a second below which a CPU's p99 says little.
 const MIN_WAITS_FOR_P99: u64 = 20;
-/// The other CPUs' mean busy share above which long waits are the machine's overload.
-const OTHERS_BUSY_MAX: f64 = 0.9;
 
 /// Who had a CPU's longest wait, named while the thread still existed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -147,7 +145,7 @@ pub fn evaluate(
         }
         // One CPU alone has no elsewhere: its waits count as they are.
         let others = (busy.len() > 1).then(|| (total - busy[cpu]) / (busy.len() - 1) as f64);
-        if others.is_some_and(|o| o > OTHERS_BUSY_MAX) {
+        if others.is_some_and(|o| o > t.runq_others_busy_max) {
             continue;
         }
         let others_text = others.map_or(String::new(), |o| format!(" (the other CPUs were {} busy)", percent(o)));

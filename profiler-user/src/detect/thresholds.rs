@@ -35,8 +35,11 @@ pub struct Thresholds {
     pub throttle_share: f64,
     /// ...over this window (its counters are read every 5 s)...
     pub throttle_window_secs: u32,
-    /// ...of at least this many periods in which it ran.
+    /// ...of at least this many periods in which it ran. From this share of periods throttled
+    /// on, the finding is critical (half the periods: the cgroup ran out of quota as often as
+    /// not).
     pub throttle_min_periods: u64,
+    pub throttle_critical_share: f64,
     /// Detector 6: a spin-lock slow path holding at least this share of each of...
     pub lock_share: f64,
     /// ...at least this many CPUs at once (one CPU is `hot_share`'s business)...
@@ -48,8 +51,10 @@ pub struct Thresholds {
     /// ...or a CPU's p99 run-queue wait over a second (of at least 20 waits) is this long, ms.
     /// A parallel compile here (cargo -j 4 on 2 CPUs beside another build) peaked at 88 ms for
     /// one wait and 29 ms for a second's p99 (BENCHMARKS.md): the defaults are 5x and 3x that.
-    /// Either counts only while the other CPUs have room (`detect::runq`).
+    /// Either counts only while the other CPUs have room (`detect::runq`): their mean busy share
+    /// at most this (above it the waits are the machine's overload, which CPU x time shows).
     pub runq_p99_ms: f64,
+    pub runq_others_busy_max: f64,
     /// Detector 8: how long a CPU's tasks stall in direct or memory-cgroup reclaim or compaction
     /// in one second, summed over the stalls (several tasks can stall at once), as a share of
     /// the second: 0.1 is 100 ms.
@@ -83,11 +88,13 @@ impl Default for Thresholds {
             throttle_share: 0.25,
             throttle_window_secs: 10,
             throttle_min_periods: 10,
+            throttle_critical_share: 0.5,
             lock_share: 0.2,
             lock_min_cpus: 2,
             lock_window_secs: 5,
             runq_max_ms: 500.0,
             runq_p99_ms: 100.0,
+            runq_others_busy_max: 0.9,
             reclaim_share: 0.1,
             gpu_idle_below: 0.5,
             gpu_secs: 10,

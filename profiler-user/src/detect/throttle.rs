@@ -37,8 +37,6 @@ const MAX_FINDINGS: usize = 20;
 const MAX_STACKS: usize = 1024;
 /// Seconds of profile kept beyond the window (readings are a few seconds apart).
 const PROFILE_SLACK_SECS: u64 = 10;
-/// Half of the periods throttled: critical.
-const CRITICAL_SHARE: f64 = 0.5;
 
 /// A cgroup, as findings name it: its hierarchy and its path below the mount point.
 fn key(version: Version, path: &str) -> Arc<str> {
@@ -227,7 +225,7 @@ impl Throttle {
             .into_iter()
             .map(|(k, w)| {
                 let onset = *self.onsets.entry(k.clone()).or_insert(w.from_ns);
-                self.active(&k, w, onset)
+                self.active(&k, w, onset, t.throttle_critical_share)
             })
             .collect()
     }
@@ -256,7 +254,7 @@ impl Throttle {
         p
     }
 
-    fn active(&self, key: &Arc<str>, w: Window, onset: u64) -> Active {
+    fn active(&self, key: &Arc<str>, w: Window, onset: u64, critical_share: f64) -> Active {
         let s = &self.series[key];
         let p = self.profile(key, &w);
         let threads = p.top_threads(3);
@@ -318,7 +316,7 @@ impl Throttle {
             cpu: None,
             subject: Some(subject(key)),
             onset_ns: onset,
-            severity: if w.share() >= CRITICAL_SHARE { Severity::Critical } else { Severity::Warning },
+            severity: if w.share() >= critical_share { Severity::Critical } else { Severity::Warning },
             summary,
             evidence,
         }

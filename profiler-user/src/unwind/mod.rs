@@ -4,7 +4,6 @@
 //! processes it sees (`Notifier`), and it describes them to the kernel. Until a process is
 //! described, its stacks are walked with frame pointers as before.
 
-pub mod kernel;
 pub mod python;
 pub mod registry;
 pub mod table;
@@ -22,6 +21,8 @@ use std::{
 };
 
 use registry::{Build, FileKey, MappedFile, Registry, Stats};
+
+use crate::collect::unwind_maps::Maps;
 
 use crate::symbolize::{file, maps};
 
@@ -147,7 +148,7 @@ pub struct Stage {
 }
 
 /// Starts the stage with the kernel's maps; it stops when every `Notifier` is gone.
-pub fn spawn(maps: kernel::Maps) -> std::io::Result<(Notifier, Stage)> {
+pub fn spawn(maps: Maps) -> std::io::Result<(Notifier, Stage)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
     let stats = Arc::new(Mutex::new(Stats::default()));
     let shared = stats.clone();
@@ -224,7 +225,7 @@ fn trusted_map(file: &File) -> Option<memmap2::Mmap> {
 }
 
 fn run(
-    mut registry: Registry<kernel::Maps>,
+    mut registry: Registry<Maps>,
     mut pythons: Pythons,
     mut builder: Builder,
     rx: Receiver<Request>,
@@ -240,7 +241,7 @@ fn run(
     let vdso = Vdso::of_this_process();
     // Processes whose next description opens all their files (`FIRST_CHECKS`).
     let mut unbounded: Vec<u32> = Vec::new();
-    let mut describe_now = |registry: &mut Registry<kernel::Maps>,
+    let mut describe_now = |registry: &mut Registry<Maps>,
                             builder: &mut Builder,
                             read_at: &mut HashMap<u32, Instant>,
                             again: &mut Vec<(Instant, u32)>,
@@ -336,7 +337,7 @@ fn queue(pending: &mut VecDeque<Request>, r: Request) {
 
 /// Forgets exited processes and publishes the figures, every `SWEEP_EVERY`.
 fn sweep(
-    registry: &mut Registry<kernel::Maps>,
+    registry: &mut Registry<Maps>,
     python_versions: &Mutex<HashMap<u32, u8>>,
     read_at: &mut HashMap<u32, Instant>,
     next_sweep: &mut Instant,
@@ -364,7 +365,7 @@ fn sweep(
 /// Reads `pid`'s executable mappings and describes them to the kernel, opening at most
 /// `checks` files for the first time; returns how many more there were.
 fn describe(
-    registry: &mut Registry<kernel::Maps>,
+    registry: &mut Registry<Maps>,
     pythons: &mut Pythons,
     builder: &mut Builder,
     pid: u32,

@@ -17,10 +17,8 @@ use std::{cmp::Reverse, collections::HashMap};
 
 use profiler_common::unwind::{MAX_MAPPINGS, Mapping, ProcessTable};
 
-use super::{
-    kernel::Tables,
-    table::{Table, TableError},
-};
+use super::table::{Table, TableError};
+use crate::collect::unwind_maps::Tables;
 
 /// A file's identity: a path can be replaced, an inode reused, but not all four at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

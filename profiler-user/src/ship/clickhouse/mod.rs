@@ -20,9 +20,9 @@ use std::{
     },
 };
 
-use serde::Deserialize;
-
 pub use cursor::{Cursor, path as cursor_path, read as read_cursor};
+
+pub use crate::config::ClickHouseFile as FileConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShipError {
@@ -40,18 +40,6 @@ pub enum ShipError {
     Range { key: &'static str, value: String, allowed: &'static str },
     #[error("ClickHouse URL '{0}' is not http://HOST:PORT (HTTPS is not built in: put a local TLS proxy in front)")]
     Url(String),
-}
-
-/// The `[clickhouse]` table of the config file.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub url: Option<String>,
-    pub database: Option<String>,
-    pub user: Option<String>,
-    pub password: Option<String>,
-    pub batch_rows: Option<usize>,
-    pub cluster: Option<String>,
 }
 
 /// Rows one insert may carry. At most half of ClickHouse's `max_insert_block_size` (1 M rows),

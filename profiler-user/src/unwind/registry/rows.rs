@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{Entry, FileKey, Registry, STALE};
-use crate::unwind::kernel::Tables;
+use crate::collect::unwind_maps::Tables;
 
 /// The part of the rows one file owner keeps when another owner needs room.
 pub const OWNER_SHARE: f64 = 0.5;
