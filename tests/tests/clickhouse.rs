@@ -430,6 +430,9 @@ fn ingest_rate() {
     let secs = t.elapsed().as_secs_f64();
     let rows = Stats::get(&stats.rows);
     let bytes = Stats::get(&stats.sample_bytes);
+    // 32 CPUs x 300 s at 50 Hz, every one shipped once: a figure from a run that lost rows is none.
+    assert_eq!(rows, 32 * 300 * 50, "rows shipped");
+    assert_eq!(ch.number("SELECT count() FROM profiler.samples"), rows, "rows in ClickHouse");
     eprintln!(
         "{rows} rows in {secs:.1} s: {:.0} rows/s, {:.1} bytes per row on the wire",
         rows as f64 / secs,
@@ -460,6 +463,10 @@ fn shipping_cost_of_a_192_cpu_node() {
     let stats = ship_until(&ch, &data, end, 200_000);
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_secs() - c0);
     let rows = Stats::get(&stats.rows);
+    // One sample per CPU every SEC / 99 ns (rounded down) over the minute, as the store was written.
+    let steps = (secs * SEC).div_ceil(SEC / 99);
+    assert_eq!(rows, 192 * steps, "rows shipped");
+    assert_eq!(ch.number("SELECT count() FROM profiler.samples"), rows, "rows in ClickHouse");
     let on_disk = ch.number(
         "SELECT sum(data_compressed_bytes) FROM system.columns WHERE database = 'profiler' AND table = 'samples'",
     );

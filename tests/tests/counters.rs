@@ -128,6 +128,6 @@ fn a_udp_flood_shows_in_net_rx_and_softnet_counters() {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     // Without the token: nothing.
-    let (code, _) = get(port, "/api/counters", "wrong");
-    assert_ne!(code, 200);
+    let (code, body) = get(port, "/api/counters", "wrong");
+    assert_eq!(code, 401, "a wrong token is refused as such: {body}");
 }
