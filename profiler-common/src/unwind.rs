@@ -3,6 +3,11 @@
 //! describes each process's executable mappings in a [`ProcessTable`]; the sampler walks the
 //! user stack with them, a few frames per program run, tail-calling itself for the rest.
 //!
+//! In the kernel a table is 4 bytes a row: the rules themselves are few (at most 1,394 distinct
+//! ones in libtorch_cpu.so's 2.6 M rows), so they live once in a shared array of [`Rule`]s, and
+//! a row keeps the low 16 bits of its address and its rule's index ([`packed`]). A page index
+//! after the rows says where each 64 KiB of addresses starts, which gives back the high bits.
+//!
 //! The row format is architecture-neutral where it can be: the CFA is "stack pointer or frame
 //! pointer plus an offset", the frame pointer's save slot is an offset from the CFA. On x86_64
 //! the return address is always at CFA - 8; on arm64 it is saved beside the frame pointer (the
@@ -16,8 +21,10 @@ pub const MAX_MAPPINGS: usize = 256;
 pub const FRAMES_PER_RUN: usize = 8;
 /// Frames per run of the walker loaded where the kernel's verifier refuses the first (6.1).
 pub const FRAMES_PER_RUN_SMALL: usize = 4;
-/// Binary-search steps over a table's rows: tables up to 2^24 rows.
-pub const ROW_SEARCH_STEPS: usize = 24;
+/// Binary-search steps over one page's rows: at most 2^16 (one a byte), so 17 steps.
+pub const ROW_SEARCH_STEPS: usize = 17;
+/// Distinct rules the shared array holds; a table needing more is walked with frame pointers.
+pub const MAX_RULES: usize = 1 << 16;
 /// Binary-search steps over a process's mappings (`MAX_MAPPINGS` = 2^8).
 pub const MAPPING_SEARCH_STEPS: usize = 9;
 /// Slot of the unwinder in the `PROGRAMS` program array.
@@ -64,7 +71,7 @@ pub mod end {
 }
 
 /// How to find the caller's frame at one address range: valid from `pc` (relative to the
-/// mapping's `bias`) to the next row's `pc`. 8 bytes, so 2 M rows cost 16 MiB of kernel memory.
+/// mapping's `bias`) to the next row's `pc`. The compiler's form; the kernel keeps it packed in 4 bytes ([`packed`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Row {
@@ -78,6 +85,44 @@ pub struct Row {
     /// here, it still holds the caller's value). For [`kind::PLT`]: the `rip & 15` threshold
     /// from which the PLT entry has pushed one more word.
     pub fp_offset: i8,
+}
+
+/// How to find the caller's frame, without its address: a [`Row`] as the kernel keeps it, in
+/// the shared rules array under the index its packed rows name.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Rule {
+    pub cfa_offset: u16,
+    pub kind: u8,
+    pub fp_offset: i8,
+}
+
+impl Row {
+    pub fn rule(&self) -> Rule {
+        Rule { cfa_offset: self.cfa_offset, kind: self.kind, fp_offset: self.fp_offset }
+    }
+}
+
+/// The kernel's rows: one `u32` each, the low 16 bits of the row's address (relative to its
+/// table's base) and, above them, its rule's index. A table's rows are followed by its page
+/// index, `pages + 1` words: page `p` (addresses `p << 16` up to the next page's) holds rows
+/// `index[p]` up to `index[p + 1]`, so the row in effect at an address is the last one at or
+/// below it in its page, or the last row before the page.
+pub mod packed {
+    /// Bits of an address a row keeps.
+    pub const PAGE_SHIFT: u32 = 16;
+
+    pub const fn row(pc: u32, rule: u16) -> u32 {
+        (pc & 0xffff) | ((rule as u32) << 16)
+    }
+
+    pub const fn low(row: u32) -> u32 {
+        row & 0xffff
+    }
+
+    pub const fn rule(row: u32) -> u32 {
+        row >> 16
+    }
 }
 
 /// Values of [`Row::kind`].
@@ -115,6 +160,9 @@ pub struct Mapping {
     pub table_start: u32,
     /// Rows in the table; 0: no table (none built, or it did not fit): frame pointers.
     pub table_len: u32,
+    /// Pages of its page index, which follows the rows ([`packed`]).
+    pub table_pages: u32,
+    pub _pad: u32,
 }
 
 /// A process's executable mappings, sorted by start, in `UNWIND_PROCS` under its pid.
@@ -158,5 +206,7 @@ pub struct State {
 unsafe impl aya::Pod for Row {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for Mapping {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Rule {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for ProcessTable {}

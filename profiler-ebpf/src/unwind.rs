@@ -18,8 +18,9 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_USER_FRAMES, counter,
     unwind::{
-        FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, Mapping, ProcessTable,
-        ROW_SEARCH_STEPS, Row, SCAN_MAX, SCAN_PROGRAM, SCAN_WORDS, SCAN_WORDS_SMALL, State, UNWIND_PROGRAM, end, kind,
+        FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, MAPPING_SEARCH_STEPS, MAX_MAPPINGS, MAX_RULES, Mapping, ProcessTable,
+        ROW_SEARCH_STEPS, Rule, SCAN_MAX, SCAN_PROGRAM, SCAN_WORDS, SCAN_WORDS_SMALL, State, UNWIND_PROGRAM, end, kind,
+        packed,
     },
 };
 
@@ -30,10 +31,16 @@ use crate::{
     sink::Sink,
 };
 
-/// Every table's rows, back to back; userspace sizes it at load (`--unwind-table-rows`).
+/// Every table's packed rows and page index, back to back, two 4-byte words an element (an
+/// array's elements are 8-byte aligned: `u32` elements would take 8 bytes each); userspace sizes
+/// it at load (`--unwind-table-mib`).
 #[map]
-static UNWIND_ROWS: Array<Row> =
+static UNWIND_ROWS: Array<u64> =
     Array::with_max_entries(1, 1024 /* BPF_F_MMAPABLE: userspace writes tables straight in */);
+
+/// The rules every table's rows name by index.
+#[map]
+static UNWIND_RULES: Array<Rule> = Array::with_max_entries(MAX_RULES as u32, 0);
 
 /// Processes with tables, by pid. Not preallocated: a value is 8 KiB.
 #[map]
@@ -384,29 +391,47 @@ fn find_mapping(process: &ProcessTable, pc: u64) -> Option<&Mapping> {
     (pc < m.end).then_some(m)
 }
 
-/// The row covering `pc`: the last one whose `pc` is at or below it.
+/// Word `i` of `UNWIND_ROWS` (little-endian: the low half of an element comes first).
 #[inline(always)]
-fn find_row(mapping: &Mapping, pc: u64) -> Option<Row> {
-    let key = pc.checked_sub(mapping.bias)?;
-    if key > u32::MAX as u64 {
+fn word(i: u32) -> Option<u32> {
+    let e = *UNWIND_ROWS.get(i / 2)?;
+    // A shift, not a branch: each branch here is a state more for the verifier, per step of
+    // every search of every frame.
+    Some((e >> ((i & 1) * 32)) as u32)
+}
+
+/// The rule covering `pc`: the last row at or below it in its page, else the last row before
+/// the page (`profiler_common::unwind::packed`).
+#[inline(always)]
+fn find_row(mapping: &Mapping, pc: u64) -> Option<Rule> {
+    // Few branches: each is a state more for the verifier, per step of every search of every
+    // frame (an address below the bias wraps past 32 bits and is refused with the rest).
+    let key = pc.wrapping_sub(mapping.bias);
+    if key >> 32 != 0 {
         return None;
     }
     let key = key as u32;
-    let (mut lo, mut hi) = (mapping.table_start, mapping.table_start.checked_add(mapping.table_len)?);
+    let page = key >> packed::PAGE_SHIFT;
+    if page >= mapping.table_pages {
+        return None;
+    }
+    let index = mapping.table_start.wrapping_add(mapping.table_len).wrapping_add(page);
+    let (mut lo, mut hi) = (word(index)?, word(index.wrapping_add(1))?);
+    let low = packed::low(key);
     for _ in 0..ROW_SEARCH_STEPS {
         if lo >= hi {
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        let row = UNWIND_ROWS.get(mid)?;
-        if row.pc <= key {
+        if packed::low(word(mapping.table_start.wrapping_add(mid))?) <= low {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    if lo <= mapping.table_start {
+    if lo == 0 {
         return None;
     }
-    UNWIND_ROWS.get(lo - 1).copied()
+    let row = word(mapping.table_start.wrapping_add(lo - 1))?;
+    UNWIND_RULES.get(packed::rule(row)).copied()
 }

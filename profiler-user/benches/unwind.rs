@@ -31,8 +31,13 @@ fn main() {
     // Files named after `--` are measured instead (a GPU node's libtorch_cpu.so, libcublasLt.so).
     let named: Vec<PathBuf> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).map(PathBuf::from).collect();
     println!("## Compiling unwind tables (one thread)\n");
-    println!("| binary | size | rows | table | time | distinct rules | most rows in a 64 KiB page |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| binary | size | rows | table, 8-byte rows | in the kernel, packed | time | distinct rules | most rows in a 64 KiB page |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    // One rules array for every table, as the registry keeps it.
+    let mut rules = profiler::unwind::packed::Rules::default();
+    let mut packed_words = 0;
     let mut big: Vec<PathBuf> = vec!["/usr/lib/x86_64-linux-gnu/libc.so.6".into(), "/usr/bin/python3".into()];
     big.extend(rustc_driver);
     if !named.is_empty() {
@@ -61,12 +66,15 @@ fn main() {
                 for r in &tab.rows {
                     *pages.entry(r.pc >> 16).or_default() += 1;
                 }
+                let words = rules.pack(&tab.rows).map_or(0, |(p, _)| p.words.len());
+                packed_words += words;
                 println!(
-                    "| {} | {:.1} MB | {} | {:.1} MiB | {:.0} ms | {} | {} |",
+                    "| {} | {:.1} MB | {} | {:.1} MiB | {:.1} MiB | {:.0} ms | {} | {} |",
                     path.display(),
                     size as f64 / 1e6,
                     tab.rows.len(),
                     tab.bytes() as f64 / (1 << 20) as f64,
+                    (words * 4) as f64 / (1 << 20) as f64,
                     took.as_secs_f64() * 1e3,
                     rules.len(),
                     pages.values().max().copied().unwrap_or(0),
@@ -77,7 +85,13 @@ fn main() {
     }
     if !named.is_empty() {
         let bytes = named_rows * size_of::<profiler_common::unwind::Row>();
-        println!("\n{named_rows} rows, {:.1} MiB in all", bytes as f64 / (1 << 20) as f64);
+        println!(
+            "\n{named_rows} rows: {:.1} MiB at 8 bytes a row, {:.1} MiB packed ({} distinct rules shared, {} KiB)",
+            bytes as f64 / (1 << 20) as f64,
+            (packed_words * 4) as f64 / (1 << 20) as f64,
+            rules.len(),
+            rules.len() * 4 / 1024
+        );
         return;
     }
     let mut files = elf_files("/usr/lib/x86_64-linux-gnu");
@@ -94,7 +108,8 @@ fn main() {
             Err(_) => failed += 1,
         }
     }
-    let bytes = rows * size_of::<profiler_common::unwind::Row>();
+    // Packed in the kernel: 4 bytes a row (page indexes aside, a word per 64 KiB of code).
+    let bytes = rows * size_of::<u32>();
     println!(
         "\n{} distinct binaries of /usr/lib/x86_64-linux-gnu and /usr/bin ({} without usable CFI): {} rows, {:.1} MiB of the default {} MiB, compiled in {:.1} s",
         n,

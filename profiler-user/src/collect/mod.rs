@@ -122,7 +122,8 @@ pub struct CollectConfig {
     pub frequency_hz: u64,
     /// Ring buffer size; rounded up to a power of two of at least one page.
     pub ring_bytes: u32,
-    /// Rows of unwind tables the kernel holds (8 bytes each); 0: frame pointers only.
+    /// Words of unwind tables the kernel holds (packed rows and page indexes, 4 bytes each); 0:
+    /// frame pointers only.
     pub unwind_rows: u32,
 }
 
@@ -261,7 +262,8 @@ impl Collector {
             // not a line per instruction, which made one refusal cost 35-50 s of CPU at start.
             .verifier_log_level(VerifierLogLevel::STATS)
             .map_max_entries("SAMPLES", ring_bytes)
-            .map_max_entries("UNWIND_ROWS", config.unwind_rows.max(1))
+            // Two words an element (`profiler_common::unwind::packed`).
+            .map_max_entries("UNWIND_ROWS", config.unwind_rows.div_ceil(2).max(1))
             .override_global("WAKEUP_BYTES", &wakeup, true)
             .override_global("SOFTIRQ_VEC_OFFSET", &vec_off, true)
             .override_global("NAPI_WORK_OFFSET", &work_off, true)

@@ -6,12 +6,12 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, ProgramArray},
+    maps::{Array, HashMap, MapData, ProgramArray},
     programs::PerfEvent,
 };
 use profiler_common::{
     python::{PYTHON_PROGRAM, PyProc},
-    unwind::{FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, ProcessTable, Row, SCAN_PROGRAM, UNWIND_PROGRAM},
+    unwind::{FRAMES_PER_RUN, FRAMES_PER_RUN_SMALL, ProcessTable, Rule, SCAN_PROGRAM, UNWIND_PROGRAM},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -28,10 +28,12 @@ pub enum KernelError {
 
 /// Where tables and process descriptions are written.
 pub trait Tables {
-    /// Room for this many rows in all.
+    /// Room for this many words (packed rows and page indexes) in all.
     fn capacity(&self) -> usize;
-    /// Writes `rows` from row `start` on; false if they could not be written.
-    fn write_rows(&mut self, start: usize, rows: &[Row]) -> bool;
+    /// Writes `words` from word `start` on; false if they could not be written.
+    fn write_rows(&mut self, start: usize, words: &[u32]) -> bool;
+    /// Puts `rule` in the shared rules array at `index`; false if it could not be written.
+    fn set_rule(&mut self, index: u16, rule: &Rule) -> bool;
     fn set_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String>;
     fn remove_process(&mut self, pid: u32);
     /// Describes (or, with `None`, forgets) the CPython interpreter of a process.
@@ -47,9 +49,9 @@ struct Rows {
 }
 
 impl Rows {
-    fn write(&self, start: usize, rows: &[Row]) -> std::io::Result<()> {
+    fn write(&self, start: usize, rows: &[u32]) -> std::io::Result<()> {
         const PAGE: usize = 4096;
-        let (from, to) = (start * size_of::<Row>(), (start + rows.len()) * size_of::<Row>());
+        let (from, to) = (start * size_of::<u32>(), (start + rows.len()) * size_of::<u32>());
         let first_page = from / PAGE * PAGE;
         let bytes = (to - first_page).div_ceil(PAGE) * PAGE;
         // SAFETY: a shared mapping of pages of an mmapable array map, inside it (the allocator
@@ -79,6 +81,7 @@ impl Rows {
 
 pub struct Maps {
     rows: Rows,
+    rules: Array<MapData, Rule>,
     procs: HashMap<MapData, u32, ProcessTable>,
     python: Option<HashMap<MapData, u32, PyProc>>,
 }
@@ -114,13 +117,16 @@ impl Maps {
             Some(aya::maps::Map::Array(m)) => m,
             _ => return Err(KernelError::Missing("map UNWIND_ROWS")),
         };
-        let len = rows_map.info().map_err(|e| KernelError::Map("UNWIND_ROWS", e))?.max_entries() as usize;
+        // Two 4-byte words an element, laid out one after the other in the mapped array.
+        let len = 2 * rows_map.info().map_err(|e| KernelError::Map("UNWIND_ROWS", e))?.max_entries() as usize;
         let rows = Rows { map: rows_map, len };
         // A first write tells at load time whether the kernel lets us map the array.
-        rows.write(0, &[Row::default()]).map_err(KernelError::Mmap)?;
+        rows.write(0, &[0]).map_err(KernelError::Mmap)?;
+        let rules = ebpf.take_map("UNWIND_RULES").ok_or(KernelError::Missing("map UNWIND_RULES"))?;
+        let rules = Array::try_from(rules).map_err(|e| KernelError::Map("UNWIND_RULES", e))?;
         let procs = ebpf.take_map("UNWIND_PROCS").ok_or(KernelError::Missing("map UNWIND_PROCS"))?;
         let procs = HashMap::try_from(procs).map_err(|e| KernelError::Map("UNWIND_PROCS", e))?;
-        Ok(Self { rows, procs, python })
+        Ok(Self { rows, rules, procs, python })
     }
 
     fn load_python(ebpf: &mut Ebpf) -> Result<HashMap<MapData, u32, PyProc>, KernelError> {
@@ -148,7 +154,7 @@ impl Tables for Maps {
         self.rows.len
     }
 
-    fn write_rows(&mut self, start: usize, rows: &[Row]) -> bool {
+    fn write_rows(&mut self, start: usize, rows: &[u32]) -> bool {
         assert!(start + rows.len() <= self.rows.len, "the allocator hands out ranges inside the array");
         // The sampler only reads rows a process table points at, and a range is written before
         // any table points at it.
@@ -156,6 +162,16 @@ impl Tables for Maps {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot write an unwind table into the kernel: frame pointers for its binary");
+                false
+            }
+        }
+    }
+
+    fn set_rule(&mut self, index: u16, rule: &Rule) -> bool {
+        match self.rules.set(u32::from(index), rule, 0) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write an unwind rule into the kernel: frame pointers for the binary needing it");
                 false
             }
         }

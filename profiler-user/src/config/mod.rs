@@ -67,14 +67,16 @@ pub fn ring_buffer_bytes(kib: u32) -> Result<u32, ConfigError> {
 
 /// Kernel memory for unwind tables `--unwind-table-mib` accepts (0: frame pointers only).
 pub const UNWIND_MIB: std::ops::RangeInclusive<u32> = 0..=1024;
-/// The default: 80 MiB, 10 M rows: the tables of 500 distinct binaries of a Debian system take
-/// 70 MiB (a libc is 28 k rows, a 150 MB binary 1.1 M; see BENCHMARKS.md).
+/// The default: 80 MiB, 20 M rows of 4 bytes: the tables of 500 distinct binaries of a Debian
+/// system take 35 MiB, a PyTorch + CUDA process's libraries 24 MiB (a libc is 28 k rows,
+/// libtorch_cpu.so 2.6 M; see BENCHMARKS.md).
 pub const UNWIND_MIB_DEFAULT: u32 = 80;
 
-/// Rows of unwind table (8 bytes each) in `mib` MiB, refusing what is outside [`UNWIND_MIB`].
+/// Words of unwind table (packed rows and page indexes, 4 bytes each) in `mib` MiB, refusing
+/// what is outside [`UNWIND_MIB`].
 pub fn unwind_rows(mib: u32) -> Result<u32, ConfigError> {
     if UNWIND_MIB.contains(&mib) {
-        Ok(mib * (1 << 20) / size_of::<profiler_common::unwind::Row>() as u32)
+        Ok(mib * (1 << 20) / size_of::<u32>() as u32)
     } else {
         Err(ConfigError::Range {
             key: "unwind_table_mib",

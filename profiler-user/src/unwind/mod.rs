@@ -4,6 +4,7 @@
 //! processes it sees (`Notifier`), and it describes them to the kernel. Until a process is
 //! described, its stacks are walked with frame pointers as before.
 
+pub mod packed;
 pub mod python;
 pub mod registry;
 pub mod table;

@@ -78,6 +78,9 @@ enum Entry {
 struct TableShape {
     base: u64,
     loads: Vec<super::table::Load>,
+    /// Its packed rows, and the pages of the index after them (`packed`).
+    rows: u32,
+    pages: u32,
 }
 
 impl TableShape {
@@ -146,6 +149,8 @@ pub struct Registry<T: Tables> {
     /// of an owner past its share.
     stale_evicted: u64,
     share_evicted: u64,
+    /// The shared rules array's contents (`packed`).
+    rules: super::packed::Rules,
 }
 
 impl<T: Tables> Registry<T> {
@@ -163,6 +168,7 @@ impl<T: Tables> Registry<T> {
             processes_refused: 0,
             stale_evicted: 0,
             share_evicted: 0,
+            rules: super::packed::Rules::default(),
         }
     }
 
@@ -248,7 +254,7 @@ impl<T: Tables> Registry<T> {
                         waiting.push(pid);
                     }
                 }
-                Some(Entry::Loaded { start, len, table: shape, users, last_used }) => {
+                Some(Entry::Loaded { start, table: shape, users, last_used, .. }) => {
                     let Some(bias) = shape.bias(m.start, m.offset) else { continue };
                     if !keys.contains(&m.key) {
                         *users += 1;
@@ -257,7 +263,7 @@ impl<T: Tables> Registry<T> {
                     *last_used = self.clock;
                     mapping.bias = bias;
                     mapping.table_start = *start as u32;
-                    mapping.table_len = *len as u32;
+                    (mapping.table_len, mapping.table_pages) = (shape.rows, shape.pages);
                 }
                 // Not read now (the builder is busy, the process exited): it keeps its place,
                 // walked with frame pointers, and is tried again at the next description.
@@ -360,10 +366,11 @@ impl<T: Tables> Registry<T> {
         self.finish(key, result, 0);
         for pid in self.waiting.remove(&key).unwrap_or_default() {
             let Some(p) = self.processes.get_mut(&pid) else { continue };
-            if let Some(Entry::Loaded { start, len, table: shape, users, last_used }) = self.files.get_mut(&key) {
+            if let Some(Entry::Loaded { start, table: shape, users, last_used, .. }) = self.files.get_mut(&key) {
                 for (m, _, offset) in p.described.iter_mut().filter(|(_, k, _)| *k == key) {
                     let Some(bias) = shape.bias(m.start, *offset) else { continue };
-                    (m.bias, m.table_start, m.table_len) = (bias, *start as u32, *len as u32);
+                    (m.bias, m.table_start) = (bias, *start as u32);
+                    (m.table_len, m.table_pages) = (shape.rows, shape.pages);
                     if !p.keys.contains(&key) {
                         *users += 1;
                         p.keys.push(key);
@@ -426,7 +433,19 @@ impl<T: Tables> Registry<T> {
     }
 
     fn load(&mut self, table: Table, owner: u32) -> Entry {
-        let len = table.rows.len();
+        let (packed, added) = match self.rules.pack(&table.rows) {
+            Ok(p) => p,
+            Err(e) => {
+                self.did_not_fit += 1;
+                tracing::warn!(rows = table.rows.len(), error = %e, "an unwind table cannot be packed: its binary is walked with frame pointers");
+                return Entry::Without;
+            }
+        };
+        // Rules first: no row names one before it is in.
+        if !added.iter().all(|(id, rule)| self.tables.set_rule(*id, rule)) {
+            return Entry::Without;
+        }
+        let len = packed.words.len();
         let start = match self.allocate(len, owner) {
             Some(s) => s,
             None => {
@@ -438,14 +457,14 @@ impl<T: Tables> Registry<T> {
                 return Entry::Without;
             }
         };
-        if !self.tables.write_rows(start, &table.rows) {
+        if !self.tables.write_rows(start, &packed.words) {
             self.free_range(start, len);
             return Entry::Without;
         }
         Entry::Loaded {
             start,
             len,
-            table: TableShape { base: table.base, loads: table.loads },
+            table: TableShape { base: table.base, loads: table.loads, rows: packed.rows, pages: packed.pages },
             users: 0,
             last_used: self.clock,
         }

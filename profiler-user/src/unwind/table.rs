@@ -15,7 +15,7 @@ use gimli::{
     UnwindContext, UnwindSection,
 };
 use object::{Object, ObjectSection, ObjectSegment, ReadRef};
-use profiler_common::unwind::{ROW_SEARCH_STEPS, Row, kind};
+use profiler_common::unwind::{Row, kind};
 
 use crate::memory;
 
@@ -23,8 +23,9 @@ use crate::memory;
 const RBP: Register = Register(6);
 const RSP: Register = Register(7);
 const RIP: Register = Register(16);
-/// Largest table the sampler's bounded binary search covers.
-pub const MAX_ROWS: usize = 1 << ROW_SEARCH_STEPS;
+/// Largest table built: 16.7 M rows, 64 MiB packed, six times libtorch_cpu.so's (what the
+/// sampler's search bounds is the rows of one 64 KiB page: `packed`).
+pub const MAX_ROWS: usize = 1 << 24;
 /// Most bytes a compressed `.debug_frame` may inflate to (a 150 MB Go binary's is a few MB; a
 /// few KB of zlib can claim gigabytes).
 pub const MAX_DEBUG_FRAME_BYTES: u64 = 64 << 20;

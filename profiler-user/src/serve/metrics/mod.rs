@@ -207,7 +207,7 @@ fn sampler(l: &Live, out: &mut String) {
         gauge("profiler_unwind_tables", "Binaries whose unwind table is in the kernel.", u.tables);
         gauge(
             "profiler_unwind_table_rows",
-            "Rows of unwind tables in the kernel (8 bytes each; bounded by --unwind-table-mib).",
+            "Rows of unwind tables in the kernel, with their page indexes (4 bytes each; bounded by --unwind-table-mib).",
             u.rows,
         );
         gauge("profiler_unwind_processes", "Processes described to the unwinder.", u.processes);

@@ -5,7 +5,8 @@ use crate::unwind::table::Load;
 
 #[derive(Default)]
 struct Fake {
-    rows: Vec<Row>,
+    rows: Vec<u32>,
+    rules: Vec<profiler_common::unwind::Rule>,
     processes: HashMap<u32, ProcessTable>,
     /// Processes the kernel's table holds, as a BPF hash map of that size (0: unbounded).
     max_processes: usize,
@@ -15,8 +16,15 @@ impl Tables for Fake {
     fn capacity(&self) -> usize {
         self.rows.len()
     }
-    fn write_rows(&mut self, start: usize, rows: &[Row]) -> bool {
+    fn write_rows(&mut self, start: usize, rows: &[u32]) -> bool {
         self.rows[start..start + rows.len()].copy_from_slice(rows);
+        true
+    }
+    fn set_rule(&mut self, index: u16, rule: &profiler_common::unwind::Rule) -> bool {
+        if self.rules.len() <= index as usize {
+            self.rules.resize(index as usize + 1, Default::default());
+        }
+        self.rules[index as usize] = *rule;
         true
     }
     fn set_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String> {
@@ -32,8 +40,11 @@ impl Tables for Fake {
     fn set_python(&mut self, _: u32, _: Option<&profiler_common::python::PyProc>) {}
 }
 
+/// Words a one-page table takes beyond its rows: its page index (`packed`).
+const W: usize = 2;
+
 fn registry(capacity: usize) -> Registry<Fake> {
-    Registry::new(Fake { rows: vec![Row::default(); capacity], ..Default::default() })
+    Registry::new(Fake { rows: vec![0; capacity], ..Default::default() })
 }
 
 fn key(ino: u64) -> FileKey {
@@ -69,7 +80,7 @@ fn one_table_serves_every_process_mapping_the_file() {
     // The row key of the mapping's first byte is the file's vaddr 0x1000 minus the table base.
     assert_eq!(0x7000_0000 - a.bias, 0);
     assert_eq!(0x5000_0000 - b.bias, 0);
-    assert_eq!(r.stats(), Stats { tables: 1, rows: 10, processes: 2, ..Default::default() });
+    assert_eq!(r.stats(), Stats { tables: 1, rows: 10 + W as u64, processes: 2, ..Default::default() });
 }
 
 #[test]
@@ -83,7 +94,7 @@ fn a_table_that_does_not_fit_is_counted_and_walked_with_frame_pointers() {
 
 #[test]
 fn tables_nobody_uses_make_room_least_recently_used_first() {
-    let mut r = registry(30);
+    let mut r = registry(3 * (10 + W));
     r.set_process(1, &[mapping(1, 0x1000_0000)], |_, _| Build::Done(Ok(table(10, 1)))).unwrap();
     r.set_process(2, &[mapping(2, 0x2000_0000)], |_, _| Build::Done(Ok(table(10, 2)))).unwrap();
     r.set_process(3, &[mapping(3, 0x3000_0000)], |_, _| Build::Done(Ok(table(10, 3)))).unwrap();
@@ -94,8 +105,10 @@ fn tables_nobody_uses_make_room_least_recently_used_first() {
     r.set_process(4, &[mapping(4, 0x4000_0000)], |_, _| Build::Done(Ok(table(15, 4)))).unwrap();
     let m = r.kernel().processes[&4].mappings[0];
     assert_eq!((m.table_start, m.table_len), (0, 15));
-    assert!(r.kernel().rows[..15].iter().all(|row| row.cfa_offset == 4));
-    assert!(r.kernel().rows[20..30].iter().all(|row| row.cfa_offset == 3), "the used table is untouched");
+    let k = r.kernel();
+    let rule = |w: &u32| k.rules[profiler_common::unwind::packed::rule(*w) as usize].cfa_offset;
+    assert!(k.rows[..15].iter().all(|w| rule(w) == 4));
+    assert!(k.rows[2 * (10 + W)..][..10].iter().all(|w| rule(w) == 3), "the used table is untouched");
     assert_eq!(r.stats().tables, 2);
 }
 
@@ -285,7 +298,7 @@ fn what_a_cut_read_missed_is_taken_from_the_last_description() {
 
 #[test]
 fn a_full_process_table_makes_room_by_evicting_the_least_recently_sampled() {
-    let mut r = Registry::new(Fake { rows: vec![Row::default(); 1000], max_processes: 3, ..Default::default() });
+    let mut r = Registry::new(Fake { rows: vec![0; 1000], max_processes: 3, ..Default::default() });
     let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(10, 7)));
     for pid in 1..=3 {
         r.set_process(pid, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
@@ -310,7 +323,7 @@ fn tables_of_processes_not_sampled_for_a_while_give_way_to_a_running_programs() 
         let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, pid as u16)));
         r.set_process(pid, &[mapping(u64::from(pid), 0x7000_0000)], &mut compile).unwrap();
     }
-    assert_eq!(r.stats().rows, 90);
+    assert_eq!(r.stats().rows, 3 * (30 + W as u64));
     // Recent sleepers keep their tables: the new one does not fit.
     let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 9)));
     r.set_process(4, &[mapping(4, 0x7000_0000)], &mut compile).unwrap();
@@ -344,7 +357,7 @@ fn one_owners_busy_processes_take_free_rows_but_give_way_past_their_share() {
         r.set_process(pid, &[owned(u64::from(pid), 1000)], &mut compile).unwrap();
         r.touch(pid);
     }
-    assert_eq!((r.stats().rows, r.stats().did_not_fit), (90, 0));
+    assert_eq!((r.stats().rows, r.stats().did_not_fit), (3 * (30 + W as u64), 0));
     // The same user's fourth does not push its own tables out.
     let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 4)));
     r.set_process(4, &[owned(4, 1000)], &mut compile).unwrap();
@@ -359,7 +372,7 @@ fn one_owners_busy_processes_take_free_rows_but_give_way_past_their_share() {
     assert!(!r.is_known(1), "the user's least recently sampled program gave way");
     assert!(r.is_known(2) && r.is_known(3) && r.is_known(5));
     let s = r.stats();
-    assert_eq!((s.rows, s.did_not_fit, s.processes_evicted), (90, 1, 1));
+    assert_eq!((s.rows, s.did_not_fit, s.processes_evicted), (3 * (30 + W as u64), 1, 1));
     let described = r.kernel().processes[&5];
     assert!(described.mappings[..described.len as usize].iter().any(|m| m.table_len == 30));
     // Another table of root's: the user holds 60 of 100 rows, past its share, and gives way
@@ -367,7 +380,7 @@ fn one_owners_busy_processes_take_free_rows_but_give_way_past_their_share() {
     let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(30, 10)));
     r.set_process(6, &[owned(6, 0)], &mut compile).unwrap();
     assert!(r.is_known(6) && r.is_known(5) && !r.is_known(2));
-    assert_eq!((r.stats().rows, r.stats().did_not_fit), (90, 1));
+    assert_eq!((r.stats().rows, r.stats().did_not_fit), (3 * (30 + W as u64), 1));
     // The share works both ways, but only where it makes room: root's 60 rows are 10 past its
     // share, which with 10 free rows cannot hold the user's 50; nothing of root's is evicted
     // for nothing.
