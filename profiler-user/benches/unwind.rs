@@ -36,7 +36,7 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     // One rules array for every table, as the registry keeps it.
-    let mut rules = profiler::unwind::packed::Rules::default();
+    let mut shared = profiler::unwind::packed::Rules::default();
     let mut packed_words = 0;
     let mut big: Vec<PathBuf> = vec!["/usr/lib/x86_64-linux-gnu/libc.so.6".into(), "/usr/bin/python3".into()];
     big.extend(rustc_driver);
@@ -66,7 +66,7 @@ fn main() {
                 for r in &tab.rows {
                     *pages.entry(r.pc >> 16).or_default() += 1;
                 }
-                let words = rules.pack(&tab.rows).map_or(0, |(p, _)| p.words.len());
+                let words = shared.pack(&tab.rows).map_or(0, |(p, _)| p.words.len());
                 packed_words += words;
                 println!(
                     "| {} | {:.1} MB | {} | {:.1} MiB | {:.1} MiB | {:.0} ms | {} | {} |",
@@ -89,8 +89,8 @@ fn main() {
             "\n{named_rows} rows: {:.1} MiB at 8 bytes a row, {:.1} MiB packed ({} distinct rules shared, {} KiB)",
             bytes as f64 / (1 << 20) as f64,
             (packed_words * 4) as f64 / (1 << 20) as f64,
-            rules.len(),
-            rules.len() * 4 / 1024
+            shared.len(),
+            shared.len() * 4 / 1024
         );
         return;
     }
