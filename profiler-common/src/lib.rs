@@ -63,8 +63,8 @@ pub mod counter {
     pub const EPOCH: usize = 5;
     /// Samples whose user stack was walked with unwind tables.
     pub const UNWIND_TABLES: usize = 6;
-    /// Of those, walks that stopped before the outermost frame (no rule for an address, an
-    /// unreadable stack word, or the frame limit): every end but `OUTERMOST` and `FP_ZERO`.
+    /// Unused since the ends are counted by reason (`UNWIND_ENDS`): userspace sums those that
+    /// stopped before the outermost frame. Kept so that the other slots keep their numbers.
     pub const UNWIND_STOPPED: usize = 7;
     /// Event records (exec, fork, exit, cgroup) dropped because the `EVENTS` ring was full.
     pub const EVENTS_LOST: usize = 8;
@@ -74,10 +74,12 @@ pub mod counter {
     pub const CUDA_NESTED: usize = 10;
     /// CUDA calls or stacks not kept: a map was full.
     pub const CUDA_DROPPED: usize = 11;
-    /// How table walks ended: `UNWIND_ENDS + reason` ([`crate::unwind::end`]).
+    /// How table walks ended: `UNWIND_ENDS + reason` ([`crate::unwind::end`]), eight slots so
+    /// that the program indexes them with a mask, not a branch per reason.
     pub const UNWIND_ENDS: usize = 12;
+    pub const UNWIND_END_SLOTS: usize = 8;
     /// Return addresses the stack scan found (frames no rule could give), after `UNWIND_ENDS`.
-    pub const UNWIND_SCANNED: usize = UNWIND_ENDS + crate::unwind::end::COUNT;
+    pub const UNWIND_SCANNED: usize = UNWIND_ENDS + UNWIND_END_SLOTS;
     /// Number of slots.
     pub const COUNT: usize = UNWIND_SCANNED + 1;
 }

@@ -5,8 +5,8 @@
 //!
 //! In the kernel a table is 4 bytes a row: the rules themselves are few (at most 1,394 distinct
 //! ones in libtorch_cpu.so's 2.6 M rows), so they live once in a shared array of [`Rule`]s, and
-//! a row keeps the low 16 bits of its address and its rule's index ([`packed`]). A page index
-//! after the rows says where each 64 KiB of addresses starts, which gives back the high bits.
+//! a row keeps the low 12 bits of its address and its rule's index ([`packed`]). A page index
+//! after the rows says where each 4 KiB of addresses starts, which gives back the high bits.
 //!
 //! The row format is architecture-neutral where it can be: the CFA is "stack pointer or frame
 //! pointer plus an offset", the frame pointer's save slot is an offset from the CFA. On x86_64
@@ -16,14 +16,20 @@
 /// Executable mappings described per process; a process with more (hundreds of shared
 /// libraries) has the rest walked with frame pointers.
 pub const MAX_MAPPINGS: usize = 256;
-/// Frames unwound per program run; the program tail-calls itself for more (the kernel allows
-/// 33 tail calls, far more than `MAX_USER_FRAMES` needs).
-pub const FRAMES_PER_RUN: usize = 8;
+/// Frames unwound per program run; the program tail-calls itself for more (the kernel allows 33
+/// tail calls: 19 runs for `MAX_USER_FRAMES`, the Python reader and up to 8 for the stack scan).
+/// 6.18's verifier takes 737,033 instructions for runs of 7; runs of 8 passed its million once
+/// the scan and the packed rows came.
+pub const FRAMES_PER_RUN: usize = 7;
 /// Frames per run of the walker loaded where the kernel's verifier refuses the first (6.1).
 pub const FRAMES_PER_RUN_SMALL: usize = 4;
-/// Binary-search steps over one page's rows: at most 2^16 (one a byte), so 17 steps.
-pub const ROW_SEARCH_STEPS: usize = 17;
-/// Distinct rules the shared array holds; a table needing more is walked with frame pointers.
+/// Binary-search steps over one page's rows: a 4 KiB page holds at most 4,095 (no file measured
+/// comes near: code changes rule a few times per function), so 12 steps. The verifier walks
+/// every step of every frame's search: at 17 steps over 64 KiB pages the 8-frame walker took
+/// 997,059 of its million instructions on 6.18.
+pub const ROW_SEARCH_STEPS: usize = 12;
+/// Distinct rules the shared array holds (256 KiB; a row's 20 bits could name more); a table
+/// needing more is walked with frame pointers.
 pub const MAX_RULES: usize = 1 << 16;
 /// Binary-search steps over a process's mappings (`MAX_MAPPINGS` = 2^8).
 pub const MAPPING_SEARCH_STEPS: usize = 9;
@@ -31,10 +37,10 @@ pub const MAPPING_SEARCH_STEPS: usize = 9;
 pub const UNWIND_PROGRAM: u32 = 0;
 /// Slot of the stack scan (`unwind_scan`): tried where a walk found no rule (below).
 pub const SCAN_PROGRAM: u32 = 2;
-/// Stack words the scan reads, from the stack pointer up, for a return address: 24 (an
-/// assembly kernel that saved six registers and kept 17 words of locals) is what 6.18's
-/// verifier takes; 40 passed its million instructions.
-pub const SCAN_WORDS: usize = 24;
+/// Stack words the scan reads, from the stack pointer up, for a return address: 16 (an assembly
+/// kernel that saved six registers and kept 9 words of locals) took 6.18's verifier 840,719
+/// instructions, with the check of each candidate's caller; 24 passed its million.
+pub const SCAN_WORDS: usize = 16;
 /// Words of the scan loaded where the verifier refuses the first.
 pub const SCAN_WORDS_SMALL: usize = 8;
 /// Return addresses the scan may try in one walk (each costs one or two tail calls of the
@@ -60,6 +66,7 @@ pub mod end {
     /// The frame limit, or the kernel's limit of tail calls.
     pub const LIMIT: u32 = 5;
     pub const COUNT: usize = 6;
+    const _: () = assert!(COUNT <= crate::counter::UNWIND_END_SLOTS);
     /// Label values, by reason.
     pub const NAMES: [&str; COUNT] = ["outermost", "fp_zero", "no_row", "no_rule", "unreadable", "limit"];
 
@@ -103,25 +110,27 @@ impl Row {
     }
 }
 
-/// The kernel's rows: one `u32` each, the low 16 bits of the row's address (relative to its
+/// The kernel's rows: one `u32` each, the low 12 bits of the row's address (relative to its
 /// table's base) and, above them, its rule's index. A table's rows are followed by its page
-/// index, `pages + 1` words: page `p` (addresses `p << 16` up to the next page's) holds rows
+/// index, `pages + 1` words: page `p` (addresses `p << 12` up to the next page's) holds rows
 /// `index[p]` up to `index[p + 1]`, so the row in effect at an address is the last one at or
 /// below it in its page, or the last row before the page.
 pub mod packed {
-    /// Bits of an address a row keeps.
-    pub const PAGE_SHIFT: u32 = 16;
+    /// Bits of an address a row keeps: 4 KiB pages keep each page's search short (a word of
+    /// index per 4 KiB of code, 2 % of libtorch_cpu.so's table).
+    pub const PAGE_SHIFT: u32 = 12;
+    const LOW: u32 = (1 << PAGE_SHIFT) - 1;
 
     pub const fn row(pc: u32, rule: u16) -> u32 {
-        (pc & 0xffff) | ((rule as u32) << 16)
+        (pc & LOW) | ((rule as u32) << PAGE_SHIFT)
     }
 
     pub const fn low(row: u32) -> u32 {
-        row & 0xffff
+        row & LOW
     }
 
     pub const fn rule(row: u32) -> u32 {
-        row >> 16
+        row >> PAGE_SHIFT
     }
 }
 

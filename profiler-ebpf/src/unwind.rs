@@ -139,7 +139,7 @@ pub(crate) fn run<const N: usize, S: Sink, C: EbpfContext>(ctx: &C) {
 /// The walk is over: counts why, then the Python frames (a tail call) or the sink.
 #[inline(always)]
 fn finish<S: Sink, C: EbpfContext>(ctx: &C, record: &mut Record, state: &State) {
-    // Constant slots: a computed index loses its bounds in the verifier's eyes.
+    // Constant slots: a computed index costs the verifier more here than the six branches.
     match state.end {
         end::OUTERMOST => count(counter::UNWIND_ENDS + end::OUTERMOST as usize),
         end::FP_ZERO => count(counter::UNWIND_ENDS + end::FP_ZERO as usize),
@@ -147,9 +147,6 @@ fn finish<S: Sink, C: EbpfContext>(ctx: &C, record: &mut Record, state: &State) 
         end::NO_RULE => count(counter::UNWIND_ENDS + end::NO_RULE as usize),
         end::UNREADABLE => count(counter::UNWIND_ENDS + end::UNREADABLE as usize),
         _ => count(counter::UNWIND_ENDS + end::LIMIT as usize),
-    }
-    if state.end != end::OUTERMOST && state.end != end::FP_ZERO {
-        count(counter::UNWIND_STOPPED);
     }
     let kernel = (state.kernel as usize).min(MAX_USER_FRAMES);
     let user = (state.user as usize).min(MAX_USER_FRAMES);

@@ -32,7 +32,7 @@ fn main() {
     let named: Vec<PathBuf> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).map(PathBuf::from).collect();
     println!("## Compiling unwind tables (one thread)\n");
     println!(
-        "| binary | size | rows | table, 8-byte rows | in the kernel, packed | time | distinct rules | most rows in a 64 KiB page |"
+        "| binary | size | rows | table, 8-byte rows | in the kernel, packed | time | distinct rules | most rows in a 4 KiB page |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     // One rules array for every table, as the registry keeps it.

@@ -578,7 +578,10 @@ impl Collector {
                 kernel_stack_errors: v[counter::KERNEL_STACK_ERROR],
                 user_stack_errors: v[counter::USER_STACK_ERROR],
                 unwind_walks: v[counter::UNWIND_TABLES],
-                unwind_stopped: v[counter::UNWIND_STOPPED],
+                // Every end but the outermost frame and a zero frame pointer (`unwind::end`).
+                unwind_stopped: (profiler_common::unwind::end::NO_ROW as usize..profiler_common::unwind::end::COUNT)
+                    .map(|e| v[counter::UNWIND_ENDS + e])
+                    .sum(),
                 unwind_ends: std::array::from_fn(|i| v[counter::UNWIND_ENDS + i]),
                 unwind_scanned: v[counter::UNWIND_SCANNED],
                 events_lost: v[counter::EVENTS_LOST],

@@ -90,7 +90,7 @@ impl Maps {
     /// Loads the unwinder program into the sampler's tail-call slot and takes the maps.
     pub fn load(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
         if let Err(e) = load_into_slot(ebpf, "unwind_user", UNWIND_PROGRAM) {
-            // Older verifiers (6.1) give up on the walk's runs of 8 frames; runs of 4 pass.
+            // Older verifiers (6.1) give up on the walk's runs of 7 frames; runs of 4 pass.
             let text = e.to_string();
             let verdict = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
             tracing::info!(
