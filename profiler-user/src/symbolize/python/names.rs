@@ -126,7 +126,8 @@ impl PyNames {
             return info.named[i].1.clone();
         }
         let name = make_name(&info.name, &info.file, line);
-        let cost = name_bytes(&name) + INSTR_BYTES;
+        let remembered = info.instrs.len() < MAX_INSTRS;
+        let cost = name_bytes(&name) + if remembered { INSTR_BYTES } else { 0 };
         if self.names >= MAX_NAMES || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
             self.drop_names();
         }
@@ -135,9 +136,8 @@ impl PyNames {
         self.publish();
         if let Some(info) = self.codes.get_mut(&(pid, code)) {
             info.named.push((line, name.clone()));
-            // `named` is short: a frame runs a handful of lines (and a new one is remembered
-            // only while there is room for its instruction).
-            if info.instrs.len() < MAX_INSTRS {
+            // As charged above (the names, and these with them, may have been dropped since).
+            if remembered {
                 info.instrs.push((instr, info.named.len() as u32 - 1));
             }
         }
