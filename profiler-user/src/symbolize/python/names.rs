@@ -21,8 +21,10 @@ const MAX_NAMES: usize = 262_144;
 /// What a cached entry costs besides its strings and line table: map slot, `Code`, `Arc`.
 const ENTRY_BYTES: u64 = 96;
 const NAME_BYTES: u64 = 40;
-/// What a frame's entry costs (`PyNames::frames`: key, `Arc`, slot).
-const FRAME_BYTES: u64 = 48;
+/// Instructions remembered per code object (each 16 bytes, counted as [`INSTR_BYTES`]): past
+/// it the line table is read for the others.
+const MAX_INSTRS: usize = 16;
+const INSTR_BYTES: u64 = 16;
 /// Code objects' share of the Python pool, in percent: past it they start over; the names get
 /// the rest, and what the code objects leave.
 const CODES_SHARE: u64 = 60;
@@ -36,11 +38,14 @@ pub(super) struct Code {
     pub(super) lines: Option<Vec<u8>>,
     /// (line, `qualname (file:line)`): a frame runs a handful of lines, so a short list.
     named: Vec<(i64, Arc<str>)>,
+    /// (instruction address, index in `named`): the instructions seen, so that a frame seen
+    /// before is named without reading the line table again (at most [`MAX_INSTRS`]).
+    instrs: Vec<(u64, u32)>,
 }
 
 impl Code {
     pub(super) fn new(name: String, file: String, first_line: i64, lines: Option<Vec<u8>>) -> Self {
-        Self { name, file, first_line, lines, named: Vec::new() }
+        Self { name, file, first_line, lines, named: Vec::new(), instrs: Vec::new() }
     }
 
     fn bytes(&self) -> u64 {
@@ -84,11 +89,6 @@ fn make_name(name: &str, file: &str, line: i64) -> Arc<str> {
 pub struct PyNames {
     /// (pid, code object) → what it says. Fx: keys are addresses, hashed once per frame.
     codes: FxHashMap<(u32, u64), Code>,
-    /// (pid, code object, instruction) → its name: a frame seen before is named by one small
-    /// entry, not by the code object's (three cache lines), its line table and its names (on
-    /// the replay bench's training node, each of those reads was a miss of the CPU's caches).
-    /// Part of the names' tier: dropped with them.
-    frames: FxHashMap<(u32, u64, u64), Arc<str>>,
     code_bytes: u64,
     names: usize,
     name_bytes: u64,
@@ -99,15 +99,15 @@ impl PyNames {
     /// function's first line before that, or where the table says nothing). `instr` is the
     /// sampler's instruction address, 0 when it sent none.
     pub fn name(&mut self, pid: u32, layout: &Layout, code: u64, instr: u64) -> Arc<str> {
-        if let Some(name) = self.frames.get(&(pid, code, instr)) {
-            return name.clone();
-        }
         if !self.codes.contains_key(&(pid, code)) {
             // Not cached when unreadable: the object may be readable next time (or was freed).
             let Some(c) = describe(pid, layout, code) else { return Arc::from("[python]") };
             self.add_code(pid, code, c);
         }
         let info = self.codes.get_mut(&(pid, code)).expect("cached above");
+        if let Some(&(_, i)) = info.instrs.iter().find(|(at, _)| *at == instr) {
+            return info.named[i as usize].1.clone();
+        }
         let start = code.wrapping_add(layout.code_adaptive);
         let line = info
             .lines
@@ -115,32 +115,31 @@ impl PyNames {
             .filter(|_| instr >= start)
             .and_then(|t| lines::line_at(t, info.first_line, (instr - start) / 2))
             .unwrap_or(info.first_line);
-        if let Some((_, n)) = info.named.iter().find(|(l, _)| *l == line) {
-            let name = n.clone();
-            // Remembered for the instruction while it fits; dropping names for it would not pay.
-            if self.frames.len() < MAX_NAMES
-                && memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + FRAME_BYTES)
-            {
-                self.frames.insert((pid, code, instr), name.clone());
-                self.name_bytes += FRAME_BYTES;
+        if let Some(i) = info.named.iter().position(|(l, _)| *l == line) {
+            if info.instrs.len() < MAX_INSTRS {
+                info.instrs.push((instr, i as u32));
+                let name = info.named[i].1.clone();
+                self.name_bytes += INSTR_BYTES;
                 self.publish();
+                return name;
             }
-            return name;
+            return info.named[i].1.clone();
         }
         let name = make_name(&info.name, &info.file, line);
-        let cost = name_bytes(&name) + FRAME_BYTES;
-        if self.names >= MAX_NAMES
-            || self.frames.len() >= MAX_NAMES
-            || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost)
-        {
+        let remembered = info.instrs.len() < MAX_INSTRS;
+        let cost = name_bytes(&name) + if remembered { INSTR_BYTES } else { 0 };
+        if self.names >= MAX_NAMES || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
             self.drop_names();
         }
         self.names += 1;
         self.name_bytes += cost;
-        self.frames.insert((pid, code, instr), name.clone());
         self.publish();
         if let Some(info) = self.codes.get_mut(&(pid, code)) {
             info.named.push((line, name.clone()));
+            // As charged above (the names, and these with them, may have been dropped since).
+            if remembered {
+                info.instrs.push((instr, info.named.len() as u32 - 1));
+            }
         }
         name
     }
@@ -162,8 +161,8 @@ impl PyNames {
     fn drop_names(&mut self) {
         for c in self.codes.values_mut() {
             c.named = Vec::new();
+            c.instrs = Vec::new();
         }
-        self.frames = FxHashMap::default();
         self.names = 0;
         self.name_bytes = 0;
         self.publish();
@@ -176,7 +175,6 @@ impl PyNames {
             memory::PYTHON.note_refused();
         }
         self.codes.clear();
-        self.frames = FxHashMap::default();
         self.code_bytes = 0;
         self.names = 0;
         self.name_bytes = 0;
@@ -197,9 +195,11 @@ impl PyNames {
         self.codes.retain(|(pid, _), _| live(*pid));
         self.code_bytes = self.codes.values().map(Code::bytes).sum();
         self.names = self.codes.values().map(|c| c.named.len()).sum();
-        self.frames.retain(|(pid, _, _), _| live(*pid));
-        self.name_bytes = self.codes.values().flat_map(|c| c.named.iter()).map(|(_, n)| name_bytes(n)).sum::<u64>()
-            + self.frames.len() as u64 * FRAME_BYTES;
+        self.name_bytes = self
+            .codes
+            .values()
+            .map(|c| c.named.iter().map(|(_, n)| name_bytes(n)).sum::<u64>() + c.instrs.len() as u64 * INSTR_BYTES)
+            .sum();
         self.publish();
     }
 
@@ -266,7 +266,6 @@ mod tests {
         let (a, b) = (n.name(1, layout, CODE, start + 2), n.name(1, layout, CODE, start + 3));
         assert!(Arc::ptr_eq(&a, &b), "one name per line");
         assert!(Arc::ptr_eq(&b, &n.name(1, layout, CODE, start + 3)));
-        assert_eq!(n.frames.len(), 4, "each instruction seen");
         assert_eq!(n.len(), (1, 2));
         n.drop_names();
         assert_eq!(&*n.name(1, layout, CODE, start + 3), "Model.forward (/srv/m.py:3)", "remembered no longer");
