@@ -21,10 +21,6 @@ const MAX_NAMES: usize = 262_144;
 /// What a cached entry costs besides its strings and line table: map slot, `Code`, `Arc`.
 const ENTRY_BYTES: u64 = 96;
 const NAME_BYTES: u64 = 40;
-/// Instructions remembered per code object (each 16 bytes, counted as [`INSTR_BYTES`]): past
-/// it the line table is read for the others.
-const MAX_INSTRS: usize = 16;
-const INSTR_BYTES: u64 = 16;
 /// Code objects' share of the Python pool, in percent: past it they start over; the names get
 /// the rest, and what the code objects leave.
 const CODES_SHARE: u64 = 60;
@@ -38,14 +34,11 @@ pub(super) struct Code {
     pub(super) lines: Option<Vec<u8>>,
     /// (line, `qualname (file:line)`): a frame runs a handful of lines, so a short list.
     named: Vec<(i64, Arc<str>)>,
-    /// (instruction address, index in `named`): the instructions seen, so that a frame seen
-    /// before is named without reading the line table again (at most [`MAX_INSTRS`]).
-    instrs: Vec<(u64, u32)>,
 }
 
 impl Code {
     pub(super) fn new(name: String, file: String, first_line: i64, lines: Option<Vec<u8>>) -> Self {
-        Self { name, file, first_line, lines, named: Vec::new(), instrs: Vec::new() }
+        Self { name, file, first_line, lines, named: Vec::new() }
     }
 
     fn bytes(&self) -> u64 {
@@ -57,7 +50,9 @@ fn name_bytes(name: &str) -> u64 {
     name.len() as u64 + NAME_BYTES
 }
 
-/// `qualname (file:line)`, allocated once at its length (`format!` grew it several times).
+/// `qualname (file:line)`, allocated once at its length (`format!` grew it several times: a
+/// tenth of the daemon's CPU on the replay bench's training node, whose names are remade as
+/// they pass their bound).
 fn make_name(name: &str, file: &str, line: i64) -> Arc<str> {
     let mut digits = [0u8; 24];
     let mut at = digits.len();
@@ -105,9 +100,6 @@ impl PyNames {
             self.add_code(pid, code, c);
         }
         let info = self.codes.get_mut(&(pid, code)).expect("cached above");
-        if let Some(&(_, i)) = info.instrs.iter().find(|(at, _)| *at == instr) {
-            return info.named[i as usize].1.clone();
-        }
         let start = code.wrapping_add(layout.code_adaptive);
         let line = info
             .lines
@@ -115,19 +107,11 @@ impl PyNames {
             .filter(|_| instr >= start)
             .and_then(|t| lines::line_at(t, info.first_line, (instr - start) / 2))
             .unwrap_or(info.first_line);
-        if let Some(i) = info.named.iter().position(|(l, _)| *l == line) {
-            if info.instrs.len() < MAX_INSTRS {
-                info.instrs.push((instr, i as u32));
-                let name = info.named[i].1.clone();
-                self.name_bytes += INSTR_BYTES;
-                self.publish();
-                return name;
-            }
-            return info.named[i].1.clone();
+        if let Some((_, n)) = info.named.iter().find(|(l, _)| *l == line) {
+            return n.clone();
         }
         let name = make_name(&info.name, &info.file, line);
-        let remembered = info.instrs.len() < MAX_INSTRS;
-        let cost = name_bytes(&name) + if remembered { INSTR_BYTES } else { 0 };
+        let cost = name_bytes(&name);
         if self.names >= MAX_NAMES || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
             self.drop_names();
         }
@@ -136,10 +120,6 @@ impl PyNames {
         self.publish();
         if let Some(info) = self.codes.get_mut(&(pid, code)) {
             info.named.push((line, name.clone()));
-            // As charged above (the names, and these with them, may have been dropped since).
-            if remembered {
-                info.instrs.push((instr, info.named.len() as u32 - 1));
-            }
         }
         name
     }
@@ -161,7 +141,6 @@ impl PyNames {
     fn drop_names(&mut self) {
         for c in self.codes.values_mut() {
             c.named = Vec::new();
-            c.instrs = Vec::new();
         }
         self.names = 0;
         self.name_bytes = 0;
@@ -195,11 +174,7 @@ impl PyNames {
         self.codes.retain(|(pid, _), _| live(*pid));
         self.code_bytes = self.codes.values().map(Code::bytes).sum();
         self.names = self.codes.values().map(|c| c.named.len()).sum();
-        self.name_bytes = self
-            .codes
-            .values()
-            .map(|c| c.named.iter().map(|(_, n)| name_bytes(n)).sum::<u64>() + c.instrs.len() as u64 * INSTR_BYTES)
-            .sum();
+        self.name_bytes = self.codes.values().flat_map(|c| c.named.iter()).map(|(_, n)| name_bytes(n)).sum();
         self.publish();
     }
 
@@ -261,15 +236,6 @@ mod tests {
         assert_eq!(&*n.name(1, layout, CODE, start + 2), "Model.forward (/srv/m.py:3)");
         assert_eq!(&*n.name(1, layout, CODE, 0), "Model.forward (/srv/m.py:2)", "before the code: first line");
         assert_eq!(n.len(), (1, 2));
-        // A second instruction of line 3 (the table's second entry): the same name, now
-        // remembered by instruction as well.
-        let (a, b) = (n.name(1, layout, CODE, start + 2), n.name(1, layout, CODE, start + 3));
-        assert!(Arc::ptr_eq(&a, &b), "one name per line");
-        assert!(Arc::ptr_eq(&b, &n.name(1, layout, CODE, start + 3)));
-        assert_eq!(n.len(), (1, 2));
-        n.drop_names();
-        assert_eq!(&*n.name(1, layout, CODE, start + 3), "Model.forward (/srv/m.py:3)", "remembered no longer");
-        assert_eq!(&*n.name(1, layout, CODE, start), "Model.forward (/srv/m.py:2)");
         n.retain(|pid| pid != 1);
         assert_eq!(n.len(), (0, 0));
     }
