@@ -69,15 +69,21 @@ struct Second {
 #[derive(Default)]
 struct SegmentDict {
     strings: FxHashMap<Arc<str>, u32>,
+    /// By allocation, for the `Arc`s that are keys of `strings` (which keeps them, so an address
+    /// cannot be reused while it is here): the symbolizer hands out one `Arc` per name, so a
+    /// stack named again finds its names without hashing or comparing their bytes.
+    string_ptrs: FxHashMap<usize, u32>,
     /// (parent node, frame * 2 + kernel, location) → node; node 0 is the empty stack.
     nodes: FxHashMap<(u32, u32, u32, u64), u32>,
     /// By allocation: the symbolizer hands out one `Arc` per distinct stack, so this is the
-    /// common hit. The `Arc` is kept, so its address cannot be reused by another stack.
-    stacks_by_ptr: FxHashMap<usize, (Arc<Stack>, u32)>,
+    /// common hit. A `Weak` keeps the allocation (not the frames), so its address cannot be
+    /// reused by another stack while it is here, and a stack the symbolizer forgot costs ~100
+    /// bytes here, not its frames.
+    stacks_by_ptr: FxHashMap<usize, (std::sync::Weak<Stack>, u32)>,
     /// The next block must reset readers' dictionaries (first block this writer writes here).
     reset: bool,
-    /// Bytes of the strings and stacks it holds (the names are what a user shapes: 500-byte JIT
-    /// names in 126-frame stacks), against [`DICT_MAX_BYTES`].
+    /// Bytes of the strings, nodes and stacks it holds (the names are what a user shapes:
+    /// 500-byte JIT names in 126-frame stacks), against [`DICT_MAX_BYTES`].
     bytes: usize,
 }
 
@@ -96,14 +102,19 @@ impl SegmentDict {
     }
 
     fn string(&mut self, s: &Arc<str>, delta: &mut DictDelta) -> u32 {
+        let ptr = Arc::as_ptr(s).cast::<u8>() as usize;
+        if let Some(&id) = self.string_ptrs.get(&ptr) {
+            return id;
+        }
         if let Some(&id) = self.strings.get(s) {
             return id;
         }
         let id = self.strings.len() as u32;
         self.strings.insert(s.clone(), id);
+        self.string_ptrs.insert(ptr, id);
         // The map holds the name (shared with the symbolizer until it forgets it) and the
-        // delta a copy until the block is written.
-        self.bytes += 2 * s.len() + 48;
+        // delta a copy until the block is written; the pointer map a slot.
+        self.bytes += 2 * s.len() + 64;
         delta.strings.push(s.to_string());
         id
     }
@@ -115,10 +126,21 @@ impl SegmentDict {
             return *id;
         }
         let mut node = 0u32;
+        // Frames that the interpreter runs share its file: looked up once.
+        let mut last_file: Option<(usize, u32)> = None;
+        let added = self.nodes.len();
         for (i, f) in s.frames.iter().enumerate() {
             let frame = self.string(f, delta) * 2 + u32::from(i >= s.user_len);
             let (file, addr) = match s.locations.get(i).filter(|l| i < s.user_len && !l.file.is_empty()) {
-                Some(l) => (self.string(&l.file, delta) + 1, l.addr),
+                Some(l) => {
+                    let p = Arc::as_ptr(&l.file).cast::<u8>() as usize;
+                    let id = match last_file {
+                        Some((q, id)) if q == p => id,
+                        _ => self.string(&l.file, delta),
+                    };
+                    last_file = Some((p, id));
+                    (id + 1, l.addr)
+                }
                 None => (0, 0),
             };
             let next = self.nodes.len() as u32 + 1;
@@ -130,9 +152,9 @@ impl SegmentDict {
                 next
             });
         }
-        // The stack is kept alive by the map: its frames, locations and the map's slot.
-        self.bytes += s.frames.len() * 40 + 64;
-        self.stacks_by_ptr.insert(ptr, (s.clone(), node));
+        // A node is a map slot; a stack its slot and the allocation its `Weak` keeps.
+        self.bytes += (self.nodes.len() - added) * 40 + 128;
+        self.stacks_by_ptr.insert(ptr, (Arc::downgrade(s), node));
         node
     }
 }
@@ -518,6 +540,80 @@ mod tests {
     fn blocks_in(dir: &Path, start_ns: u64) -> Vec<BlockHeader> {
         let file = fs::read(segment_path(dir, start_ns)).unwrap();
         Blocks::new(&file).map(|(h, _)| h).collect()
+    }
+
+    /// A stack with user frames in files, and a kernel frame; `fresh`: every name a new `Arc`.
+    fn located(names: &[&str], shared: &[Arc<str>], fresh: bool) -> Arc<Stack> {
+        let name = |i: usize, n: &str| if fresh { Arc::from(n) } else { shared[i].clone() };
+        let file: Arc<str> = if fresh { Arc::from("/usr/bin/python3.11") } else { shared[shared.len() - 1].clone() };
+        let user = names.len() - 1;
+        Arc::new(Stack {
+            frames: names.iter().enumerate().map(|(i, n)| name(i, n)).collect(),
+            user_len: user,
+            locations: (0..user)
+                .map(|i| crate::model::Location { file: file.clone(), addr: 0x1000 + i as u64 })
+                .collect(),
+        })
+    }
+
+    /// The writer finds a name or stack it met before by its allocation: what it writes must be
+    /// what a writer that meets every name and stack anew (nothing shared) writes, byte for byte,
+    /// whether the same stack comes back, an equal one in a new allocation, or one sharing a
+    /// prefix; and a stack the symbolizer dropped meanwhile must not be taken for a new one
+    /// that happens to land at its address.
+    #[test]
+    fn names_and_stacks_found_by_allocation_encode_as_a_fresh_writer_does() {
+        let names = ["main", "f (/a.py:3)", "g (/a.py:9)", "do_syscall_64"];
+        let other = ["main", "f (/a.py:3)", "h (/b.py:1)", "do_syscall_64"];
+        let shared: Vec<Arc<str>> =
+            names.iter().chain(&other).map(|n| Arc::from(*n)).chain([Arc::from("/usr/bin/python3.11")]).collect();
+        let shared_other: Vec<Arc<str>> = shared[4..].to_vec();
+        let s = 1_800_000_000;
+        let write = |fresh: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut w = StoreWriter::new(dir.path());
+            let a = located(&names, &shared, fresh);
+            let mut t = s * NS_PER_SEC;
+            for (i, stack) in [
+                a.clone(),
+                a.clone(),
+                located(&names, &shared, fresh),
+                located(&other, &shared_other, fresh),
+                located(&names, &shared, true),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                t += NS_PER_SEC / 2;
+                w.push(&Sample { stack, ..sample(t) });
+                if i % 2 == 1 {
+                    w.flush(t).unwrap();
+                }
+                // A dropped stack; the next allocation may land where it was.
+                drop(Arc::new(Stack::new(vec![Arc::from("gone")], 1)));
+            }
+            w.flush(t).unwrap();
+            fs::read(segment_path(dir.path(), s * NS_PER_SEC)).unwrap()
+        };
+        let (by_allocation, fresh) = (write(false), write(true));
+        assert!(Blocks::new(&fresh).count() >= 3);
+        assert_eq!(by_allocation, fresh);
+        // And the stacks read back whole.
+        let mut dict = super::super::format::Dict::default();
+        let mut frames = Vec::new();
+        let mut read = Vec::new();
+        for (h, sec) in Blocks::new(&by_allocation) {
+            dict.apply(&h, sec.dict).unwrap();
+            let cols = super::super::format::unpack_samples(sec.samples, 1 << 20).unwrap();
+            for &node in &cols.stack {
+                dict.frames(node, &mut frames);
+                read.push(
+                    frames.iter().map(|(id, _)| dict.strings[*id as usize].clone()).collect::<Vec<_>>().join(";"),
+                );
+            }
+        }
+        let line = |n: &[&str]| n.join(";");
+        assert_eq!(read, [line(&names), line(&names), line(&names), line(&other), line(&names)]);
     }
 
     #[test]

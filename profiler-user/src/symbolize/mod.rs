@@ -214,6 +214,8 @@ pub struct Symbolizer {
     symbols_refusal_logged: bool,
     /// The last request of the memory watcher to shed that was served.
     sheds_seen: u64,
+    /// Where a sample's stack key is built (see `stack_with_python`).
+    key_buf: Vec<u64>,
 }
 
 impl Default for Symbolizer {
@@ -251,6 +253,7 @@ impl Symbolizer {
             lifecycle: lifecycle::Lifecycle::default(),
             symbols_refusal_logged: false,
             sheds_seen: crate::memory::watch::sheds(),
+            key_buf: Vec::new(),
         }
     }
 
@@ -291,7 +294,10 @@ impl Symbolizer {
         if pid != 0 {
             self.note_process(pid, comm, now);
         }
-        let mut key_addrs = Vec::with_capacity(kernel.len() + user.len());
+        // The key is built in a buffer kept between samples: a hit (most samples) allocates
+        // nothing.
+        let mut key_addrs = std::mem::take(&mut self.key_buf);
+        key_addrs.clear();
         key_addrs.extend_from_slice(kernel);
         key_addrs.extend_from_slice(user);
         let python_words = python.map_or(&[][..], |p| p.1);
@@ -302,9 +308,15 @@ impl Symbolizer {
         let image = if user.is_empty() { 0 } else { self.processes.get(&pid).map_or(u64::MAX, |p| p.image) };
         let key = (image, key_addrs, kernel.len() | python_words.len() << 16);
         if let Some(cached) = self.stacks.get(&key).filter(|c| c.until.is_none_or(|t| now < t)) {
+            let stack = cached.stack.clone();
             self.stats.stack_hits += 1;
-            return cached.stack.clone();
+            self.key_buf = key.1;
+            return stack;
         }
+        // The cache's copy at its length; the buffer stays for the next sample.
+        let (image, buf, counts) = key;
+        let key = (image, buf.clone(), counts);
+        self.key_buf = buf;
         self.stats.stack_misses += 1;
         self.jit_missed = false;
         let mut named: Vec<(Arc<str>, Location)> = Vec::with_capacity(user.len());

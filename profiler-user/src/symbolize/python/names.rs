@@ -50,6 +50,36 @@ fn name_bytes(name: &str) -> u64 {
     name.len() as u64 + NAME_BYTES
 }
 
+/// `qualname (file:line)`, allocated once at its length (`format!` grew it several times: a
+/// tenth of the daemon's CPU on the replay bench's training node, whose names are remade as
+/// they pass their bound).
+fn make_name(name: &str, file: &str, line: i64) -> Arc<str> {
+    let mut digits = [0u8; 24];
+    let mut at = digits.len();
+    let mut n = line.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if line < 0 {
+        at -= 1;
+        digits[at] = b'-';
+    }
+    let digits = std::str::from_utf8(&digits[at..]).expect("ASCII digits");
+    let mut s = String::with_capacity(name.len() + file.len() + digits.len() + 4);
+    s.push_str(name);
+    s.push_str(" (");
+    s.push_str(file);
+    s.push(':');
+    s.push_str(digits);
+    s.push(')');
+    Arc::from(s)
+}
+
 #[derive(Default)]
 pub struct PyNames {
     /// (pid, code object) → what it says. Fx: keys are addresses, hashed once per frame.
@@ -80,7 +110,7 @@ impl PyNames {
         if let Some((_, n)) = info.named.iter().find(|(l, _)| *l == line) {
             return n.clone();
         }
-        let name: Arc<str> = Arc::from(format!("{} ({}:{line})", info.name, info.file));
+        let name = make_name(&info.name, &info.file, line);
         let cost = name_bytes(&name);
         if self.names >= MAX_NAMES || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
             self.drop_names();
@@ -186,6 +216,13 @@ mod tests {
         assert_eq!(n.len(), (1, 0));
         assert_eq!(&*n.name(1, layout, CODE, 0), "Model.forward (/srv/m.py:2)", "named without a read");
         assert_eq!(n.len(), (1, 1));
+    }
+
+    #[test]
+    fn a_name_is_what_format_makes() {
+        for line in [0, 7, 10, 99, 12_345, -1, -40, i64::MAX, i64::MIN] {
+            assert_eq!(&*make_name("A.f", "/x.py", line), format!("A.f (/x.py:{line})"));
+        }
     }
 
     #[test]
