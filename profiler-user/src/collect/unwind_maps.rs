@@ -89,7 +89,9 @@ pub struct Maps {
 impl Maps {
     /// Loads the unwinder program into the sampler's tail-call slot and takes the maps.
     pub fn load(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
+        let mut small = false;
         if let Err(e) = load_into_slot(ebpf, "unwind_user", UNWIND_PROGRAM) {
+            small = true;
             // Older verifiers (6.1) give up on the walk's runs of 7 frames; runs of 4 pass.
             let text = e.to_string();
             let verdict = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
@@ -99,8 +101,10 @@ impl Maps {
             );
             load_into_slot(ebpf, "unwind_user_small", UNWIND_PROGRAM).map_err(|_| e)?;
         }
-        // The stack scan is a fallback: without it, walks end where the rules do.
-        if load_into_slot(ebpf, "unwind_scan", SCAN_PROGRAM).is_err()
+        // The stack scan is a fallback: without it, walks end where the rules do. A verifier that
+        // refused the walker's long runs refuses the long scan too: it is not asked (each refusal
+        // is a million instructions explored, half a minute under an emulator).
+        if (small || load_into_slot(ebpf, "unwind_scan", SCAN_PROGRAM).is_err())
             && let Err(e) = load_into_slot(ebpf, "unwind_scan_small", SCAN_PROGRAM)
         {
             tracing::warn!(error = %e, "the stack scan is unavailable: walks end where code has no unwind rule");
