@@ -170,9 +170,10 @@ pub fn unwind_scan_small(ctx: PerfEventContext) -> u32 {
 
 /// Where the rules ran out (code without unwind information: hand-written assembly in a vendor
 /// library), looks up the stack for a word that returns into a described executable mapping
-/// just after a call instruction, and goes on from there with the rules. A stale return address
-/// can pass both checks, so this runs only after every rule failed, at most `SCAN_MAX` times a
-/// walk, and each find is counted (`counter::UNWIND_SCANNED`).
+/// just after a call instruction and whose own rule leads to a caller that passes the same
+/// checks (`plausible`), and goes on from there with the rules. A stale return address can still
+/// pass, so this runs only after every rule failed, tries at most `SCAN_MAX` candidates a walk,
+/// and each find is counted (`counter::UNWIND_SCANNED`).
 #[inline(always)]
 pub(crate) fn scan<const W: usize, S: Sink, C: EbpfContext>(ctx: &C) {
     let (Some(record), Some(state)) = (S::record(), S::state()) else { return };
