@@ -29,11 +29,14 @@ use profiler::{
     pipeline::Pipeline,
     store::{self, StoreWriter},
     symbolize::{Symbolizer, UNKNOWN, parse_module_offset},
-    synth::{self, Rng},
 };
 use profiler_common::{FLAG_IDLE, FLAG_USER_MODE, HEADER_LEN, SampleHeader};
 use serde_json::{Value, json};
 
+#[path = "shared/synth.rs"]
+#[allow(dead_code)] // each bench uses part of it
+mod synth;
+use synth::Rng;
 #[path = "replay/python.rs"]
 mod python;
 #[path = "replay/workload.rs"]
