@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod flight;
 pub mod gpu;
 pub mod identity;
+pub mod interpreter;
 pub mod logs;
 pub mod memory;
 pub mod model;

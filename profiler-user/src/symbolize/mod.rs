@@ -37,7 +37,6 @@ pub mod maps;
 mod memory;
 mod module;
 pub mod perfmap;
-pub mod python;
 #[cfg(test)]
 mod tests;
 
@@ -59,7 +58,13 @@ use blazesym::{
 
 use lru::LruCache;
 
-use crate::model::{Location, Stack};
+use crate::{
+    interpreter::{
+        Runtime,
+        python::{CPython, Layout, PyNames},
+    },
+    model::{Location, Stack},
+};
 use maps::Mapping;
 use module::{Module, Opened};
 pub use module::{module_offset, parse_module_offset};
@@ -207,7 +212,7 @@ pub struct Symbolizer {
     /// processes, and grown by each read).
     perf_map_bytes: usize,
     /// Names of Python code objects.
-    python: python::PyNames,
+    python: PyNames,
     /// Forks and exits: which process a pid is (see `lifecycle`).
     lifecycle: lifecycle::Lifecycle,
     /// Whether a file refused for want of symbol memory was logged (once a daemon).
@@ -249,7 +254,7 @@ impl Symbolizer {
             jit_missed: false,
             mapped_since: None,
             perf_map_bytes: 0,
-            python: python::PyNames::default(),
+            python: PyNames::default(),
             lifecycle: lifecycle::Lifecycle::default(),
             symbols_refusal_logged: false,
             sheds_seen: crate::memory::watch::sheds(),
@@ -281,7 +286,7 @@ impl Symbolizer {
         comm: &str,
         kernel: &[u64],
         user: &[u64],
-        python: Option<(&crate::unwind::python::Layout, &[u64])>,
+        python: Option<(&Layout, &[u64])>,
         now: Instant,
     ) -> Arc<Stack> {
         if crate::memory::watch::shed_requested(&mut self.sheds_seen) {
@@ -325,11 +330,7 @@ impl Symbolizer {
         }
         let unresolved = named.iter().any(|f| Arc::ptr_eq(&f.0, &self.unknown));
         if let Some((layout, words)) = python.filter(|p| !p.1.is_empty()) {
-            let py: Vec<(Arc<str>, bool)> = python::frames(words)
-                .into_iter()
-                .map(|(code, instr, entry)| (self.python.name(pid, layout, code, instr), entry))
-                .collect();
-            named = python::merge(&named, &py);
+            named = CPython::name_frames(&mut self.python, pid, layout, &named, words);
         }
         let user_len = named.len();
         let mut frames = Vec::with_capacity(kernel.len() + user_len);
