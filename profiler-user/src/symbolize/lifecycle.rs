@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-use super::{Process, Symbolizer, perfmap};
+use super::{Process, Symbolizer, maps};
 
 /// Samples of an exited process still in the queue resolve until the samples read have moved
 /// this far past its exit (one ring buffer, filled in time order by every CPU: its late samples
@@ -150,22 +150,9 @@ impl Symbolizer {
     /// comment); without a cached parent, the child's maps are read at its first address.
     fn seed_from_parent(&mut self, child: u32, fork: Fork) {
         let Some(parent) = self.processes.get(&fork.parent) else { return };
-        let now = Instant::now();
-        self.images += 1;
-        let seeded = Process {
-            comms: parent.comms.clone(),
-            exe: parent.exe.clone(),
-            maps: parent.maps.clone(),
-            read_at: now,
-            over_bound: parent.over_bound,
-            read_at_exec: true,
-            seen_at: now,
-            checked_at: now,
-            image: self.images,
-            perf_map: perfmap::PerfMap::default(),
-            perf_map_read_at: None,
-            exited_ns: None,
-        };
+        let (comms, exe) = (parent.comms.clone(), parent.exe.clone());
+        let read = maps::Read { maps: parent.maps.clone(), truncated: parent.over_bound };
+        let seeded = Process { read_at_exec: true, ..self.new_process(comms, exe, read, Instant::now()) };
         self.new_image(child);
         self.processes.insert(child, seeded);
         if let Some(e) = fork.exited_ns {
@@ -201,23 +188,9 @@ mod tests {
 
     /// Caches `pid` with one mapping at 0x1000..0x2000 named `name` (a `[name]` pseudo-file).
     fn cache(s: &mut Symbolizer, pid: u32, name: &str) {
-        let now = Instant::now();
-        s.images += 1;
         let m = Mapping { start: 0x1000, end: 0x2000, offset: 0, dev: 0, inode: 0, path: Arc::from(name) };
-        let p = Process {
-            comms: vec![Arc::from("same")],
-            exe: None,
-            maps: vec![m],
-            read_at: now,
-            over_bound: false,
-            read_at_exec: false,
-            seen_at: now,
-            checked_at: now,
-            image: s.images,
-            perf_map: perfmap::PerfMap::default(),
-            perf_map_read_at: None,
-            exited_ns: None,
-        };
+        let read = maps::Read { maps: vec![m], truncated: false };
+        let p = s.new_process(vec![Arc::from("same")], None, read, Instant::now());
         s.processes.insert(pid, p);
     }
 
