@@ -17,6 +17,7 @@ pub mod export;
 pub mod fleet;
 pub mod flight;
 pub mod gpu;
+pub mod gpu_readings;
 pub mod identity;
 pub mod interpreter;
 pub mod logs;

@@ -253,7 +253,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     // Its own thread: a slow or hung driver call delays only the next GPU poll.
     let _gpu_poller = match (&config.gpu, &gpu) {
         (Some(g), Some(shared)) => Some(
-            crate::gpu::poll::Poller {
+            crate::gpu::nvml::Poller {
                 data_dir: config.data_dir.clone(),
                 stop: stop.clone(),
                 interval: g.interval,
