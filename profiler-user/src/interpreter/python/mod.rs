@@ -25,7 +25,7 @@ pub use layout::Layout;
 pub use names::PyNames;
 
 /// The native frame that runs Python frames.
-pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
 
 /// CPython 3.9 to 3.13.
 pub struct CPython;
