@@ -195,25 +195,29 @@ impl Seconds {
     }
 }
 
+/// GPU 0 busy `util` % with clock-event bits `reasons`, held by pid 812 (tests of the readings'
+/// users share it).
+#[cfg(test)]
+pub fn reading(util: f64, reasons: u64) -> Reading {
+    Reading {
+        index: 0,
+        util: Some(util),
+        clock_events: Some(reasons),
+        holders: Some(vec![Holder {
+            pid: 812,
+            mem_mib: Some(1024.0),
+            sm_util: Some(30.0),
+            comm: None,
+            identity: None,
+        }]),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn reading(util: f64, reasons: u64) -> Reading {
-        Reading {
-            index: 0,
-            util: Some(util),
-            clock_events: Some(reasons),
-            holders: Some(vec![Holder {
-                pid: 812,
-                mem_mib: Some(1024.0),
-                sm_util: Some(30.0),
-                comm: None,
-                identity: None,
-            }]),
-            ..Default::default()
-        }
-    }
     #[test]
     fn polls_fold_into_one_summary_per_second() {
         let mut s = Seconds::default();

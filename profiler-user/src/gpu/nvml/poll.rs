@@ -232,23 +232,7 @@ pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu_readings::Holder;
-
-    fn reading(util: f64, reasons: u64) -> Reading {
-        Reading {
-            index: 0,
-            util: Some(util),
-            clock_events: Some(reasons),
-            holders: Some(vec![Holder {
-                pid: 812,
-                mem_mib: Some(1024.0),
-                sm_util: Some(30.0),
-                comm: None,
-                identity: None,
-            }]),
-            ..Default::default()
-        }
-    }
+    use crate::gpu_readings::reading;
 
     #[test]
     fn tracks_say_gpu_and_quantity_and_skip_what_was_not_read() {
