@@ -481,6 +481,11 @@ impl Symbolizer {
         name
     }
 
+    fn read_maps(&mut self, pid: u32, wanted: Option<u64>) -> maps::Read {
+        self.stats.maps_reads += 1;
+        maps::read(pid, wanted)
+    }
+
     /// The name of the user frame at `addr` and where it lives.
     fn user_frame(&mut self, pid: u32, addr: u64, now: Instant) -> (Arc<str>, Location) {
         let Some(process) = self.processes.get(&pid) else {

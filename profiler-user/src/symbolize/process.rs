@@ -1,11 +1,10 @@
 //! A process the symbolizer knows: its executable mappings, which image of its pid it is, its
-//! perf map as read so far; how one is built (its maps read afresh, or seeded from its parent's
-//! at a fork, see `lifecycle`) and when it is read again (a new program under its pid).
+//! perf map as read so far, built in one place whether its maps were read afresh or seeded from
+//! its parent's at a fork (`lifecycle` says which process a pid is, and when).
 
 use std::{path::PathBuf, sync::Arc, time::Instant};
 
 use super::{
-    Symbolizer,
     maps::{self, Mapping},
     perfmap,
 };
@@ -37,19 +36,11 @@ pub(super) struct Process {
     pub(super) exited_ns: Option<u64>,
 }
 
-impl Symbolizer {
-    /// A new image of a process whose maps were read `now` (its own, or its parent's at a
-    /// fork): a serial of its own, so the stacks cached for the pid's earlier image are never
-    /// its; no perf map read yet; not exited.
-    pub(super) fn new_process(
-        &mut self,
-        comms: Vec<Arc<str>>,
-        exe: Option<PathBuf>,
-        read: maps::Read,
-        now: Instant,
-    ) -> Process {
-        self.images += 1;
-        Process {
+impl Process {
+    /// Image `image` of a process whose maps were read `now` (its own, or its parent's at a
+    /// fork): no perf map read yet; not exited.
+    pub(super) fn new(image: u64, comms: Vec<Arc<str>>, exe: Option<PathBuf>, read: maps::Read, now: Instant) -> Self {
+        Self {
             comms,
             exe,
             maps: read.maps,
@@ -58,54 +49,10 @@ impl Symbolizer {
             read_at_exec: false,
             seen_at: now,
             checked_at: now,
-            image: self.images,
+            image,
             perf_map: perfmap::PerfMap::default(),
             perf_map_read_at: None,
             exited_ns: None,
         }
-    }
-
-    /// A sample of `pid` under `comm`: a process not cached, or one that exec'd (a comm its
-    /// threads never had, and another program), has its mappings read afresh.
-    pub(super) fn note_process(&mut self, pid: u32, comm: &str, now: Instant) {
-        let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        let exec = match self.processes.get_mut(&pid) {
-            Some(p) => {
-                p.seen_at = now;
-                if p.comms.iter().any(|c| &**c == comm) {
-                    false
-                } else if exe(pid) == p.exe {
-                    // Another thread's name, same program: remember it, nothing to re-read.
-                    if p.comms.len() < 64 {
-                        let c = Arc::from(comm);
-                        p.comms.push(c);
-                    }
-                    false
-                } else {
-                    true
-                }
-            }
-            None => true,
-        };
-        if exec {
-            self.load_process(pid, comm, now);
-        }
-    }
-
-    /// Reads a process's mappings afresh (new, or it exec'd).
-    pub(super) fn load_process(&mut self, pid: u32, comm: &str, now: Instant) {
-        self.new_image(pid);
-        let comm = self.intern(comm);
-        let read = self.read_maps(pid, None);
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        let process = self.new_process(vec![comm], exe, read, now);
-        // The stacks cached for an image this replaces are unreachable now (their key has the
-        // old image) and go at the next sweep.
-        self.image_replaced |= self.processes.insert(pid, process).is_some();
-    }
-
-    pub(super) fn read_maps(&mut self, pid: u32, wanted: Option<u64>) -> maps::Read {
-        self.stats.maps_reads += 1;
-        maps::read(pid, wanted)
     }
 }
