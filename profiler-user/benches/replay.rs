@@ -26,6 +26,7 @@ use std::{
 
 use profiler::{
     detect::{Engine, Machine, Thresholds},
+    interpreter::{Runtime, python::CPython},
     pipeline::Pipeline,
     store::{self, StoreWriter},
     symbolize::{Symbolizer, UNKNOWN, parse_module_offset},
@@ -352,7 +353,7 @@ fn named_share(pool: &Pool, procs: &[Proc], pys: &[python::PyProc]) -> f64 {
         let layout = pys
             .iter()
             .find(|py| py.pid == p.pid)
-            .and_then(|py| profiler::unwind::python::layout(py.minor))
+            .and_then(|py| <CPython as Runtime>::layout(py.minor))
             .map(|l| (l, &s.python[..]));
         let stack = symbolizer.stack_with_python(p.pid, &comm, &s.kernel, &s.user, layout, Instant::now());
         let unread = |f: &str| f.starts_with(UNKNOWN) || f == "[python]" || parse_module_offset(f).is_some();

@@ -5,7 +5,9 @@
 //! `pipeline` is the per-sample path (parse a record → symbolize → detect → store); `daemon` feeds
 //! it from the ring buffer and flushes it; `main.rs` is the CLI over all of them.
 //! `identity` says which container, pod or systemd unit a pid belongs to; `context` whether a
-//! sample ran for its task or in a softirq.
+//! sample ran for its task or in a softirq. `interpreter` holds each language runtime whose
+//! frames are walked and named (CPython); `gpu` the rooms that read the GPUs, `gpu_readings`
+//! what they read, below the detectors.
 
 pub mod budget;
 pub mod collect;
@@ -17,7 +19,9 @@ pub mod export;
 pub mod fleet;
 pub mod flight;
 pub mod gpu;
+pub mod gpu_readings;
 pub mod identity;
+pub mod interpreter;
 pub mod logs;
 pub mod memory;
 pub mod model;

@@ -18,6 +18,7 @@ use crate::{
     collect::{comm_str, parse_record_python},
     context::Context,
     detect::{Changes, Engine, Tick},
+    interpreter::{Runtime, python::CPython},
     model::Sample,
     store::{StoreError, StoreWriter, writer::Flushed},
     symbolize::Symbolizer,
@@ -174,7 +175,7 @@ impl Pipeline {
         let layout = (!self.python.is_empty())
             .then(|| self.unwind.as_ref()?.python_version(header.pid))
             .flatten()
-            .and_then(crate::unwind::python::layout);
+            .and_then(CPython::layout);
         let python = layout.map(|l| (l, self.python.as_slice()));
         let mut stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python, now);
         if let Some(pid) = self.symbolizer.take_mapped()

@@ -32,7 +32,7 @@ use super::workload::{Helpers, KernelText, Pool, Proc, RawStack, call_site, kern
 const FILES: usize = 40;
 const FUNCTIONS: usize = 50;
 const LINES: usize = 10;
-/// `co_code_adaptive` of a 3.11 code object (`unwind::python::LAYOUTS`): where the sampler's
+/// `co_code_adaptive` of a 3.11 code object (`interpreter::python`'s layouts): where the sampler's
 /// instruction addresses point.
 const CODE_ADAPTIVE_311: u64 = 184;
 

@@ -243,7 +243,7 @@ pub const NVML_DEFAULT: &str = "libnvidia-ml.so.1";
 pub fn gpu(file: &GpuFile, library: Option<String>, poll_ms: Option<u64>) -> Result<Option<Gpu>, ConfigError> {
     let library = library.or_else(|| file.nvml_library.clone()).unwrap_or_else(|| NVML_DEFAULT.to_string());
     let poll_ms = poll_ms.or(file.poll_ms).unwrap_or(100);
-    if !crate::gpu::poll::POLL_MS.contains(&poll_ms) {
+    if !crate::gpu::nvml::POLL_MS.contains(&poll_ms) {
         return Err(ConfigError::Range {
             key: "gpu.poll_ms",
             value: poll_ms.to_string(),

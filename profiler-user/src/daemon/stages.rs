@@ -309,7 +309,7 @@ fn spawn_gpu_poller(
         let _ = off.write(&config.data_dir);
         return Ok(None);
     };
-    let poller = crate::gpu::poll::Poller {
+    let poller = crate::gpu::nvml::Poller {
         data_dir: config.data_dir.clone(),
         stop: stop.clone(),
         interval: g.interval,

@@ -162,9 +162,9 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::ser
         if let Err(err) = detect::log::record_event(data_dir, &e) {
             tracing::error!(event = %e.id, error = %err, "cannot record an event");
         }
-        // NVML's Xid event may have raised this fault's finding already (`gpu::events`).
+        // NVML's Xid event may have raised this fault's finding already (`gpu::nvml`'s events).
         if let Some((_, Some(finding))) =
-            fault.filter(|(_, f)| !f.as_ref().is_some_and(|f| crate::gpu::events::already_raised(data_dir, f)))
+            fault.filter(|(_, f)| !f.as_ref().is_some_and(|f| crate::gpu::nvml::already_raised(data_dir, f)))
         {
             tracing::warn!(finding = %finding.id, "{}", finding.summary);
             if let Err(err) = detect::log::record_finding(data_dir, &finding) {

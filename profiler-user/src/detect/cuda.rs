@@ -17,7 +17,7 @@ use std::{
 use serde_json::json;
 
 use super::{Active, Kind, Severity, Thresholds, Top, percent};
-use crate::{gpu::State, store::format::NS_PER_SEC};
+use crate::{gpu_readings::State, store::format::NS_PER_SEC};
 
 /// One thread's CUDA calls in one drain.
 #[derive(Debug, Clone, Default)]
@@ -224,7 +224,7 @@ fn stall(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::{GpuSecond, State};
+    use crate::gpu_readings::{GpuSecond, State};
 
     fn thread(sync_ns: u64, launches: u64) -> CudaThread {
         CudaThread {

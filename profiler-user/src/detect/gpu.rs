@@ -22,7 +22,7 @@ use serde_json::json;
 
 use super::{Active, Kind, Machine, Second, Severity, Thresholds, Tick, percent};
 use crate::{
-    gpu::{GpuSecond, Inventory, inventory::cpu_list},
+    gpu_readings::{GpuSecond, Inventory, inventory::cpu_list},
     store::format::NS_PER_SEC,
 };
 
@@ -330,7 +330,7 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
                 format!(
                     "{name} with its clocks held down ({}{clock_text}); look next: power limit, cooling, \
                      the node's power budget",
-                    crate::gpu::reason_names(run.reasons & crate::gpu::SLOWDOWN_REASONS).join(", ")
+                    crate::gpu_readings::reason_names(run.reasons & crate::gpu_readings::SLOWDOWN_REASONS).join(", ")
                 ),
             )
         }
@@ -354,7 +354,7 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
             "processes": procs.iter().take(10).map(|p| p.json()).collect::<Vec<_>>(),
             "top_functions": functions.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
             "top_python": python.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
-            "clock_event_reasons": crate::gpu::reason_names(run.reasons),
+            "clock_event_reasons": crate::gpu_readings::reason_names(run.reasons),
             "sm_clock_mhz": (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64),
             "sm_clock_max_mhz": (run.clock_max > 0.0).then_some(run.clock_max),
             "launches_per_sec": (run.launches_n > 0).then(|| run.launches_sum / run.launches_n as f64),

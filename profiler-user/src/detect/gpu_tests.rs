@@ -6,7 +6,7 @@ use std::{path::Path, sync::Arc};
 use super::*;
 use crate::{
     detect::{CpuSecond, Second},
-    gpu::{GpuInfo, GpuSecond, Inventory},
+    gpu_readings::{GpuInfo, GpuSecond, Inventory},
     model::Stack,
 };
 use std::collections::HashMap;
@@ -176,10 +176,10 @@ fn init_holding_a_gpu_does_not_make_every_process_its_feeder() {
 /// A GPU-bound run as the H100 of BENCHMARKS.md showed it: 90-100 % busy, at its power cap the
 /// whole time (the software power cap bit in every poll, the SM clock at 1375 of 1980 MHz), the
 /// holder's main thread spinning in its synchronisation and its DataLoader workers busy too.
-/// Through the poller's own fold (`gpu::poll::Seconds`): a minute of it raises nothing.
+/// Through the poller's own fold (`gpu_readings::Seconds`): a minute of it raises nothing.
 #[test]
 fn a_gpu_bound_run_at_its_power_cap_raises_no_finding() {
-    use crate::gpu::{Holder, Reading, poll::Seconds};
+    use crate::gpu_readings::{Holder, Reading, Seconds};
     let tree = proc_tree(&[(901, 812), (902, 812)]);
     let busy: &[(usize, u32, &str, &[&str])] = &[
         (0, 812, "python3", &["_start", "synchronize (train.py:52)", "cuStreamSynchronize"]),

@@ -209,7 +209,7 @@ pub struct Engine {
     /// seconds): a finding on such a CPU says so.
     pub interrupts: crate::collect::irqs::Placement,
     /// What the GPU poller read (set by the daemon when GPU tracks are on).
-    pub gpu: Option<crate::gpu::Shared>,
+    pub gpu: Option<crate::gpu_readings::Shared>,
     gpu_detect: gpu::GpuDetect,
     cuda_detect: cuda::CudaDetect,
 }

@@ -233,7 +233,7 @@ impl Builder {
         let shown = if kernel { format!("{name} [kernel]") } else { crate::text::unmarked(name).into_owned() };
         // A Python frame has its own fields for its file and the line it runs (the function's
         // first line is not kept: `start_line` stays 0, unknown).
-        let (function, file, line) = match crate::symbolize::python::source(&shown).filter(|_| !kernel) {
+        let (function, file, line) = match crate::interpreter::python::source(&shown).filter(|_| !kernel) {
             Some((function, file, line)) => (function.to_string(), file.to_string(), line as i64),
             None => (shown, String::new(), 0),
         };

@@ -119,7 +119,7 @@ fn events(samples: &Thread, from: u64, to: u64) -> Vec<serde_json::Value> {
 /// A frame; a Python one with its file and (first) line in their own fields. Kernel frames end
 /// with their mark, so they never read as Python.
 fn frame_json(name: &str) -> serde_json::Value {
-    match crate::symbolize::python::source(name) {
+    match crate::interpreter::python::source(name) {
         Some((function, file, line)) => json!({"name": function, "file": file, "line": line}),
         None => json!({"name": name}),
     }

@@ -81,7 +81,7 @@ pub fn meaning(code: u32) -> (&'static str, bool) {
 /// moment; the GPU stays broken until a reset, which `nvidia-smi` shows).
 pub fn describe(
     x: &Xid,
-    inv: &super::Inventory,
+    inv: &crate::gpu_readings::Inventory,
     event: &crate::collect::kmsg::Event,
 ) -> (String, Option<crate::detect::Finding>) {
     use crate::detect::{Finding, Kind, Severity, finding_id_of};
@@ -114,7 +114,7 @@ pub fn describe(
                 "model": gpu.map(|g| g.model.clone()),
                 "uuid": gpu.map(|g| g.uuid.clone()),
                 "bus_id": x.bus,
-                "local_cpus": gpu.map(|g| super::inventory::cpu_list(&g.local_cpus)),
+                "local_cpus": gpu.map(|g| crate::gpu_readings::inventory::cpu_list(&g.local_cpus)),
                 "xid": x.code,
                 "meaning": meaning,
                 "pid": x.pid,

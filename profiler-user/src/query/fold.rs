@@ -86,7 +86,7 @@ fn push_name(line: &mut String, name: &str, user: bool) {
 /// A user frame's name as a flamegraph shows it: a Python frame without the line it ran,
 /// `work (/srv/app.py)`, unless `lines`.
 fn frame_name(name: &str, lines: bool) -> std::borrow::Cow<'_, str> {
-    match crate::symbolize::python::source(name).filter(|_| !lines) {
+    match crate::interpreter::python::source(name).filter(|_| !lines) {
         Some((function, file, _)) => format!("{function} ({file})").into(),
         None => name.into(),
     }

@@ -356,7 +356,7 @@ async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
             "summary": summary,
             "nodes": nodes,
             "interrupts": crate::collect::irqs::Placement::read(),
-            // The GPUs the daemon's poller found (`gpu::inventory`): the page lists them and
+            // The GPUs the daemon's poller found (`gpu_readings::inventory`): the page lists them and
             // marks the CPUs local to each.
             "gpus": crate::gpu::Inventory::read(dir.path()),
             // What the page's header shows beside the store: the kernel and the daemon's health.

@@ -15,10 +15,14 @@
 //! their own), and marked unverified, so that the first address outside them re-reads the
 //! child's own maps at once. A copy costs no `/proc` read, and it names a short-lived fork-only
 //! worker whose `/proc/PID` is already gone when its samples are read.
+//!
+//! Besides the exec event (`note_exec`), a sample says the process exec'd when it comes under a
+//! comm none of the pid's threads had and `/proc/PID/exe` leads elsewhere: its maps are read
+//! afresh (`note_process`), as for a pid not cached.
 
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 
-use super::{Process, Symbolizer, perfmap};
+use super::{Process, Symbolizer, maps};
 
 /// Samples of an exited process still in the queue resolve until the samples read have moved
 /// this far past its exit (one ring buffer, filled in time order by every CPU: its late samples
@@ -133,6 +137,52 @@ impl Symbolizer {
         }
     }
 
+    /// A sample of `pid` under `comm`: a process not cached, or one that exec'd (a comm its
+    /// threads never had, and another program), has its mappings read afresh.
+    pub(super) fn note_process(&mut self, pid: u32, comm: &str, now: Instant) {
+        let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let exec = match self.processes.get_mut(&pid) {
+            Some(p) => {
+                p.seen_at = now;
+                if p.comms.iter().any(|c| &**c == comm) {
+                    false
+                } else if exe(pid) == p.exe {
+                    // Another thread's name, same program: remember it, nothing to re-read.
+                    if p.comms.len() < 64 {
+                        let c = Arc::from(comm);
+                        p.comms.push(c);
+                    }
+                    false
+                } else {
+                    true
+                }
+            }
+            None => true,
+        };
+        if exec {
+            self.load_process(pid, comm, now);
+        }
+    }
+
+    /// Reads a process's mappings afresh (new, or it exec'd).
+    pub(super) fn load_process(&mut self, pid: u32, comm: &str, now: Instant) {
+        self.new_image(pid);
+        let comm = self.intern(comm);
+        let read = self.read_maps(pid, None);
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let process = Process::new(self.next_image(), vec![comm], exe, read, now);
+        // The stacks cached for an image this replaces are unreachable now (their key has the
+        // old image) and go at the next sweep.
+        self.image_replaced |= self.processes.insert(pid, process).is_some();
+    }
+
+    /// A serial for a new process image, never reused: the stack cache's key, so a new program
+    /// under the same pid never meets the stacks of the old one.
+    pub(super) fn next_image(&mut self) -> u64 {
+        self.images += 1;
+        self.images
+    }
+
     /// A new process image under `pid`: Python names read for a process that had the pid
     /// before must not name its frames (code objects can sit at the same addresses).
     pub(super) fn new_image(&mut self, pid: u32) {
@@ -150,22 +200,10 @@ impl Symbolizer {
     /// comment); without a cached parent, the child's maps are read at its first address.
     fn seed_from_parent(&mut self, child: u32, fork: Fork) {
         let Some(parent) = self.processes.get(&fork.parent) else { return };
-        let now = Instant::now();
-        self.images += 1;
-        let seeded = Process {
-            comms: parent.comms.clone(),
-            exe: parent.exe.clone(),
-            maps: parent.maps.clone(),
-            read_at: now,
-            over_bound: parent.over_bound,
-            read_at_exec: true,
-            seen_at: now,
-            checked_at: now,
-            image: self.images,
-            perf_map: perfmap::PerfMap::default(),
-            perf_map_read_at: None,
-            exited_ns: None,
-        };
+        let (comms, exe) = (parent.comms.clone(), parent.exe.clone());
+        let read = maps::Read { maps: parent.maps.clone(), truncated: parent.over_bound };
+        let seeded =
+            Process { read_at_exec: true, ..Process::new(self.next_image(), comms, exe, read, Instant::now()) };
         self.new_image(child);
         self.processes.insert(child, seeded);
         if let Some(e) = fork.exited_ns {
@@ -201,23 +239,9 @@ mod tests {
 
     /// Caches `pid` with one mapping at 0x1000..0x2000 named `name` (a `[name]` pseudo-file).
     fn cache(s: &mut Symbolizer, pid: u32, name: &str) {
-        let now = Instant::now();
-        s.images += 1;
         let m = Mapping { start: 0x1000, end: 0x2000, offset: 0, dev: 0, inode: 0, path: Arc::from(name) };
-        let p = Process {
-            comms: vec![Arc::from("same")],
-            exe: None,
-            maps: vec![m],
-            read_at: now,
-            over_bound: false,
-            read_at_exec: false,
-            seen_at: now,
-            checked_at: now,
-            image: s.images,
-            perf_map: perfmap::PerfMap::default(),
-            perf_map_read_at: None,
-            exited_ns: None,
-        };
+        let read = maps::Read { maps: vec![m], truncated: false };
+        let p = Process::new(s.next_image(), vec![Arc::from("same")], None, read, Instant::now());
         s.processes.insert(pid, p);
     }
 

@@ -37,7 +37,7 @@ pub mod maps;
 mod memory;
 mod module;
 pub mod perfmap;
-pub mod python;
+mod process;
 #[cfg(test)]
 mod tests;
 
@@ -59,10 +59,17 @@ use blazesym::{
 
 use lru::LruCache;
 
-use crate::model::{Location, Stack};
+use crate::{
+    interpreter::{
+        Runtime,
+        python::{CPython, Layout, PyNames},
+    },
+    model::{Location, Stack},
+};
 use maps::Mapping;
 use module::{Module, Opened};
 pub use module::{module_offset, parse_module_offset};
+use process::Process;
 
 /// Shown for an address nothing could name.
 pub const UNKNOWN: &str = "[unknown]";
@@ -112,33 +119,6 @@ const PERF_MAP_REFRESH: Duration = Duration::from_millis(100);
 /// blazesym's: 384 leave a quarter of the default limit of 1,024 to the store and the API (a
 /// busy node maps a few dozen files).
 const MAX_OPEN_FILES: usize = 384;
-
-struct Process {
-    /// Thread names seen in this process (a comm is per thread: a new one is not an exec).
-    comms: Vec<Arc<str>>,
-    /// Target of /proc/PID/exe when the maps were read: it changes when the process execs.
-    exe: Option<std::path::PathBuf>,
-    maps: Vec<Mapping>,
-    read_at: Instant,
-    /// The last read of its maps hit a bound: re-read after `MAPS_REFRESH_OVER_BOUND`.
-    over_bound: bool,
-    /// The maps were read as it exec'd, before the loader mapped its libraries: the first
-    /// address outside them re-reads them at once (waiting `MAPS_REFRESH` left a stripped
-    /// program's first third of a second with `[unknown]` for libc).
-    read_at_exec: bool,
-    seen_at: Instant,
-    /// When the sweep last looked at it (see `IDLE_RECHECK`).
-    checked_at: Instant,
-    /// Which image of this pid this is (a serial, never reused): the stack cache's key, so a
-    /// new program under the same pid never meets the stacks of the old one.
-    image: u64,
-    /// Its perf map as read so far, and when it was last read (see `jit_frame`).
-    perf_map: perfmap::PerfMap,
-    perf_map_read_at: Option<Instant>,
-    /// When the kernel said it ended (boot-time ns; see `lifecycle`): a sample taken later is
-    /// another process's.
-    exited_ns: Option<u64>,
-}
 
 /// A stack as the sampler sent it: process image (0 for kernel-only), addresses, frame counts.
 type StackKey = (u64, Vec<u64>, usize);
@@ -207,7 +187,7 @@ pub struct Symbolizer {
     /// processes, and grown by each read).
     perf_map_bytes: usize,
     /// Names of Python code objects.
-    python: python::PyNames,
+    python: PyNames,
     /// Forks and exits: which process a pid is (see `lifecycle`).
     lifecycle: lifecycle::Lifecycle,
     /// Whether a file refused for want of symbol memory was logged (once a daemon).
@@ -249,7 +229,7 @@ impl Symbolizer {
             jit_missed: false,
             mapped_since: None,
             perf_map_bytes: 0,
-            python: python::PyNames::default(),
+            python: PyNames::default(),
             lifecycle: lifecycle::Lifecycle::default(),
             symbols_refusal_logged: false,
             sheds_seen: crate::memory::watch::sheds(),
@@ -281,7 +261,7 @@ impl Symbolizer {
         comm: &str,
         kernel: &[u64],
         user: &[u64],
-        python: Option<(&crate::unwind::python::Layout, &[u64])>,
+        python: Option<(&Layout, &[u64])>,
         now: Instant,
     ) -> Arc<Stack> {
         if crate::memory::watch::shed_requested(&mut self.sheds_seen) {
@@ -325,11 +305,7 @@ impl Symbolizer {
         }
         let unresolved = named.iter().any(|f| Arc::ptr_eq(&f.0, &self.unknown));
         if let Some((layout, words)) = python.filter(|p| !p.1.is_empty()) {
-            let py: Vec<(Arc<str>, bool)> = python::frames(words)
-                .into_iter()
-                .map(|(code, instr, entry)| (self.python.name(pid, layout, code, instr), entry))
-                .collect();
-            named = python::merge(&named, &py);
+            named = CPython::name_frames(&mut self.python, pid, layout, &named, words);
         }
         let user_len = named.len();
         let mut frames = Vec::with_capacity(kernel.len() + user_len);
@@ -503,57 +479,6 @@ impl Symbolizer {
         };
         self.kernel.insert(addr, name.clone());
         name
-    }
-
-    fn note_process(&mut self, pid: u32, comm: &str, now: Instant) {
-        let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        let exec = match self.processes.get_mut(&pid) {
-            Some(p) => {
-                p.seen_at = now;
-                if p.comms.iter().any(|c| &**c == comm) {
-                    false
-                } else if exe(pid) == p.exe {
-                    // Another thread's name, same program: remember it, nothing to re-read.
-                    if p.comms.len() < 64 {
-                        let c = Arc::from(comm);
-                        p.comms.push(c);
-                    }
-                    false
-                } else {
-                    true
-                }
-            }
-            None => true,
-        };
-        if exec {
-            self.load_process(pid, comm, now);
-        }
-    }
-
-    /// Reads a process's mappings afresh (new, or it exec'd).
-    fn load_process(&mut self, pid: u32, comm: &str, now: Instant) {
-        self.new_image(pid);
-        let comm = self.intern(comm);
-        let read = self.read_maps(pid, None);
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        self.images += 1;
-        let process = Process {
-            comms: vec![comm],
-            exe,
-            maps: read.maps,
-            read_at: now,
-            over_bound: read.truncated,
-            read_at_exec: false,
-            seen_at: now,
-            checked_at: now,
-            image: self.images,
-            perf_map: perfmap::PerfMap::default(),
-            perf_map_read_at: None,
-            exited_ns: None,
-        };
-        // The stacks cached for an image this replaces are unreachable now (their key has the
-        // old image) and go at the next sweep.
-        self.image_replaced |= self.processes.insert(pid, process).is_some();
     }
 
     fn read_maps(&mut self, pid: u32, wanted: Option<u64>) -> maps::Read {

@@ -5,7 +5,6 @@
 //! described, its stacks are walked with frame pointers as before.
 
 pub mod packed;
-pub mod python;
 pub mod registry;
 pub mod table;
 
@@ -24,7 +23,7 @@ use std::{
 use registry::{Build, FileKey, MappedFile, Registry, Stats};
 
 use crate::collect::unwind_maps::Maps;
-
+use crate::interpreter::{Runtime, python::CPython};
 use crate::symbolize::{file, maps};
 
 /// A process's mappings are read again when it is seen this long after the last read
@@ -453,19 +452,20 @@ fn describe(
     let keys: HashMap<u64, FileKey> = mapped.iter().map(|f| (f.start, f.key)).collect();
     let mut interpreter = None;
     for m in &read.maps {
-        let (Some(minor), Some(key)) = (python::minor_of(&m.path), keys.get(&m.start)) else { continue };
-        let Some(layout) = python::layout(minor) else { continue };
+        let (Some(minor), Some(key)) = (CPython::version_of(&m.path), keys.get(&m.start)) else { continue };
+        let Some(layout) = CPython::layout(minor) else { continue };
         if !pythons.files.contains_key(key) {
             // Not remembered when the file cannot be opened now (the process exited): only
             // what the file itself says is.
             let Ok(checked) = file::open_mapped(pid, m) else { continue };
-            pythons.files.insert(*key, python::runtime_vaddr(&object::ReadCache::new(&checked.file)));
+            pythons.files.insert(*key, python_runtime(&object::ReadCache::new(&checked.file)));
         }
         let found = pythons.files.get(key).expect("inserted above");
         if let Some((vaddr, loads)) = found
-            && let Some(runtime) = python::runtime_address(*vaddr, loads, m.start, m.offset)
+            // With a table base of 0, the bias is the load bias itself.
+            && let Some(bias) = table::bias(0, loads, m.start, m.offset)
         {
-            interpreter = python::describe(layout, runtime).map(|p| (minor, p));
+            interpreter = CPython::describe(layout, bias.wrapping_add(*vaddr)).map(|p| (minor, p));
             break;
         }
     }
@@ -503,6 +503,13 @@ fn describe(
 pub struct Pythons {
     files: HashMap<FileKey, Option<(u64, Vec<table::Load>)>>,
     pub versions: Arc<Mutex<HashMap<u32, u8>>>,
+}
+
+/// `_PyRuntime`'s address in a CPython file (an ELF virtual address) and the file's loadable
+/// segments, which place it in a process.
+fn python_runtime<'data, R: object::ReadRef<'data>>(data: R) -> Option<(u64, Vec<table::Load>)> {
+    let file = object::File::parse(data).ok()?;
+    Some((CPython::state_in(&file)?, table::loads(&file)))
 }
 
 /// How long ago `pid` started (its exec, for a process that exec'd), from `/proc/PID/stat`.

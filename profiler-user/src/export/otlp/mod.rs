@@ -163,7 +163,7 @@ impl Builder {
         if let Some(&i) = known {
             return i;
         }
-        let python = crate::symbolize::python::source(name).filter(|_| !kernel);
+        let python = crate::interpreter::python::source(name).filter(|_| !kernel);
         let (function, source, line, kind) = match python {
             Some((function, source, line)) => (function, source, i64::from(line), "cpython"),
             None => (name, "", 0, if kernel { "kernel" } else { "native" }),

@@ -127,7 +127,7 @@ pub fn render(s: &State) -> String {
             family(name, "gauge", help, values);
         }
     }
-    // Per process holding a GPU, with its pod and container (`gpu::holders`): at most 64
+    // Per process holding a GPU, with its pod and container (`gpu::nvml`'s holders): at most 64
     // series a GPU (`gpu::nvml::MAX_HOLDERS`), gone when the process lets go.
     type GetHolder = fn(&Holder) -> Option<f64>;
     let per_process: [(&str, &str, GetHolder); 2] = [

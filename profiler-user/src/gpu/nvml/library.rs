@@ -15,7 +15,11 @@ use nvml_wrapper::{
     error::NvmlError,
 };
 
-use super::{GpuError, GpuInfo, Holder, Inventory, Reading};
+use super::GpuError;
+use crate::gpu_readings::{
+    GpuInfo, Holder, Inventory, Reading, RowRemap,
+    inventory::{local_cpus, short_bus_id},
+};
 
 /// Processes listed per GPU at most (a read allocates for each; the rest are not named).
 pub const MAX_HOLDERS: usize = 64;
@@ -47,7 +51,7 @@ struct Slow {
     holders: Option<Vec<Holder>>,
     ecc_corrected: Option<f64>,
     ecc_uncorrected: Option<f64>,
-    remap: Option<super::RowRemap>,
+    remap: Option<RowRemap>,
 }
 
 /// Whether an error means the call will never work here (rather than this once).
@@ -123,12 +127,12 @@ impl Source {
                     .flat_map(|(w, &m)| (0..bits).filter(move |b| m >> b & 1 == 1).map(move |b| (w * bits + b) as u32));
                 cpus.collect()
             };
-            let local_cpus = super::inventory::local_cpus(&bus_id).unwrap_or_else(affinity);
-            let short = super::inventory::short_bus_id(&bus_id);
+            let local_cpus = local_cpus(&bus_id).unwrap_or_else(affinity);
+            let short = short_bus_id(&bus_id);
             let mut irq_cpus: Vec<u32> = irqs
                 .irqs
                 .iter()
-                .filter(|i| short.is_some() && super::inventory::short_bus_id(&i.device) == short)
+                .filter(|i| short.is_some() && short_bus_id(&i.device) == short)
                 .flat_map(|i| i.cpus.iter().copied())
                 .collect();
             irq_cpus.sort_unstable();
@@ -142,10 +146,6 @@ impl Source {
     /// Calls that failed for good, as `gpu N: call`.
     pub fn unsupported(&self) -> Vec<String> {
         self.dead.iter().map(|(g, c)| format!("gpu {g}: {c}")).collect()
-    }
-
-    pub fn count(&self) -> u32 {
-        self.count
     }
 
     /// One read of every GPU. Each NVML call costs: on an H100 (driver 580) a poll of all of them
@@ -237,12 +237,12 @@ impl Source {
 /// to page retirement): `nvmlDeviceGetRemappedRows`, which nvml-wrapper 0.12 loads but does not
 /// wrap, called through its symbol table. A missing symbol or an older GPU is `NotSupported`
 /// (the call is then not made again, like any other).
-fn remapped_rows(nvml: &Nvml, d: &Device<'_>) -> Result<super::RowRemap, NvmlError> {
+fn remapped_rows(nvml: &Nvml, d: &Device<'_>) -> Result<RowRemap, NvmlError> {
     let sym = nvml_wrapper::error::nvml_sym(nvml.lib().nvmlDeviceGetRemappedRows.as_ref())?;
     let (mut corrected, mut uncorrected, mut pending, mut failed) = (0, 0, 0, 0);
     // SAFETY: NVML's own function, called with a live device handle and four out-parameters
     // that outlive the call.
     let code = unsafe { sym(d.handle(), &mut corrected, &mut uncorrected, &mut pending, &mut failed) };
     nvml_wrapper::error::nvml_try(code)?;
-    Ok(super::RowRemap { corrected, uncorrected, pending: pending != 0, failed: failed != 0 })
+    Ok(RowRemap { corrected, uncorrected, pending: pending != 0, failed: failed != 0 })
 }

@@ -1,10 +1,10 @@
 //! The GPU poller: its own thread, every `interval` (100 ms by default) on the wall clock's
-//! multiples, reads every GPU (`nvml`), appends the readings to the store as counter tracks
+//! multiples, reads every GPU (`library`), appends the readings to the store as counter tracks
 //! (`gpu.<index>.<quantity>`), and shares the latest reading and one summary per second.
 //! Its own CPU per second is a track too (`profiler.gpu_poll_cpu`, µs) and on `/metrics`.
 //!
-//! Memory is bounded whatever runs on the GPUs: one reading per GPU, [`super::SECONDS_KEPT`]
-//! seconds of summaries, at most [`super::nvml::MAX_HOLDERS`] processes a GPU.
+//! Memory is bounded whatever runs on the GPUs: one reading per GPU, [`SECONDS_KEPT`] seconds
+//! of summaries, at most [`super::MAX_HOLDERS`] processes a GPU.
 
 use std::{
     path::PathBuf,
@@ -15,9 +15,10 @@ use std::{
     time::Duration,
 };
 
-use super::{GpuSecond, Inventory, Reading, SECONDS_KEPT, SLOWDOWN_REASONS, Shared, nvml::Source};
+use super::{holders::Namer, library::Source};
 use crate::{
     collect::counters::{Point, thread_cpu},
+    gpu_readings::{Inventory, Reading, SECONDS_KEPT, Seconds, Shared},
     store::{counters::CountersWriter, format::NS_PER_SEC},
     timespec::now_ns,
 };
@@ -116,7 +117,7 @@ impl Poller {
         let step = self.interval.as_nanos().max(1) as u64;
         let mut acc = Seconds::default();
         let mut unsupported = source.unsupported().len();
-        let mut namer = super::holders::Namer::new(&self.kubelet_logs);
+        let mut namer = Namer::new(&self.kubelet_logs);
         let (mut second_cpu, mut failing) = (0.0, false);
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
@@ -166,7 +167,7 @@ impl Poller {
             // unsupported after the start: status says so.
             let mut changed = false;
             if slow {
-                for (index, procs) in super::holders::Namer::processes(&s.latest) {
+                for (index, procs) in Namer::processes(&s.latest) {
                     if let Some(g) = s.inventory.gpus.iter_mut().find(|g| g.index == index)
                         && g.processes != procs
                     {
@@ -228,107 +229,10 @@ pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
     (fast, out)
 }
 
-/// Folds the polls of each wall-clock second into one summary per GPU.
-#[derive(Debug, Default)]
-pub struct Seconds {
-    /// The unix second being summed (0: none yet).
-    pub second: u64,
-    per: Vec<(GpuSecond, f64, u32)>,
-    /// Per GPU (by position in `per`): the SM clock's sum and count this second.
-    clocks: Vec<(f64, u32)>,
-}
-
-impl Seconds {
-    /// Adds a poll; returns the summary of the second before when this poll begins a new one.
-    pub fn add(&mut self, ts_ns: u64, readings: &[Reading]) -> Option<(u64, Vec<GpuSecond>)> {
-        let second = ts_ns / NS_PER_SEC;
-        let mut done = None;
-        if second != self.second {
-            if self.second != 0 {
-                let per = std::mem::take(&mut self.per);
-                let clocks = std::mem::take(&mut self.clocks);
-                let summary = per
-                    .into_iter()
-                    .zip(clocks)
-                    .map(|((mut g, sum, n), (clock, m))| {
-                        g.util = (n > 0).then(|| sum / f64::from(n));
-                        g.sm_clock_mhz = (m > 0).then(|| clock / f64::from(m));
-                        g
-                    })
-                    .collect();
-                done = Some((self.second * NS_PER_SEC, summary));
-            }
-            self.second = second;
-            self.per.clear();
-            self.clocks.clear();
-        }
-        for r in readings {
-            let at = match self.per.iter().position(|(g, _, _)| g.index == r.index) {
-                Some(i) => i,
-                None => {
-                    self.per.push((GpuSecond { index: r.index, ..Default::default() }, 0.0, 0));
-                    self.clocks.push((0.0, 0));
-                    self.per.len() - 1
-                }
-            };
-            let (g, sum, n) = &mut self.per[at];
-            g.polls += 1;
-            if let Some(u) = r.util {
-                *sum += u;
-                *n += 1;
-            }
-            if let Some(c) = r.sm_clock_mhz {
-                self.clocks[at].0 += c;
-                self.clocks[at].1 += 1;
-            }
-            let reasons = r.clock_events.unwrap_or(0);
-            g.reasons |= reasons;
-            g.slowed_polls += u32::from(reasons & SLOWDOWN_REASONS != 0);
-            if let Some(h) = &r.holders {
-                g.holders = h.iter().map(|h| h.pid).collect();
-            }
-        }
-        done
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::Holder;
-
-    fn reading(util: f64, reasons: u64) -> Reading {
-        Reading {
-            index: 0,
-            util: Some(util),
-            clock_events: Some(reasons),
-            holders: Some(vec![Holder {
-                pid: 812,
-                mem_mib: Some(1024.0),
-                sm_util: Some(30.0),
-                comm: None,
-                identity: None,
-            }]),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn polls_fold_into_one_summary_per_second() {
-        let mut s = Seconds::default();
-        let t = 1_795_000_000 * NS_PER_SEC;
-        assert_eq!(s.add(t, &[reading(20.0, 0)]), None);
-        assert_eq!(s.add(t + 100_000_000, &[reading(40.0, 0x40)]), None);
-        // The software power cap alone is a GPU at its limit, not a slowdown (`SLOWDOWN_REASONS`).
-        assert_eq!(s.add(t + 200_000_000, &[reading(30.0, 0x4)]), None);
-        let (start, done) = s.add(t + NS_PER_SEC, &[reading(90.0, 0)]).expect("the second ended");
-        assert_eq!(start, t);
-        assert_eq!(done.len(), 1);
-        assert_eq!(done[0].util, Some(30.0));
-        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (3, 1, 0x44));
-        assert_eq!(done[0].holders, vec![812]);
-        assert_eq!(done[0].sm_clock_mhz, None, "not read");
-    }
+    use crate::gpu_readings::reading;
 
     #[test]
     fn tracks_say_gpu_and_quantity_and_skip_what_was_not_read() {

@@ -12,8 +12,12 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::{describe, lines};
-use crate::{memory, unwind::python::Layout};
+use super::{
+    code::{Code, read_code},
+    layout::Layout,
+    lines,
+};
+use crate::memory;
 
 /// Code objects and names cached before that tier starts over (besides the byte bound).
 const MAX_CODES: usize = 65_536;
@@ -26,23 +30,16 @@ const NAME_BYTES: u64 = 40;
 const CODES_SHARE: u64 = 60;
 
 /// What a code object says of itself, and the names made of it.
-pub(super) struct Code {
-    pub(super) name: String,
-    pub(super) file: String,
-    pub(super) first_line: i64,
-    /// `co_linetable` (3.11+).
-    pub(super) lines: Option<Vec<u8>>,
+struct Cached {
+    code: Code,
     /// (line, `qualname (file:line)`): a frame runs a handful of lines, so a short list.
     named: Vec<(i64, Arc<str>)>,
 }
 
-impl Code {
-    pub(super) fn new(name: String, file: String, first_line: i64, lines: Option<Vec<u8>>) -> Self {
-        Self { name, file, first_line, lines, named: Vec::new() }
-    }
-
+impl Cached {
     fn bytes(&self) -> u64 {
-        (self.name.len() + self.file.len() + self.lines.as_ref().map_or(0, |l| l.len())) as u64 + ENTRY_BYTES
+        let c = &self.code;
+        (c.name.len() + c.file.len() + c.lines.as_ref().map_or(0, |l| l.len())) as u64 + ENTRY_BYTES
     }
 }
 
@@ -83,7 +80,7 @@ fn make_name(name: &str, file: &str, line: i64) -> Arc<str> {
 #[derive(Default)]
 pub struct PyNames {
     /// (pid, code object) → what it says. Fx: keys are addresses, hashed once per frame.
-    codes: FxHashMap<(u32, u64), Code>,
+    codes: FxHashMap<(u32, u64), Cached>,
     code_bytes: u64,
     names: usize,
     name_bytes: u64,
@@ -96,21 +93,22 @@ impl PyNames {
     pub fn name(&mut self, pid: u32, layout: &Layout, code: u64, instr: u64) -> Arc<str> {
         if !self.codes.contains_key(&(pid, code)) {
             // Not cached when unreadable: the object may be readable next time (or was freed).
-            let Some(c) = describe(pid, layout, code) else { return Arc::from("[python]") };
+            let Some(c) = read_code(pid, layout, code) else { return Arc::from("[python]") };
             self.add_code(pid, code, c);
         }
         let info = self.codes.get_mut(&(pid, code)).expect("cached above");
         let start = code.wrapping_add(layout.code_adaptive);
         let line = info
+            .code
             .lines
             .as_deref()
             .filter(|_| instr >= start)
-            .and_then(|t| lines::line_at(t, info.first_line, (instr - start) / 2))
-            .unwrap_or(info.first_line);
+            .and_then(|t| lines::line_at(t, info.code.first_line, (instr - start) / 2))
+            .unwrap_or(info.code.first_line);
         if let Some((_, n)) = info.named.iter().find(|(l, _)| *l == line) {
             return n.clone();
         }
-        let name = make_name(&info.name, &info.file, line);
+        let name = make_name(&info.code.name, &info.code.file, line);
         let cost = name_bytes(&name);
         if self.names >= MAX_NAMES || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
             self.drop_names();
@@ -125,6 +123,7 @@ impl PyNames {
     }
 
     fn add_code(&mut self, pid: u32, code: u64, c: Code) {
+        let c = Cached { code: c, named: Vec::new() };
         let cost = c.bytes();
         let share = memory::PYTHON.limit() * CODES_SHARE / 100;
         if self.codes.len() >= MAX_CODES || self.code_bytes + cost > share {
@@ -172,7 +171,7 @@ impl PyNames {
     /// Forgets the code objects and names of processes no longer known.
     pub fn retain(&mut self, live: impl Fn(u32) -> bool) {
         self.codes.retain(|(pid, _), _| live(*pid));
-        self.code_bytes = self.codes.values().map(Code::bytes).sum();
+        self.code_bytes = self.codes.values().map(Cached::bytes).sum();
         self.names = self.codes.values().map(|c| c.named.len()).sum();
         self.name_bytes = self.codes.values().flat_map(|c| c.named.iter()).map(|(_, n)| name_bytes(n)).sum();
         self.publish();
@@ -199,7 +198,7 @@ mod tests {
 
     fn cached(table: Option<Vec<u8>>) -> PyNames {
         let mut n = PyNames::default();
-        n.insert(1, CODE, Code::new("Model.forward".into(), "/srv/m.py".into(), 2, table));
+        n.insert(1, CODE, Code { name: "Model.forward".into(), file: "/srv/m.py".into(), first_line: 2, lines: table });
         n
     }
 
@@ -207,7 +206,7 @@ mod tests {
     /// come back `[python]`.
     #[test]
     fn names_go_before_the_code_objects_they_are_made_of() {
-        let layout = crate::unwind::python::layout(11).expect("3.11");
+        let layout = crate::interpreter::python::layout::of(11).expect("3.11");
         let mut n = cached(None);
         let first = n.name(1, layout, CODE, 0);
         assert_eq!(&*first, "Model.forward (/srv/m.py:2)");
@@ -227,7 +226,7 @@ mod tests {
 
     #[test]
     fn one_name_per_line_and_the_instruction_picks_the_line() {
-        let layout = crate::unwind::python::layout(11).expect("3.11");
+        let layout = crate::interpreter::python::layout::of(11).expect("3.11");
         // Two entries of one code unit each: line 2 (no change), then line 3 (+1).
         let mut n = cached(Some(vec![0x80 | (10 << 3), 0, 0, 0x80 | (11 << 3), 0, 0]));
         let start = CODE + layout.code_adaptive;

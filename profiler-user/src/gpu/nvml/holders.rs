@@ -3,39 +3,15 @@
 //! command. Named on every poll from caches (a new pid is read once), so the per-process gauges
 //! of `/metrics` and the processes `profiler status` lists say which workload holds a GPU.
 //!
-//! Bounded: at most [`super::nvml::MAX_HOLDERS`] pids a GPU are named, and the command cache
+//! Bounded: at most [`super::MAX_HOLDERS`] pids a GPU are named, and the command cache
 //! keeps only the pids holding a GPU now (the resolver bounds its own).
 
 use std::{collections::HashMap, path::Path, sync::Arc};
 
-use serde::{Deserialize, Serialize};
-
-use super::Reading;
-use crate::identity::{Identity, Resolver};
-
-/// One process holding a GPU, as `profiler status` lists it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Process {
-    pub pid: u32,
-    /// `/proc/PID/comm`; empty once it exited.
-    pub comm: String,
-    /// Its pod and container (or systemd unit); empty for a host process nothing is known of.
-    #[serde(default, skip_serializing_if = "is_default")]
-    pub identity: Identity,
-}
-
-fn is_default(i: &Identity) -> bool {
-    *i == Identity::default()
-}
-
-impl Process {
-    /// `812 python3 (pod ml/trainer-7 container main)`.
-    pub fn describe(&self) -> String {
-        let who = self.identity.describe();
-        let comm = if self.comm.is_empty() { "(exited)" } else { &self.comm };
-        if who.is_empty() { format!("{} {comm}", self.pid) } else { format!("{} {comm} ({who})", self.pid) }
-    }
-}
+use crate::{
+    gpu_readings::{Reading, inventory::Process},
+    identity::Resolver,
+};
 
 pub struct Namer {
     resolver: Resolver,
@@ -95,7 +71,7 @@ impl Namer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::Holder;
+    use crate::gpu_readings::Holder;
 
     #[test]
     fn holders_get_their_command_and_an_unknown_pid_names_nothing() {

@@ -12,8 +12,7 @@ use std::path::Path;
 
 use nvml_wrapper::{EventSet, Nvml, bitmasks::event::EventTypes, enums::event::XidError, error::NvmlError};
 
-use super::{Inventory, xid};
-use crate::{collect::kmsg::Event, detect};
+use crate::{collect::kmsg::Event, detect, gpu::xid, gpu_readings::Inventory};
 
 /// The pattern NVML's Xid events are recorded under (the kernel log's are `xid::PATTERN`).
 pub const PATTERN: &str = "nvml-xid";

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::identity::Identity;
+
 const FILE: &str = "gpus.json";
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -21,7 +23,7 @@ pub struct GpuInfo {
     pub irq_cpus: Vec<u32>,
     /// The processes holding it as of the poller's last change of them, with pod and container.
     #[serde(default)]
-    pub processes: Vec<super::holders::Process>,
+    pub processes: Vec<Process>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -37,11 +39,41 @@ pub struct Inventory {
     pub unsupported: Vec<String>,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("cannot write {0}: {1}")]
+    Write(std::path::PathBuf, String),
+}
+
+/// One process holding a GPU, as `profiler status` lists it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Process {
+    pub pid: u32,
+    /// `/proc/PID/comm`; empty once it exited.
+    pub comm: String,
+    /// Its pod and container (or systemd unit); empty for a host process nothing is known of.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub identity: Identity,
+}
+
+fn is_default(i: &Identity) -> bool {
+    *i == Identity::default()
+}
+
+impl Process {
+    /// `812 python3 (pod ml/trainer-7 container main)`.
+    pub fn describe(&self) -> String {
+        let who = self.identity.describe();
+        let comm = if self.comm.is_empty() { "(exited)" } else { &self.comm };
+        if who.is_empty() { format!("{} {comm}", self.pid) } else { format!("{} {comm} ({who})", self.pid) }
+    }
+}
+
 impl Inventory {
-    pub fn write(&self, data_dir: &Path) -> Result<(), super::GpuError> {
+    pub fn write(&self, data_dir: &Path) -> Result<(), InventoryError> {
         let json = serde_json::to_vec_pretty(self).expect("inventory serialises");
         let path = data_dir.join(FILE);
-        crate::store::files::write_private(&path, &json).map_err(|e| super::GpuError::Write(path, e.to_string()))
+        crate::store::files::write_private(&path, &json).map_err(|e| InventoryError::Write(path, e.to_string()))
     }
 
     /// `None` when no daemon wrote one (an older daemon, or none ran here).

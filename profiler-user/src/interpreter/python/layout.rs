@@ -1,4 +1,5 @@
-//! Finding CPython in a process and describing it to the sampler (`profiler_common::python`).
+//! Finding CPython in a process and describing it to the sampler (`profiler_common::python`);
+//! the same offsets let the names be read (`code`).
 //! The offsets come from each version's own headers (`offsetof` against the internal headers
 //! of CPython 3.9.18, 3.10.13, 3.11.7, 3.12.1 and 3.13.0); a version not in [`LAYOUTS`] gets
 //! native frames only.
@@ -105,13 +106,14 @@ pub const LAYOUTS: [Layout; 5] = [
     },
 ];
 
-pub fn layout(minor: u8) -> Option<&'static Layout> {
+/// The layout of CPython 3.`minor`, if known.
+pub(super) fn of(minor: u8) -> Option<&'static Layout> {
     LAYOUTS.iter().find(|l| l.minor == minor)
 }
 
 /// The sampler's description of a process whose `_PyRuntime` is at `runtime`; `None` when the
 /// version needs the thread descriptor's layout and it is not known.
-pub fn describe(layout: &Layout, runtime: u64) -> Option<PyProc> {
+pub(super) fn describe(layout: &Layout, runtime: u64) -> Option<PyProc> {
     let mut p = PyProc { runtime, ..layout.proc };
     if p.every_frame_entry != 0 {
         p.pthread_tid = pthread_tid_offset()?;
@@ -122,7 +124,7 @@ pub fn describe(layout: &Layout, runtime: u64) -> Option<PyProc> {
 /// Where glibc keeps a thread's kernel id in its thread descriptor (`pthread_self()` points to
 /// it; offset 720 on x86_64 for many years). Found in this process, whose C library is the
 /// machine's, by looking for the calling thread's id there, and checked on a second thread.
-pub fn pthread_tid_offset() -> Option<u16> {
+pub(super) fn pthread_tid_offset() -> Option<u16> {
     static OFFSET: std::sync::OnceLock<Option<u16>> = std::sync::OnceLock::new();
     *OFFSET.get_or_init(|| {
         let here = own_tid_offsets();
@@ -145,7 +147,7 @@ fn own_tid_offsets() -> Vec<u16> {
 
 /// The CPython 3 minor version a mapped file's name says it is (`python3.11`,
 /// `libpython3.12.so.1.0`), if any.
-pub fn minor_of(path: &str) -> Option<u8> {
+pub(super) fn minor_of(path: &str) -> Option<u8> {
     let name = path.rsplit('/').next()?;
     let rest = name.strip_prefix("libpython3.").or_else(|| name.strip_prefix("python3."))?;
     let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
@@ -156,23 +158,13 @@ pub fn minor_of(path: &str) -> Option<u8> {
     digits.parse().ok()
 }
 
-/// `_PyRuntime`'s address in the file (an ELF virtual address), from its symbol tables, and
-/// the file's loadable segments.
-pub fn runtime_vaddr<'data, R: object::ReadRef<'data>>(data: R) -> Option<(u64, Vec<super::table::Load>)> {
-    let file = object::File::parse(data).ok()?;
-    let vaddr = file
-        .dynamic_symbols()
+/// `_PyRuntime`'s address in the file (an ELF virtual address), from its symbol tables.
+pub(super) fn runtime_vaddr<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>) -> Option<u64> {
+    file.dynamic_symbols()
         .chain(file.symbols())
         .find(|s| s.name() == Ok("_PyRuntime"))
         .map(|s| s.address())
-        .filter(|a| *a != 0)?;
-    Some((vaddr, super::table::loads(&file)))
-}
-
-/// Where `_PyRuntime` is in a process that maps the file at `start` from file `offset`.
-pub fn runtime_address(vaddr: u64, loads: &[super::table::Load], start: u64, offset: u64) -> Option<u64> {
-    // With a table base of 0, the bias is the load bias itself.
-    Some(super::table::bias(0, loads, start, offset)?.wrapping_add(vaddr))
+        .filter(|a| *a != 0)
 }
 
 #[cfg(test)]
@@ -221,7 +213,7 @@ mod tests {
         let mut found = 0;
         for (i, path) in paths.iter().enumerate() {
             let Ok(data) = std::fs::read(path) else { continue };
-            let exported = runtime_vaddr(&*data).is_some();
+            let exported = object::File::parse(&*data).ok().and_then(|f| runtime_vaddr(&f)).is_some();
             // Debian's two files hold the runtime; a python3 linked to libpython holds none of its own.
             assert!(exported || i >= 2, "{} exports no _PyRuntime", path.display());
             if exported && minor_of(&path.to_string_lossy()).is_some() {

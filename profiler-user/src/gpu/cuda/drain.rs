@@ -1,0 +1,228 @@
+//! Once a drain (every [`super::DRAIN_EVERY`]): the kernel's counts into the CUDA stores, as
+//! weighted rows under each call's stack (scaled where the rate guard had the probes on part of
+//! the time), into per-process counter tracks, and into the figures the detectors read.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Instant,
+};
+
+use profiler_common::cuda::kind;
+
+use super::{Interval, Recorder, TRACKS_MAX, library::FileId};
+use crate::{
+    collect::{Collector, counters::Point},
+    detect::cuda::{CudaThread, python_line},
+    model::{Sample, SampleKind, Stack},
+    pipeline::Pipeline,
+    store::{self, StoreWriter, counters::CountersWriter},
+};
+
+impl Recorder {
+    /// Drains the counts into the stores; returns each process's calls a second, and each
+    /// thread's calls for the detectors.
+    pub(super) fn drain(
+        &mut self,
+        collector: &mut Collector,
+        pipeline: &mut Pipeline,
+        now_ns: u64,
+        elapsed: f64,
+        read: &HashMap<FileId, Interval>,
+    ) -> (HashMap<u32, f64>, Vec<CudaThread>) {
+        let mut rates: HashMap<u32, f64> = HashMap::new();
+        let mut threads: BTreeMap<u32, CudaThread> = BTreeMap::new();
+        let drained = collector.cuda_drain();
+        if drained.is_empty() {
+            return (rates, Vec::new());
+        }
+        let now = Instant::now();
+        for d in drained {
+            *rates.entry(d.key.pid).or_default() += d.count.calls as f64 / elapsed;
+            let (kind, weight) = match d.key.kind {
+                kind::LAUNCH => {
+                    self.status.launches += d.count.calls;
+                    (SampleKind::CudaLaunches, d.count.calls)
+                }
+                kind::SYNC => {
+                    self.status.syncs += d.count.calls;
+                    (SampleKind::CudaSync, d.count.ns / 1_000)
+                }
+                kind::COPY => {
+                    self.status.copies += d.count.calls;
+                    (SampleKind::CudaCopies, d.count.bytes)
+                }
+                _ => continue,
+            };
+            // Counted part of the time (the guard): scaled to the whole time, and marked, by the
+            // state of the interval these counts were made in.
+            let estimate =
+                self.by_pid.get(&d.key.pid).and_then(|id| read.get(id)).filter(|i| i.estimating && i.fraction > 0.0);
+            let scale = estimate.map_or(1.0, |i| 1.0 / i.fraction);
+            // A copy's bytes come from a register the caller sets: bounded (1 TiB a row).
+            let weight = weight.min(1 << 40);
+            let weight = (weight as f64 * scale).round() as u64;
+            let sample = match self.stacks.get(&d.key.hash) {
+                Some(s) => Some(s.clone()),
+                None => match collector.cuda_stack(d.key.hash) {
+                    Some(record) => {
+                        let bytes = record_bytes(&record);
+                        let s = pipeline.cuda_sample(bytes, now_ns, now);
+                        if let Some(s) = &s {
+                            self.stacks.put(d.key.hash, s.clone());
+                        }
+                        s
+                    }
+                    None => None,
+                },
+            };
+            let sample = match sample {
+                Some(mut s) => {
+                    s.ts_ns = now_ns;
+                    s
+                }
+                None => {
+                    self.status.stacks_lost += 1;
+                    lost_stack(d.key.pid, d.key.tid, now_ns)
+                }
+            };
+            let th = threads.entry(d.key.tid).or_insert_with(|| CudaThread {
+                pid: d.key.pid,
+                tid: d.key.tid,
+                comm: sample.comm.clone(),
+                workload: sample.workload.clone(),
+                ..Default::default()
+            });
+            let line = python_line(sample.stack.user());
+            match d.key.kind {
+                kind::LAUNCH => {
+                    th.launches += weight;
+                    if let Some(l) = line {
+                        th.launch_lines.push((l, weight));
+                    }
+                }
+                kind::SYNC => {
+                    let ns = (d.count.ns as f64 * scale) as u64;
+                    th.sync_ns += ns;
+                    if let Some(l) = line {
+                        th.sync_lines.push((l, ns));
+                    }
+                }
+                _ => {}
+            }
+            let sample = match estimate {
+                Some(i) => estimated(sample, i.fraction),
+                None => sample,
+            };
+            let Some(writer) = self.writer(kind) else { continue };
+            let mut left = weight;
+            while left > 0 {
+                let part = left.min(u64::from(u32::MAX));
+                left -= part;
+                writer.push_weighted(&sample, part as u32);
+            }
+        }
+        for (kind, w) in &mut self.writers {
+            if let Err(e) = w.flush(now_ns) {
+                tracing::warn!(samples = kind.name(), error = %e, "cannot write CUDA counts; they are held and written later");
+            }
+        }
+        (rates, threads.into_values().collect())
+    }
+
+    /// Per process: launches a second and milliseconds a second blocked, as counter tracks
+    /// (`profiler counters --name 'cuda*'`, the page's tracks under the GPUs').
+    pub(super) fn write_tracks(&mut self, threads: &[CudaThread], now_ns: u64, elapsed: f64) {
+        if threads.is_empty() {
+            return;
+        }
+        let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for t in threads {
+            let e = per_pid.entry(t.pid).or_default();
+            e.0 += t.launches;
+            e.1 += t.sync_ns;
+        }
+        let mut busiest: Vec<(u32, (u64, u64))> = per_pid.into_iter().collect();
+        busiest.sort_by_key(|b| std::cmp::Reverse((b.1.0, b.1.1)));
+        busiest.truncate(TRACKS_MAX);
+        let mut points = Vec::new();
+        for (pid, (launches, sync_ns)) in busiest {
+            points.push(Point {
+                name: format!("cuda.{pid}.launches"),
+                cpu: None,
+                unit: "launches/s".into(),
+                value: launches as f64 / elapsed,
+            });
+            points.push(Point {
+                name: format!("cuda.{pid}.sync_ms"),
+                cpu: None,
+                unit: "ms/s".into(),
+                value: sync_ns as f64 / 1e6 / elapsed,
+            });
+        }
+        if self.tracks.is_none() {
+            match CountersWriter::stream(&self.data_dir, "cuda") {
+                Ok(w) => self.tracks = Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot write the CUDA tracks");
+                    return;
+                }
+            }
+        }
+        if let Some(w) = self.tracks.as_mut()
+            && let Err(e) = w.append(now_ns, &points)
+        {
+            tracing::warn!(error = %e, "cannot write the CUDA tracks");
+        }
+    }
+
+    fn writer(&mut self, kind: SampleKind) -> Option<&mut StoreWriter> {
+        if !self.writers.contains_key(&kind) {
+            let dir = kind.store_dir(&self.data_dir);
+            let segments = store::segments_dir(&dir);
+            if let Err(e) =
+                store::files::prepare_private_dir(&dir).and_then(|()| store::files::prepare_private_dir(&segments))
+            {
+                tracing::warn!(error = %e, "cannot create the CUDA store");
+                return None;
+            }
+            self.writers.insert(kind, StoreWriter::new(&segments));
+        }
+        self.writers.get_mut(&kind)
+    }
+}
+
+/// A record's bytes as the ring would carry them (the parser reads only what the header counts).
+fn record_bytes(r: &profiler_common::Record) -> &[u8] {
+    unsafe { std::slice::from_raw_parts((r as *const profiler_common::Record).cast::<u8>(), size_of_val(r)) }
+}
+
+/// A sample counted while the guard had the probes on `fraction` of the time: its stack gets a
+/// root frame saying so, so estimates never merge with exact counts.
+fn estimated(mut s: Sample, fraction: f64) -> Sample {
+    let mark: Arc<str> = Arc::from(format!("[estimate: probes on {:.0} % of the time]", fraction * 100.0));
+    let mut stack = (*s.stack).clone();
+    stack.frames.insert(0, mark);
+    stack.user_len += 1;
+    if !stack.locations.is_empty() {
+        stack.locations.insert(0, Default::default());
+    }
+    s.stack = Arc::new(stack);
+    s
+}
+
+/// Counts whose stack the kernel's map dropped before the drain (more distinct stacks in a
+/// second than it holds): kept, under one frame that says so.
+fn lost_stack(pid: u32, tid: u32, ts_ns: u64) -> Sample {
+    let frame: Arc<str> = Arc::from("[stack lost: more distinct CUDA call stacks than the kernel map holds]");
+    Sample {
+        ts_ns,
+        cpu: 0,
+        pid,
+        tid,
+        cgroup_id: 0,
+        comm: Arc::from(""),
+        stack: Arc::new(Stack::new(vec![frame], 1)),
+        workload: Arc::from(""),
+    }
+}

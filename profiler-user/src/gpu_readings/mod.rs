@@ -1,0 +1,237 @@
+//! What the GPUs were read to be, as the detectors, `/metrics` and `profiler status` see it:
+//! one reading per GPU and poll, one summary per GPU and second (the fold of a second's polls),
+//! which GPUs there are (`inventory`), and the state the poller shares. Plain data below the
+//! detectors; the rooms that read the GPUs (`gpu::nvml`, `gpu::cuda`) sit above them and fill
+//! it in.
+
+pub mod inventory;
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+};
+
+pub use inventory::{GpuInfo, Inventory};
+
+use crate::store::format::NS_PER_SEC;
+
+/// Clock-event (throttle) reasons that mean the clocks are held down by heat or the hardware,
+/// not by an idle GPU, an application's setting or the power cap (NVML's
+/// `nvmlClocksEventReason*`): hardware slowdown (0x8), software and hardware thermal slowdown
+/// (0x20, 0x40), the hardware power brake (0x80).
+///
+/// The software power cap (0x4) is left out on purpose: a GPU doing dense work runs at its power
+/// limit, and the driver then trades clock for power as designed. On an H100 the GPU-bound phase
+/// of `cargo xtask gpu-check` (BF16 8192² products) sat at its 700 W limit with the SM clock at
+/// 1375 of 1980 MHz and that bit set for the whole run (BENCHMARKS.md): counted, every healthy
+/// busy GPU would be a `gpu-throttled` finding. The bit is still stored (`gpu.N.clock_events`),
+/// named in a finding's evidence and on `/metrics`; a lowered power limit shows in `power_w`.
+pub const SLOWDOWN_REASONS: u64 = 0x8 | 0x20 | 0x40 | 0x80;
+
+/// Names of the clock-event bits, for findings and status.
+pub fn reason_names(bits: u64) -> Vec<&'static str> {
+    const NAMES: [(u64, &str); 9] = [
+        (0x1, "idle"),
+        (0x2, "application clocks setting"),
+        (0x4, "software power cap"),
+        (0x8, "hardware slowdown"),
+        (0x10, "sync boost"),
+        (0x20, "software thermal slowdown"),
+        (0x40, "hardware thermal slowdown"),
+        (0x80, "hardware power brake"),
+        (0x100, "display clock setting"),
+    ];
+    NAMES.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| *n).collect()
+}
+
+/// One process holding a GPU (a compute context), with its share of the GPU where NVML says.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub mem_mib: Option<f64>,
+    /// SM utilisation of this process, %, from the last per-process sample.
+    pub sm_util: Option<f64>,
+    /// Its command and who it belongs to (`holders::Namer`); `None` until named.
+    pub comm: Option<std::sync::Arc<str>>,
+    pub identity: Option<crate::identity::Identity>,
+}
+
+/// What one poll read of one GPU (`None`: the call is missing or unsupported there).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Reading {
+    pub index: u32,
+    pub util: Option<f64>,
+    pub mem_util: Option<f64>,
+    pub sm_clock_mhz: Option<f64>,
+    pub mem_clock_mhz: Option<f64>,
+    pub clock_events: Option<u64>,
+    pub power_w: Option<f64>,
+    pub temp_c: Option<f64>,
+    pub mem_used_mib: Option<f64>,
+    pub mem_total_mib: Option<f64>,
+    pub pcie_rx_mbps: Option<f64>,
+    pub pcie_tx_mbps: Option<f64>,
+    pub ecc_corrected: Option<f64>,
+    pub ecc_uncorrected: Option<f64>,
+    /// Row remapping where the GPU has it (A100 and later).
+    pub remap: Option<RowRemap>,
+    /// Processes holding the GPU as of the last read of them (read once a second).
+    pub holders: Option<Vec<Holder>>,
+}
+
+/// Rows of GPU memory replaced by spares because of errors (NVML's remapped rows): a pending
+/// remap needs a GPU reset to take effect; a failed one means the GPU ran out of spares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct RowRemap {
+    /// Rows remapped after correctable errors, and after uncorrectable ones.
+    pub corrected: u32,
+    pub uncorrected: u32,
+    pub pending: bool,
+    pub failed: bool,
+}
+
+/// One GPU over one wall-clock second, as the detectors see it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuSecond {
+    pub index: u32,
+    /// Mean utilisation over the second's polls, %; `None` when none read it.
+    pub util: Option<f64>,
+    pub polls: u32,
+    /// Polls whose clock-event reasons had a slowdown bit ([`SLOWDOWN_REASONS`]).
+    pub slowed_polls: u32,
+    /// Every clock-event bit seen in the second.
+    pub reasons: u64,
+    /// Mean SM clock over the second's polls, MHz (`None`: not read).
+    pub sm_clock_mhz: Option<f64>,
+    pub holders: Vec<u32>,
+}
+
+/// Seconds of GPU summaries kept for the detectors (they evaluate 1.5 s after a second ends).
+pub const SECONDS_KEPT: usize = 30;
+
+/// What the poller shares with the detectors and `/metrics`; bounded: the latest reading per
+/// GPU and [`SECONDS_KEPT`] seconds of summaries.
+#[derive(Debug, Default)]
+pub struct State {
+    pub inventory: Inventory,
+    pub latest: Vec<Reading>,
+    /// (start of the second, unix ns; one summary per GPU), oldest first.
+    pub seconds: VecDeque<(u64, Vec<GpuSecond>)>,
+    pub polls: u64,
+    /// CPU time the poller spent reading NVML and writing the tracks, since the start.
+    pub poll_cpu_seconds: f64,
+}
+
+impl State {
+    /// The summaries of the second that starts at `start_ns`, if the poller made them.
+    pub fn second(&self, start_ns: u64) -> Option<&[GpuSecond]> {
+        self.seconds.iter().find(|(s, _)| *s == start_ns).map(|(_, g)| g.as_slice())
+    }
+}
+
+pub type Shared = Arc<Mutex<State>>;
+
+/// Folds the polls of each wall-clock second into one summary per GPU.
+#[derive(Debug, Default)]
+pub struct Seconds {
+    /// The unix second being summed (0: none yet).
+    pub second: u64,
+    per: Vec<(GpuSecond, f64, u32)>,
+    /// Per GPU (by position in `per`): the SM clock's sum and count this second.
+    clocks: Vec<(f64, u32)>,
+}
+
+impl Seconds {
+    /// Adds a poll; returns the summary of the second before when this poll begins a new one.
+    pub fn add(&mut self, ts_ns: u64, readings: &[Reading]) -> Option<(u64, Vec<GpuSecond>)> {
+        let second = ts_ns / NS_PER_SEC;
+        let mut done = None;
+        if second != self.second {
+            if self.second != 0 {
+                let per = std::mem::take(&mut self.per);
+                let clocks = std::mem::take(&mut self.clocks);
+                let summary = per
+                    .into_iter()
+                    .zip(clocks)
+                    .map(|((mut g, sum, n), (clock, m))| {
+                        g.util = (n > 0).then(|| sum / f64::from(n));
+                        g.sm_clock_mhz = (m > 0).then(|| clock / f64::from(m));
+                        g
+                    })
+                    .collect();
+                done = Some((self.second * NS_PER_SEC, summary));
+            }
+            self.second = second;
+            self.per.clear();
+            self.clocks.clear();
+        }
+        for r in readings {
+            let at = match self.per.iter().position(|(g, _, _)| g.index == r.index) {
+                Some(i) => i,
+                None => {
+                    self.per.push((GpuSecond { index: r.index, ..Default::default() }, 0.0, 0));
+                    self.clocks.push((0.0, 0));
+                    self.per.len() - 1
+                }
+            };
+            let (g, sum, n) = &mut self.per[at];
+            g.polls += 1;
+            if let Some(u) = r.util {
+                *sum += u;
+                *n += 1;
+            }
+            if let Some(c) = r.sm_clock_mhz {
+                self.clocks[at].0 += c;
+                self.clocks[at].1 += 1;
+            }
+            let reasons = r.clock_events.unwrap_or(0);
+            g.reasons |= reasons;
+            g.slowed_polls += u32::from(reasons & SLOWDOWN_REASONS != 0);
+            if let Some(h) = &r.holders {
+                g.holders = h.iter().map(|h| h.pid).collect();
+            }
+        }
+        done
+    }
+}
+
+/// GPU 0 busy `util` % with clock-event bits `reasons`, held by pid 812 (tests of the readings'
+/// users share it).
+#[cfg(test)]
+pub fn reading(util: f64, reasons: u64) -> Reading {
+    Reading {
+        index: 0,
+        util: Some(util),
+        clock_events: Some(reasons),
+        holders: Some(vec![Holder {
+            pid: 812,
+            mem_mib: Some(1024.0),
+            sm_util: Some(30.0),
+            comm: None,
+            identity: None,
+        }]),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_fold_into_one_summary_per_second() {
+        let mut s = Seconds::default();
+        let t = 1_795_000_000 * NS_PER_SEC;
+        assert_eq!(s.add(t, &[reading(20.0, 0)]), None);
+        assert_eq!(s.add(t + 100_000_000, &[reading(40.0, 0x40)]), None);
+        // The software power cap alone is a GPU at its limit, not a slowdown (`SLOWDOWN_REASONS`).
+        assert_eq!(s.add(t + 200_000_000, &[reading(30.0, 0x4)]), None);
+        let (start, done) = s.add(t + NS_PER_SEC, &[reading(90.0, 0)]).expect("the second ended");
+        assert_eq!(start, t);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].util, Some(30.0));
+        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (3, 1, 0x44));
+        assert_eq!(done[0].holders, vec![812]);
+        assert_eq!(done[0].sm_clock_mhz, None, "not read");
+    }
+}

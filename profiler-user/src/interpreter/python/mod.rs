@@ -1,0 +1,185 @@
+//! CPython, the one language runtime whose frames the profiler shows (behind
+//! [`crate::interpreter::Runtime`]):
+//! - `layout`: finding CPython in a process (a mapped `python3.X` or `libpython3.X`, its
+//!   `_PyRuntime`) and the offsets of each version, for the kernel side's walker
+//!   (`profiler_common::python`) and for the names;
+//! - `code`: what a code object says of itself, read from the process's memory (bounded);
+//! - `names`: the cache of frame names, per process and code object, within the memory budget;
+//! - `lines`: the line a 3.11+ frame is at, from its code object's line table.
+//!
+//! The sampler sends each frame's code object address and instruction; the frames then take
+//! the place of the interpreter's `_PyEval_EvalFrameDefault` frames that ran them (`merge`).
+
+mod code;
+mod layout;
+mod lines;
+mod names;
+
+use std::sync::Arc;
+
+use profiler_common::python::{ENTRY_FRAME, PyProc};
+
+use super::{Frame, Runtime};
+use crate::model::Location;
+pub use layout::Layout;
+pub use names::PyNames;
+
+/// The native frame that runs Python frames.
+const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+
+/// CPython 3.9 to 3.13.
+pub struct CPython;
+
+impl Runtime for CPython {
+    type Layout = Layout;
+    type Process = PyProc;
+    type Names = PyNames;
+
+    fn version_of(path: &str) -> Option<u8> {
+        layout::minor_of(path)
+    }
+
+    fn layout(version: u8) -> Option<&'static Layout> {
+        layout::of(version)
+    }
+
+    fn state_in<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>) -> Option<u64> {
+        layout::runtime_vaddr(file)
+    }
+
+    fn describe(layout: &Layout, state: u64) -> Option<PyProc> {
+        layout::describe(layout, state)
+    }
+
+    fn name_frames(names: &mut PyNames, pid: u32, layout: &Layout, native: &[Frame], words: &[u64]) -> Vec<Frame> {
+        let python: Vec<(Arc<str>, bool)> = frames(words)
+            .into_iter()
+            .map(|(code, instr, entry)| (names.name(pid, layout, code, instr), entry))
+            .collect();
+        merge(native, &python)
+    }
+}
+
+/// A Python frame's name, `function (file:line)` as [`PyNames::name`] makes it, split into its
+/// parts (for exports with fields for them); `None` for any other frame.
+pub fn source(frame: &str) -> Option<(&str, &str, u32)> {
+    let (function, rest) = frame.strip_suffix(')')?.rsplit_once(" (")?;
+    let (file, line) = rest.rsplit_once(':')?;
+    let line = line.parse().ok()?;
+    (!function.is_empty() && !file.is_empty()).then_some((function, file, line))
+}
+
+/// Puts Python frames where the interpreter ran them. `user` is root first; `python` holds
+/// `(name, starts its evaluation)` leaf first. Each `_PyEval_EvalFrameDefault`, from the leaf
+/// outwards, is replaced by the Python frames it ran: up to and including the next frame that
+/// began its evaluation. Python frames left over (the native walk stopped short of their
+/// evaluation) go on the root side.
+/// A Python frame takes the location of the evaluation frame it replaces (the interpreter runs
+/// it); the frames left over, that of the outermost one.
+fn merge(user: &[Frame], python: &[(Arc<str>, bool)]) -> Vec<Frame> {
+    let mut out: Vec<Frame> = Vec::with_capacity(user.len() + python.len());
+    let mut next = 0;
+    let mut outermost = Location::default();
+    for native in user.iter().rev() {
+        if &*native.0 == EVAL_FRAME && next < python.len() {
+            outermost = native.1.clone();
+            while next < python.len() {
+                out.push((python[next].0.clone(), native.1.clone()));
+                next += 1;
+                if python[next - 1].1 {
+                    break;
+                }
+            }
+        } else {
+            out.push(native.clone());
+        }
+    }
+    out.reverse();
+    // Frames left over belong to evaluations further out than the native walk reached (it was
+    // cut short): they go on the root side, so the Python story stays whole.
+    if next < python.len() {
+        let mut merged: Vec<Frame> = python[next..].iter().rev().map(|p| (p.0.clone(), outermost.clone())).collect();
+        merged.append(&mut out);
+        return merged;
+    }
+    out
+}
+
+/// The sampler's words as `(code object, instruction address, starts its evaluation)`, leaf
+/// first; a shim pair `(0, ENTRY_FRAME)` marks the frame before it and is dropped.
+fn frames(words: &[u64]) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::with_capacity(words.len() / 2);
+    for w in words.chunks_exact(2) {
+        if w[0] == 0 {
+            if let Some(last) = out.last_mut() {
+                last.2 = true;
+            }
+        } else {
+            out.push((w[0], w[1] & !ENTRY_FRAME, w[1] & ENTRY_FRAME != 0));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Native frames, each in a file of its own (`/f<i>`) at address `i`.
+    fn a(v: &[&str]) -> Vec<(Arc<str>, Location)> {
+        v.iter()
+            .enumerate()
+            .map(|(i, s)| (Arc::from(*s), Location { file: format!("/f{i}").into(), addr: i as u64 }))
+            .collect()
+    }
+
+    fn names(frames: &[(Arc<str>, Location)]) -> Vec<&str> {
+        frames.iter().map(|s| &*s.0).collect()
+    }
+
+    #[test]
+    fn a_python_frame_name_splits_into_function_file_and_line() {
+        assert_eq!(source("Outer.run (/srv/app.py:12)"), Some(("Outer.run", "/srv/app.py", 12)));
+        assert_eq!(source("<module> (<frozen runpy>:88)"), Some(("<module>", "<frozen runpy>", 88)));
+        assert_eq!(source("[unknown] (libc.so.6)"), None);
+        assert_eq!(source("operator()(int)"), None);
+        assert_eq!(source("libc.so.6+0x3fb9c"), None);
+    }
+
+    #[test]
+    fn each_evaluation_gets_its_python_frames() {
+        // Native, root first: main → eval → C extension → eval (leaf side).
+        let user = a(&["main", "Py_RunMain", EVAL_FRAME, "ext_call", EVAL_FRAME, "leaf_c"]);
+        // Python, leaf first: inner (run by the leaf-side eval, its entry), then outer, top.
+        let python = [(Arc::from("inner"), true), (Arc::from("middle"), false), (Arc::from("top"), true)];
+        let merged = merge(&user, &python);
+        assert_eq!(names(&merged), ["main", "Py_RunMain", "top", "middle", "ext_call", "inner", "leaf_c"]);
+        // Each Python frame lives where the interpreter frame running it does.
+        let files: Vec<&str> = merged.iter().map(|s| &*s.1.file).collect();
+        assert_eq!(files, ["/f0", "/f1", "/f2", "/f2", "/f3", "/f4", "/f5"]);
+    }
+
+    #[test]
+    fn a_shim_frame_marks_the_frame_before_it() {
+        assert_eq!(
+            frames(&[0x10, 0x100, 0, ENTRY_FRAME, 0x20, 0x200, 0x30, 0x301]),
+            [(0x10, 0x100, true), (0x20, 0x200, false), (0x30, 0x300, true)]
+        );
+    }
+
+    #[test]
+    fn frames_of_evaluations_the_native_walk_did_not_reach_go_on_the_root_side() {
+        let user = a(&["[unknown]", EVAL_FRAME, "leaf_c"]);
+        let python = [(Arc::from("inner"), true), (Arc::from("outer"), false)];
+        let merged = merge(&user, &python);
+        assert_eq!(names(&merged), ["outer", "[unknown]", "inner", "leaf_c"]);
+        assert_eq!(&*merged[0].1.file, "/f1", "the outermost evaluation's file");
+        assert_eq!(names(&merge(&a(&["[unknown]"]), &python)), ["outer", "inner", "[unknown]"]);
+    }
+
+    #[test]
+    fn without_python_frames_the_native_stack_is_unchanged() {
+        let user = a(&["main", EVAL_FRAME, "x"]);
+        assert_eq!(merge(&user, &[]), user);
+    }
+}
