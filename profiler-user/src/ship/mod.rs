@@ -5,13 +5,10 @@
 //! priority), and a restart resumes where the last delivery ended.
 //!
 //! - `clickhouse`: samples, findings and events into ClickHouse tables (`docs/clickhouse.md`);
-//! - `otlp`: OpenTelemetry profiles to a collector (OTLP/HTTP or OTLP/gRPC);
-//! - `transport`: one request over HTTP/1.1 or gRPC, and what its answer means for a retry.
+//! - `otlp`: OpenTelemetry profiles to a collector (OTLP/HTTP or OTLP/gRPC).
 
 pub mod clickhouse;
-mod findings;
 pub mod otlp;
-pub mod transport;
 
 use std::{
     collections::BTreeMap,
@@ -92,6 +89,3 @@ impl Cursor {
         crate::store::files::write_private(&self.path, format!("{ns}\n").as_bytes())
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -14,13 +14,16 @@ use std::{
 use hyper::body::Bytes;
 use tokio::sync::watch;
 
-use super::{
-    Cursor, Stats,
-    findings::{LOOKBACK_NS, Owed},
-    transport::{self, Outcome},
-};
+pub mod config;
+mod findings;
+pub mod transport;
+
+use config::Otlp;
+use findings::{LOOKBACK_NS, Owed};
+use transport::Outcome;
+
+use super::{Cursor, Stats};
 use crate::{
-    config::Otlp,
     export::otlp::{Builder, logs},
     model::SampleKind,
     query::{self, Filter, QueryError, Window},
@@ -40,7 +43,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// What a request carries: profiles (with their samples), or findings' transitions as log
-/// records (`ship::findings`), sent to the logs signal's path of the same endpoint.
+/// records (`findings`), sent to the logs signal's path of the same endpoint.
 #[derive(Debug, Clone, Copy)]
 enum Signal {
     Profiles {
@@ -344,3 +347,6 @@ impl Shipper {
 fn jitter(d: Duration) -> Duration {
     d / 2 + d.mul_f64(fastrand::f64() / 2.0)
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,12 +13,16 @@ use std::{
 
 use prost::Message;
 
-use super::{otlp::Shipper, transport::Outcome, *};
-use crate::{
+use super::{
+    Shipper,
     config::{self, OtlpFile},
+    transport::{self, Outcome},
+};
+use crate::{
     export::otlp::proto::{ExportProfilesServiceRequest, ExportProfilesServiceResponse},
     model::{Sample, Stack},
     serve::metrics::Live,
+    ship::{Cursor, ShipError},
     store::{StoreWriter, format::NS_PER_SEC, segments_dir},
 };
 
