@@ -287,10 +287,12 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     .spawn()
     .map_err(|e| DaemonError::Thread("upkeep", e))?;
+    // Each shipper on a thread of its own: a slow or absent receiver never holds the pipeline
+    // up. Stopped after the pipeline, so the findings it closes on the way out are shipped too.
     let (ship_stop, ship_stop_rx) = tokio::sync::watch::channel(false);
     let shipper = match config.otlp.clone() {
         Some(otlp) => Some(
-            crate::ship::otlp::Shipper {
+            crate::ship::spawn(crate::ship::otlp::Shipper {
                 data_dir: config.data_dir.clone(),
                 config: otlp,
                 host: hostname,
@@ -299,22 +301,18 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 // flush takes it); the margin covers a slow flush.
                 settle: config.flush_interval + Duration::from_secs(2),
                 live: live.clone(),
-                stop: ship_stop_rx,
-            }
-            .spawn()
+                stop: ship_stop_rx.clone(),
+            })
             .map_err(|e| DaemonError::Thread("OTLP shipper", e))?,
         ),
         None => None,
     };
-    // Its own thread: a slow or absent ClickHouse never holds the pipeline up.
-    // Stopped after the pipeline, so the findings it closes on the way out are shipped too.
-    let clickhouse_stop = Arc::new(AtomicBool::new(false));
     let clickhouse_shipper = match config.clickhouse.clone() {
         Some(c) => {
-            let stats = Arc::new(crate::ship::clickhouse::Stats::default());
+            let stats = crate::ship::SharedStats::default();
             live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
             Some(
-                crate::ship::clickhouse::spawn(c, stats, clickhouse_stop.clone())
+                crate::ship::spawn(crate::ship::clickhouse::Shipper { config: c, stats, stop: ship_stop_rx })
                     .map_err(|e| DaemonError::Thread("shipper", e))?,
             )
         }
@@ -362,7 +360,6 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         tracing::error!("the kernel counters stage had stopped (it panicked)");
     }
     let _ = ship_stop.send(true);
-    clickhouse_stop.store(true, Ordering::Release);
     if shipper.is_some_and(|s| s.join().is_err()) {
         tracing::error!("the OTLP shipper panicked");
     }

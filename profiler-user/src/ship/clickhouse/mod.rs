@@ -5,7 +5,6 @@
 
 mod config;
 mod counters;
-mod cursor;
 pub mod http;
 pub mod metrics;
 mod notes;
@@ -13,15 +12,9 @@ pub mod rows;
 pub mod schema;
 mod shipper;
 
-use std::{
-    path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
-};
+use tokio::sync::watch;
 
-pub use cursor::{Cursor, path as cursor_path, read as read_cursor};
+use super::SharedStats;
 
 pub use config::{BATCH_ROWS, Config, FileConfig};
 
@@ -33,8 +26,8 @@ pub enum ShipError {
     Server { status: u16, message: String },
     #[error("ClickHouse answered {0:?} where a number was expected")]
     Answer(String),
-    #[error("cannot write the shipping cursor {0}: {1}")]
-    Cursor(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Cursor(#[from] crate::ship::CursorError),
     #[error(transparent)]
     Query(#[from] crate::query::QueryError),
     #[error("{key} = {value} is out of range: use {allowed}")]
@@ -43,40 +36,29 @@ pub enum ShipError {
     Url(String),
 }
 
-/// The shipper's figures, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub rows: AtomicU64,
-    pub samples: AtomicU64,
-    pub stacks: AtomicU64,
-    /// Finding and event rows sent (findings again while open).
-    pub findings: AtomicU64,
-    pub events: AtomicU64,
-    /// Counter-track rows sent (one per track and tick; again with a re-sent batch).
-    pub counter_rows: AtomicU64,
-    /// CUDA rows sent (`cuda_samples`: one per kind, second, thread and stack).
-    pub cuda_rows: AtomicU64,
-    /// Gzipped bytes sent: sample rows, stack rows.
-    pub sample_bytes: AtomicU64,
-    pub stack_bytes: AtomicU64,
-    /// Failed requests (each is retried).
-    pub errors: AtomicU64,
-    pub retries: AtomicU64,
-    /// Batches found already in ClickHouse after an uncertain insert, and not sent again.
-    pub batches_already_there: AtomicU64,
-    /// The cursor: samples before it are in ClickHouse (ns since the epoch; 0 before the first).
-    pub shipped_to_ns: AtomicU64,
+/// The name of its cursor (`DATA_DIR/ship/clickhouse.cursor`), bound to the target.
+const CURSOR: &str = "clickhouse";
+
+/// The saved cursor, whatever its target (`profiler status`).
+pub fn read_cursor(data_dir: &std::path::Path) -> Option<crate::ship::cursor::Saved> {
+    crate::ship::cursor::read_saved(data_dir, CURSOR)
 }
 
-impl Stats {
-    pub fn get(v: &AtomicU64) -> u64 {
-        v.load(Ordering::Relaxed)
+/// The ClickHouse shipper: samples, findings, events and counter tracks into ClickHouse.
+pub struct Shipper {
+    pub config: Config,
+    pub stats: SharedStats,
+    /// Becomes true when the daemon stops.
+    pub stop: watch::Receiver<bool>,
+}
+
+impl super::Shipper for Shipper {
+    const NAME: &'static str = CURSOR;
+
+    fn run(self) {
+        match shipper::Follower::new(self.config, self.stats, self.stop) {
+            Ok(s) => s.run(),
+            Err(e) => tracing::error!(error = %e, "the ClickHouse shipper cannot keep its cursor; nothing is shipped"),
+        }
     }
-}
-
-/// Starts the shipper's thread; it ends soon after `stop` is set.
-pub fn spawn(config: Config, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("ship-clickhouse".into())
-        .spawn(move || shipper::Shipper::new(config, stats, stop).run())
 }
