@@ -5,7 +5,6 @@ use std::{
     collections::HashMap,
     io::{Read, Write},
     net::TcpListener,
-    os::unix::fs::PermissionsExt,
     path::Path,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
