@@ -13,7 +13,7 @@ use rowbinary::Reader;
 use crate::ship::clickhouse::{
     ShipError,
     http::Client,
-    schema::{self, quote_ident, quote_str},
+    schema::{self, col::*, quote_ident, quote_str},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -119,8 +119,8 @@ impl Fleet {
     /// Every node that shipped, by name.
     pub fn nodes(&self) -> Result<Vec<Node>, FleetError> {
         let sql = format!(
-            "SELECT node, argMax(cpus, version), argMax(hz, version), argMax(online, version), argMax(host, version) \
-             FROM {} GROUP BY node ORDER BY node",
+            "SELECT {NODE}, argMax({CPUS}, {VERSION}), argMax({HZ}, {VERSION}), argMax({ONLINE}, {VERSION}), \
+             argMax({HOST}, {VERSION}) FROM {} GROUP BY {NODE} ORDER BY {NODE}",
             self.table(schema::NODES)
         );
         self.rows(&sql, |r| {
@@ -160,9 +160,9 @@ impl Fleet {
     pub fn summary(&self, node: &str) -> Result<crate::store::StoreSummary, FleetError> {
         // A retried batch sends a block's row again: one per (ts, cpu), as `mirror` reads them.
         let sql = format!(
-            "SELECT cpu, toUInt64(min(ts)), toUInt64(max(ts + sp)), toUInt64(sum(b)), toUInt64(sum(i)), \
-             toUInt64(sum(l)) FROM (SELECT ts, cpu, max(span) AS sp, max(busy) AS b, max(idle) AS i, \
-             max(lost) AS l FROM {} WHERE node = {} GROUP BY ts, cpu) GROUP BY cpu ORDER BY cpu",
+            "SELECT {CPU}, toUInt64(min({TS})), toUInt64(max({TS} + sp)), toUInt64(sum(b)), toUInt64(sum(i)), \
+             toUInt64(sum(l)) FROM (SELECT {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, \
+             max({LOST}) AS l FROM {} WHERE {NODE} = {} GROUP BY {TS}, {CPU}) GROUP BY {CPU} ORDER BY {CPU}",
             self.table(schema::CPU_SECONDS),
             quote_str(node)
         );
@@ -183,7 +183,7 @@ impl Fleet {
 
     /// `node = '...' AND` a time range on `ts`, for a `WHERE`.
     fn node_range(node: &str, from_ns: u64, to_ns: u64) -> String {
-        format!("node = {} AND ts >= {from_ns} AND ts < {to_ns}", quote_str(node))
+        format!("{NODE} = {} AND {TS} >= {from_ns} AND {TS} < {to_ns}", quote_str(node))
     }
 }
 

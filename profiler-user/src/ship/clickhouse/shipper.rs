@@ -22,7 +22,10 @@ use super::{
     http::Client,
     notes,
     rows::{Batch, CpuSeconds},
-    schema,
+    schema::{
+        self,
+        col::{CPUS, HOST, HZ, NODE, ONLINE, TS, VERSION},
+    },
 };
 use crate::{
     model::SampleKind,
@@ -333,8 +336,8 @@ impl Follower {
         };
         if self.node_shipped.as_ref() != Some(&node) && !rows.is_empty() {
             let row = serde_json::json!({
-                "node": self.config.node, "cpus": node.cpus, "hz": node.hz, "online": node.online,
-                "host": node.host, "version": now_ns(),
+                NODE: self.config.node, CPUS: node.cpus, HZ: node.hz, ONLINE: node.online,
+                HOST: node.host, VERSION: now_ns(),
             });
             self.client.insert(&self.table(schema::NODES), "JSONEachRow", format!("{row}\n").as_bytes())?;
             self.node_shipped = Some(node);
@@ -373,8 +376,8 @@ impl Follower {
     fn reconcile(&mut self, batch: &mut Batch, from: u64, to: u64) -> Result<bool, ShipError> {
         let node = schema::quote_str(&self.config.node);
         let table = self.table(schema::SAMPLES);
-        let there =
-            self.count(&format!("SELECT count() FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
+        let there = self
+            .count(&format!("SELECT count() FROM {table} WHERE {NODE} = {node} AND {TS} >= {from} AND {TS} < {to}"))?;
         if there == 0 {
             return Ok(false);
         }
@@ -388,8 +391,9 @@ impl Follower {
             store_rows = batch.rows(),
             "ClickHouse holds part of this batch: sending only the rows after its latest"
         );
-        let latest =
-            self.count(&format!("SELECT max(ts) FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
+        let latest = self.count(&format!(
+            "SELECT max({TS}) FROM {table} WHERE {NODE} = {node} AND {TS} >= {from} AND {TS} < {to}"
+        ))?;
         batch.keep_after(latest);
         // Stacks are re-sent anyway: they may be what the failed request was carrying.
         Ok(false)
