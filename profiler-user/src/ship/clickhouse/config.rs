@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::ShipError;
+use super::error::ShipError;
 
 /// The `[clickhouse]` table of the config file.
 #[derive(Debug, Default, Clone, Deserialize)]

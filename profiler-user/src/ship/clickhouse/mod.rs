@@ -5,6 +5,7 @@
 
 mod config;
 mod counters;
+mod error;
 pub mod http;
 pub mod metrics;
 mod notes;
@@ -17,31 +18,11 @@ use tokio::sync::watch;
 use super::SharedStats;
 
 pub use config::{BATCH_ROWS, Config, FileConfig};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ShipError {
-    #[error("ClickHouse did not answer: {0}")]
-    Http(String),
-    #[error("ClickHouse refused (HTTP {status}): {message}")]
-    Server { status: u16, message: String },
-    #[error("ClickHouse answered {0:?} where a number was expected")]
-    Answer(String),
-    #[error(transparent)]
-    Cursor(#[from] crate::ship::CursorError),
-    #[error(transparent)]
-    Query(#[from] crate::query::QueryError),
-    #[error("{key} = {value} is out of range: use {allowed}")]
-    Range { key: &'static str, value: String, allowed: &'static str },
-    #[error("ClickHouse URL '{0}' is not http://HOST:PORT (HTTPS is not built in: put a local TLS proxy in front)")]
-    Url(String),
-}
-
-/// The name of its cursor (`DATA_DIR/ship/clickhouse.cursor`), bound to the target.
-const CURSOR: &str = "clickhouse";
+pub use error::ShipError;
 
 /// The saved cursor, whatever its target (`profiler status`).
 pub fn read_cursor(data_dir: &std::path::Path) -> Option<crate::ship::cursor::Saved> {
-    crate::ship::cursor::read_saved(data_dir, CURSOR)
+    crate::ship::cursor::read_saved(data_dir, shipper::CURSOR)
 }
 
 /// The ClickHouse shipper: samples, findings, events and counter tracks into ClickHouse.
@@ -53,7 +34,7 @@ pub struct Shipper {
 }
 
 impl super::Shipper for Shipper {
-    const NAME: &'static str = CURSOR;
+    const NAME: &'static str = shipper::CURSOR;
 
     fn run(self) {
         match shipper::Follower::new(self.config, self.stats, self.stop) {

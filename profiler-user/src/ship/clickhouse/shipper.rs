@@ -17,8 +17,9 @@ use std::{
 use tokio::sync::watch;
 
 use super::{
-    Config, ShipError,
+    config::Config,
     counters::CounterRows,
+    error::ShipError,
     http::Client,
     notes,
     rows::{Batch, CpuSeconds},
@@ -39,6 +40,8 @@ use crate::{
 };
 
 const SEC: u64 = 1_000_000_000;
+/// The name of its cursor (`DATA_DIR/ship/clickhouse.cursor`), bound to the target.
+pub(super) const CURSOR: &str = "clickhouse";
 /// A second is shipped once it ended this long ago: the daemon writes a second's samples within
 /// a flush interval (at most 1 s) of its end, plus the pipeline's queue. A sample written later
 /// than this is in the store but not in ClickHouse.
@@ -99,7 +102,7 @@ fn now_ns() -> u64 {
 impl Follower {
     pub fn new(config: Config, stats: SharedStats, stop: watch::Receiver<bool>) -> Result<Self, ShipError> {
         let client = Client::new(&config.url, config.user.as_deref(), config.password.as_deref());
-        let cursor = Cursor::open(&config.data_dir, super::CURSOR)?.for_target(config.target());
+        let cursor = Cursor::open(&config.data_dir, CURSOR)?.for_target(config.target());
         let next_ns = cursor.load();
         if let Some(n) = next_ns {
             stats.lock().unwrap_or_else(|p| p.into_inner()).cursor_ns = n;
