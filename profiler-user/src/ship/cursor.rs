@@ -10,8 +10,7 @@
 //! `clickhouse.cursor` JSON.
 
 use std::{
-    io::Write,
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
 };
 
@@ -22,8 +21,10 @@ const MAX_CURSOR_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CursorError {
-    #[error("cannot write the shipping cursor {0}: {1}")]
+    #[error("cannot make the shipping cursor's directory {0}: {1}")]
     Io(PathBuf, #[source] std::io::Error),
+    #[error("cannot write the shipping cursor: {0}")]
+    Write(#[source] crate::store::StoreError),
     #[error("{0} is not a directory the daemon made (a symbolic link or another file): remove it")]
     NotADirectory(PathBuf),
 }
@@ -111,23 +112,7 @@ impl Cursor {
                 serde_json::to_string(&Saved { target: target.clone(), next_ns: ns }).expect("a cursor serializes")
             }
         };
-        let tmp = self.path.with_extension("tmp");
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |e| CursorError::Io(p, e)
-        };
-        // A stale temporary (a crash) or a planted link: removing a link removes the link only.
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(io(&tmp))?;
-        f.write_all(text.as_bytes()).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &self.path).map_err(io(&self.path))
+        crate::store::files::write_private_synced(&self.path, text.as_bytes()).map_err(CursorError::Write)
     }
 }
 
