@@ -507,8 +507,6 @@ fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) -> Result<E
     Ok(EventAnswer { pattern: pattern.to_string(), matched, events })
 }
 
-pub use super::overview_text::render_text;
-
 #[cfg(test)]
 mod tests {
     use super::*;
