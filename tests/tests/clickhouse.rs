@@ -21,7 +21,7 @@ use integration_tests::{
 };
 use profiler::{
     query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
-    ship::clickhouse::{Stats, schema},
+    ship::{Stats, clickhouse::schema},
     store::Store,
     text::folded_frame,
 };
@@ -345,30 +345,25 @@ fn synthetic_store_with(data: &Path, cpus: u32, secs: u64, end: u64, hz: u64, st
 }
 
 /// Runs a shipper over `data` until its cursor passes `to`; returns its figures.
-fn ship_until(ch: &ClickHouse, data: &Path, to: u64, batch_rows: usize) -> std::sync::Arc<Stats> {
+fn ship_until(ch: &ClickHouse, data: &Path, to: u64, batch_rows: usize) -> Stats {
     ship_while(ch, data, batch_rows, 86_400, || wait_shipped(data, to))
 }
 
 /// Runs a shipper (the store's age limit `max_age_secs`) while `wait` waits.
-fn ship_while(
-    ch: &ClickHouse,
-    data: &Path,
-    batch_rows: usize,
-    max_age_secs: u64,
-    wait: impl FnOnce(),
-) -> std::sync::Arc<Stats> {
-    use std::sync::{Arc, atomic::AtomicBool};
-
-    use profiler::ship::clickhouse::{Config, FileConfig, spawn};
+fn ship_while(ch: &ClickHouse, data: &Path, batch_rows: usize, max_age_secs: u64, wait: impl FnOnce()) -> Stats {
+    use profiler::ship::{
+        SharedStats,
+        clickhouse::{Config, FileConfig, Shipper},
+    };
     let file = FileConfig { batch_rows: Some(batch_rows), ..Default::default() };
     let config = Config::resolve(Some(ch.url()), Some(&file), NODE, data.to_path_buf(), max_age_secs).unwrap().unwrap();
-    let stats = Arc::new(Stats::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread = spawn(config, stats.clone(), stop.clone()).unwrap();
+    let stats = SharedStats::default();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let thread = profiler::ship::spawn(Shipper { config, stats: stats.clone(), stop: stop_rx }).unwrap();
     wait();
-    stop.store(true, std::sync::atomic::Ordering::Release);
+    let _ = stop.send(true);
     thread.join().unwrap();
-    stats
+    stats.lock().unwrap().clone()
 }
 
 #[test]
@@ -378,10 +373,10 @@ fn a_lost_cursor_sends_nothing_twice() {
     let data = tmp.path().join("data");
     let (start, end) = synthetic_store(&data, 3, 60);
     let first = ship_until(&ch, &data, end, 1000);
-    let rows = Stats::get(&first.rows);
+    let rows = first.sample_rows;
     assert_eq!(rows, 60 * 50 * 3, "every synthetic sample shipped");
-    assert_eq!(Stats::get(&first.errors), 0);
-    assert!(Stats::get(&first.stacks) >= 20);
+    assert_eq!(first.errors.values().sum::<u64>(), 0);
+    assert!(first.stacks >= 20);
     assert_caught_up(&ch, &data, "first run");
     let status = integration_tests::status_json(&data).expect("profiler status --format json");
     assert_eq!(status["clickhouse"]["next_ns"].as_u64(), cursor_ns(&data), "the cursor in `profiler status`");
@@ -390,8 +385,8 @@ fn a_lost_cursor_sends_nothing_twice() {
     // data directory restored from a backup). Every batch the server holds is skipped.
     std::fs::remove_file(data.join("ship/clickhouse.cursor")).unwrap();
     let second = ship_until(&ch, &data, end, 1000);
-    assert_eq!(Stats::get(&second.rows), 0, "nothing sent again");
-    assert!(Stats::get(&second.batches_already_there) >= 6, "each 10 s batch found there");
+    assert_eq!(second.sample_rows, 0, "nothing sent again");
+    assert!(second.batches_already_there >= 6, "each 10 s batch found there");
     assert_caught_up(&ch, &data, "after the lost cursor");
     assert_eq!(ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(start, end))), rows);
 }
@@ -406,7 +401,7 @@ fn days_past_the_retention_are_dropped_on_a_server_without_ttl() {
         // A minute three days ago.
         let (start, end) = synthetic_store_ending(&data, 2, 60, (now_secs() as u64 - 3 * 86_400) * SEC);
         let shipped = ship_until(&ch, &data, end, 1000);
-        assert_eq!(Stats::get(&shipped.rows), 60 * 50 * 2);
+        assert_eq!(shipped.sample_rows, 60 * 50 * 2);
         // A shipper with a one-day limit drops that day on its first step.
         let count = || ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(start, end)));
         ship_while(&ch, &data, 1000, 86_400, || {
@@ -428,8 +423,8 @@ fn ingest_rate() {
     let t = std::time::Instant::now();
     let stats = ship_until(&ch, &data, end, 200_000);
     let secs = t.elapsed().as_secs_f64();
-    let rows = Stats::get(&stats.rows);
-    let bytes = Stats::get(&stats.sample_bytes);
+    let rows = stats.sample_rows;
+    let bytes = stats.bytes;
     // 32 CPUs x 300 s at 50 Hz, every one shipped once: a figure from a run that lost rows is none.
     assert_eq!(rows, 32 * 300 * 50, "rows shipped");
     assert_eq!(ch.number("SELECT count() FROM profiler.samples"), rows, "rows in ClickHouse");
@@ -462,7 +457,7 @@ fn shipping_cost_of_a_192_cpu_node() {
     let (t0, c0) = (std::time::Instant::now(), cpu_secs());
     let stats = ship_until(&ch, &data, end, 200_000);
     let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_secs() - c0);
-    let rows = Stats::get(&stats.rows);
+    let rows = stats.sample_rows;
     // One sample per CPU every SEC / 99 ns (rounded down) over the minute, as the store was written.
     let steps = (secs * SEC).div_ceil(SEC / 99);
     assert_eq!(rows, 192 * steps, "rows shipped");
@@ -474,7 +469,7 @@ fn shipping_cost_of_a_192_cpu_node() {
         "192 CPUs x {secs} s at 99 Hz: {rows} rows shipped in {wall:.1} s; shipper CPU {cpu:.2} s = {:.2} % of one core \
          over the node's {secs} s; {:.1} bytes per sample on the wire, {:.1} in ClickHouse",
         100.0 * cpu / secs as f64,
-        Stats::get(&stats.sample_bytes) as f64 / rows as f64,
+        stats.bytes as f64 / rows as f64,
         on_disk as f64 / rows as f64
     );
 }

@@ -11,10 +11,7 @@ use std::{
     collections::BTreeMap,
     path::Path,
     process::Command,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -26,7 +23,10 @@ use profiler::{
     collect::kmsg::Event,
     detect::{self, Finding},
     model::{Sample, Stack},
-    ship::clickhouse::{Config, FileConfig, Stats, spawn},
+    ship::{
+        SharedStats, Stats,
+        clickhouse::{Config, FileConfig, Shipper},
+    },
     store::{Meta, StoreWriter, create_and_lock, format::FORMAT_VERSION, segments_dir},
 };
 
@@ -91,25 +91,26 @@ fn write_node(data: &Path, node: &str, end: u64, plan: &[CpuPlan; 2]) {
 
 /// Ships every store in `nodes` (name, data dir) with the real shipper, one thread each, until
 /// every cursor passes `to`.
-fn ship_all(ch: &ClickHouse, nodes: &[(String, std::path::PathBuf)], to: u64) -> Vec<Arc<Stats>> {
-    let stop = Arc::new(AtomicBool::new(false));
+fn ship_all(ch: &ClickHouse, nodes: &[(String, std::path::PathBuf)], to: u64) -> Vec<Stats> {
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let mut threads = Vec::new();
     let mut stats = Vec::new();
     for (node, data) in nodes {
         let file = FileConfig { batch_rows: Some(100_000), ..Default::default() };
         let config = Config::resolve(Some(ch.url()), Some(&file), node, data.clone(), 86_400).unwrap().unwrap();
-        let s = Arc::new(Stats::default());
-        threads.push(spawn(config, s.clone(), stop.clone()).unwrap());
+        let s = SharedStats::default();
+        let shipper = Shipper { config, stats: s.clone(), stop: stop_rx.clone() };
+        threads.push(profiler::ship::spawn(shipper).unwrap());
         stats.push(s);
     }
     wait_for("every node shipped", Duration::from_secs(600), || {
         nodes.iter().all(|(_, d)| cursor_ns(d).is_some_and(|c| c >= to)).then_some(())
     });
-    stop.store(true, Ordering::Release);
+    let _ = stop.send(true);
     for t in threads {
         t.join().unwrap();
     }
-    stats
+    stats.into_iter().map(|s| s.lock().unwrap().clone()).collect()
 }
 
 /// `profiler fleet ...` as JSON.
@@ -195,7 +196,7 @@ fn fleet_answers_what_the_stores_hold() {
     };
     detect::log::record_finding(&nodes[0].1, &finding).unwrap();
     let shipped = ship_all(&ch, &nodes, end);
-    assert!(shipped.iter().all(|s| Stats::get(&s.errors) == 0));
+    assert!(shipped.iter().all(|s| s.errors.is_empty()));
     // A node that shipped once, long ago.
     ch.query("INSERT INTO profiler.nodes VALUES ('node-gone', 4, 99, '0-3', 'old-host', 1)").unwrap();
 
@@ -404,8 +405,8 @@ fn fleet_benchmark() {
     let t = Instant::now();
     let stats = ship_all(&ch, &dirs, end);
     let ship_secs = t.elapsed().as_secs_f64();
-    let rows: u64 = stats.iter().map(|s| Stats::get(&s.rows)).sum();
-    let wire: u64 = stats.iter().map(|s| Stats::get(&s.sample_bytes)).sum();
+    let rows: u64 = stats.iter().map(|s| s.sample_rows).sum();
+    let wire: u64 = stats.iter().map(|s| s.bytes).sum();
     let mut figures = BTreeMap::new();
     figures.insert("ingest", format!("{rows} sample rows from {nodes} shippers at once in {ship_secs:.1} s: {:.0} rows/s, {:.1} B/row on the wire", rows as f64 / ship_secs, wire as f64 / rows as f64));
     let bytes = |table: &str| {

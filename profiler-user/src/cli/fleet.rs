@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let answer = overview::overview(&fleet, &req)?;
     match args.format {
         StatusFormat::Json => outln!("{}", serde_json::to_string(&answer)?)?,
-        StatusFormat::Text => out!("{}", overview::render_text(&answer))?,
+        StatusFormat::Text => out!("{}", profiler::fleet::overview_text::render_text(&answer))?,
     }
     Ok(())
 }

@@ -5,11 +5,12 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-mod clickhouse;
-mod otlp;
-
-pub use clickhouse::ClickHouseFile;
-pub use otlp::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, OTLP_INTERVAL, Otlp, OtlpFile, OtlpProtocol, otlp};
+// Each shipper's table is read and checked beside the shipper (`ship::otlp::config`,
+// `ship::clickhouse::config`); the file's reader only holds them.
+pub use crate::ship::{
+    clickhouse::FileConfig as ClickHouseFile,
+    otlp::config::{OTLP_GRPC_PATH, OTLP_HTTP_PATH, OTLP_INTERVAL, Otlp, OtlpFile, OtlpProtocol, otlp},
+};
 
 use crate::{store::retention::Retention, timespec::parse_duration_ns};
 
@@ -29,8 +30,6 @@ pub enum ConfigError {
     NotAFile(PathBuf),
     #[error("config file {0} is larger than {MAX_CONFIG_BYTES} bytes: is it the right file?")]
     TooLarge(PathBuf),
-    #[error("otlp.{key} = '{value}': {why}")]
-    Otlp { key: &'static str, value: String, why: &'static str },
 }
 
 /// A config file is a few lines; anything bigger is a wrong path (`--config /dev/zero` must

@@ -40,8 +40,8 @@ pub(super) struct Stages {
     counters: Option<JoinHandle<()>>,
     clickhouse: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
+    /// Ends both shippers.
     ship_stop: tokio::sync::watch::Sender<bool>,
-    clickhouse_stop: Arc<AtomicBool>,
     /// Held, not joined: the poller ends with `stop`, and a hung driver call must not hold the
     /// daemon's exit.
     _gpu_poller: Option<JoinHandle<()>>,
@@ -122,9 +122,8 @@ impl Stages {
         .spawn()
         .map_err(|e| DaemonError::Thread("upkeep", e))?;
         let (ship_stop, ship_stop_rx) = tokio::sync::watch::channel(false);
-        let shipper = spawn_otlp(config, sampling.hostname, &live, ship_stop_rx)?;
-        let clickhouse_stop = Arc::new(AtomicBool::new(false));
-        let clickhouse = spawn_clickhouse(config, &live, &clickhouse_stop)?;
+        let shipper = spawn_otlp(config, sampling.hostname, &live, ship_stop_rx.clone())?;
+        let clickhouse = spawn_clickhouse(config, &live, ship_stop_rx)?;
         Ok(Self {
             stage,
             reader,
@@ -137,7 +136,6 @@ impl Stages {
             clickhouse,
             stop,
             ship_stop,
-            clickhouse_stop,
             _gpu_poller: gpu_poller,
             _unwind_stage: sampling.unwind_stage,
         })
@@ -169,7 +167,6 @@ impl Stages {
             tracing::error!("the kernel counters stage had stopped (it panicked)");
         }
         let _ = self.ship_stop.send(true);
-        self.clickhouse_stop.store(true, Ordering::Release);
         if self.shipper.is_some_and(|s| s.join().is_err()) {
             tracing::error!("the OTLP shipper panicked");
         }
@@ -341,7 +338,7 @@ fn spawn_otlp(
         live: live.clone(),
         stop,
     };
-    Ok(Some(shipper.spawn().map_err(|e| DaemonError::Thread("OTLP shipper", e))?))
+    Ok(Some(crate::ship::spawn(shipper).map_err(|e| DaemonError::Thread("OTLP shipper", e))?))
 }
 
 /// The ClickHouse shipper, when set: its own thread, so a slow or absent ClickHouse never holds
@@ -350,12 +347,12 @@ fn spawn_otlp(
 fn spawn_clickhouse(
     config: &DaemonConfig,
     live: &Arc<Mutex<Live>>,
-    stop: &Arc<AtomicBool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<JoinHandle<()>>, DaemonError> {
-    let Some(c) = config.clickhouse.clone() else { return Ok(None) };
-    let stats = Arc::new(crate::ship::clickhouse::Stats::default());
+    let Some(config) = config.clickhouse.clone() else { return Ok(None) };
+    let stats = crate::ship::SharedStats::default();
     live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
-    let shipper =
-        crate::ship::clickhouse::spawn(c, stats, stop.clone()).map_err(|e| DaemonError::Thread("shipper", e))?;
+    let shipper = crate::ship::spawn(crate::ship::clickhouse::Shipper { config, stats, stop })
+        .map_err(|e| DaemonError::Thread("shipper", e))?;
     Ok(Some(shipper))
 }

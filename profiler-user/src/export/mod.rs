@@ -5,6 +5,7 @@
 pub mod cputime;
 pub mod flamegraph;
 pub mod heatmap;
+pub mod interner;
 pub mod otlp;
 pub mod perf_script;
 pub mod pprof;

@@ -131,7 +131,7 @@ pub struct Function {
 /// Builds a profile sample by sample.
 pub struct Builder {
     pub(crate) profile: Profile,
-    strings: HashMap<String, i64>,
+    strings: super::interner::Interner,
     /// (name, kernel, file, address) → location id (one function per location).
     locations: HashMap<(String, bool, String, u64), u64>,
     /// File → mapping id.
@@ -151,7 +151,7 @@ impl Builder {
     pub fn new(frequency_hz: u64) -> Self {
         let mut b = Self {
             profile: Profile::default(),
-            strings: HashMap::new(),
+            strings: Default::default(),
             locations: HashMap::new(),
             mappings: HashMap::new(),
             period_ns: (1_000_000_000 / frequency_hz.max(1)) as i64,
@@ -191,13 +191,7 @@ impl Builder {
     }
 
     fn string(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.strings.get(s) {
-            return i;
-        }
-        let i = self.profile.string_table.len() as i64;
-        self.profile.string_table.push(s.to_string());
-        self.strings.insert(s.to_string(), i);
-        i
+        self.strings.index(&mut self.profile.string_table, s) as i64
     }
 
     fn mapping(&mut self, file: &str) -> u64 {

@@ -16,7 +16,7 @@ use crate::{
     detect::{self, Finding},
     model::{Location, Sample, SampleKind, Stack},
     query::Window,
-    ship::clickhouse::schema,
+    ship::clickhouse::schema::{self, col::*},
     store::{self, Meta, StoreWriter, format::FORMAT_VERSION, identity::Identity},
     timespec,
 };
@@ -83,8 +83,8 @@ impl Mirror {
         let node = &self.node;
         let blocks = fleet.rows(
             &format!(
-                "SELECT ts, max(span), cpu, max(idle), max(lost), max(hz) FROM {} WHERE node = {} AND ts >= {} \
-                 AND ts < {} AND ts + span > {} GROUP BY ts, cpu ORDER BY ts, cpu",
+                "SELECT {TS}, max({SPAN}), {CPU}, max({IDLE}), max({LOST}), max({HZ}) FROM {} WHERE {NODE} = {} \
+                 AND {TS} >= {} AND {TS} < {} AND {TS} + {SPAN} > {} GROUP BY {TS}, {CPU} ORDER BY {TS}, {CPU}",
                 fleet.table(schema::CPU_SECONDS),
                 schema::quote_str(&node.name),
                 window.from_ns.saturating_sub(MAX_BLOCK_NS),
@@ -240,22 +240,22 @@ impl<'a> Copier<'a> {
         let table = match self.kind {
             SampleKind::Cpu => fleet.table(schema::SAMPLES),
             kind => {
-                range = format!("{range} AND kind = {}", schema::quote_str(kind.name()));
+                range = format!("{range} AND {KIND} = {}", schema::quote_str(kind.name()));
                 fleet.table(schema::CUDA_SAMPLES)
             }
         };
         let stacks = fleet.rows(
             &format!(
-                "SELECT stack_id, any(frames), any(kernel) FROM {} WHERE stack_id GLOBAL IN \
-                 (SELECT stack_id FROM {table} WHERE {range}) GROUP BY stack_id",
+                "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} GLOBAL IN \
+                 (SELECT {STACK_ID} FROM {table} WHERE {range}) GROUP BY {STACK_ID}",
                 fleet.table(schema::STACKS),
             ),
             |r| Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect::<Vec<_>>(), r.bytes()?.to_vec())),
         )?;
         let locations = fleet.rows(
             &format!(
-                "SELECT stack_id, any(files), any(addrs) FROM {} WHERE stack_id GLOBAL IN \
-                 (SELECT stack_id FROM {table} WHERE {range}) GROUP BY stack_id",
+                "SELECT {STACK_ID}, any({FILES}), any({ADDRS}) FROM {} WHERE {STACK_ID} GLOBAL IN \
+                 (SELECT {STACK_ID} FROM {table} WHERE {range}) GROUP BY {STACK_ID}",
                 fleet.table(schema::STACK_LOCATIONS),
             ),
             |r| Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect::<Vec<_>>(), r.u64s()?)),
@@ -285,13 +285,14 @@ impl<'a> Copier<'a> {
         let sql = match self.kind {
             SampleKind::Cpu => {
                 format!(
-                    "SELECT ts, cpu, pid, tid, comm, stack_id, workload, toUInt64(count) FROM {table} WHERE {range}"
+                    "SELECT {TS}, {CPU}, {PID}, {TID}, {COMM}, {STACK_ID}, {WORKLOAD}, toUInt64({COUNT}) FROM {table} \
+                     WHERE {range}"
                 )
             }
             // A row sent twice is there twice until a merge: one per key.
             _ => format!(
-                "SELECT ts, any(cpu), any(pid), tid, any(comm), stack_id, any(workload), max(value) FROM {table} \
-                 WHERE {range} GROUP BY ts, tid, stack_id"
+                "SELECT {TS}, any({CPU}), any({PID}), {TID}, any({COMM}), {STACK_ID}, any({WORKLOAD}), max({VALUE}) \
+                 FROM {table} WHERE {range} GROUP BY {TS}, {TID}, {STACK_ID}"
             ),
         };
         let bytes_rows = fleet.rows(&sql, |r| {
@@ -356,9 +357,9 @@ fn copy_notes(fleet: &Fleet, node: &Node, dir: &Path) -> Result<(), FleetError> 
     let name = schema::quote_str(&node.name);
     let findings = fleet.rows(
         &format!(
-            "SELECT id, argMax(kind, version), argMax(ts, version) AS start, argMax(end_ts, version), \
-             argMax(cpu, version), argMax(severity, version), argMax(summary, version), argMax(evidence, version) \
-             FROM {} WHERE node = {name} GROUP BY id ORDER BY start, id",
+            "SELECT {ID}, argMax({KIND}, {VERSION}), argMax({TS}, {VERSION}) AS start, argMax({END_TS}, {VERSION}), \
+             argMax({CPU}, {VERSION}), argMax({SEVERITY}, {VERSION}), argMax({SUMMARY}, {VERSION}), \
+             argMax({EVIDENCE}, {VERSION}) FROM {} WHERE {NODE} = {name} GROUP BY {ID} ORDER BY start, {ID}",
             fleet.table(schema::FINDINGS),
         ),
         |r| {
@@ -383,8 +384,8 @@ fn copy_notes(fleet: &Fleet, node: &Node, dir: &Path) -> Result<(), FleetError> 
     }
     let events = fleet.rows(
         &format!(
-            "SELECT ts, id, any(pattern), any(message) FROM {} WHERE node = {name} GROUP BY ts, id \
-             ORDER BY ts DESC, id LIMIT {MAX_EVENTS}",
+            "SELECT {TS}, {ID}, any({PATTERN}), any({MESSAGE}) FROM {} WHERE {NODE} = {name} GROUP BY {TS}, {ID} \
+             ORDER BY {TS} DESC, {ID} LIMIT {MAX_EVENTS}",
             fleet.table(schema::EVENTS),
         ),
         |r| {

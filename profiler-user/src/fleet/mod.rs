@@ -3,46 +3,20 @@
 //! ([`mirror`]: one node's window, answered by the same code as a node's own store) and the
 //! questions only the fleet answers ([`overview`]: `profiler fleet`).
 
+mod error;
 pub mod mirror;
 pub mod overview;
-mod overview_text;
+pub mod overview_text;
 mod rowbinary;
 
+pub use error::FleetError;
 use rowbinary::Reader;
 
 use crate::ship::clickhouse::{
     ShipError,
     http::Client,
-    schema::{self, quote_ident, quote_str},
+    schema::{self, col::*, quote_ident, quote_str},
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum FleetError {
-    #[error(transparent)]
-    ClickHouse(#[from] ShipError),
-    #[error("ClickHouse URL '{0}' is not http://[USER[:PASSWORD]@]HOST:PORT")]
-    Url(String),
-    #[error("ClickHouse holds no node in database `{0}`: is a daemon shipping to it (profiler run --clickhouse URL)?")]
-    NoNodes(String),
-    #[error("node '{node}' has shipped nothing to this ClickHouse; it holds {known}")]
-    UnknownNode { node: String, known: String },
-    #[error("this ClickHouse holds {0} nodes ({1}): name one with --node, or ask them all with `profiler fleet`")]
-    WhichNode(usize, String),
-    #[error("ClickHouse answered rows that do not decode ({0}): is the database written by another version?")]
-    Decode(String),
-    #[error(
-        "node {node} has {rows} samples between {from} and {to}, more than the {limit} one read copies: ask for a shorter window"
-    )]
-    TooMany { node: String, rows: u64, limit: u64, from: String, to: String },
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    #[error("cannot create a private directory for the copy: {0}")]
-    Temp(#[source] std::io::Error),
-    #[error("ClickHouse at {addr} does not answer ({reason}): is it running, and is --clickhouse right?")]
-    Down { addr: String, reason: String },
-    #[error("--event '{pattern}' is not a regular expression: {reason}")]
-    Pattern { pattern: String, reason: String },
-}
 
 /// A node as `nodes` describes it (its latest row).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,8 +93,8 @@ impl Fleet {
     /// Every node that shipped, by name.
     pub fn nodes(&self) -> Result<Vec<Node>, FleetError> {
         let sql = format!(
-            "SELECT node, argMax(cpus, version), argMax(hz, version), argMax(online, version), argMax(host, version) \
-             FROM {} GROUP BY node ORDER BY node",
+            "SELECT {NODE}, argMax({CPUS}, {VERSION}), argMax({HZ}, {VERSION}), argMax({ONLINE}, {VERSION}), \
+             argMax({HOST}, {VERSION}) FROM {} GROUP BY {NODE} ORDER BY {NODE}",
             self.table(schema::NODES)
         );
         self.rows(&sql, |r| {
@@ -160,9 +134,9 @@ impl Fleet {
     pub fn summary(&self, node: &str) -> Result<crate::store::StoreSummary, FleetError> {
         // A retried batch sends a block's row again: one per (ts, cpu), as `mirror` reads them.
         let sql = format!(
-            "SELECT cpu, toUInt64(min(ts)), toUInt64(max(ts + sp)), toUInt64(sum(b)), toUInt64(sum(i)), \
-             toUInt64(sum(l)) FROM (SELECT ts, cpu, max(span) AS sp, max(busy) AS b, max(idle) AS i, \
-             max(lost) AS l FROM {} WHERE node = {} GROUP BY ts, cpu) GROUP BY cpu ORDER BY cpu",
+            "SELECT {CPU}, toUInt64(min({TS})), toUInt64(max({TS} + sp)), toUInt64(sum(b)), toUInt64(sum(i)), \
+             toUInt64(sum(l)) FROM (SELECT {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, \
+             max({LOST}) AS l FROM {} WHERE {NODE} = {} GROUP BY {TS}, {CPU}) GROUP BY {CPU} ORDER BY {CPU}",
             self.table(schema::CPU_SECONDS),
             quote_str(node)
         );
@@ -183,7 +157,7 @@ impl Fleet {
 
     /// `node = '...' AND` a time range on `ts`, for a `WHERE`.
     fn node_range(node: &str, from_ns: u64, to_ns: u64) -> String {
-        format!("node = {} AND ts >= {from_ns} AND ts < {to_ns}", quote_str(node))
+        format!("{NODE} = {} AND {TS} >= {from_ns} AND {TS} < {to_ns}", quote_str(node))
     }
 }
 

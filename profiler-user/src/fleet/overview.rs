@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::{Fleet, FleetError, Node};
 use crate::{
     query::{Window, fold_names},
-    ship::clickhouse::schema::{self, quote_str},
+    ship::clickhouse::schema::{self, col::*, quote_str},
     timespec,
 };
 
@@ -152,7 +152,7 @@ pub fn node_filter(nodes: &[String]) -> String {
         return String::new();
     }
     let list: Vec<String> = nodes.iter().map(|n| quote_str(n)).collect();
-    format!(" AND node IN ({})", list.join(", "))
+    format!(" AND {NODE} IN ({})", list.join(", "))
 }
 
 /// The SQL `fleet` sends, built apart from sending it (tested without a server).
@@ -165,14 +165,14 @@ pub struct Sql<'a> {
 
 impl Sql<'_> {
     fn range(&self) -> String {
-        format!("ts >= {} AND ts < {}{}", self.window.from_ns, self.window.to_ns, self.nodes)
+        format!("{TS} >= {} AND {TS} < {}{}", self.window.from_ns, self.window.to_ns, self.nodes)
     }
 
     /// Per node, CPU and block: the counts, once (a retried batch may have sent a row twice).
     fn cpu_blocks(&self) -> String {
         format!(
-            "SELECT node, ts, cpu, max(span) AS sp, max(busy) AS b, max(idle) AS i, max(lost) AS l FROM {} \
-             WHERE {} GROUP BY node, ts, cpu",
+            "SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l \
+             FROM {} WHERE {} GROUP BY {NODE}, {TS}, {CPU}",
             self.fleet.table(schema::CPU_SECONDS),
             self.range()
         )
@@ -181,12 +181,12 @@ impl Sql<'_> {
     /// Per node: busy, idle, lost, peak CPU share, saturated ns, covered ns.
     pub fn busy(&self) -> String {
         format!(
-            "SELECT node, toUInt64(sum(bs)), toUInt64(sum(is)), toUInt64(sum(ls)), toFloat64(max(peak)), \
+            "SELECT {NODE}, toUInt64(sum(bs)), toUInt64(sum(is)), toUInt64(sum(ls)), toFloat64(max(peak)), \
              toUInt64(sumIf(span_ns, sat)), toUInt64(sum(span_ns)) FROM \
-             (SELECT node, ts, max(sp) AS span_ns, sum(b) AS bs, sum(i) AS is, sum(l) AS ls, \
+             (SELECT {NODE}, {TS}, max(sp) AS span_ns, sum(b) AS bs, sum(i) AS is, sum(l) AS ls, \
              max(if(b + i = 0, toFloat64(0), b / (b + i))) AS peak, \
-             max(b + i > 0 AND b * 10 >= (b + i) * {SATURATED_TENTHS}) AS sat FROM ({}) GROUP BY node, ts) \
-             GROUP BY node ORDER BY node",
+             max(b + i > 0 AND b * 10 >= (b + i) * {SATURATED_TENTHS}) AS sat FROM ({}) GROUP BY {NODE}, {TS}) \
+             GROUP BY {NODE} ORDER BY {NODE}",
             self.cpu_blocks()
         )
     }
@@ -194,8 +194,8 @@ impl Sql<'_> {
     /// Per node and column: busy and idle.
     pub fn grid(&self, bucket_secs: u64) -> String {
         format!(
-            "SELECT node, toUInt32(intDiv(ts - {}, {})) AS col, toUInt64(sum(b)), toUInt64(sum(i)) FROM ({}) \
-             GROUP BY node, col ORDER BY node, col",
+            "SELECT {NODE}, toUInt32(intDiv({TS} - {}, {})) AS col, toUInt64(sum(b)), toUInt64(sum(i)) FROM ({}) \
+             GROUP BY {NODE}, col ORDER BY {NODE}, col",
             self.window.from_ns,
             bucket_secs * SEC,
             self.cpu_blocks()
@@ -205,7 +205,7 @@ impl Sql<'_> {
     /// Busy samples per node.
     pub fn samples(&self) -> String {
         format!(
-            "SELECT node, toUInt64(sum(count)) FROM {} WHERE {} GROUP BY node ORDER BY node",
+            "SELECT {NODE}, toUInt64(sum({COUNT})) FROM {} WHERE {} GROUP BY {NODE} ORDER BY {NODE}",
             self.fleet.table(schema::SAMPLES),
             self.range()
         )
@@ -214,9 +214,9 @@ impl Sql<'_> {
     /// Findings overlapping the window, latest state of each, counted per node and kind.
     pub fn findings(&self) -> String {
         format!(
-            "SELECT node, k, toUInt64(count()) FROM (SELECT node, id, argMax(kind, version) AS k, \
-             argMax(end_ts, version) AS e FROM {} WHERE ts < {}{} GROUP BY node, id) \
-             WHERE e = 0 OR e >= {} GROUP BY node, k ORDER BY node, k",
+            "SELECT {NODE}, k, toUInt64(count()) FROM (SELECT {NODE}, {ID}, argMax({KIND}, {VERSION}) AS k, \
+             argMax({END_TS}, {VERSION}) AS e FROM {} WHERE {TS} < {}{} GROUP BY {NODE}, {ID}) \
+             WHERE e = 0 OR e >= {} GROUP BY {NODE}, k ORDER BY {NODE}, k",
             self.fleet.table(schema::FINDINGS),
             self.window.to_ns,
             self.nodes,
@@ -227,7 +227,7 @@ impl Sql<'_> {
     /// Distinct events per node.
     pub fn events(&self) -> String {
         format!(
-            "SELECT node, toUInt64(uniqExact(ts, id)) FROM {} WHERE {} GROUP BY node ORDER BY node",
+            "SELECT {NODE}, toUInt64(uniqExact({TS}, {ID})) FROM {} WHERE {} GROUP BY {NODE} ORDER BY {NODE}",
             self.fleet.table(schema::EVENTS),
             self.range()
         )
@@ -236,8 +236,8 @@ impl Sql<'_> {
     /// The `top` (comm, stack) pairs with the most samples, and on how many nodes each ran.
     pub fn top(&self, top: usize) -> String {
         format!(
-            "SELECT comm, stack_id, toUInt64(sum(count)) AS n, toUInt64(uniqExact(node)) FROM {} WHERE {} \
-             GROUP BY comm, stack_id ORDER BY n DESC, comm, stack_id LIMIT {top}",
+            "SELECT {COMM}, {STACK_ID}, toUInt64(sum({COUNT})) AS n, toUInt64(uniqExact({NODE})) FROM {} WHERE {} \
+             GROUP BY {COMM}, {STACK_ID} ORDER BY n DESC, {COMM}, {STACK_ID} LIMIT {top}",
             self.fleet.table(schema::SAMPLES),
             self.range()
         )
@@ -247,7 +247,7 @@ impl Sql<'_> {
     pub fn stacks(&self, ids: &[u64]) -> String {
         let list: Vec<String> = ids.iter().map(u64::to_string).collect();
         format!(
-            "SELECT stack_id, any(frames), any(kernel) FROM {} WHERE stack_id IN ({}) GROUP BY stack_id",
+            "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} IN ({}) GROUP BY {STACK_ID}",
             self.fleet.table(schema::STACKS),
             list.join(", ")
         )
@@ -256,8 +256,8 @@ impl Sql<'_> {
     /// The first [`MAX_EVENTS`] events whose message matches `pattern`, oldest first.
     pub fn matching_events(&self, pattern: &str) -> String {
         format!(
-            "SELECT node, ts, id, any(message) FROM {} WHERE {} AND match(message, {}) GROUP BY node, ts, id \
-             ORDER BY ts, node, id LIMIT {MAX_EVENTS}",
+            "SELECT {NODE}, {TS}, {ID}, any({MESSAGE}) FROM {} WHERE {} AND match({MESSAGE}, {}) \
+             GROUP BY {NODE}, {TS}, {ID} ORDER BY {TS}, {NODE}, {ID} LIMIT {MAX_EVENTS}",
             self.fleet.table(schema::EVENTS),
             self.range(),
             quote_str(pattern)
@@ -267,7 +267,7 @@ impl Sql<'_> {
     /// How many events match `pattern` (asked when the list was cut).
     pub fn matching_count(&self, pattern: &str) -> String {
         format!(
-            "SELECT toUInt64(uniqExact(node, ts, id)) FROM {} WHERE {} AND match(message, {})",
+            "SELECT toUInt64(uniqExact({NODE}, {TS}, {ID})) FROM {} WHERE {} AND match({MESSAGE}, {})",
             self.fleet.table(schema::EVENTS),
             self.range(),
             quote_str(pattern)
@@ -284,10 +284,10 @@ impl Sql<'_> {
         let r = Self::before(node, ts_ns);
         let samples = self.fleet.table(schema::SAMPLES);
         format!(
-            "SELECT toUInt32(cpu), toUInt64(sumIf(count, k = 1)) AS kn, toUInt64(sum(count)) AS n FROM {samples} \
-             ANY LEFT JOIN (SELECT stack_id, has(any(kernel), 1) AS k FROM {} WHERE stack_id IN \
-             (SELECT stack_id FROM {samples} WHERE {r}) GROUP BY stack_id) AS s USING stack_id \
-             WHERE {r} GROUP BY cpu ORDER BY kn DESC, n DESC, cpu LIMIT 1",
+            "SELECT toUInt32({CPU}), toUInt64(sumIf({COUNT}, k = 1)) AS kn, toUInt64(sum({COUNT})) AS n \
+             FROM {samples} ANY LEFT JOIN (SELECT {STACK_ID}, has(any({KERNEL}), 1) AS k FROM {} WHERE {STACK_ID} IN \
+             (SELECT {STACK_ID} FROM {samples} WHERE {r}) GROUP BY {STACK_ID}) AS s USING {STACK_ID} \
+             WHERE {r} GROUP BY {CPU} ORDER BY kn DESC, n DESC, {CPU} LIMIT 1",
             self.fleet.table(schema::STACKS),
         )
     }
@@ -295,8 +295,8 @@ impl Sql<'_> {
     /// That CPU's top stacks before the event.
     pub fn event_stacks(&self, node: &str, ts_ns: u64, cpu: u32) -> String {
         format!(
-            "SELECT comm, stack_id, toUInt64(sum(count)) AS n FROM {} WHERE {} AND cpu = {cpu} \
-             GROUP BY comm, stack_id ORDER BY n DESC, comm, stack_id LIMIT {EVENT_STACKS}",
+            "SELECT {COMM}, {STACK_ID}, toUInt64(sum({COUNT})) AS n FROM {} WHERE {} AND {CPU} = {cpu} \
+             GROUP BY {COMM}, {STACK_ID} ORDER BY n DESC, {COMM}, {STACK_ID} LIMIT {EVENT_STACKS}",
             self.fleet.table(schema::SAMPLES),
             Self::before(node, ts_ns),
         )
@@ -506,8 +506,6 @@ fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) -> Result<E
     }
     Ok(EventAnswer { pattern: pattern.to_string(), matched, events })
 }
-
-pub use super::overview_text::render_text;
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! Reads ClickHouse's `RowBinary` output (the layout `ship::clickhouse::rows` writes): integers
 //! little-endian at their width, strings and arrays as a LEB128 length then the items.
 
-use super::FleetError;
+use super::error::FleetError;
 
 pub struct Reader<'a> {
     data: &'a [u8],

@@ -4,94 +4,72 @@
 //! more than one batch, never slows the sampling stages (it runs on its own thread at low
 //! priority), and a restart resumes where the last delivery ended.
 //!
-//! - `clickhouse`: samples, findings and events into ClickHouse tables (`docs/clickhouse.md`);
-//! - `otlp`: OpenTelemetry profiles to a collector (OTLP/HTTP or OTLP/gRPC);
-//! - `transport`: one request over HTTP/1.1 or gRPC, and what its answer means for a retry.
+//! Every shipper is a [`Shipper`] with one [`Cursor`] and one [`Stats`]; each implementation
+//! keeps its settings beside it (`NAME/config.rs`):
+//! - `clickhouse`: samples, findings and events into ClickHouse tables (`docs/clickhouse.md`),
+//!   whose names `clickhouse::schema` owns;
+//! - `otlp`: OpenTelemetry profiles to a collector (OTLP/HTTP or OTLP/gRPC).
 
 pub mod clickhouse;
-mod findings;
+pub mod cursor;
 pub mod otlp;
-pub mod transport;
 
 use std::{
     collections::BTreeMap,
-    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
-use crate::store::StoreError;
+pub use cursor::{Cursor, CursorError};
 
-#[derive(Debug, thiserror::Error)]
-pub enum ShipError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("{0} is not a directory the daemon made (a symbolic link or another file): remove it")]
-    NotADirectory(PathBuf),
+/// One way of shipping the store: a follower of the store from its [`Cursor`] that reports its
+/// figures as [`Stats`]. Each runs on a thread of its own ([`spawn`]), so a slow or absent
+/// receiver never holds the pipeline up; it ends soon after the daemon's stop signal.
+pub trait Shipper: Send + 'static {
+    /// Its name: the thread's (`ship-NAME`) and the cursor's (`DATA_DIR/ship/NAME.cursor`).
+    const NAME: &'static str;
+
+    /// Follows the store until the daemon stops; what cannot go on is said in the log.
+    fn run(self);
 }
 
-/// What a shipper reports on /metrics.
+/// Starts `shipper` on a thread of its own.
+pub fn spawn<S: Shipper>(shipper: S) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name(format!("ship-{}", S::NAME)).spawn(move || shipper.run())
+}
+
+/// A shipper's figures, shared with `/metrics`.
+pub type SharedStats = Arc<Mutex<Stats>>;
+
+/// What a shipper reports on /metrics (each shipper's lines name what it fills in).
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
-    /// Requests the receiver accepted, and the samples and bytes (as sent) they held.
+    /// Requests the receiver accepted, and the samples and bytes (as sent) they held; for
+    /// ClickHouse, the bytes of the sample inserts (the stack inserts' in `stack_bytes`).
     pub batches: u64,
     pub samples: u64,
     pub bytes: u64,
-    /// Findings' openings and closings sent as log records (OTLP only).
+    /// ClickHouse's rows by table: samples, stacks (each new stack once per daemon run),
+    /// findings and events (findings again while open), counter tracks (one per track and tick).
+    pub sample_rows: u64,
+    pub stacks: u64,
+    pub stack_bytes: u64,
+    pub findings: u64,
+    pub events: u64,
+    pub counter_rows: u64,
+    /// Findings' openings and closings sent as log records (OTLP).
     pub log_records: u64,
-    /// Samples of the CUDA profiles accepted (one per kind, second, thread and stack).
+    /// CUDA samples (or rows) accepted: one per kind, second, thread and stack.
     pub cuda_samples: u64,
     /// Attempts that failed in a way worth another try (connection, timeout, 429, 502-504).
     pub retries: u64,
     /// Failures by reason: `rejected` (a batch refused for good, then skipped), `partial`
-    /// (profiles the receiver said it dropped), `store` (the store could not be read).
+    /// (profiles the receiver said it dropped), `store` (the store could not be read),
+    /// `request` (a request that failed, to be retried).
     pub errors: BTreeMap<&'static str, u64>,
-    /// Seconds between now and the cursor: how far behind the receiver is.
+    /// Batches found delivered already after a delivery of unknown outcome, not sent again.
+    pub batches_already_there: u64,
+    /// The cursor: samples before it are delivered (ns since the epoch; 0 before the first).
+    pub cursor_ns: u64,
+    /// Seconds between now and the cursor when last published: how far behind the receiver is.
     pub lag_seconds: f64,
 }
-
-/// The end (ns since the epoch, exclusive) of what a shipper delivered, in
-/// `DATA_DIR/ship/NAME.cursor`: decimal text, written to a temporary file and renamed, 0600.
-pub struct Cursor {
-    path: PathBuf,
-}
-
-impl Cursor {
-    /// The cursor file of shipper `name`, creating `DATA_DIR/ship/` (0700) if needed.
-    pub fn open(data_dir: &Path, name: &str) -> Result<Self, ShipError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let dir = data_dir.join("ship");
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(StoreError::Io(dir, e).into()),
-        }
-        // The data directory is root's alone (`store::files`); a link here would still be ours to
-        // refuse, since cursor writes would follow it.
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(ShipError::NotADirectory(dir)),
-            Err(e) => return Err(StoreError::Io(dir, e).into()),
-        }
-        Ok(Self { path: dir.join(format!("{name}.cursor")) })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The saved cursor; `None` when there is none yet, or it does not parse (said in the log).
-    pub fn load(&self) -> Option<u64> {
-        let bytes = crate::store::files::read_regular(&self.path, 64).ok()?;
-        let parsed = std::str::from_utf8(&bytes).ok().and_then(|s| s.trim().parse().ok());
-        if parsed.is_none() {
-            tracing::warn!(file = %self.path.display(), "the shipping cursor does not parse; starting from now");
-        }
-        parsed
-    }
-
-    pub fn save(&self, ns: u64) -> Result<(), StoreError> {
-        crate::store::files::write_private(&self.path, format!("{ns}\n").as_bytes())
-    }
-}
-
-#[cfg(test)]
-mod tests;

@@ -119,6 +119,16 @@ pub fn open_append(path: &Path) -> io::Result<File> {
 /// Writes `bytes` as `path` (0600): a fresh temporary file (O_EXCL, no link followed), renamed
 /// over `path`, so no planted link is written through and a reader never sees half of it.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_private_with(path, bytes, false)
+}
+
+/// [`write_private`], with the data synced before the rename: a crash leaves the old file or
+/// the new one whole, never an empty one (what a shipper's cursor needs).
+pub fn write_private_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_private_with(path, bytes, true)
+}
+
+fn write_private_with(path: &Path, bytes: &[u8], sync: bool) -> Result<(), StoreError> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let io = |p: &Path| {
@@ -135,6 +145,9 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         .open(&tmp)
         .map_err(io(&tmp))?;
     f.write_all(bytes).map_err(io(&tmp))?;
+    if sync {
+        f.sync_all().map_err(io(&tmp))?;
+    }
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 

@@ -68,7 +68,7 @@ pub struct Builder {
     host: String,
     default_hz: u64,
     dict: ProfilesDictionary,
-    strings: HashMap<String, i32>,
+    strings: crate::export::interner::Interner,
     attributes: HashMap<(i32, Value), i32>,
     /// Location of each frame: (name, file, address) for user frames, name for kernel ones.
     user: HashMap<(String, String, u64), i32>,
@@ -107,7 +107,7 @@ impl Builder {
                 attribute_table: vec![KeyValueAndUnit::default()],
                 stack_table: vec![Stack::default()],
             },
-            strings: HashMap::new(),
+            strings: Default::default(),
             attributes: HashMap::new(),
             user: HashMap::new(),
             kernel: HashMap::new(),
@@ -130,13 +130,7 @@ impl Builder {
     }
 
     fn string(&mut self, s: &str) -> i32 {
-        if let Some(&i) = self.strings.get(s) {
-            return i;
-        }
-        let i = self.dict.string_table.len() as i32;
-        self.dict.string_table.push(s.to_string());
-        self.strings.insert(s.to_string(), i);
-        i
+        self.strings.index(&mut self.dict.string_table, s) as i32
     }
 
     fn attribute(&mut self, key: &str, value: Value) -> i32 {

@@ -103,7 +103,7 @@ pub struct Live {
     /// The OTLP shipper's figures, when it runs.
     pub otlp: Option<crate::ship::Stats>,
     /// The ClickHouse shipper's figures, when it runs.
-    pub clickhouse: Option<std::sync::Arc<crate::ship::clickhouse::Stats>>,
+    pub clickhouse: Option<crate::ship::SharedStats>,
     /// What the GPU poller read, when GPU tracks are on.
     pub gpu: Option<crate::gpu::Shared>,
     /// NVIDIA Xid lines seen in the kernel log, by (Xid, fatal).
@@ -127,7 +127,7 @@ pub fn render(l: &Live) -> String {
     );
     out.push_str(&gpu::xids(&l.gpu_xids));
     if let Some(stats) = &l.clickhouse {
-        out.push_str(&crate::ship::clickhouse::metrics::render(stats));
+        out.push_str(&crate::ship::clickhouse::metrics::render(&stats.lock().unwrap_or_else(|p| p.into_inner())));
     }
     if let Some(gpu) = &l.gpu {
         out.push_str(&gpu::render(&gpu.lock().unwrap_or_else(|p| p.into_inner())));

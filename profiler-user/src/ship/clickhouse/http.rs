@@ -5,7 +5,7 @@ use std::{io::Write, time::Duration};
 
 use base64::Engine as _;
 
-use super::ShipError;
+use super::error::ShipError;
 
 /// Longest time one request may take; a slow server is retried later rather than waited on.
 const TIMEOUT: Duration = Duration::from_secs(30);

@@ -3,12 +3,13 @@
 
 use serde_json::json;
 
+use super::schema::col::{CPU, END_TS, EVIDENCE, ID, KIND, MESSAGE, NODE, PATTERN, SEVERITY, SUMMARY, TS, VERSION};
 use crate::{collect::kmsg::Event, detect::Finding};
 
 pub fn events(node: &str, events: &[Event]) -> String {
     let mut out = String::new();
     for e in events {
-        let row = json!({"node": node, "ts": e.ts_ns, "id": e.id, "pattern": e.pattern, "message": e.message});
+        let row = json!({NODE: node, TS: e.ts_ns, ID: e.id, PATTERN: e.pattern, MESSAGE: e.message});
         out.push_str(&row.to_string());
         out.push('\n');
     }
@@ -22,16 +23,16 @@ pub fn findings(node: &str, findings: &[Finding]) -> String {
     for f in findings {
         let text = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
         let row = json!({
-            "node": node,
-            "id": f.id,
-            "kind": text(json!(f.kind)),
-            "ts": f.start_ns,
-            "end_ts": f.end_ns.unwrap_or(0),
-            "cpu": f.cpu.map_or(-1, i64::from),
-            "severity": text(json!(f.severity)),
-            "summary": f.summary,
-            "evidence": f.evidence.to_string(),
-            "version": f.end_ns.unwrap_or(f.start_ns),
+            NODE: node,
+            ID: f.id,
+            KIND: text(json!(f.kind)),
+            TS: f.start_ns,
+            END_TS: f.end_ns.unwrap_or(0),
+            CPU: f.cpu.map_or(-1, i64::from),
+            SEVERITY: text(json!(f.severity)),
+            SUMMARY: f.summary,
+            EVIDENCE: f.evidence.to_string(),
+            VERSION: f.end_ns.unwrap_or(f.start_ns),
         });
         out.push_str(&row.to_string());
         out.push('\n');

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::schema::col;
 use crate::{model::SampleKind, query::SampleRef, store::format::CpuCounts};
 
 /// The id of a stack: XXH3-64 of its frames, root first, each as its kernel flag (one byte), its
@@ -213,25 +214,25 @@ impl Batch {
             put_str(o, name);
             put_str(o, ty);
         };
-        column(&mut o, "node", "String");
+        column(&mut o, col::NODE, "String");
         for _ in 0..self.rows() {
             put_str(&mut o, node);
         }
-        column(&mut o, "ts", "UInt64");
+        column(&mut o, col::TS, "UInt64");
         self.ts.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
-        column(&mut o, "cpu", "UInt16");
+        column(&mut o, col::CPU, "UInt16");
         self.cpu.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
-        column(&mut o, "pid", "UInt32");
+        column(&mut o, col::PID, "UInt32");
         self.pid.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
-        column(&mut o, "tid", "UInt32");
+        column(&mut o, col::TID, "UInt32");
         self.tid.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
-        column(&mut o, "comm", "String");
+        column(&mut o, col::COMM, "String");
         self.comm.iter().for_each(|&i| put_str(&mut o, &self.names[i as usize]));
-        column(&mut o, "stack_id", "UInt64");
+        column(&mut o, col::STACK_ID, "UInt64");
         self.stack.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
-        column(&mut o, "workload", "String");
+        column(&mut o, col::WORKLOAD, "String");
         self.workload.iter().for_each(|&i| put_str(&mut o, &self.names[i as usize]));
-        column(&mut o, "count", "UInt32");
+        column(&mut o, col::COUNT, "UInt32");
         self.count.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
         o
     }

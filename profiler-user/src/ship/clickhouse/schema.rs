@@ -5,6 +5,8 @@
 //! the epoch, partitions are UTC days computed from it (independent of the server's time
 //! zone), and a server that knows `TTL` gets one matching the node's retention.
 
+use col::*;
+
 /// Nanoseconds in a day: the partition key is `intDiv(ts, DAY_NS)`.
 pub const DAY_NS: u64 = 86_400 * 1_000_000_000;
 
@@ -18,10 +20,17 @@ const CODECS_SINCE: (u32, u32) = (20, 1);
 /// per CPU costs a byte or two instead of six), ids and names through a dictionary or zstd. 18
 /// bytes per sample became 11 on a compile-heavy node's minute (30,000 distinct stacks in 58,000
 /// samples; chdb 25.x, `min_bytes_for_wide_part = 0`); the stack id is most of what is left.
-const SAMPLES_CODECS: &str = "node LowCardinality(String), ts UInt64 CODEC(DoubleDelta, ZSTD(1)), \
-     cpu UInt16 CODEC(ZSTD(1)), pid UInt32 CODEC(T64, ZSTD(1)), tid UInt32 CODEC(T64, ZSTD(1)), \
-     comm LowCardinality(String), stack_id UInt64 CODEC(ZSTD(1)), workload LowCardinality(String), \
-     count UInt32 CODEC(T64, ZSTD(1))";
+const SAMPLES_CODECS: &[(&str, &str)] = &[
+    (NODE, "LowCardinality(String)"),
+    (TS, "UInt64 CODEC(DoubleDelta, ZSTD(1))"),
+    (CPU, "UInt16 CODEC(ZSTD(1))"),
+    (PID, "UInt32 CODEC(T64, ZSTD(1))"),
+    (TID, "UInt32 CODEC(T64, ZSTD(1))"),
+    (COMM, "LowCardinality(String)"),
+    (STACK_ID, "UInt64 CODEC(ZSTD(1))"),
+    (WORKLOAD, "LowCardinality(String)"),
+    (COUNT, "UInt32 CODEC(T64, ZSTD(1))"),
+];
 
 /// What the statements depend on.
 #[derive(Debug, Clone)]
@@ -52,75 +61,7 @@ pub fn supports_codecs(version: (u32, u32)) -> bool {
 }
 
 /// (table, columns, engine and keys; `{ttl}` where a TTL on column `ts` goes).
-const TABLES: &[(&str, &str, &str)] = &[
-    (
-        "samples",
-        "node String, ts UInt64, cpu UInt16, pid UInt32, tid UInt32, comm String, stack_id UInt64, \
-         workload String, count UInt32",
-        "MergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, cpu){ttl}",
-    ),
-    (
-        // Shared by every node: the same binaries give the same stacks fleet-wide. Re-inserting a
-        // stack is harmless, merges collapse the copies.
-        "stacks",
-        "stack_id UInt64, frames Array(String), kernel Array(UInt8)",
-        "ReplacingMergeTree ORDER BY stack_id",
-    ),
-    (
-        // Where a stack's user frames live (`model::Location`), for the stacks that know it: a
-        // table of its own, so that servers with `stacks` from before it need no ALTER.
-        "stack_locations",
-        "stack_id UInt64, files Array(String), addrs Array(UInt64)",
-        "ReplacingMergeTree ORDER BY stack_id",
-    ),
-    (
-        // A finding is written when it opens and again when it closes: the highest version
-        // (ns of the write) wins.
-        "findings",
-        "node String, id String, kind String, ts UInt64, end_ts UInt64, cpu Int32, severity String, \
-         summary String, evidence String, version UInt64",
-        "ReplacingMergeTree(version) PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, id){ttl}",
-    ),
-    (
-        "events",
-        "node String, ts UInt64, id String, pattern String, message String",
-        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, id){ttl}",
-    ),
-    (
-        // Per CPU per stored block (a second, ten in rolled-up data): what samples alone do not
-        // say. Idle ticks and lost samples give busy shares; `hz` the ticks a CPU had. Sent again
-        // with a retried batch, the copies collapse (read with `max`, as `fleet` does).
-        "cpu_seconds",
-        "node String, ts UInt64, span UInt64, cpu UInt16, busy UInt32, kernel UInt32, idle UInt32, lost UInt32, \
-         hz UInt32",
-        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, cpu){ttl}",
-    ),
-    (
-        // The counter tracks (kernel counters, GPU tracks) as `profiler counters` prints them:
-        // one row per track and tick; `cpu` -1 for a track of no one CPU. Re-sent rows collapse.
-        "counters",
-        "node String, ts UInt64, name String, cpu Int32, unit String, value Float64",
-        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, name, cpu, ts){ttl}",
-    ),
-    (
-        // The CUDA stores' rows (`model::SampleKind`): `kind` is `cuda-launches` (value:
-        // launches), `cuda-sync` (microseconds blocked) or `cuda-copies` (bytes), one row per
-        // kind, second, thread and stack, so a row sent again collapses in merges (read with
-        // `max(value)` per key, as `fleet` does). Stacks are in `stacks` with the samples'.
-        "cuda_samples",
-        "node String, ts UInt64, kind String, cpu UInt16, pid UInt32, tid UInt32, comm String, stack_id UInt64, \
-         workload String, value UInt64",
-        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, kind, ts, tid, stack_id){ttl}",
-    ),
-    (
-        // How each node records: one row per daemon start or change, the latest wins.
-        "nodes",
-        "node String, cpus UInt32, hz UInt32, online String, host String, version UInt64",
-        "ReplacingMergeTree(version) ORDER BY node",
-    ),
-];
-
-/// Names of the tables, as the shipper inserts into them.
+/// Names of the tables, as the shipper inserts into them and the fleet reads them.
 pub const SAMPLES: &str = "samples";
 pub const STACKS: &str = "stacks";
 pub const STACK_LOCATIONS: &str = "stack_locations";
@@ -130,6 +71,159 @@ pub const CPU_SECONDS: &str = "cpu_seconds";
 pub const COUNTERS: &str = "counters";
 pub const CUDA_SAMPLES: &str = "cuda_samples";
 pub const NODES: &str = "nodes";
+
+/// Column names: what the shipper inserts and the fleet reads spell their SQL with these. A name
+/// two tables share is one constant (`kernel`: a stack's kernel-frame flags, a CPU's kernel
+/// samples).
+pub mod col {
+    pub const NODE: &str = "node";
+    pub const TS: &str = "ts";
+    pub const CPU: &str = "cpu";
+    pub const PID: &str = "pid";
+    pub const TID: &str = "tid";
+    pub const COMM: &str = "comm";
+    pub const STACK_ID: &str = "stack_id";
+    pub const WORKLOAD: &str = "workload";
+    pub const COUNT: &str = "count";
+    pub const FRAMES: &str = "frames";
+    pub const KERNEL: &str = "kernel";
+    pub const FILES: &str = "files";
+    pub const ADDRS: &str = "addrs";
+    pub const ID: &str = "id";
+    pub const KIND: &str = "kind";
+    pub const END_TS: &str = "end_ts";
+    pub const SEVERITY: &str = "severity";
+    pub const SUMMARY: &str = "summary";
+    pub const EVIDENCE: &str = "evidence";
+    pub const VERSION: &str = "version";
+    pub const PATTERN: &str = "pattern";
+    pub const MESSAGE: &str = "message";
+    pub const SPAN: &str = "span";
+    pub const BUSY: &str = "busy";
+    pub const IDLE: &str = "idle";
+    pub const LOST: &str = "lost";
+    pub const HZ: &str = "hz";
+    pub const NAME: &str = "name";
+    pub const UNIT: &str = "unit";
+    pub const VALUE: &str = "value";
+    pub const CPUS: &str = "cpus";
+    pub const ONLINE: &str = "online";
+    pub const HOST: &str = "host";
+}
+
+/// (table, columns and their types, engine and keys; `{ttl}` where a TTL on column `ts` goes).
+const TABLES: &[(&str, &[(&str, &str)], &str)] = &[
+    (
+        SAMPLES,
+        &[
+            (NODE, "String"),
+            (TS, "UInt64"),
+            (CPU, "UInt16"),
+            (PID, "UInt32"),
+            (TID, "UInt32"),
+            (COMM, "String"),
+            (STACK_ID, "UInt64"),
+            (WORKLOAD, "String"),
+            (COUNT, "UInt32"),
+        ],
+        "MergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, cpu){ttl}",
+    ),
+    (
+        // Shared by every node: the same binaries give the same stacks fleet-wide. Re-inserting a
+        // stack is harmless, merges collapse the copies.
+        STACKS,
+        &[(STACK_ID, "UInt64"), (FRAMES, "Array(String)"), (KERNEL, "Array(UInt8)")],
+        "ReplacingMergeTree ORDER BY stack_id",
+    ),
+    (
+        // Where a stack's user frames live (`model::Location`), for the stacks that know it: a
+        // table of its own, so that servers with `stacks` from before it need no ALTER.
+        STACK_LOCATIONS,
+        &[(STACK_ID, "UInt64"), (FILES, "Array(String)"), (ADDRS, "Array(UInt64)")],
+        "ReplacingMergeTree ORDER BY stack_id",
+    ),
+    (
+        // A finding is written when it opens and again when it closes: the highest version
+        // (ns of the write) wins.
+        FINDINGS,
+        &[
+            (NODE, "String"),
+            (ID, "String"),
+            (KIND, "String"),
+            (TS, "UInt64"),
+            (END_TS, "UInt64"),
+            (CPU, "Int32"),
+            (SEVERITY, "String"),
+            (SUMMARY, "String"),
+            (EVIDENCE, "String"),
+            (VERSION, "UInt64"),
+        ],
+        "ReplacingMergeTree(version) PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, id){ttl}",
+    ),
+    (
+        EVENTS,
+        &[(NODE, "String"), (TS, "UInt64"), (ID, "String"), (PATTERN, "String"), (MESSAGE, "String")],
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, id){ttl}",
+    ),
+    (
+        // Per CPU per stored block (a second, ten in rolled-up data): what samples alone do not
+        // say. Idle ticks and lost samples give busy shares; `hz` the ticks a CPU had. Sent again
+        // with a retried batch, the copies collapse (read with `max`, as `fleet` does).
+        CPU_SECONDS,
+        &[
+            (NODE, "String"),
+            (TS, "UInt64"),
+            (SPAN, "UInt64"),
+            (CPU, "UInt16"),
+            (BUSY, "UInt32"),
+            (KERNEL, "UInt32"),
+            (IDLE, "UInt32"),
+            (LOST, "UInt32"),
+            (HZ, "UInt32"),
+        ],
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, ts, cpu){ttl}",
+    ),
+    (
+        // The counter tracks (kernel counters, GPU tracks) as `profiler counters` prints them:
+        // one row per track and tick; `cpu` -1 for a track of no one CPU. Re-sent rows collapse.
+        COUNTERS,
+        &[(NODE, "String"), (TS, "UInt64"), (NAME, "String"), (CPU, "Int32"), (UNIT, "String"), (VALUE, "Float64")],
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, name, cpu, ts){ttl}",
+    ),
+    (
+        // The CUDA stores' rows (`model::SampleKind`): `kind` is `cuda-launches` (value:
+        // launches), `cuda-sync` (microseconds blocked) or `cuda-copies` (bytes), one row per
+        // kind, second, thread and stack, so a row sent again collapses in merges (read with
+        // `max(value)` per key, as `fleet` does). Stacks are in `stacks` with the samples'.
+        CUDA_SAMPLES,
+        &[
+            (NODE, "String"),
+            (TS, "UInt64"),
+            (KIND, "String"),
+            (CPU, "UInt16"),
+            (PID, "UInt32"),
+            (TID, "UInt32"),
+            (COMM, "String"),
+            (STACK_ID, "UInt64"),
+            (WORKLOAD, "String"),
+            (VALUE, "UInt64"),
+        ],
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, kind, ts, tid, stack_id){ttl}",
+    ),
+    (
+        // How each node records: one row per daemon start or change, the latest wins.
+        NODES,
+        &[
+            (NODE, "String"),
+            (CPUS, "UInt32"),
+            (HZ, "UInt32"),
+            (ONLINE, "String"),
+            (HOST, "String"),
+            (VERSION, "UInt64"),
+        ],
+        "ReplacingMergeTree(version) ORDER BY node",
+    ),
+];
 
 /// Every statement, in order, each safe to run again.
 pub fn statements(l: &Layout<'_>) -> Vec<String> {
@@ -142,6 +236,7 @@ pub fn statements(l: &Layout<'_>) -> Vec<String> {
     for (name, columns, engine) in TABLES {
         let engine = engine.replace("{ttl}", &ttl);
         let columns = if l.codecs && *name == SAMPLES { SAMPLES_CODECS } else { columns };
+        let columns = columns.iter().map(|(c, t)| format!("{c} {t}")).collect::<Vec<_>>().join(", ");
         let local = if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
         out.push(format!("CREATE TABLE IF NOT EXISTS {db}.{} ({columns}) ENGINE = {engine}", quote_ident(&local)));
         if let Some(cluster) = l.cluster {

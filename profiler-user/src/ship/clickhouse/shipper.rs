@@ -11,25 +11,27 @@
 
 use std::{
     collections::HashSet,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use tokio::sync::watch;
+
 use super::{
-    Config, ShipError, Stats,
+    config::Config,
     counters::CounterRows,
-    cursor,
+    error::ShipError,
     http::Client,
     notes,
     rows::{Batch, CpuSeconds},
-    schema,
+    schema::{
+        self,
+        col::{CPUS, HOST, HZ, NODE, ONLINE, TS, VERSION},
+    },
 };
 use crate::{
     model::SampleKind,
     query::{Filter, Window, for_each_sample},
+    ship::{Cursor, SharedStats, Stats},
     store::{
         Meta, Store,
         identity::Identity,
@@ -38,6 +40,8 @@ use crate::{
 };
 
 const SEC: u64 = 1_000_000_000;
+/// The name of its cursor (`DATA_DIR/ship/clickhouse.cursor`), bound to the target.
+pub(super) const CURSOR: &str = "clickhouse";
 /// A second is shipped once it ended this long ago: the daemon writes a second's samples within
 /// a flush interval (at most 1 s) of its end, plus the pipeline's queue. A sample written later
 /// than this is in the store but not in ClickHouse.
@@ -55,11 +59,13 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How often partitions past the retention are dropped on servers without `TTL`.
 const RETENTION_EVERY: Duration = Duration::from_secs(3600);
 
-pub struct Shipper {
+/// The shipper's state while it runs.
+pub struct Follower {
     config: Config,
     client: Client,
-    stats: Arc<Stats>,
-    stop: Arc<AtomicBool>,
+    cursor: Cursor,
+    stats: SharedStats,
+    stop: watch::Receiver<bool>,
     shipped_stacks: HashSet<u64>,
     /// The last insert may or may not have landed.
     uncertain: bool,
@@ -93,16 +99,18 @@ fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-impl Shipper {
-    pub fn new(config: Config, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> Self {
+impl Follower {
+    pub fn new(config: Config, stats: SharedStats, stop: watch::Receiver<bool>) -> Result<Self, ShipError> {
         let client = Client::new(&config.url, config.user.as_deref(), config.password.as_deref());
-        let next_ns = cursor::load(&config.data_dir, &config.target()).map(|c| c.next_ns);
+        let cursor = Cursor::open(&config.data_dir, CURSOR)?.for_target(config.target());
+        let next_ns = cursor.load();
         if let Some(n) = next_ns {
-            stats.shipped_to_ns.store(n, Ordering::Relaxed);
+            stats.lock().unwrap_or_else(|p| p.into_inner()).cursor_ns = n;
         }
-        Self {
+        Ok(Self {
             config,
             client,
+            cursor,
             stats,
             stop,
             shipped_stacks: HashSet::new(),
@@ -113,18 +121,18 @@ impl Shipper {
             findings_rescanned: false,
             node_shipped: None,
             counters: CounterRows::default(),
-        }
+        })
     }
 
     pub fn run(mut self) {
         tracing::info!(database = %self.config.database, "shipping samples to ClickHouse");
         let mut backoff = BACKOFF_MIN;
-        while !self.stop.load(Ordering::Acquire) {
+        while !*self.stop.borrow() {
             match self.step() {
                 Ok(Progress::Shipped) => backoff = BACKOFF_MIN,
                 Ok(Progress::Idle) => self.wait(Duration::from_secs(1)),
                 Err(e) => {
-                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    self.figures(|s| *s.errors.entry("request").or_default() += 1);
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "shipping to ClickHouse failed; the store keeps the samples");
                     self.uncertain = true;
                     // The server may be a new one, without our tables.
@@ -133,7 +141,7 @@ impl Shipper {
                     self.shipped_stacks.clear();
                     self.node_shipped = None;
                     self.wait(backoff);
-                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    self.figures(|s| s.retries += 1);
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
@@ -147,10 +155,15 @@ impl Shipper {
         }
     }
 
+    /// Updates the figures `/metrics` shows.
+    fn figures(&self, update: impl FnOnce(&mut Stats)) {
+        update(&mut self.stats.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
     /// Sleeps `d`, or less if the daemon stops.
     fn wait(&self, d: Duration) {
         let deadline = Instant::now() + d;
-        while !self.stop.load(Ordering::Acquire) && Instant::now() < deadline {
+        while !*self.stop.borrow() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100).min(deadline - Instant::now()));
         }
     }
@@ -250,8 +263,8 @@ impl Shipper {
                 self.client.insert_with(&self.table(schema::STACK_LOCATIONS), "RowBinary", &batch.locations, sync)?;
             }
             let bytes = self.client.insert_with(&self.table(schema::STACKS), "RowBinary", &batch.stacks, sync)?;
-            self.stats.stacks.fetch_add(batch.new_stacks as u64, Ordering::Relaxed);
-            self.stats.stack_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            self.figures(|s| s.stacks += batch.new_stacks as u64);
+            self.figures(|s| s.stack_bytes += bytes as u64);
         }
         if !cpu_seconds.is_empty() {
             let rows = cpu_seconds.encode(&self.config.node);
@@ -260,19 +273,19 @@ impl Shipper {
         if !self.counters.is_empty() {
             // Before the samples: a batch found whole on the server had its counters sent too.
             self.client.insert(&self.table(schema::COUNTERS), "RowBinary", &self.counters.bytes)?;
-            self.stats.counter_rows.fetch_add(self.counters.rows as u64, Ordering::Relaxed);
+            self.figures(|s| s.counter_rows += self.counters.rows as u64);
         }
         if batch.cuda_rows() > 0 {
             // Before the samples too; rows sent again with a partly landed batch collapse.
             self.client.insert(&self.table(schema::CUDA_SAMPLES), "RowBinary", &batch.cuda(&self.config.node))?;
-            self.stats.cuda_rows.fetch_add(batch.cuda_rows() as u64, Ordering::Relaxed);
+            self.figures(|s| s.cuda_samples += batch.cuda_rows() as u64);
         }
         if batch.rows() > 0 {
             let native = batch.native(&self.config.node);
             let bytes = self.client.insert(&self.table(schema::SAMPLES), "Native", &native)?;
-            self.stats.rows.fetch_add(batch.rows() as u64, Ordering::Relaxed);
-            self.stats.samples.fetch_add(batch.samples_count, Ordering::Relaxed);
-            self.stats.sample_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            self.figures(|s| s.sample_rows += batch.rows() as u64);
+            self.figures(|s| s.samples += batch.samples_count);
+            self.figures(|s| s.bytes += bytes as u64);
         }
         if batch.rows() > 0 {
             self.uncertain = false;
@@ -293,9 +306,9 @@ impl Shipper {
     }
 
     fn advance(&mut self, to: u64) -> Result<Progress, ShipError> {
-        cursor::save(&self.config.data_dir, &cursor::Cursor { target: self.config.target(), next_ns: to })?;
+        self.cursor.save(to)?;
         self.next_ns = Some(to);
-        self.stats.shipped_to_ns.store(to, Ordering::Relaxed);
+        self.figures(|s| s.cursor_ns = to);
         if self.shipped_stacks.len() > SHIPPED_STACKS_MAX {
             self.shipped_stacks.clear();
         }
@@ -326,8 +339,8 @@ impl Shipper {
         };
         if self.node_shipped.as_ref() != Some(&node) && !rows.is_empty() {
             let row = serde_json::json!({
-                "node": self.config.node, "cpus": node.cpus, "hz": node.hz, "online": node.online,
-                "host": node.host, "version": now_ns(),
+                NODE: self.config.node, CPUS: node.cpus, HZ: node.hz, ONLINE: node.online,
+                HOST: node.host, VERSION: now_ns(),
             });
             self.client.insert(&self.table(schema::NODES), "JSONEachRow", format!("{row}\n").as_bytes())?;
             self.node_shipped = Some(node);
@@ -351,12 +364,12 @@ impl Shipper {
         if !events.is_empty() {
             let rows = notes::events(node, &events);
             self.client.insert(&self.table(schema::EVENTS), "JSONEachRow", rows.as_bytes())?;
-            self.stats.events.fetch_add(events.len() as u64, Ordering::Relaxed);
+            self.figures(|s| s.events += events.len() as u64);
         }
         if !findings.is_empty() {
             let rows = notes::findings(node, &findings);
             self.client.insert(&self.table(schema::FINDINGS), "JSONEachRow", rows.as_bytes())?;
-            self.stats.findings.fetch_add(findings.len() as u64, Ordering::Relaxed);
+            self.figures(|s| s.findings += findings.len() as u64);
         }
         self.findings_rescanned = true;
         Ok(())
@@ -366,13 +379,13 @@ impl Shipper {
     fn reconcile(&mut self, batch: &mut Batch, from: u64, to: u64) -> Result<bool, ShipError> {
         let node = schema::quote_str(&self.config.node);
         let table = self.table(schema::SAMPLES);
-        let there =
-            self.count(&format!("SELECT count() FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
+        let there = self
+            .count(&format!("SELECT count() FROM {table} WHERE {NODE} = {node} AND {TS} >= {from} AND {TS} < {to}"))?;
         if there == 0 {
             return Ok(false);
         }
         if there == batch.rows() as u64 {
-            self.stats.batches_already_there.fetch_add(1, Ordering::Relaxed);
+            self.figures(|s| s.batches_already_there += 1);
             tracing::info!(rows = there, "this batch had reached ClickHouse already; not sending it again");
             return Ok(true);
         }
@@ -381,8 +394,9 @@ impl Shipper {
             store_rows = batch.rows(),
             "ClickHouse holds part of this batch: sending only the rows after its latest"
         );
-        let latest =
-            self.count(&format!("SELECT max(ts) FROM {table} WHERE node = {node} AND ts >= {from} AND ts < {to}"))?;
+        let latest = self.count(&format!(
+            "SELECT max({TS}) FROM {table} WHERE {NODE} = {node} AND {TS} >= {from} AND {TS} < {to}"
+        ))?;
         batch.keep_after(latest);
         // Stacks are re-sent anyway: they may be what the failed request was carrying.
         Ok(false)

@@ -13,10 +13,8 @@ use hyper::body::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
 
-use crate::{
-    config::{Otlp, OtlpProtocol},
-    export::otlp::proto::ExportProfilesServiceResponse,
-};
+use super::config::{Otlp, OtlpProtocol};
+use crate::export::otlp::proto::ExportProfilesServiceResponse;
 
 /// Largest answer read: an export response is a few bytes, an error a sentence.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;

@@ -1,11 +1,10 @@
-//! The cursor, the transport against real HTTP/1.1 and HTTP/2 (gRPC) servers on loopback, and
+//! The transport against real HTTP/1.1 and HTTP/2 (gRPC) servers on loopback, and
 //! the shipper against a receiver that fails first, over a store written here.
 
 use std::{
     collections::HashMap,
     io::{Read, Write},
     net::TcpListener,
-    os::unix::fs::PermissionsExt,
     path::Path,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -13,36 +12,18 @@ use std::{
 
 use prost::Message;
 
-use super::{otlp::Shipper, transport::Outcome, *};
-use crate::{
+use super::{
+    Shipper,
     config::{self, OtlpFile},
+    transport::{self, Outcome},
+};
+use crate::{
     export::otlp::proto::{ExportProfilesServiceRequest, ExportProfilesServiceResponse},
     model::{Sample, Stack},
     serve::metrics::Live,
+    ship::Cursor,
     store::{StoreWriter, format::NS_PER_SEC, segments_dir},
 };
-
-#[test]
-fn the_cursor_survives_a_reopen_private_and_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = Cursor::open(dir.path(), "otlp").unwrap();
-    assert_eq!(c.load(), None);
-    c.save(1_795_000_010_000_000_000).unwrap();
-    let again = Cursor::open(dir.path(), "otlp").unwrap();
-    assert_eq!(again.load(), Some(1_795_000_010_000_000_000));
-    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(again.path()), 0o600);
-    assert_eq!(mode(&dir.path().join("ship")), 0o700);
-    std::fs::write(again.path(), "garbage").unwrap();
-    assert_eq!(again.load(), None);
-}
-
-#[test]
-fn a_link_in_place_of_the_directory_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink("/tmp", dir.path().join("ship")).unwrap();
-    assert!(matches!(Cursor::open(dir.path(), "otlp"), Err(ShipError::NotADirectory(_))));
-}
 
 fn settings(toml: &str, endpoint: &str) -> config::Otlp {
     let file: OtlpFile = toml::from_str(toml).unwrap();
@@ -296,7 +277,7 @@ fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
     ]);
     let live = Arc::new(Mutex::new(Live::default()));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    let shipper = Shipper {
+    let shipper = crate::ship::spawn(Shipper {
         data_dir: dir.path().to_path_buf(),
         config: settings("", &url),
         host: "node-3".into(),
@@ -304,8 +285,7 @@ fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
         settle: Duration::from_secs(3),
         live: live.clone(),
         stop: stop_rx,
-    }
-    .spawn()
+    })
     .unwrap();
     let cursor = Cursor::open(dir.path(), "otlp").unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -14,13 +14,16 @@ use std::{
 use hyper::body::Bytes;
 use tokio::sync::watch;
 
-use super::{
-    Cursor, Stats,
-    findings::{LOOKBACK_NS, Owed},
-    transport::{self, Outcome},
-};
+pub mod config;
+mod findings;
+pub mod transport;
+
+use config::Otlp;
+use findings::{LOOKBACK_NS, Owed};
+use transport::Outcome;
+
+use super::{Cursor, Stats};
 use crate::{
-    config::Otlp,
     export::otlp::{Builder, logs},
     model::SampleKind,
     query::{self, Filter, QueryError, Window},
@@ -40,7 +43,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 /// What a request carries: profiles (with their samples), or findings' transitions as log
-/// records (`ship::findings`), sent to the logs signal's path of the same endpoint.
+/// records (`findings`), sent to the logs signal's path of the same endpoint.
 #[derive(Debug, Clone, Copy)]
 enum Signal {
     Profiles {
@@ -70,20 +73,22 @@ pub struct Shipper {
     pub stop: watch::Receiver<bool>,
 }
 
-impl Shipper {
-    /// Runs on its own thread at nice 10, with its own small runtime.
-    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
-        std::thread::Builder::new().name("ship-otlp".into()).spawn(move || {
-            crate::threads::lower_this_thread();
-            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(self.run()),
-                Err(e) => tracing::error!(error = %e, "the OTLP shipper could not start"),
-            }
-        })
-    }
+impl super::Shipper for Shipper {
+    const NAME: &'static str = "otlp";
 
-    async fn run(mut self) {
-        let cursor_file = match Cursor::open(&self.data_dir, "otlp") {
+    /// Runs at nice 10, with its own small runtime.
+    fn run(self) {
+        crate::threads::lower_this_thread();
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(self.follow()),
+            Err(e) => tracing::error!(error = %e, "the OTLP shipper could not start"),
+        }
+    }
+}
+
+impl Shipper {
+    async fn follow(mut self) {
+        let cursor_file = match Cursor::open(&self.data_dir, <Self as super::Shipper>::NAME) {
             Ok(c) => c,
             Err(e) => return tracing::error!(error = %e, "the OTLP shipper cannot keep its cursor; nothing is pushed"),
         };
@@ -334,7 +339,7 @@ impl Shipper {
     fn publish(&self, stats: &Stats, cursor: u64) {
         if let Ok(mut l) = self.live.lock() {
             let lag = now_ns().saturating_sub(cursor) as f64 / 1e9;
-            l.otlp = Some(Stats { lag_seconds: lag, ..stats.clone() });
+            l.otlp = Some(Stats { lag_seconds: lag, cursor_ns: cursor, ..stats.clone() });
         }
     }
 }
@@ -344,3 +349,6 @@ impl Shipper {
 fn jitter(d: Duration) -> Duration {
     d / 2 + d.mul_f64(fastrand::f64() / 2.0)
 }
+
+#[cfg(test)]
+mod tests;

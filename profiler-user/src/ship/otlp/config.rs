@@ -1,13 +1,23 @@
 //! The `[otlp]` table and `--otlp-endpoint`: where and how the daemon pushes OpenTelemetry
 //! profiles (`ship::otlp`), checked before the daemon starts. Nothing secret reaches a sentence:
-//! credentials in a URL are refused and hidden, header values never shown.
+//! credentials in a URL are refused and hidden, header values never shown. The config file's
+//! reader (`config`) holds the table and calls [`otlp`]; it lives here, beside the shipper that
+//! uses it, so that shipping imports nothing from the config above it.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::ConfigError;
 use crate::timespec::parse_duration_ns;
+
+/// A setting of `[otlp]` (or `--otlp-endpoint`) that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("otlp.{key} = '{value}': {why}")]
+pub struct ConfigError {
+    pub key: &'static str,
+    pub value: String,
+    pub why: &'static str,
+}
 
 /// The `[otlp]` table: where and how the daemon pushes OpenTelemetry profiles (`ship::otlp`).
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -113,7 +123,7 @@ pub fn otlp(file: &OtlpFile, endpoint_flag: Option<&str>) -> Result<Option<Otlp>
     let Some(endpoint) = endpoint_flag.or(file.endpoint.as_deref()) else {
         let set = [&file.protocol, &file.interval, &file.timeout, &file.compression].iter().any(|v| v.is_some());
         if set || !file.headers.is_empty() {
-            return Err(ConfigError::Otlp {
+            return Err(ConfigError {
                 key: "endpoint",
                 value: String::new(),
                 why: "the [otlp] table needs an endpoint (or pass --otlp-endpoint)",
@@ -121,7 +131,7 @@ pub fn otlp(file: &OtlpFile, endpoint_flag: Option<&str>) -> Result<Option<Otlp>
         }
         return Ok(None);
     };
-    let bad = |key, value: &str, why| ConfigError::Otlp { key, value: value.to_string(), why };
+    let bad = |key, value: &str, why| ConfigError { key, value: value.to_string(), why };
     let shown = redacted(endpoint);
     let endpoint = endpoint.trim();
     let protocol = match file.protocol.as_deref().unwrap_or("http/protobuf") {

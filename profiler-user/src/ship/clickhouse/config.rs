@@ -1,0 +1,104 @@
+//! The `[clickhouse]` table of the config file (read with the rest of the file by `config`) and
+//! `--clickhouse URL`, checked and completed into the shipper's settings.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::error::ShipError;
+
+/// The `[clickhouse]` table of the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub url: Option<String>,
+    pub database: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub batch_rows: Option<usize>,
+    pub cluster: Option<String>,
+}
+
+/// Rows one insert may carry. At most half of ClickHouse's `max_insert_block_size` (1 M rows),
+/// with room for one read step beyond it, so that an insert is one block, hence one part per
+/// partition, and lands whole or not at all.
+pub const BATCH_ROWS: std::ops::RangeInclusive<usize> = 1_000..=500_000;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub url: String,
+    pub database: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub batch_rows: usize,
+    pub cluster: Option<String>,
+    pub node: String,
+    pub data_dir: PathBuf,
+    /// The store's age limit: rows get the same TTL where the server supports it.
+    pub max_age_secs: u64,
+}
+
+impl Config {
+    /// The settings from `--clickhouse URL` (which wins) and the file's table; `None` when
+    /// neither names a URL.
+    pub fn resolve(
+        flag_url: Option<String>,
+        file: Option<&FileConfig>,
+        node: &str,
+        data_dir: PathBuf,
+        max_age_secs: u64,
+    ) -> Result<Option<Self>, ShipError> {
+        let file = file.cloned().unwrap_or_default();
+        let Some(url) = flag_url.or(file.url) else { return Ok(None) };
+        if !url.starts_with("http://") || url.len() <= "http://".len() {
+            return Err(ShipError::Url(url));
+        }
+        let batch_rows = file.batch_rows.unwrap_or(50_000);
+        if !BATCH_ROWS.contains(&batch_rows) {
+            return Err(ShipError::Range {
+                key: "clickhouse.batch_rows",
+                value: batch_rows.to_string(),
+                allowed: "1000 to 500000 rows",
+            });
+        }
+        Ok(Some(Self {
+            url,
+            database: file.database.unwrap_or_else(|| "profiler".into()),
+            user: file.user,
+            password: file.password,
+            batch_rows,
+            cluster: file.cluster,
+            node: node.to_string(),
+            data_dir,
+            max_age_secs,
+        }))
+    }
+
+    /// What a cursor is valid for. Credentials in the URL (`http://user:pass@host`) are left
+    /// out: `profiler status` shows the target.
+    pub(super) fn target(&self) -> String {
+        let rest = &self.url["http://".len()..];
+        let host = rest.split_once('@').filter(|(auth, _)| !auth.contains('/')).map_or(rest, |(_, host)| host);
+        format!("http://{host} {}", self.database)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_wins_and_limits_are_checked() {
+        let file = FileConfig { url: Some("http://a:8123".into()), batch_rows: Some(2000), ..Default::default() };
+        let c = Config::resolve(Some("http://b:8123".into()), Some(&file), "n", "/d".into(), 60).unwrap().unwrap();
+        assert_eq!((c.url.as_str(), c.database.as_str(), c.batch_rows), ("http://b:8123", "profiler", 2000));
+        assert!(Config::resolve(None, None, "n", "/d".into(), 60).unwrap().is_none());
+        let big = FileConfig { batch_rows: Some(2_000_000), ..file.clone() };
+        let e = Config::resolve(None, Some(&big), "n", "/d".into(), 60).unwrap_err().to_string();
+        assert!(e.contains("clickhouse.batch_rows"), "{e}");
+        let secret = Config::resolve(Some("http://u:pw@h:1/".into()), None, "n", "/d".into(), 60).unwrap().unwrap();
+        assert_eq!(secret.target(), "http://h:1/ profiler");
+        let e = Config::resolve(Some("https://x".into()), None, "n", "/d".into(), 60).unwrap_err().to_string();
+        assert!(e.contains("TLS proxy"), "{e}");
+    }
+}
