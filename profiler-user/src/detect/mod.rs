@@ -16,8 +16,8 @@
 pub mod cuda;
 pub mod gpu;
 pub mod hotfunc;
+pub mod journal;
 pub mod lockspin;
-pub mod log;
 pub mod netrx;
 pub mod reclaim;
 pub mod runq;
