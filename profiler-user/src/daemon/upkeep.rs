@@ -16,9 +16,12 @@ use std::{
 
 use super::{clock, stage::Control};
 use crate::{
-    collect::kmsg::{Event, Kmsg},
+    collect::{
+        kmsg::{Event, Kmsg},
+        memcg::MemcgCounter,
+    },
     config::Reloadable,
-    detect::{self, throttle::scan::Scanner, zombies::MemcgCounter},
+    detect::{self, throttle::scan::Scanner},
     serve::metrics::Live,
     store,
     timespec::now_ns,

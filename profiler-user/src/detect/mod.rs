@@ -31,7 +31,15 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{collect::NetRxCpu, store::format::NS_PER_SEC};
+use crate::{
+    collect::{
+        NetRxCpu, latency,
+        memcg::MemcgCount,
+        reclaim::{self as reclaim_read, ReclaimCpu, ReclaimSecond},
+        runq::{self as runq_read, RunqCpu, RunqSecond},
+    },
+    store::format::NS_PER_SEC,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -200,8 +208,8 @@ pub struct Engine {
     pub zombies: zombies::Zombies,
     pub throttle: throttle::Throttle,
     netrx_prev: Vec<NetRxCpu>,
-    runq: runq::Tracker,
-    reclaim: reclaim::Tracker,
+    runq: runq_read::Tracker,
+    reclaim: reclaim_read::Tracker,
     /// Real-time policies of processes on CPUs where NET_RX work waited, read while they ran.
     policies: HashMap<u32, String>,
     open: BTreeMap<(Kind, Option<u32>, Option<String>), Open>,
@@ -245,8 +253,8 @@ impl Engine {
             pending: BTreeMap::new(),
             history: VecDeque::new(),
             netrx_prev: Vec::new(),
-            runq: runq::Tracker::default(),
-            reclaim: reclaim::Tracker::default(),
+            runq: runq_read::Tracker::default(),
+            reclaim: reclaim_read::Tracker::default(),
             policies: HashMap::new(),
             open: BTreeMap::new(),
             interrupts: Default::default(),
@@ -306,12 +314,7 @@ impl Engine {
         for (cpu, n) in now.iter().enumerate() {
             let p = prev.get(cpu).cloned().unwrap_or_default();
             let runs = n.entries.saturating_sub(p.entries);
-            let histogram: Vec<u64> = n
-                .histogram
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| v.saturating_sub(p.histogram.get(i).copied().unwrap_or(0)))
-                .collect();
+            let histogram = latency::growth(&n.histogram, &p.histogram);
             let waited = n.latency_max_ns.max(n.poll_gap_max_ns) as f64 >= self.thresholds.netrx_gap_ms * 1e6;
             if waited {
                 // Whoever holds the CPU now may be gone when the second is evaluated: note
@@ -328,12 +331,7 @@ impl Engine {
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 let s = c.netrx.get_or_insert_with(NetRxSecond::default);
                 s.runs += runs;
-                if s.histogram.len() < histogram.len() {
-                    s.histogram.resize(histogram.len(), 0);
-                }
-                for (a, b) in s.histogram.iter_mut().zip(&histogram) {
-                    *a += b;
-                }
+                latency::add(&mut s.histogram, &histogram);
                 s.latency_max_ns = s.latency_max_ns.max(n.latency_max_ns);
                 s.poll_gap_max_ns = s.poll_gap_max_ns.max(n.poll_gap_max_ns);
             }
@@ -342,12 +340,12 @@ impl Engine {
 
     /// Cumulative run-queue figures read at `ts_ns`: their growth since the last read goes to
     /// that second. Returns each CPU's waits of this read (without names), for the counters.
-    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<crate::collect::runq::RunqCpu>) -> Vec<(u32, runq::RunqSecond)> {
+    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<RunqCpu>) -> Vec<(u32, RunqSecond)> {
         // The p99 can fire without one wait that long: name any wait that long.
         let name_from_ns = (self.thresholds.runq_max_ms.min(self.thresholds.runq_p99_ms) * 1e6) as u64;
         let mut waits = Vec::new();
         for (cpu, second) in self.runq.update(now, name_from_ns) {
-            let unnamed = runq::RunqSecond { waiter: None, histogram: second.histogram.clone(), ..second };
+            let unnamed = RunqSecond { waiter: None, histogram: second.histogram.clone(), ..second };
             waits.push((cpu as u32, unnamed));
             // A long wait's CPU: note the policies of what ran there while they still run.
             if second.waiter.is_some() {
@@ -368,14 +366,10 @@ impl Engine {
 
     /// Cumulative reclaim and compaction stalls read at `ts_ns`: their growth goes to that second.
     /// Returns each CPU's stalls of this read, for the counters' tracks.
-    pub fn on_reclaim(
-        &mut self,
-        ts_ns: u64,
-        now: Vec<crate::collect::reclaim::ReclaimCpu>,
-    ) -> Vec<(u32, reclaim::ReclaimSecond)> {
+    pub fn on_reclaim(&mut self, ts_ns: u64, now: Vec<ReclaimCpu>) -> Vec<(u32, ReclaimSecond)> {
         let mut stalls = Vec::new();
         for (cpu, second) in self.reclaim.update(now) {
-            stalls.push((cpu as u32, reclaim::ReclaimSecond { staller: None, ..second.clone() }));
+            stalls.push((cpu as u32, ReclaimSecond { staller: None, ..second.clone() }));
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 c.reclaim.get_or_insert_with(Default::default).add(second);
             }
@@ -474,7 +468,7 @@ impl Engine {
 
     /// As [`Self::check_zombies`], with counts read by the daemon's upkeep stage (`None`: they
     /// could not be read).
-    pub fn check_zombies_count(&mut self, now_ns: u64, count: Option<zombies::MemcgCount>) -> Changes {
+    pub fn check_zombies_count(&mut self, now_ns: u64, count: Option<MemcgCount>) -> Changes {
         let mut changes = Changes::default();
         let active = count.and_then(|c| self.zombies.evaluate_count(c, now_ns, &self.thresholds));
         self.reconcile(active.into_iter().collect(), now_ns, Some(&[Kind::ZombieMemcgs]), &mut changes);

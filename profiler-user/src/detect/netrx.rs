@@ -5,24 +5,7 @@
 use serde_json::json;
 
 use super::{Active, Kind, Second, Severity, Thresholds, percent, top_processes};
-
-/// The upper bound (ns) of the histogram bucket holding the `q` quantile (at most 12.5 % over
-/// the true value: `profiler_common::latency_bucket`).
-pub fn quantile_ns(histogram: &[u64], q: f64) -> Option<u64> {
-    let total: u64 = histogram.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let target = (total as f64 * q).ceil() as u64;
-    let mut seen = 0;
-    for (i, &n) in histogram.iter().enumerate() {
-        seen += n;
-        if seen >= target {
-            return Some(profiler_common::latency_bucket_end(i as u32));
-        }
-    }
-    None
-}
+use crate::collect::latency::quantile_ns;
 
 /// `, SCHED_FIFO 50` etc. for a pid, from /proc (empty if it is gone or not real-time).
 pub fn policy(pid: u32) -> String {
@@ -104,19 +87,6 @@ mod tests {
             h[profiler_common::latency_bucket(ns) as usize] += n;
         }
         h
-    }
-
-    #[test]
-    fn quantiles_overstate_by_at_most_an_eighth() {
-        let h = histogram(&[(1_000, 98), (8_000_000, 2)]);
-        assert_eq!(quantile_ns(&h, 0.5), Some(1_024));
-        assert_eq!(quantile_ns(&h, 0.99), Some(8_388_608));
-        assert_eq!(quantile_ns(&[0; 4], 0.99), None);
-        // Below 8 ns buckets are whole powers of two (no wait is that short).
-        for ns in [8, 9, 15, 1_000, 4_190_000, 4_999_999, 123_456_789] {
-            let end = profiler_common::latency_bucket_end(profiler_common::latency_bucket(ns));
-            assert!(end > ns && end as f64 <= ns as f64 * 1.125 + 1.0, "{ns} ns reads as up to {end}");
-        }
     }
 
     /// A true p99 of 4.2 ms is under a 5 ms threshold (whole powers of two read it as 8.4 ms).

@@ -7,7 +7,7 @@ use crate::model::Stack;
 fn an_open_findings_new_figures_are_handed_out_at_most_every_few_seconds() {
     let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
     let s = |n: u64| n * NS_PER_SEC;
-    let count = |at: u64, dying: u64| Some(zombies::MemcgCount { ts_ns: at, live: 4, dying, stat_read_ns: None });
+    let count = |at: u64, dying: u64| Some(MemcgCount { ts_ns: at, live: 4, dying, stat_read_ns: None });
     let first = e.check_zombies_count(s(1), count(s(1), 1069));
     assert_eq!(first.opened.len(), 1);
     assert!(e.check_zombies_count(s(2), count(s(2), 2000)).updated.is_empty(), "written a second ago");
