@@ -24,7 +24,7 @@ use std::{
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use super::Finding;
+use super::finding::Finding;
 use crate::{collect::kmsg::Event, store::StoreError};
 
 const HOUR_NS: u64 = 3600 * 1_000_000_000;

@@ -4,7 +4,11 @@
 
 use serde_json::json;
 
-use super::{Active, Kind, Second, Severity, Thresholds, percent, top_processes};
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Second, Top, percent, top_processes},
+    thresholds::Thresholds,
+};
 use crate::collect::latency::quantile_ns;
 
 /// `, SCHED_FIFO 50` etc. for a pid, from /proc (empty if it is gone or not real-time).
@@ -64,7 +68,7 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
                 "latency_max_ms": ms(n.latency_max_ns),
                 "latency_p99_ms": p99.map(ms),
                 "poll_gap_max_ms": ms(n.poll_gap_max_ns),
-                "held_by": holders.iter().map(super::Top::json).collect::<Vec<_>>(),
+                "held_by": holders.iter().map(Top::json).collect::<Vec<_>>(),
             }),
         });
     }

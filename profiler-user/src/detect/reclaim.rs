@@ -9,7 +9,11 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::json;
 
-use super::{Active, Kind, Second, Severity, Thresholds, Tick, Top, percent};
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Second, Tick, Top, percent},
+    thresholds::Thresholds,
+};
 use profiler_common::reclaim::{COMPACT, DIRECT, KINDS, MEMCG};
 
 /// Where a task that allocates or charges memory enters reclaim or compaction itself: a sample

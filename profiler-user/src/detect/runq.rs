@@ -14,7 +14,11 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::json;
 
-use super::{Active, Kind, Machine, Second, Severity, Thresholds, Top, percent, top_processes};
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Machine, Second, Top, percent, top_processes},
+    thresholds::Thresholds,
+};
 use crate::collect::runq::{RunqSecond, WaiterInfo};
 
 /// Evaluates the latest second of `history`. `policies`: real-time policies of what ran on

@@ -9,7 +9,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde_json::json;
 
-use super::{Active, Kind, Severity, Thresholds};
+use super::{
+    finding::{Active, Kind, Severity},
+    thresholds::Thresholds,
+};
 use crate::collect::{
     CgroupEvent,
     memcg::{Hierarchy, MemcgCount, count, find_hierarchy},
