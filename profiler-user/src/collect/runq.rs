@@ -73,8 +73,9 @@ fn decode(v: &[u64; runq::LEN], epoch: u64) -> RunqCpu {
     RunqCpu { waits: v[runq::WAITS], histogram: v[runq::HISTOGRAM..].to_vec(), max_ns, waiter }
 }
 
-/// Waits in a second below which a CPU's p99 says little.
-const MIN_WAITS_FOR_P99: u64 = 20;
+/// Waits in a second below which a CPU's p99 says little. The statistic's own floor, shared
+/// by the run-queue detector and the counters' p99 track, so it lives with the statistic.
+pub const MIN_WAITS_FOR_P99: u64 = 20;
 
 /// Who had a CPU's longest wait, named while the thread still existed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

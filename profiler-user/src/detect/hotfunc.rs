@@ -243,7 +243,7 @@ impl HotFunc {
                 cpu: Some(cpu as u32),
                 subject: None,
                 onset_ns: onset,
-                severity: if share >= 0.8 { Severity::Critical } else { Severity::Warning },
+                severity: if share >= t.hot_critical_share { Severity::Critical } else { Severity::Warning },
                 summary,
                 evidence: json!({
                     "function": name,

@@ -124,7 +124,7 @@ impl LockSpin {
                 cpu: None,
                 subject: Some(lock.to_string()),
                 onset_ns: onset,
-                severity: if mean >= 0.5 { Severity::Critical } else { Severity::Warning },
+                severity: if mean >= t.lock_critical_share { Severity::Critical } else { Severity::Warning },
                 summary,
                 evidence: json!({
                     "function": lock,

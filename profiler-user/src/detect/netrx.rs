@@ -30,7 +30,7 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
     let mut out = Vec::new();
     for (cpu, c) in second.cpus.iter().enumerate() {
         let Some(n) = &c.netrx else { continue };
-        let p99 = if n.runs >= 5 { quantile_ns(&n.histogram, 0.99) } else { None };
+        let p99 = if n.runs >= t.netrx_p99_min_runs { quantile_ns(&n.histogram, 0.99) } else { None };
         let worst = n.latency_max_ns.max(n.poll_gap_max_ns);
         let gap_ns = (t.netrx_gap_ms * 1e6) as u64;
         let p99_hit = p99.is_some_and(|p| p as f64 >= t.netrx_p99_ms * 1e6);
@@ -61,7 +61,11 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
             cpu: Some(cpu as u32),
             subject: None,
             onset_ns: second.start_ns,
-            severity: if worst >= 10 * gap_ns { Severity::Critical } else { Severity::Warning },
+            severity: if worst as f64 >= t.netrx_critical_factor * gap_ns as f64 {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
             summary: format!("CPU {cpu}: {} while the CPU ran {held}", what.join("; ")),
             evidence: json!({
                 "runs": n.runs,

@@ -175,7 +175,7 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds) -> Vec<Active> {
             cpu: Some(cpu as u32),
             subject: None,
             onset_ns: second.start_ns,
-            severity: if share >= 0.5 { Severity::Critical } else { Severity::Warning },
+            severity: if share >= t.reclaim_critical_share { Severity::Critical } else { Severity::Warning },
             summary: format!(
                 "CPU {cpu}: its tasks stalled {:.0} ms in {} in one second ({stalls} stalls, {longest}){memcg_text}{sampled_text}; {next}",
                 ms(r.total_ns()),

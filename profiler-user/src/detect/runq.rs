@@ -96,7 +96,11 @@ pub fn evaluate(
             cpu: Some(cpu as u32),
             subject: None,
             onset_ns: second.start_ns,
-            severity: if ms(r.max_ns) >= 4.0 * t.runq_max_ms { Severity::Critical } else { Severity::Warning },
+            severity: if ms(r.max_ns) >= t.runq_critical_factor * t.runq_max_ms {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
             summary: format!("CPU {cpu}: {what} while the CPU ran {held}{others_text}; {next}"),
             evidence: json!({
                 "waits": r.waits,

@@ -69,7 +69,7 @@ impl Saturation {
                 cpu: Some(cpu as u32),
                 subject: None,
                 onset_ns: start,
-                severity: if secs >= 10 { Severity::Critical } else { Severity::Warning },
+                severity: if secs >= u64::from(t.saturated_critical_secs) { Severity::Critical } else { Severity::Warning },
                 summary: format!(
                     "CPU {cpu} saturated for {secs} s ({} busy, {} of it in the {mode}{softirq_text}) while the machine is {} busy; top: {}",
                     percent(busy),

@@ -151,3 +151,14 @@ fn a_second_whose_samples_never_arrive_is_judged_late_with_its_ticks_unknown() {
     );
     assert!(e.pending.keys().all(|&k| k > b));
 }
+
+/// How severe a finding is comes from the thresholds, like whether it opens at all.
+#[test]
+fn the_critical_cutoffs_are_thresholds() {
+    let count = Some(MemcgCount { ts_ns: NS_PER_SEC, live: 4, dying: 2000, stat_read_ns: None });
+    let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+    assert_eq!(e.check_zombies_count(NS_PER_SEC, count).opened[0].severity, Severity::Warning);
+    let t = Thresholds { zombie_critical: 1500, ..Thresholds::default() };
+    let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, t);
+    assert_eq!(e.check_zombies_count(NS_PER_SEC, count).opened[0].severity, Severity::Critical);
+}

@@ -131,10 +131,10 @@ impl Zombies {
             return None;
         }
         let onset = *self.onset_ns.get_or_insert(now_ns);
-        Some(self.active(c, onset))
+        Some(self.active(c, onset, t.zombie_critical))
     }
 
-    fn active(&self, c: MemcgCount, onset: u64) -> Active {
+    fn active(&self, c: MemcgCount, onset: u64, critical: u64) -> Active {
         // Zombies we saw being made: removed, never released; grouped by who made them.
         // (comm, unit) → (zombies, distinct pids, one maker, example paths)
         type Group = (u64, HashSet<u32>, Maker, Vec<String>);
@@ -187,7 +187,7 @@ impl Zombies {
             cpu: None,
             subject: None,
             onset_ns: onset,
-            severity: if c.dying >= 10_000 { Severity::Critical } else { Severity::Warning },
+            severity: if c.dying >= critical { Severity::Critical } else { Severity::Warning },
             summary,
             evidence: json!({
                 "dying": c.dying,
