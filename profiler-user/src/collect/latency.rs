@@ -37,17 +37,20 @@ pub fn quantile_ns(histogram: &[u64], q: f64) -> Option<u64> {
     None
 }
 
+/// The histogram the kernel side would hold after `n` waits of `ns` for each `(ns, n)`: what
+/// tests of every reader of these histograms start from.
+#[cfg(test)]
+pub fn histogram(waits_ns: &[(u64, u64)]) -> Vec<u64> {
+    let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
+    for &(ns, n) in waits_ns {
+        h[profiler_common::latency_bucket(ns) as usize] += n;
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn histogram(waits_ns: &[(u64, u64)]) -> Vec<u64> {
-        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
-        for &(ns, n) in waits_ns {
-            h[profiler_common::latency_bucket(ns) as usize] += n;
-        }
-        h
-    }
 
     #[test]
     fn quantiles_overstate_by_at_most_an_eighth() {

@@ -216,6 +216,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::latency::histogram;
 
     #[test]
     fn the_longest_stall_names_its_task_in_its_epoch_only() {
@@ -236,14 +237,6 @@ mod tests {
         let s = r.staller.expect("named");
         assert_eq!((s.kind, s.pid, s.tid, s.comm.as_str(), s.memcg_id), (reclaim::MEMCG, 4242, 4243, "dd", 2041));
         assert_eq!(decode(&v, 6).staller, None);
-    }
-
-    fn histogram(stalls: &[(u64, u64)]) -> Vec<u64> {
-        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
-        for &(ns, n) in stalls {
-            h[profiler_common::latency_bucket(ns) as usize] += n;
-        }
-        h
     }
 
     #[test]

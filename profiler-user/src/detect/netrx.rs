@@ -84,18 +84,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::collect::latency::histogram;
     use crate::{
         detect::{CpuSecond, NetRxSecond, Tick},
         model::Stack,
     };
-
-    fn histogram(waits_ns: &[(u64, u64)]) -> Vec<u64> {
-        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
-        for &(ns, n) in waits_ns {
-            h[profiler_common::latency_bucket(ns) as usize] += n;
-        }
-        h
-    }
 
     /// A true p99 of 4.2 ms is under a 5 ms threshold (whole powers of two read it as 8.4 ms).
     #[test]

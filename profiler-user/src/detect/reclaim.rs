@@ -209,6 +209,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::collect::latency::histogram;
     use crate::{
         collect::{
             memcg::Memcg,
@@ -238,15 +239,6 @@ mod tests {
             start_ns: 0,
             cpus: vec![CpuSecond::default(), CpuSecond { busy, reclaim: Some(r), ..Default::default() }],
         }
-    }
-
-    /// Stall durations as the kernel's histogram holds them.
-    fn histogram(stalls: &[(u64, u64)]) -> Vec<u64> {
-        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
-        for &(ns, n) in stalls {
-            h[profiler_common::latency_bucket(ns) as usize] += n;
-        }
-        h
     }
 
     fn stalls(ns: u64) -> ReclaimSecond {

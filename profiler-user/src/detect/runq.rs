@@ -138,18 +138,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::collect::latency::histogram;
     use crate::{
         detect::{CpuSecond, Tick},
         model::Stack,
     };
-
-    fn histogram(waits_ns: &[(u64, u64)]) -> Vec<u64> {
-        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
-        for &(ns, n) in waits_ns {
-            h[profiler_common::latency_bucket(ns) as usize] += n;
-        }
-        h
-    }
 
     fn history(r: RunqSecond) -> VecDeque<Second> {
         let spin = Arc::new(Stack::new(vec![Arc::from("spin")], 1));
