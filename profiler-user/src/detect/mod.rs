@@ -186,16 +186,7 @@ impl Engine {
             let histogram = latency::growth(&n.histogram, &p.histogram);
             let waited = n.latency_max_ns.max(n.poll_gap_max_ns) as f64 >= self.thresholds.netrx_gap_ms * 1e6;
             if waited {
-                // Whoever holds the CPU now may be gone when the second is evaluated: note
-                // the real-time policies of what ran there in the seconds not yet evaluated.
-                let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
-                let pids: Vec<u32> = top_processes(ticks, 3).into_iter().map(|t| t.pid).collect();
-                if self.policies.len() > 4096 {
-                    self.policies.clear();
-                }
-                for pid in pids {
-                    self.policies.insert(pid, netrx::policy(pid));
-                }
+                self.note_policies(cpu);
             }
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 let s = c.netrx.get_or_insert_with(NetRxSecond::default);
@@ -204,6 +195,18 @@ impl Engine {
                 s.latency_max_ns = s.latency_max_ns.max(n.latency_max_ns);
                 s.poll_gap_max_ns = s.poll_gap_max_ns.max(n.poll_gap_max_ns);
             }
+        }
+    }
+
+    /// Notes the real-time policies of the processes most sampled on `cpu` in the seconds not
+    /// yet evaluated: whoever holds the CPU now may be gone when its second is evaluated.
+    fn note_policies(&mut self, cpu: usize) {
+        if self.policies.len() > 4096 {
+            self.policies.clear();
+        }
+        let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
+        for t in top_processes(ticks, 3) {
+            self.policies.insert(t.pid, netrx::policy(t.pid));
         }
     }
 
@@ -218,13 +221,7 @@ impl Engine {
             waits.push((cpu as u32, unnamed));
             // A long wait's CPU: note the policies of what ran there while they still run.
             if second.waiter.is_some() {
-                if self.policies.len() > 4096 {
-                    self.policies.clear();
-                }
-                let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
-                for t in top_processes(ticks, 3) {
-                    self.policies.insert(t.pid, netrx::policy(t.pid));
-                }
+                self.note_policies(cpu);
             }
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 c.runq.get_or_insert_with(Default::default).add(second);
