@@ -12,6 +12,10 @@
 //! - `reclaim`: a CPU's tasks stalled in reclaim or compaction, and the memory cgroup;
 //! - `gpu`: a GPU idle while its feeders' CPUs are saturated (input pipeline, launch thread),
 //!   or busy with its clocks held down; a fatal Xid in the kernel log (`gpu::xid`).
+//!
+//! Beside them: `finding` (what they report), `seconds` (what they read), `thresholds` (every
+//! figure that decides a finding), `journal` (where findings and kernel-log events are kept);
+//! this file is the engine that feeds the detectors and turns what they report into findings.
 
 pub mod cuda;
 mod finding;

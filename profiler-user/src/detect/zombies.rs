@@ -1,6 +1,6 @@
 //! Detector 4: dying ("zombie") memory cgroups — removed, but still pinned by the page cache
 //! charged to them — piling up, and who makes them. Counts come from /proc/cgroups and cgroupfs
-//! every few seconds; attribution from the cgroup_mkdir / rmdir / release tracepoints: a cgroup
+//! every few seconds (`collect::memcg`); attribution from the cgroup_mkdir / rmdir / release tracepoints: a cgroup
 //! removed and never released was made by the process that created it.
 
 pub mod outlook;
