@@ -29,11 +29,14 @@ use profiler::{
     pipeline::Pipeline,
     store::{self, StoreWriter},
     symbolize::{Symbolizer, UNKNOWN, parse_module_offset},
-    synth::{self, Rng},
 };
 use profiler_common::{FLAG_IDLE, FLAG_USER_MODE, HEADER_LEN, SampleHeader};
 use serde_json::{Value, json};
 
+#[path = "shared/synth.rs"]
+#[allow(dead_code)] // each bench uses part of it
+mod synth;
+use synth::Rng;
 #[path = "replay/python.rs"]
 mod python;
 #[path = "replay/workload.rs"]
@@ -285,7 +288,7 @@ fn run(a: &Args, cpus: u32) -> Value {
         let cpu2 = thread_cpu();
         let flushed = pipeline.flush(now, u64::MAX).expect("flush");
         if (now - UNIX0_NS).is_multiple_of(EXPIRE_EVERY_NS) {
-            pipeline.symbolizer.expire();
+            pipeline.symbolizer_mut().expire();
         }
         let (cpu3, wall) = (thread_cpu(), wall0.elapsed());
         told.drain();
@@ -302,16 +305,16 @@ fn run(a: &Args, cpus: u32) -> Value {
         m.samples += batch.offsets.len() as u64;
         m.busy += batch.busy;
     }
-    let st = pipeline.symbolizer.stats();
+    let st = pipeline.symbolizer().stats();
     let peak_rss = status_kib("VmHWM:");
-    assert_eq!(pipeline.bad_records, 0, "every record built here is well formed");
-    assert_eq!(pipeline.samples + pipeline.idle, fed, "every record is a sample");
+    assert_eq!(pipeline.bad_records(), 0, "every record built here is well formed");
+    assert_eq!(pipeline.samples() + pipeline.idle(), fed, "every record is a sample");
     let named = named_share(&pool, &procs, &pys);
     drop(helpers);
 
     let cpu = (m.handle + m.tick + m.flush).as_secs_f64();
     let secs = a.seconds as f64;
-    let total = pipeline.samples + pipeline.idle;
+    let total = pipeline.samples() + pipeline.idle();
     json!({
         "cpus": cpus,
         "hz": hz,

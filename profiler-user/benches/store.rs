@@ -11,8 +11,12 @@ use profiler::{
     export::flamegraph,
     query::{self, Filter, Window},
     store::{self, Store, StoreWriter},
-    synth::{self, Rng, StackPool, Tick},
 };
+
+#[path = "shared/synth.rs"]
+#[allow(dead_code)] // each bench uses part of it
+mod synth;
+use synth::{Rng, StackPool, Tick};
 
 struct Args {
     cpus: u32,

@@ -28,7 +28,6 @@ pub mod serve;
 pub mod ship;
 pub mod store;
 pub mod symbolize;
-pub mod synth;
 pub mod text;
 pub mod threads;
 pub mod timespec;

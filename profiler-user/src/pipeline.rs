@@ -27,21 +27,23 @@ use crate::{
 /// a node with churn would otherwise grow it forever).
 const COMMS_MAX: usize = 65_536;
 
+/// The fields are private but for the three the CUDA recorder (`gpu::cuda`) works on directly:
+/// the daemon's stage goes through the methods below.
 pub struct Pipeline {
     /// Not `Send` (blazesym): the pipeline stays on the thread that built it.
-    pub symbolizer: Symbolizer,
-    pub writer: StoreWriter,
+    symbolizer: Symbolizer,
+    writer: StoreWriter,
     pub engine: Engine,
     /// `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns: BPF stamps samples with boot time, the store
     /// keeps wall-clock time. The daemon re-reads it on every flush, so NTP steps are followed.
-    pub offset: i128,
+    offset: i128,
     /// Busy and idle samples handled since start.
-    pub samples: u64,
-    pub idle: u64,
+    samples: u64,
+    idle: u64,
     /// Records too short for what their header announces (skipped).
-    pub bad_records: u64,
+    bad_records: u64,
     /// Per CPU since start: busy, idle, lost.
-    pub per_cpu: BTreeMap<u32, (u64, u64, u64)>,
+    per_cpu: BTreeMap<u32, (u64, u64, u64)>,
     /// Comm bytes → shared name, so a busy thread's name is not re-allocated per sample.
     comms: HashMap<[u8; COMM_LEN], Arc<str>>,
     /// Scratch for the addresses of the record being handled (reused: no allocation per record).
@@ -50,24 +52,24 @@ pub struct Pipeline {
     python: Vec<u64>,
     /// Runs before each stack is symbolized. For tests only: a hook that sleeps stands in for a
     /// slow symbolizer (a stalled stage), see `PROFILER_TEST_SYMBOLIZE_DELAY_US`.
-    pub before_symbolize: Option<Box<dyn FnMut() + Send>>,
+    before_symbolize: Option<Box<dyn FnMut() + Send>>,
     /// Told which processes run user code, so their unwind tables get built.
     pub unwind: Option<crate::unwind::Notifier>,
     /// The container, pod or unit of each process (none: samples carry no workload).
-    pub workloads: Option<crate::identity::Workloads>,
+    workloads: Option<crate::identity::Workloads>,
     /// Time of the oldest sample handled since the last successful flush (wall-clock ns).
     oldest_unflushed_ns: Option<u64>,
     /// Ring-to-disk latency of the last flush that wrote samples: its time minus the time of
     /// the oldest sample it wrote, ns.
-    pub last_latency_ns: Option<u64>,
+    last_latency_ns: Option<u64>,
     /// The flight recorder: samples of CPUs it records go there, and at the base frequency on.
-    pub flight: Option<crate::flight::Flight>,
+    flight: Option<crate::flight::Flight>,
     /// Processes that ran since the CUDA recorder last looked (`None`: it is off).
     pub active: Option<std::collections::HashSet<u32>>,
 }
 
 impl Pipeline {
-    /// `offset`: see [`Pipeline::offset`].
+    /// `offset`: `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns (see the `offset` field).
     pub fn new(writer: StoreWriter, engine: Engine, offset: i128) -> Self {
         Self {
             symbolizer: Symbolizer::new(),
@@ -159,12 +161,7 @@ impl Pipeline {
         };
         if self.symbolizer.at_sample(header.pid, header.ts_ns) {
             // Another process under this pid than the one its workload and tables were read for.
-            if let Some(w) = self.workloads.as_mut() {
-                w.exec(header.pid);
-            }
-            if let Some(unwind) = self.unwind.as_mut() {
-                unwind.exec(header.pid);
-            }
+            self.new_image(header.pid);
         }
         if let Some(unwind) = self.unwind.as_mut()
             && (header.user_frames > 0 || header.flags & FLAG_USER_MODE != 0)
@@ -215,6 +212,119 @@ impl Pipeline {
             }
         };
         Some(self.build(&header, ts_ns, now))
+    }
+
+    /// A process called exec: its names, workload and unwind tables are read again.
+    pub fn on_exec(&mut self, pid: u32, comm: &str) {
+        self.symbolizer.note_exec(pid, comm);
+        self.new_image(pid);
+    }
+
+    /// Another program runs under `pid` than the one its workload and unwind tables were read
+    /// for; both the exec event and the symbolizer's own check on a sample come here.
+    fn new_image(&mut self, pid: u32) {
+        if let Some(w) = self.workloads.as_mut() {
+            w.exec(pid);
+        }
+        if let Some(unwind) = self.unwind.as_mut() {
+            unwind.exec(pid);
+        }
+    }
+
+    /// A process forked: the child shares its parent's mappings until it execs.
+    pub fn on_fork(&mut self, parent: u32, child: u32, ts_ns: u64) {
+        self.symbolizer.note_fork(parent, child, ts_ns);
+    }
+
+    /// A process ended: the symbolizer tells the processes under one pid apart.
+    pub fn on_exit(&mut self, pid: u32, ts_ns: u64) {
+        self.symbolizer.note_exit(pid, ts_ns);
+    }
+
+    /// A cgroup event from the kernel (boot-time stamp), for the dying-cgroup detector.
+    pub fn on_cgroup_event(&mut self, mut e: crate::collect::CgroupEvent) {
+        e.ts_ns = (e.ts_ns as i128 + self.offset).max(0) as u64;
+        self.engine.zombies.on_event(&e);
+    }
+
+    /// `n` samples of `cpu` lost around `ts_ns` (wall-clock): the detectors, the store and the
+    /// per-CPU figures all count them.
+    pub fn on_lost(&mut self, ts_ns: u64, cpu: u32, n: u64) {
+        self.engine.on_lost(ts_ns, cpu, n);
+        self.writer.add_lost_at(ts_ns / 1_000_000_000, cpu, n);
+        self.per_cpu.entry(cpu).or_default().2 += n;
+    }
+
+    /// The boot-to-wall-clock offset read again (see the `offset` field): NTP steps are followed.
+    pub fn set_offset(&mut self, offset: i128) {
+        self.offset = offset;
+    }
+
+    /// The CPUs sampled changed (hotplug): the blocks written from now on say so.
+    pub fn set_online_cpus(&mut self, cpus: &[u32]) {
+        tracing::debug!(?cpus, "CPUs sampled now");
+        self.writer.set_online_cpus(cpus);
+    }
+
+    /// Names containers, pods and units of the processes sampled.
+    pub fn set_workloads(&mut self, workloads: crate::identity::Workloads) {
+        self.workloads = Some(workloads);
+    }
+
+    /// Sends the samples of the CPUs it records to the flight recorder.
+    pub fn set_flight(&mut self, flight: crate::flight::Flight) {
+        self.flight = Some(flight);
+    }
+
+    /// For tests: a hook run before each stack is symbolized (see the `before_symbolize` field).
+    pub fn set_before_symbolize(&mut self, hook: Box<dyn FnMut() + Send>) {
+        self.before_symbolize = Some(hook);
+    }
+
+    /// Keeps the set of processes that ran, for the CUDA recorder.
+    pub fn track_active(&mut self) {
+        self.active = Some(Default::default());
+    }
+
+    pub fn symbolizer(&self) -> &Symbolizer {
+        &self.symbolizer
+    }
+
+    pub fn symbolizer_mut(&mut self) -> &mut Symbolizer {
+        &mut self.symbolizer
+    }
+
+    pub fn writer(&self) -> &StoreWriter {
+        &self.writer
+    }
+
+    pub fn flight_mut(&mut self) -> Option<&mut crate::flight::Flight> {
+        self.flight.as_mut()
+    }
+
+    /// Busy samples handled since start.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Idle samples handled since start.
+    pub fn idle(&self) -> u64 {
+        self.idle
+    }
+
+    /// Records skipped as malformed since start.
+    pub fn bad_records(&self) -> u64 {
+        self.bad_records
+    }
+
+    /// Per CPU since start: busy, idle, lost.
+    pub fn per_cpu(&self) -> &BTreeMap<u32, (u64, u64, u64)> {
+        &self.per_cpu
+    }
+
+    /// Ring-to-disk latency of the last flush that wrote samples, ns.
+    pub fn last_latency_ns(&self) -> Option<u64> {
+        self.last_latency_ns
     }
 
     /// Runs the detectors over every second whose samples have all been handled by

@@ -11,8 +11,12 @@ use integration_tests::{now_secs, profiler_bin};
 use profiler::{
     detect::{Finding, Kind, Severity},
     store::{StoreWriter, create_and_lock, format::NS_PER_SEC, segments_dir},
-    synth::{self, Rng, StackPool, Tick},
 };
+
+#[path = "../../profiler-user/benches/shared/synth.rs"]
+#[allow(dead_code)] // each user takes part of it
+mod synth;
+use synth::{Rng, StackPool, Tick};
 
 /// A pipe whose read end is already closed: any write to the other end fails with EPIPE.
 fn widowed_pipe() -> OwnedFd {

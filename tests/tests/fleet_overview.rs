@@ -30,6 +30,10 @@ use profiler::{
     store::{Meta, StoreWriter, create_and_lock, format::FORMAT_VERSION, segments_dir},
 };
 
+#[path = "../../profiler-user/benches/shared/synth.rs"]
+#[allow(dead_code)] // each user takes part of it
+mod synth;
+
 const SEC: u64 = 1_000_000_000;
 const HZ: u64 = 50;
 const SECS: u64 = 60;
@@ -354,7 +358,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
 #[test]
 #[ignore]
 fn fleet_benchmark() {
-    use profiler::synth::{Rng, StackPool, Tick, second};
+    use synth::{Rng, StackPool, Tick, second};
     let nodes: usize = std::env::var("FLEET_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let secs: u64 = std::env::var("FLEET_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
     let tmp = tempfile::tempdir().unwrap();

@@ -1,7 +1,8 @@
 //! The page on a 64-CPU hour (issue 15): a synthetic store of 64 CPUs at 99 Hz for an hour (the
-//! node model the store and replay benchmarks share, `profiler::synth`), served by a daemon, opened
-//! in headless Chromium. Measures the time from opening the address to the first heatmap drawn,
-//! from a 10 s selection to its flamegraph drawn, and the page's weight. A benchmark, not a test:
+//! node model the store and replay benchmarks share, `profiler-user/benches/shared/synth.rs`),
+//! served by a daemon, opened in headless Chromium. Measures the time from opening the address to
+//! the first heatmap drawn, from a 10 s selection to its flamegraph drawn, and the page's weight.
+//! A benchmark, not a test:
 //!
 //!     cargo test --release -p integration-tests --test ui_bench -- --ignored --nocapture
 
@@ -10,10 +11,12 @@ mod browser;
 use std::time::{Duration, Instant};
 
 use integration_tests::{Daemon, now_secs};
-use profiler::{
-    store::{Meta, StoreWriter, create_and_lock, format::NS_PER_SEC, segments_dir},
-    synth::{self, Rng, StackPool, Tick},
-};
+use profiler::store::{Meta, StoreWriter, create_and_lock, format::NS_PER_SEC, segments_dir};
+
+#[path = "../../profiler-user/benches/shared/synth.rs"]
+#[allow(dead_code)] // each user takes part of it
+mod synth;
+use synth::{Rng, StackPool, Tick};
 
 const CPUS: u32 = 64;
 const HZ: u64 = 99;

@@ -15,6 +15,7 @@ use std::{
     process::{Command, Stdio},
 };
 
+use crate::synth::Rng;
 use blazesym::{
     SymType,
     inspect::{
@@ -22,7 +23,6 @@ use blazesym::{
         source::{Elf, Source},
     },
 };
-use profiler::synth::Rng;
 use profiler_common::python::ENTRY_FRAME;
 
 use super::workload::{Helpers, KernelText, Pool, Proc, RawStack, call_site, kernel_walk, mix, read_maps};

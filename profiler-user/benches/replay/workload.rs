@@ -21,11 +21,10 @@ use blazesym::{
 use profiler::{
     collect::NetRxCpu,
     symbolize::maps::{self, Mapping},
-    synth::Rng,
 };
 use profiler_common::{COMM_LEN, LATENCY_BUCKETS};
 
-use super::{KERNEL_CHAINS, KTHREAD_CHAIN};
+use super::{KERNEL_CHAINS, KTHREAD_CHAIN, synth::Rng};
 
 /// A process samples are attributed to, and the functions its samples can be in.
 pub struct Proc {

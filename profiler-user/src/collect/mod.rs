@@ -12,6 +12,7 @@ pub mod irqs;
 pub mod kmsg;
 pub mod latency;
 pub mod lifecycle;
+mod load;
 pub mod memcg;
 pub mod prog_info;
 pub mod reclaim;
@@ -22,16 +23,16 @@ pub mod unwind_maps;
 use std::collections::BTreeMap;
 
 use aya::{
-    Ebpf, EbpfLoader, VerifierLogLevel,
+    Ebpf,
     maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, TracePoint,
+        PerfEvent,
         perf_event::{PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
     util::online_cpus,
 };
 use profiler_common::{
-    COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, MAXIMA_EPOCH, SampleHeader, counter, netrx,
+    COMM_LEN, EVENT_DATA_LEN, EVENT_HEADER_LEN, EventHeader, HEADER_LEN, SampleHeader, counter, netrx,
 };
 
 /// The sampler, built by build.rs from profiler-ebpf.
@@ -206,214 +207,6 @@ pub struct Collector {
 }
 
 impl Collector {
-    pub fn start(config: &CollectConfig) -> Result<Self, CollectError> {
-        if let Some(eff) = caps::effective() {
-            for cap in caps::missing(eff) {
-                if cap.required {
-                    return Err(CollectError::Capability(cap.name, cap.needed_for));
-                }
-                tracing::warn!(
-                    capability = cap.name,
-                    needed_for = cap.needed_for,
-                    "capability missing: some frames will show as [unknown]"
-                );
-            }
-        }
-        let ring_bytes = config.ring_bytes.max(4096).next_power_of_two();
-        // Wake the reader when a quarter of the ring is used; the daemon's tick drains the rest.
-        let wakeup = u64::from(ring_bytes / 4);
-        if let Err(e) = tracefs::ensure_mounted() {
-            tracing::warn!(error = %e, "cannot mount tracefs: NET_RX and cgroup tracepoints will be missing");
-        }
-        // After tracefs is mounted: the tracepoints are among the features probed.
-        let kernel = features::probe();
-        if let Some(sentence) = kernel.refusal() {
-            return Err(CollectError::Kernel(sentence));
-        }
-        for (feature, lost) in kernel.degraded() {
-            tracing::warn!(
-                kernel = %kernel.release,
-                since = %format!("{}.{}", feature.since.0, feature.since.1),
-                "this kernel lacks {}: {lost}",
-                feature.name
-            );
-        }
-        tracing::info!(kernel = %kernel.release, missing = kernel.missing.len(), "kernel features probed");
-        let off = |cat: &str, ev: &str, field: &str, default: usize| {
-            tracefs::field(cat, ev, field).map_or(default as u64, |(o, _)| o as u64)
-        };
-        let vec_off = off("irq", "softirq_raise", "vec", 8);
-        let work_off = off("napi", "napi_poll", "work", 20);
-        let budget_off = off("napi", "napi_poll", "budget", 24);
-        let cgroup_fields = CgroupFields {
-            root: off("cgroup", "cgroup_mkdir", "root", 8) as usize,
-            id: off("cgroup", "cgroup_mkdir", "id", 16) as usize,
-            path: off("cgroup", "cgroup_mkdir", "path", 24) as usize,
-        };
-        let process_fields = lifecycle::ProcessFields::read();
-        let flags_off = process_fields.clone_flags as u64;
-        let group_dead_off = process_fields.group_dead.map_or(u64::MAX, |o| o as u64);
-        let runq_offsets = runq::offsets();
-        let mut loader = EbpfLoader::new();
-        let memcg_offsets = reclaim::memcg_offsets();
-        for (global, offset) in runq_offsets.iter().chain(&memcg_offsets) {
-            loader.override_global(global, offset, true);
-        }
-        let mut ebpf = loader
-            // A refused program is retried with the verifier's log: its statistics (the verdict),
-            // not a line per instruction, which made one refusal cost 35-50 s of CPU at start.
-            .verifier_log_level(VerifierLogLevel::STATS)
-            .map_max_entries("SAMPLES", ring_bytes)
-            // Two words an element (`profiler_common::unwind::packed`).
-            .map_max_entries("UNWIND_ROWS", config.unwind_rows.div_ceil(2).max(1))
-            .override_global("WAKEUP_BYTES", &wakeup, true)
-            .override_global("SOFTIRQ_VEC_OFFSET", &vec_off, true)
-            .override_global("NAPI_WORK_OFFSET", &work_off, true)
-            .override_global("NAPI_BUDGET_OFFSET", &budget_off, true)
-            .override_global("NEWTASK_FLAGS_OFFSET", &flags_off, true)
-            .override_global("EXIT_GROUP_DEAD_OFFSET", &group_dead_off, true)
-            .load(PROGRAM)
-            .map_err(CollectError::Load)?;
-        let unwind = if config.unwind_rows == 0 {
-            None
-        } else if !cfg!(target_arch = "x86_64") {
-            // The tables encode x86_64's rules (DWARF registers 6/7/16, the return address below
-            // the CFA); arm64 keeps it in x30 and numbers registers otherwise (docs/arm64.md).
-            tracing::warn!("unwind tables are built for x86_64 only: user stacks follow frame pointers here");
-            None
-        } else {
-            match unwind_maps::Maps::load(&mut ebpf) {
-                Ok(maps) => Some(maps),
-                Err(e) => {
-                    tracing::warn!(error = %e, "user stacks without frame pointers will be cut short: unwind tables unavailable");
-                    None
-                }
-            }
-        };
-        // The CUDA probes are extra: without them everything else works.
-        let cuda = match cuda::load(&mut ebpf) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!(error = %e, "CUDA launches and synchronisations will not be counted");
-                None
-            }
-        };
-        let program: &mut PerfEvent =
-            ebpf.program_mut("sample").ok_or(CollectError::Missing("program `sample`"))?.try_into()?;
-        program.load()?;
-        let cpus = online_cpus().map_err(|(what, e)| CollectError::Cpus(what, e))?;
-        let mut links = BTreeMap::new();
-        for &cpu in &cpus {
-            links.insert(cpu, attach_cpu(program, cpu, config.frequency_hz)?);
-        }
-        // The tracepoints feed detectors; without them the profiler still profiles.
-        let mut attached = |name: &str, category: &str| -> Result<(), String> {
-            let prog: &mut TracePoint = ebpf
-                .program_mut(name)
-                .ok_or_else(|| format!("program {name} missing"))?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-            prog.load().map_err(|e| e.to_string())?;
-            prog.attach(category, name).map(drop).map_err(|e| e.to_string())
-        };
-        // `softirq_exit` before `softirq_entry`: entry marks the softirq running for the sampler
-        // (interrupt work on the idle task is busy) and only exit clears it, so entry must never
-        // be attached without exit (the list stops at the first failure).
-        let netrx_ok =
-            [("softirq_exit", "irq"), ("softirq_raise", "irq"), ("softirq_entry", "irq"), ("napi_poll", "napi")]
-                .iter()
-                .map(|(n, c)| attached(n, c))
-                .collect::<Result<Vec<_>, _>>();
-        if let Err(e) = &netrx_ok {
-            tracing::warn!(error = %e, "NET_RX tracepoints not attached: no softirq starvation detection, and softirq work on idle CPUs counts as idle");
-        }
-        let cgroup_ok = ["cgroup_mkdir", "cgroup_rmdir", "cgroup_release"]
-            .iter()
-            .map(|n| attached(n, "cgroup"))
-            .collect::<Result<Vec<_>, _>>();
-        if let Err(e) = &cgroup_ok {
-            tracing::warn!(error = %e, "cgroup tracepoints not attached: zombie cgroups will not be attributed");
-        }
-        let runq_ok = runq::TRACEPOINTS.iter().map(|(n, c)| attached(n, c)).collect::<Result<Vec<_>, _>>();
-        if let Err(e) = &runq_ok {
-            tracing::warn!(error = %e, "scheduler tracepoints not attached: no run-queue starvation detection");
-        }
-        // Each kind on its own: a kernel without compaction tracepoints still has reclaim's.
-        let reclaim_ok: Vec<bool> = reclaim::TRACEPOINTS
-            .iter()
-            .map(|pair| match pair.iter().map(|(n, c)| attached(n, c)).collect::<Result<Vec<_>, _>>() {
-                Ok(_) => true,
-                Err(e) => {
-                    tracing::warn!(tracepoint = pair[1].0, error = %e, "reclaim or compaction stalls of this kind will not be seen");
-                    false
-                }
-            })
-            .collect();
-        let exec_ok = attached("sched_process_exec", "sched");
-        if let Err(e) = &exec_ok {
-            tracing::warn!(error = %e, "exec tracepoint not attached: processes that live only milliseconds may show unnamed frames");
-        }
-        let lifecycle_ok = attached("task_newtask", "task").and_then(|()| attached("sched_process_exit", "sched"));
-        if let Err(e) = &lifecycle_ok {
-            tracing::warn!(error = %e, "fork and exit tracepoints not attached: a reused pid is told from its old process only by its program");
-        }
-        let attached: Vec<&str> = [
-            ("NET_RX/NAPI", netrx_ok.is_ok()),
-            ("runq", runq_ok.is_ok()),
-            ("reclaim", reclaim_ok.contains(&true)),
-            ("cgroup", cgroup_ok.is_ok()),
-            ("exec", exec_ok.is_ok()),
-        ]
-        .iter()
-        .filter(|(_, ok)| *ok)
-        .map(|(name, _)| *name)
-        .collect();
-        tracing::info!(attached = %attached.join(","), "tracepoint detectors");
-        let netrx = match netrx_ok {
-            Ok(_) => ebpf.take_map("NETRX").and_then(|m| PerCpuArray::try_from(m).ok()),
-            Err(_) => None,
-        };
-        let runq = match runq_ok {
-            Ok(_) => ebpf.take_map("RUNQ").and_then(|m| PerCpuArray::try_from(m).ok()).map(runq::RunQueue),
-            Err(_) => None,
-        };
-        let reclaim = reclaim_ok
-            .contains(&true)
-            .then(|| ebpf.take_map("RECLAIM").and_then(|m| PerCpuArray::try_from(m).ok()).map(reclaim::Reclaim))
-            .flatten();
-        let events = match cgroup_ok.map(drop).or(exec_ok).or(lifecycle_ok) {
-            Ok(()) => match ebpf.take_map("EVENTS").map(RingBuf::try_from) {
-                Some(Ok(ring)) => Some(ring),
-                _ => None,
-            },
-            Err(_) => None,
-        };
-        let ring = ebpf.take_map("SAMPLES").ok_or(CollectError::Missing("map SAMPLES"))?;
-        let ring = RingBuf::try_from(ring).map_err(|e| CollectError::Map("SAMPLES", e))?;
-        let counters = ebpf.take_map("COUNTERS").ok_or(CollectError::Missing("map COUNTERS"))?;
-        let counters = PerCpuArray::try_from(counters).map_err(|e| CollectError::Map("COUNTERS", e))?;
-        let epoch_map = ebpf.take_map(MAXIMA_EPOCH).ok_or(CollectError::Missing("map MAXIMA_EPOCH"))?;
-        let epoch_map = Array::try_from(epoch_map).map_err(|e| CollectError::Map("MAXIMA_EPOCH", e))?;
-        Ok(Self {
-            ebpf,
-            rings: Some(Rings { samples: ring, events }),
-            unwind,
-            cuda,
-            counters,
-            netrx,
-            runq,
-            reclaim,
-            epoch_map,
-            epoch: 0,
-            cgroup_fields,
-            process_fields,
-            ring_bytes: u64::from(ring_bytes),
-            frequency_hz: config.frequency_hz,
-            links,
-            boosted: BTreeMap::new(),
-        })
-    }
-
     /// The ring buffers, once: the reader thread owns them from then on.
     pub fn take_rings(&mut self) -> Option<Rings> {
         self.rings.take()

@@ -11,7 +11,7 @@
 //! - the OTLP shipper (`ship::otlp`), when an endpoint is set: it follows the store, so it
 //!   never touches the stages above.
 //!
-//! [`run`] is the supervisor: it starts them, turns signals into a clean stop (reader first, so
+//! [`run`] is the supervisor: it starts them (`stages`), turns signals into a clean stop (reader first, so
 //! the pipeline writes everything queued) or a reload, and says which stage died if one does.
 
 mod clock;
@@ -22,26 +22,22 @@ pub mod queue;
 mod reader;
 mod report;
 pub mod stage;
+mod stages;
 mod upkeep;
 
 use std::{
     path::PathBuf,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
+    sync::{Arc, Mutex, mpsc},
     time::Duration,
 };
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
-    collect::{CollectConfig, CollectError, Collector, kmsg::Kmsg},
+    collect::CollectError,
     config::{ConfigFile, Reloadable, StoreFlags},
-    detect::{self, Changes, Machine},
-    store::{self, Meta, StoreError, format::FORMAT_VERSION, writer::WriterLimits},
-    timespec::now_ns,
+    detect::{self, Changes},
+    store::{self, StoreError, writer::WriterLimits},
 };
 
 /// Test only: microseconds the pipeline sleeps before symbolizing each stack, to stand in for a
@@ -115,278 +111,73 @@ pub struct DaemonConfig {
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.
 pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     // First, so that a SIGTERM at any moment from here on is a clean stop.
-    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(|e| DaemonError::Signal("SIGHUP", e))?;
+    let mut signals = Signals::install()?;
     let _lock = store::create_and_lock(&config.data_dir)?;
-    config.memory.apply();
-    tracing::info!(
-        limit_mib = config.memory.limit >> 20,
-        pools_mib = config.memory.pools >> 20,
-        "{}",
-        config.memory.describe()
-    );
-    crate::memory::watch::spawn(config.memory.anon_target()).map_err(|e| DaemonError::Thread("memory-watch", e))?;
+    apply_memory_plan(&config.memory)?;
     // The symbolizer keeps up to ~770 files open and the server computes its connection cap
     // from the limit: raise the soft limit to the hard one whether or not the server runs.
     crate::serve::limits::raise_nofile();
     close_abandoned(&config.data_dir);
-    let mut collector = Collector::start(&CollectConfig {
-        frequency_hz: config.frequency_hz,
-        ring_bytes: config.ring_bytes,
-        unwind_rows: config.unwind_rows,
-    })?;
-    let rings = collector.take_rings().ok_or(CollectError::Missing("ring buffers"))?;
-    // Unwind tables are built on their own thread; the stage ends with the pipeline.
-    let (unwind, _unwind_stage) = match collector.take_unwind().map(crate::unwind::spawn) {
-        Some(Ok((notifier, stage))) => (Some(notifier), Some(stage)),
-        Some(Err(e)) => return Err(DaemonError::Thread("unwind", e)),
-        None => (None, None),
-    };
-    let sampled = collector.cpus().len();
-    let cpus = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(sampled as u32);
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
-    Meta {
-        format_version: FORMAT_VERSION,
-        hostname: hostname.clone(),
-        node: config.node.clone(),
-        cpus,
-        frequency_hz: config.frequency_hz,
-        started_ns: now_ns(),
-    }
-    .write(&config.data_dir)?;
-    let queue_bytes = test_knob(QUEUE_BYTES_ENV).unwrap_or(QUEUE_BYTES);
-    tracing::info!(
-        cpus = sampled,
-        frequency_hz = config.frequency_hz,
-        data_dir = %config.data_dir.display(),
-        flush_ms = config.flush_interval.as_millis() as u64,
-        queue_bytes,
-        "profiling started"
-    );
-
-    let live =
-        Arc::new(Mutex::new(crate::serve::metrics::Live { frequency_hz: config.frequency_hz, ..Default::default() }));
-    let stop = Arc::new(AtomicBool::new(false));
-    let write_failing = Arc::new(AtomicBool::new(false));
-    let drops = Arc::new(Mutex::new(drops::Drops::default()));
-    let (intake, outlet, queue) = queue::bounded(queue_bytes);
-    let (control, control_rx) = mpsc::channel();
-    let symbolize_delay = test_knob(SYMBOLIZE_DELAY_ENV).map(Duration::from_micros);
-    if let Some(d) = symbolize_delay {
-        tracing::warn!(
-            delay_us = d.as_micros() as u64,
-            "{SYMBOLIZE_DELAY_ENV} is set: symbolizing is slowed (test only)"
-        );
-    }
-    let gpu = config.gpu.as_ref().map(|_| crate::gpu::Shared::default());
-    live.lock().unwrap_or_else(|p| p.into_inner()).gpu = gpu.clone();
-    let runq_latest = kernel_counters::LatestRunq::default();
-    let reclaim_latest = kernel_counters::LatestReclaim::default();
-    let stage = stage::spawn(
-        stage::StageConfig {
-            data_dir: config.data_dir.clone(),
-            machine: Machine { cpus, frequency_hz: config.frequency_hz },
-            thresholds: config.settings.thresholds.clone(),
-            limits: config.limits,
-            flush_interval: config.flush_interval,
-            report_interval: config.report_interval,
-            symbolize_delay,
-            kubelet_logs: config.kubelet_logs.clone(),
-            flight: config.flight,
-            node: config.node.clone(),
-            cuda: config.cuda,
-            cuda_max_calls: config.cuda_max_calls,
-        },
-        stage::Links {
-            outlet,
-            queue,
-            drops: drops.clone(),
-            control: control_rx,
-            live: live.clone(),
-            write_failing: write_failing.clone(),
-            unwind,
-            runq_latest: runq_latest.clone(),
-            reclaim_latest: reclaim_latest.clone(),
-            gpu: gpu.clone(),
-        },
-        Some(collector),
-    )
-    .map_err(|e| DaemonError::Thread("pipeline", e))?;
-    let reader = reader::Reader {
-        intake,
-        drops,
-        stop: stop.clone(),
-        // One drain per flush, which the stage flushes right after: a sample waits at most a
-        // flush interval for the store. Each drain wakes two threads, which costs ~150 µs of CPU
-        // on a VM: at 99 Hz draining every 50 ms doubled the daemon's CPU per sample
-        // (BENCHMARKS.md).
-        flush_every: config.flush_interval,
-    }
-    .spawn(rings)
-    .map_err(|e| DaemonError::Thread("ring reader", e))?;
-    let settings = Arc::new(Mutex::new(config.settings.clone()));
-    let kmsg = match Kmsg::open(&config.event_patterns) {
-        Ok(k) => Some(k),
-        Err(e) => {
-            tracing::warn!(error = %e, "kernel log events will not be recorded");
-            None
-        }
-    };
-    let memcg_latest = kernel_counters::LatestMemcg::default();
-    let counters = if config.kernel_counters {
-        Some(
-            kernel_counters::KernelCounters {
-                data_dir: config.data_dir.clone(),
-                stop: stop.clone(),
-                memcg: memcg_latest.clone(),
-                runq: runq_latest,
-                reclaim: reclaim_latest,
-            }
-            .spawn()
-            .map_err(|e| DaemonError::Thread("kernel counters", e))?,
-        )
-    } else {
-        tracing::info!("kernel counters are off (kernel_counters = false)");
-        None
-    };
-    // Its own thread: a slow or hung driver call delays only the next GPU poll.
-    let _gpu_poller = match (&config.gpu, &gpu) {
-        (Some(g), Some(shared)) => Some(
-            crate::gpu::poll::Poller {
-                data_dir: config.data_dir.clone(),
-                stop: stop.clone(),
-                interval: g.interval,
-                library: g.library.clone(),
-                shared: shared.clone(),
-                kubelet_logs: config.kubelet_logs.clone(),
-                live: live.clone(),
-            }
-            .spawn()
-            .map_err(|e| DaemonError::Thread("GPU poller", e))?,
-        ),
-        _ => {
-            tracing::info!("GPU tracks are off (nvml_library = off)");
-            let off = crate::gpu::Inventory {
-                unavailable: Some("GPU tracks are off (nvml_library = off)".into()),
-                ..Default::default()
-            };
-            let _ = off.write(&config.data_dir);
-            None
-        }
-    };
-    let upkeep = upkeep::Upkeep {
-        data_dir: config.data_dir.clone(),
-        settings: settings.clone(),
-        live: live.clone(),
-        control: control.clone(),
-        write_failing,
-        stop: stop.clone(),
-        kmsg,
-        memcg_latest,
-    }
-    .spawn()
-    .map_err(|e| DaemonError::Thread("upkeep", e))?;
-    let (ship_stop, ship_stop_rx) = tokio::sync::watch::channel(false);
-    let shipper = match config.otlp.clone() {
-        Some(otlp) => Some(
-            crate::ship::otlp::Shipper {
-                data_dir: config.data_dir.clone(),
-                config: otlp,
-                host: hostname,
-                frequency_hz: config.frequency_hz,
-                // A sample reaches the store within a flush interval (the drain before each
-                // flush takes it); the margin covers a slow flush.
-                settle: config.flush_interval + Duration::from_secs(2),
-                live: live.clone(),
-                stop: ship_stop_rx,
-            }
-            .spawn()
-            .map_err(|e| DaemonError::Thread("OTLP shipper", e))?,
-        ),
-        None => None,
-    };
-    // Its own thread: a slow or absent ClickHouse never holds the pipeline up.
-    // Stopped after the pipeline, so the findings it closes on the way out are shipped too.
-    let clickhouse_stop = Arc::new(AtomicBool::new(false));
-    let clickhouse_shipper = match config.clickhouse.clone() {
-        Some(c) => {
-            let stats = Arc::new(crate::ship::clickhouse::Stats::default());
-            live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
-            Some(
-                crate::ship::clickhouse::spawn(c, stats, clickhouse_stop.clone())
-                    .map_err(|e| DaemonError::Thread("shipper", e))?,
-            )
-        }
-        None => None,
-    };
+    let stages = stages::Stages::start(&config)?;
     if let Some(addr) = config.listen {
-        serve(addr, &config.data_dir, live)?;
+        serve(addr, &config.data_dir, stages.live.clone())?;
     }
     notify("READY=1");
+    let outcome = supervise(&config, &mut signals, &stages).await;
+    stages.stop(outcome)
+}
 
+/// The signals the supervisor answers: SIGINT and SIGTERM stop, SIGHUP reloads.
+struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, DaemonError> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).map_err(|e| DaemonError::Signal("SIGINT", e))?,
+            terminate: signal(SignalKind::terminate()).map_err(|e| DaemonError::Signal("SIGTERM", e))?,
+            hangup: signal(SignalKind::hangup()).map_err(|e| DaemonError::Signal("SIGHUP", e))?,
+        })
+    }
+}
+
+/// Caps the daemon's memory as planned and starts the thread that watches it.
+fn apply_memory_plan(plan: &crate::memory::Plan) -> Result<(), DaemonError> {
+    plan.apply();
+    tracing::info!(limit_mib = plan.limit >> 20, pools_mib = plan.pools >> 20, "{}", plan.describe());
+    crate::memory::watch::spawn(plan.anon_target()).map_err(|e| DaemonError::Thread("memory-watch", e))?;
+    Ok(())
+}
+
+/// Waits for a signal to stop (`Ok`: its name) or a stage that died (`Err`: its name),
+/// reloading on SIGHUP meanwhile.
+async fn supervise(
+    config: &DaemonConfig,
+    signals: &mut Signals,
+    stages: &stages::Stages,
+) -> Result<&'static str, &'static str> {
     // A stage that died is noticed within this; every wakeup counts at 99 Hz.
     let mut check = tokio::time::interval(Duration::from_secs(5));
     let mut shipper_gone = false;
-    let outcome = loop {
+    loop {
         tokio::select! {
-            _ = sigint.recv() => break Ok("SIGINT"),
-            _ = sigterm.recv() => break Ok("SIGTERM"),
-            _ = sighup.recv() => reload(&config, &settings, &control),
+            _ = signals.interrupt.recv() => return Ok("SIGINT"),
+            _ = signals.terminate.recv() => return Ok("SIGTERM"),
+            _ = signals.hangup.recv() => reload(config, &stages.settings, &stages.control),
             _ = check.tick() => {
-                // The pipeline first: when it dies the reader and upkeep end too, as a consequence.
-                let died = [
-                    ("pipeline", stage.is_finished()),
-                    ("ring reader", reader.is_finished()),
-                    ("upkeep", upkeep.is_finished()),
-                ];
-                if let Some((name, _)) = died.iter().find(|(_, finished)| *finished) {
-                    break Err(*name);
+                if let Some(name) = stages.died() {
+                    return Err(name);
                 }
                 // Pushing is not worth stopping the profiling for: say it, once, and go on.
-                if !shipper_gone && shipper.as_ref().is_some_and(|s| s.is_finished()) {
+                if !shipper_gone && stages.shipper.as_ref().is_some_and(|s| s.is_finished()) {
                     shipper_gone = true;
                     tracing::error!("the OTLP shipper stopped (see above); profiles are no longer pushed");
                 }
             }
         }
-    };
-    // Reader first: once it is gone the pipeline writes everything queued, then ends.
-    stop.store(true, Ordering::Release);
-    notify("STOPPING=1");
-    let reader_result = reader.join();
-    let summary = stage.join();
-    let upkeep_result = upkeep.join();
-    // Counters are not worth failing the stop for: a panic there was logged when it happened.
-    if counters.is_some_and(|c| c.join().is_err()) {
-        tracing::error!("the kernel counters stage had stopped (it panicked)");
-    }
-    let _ = ship_stop.send(true);
-    clickhouse_stop.store(true, Ordering::Release);
-    if shipper.is_some_and(|s| s.join().is_err()) {
-        tracing::error!("the OTLP shipper panicked");
-    }
-    // A shipper that panicked has only stopped shipping: the store has everything.
-    if let Some(Err(_)) = clickhouse_shipper.map(|s| s.join()) {
-        tracing::error!("the ClickHouse shipper had stopped (it panicked): see the log above");
-    }
-    let died = |name: &'static str, panic: Box<dyn std::any::Any + Send>| {
-        let why = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "it panicked".into());
-        DaemonError::StageDied(name, why)
-    };
-    reader_result.map_err(|p| died("ring reader", p))?;
-    let summary = summary.map_err(|p| died("pipeline", p))?;
-    upkeep_result.map_err(|p| died("upkeep", p))?;
-    match outcome {
-        Ok(signal) => {
-            tracing::info!(signal, samples = summary.samples, idle = summary.idle, "flushed, exiting");
-            Ok(())
-        }
-        Err(name) => Err(DaemonError::StageDied(name, "it ended by itself".into())),
     }
 }
 

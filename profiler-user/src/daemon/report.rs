@@ -43,9 +43,9 @@ impl Report {
     /// `store_bytes`: the store's size as the upkeep stage last measured it.
     pub fn log(&mut self, p: &Pipeline, store_bytes: u64) {
         let secs = self.since.elapsed().as_secs_f64().max(1e-3);
-        let (busy, idle) = (p.samples - self.samples, p.idle - self.idle);
+        let (busy, idle) = (p.samples() - self.samples, p.idle() - self.idle);
         let (rss, cpu_time) = self_usage();
-        let s = p.symbolizer.stats();
+        let s = p.symbolizer().stats();
         let samples_per_s = (busy + idle) as f64 / secs;
         tracing::info!(
             samples_per_s = round(samples_per_s, 1),
@@ -58,7 +58,7 @@ impl Report {
             queue_bytes_max = self.queue.max_bytes,
             ring_to_disk_max_ms = round(self.latency_max_ns as f64 / 1e6, 1),
             bytes_written = self.bytes,
-            held = p.writer.pending_samples(),
+            held = p.writer().pending_samples(),
             cpu_pct = round((cpu_time - self.cpu_time).as_secs_f64() / secs * 100.0, 2),
             rss_mib = round(rss as f64 / 1048576.0, 1),
             store_bytes,
@@ -71,7 +71,7 @@ impl Report {
             stack_total = s.stack_hits + s.stack_misses,
             "self report"
         );
-        *self = Self { samples: p.samples, idle: p.idle, ..Self::new(self.cpus) };
+        *self = Self { samples: p.samples(), idle: p.idle(), ..Self::new(self.cpus) };
     }
 }
 

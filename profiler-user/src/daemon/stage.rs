@@ -114,16 +114,16 @@ pub fn spawn(
             Engine::new(config.machine, config.thresholds.clone()),
             clock::boot_to_unix_offset(),
         );
-        pipeline.symbolizer.load_kernel_symbols();
+        pipeline.symbolizer_mut().load_kernel_symbols();
         let logs = &config.kubelet_logs;
-        pipeline.workloads = Some(crate::identity::Workloads::new(crate::identity::Resolver::new(
+        pipeline.set_workloads(crate::identity::Workloads::new(crate::identity::Resolver::new(
             "/proc",
             logs.join("containers"),
             logs.join("pods"),
         )));
         let flight = crate::flight::Flight::new(config.flight, config.machine.frequency_hz, &config.data_dir);
         if flight.enabled() && collector.is_some() {
-            pipeline.flight = Some(flight);
+            pipeline.set_flight(flight);
         }
         Stage::new(config, links, collector, pipeline).run()
     })
@@ -169,13 +169,13 @@ impl Stage {
             pipeline.engine.interrupts = crate::collect::irqs::Placement::read();
         }
         if let Some(delay) = config.symbolize_delay {
-            pipeline.before_symbolize = Some(Box::new(move || std::thread::sleep(delay)));
+            pipeline.set_before_symbolize(Box::new(move || std::thread::sleep(delay)));
         }
         let cpus = collector.as_ref().map_or(config.machine.cpus as usize, |c| c.cpus().len());
         let cuda = (config.cuda && collector.as_ref().is_some_and(Collector::cuda_ready))
             .then(|| crate::gpu::cuda::Recorder::new(&config.data_dir, config.cuda_max_calls));
         if cuda.is_some() {
-            pipeline.active = Some(Default::default());
+            pipeline.track_active();
         }
         let config_flush = config.flush_interval;
         Self {
@@ -240,8 +240,8 @@ impl Stage {
                 self.report.queue = self.links.queue.depth();
                 self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
                 return Summary {
-                    samples: self.pipeline.samples,
-                    idle: self.pipeline.idle,
+                    samples: self.pipeline.samples(),
+                    idle: self.pipeline.idle(),
                     queue_full: self.queue_full,
                 };
             }
@@ -271,22 +271,15 @@ impl Stage {
                         self.process_event(p);
                         continue;
                     }
-                    let Some(mut e) = parse_event(fields, record) else { continue };
+                    let Some(e) = parse_event(fields, record) else { continue };
                     if e.kind == PROCESS_EXEC {
-                        self.pipeline.symbolizer.note_exec(e.pid, &e.comm);
-                        if let Some(w) = self.pipeline.workloads.as_mut() {
-                            w.exec(e.pid);
-                        }
-                        if let Some(unwind) = self.pipeline.unwind.as_mut() {
-                            unwind.exec(e.pid);
-                        }
+                        self.pipeline.on_exec(e.pid, &e.comm);
                         if let Some(c) = self.cuda.as_mut() {
                             c.note_exec(e.pid);
                         }
                         continue;
                     }
-                    e.ts_ns = (e.ts_ns as i128 + self.pipeline.offset).max(0) as u64;
-                    self.pipeline.engine.zombies.on_event(&e);
+                    self.pipeline.on_cgroup_event(e);
                 }
             }
         }
@@ -296,9 +289,9 @@ impl Stage {
     fn process_event(&mut self, e: crate::collect::lifecycle::ProcessEvent) {
         use crate::collect::lifecycle::ProcessEvent;
         match e {
-            ProcessEvent::Fork { parent, child, ts_ns } => self.pipeline.symbolizer.note_fork(parent, child, ts_ns),
+            ProcessEvent::Fork { parent, child, ts_ns } => self.pipeline.on_fork(parent, child, ts_ns),
             ProcessEvent::Exit { pid, ts_ns } => {
-                self.pipeline.symbolizer.note_exit(pid, ts_ns);
+                self.pipeline.on_exit(pid, ts_ns);
                 if let Some(c) = self.cuda.as_mut() {
                     c.note_exit(pid);
                 }
@@ -341,9 +334,7 @@ impl Stage {
         // before the detectors run: the reader counts a drop before it queues the drain's end.
         let drops = self.links.drops.lock().map(|mut d| std::mem::take(&mut *d)).unwrap_or_default();
         for ((second, cpu), n) in drops.samples {
-            self.pipeline.engine.on_lost(second * 1_000_000_000, cpu, n);
-            self.pipeline.writer.add_lost_at(second, cpu, n);
-            self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
+            self.pipeline.on_lost(second * 1_000_000_000, cpu, n);
             self.tally.add_queue_full(cpu, n);
             self.queue_full += n;
             self.report.lost += n;
@@ -360,7 +351,7 @@ impl Stage {
                 match collector.sync_cpus() {
                     Ok(change) if !change.is_empty() => {
                         tracing::info!(added = ?change.added, removed = ?change.removed, "CPUs came online or went offline");
-                        online_cpus_changed(&mut self.pipeline.writer, &collector.cpus());
+                        self.pipeline.set_online_cpus(&collector.cpus());
                     }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "cannot follow CPU hotplug"),
@@ -376,13 +367,11 @@ impl Stage {
                     // Between two checks, no busy times: the estimate and the stall check wait.
                     let busy_s =
                         if check_cpus { crate::collect::cpus::read_busy_seconds() } else { Default::default() };
-                    let idle = self.pipeline.per_cpu.iter().map(|(cpu, c)| (*cpu, c.1)).collect();
+                    let idle = self.pipeline.per_cpu().iter().map(|(cpu, c)| (*cpu, c.1)).collect();
                     let reading =
                         Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
                     for (cpu, n) in self.tally.update(&reading) {
-                        self.pipeline.engine.on_lost(now, cpu, n);
-                        self.pipeline.writer.add_lost_at(now / 1_000_000_000, cpu, n);
-                        self.pipeline.per_cpu.entry(cpu).or_default().2 += n;
+                        self.pipeline.on_lost(now, cpu, n);
                         self.report.lost += n;
                     }
                     for cpu in self.tally.stalled(now_s, &busy_s, STALL_SECS) {
@@ -420,7 +409,7 @@ impl Stage {
                 changes.extend(c.tick(collector, &mut self.pipeline, now));
             }
         }
-        self.pipeline.offset = clock::boot_to_unix_offset();
+        self.pipeline.set_offset(clock::boot_to_unix_offset());
         changes.extend(self.pipeline.tick(self.arrived_ns, now));
         self.flight_findings(&mut changes, now);
         super::record_findings(&changes, &self.config.data_dir);
@@ -429,7 +418,7 @@ impl Stage {
         if self.report.due(self.config.report_interval) {
             self.report.queue = self.links.queue.depth();
             self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
-            self.pipeline.symbolizer.expire();
+            self.pipeline.symbolizer_mut().expire();
         }
     }
 
@@ -442,7 +431,7 @@ impl Stage {
         } else {
             u64::MAX
         };
-        if let Some(flight) = self.pipeline.flight.as_mut() {
+        if let Some(flight) = self.pipeline.flight_mut() {
             for cpu in flight.flush(now, hold_from) {
                 self.sample_at(cpu, None);
             }
@@ -450,7 +439,7 @@ impl Stage {
         match self.pipeline.flush(now, hold_from) {
             Ok(f) => {
                 self.report.bytes += f.bytes;
-                if let Some(l) = self.pipeline.last_latency_ns {
+                if let Some(l) = self.pipeline.last_latency_ns() {
                     if self.latencies.len() == LATENCY_WINDOW {
                         self.latencies.pop_front();
                     }
@@ -461,7 +450,7 @@ impl Stage {
                 if self.write_failing {
                     tracing::info!(
                         data_dir = %self.config.data_dir.display(),
-                        dropped_total = self.pipeline.writer.dropped(),
+                        dropped_total = self.pipeline.writer().dropped(),
                         "writing works again; the samples held meanwhile are written"
                     );
                     self.write_failing = false;
@@ -487,7 +476,7 @@ impl Stage {
     /// Findings that open on a CPU start a flight recording there (a higher frequency for a
     /// while); every finding written links to the recording it has.
     fn flight_findings(&mut self, changes: &mut crate::detect::Changes, now: u64) {
-        let Some(flight) = self.pipeline.flight.as_mut() else { return };
+        let Some(flight) = self.pipeline.flight_mut() else { return };
         let mut boost = Vec::new();
         for f in &changes.opened {
             match flight.start(f, now, self.config.machine.cpus, &self.config.node) {
@@ -527,7 +516,7 @@ impl Stage {
         let Ok(mut l) = self.links.live.lock() else { return };
         l.cuda = self.cuda.as_ref().map(|c| c.status.clone());
         let p = &self.pipeline;
-        l.cpus = p.per_cpu.clone();
+        l.cpus = p.per_cpu().clone();
         l.counters = self.tally.totals.clone();
         l.recursion_misses = recursion_misses;
         l.programs = programs.into_iter().map(|(name, s)| (name, s.run_time_ns, s.run_cnt)).collect();
@@ -541,10 +530,10 @@ impl Stage {
         l.dying_memcgs = p.engine.zombies.series.back().map(|c| c.dying);
         l.open_findings = p.engine.open_counts();
         l.finding_labels = p.engine.open_labels();
-        l.pending_samples = p.writer.pending_samples() as u64;
+        l.pending_samples = p.writer().pending_samples() as u64;
         l.ring_used_bytes = ring_used_max;
         l.ring_size_bytes = self.collector.as_ref().map_or(0, Collector::ring_bytes);
-        let symbols = p.symbolizer.stats();
+        let symbols = p.symbolizer().stats();
         l.cached_processes = symbols.processes as u64;
         l.cached_modules = symbols.modules as u64;
         l.cached_stacks = symbols.stacks as u64;
@@ -561,12 +550,6 @@ impl Stage {
 /// without one: the marked batch can be lost to a full queue, or wait behind a slow batch.
 fn fallback(flush_interval: Duration) -> Duration {
     flush_interval * 3 / 2
-}
-
-/// The CPUs sampled changed (hotplug): the blocks written from now on say so.
-fn online_cpus_changed(writer: &mut StoreWriter, cpus: &[u32]) {
-    tracing::debug!(?cpus, "CPUs sampled now");
-    writer.set_online_cpus(cpus);
 }
 
 fn p50_max(v: &VecDeque<u64>) -> (Option<u64>, Option<u64>) {

@@ -1,5 +1,6 @@
 //! The subsecond heatmap in FlameScope's layout: one column per second, rows are offsets within
 //! the second (row 0 = offset 0, drawn at the bottom), cells count busy samples.
+//! The page's heatmap, drawn in the browser from this JSON, is `serve/heatmap.js`.
 
 use std::io::Write;
 

@@ -7,6 +7,7 @@
 pub mod limits;
 mod listener;
 pub mod metrics;
+mod request;
 pub mod source;
 pub mod tree;
 
@@ -22,13 +23,14 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use serde::Deserialize;
+
+use request::{Failure, Params, bad, internal};
 
 use crate::{
     budget, detect,
     export::{cputime, flamegraph, heatmap},
     model::SampleKind,
-    query::{self, Filter, Folded, Window},
+    query::{self, Folded},
     store::{Meta, Store},
     timespec,
 };
@@ -109,170 +111,6 @@ async fn guard(State(s): State<Shared>, req: axum::extract::Request, next: axum:
         }
     }
     next.run(req).await
-}
-
-/// Query parameters every endpoint understands.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Params {
-    from: Option<String>,
-    to: Option<String>,
-    /// Comma-separated CPU ids.
-    cpu: Option<String>,
-    pid: Option<u32>,
-    comm: Option<String>,
-    pod: Option<String>,
-    namespace: Option<String>,
-    container: Option<String>,
-    unit: Option<String>,
-    /// Which node: the daemon's own (any other is refused), or one that shipped to ClickHouse.
-    node: Option<String>,
-    /// `task`, `softirq` or `softirq:NAME`.
-    context: Option<String>,
-    /// Only stacks through a frame of this exact name.
-    function: Option<String>,
-    /// `1`: Python frames keep the line they ran (flamegraphs).
-    lines: Option<String>,
-    rows: Option<u32>,
-    bucket: Option<String>,
-    format: Option<String>,
-    /// What the flamegraph and heatmap count: `cpu` (the default), `cuda-launches`,
-    /// `cuda-sync` or `cuda-copies` ([`SampleKind`]). Never a path: only
-    /// [`SampleKind::store_dir`] turns the parsed kind into one.
-    samples: Option<String>,
-}
-
-/// A 4xx/5xx with one sentence (and, for 429/503, when to come back).
-struct Failure(StatusCode, String);
-
-impl IntoResponse for Failure {
-    fn into_response(self) -> Response {
-        let retry = matches!(self.0, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS);
-        let mut r = (self.0, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], self.1 + "\n").into_response();
-        if retry {
-            r.headers_mut().insert(header::RETRY_AFTER, limits::RETRY_AFTER_SECS.into());
-        }
-        r
-    }
-}
-
-impl From<query::QueryError> for Failure {
-    fn from(e: query::QueryError) -> Self {
-        let code = match e {
-            query::QueryError::NoData { .. } | query::QueryError::NoMatch { .. } => StatusCode::NOT_FOUND,
-            query::QueryError::Store(_) | query::QueryError::Budget(budget::BudgetError::Store(_)) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-            query::QueryError::Budget(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        Failure(code, e.to_string())
-    }
-}
-
-impl From<source::SourceError> for Failure {
-    fn from(e: source::SourceError) -> Self {
-        use crate::fleet::FleetError;
-        let code = match &e {
-            source::SourceError::OtherNode { .. } | source::SourceError::WhichNode(..) => StatusCode::BAD_REQUEST,
-            source::SourceError::Fleet(f) => match f {
-                FleetError::UnknownNode { .. } | FleetError::NoNodes(_) => StatusCode::NOT_FOUND,
-                FleetError::TooMany { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                FleetError::Down { .. } | FleetError::ClickHouse(_) | FleetError::Decode(_) => StatusCode::BAD_GATEWAY,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
-        };
-        Failure(code, e.to_string())
-    }
-}
-
-fn bad(msg: impl ToString) -> Failure {
-    Failure(StatusCode::BAD_REQUEST, msg.to_string())
-}
-
-fn internal(msg: impl ToString) -> Failure {
-    Failure(StatusCode::INTERNAL_SERVER_ERROR, msg.to_string())
-}
-
-impl Params {
-    fn window(&self, default_from: &str) -> Result<Window, Failure> {
-        let now = timespec::now_ns();
-        let from = timespec::parse(self.from.as_deref().unwrap_or(default_from), now).map_err(bad)?;
-        let to = timespec::parse(self.to.as_deref().unwrap_or("now"), now).map_err(bad)?;
-        Ok(Window::new(from, to)?)
-    }
-
-    /// The data directory that answers this request's node over `window`.
-    fn dir(&self, app: &AppState, window: Option<Window>) -> Result<source::Dir, Failure> {
-        Ok(app.source.dir(self.node.as_deref(), window)?)
-    }
-
-    fn dir_of(&self, app: &AppState, window: Option<Window>, kind: SampleKind) -> Result<source::Dir, Failure> {
-        Ok(app.source.dir_of(self.node.as_deref(), window, kind)?)
-    }
-
-    /// The kind of counts asked for; anything but the four names is refused with a sentence.
-    fn kind(&self) -> Result<SampleKind, Failure> {
-        match self.samples.as_deref().filter(|s| !s.is_empty()) {
-            None => Ok(SampleKind::Cpu),
-            Some(s) => SampleKind::parse(s).ok_or_else(|| {
-                let names: Vec<_> = SampleKind::ALL.iter().map(|k| k.name()).collect();
-                bad(format!("samples '{s}' is not one of {}", names.join(", ")))
-            }),
-        }
-    }
-
-    /// The store of `kind`'s counts for this request's node over `window`, with the directory
-    /// that keeps a copy of a fleet's node alive while it is read.
-    fn store(&self, app: &AppState, window: Window, kind: SampleKind) -> Result<(source::Dir, Store), Failure> {
-        let dir = self.dir_of(app, Some(window), kind)?;
-        let path = kind.store_dir(dir.path());
-        if kind != SampleKind::Cpu && !path.is_dir() {
-            return Err(Failure(StatusCode::NOT_FOUND, not_recorded(kind)));
-        }
-        let store = Store::open(&path).map_err(|e| internal(e.to_string()))?;
-        Ok((dir, store))
-    }
-
-    fn filter(&self) -> Result<Filter, Failure> {
-        let cpus = match self.cpu.as_deref().filter(|c| !c.is_empty()) {
-            None => Vec::new(),
-            Some(list) => list
-                .split(',')
-                .map(|c| c.trim().parse::<u32>().map_err(|_| bad(format!("cpu '{c}' is not a CPU number"))))
-                .collect::<Result<_, _>>()?,
-        };
-        // An empty parameter (a form's blank input) filters nothing.
-        let given = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
-        let workload = crate::identity::Filter {
-            pod: given(&self.pod),
-            namespace: given(&self.namespace),
-            container: given(&self.container),
-            unit: given(&self.unit),
-        };
-        let context = given(&self.context).map(|c| c.parse().map_err(bad)).transpose()?;
-        Ok(Filter {
-            cpus,
-            pid: self.pid,
-            comm: self.comm.clone(),
-            workload,
-            context,
-            function: given(&self.function),
-            include_idle: false,
-            lines: self.lines.as_deref().is_some_and(|l| l == "1" || l == "true"),
-        })
-    }
-}
-
-/// Why a CUDA kind has no store: the daemon makes one at the first count it records.
-fn not_recorded(kind: SampleKind) -> String {
-    let (what, counts) = match kind {
-        SampleKind::Cpu => ("CPU samples", "counts them"),
-        SampleKind::CudaLaunches => ("GPU launches", "counts them"),
-        SampleKind::CudaSync => ("time waiting on the GPU", "measures it"),
-        SampleKind::CudaCopies => ("GPU copies", "counts them"),
-    };
-    format!("no {what} recorded: the daemon {counts} only for processes that map libcuda.so.1")
 }
 
 /// The flamegraph's tree with the unit of its counts as the root's first field:
@@ -567,14 +405,20 @@ async fn metrics_api(State(s): State<Shared>) -> Result<Response, Failure> {
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text.to_string()).into_response())
 }
 
-/// The page, its style and its script: three files to keep each readable, one answer so the
-/// page stays self-contained (no second request, nothing external). `/*DATA*/` stays, before
-/// the script: `profiler report` puts its data there (`export::report`); the daemon's page
-/// has none (the placeholder is a comment).
+/// The page, its style and its script (in files by what each draws, to keep each readable): one
+/// answer, so the page stays self-contained (no second request, nothing external). `/*DATA*/`
+/// stays, before the script: `profiler report` puts its data there (`export::report`); the
+/// daemon's page has none (the placeholder is a comment).
 pub fn page() -> String {
     include_str!("page.html").replace("/*STYLE*/", include_str!("page.css")).replace(
         "/*SCRIPT*/",
-        concat!(include_str!("page.js"), include_str!("flame.js"), include_str!("gpu.js"), include_str!("report.js")),
+        concat!(
+            include_str!("page.js"),
+            include_str!("heatmap.js"),
+            include_str!("flame.js"),
+            include_str!("gpu.js"),
+            include_str!("report.js")
+        ),
     )
 }
 

@@ -8,6 +8,7 @@ fn the_page_is_one_self_contained_answer() {
     assert!(!p.contains("/*STYLE*/") && !p.contains("/*SCRIPT*/"), "a placeholder was left");
     assert!(p.contains("prefers-color-scheme: dark") && p.contains("window.profilerUI"));
     assert!(p.contains("function drawFlame("), "flame.js is part of the script");
+    assert!(p.contains("function drawHeatmap("), "heatmap.js is part of the script");
     // No external asset: nothing fetched from another origin, the page works offline.
     for external in ["http://", "https://", "src=\"//", "@import"] {
         assert!(!p.contains(external), "the page refers to '{external}'");

@@ -77,7 +77,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
             Engine::new(config.machine, config.thresholds.clone()),
             clock::boot_to_unix_offset(),
         );
-        pipeline.before_symbolize = Some(hook);
+        pipeline.set_before_symbolize(hook);
         Stage::new(config, links, None, pipeline).run()
     });
     Rig { dir, intake, drops, queue, stage }

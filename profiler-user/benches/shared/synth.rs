@@ -1,11 +1,12 @@
 //! Synthetic samples that look like a GPU node's, for benchmarks and soak tests: N CPUs at a
 //! fixed frequency, a few busy and most nearly idle, and a Zipf-like mix of distinct stacks of
 //! depth 10–60 built from real-looking kernel and user frame names that share prefixes the way
-//! real call trees do.
+//! real call trees do. Kept out of the library: the benches and the integration tests include this
+//! file with `#[path]`.
 
 use std::sync::Arc;
 
-use crate::model::{Sample, Stack};
+use profiler::model::{Sample, Stack};
 
 /// SplitMix64: small, fast, and the same sequence on every machine.
 pub struct Rng(u64);
@@ -240,7 +241,10 @@ pub fn second(pool: &StackPool, rng: &mut Rng, start_ns: u64, cpus: u32, hz: u64
     }
 }
 
+// Run by the integration tests that include this file; the benches (no test harness) compile
+// the module but never run it.
 #[cfg(test)]
+#[allow(unused_imports)]
 mod tests {
     use super::*;
 
