@@ -54,7 +54,7 @@ fn store(data: &std::path::Path, end_s: u64) {
             summary: format!("CPU 1 saturated for 3 s, finding {i} of 200"),
             evidence: serde_json::json!({}),
         };
-        profiler::detect::log::record_finding(data, &f).expect("record a finding");
+        profiler::detect::journal::record_finding(data, &f).expect("record a finding");
     }
     drop(lock);
 }

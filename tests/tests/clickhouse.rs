@@ -119,7 +119,7 @@ fn assert_caught_up(ch: &ClickHouse, data: &Path, what: &str) {
 /// killed daemon left open is closed by the next one, with an end already shipped past).
 fn assert_findings_shipped(ch: &ClickHouse, data: &Path) {
     let to = cursor_ns(data).unwrap();
-    let local = profiler::detect::log::findings_in(data, 0, to).unwrap();
+    let local = profiler::detect::journal::findings_in(data, 0, to).unwrap();
     assert!(local.iter().any(|f| f.cpu == Some(1)), "no finding about the busy CPU 1: {local:?}");
     let sql = format!(
         "SELECT id, argMax(end_ts, version) AS e FROM profiler.findings WHERE node = '{NODE}' GROUP BY id \

@@ -180,7 +180,7 @@ fn fleet_answers_what_the_stores_hold() {
     }
     let event = |node: usize, ts_ns: u64, id: &str, message: &str| {
         let e = Event { id: id.into(), ts_ns, pattern: "x".into(), message: message.into() };
-        detect::log::record_event(&nodes[node].1, &e).unwrap();
+        detect::journal::record_event(&nodes[node].1, &e).unwrap();
     };
     event(2, event_ts, "ev-reset", "ena 0000:00:06.0: Device reset completed successfully");
     event(0, start + 10 * SEC, "ev-lockup", "watchdog: BUG: soft lockup - CPU#1 stuck for 22s!");
@@ -194,7 +194,7 @@ fn fleet_answers_what_the_stores_hold() {
         summary: "CPU 0 saturated".into(),
         evidence: serde_json::json!({}),
     };
-    detect::log::record_finding(&nodes[0].1, &finding).unwrap();
+    detect::journal::record_finding(&nodes[0].1, &finding).unwrap();
     let shipped = ship_all(&ch, &nodes, end);
     assert!(shipped.iter().all(|s| s.errors.is_empty()));
     // A node that shipped once, long ago.

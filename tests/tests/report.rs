@@ -28,7 +28,7 @@ fn a_report_opened_from_a_file_is_the_page_with_its_window() {
     let end = now_secs();
     // A finding inside the spinner's run, on CPU 1 (the detectors have scenario tests of their own).
     let (f_start, f_end) = (((start + 1.0) * 1e3) as u64 * 1_000_000, ((start + 2.0) * 1e3) as u64 * 1_000_000);
-    profiler::detect::log::record_finding(
+    profiler::detect::journal::record_finding(
         &data,
         &profiler::detect::Finding {
             id: "report-test-1".into(),
@@ -157,7 +157,7 @@ fn a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus() {
     });
     // A GPU finding in the window (the detectors have tests of their own).
     let at = ((start + 1.0) * 1e3) as u64 * 1_000_000;
-    profiler::detect::log::record_finding(
+    profiler::detect::journal::record_finding(
         &data,
         &profiler::detect::Finding {
             id: "report-gpu-1".into(),
@@ -173,7 +173,7 @@ fn a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus() {
     .unwrap();
     // A fault of the GPU (as NVML's Xid event reads), marked on its strip.
     let fault_ns = ((start + 2.5) * 1e3) as u64 * 1_000_000;
-    profiler::detect::log::record_event(
+    profiler::detect::journal::record_event(
         &data,
         &profiler::collect::kmsg::Event {
             id: "event-report-gpu-xid".into(),

@@ -233,7 +233,7 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
         summary: "CPU 1 saturated by the UI test".into(),
         evidence: serde_json::Value::Null,
     };
-    profiler::detect::log::record_finding(&data, &finding).unwrap();
+    profiler::detect::journal::record_finding(&data, &finding).unwrap();
     let (from, to) = (start.floor() - 1.0, end.ceil() + 1.0);
     let query = format!("from={from:.3}&to={to:.3}&cpu=1");
     let grid = settled_heatmap(port, &query);

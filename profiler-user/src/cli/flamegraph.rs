@@ -192,11 +192,11 @@ pub(super) fn around_window(
             .ok_or_else(|| anyhow::anyhow!("{what} '{v}' is not a duration: use 5s, 500ms, 1m"))
     };
     let (before, after) = (dur("--before", before)?, dur("--after", after)?);
-    if let Some(f) = detect::log::findings(data_dir)?.into_iter().find(|f| f.id == id) {
+    if let Some(f) = detect::journal::findings(data_dir)?.into_iter().find(|f| f.id == id) {
         let end = f.end_ns.unwrap_or_else(timespec::now_ns);
         return Ok((Window::new(f.start_ns.saturating_sub(before), end + after)?, f.cpu));
     }
-    let events: Vec<kmsg::Event> = detect::log::events_in(data_dir, 0, u64::MAX)?;
+    let events: Vec<kmsg::Event> = detect::journal::events_in(data_dir, 0, u64::MAX)?;
     if let Some(e) = events.into_iter().find(|e| e.id == id) {
         return Ok((Window::new(e.ts_ns.saturating_sub(before), e.ts_ns + after)?, None));
     }

@@ -101,7 +101,7 @@ pub fn cputime(args: CputimeArgs) -> anyhow::Result<()> {
     if let Some(c) = cputime::coarsened(&grid) {
         eprintln!("note: {}", c.reason);
     }
-    let found = detect::log::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
+    let found = detect::journal::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
     let title = format!("CPU x time, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
     let mut out = open_output(output.as_deref())?;
     match format {

@@ -22,7 +22,7 @@ pub struct Args {
 
 fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
     let w = window_of(from, to)?;
-    print_list(&detect::log::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, |f| {
+    print_list(&detect::journal::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, |f| {
         let end = match f.end_ns {
             Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
             None => "open".to_string(),
@@ -41,7 +41,7 @@ fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> a
 
 fn events_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
     let w = window_of(from, to)?;
-    print_list(&detect::log::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
+    print_list(&detect::journal::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
         format!("{}  {}  {}", text::visible(&e.id), timespec::format(e.ts_ns), text::visible(&e.message))
     })
 }

@@ -31,7 +31,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut src = args.source.open()?;
     let now = timespec::now_ns();
     // The flamegraph of each finding reaches 5 s before it.
-    let found = detect::log::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
+    let found = detect::journal::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
     let reach =
         found.iter().take(MAX_FINDING_FLAMEGRAPHS).map(|f| finding_window(f, now)).collect::<Result<Vec<_>, _>>()?;
     let mut store = src.load(&[&[w][..], &reach].concat())?;
@@ -57,7 +57,7 @@ fn report(
 ) -> anyhow::Result<()> {
     let meta = Meta::read(data_dir);
     let (cpus, hz) = Meta::cpus_and_frequency(data_dir);
-    let events = detect::log::events_in(data_dir, w.from_ns, w.to_ns)?;
+    let events = detect::journal::events_in(data_dir, w.from_ns, w.to_ns)?;
     let grid = query::subsecond_grid(store, w, 50, &Filter::default())?;
     let mut heat = Vec::new();
     heatmap::write_json_with(&grid, true, &mut heat)?;

@@ -1,8 +1,15 @@
 //! Reclaim and compaction stalls per CPU, as the `vmscan`/`compaction` programs aggregate them
-//! (`profiler-ebpf/src/reclaim.rs`): read once a second with one syscall.
+//! (`profiler-ebpf/src/reclaim.rs`): read once a second with one syscall, then turned from
+//! cumulative figures into each read's stalls ([`ReclaimSecond`]), the longest named with its
+//! memory cgroup, which both the reclaim detector and the counters' tracks take.
 
 use aya::maps::{MapData, PerCpuArray};
 use profiler_common::reclaim;
+
+use super::{
+    latency,
+    memcg::{self, Memcg},
+};
 
 /// The programs' tracepoints (`(name, category)`), attached in pairs: a begin without its end
 /// would leave every stall open.
@@ -98,9 +105,118 @@ fn decode(v: &[u64; reclaim::LEN], epoch: u64) -> ReclaimCpu {
     ReclaimCpu { count: at(reclaim::COUNT), ns: at(reclaim::NS), histogram, max_ns, staller }
 }
 
+/// A stall shorter than this in a read does not make the daemon read /proc for its task.
+const NAME_FROM_NS: u64 = 10_000_000;
+/// Stalls in a second below which a median says little, and a p99 (below 100 it is the
+/// longest one, which the finding names anyway).
+const MIN_STALLS_FOR_MEDIAN: u64 = 20;
+const MIN_STALLS_FOR_P99: u64 = 100;
+
+/// The task that stalled longest in a read, named while it existed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StallerInfo {
+    pub kind: usize,
+    pub pid: u32,
+    pub tid: u32,
+    /// The process's name, the thread's when unreadable.
+    pub comm: String,
+    pub memcg: Option<Memcg>,
+    /// The memory cgroup's id as the kernel read it at the stall (0: unknown).
+    pub memcg_id: u64,
+}
+
+/// One CPU's stalls in one second.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReclaimSecond {
+    pub count: [u64; reclaim::KINDS],
+    pub ns: [u64; reclaim::KINDS],
+    /// Stalls per `profiler_common::latency_bucket` of their duration.
+    pub histogram: Vec<u64>,
+    pub max_ns: u64,
+    pub staller: Option<StallerInfo>,
+}
+
+impl ReclaimSecond {
+    pub fn add(&mut self, other: ReclaimSecond) {
+        for k in 0..reclaim::KINDS {
+            self.count[k] += other.count[k];
+            self.ns[k] += other.ns[k];
+        }
+        latency::add(&mut self.histogram, &other.histogram);
+        if other.max_ns > self.max_ns {
+            self.max_ns = other.max_ns;
+            self.staller = other.staller;
+        }
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.ns.iter().sum()
+    }
+
+    /// At most how long the stalls up to quantile `q` took (the upper edge of a histogram
+    /// bucket, at most 12.5 % over): how long one allocation hangs, which the sum does not say
+    /// (4,000 stalls of 50 µs and two of 100 ms both sum to 200 ms).
+    pub fn quantile_ns(&self, q: f64) -> Option<u64> {
+        let v = latency::quantile_ns(&self.histogram, q)?;
+        // No stall took longer than the longest (when it was caught in this epoch): the bucket's
+        // edge may be over it.
+        Some(if self.max_ns > 0 { v.min(self.max_ns) } else { v })
+    }
+
+    fn stalls(&self) -> u64 {
+        self.count.iter().sum()
+    }
+
+    /// The median stall, from enough stalls to say something.
+    pub fn median_ns(&self) -> Option<u64> {
+        (self.stalls() >= MIN_STALLS_FOR_MEDIAN).then(|| self.quantile_ns(0.5)).flatten()
+    }
+
+    /// The p99 stall, from enough stalls to differ from the longest.
+    pub fn p99_ns(&self) -> Option<u64> {
+        (self.stalls() >= MIN_STALLS_FOR_P99).then(|| self.quantile_ns(0.99)).flatten()
+    }
+}
+
+/// Turns cumulative per-CPU figures into per-read growth.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    prev: Vec<ReclaimCpu>,
+    memcgs: memcg::Index,
+}
+
+impl Tracker {
+    pub fn update(&mut self, now: Vec<ReclaimCpu>) -> Vec<(usize, ReclaimSecond)> {
+        let prev = std::mem::replace(&mut self.prev, now);
+        let mut out = Vec::new();
+        for (cpu, n) in self.prev.iter().enumerate() {
+            let p = prev.get(cpu).cloned().unwrap_or_default();
+            let count = std::array::from_fn(|k| n.count[k].saturating_sub(p.count[k]));
+            let ns: [u64; reclaim::KINDS] = std::array::from_fn(|k| n.ns[k].saturating_sub(p.ns[k]));
+            let histogram = latency::growth(&n.histogram, &p.histogram);
+            if ns.iter().sum::<u64>() == 0 && n.max_ns == 0 {
+                continue;
+            }
+            let staller = n.staller.as_ref().filter(|_| ns.iter().sum::<u64>() >= NAME_FROM_NS).map(|s| {
+                let comm = std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
+                    .map(|c| c.trim_end().to_string())
+                    .unwrap_or_else(|_| s.comm.clone());
+                // The cgroup the kernel saw the task in at the stall; /proc while the task lives
+                // only when the kernel could not say (the writer of a stall is often a short
+                // process, gone by the read: `dd` in the test, a compiler in a pod).
+                let memcg = self.memcgs.by_id(s.memcg_id).or_else(|| memcg::of_pid(s.pid));
+                StallerInfo { kind: s.kind, pid: s.pid, tid: s.tid, comm, memcg, memcg_id: s.memcg_id }
+            });
+            out.push((cpu, ReclaimSecond { count, ns, histogram, max_ns: n.max_ns, staller }));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::latency::histogram;
 
     #[test]
     fn the_longest_stall_names_its_task_in_its_epoch_only() {
@@ -121,5 +237,23 @@ mod tests {
         let s = r.staller.expect("named");
         assert_eq!((s.kind, s.pid, s.tid, s.comm.as_str(), s.memcg_id), (reclaim::MEMCG, 4242, 4243, "dd", 2041));
         assert_eq!(decode(&v, 6).staller, None);
+    }
+
+    #[test]
+    fn the_tracker_reports_growth() {
+        let mut t = Tracker::default();
+        let cpu = |ns: u64| ReclaimCpu {
+            count: [0, ns / 1000, 0],
+            ns: [0, ns, 0],
+            histogram: histogram(&[(1000, ns / 1000)]),
+            max_ns: 0,
+            staller: None,
+        };
+        assert_eq!(t.update(vec![cpu(5_000)])[0].1.ns[reclaim::MEMCG], 5_000);
+        let second = t.update(vec![cpu(8_000)]);
+        assert_eq!((second[0].1.ns[reclaim::MEMCG], second[0].1.count[reclaim::MEMCG]), (3_000, 3));
+        assert_eq!(second[0].1.histogram, histogram(&[(1000, 3)]), "the histogram's growth");
+        // Nothing new: nothing reported.
+        assert!(t.update(vec![cpu(8_000)]).is_empty());
     }
 }

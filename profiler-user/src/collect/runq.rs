@@ -1,10 +1,12 @@
 //! Run-queue waits per CPU, as the `sched_switch`/`sched_wakeup` programs aggregate them
-//! (`profiler-ebpf/src/runq.rs`): read once a second with one syscall.
+//! (`profiler-ebpf/src/runq.rs`): read once a second with one syscall, then turned from
+//! cumulative figures into each read's waits ([`RunqSecond`]), which both the run-queue
+//! detector and the counters' tracks take.
 
 use aya::maps::{MapData, PerCpuArray};
 use profiler_common::runq;
 
-use super::tracefs;
+use super::{latency, tracefs};
 
 /// The longest wait of a read on one CPU: who waited, and what the CPU switched from to run it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -71,6 +73,88 @@ fn decode(v: &[u64; runq::LEN], epoch: u64) -> RunqCpu {
     RunqCpu { waits: v[runq::WAITS], histogram: v[runq::HISTOGRAM..].to_vec(), max_ns, waiter }
 }
 
+/// Waits in a second below which a CPU's p99 says little. The statistic's own floor, shared
+/// by the run-queue detector and the counters' p99 track, so it lives with the statistic.
+pub const MIN_WAITS_FOR_P99: u64 = 20;
+
+/// Who had a CPU's longest wait, named while the thread still existed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WaiterInfo {
+    pub tid: u32,
+    /// Its process (thread group) and that process's name; the thread's own if unreadable.
+    pub pid: u32,
+    pub comm: String,
+    pub thread: String,
+    /// What the CPU switched from to run it.
+    pub before_tid: u32,
+    pub before_comm: String,
+}
+
+/// The run-queue waits that ended on one CPU in one second.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunqSecond {
+    pub waits: u64,
+    pub histogram: Vec<u64>,
+    pub max_ns: u64,
+    pub waiter: Option<WaiterInfo>,
+}
+
+impl RunqSecond {
+    pub fn add(&mut self, other: RunqSecond) {
+        self.waits += other.waits;
+        latency::add(&mut self.histogram, &other.histogram);
+        if other.max_ns > self.max_ns {
+            self.max_ns = other.max_ns;
+            self.waiter = other.waiter;
+        }
+    }
+
+    pub fn p99_ns(&self) -> Option<u64> {
+        if self.waits >= MIN_WAITS_FOR_P99 { latency::quantile_ns(&self.histogram, 0.99) } else { None }
+    }
+}
+
+/// Turns cumulative per-CPU figures into per-read growth.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    prev: Vec<RunqCpu>,
+}
+
+impl Tracker {
+    /// The growth of each CPU's figures since the previous read; the longest wait is named
+    /// (its process read from /proc now: the thread may be gone by the evaluation) when it is
+    /// at least `name_from_ns`.
+    pub fn update(&mut self, now: Vec<RunqCpu>, name_from_ns: u64) -> Vec<(usize, RunqSecond)> {
+        let prev = std::mem::replace(&mut self.prev, now);
+        let mut out = Vec::with_capacity(self.prev.len());
+        for (cpu, n) in self.prev.iter().enumerate() {
+            let p = prev.get(cpu).cloned().unwrap_or_default();
+            let histogram = latency::growth(&n.histogram, &p.histogram);
+            let waiter = n.waiter.as_ref().filter(|_| n.max_ns >= name_from_ns).map(|w| {
+                let (pid, comm) = process_of(w.tid).unwrap_or((w.tid, w.comm.clone()));
+                WaiterInfo {
+                    tid: w.tid,
+                    pid,
+                    comm,
+                    thread: w.comm.clone(),
+                    before_tid: w.before_tid,
+                    before_comm: w.before_comm.clone(),
+                }
+            });
+            out.push((cpu, RunqSecond { waits: n.waits.saturating_sub(p.waits), histogram, max_ns: n.max_ns, waiter }));
+        }
+        out
+    }
+}
+
+/// A thread's process id and the process's name, from /proc.
+fn process_of(tid: u32) -> Option<(u32, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let tgid: u32 = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{tgid}/comm")).ok()?;
+    Some((tgid, comm.trim_end().to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +175,24 @@ mod tests {
         assert_eq!((w.tid, w.comm.as_str(), w.before_comm.as_str()), (42, "victim", "fifo-hog-long-na"));
         let later = decode(&v, 4);
         assert_eq!((later.waits, later.max_ns, later.waiter), (7, 0, None));
+    }
+
+    #[test]
+    fn the_tracker_reports_growth_and_the_longest_wait() {
+        let mut tracker = Tracker::default();
+        let h = |n: u64| {
+            let mut v = vec![0; profiler_common::LATENCY_BUCKETS as usize];
+            v[10] = n;
+            v
+        };
+        let first = tracker.update(vec![RunqCpu { waits: 10, histogram: h(10), max_ns: 5, waiter: None }], 1);
+        assert_eq!(first[0].1.waits, 10);
+        let w = Waiter { tid: u32::MAX - 1, comm: "gone".into(), before_tid: 1, before_comm: "x".into() };
+        let second = tracker.update(vec![RunqCpu { waits: 15, histogram: h(15), max_ns: 9, waiter: Some(w) }], 1);
+        let (cpu, r) = &second[0];
+        assert_eq!((*cpu, r.waits, r.histogram[10], r.max_ns), (0, 5, 5, 9));
+        // A thread that is gone keeps the names the kernel gave.
+        let named = r.waiter.as_ref().expect("named");
+        assert_eq!((named.pid, named.comm.as_str(), named.thread.as_str()), (u32::MAX - 1, "gone", "gone"));
     }
 }

@@ -113,14 +113,19 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     int("detect.saturated_secs", t.saturated_secs.into(), 1..=600, "1 to 600 seconds")?;
     share("detect.machine_busy_max", t.machine_busy_max, true)?;
     share("detect.saturated_kernel_min", t.saturated_kernel_min, true)?;
+    int("detect.saturated_critical_secs", t.saturated_critical_secs.into(), 1..=86_400, "1 to 86400 seconds")?;
     // Detector 2 keeps every busy tick of the window in memory.
     int("detect.hot_window_secs", t.hot_window_secs.into(), 1..=60, "1 to 60 seconds")?;
     share("detect.hot_share", t.hot_share, false)?;
     share("detect.watch_share", t.watch_share, false)?;
+    share("detect.hot_critical_share", t.hot_critical_share, false)?;
     float("detect.netrx_p99_ms", t.netrx_p99_ms, 10_000.0, "above 0 and at most 10000 ms")?;
+    int("detect.netrx_p99_min_runs", t.netrx_p99_min_runs, 1..=1_000_000, "1 to 1000000")?;
     float("detect.netrx_gap_ms", t.netrx_gap_ms, 60_000.0, "above 0 and at most 60000 ms")?;
+    float("detect.netrx_critical_factor", t.netrx_critical_factor, 1000.0, "above 0 and at most 1000")?;
     int("detect.zombie_min", t.zombie_min, 1..=100_000_000, "1 to 100000000")?;
     float("detect.zombie_ratio", t.zombie_ratio, 1e6, "above 0 and at most 1000000")?;
+    int("detect.zombie_critical", t.zombie_critical, 1..=100_000_000, "1 to 100000000")?;
     share("detect.throttle_share", t.throttle_share, false)?;
     // The profile of a throttled cgroup is kept for the window (and 10 s more).
     int("detect.throttle_window_secs", t.throttle_window_secs.into(), 5..=300, "5 to 300 seconds")?;
@@ -130,9 +135,12 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     int("detect.lock_min_cpus", t.lock_min_cpus.into(), 2..=4096, "2 to 4096 CPUs")?;
     // Like detector 2, every busy tick of the window is kept in memory.
     int("detect.lock_window_secs", t.lock_window_secs.into(), 1..=60, "1 to 60 seconds")?;
+    share("detect.lock_critical_share", t.lock_critical_share, false)?;
     float("detect.runq_max_ms", t.runq_max_ms, 60_000.0, "above 0 and at most 60000 ms")?;
     float("detect.runq_p99_ms", t.runq_p99_ms, 60_000.0, "above 0 and at most 60000 ms")?;
+    float("detect.runq_critical_factor", t.runq_critical_factor, 1000.0, "above 0 and at most 1000")?;
     share("detect.reclaim_share", t.reclaim_share, false)?;
+    share("detect.reclaim_critical_share", t.reclaim_critical_share, false)?;
     share("detect.gpu_idle_below", t.gpu_idle_below, false)?;
     int("detect.gpu_secs", t.gpu_secs.into(), 1..=600, "1 to 600 seconds")?;
     share("detect.gpu_cpu_busy", t.gpu_cpu_busy, false)?;
@@ -445,6 +453,14 @@ mod tests {
             ("runq_max_ms = 0.0", "detect.runq_max_ms"),
             ("runq_p99_ms = inf", "detect.runq_p99_ms"),
             ("reclaim_share = 0.0", "detect.reclaim_share"),
+            ("saturated_critical_secs = 0", "detect.saturated_critical_secs"),
+            ("hot_critical_share = 1.5", "detect.hot_critical_share"),
+            ("netrx_p99_min_runs = 0", "detect.netrx_p99_min_runs"),
+            ("netrx_critical_factor = nan", "detect.netrx_critical_factor"),
+            ("zombie_critical = 0", "detect.zombie_critical"),
+            ("lock_critical_share = 0.0", "detect.lock_critical_share"),
+            ("runq_critical_factor = -4.0", "detect.runq_critical_factor"),
+            ("reclaim_critical_share = nan", "detect.reclaim_critical_share"),
         ] {
             let file: ConfigFile = toml::from_str(&format!("[detect]\n{toml}\n")).unwrap();
             let e = Reloadable::from(&file, &StoreFlags::default()).unwrap_err().to_string();

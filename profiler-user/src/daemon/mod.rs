@@ -248,13 +248,13 @@ fn serve(
 /// Findings and events of the single-file layout move into hourly files; findings an earlier
 /// daemon left open (killed, or the machine went down) end where its data ends.
 fn close_abandoned(data_dir: &std::path::Path) {
-    match crate::detect::log::migrate(data_dir) {
+    match crate::detect::journal::migrate(data_dir) {
         Ok(0) => {}
         Ok(n) => tracing::info!(records = n, "findings and events moved into hourly files"),
         Err(e) => tracing::warn!(error = %e, "findings and events of the single-file layout could not be moved"),
     }
     let end = store::Store::open(data_dir).and_then(|mut s| s.last_end()).ok().flatten();
-    match crate::detect::log::close_abandoned(data_dir, end.unwrap_or_else(crate::timespec::now_ns)) {
+    match crate::detect::journal::close_abandoned(data_dir, end.unwrap_or_else(crate::timespec::now_ns)) {
         Ok(closed) if !closed.is_empty() => tracing::info!(
             findings = closed.len(),
             "findings left open by an earlier run were closed at the end of its data"
@@ -297,11 +297,11 @@ fn record_findings(changes: &Changes, data_dir: &std::path::Path) {
         );
     }
     for f in changes.opened.iter().chain(&changes.closed) {
-        if let Err(e) = detect::log::record_finding(data_dir, f) {
+        if let Err(e) = detect::journal::record_finding(data_dir, f) {
             tracing::error!(finding = %f.id, error = %e, "cannot record a finding");
         }
     }
-    if let Err(e) = detect::log::update_open(data_dir, &changes.updated) {
+    if let Err(e) = detect::journal::update_open(data_dir, &changes.updated) {
         tracing::error!(error = %e, "cannot record the latest figures of open findings");
     }
 }

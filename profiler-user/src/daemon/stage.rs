@@ -25,8 +25,8 @@ use super::{
     report::Report,
 };
 use crate::{
-    collect::{CgroupFields, Collector, parse_event},
-    detect::{Changes, Engine, Machine, Thresholds, zombies::MemcgCount},
+    collect::{CgroupFields, Collector, memcg::MemcgCount, parse_event},
+    detect::{Changes, Engine, Machine, Thresholds},
     pipeline::Pipeline,
     serve::metrics::Live,
     store::{StoreWriter, writer::WriterLimits},

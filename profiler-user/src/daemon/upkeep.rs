@@ -16,9 +16,12 @@ use std::{
 
 use super::{clock, stage::Control};
 use crate::{
-    collect::kmsg::{Event, Kmsg},
+    collect::{
+        kmsg::{Event, Kmsg},
+        memcg::MemcgCounter,
+    },
     config::Reloadable,
-    detect::{self, throttle::scan::Scanner, zombies::MemcgCounter},
+    detect::{self, throttle::scan::Scanner},
     serve::metrics::Live,
     store,
     timespec::now_ns,
@@ -133,7 +136,7 @@ fn prune_findings(data_dir: &std::path::Path, retention: &store::retention::Rete
     let oldest = store::reader::list_segments(data_dir).ok().and_then(|s| s.first().map(|(start, _)| *start));
     let by_age = now_ns().saturating_sub(retention.max_age_ns);
     let cutoff = oldest.map_or(by_age, |o| o.max(by_age));
-    match crate::detect::log::prune(data_dir, cutoff) {
+    match crate::detect::journal::prune(data_dir, cutoff) {
         Ok(0) => {}
         Ok(n) => tracing::info!(files = n, "hours of findings and events older than the store's data removed"),
         Err(e) => tracing::warn!(error = %e, "findings and events could not be pruned"),
@@ -159,7 +162,7 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::ser
             *live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.entry((code, finding.is_some())).or_default() += 1;
         }
         tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
-        if let Err(err) = detect::log::record_event(data_dir, &e) {
+        if let Err(err) = detect::journal::record_event(data_dir, &e) {
             tracing::error!(event = %e.id, error = %err, "cannot record an event");
         }
         // NVML's Xid event may have raised this fault's finding already (`gpu::nvml`'s events).
@@ -167,7 +170,7 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::ser
             fault.filter(|(_, f)| !f.as_ref().is_some_and(|f| crate::gpu::nvml::already_raised(data_dir, f)))
         {
             tracing::warn!(finding = %finding.id, "{}", finding.summary);
-            if let Err(err) = detect::log::record_finding(data_dir, &finding) {
+            if let Err(err) = detect::journal::record_finding(data_dir, &finding) {
                 tracing::error!(finding = %finding.id, error = %err, "cannot record a finding");
             }
         }

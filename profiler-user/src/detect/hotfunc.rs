@@ -9,7 +9,11 @@ use rustc_hash::FxHashMap;
 
 use serde_json::json;
 
-use super::{Active, Kind, Machine, Second, Severity, Thresholds, percent, top_processes};
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Machine, Second, Top, percent, top_processes},
+    thresholds::Thresholds,
+};
 
 /// Entry points and dispatchers that sit above whatever the kernel is really doing: those of
 /// every architecture, then the running one's entry code (`ARCH_GENERIC`).
@@ -239,14 +243,14 @@ impl HotFunc {
                 cpu: Some(cpu as u32),
                 subject: None,
                 onset_ns: onset,
-                severity: if share >= 0.8 { Severity::Critical } else { Severity::Warning },
+                severity: if share >= t.hot_critical_share { Severity::Critical } else { Severity::Warning },
                 summary,
                 evidence: json!({
                     "function": name,
                     "share": share,
                     "window_secs": w,
                     "watchlist": hint(name).is_some(),
-                    "processes": holders.iter().map(super::Top::json).collect::<Vec<_>>(),
+                    "processes": holders.iter().map(Top::json).collect::<Vec<_>>(),
                 }),
             });
         }

@@ -13,7 +13,11 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use serde_json::json;
 
-use super::{Active, Kind, Machine, Second, Severity, Thresholds, Tick, percent, top_processes};
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Machine, Second, Tick, Top, percent, top_processes},
+    thresholds::Thresholds,
+};
 
 /// Spin-lock slow paths and lock entry points: the single list of lock frames. The finding
 /// names the leaf-most of them in a stack (the slow path when it is there, else the
@@ -100,7 +104,7 @@ impl LockSpin {
             // The CPU spinning most (the lowest-numbered of equals).
             let worst = held.iter().copied().reduce(|a, b| if b.1 > a.1 { b } else { a }).expect("lock_min_cpus >= 2");
             let mean = held.iter().map(|(_, s)| s).sum::<f64>() / held.len() as f64;
-            let id = super::finding_id_of(Kind::LockSpinning, None, Some(lock), onset);
+            let id = super::finding::finding_id_of(Kind::LockSpinning, None, Some(lock), onset);
             let shares: Vec<String> = held.iter().map(|(cpu, s)| format!("{} of CPU {cpu}", percent(*s))).collect();
             let callers_text: Vec<String> =
                 callers.iter().map(|(f, n)| format!("{f} {}", percent(*n as f64 / total))).collect();
@@ -120,14 +124,14 @@ impl LockSpin {
                 cpu: None,
                 subject: Some(lock.to_string()),
                 onset_ns: onset,
-                severity: if mean >= 0.5 { Severity::Critical } else { Severity::Warning },
+                severity: if mean >= t.lock_critical_share { Severity::Critical } else { Severity::Warning },
                 summary,
                 evidence: json!({
                     "function": lock,
                     "window_secs": w,
                     "cpus": held.iter().map(|(cpu, s)| json!({"cpu": cpu, "share": s})).collect::<Vec<_>>(),
                     "callers": callers.iter().map(|(f, n)| json!({"function": f, "samples": n, "share": *n as f64 / total})).collect::<Vec<_>>(),
-                    "processes": processes.iter().map(super::Top::json).collect::<Vec<_>>(),
+                    "processes": processes.iter().map(Top::json).collect::<Vec<_>>(),
                 }),
             });
         }

@@ -12,12 +12,17 @@
 //! - `reclaim`: a CPU's tasks stalled in reclaim or compaction, and the memory cgroup;
 //! - `gpu`: a GPU idle while its feeders' CPUs are saturated (input pipeline, launch thread),
 //!   or busy with its clocks held down; a fatal Xid in the kernel log (`gpu::xid`).
+//!
+//! Beside them: `finding` (what they report), `seconds` (what they read), `thresholds` (every
+//! figure that decides a finding), `journal` (where findings and kernel-log events are kept);
+//! this file is the engine that feeds the detectors and turns what they report into findings.
 
 pub mod cuda;
+mod finding;
 pub mod gpu;
 pub mod hotfunc;
+pub mod journal;
 pub mod lockspin;
-pub mod log;
 pub mod netrx;
 pub mod reclaim;
 pub mod runq;
@@ -29,141 +34,17 @@ pub mod zombies;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use serde::{Deserialize, Serialize};
+use crate::{
+    collect::{
+        NetRxCpu, latency,
+        memcg::MemcgCount,
+        reclaim::{self as reclaim_read, ReclaimCpu, ReclaimSecond},
+        runq::{self as runq_read, RunqCpu, RunqSecond},
+    },
+    store::format::NS_PER_SEC,
+};
 
-use crate::{collect::NetRxCpu, store::format::NS_PER_SEC};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Kind {
-    SaturatedCore,
-    HotKernelFunction,
-    NetrxStarvation,
-    ZombieMemcgs,
-    CfsThrottling,
-    LockSpinning,
-    RunqStarvation,
-    ReclaimStall,
-    GpuStarved,
-    GpuLaunchBound,
-    GpuThrottled,
-    GpuFault,
-    GpuSyncStall,
-}
-
-impl Kind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::SaturatedCore => "saturated-core",
-            Kind::HotKernelFunction => "hot-kernel-function",
-            Kind::NetrxStarvation => "netrx-starvation",
-            Kind::ZombieMemcgs => "zombie-memcgs",
-            Kind::CfsThrottling => "cfs-throttling",
-            Kind::LockSpinning => "lock-spinning",
-            Kind::RunqStarvation => "runq-starvation",
-            Kind::ReclaimStall => "reclaim-stall",
-            Kind::GpuStarved => "gpu-starved",
-            Kind::GpuLaunchBound => "gpu-launch-bound",
-            Kind::GpuThrottled => "gpu-throttled",
-            Kind::GpuFault => "gpu-fault",
-            Kind::GpuSyncStall => "gpu-sync-stall",
-        }
-    }
-
-    /// Every kind, in declaration order (metrics list them all, open or not).
-    pub const ALL: [Kind; 13] = [
-        Kind::SaturatedCore,
-        Kind::HotKernelFunction,
-        Kind::NetrxStarvation,
-        Kind::ZombieMemcgs,
-        Kind::CfsThrottling,
-        Kind::LockSpinning,
-        Kind::RunqStarvation,
-        Kind::ReclaimStall,
-        Kind::GpuStarved,
-        Kind::GpuLaunchBound,
-        Kind::GpuThrottled,
-        Kind::GpuFault,
-        Kind::GpuSyncStall,
-    ];
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Info,
-    Warning,
-    Critical,
-}
-
-impl Severity {
-    pub fn name(self) -> &'static str {
-        match self {
-            Severity::Info => "info",
-            Severity::Warning => "warning",
-            Severity::Critical => "critical",
-        }
-    }
-}
-
-/// What metrics label an open finding with.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Labels {
-    pub kind: Kind,
-    pub cpu: Option<u32>,
-    /// `namespace/name` (or the name, or the pod uid) of the pod the finding is about.
-    pub pod: Option<String>,
-    pub severity: Severity,
-}
-
-/// Something worth a human's attention, on the timeline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Finding {
-    pub id: String,
-    pub kind: Kind,
-    pub start_ns: u64,
-    /// `None` while the condition still holds.
-    pub end_ns: Option<u64>,
-    pub cpu: Option<u32>,
-    pub severity: Severity,
-    /// One line a human can act on.
-    pub summary: String,
-    /// The figures behind the summary: function, processes, shares, counts.
-    pub evidence: serde_json::Value,
-}
-
-impl Finding {
-    /// The pod the finding is about: its own (`pod`, `namespace`, `pod_uid` in the evidence:
-    /// a throttled pod or container) or that of the first process it names.
-    pub fn pod(&self) -> Option<String> {
-        let e = &self.evidence;
-        let first = ["top_processes", "processes", "held_by"].iter().find_map(|k| e[*k].get(0));
-        [e, first.unwrap_or(&serde_json::Value::Null)].into_iter().find_map(|v| {
-            let (ns, name, uid) = (v["namespace"].as_str(), v["pod"].as_str(), v["pod_uid"].as_str());
-            match (ns, name, uid) {
-                (Some(ns), Some(name), _) => Some(format!("{ns}/{name}")),
-                (None, Some(name), _) => Some(name.to_string()),
-                (_, None, Some(uid)) => Some(uid.to_string()),
-                _ => None,
-            }
-        })
-    }
-}
-
-/// What a detector found true in the second it evaluated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Active {
-    pub kind: Kind,
-    pub cpu: Option<u32>,
-    /// What else tells two findings of one kind apart (a cgroup): part of the finding's id.
-    pub subject: Option<String>,
-    /// When the condition began (it may have been confirmed only later).
-    pub onset_ns: u64,
-    pub severity: Severity,
-    pub summary: String,
-    pub evidence: serde_json::Value,
-}
-
+pub use finding::{Active, Finding, Kind, Labels, Severity, finding_id, finding_id_of, finding_id_time};
 pub use seconds::{CpuSecond, Machine, NetRxSecond, Second, Tick, Top, percent, top_processes};
 pub use thresholds::Thresholds;
 
@@ -200,8 +81,8 @@ pub struct Engine {
     pub zombies: zombies::Zombies,
     pub throttle: throttle::Throttle,
     netrx_prev: Vec<NetRxCpu>,
-    runq: runq::Tracker,
-    reclaim: reclaim::Tracker,
+    runq: runq_read::Tracker,
+    reclaim: reclaim_read::Tracker,
     /// Real-time policies of processes on CPUs where NET_RX work waited, read while they ran.
     policies: HashMap<u32, String>,
     open: BTreeMap<(Kind, Option<u32>, Option<String>), Open>,
@@ -245,8 +126,8 @@ impl Engine {
             pending: BTreeMap::new(),
             history: VecDeque::new(),
             netrx_prev: Vec::new(),
-            runq: runq::Tracker::default(),
-            reclaim: reclaim::Tracker::default(),
+            runq: runq_read::Tracker::default(),
+            reclaim: reclaim_read::Tracker::default(),
             policies: HashMap::new(),
             open: BTreeMap::new(),
             interrupts: Default::default(),
@@ -306,58 +187,45 @@ impl Engine {
         for (cpu, n) in now.iter().enumerate() {
             let p = prev.get(cpu).cloned().unwrap_or_default();
             let runs = n.entries.saturating_sub(p.entries);
-            let histogram: Vec<u64> = n
-                .histogram
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| v.saturating_sub(p.histogram.get(i).copied().unwrap_or(0)))
-                .collect();
+            let histogram = latency::growth(&n.histogram, &p.histogram);
             let waited = n.latency_max_ns.max(n.poll_gap_max_ns) as f64 >= self.thresholds.netrx_gap_ms * 1e6;
             if waited {
-                // Whoever holds the CPU now may be gone when the second is evaluated: note
-                // the real-time policies of what ran there in the seconds not yet evaluated.
-                let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
-                let pids: Vec<u32> = top_processes(ticks, 3).into_iter().map(|t| t.pid).collect();
-                if self.policies.len() > 4096 {
-                    self.policies.clear();
-                }
-                for pid in pids {
-                    self.policies.insert(pid, netrx::policy(pid));
-                }
+                self.note_policies(cpu);
             }
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 let s = c.netrx.get_or_insert_with(NetRxSecond::default);
                 s.runs += runs;
-                if s.histogram.len() < histogram.len() {
-                    s.histogram.resize(histogram.len(), 0);
-                }
-                for (a, b) in s.histogram.iter_mut().zip(&histogram) {
-                    *a += b;
-                }
+                latency::add(&mut s.histogram, &histogram);
                 s.latency_max_ns = s.latency_max_ns.max(n.latency_max_ns);
                 s.poll_gap_max_ns = s.poll_gap_max_ns.max(n.poll_gap_max_ns);
             }
         }
     }
 
+    /// Notes the real-time policies of the processes most sampled on `cpu` in the seconds not
+    /// yet evaluated: whoever holds the CPU now may be gone when its second is evaluated.
+    fn note_policies(&mut self, cpu: usize) {
+        if self.policies.len() > 4096 {
+            self.policies.clear();
+        }
+        let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
+        for t in top_processes(ticks, 3) {
+            self.policies.insert(t.pid, netrx::policy(t.pid));
+        }
+    }
+
     /// Cumulative run-queue figures read at `ts_ns`: their growth since the last read goes to
     /// that second. Returns each CPU's waits of this read (without names), for the counters.
-    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<crate::collect::runq::RunqCpu>) -> Vec<(u32, runq::RunqSecond)> {
+    pub fn on_runq(&mut self, ts_ns: u64, now: Vec<RunqCpu>) -> Vec<(u32, RunqSecond)> {
         // The p99 can fire without one wait that long: name any wait that long.
         let name_from_ns = (self.thresholds.runq_max_ms.min(self.thresholds.runq_p99_ms) * 1e6) as u64;
         let mut waits = Vec::new();
         for (cpu, second) in self.runq.update(now, name_from_ns) {
-            let unnamed = runq::RunqSecond { waiter: None, histogram: second.histogram.clone(), ..second };
+            let unnamed = RunqSecond { waiter: None, histogram: second.histogram.clone(), ..second };
             waits.push((cpu as u32, unnamed));
             // A long wait's CPU: note the policies of what ran there while they still run.
             if second.waiter.is_some() {
-                if self.policies.len() > 4096 {
-                    self.policies.clear();
-                }
-                let ticks = self.pending.values().filter_map(|s| s.cpus.get(cpu)).flat_map(|c| c.busy.iter());
-                for t in top_processes(ticks, 3) {
-                    self.policies.insert(t.pid, netrx::policy(t.pid));
-                }
+                self.note_policies(cpu);
             }
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 c.runq.get_or_insert_with(Default::default).add(second);
@@ -368,14 +236,10 @@ impl Engine {
 
     /// Cumulative reclaim and compaction stalls read at `ts_ns`: their growth goes to that second.
     /// Returns each CPU's stalls of this read, for the counters' tracks.
-    pub fn on_reclaim(
-        &mut self,
-        ts_ns: u64,
-        now: Vec<crate::collect::reclaim::ReclaimCpu>,
-    ) -> Vec<(u32, reclaim::ReclaimSecond)> {
+    pub fn on_reclaim(&mut self, ts_ns: u64, now: Vec<ReclaimCpu>) -> Vec<(u32, ReclaimSecond)> {
         let mut stalls = Vec::new();
         for (cpu, second) in self.reclaim.update(now) {
-            stalls.push((cpu as u32, reclaim::ReclaimSecond { staller: None, ..second.clone() }));
+            stalls.push((cpu as u32, ReclaimSecond { staller: None, ..second.clone() }));
             if let Some(c) = self.cpu(ts_ns, cpu as u32) {
                 c.reclaim.get_or_insert_with(Default::default).add(second);
             }
@@ -474,7 +338,7 @@ impl Engine {
 
     /// As [`Self::check_zombies`], with counts read by the daemon's upkeep stage (`None`: they
     /// could not be read).
-    pub fn check_zombies_count(&mut self, now_ns: u64, count: Option<zombies::MemcgCount>) -> Changes {
+    pub fn check_zombies_count(&mut self, now_ns: u64, count: Option<MemcgCount>) -> Changes {
         let mut changes = Changes::default();
         let active = count.and_then(|c| self.zombies.evaluate_count(c, now_ns, &self.thresholds));
         self.reconcile(active.into_iter().collect(), now_ns, Some(&[Kind::ZombieMemcgs]), &mut changes);
@@ -596,28 +460,6 @@ impl Engine {
     pub fn open_findings(&self) -> Vec<Finding> {
         self.open.values().map(|o| Finding { end_ns: Some(o.last_active_ns), ..o.finding.clone() }).collect()
     }
-}
-
-/// `saturated-core-cpu1-20261121T101502`: kind, CPU, and the second it began (UTC).
-pub fn finding_id(kind: Kind, cpu: Option<u32>, onset_ns: u64) -> String {
-    finding_id_of(kind, cpu, None, onset_ns)
-}
-
-/// As [`finding_id`], with what tells findings of one kind apart (`cfs-throttling-busy-3f2a9c01-20261121T101502`).
-pub fn finding_id_of(kind: Kind, cpu: Option<u32>, subject: Option<&str>, onset_ns: u64) -> String {
-    let when = finding_id_time(onset_ns);
-    let subject = subject.map_or(String::new(), |s| format!("{s}-"));
-    match cpu {
-        Some(c) => format!("{}-cpu{c}-{subject}{when}", kind.name()),
-        None => format!("{}-{subject}{when}", kind.name()),
-    }
-}
-
-/// `20261121T101502`: the UTC second of `ns`, as ids show it.
-pub fn finding_id_time(ns: u64) -> String {
-    jiff::Timestamp::from_nanosecond(ns as i128)
-        .map(|t| t.strftime("%Y%m%dT%H%M%S").to_string())
-        .unwrap_or_else(|_| (ns / NS_PER_SEC).to_string())
 }
 
 #[cfg(test)]

@@ -4,25 +4,12 @@
 
 use serde_json::json;
 
-use super::{Active, Kind, Second, Severity, Thresholds, percent, top_processes};
-
-/// The upper bound (ns) of the histogram bucket holding the `q` quantile (at most 12.5 % over
-/// the true value: `profiler_common::latency_bucket`).
-pub fn quantile_ns(histogram: &[u64], q: f64) -> Option<u64> {
-    let total: u64 = histogram.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let target = (total as f64 * q).ceil() as u64;
-    let mut seen = 0;
-    for (i, &n) in histogram.iter().enumerate() {
-        seen += n;
-        if seen >= target {
-            return Some(profiler_common::latency_bucket_end(i as u32));
-        }
-    }
-    None
-}
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Second, Top, percent, top_processes},
+    thresholds::Thresholds,
+};
+use crate::collect::latency::quantile_ns;
 
 /// `, SCHED_FIFO 50` etc. for a pid, from /proc (empty if it is gone or not real-time).
 pub fn policy(pid: u32) -> String {
@@ -43,7 +30,7 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
     let mut out = Vec::new();
     for (cpu, c) in second.cpus.iter().enumerate() {
         let Some(n) = &c.netrx else { continue };
-        let p99 = if n.runs >= 5 { quantile_ns(&n.histogram, 0.99) } else { None };
+        let p99 = if n.runs >= t.netrx_p99_min_runs { quantile_ns(&n.histogram, 0.99) } else { None };
         let worst = n.latency_max_ns.max(n.poll_gap_max_ns);
         let gap_ns = (t.netrx_gap_ms * 1e6) as u64;
         let p99_hit = p99.is_some_and(|p| p as f64 >= t.netrx_p99_ms * 1e6);
@@ -74,14 +61,18 @@ pub fn evaluate(second: &Second, t: &Thresholds, policies: &std::collections::Ha
             cpu: Some(cpu as u32),
             subject: None,
             onset_ns: second.start_ns,
-            severity: if worst >= 10 * gap_ns { Severity::Critical } else { Severity::Warning },
+            severity: if worst as f64 >= t.netrx_critical_factor * gap_ns as f64 {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
             summary: format!("CPU {cpu}: {} while the CPU ran {held}", what.join("; ")),
             evidence: json!({
                 "runs": n.runs,
                 "latency_max_ms": ms(n.latency_max_ns),
                 "latency_p99_ms": p99.map(ms),
                 "poll_gap_max_ms": ms(n.poll_gap_max_ns),
-                "held_by": holders.iter().map(super::Top::json).collect::<Vec<_>>(),
+                "held_by": holders.iter().map(Top::json).collect::<Vec<_>>(),
             }),
         });
     }
@@ -93,31 +84,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::collect::latency::histogram;
     use crate::{
         detect::{CpuSecond, NetRxSecond, Tick},
         model::Stack,
     };
-
-    fn histogram(waits_ns: &[(u64, u64)]) -> Vec<u64> {
-        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
-        for &(ns, n) in waits_ns {
-            h[profiler_common::latency_bucket(ns) as usize] += n;
-        }
-        h
-    }
-
-    #[test]
-    fn quantiles_overstate_by_at_most_an_eighth() {
-        let h = histogram(&[(1_000, 98), (8_000_000, 2)]);
-        assert_eq!(quantile_ns(&h, 0.5), Some(1_024));
-        assert_eq!(quantile_ns(&h, 0.99), Some(8_388_608));
-        assert_eq!(quantile_ns(&[0; 4], 0.99), None);
-        // Below 8 ns buckets are whole powers of two (no wait is that short).
-        for ns in [8, 9, 15, 1_000, 4_190_000, 4_999_999, 123_456_789] {
-            let end = profiler_common::latency_bucket_end(profiler_common::latency_bucket(ns));
-            assert!(end > ns && end as f64 <= ns as f64 * 1.125 + 1.0, "{ns} ns reads as up to {end}");
-        }
-    }
 
     /// A true p99 of 4.2 ms is under a 5 ms threshold (whole powers of two read it as 8.4 ms).
     #[test]

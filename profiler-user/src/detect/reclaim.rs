@@ -9,12 +9,12 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::json;
 
-pub use self::memcg::Memcg;
-use super::{Active, Kind, Second, Severity, Thresholds, Tick, Top, netrx::quantile_ns, percent};
-use crate::collect::reclaim::ReclaimCpu;
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Second, Tick, Top, percent},
+    thresholds::Thresholds,
+};
 use profiler_common::reclaim::{COMPACT, DIRECT, KINDS, MEMCG};
-
-pub mod memcg;
 
 /// Where a task that allocates or charges memory enters reclaim or compaction itself: a sample
 /// under one of them is the CPU spent in a stall. Reclaim's inner functions (`shrink_node`,
@@ -34,13 +34,6 @@ const STALL_ENTRIES: &[&str] = &[
     "try_to_compact_pages",
 ];
 
-/// A stall shorter than this in a read does not make the daemon read /proc for its task.
-const NAME_FROM_NS: u64 = 10_000_000;
-/// Stalls in a second below which a median says little, and a p99 (below 100 it is the
-/// longest one, which the finding names anyway).
-const MIN_STALLS_FOR_MEDIAN: u64 = 20;
-const MIN_STALLS_FOR_P99: u64 = 100;
-
 fn is_stall_entry(name: &str) -> bool {
     // `try_to_free_pages.part.0` and the like: compiler-made copies.
     let base = name.split('.').next().unwrap_or(name);
@@ -58,117 +51,6 @@ fn kind_name(kind: usize) -> &'static str {
         MEMCG => "memory-cgroup reclaim",
         COMPACT => "compaction",
         _ => "reclaim",
-    }
-}
-
-/// The task that stalled longest in a read, named while it existed.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct StallerInfo {
-    pub kind: usize,
-    pub pid: u32,
-    pub tid: u32,
-    /// The process's name, the thread's when unreadable.
-    pub comm: String,
-    pub memcg: Option<Memcg>,
-    /// The memory cgroup's id as the kernel read it at the stall (0: unknown).
-    pub memcg_id: u64,
-}
-
-/// One CPU's stalls in one second.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ReclaimSecond {
-    pub count: [u64; KINDS],
-    pub ns: [u64; KINDS],
-    /// Stalls per `profiler_common::latency_bucket` of their duration.
-    pub histogram: Vec<u64>,
-    pub max_ns: u64,
-    pub staller: Option<StallerInfo>,
-}
-
-impl ReclaimSecond {
-    pub fn add(&mut self, other: ReclaimSecond) {
-        for k in 0..KINDS {
-            self.count[k] += other.count[k];
-            self.ns[k] += other.ns[k];
-        }
-        if self.histogram.len() < other.histogram.len() {
-            self.histogram.resize(other.histogram.len(), 0);
-        }
-        for (a, b) in self.histogram.iter_mut().zip(&other.histogram) {
-            *a += b;
-        }
-        if other.max_ns > self.max_ns {
-            self.max_ns = other.max_ns;
-            self.staller = other.staller;
-        }
-    }
-
-    pub fn total_ns(&self) -> u64 {
-        self.ns.iter().sum()
-    }
-
-    /// At most how long the stalls up to quantile `q` took (the upper edge of a histogram
-    /// bucket, at most 12.5 % over): how long one allocation hangs, which the sum does not say
-    /// (4,000 stalls of 50 µs and two of 100 ms both sum to 200 ms).
-    pub fn quantile_ns(&self, q: f64) -> Option<u64> {
-        let v = quantile_ns(&self.histogram, q)?;
-        // No stall took longer than the longest (when it was caught in this epoch): the bucket's
-        // edge may be over it.
-        Some(if self.max_ns > 0 { v.min(self.max_ns) } else { v })
-    }
-
-    fn stalls(&self) -> u64 {
-        self.count.iter().sum()
-    }
-
-    /// The median stall, from enough stalls to say something.
-    pub fn median_ns(&self) -> Option<u64> {
-        (self.stalls() >= MIN_STALLS_FOR_MEDIAN).then(|| self.quantile_ns(0.5)).flatten()
-    }
-
-    /// The p99 stall, from enough stalls to differ from the longest.
-    pub fn p99_ns(&self) -> Option<u64> {
-        (self.stalls() >= MIN_STALLS_FOR_P99).then(|| self.quantile_ns(0.99)).flatten()
-    }
-}
-
-/// Turns cumulative per-CPU figures into per-read growth.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    prev: Vec<ReclaimCpu>,
-    memcgs: memcg::Index,
-}
-
-impl Tracker {
-    pub fn update(&mut self, now: Vec<ReclaimCpu>) -> Vec<(usize, ReclaimSecond)> {
-        let prev = std::mem::replace(&mut self.prev, now);
-        let mut out = Vec::new();
-        for (cpu, n) in self.prev.iter().enumerate() {
-            let p = prev.get(cpu).cloned().unwrap_or_default();
-            let count = std::array::from_fn(|k| n.count[k].saturating_sub(p.count[k]));
-            let ns: [u64; KINDS] = std::array::from_fn(|k| n.ns[k].saturating_sub(p.ns[k]));
-            let histogram: Vec<u64> = n
-                .histogram
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| v.saturating_sub(p.histogram.get(i).copied().unwrap_or(0)))
-                .collect();
-            if ns.iter().sum::<u64>() == 0 && n.max_ns == 0 {
-                continue;
-            }
-            let staller = n.staller.as_ref().filter(|_| ns.iter().sum::<u64>() >= NAME_FROM_NS).map(|s| {
-                let comm = std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
-                    .map(|c| c.trim_end().to_string())
-                    .unwrap_or_else(|_| s.comm.clone());
-                // The cgroup the kernel saw the task in at the stall; /proc while the task lives
-                // only when the kernel could not say (the writer of a stall is often a short
-                // process, gone by the read: `dd` in the test, a compiler in a pod).
-                let memcg = self.memcgs.by_id(s.memcg_id).or_else(|| memcg::of_pid(s.pid));
-                StallerInfo { kind: s.kind, pid: s.pid, tid: s.tid, comm, memcg, memcg_id: s.memcg_id }
-            });
-            out.push((cpu, ReclaimSecond { count, ns, histogram, max_ns: n.max_ns, staller }));
-        }
-        out
     }
 }
 
@@ -293,7 +175,7 @@ pub fn evaluate(history: &VecDeque<Second>, t: &Thresholds) -> Vec<Active> {
             cpu: Some(cpu as u32),
             subject: None,
             onset_ns: second.start_ns,
-            severity: if share >= 0.5 { Severity::Critical } else { Severity::Warning },
+            severity: if share >= t.reclaim_critical_share { Severity::Critical } else { Severity::Warning },
             summary: format!(
                 "CPU {cpu}: its tasks stalled {:.0} ms in {} in one second ({stalls} stalls, {longest}){memcg_text}{sampled_text}; {next}",
                 ms(r.total_ns()),
@@ -327,7 +209,15 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{detect::CpuSecond, model::Stack};
+    use crate::collect::latency::histogram;
+    use crate::{
+        collect::{
+            memcg::Memcg,
+            reclaim::{ReclaimSecond, StallerInfo},
+        },
+        detect::CpuSecond,
+        model::Stack,
+    };
 
     fn tick(kernel: &[&str]) -> Tick {
         let frames: Vec<Arc<str>> = ["dd"].iter().chain(kernel).map(|f| Arc::from(*f)).collect();
@@ -349,15 +239,6 @@ mod tests {
             start_ns: 0,
             cpus: vec![CpuSecond::default(), CpuSecond { busy, reclaim: Some(r), ..Default::default() }],
         }
-    }
-
-    /// Stall durations as the kernel's histogram holds them.
-    fn histogram(stalls: &[(u64, u64)]) -> Vec<u64> {
-        let mut h = vec![0u64; profiler_common::LATENCY_BUCKETS as usize];
-        for &(ns, n) in stalls {
-            h[profiler_common::latency_bucket(ns) as usize] += n;
-        }
-        h
     }
 
     fn stalls(ns: u64) -> ReclaimSecond {
@@ -494,23 +375,5 @@ mod tests {
     #[test]
     fn a_little_reclaim_is_quiet() {
         assert!(evaluate(&VecDeque::from([second(stalls(40_000_000))]), &Thresholds::default()).is_empty());
-    }
-
-    #[test]
-    fn the_tracker_reports_growth() {
-        let mut t = Tracker::default();
-        let cpu = |ns: u64| ReclaimCpu {
-            count: [0, ns / 1000, 0],
-            ns: [0, ns, 0],
-            histogram: histogram(&[(1000, ns / 1000)]),
-            max_ns: 0,
-            staller: None,
-        };
-        assert_eq!(t.update(vec![cpu(5_000)])[0].1.ns[MEMCG], 5_000);
-        let second = t.update(vec![cpu(8_000)]);
-        assert_eq!((second[0].1.ns[MEMCG], second[0].1.count[MEMCG]), (3_000, 3));
-        assert_eq!(second[0].1.histogram, histogram(&[(1000, 3)]), "the histogram's growth");
-        // Nothing new: nothing reported.
-        assert!(t.update(vec![cpu(8_000)]).is_empty());
     }
 }

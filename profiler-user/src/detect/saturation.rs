@@ -8,7 +8,11 @@ use std::collections::VecDeque;
 
 use serde_json::json;
 
-use super::{Active, Kind, Machine, Second, Severity, Thresholds, percent, top_processes};
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Machine, Second, Top, percent, top_processes},
+    thresholds::Thresholds,
+};
 use crate::{context::Context, store::format::NS_PER_SEC};
 
 #[derive(Debug, Default)]
@@ -65,7 +69,7 @@ impl Saturation {
                 cpu: Some(cpu as u32),
                 subject: None,
                 onset_ns: start,
-                severity: if secs >= 10 { Severity::Critical } else { Severity::Warning },
+                severity: if secs >= u64::from(t.saturated_critical_secs) { Severity::Critical } else { Severity::Warning },
                 summary: format!(
                     "CPU {cpu} saturated for {secs} s ({} busy, {} of it in the {mode}{softirq_text}) while the machine is {} busy; top: {}",
                     percent(busy),
@@ -80,7 +84,7 @@ impl Saturation {
                     "machine_busy_share": machine_busy,
                     "seconds": secs,
                     "mode": mode,
-                    "top_processes": top.iter().map(super::Top::json).collect::<Vec<_>>(),
+                    "top_processes": top.iter().map(Top::json).collect::<Vec<_>>(),
                 }),
             });
         }

@@ -3,8 +3,10 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use super::{reclaim, runq};
-use crate::model::Stack;
+use crate::{
+    collect::{reclaim::ReclaimSecond, runq::RunqSecond},
+    model::Stack,
+};
 
 /// One sampled tick of a busy CPU, as detectors keep it.
 #[derive(Debug, Clone)]
@@ -29,9 +31,9 @@ pub struct CpuSecond {
     /// longest poll gap ns).
     pub netrx: Option<NetRxSecond>,
     /// Run-queue waits that ended on this CPU in this second.
-    pub runq: Option<runq::RunqSecond>,
+    pub runq: Option<RunqSecond>,
     /// Reclaim and compaction stalls that ended on this CPU in this second.
-    pub reclaim: Option<reclaim::ReclaimSecond>,
+    pub reclaim: Option<ReclaimSecond>,
 }
 
 impl CpuSecond {

@@ -7,7 +7,7 @@ use crate::model::Stack;
 fn an_open_findings_new_figures_are_handed_out_at_most_every_few_seconds() {
     let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
     let s = |n: u64| n * NS_PER_SEC;
-    let count = |at: u64, dying: u64| Some(zombies::MemcgCount { ts_ns: at, live: 4, dying, stat_read_ns: None });
+    let count = |at: u64, dying: u64| Some(MemcgCount { ts_ns: at, live: 4, dying, stat_read_ns: None });
     let first = e.check_zombies_count(s(1), count(s(1), 1069));
     assert_eq!(first.opened.len(), 1);
     assert!(e.check_zombies_count(s(2), count(s(2), 2000)).updated.is_empty(), "written a second ago");
@@ -150,4 +150,15 @@ fn a_second_whose_samples_never_arrive_is_judged_late_with_its_ticks_unknown() {
         Tick { stack: Arc::new(Stack::new(vec![], 0)), pid: 1, comm: Arc::from("x"), workload: Arc::from("") },
     );
     assert!(e.pending.keys().all(|&k| k > b));
+}
+
+/// How severe a finding is comes from the thresholds, like whether it opens at all.
+#[test]
+fn the_critical_cutoffs_are_thresholds() {
+    let count = Some(MemcgCount { ts_ns: NS_PER_SEC, live: 4, dying: 2000, stat_read_ns: None });
+    let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+    assert_eq!(e.check_zombies_count(NS_PER_SEC, count).opened[0].severity, Severity::Warning);
+    let t = Thresholds { zombie_critical: 1500, ..Thresholds::default() };
+    let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, t);
+    assert_eq!(e.check_zombies_count(NS_PER_SEC, count).opened[0].severity, Severity::Critical);
 }

@@ -25,7 +25,11 @@ use std::{
 use rustc_hash::FxHashMap;
 use serde_json::json;
 
-use super::{Active, Kind, Severity, Thresholds, Tick, Top, percent};
+use super::{
+    finding::{Active, Kind, Severity},
+    seconds::{Tick, Top, percent},
+    thresholds::Thresholds,
+};
 use crate::{context::Context, model::Stack, store::format::NS_PER_SEC};
 use scan::{CpuStat, Quota, Reading, Version};
 
@@ -285,7 +289,7 @@ impl Throttle {
             let hot: Vec<String> = functions.iter().map(|(f, n)| format!("{f} {}", share_of(*n))).collect();
             summary.push_str(&format!("; it ran {}; hottest functions: {}", ran.join(", "), hot.join(", ")));
         }
-        let id = super::finding_id_of(Kind::CfsThrottling, None, Some(&subject(key)), onset);
+        let id = super::finding::finding_id_of(Kind::CfsThrottling, None, Some(&subject(key)), onset);
         summary.push_str("; next: ");
         summary.push_str(&next_steps(s, threads.first(), in_pod, &id));
         let mut evidence = json!({

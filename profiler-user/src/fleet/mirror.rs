@@ -380,7 +380,7 @@ fn copy_notes(fleet: &Fleet, node: &Node, dir: &Path) -> Result<(), FleetError> 
         },
     )?;
     for f in &findings {
-        detect::log::record_finding(dir, f)?;
+        detect::journal::record_finding(dir, f)?;
     }
     let events = fleet.rows(
         &format!(
@@ -398,7 +398,7 @@ fn copy_notes(fleet: &Fleet, node: &Node, dir: &Path) -> Result<(), FleetError> 
         },
     )?;
     for e in &events {
-        detect::log::record_event(dir, e)?;
+        detect::journal::record_event(dir, e)?;
     }
     Ok(())
 }

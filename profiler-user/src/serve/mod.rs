@@ -232,7 +232,7 @@ async fn cputime_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result
         let dir = p.dir(&app, Some(w))?;
         let (cpus, hz) = Meta::cpus_and_frequency(dir.path());
         let grid = query::cpu_time(&mut open(&dir)?, w, bucket_ns, cpus, hz)?;
-        let findings = detect::log::findings_in(dir.path(), w.from_ns, w.to_ns).map_err(internal)?;
+        let findings = detect::journal::findings_in(dir.path(), w.from_ns, w.to_ns).map_err(internal)?;
         let note = cputime::coarsened(&grid).map(|c| c.reason);
         Ok(with_note(json(cputime::json(&grid, &findings))?, "x-profiler-coarsened", note))
     })
@@ -291,7 +291,7 @@ async fn findings_api(State(s): State<Shared>, Query(p): Query<Params>) -> Resul
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        json(detect::log::findings_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
+        json(detect::journal::findings_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
     })
     .await
 }
@@ -300,7 +300,7 @@ async fn events_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        json(detect::log::events_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
+        json(detect::journal::events_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
     })
     .await
 }

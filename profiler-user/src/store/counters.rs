@@ -392,18 +392,7 @@ fn parse_tick(
 /// Removes the counters of minutes that ended before `cutoff_ns` (the retention of the
 /// samples). Returns how many files went.
 pub fn prune(data_dir: &Path, cutoff_ns: u64) -> Result<usize, CountersError> {
-    let mut n = 0;
-    for (start, path) in list(data_dir)? {
-        if start.saturating_add(SEGMENT_NS) > cutoff_ns {
-            break;
-        }
-        match std::fs::remove_file(&path) {
-            Ok(()) => n += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(CountersError::Io(path, e)),
-        }
-    }
-    Ok(n)
+    files::remove_ended(list(data_dir)?, SEGMENT_NS, cutoff_ns).map_err(|(path, e)| CountersError::Io(path, e))
 }
 
 #[cfg(test)]

@@ -182,6 +182,30 @@ pub fn read_regular(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(data)
 }
 
+/// Retention of time-partitioned files: removes those of `files` (start, path; oldest first)
+/// that ended, `span_ns` after their start, by `cutoff_ns`. A file already gone (another
+/// remover, a reader's cleanup) counts as removed by no one. Returns how many went, or the
+/// file that could not be removed.
+pub fn remove_ended(
+    files: impl IntoIterator<Item = (u64, PathBuf)>,
+    span_ns: u64,
+    cutoff_ns: u64,
+) -> Result<usize, (PathBuf, io::Error)> {
+    let mut removed = 0;
+    for (start, path) in files {
+        // Oldest first: the first that has not ended yet is followed by none that has.
+        if start.saturating_add(span_ns) > cutoff_ns {
+            break;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err((path, e)),
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

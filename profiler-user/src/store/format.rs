@@ -12,11 +12,25 @@
 //!   for status and subsecond heatmaps without touching the samples.
 //! - `samples`: one column per field, sorted by CPU then time.
 //!
+//! Each section's shape and decoding lives in its own file (`format/dict.rs`, `summary.rs`,
+//! `samples.rs`); this one holds the framing (headers, CRC, the block iterator) and the
+//! compression every section shares.
+//!
 //! Every block is written with a single `write` and carries a CRC-32 over its header and
 //! sections, so a reader that races the writer, or opens a file whose writer was killed,
 //! recognises a torn tail and stops there.
 
 use serde::{Deserialize, Serialize};
+
+mod dict;
+mod samples;
+mod summary;
+
+pub use dict::{Dict, DictDelta, Node, NodeLocation, NodeLocations, unpack_dict};
+pub use samples::{SampleColumns, unpack_samples};
+pub use summary::{CpuCounts, Summary, unpack_summary};
+#[cfg(test)]
+use {samples::SampleColumnsV4, summary::SummaryV4};
 
 /// Magic at the start of every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"PROFSEG\0";
@@ -282,206 +296,6 @@ impl<'a> Iterator for Blocks<'a> {
 /// Index of a string in the segment's dictionary.
 pub type StrId = u32;
 
-/// Stacks are nodes of a call tree (a trie of frames): node `i` is the stack of its parent
-/// plus one frame. Node 0 is the empty stack, implicit in every dictionary; stored nodes count
-/// from 1. Stacks that share a prefix share its nodes, which is most of a deep stack's bytes.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DictDelta {
-    pub strings: Vec<String>,
-    /// Per new node: its id minus its parent's id (ids are assigned in order, so children
-    /// created with their parent are 1 apart and compress well).
-    pub parent_delta: Vec<u32>,
-    /// Per new node: string id of its frame, times two, plus one for a kernel frame.
-    pub frame: Vec<u32>,
-}
-
-/// Where the user frames of new nodes live (`model::Location`), in a dictionary section after
-/// its [`DictDelta`]. Optional: readers that predate it stop after the delta and never see it,
-/// and a section without it (written before it existed) has no locations.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeLocations {
-    /// Per new node: 0 when unknown (and for kernel frames), else the file's string id + 1.
-    pub file: Vec<u32>,
-    /// Per new node: the function's address in that file.
-    pub addr: Vec<u64>,
-}
-
-/// A node's location as a reader holds it: the file's string id + 1 (0: unknown) and address.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeLocation {
-    pub file: u32,
-    pub addr: u64,
-}
-
-/// A stack node as a reader holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Node {
-    pub parent: u32,
-    pub frame: StrId,
-    pub kernel: bool,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuCounts {
-    pub cpu: u32,
-    pub busy: u64,
-    /// Busy samples taken in kernel mode (the stack has kernel frames).
-    pub kernel: u64,
-    pub idle: u64,
-    /// Samples the kernel side could not deliver, counted since the previous block.
-    pub lost: u64,
-}
-
-/// Counts that answer status and heatmap questions without decoding samples. Readers reject
-/// summaries with more than [`BUCKETS_PER_SEC`] buckets.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Summary {
-    pub cpus: Vec<CpuCounts>,
-    /// Busy samples of all CPUs per 10 ms of the block's second (empty in rollups).
-    pub buckets: Vec<u32>,
-    /// Per CPU with any: `(cpu, busy samples in softirq context)` (their stacks start their
-    /// kernel frames with a `[softirq:NAME]` marker, `crate::context`). Added after version 4
-    /// without a version bump, as the workload column: summaries written before it end with
-    /// `buckets` and read as having none ([`unpack_summary`]); older readers ignore it.
-    pub softirq: Vec<(u32, u64)>,
-}
-
-/// The summary as blocks before the softirq counts have it.
-#[cfg_attr(test, derive(Serialize))]
-#[derive(Deserialize)]
-struct SummaryV4 {
-    cpus: Vec<CpuCounts>,
-    buckets: Vec<u32>,
-}
-
-/// Decodes a block's summary section, written with or without the softirq counts.
-pub fn unpack_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
-    let raw = decompress_bounded(bytes, MAX_DECOMPRESSED)?;
-    if let Ok(s) = postcard::from_bytes::<Summary>(&raw) {
-        return Ok(s);
-    }
-    let v4: SummaryV4 = postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))?;
-    Ok(Summary { cpus: v4.cpus, buckets: v4.buckets, softirq: Vec::new() })
-}
-
-impl Summary {
-    /// Busy samples of `cpu` in softirq context.
-    pub fn softirq(&self, cpu: u32) -> u64 {
-        self.softirq.iter().find(|(c, _)| *c == cpu).map_or(0, |(_, n)| *n)
-    }
-}
-
-/// The samples of a block, one column per field, sorted by CPU and then time.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SampleColumns {
-    /// Per sample, microseconds since the previous sample of the same CPU (the first of each
-    /// CPU: since the block's start). Sorting by CPU makes these near-constant (the sampling
-    /// period), which is what lets them compress to a fraction of a byte.
-    pub ts_delta_us: Vec<u64>,
-    pub cpu: Vec<u32>,
-    pub pid: Vec<u32>,
-    pub tid: Vec<u32>,
-    pub comm: Vec<StrId>,
-    pub cgroup: Vec<u64>,
-    pub stack: Vec<u32>,
-    /// Samples each row stands for; empty means 1 each (rollups fill it).
-    pub count: Vec<u32>,
-    /// Per sample, the string id of its workload (`model::Sample::workload`); empty when no
-    /// sample of the block has one. Added after version 4 without a version bump: blocks
-    /// written before it end with `count` and read as having none ([`unpack_samples`]).
-    pub workload: Vec<StrId>,
-}
-
-/// The sample columns as blocks before the workload column have them.
-#[cfg_attr(test, derive(Serialize))]
-#[derive(Deserialize)]
-struct SampleColumnsV4 {
-    ts_delta_us: Vec<u64>,
-    cpu: Vec<u32>,
-    pid: Vec<u32>,
-    tid: Vec<u32>,
-    comm: Vec<StrId>,
-    cgroup: Vec<u64>,
-    stack: Vec<u32>,
-    count: Vec<u32>,
-}
-
-/// Decodes a block's sample section, written with or without the workload column.
-pub fn unpack_samples(bytes: &[u8], max: usize) -> Result<SampleColumns, FormatError> {
-    let raw = decompress_bounded(bytes, max)?;
-    if let Ok(cols) = postcard::from_bytes::<SampleColumns>(&raw) {
-        return Ok(cols);
-    }
-    let v4: SampleColumnsV4 = postcard::from_bytes(&raw).map_err(|e| FormatError::Section(e.to_string()))?;
-    Ok(SampleColumns {
-        ts_delta_us: v4.ts_delta_us,
-        cpu: v4.cpu,
-        pid: v4.pid,
-        tid: v4.tid,
-        comm: v4.comm,
-        cgroup: v4.cgroup,
-        stack: v4.stack,
-        count: v4.count,
-        workload: Vec::new(),
-    })
-}
-
-impl SampleColumns {
-    pub fn len(&self) -> usize {
-        self.cpu.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.cpu.is_empty()
-    }
-
-    pub fn count(&self, i: usize) -> u64 {
-        self.count.get(i).map_or(1, |&c| u64::from(c))
-    }
-
-    /// The string id of sample `i`'s workload, if the block records workloads.
-    pub fn workload(&self, i: usize) -> Option<StrId> {
-        self.workload.get(i).copied()
-    }
-
-    /// Sample timestamps in ns, undoing the per-CPU delta encoding.
-    pub fn timestamps(&self, start_ns: u64) -> impl Iterator<Item = u64> + '_ {
-        let mut prev_cpu = None;
-        let mut t = start_ns;
-        self.ts_delta_us.iter().zip(&self.cpu).map(move |(&d, &cpu)| {
-            if prev_cpu != Some(cpu) {
-                prev_cpu = Some(cpu);
-                t = start_ns;
-            }
-            t = t.saturating_add(d.saturating_mul(NS_PER_US));
-            t
-        })
-    }
-
-    /// Checks the columns against each other and against a dictionary of the given sizes.
-    pub fn validate(&self, strings: usize, stacks: usize) -> Result<(), FormatError> {
-        let n = self.len();
-        let lens = [
-            self.ts_delta_us.len(),
-            self.pid.len(),
-            self.tid.len(),
-            self.comm.len(),
-            self.cgroup.len(),
-            self.stack.len(),
-        ];
-        let optional = |l: usize| l == 0 || l == n;
-        if lens.iter().any(|&l| l != n) || !optional(self.count.len()) || !optional(self.workload.len()) {
-            return Err(FormatError::Section("sample columns differ in length".into()));
-        }
-        if self.comm.iter().chain(&self.workload).any(|&c| c as usize >= strings)
-            || self.stack.iter().any(|&s| s as usize >= stacks)
-        {
-            return Err(FormatError::DanglingId);
-        }
-        Ok(())
-    }
-}
-
 thread_local! {
     // zstd contexts are costly to set up (tens of KB each): one per thread, reused.
     static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> = const { std::cell::RefCell::new(None) };
@@ -500,15 +314,6 @@ pub fn pack<T: Serialize>(value: &T) -> Vec<u8> {
 /// Decompresses and deserialises one section.
 pub fn unpack<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, FormatError> {
     unpack_bounded(bytes, MAX_DECOMPRESSED)
-}
-
-/// A dictionary section: its delta, then the nodes' locations when the writer recorded them.
-pub fn unpack_dict(bytes: &[u8]) -> Result<(DictDelta, NodeLocations), FormatError> {
-    let raw = decompress_bounded(bytes, MAX_DECOMPRESSED)?;
-    let bad = |e: postcard::Error| FormatError::Section(e.to_string());
-    let (delta, rest) = postcard::take_from_bytes::<DictDelta>(&raw).map_err(bad)?;
-    let locations = if rest.is_empty() { NodeLocations::default() } else { postcard::from_bytes(rest).map_err(bad)? };
-    Ok((delta, locations))
 }
 
 /// [`unpack`], refusing a section that claims more than `max` bytes decompressed.
@@ -535,91 +340,6 @@ fn decompress_bounded(bytes: &[u8], max: usize) -> Result<Vec<u8>, FormatError> 
         })
         .map_err(|e| FormatError::Section(e.to_string()))?;
     Ok(raw)
-}
-
-/// A segment's dictionary as a reader rebuilds it block by block.
-#[derive(Debug)]
-pub struct Dict {
-    pub strings: Vec<String>,
-    /// Stack nodes; `nodes[0]` is the empty stack.
-    pub nodes: Vec<Node>,
-    /// Per node, where its frame lives; may be shorter than `nodes` (unknown past its end).
-    pub locations: Vec<NodeLocation>,
-}
-
-impl Default for Dict {
-    fn default() -> Self {
-        Self {
-            strings: Vec::new(),
-            nodes: vec![Node { parent: 0, frame: 0, kernel: false }],
-            locations: vec![NodeLocation::default()],
-        }
-    }
-}
-
-impl Dict {
-    /// Applies a block's dictionary section.
-    pub fn apply(&mut self, header: &BlockHeader, section: &[u8]) -> Result<(), FormatError> {
-        if header.flags & FLAG_RESET_DICT != 0 {
-            *self = Self::default();
-        }
-        let (delta, locations) = unpack_dict(section)?;
-        if delta.parent_delta.len() != delta.frame.len() {
-            return Err(FormatError::Section("node columns differ in length".into()));
-        }
-        let located = !locations.file.is_empty();
-        if located && (locations.file.len() != delta.frame.len() || locations.addr.len() != delta.frame.len()) {
-            return Err(FormatError::Section("location columns differ in length from the nodes".into()));
-        }
-        let strings = self.strings.len() + delta.strings.len();
-        self.strings.extend(delta.strings.into_iter().map(|s| crate::text::cut(s, MAX_NAME_BYTES)));
-        self.nodes.reserve(delta.frame.len());
-        for (&d, &f) in delta.parent_delta.iter().zip(&delta.frame) {
-            let id = self.nodes.len() as u32;
-            if d == 0 || d > id || (f / 2) as usize >= strings {
-                return Err(FormatError::DanglingId);
-            }
-            self.nodes.push(Node { parent: id - d, frame: f / 2, kernel: f % 2 == 1 });
-        }
-        if located {
-            self.locations.resize(self.nodes.len() - delta.frame.len(), NodeLocation::default());
-            for (&file, &addr) in locations.file.iter().zip(&locations.addr) {
-                if file as usize > strings {
-                    return Err(FormatError::DanglingId);
-                }
-                self.locations.push(NodeLocation { file, addr });
-            }
-        }
-        Ok(())
-    }
-
-    /// The locations of a stack node's frames, root first, as [`Self::frames`] lists them.
-    pub fn locations(&self, node: u32, out: &mut Vec<NodeLocation>) {
-        out.clear();
-        let mut n = node as usize;
-        while n != 0 && n < self.nodes.len() && out.len() < MAX_STACK_FRAMES {
-            out.push(self.locations.get(n).copied().unwrap_or_default());
-            n = self.nodes[n].parent as usize;
-        }
-        out.reverse();
-    }
-
-    /// The file of a location, or "" when unknown.
-    pub fn file(&self, l: NodeLocation) -> &str {
-        l.file.checked_sub(1).and_then(|i| self.strings.get(i as usize)).map_or("", String::as_str)
-    }
-
-    /// The frames of a stack node, root first, with their kernel flags.
-    pub fn frames(&self, node: u32, out: &mut Vec<(StrId, bool)>) {
-        out.clear();
-        let mut n = node as usize;
-        while n != 0 && n < self.nodes.len() && out.len() < MAX_STACK_FRAMES {
-            let node = self.nodes[n];
-            out.push((node.frame, node.kernel));
-            n = node.parent as usize;
-        }
-        out.reverse();
-    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::detect::zombies::MemcgCount;
+use super::{memcg::MemcgCount, reclaim::ReclaimSecond, runq::RunqSecond};
 
 /// The latest memory cgroup count the upkeep stage read (for the zombie detector) and when,
 /// shared so that the cgroup tree is walked once for both.
@@ -27,11 +27,11 @@ pub type LatestMemcg = Arc<Mutex<Option<(Instant, MemcgCount)>>>;
 /// Run-queue waits per CPU since the counters last took them: the pipeline stage adds each
 /// read of the BPF histograms (every flush, up to 20 a second), the counters thread takes the
 /// sum once a second for the p99 and the longest wait of that second.
-pub type LatestRunq = Arc<Mutex<std::collections::BTreeMap<u32, crate::detect::runq::RunqSecond>>>;
+pub type LatestRunq = Arc<Mutex<std::collections::BTreeMap<u32, RunqSecond>>>;
 
 /// Reclaim and compaction stalls per CPU since the counters last took them, added the same way
 /// (`reclaim.stall`, `.._p99`, `.._max`: memory pressure on the samples' time axis).
-pub type LatestReclaim = Arc<Mutex<std::collections::BTreeMap<u32, crate::detect::reclaim::ReclaimSecond>>>;
+pub type LatestReclaim = Arc<Mutex<std::collections::BTreeMap<u32, ReclaimSecond>>>;
 
 /// One value of one track at one tick.
 #[derive(Debug, Clone, PartialEq)]
@@ -327,7 +327,6 @@ mod tests {
         assert!(find(&first, "softnet.processed", Some(1)).is_none());
         *memcg.lock().unwrap() = Some((t0, MemcgCount { ts_ns: 0, live: 40, dying: 7, stat_read_ns: None }));
         {
-            use crate::detect::runq::RunqSecond;
             let h = |ns: u64, n: u64| {
                 let mut v = vec![0; profiler_common::LATENCY_BUCKETS as usize];
                 v[profiler_common::latency_bucket(ns) as usize] = n;
@@ -346,7 +345,6 @@ mod tests {
             });
         }
         {
-            use crate::detect::reclaim::ReclaimSecond;
             let mut h = vec![0; profiler_common::LATENCY_BUCKETS as usize];
             h[profiler_common::latency_bucket(2_000_000) as usize] = 60;
             // Two reads of 60 stalls of 2 ms on CPU 1 (240 ms), the longest 2.05 ms.

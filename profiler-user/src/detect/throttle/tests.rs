@@ -59,7 +59,7 @@ fn a_cgroup_throttled_in_most_periods_is_reported_with_what_it_ran() {
              throttled) by its quota of 0.20 CPU (20 ms per 100 ms); it ran busy (pid 42) 100 %; hottest functions: \
              spin 90 %, parse 10 %; next: if the work is expected, raise cpu.cfs_quota_us (now 20000 per 100000 us); \
              else see what busy burns: profiler flamegraph --around {} --pid 42",
-            super::super::finding_id_of(Kind::CfsThrottling, None, a.subject.as_deref(), 100 * S)
+            super::super::finding::finding_id_of(Kind::CfsThrottling, None, a.subject.as_deref(), 100 * S)
         )
     );
     assert_eq!(a.evidence["top_stacks"][0]["stack"], "main;spin");

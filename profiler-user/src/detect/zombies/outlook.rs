@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use super::MemcgCount;
+use crate::collect::memcg::MemcgCount;
 use crate::store::format::NS_PER_SEC;
 
 /// The reader a core's worth of reads is counted for: one read of `memory.stat` a second.

@@ -108,13 +108,13 @@ impl XidEvents {
         let (text, finding) = xid::describe(&x, inv, &e);
         e.message = format!("{} [{text}]", e.message);
         tracing::warn!(event = %e.id, "NVML event: {}", e.message);
-        if let Err(err) = detect::log::record_event(data_dir, &e) {
+        if let Err(err) = detect::journal::record_event(data_dir, &e) {
             tracing::error!(event = %e.id, error = %err, "cannot record an event");
         }
         let fatal = finding.is_some();
         if let Some(f) = finding.filter(|f| !already_raised(data_dir, f)) {
             tracing::warn!(finding = %f.id, "{}", f.summary);
-            if let Err(err) = detect::log::record_finding(data_dir, &f) {
+            if let Err(err) = detect::journal::record_finding(data_dir, &f) {
                 tracing::error!(finding = %f.id, error = %err, "cannot record a finding");
             }
         }
@@ -126,7 +126,7 @@ impl XidEvents {
 /// [`SAME_FAULT_NS`] of `f` (by the kernel log's line or NVML's event, whichever came first).
 pub fn already_raised(data_dir: &Path, f: &detect::Finding) -> bool {
     let from = f.start_ns.saturating_sub(SAME_FAULT_NS);
-    let Ok(found) = detect::log::findings_in(data_dir, from, f.start_ns + SAME_FAULT_NS) else { return false };
+    let Ok(found) = detect::journal::findings_in(data_dir, from, f.start_ns + SAME_FAULT_NS) else { return false };
     found.iter().any(|o| {
         o.kind == detect::Kind::GpuFault
             && o.evidence["xid"] == f.evidence["xid"]

@@ -355,12 +355,12 @@ impl Follower {
         let dir = &self.config.data_dir;
         let node = &self.config.node;
         let store = |e| ShipError::Query(crate::query::QueryError::Store(e));
-        let events = crate::detect::log::events_in(dir, from, to).map_err(store)?;
+        let events = crate::detect::journal::events_in(dir, from, to).map_err(store)?;
         // A daemon closes the findings a crashed one left open when it starts, with an end in
         // the past, maybe in windows already shipped: the first batch of a run sends every
         // finding kept up to its end, so those closes reach ClickHouse too.
         let findings_from = if self.findings_rescanned { from } else { 0 };
-        let findings = crate::detect::log::findings_in(dir, findings_from, to).map_err(store)?;
+        let findings = crate::detect::journal::findings_in(dir, findings_from, to).map_err(store)?;
         if !events.is_empty() {
             let rows = notes::events(node, &events);
             self.client.insert(&self.table(schema::EVENTS), "JSONEachRow", rows.as_bytes())?;

@@ -236,7 +236,7 @@ impl Shipper {
     /// records; false if the daemon stopped first.
     async fn send_findings(&mut self, owed: &mut Owed, cursor: u64, end: u64, stats: &mut Stats) -> bool {
         let from = cursor.saturating_sub(LOOKBACK_NS);
-        let findings = match crate::detect::log::findings_in(&self.data_dir, from, end) {
+        let findings = match crate::detect::journal::findings_in(&self.data_dir, from, end) {
             Ok(f) => f,
             Err(e) => {
                 *stats.errors.entry("store").or_default() += 1;

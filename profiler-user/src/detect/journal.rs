@@ -1,5 +1,6 @@
-//! Findings and events on disk, partitioned by hour so that a query reads the hours of its
-//! window and retention drops whole files:
+//! The findings journal: every finding's states and the kernel-log events beside them, on
+//! disk, partitioned by hour so that a query reads the hours of its window and retention drops
+//! whole files (the daemon's own logging is `logs.rs`):
 //!
 //! - `DATA_DIR/events/<unix second of the hour>.jsonl`: kernel-log events, one JSON object per
 //!   line, in the hour of their time.
@@ -23,7 +24,7 @@ use std::{
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use super::Finding;
+use super::finding::Finding;
 use crate::{collect::kmsg::Event, store::StoreError};
 
 const HOUR_NS: u64 = 3600 * 1_000_000_000;
@@ -264,15 +265,8 @@ pub fn prune(data_dir: &Path, cutoff_ns: u64) -> Result<usize, StoreError> {
     let _guard = lock();
     let mut removed = 0;
     for dir in [FINDINGS_DIR, EVENTS_DIR] {
-        for (hour, path) in hours(data_dir, dir)? {
-            if hour.saturating_add(HOUR_NS) <= cutoff_ns {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => removed += 1,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(StoreError::Io(path, e)),
-                }
-            }
-        }
+        removed += crate::store::files::remove_ended(hours(data_dir, dir)?, HOUR_NS, cutoff_ns)
+            .map_err(|(path, e)| StoreError::Io(path, e))?;
     }
     Ok(removed)
 }

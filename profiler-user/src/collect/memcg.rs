@@ -1,4 +1,6 @@
-//! The memory cgroup a stalled task was charged to, with its limit and usage: by the id the
+//! Memory cgroups as cgroupfs shows them: how many are live and how many dying (removed but
+//! still pinned by page cache), which the zombie detector and the counters' tracks share; and
+//! the memory cgroup a stalled task was charged to, with its limit and usage: by the id the
 //! kernel read at the stall (its cgroupfs directory's inode number: `kn->id` is the inode of a
 //! kernfs directory), found by walking the memory hierarchy; or, when the kernel could not say,
 //! from `/proc/PID/cgroup` while the task lives.
@@ -9,6 +11,119 @@ use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
+
+/// Dying and live memory cgroups at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemcgCount {
+    pub ts_ns: u64,
+    pub live: u64,
+    pub dying: u64,
+    /// CPU time of one read of the hierarchy root's `memory.stat`, ns, when it was timed
+    /// (once a minute: see `detect::zombies::outlook`).
+    pub stat_read_ns: Option<u64>,
+}
+
+/// Where the memory controller lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hierarchy {
+    V1 { id: i32, mount: String },
+    V2 { mount: String },
+}
+
+pub fn find_hierarchy() -> Option<Hierarchy> {
+    let cgroups = std::fs::read_to_string("/proc/cgroups").ok()?;
+    let id: i32 = cgroups.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first() == Some(&"memory")).then(|| f.get(1)?.parse().ok())?
+    })?;
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    let mount_of = |fstype: &str, opt: Option<&str>| {
+        mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&fstype)
+                && opt.is_none_or(|o| f.get(3).is_some_and(|opts| opts.split(',').any(|x| x == o))))
+            .then(|| f[1].to_string())
+        })
+    };
+    if id != 0 {
+        Some(Hierarchy::V1 { id, mount: mount_of("cgroup", Some("memory"))? })
+    } else {
+        Some(Hierarchy::V2 { mount: mount_of("cgroup2", None)? })
+    }
+}
+
+fn count_dirs(path: &std::path::Path) -> u64 {
+    let mut n = 1;
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                n += count_dirs(&e.path());
+            }
+        }
+    }
+    n
+}
+
+/// The live and dying memory cgroups of hierarchy `h` now (`None`: unreadable, never zero).
+pub fn count(h: &Hierarchy, ts_ns: u64) -> Option<MemcgCount> {
+    match h {
+        Hierarchy::V1 { mount, .. } => {
+            let cgroups = std::fs::read_to_string("/proc/cgroups").ok()?;
+            let total: u64 = cgroups.lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.first() == Some(&"memory")).then(|| f.get(2)?.parse().ok())?
+            })?;
+            let live = count_dirs(std::path::Path::new(mount));
+            Some(MemcgCount { ts_ns, live, dying: total.saturating_sub(live), stat_read_ns: None })
+        }
+        Hierarchy::V2 { mount } => {
+            let stat = std::fs::read_to_string(format!("{mount}/cgroup.stat")).ok()?;
+            let get = |k: &str| stat.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok());
+            let (live, dying) = (get("nr_descendants ")? + 1, get("nr_dying_descendants ")?);
+            Some(MemcgCount { ts_ns, live, dying, stat_read_ns: None })
+        }
+    }
+}
+
+/// Reads the memory cgroup counts (under v1 a walk of the whole hierarchy): the daemon's upkeep
+/// stage calls it and hands the count to the zombie detector (`detect::zombies`), so the walk never delays
+/// the pipeline.
+#[derive(Debug, Default)]
+pub struct MemcgCounter {
+    hierarchy: Option<Option<Hierarchy>>,
+    timed_at: Option<u64>,
+}
+
+/// How often a `memory.stat` read is timed: the read costs what it measures.
+const TIME_READ_EVERY_NS: u64 = 60 * 1_000_000_000;
+
+impl MemcgCounter {
+    pub fn read(&mut self, ts_ns: u64) -> Option<MemcgCount> {
+        let h = self.hierarchy.get_or_insert_with(find_hierarchy).as_ref()?;
+        let mut c = count(h, ts_ns)?;
+        if self.timed_at.is_none_or(|t| ts_ns.saturating_sub(t) >= TIME_READ_EVERY_NS) {
+            self.timed_at = Some(ts_ns);
+            let mount = match h {
+                Hierarchy::V1 { mount, .. } | Hierarchy::V2 { mount } => mount,
+            };
+            c.stat_read_ns = time_read(&std::path::Path::new(mount).join("memory.stat"));
+        }
+        Some(c)
+    }
+}
+
+/// CPU time this thread spends reading `path` whole, ns (other load does not count).
+fn time_read(path: &std::path::Path) -> Option<u64> {
+    let cpu_ns = || {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to fill.
+        (unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0)
+            .then(|| t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64)
+    };
+    let before = cpu_ns()?;
+    std::fs::read(path).ok()?;
+    Some(cpu_ns()?.saturating_sub(before))
+}
 
 /// The memory cgroup a task is charged to, with its limit and usage when readable.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -132,6 +247,18 @@ pub fn parse(text: &str) -> Option<(String, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// cgroup v2 counts come from the root's `cgroup.stat` (the incident's node: 240 live memory
+    /// cgroups, 70,000 dying).
+    #[test]
+    fn v2_counts_live_and_dying_from_cgroup_stat() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.stat"), "nr_descendants 239\nnr_dying_descendants 70000\n").unwrap();
+        let h = Hierarchy::V2 { mount: dir.path().to_str().unwrap().to_string() };
+        assert_eq!(count(&h, 7), Some(MemcgCount { ts_ns: 7, live: 240, dying: 70_000, stat_read_ns: None }));
+        std::fs::write(dir.path().join("cgroup.stat"), "nr_descendants x\n").unwrap();
+        assert_eq!(count(&h, 7), None, "an unreadable count is no count, not zero");
+    }
 
     #[test]
     fn the_memory_cgroup_is_read_from_v1_and_v2_lines() {
