@@ -313,7 +313,7 @@ fn spawn_gpu_poller(
         library: g.library.clone(),
         shared: shared.clone(),
         kubelet_logs: config.kubelet_logs.clone(),
-        live: live.clone(),
+        xids: live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.clone(),
     };
     Ok(Some(poller.spawn().map_err(|e| DaemonError::Thread("GPU poller", e))?))
 }
@@ -327,6 +327,9 @@ fn spawn_otlp(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<JoinHandle<()>>, DaemonError> {
     let Some(otlp) = config.otlp.clone() else { return Ok(None) };
+    let stats = crate::ship::SharedStats::default();
+    live.lock().unwrap_or_else(|p| p.into_inner()).otlp = Some(stats.clone());
+    let latency = live.clone();
     let shipper = crate::ship::otlp::Shipper {
         data_dir: config.data_dir.clone(),
         config: otlp,
@@ -335,7 +338,10 @@ fn spawn_otlp(
         // A sample reaches the store within a flush interval (the drain before each flush takes
         // it); the margin covers a slow flush.
         settle: config.flush_interval + Duration::from_secs(2),
-        live: live.clone(),
+        stats: stats.clone(),
+        ring_to_disk_max: Arc::new(move || {
+            latency.lock().unwrap_or_else(|p| p.into_inner()).ring_to_disk_seconds.map(|(_, max)| max)
+        }),
         stop,
     };
     Ok(Some(crate::ship::spawn(shipper).map_err(|e| DaemonError::Thread("OTLP shipper", e))?))

@@ -159,7 +159,8 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::ser
             e.message = format!("{} [{text}]", e.message);
             // Counted for /metrics: a fatal one's finding closes at once, no open gauge shows it.
             let code = xid.as_ref().map_or(0, |x| x.code);
-            *live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.entry((code, finding.is_some())).or_default() += 1;
+            let xids = live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.clone();
+            crate::gpu_readings::count_xid(&xids, code, finding.is_some());
         }
         tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
         if let Err(err) = detect::journal::record_event(data_dir, &e) {

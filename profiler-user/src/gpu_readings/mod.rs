@@ -15,6 +15,16 @@ pub use inventory::{GpuInfo, Inventory};
 
 use crate::store::format::NS_PER_SEC;
 
+/// NVIDIA Xid faults seen, by (Xid, fatal), since the start: counted by whichever source saw
+/// the fault (the kernel log or NVML's events) and read by `/metrics`. Shared rather than kept
+/// in the server's figures so the sources need not know the server.
+pub type XidCounts = Arc<Mutex<std::collections::BTreeMap<(u32, bool), u64>>>;
+
+/// Counts one Xid fault.
+pub fn count_xid(counts: &XidCounts, code: u32, fatal: bool) {
+    *counts.lock().unwrap_or_else(|p| p.into_inner()).entry((code, fatal)).or_default() += 1;
+}
+
 /// Clock-event (throttle) reasons that mean the clocks are held down by heat or the hardware,
 /// not by an idle GPU, an application's setting or the power cap (NVML's
 /// `nvmlClocksEventReason*`): hardware slowdown (0x8), software and hardware thermal slowdown

@@ -37,7 +37,8 @@ pub struct Poller {
     /// The kubelet's log directory (`--kubelet-logs`): holders' pods and containers.
     pub kubelet_logs: PathBuf,
     /// `/metrics`' figures: NVML's Xid events count in `profiler_gpu_xid_total`.
-    pub live: Arc<std::sync::Mutex<crate::serve::metrics::Live>>,
+    /// Xid faults counted for `/metrics`.
+    pub xids: crate::gpu_readings::XidCounts,
 }
 
 impl Poller {
@@ -96,7 +97,7 @@ impl Poller {
         for (index, code) in xids {
             let fatal = events.record(&self.data_dir, &inv, index, code, ts_ns);
             let code = u32::try_from(code).unwrap_or(u32::MAX);
-            *self.live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.entry((code, fatal)).or_default() += 1;
+            crate::gpu_readings::count_xid(&self.xids, code, fatal);
         }
     }
 

@@ -101,13 +101,13 @@ pub struct Live {
     /// The unwind stage's tables, when unwind tables are in use.
     pub unwind: Option<crate::unwind::registry::Stats>,
     /// The OTLP shipper's figures, when it runs.
-    pub otlp: Option<crate::ship::Stats>,
+    pub otlp: Option<crate::ship::SharedStats>,
     /// The ClickHouse shipper's figures, when it runs.
     pub clickhouse: Option<crate::ship::SharedStats>,
     /// What the GPU poller read, when GPU tracks are on.
     pub gpu: Option<crate::gpu::Shared>,
     /// NVIDIA Xid lines seen in the kernel log, by (Xid, fatal).
-    pub gpu_xids: BTreeMap<(u32, bool), u64>,
+    pub gpu_xids: crate::gpu_readings::XidCounts,
 }
 
 pub fn render(l: &Live) -> String {
@@ -125,7 +125,7 @@ pub fn render(l: &Live) -> String {
         "Samples per second per CPU.",
         vec![(String::new(), l.frequency_hz as f64)],
     );
-    out.push_str(&gpu::xids(&l.gpu_xids));
+    out.push_str(&gpu::xids(&l.gpu_xids.lock().unwrap_or_else(|p| p.into_inner())));
     if let Some(stats) = &l.clickhouse {
         out.push_str(&crate::ship::clickhouse::metrics::render(&stats.lock().unwrap_or_else(|p| p.into_inner())));
     }
@@ -464,6 +464,7 @@ fn otlp(l: &Live, out: &mut String) {
     let mut family =
         |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| write_family(out, name, kind, help, values);
     if let Some(o) = &l.otlp {
+        let o = &*o.lock().unwrap_or_else(|p| p.into_inner());
         let mut counter =
             |name: &str, help: &str, v: u64| family(name, "counter", help, vec![(String::new(), v as f64)]);
         counter("profiler_otlp_batches_total", "OTLP export requests the receiver accepted.", o.batches);

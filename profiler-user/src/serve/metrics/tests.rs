@@ -31,13 +31,13 @@ fn every_line_is_a_comment_or_a_sample() {
     (l.cached_processes, l.cached_modules) = (12, 40);
     (l.stack_hits, l.stack_misses) = (750, 250);
     (l.processes_exited, l.events_lost) = (7, 4);
-    l.otlp = Some(crate::ship::Stats {
+    l.otlp = Some(std::sync::Arc::new(std::sync::Mutex::new(crate::ship::Stats {
         batches: 3,
         retries: 2,
         errors: [("rejected", 1)].into(),
         lag_seconds: 12.5,
         ..Default::default()
-    });
+    })));
     let text = render(&l);
     for line in text.lines() {
         assert!(line.starts_with("# HELP ") || line.starts_with("# TYPE ") || line.starts_with("profiler_"), "{line}");

@@ -5,11 +5,7 @@
 //! cursor, not memory: the store keeps the samples, and the shipper catches up batch by batch
 //! (back to back) when it returns, unless retention removed them first.
 
-use std::{
-    path::PathBuf,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use hyper::body::Bytes;
 use tokio::sync::watch;
@@ -27,7 +23,6 @@ use crate::{
     export::otlp::{Builder, logs},
     model::SampleKind,
     query::{self, Filter, QueryError, Window},
-    serve::metrics::Live,
     store::{Store, StoreError, format::SEGMENT_NS, reader::Need},
     timespec::now_ns,
 };
@@ -58,6 +53,9 @@ enum Signal {
     },
 }
 
+/// Reads the store's current ring-to-disk latency (seconds), when known.
+pub type RingToDisk = Arc<dyn Fn() -> Option<f64> + Send + Sync>;
+
 pub struct Shipper {
     pub data_dir: PathBuf,
     pub config: Otlp,
@@ -68,7 +66,11 @@ pub struct Shipper {
     /// How long after its time a sample may still reach the store (the flush interval and
     /// the ring's drain, with a margin); the ring-to-disk latency /metrics reports, when longer.
     pub settle: Duration,
-    pub live: Arc<Mutex<Live>>,
+    /// Where the shipper's figures go for `/metrics`.
+    pub stats: super::SharedStats,
+    /// The store's ring-to-disk latency now (the worst of the last flushes, seconds), when
+    /// known: a sample may reach the store that late, so the shipper waits at least as long.
+    pub ring_to_disk_max: RingToDisk,
     /// Becomes true when the daemon stops.
     pub stop: watch::Receiver<bool>,
 }
@@ -152,7 +154,7 @@ impl Shipper {
 
     /// The end of the completed seconds: no sample older than it can still reach the store.
     fn ready(&self) -> u64 {
-        let latency = self.live.lock().ok().and_then(|l| l.ring_to_disk_seconds).map_or(0.0, |(_, max)| max);
+        let latency = (self.ring_to_disk_max)().unwrap_or(0.0);
         let settle = self.settle.max(Duration::from_secs_f64(latency.clamp(0.0, 3600.0) + 1.0));
         now_ns().saturating_sub(settle.as_nanos() as u64) / NS_PER_SEC * NS_PER_SEC
     }
@@ -337,10 +339,9 @@ impl Shipper {
     }
 
     fn publish(&self, stats: &Stats, cursor: u64) {
-        if let Ok(mut l) = self.live.lock() {
-            let lag = now_ns().saturating_sub(cursor) as f64 / 1e9;
-            l.otlp = Some(Stats { lag_seconds: lag, cursor_ns: cursor, ..stats.clone() });
-        }
+        let lag = now_ns().saturating_sub(cursor) as f64 / 1e9;
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner()) =
+            Stats { lag_seconds: lag, cursor_ns: cursor, ..stats.clone() };
     }
 }
 

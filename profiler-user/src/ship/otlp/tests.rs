@@ -20,7 +20,6 @@ use super::{
 use crate::{
     export::otlp::proto::{ExportProfilesServiceRequest, ExportProfilesServiceResponse},
     model::{Sample, Stack},
-    serve::metrics::Live,
     ship::Cursor,
     store::{StoreWriter, format::NS_PER_SEC, segments_dir},
 };
@@ -275,7 +274,7 @@ fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
         ("400 Bad Request", status_body("bad batch")),
         ("200 OK", vec![]),
     ]);
-    let live = Arc::new(Mutex::new(Live::default()));
+    let figures = crate::ship::SharedStats::default();
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let shipper = crate::ship::spawn(Shipper {
         data_dir: dir.path().to_path_buf(),
@@ -283,7 +282,8 @@ fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
         host: "node-3".into(),
         frequency_hz: 99,
         settle: Duration::from_secs(3),
-        live: live.clone(),
+        stats: figures.clone(),
+        ring_to_disk_max: Arc::new(|| None),
         stop: stop_rx,
     })
     .unwrap();
@@ -328,7 +328,7 @@ fn the_shipper_retries_then_delivers_each_sample_once_and_moves_its_cursor() {
     assert_eq!(observations.len(), taken.len(), "every sample of the batches taken, once");
     assert!(observations.values().all(|&n| n == 1));
     assert!(observations.keys().all(|(t, _)| taken.iter().any(|s| s.ts_ns == *t)));
-    let stats = live.lock().unwrap().otlp.clone().unwrap();
+    let stats = figures.lock().unwrap().clone();
     assert_eq!((stats.batches, stats.samples, stats.retries), (4, taken.len() as u64, 2));
     assert_eq!(stats.errors.get("rejected"), Some(&1), "{stats:?}");
     assert!(stats.lag_seconds < 30.0, "caught up: {stats:?}");
