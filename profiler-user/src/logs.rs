@@ -100,7 +100,7 @@ fn journal_stream_is(var: &str, dev: u64, ino: u64) -> bool {
 }
 
 /// The text format's fields: `message` bare, others `key=value`, as tracing's default, but with
-/// control characters shown as escapes (`text::visible`). Messages and fields carry comms,
+/// control characters shown as escapes (`untrusted::visible`). Messages and fields carry comms,
 /// function names and paths that a local user chose; a raw newline or CR in them would forge
 /// log lines, an ESC would reach the terminal.
 struct VisibleFields;
@@ -126,7 +126,7 @@ impl VisibleVisitor<'_> {
         }
         let sep = if self.first { "" } else { " " };
         self.first = false;
-        let value = crate::text::visible(value);
+        let value = crate::untrusted::visible(value);
         self.result = if field.name() == "message" {
             write!(self.writer, "{sep}{value}")
         } else {

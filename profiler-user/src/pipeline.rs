@@ -16,8 +16,8 @@ use profiler_common::{COMM_LEN, FLAG_IDLE, FLAG_USER_MODE, SampleHeader};
 
 use crate::{
     collect::{comm_str, parse_record_python},
-    context::Context,
     detect::{Changes, Engine, Tick},
+    exec_context::Context,
     interpreter::{Runtime, python::CPython},
     model::Sample,
     store::{StoreError, StoreWriter, writer::Flushed},

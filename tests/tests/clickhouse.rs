@@ -23,7 +23,7 @@ use profiler::{
     query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
     ship::{Stats, clickhouse::schema},
     store::Store,
-    text::folded_frame,
+    untrusted::folded_frame,
 };
 
 const NODE: &str = "ch-test-node";

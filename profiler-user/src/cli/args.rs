@@ -190,7 +190,7 @@ pub struct FilterArgs {
     /// Only samples in this kernel context: task, softirq (any), or softirq:NAME (NET_RX,
     /// TIMER, RCU, ...). Softirq samples carry a `[softirq:NAME]` frame.
     #[arg(long, value_name = "task|softirq[:NAME]")]
-    pub context: Option<profiler::context::ContextFilter>,
+    pub context: Option<profiler::exec_context::ContextFilter>,
     /// Only stacks through a frame of this exact function name (as the flamegraph shows it,
     /// without the `_[k]` of kernel frames).
     #[arg(long, value_name = "NAME")]

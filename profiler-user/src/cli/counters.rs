@@ -4,7 +4,7 @@
 use profiler::{
     query::Window,
     store::counters::{self, Select},
-    text, timespec,
+    timespec, untrusted,
 };
 
 use super::args::{DataDir, Source, StatusFormat};
@@ -68,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("note: {} unreadable lines skipped (a daemon killed while writing leaves one)", tracks.skipped_lines);
     }
     for f in &tracks.skipped_files {
-        eprintln!("note: {}", text::visible(f));
+        eprintln!("note: {}", untrusted::visible(f));
     }
     if let StatusFormat::Json = args.format {
         outln!("{}", serde_json::to_string(&tracks)?)?;
@@ -106,7 +106,7 @@ fn table(tracks: &[counters::Track]) -> String {
         out.push_str(&format!(
             "{:<24}  {:<width$}  {cpu:>4}  {v:>14.2}  {unit}\n",
             timespec::format(ms * 1_000_000),
-            text::visible(name),
+            untrusted::visible(name),
         ));
     }
     out

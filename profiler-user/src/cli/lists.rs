@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use profiler::{detect, query::Window, text, timespec};
+use profiler::{detect, query::Window, timespec, untrusted};
 
 use super::args::{Source, StatusFormat, window_of};
 
@@ -30,11 +30,11 @@ fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> a
         // Summaries name processes (comm) and functions: untrusted text.
         format!(
             "{}  {:?}  {} .. {}\n    {}",
-            text::visible(&f.id),
+            untrusted::visible(&f.id),
             f.severity,
             timespec::format(f.start_ns),
             end,
-            text::visible(&f.summary)
+            untrusted::visible(&f.summary)
         )
     })
 }
@@ -42,7 +42,7 @@ fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> a
 fn events_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
     let w = window_of(from, to)?;
     print_list(&detect::journal::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
-        format!("{}  {}  {}", text::visible(&e.id), timespec::format(e.ts_ns), text::visible(&e.message))
+        format!("{}  {}  {}", untrusted::visible(&e.id), timespec::format(e.ts_ns), untrusted::visible(&e.message))
     })
 }
 

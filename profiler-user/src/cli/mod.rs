@@ -34,7 +34,7 @@ mod ui;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use profiler::{logs, text};
+use profiler::{logs, untrusted};
 
 #[derive(Parser)]
 #[command(name = "profiler", version, about = "Always-on eBPF CPU profiler with a time axis")]
@@ -112,7 +112,7 @@ pub fn main() -> ExitCode {
                 }
             }
             // Errors can name a comm or a file a user chose: no raw control bytes on the terminal.
-            eprintln!("profiler: {}", text::visible(&msg));
+            eprintln!("profiler: {}", untrusted::visible(&msg));
             ExitCode::FAILURE
         }
     }

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use profiler::{
     store::{Meta, Store},
-    text, timespec,
+    timespec, untrusted,
 };
 
 use super::args::{DataDir, StatusFormat};
@@ -91,12 +91,12 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         outln!("{}", serde_json::to_string_pretty(&json)?)?;
         return Ok(());
     }
-    outln!("data dir     {}", text::visible(&data_dir.display().to_string()))?;
+    outln!("data dir     {}", untrusted::visible(&data_dir.display().to_string()))?;
     outln!("daemon       {}", if daemon_running { "running" } else { "not running" })?;
     if let Some(m) = &meta {
-        outln!("machine      {} ({} CPUs), sampled at {} Hz", text::visible(&m.hostname), m.cpus, m.frequency_hz)?;
+        outln!("machine      {} ({} CPUs), sampled at {} Hz", untrusted::visible(&m.hostname), m.cpus, m.frequency_hz)?;
         if !m.node.is_empty() && m.node != m.hostname {
-            outln!("node         {}", text::visible(&m.node))?;
+            outln!("node         {}", untrusted::visible(&m.node))?;
         }
     }
     // Where this machine's NIC and GPU interrupts go now: a busy CPU that takes a NIC queue's
@@ -107,13 +107,13 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     // What the daemon found of NVIDIA's GPUs, or why none (no library, no GPU, off).
     if let Some(inv) = profiler::gpu::Inventory::read(data_dir) {
         for line in inv.describe() {
-            outln!("gpu          {}", text::visible(&line))?;
+            outln!("gpu          {}", untrusted::visible(&line))?;
         }
     }
     // The CUDA probes: which driver libraries, how many processes, the rate guard.
     if let Some(cuda) = profiler::gpu::cuda::status::Status::read(data_dir) {
         for line in cuda.describe() {
-            outln!("cuda         {}", text::visible(&line))?;
+            outln!("cuda         {}", untrusted::visible(&line))?;
         }
     }
     outln!(
@@ -144,7 +144,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     if let Some(c) = profiler::ship::clickhouse::read_cursor(data_dir) {
         outln!(
             "clickhouse   {}: shipped up to {} ({} before the store's end)",
-            text::visible(&c.target),
+            untrusted::visible(&c.target),
             timespec::format(c.next_ns),
             timespec::format_duration(last.saturating_sub(c.next_ns))
         )?;

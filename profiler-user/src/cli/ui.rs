@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use profiler::{
     fleet::Fleet,
     serve::{self, AppState, source::Source},
-    text,
+    untrusted,
 };
 
 use super::args;
@@ -76,6 +76,6 @@ fn daemon_address(dir: &args::DataDir) -> anyhow::Result<()> {
     let path = dir.data_dir.join(serve::URL_FILE);
     let url = std::fs::read_to_string(&path)
         .with_context(|| format!("no UI address in {} (is the daemon running with its UI on?)", path.display()))?;
-    outln!("{}", text::visible(url.trim()))?;
+    outln!("{}", untrusted::visible(url.trim()))?;
     Ok(())
 }

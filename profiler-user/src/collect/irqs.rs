@@ -96,7 +96,7 @@ impl Placement {
                 format!("{device}'s interrupts ({}{more})", shown.join(", "))
             })
             .collect();
-        Some(crate::text::visible(&parts.join(" and ")).into_owned())
+        Some(crate::untrusted::visible(&parts.join(" and ")).into_owned())
     }
 }
 
@@ -123,7 +123,12 @@ impl fmt::Display for Placement {
                     format!("CPU {cpu} {}", names.join(", "))
                 })
                 .collect();
-            writeln!(f, "{} ({kind}): {}", crate::text::visible(device), crate::text::visible(&per_cpu.join("; ")))?;
+            writeln!(
+                f,
+                "{} ({kind}): {}",
+                crate::untrusted::visible(device),
+                crate::untrusted::visible(&per_cpu.join("; "))
+            )?;
         }
         Ok(())
     }

@@ -15,14 +15,14 @@
 //! the pipeline writes everything queued) or a reload, and says which stage died if one does.
 
 mod clock;
-pub mod counters;
 pub mod drops;
 mod kernel_counters;
 pub mod queue;
 mod reader;
-mod report;
+mod self_report;
 pub mod stage;
 mod stages;
+pub mod tally;
 mod upkeep;
 
 use std::{

@@ -19,10 +19,10 @@ use profiler_common::event::PROCESS_EXEC;
 
 use super::{
     clock,
-    counters::{Reading, Tally},
     drops::Drops,
     queue::{Batch, Outlet, QueueStats, Source},
-    report::Report,
+    self_report::Report,
+    tally::{Reading, Tally},
 };
 use crate::{
     collect::{CgroupFields, Collector, memcg::MemcgCount, parse_event},

@@ -204,7 +204,7 @@ impl HotFunc {
                     let share = c.ticks as f64 / denom;
                     // A `[softirq:NAME]` marker is a context, not a function: what runs under it is.
                     !is_generic(name)
-                        && !crate::context::Context::is_marker(name)
+                        && !crate::exec_context::Context::is_marker(name)
                         && (share >= t.hot_share || (hint(name).is_some() && share >= t.watch_share))
                 })
                 .min_by(|a, b| {

@@ -13,7 +13,7 @@ use super::{
     seconds::{Machine, Second, Top, percent, top_processes},
     thresholds::Thresholds,
 };
-use crate::{context::Context, store::format::NS_PER_SEC};
+use crate::{exec_context::Context, store::format::NS_PER_SEC};
 
 #[derive(Debug, Default)]
 pub struct Saturation {

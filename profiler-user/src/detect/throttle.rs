@@ -30,7 +30,7 @@ use super::{
     seconds::{Tick, Top, percent},
     thresholds::Thresholds,
 };
-use crate::{context::Context, model::Stack, store::format::NS_PER_SEC};
+use crate::{exec_context::Context, model::Stack, store::format::NS_PER_SEC};
 use scan::{CpuStat, Quota, Reading, Version};
 
 /// The shortest span of counters a decision is made on.

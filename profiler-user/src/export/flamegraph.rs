@@ -23,7 +23,7 @@ const SUBTITLE_CHARS: usize = IMAGE_WIDTH / 7;
 
 /// `text` made visible and cut to `max` characters, with an ellipsis when cut.
 fn fit(text: &str, max: usize) -> String {
-    let text = crate::text::visible(text);
+    let text = crate::untrusted::visible(text);
     if text.chars().count() <= max {
         return text.into_owned();
     }
@@ -126,7 +126,7 @@ mod tests {
     fn hostile_titles_and_frames_keep_the_svg_valid_xml() {
         let evil = "evil\x1b[31m\x07\r\n<&>\u{1}";
         let mut f = Folded::default();
-        let frame = crate::text::folded_frame(evil, true);
+        let frame = crate::untrusted::folded_frame(evil, true);
         f.stacks.insert(format!("{frame};spin"), 5);
         for diff in [false, true] {
             let mut out = Vec::new();
@@ -162,7 +162,8 @@ mod tests {
     #[test]
     fn a_trailing_number_in_a_name_keeps_its_count() {
         let mut f = Folded::default();
-        let (comm, leaf) = (crate::text::folded_frame("app 7", true), crate::text::folded_frame("x 12", true));
+        let (comm, leaf) =
+            (crate::untrusted::folded_frame("app 7", true), crate::untrusted::folded_frame("x 12", true));
         f.stacks.insert(format!("{comm};main;{leaf}"), 5);
         let mut out = Vec::new();
         write_svg(&f, "t", "s", &mut out).unwrap();

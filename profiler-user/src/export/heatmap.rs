@@ -220,7 +220,7 @@ pub fn write_png(grid: &Grid, title: &str, out: impl Write) -> Result<(), Export
 /// Text for SVG/HTML: control characters (which XML 1.0 forbids, and which names can hold) made
 /// visible first, then the markup characters escaped.
 pub fn escape(s: &str) -> String {
-    crate::text::visible(s).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    crate::untrusted::visible(s).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// A self-contained page around an SVG.

@@ -12,7 +12,7 @@
 use std::io::Write;
 
 use super::ExportError;
-use crate::{query::SampleRef, symbolize, text};
+use crate::{query::SampleRef, symbolize, untrusted};
 
 pub fn write_header(mut out: impl Write) -> Result<(), ExportError> {
     writeln!(out, "# ========")?;
@@ -29,25 +29,25 @@ pub fn write_sample(s: &SampleRef<'_>, mut out: impl Write) -> Result<(), Export
     let period = s.frequency_hz.map_or(1, |hz| 1_000_000_000 / hz.max(1));
     for _ in 0..s.count.max(1) {
         let (secs, micros) = (s.ts_ns / 1_000_000_000, (s.ts_ns % 1_000_000_000) / 1000);
-        let comm = text::perf_comm(s.comm);
+        let comm = untrusted::perf_comm(s.comm);
         writeln!(out, "{comm} {:>7}/{:<7} [{:03}] {secs}.{micros:06}: {period} cpu-clock: ", s.pid, s.tid, s.cpu)?;
         for (i, &(name, kernel)) in s.frames.iter().enumerate().rev() {
             if kernel {
                 // Each name by perf script's rule: one line, no parser-reserved pattern, no fake mark.
-                writeln!(out, "\t{:>16x} {} ([kernel.kallsyms])", 0, text::perf_frame(name, false))?;
+                writeln!(out, "\t{:>16x} {} ([kernel.kallsyms])", 0, untrusted::perf_frame(name, false))?;
                 continue;
             }
             let (file, addr) = s.locations.get(i).copied().unwrap_or(("", 0));
             let unnamed = symbolize::parse_module_offset(name);
             let (name, addr) = match unnamed {
                 Some((_, vaddr)) => ("[unknown]".into(), vaddr),
-                None => (text::perf_frame(name, true), addr),
+                None => (untrusted::perf_frame(name, true), addr),
             };
             // Without a stored location (older data), the module an unnamed frame carries.
             let file = match (file, unnamed) {
-                ("", Some((module, _))) => text::perf_file(module),
+                ("", Some((module, _))) => untrusted::perf_file(module),
                 ("", None) => "[unknown]".into(),
-                (file, _) => text::perf_file(file),
+                (file, _) => untrusted::perf_file(file),
             };
             writeln!(out, "\t{addr:>16x} {name} ({file})")?;
         }

@@ -15,7 +15,7 @@
 use std::{collections::HashMap, io::Write};
 
 use super::ExportError;
-use crate::{context::Context, query::SampleRef};
+use crate::{exec_context::Context, query::SampleRef};
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Profile {
@@ -223,8 +223,8 @@ impl Builder {
         }
         let mapping_id = if file.is_empty() { 0 } else { self.mapping(file) };
         let id = self.profile.location.len() as u64 + 1;
-        // A user name cannot end like the kernel mark (`text::unmarked`).
-        let shown = if kernel { format!("{name} [kernel]") } else { crate::text::unmarked(name).into_owned() };
+        // A user name cannot end like the kernel mark (`untrusted::unmarked`).
+        let shown = if kernel { format!("{name} [kernel]") } else { crate::untrusted::unmarked(name).into_owned() };
         // A Python frame has its own fields for its file and the line it runs (the function's
         // first line is not kept: `start_line` stays 0, unknown).
         let (function, file, line) = match crate::interpreter::python::source(&shown).filter(|_| !kernel) {

@@ -47,7 +47,7 @@ impl Builder {
         let stack: Vec<usize> = s
             .frames
             .iter()
-            .map(|&(n, k)| if k { self.frame(&format!("{n} [k]")) } else { self.frame(&crate::text::unmarked(n)) })
+            .map(|&(n, k)| if k { self.frame(&format!("{n} [k]")) } else { self.frame(&crate::untrusted::unmarked(n)) })
             .collect();
         let t = self.threads.entry((s.pid, s.tid, s.comm.to_string())).or_default();
         // A rolled-up row stands for `count` samples: they hold the stack that much longer.

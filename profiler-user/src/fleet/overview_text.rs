@@ -1,11 +1,11 @@
 //! `profiler fleet` as text: one aligned table per question, read at a glance. The grid is
 //! left to `--format json` (a heatmap is for a UI, not a terminal). Names come from nodes and
-//! processes: shown through `text::visible`, never raw.
+//! processes: shown through `untrusted::visible`, never raw.
 
 use std::fmt::Write as _;
 
 use super::overview::{EVENT_LOOKBACK_NS, Overview, TopStack};
-use crate::{text::visible, timespec};
+use crate::{timespec, untrusted::visible};
 
 /// Longest folded line the text shows; JSON has them whole.
 const STACK_WIDTH: usize = 110;

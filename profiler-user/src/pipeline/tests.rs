@@ -5,8 +5,8 @@ use profiler_common::{FLAG_IDLE, FLAG_SOFTIRQ_SHIFT, HEADER_LEN, SampleHeader};
 
 use super::*;
 use crate::{
-    context::ContextFilter,
     detect::{Machine, Thresholds},
+    exec_context::ContextFilter,
     query::{Filter, Window, cpu_time, fold},
     store::{Store, format::NS_PER_SEC, segments_dir},
 };

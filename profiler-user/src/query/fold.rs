@@ -77,10 +77,10 @@ impl Folded {
     }
 }
 
-/// One name of a folded line, by the folded format's rule (`text::folded_frame`). `user`: the comm
+/// One name of a folded line, by the folded format's rule (`untrusted::folded_frame`). `user`: the comm
 /// or a user-space frame, which must not end like the kernel mark.
 fn push_name(line: &mut String, name: &str, user: bool) {
-    line.push_str(&crate::text::folded_frame(name, user));
+    line.push_str(&crate::untrusted::folded_frame(name, user));
 }
 
 /// A user frame's name as a flamegraph shows it: a Python frame without the line it ran,
@@ -201,7 +201,7 @@ impl Visitor for FoldVisitor<'_> {
             else {
                 continue;
             };
-            let process = crate::text::folded_frame(&dict.strings[comm as usize], true);
+            let process = crate::untrusted::folded_frame(&dict.strings[comm as usize], true);
             // Bounded like the stacks: a process in more pods than a node runs is not offered.
             let pods = self.folded.pods.entry(process.into_owned()).or_default();
             if pods.len() < MAX_PODS_PER_PROCESS || pods.contains_key(&pod) {

@@ -18,7 +18,7 @@ pub use samples::{SampleRef, for_each_sample};
 
 use crate::{
     budget,
-    context::ContextFilter,
+    exec_context::ContextFilter,
     store::{
         Meta, Store, StoreError,
         format::{Dict, SampleColumns},

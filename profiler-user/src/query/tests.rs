@@ -322,7 +322,7 @@ fn perf_script_export_parses_back_to_the_folded_counts() {
 fn names_cannot_forge_folded_lines_and_huge_grids_are_refused() {
     let mut dict = Dict { strings: vec!["evil 999999\nfake".into(), "f;g".into()], ..Default::default() };
     dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: true });
-    // Control characters are shown as escapes (`text::visible`), not `?`.
+    // Control characters are shown as escapes (`untrusted::visible`), not `?`.
     assert_eq!(fold_line(&dict, 0, 1), "evil 999999\\nfake;f:g_[k]");
     let mut dict = Dict { strings: vec!["x 12".into(), "x_[k]".into()], ..Default::default() };
     dict.nodes.push(crate::store::format::Node { parent: 0, frame: 1, kernel: false });

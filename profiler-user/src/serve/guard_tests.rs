@@ -67,7 +67,7 @@ async fn beyond_loopback_metrics_answer_any_host_and_the_api_does_not() {
 fn the_context_parameter_filters_or_is_refused_with_a_sentence() {
     let p = |c: &str| Params { context: Some(c.into()), ..Default::default() }.filter();
     let f = p("softirq:net_rx").ok().unwrap();
-    assert_eq!(f.context, Some(crate::context::ContextFilter::Softirq(Some(3))));
+    assert_eq!(f.context, Some(crate::exec_context::ContextFilter::Softirq(Some(3))));
     assert_eq!(p("").ok().unwrap().context, None, "a blank form field filters nothing");
     let Err(Failure(code, msg)) = p("hardirq") else { panic!("hardirq accepted") };
     assert_eq!(

@@ -2,7 +2,7 @@
 //! root of its kernel frames, found by walking the dictionary's nodes up.
 
 use super::format::{Dict, MAX_STACK_FRAMES};
-use crate::context::Context;
+use crate::exec_context::Context;
 
 impl Dict {
     /// The context of stack node `node`: walks up to the root of its kernel frames.

@@ -452,7 +452,7 @@ fn encode_second(
         let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
         counts.busy += w;
         counts.kernel += w * u64::from(r.stack.user_len < r.stack.frames.len());
-        if crate::context::Context::of_stack(&r.stack).is_softirq() {
+        if crate::exec_context::Context::of_stack(&r.stack).is_softirq() {
             *softirq.entry(r.cpu).or_default() += w;
         }
         let bucket = &mut buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)];

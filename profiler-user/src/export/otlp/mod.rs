@@ -37,7 +37,7 @@ use proto::{
 
 use super::ExportError;
 use crate::{
-    context::Context,
+    exec_context::Context,
     query::{SampleRef, Window},
 };
 

@@ -7,7 +7,7 @@ use crate::{
     model::{Sample as Stored, Stack as StoredStack},
     query::{self, Filter, KERNEL_SUFFIX},
     store::{Store, StoreWriter, format::NS_PER_SEC, identity::Identity, segments_dir},
-    text::folded_frame,
+    untrusted::folded_frame,
 };
 
 const T0: u64 = 1_795_000_000 * NS_PER_SEC; // on a minute boundary

@@ -92,7 +92,7 @@ impl Dict {
             return Err(FormatError::Section("location columns differ in length from the nodes".into()));
         }
         let strings = self.strings.len() + delta.strings.len();
-        self.strings.extend(delta.strings.into_iter().map(|s| crate::text::cut(s, MAX_NAME_BYTES)));
+        self.strings.extend(delta.strings.into_iter().map(|s| crate::untrusted::cut(s, MAX_NAME_BYTES)));
         self.nodes.reserve(delta.frame.len());
         for (&d, &f) in delta.parent_delta.iter().zip(&delta.frame) {
             let id = self.nodes.len() as u32;
