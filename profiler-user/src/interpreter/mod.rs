@@ -46,7 +46,7 @@ pub trait Runtime {
         names: &mut Self::Names,
         pid: u32,
         layout: &Self::Layout,
-        native: &[Frame],
+        native: Vec<Frame>,
         words: &[u64],
     ) -> Vec<Frame>;
 }

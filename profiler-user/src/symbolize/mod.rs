@@ -160,11 +160,11 @@ pub struct Stats {
 pub struct Symbolizer {
     blaze: Blaze,
     kernel_source: Source<'static>,
-    kernel: HashMap<u64, Arc<str>>,
+    kernel: rustc_hash::FxHashMap<u64, Arc<str>>,
     /// `/proc/kallsyms`, read at the first kernel address (empty if unreadable: blazesym then).
     kallsyms: Option<kallsyms::Kallsyms>,
-    processes: HashMap<u32, Process>,
-    modules: HashMap<(u64, u64), Module>,
+    processes: rustc_hash::FxHashMap<u32, Process>,
+    modules: rustc_hash::FxHashMap<(u64, u64), Module>,
     /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
     stacks: LruCache<StackKey, Cached>,
     /// What the cached stacks hold, against `memory::STACKS`.
@@ -213,10 +213,10 @@ impl Symbolizer {
             // (`/proc/self/fd/N`) lead to the checked file for as long as the module lives.
             blaze: Blaze::builder().enable_code_info(false).enable_inlined_fns(false).enable_auto_reload(false).build(),
             kernel_source: Source::Kernel(kernel),
-            kernel: HashMap::new(),
+            kernel: Default::default(),
             kallsyms: None,
-            processes: HashMap::new(),
-            modules: HashMap::new(),
+            processes: Default::default(),
+            modules: Default::default(),
             stacks: LruCache::new(STACK_CACHE_MAX),
             stack_bytes: 0,
             images: 0,
@@ -305,7 +305,7 @@ impl Symbolizer {
         }
         let unresolved = named.iter().any(|f| Arc::ptr_eq(&f.0, &self.unknown));
         if let Some((layout, words)) = python.filter(|p| !p.1.is_empty()) {
-            named = CPython::name_frames(&mut self.python, pid, layout, &named, words);
+            named = CPython::name_frames(&mut self.python, pid, layout, named, words);
         }
         let user_len = named.len();
         let mut frames = Vec::with_capacity(kernel.len() + user_len);
@@ -483,7 +483,21 @@ impl Symbolizer {
 
     fn read_maps(&mut self, pid: u32, wanted: Option<u64>) -> maps::Read {
         self.stats.maps_reads += 1;
-        maps::read(pid, wanted)
+        let mut read = maps::read(pid, wanted);
+        // One `Arc` per path across processes (forks and workers map the same files): the
+        // store's dictionary finds a frame's file by its pointer, and the text is held once.
+        let mut last: Option<(Arc<str>, Arc<str>)> = None;
+        for m in read.maps.iter_mut().filter(|m| !m.path.is_empty()) {
+            m.path = match &last {
+                Some((read, shared)) if Arc::ptr_eq(read, &m.path) => shared.clone(),
+                _ => {
+                    let shared = self.intern(&m.path);
+                    last = Some((m.path.clone(), shared.clone()));
+                    shared
+                }
+            };
+        }
+        read
     }
 
     /// The name of the user frame at `addr` and where it lives.

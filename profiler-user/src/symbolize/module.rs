@@ -7,7 +7,7 @@
 //! being the ELF virtual address: what `addr2line -e module` and `llvm-symbolizer` take, so the
 //! frame can be named later on a machine with the debug file.
 
-use std::{collections::HashMap, fs::File, os::fd::AsRawFd, path::PathBuf, sync::Arc, time::Instant};
+use std::{fs::File, os::fd::AsRawFd, path::PathBuf, sync::Arc, time::Instant};
 
 use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze, source::Elf, source::Source};
 
@@ -31,7 +31,7 @@ pub(super) struct Module {
     /// after `MAPS_REFRESH` through another process that maps it.
     pub failed_at: Option<Instant>,
     /// By file offset: the name and the address `Location` gives it.
-    pub names: HashMap<u64, (Arc<str>, u64)>,
+    pub names: rustc_hash::FxHashMap<u64, (Arc<str>, u64)>,
     /// Its symbol tables' share of the memory budget, held while it is open.
     pub charge: Option<crate::memory::Charge>,
 }
@@ -61,7 +61,7 @@ impl Module {
             info: None,
             debug: None,
             failed_at: None,
-            names: HashMap::new(),
+            names: Default::default(),
             charge: None,
         }
     }

@@ -69,21 +69,49 @@ fn open_fds_on(path: &str) -> usize {
     fds.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_str() == Some(path))).count()
 }
 
+/// The mapping of `pid`'s executable text, once exec has mapped it.
+fn text_of(pid: u32, name: &str) -> maps::Mapping {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        if let Some(m) = maps::parse(&maps).into_iter().find(|m| m.is_file() && m.path.contains(name)) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "{name} never mapped its binary");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Processes mapping one file name it with one `Arc`: the store's dictionary finds a frame's
+/// file by its pointer, and the path is held once.
+#[test]
+fn processes_mapping_one_file_share_its_path() {
+    let mut s = Symbolizer::new();
+    let mut children: Vec<_> =
+        (0..2).map(|_| std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs")).collect();
+    let files: Vec<Arc<str>> = children
+        .iter()
+        .map(|c| {
+            let text = text_of(c.id(), "sleep");
+            let stack = s.stack(c.id(), "sleep", &[], &[text.start + 16]);
+            stack.locations[0].file.clone()
+        })
+        .collect();
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert!(files[0].contains("sleep"), "{}", files[0]);
+    assert!(Arc::ptr_eq(&files[0], &files[1]), "one path for both processes");
+}
+
 #[test]
 fn exited_processes_and_their_modules_are_forgotten() {
     let mut s = Symbolizer::new();
     let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
     let pid = child.id();
-    // An address inside the child's executable text, once exec has mapped it.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let text = loop {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-        if let Some(m) = maps::parse(&maps).into_iter().find(|m| m.is_file() && m.path.contains("sleep")) {
-            break m;
-        }
-        assert!(Instant::now() < deadline, "sleep never mapped its binary");
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    // An address inside the child's executable text.
+    let text = text_of(pid, "sleep");
     s.stack(pid, "sleep", &[], &[text.start + 16]);
     assert_eq!(s.stats().processes, 1);
     assert!(s.stats().modules >= 1);

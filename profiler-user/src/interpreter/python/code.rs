@@ -2,7 +2,7 @@
 //! read from the process's memory with `process_vm_readv`, bounded: every pointer here comes
 //! from a process that may be tearing the object down.
 
-use super::layout::Layout;
+use super::{layout::Layout, lines::Lines};
 
 /// Longest name or file name read.
 const MAX_STR: usize = 512;
@@ -11,13 +11,14 @@ const MAX_STR: usize = 512;
 const MAX_LINE_TABLE: usize = 64 << 10;
 
 /// What a code object says of itself.
+#[derive(Hash, PartialEq, Eq)]
 pub(super) struct Code {
     /// `co_qualname` (`co_name` before 3.11).
     pub(super) name: String,
     pub(super) file: String,
     pub(super) first_line: i64,
-    /// `co_linetable` (3.11+).
-    pub(super) lines: Option<Vec<u8>>,
+    /// `co_linetable` (3.11+), decoded.
+    pub(super) lines: Option<Lines>,
 }
 
 /// The code object at `code` in process `pid`; `None` when it cannot be read (freed, garbage).
@@ -27,8 +28,10 @@ pub(super) fn read_code(pid: u32, l: &Layout, code: u64) -> Option<Code> {
     let first_line = read_u32(pid, code.wrapping_add(l.code_firstlineno))? as i32 as i64;
     let name = read_str(pid, l, qualname)?;
     let file = read_str(pid, l, filename).unwrap_or_else(|| "?".into());
-    let lines =
-        (l.code_linetable != 0).then(|| read_bytes(pid, read_u64(pid, code.wrapping_add(l.code_linetable))?)).flatten();
+    let lines = (l.code_linetable != 0)
+        .then(|| read_bytes(pid, read_u64(pid, code.wrapping_add(l.code_linetable))?))
+        .flatten()
+        .map(|table| Lines::decode(&table, first_line));
     Some(Code { name, file, first_line, lines })
 }
 

@@ -1,48 +1,49 @@
 //! The line a CPython 3.11+ frame is at, from its code object's location table
 //! (`co_linetable`, format in CPython's `Objects/locations.md`): entries of one start byte
 //! (`1 code:4 length-1:3`, length in 2-byte code units) and a few varints; the line moves by a
-//! delta at each entry.
+//! delta at each entry. Decoded once per code object into runs of units at one line.
 
-/// The line of the code unit `unit` (its byte offset / 2), or `None` when the table gives it
-/// no location or ends first.
-pub fn line_at(table: &[u8], first_line: i64, unit: u64) -> Option<i64> {
-    let mut r = Reader { table, at: 0 };
-    let (mut line, mut start) = (first_line, 0u64);
-    while let Some(b) = r.byte() {
-        if b & 0x80 == 0 {
-            return None; // not at an entry's start: a table we do not understand
+/// A code object's lines, decoded once when it is read: runs of code units at one line, as
+/// (end unit, exclusive; line, or [`NO_LINE`]). A frame is named by a binary search; decoding
+/// the table at every frame was a tenth of the daemon's CPU on the replay bench's Python node.
+#[derive(Hash, PartialEq, Eq)]
+pub struct Lines(Box<[(u32, i32)]>);
+
+/// A run of code units the table gives no location (or a line past `i32`).
+const NO_LINE: i32 = i32::MIN;
+
+impl Lines {
+    /// The runs of `table`, up to where it ends or stops making sense (a table we do not
+    /// understand names the units after that point by the function's first line).
+    pub fn decode(table: &[u8], first_line: i64) -> Self {
+        let mut runs: Vec<(u32, i32)> = Vec::new();
+        let mut r = Reader { table, at: 0 };
+        let (mut line, mut end) = (first_line, 0u32);
+        while let Some(entry) = r.entry(&mut line) {
+            let (here, len) = entry;
+            let here = here.and_then(|l| i32::try_from(l).ok()).filter(|&l| l != NO_LINE).unwrap_or(NO_LINE);
+            let Some(next) = end.checked_add(len) else { break };
+            end = next;
+            match runs.last_mut() {
+                Some(last) if last.1 == here => last.0 = end,
+                _ => runs.push((end, here)),
+            }
         }
-        let (code, len) = ((b >> 3) & 15, u64::from(b & 7) + 1);
-        let here = match code {
-            15 => None,
-            14 => {
-                line = line.checked_add(r.svarint()?)?;
-                r.varint()?; // end line
-                r.varint()?; // column
-                r.varint()?; // end column
-                Some(line)
-            }
-            13 => {
-                line = line.checked_add(r.svarint()?)?;
-                Some(line)
-            }
-            10..=12 => {
-                line = line.checked_add(i64::from(code - 10))?;
-                r.byte()?;
-                r.byte()?;
-                Some(line)
-            }
-            _ => {
-                r.byte()?;
-                Some(line)
-            }
-        };
-        if unit < start + len {
-            return here;
-        }
-        start += len;
+        Self(runs.into_boxed_slice())
     }
-    None
+
+    /// The line of the code unit `unit` (its byte offset / 2), or `None` when the table gives
+    /// it no location or ends first.
+    pub fn at(&self, unit: u64) -> Option<i64> {
+        let i = self.0.partition_point(|&(end, _)| u64::from(end) <= unit);
+        let &(_, line) = self.0.get(i)?;
+        (line != NO_LINE).then_some(i64::from(line))
+    }
+
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.0.len() * std::mem::size_of::<(u32, i32)>()
+    }
 }
 
 struct Reader<'a> {
@@ -51,6 +52,41 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    /// The next entry: its line (`None`: no location) and its length in code units; `None` at
+    /// the table's end or where it stops making sense. `line` moves by the entry's delta.
+    fn entry(&mut self, line: &mut i64) -> Option<(Option<i64>, u32)> {
+        let b = self.byte()?;
+        if b & 0x80 == 0 {
+            return None; // not at an entry's start: a table we do not understand
+        }
+        let (code, len) = ((b >> 3) & 15, u32::from(b & 7) + 1);
+        let here = match code {
+            15 => None,
+            14 => {
+                *line = line.checked_add(self.svarint()?)?;
+                self.varint()?; // end line
+                self.varint()?; // column
+                self.varint()?; // end column
+                Some(*line)
+            }
+            13 => {
+                *line = line.checked_add(self.svarint()?)?;
+                Some(*line)
+            }
+            10..=12 => {
+                *line = line.checked_add(i64::from(code - 10))?;
+                self.byte()?;
+                self.byte()?;
+                Some(*line)
+            }
+            _ => {
+                self.byte()?;
+                Some(*line)
+            }
+        };
+        Some((here, len))
+    }
+
     fn byte(&mut self) -> Option<u8> {
         let b = *self.table.get(self.at)?;
         self.at += 1;
@@ -83,6 +119,10 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn line_at(table: &[u8], first_line: i64, unit: u64) -> Option<i64> {
+        Lines::decode(table, first_line).at(unit)
+    }
 
     /// `co_linetable` and `co_lines()` of a small function, from CPython 3.11.7:
     /// def f(x):            # line 2
@@ -122,6 +162,8 @@ mod tests {
             }
         }
         assert_eq!(line_at(&TABLE, 2, 43), None, "past the end");
+        // One run per line change: 2, 3, 4, 5, 6, 8, 9.
+        assert_eq!(Lines::decode(&TABLE, 2).bytes(), 7 * 8, "runs of one line are merged");
     }
 
     #[test]

@@ -51,12 +51,12 @@ impl Runtime for CPython {
         layout::describe(layout, state)
     }
 
-    fn name_frames(names: &mut PyNames, pid: u32, layout: &Layout, native: &[Frame], words: &[u64]) -> Vec<Frame> {
+    fn name_frames(names: &mut PyNames, pid: u32, layout: &Layout, native: Vec<Frame>, words: &[u64]) -> Vec<Frame> {
         let python: Vec<(Arc<str>, bool)> = frames(words)
             .into_iter()
             .map(|(code, instr, entry)| (names.name(pid, layout, code, instr), entry))
             .collect();
-        merge(native, &python)
+        merge(native, python)
     }
 }
 
@@ -76,29 +76,31 @@ pub fn source(frame: &str) -> Option<(&str, &str, u32)> {
 /// evaluation) go on the root side.
 /// A Python frame takes the location of the evaluation frame it replaces (the interpreter runs
 /// it); the frames left over, that of the outermost one.
-fn merge(user: &[Frame], python: &[(Arc<str>, bool)]) -> Vec<Frame> {
+/// The names are moved, not cloned: each clone is an atomic add on a name's count, a cache miss
+/// apiece for names spread over the heap.
+fn merge(user: Vec<Frame>, python: Vec<(Arc<str>, bool)>) -> Vec<Frame> {
     let mut out: Vec<Frame> = Vec::with_capacity(user.len() + python.len());
-    let mut next = 0;
+    let mut python = python.into_iter().peekable();
     let mut outermost = Location::default();
-    for native in user.iter().rev() {
-        if &*native.0 == EVAL_FRAME && next < python.len() {
-            outermost = native.1.clone();
-            while next < python.len() {
-                out.push((python[next].0.clone(), native.1.clone()));
-                next += 1;
-                if python[next - 1].1 {
+    for native in user.into_iter().rev() {
+        if &*native.0 == EVAL_FRAME && python.peek().is_some() {
+            for (name, entry) in python.by_ref() {
+                out.push((name, native.1.clone()));
+                if entry {
                     break;
                 }
             }
+            outermost = native.1;
         } else {
-            out.push(native.clone());
+            out.push(native);
         }
     }
     out.reverse();
     // Frames left over belong to evaluations further out than the native walk reached (it was
     // cut short): they go on the root side, so the Python story stays whole.
-    if next < python.len() {
-        let mut merged: Vec<Frame> = python[next..].iter().rev().map(|p| (p.0.clone(), outermost.clone())).collect();
+    let left: Vec<Arc<str>> = python.map(|p| p.0).collect();
+    if !left.is_empty() {
+        let mut merged: Vec<Frame> = left.into_iter().rev().map(|name| (name, outermost.clone())).collect();
         merged.append(&mut out);
         return merged;
     }
@@ -152,7 +154,7 @@ mod tests {
         let user = a(&["main", "Py_RunMain", EVAL_FRAME, "ext_call", EVAL_FRAME, "leaf_c"]);
         // Python, leaf first: inner (run by the leaf-side eval, its entry), then outer, top.
         let python = [(Arc::from("inner"), true), (Arc::from("middle"), false), (Arc::from("top"), true)];
-        let merged = merge(&user, &python);
+        let merged = merge(user.clone(), python.to_vec());
         assert_eq!(names(&merged), ["main", "Py_RunMain", "top", "middle", "ext_call", "inner", "leaf_c"]);
         // Each Python frame lives where the interpreter frame running it does.
         let files: Vec<&str> = merged.iter().map(|s| &*s.1.file).collect();
@@ -171,15 +173,15 @@ mod tests {
     fn frames_of_evaluations_the_native_walk_did_not_reach_go_on_the_root_side() {
         let user = a(&["[unknown]", EVAL_FRAME, "leaf_c"]);
         let python = [(Arc::from("inner"), true), (Arc::from("outer"), false)];
-        let merged = merge(&user, &python);
+        let merged = merge(user.clone(), python.to_vec());
         assert_eq!(names(&merged), ["outer", "[unknown]", "inner", "leaf_c"]);
         assert_eq!(&*merged[0].1.file, "/f1", "the outermost evaluation's file");
-        assert_eq!(names(&merge(&a(&["[unknown]"]), &python)), ["outer", "inner", "[unknown]"]);
+        assert_eq!(names(&merge(a(&["[unknown]"]), python.to_vec())), ["outer", "inner", "[unknown]"]);
     }
 
     #[test]
     fn without_python_frames_the_native_stack_is_unchanged() {
         let user = a(&["main", EVAL_FRAME, "x"]);
-        assert_eq!(merge(&user, &[]), user);
+        assert_eq!(merge(user.clone(), Vec::new()), user);
     }
 }

@@ -7,24 +7,37 @@
 //! and were read again from the process (five `process_vm_readv` calls each): on the replay
 //! bench's training node, half the daemon's CPU. Names are now dropped first (making one again
 //! is a `format!`), code objects only when they alone fill their share of the pool.
+//!
+//! Why entries are shared: a training script's DataLoader workers are forks of it, and
+//! processes started from one program read the same files, so the same code object (name,
+//! file, line table) is in every one of them. One entry per content, and one `Arc` per name,
+//! hold what seven processes would otherwise hold seven times; the store's dictionary and the
+//! stack cache then find a frame's name by its pointer.
 
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use std::hash::BuildHasher;
+
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 
 use super::{
     code::{Code, read_code},
     layout::Layout,
-    lines,
+    lines::Lines,
 };
 use crate::memory;
 
 /// Code objects and names cached before that tier starts over (besides the byte bound).
 const MAX_CODES: usize = 65_536;
 const MAX_NAMES: usize = 262_144;
-/// What a cached entry costs besides its strings and line table: map slot, `Code`, `Arc`.
+/// What an entry costs besides its strings and line table: its slot, `Code`, list.
 const ENTRY_BYTES: u64 = 96;
+/// A (pid, code object) that leads to an entry: its map slot.
+const KEY_BYTES: u64 = 32;
+/// A distinct name: its `Arc` header and its slot in the interning set.
 const NAME_BYTES: u64 = 40;
+/// An entry's reference to one of its names: (line, `Arc`).
+const SLOT_BYTES: u64 = 24;
 /// Code objects' share of the Python pool, in percent: past it they start over; the names get
 /// the rest, and what the code objects leave.
 const CODES_SHARE: u64 = 60;
@@ -34,13 +47,26 @@ struct Cached {
     code: Code,
     /// (line, `qualname (file:line)`): a frame runs a handful of lines, so a short list.
     named: Vec<(i64, Arc<str>)>,
+    /// The (pid, code object) keys that lead here, and the hash of `code` (`by_content`).
+    users: u32,
+    content: u64,
 }
 
 impl Cached {
-    fn bytes(&self) -> u64 {
+    /// The line the frame at `instr` runs (`start`: where the code object's instructions start).
+    fn line_at(&self, instr: u64, start: u64) -> i64 {
         let c = &self.code;
-        (c.name.len() + c.file.len() + c.lines.as_ref().map_or(0, |l| l.len())) as u64 + ENTRY_BYTES
+        c.lines.as_ref().filter(|_| instr >= start).and_then(|l| l.at((instr - start) / 2)).unwrap_or(c.first_line)
     }
+
+    fn bytes(&self) -> u64 {
+        entry_bytes(&self.code)
+    }
+}
+
+/// What an entry for `c` costs.
+fn entry_bytes(c: &Code) -> u64 {
+    (c.name.len() + c.file.len() + c.lines.as_ref().map_or(0, Lines::bytes)) as u64 + ENTRY_BYTES
 }
 
 fn name_bytes(name: &str) -> u64 {
@@ -79,8 +105,15 @@ fn make_name(name: &str, file: &str, line: i64) -> Arc<str> {
 
 #[derive(Default)]
 pub struct PyNames {
-    /// (pid, code object) → what it says. Fx: keys are addresses, hashed once per frame.
-    codes: FxHashMap<(u32, u64), Cached>,
+    /// (pid, code object) → its entry. Fx: keys are addresses, hashed once per frame.
+    codes: FxHashMap<(u32, u64), u32>,
+    /// One per content (`None`: free, listed in `free`).
+    entries: Vec<Option<Cached>>,
+    free: Vec<u32>,
+    /// An entry by the hash of its code object (compared whole before it is shared).
+    by_content: FxHashMap<u64, u32>,
+    /// Every name made, by its text: one `Arc` per name.
+    interned: FxHashSet<Arc<str>>,
     code_bytes: u64,
     names: usize,
     name_bytes: u64,
@@ -91,56 +124,101 @@ impl PyNames {
     /// function's first line before that, or where the table says nothing). `instr` is the
     /// sampler's instruction address, 0 when it sent none.
     pub fn name(&mut self, pid: u32, layout: &Layout, code: u64, instr: u64) -> Arc<str> {
-        if !self.codes.contains_key(&(pid, code)) {
-            // Not cached when unreadable: the object may be readable next time (or was freed).
-            let Some(c) = read_code(pid, layout, code) else { return Arc::from("[python]") };
-            self.add_code(pid, code, c);
-        }
-        let info = self.codes.get_mut(&(pid, code)).expect("cached above");
         let start = code.wrapping_add(layout.code_adaptive);
-        let line = info
-            .code
-            .lines
-            .as_deref()
-            .filter(|_| instr >= start)
-            .and_then(|t| lines::line_at(t, info.code.first_line, (instr - start) / 2))
-            .unwrap_or(info.code.first_line);
-        if let Some((_, n)) = info.named.iter().find(|(l, _)| *l == line) {
-            return n.clone();
-        }
-        let name = make_name(&info.code.name, &info.code.file, line);
-        let cost = name_bytes(&name);
-        if self.names >= MAX_NAMES || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
-            self.drop_names();
-        }
-        self.names += 1;
-        self.name_bytes += cost;
+        let slot = match self.codes.get(&(pid, code)) {
+            Some(&slot) => {
+                let info = self.entry(slot);
+                let line = info.line_at(instr, start);
+                if let Some((_, n)) = info.named.iter().find(|(l, _)| *l == line) {
+                    return n.clone();
+                }
+                slot
+            }
+            None => {
+                // Not cached when unreadable: the object may be readable next time (or was freed).
+                let Some(c) = read_code(pid, layout, code) else { return Arc::from("[python]") };
+                self.add_code(pid, code, c)
+            }
+        };
+        let info = self.entry(slot);
+        let line = info.line_at(instr, start);
+        let made = make_name(&info.code.name, &info.code.file, line);
+        let name = match self.interned.get(&*made) {
+            Some(shared) => shared.clone(),
+            None => {
+                let cost = name_bytes(&made);
+                if self.names >= MAX_NAMES || !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
+                    self.drop_names();
+                }
+                self.names += 1;
+                self.name_bytes += cost;
+                self.interned.insert(made.clone());
+                made
+            }
+        };
+        self.name_bytes += SLOT_BYTES;
         self.publish();
-        if let Some(info) = self.codes.get_mut(&(pid, code)) {
+        if let Some(Some(info)) = self.entries.get_mut(slot as usize) {
             info.named.push((line, name.clone()));
         }
         name
     }
 
-    fn add_code(&mut self, pid: u32, code: u64, c: Code) {
-        let c = Cached { code: c, named: Vec::new() };
-        let cost = c.bytes();
+    fn entry(&self, slot: u32) -> &Cached {
+        self.entries[slot as usize].as_ref().expect("a key leads to a live entry")
+    }
+
+    /// Caches what `code` of `pid` says, sharing the entry of the same content; its slot.
+    fn add_code(&mut self, pid: u32, code: u64, c: Code) -> u32 {
+        let content = FxBuildHasher.hash_one(&c);
+        let same = self.by_content.get(&content).copied().filter(|&s| self.entry(s).code == c);
+        let cost = KEY_BYTES + if same.is_some() { 0 } else { entry_bytes(&c) };
         let share = memory::PYTHON.limit() * CODES_SHARE / 100;
-        if self.codes.len() >= MAX_CODES || self.code_bytes + cost > share {
+        let same = if self.codes.len() >= MAX_CODES || self.code_bytes + cost > share {
             self.start_over(self.codes.len() >= MAX_CODES);
-        } else if !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
-            self.drop_names();
+            None
+        } else {
+            if !memory::PYTHON.fits_total(self.code_bytes + self.name_bytes + cost) {
+                self.drop_names();
+            }
+            same
+        };
+        let slot = match same {
+            Some(slot) => {
+                self.code_bytes += KEY_BYTES;
+                slot
+            }
+            None => {
+                let entry = Cached { code: c, named: Vec::new(), users: 0, content };
+                self.code_bytes += KEY_BYTES + entry.bytes();
+                let slot = match self.free.pop() {
+                    Some(slot) => {
+                        self.entries[slot as usize] = Some(entry);
+                        slot
+                    }
+                    None => {
+                        self.entries.push(Some(entry));
+                        self.entries.len() as u32 - 1
+                    }
+                };
+                self.by_content.entry(content).or_insert(slot);
+                slot
+            }
+        };
+        if let Some(Some(e)) = self.entries.get_mut(slot as usize) {
+            e.users += 1;
         }
-        self.code_bytes += cost;
-        self.codes.insert((pid, code), c);
+        self.codes.insert((pid, code), slot);
         self.publish();
+        slot
     }
 
     /// Forgets the names made so far, keeping the code objects they are made of.
     fn drop_names(&mut self) {
-        for c in self.codes.values_mut() {
+        for c in self.entries.iter_mut().flatten() {
             c.named = Vec::new();
         }
+        self.interned = FxHashSet::default();
         self.names = 0;
         self.name_bytes = 0;
         self.publish();
@@ -152,10 +230,7 @@ impl PyNames {
         if !by_count {
             memory::PYTHON.note_refused();
         }
-        self.codes.clear();
-        self.code_bytes = 0;
-        self.names = 0;
-        self.name_bytes = 0;
+        *self = Self::default();
         self.publish();
     }
 
@@ -170,10 +245,29 @@ impl PyNames {
 
     /// Forgets the code objects and names of processes no longer known.
     pub fn retain(&mut self, live: impl Fn(u32) -> bool) {
-        self.codes.retain(|(pid, _), _| live(*pid));
-        self.code_bytes = self.codes.values().map(Cached::bytes).sum();
-        self.names = self.codes.values().map(|c| c.named.len()).sum();
-        self.name_bytes = self.codes.values().flat_map(|c| c.named.iter()).map(|(_, n)| name_bytes(n)).sum();
+        let (entries, free, by_content) = (&mut self.entries, &mut self.free, &mut self.by_content);
+        self.codes.retain(|&(pid, _), &mut slot| {
+            if live(pid) {
+                return true;
+            }
+            if let Some(e) = entries[slot as usize].as_mut() {
+                e.users -= 1;
+                if e.users == 0 {
+                    if by_content.get(&e.content) == Some(&slot) {
+                        by_content.remove(&e.content);
+                    }
+                    entries[slot as usize] = None;
+                    free.push(slot);
+                }
+            }
+            false
+        });
+        let live_entries = || self.entries.iter().flatten();
+        self.code_bytes = live_entries().map(Cached::bytes).sum::<u64>() + self.codes.len() as u64 * KEY_BYTES;
+        self.interned = live_entries().flat_map(|c| c.named.iter()).map(|(_, n)| n.clone()).collect();
+        self.names = self.interned.len();
+        let slots: usize = live_entries().map(|c| c.named.len()).sum();
+        self.name_bytes = self.interned.iter().map(|n| name_bytes(n)).sum::<u64>() + slots as u64 * SLOT_BYTES;
         self.publish();
     }
 
@@ -198,7 +292,8 @@ mod tests {
 
     fn cached(table: Option<Vec<u8>>) -> PyNames {
         let mut n = PyNames::default();
-        n.insert(1, CODE, Code { name: "Model.forward".into(), file: "/srv/m.py".into(), first_line: 2, lines: table });
+        let lines = table.map(|t| Lines::decode(&t, 2));
+        n.insert(1, CODE, Code { name: "Model.forward".into(), file: "/srv/m.py".into(), first_line: 2, lines });
         n
     }
 
@@ -215,6 +310,37 @@ mod tests {
         assert_eq!(n.len(), (1, 0));
         assert_eq!(&*n.name(1, layout, CODE, 0), "Model.forward (/srv/m.py:2)", "named without a read");
         assert_eq!(n.len(), (1, 1));
+    }
+
+    /// Forked workers run the same code: one entry and one `Arc` per name serve them all, and
+    /// the entry lives as long as one of them does.
+    #[test]
+    fn processes_running_the_same_code_share_its_entry_and_its_names() {
+        let layout = crate::interpreter::python::layout::of(11).expect("3.11");
+        let code = |file: &str| Code { name: "Model.forward".into(), file: file.into(), first_line: 2, lines: None };
+        let mut n = PyNames::default();
+        for pid in 1..=7 {
+            n.insert(pid, CODE + u64::from(pid), code("/srv/m.py"));
+        }
+        n.insert(8, CODE, code("/srv/other.py"));
+        assert_eq!((n.codes.len(), n.entries.iter().flatten().count()), (8, 2), "one entry per content");
+        let first = n.name(1, layout, CODE + 1, 0);
+        for pid in 2..=7 {
+            assert!(Arc::ptr_eq(&first, &n.name(pid, layout, CODE + u64::from(pid), 0)), "pid {pid} shares the name");
+        }
+        assert_eq!(&*n.name(8, layout, CODE, 0), "Model.forward (/srv/other.py:2)");
+        assert_eq!(n.len(), (8, 2));
+        let shared_bytes = n.code_bytes;
+        n.retain(|pid| pid != 1 && pid != 8);
+        assert_eq!((n.codes.len(), n.entries.iter().flatten().count()), (6, 1));
+        assert!(n.code_bytes < shared_bytes, "the other file's entry is freed");
+        assert!(Arc::ptr_eq(&first, &n.name(7, layout, CODE + 7, 0)), "the name outlives the process that made it");
+        n.retain(|_| false);
+        assert_eq!((n.codes.len(), n.entries.iter().flatten().count(), n.code_bytes), (0, 0, 0));
+        // A freed slot is taken again, and the content found again is a new entry.
+        n.insert(9, CODE, code("/srv/m.py"));
+        assert_eq!((n.entries.len(), n.free.len()), (2, 1));
+        assert_eq!(&*n.name(9, layout, CODE, 0), "Model.forward (/srv/m.py:2)");
     }
 
     #[test]
