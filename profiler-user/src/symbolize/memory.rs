@@ -12,10 +12,10 @@ use super::{
 };
 use crate::{memory, model::Stack};
 
-/// What a cached stack costs: its key, frames and locations (the names are shared and counted
-/// where they are made), and the cache's slot.
-pub(super) fn stack_bytes(key: &StackKey, stack: &Stack) -> u64 {
-    (key.1.len() * 8 + stack.frames.len() * 16 + stack.locations.len() * 32 + 160) as u64
+/// What a cached stack costs: its frames and locations (the names are shared and counted
+/// where they are made), and the cache's slot with its key.
+pub(super) fn stack_bytes(stack: &Stack) -> u64 {
+    (stack.frames.len() * 16 + stack.locations.len() * 32 + 160) as u64
 }
 
 impl Symbolizer {
@@ -23,14 +23,14 @@ impl Symbolizer {
     /// recently used ones go first (a user's 126-frame stacks of random JIT addresses would
     /// otherwise fill 8,192 slots with megabytes).
     pub(super) fn cache_stack(&mut self, key: StackKey, cached: Cached) {
-        let cost = stack_bytes(&key, &cached.stack);
+        let cost = stack_bytes(&cached.stack);
         let limit = memory::STACKS.limit();
         while self.stack_bytes + cost > limit {
-            let Some((k, old)) = self.stacks.pop_lru() else { break };
-            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
+            let Some((_, old)) = self.stacks.pop_lru() else { break };
+            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&old.stack));
         }
-        if let Some((k, old)) = self.stacks.push(key, cached) {
-            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&k, &old.stack));
+        if let Some((_, old)) = self.stacks.push(key, cached) {
+            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&old.stack));
         }
         self.stack_bytes += cost;
         memory::STACKS.set_used(self.stack_bytes);

@@ -120,8 +120,13 @@ const PERF_MAP_REFRESH: Duration = Duration::from_millis(100);
 /// busy node maps a few dozen files).
 const MAX_OPEN_FILES: usize = 384;
 
-/// A stack as the sampler sent it: process image (0 for kernel-only), addresses, frame counts.
-type StackKey = (u64, Vec<u64>, usize);
+/// A stack as the sampler sent it: its process image (0 for kernel-only) and the 128-bit XXH3
+/// of its addresses and frame counts. The hash, not the addresses: a Python stack's 60 words
+/// were a quarter of what a cached stack costs, and the cache holds a third more stacks
+/// without them. Two stacks of one image sharing a hash is a 2^-128 chance per pair (about
+/// 10^-27 for a million stacks): the collision a profiler of this kind accepts (the OTel
+/// eBPF profiler keys its traces the same way).
+type StackKey = (u64, u128);
 
 /// A symbolized stack; `until` is set when it has an unnamed frame (see `UNRESOLVED_TTL`).
 struct Cached {
@@ -194,8 +199,8 @@ pub struct Symbolizer {
     symbols_refusal_logged: bool,
     /// The last request of the memory watcher to shed that was served.
     sheds_seen: u64,
-    /// Where a sample's stack key is built (see `stack_with_python`).
-    key_buf: Vec<u64>,
+    /// Where a sample's stack key is built (see `stack_hash`).
+    key_buf: Vec<u8>,
 }
 
 impl Default for Symbolizer {
@@ -274,29 +279,15 @@ impl Symbolizer {
         if pid != 0 {
             self.note_process(pid, comm, now);
         }
-        // The key is built in a buffer kept between samples: a hit (most samples) allocates
-        // nothing.
-        let mut key_addrs = std::mem::take(&mut self.key_buf);
-        key_addrs.clear();
-        key_addrs.extend_from_slice(kernel);
-        key_addrs.extend_from_slice(user);
         let python_words = python.map_or(&[][..], |p| p.1);
-        // The instruction a frame is at gives its line: part of the key.
-        key_addrs.extend_from_slice(python_words);
         // User addresses only mean something within their process image; kernel-only stacks
-        // are shared by all.
+        // are shared by all. The instruction a Python frame is at gives its line: part of the key.
         let image = if user.is_empty() { 0 } else { self.processes.get(&pid).map_or(u64::MAX, |p| p.image) };
-        let key = (image, key_addrs, kernel.len() | python_words.len() << 16);
+        let key = (image, self.stack_hash(kernel, user, python_words));
         if let Some(cached) = self.stacks.get(&key).filter(|c| c.until.is_none_or(|t| now < t)) {
-            let stack = cached.stack.clone();
             self.stats.stack_hits += 1;
-            self.key_buf = key.1;
-            return stack;
+            return cached.stack.clone();
         }
-        // The cache's copy at its length; the buffer stays for the next sample.
-        let (image, buf, counts) = key;
-        let key = (image, buf.clone(), counts);
-        self.key_buf = buf;
         self.stats.stack_misses += 1;
         self.jit_missed = false;
         let mut named: Vec<(Arc<str>, Location)> = Vec::with_capacity(user.len());
@@ -321,6 +312,18 @@ impl Symbolizer {
         let until = unresolved.then(|| now + if self.jit_missed { PERF_MAP_REFRESH } else { UNRESOLVED_TTL });
         self.cache_stack(key, Cached { stack: stack.clone(), until });
         stack
+    }
+
+    /// The hash of a stack's addresses (see [`StackKey`]), made in a buffer kept between
+    /// samples: no allocation per sample.
+    fn stack_hash(&mut self, kernel: &[u64], user: &[u64], python: &[u64]) -> u128 {
+        let buf = &mut self.key_buf;
+        buf.clear();
+        let counts = [kernel.len() as u64, user.len() as u64, python.len() as u64];
+        for w in counts.iter().chain(kernel).chain(user).chain(python) {
+            buf.extend_from_slice(&w.to_ne_bytes());
+        }
+        xxhash_rust::xxh3::xxh3_128(buf)
     }
 
     /// The process, if any, whose last stack had an address in code mapped since its maps were
@@ -395,7 +398,7 @@ impl Symbolizer {
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
         let live: std::collections::HashSet<u64> = self.processes.values().map(|p| p.image).collect();
         self.stacks.retain(|k, _| k.0 == 0 || live.contains(&k.0));
-        self.stack_bytes = self.stacks.iter().map(|(k, c)| memory::stack_bytes(k, &c.stack)).sum();
+        self.stack_bytes = self.stacks.iter().map(|(_, c)| memory::stack_bytes(&c.stack)).sum();
         crate::memory::STACKS.set_used(self.stack_bytes);
         let mapped: std::collections::HashSet<(u64, u64)> =
             self.processes.values().flat_map(|p| p.maps.iter().map(|m| (m.dev, m.inode))).collect();

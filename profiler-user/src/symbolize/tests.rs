@@ -30,6 +30,24 @@ fn stack_cache_is_bounded_and_keeps_what_is_used() {
     assert_eq!(s.stats().stack_hits, hits + 1);
 }
 
+/// The key says where the kernel frames end and the Python words begin: the same addresses
+/// split another way are another stack.
+#[test]
+fn a_stack_key_tells_how_its_addresses_split() {
+    let mut s = Symbolizer::new();
+    let keys = [
+        s.stack_hash(&[1, 2], &[], &[]),
+        s.stack_hash(&[1], &[2], &[]),
+        s.stack_hash(&[], &[1, 2], &[]),
+        s.stack_hash(&[], &[1], &[2]),
+        s.stack_hash(&[], &[], &[1, 2]),
+        s.stack_hash(&[], &[2, 1], &[]),
+    ];
+    let distinct: std::collections::HashSet<u128> = keys.iter().copied().collect();
+    assert_eq!(distinct.len(), keys.len());
+    assert_eq!(s.stack_hash(&[1], &[2], &[3]), s.stack_hash(&[1], &[2], &[3]), "and is the same each time");
+}
+
 #[test]
 fn resolves_a_function_of_this_process() {
     let mut s = Symbolizer::new();
@@ -159,9 +177,10 @@ fn a_stack_with_an_unnamed_frame_is_not_cached_for_good() {
     let named = profiler_symbolize_test_marker as *const () as u64;
     s.stack(me, "test", &[], &[named]);
     s.stack(me, "test", &[], &[8, named]);
-    let key = |addrs: &[u64]| (s.processes[&me].image, addrs.to_vec(), 0usize);
-    assert!(s.stacks.peek(&key(&[named])).unwrap().until.is_none(), "a named stack is final");
-    let k = key(&[8, named]);
+    let image = s.processes[&me].image;
+    let mut key = |addrs: &[u64]| (image, s.stack_hash(&[], addrs, &[]));
+    let (final_key, k) = (key(&[named]), key(&[8, named]));
+    assert!(s.stacks.peek(&final_key).unwrap().until.is_none(), "a named stack is final");
     assert!(s.stacks.peek(&k).unwrap().until.is_some(), "an unnamed frame is provisional");
     // Once its time is up, the stack is resolved again (a miss), not answered from the cache.
     s.stacks.get_mut(&k).unwrap().until = Some(Instant::now() - Duration::from_millis(1));
@@ -304,7 +323,7 @@ fn a_stripped_program_is_named_by_module_offset_and_through_its_debug_link() {
         drop(child);
         assert_eq!(&*stack.frames[0], want, "{}", exe.display());
         // A module+offset name is final: the file is the one mapped and names nothing there.
-        let key = (s.processes[&pid].image, vec![addr], 0usize);
+        let key = (s.processes[&pid].image, s.stack_hash(&[], &[addr], &[]));
         assert!(s.stacks.peek(&key).unwrap().until.is_none());
     }
 }
