@@ -12,11 +12,18 @@ use super::{
 };
 use crate::{memory, model::Stack};
 
-/// What a cached stack costs: its frames and locations (the names are shared and counted
-/// where they are made), and the cache's slot with its key.
+/// What a cached stack costs: its frames and locations at their size (the names and files are
+/// shared, and counted where they are made), and the cache's slot with its key.
 pub(super) fn stack_bytes(stack: &Stack) -> u64 {
-    (stack.frames.len() * 16 + stack.locations.len() * 32 + 160) as u64
+    let frames = stack.frames.capacity() * std::mem::size_of::<std::sync::Arc<str>>();
+    let locations = stack.locations.capacity() * std::mem::size_of::<crate::model::Location>();
+    (frames + locations + SLOT_BYTES) as u64
 }
+
+/// The rest of a cached stack, as allocated: the `Arc<Stack>` (counts, two vectors, a length:
+/// 80 bytes from malloc), the cache's node (key, value, list links: 80), its table slot (about
+/// 20 at the table's load), and the two vectors' malloc headers (32).
+const SLOT_BYTES: usize = 212;
 
 impl Symbolizer {
     /// Caches a symbolized stack within the stacks' pool of the memory budget: the least
