@@ -320,8 +320,8 @@ impl Symbolizer {
         let buf = &mut self.key_buf;
         buf.clear();
         let counts = [kernel.len() as u64, user.len() as u64, python.len() as u64];
-        for w in counts.iter().chain(kernel).chain(user).chain(python) {
-            buf.extend_from_slice(&w.to_ne_bytes());
+        for words in [&counts[..], kernel, user, python] {
+            buf.extend_from_slice(bytemuck::cast_slice(words));
         }
         xxhash_rust::xxh3::xxh3_128(buf)
     }
