@@ -1,6 +1,11 @@
 //! The symbolizer's caches within the memory budget: the stack cache bounded in bytes by its
-//! pool (the least recently used stacks go first), and the shed that drops every cache samples
-//! rebuild when the daemon's memory passes its budget (`crate::memory::watch`).
+//! pool, and the shed that drops every cache samples rebuild when the daemon's memory passes
+//! its budget (`crate::memory::watch`).
+//!
+//! The stack cache is S3-FIFO (`quick_cache`), not least-recently-used: a Python node shows
+//! thousands of stacks once a minute (a fifth of its samples), and under LRU each of them
+//! pushed out a stack it keeps showing. There a new stack waits in a small queue and leaves
+//! unless it is shown again; a hit sets a bit rather than relinking a list.
 
 use blazesym::symbolize::evict::{self, Evict};
 
@@ -25,21 +30,34 @@ pub(super) fn stack_bytes(stack: &Stack) -> u64 {
 /// 20 at the table's load), and the two vectors' malloc headers (32).
 const SLOT_BYTES: usize = 212;
 
+/// The stack cache: weighed in bytes ([`stack_bytes`]), within the stacks' pool.
+pub(super) type StackCache = quick_cache::unsync::Cache<StackKey, Cached, Weigh, rustc_hash::FxBuildHasher>;
+
+#[derive(Clone, Copy)]
+pub(super) struct Weigh;
+
+impl quick_cache::Weighter<StackKey, Cached> for Weigh {
+    fn weight(&self, _: &StackKey, c: &Cached) -> u64 {
+        stack_bytes(&c.stack)
+    }
+}
+
+/// An empty stack cache as large as the stacks' pool is now.
+pub(super) fn stack_cache() -> StackCache {
+    let limit = memory::STACKS.limit();
+    StackCache::with((limit / 1_024) as usize, limit, Weigh, rustc_hash::FxBuildHasher, Default::default())
+}
+
 impl Symbolizer {
-    /// Caches a symbolized stack within the stacks' pool of the memory budget: the least
-    /// recently used ones go first (a user's 126-frame stacks of random JIT addresses would
-    /// otherwise fill 8,192 slots with megabytes).
+    /// Caches a symbolized stack within the stacks' pool of the memory budget (a user's
+    /// 126-frame stacks of random JIT addresses cost what they weigh, not a slot each).
     pub(super) fn cache_stack(&mut self, key: StackKey, cached: Cached) {
-        let cost = stack_bytes(&cached.stack);
         let limit = memory::STACKS.limit();
-        while self.stack_bytes + cost > limit {
-            let Some((_, old)) = self.stacks.pop_lru() else { break };
-            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&old.stack));
+        if self.stacks.capacity() != limit {
+            self.stacks.set_capacity(limit);
         }
-        if let Some((_, old)) = self.stacks.push(key, cached) {
-            self.stack_bytes = self.stack_bytes.saturating_sub(stack_bytes(&old.stack));
-        }
-        self.stack_bytes += cost;
+        self.stacks.insert(key, cached);
+        self.stack_bytes = self.stacks.weight();
         memory::STACKS.set_used(self.stack_bytes);
     }
 

@@ -43,7 +43,6 @@ mod tests;
 
 use std::{
     collections::HashMap,
-    num::NonZeroUsize,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -56,8 +55,6 @@ use blazesym::{
         source::{Kernel, Source},
     },
 };
-
-use lru::LruCache;
 
 use crate::{
     interpreter::{
@@ -73,11 +70,6 @@ use process::Process;
 
 /// Shown for an address nothing could name.
 pub const UNKNOWN: &str = "[unknown]";
-/// Bound on the raw-stack cache, least recently used first out. An entry is ~600 bytes (the raw
-/// addresses and the named frames): at the earlier bound of 16,384 the cache was ~10 MiB of the
-/// daemon's heap under churn (heaptrack). 8,192 still holds every stack of the 192-CPU replay's
-/// mix at the same hit rate.
-const STACK_CACHE_MAX: NonZeroUsize = NonZeroUsize::new(8_192).expect("non-zero");
 /// Processes not sampled for this long are forgotten.
 const PROCESS_TTL: Duration = Duration::from_secs(300);
 /// A process that has exited is forgotten once it has not been sampled for this long (samples
@@ -171,7 +163,7 @@ pub struct Symbolizer {
     processes: rustc_hash::FxHashMap<u32, Process>,
     modules: rustc_hash::FxHashMap<(u64, u64), Module>,
     /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
-    stacks: LruCache<StackKey, Cached>,
+    stacks: memory::StackCache,
     /// What the cached stacks hold, against `memory::STACKS`.
     stack_bytes: u64,
     /// Process images loaded so far (the last one's serial).
@@ -222,7 +214,7 @@ impl Symbolizer {
             kallsyms: None,
             processes: Default::default(),
             modules: Default::default(),
-            stacks: LruCache::new(STACK_CACHE_MAX),
+            stacks: memory::stack_cache(),
             stack_bytes: 0,
             images: 0,
             names: HashMap::new(),
@@ -398,7 +390,7 @@ impl Symbolizer {
         // One pass over the stack cache per sweep, not one per exec: a walk of the LRU's list.
         let live: std::collections::HashSet<u64> = self.processes.values().map(|p| p.image).collect();
         self.stacks.retain(|k, _| k.0 == 0 || live.contains(&k.0));
-        self.stack_bytes = self.stacks.iter().map(|(_, c)| memory::stack_bytes(&c.stack)).sum();
+        self.stack_bytes = self.stacks.weight();
         crate::memory::STACKS.set_used(self.stack_bytes);
         let mapped: std::collections::HashSet<(u64, u64)> =
             self.processes.values().flat_map(|p| p.maps.iter().map(|m| (m.dev, m.inode))).collect();
