@@ -111,8 +111,11 @@ pub mod col {
     pub const HOST: &str = "host";
 }
 
-/// (table, columns and their types, engine and keys; `{ttl}` where a TTL on column `ts` goes).
-const TABLES: &[(&str, &[(&str, &str)], &str)] = &[
+/// A table: its name, its columns and their types, its engine and keys (`{ttl}` where a TTL on
+/// column `ts` goes).
+type Table = (&'static str, &'static [(&'static str, &'static str)], &'static str);
+
+const TABLES: &[Table] = &[
     (
         SAMPLES,
         &[
