@@ -26,8 +26,8 @@ pub(super) fn stack_bytes(stack: &Stack) -> u64 {
 }
 
 /// The rest of a cached stack, as allocated: the `Arc<Stack>` (counts, two vectors, a length:
-/// 80 bytes from malloc), the cache's node (key, value, list links: 80), its table slot (about
-/// 20 at the table's load), and the two vectors' malloc headers (32).
+/// 80 bytes from malloc), the cache's entry (key, value, queue links: about 80), its table slot
+/// (about 20 at the table's load), and the two vectors' malloc headers (32).
 const SLOT_BYTES: usize = 212;
 
 /// The stack cache: weighed in bytes ([`stack_bytes`]), within the stacks' pool.

@@ -162,7 +162,7 @@ pub struct Symbolizer {
     kallsyms: Option<kallsyms::Kallsyms>,
     processes: rustc_hash::FxHashMap<u32, Process>,
     modules: rustc_hash::FxHashMap<(u64, u64), Module>,
-    /// Raw stacks (process image or 0 for kernel-only, addresses, kernel frames) → named.
+    /// Raw stacks (process image or 0 for kernel-only, hash of the addresses) → named.
     stacks: memory::StackCache,
     /// What the cached stacks hold, against `memory::STACKS`.
     stack_bytes: u64,
