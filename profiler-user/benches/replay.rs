@@ -110,7 +110,7 @@ fn args() -> Args {
             "--help" => {
                 println!(
                     "replay bench [--cpus N --hz F] [--seconds 60] [--warmup 3] [--stacks 3000] [--processes 16] \
-                     [--quick] [--python]\n(REPLAY_QUICK=1 is --quick; without --cpus every configuration runs)"
+                     [--quick] [--python]\n(REPLAY_QUICK=1 is --quick; REPLAY_MARK=1 prints when the measured phase starts and ends, for perf; without --cpus every configuration runs)"
                 );
                 std::process::exit(0);
             }
@@ -277,6 +277,10 @@ fn run(a: &Args, cpus: u32) -> Value {
         if half > 0 {
             generator.fill(&mut batch, &mut rng, half);
         }
+        if half == warmup_halves && std::env::var_os("REPLAY_MARK").is_some() {
+            // For `perf record -k CLOCK_MONOTONIC`: the measured phase starts here.
+            eprintln!("replay: measured from {} s (CLOCK_MONOTONIC)", clock_secs(libc::CLOCK_MONOTONIC));
+        }
         let now = UNIX0_NS + (half + 1) * FLUSH_NS;
         let (cpu0, wall0) = (thread_cpu(), Instant::now());
         for r in batch.records() {
@@ -305,6 +309,9 @@ fn run(a: &Args, cpus: u32) -> Value {
         m.wall += wall;
         m.samples += batch.offsets.len() as u64;
         m.busy += batch.busy;
+    }
+    if std::env::var_os("REPLAY_MARK").is_some() {
+        eprintln!("replay: measured until {} s (CLOCK_MONOTONIC)", clock_secs(libc::CLOCK_MONOTONIC));
     }
     let st = pipeline.symbolizer().stats();
     let peak_rss = status_kib("VmHWM:");
@@ -459,10 +466,14 @@ fn push_header(out: &mut Vec<u8>, h: &SampleHeader) {
 }
 
 fn thread_cpu() -> Duration {
+    Duration::from_secs_f64(clock_secs(libc::CLOCK_THREAD_CPUTIME_ID))
+}
+
+fn clock_secs(clock: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid clock id and pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn pin_to_last_cpu() {
