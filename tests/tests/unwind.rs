@@ -22,34 +22,33 @@ fn build(dir: &Path, cmd: &str, args: &[&str], out: &str) -> PathBuf {
     bin
 }
 
-/// Runs `bin` under a fresh daemon; returns its folded stacks. The daemon builds the tables of
-/// a new program's files on a thread at nice 10: while another build loads the machine that
-/// took seconds, and until then the stacks are walked with frame pointers alone (53 % of a 4 s
-/// run's samples reached main). So the same program first runs for half a second at a time
-/// until one run's stacks reach main (the tables are in), then the measured run starts, as a
-/// new process whose files the daemon knows.
+/// Runs `bin` under a fresh daemon; returns its folded stacks.
+///
+/// On a machine that another build loads, a new program's first seconds are walked with frame
+/// pointers alone (53 % of a 4 s run's samples reached main): the daemon describes a process
+/// when its pipeline hears of the exec (a debug daemon's pipeline then runs seconds behind)
+/// and builds its files' tables on a thread at nice 10. So a run counts from its first stack
+/// that reaches main, and runs until it has half `SECS` of samples at 99 Hz from there; runs
+/// are made until one reaches main at 95 % (its tables are built: the first complete stack may
+/// need only the binary's, not libc's), then the measured run starts, as a new process whose
+/// files the daemon knows.
 fn profile(bin: &Path) -> Vec<(String, u64)> {
     let comm: String = bin.file_name().unwrap().to_string_lossy().chars().take(15).collect();
     let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--listen", "off"]);
     let dir = data.to_str().unwrap();
-    let run = |secs: f64| {
+    let run = || {
         let start = now_secs();
-        let st = Command::new(bin).arg(secs.to_string()).status().unwrap();
-        assert!(st.success() || st.code() == Some(0), "{} failed", bin.display());
-        let end = now_secs();
-        // Every sample of the run is on disk once the daemon has flushed past its end.
-        wait_for("the store past the workload's end", Duration::from_secs(60), || {
-            let end_ns = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()?;
-            (end_ns as f64 / 1e9 > end + 1.0).then_some(())
-        });
-        folded_window(dir, start - 1.0, end + 1.0, &["--comm", &comm]).expect("the workload's samples")
+        let workload = Kill(Command::new(bin).arg("600").spawn().unwrap());
+        let (stacks, took) = samples_from_first(dir, &comm, start, "stack reaching main", reaches_main);
+        drop(workload);
+        (stacks, took)
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let mut warmups = 0;
     loop {
         warmups += 1;
-        let (share, total, worst) = complete_share(&run(0.5), |_| true);
-        if share >= 0.95 && total >= 10 {
+        let (share, total, worst) = complete_share(&run().0, |_| true);
+        if share >= 0.95 {
             break;
         }
         assert!(
@@ -58,12 +57,8 @@ fn profile(bin: &Path) -> Vec<(String, u64)> {
             share * 100.0
         );
     }
-    // How many there are depends on the CPU the workload got (a loaded machine gave it 44 %):
-    // enough to judge a share is asked, not a rate.
-    let stacks = run(SECS);
-    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
-    eprintln!("{comm}: {total} samples in its {SECS} s run, after {warmups} warm-up runs");
-    assert!(total >= 50, "only {total} samples of {comm} in its {SECS} s run");
+    let (stacks, took) = run();
+    eprintln!("{comm}: after {warmups} warm-up runs, a first complete stack {took:.1} s after its start");
     assert!(daemon.stop().success());
     // This kernel's verifier takes the walker's runs of 8 frames; where one does not (6.1), the
     // daemon loads runs of 4, which cost more tail calls per deep stack: a change that pushes
@@ -299,26 +294,39 @@ fn a_process_mapping_10000_files_keeps_its_binary_and_libc_described() {
 fn samples_once_described(dir: &str, comm: &str, from: f64) -> (Vec<(String, u64)>, f64) {
     // The comparison function, which qsort calls: from it, only libc's table leads to main
     // (qsort's own frames may be unnamed: `many_maps.c` maps libc past what the symbolizer reads).
-    let through_qsort = |s: &str| reaches_main(s) && s.ends_with(";by_value");
+    samples_from_first(dir, comm, from, "a complete stack through qsort", |s| {
+        reaches_main(s) && s.ends_with(";by_value")
+    })
+}
+
+/// Samples of `comm` from its first stack that is `first` (`what`) after `from` on, until
+/// there are half `SECS` of them at 99 Hz; and how long that first stack took.
+fn samples_from_first(
+    dir: &str,
+    comm: &str,
+    from: f64,
+    what: &str,
+    first: impl Fn(&str) -> bool,
+) -> (Vec<(String, u64)>, f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let first = loop {
+    let seen = loop {
         let stacks = folded_window(dir, from, now_secs() + 1.0, &["--comm", comm]).unwrap_or_default();
-        if stacks.iter().any(|(s, _)| through_qsort(s)) {
+        if stacks.iter().any(|(s, _)| first(s)) {
             break now_secs();
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no complete stack of {comm} through qsort in 60 s; the most common: {:?}",
+            "no {what} of {comm} in 60 s; the most common: {:?}",
             stacks.iter().max_by_key(|(_, n)| *n)
         );
         std::thread::sleep(Duration::from_millis(250));
     };
     let n = (SECS * 99.0 * 0.5) as u64;
     let stacks = wait_for(&format!("{n} samples of {comm}"), Duration::from_secs(60), || {
-        let stacks = folded_window(dir, first, now_secs() + 1.0, &["--comm", comm]).ok()?;
+        let stacks = folded_window(dir, seen, now_secs() + 1.0, &["--comm", comm]).ok()?;
         (stacks.iter().map(|(_, n)| n).sum::<u64>() >= n).then_some(stacks)
     });
-    (stacks, first - from)
+    (stacks, seen - from)
 }
 
 /// A copy of the C workload, started and deleted at once (the file is gone, its mappings say
@@ -408,47 +416,43 @@ fn assembly_without_unwind_information_in_a_library_is_crossed_by_the_stack_scan
         let (_, body) = integration_tests::http_get(&listen, "/metrics", "127.0.0.1", None);
         body.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok()).sum()
     };
-    let run = |secs: f64| {
+    // The thread's entry, then the library's C caller, in order down to the assembly.
+    let complete_in_asm = |s: &str| {
+        let frames: Vec<&str> = s.split(';').collect();
+        let at = |f: &str| frames.iter().position(|&x| x == f);
+        matches!((at("asm_thread_main"), at("asm_lib_gemm"), at("spin_asm_kernel")), (Some(a), Some(b), Some(c)) if a < b && b < c)
+    };
+    // A run, from its first complete stack in the assembly on (see `profile`).
+    let dir = data.to_str().unwrap();
+    let run = || {
         let start = now_secs();
-        assert!(Command::new(&bin).arg(secs.to_string()).status().unwrap().success());
-        let end = now_secs();
-        wait_for("the store past the workload's end", Duration::from_secs(60), || {
-            let end_ns = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()?;
-            (end_ns as f64 / 1e9 > end + 1.0).then_some(())
-        });
-        folded_window(data.to_str().unwrap(), start - 1.0, end + 1.0, &["--comm", "cfi-asm-leaf"])
-            .expect("the workload's samples")
+        let workload = Kill(Command::new(&bin).arg("600").spawn().unwrap());
+        let (stacks, _) =
+            samples_from_first(dir, "cfi-asm-leaf", start, "complete stack in the assembly", complete_in_asm);
+        drop(workload);
+        stacks
     };
     // (complete, total, the most common other) of the samples in the assembly.
     let judge = |stacks: Vec<(String, u64)>| {
         let in_kernel: Vec<(String, u64)> =
             stacks.into_iter().filter(|(s, _)| s.split(';').any(|f| f == "spin_asm_kernel")).collect();
         let total: u64 = in_kernel.iter().map(|(_, n)| n).sum();
-        let complete: u64 = in_kernel
-            .iter()
-            .filter(|(s, _)| {
-                let frames: Vec<&str> = s.split(';').collect();
-                let at = |f: &str| frames.iter().position(|&x| x == f);
-                // The thread's entry, then the library's C caller, in order down to the assembly.
-                matches!((at("asm_thread_main"), at("asm_lib_gemm"), at("spin_asm_kernel")), (Some(a), Some(b), Some(c)) if a < b && b < c)
-            })
-            .map(|(_, n)| n)
-            .sum();
+        let complete: u64 = in_kernel.iter().filter(|(s, _)| complete_in_asm(s)).map(|(_, n)| n).sum();
         let worst = in_kernel.iter().filter(|(s, _)| !s.contains("asm_thread_main")).max_by_key(|(_, n)| *n).cloned();
         (complete, total, worst)
     };
-    // Short runs until the tables of the binary and the library are in (built at nice 10: seconds
-    // on a loaded machine, as `profile` says), then the measured run.
+    // Runs until the tables of the binary and the library are built (as in `profile`), then the
+    // measured run.
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let (complete, total, worst) = judge(run(0.5));
+        let (complete, total, worst) = judge(run());
         if total >= 10 && complete as f64 >= 0.95 * total as f64 {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "warm-up: {complete} of {total} reach the entry; e.g. {worst:?}");
     }
     let scanned_before = metric("profiler_unwind_scanned_frames_total");
-    let (complete, total, worst) = judge(run(SECS));
+    let (complete, total, worst) = judge(run());
     eprintln!("{complete} of {total} samples in the assembly reach the thread's entry; most common other: {worst:?}");
     assert!(total >= 50, "only {total} samples in the assembly kernel");
     assert!(
