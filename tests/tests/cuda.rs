@@ -304,12 +304,17 @@ fn a_launch_bound_finding_gives_the_launch_rate_and_the_line_that_launches() {
     wait_probed(&data, 1);
     app.start_work();
     // The figures come with the finding's updates: wait for a summary that has them.
-    let summary =
-        wait_for_every("launch figures in the finding", Duration::from_secs(60), Duration::from_millis(500), || {
-            let f = wait_finding(&data, "gpu-launch-bound", &daemon);
-            let s = f["summary"].as_str()?.to_string();
-            s.contains("launches/s").then_some(s)
-        });
+    let f = wait_for_every("launch figures in the finding", Duration::from_secs(60), Duration::from_millis(500), || {
+        let f = wait_finding(&data, "gpu-launch-bound", &daemon);
+        f["summary"].as_str()?.contains("launches/s").then_some(f)
+    });
+    let summary = f["summary"].as_str().unwrap();
+    // The scheduler's statistics name the launching thread (Python's main thread) and say it
+    // asked for a whole core: ran plus waited for one, however much a loaded machine gave it.
+    let e = &f["evidence"];
+    assert_eq!(e["launcher_tid"], app.pid(), "{f}");
+    let asked = e["launcher_ran_share"].as_f64().unwrap() + e["launcher_waited_share"].as_f64().unwrap();
+    assert!(asked >= 0.9, "the launcher asked {asked:.2} of a core: {f}");
     assert!(
         summary.contains("train_step (") && summary.contains("cuda_app.py:"),
         "names the launching line: {summary}"

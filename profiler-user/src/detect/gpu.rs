@@ -5,7 +5,9 @@
 //!   of the holder's pod. The input pipeline cannot keep up.
 //! - `gpu-launch-bound`: the same idle GPU while the holding process itself keeps a core
 //!   saturated and its helpers do not: one thread launching kernels one by one (a Python main
-//!   loop). Samples carry the process, not the thread, so this is the holder's own threads.
+//!   loop). Samples carry the process, not the thread, so this is the holder's own threads;
+//!   the scheduler's statistics (`GpuSecond::demand`) add the thread that ran plus waited
+//!   runnable for a whole core, which a core shared with other work gives only in part.
 //! - `gpu-throttled`: a busy GPU whose clocks were held down by power, heat or the hardware in
 //!   most polls of each second, for `gpu_secs`.
 //!
@@ -62,7 +64,24 @@ struct Run {
     launches_sum: f64,
     launches_n: u64,
     launch_line: Option<(Arc<str>, f64)>,
+    /// The holders' busiest thread (`GpuSecond::demand`): seconds read, the sums of the shares
+    /// it ran and waited for a CPU, and the latest one's id.
+    asked_n: u64,
+    ran_sum: f64,
+    waited_sum: f64,
+    asked_tid: u32,
 }
+
+impl Run {
+    /// The mean shares of a second the holders' busiest thread ran and waited for a CPU.
+    fn shares(&self) -> (Option<f64>, Option<f64>) {
+        let n = self.asked_n as f64;
+        if self.asked_n == 0 { (None, None) } else { (Some(self.ran_sum / n), Some(self.waited_sum / n)) }
+    }
+}
+
+/// A launcher waiting for a CPU this share of the time or more is said to share its core.
+const SHARED_WAIT: f64 = 0.1;
 
 #[derive(Debug, Default)]
 pub struct GpuDetect {
@@ -200,7 +219,15 @@ impl GpuDetect {
         // A CPU the feeders held, or a process that kept a core busy while it moved between CPUs.
         let helper_cpus: Vec<u32> = per_cpu.iter().filter(|c| busy(c.1 + c.2) && c.2 > 0).map(|c| c.0).collect();
         let helpers_busy = !helper_cpus.is_empty() || per_pid.values().any(|(n, s)| *s == Side::Helper && busy(*n));
-        let own_busy = per_pid.values().any(|(n, s)| *s == Side::Holder && busy(*n));
+        // A holder's thread that ran and waited runnable for a whole core asked for one, even when
+        // a shared core gave it half: its samples alone would say "half busy".
+        let asked = g
+            .demand
+            .iter()
+            .filter(|d| g.holders.contains(&d.pid))
+            .max_by(|a, b| a.asked().total_cmp(&b.asked()).then(b.tid.cmp(&a.tid)));
+        let own_busy = per_pid.values().any(|(n, s)| *s == Side::Holder && busy(*n))
+            || asked.is_some_and(|d| d.asked() >= t.gpu_cpu_busy);
         tracing::debug!(gpu = g.index, util, holders = ?g.holders, per_cpu = ?per_cpu, per_pid = ?per_pid, "GPU feeders this second");
         let kind = if helpers_busy {
             Kind::GpuStarved
@@ -225,6 +252,12 @@ impl GpuDetect {
         }
         run.seconds += 1;
         run.util_sum += util;
+        if let Some(d) = asked {
+            run.asked_n += 1;
+            run.ran_sum += d.ran;
+            run.waited_sum += d.waited;
+            run.asked_tid = d.tid;
+        }
         let busy_cpus: Vec<u32> = per_cpu.iter().filter(|c| busy(c.1 + c.2)).map(|c| c.0).collect();
         if busy_cpus.len() >= run.busy_cpus.len() {
             run.busy_cpus = busy_cpus;
@@ -307,11 +340,25 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
                 (Some(r), None) if r > 0.0 => format!(", {r:.0} launches/s (one every {:.0} µs)", 1e6 / r),
                 _ => String::new(),
             };
+            // Waiting for a CPU is the other half of the story: a launcher on a shared core.
+            let (ran, waited) = run.shares();
+            let (busy_text, shared_text) = match (ran, waited) {
+                (Some(r), Some(w)) if w >= SHARED_WAIT => (
+                    format!(
+                        "asked a core for itself (thread {} ran {}, waited for a CPU {})",
+                        run.asked_tid,
+                        percent(r),
+                        percent(w)
+                    ),
+                    "; its core is shared: give it one (CPU pinning, fewer DataLoader workers on it)",
+                ),
+                _ => ("kept a core busy itself".to_string(), ""),
+            };
             (
                 Severity::Warning,
                 format!(
-                    "{name} while {} kept a core busy itself{lead_text}{launch_text}: kernels are launched one by \
-                     one; look next: CUDA graphs, larger batches, a compiled model",
+                    "{name} while {} {busy_text}{lead_text}{launch_text}: kernels are launched one by \
+                     one; look next: CUDA graphs, larger batches, a compiled model{shared_text}",
                     procs.first().map_or("the process holding it".to_string(), |p| p.who(""))
                 ),
             )
@@ -358,6 +405,9 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
             "sm_clock_mhz": (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64),
             "sm_clock_max_mhz": (run.clock_max > 0.0).then_some(run.clock_max),
             "launches_per_sec": (run.launches_n > 0).then(|| run.launches_sum / run.launches_n as f64),
+            "launcher_tid": (run.asked_n > 0).then_some(run.asked_tid),
+            "launcher_ran_share": run.shares().0,
+            "launcher_waited_share": run.shares().1,
             "top_launch_line": run.launch_line.as_ref().map(|(l, s)| json!({"line": &**l, "share": s})),
             "since_ns": run.start_ns,
             "until_ns": run.start_ns + secs * NS_PER_SEC,

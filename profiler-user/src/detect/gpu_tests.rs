@@ -6,7 +6,7 @@ use std::{path::Path, sync::Arc};
 use super::*;
 use crate::{
     detect::{CpuSecond, Second},
-    gpu_readings::{GpuInfo, GpuSecond, Inventory},
+    gpu_readings::{GpuInfo, GpuSecond, Inventory, ThreadDemand},
     model::Stack,
 };
 use std::collections::HashMap;
@@ -39,6 +39,7 @@ fn gpu(util: f64, holders: &[u32], slowed: u32) -> GpuSecond {
         reasons: if slowed > 0 { 0x40 } else { 0 },
         holders: holders.to_vec(),
         sm_clock_mhz: Some(if slowed > 0 { 1375.0 } else { 1980.0 }),
+        demand: Vec::new(),
     }
 }
 
@@ -121,6 +122,41 @@ fn the_holder_itself_saturating_a_core_is_launch_bound() {
     assert_eq!(a[0].kind, Kind::GpuLaunchBound);
     assert!(a[0].summary.contains("python3 (pid 812) kept a core busy itself"), "{}", a[0].summary);
     assert!(a[0].summary.contains("train_step (train.py:40)"), "{}", a[0].summary);
+}
+
+#[test]
+fn a_holder_given_half_a_shared_core_is_launch_bound_when_it_waited_for_the_rest() {
+    let tree = proc_tree(&[]);
+    // Half of CPU 0's ticks: a build took the other half.
+    let mut half = second(0, &[(0, 812, "python3", &["_start", "train_step (train.py:40)", "cudaLaunchKernel"])]);
+    half.cpus[0].busy.truncate(HZ as usize / 2);
+    let inv = inventory();
+    let evaluate = |waited: f64| {
+        let mut g = gpu(8.0, &[812], 0);
+        g.demand = vec![ThreadDemand { pid: 812, tid: 815, ran: 0.5, waited }];
+        let mut d = GpuDetect::default();
+        let mut last = Vec::new();
+        for s in 0..10 {
+            let now = Second { start_ns: (1000 + s) * NS_PER_SEC, ..half.clone() };
+            let input =
+                Input { gpus: std::slice::from_ref(&g), inventory: &inv, proc: tree.path(), launches: &HashMap::new() };
+            last = d.evaluate(&now, &input, M, &Thresholds::default());
+        }
+        last
+    };
+    let a = evaluate(0.45);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuLaunchBound);
+    let s = &a[0].summary;
+    assert!(
+        s.contains("python3 (pid 812) asked a core for itself (thread 815 ran 50 %, waited for a CPU 45 %)"),
+        "{s}"
+    );
+    assert!(s.contains("its core is shared"), "{s}");
+    assert_eq!(a[0].evidence["launcher_tid"], 815);
+    assert!((a[0].evidence["launcher_waited_share"].as_f64().unwrap() - 0.45).abs() < 1e-9);
+    // The same half core, but asleep the other half: it did not ask for more.
+    assert!(evaluate(0.0).is_empty(), "a thread that sleeps half the time is not launch-bound");
 }
 
 #[test]

@@ -114,6 +114,26 @@ pub struct GpuSecond {
     /// Mean SM clock over the second's polls, MHz (`None`: not read).
     pub sm_clock_mhz: Option<f64>,
     pub holders: Vec<u32>,
+    /// Per holder, its thread that asked most of the CPUs over the second (`gpu::nvml::demand`;
+    /// empty where the kernel keeps no scheduler statistics).
+    pub demand: Vec<ThreadDemand>,
+}
+
+/// One thread over one second, from its scheduler statistics: the share of the second it ran,
+/// and the share it waited runnable for a CPU. Their sum is what it asked of the CPUs: a thread
+/// launching kernels back to back asks for a whole core, whether it got one or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ThreadDemand {
+    pub pid: u32,
+    pub tid: u32,
+    pub ran: f64,
+    pub waited: f64,
+}
+
+impl ThreadDemand {
+    pub fn asked(&self) -> f64 {
+        self.ran + self.waited
+    }
 }
 
 /// Seconds of GPU summaries kept for the detectors (they evaluate 1.5 s after a second ends).

@@ -6,12 +6,15 @@
 //!   reading for `/metrics`, and one summary per second for the detectors (`detect::gpu`);
 //! - `holders`: the processes holding each GPU named through the identity module (pod,
 //!   container) for `/metrics` and `profiler status`;
+//! - `demand`: what each holder's busiest thread asked of the CPUs over each second (ran plus
+//!   waited runnable, from the scheduler's statistics), for `gpu-launch-bound`;
 //! - `events`: NVML's Xid events where the library offers them (the same faults, for nodes
 //!   whose kernel log the daemon cannot read).
 //!
 //! Which GPUs there are (or why none) is written to `DATA_DIR/gpus.json`
 //! (`gpu_readings::inventory`) when the poller starts.
 
+mod demand;
 mod events;
 mod holders;
 mod library;

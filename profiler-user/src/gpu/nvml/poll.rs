@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use super::{holders::Namer, library::Source};
+use super::{demand::Demand, holders::Namer, library::Source};
 use crate::{
     collect::counters::{Point, thread_cpu},
     gpu_readings::{Inventory, Reading, SECONDS_KEPT, Seconds, Shared},
@@ -119,6 +119,7 @@ impl Poller {
         let mut acc = Seconds::default();
         let mut unsupported = source.unsupported().len();
         let mut namer = Namer::new(&self.kubelet_logs);
+        let mut demand = Demand::new(std::path::Path::new("/proc"));
         let (mut second_cpu, mut failing) = (0.0, false);
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
@@ -151,7 +152,12 @@ impl Poller {
                 }
                 Err(_) => {}
             }
-            let done = acc.add(ts_ns, &readings);
+            // Read at each second's first poll, it covers the second `acc` ends now.
+            let asked = if slow { demand.read(&holder_pids(&readings), ts_ns) } else { Vec::new() };
+            let mut done = acc.add(ts_ns, &readings);
+            for g in done.iter_mut().flat_map(|d| d.1.iter_mut()) {
+                g.demand = asked.iter().filter(|d| g.holders.contains(&d.pid)).copied().collect();
+            }
             let cost = (thread_cpu() - cpu_before).as_secs_f64();
             second_cpu += cost;
             let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -186,6 +192,14 @@ impl Poller {
             }
         }
     }
+}
+
+/// Every process holding one of the GPUs, once.
+fn holder_pids(readings: &[Reading]) -> Vec<u32> {
+    let mut pids: Vec<u32> = readings.iter().filter_map(|r| r.holders.as_ref()).flatten().map(|h| h.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
 }
 
 /// The tracks of one poll: (read every poll, read once a second).
