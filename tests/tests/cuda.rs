@@ -309,6 +309,7 @@ fn a_launch_bound_finding_gives_the_launch_rate_and_the_line_that_launches() {
         f["summary"].as_str()?.contains("launches/s").then_some(f)
     });
     let summary = f["summary"].as_str().unwrap();
+    eprintln!("{summary}");
     // The scheduler's statistics name the launching thread (Python's main thread) and say it
     // asked for a whole core: ran plus waited for one, however much a loaded machine gave it.
     let e = &f["evidence"];

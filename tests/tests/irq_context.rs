@@ -6,7 +6,7 @@
 
 use std::{
     process::{Command, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use integration_tests::{Daemon, Kill, bin, folded, now_secs, privileged, profiler, skip, status_json, wait_for};
@@ -82,12 +82,20 @@ fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
     // work on a shared machine may keep a CPU busy, and on some VMs a halted vCPU gets no
     // cpu-clock ticks: here CPU 1's idle task never got one in 10 minutes while CPU 0's got
     // hundreds), then the one idle longer; CPU 0 when nothing tells them apart.
+    // On a loaded machine neither idle task may get a sample for seconds, and /proc/stat's idle
+    // ticks do not say which one the sampler reaches: wait (30 s at most) until one got a few.
     let probe = [cpu_idle_ticks(0), cpu_idle_ticks(1)];
-    std::thread::sleep(Duration::from_secs(3));
-    let idled = [cpu_idle_ticks(0) - probe[0], cpu_idle_ticks(1) - probe[1]];
     let idle_samples =
         |cpu: &str| status_json(&data).and_then(|s| s["summary"]["cpus"][cpu]["idle"].as_u64()).unwrap_or(0);
-    let ticked = [idle_samples("0"), idle_samples("1")];
+    let probe_start = Instant::now();
+    let mut ticked = [0, 0];
+    while probe_start.elapsed() < Duration::from_secs(3)
+        || (ticked.iter().max() < Some(&5) && probe_start.elapsed() < Duration::from_secs(30))
+    {
+        std::thread::sleep(Duration::from_millis(500));
+        ticked = [idle_samples("0"), idle_samples("1")];
+    }
+    let idled = [cpu_idle_ticks(0) - probe[0], cpu_idle_ticks(1) - probe[1]];
     let (rx, tx) = if (ticked[0], idled[0]) >= (ticked[1], idled[1]) { (0u32, 1u32) } else { (1, 0) };
     eprintln!("receiving on CPU {rx} (idle samples {ticked:?}, idle ticks in 3 s {idled:?}), sending from CPU {tx}");
     nsexec(&lab.b, &format!("echo {:x} > /sys/class/net/{vb}/queues/rx-0/rps_cpus", 1u32 << rx));
