@@ -304,10 +304,11 @@ fn a_launch_bound_finding_gives_the_launch_rate_and_the_line_that_launches() {
     wait_probed(&data, 1);
     app.start_work();
     // The figures come with the finding's updates: wait for a summary that has them.
-    let f = wait_for_every("launch figures in the finding", Duration::from_secs(60), Duration::from_millis(500), || {
-        let f = wait_finding(&data, "gpu-launch-bound", &daemon);
-        f["summary"].as_str()?.contains("launches/s").then_some(f)
-    });
+    let f =
+        wait_for_every("launch figures in the finding", Duration::from_secs(60), Duration::from_millis(500), || {
+            let f = wait_finding(&data, "gpu-launch-bound", &daemon);
+            f["summary"].as_str()?.contains("launches/s").then_some(f)
+        });
     let summary = f["summary"].as_str().unwrap();
     eprintln!("{summary}");
     // The scheduler's statistics name the launching thread (Python's main thread) and say it

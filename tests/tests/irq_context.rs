@@ -97,7 +97,9 @@ fn net_rx_on_an_idle_cpu_is_busy_softirq_time() {
     }
     let idled = [cpu_idle_ticks(0) - probe[0], cpu_idle_ticks(1) - probe[1]];
     let (rx, tx) = if (ticked[0], idled[0]) >= (ticked[1], idled[1]) { (0u32, 1u32) } else { (1, 0) };
-    eprintln!("receiving on CPU {rx} (idle samples {ticked:?}, idle ticks in 3 s {idled:?}), sending from CPU {tx}");
+    eprintln!(
+        "receiving on CPU {rx} (idle samples {ticked:?}, idle ticks over the probe {idled:?}), sending from CPU {tx}"
+    );
     nsexec(&lab.b, &format!("echo {:x} > /sys/class/net/{vb}/queues/rx-0/rps_cpus", 1u32 << rx));
     let start = now_secs();
     let from = format!("{start:.3}");
