@@ -314,6 +314,7 @@ fn spawn_gpu_poller(
         shared: shared.clone(),
         kubelet_logs: config.kubelet_logs.clone(),
         xids: live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.clone(),
+        idle_below: config.settings.thresholds.gpu_idle_below * 100.0,
     };
     Ok(Some(poller.spawn().map_err(|e| DaemonError::Thread("GPU poller", e))?))
 }

@@ -7,6 +7,8 @@
 //! "half busy", while the GPU idles for want of that thread. Ran plus waited says it asked for
 //! the whole core (`detect::gpu`'s `gpu-launch-bound`), and the wait says the core was shared.
 //!
+//! Read only for the holders of a GPU that idled over the second (what the detectors judge),
+//! 4-11 µs of the poller's CPU a thread (a 150-thread holder: 0.6-1.7 ms a second, BENCHMARKS.md).
 //! Bounded: at most [`MAX_THREADS`] threads a process are read (a PyTorch process has 50 to 150),
 //! and only the holders' threads of the latest read are kept. A kernel built without scheduler
 //! statistics has no `schedstat` file: nothing is said, and the detector goes by its samples.
@@ -54,8 +56,13 @@ impl Demand {
     }
 
     /// Reads the threads of `pids` at `now_ns`; returns, per process seen at the read before
-    /// too, its thread that asked most over the time between.
+    /// too, its thread that asked most over the time between. No pids: nothing is read, and
+    /// the next read starts afresh (a GPU busy for an hour leaves no hour-old figures behind).
     pub fn read(&mut self, pids: &[u32], now_ns: u64) -> Vec<ThreadDemand> {
+        if pids.is_empty() {
+            self.last = None;
+            return Vec::new();
+        }
         let mut now = HashMap::new();
         for &pid in pids {
             self.read_process(pid, &mut now);
@@ -127,5 +134,19 @@ mod tests {
         for now in [1, 2, 3] {
             assert!(d.read(&[500, 501], now * 1_000_000_000).is_empty());
         }
+    }
+
+    #[test]
+    fn a_second_without_pids_to_read_forgets_the_read_before() {
+        let dir = tempfile::tempdir().unwrap();
+        thread(dir.path(), 812, 812, 0, 0);
+        let mut d = Demand::new(dir.path());
+        d.read(&[812], 1_000_000_000);
+        assert!(d.read(&[], 2_000_000_000).is_empty());
+        thread(dir.path(), 812, 812, 900_000_000, 0);
+        assert!(d.read(&[812], 3_000_000_000).is_empty(), "no interval since the busy second");
+        thread(dir.path(), 812, 812, 1_800_000_000, 0);
+        let got = d.read(&[812], 4_000_000_000);
+        assert!((got[0].ran - 0.9).abs() < 1e-9, "{got:?}");
     }
 }

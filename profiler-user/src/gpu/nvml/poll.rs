@@ -18,7 +18,7 @@ use std::{
 use super::{demand::Demand, holders::Namer, library::Source};
 use crate::{
     collect::counters::{Point, thread_cpu},
-    gpu_readings::{Inventory, Reading, SECONDS_KEPT, Seconds, Shared},
+    gpu_readings::{GpuSecond, Inventory, Reading, SECONDS_KEPT, Seconds, Shared},
     store::{counters::CountersWriter, format::NS_PER_SEC},
     timespec::now_ns,
 };
@@ -39,6 +39,9 @@ pub struct Poller {
     /// `/metrics`' figures: NVML's Xid events count in `profiler_gpu_xid_total`.
     /// Xid faults counted for `/metrics`.
     pub xids: crate::gpu_readings::XidCounts,
+    /// Utilisation (%) below which a second's holders have their threads' demand read: what the
+    /// GPU detectors call idle (`detect.gpu_idle_below`). A busy GPU's holders cost nothing.
+    pub idle_below: f64,
 }
 
 impl Poller {
@@ -152,11 +155,13 @@ impl Poller {
                 }
                 Err(_) => {}
             }
-            // Read at each second's first poll, it covers the second `acc` ends now.
-            let asked = if slow { demand.read(&holder_pids(&readings), ts_ns) } else { Vec::new() };
             let mut done = acc.add(ts_ns, &readings);
-            for g in done.iter_mut().flat_map(|d| d.1.iter_mut()) {
-                g.demand = asked.iter().filter(|d| g.holders.contains(&d.pid)).copied().collect();
+            // Read at each second's first poll, it covers the second `acc` ends now.
+            if let Some((_, gpus)) = done.as_mut() {
+                let asked = demand.read(&idle_holders(gpus, self.idle_below), ts_ns);
+                for g in gpus.iter_mut() {
+                    g.demand = asked.iter().filter(|d| g.holders.contains(&d.pid)).copied().collect();
+                }
             }
             let cost = (thread_cpu() - cpu_before).as_secs_f64();
             second_cpu += cost;
@@ -194,9 +199,10 @@ impl Poller {
     }
 }
 
-/// Every process holding one of the GPUs, once.
-fn holder_pids(readings: &[Reading]) -> Vec<u32> {
-    let mut pids: Vec<u32> = readings.iter().filter_map(|r| r.holders.as_ref()).flatten().map(|h| h.pid).collect();
+/// Every process holding a GPU that idled over the second (below `idle_below` %), once.
+fn idle_holders(gpus: &[GpuSecond], idle_below: f64) -> Vec<u32> {
+    let idle = gpus.iter().filter(|g| g.util.is_some_and(|u| u < idle_below));
+    let mut pids: Vec<u32> = idle.flat_map(|g| g.holders.iter().copied()).collect();
     pids.sort_unstable();
     pids.dedup();
     pids
@@ -256,5 +262,14 @@ mod tests {
         assert_eq!(names(&fast), ["gpu.0.util", "gpu.0.clock_events"]);
         assert_eq!(names(&slow), ["gpu.0.processes", "gpu.0.pid.812.sm_util", "gpu.0.pid.812.mem_mib"]);
         assert!(fast.iter().chain(&slow).all(|p| p.cpu.is_none()));
+    }
+
+    #[test]
+    fn only_the_holders_of_a_gpu_that_idled_have_their_threads_read() {
+        let g =
+            |util: Option<f64>, holders: &[u32]| GpuSecond { util, holders: holders.to_vec(), ..Default::default() };
+        let gpus = [g(Some(8.0), &[812, 813]), g(Some(95.0), &[900]), g(None, &[901]), g(Some(20.0), &[812])];
+        assert_eq!(idle_holders(&gpus, 50.0), [812, 813]);
+        assert!(idle_holders(&gpus[1..3], 50.0).is_empty());
     }
 }
