@@ -40,7 +40,9 @@ pub struct Poller {
     /// Xid faults counted for `/metrics`.
     pub xids: crate::gpu_readings::XidCounts,
     /// Utilisation (%) below which a second's holders have their threads' demand read: what the
-    /// GPU detectors call idle (`detect.gpu_idle_below`). A busy GPU's holders cost nothing.
+    /// GPU detectors call idle (`detect.gpu_idle_below`, as the daemon started: a new value given
+    /// by SIGHUP applies to the detectors, and here at the next start). A busy GPU's holders
+    /// cost nothing.
     pub idle_below: f64,
 }
 
