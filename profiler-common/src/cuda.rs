@@ -109,6 +109,41 @@ pub struct Pending {
     pub _pad: u32,
 }
 
+/// One owner's (user id's) use of the counts and stacks maps in one generation: a share each, so
+/// that one user's distinct stacks cannot fill the maps every process shares (`CUDA_OWNERS`,
+/// cleared with its generation's counts).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OwnerKey {
+    pub uid: u32,
+    /// The generation's low bit ([`CudaKey`]'s map).
+    pub generation: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnerUse {
+    /// Count keys the owner added in the generation.
+    pub keys: u32,
+    /// Stacks the owner added to `CUDA_STACKS` in the generation.
+    pub stacks: u32,
+    /// Calls whose count or stack was not kept: the owner's share was used, or a map was full.
+    pub dropped: u64,
+}
+
+/// The keys of the counts map one owner may add in a generation (a quarter: a user's flood
+/// leaves three quarters to the others, root's trainers among them). The kernel adds without
+/// atomics, so a burst on many CPUs at once can pass it by a few.
+pub const OWNER_KEYS_MAX: u32 = CUDA_COUNTS_MAX / 4;
+/// The stacks one owner may add to the LRU stack map in a generation: a quarter, so a flood
+/// evicts others' stacks no faster than that (the ones in use are touched, and stay).
+pub const OWNER_STACKS_MAX: u32 = CUDA_STACKS_MAX / 4;
+/// Owners tracked per generation (two generations): more users than that calling CUDA in one
+/// second have their calls dropped and counted under no owner.
+pub const CUDA_OWNERS_MAX: u32 = 512;
+/// Processes the rate guard has switched off at once (`CUDA_GATE`, by pid).
+pub const CUDA_GATE_MAX: u32 = 4096;
+
 /// Sized to the memory budget's `OTHER_MAPS` (about 2.8 MiB together, measured from the maps'
 /// `memlock`): a stack stays while it is used (LRU), so this bounds the distinct stacks calling
 /// within one drain, not over time.
@@ -121,3 +156,7 @@ const _: () = assert!(COMM_LEN == 16);
 unsafe impl aya::Pod for CudaKey {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for CudaCount {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for OwnerKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for OwnerUse {}

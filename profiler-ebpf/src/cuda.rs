@@ -9,7 +9,8 @@ use aya_ebpf::{
     EbpfContext,
     bindings::BPF_F_USER_STACK,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel_buf, bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_probe_read_kernel_buf,
+        bpf_probe_read_user,
         generated::{
             bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack,
             bpf_ktime_get_boot_ns,
@@ -21,7 +22,10 @@ use aya_ebpf::{
 };
 use profiler_common::{
     FLAG_USER_MODE, MAX_USER_FRAMES, RECORD_WORDS, counter,
-    cuda::{CUDA_COUNTS_MAX, CUDA_PENDING_MAX, CUDA_STACKS_MAX, CudaCount, CudaKey, Pending, cookie, kind},
+    cuda::{
+        CUDA_COUNTS_MAX, CUDA_GATE_MAX, CUDA_OWNERS_MAX, CUDA_PENDING_MAX, CUDA_STACKS_MAX, CudaCount, CudaKey,
+        OWNER_KEYS_MAX, OWNER_STACKS_MAX, OwnerKey, OwnerUse, Pending, cookie, kind,
+    },
     python::MAX_PYTHON_FRAMES,
     unwind::{FRAMES_PER_RUN_SMALL, State},
 };
@@ -76,6 +80,17 @@ static CUDA_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 static CUDA_PENDING: LruHashMap<u32, Pending> = LruHashMap::with_max_entries(CUDA_PENDING_MAX, 0);
+
+/// Each owner's use of the maps above in each generation (`profiler_common::cuda::OwnerUse`),
+/// cleared by userspace with the generation's counts.
+#[map]
+static CUDA_OWNERS: HashMap<OwnerKey, OwnerUse> = HashMap::with_max_entries(CUDA_OWNERS_MAX, 0);
+
+/// Processes the rate guard switched off (by pid): their calls still trap while another
+/// process keeps the file's probes attached, but are neither walked nor counted, so one
+/// process's flood turns no other process's counts into estimates.
+#[map]
+static CUDA_GATE: HashMap<u32, u32> = HashMap::with_max_entries(CUDA_GATE_MAX, 0);
 
 /// The probes' walks: built in `CUDA_SCRATCH`, ended in the counters.
 pub(crate) struct Probes;
@@ -140,6 +155,9 @@ fn enter(ctx: &ProbeContext) {
     let k = cookie::kind(c);
     let pid_tgid = bpf_get_current_pid_tgid();
     let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if unsafe { CUDA_GATE.get(&pid) }.is_some() {
+        return;
+    }
     // A uprobe fires in user mode at the function's first instruction: the context's registers
     // are the caller's user registers (`pt_regs` starts with what `Regs` names on both arches).
     // Copied with a helper (the verifier refuses loads through a ctx pointer the compiler
@@ -239,8 +257,21 @@ fn end(record: &mut Record, user: usize) {
         }
         h = (h ^ record.frames[i]).wrapping_mul(0x0000_0100_0000_01b3);
     }
-    if unsafe { CUDA_STACKS.get(&h) }.is_none() && CUDA_STACKS.insert(&h, &*record, 0).is_err() {
-        count(counter::CUDA_DROPPED);
+    if unsafe { CUDA_STACKS.get(&h) }.is_none() {
+        // A new stack: within its owner's share of the generation (`OWNER_STACKS_MAX`), or
+        // its counts go under `[stack lost]`, the owner's loss, not another's.
+        let kept = match owner() {
+            Some(o) if unsafe { (*o).stacks } < OWNER_STACKS_MAX => {
+                CUDA_STACKS.insert(&h, &*record, 0).is_ok() && {
+                    add32(unsafe { &raw mut (*o).stacks }, 1);
+                    true
+                }
+            }
+            _ => false,
+        };
+        if !kept {
+            dropped();
+        }
     }
     let Some(call) = CUDA_CALL.get_ptr_mut(0) else { return };
     let call = unsafe { *call };
@@ -270,10 +301,57 @@ fn add(key: &CudaKey, bytes: u64, ns: u64) {
             v.ns += ns;
         }
         None => {
-            let v = CudaCount { calls: 1, bytes, ns };
-            if map.insert(key, &v, 0).is_err() {
-                count(counter::CUDA_DROPPED);
+            // A new key: within its owner's share of the generation (`OWNER_KEYS_MAX`).
+            let kept = match owner() {
+                Some(o) if unsafe { (*o).keys } < OWNER_KEYS_MAX => {
+                    let v = CudaCount { calls: 1, bytes, ns };
+                    map.insert(key, &v, 0).is_ok() && {
+                        add32(unsafe { &raw mut (*o).keys }, 1);
+                        true
+                    }
+                }
+                _ => false,
+            };
+            if !kept {
+                dropped();
             }
         }
     }
+}
+
+/// The calling user's entry in `CUDA_OWNERS` for the current generation, made if missing
+/// (`None` when the map is full: more users than it holds).
+#[inline(always)]
+fn owner() -> Option<*mut OwnerUse> {
+    let uid = bpf_get_current_uid_gid() as u32;
+    let generation = CUDA_GEN.get(0).copied().unwrap_or(0) & 1;
+    let key = OwnerKey { uid, generation };
+    if let Some(o) = CUDA_OWNERS.get_ptr_mut(&key) {
+        return Some(o);
+    }
+    // BPF_NOEXIST: two CPUs making the entry at once keep the first.
+    let _ = CUDA_OWNERS.insert(&key, &OwnerUse::default(), 1);
+    CUDA_OWNERS.get_ptr_mut(&key)
+}
+
+/// A call not kept, counted for its owner (and in the global counter).
+#[inline(always)]
+fn dropped() {
+    count(counter::CUDA_DROPPED);
+    if let Some(o) = owner() {
+        add64(unsafe { &raw mut (*o).dropped }, 1);
+    }
+}
+
+/// Adds to an owner's figure. Not atomic (the BPF target has no atomics in `core`): threads
+/// of one owner on several CPUs at once can lose an addition, so a share can be passed by a
+/// few keys and a drop go uncounted, never more than the map's size.
+#[inline(always)]
+fn add32(p: *mut u32, v: u32) {
+    unsafe { *p = (*p).wrapping_add(v) };
+}
+
+#[inline(always)]
+fn add64(p: *mut u64, v: u64) {
+    unsafe { *p = (*p).wrapping_add(v) };
 }

@@ -14,7 +14,7 @@ use aya::{
 };
 use profiler_common::{
     Record,
-    cuda::{CudaCount, CudaKey},
+    cuda::{CudaCount, CudaKey, OwnerKey, OwnerUse},
     python::PYTHON_PROGRAM,
     unwind::{SCAN_PROGRAM, UNWIND_PROGRAM},
 };
@@ -69,10 +69,20 @@ pub struct Drained {
     pub count: CudaCount,
 }
 
+/// One drain: the counts, and each owner's (uid's) calls that were not kept.
+#[derive(Default)]
+pub struct Drain {
+    pub counts: Vec<Drained>,
+    /// Per uid, calls whose count or stack did not fit its share of the maps.
+    pub dropped: Vec<(u32, u64)>,
+}
+
 /// The maps the probes fill.
 pub struct Maps {
     stacks: HashMap<MapData, u64, Record>,
     counts: [HashMap<MapData, CudaKey, CudaCount>; 2],
+    owners: HashMap<MapData, OwnerKey, OwnerUse>,
+    gate: HashMap<MapData, u32, u32>,
     generation: Array<MapData, u32>,
     current: u32,
 }
@@ -100,7 +110,9 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
     let c0 = HashMap::try_from(take("CUDA_COUNTS_0")?).map_err(|e| CudaError::Map("CUDA_COUNTS_0", e))?;
     let c1 = HashMap::try_from(take("CUDA_COUNTS_1")?).map_err(|e| CudaError::Map("CUDA_COUNTS_1", e))?;
     let generation = Array::try_from(take("CUDA_GEN")?).map_err(|e| CudaError::Map("CUDA_GEN", e))?;
-    Ok(Maps { stacks, counts: [c0, c1], generation, current: 0 })
+    let owners = HashMap::try_from(take("CUDA_OWNERS")?).map_err(|e| CudaError::Map("CUDA_OWNERS", e))?;
+    let gate = HashMap::try_from(take("CUDA_GATE")?).map_err(|e| CudaError::Map("CUDA_GATE", e))?;
+    Ok(Maps { stacks, counts: [c0, c1], owners, gate, generation, current: 0 })
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CudaError> {
@@ -178,10 +190,12 @@ impl Collector {
     /// be preempted on a busy machine: with a millisecond's grace 14 of 5,000 launches were
     /// lost), so a map is read a whole drain after the probes left it, never while they may
     /// still write.
-    pub fn cuda_drain(&mut self) -> Vec<Drained> {
-        let Some(maps) = self.cuda.as_mut() else { return Vec::new() };
+    pub fn cuda_drain(&mut self) -> Drain {
+        let Some(maps) = self.cuda.as_mut() else { return Drain::default() };
         let retired = (maps.current ^ 1) as usize & 1;
-        let out = read_and_clear(&mut maps.counts[retired]);
+        let counts = read_and_clear(&mut maps.counts[retired]);
+        let dropped = read_owners(&mut maps.owners, retired as u32);
+        let out = Drain { counts, dropped };
         if let Err(e) = maps.generation.set(0, retired as u32, 0) {
             tracing::warn!(error = %e, "cannot switch the CUDA counts map; counts wait for the next drain");
             return out;
@@ -190,10 +204,37 @@ impl Collector {
         out
     }
 
+    /// Switches the probes off (`off`) or on again for process `pid` while its library stays
+    /// probed for the others (the rate guard, per process).
+    pub fn cuda_gate(&mut self, pid: u32, off: bool) {
+        let Some(maps) = self.cuda.as_mut() else { return };
+        let result = if off { maps.gate.insert(pid, 1, 0) } else { maps.gate.remove(&pid) };
+        if let Err(e) = result
+            && off
+        {
+            tracing::warn!(pid, error = %e, "cannot switch a process's CUDA probes off; its counts stay exact");
+        }
+    }
+
     /// The stack a drained key names, while the kernel still holds it.
     pub fn cuda_stack(&self, hash: u64) -> Option<Record> {
         self.cuda.as_ref()?.stacks.get(&hash, 0).ok()
     }
+}
+
+/// Each owner's calls not kept in generation `generation`, its entries cleared for the next use.
+fn read_owners(map: &mut HashMap<MapData, OwnerKey, OwnerUse>, generation: u32) -> Vec<(u32, u64)> {
+    let keys: Vec<OwnerKey> = map.keys().filter_map(Result::ok).filter(|k| k.generation == generation).collect();
+    let mut out = Vec::new();
+    for key in keys {
+        if let Ok(u) = map.get(&key, 0)
+            && u.dropped > 0
+        {
+            out.push((key.uid, u.dropped));
+        }
+        let _ = map.remove(&key);
+    }
+    out
 }
 
 fn read_and_clear(map: &mut HashMap<MapData, CudaKey, CudaCount>) -> Vec<Drained> {

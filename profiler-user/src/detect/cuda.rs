@@ -103,11 +103,13 @@ impl CudaDetect {
             if now_ns.saturating_sub(first) + NS_PER_SEC / 2 < window_ns || covered <= 0.0 {
                 continue;
             }
-            let blocked: u64 = w.drains.iter().map(|d| d.2.sync_ns).sum();
             // Over the whole span since the window's first drain, not only the drains the thread
             // appears in: a thread blocked 0.6 s every other second waits 30 %, not 60 %.
             let span = (now_ns.saturating_sub(first) as f64 / 1e9).max(covered);
-            let share = blocked as f64 / (span * 1e9);
+            // A thread waits at most the whole span: an estimate scaled from part of the time
+            // (the rate guard) or a wait that began before the window can read more.
+            let blocked = w.drains.iter().map(|d| d.2.sync_ns).fold(0u64, u64::saturating_add).min((span * 1e9) as u64);
+            let share = (blocked as f64 / (span * 1e9)).min(1.0);
             if share < t.gpu_sync_share {
                 continue;
             }
@@ -281,6 +283,17 @@ mod tests {
         for s in 1..=12 {
             assert!(d.evaluate(s * NS_PER_SEC, 1.0, vec![thread(900_000_000, 1)], None, &t).is_empty());
         }
+    }
+
+    #[test]
+    fn an_estimate_scaled_past_the_window_reads_at_most_all_of_it() {
+        // 2.3 s blocked a second: counted a tenth of the time and scaled (issue 38: "waited
+        // 231 % of 12 s").
+        let mut d = CudaDetect::default();
+        let a = run(&mut d, &gpu(20.0, 95, 120), 12, 2_310_000_000);
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert!(a[0].summary.contains("100 %"), "{}", a[0].summary);
+        assert!(a[0].evidence["blocked_share"].as_f64().unwrap() <= 1.0, "{}", a[0].evidence);
     }
 
     #[test]

@@ -335,13 +335,8 @@ impl<'a> Copier<'a> {
                 }
                 self.samples += count.max(1);
             } else {
-                // A weighted row, as the daemon writes it: split where it passes a u32.
-                let mut left = count;
-                while left > 0 {
-                    let part = left.min(u64::from(u32::MAX));
-                    left -= part;
-                    w.push_weighted(&sample, part as u32);
-                }
+                // A weighted row, as the daemon writes it.
+                w.push_weighted(&sample, count);
                 self.samples += 1;
             }
         }

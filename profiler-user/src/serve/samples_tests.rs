@@ -45,7 +45,7 @@ fn data_dir() -> tempfile::TempDir {
         std::fs::create_dir_all(&segments).unwrap();
         let mut w = StoreWriter::new(&segments);
         for (i, (frames, count)) in rows.iter().enumerate() {
-            w.push_weighted(&sample(T0 * 1_000_000_000 + 100_000_000 * (i as u64 + 1), frames), *count);
+            w.push_weighted(&sample(T0 * 1_000_000_000 + 100_000_000 * (i as u64 + 1), frames), u64::from(*count));
         }
         w.flush((T0 + 10) * 1_000_000_000).unwrap();
     };

@@ -206,22 +206,17 @@ pub fn rollup_segment_with(
         let mut total = 0u64;
         // Rows without a workload get the empty string when others in the block have one.
         let has_workloads = w.counts.keys().any(|k| k.5.is_some());
-        for ((cpu, pid, comm, cgroup, stack, workload), mut count) in w.counts {
-            total += count;
-            // A weighted store's row (bytes copied) can pass a u32 in ten seconds: split it.
-            while count > 0 {
-                let part = count.min(u64::from(u32::MAX));
-                count -= part;
-                if let (true, Some(none)) = (has_workloads, no_workload) {
-                    cols.workload.push(workload.unwrap_or(none));
-                }
-                cols.cpu.push(cpu);
-                cols.pid.push(pid);
-                cols.comm.push(comm);
-                cols.cgroup.push(cgroup);
-                cols.stack.push(stack);
-                cols.count.push(part as u32);
+        for ((cpu, pid, comm, cgroup, stack, workload), count) in w.counts {
+            total = total.saturating_add(count);
+            if let (true, Some(none)) = (has_workloads, no_workload) {
+                cols.workload.push(workload.unwrap_or(none));
             }
+            cols.cpu.push(cpu);
+            cols.pid.push(pid);
+            cols.comm.push(comm);
+            cols.cgroup.push(cgroup);
+            cols.stack.push(stack);
+            cols.count.push(count);
         }
         let n = cols.cpu.len();
         cols.ts_delta_us = vec![0; n];

@@ -53,7 +53,7 @@ struct Row {
     stack: Arc<Stack>,
     workload: Arc<str>,
     /// Samples the row stands for (1 for a CPU sample; a CUDA store's launches, ns or bytes).
-    count: u32,
+    count: u64,
 }
 
 /// One second of samples, waiting for the next flush.
@@ -265,7 +265,7 @@ impl StoreWriter {
     }
 
     /// A row standing for `count` samples (a CUDA store's launches, nanoseconds or bytes).
-    pub fn push_weighted(&mut self, s: &Sample, count: u32) {
+    pub fn push_weighted(&mut self, s: &Sample, count: u64) {
         self.pending.entry(s.ts_ns / NS_PER_SEC).or_default().rows.push(Row {
             ts_ns: s.ts_ns,
             cpu: s.cpu,
@@ -487,7 +487,7 @@ fn encode_second(
         if weighted {
             cols.count.push(r.count);
         }
-        let w = u64::from(r.count);
+        let w = r.count;
         let counts = cpus.entry(r.cpu).or_insert(CpuCounts { cpu: r.cpu, ..Default::default() });
         counts.busy += w;
         counts.kernel += w * u64::from(r.stack.user_len < r.stack.frames.len());
@@ -495,7 +495,7 @@ fn encode_second(
             *softirq.entry(r.cpu).or_default() += w;
         }
         let bucket = &mut buckets[(((r.ts_ns - start_ns) / BUCKET_NS) as usize).min(BUCKETS_PER_SEC - 1)];
-        *bucket = bucket.saturating_add(r.count);
+        *bucket = bucket.saturating_add(u32::try_from(r.count).unwrap_or(u32::MAX));
     }
     for (&cpu, &count) in &second.idle {
         cpus.entry(cpu).or_insert(CpuCounts { cpu, ..Default::default() }).idle += count;
@@ -508,7 +508,7 @@ fn encode_second(
         start_ns,
         end_ns: start_ns + NS_PER_SEC,
         samples: if weighted {
-            second.rows.iter().map(|r| u64::from(r.count)).sum::<u64>().min(u64::from(u32::MAX)) as u32
+            second.rows.iter().map(|r| r.count).fold(0u64, u64::saturating_add).min(u64::from(u32::MAX)) as u32
         } else {
             n as u32
         },

@@ -134,3 +134,19 @@ fn a_held_second_is_written_whole_by_the_next_flush() {
     );
     assert_eq!(w.pending_samples(), 0);
 }
+
+/// Bytes copied are one number a row, however many (issue 38: a row a `u32` turned a flood of
+/// 1 TiB copies into millions of rows held in memory).
+#[test]
+fn a_weight_past_32_bits_is_one_row_with_its_whole_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = StoreWriter::new(dir.path());
+    let s = 1_800_000_000;
+    w.push_weighted(&sample(s * NS_PER_SEC + 100), 5 << 40);
+    assert_eq!(w.pending_samples(), 1);
+    w.flush_before((s + 1) * NS_PER_SEC + 30_000_000, s + 1).unwrap();
+    let file = fs::read(segment_path(dir.path(), s * NS_PER_SEC)).unwrap();
+    let (_, block) = Blocks::new(&file).last().unwrap();
+    let cols = crate::store::format::unpack_samples(block.samples, 1 << 20).unwrap();
+    assert_eq!(cols.count, vec![5 << 40]);
+}

@@ -10,7 +10,7 @@ use std::{
 
 use profiler_common::cuda::kind;
 
-use super::{Interval, Recorder, TRACKS_MAX, library::FileId};
+use super::{Interval, ROWS_HELD, Recorder, THREADS_MAX, TRACKS_MAX};
 use crate::{
     collect::{Collector, counters::Point},
     detect::cuda::{CudaThread, python_line},
@@ -21,23 +21,27 @@ use crate::{
 
 impl Recorder {
     /// Drains the counts into the stores; returns each process's calls a second, and each
-    /// thread's calls for the detectors.
+    /// thread's calls for the detectors (the most blocked and the busiest, [`THREADS_MAX`] each).
+    /// What it holds is bounded by the kernel's keys: one row a key, its count a number.
     pub(super) fn drain(
         &mut self,
         collector: &mut Collector,
         pipeline: &mut Pipeline,
         now_ns: u64,
         elapsed: f64,
-        read: &HashMap<FileId, Interval>,
+        read: &HashMap<u32, Interval>,
     ) -> (HashMap<u32, f64>, Vec<CudaThread>) {
         let mut rates: HashMap<u32, f64> = HashMap::new();
         let mut threads: BTreeMap<u32, CudaThread> = BTreeMap::new();
         let drained = collector.cuda_drain();
-        if drained.is_empty() {
+        for &(uid, n) in &drained.dropped {
+            self.status.add_dropped(uid, n);
+        }
+        if drained.counts.is_empty() {
             return (rates, Vec::new());
         }
         let now = Instant::now();
-        for d in drained {
+        for d in drained.counts {
             *rates.entry(d.key.pid).or_default() += d.count.calls as f64 / elapsed;
             let (kind, weight) = match d.key.kind {
                 kind::LAUNCH => {
@@ -54,14 +58,13 @@ impl Recorder {
                 }
                 _ => continue,
             };
-            // Counted part of the time (the guard): scaled to the whole time, and marked, by the
-            // state of the interval these counts were made in.
-            let estimate =
-                self.by_pid.get(&d.key.pid).and_then(|id| read.get(id)).filter(|i| i.estimating && i.fraction > 0.0);
+            // Counted part of the time (the process's guard): scaled to the whole time, and
+            // marked, by the state of the interval these counts were made in.
+            let estimate = read.get(&d.key.pid).filter(|i| i.estimating && i.fraction > 0.0).copied();
             let scale = estimate.map_or(1.0, |i| 1.0 / i.fraction);
-            // A copy's bytes come from a register the caller sets: bounded (1 TiB a row).
-            let weight = weight.min(1 << 40);
-            let weight = (weight as f64 * scale).round() as u64;
+            // A number, however large: the kernel bounds each call's bytes (1 TiB) and a u64
+            // holds millions of them; saturating past that.
+            let weight = (weight as f64 * scale).round().min(u64::MAX as f64) as u64;
             let sample = match self.stacks.get(&d.key.hash) {
                 Some(s) => Some(s.clone()),
                 None => match collector.cuda_stack(d.key.hash) {
@@ -96,14 +99,14 @@ impl Recorder {
             let line = python_line(sample.stack.user());
             match d.key.kind {
                 kind::LAUNCH => {
-                    th.launches += weight;
+                    th.launches = th.launches.saturating_add(weight);
                     if let Some(l) = line {
                         th.launch_lines.push((l, weight));
                     }
                 }
                 kind::SYNC => {
                     let ns = (d.count.ns as f64 * scale) as u64;
-                    th.sync_ns += ns;
+                    th.sync_ns = th.sync_ns.saturating_add(ns);
                     if let Some(l) = line {
                         th.sync_lines.push((l, ns));
                     }
@@ -111,15 +114,13 @@ impl Recorder {
                 _ => {}
             }
             let sample = match estimate {
-                Some(i) => estimated(sample, i.fraction),
+                Some(i) => self.estimated(d.key.hash, sample, i.fraction),
                 None => sample,
             };
-            let Some(writer) = self.writer(kind) else { continue };
-            let mut left = weight;
-            while left > 0 {
-                let part = left.min(u64::from(u32::MAX));
-                left -= part;
-                writer.push_weighted(&sample, part as u32);
+            if weight > 0
+                && let Some(writer) = self.writer(kind)
+            {
+                writer.push_weighted(&sample, weight);
             }
         }
         for (kind, w) in &mut self.writers {
@@ -127,7 +128,16 @@ impl Recorder {
                 tracing::warn!(samples = kind.name(), error = %e, "cannot write CUDA counts; they are held and written later");
             }
         }
-        (rates, threads.into_values().collect())
+        (rates, busiest(threads.into_values().collect()))
+    }
+
+    /// `s` with a root frame saying it was counted while the guard had the probes on `fraction`
+    /// of the time, so estimates never merge with exact counts; the marked stack is kept per
+    /// stack and share, not copied a row.
+    fn estimated(&mut self, hash: u64, mut s: Sample, fraction: f64) -> Sample {
+        let percent = (fraction * 100.0).round() as u32;
+        s.stack = self.estimates.get_or_insert((hash, percent), || marked(&s.stack, percent)).clone();
+        s
     }
 
     /// Per process: launches a second and milliseconds a second blocked, as counter tracks
@@ -186,7 +196,8 @@ impl Recorder {
                 tracing::warn!(error = %e, "cannot create the CUDA store");
                 return None;
             }
-            self.writers.insert(kind, StoreWriter::new(&segments));
+            let limits = store::writer::WriterLimits { max_pending: ROWS_HELD, ..Default::default() };
+            self.writers.insert(kind, StoreWriter::with_limits(&segments, limits));
         }
         self.writers.get_mut(&kind)
     }
@@ -197,18 +208,30 @@ fn record_bytes(r: &profiler_common::Record) -> &[u8] {
     unsafe { std::slice::from_raw_parts((r as *const profiler_common::Record).cast::<u8>(), size_of_val(r)) }
 }
 
-/// A sample counted while the guard had the probes on `fraction` of the time: its stack gets a
-/// root frame saying so, so estimates never merge with exact counts.
-fn estimated(mut s: Sample, fraction: f64) -> Sample {
-    let mark: Arc<str> = Arc::from(format!("[estimate: probes on {:.0} % of the time]", fraction * 100.0));
-    let mut stack = (*s.stack).clone();
+/// `stack` under a root frame saying the share of the time it was counted.
+fn marked(stack: &Stack, percent: u32) -> Arc<Stack> {
+    let mark: Arc<str> = Arc::from(format!("[estimate: probes on {percent} % of the time]"));
+    let mut stack = stack.clone();
     stack.frames.insert(0, mark);
     stack.user_len += 1;
     if !stack.locations.is_empty() {
         stack.locations.insert(0, Default::default());
     }
-    s.stack = Arc::new(stack);
-    s
+    Arc::new(stack)
+}
+
+/// The threads the detectors judge: the most blocked and the busiest launchers, [`THREADS_MAX`]
+/// of each, so that a user's thousands of threads cost the detectors a bounded window.
+fn busiest(mut threads: Vec<CudaThread>) -> Vec<CudaThread> {
+    if threads.len() <= 2 * THREADS_MAX {
+        return threads;
+    }
+    threads.sort_by_key(|t| std::cmp::Reverse(t.sync_ns));
+    let mut rest = threads.split_off(THREADS_MAX);
+    rest.sort_by_key(|t| std::cmp::Reverse(t.launches));
+    rest.truncate(THREADS_MAX);
+    threads.extend(rest);
+    threads
 }
 
 /// Counts whose stack the kernel's map dropped before the drain (more distinct stacks in a
@@ -221,8 +244,16 @@ fn lost_stack(pid: u32, tid: u32, ts_ns: u64) -> Sample {
         pid,
         tid,
         cgroup_id: 0,
-        comm: Arc::from(""),
+        comm: Arc::from(comm_of(pid).as_str()),
         stack: Arc::new(Stack::new(vec![frame], 1)),
         workload: Arc::from(""),
     }
+}
+
+/// The process's name, as the kernel keeps it (16 bytes at most), or empty once it is gone.
+fn comm_of(pid: u32) -> String {
+    use std::io::Read;
+    let mut buf = [0u8; 16];
+    let n = std::fs::File::open(format!("/proc/{pid}/comm")).and_then(|mut f| f.read(&mut buf)).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).trim_end().to_string()
 }

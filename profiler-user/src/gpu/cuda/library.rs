@@ -173,12 +173,18 @@ pub enum LibraryError {
     Read(PathBuf, std::io::Error),
     #[error("{0} is not an ELF file this daemon reads: {1}")]
     Elf(PathBuf, String),
-    #[error("{0} exports none of the CUDA driver functions probed")]
+    #[error("{0} does not export the CUDA driver's entry points (cuInit, cuLaunchKernel): not a CUDA driver library")]
     NoFunctions(PathBuf),
 }
 
+/// The entry points a CUDA driver library exports, whatever its version: a file named
+/// `libcuda.so*` without them (a root-owned libLLVM bind-mounted under that name in a user's
+/// namespace) is refused before a probe is planted or a slot taken.
+const DRIVER_EXPORTS: [&str; 2] = ["cuInit", "cuLaunchKernel"];
+
 /// The probes for the library at `path`: each function it defines, at its file offset. Names
 /// it lacks are skipped; aliases of one address (a `_v2` and its plain name) are probed once.
+/// Only the dynamic symbol table counts: a driver exports its API there.
 pub fn probes(file: &std::fs::File, path: &std::path::Path) -> Result<Vec<Probe>, LibraryError> {
     // Mapped, not read: a real libcuda is tens of megabytes and only its symbol tables and
     // headers are touched (page cache, not the daemon's memory). Only root can truncate it
@@ -187,17 +193,21 @@ pub fn probes(file: &std::fs::File, path: &std::path::Path) -> Result<Vec<Probe>
     let elf = object::File::parse(&*map).map_err(|e| LibraryError::Elf(path.into(), e.to_string()))?;
     let wanted: BTreeMap<&str, (u64, bool)> = functions().into_iter().map(|(n, c, r)| (n, (c, r))).collect();
     let mut found: BTreeMap<u64, Probe> = BTreeMap::new();
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+    let mut exports = 0;
+    for sym in elf.dynamic_symbols() {
         let Ok(name) = sym.name() else { continue };
-        let Some(&(cookie, returns)) = wanted.get(name) else { continue };
-        if sym.address() == 0 || !sym.is_definition() {
+        if sym.address() == 0 || !sym.is_definition() || !sym.is_global() {
             continue;
         }
+        if DRIVER_EXPORTS.contains(&name) {
+            exports += 1;
+        }
+        let Some(&(cookie, returns)) = wanted.get(name) else { continue };
         let Some((offset, in_segment, segment)) = place(&elf, sym.address()) else { continue };
         let cookie = cookie::with_segment(cookie, in_segment, segment);
         found.entry(offset).or_insert(Probe { offset, cookie, returns });
     }
-    if found.is_empty() {
+    if found.is_empty() || exports < DRIVER_EXPORTS.len() {
         return Err(LibraryError::NoFunctions(path.into()));
     }
     Ok(found.into_values().collect())

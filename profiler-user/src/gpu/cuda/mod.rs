@@ -19,9 +19,10 @@ pub mod library;
 pub mod status;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     num::NonZeroUsize,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -33,7 +34,7 @@ use crate::{
         cuda::{Links, Probe},
     },
     detect::Changes,
-    model::{Sample, SampleKind},
+    model::{Sample, SampleKind, Stack},
     pipeline::Pipeline,
     store::StoreWriter,
 };
@@ -62,40 +63,65 @@ const STACKS_KEPT: usize = 1024;
 pub const MAX_CALLS_PER_SEC: f64 = 12_000.0;
 
 /// Library files probed at most: each holds an open file and its probes' file descriptors.
+/// Only files that passed the checks count (a refused file takes no slot).
 const FILES_MAX: usize = 16;
+/// Refused files remembered (by device and inode), so that none is opened and parsed again
+/// each time a process maps it; the least recently seen is forgotten past this.
+const REFUSED_KEPT: usize = 1024;
+/// Processes waiting for a slot (more probed libraries than `FILES_MAX`), looked at again
+/// when one frees.
+const WAITING_MAX: usize = 4096;
+/// Refused or waiting libraries listed in the status (the rest are counted).
+const LISTED_MAX: usize = 32;
+/// Threads handed to the detectors per drain: the most blocked and the busiest launchers.
+const THREADS_MAX: usize = 128;
+/// Rows each CUDA store holds while writing fails: three drains' worth of the kernel's keys
+/// (a row a key and kind), the oldest dropped past it. About 100 bytes a row, stacks shared.
+const ROWS_HELD: usize = 3 * profiler_common::cuda::CUDA_COUNTS_MAX as usize;
 
-/// What the probes of a file were during one drain's interval.
+/// What the probes were for one process during one drain's interval.
 #[derive(Debug, Clone, Copy, Default)]
 struct Interval {
-    /// Attached the whole interval (a rate measured then is the process's).
+    /// Counted the whole interval (a rate measured then is the process's).
     attached: bool,
     /// Counts of the interval are estimates, to be scaled by `1 / fraction`.
     estimating: bool,
     fraction: f64,
 }
 
+/// A library file accepted for probes.
 struct File {
     path: PathBuf,
-    /// Where a process maps it now (its `map_files` entry opens the very file).
-    source: library::Mapped,
     /// The file itself, opened once through `map_files` and checked (`library::open`): probes
     /// are attached through it (`/proc/self/fd/N`), never by a path that could change.
-    open: Option<std::fs::File>,
-    /// The functions found in it, at their offsets (read once).
-    probes: Option<Vec<Probe>>,
+    open: std::fs::File,
+    /// The functions found in it, at their offsets (read once, when it was accepted).
+    probes: Vec<Probe>,
     links: Option<Links>,
     pids: BTreeSet<u32>,
-    /// Why it is not probed, said once.
+    /// Why its probes could not be attached, said once.
     failed: Option<String>,
+    /// Its first attachment was logged (the guard detaches and attaches again).
+    said: bool,
+}
+
+/// A process mapping an accepted file: the rate guard is its own, so that one process's flood
+/// turns no other process's counts into estimates.
+struct Proc {
+    file: FileId,
+    /// Its `map_files` entry for the library: gone once the process unmapped it.
+    map_files: PathBuf,
     duty: guard::DutyCycle,
-    /// The busiest process's calls a second, last measured with the probes on.
+    /// Switched off in the kernel (`CUDA_GATE`) for the coming second.
+    gated: bool,
+    /// Its calls a second, last measured while counted.
     rate: f64,
     /// The state of the last intervals, newest last: the counts a drain reads were written
     /// the interval before the last (`collect::cuda`), so that one says how to read them.
-    intervals: std::collections::VecDeque<Interval>,
+    intervals: VecDeque<Interval>,
 }
 
-impl File {
+impl Proc {
     /// The interval whose counts the coming drain reads.
     fn read_interval(&self) -> Interval {
         let n = self.intervals.len();
@@ -103,14 +129,28 @@ impl File {
     }
 }
 
+/// A file that failed the checks, remembered so that it is neither parsed again nor probed.
+struct Refused {
+    path: PathBuf,
+    reason: String,
+    pids: BTreeSet<u32>,
+}
+
 pub struct Recorder {
     data_dir: PathBuf,
     files: BTreeMap<FileId, File>,
-    by_pid: HashMap<u32, FileId>,
+    procs: HashMap<u32, Proc>,
+    refused: LruCache<FileId, Refused>,
+    /// Processes mapping a refused file (so that their exit is noted there).
+    refused_by_pid: HashMap<u32, FileId>,
+    /// Processes mapping a library that found no free slot, looked at again when one frees.
+    waiting: BTreeMap<u32, library::Mapped>,
     /// Each process's VM size (pages) when its maps were last read, and when.
     sizes: HashMap<u32, (u64, Instant)>,
     writers: HashMap<SampleKind, StoreWriter>,
     stacks: LruCache<u64, Sample>,
+    /// Stacks marked as estimates, by hash and the share of time counted (percent).
+    estimates: LruCache<(u64, u32), Arc<Stack>>,
     started: bool,
     last_drain: Instant,
     /// How long the probes wrote the counts map the next drain reads: the interval before the
@@ -127,13 +167,18 @@ pub struct Recorder {
 impl Recorder {
     /// `max_calls_per_sec`: the rate guard's limit per process ([`MAX_CALLS_PER_SEC`] by default).
     pub fn new(data_dir: &Path, max_calls_per_sec: f64) -> Self {
+        let kept = |n| NonZeroUsize::new(n).expect("non-zero");
         Self {
             data_dir: data_dir.to_path_buf(),
             files: BTreeMap::new(),
-            by_pid: HashMap::new(),
+            procs: HashMap::new(),
+            refused: LruCache::new(kept(REFUSED_KEPT)),
+            refused_by_pid: HashMap::new(),
+            waiting: BTreeMap::new(),
             sizes: HashMap::new(),
             writers: HashMap::new(),
-            stacks: LruCache::new(NonZeroUsize::new(STACKS_KEPT).expect("non-zero")),
+            stacks: LruCache::new(kept(STACKS_KEPT)),
+            estimates: LruCache::new(kept(STACKS_KEPT)),
             started: false,
             last_drain: Instant::now(),
             written_for: 1.0,
@@ -156,11 +201,17 @@ impl Recorder {
     }
 
     fn forget(&mut self, pid: u32) {
-        if let Some(id) = self.by_pid.remove(&pid)
-            && let Some(f) = self.files.get_mut(&id)
+        if let Some(p) = self.procs.remove(&pid)
+            && let Some(f) = self.files.get_mut(&p.file)
         {
             f.pids.remove(&pid);
         }
+        if let Some(id) = self.refused_by_pid.remove(&pid)
+            && let Some(r) = self.refused.peek_mut(&id)
+        {
+            r.pids.remove(&pid);
+        }
+        self.waiting.remove(&pid);
     }
 
     /// Once a second: looks at the processes that ran, attaches and detaches, drains the counts
@@ -186,9 +237,7 @@ impl Recorder {
                 unwind.mapped(pid, Instant::now());
             }
         }
-        if self.files.values().any(|f| f.links.is_none() && f.failed.is_none() && !f.duty.estimating()) {
-            self.attach_new(collector);
-        }
+        self.attach_new(collector);
         if self.last_drain.elapsed() < DRAIN_EVERY {
             return Changes::default();
         }
@@ -196,34 +245,51 @@ impl Recorder {
         self.last_drain = Instant::now();
         if self.last_alive.elapsed() >= ALIVE_EVERY {
             self.last_alive = Instant::now();
-            let gone: Vec<u32> =
-                self.by_pid.keys().copied().filter(|p| !Path::new(&format!("/proc/{p}")).exists()).collect();
-            for pid in gone {
-                self.note_exit(pid);
-            }
-            self.sizes.retain(|p, _| Path::new(&format!("/proc/{p}")).exists());
+            self.check_alive();
         }
-        let read: HashMap<FileId, Interval> =
-            self.files.iter().map(|(id, f)| (id.clone(), f.read_interval())).collect();
+        if self.files.len() < FILES_MAX && !self.waiting.is_empty() {
+            self.admit_waiting();
+        }
+        let read: HashMap<u32, Interval> = self.procs.iter().map(|(&pid, p)| (pid, p.read_interval())).collect();
         let (rates, threads) = self.drain(collector, pipeline, now_ns, elapsed, &read);
         self.write_tracks(&threads, now_ns, elapsed);
-        self.attach_and_detach(collector, &rates, &read);
-        for f in self.files.values_mut() {
-            let now =
-                Interval { attached: f.links.is_some(), estimating: f.duty.estimating(), fraction: f.duty.fraction() };
-            f.intervals.push_back(now);
-            if f.intervals.len() > 3 {
-                f.intervals.pop_front();
+        self.guard(collector, &rates, &read);
+        for p in self.procs.values_mut() {
+            let counted = !p.gated && self.files.get(&p.file).is_some_and(|f| f.links.is_some());
+            let now = Interval { attached: counted, estimating: p.duty.estimating(), fraction: p.duty.fraction() };
+            p.intervals.push_back(now);
+            if p.intervals.len() > 3 {
+                p.intervals.pop_front();
             }
         }
         self.publish();
         pipeline.engine.check_cuda(now_ns, elapsed, threads)
     }
 
-    /// Reads the maps of `pid` if its size changed since the last look; true when it maps the
-    /// library (newly).
+    /// Forgets the processes that exited unseen (an exit event can be lost) or unmapped the
+    /// library (`dlclose`): their `map_files` entry is gone.
+    fn check_alive(&mut self) {
+        let gone: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| !p.map_files.exists())
+            .map(|(&pid, _)| pid)
+            .chain(self.refused_by_pid.keys().chain(self.waiting.keys()).copied().filter(|p| !alive(*p)))
+            .collect();
+        for pid in gone {
+            self.note_exit(pid);
+        }
+        self.sizes.retain(|p, _| alive(*p));
+    }
+
+    /// Reads the maps of `pid` if its size changed since the last look; true when it maps an
+    /// accepted library (newly).
     fn look_at(&mut self, pid: u32) -> bool {
-        if pid == 0 || self.by_pid.contains_key(&pid) {
+        if pid == 0
+            || self.procs.contains_key(&pid)
+            || self.refused_by_pid.contains_key(&pid)
+            || self.waiting.contains_key(&pid)
+        {
             return false;
         }
         let Some(size) = vm_pages(pid) else { return false };
@@ -237,51 +303,132 @@ impl Recorder {
         }
         self.sizes.insert(pid, (size, now));
         let Some(m) = library::find_in_maps(pid) else { return false };
-        if !self.files.contains_key(&m.id) && self.files.len() >= FILES_MAX {
-            tracing::debug!(library = %m.path.display(), "more CUDA driver libraries than the daemon probes ({FILES_MAX}): not probed");
+        self.accept(pid, m)
+    }
+
+    /// Takes process `pid`, which maps `m`: under the file's probes if it passes the checks
+    /// and a slot is free; under the file's refusal if it failed them; else it waits for a slot.
+    fn accept(&mut self, pid: u32, m: library::Mapped) -> bool {
+        if let Some(r) = self.refused.get_mut(&m.id) {
+            r.pids.insert(pid);
+            self.refused_by_pid.insert(pid, m.id);
             return false;
         }
-        let file = self.files.entry(m.id.clone()).or_insert_with(|| File {
-            path: m.path.clone(),
-            source: m.clone(),
-            open: None,
-            probes: None,
-            links: None,
-            pids: BTreeSet::new(),
-            failed: None,
-            duty: guard::DutyCycle::default(),
-            rate: 0.0,
-            intervals: Default::default(),
-        });
-        if file.pids.is_empty() {
-            // The first process to map it (again): the one its file is opened through.
-            file.path = m.path.clone();
-            file.source = m.clone();
+        if !self.files.contains_key(&m.id) {
+            if self.files.len() >= FILES_MAX {
+                if self.waiting.len() < WAITING_MAX {
+                    if !self.waiting.values().any(|w| w.id == m.id) {
+                        tracing::warn!(
+                            library = %m.path.display(),
+                            pid,
+                            "more CUDA driver libraries than the daemon probes ({FILES_MAX}): not probed until one is \
+                             no longer mapped"
+                        );
+                    }
+                    self.waiting.insert(pid, m);
+                }
+                return false;
+            }
+            let checked = library::open(&m).and_then(|open| Ok((library::probes(&open, &m.path)?, open)));
+            let (probes, open) = match checked {
+                Ok(v) => v,
+                // The process exited or unmapped it meanwhile: looked at again if it runs.
+                Err(library::LibraryError::Read(..)) => {
+                    self.sizes.remove(&pid);
+                    return false;
+                }
+                Err(e) => {
+                    tracing::warn!(library = %m.path.display(), pid, error = %e, "the CUDA driver library is not probed");
+                    let refused = Refused { path: m.path.clone(), reason: e.to_string(), pids: BTreeSet::from([pid]) };
+                    self.refused.put(m.id.clone(), refused);
+                    self.refused_by_pid.insert(pid, m.id);
+                    return false;
+                }
+            };
+            let file = File {
+                path: m.path.clone(),
+                open,
+                probes,
+                links: None,
+                pids: BTreeSet::new(),
+                failed: None,
+                said: false,
+            };
+            self.files.insert(m.id.clone(), file);
         }
+        let file = self.files.get_mut(&m.id).expect("just checked");
         file.pids.insert(pid);
-        self.by_pid.insert(pid, m.id);
+        self.procs.insert(
+            pid,
+            Proc {
+                file: m.id,
+                map_files: m.map_files,
+                duty: guard::DutyCycle::default(),
+                gated: false,
+                rate: 0.0,
+                intervals: VecDeque::new(),
+            },
+        );
         true
     }
 
-    /// Probes the files some process maps and that have none yet (outside the guard's cycle).
-    fn attach_new(&mut self, collector: &mut Collector) {
-        for (id, file) in &mut self.files {
-            if file.pids.is_empty() || file.links.is_some() || file.failed.is_some() || file.duty.estimating() {
-                continue;
+    /// A slot freed: the processes that waited for one are taken, while they still map it.
+    fn admit_waiting(&mut self) {
+        let waiting = std::mem::take(&mut self.waiting);
+        for (pid, m) in waiting {
+            if m.map_files.exists() {
+                self.accept(pid, m);
             }
-            attach(collector, id, file);
         }
     }
 
-    /// Attaches what should be, by the processes mapping each file and its guard; detaches the
-    /// rest. `rates`: calls a second per process in the drain just done.
-    fn attach_and_detach(
-        &mut self,
-        collector: &mut Collector,
-        rates: &HashMap<u32, f64>,
-        read: &HashMap<FileId, Interval>,
-    ) {
-        for (id, file) in &mut self.files {
+    /// Probes the files that some process counted by them maps and that have none yet.
+    fn attach_new(&mut self, collector: &mut Collector) {
+        for file in self.files.values_mut() {
+            if file.links.is_some() || file.failed.is_some() {
+                continue;
+            }
+            if file.pids.iter().any(|p| self.procs.get(p).is_some_and(|p| !p.gated)) {
+                attach(collector, file);
+            }
+        }
+    }
+
+    /// The rate guard, per process: each decides from its own calls whether it is counted the
+    /// coming second (`CUDA_GATE`); a file's probes stay attached while any of its processes
+    /// is counted, and go while none is (the trap is what costs). `rates`: calls a second per
+    /// process in the drain just done.
+    fn guard(&mut self, collector: &mut Collector, rates: &HashMap<u32, f64>, read: &HashMap<u32, Interval>) {
+        for (&pid, p) in &mut self.procs {
+            // Only an interval counted whole says how fast the process calls.
+            let measured = read.get(&pid).is_some_and(|i| i.attached).then(|| rates.get(&pid).copied().unwrap_or(0.0));
+            if let Some(r) = measured {
+                p.rate = r;
+            }
+            let was = p.duty.estimating();
+            let on = p.duty.next(measured, self.max_calls_per_sec);
+            if p.duty.estimating() != was {
+                let path = self.files.get(&p.file).map(|f| f.path.display().to_string()).unwrap_or_default();
+                if p.duty.estimating() {
+                    tracing::warn!(
+                        library = %path,
+                        pid,
+                        calls_per_sec = p.rate.round(),
+                        limit = self.max_calls_per_sec,
+                        attached_percent = (p.duty.fraction() * 100.0).round(),
+                        "CUDA calls faster than the probes' budget: probes attached part of the time, counts are \
+                         estimates scaled to the whole time (this process's only)"
+                    );
+                } else {
+                    tracing::info!(library = %path, pid, "CUDA calls within the budget again: probes always on, counts exact");
+                }
+            }
+            if on == p.gated {
+                collector.cuda_gate(pid, !on);
+                p.gated = !on;
+            }
+        }
+        for file in self.files.values_mut() {
             if file.pids.is_empty() {
                 if let Some(links) = file.links.take() {
                     tracing::info!(library = %file.path.display(), "no process maps the CUDA library any more: probes removed");
@@ -289,36 +436,10 @@ impl Recorder {
                 }
                 continue;
             }
-            if file.failed.is_some() {
-                continue;
-            }
-            // Only an interval the probes covered whole says how fast the processes call.
-            let measured = read
-                .get(id)
-                .is_some_and(|i| i.attached)
-                .then(|| file.pids.iter().filter_map(|p| rates.get(p)).copied().fold(0.0, f64::max));
-            if let Some(r) = measured {
-                file.rate = r;
-            }
-            let was = file.duty.estimating();
-            let want = file.duty.next(measured, self.max_calls_per_sec);
-            if file.duty.estimating() != was {
-                if file.duty.estimating() {
-                    tracing::warn!(
-                        library = %file.path.display(),
-                        calls_per_sec = file.rate.round(),
-                        limit = self.max_calls_per_sec,
-                        attached_percent = (file.duty.fraction() * 100.0).round(),
-                        "CUDA calls faster than the probes' budget: probes attached part of the time, counts are \
-                         estimates scaled to the whole time"
-                    );
-                } else {
-                    tracing::info!(library = %file.path.display(), "CUDA calls within the budget again: probes always on, counts exact");
-                }
-            }
-            match (want, file.links.is_some()) {
+            let wanted = file.pids.iter().any(|p| self.procs.get(p).is_some_and(|p| !p.gated));
+            match (wanted, file.links.is_some()) {
                 (false, true) => collector.cuda_detach(file.links.take().expect("attached")),
-                (true, false) => attach(collector, id, file),
+                (true, false) if file.failed.is_none() => attach(collector, file),
                 _ => {}
             }
         }
@@ -326,19 +447,62 @@ impl Recorder {
     }
 
     fn publish(&mut self) {
-        let libraries = self
+        let mut libraries: Vec<status::Library> = self
             .files
             .values()
-            .map(|f| status::Library {
-                path: f.path.display().to_string(),
-                probes: f.probes.as_ref().map_or(0, |p| p.len() + p.iter().filter(|p| p.returns).count()),
-                processes: f.pids.len(),
-                fraction: f.duty.fraction(),
-                calls_per_sec: f.rate,
-                error: f.failed.clone(),
+            .map(|f| {
+                let procs = || f.pids.iter().filter_map(|p| self.procs.get(p));
+                status::Library {
+                    path: f.path.display().to_string(),
+                    probes: f
+                        .links
+                        .as_ref()
+                        .map_or(0, |_| f.probes.len() + f.probes.iter().filter(|p| p.returns).count()),
+                    processes: f.pids.len(),
+                    fraction: procs().map(|p| p.duty.fraction()).fold(1.0, f64::min),
+                    calls_per_sec: procs().map(|p| p.rate).fold(0.0, f64::max),
+                    error: f.failed.clone(),
+                }
             })
             .collect();
-        let status = status::Status { libraries, ..self.status.clone() };
+        let mut refused: Vec<status::Library> = self
+            .refused
+            .iter()
+            .filter(|(_, r)| !r.pids.is_empty())
+            .map(|(_, r)| status::Library {
+                path: r.path.display().to_string(),
+                processes: r.pids.len(),
+                error: Some(r.reason.clone()),
+                ..Default::default()
+            })
+            .collect();
+        let mut waiting: BTreeMap<&FileId, status::Library> = BTreeMap::new();
+        for m in self.waiting.values() {
+            waiting
+                .entry(&m.id)
+                .or_insert_with(|| status::Library {
+                    path: m.path.display().to_string(),
+                    error: Some(format!(
+                        "more CUDA driver libraries than the daemon probes ({FILES_MAX}): probed once one is no longer \
+                         mapped"
+                    )),
+                    ..Default::default()
+                })
+                .processes += 1;
+        }
+        let unprobed = status::Unprobed { refused: refused.len(), waiting: waiting.len() };
+        refused.extend(waiting.into_values());
+        refused.truncate(LISTED_MAX);
+        libraries.extend(refused);
+        let mut guarded: Vec<status::Guarded> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.duty.estimating())
+            .map(|(&pid, p)| status::Guarded { pid, fraction: p.duty.fraction(), calls_per_sec: p.rate })
+            .collect();
+        guarded.sort_by(|a, b| b.calls_per_sec.total_cmp(&a.calls_per_sec));
+        guarded.truncate(LISTED_MAX);
+        let status = status::Status { libraries, unprobed, guarded, ..self.status.clone() };
         if status != self.status {
             status.write(&self.data_dir);
             self.status = status;
@@ -346,37 +510,14 @@ impl Recorder {
     }
 }
 
-/// Attaches the probes to `file` (its functions read once), or records why not.
-fn attach(collector: &mut Collector, id: &FileId, file: &mut File) {
-    if file.open.is_none() {
-        match library::open(&file.source) {
-            Ok(f) => file.open = Some(f),
-            // The process it was opened through exited: the next one to map it opens it.
-            Err(library::LibraryError::Read(..)) => return,
-            Err(e) => {
-                tracing::warn!(library = %file.path.display(), error = %e, "the CUDA driver library is not probed");
-                file.failed = Some(e.to_string());
-                return;
-            }
-        }
-    }
-    let Some(open) = file.open.as_ref() else { return };
-    let target = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(open)));
-    let probes = match &file.probes {
-        Some(p) => Ok(p.clone()),
-        None => library::probes(open, &file.path).map_err(|e| e.to_string()),
-    };
-    let attached = probes.and_then(|probes| {
-        let links = collector.cuda_attach(&target, &probes).map_err(|e| e.to_string());
-        file.probes = Some(probes);
-        links
-    });
-    match attached {
+/// Attaches the probes to `file`, or records why not.
+fn attach(collector: &mut Collector, file: &mut File) {
+    let target = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file.open)));
+    match collector.cuda_attach(&target, &file.probes) {
         Ok(links) => {
-            if !file.duty.estimating() {
+            if !std::mem::replace(&mut file.said, true) {
                 tracing::info!(
                     library = %file.path.display(),
-                    inode = id.inode,
                     probes = links.len(),
                     processes = file.pids.len(),
                     "CUDA driver library probed: launches, synchronisations and copies are counted per stack"
@@ -386,9 +527,13 @@ fn attach(collector: &mut Collector, id: &FileId, file: &mut File) {
         }
         Err(e) => {
             tracing::warn!(library = %file.path.display(), error = %e, "cannot probe the CUDA driver library");
-            file.failed = Some(e);
+            file.failed = Some(e.to_string());
         }
     }
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn all_pids() -> Vec<u32> {

@@ -24,9 +24,46 @@ pub struct Library {
     pub error: Option<String>,
 }
 
+/// A process the rate guard counts part of the time (its counts are estimates; others' stay
+/// exact).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Guarded {
+    pub pid: u32,
+    pub fraction: f64,
+    pub calls_per_sec: f64,
+}
+
+/// Libraries some process maps that are not probed, by why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Unprobed {
+    /// Failed the checks (a file a user could change; not a CUDA driver).
+    pub refused: usize,
+    /// Passed them, but every slot is taken (`FILES_MAX`).
+    pub waiting: usize,
+}
+
+/// Calls an owner (user id) lost to its share of the kernel's maps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OwnerDrops {
+    pub uid: u32,
+    pub dropped: u64,
+}
+
+/// Owners listed with their drops; the rest are added under `uid` [`u32::MAX`].
+const OWNERS_LISTED: usize = 16;
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
+    /// The probed libraries, then (with an `error`) those some process maps that are not.
     pub libraries: Vec<Library>,
+    #[serde(default)]
+    pub unprobed: Unprobed,
+    /// Processes whose counts are estimates (the busiest first).
+    #[serde(default)]
+    pub guarded: Vec<Guarded>,
+    /// Per owner, calls not counted since the start: its share of the kernel's maps was used.
+    #[serde(default)]
+    pub dropped: Vec<OwnerDrops>,
     /// Since the daemon started.
     pub launches: u64,
     pub syncs: u64,
@@ -38,6 +75,19 @@ pub struct Status {
 }
 
 impl Status {
+    /// `n` more calls of `uid` not counted (a bounded list: past it, under `u32::MAX`).
+    pub fn add_dropped(&mut self, uid: u32, n: u64) {
+        let uid = if self.dropped.len() >= OWNERS_LISTED && !self.dropped.iter().any(|d| d.uid == uid) {
+            u32::MAX
+        } else {
+            uid
+        };
+        match self.dropped.iter_mut().find(|d| d.uid == uid) {
+            Some(d) => d.dropped += n,
+            None => self.dropped.push(OwnerDrops { uid, dropped: n }),
+        }
+    }
+
     pub fn write(&self, data_dir: &Path) {
         let json = serde_json::to_vec_pretty(self).expect("status serialises");
         if let Err(e) = crate::store::files::write_private(&data_dir.join(FILE), &json) {
@@ -56,10 +106,10 @@ impl Status {
             .libraries
             .iter()
             .map(|l| match &l.error {
-                Some(e) => format!("{}: not probed: {e}", l.path),
+                Some(e) => format!("{}: not probed ({} processes map it): {e}", l.path, l.processes),
                 None if l.fraction < 1.0 => format!(
-                    "{}: {} probes, {} processes; {:.0} calls/s over the limit of {:.0}: probes on {:.0} % of the \
-                     time, counts are estimates",
+                    "{}: {} probes, {} processes; the busiest calls {:.0} times a second, over the limit of {:.0}: \
+                     counted {:.0} % of the time, its counts are estimates (the others' stay exact)",
                     l.path,
                     l.probes,
                     l.processes,
@@ -72,6 +122,22 @@ impl Status {
             .collect();
         if lines.is_empty() {
             lines.push("no process maps libcuda.so.1".into());
+        }
+        for g in &self.guarded {
+            lines.push(format!(
+                "pid {}: {:.0} calls/s over the limit of {:.0}: counted {:.0} % of the time, its counts are estimates",
+                g.pid,
+                g.calls_per_sec,
+                self.max_calls_per_sec,
+                g.fraction * 100.0
+            ));
+        }
+        for d in &self.dropped {
+            let who = if d.uid == u32::MAX { "other users".to_string() } else { format!("uid {}", d.uid) };
+            lines.push(format!(
+                "{who}: {} calls not counted (more distinct stacks than its share of the kernel's maps)",
+                d.dropped
+            ));
         }
         lines.push(format!(
             "counted since start: {} launches, {} synchronisations, {} copies{}",

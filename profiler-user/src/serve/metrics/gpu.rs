@@ -40,20 +40,45 @@ pub fn cuda(s: &crate::gpu::cuda::status::Status) -> String {
         "CUDA counts stored without their stack: more distinct stacks in a second than the kernel map holds.",
         vec![(String::new(), s.stacks_lost as f64)],
     );
+    write_family(
+        &mut out,
+        "profiler_cuda_libraries",
+        "gauge",
+        "CUDA driver libraries some process maps, by state: probed, refused (a file a user could change, or not a CUDA driver), waiting (every slot taken).",
+        vec![
+            ("{state=\"probed\"}".into(), s.libraries.iter().filter(|l| l.error.is_none()).count() as f64),
+            ("{state=\"refused\"}".into(), s.unprobed.refused as f64),
+            ("{state=\"waiting\"}".into(), s.unprobed.waiting as f64),
+        ],
+    );
+    write_family(
+        &mut out,
+        "profiler_cuda_estimated_processes",
+        "gauge",
+        "Processes calling CUDA faster than the rate guard's limit: counted part of the time, their counts estimates.",
+        vec![(String::new(), s.guarded.len() as f64)],
+    );
+    write_family(
+        &mut out,
+        "profiler_cuda_owner_dropped_total",
+        "counter",
+        "CUDA calls not counted since the start, by the calling user: its share of the kernel's count and stack maps was used (uid 4294967295: users past the first 16).",
+        s.dropped.iter().map(|d| (format!("{{uid=\"{}\"}}", d.uid), d.dropped as f64)).collect(),
+    );
     let lib = |l: &crate::gpu::cuda::status::Library| format!("{{library=\"{}\"}}", escape_label(&l.path));
     write_family(
         &mut out,
         "profiler_cuda_probe_attached_ratio",
         "gauge",
-        "Share of the time the probes of a CUDA driver library are attached (below 1: the rate guard cut them and its counts are estimates).",
-        s.libraries.iter().map(|l| (lib(l), if l.error.is_some() { 0.0 } else { l.fraction })).collect(),
+        "The least share of the time any process of a CUDA driver library is counted (below 1: the rate guard cut that process, whose counts are estimates).",
+        s.libraries.iter().filter(|l| l.error.is_none()).map(|l| (lib(l), l.fraction)).collect(),
     );
     write_family(
         &mut out,
         "profiler_cuda_calls_per_second",
         "gauge",
         "The busiest process's CUDA calls a second through a library, last measured with its probes on.",
-        s.libraries.iter().map(|l| (lib(l), l.calls_per_sec)).collect(),
+        s.libraries.iter().filter(|l| l.error.is_none()).map(|l| (lib(l), l.calls_per_sec)).collect(),
     );
     out
 }

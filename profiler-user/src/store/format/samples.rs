@@ -18,8 +18,10 @@ pub struct SampleColumns {
     pub comm: Vec<StrId>,
     pub cgroup: Vec<u64>,
     pub stack: Vec<u32>,
-    /// Samples each row stands for; empty means 1 each (rollups fill it).
-    pub count: Vec<u32>,
+    /// Samples each row stands for; empty means 1 each (rollups and the CUDA stores fill it:
+    /// bytes copied pass a u32 in a second). Postcard writes every integer as a varint, so
+    /// blocks written when this was a `Vec<u32>` read the same, with no version bump.
+    pub count: Vec<u64>,
     /// Per sample, the string id of its workload (`model::Sample::workload`); empty when no
     /// sample of the block has one. Added after version 4 without a version bump: blocks
     /// written before it end with `count` and read as having none ([`unpack_samples`]).
@@ -37,7 +39,7 @@ pub(super) struct SampleColumnsV4 {
     pub(super) comm: Vec<StrId>,
     pub(super) cgroup: Vec<u64>,
     pub(super) stack: Vec<u32>,
-    pub(super) count: Vec<u32>,
+    pub(super) count: Vec<u64>,
 }
 
 /// Decodes a block's sample section, written with or without the workload column.
@@ -70,7 +72,7 @@ impl SampleColumns {
     }
 
     pub fn count(&self, i: usize) -> u64 {
-        self.count.get(i).map_or(1, |&c| u64::from(c))
+        self.count.get(i).copied().unwrap_or(1)
     }
 
     /// The string id of sample `i`'s workload, if the block records workloads.

@@ -168,3 +168,37 @@ fn cols_of(v: &SampleColumnsV4) -> SampleColumns {
         workload: vec![],
     }
 }
+
+/// The count column as blocks wrote it while it was 32-bit.
+#[derive(serde::Serialize)]
+struct SampleColumnsU32Count {
+    ts_delta_us: Vec<u64>,
+    cpu: Vec<u32>,
+    pid: Vec<u32>,
+    tid: Vec<u32>,
+    comm: Vec<StrId>,
+    cgroup: Vec<u64>,
+    stack: Vec<u32>,
+    count: Vec<u32>,
+    workload: Vec<StrId>,
+}
+
+#[test]
+fn counts_written_as_32_bits_read_the_same_and_a_count_past_them_is_one_row() {
+    let old = SampleColumnsU32Count {
+        ts_delta_us: vec![1, 2],
+        cpu: vec![0, 1],
+        pid: vec![5, 6],
+        tid: vec![5, 6],
+        comm: vec![0, 0],
+        cgroup: vec![9, 9],
+        stack: vec![1, 1],
+        count: vec![7, u32::MAX],
+        workload: vec![],
+    };
+    let cols = unpack_samples(&pack(&old), 1 << 20).unwrap();
+    assert_eq!(cols.count, vec![7, u64::from(u32::MAX)]);
+    // 5 TiB copied from one stack in a second: one row, its count a number.
+    let big = SampleColumns { count: vec![5 << 40, 1], ..cols };
+    assert_eq!(unpack_samples(&pack(&big), 1 << 20).unwrap().count, vec![5 << 40, 1]);
+}
