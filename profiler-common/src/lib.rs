@@ -10,6 +10,8 @@
 
 pub mod cuda;
 pub mod python;
+#[cfg(feature = "test-skip")]
+pub mod test_skip;
 pub mod unwind;
 
 /// Deepest kernel stack copied per sample (the kernel's default `perf_event_max_stack` is 127).

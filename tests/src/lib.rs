@@ -51,22 +51,17 @@ pub fn in_own_autogroup(cmd: &mut Command, nice: i32) -> &mut Command {
     }
 }
 
-/// True when the tests may load BPF programs. Otherwise says why, and under `CI=true`
-/// panics: CI must run them, never skip them silently.
+/// True when the tests may load BPF programs. Otherwise says why, and under CI panics: CI
+/// must run them, never skip them silently.
 pub fn privileged(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     root || skip(&format!("{test}: needs root to load BPF programs and open perf events"))
 }
 
-/// Says why a test cannot run here and returns false; under `CI=true` panics instead.
-pub fn skip(why: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("{why}, and CI=true: refusing to skip");
-    }
-    eprintln!("SKIPPED {why}");
-    false
-}
+/// Says why a test cannot run here and returns false; under CI (`CI=true` or `CI=1`) panics
+/// instead. The suite's one rule, shared with profiler-user's unit tests (see its module).
+pub use profiler_common::test_skip::skip;
 
 /// A child killed (and reaped) when the test ends, however it ends.
 pub struct Kill(pub Child);

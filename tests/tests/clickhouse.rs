@@ -17,7 +17,7 @@ use integration_tests::{
     clickhouse::{self, ClickHouse, cursor_ns, wait_shipped},
     folded_window, helper_bin, now_secs,
     nvml::{StandIn, h100},
-    privileged, wait_for,
+    privileged, skip, wait_for,
 };
 use profiler::{
     query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
@@ -392,12 +392,15 @@ fn a_lost_cursor_sends_nothing_twice() {
 }
 
 /// 18.16 has no TTL: the shipper drops the day partitions past the store's age limit itself.
+/// A server with TTL gets a table whose TTL is that limit instead: checked, and the drop, not
+/// checkable there, goes through the skip rule (a failure under CI).
 #[test]
 fn days_past_the_retention_are_dropped_on_a_server_without_ttl() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
-    if ch.query("SELECT version()").unwrap().starts_with("18.") {
-        let data = tmp.path().join("data");
+    let version = ch.query("SELECT version()").unwrap();
+    let data = tmp.path().join("data");
+    if !schema::supports_ttl(schema::parse_version(&version).expect("a version")) {
         // A minute three days ago.
         let (start, end) = synthetic_store_ending(&data, 2, 60, (now_secs() as u64 - 3 * 86_400) * SEC);
         let shipped = ship_until(&ch, &data, end, 1000);
@@ -408,7 +411,18 @@ fn days_past_the_retention_are_dropped_on_a_server_without_ttl() {
             wait_for("the old day dropped", Duration::from_secs(30), || (count() == 0).then_some(()))
         });
     } else {
-        eprintln!("this ClickHouse knows TTL: the table has one, nothing to drop by hand");
+        // This server expires rows itself: the table has a TTL of the retention instead.
+        let (_, end) = synthetic_store(&data, 1, 2);
+        ship_until(&ch, &data, end, 1000);
+        let table = ch.query("SHOW CREATE TABLE profiler.samples").unwrap();
+        assert!(table.contains("TTL") && table.contains("86400"), "no TTL of a day: {table}");
+        // The shipper's own drop, the subject here, needs a server without TTL (Debian's 18.16,
+        // which `cargo xtask test` installs).
+        skip(&format!(
+            "days_past_the_retention_are_dropped_on_a_server_without_ttl: {} is ClickHouse {}, which has TTL",
+            clickhouse::SERVER,
+            version.trim()
+        ));
     }
 }
 

@@ -89,9 +89,10 @@ fn install_bpf_linker() -> anyhow::Result<()> {
 
 /// What the tests need besides Rust: Debian's chromium and chromedriver for the UI test
 /// (browsers cannot be downloaded here; Debian's packages can), Go for the unwinder's Go
-/// workload (Go's own toolchain downloads are not reachable either), Prometheus' promtool for the
-/// alerting rules, and the PyPI packages
-/// other tests check against.
+/// workload and `go tool pprof` (Go's own toolchain downloads are not reachable either), gcc and
+/// binutils for the symbolizer's C program, Prometheus' promtool for the alerting rules, and the
+/// PyPI packages other tests check against. A test missing one of these skips only outside CI
+/// (`profiler_common::test_skip`).
 pub fn ensure_test_tools() -> anyhow::Result<()> {
     // kubernetes-validate (PyPI) carries the Kubernetes JSON schemas: it validates offline.
     if output(Command::new("kubernetes-validate").arg("--version")).is_none() {
@@ -137,6 +138,13 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
     if output(Command::new("go").arg("version")).is_none() {
         missing.push("golang-go");
     }
+    // The symbolizer's tests build a C program, strip it and split off its debug file.
+    if output(Command::new("gcc").arg("--version")).is_none() {
+        missing.push("gcc");
+    }
+    if ["strip", "objcopy"].iter().any(|tool| output(Command::new(tool).arg("--version")).is_none()) {
+        missing.push("binutils");
+    }
     // promtool checks and unit-tests the shipped alerting rules (deploy/prometheus).
     if output(Command::new("promtool").arg("--version")).is_none() {
         missing.push("prometheus");
@@ -144,7 +152,10 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("xtask: installing {} (Debian) for the UI, unwinder and alerting rules tests", missing.join(" "));
+    eprintln!(
+        "xtask: installing {} (Debian) for the UI, unwinder, symbolizer and alerting rules tests",
+        missing.join(" ")
+    );
     run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
     run(
         Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),

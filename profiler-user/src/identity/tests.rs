@@ -4,6 +4,8 @@ use std::{
     process::{Child, Command},
 };
 
+use profiler_common::test_skip::skip;
+
 use super::*;
 
 const ID: &str = "5dab0ec4aebed0b17e8b783c11b859f43da98335fd4973a396ed7bbdab6659f3";
@@ -94,15 +96,6 @@ fn identities_round_trip_through_json_and_postcard() {
 }
 
 // --- On the real kernel: a process moved into a kubepods cgroup (cgroupfs driver layout). ---
-
-/// Says why the test cannot run here and returns false; under `CI=true` panics instead.
-fn skip(why: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("{why}, and CI=true: refusing to skip");
-    }
-    eprintln!("SKIPPED {why}");
-    false
-}
 
 /// The cgroup v1 hierarchy with the cpu controller: `cpu,cpuacct` where the two are co-mounted,
 /// else `cpu`.

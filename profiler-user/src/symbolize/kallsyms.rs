@@ -73,10 +73,23 @@ mod tests {
 
     #[test]
     fn this_kernel_names_what_blazesym_names() {
-        let Ok(ours) = Kallsyms::read() else { return };
-        if ours.is_empty() || ours.symbols[0].0 == 0 {
-            return; // addresses hidden (not root): nothing to compare
-        }
+        let ours = match Kallsyms::read() {
+            Ok(k) if !k.is_empty() => k,
+            // Addresses hidden (not root, or kptr_restrict 2): every line reads 0.
+            Ok(_) => {
+                profiler_common::test_skip::skip(
+                    "this_kernel_names_what_blazesym_names: /proc/kallsyms hides its addresses (needs root, \
+                     kernel.kptr_restrict below 2)",
+                );
+                return;
+            }
+            Err(e) => {
+                profiler_common::test_skip::skip(&format!(
+                    "this_kernel_names_what_blazesym_names: /proc/kallsyms cannot be read ({e})"
+                ));
+                return;
+            }
+        };
         use blazesym::symbolize::{
             Input, Symbolized, Symbolizer,
             source::{Kernel, Source},
@@ -86,12 +99,17 @@ mod tests {
         let step = (ours.symbols.len() / 500).max(1);
         // Past the first address: for the names there blazesym answers the last listed, not
         // the first, for addresses above it (its backward scan stops at index 0).
+        let mut compared = 0;
         for &(addr, ..) in ours.symbols.iter().skip(1).step_by(step) {
             for probe in [addr, addr + 1] {
                 if let Ok(Symbolized::Sym(sym)) = blaze.symbolize_single(&src, Input::AbsAddr(probe)) {
                     assert_eq!(ours.name(probe), Some(&*sym.name), "at {probe:#x}");
+                    compared += 1;
                 }
             }
         }
+        // blazesym reads the same file: an answer for none of them is no comparison at all.
+        assert!(compared > 0, "blazesym named none of {} addresses", ours.symbols.len().div_ceil(step) * 2);
+        eprintln!("{compared} kernel addresses named alike");
     }
 }

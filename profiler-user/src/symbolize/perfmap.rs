@@ -344,7 +344,7 @@ garbage\n\
     fn a_map_someone_else_owns_is_refused() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root to chown");
+            profiler_common::test_skip::skip("a_map_someone_else_owns_is_refused: needs root to chown the map");
             return;
         }
         let me = std::process::id();

@@ -257,6 +257,9 @@ pub(super) struct Built {
 
 pub(super) const C_HOT: &str = "symbolize_test_hot_loop";
 
+/// Builds the C program in `dir`: `None` (said by the skip rule, a failure under CI) when gcc,
+/// strip or objcopy is not installed (`cargo xtask test` installs Debian's gcc and binutils);
+/// a panic when one is and fails.
 pub(super) fn build_c_program(dir: &std::path::Path) -> Option<Built> {
     let src = dir.join("prog.c");
     std::fs::write(
@@ -270,7 +273,16 @@ pub(super) fn build_c_program(dir: &std::path::Path) -> Option<Built> {
         ),
     )
     .unwrap();
-    let run = |cmd: &mut std::process::Command| cmd.status().is_ok_and(|s| s.success());
+    let run = |cmd: &mut std::process::Command| match cmd.status() {
+        Ok(st) => {
+            assert!(st.success(), "{cmd:?}: {st}");
+            true
+        }
+        Err(e) => profiler_common::test_skip::skip(&format!(
+            "the symbolizer's C test program: {:?} cannot run ({e}); `cargo xtask test` installs Debian's gcc and binutils",
+            cmd.get_program()
+        )),
+    };
     let b = Built {
         full: dir.join("prog-full"),
         stripped: dir.join("prog"),
@@ -285,9 +297,6 @@ pub(super) fn build_c_program(dir: &std::path::Path) -> Option<Built> {
             .current_dir(dir)
             .arg("--add-gnu-debuglink=linked.debug")
             .arg(&b.linked));
-    if !ok {
-        eprintln!("skipped: gcc, strip or objcopy is missing or failed");
-    }
     ok.then_some(b)
 }
 

@@ -573,4 +573,4 @@ fn build(mut ranges: Vec<(u64, u64, Rule)>) -> Result<Table, TableError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

