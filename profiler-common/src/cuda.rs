@@ -2,13 +2,16 @@
 //! walk the calling thread's stack with the sampler's unwinder and add to per-stack counters in
 //! the kernel, so a launch costs no ring-buffer record.
 //!
-//! Three maps carry the counts to userspace:
-//! - `CUDA_STACKS` (LRU, by [`CudaKey::hash`]): the stack itself as a [`crate::Record`] (header,
-//!   user addresses, Python pairs; no kernel frames), so the sampler's parser reads it;
+//! These maps carry the counts to userspace:
 //! - `CUDA_COUNTS_0` / `CUDA_COUNTS_1`: [`CudaCount`] by [`CudaKey`], double-buffered by
 //!   `CUDA_GEN`: userspace flips the generation, lets the programs in flight finish, then reads
 //!   and clears the other map, so no increment is lost between a read and a delete;
-//! - `CUDA_PENDING` (LRU, by thread id): a synchronisation entered and not yet returned.
+//! - `CUDA_STACKS_0` / `CUDA_STACKS_1` (by [`CudaKey::hash`]), double-buffered the same way: the
+//!   stacks of the generation's counts, each a [`crate::Record`] (header, user addresses, Python
+//!   pairs; no kernel frames), so the sampler's parser reads it;
+//! - `CUDA_PENDING` (LRU, by thread id): a synchronisation entered and not yet returned (its
+//!   stack follows its count into the generation it returns in);
+//! - `CUDA_OWNERS`: each user's share of the counts and stacks of a generation ([`OwnerUse`]).
 
 use crate::COMM_LEN;
 
@@ -86,7 +89,7 @@ pub struct CudaKey {
     /// One of [`kind`].
     pub kind: u32,
     pub _pad: u32,
-    /// Of the stack's words, pid and tid (the key of `CUDA_STACKS`).
+    /// Of the stack's words, pid and tid (the key of `CUDA_STACKS_*`).
     pub hash: u64,
 }
 
@@ -106,7 +109,8 @@ pub struct Pending {
     pub hash: u64,
     pub start_ns: u64,
     pub pid: u32,
-    pub _pad: u32,
+    /// The generation whose stack map holds its stack.
+    pub generation: u32,
 }
 
 /// One owner's (user id's) use of the counts and stacks maps in one generation: a share each, so
@@ -125,7 +129,7 @@ pub struct OwnerKey {
 pub struct OwnerUse {
     /// Count keys the owner added in the generation.
     pub keys: u32,
-    /// Stacks the owner added to `CUDA_STACKS` in the generation.
+    /// Stacks the owner added to the generation's `CUDA_STACKS_*`.
     pub stacks: u32,
     /// Calls whose count or stack was not kept: the owner's share was used, or a map was full.
     pub dropped: u64,
@@ -135,8 +139,7 @@ pub struct OwnerUse {
 /// leaves three quarters to the others, root's trainers among them). The kernel adds without
 /// atomics, so a burst on many CPUs at once can pass it by a few.
 pub const OWNER_KEYS_MAX: u32 = CUDA_COUNTS_MAX / 4;
-/// The stacks one owner may add to the LRU stack map in a generation: a quarter, so a flood
-/// evicts others' stacks no faster than that (the ones in use are touched, and stay).
+/// The stacks one owner may add to a generation's stack map: a quarter.
 pub const OWNER_STACKS_MAX: u32 = CUDA_STACKS_MAX / 4;
 /// Owners tracked per generation (two generations): more users than that calling CUDA in one
 /// second have their calls dropped and counted under no owner.
@@ -144,9 +147,8 @@ pub const CUDA_OWNERS_MAX: u32 = 512;
 /// Processes the rate guard has switched off at once (`CUDA_GATE`, by pid).
 pub const CUDA_GATE_MAX: u32 = 4096;
 
-/// Sized to the memory budget's `OTHER_MAPS` (about 2.8 MiB together, measured from the maps'
-/// `memlock`): a stack stays while it is used (LRU), so this bounds the distinct stacks calling
-/// within one drain, not over time.
+/// Distinct stacks calling within one generation (a drain's interval), each map; sized to the
+/// memory budget's `OTHER_MAPS` (3.1 KiB a record: 1.6 MiB a map).
 pub const CUDA_STACKS_MAX: u32 = 512;
 pub const CUDA_COUNTS_MAX: u32 = 4096;
 pub const CUDA_PENDING_MAX: u32 = 4096;
@@ -156,6 +158,8 @@ const _: () = assert!(COMM_LEN == 16);
 unsafe impl aya::Pod for CudaKey {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for CudaCount {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Pending {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for OwnerKey {}
 #[cfg(feature = "user")]

@@ -65,8 +65,14 @@ struct Call {
 #[map]
 static CUDA_CALL: PerCpuArray<Call> = PerCpuArray::with_max_entries(1, 0);
 
+/// The stacks of each generation's counts (by [`CudaKey::hash`]), emptied by userspace with
+/// them: not an LRU, whose eviction let one user's stacks push out another's (and the
+/// kernel's LRU keeps per-CPU free lists, so it evicts before it is full).
 #[map]
-static CUDA_STACKS: LruHashMap<u64, Record> = LruHashMap::with_max_entries(CUDA_STACKS_MAX, 0);
+static CUDA_STACKS_0: HashMap<u64, Record> = HashMap::with_max_entries(CUDA_STACKS_MAX, 0);
+
+#[map]
+static CUDA_STACKS_1: HashMap<u64, Record> = HashMap::with_max_entries(CUDA_STACKS_MAX, 0);
 
 #[map]
 static CUDA_COUNTS_0: HashMap<CudaKey, CudaCount> = HashMap::with_max_entries(CUDA_COUNTS_MAX, 0);
@@ -144,6 +150,15 @@ pub fn cuda_return(_ctx: RetProbeContext) -> u32 {
     let Some(p) = (unsafe { CUDA_PENDING.get(&tid) }).copied() else { return 0 };
     let _ = CUDA_PENDING.remove(&tid);
     let now = unsafe { bpf_ktime_get_boot_ns() };
+    // Entered in the other generation: its stack goes with the count into this one's map
+    // (a wait longer than a drain is found pending by userspace, which keeps its stack).
+    let generation = generation();
+    if p.generation != generation
+        && let Some(record) = stacks(p.generation).get_ptr(&p.hash)
+        && unsafe { stacks(generation).get(&p.hash) }.is_none()
+    {
+        let _ = stacks(generation).insert(&p.hash, unsafe { &*record }, 0);
+    }
     let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, _pad: 0, hash: p.hash };
     add(&key, 0, now.saturating_sub(p.start_ns));
     0
@@ -241,7 +256,7 @@ fn inside_library(c: u64, regs: &Regs) -> bool {
     }
 }
 
-/// The walk is done: the stack goes into `CUDA_STACKS` (once), the call into the counters, or,
+/// The walk is done: the stack goes into the generation's `CUDA_STACKS_*` (once), the call into the counters, or,
 /// for a synchronisation, into `CUDA_PENDING` until it returns.
 #[inline(always)]
 fn end(record: &mut Record, user: usize) {
@@ -257,12 +272,14 @@ fn end(record: &mut Record, user: usize) {
         }
         h = (h ^ record.frames[i]).wrapping_mul(0x0000_0100_0000_01b3);
     }
-    if unsafe { CUDA_STACKS.get(&h) }.is_none() {
+    let generation = generation();
+    let map = stacks(generation);
+    if unsafe { map.get(&h) }.is_none() {
         // A new stack: within its owner's share of the generation (`OWNER_STACKS_MAX`), or
         // its counts go under `[stack lost]`, the owner's loss, not another's.
         let kept = match owner() {
             Some(o) if unsafe { (*o).stacks } < OWNER_STACKS_MAX => {
-                CUDA_STACKS.insert(&h, &*record, 0).is_ok() && {
+                map.insert(&h, &*record, 0).is_ok() && {
                     add32(unsafe { &raw mut (*o).stacks }, 1);
                     true
                 }
@@ -277,7 +294,7 @@ fn end(record: &mut Record, user: usize) {
     let call = unsafe { *call };
     if call.kind == kind::SYNC {
         let start_ns = unsafe { bpf_ktime_get_boot_ns() };
-        let p = Pending { hash: h, start_ns, pid, _pad: 0 };
+        let p = Pending { hash: h, start_ns, pid, generation };
         if CUDA_PENDING.insert(&tid, &p, 0).is_err() {
             count(counter::CUDA_DROPPED);
         }
@@ -287,11 +304,21 @@ fn end(record: &mut Record, user: usize) {
     add(&key, call.bytes, 0);
 }
 
+/// The generation the probes write (its low bit): userspace flips it before a drain.
+#[inline(always)]
+fn generation() -> u32 {
+    CUDA_GEN.get(0).copied().unwrap_or(0) & 1
+}
+
+#[inline(always)]
+fn stacks(generation: u32) -> &'static HashMap<u64, Record> {
+    if generation == 1 { &CUDA_STACKS_1 } else { &CUDA_STACKS_0 }
+}
+
 /// One call more for `key` in the current generation's counts.
 #[inline(always)]
 fn add(key: &CudaKey, bytes: u64, ns: u64) {
-    let odd = CUDA_GEN.get(0).copied().unwrap_or(0) & 1 == 1;
-    let map = if odd { &CUDA_COUNTS_1 } else { &CUDA_COUNTS_0 };
+    let map = if generation() == 1 { &CUDA_COUNTS_1 } else { &CUDA_COUNTS_0 };
     match map.get_ptr_mut(key) {
         Some(v) => {
             // One thread runs on one CPU at a time and the key holds the thread: no atomics.
@@ -324,8 +351,7 @@ fn add(key: &CudaKey, bytes: u64, ns: u64) {
 #[inline(always)]
 fn owner() -> Option<*mut OwnerUse> {
     let uid = bpf_get_current_uid_gid() as u32;
-    let generation = CUDA_GEN.get(0).copied().unwrap_or(0) & 1;
-    let key = OwnerKey { uid, generation };
+    let key = OwnerKey { uid, generation: generation() };
     if let Some(o) = CUDA_OWNERS.get_ptr_mut(&key) {
         return Some(o);
     }

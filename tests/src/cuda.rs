@@ -7,7 +7,10 @@ use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::Duration,
 };
+
+use crate::{folded, wait_for_every};
 
 /// Builds the stand-in as `dir/libcuda.so.1`. Its functions start with `push %rbp` (built
 /// without optimisation), an instruction the kernel emulates at a uprobe: the probe then costs
@@ -105,5 +108,119 @@ impl Drop for App {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The daemon's view of the CUDA probes (`DATA_DIR/cuda.json`).
+pub fn status(data: &Path) -> serde_json::Value {
+    std::fs::read(data.join("cuda.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
+/// Waits until the daemon has probed `n` library files.
+pub fn wait_probed(data: &Path, n: usize) {
+    wait_for_every("the CUDA library probed", Duration::from_secs(20), Duration::from_millis(100), || {
+        let s = status(data);
+        let libs = s["libraries"].as_array()?;
+        let probed = libs.iter().filter(|l| l["error"].is_null() && l["probes"].as_u64().unwrap_or(0) > 0).count();
+        (probed == n).then_some(())
+    });
+}
+
+/// The total of `kind`'s folded counts for `pid` in stacks through `function`.
+pub fn total(data: &Path, kind: &str, pid: u32, function: &str) -> u64 {
+    let dir = data.to_str().unwrap();
+    let pid = pid.to_string();
+    folded(dir, &["--samples", kind, "--from", "-5m", "--pid", &pid])
+        .unwrap_or_default()
+        .iter()
+        .filter(|(stack, _)| function.is_empty() || stack.split(';').any(|f| f.starts_with(&format!("{function} ("))))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Waits until `kind`'s count through `function` reaches `want` (drained once a second), then
+/// gives the count as it stands a drain later (so a count past `want` shows).
+pub fn settled(data: &Path, kind: &str, pid: u32, function: &str, want: u64) -> u64 {
+    wait_for_every(
+        &format!("{want} {kind} in {function}"),
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || (total(data, kind, pid, function) >= want).then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    total(data, kind, pid, function)
+}
+
+/// Every launch and copy of the app counted, whatever the stacks (the first calls of a process
+/// the daemon had not described yet have no Python frames).
+pub fn check_totals(data: &Path, app: &mut App) {
+    let pid = app.pid();
+    app.go();
+    let all = |kind: &str, want: u64| {
+        wait_for_every(&format!("{want} {kind}"), Duration::from_secs(20), Duration::from_millis(250), || {
+            (total(data, kind, pid, "") >= want).then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        total(data, kind, pid, "")
+    };
+    assert_eq!(all("cuda-launches", 5000), 5000, "launches");
+    assert_eq!(all("cuda-copies", 100 << 20), 100 << 20, "bytes copied");
+}
+
+pub fn check_exact(data: &Path, app: &mut App) {
+    let pid = app.pid();
+    let report = app.go();
+    assert_eq!(settled(data, "cuda-launches", pid, "launch_direct", 3000), 3000, "cuLaunchKernelEx calls");
+    // One launch passes through cuLaunchKernel and cuLaunchKernelEx: counted once.
+    assert_eq!(settled(data, "cuda-launches", pid, "launch_nested", 2000), 2000, "cuLaunchKernel calls");
+    assert_eq!(settled(data, "cuda-copies", pid, "copy_up", 100 << 20), 100 << 20, "bytes copied");
+    let measured = report["blocked_us"].as_f64().unwrap();
+    let blocked = settled(data, "cuda-sync", pid, "wait_gpu", (measured * 0.95) as u64) as f64;
+    assert!(
+        (blocked - measured).abs() <= measured * 0.05,
+        "blocked {blocked} µs counted against {measured} µs measured by the program"
+    );
+}
+
+/// Builds the flood (`tests/cuda/flood.c`: many threads calling the library through many
+/// distinct stacks) as `dir/flood`, runnable by any user.
+pub fn build_flood(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/flood.c");
+    let exe = dir.join("flood");
+    let out = Command::new("gcc")
+        .args(["-O0", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .output()
+        .expect("run gcc");
+    assert!(out.status.success(), "gcc flood.c: {}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// A running flood: waits for its "ready" (the library loaded).
+pub struct Flood(pub Child);
+
+impl Flood {
+    pub fn ready(mut child: Child) -> Self {
+        let mut line = String::new();
+        let stdout = child.stdout.as_mut().expect("piped stdout");
+        BufReader::new(stdout).read_line(&mut line).expect("the flood's first line");
+        if line.trim() != "ready" {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().expect("piped stderr"), &mut err);
+            panic!("the flood did not start: {line:?} {err}");
+        }
+        Self(child)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod clickhouse;
 pub mod cuda;
+pub mod memcg;
 pub mod netlab;
 pub mod nvml;
 pub mod otlp;
@@ -302,4 +303,9 @@ pub fn http_get(addr: &str, path: &str, host: &str, token: Option<&str>) -> (u16
     let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
     (status, body)
+}
+
+/// A loopback port free a moment ago (the daemon binds it next).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

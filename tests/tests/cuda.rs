@@ -6,25 +6,12 @@
 use std::{path::Path, time::Duration};
 
 use integration_tests::{
-    Daemon, cuda, folded,
+    Daemon,
+    cuda::{self, check_exact, check_totals, settled, status, wait_probed},
+    folded,
     nvml::{StandIn, h100},
     privileged, profiler, wait_for_every,
 };
-
-/// The daemon's view of the CUDA probes (`DATA_DIR/cuda.json`).
-fn status(data: &Path) -> serde_json::Value {
-    std::fs::read(data.join("cuda.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
-}
-
-/// Waits until the daemon has probed `n` library files.
-fn wait_probed(data: &Path, n: usize) {
-    wait_for_every("the CUDA library probed", Duration::from_secs(20), Duration::from_millis(100), || {
-        let s = status(data);
-        let libs = s["libraries"].as_array()?;
-        let probed = libs.iter().filter(|l| l["error"].is_null() && l["probes"].as_u64().unwrap_or(0) > 0).count();
-        (probed == n).then_some(())
-    });
-}
 
 /// Root, the stand-in built, a daemon started with `extra` and ready: (its directory, the
 /// library, the data directory, the daemon), or `None` where the test cannot run (a failure
@@ -39,62 +26,6 @@ fn ready(extra: &[&str]) -> Option<(tempfile::TempDir, std::path::PathBuf, std::
     let mut daemon = Daemon::start(&data, &[&["--listen", "off"], extra].concat());
     daemon.wait_ready();
     Some((tmp, lib, data, daemon))
-}
-
-/// The total of `kind`'s folded counts for `pid` in stacks through `function`.
-fn total(data: &Path, kind: &str, pid: u32, function: &str) -> u64 {
-    let dir = data.to_str().unwrap();
-    let pid = pid.to_string();
-    folded(dir, &["--samples", kind, "--from", "-5m", "--pid", &pid])
-        .unwrap_or_default()
-        .iter()
-        .filter(|(stack, _)| function.is_empty() || stack.split(';').any(|f| f.starts_with(&format!("{function} ("))))
-        .map(|(_, n)| n)
-        .sum()
-}
-
-/// Waits until `kind`'s count through `function` reaches `want` (drained once a second), then
-/// gives the count as it stands a drain later (so a count past `want` shows).
-fn settled(data: &Path, kind: &str, pid: u32, function: &str, want: u64) -> u64 {
-    wait_for_every(
-        &format!("{want} {kind} in {function}"),
-        Duration::from_secs(20),
-        Duration::from_millis(250),
-        || (total(data, kind, pid, function) >= want).then_some(()),
-    );
-    std::thread::sleep(Duration::from_millis(1500));
-    total(data, kind, pid, function)
-}
-
-/// Every launch and copy of the app counted, whatever the stacks (the first calls of a process
-/// the daemon had not described yet have no Python frames).
-fn check_totals(data: &Path, app: &mut cuda::App) {
-    let pid = app.pid();
-    app.go();
-    let all = |kind: &str, want: u64| {
-        wait_for_every(&format!("{want} {kind}"), Duration::from_secs(20), Duration::from_millis(250), || {
-            (total(data, kind, pid, "") >= want).then_some(())
-        });
-        std::thread::sleep(Duration::from_millis(1500));
-        total(data, kind, pid, "")
-    };
-    assert_eq!(all("cuda-launches", 5000), 5000, "launches");
-    assert_eq!(all("cuda-copies", 100 << 20), 100 << 20, "bytes copied");
-}
-
-fn check_exact(data: &Path, app: &mut cuda::App) {
-    let pid = app.pid();
-    let report = app.go();
-    assert_eq!(settled(data, "cuda-launches", pid, "launch_direct", 3000), 3000, "cuLaunchKernelEx calls");
-    // One launch passes through cuLaunchKernel and cuLaunchKernelEx: counted once.
-    assert_eq!(settled(data, "cuda-launches", pid, "launch_nested", 2000), 2000, "cuLaunchKernel calls");
-    assert_eq!(settled(data, "cuda-copies", pid, "copy_up", 100 << 20), 100 << 20, "bytes copied");
-    let measured = report["blocked_us"].as_f64().unwrap();
-    let blocked = settled(data, "cuda-sync", pid, "wait_gpu", (measured * 0.95) as u64) as f64;
-    assert!(
-        (blocked - measured).abs() <= measured * 0.05,
-        "blocked {blocked} µs counted against {measured} µs measured by the program"
-    );
 }
 
 #[test]

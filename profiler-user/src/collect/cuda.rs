@@ -14,7 +14,7 @@ use aya::{
 };
 use profiler_common::{
     Record,
-    cuda::{CudaCount, CudaKey, OwnerKey, OwnerUse},
+    cuda::{CudaCount, CudaKey, OwnerKey, OwnerUse, Pending},
     python::PYTHON_PROGRAM,
     unwind::{SCAN_PROGRAM, UNWIND_PROGRAM},
 };
@@ -69,17 +69,21 @@ pub struct Drained {
     pub count: CudaCount,
 }
 
-/// One drain: the counts, and each owner's (uid's) calls that were not kept.
+/// One drain: the counts, their stacks, and each owner's (uid's) calls that were not kept.
 #[derive(Default)]
 pub struct Drain {
     pub counts: Vec<Drained>,
+    /// The stacks of the counts and of the synchronisations still blocked, by hash, but those
+    /// the caller said it holds; the kernel's copies are gone after the drain.
+    pub stacks: std::collections::HashMap<u64, Record>,
     /// Per uid, calls whose count or stack did not fit its share of the maps.
     pub dropped: Vec<(u32, u64)>,
 }
 
 /// The maps the probes fill.
 pub struct Maps {
-    stacks: HashMap<MapData, u64, Record>,
+    stacks: [HashMap<MapData, u64, Record>; 2],
+    pending: HashMap<MapData, u32, Pending>,
     counts: [HashMap<MapData, CudaKey, CudaCount>; 2],
     owners: HashMap<MapData, OwnerKey, OwnerUse>,
     gate: HashMap<MapData, u32, u32>,
@@ -106,13 +110,15 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
         slots.set(slot, &fd, 0).map_err(|e| CudaError::Map("CUDA_PROGRAMS", e))?;
     }
     let mut take = |name: &'static str| ebpf.take_map(name).ok_or(CudaError::Missing(name));
-    let stacks = HashMap::try_from(take("CUDA_STACKS")?).map_err(|e| CudaError::Map("CUDA_STACKS", e))?;
+    let s0 = HashMap::try_from(take("CUDA_STACKS_0")?).map_err(|e| CudaError::Map("CUDA_STACKS_0", e))?;
+    let s1 = HashMap::try_from(take("CUDA_STACKS_1")?).map_err(|e| CudaError::Map("CUDA_STACKS_1", e))?;
+    let pending = HashMap::try_from(take("CUDA_PENDING")?).map_err(|e| CudaError::Map("CUDA_PENDING", e))?;
     let c0 = HashMap::try_from(take("CUDA_COUNTS_0")?).map_err(|e| CudaError::Map("CUDA_COUNTS_0", e))?;
     let c1 = HashMap::try_from(take("CUDA_COUNTS_1")?).map_err(|e| CudaError::Map("CUDA_COUNTS_1", e))?;
     let generation = Array::try_from(take("CUDA_GEN")?).map_err(|e| CudaError::Map("CUDA_GEN", e))?;
     let owners = HashMap::try_from(take("CUDA_OWNERS")?).map_err(|e| CudaError::Map("CUDA_OWNERS", e))?;
     let gate = HashMap::try_from(take("CUDA_GATE")?).map_err(|e| CudaError::Map("CUDA_GATE", e))?;
-    Ok(Maps { stacks, counts: [c0, c1], owners, gate, generation, current: 0 })
+    Ok(Maps { stacks: [s0, s1], pending, counts: [c0, c1], owners, gate, generation, current: 0 })
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CudaError> {
@@ -190,12 +196,21 @@ impl Collector {
     /// be preempted on a busy machine: with a millisecond's grace 14 of 5,000 launches were
     /// lost), so a map is read a whole drain after the probes left it, never while they may
     /// still write.
-    pub fn cuda_drain(&mut self) -> Drain {
+    /// `held`: whether the caller keeps a stack already (its kernel copy is not read).
+    pub fn cuda_drain(&mut self, held: impl Fn(u64) -> bool) -> Drain {
         let Some(maps) = self.cuda.as_mut() else { return Drain::default() };
         let retired = (maps.current ^ 1) as usize & 1;
         let counts = read_and_clear(&mut maps.counts[retired]);
         let dropped = read_owners(&mut maps.owners, retired as u32);
-        let out = Drain { counts, dropped };
+        // The stacks the counts name, and those of synchronisations entered in that generation
+        // and still blocked (their count comes in a later one), before the map is emptied for
+        // the probes' next use of it.
+        let blocked = maps.pending.iter().filter_map(Result::ok).filter(|(_, p)| p.generation as usize == retired);
+        let wanted: std::collections::BTreeSet<u64> =
+            counts.iter().map(|d| d.key.hash).chain(blocked.map(|(_, p)| p.hash)).filter(|&h| !held(h)).collect();
+        let stacks = wanted.into_iter().filter_map(|h| Some((h, maps.stacks[retired].get(&h, 0).ok()?))).collect();
+        clear(&mut maps.stacks[retired]);
+        let out = Drain { counts, stacks, dropped };
         if let Err(e) = maps.generation.set(0, retired as u32, 0) {
             tracing::warn!(error = %e, "cannot switch the CUDA counts map; counts wait for the next drain");
             return out;
@@ -215,11 +230,6 @@ impl Collector {
             tracing::warn!(pid, error = %e, "cannot switch a process's CUDA probes off; its counts stay exact");
         }
     }
-
-    /// The stack a drained key names, while the kernel still holds it.
-    pub fn cuda_stack(&self, hash: u64) -> Option<Record> {
-        self.cuda.as_ref()?.stacks.get(&hash, 0).ok()
-    }
 }
 
 /// Each owner's calls not kept in generation `generation`, its entries cleared for the next use.
@@ -235,6 +245,13 @@ fn read_owners(map: &mut HashMap<MapData, OwnerKey, OwnerUse>, generation: u32) 
         let _ = map.remove(&key);
     }
     out
+}
+
+fn clear(map: &mut HashMap<MapData, u64, Record>) {
+    let keys: Vec<u64> = map.keys().filter_map(Result::ok).collect();
+    for key in keys {
+        let _ = map.remove(&key);
+    }
 }
 
 fn read_and_clear(map: &mut HashMap<MapData, CudaKey, CudaCount>) -> Vec<Drained> {

@@ -33,14 +33,23 @@ impl Recorder {
     ) -> (HashMap<u32, f64>, Vec<CudaThread>) {
         let mut rates: HashMap<u32, f64> = HashMap::new();
         let mut threads: BTreeMap<u32, CudaThread> = BTreeMap::new();
-        let drained = collector.cuda_drain();
+        let cached = &self.stacks;
+        let drained = collector.cuda_drain(|h| cached.contains(&h));
         for &(uid, n) in &drained.dropped {
             self.status.add_dropped(uid, n);
+        }
+        let now = Instant::now();
+        // The stacks of synchronisations still blocked: their count comes after the kernel's
+        // copy is gone.
+        let counted: std::collections::HashSet<u64> = drained.counts.iter().map(|d| d.key.hash).collect();
+        for (h, record) in drained.stacks.iter().filter(|(h, _)| !counted.contains(h)) {
+            if let Some(s) = pipeline.cuda_sample(record_bytes(record), now_ns, now) {
+                self.stacks.put(*h, s);
+            }
         }
         if drained.counts.is_empty() {
             return (rates, Vec::new());
         }
-        let now = Instant::now();
         for d in drained.counts {
             *rates.entry(d.key.pid).or_default() += d.count.calls as f64 / elapsed;
             let (kind, weight) = match d.key.kind {
@@ -67,9 +76,9 @@ impl Recorder {
             let weight = (weight as f64 * scale).round().min(u64::MAX as f64) as u64;
             let sample = match self.stacks.get(&d.key.hash) {
                 Some(s) => Some(s.clone()),
-                None => match collector.cuda_stack(d.key.hash) {
+                None => match drained.stacks.get(&d.key.hash) {
                     Some(record) => {
-                        let bytes = record_bytes(&record);
+                        let bytes = record_bytes(record);
                         let s = pipeline.cuda_sample(bytes, now_ns, now);
                         if let Some(s) = &s {
                             self.stacks.put(d.key.hash, s.clone());
@@ -237,7 +246,8 @@ fn busiest(mut threads: Vec<CudaThread>) -> Vec<CudaThread> {
 /// Counts whose stack the kernel's map dropped before the drain (more distinct stacks in a
 /// second than it holds): kept, under one frame that says so.
 fn lost_stack(pid: u32, tid: u32, ts_ns: u64) -> Sample {
-    let frame: Arc<str> = Arc::from("[stack lost: more distinct CUDA call stacks than the kernel map holds]");
+    let frame: Arc<str> =
+        Arc::from("[stack lost: more distinct CUDA call stacks in a second than this user's share of the kernel map]");
     Sample {
         ts_ns,
         cpu: 0,

@@ -68,7 +68,7 @@ pub struct Status {
     pub launches: u64,
     pub syncs: u64,
     pub copies: u64,
-    /// Counts whose stack the kernel map had dropped (stored under `[stack lost: ...]`).
+    /// Counts whose stack the kernel map had no room for (its user's share was used) (stored under `[stack lost: ...]`).
     pub stacks_lost: u64,
     /// The guard's limit, calls a second per process.
     pub max_calls_per_sec: f64,
