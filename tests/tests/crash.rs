@@ -21,6 +21,14 @@ fn cpu_samples(dir: &str, from: f64, to: f64, cpu: &str) -> u64 {
     parse_folded(&String::from_utf8_lossy(&out.stdout)).iter().map(|(_, c)| c).sum()
 }
 
+/// CPU 1's samples in each 100 ms of `[from, to)`: where a failed kill's samples stop.
+fn per_100ms(dir: &str, from: f64, to: f64) -> String {
+    let steps = ((to - from) / 0.1).ceil() as usize;
+    let counts: Vec<String> =
+        (0..steps).map(|k| from + k as f64 * 0.1).map(|t| cpu_samples(dir, t, t + 0.1, "1").to_string()).collect();
+    counts.join(" ")
+}
+
 #[test]
 fn sigkill_at_random_moments_loses_at_most_one_flush_interval() {
     if !privileged("sigkill_at_random_moments_loses_at_most_one_flush_interval") {
@@ -76,7 +84,13 @@ fn sigkill_at_random_moments_loses_at_most_one_flush_interval() {
             let expected = 99.0 * (to - from);
             assert!(
                 n as f64 >= 0.8 * expected,
-                "kill {i}: {n} samples on CPU 1 in [{from:.3}, {to:.3}), expected ~{expected:.0}"
+                "kill {i}: {n} samples on CPU 1 in [{from:.3}, {to:.3}), expected ~{expected:.0}; started \
+                 {started:.3}, sampling seen at +{:.3}, killed at +{:.3}; CPU 1's samples per 100 ms since \
+                 the start: {}\n{}",
+                sampling - started,
+                killed - started,
+                per_100ms(&dir, started, killed),
+                daemon.log_text()
             );
         }
         // Measure the actual loss: the newest CPU-1 sample before the kill.
