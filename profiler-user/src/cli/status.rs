@@ -77,10 +77,18 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     }
     let meta = Meta::read(data_dir);
     let daemon_running = daemon_running(data_dir);
+    // Running once this run's first samples are written: before, it loads its programs.
+    let started = meta.as_ref().map_or(0, |m| m.started_ns);
+    let state = match (daemon_running, store.last_end()?) {
+        (false, _) => "not running",
+        (true, Some(end)) if end > started => "running",
+        (true, _) => "starting",
+    };
     if let StatusFormat::Json = format {
         let json = serde_json::json!({
             "data_dir": data_dir,
             "daemon_running": daemon_running,
+            "daemon": state,
             "meta": meta,
             "summary": summary,
             "clickhouse": profiler::ship::clickhouse::read_cursor(data_dir),
@@ -92,7 +100,13 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
         return Ok(());
     }
     outln!("data dir     {}", untrusted::visible(&data_dir.display().to_string()))?;
-    outln!("daemon       {}", if daemon_running { "running" } else { "not running" })?;
+    outln!(
+        "daemon       {}",
+        match state {
+            "starting" => "starting (no samples of this run written yet: loading its BPF programs)",
+            other => other,
+        }
+    )?;
     if let Some(m) = &meta {
         outln!("machine      {} ({} CPUs), sampled at {} Hz", untrusted::visible(&m.hostname), m.cpus, m.frequency_hz)?;
         if !m.node.is_empty() && m.node != m.hostname {

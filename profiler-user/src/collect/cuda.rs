@@ -29,8 +29,8 @@ pub enum CudaError {
     Program(&'static str, #[source] aya::programs::ProgramError),
     #[error("the CUDA map {0} cannot be opened: {1}")]
     Map(&'static str, #[source] aya::maps::MapError),
-    #[error("the CUDA probes are not loaded (see the daemon's log at start)")]
-    Unavailable,
+    #[error("the kernel refused the CUDA probe programs: {0}")]
+    Refused(String),
     #[error("attaching a CUDA probe to {path} at offset {offset:#x} failed: {source}")]
     Attach { path: String, offset: u64, source: aya::programs::ProgramError },
 }
@@ -126,9 +126,28 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe,
 }
 
 impl Collector {
-    /// Whether the CUDA probes loaded.
-    pub fn cuda_ready(&self) -> bool {
-        self.cuda.is_some()
+    /// Loads the probes' programs (a second of the verifier's time), when a process first maps
+    /// the driver; once: a refusal is final, and said by the error.
+    pub fn cuda_load(&mut self) -> Result<(), CudaError> {
+        if self.cuda.is_some() {
+            return Ok(());
+        }
+        if let Some(e) = &self.cuda_refused {
+            return Err(CudaError::Refused(e.clone()));
+        }
+        let t = std::time::Instant::now();
+        match load(&mut self.ebpf) {
+            Ok(maps) => {
+                tracing::info!(ms = t.elapsed().as_millis() as u64, "CUDA probe programs loaded");
+                self.cuda = Some(maps);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "CUDA launches and synchronisations will not be counted");
+                self.cuda_refused = Some(e.to_string());
+                Err(e)
+            }
+        }
     }
 
     /// Attaches the probes to `target` (a path this process can open: `/proc/self/fd/N` of the
@@ -136,9 +155,7 @@ impl Collector {
     /// kernel refuses (an instruction it cannot step at that offset) is skipped and logged; an
     /// error only if none attached.
     pub fn cuda_attach(&mut self, target: &Path, probes: &[Probe]) -> Result<Links, CudaError> {
-        if self.cuda.is_none() {
-            return Err(CudaError::Unavailable);
-        }
+        self.cuda_load()?;
         let mut links = Links::default();
         let mut last_error = None;
         for p in probes {

@@ -14,8 +14,8 @@ use aya::{
 use profiler_common::MAXIMA_EPOCH;
 
 use super::{
-    CgroupFields, CollectConfig, CollectError, Collector, PROGRAM, Rings, attach_cpu, caps, cuda, features, lifecycle,
-    reclaim, runq, tracefs, unwind_maps,
+    CgroupFields, CollectConfig, CollectError, Collector, PROGRAM, Rings, attach_cpu, caps, features, lifecycle,
+    reclaim, runq, start, tracefs, unwind_maps,
 };
 
 impl Collector {
@@ -25,16 +25,18 @@ impl Collector {
         probe_kernel()?;
         let offsets = Offsets::read();
         let mut ebpf = load(config, ring_bytes, &offsets)?;
-        let unwind = load_unwind(&mut ebpf, config.unwind_rows);
-        // The CUDA probes are extra: without them everything else works.
-        let cuda = match cuda::load(&mut ebpf) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!(error = %e, "CUDA launches and synchronisations will not be counted");
-                None
-            }
-        };
+        // The maps first, the sampler next: samples flow from here, with the stack walkers
+        // (seconds of the verifier's time) loaded after (`load_walkers`) and the CUDA probes
+        // when a process first maps the driver (`cuda_load`).
+        let unwind = take_unwind(&mut ebpf, config.unwind_rows);
         let links = attach_sampler(&mut ebpf, config.frequency_hz)?;
+        let sampling = start::Moment::now();
+        start::record(|f| f.sampling = Some(sampling));
+        tracing::info!(
+            after_ms = (sampling.seconds * 1e3).round(),
+            cpu_ms = (sampling.cpu_seconds * 1e3).round(),
+            "sampler attached: samples are taken from now on"
+        );
         let tracepoints = Tracepoints::attach(&mut ebpf);
         tracepoints.log();
         let netrx = match tracepoints.netrx {
@@ -67,7 +69,9 @@ impl Collector {
             ebpf,
             rings: Some(Rings { samples: ring, events }),
             unwind,
-            cuda,
+            walkers: unwind_rows_wanted(config.unwind_rows),
+            cuda: None,
+            cuda_refused: None,
             counters,
             netrx,
             runq,
@@ -181,23 +185,49 @@ fn load(config: &CollectConfig, ring_bytes: u32, offsets: &Offsets) -> Result<Eb
         .map_err(CollectError::Load)
 }
 
-/// The unwind tables' maps, when asked for (`unwind_rows` > 0) and this machine can use them.
-fn load_unwind(ebpf: &mut Ebpf, unwind_rows: u32) -> Option<unwind_maps::Maps> {
+/// Whether the unwind tables are wanted and this machine can use them (x86_64's rules).
+fn unwind_rows_wanted(unwind_rows: u32) -> bool {
+    unwind_rows > 0 && cfg!(target_arch = "x86_64")
+}
+
+/// The unwind tables' maps, when asked for (`unwind_rows` > 0) and this machine can use them;
+/// their programs come after the sampler.
+fn take_unwind(ebpf: &mut Ebpf, unwind_rows: u32) -> Option<unwind_maps::Maps> {
     if unwind_rows == 0 {
         return None;
     }
-    if !cfg!(target_arch = "x86_64") {
+    if !unwind_rows_wanted(unwind_rows) {
         // The tables encode x86_64's rules (DWARF registers 6/7/16, the return address below
         // the CFA); arm64 keeps it in x30 and numbers registers otherwise (docs/arm64.md).
         tracing::warn!("unwind tables are built for x86_64 only: user stacks follow frame pointers here");
         return None;
     }
-    match unwind_maps::Maps::load(ebpf) {
+    match unwind_maps::Maps::take(ebpf) {
         Ok(maps) => Some(maps),
         Err(e) => {
             tracing::warn!(error = %e, "user stacks without frame pointers will be cut short: unwind tables unavailable");
             None
         }
+    }
+}
+
+impl Collector {
+    /// Loads the stack walkers into the sampler's slots (tables, scan, Python frames): seconds
+    /// of the verifier's time, spent after the sampler is attached. Once.
+    pub fn load_walkers(&mut self) {
+        if !std::mem::take(&mut self.walkers) {
+            return;
+        }
+        let loaded = unwind_maps::load_walkers(&mut self.ebpf);
+        let done = start::Moment::now();
+        start::record(|f| f.walkers = Some(done));
+        let programs: Vec<String> = loaded.iter().map(|(n, t)| format!("{n} {} ms", t.as_millis())).collect();
+        tracing::info!(
+            after_ms = (done.seconds * 1e3).round(),
+            cpu_ms = (done.cpu_seconds * 1e3).round(),
+            programs = %programs.join(", "),
+            "stack walkers loaded: stacks are walked with unwind tables from now on"
+        );
     }
 }
 

@@ -17,6 +17,7 @@ pub mod memcg;
 pub mod prog_info;
 pub mod reclaim;
 pub mod runq;
+pub mod start;
 pub mod tracefs;
 pub mod unwind_maps;
 
@@ -187,8 +188,12 @@ pub struct Collector {
     ebpf: Ebpf,
     rings: Option<Rings>,
     unwind: Option<unwind_maps::Maps>,
-    /// The CUDA probes' maps, when their programs loaded (`cuda`).
+    /// The stack walkers still to load (`load_walkers`).
+    walkers: bool,
+    /// The CUDA probes' maps, once their programs loaded (`cuda`, when first needed).
     cuda: Option<cuda::Maps>,
+    /// Why the kernel refused them (they are not asked again).
+    cuda_refused: Option<String>,
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
     netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
     runq: Option<runq::RunQueue>,

@@ -87,36 +87,9 @@ pub struct Maps {
 }
 
 impl Maps {
-    /// Loads the unwinder program into the sampler's tail-call slot and takes the maps.
-    pub fn load(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
-        let mut small = false;
-        if let Err(e) = load_into_slot(ebpf, "unwind_user", UNWIND_PROGRAM) {
-            small = true;
-            // Older verifiers (6.1) give up on the walk's runs of 7 frames; runs of 4 pass.
-            let text = e.to_string();
-            let verdict = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
-            tracing::info!(
-                verdict,
-                "the unwinder's runs of {FRAMES_PER_RUN} frames were refused; loading runs of {FRAMES_PER_RUN_SMALL}"
-            );
-            load_into_slot(ebpf, "unwind_user_small", UNWIND_PROGRAM).map_err(|_| e)?;
-        }
-        // The stack scan is a fallback: without it, walks end where the rules do. A verifier that
-        // refused the walker's long runs refuses the long scan too: it is not asked (each refusal
-        // is a million instructions explored, half a minute under an emulator).
-        if (small || load_into_slot(ebpf, "unwind_scan", SCAN_PROGRAM).is_err())
-            && let Err(e) = load_into_slot(ebpf, "unwind_scan_small", SCAN_PROGRAM)
-        {
-            tracing::warn!(error = %e, "the stack scan is unavailable: walks end where code has no unwind rule");
-        }
-        // Python frames are a bonus: without the program, stacks are native only.
-        let python = match Self::load_python(ebpf) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!(error = %e, "Python frames unavailable: Python code shows as interpreter frames");
-                None
-            }
-        };
+    /// Takes the maps the unwind stage fills. Their programs are loaded after the sampler is
+    /// attached ([`load_walkers`]): until then stacks follow frame pointers.
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self, KernelError> {
         let rows_map = match ebpf.take_map("UNWIND_ROWS") {
             Some(aya::maps::Map::Array(m)) => m,
             _ => return Err(KernelError::Missing("map UNWIND_ROWS")),
@@ -130,14 +103,52 @@ impl Maps {
         let rules = Array::try_from(rules).map_err(|e| KernelError::Map("UNWIND_RULES", e))?;
         let procs = ebpf.take_map("UNWIND_PROCS").ok_or(KernelError::Missing("map UNWIND_PROCS"))?;
         let procs = HashMap::try_from(procs).map_err(|e| KernelError::Map("UNWIND_PROCS", e))?;
+        let python = ebpf.take_map("PY_PROCS").and_then(|m| HashMap::try_from(m).ok());
         Ok(Self { rows, rules, procs, python })
     }
+}
 
-    fn load_python(ebpf: &mut Ebpf) -> Result<HashMap<MapData, u32, PyProc>, KernelError> {
-        load_into_slot(ebpf, "python_frames", PYTHON_PROGRAM)?;
-        let map = ebpf.take_map("PY_PROCS").ok_or(KernelError::Missing("map PY_PROCS"))?;
-        HashMap::try_from(map).map_err(|e| KernelError::Map("PY_PROCS", e))
+/// Loads the walkers into the sampler's tail-call slots: the table walk, the stack scan and the
+/// Python frames, each optional (a sample without one ends where frame pointers do). Returns
+/// the programs loaded, with the time each took.
+pub fn load_walkers(ebpf: &mut Ebpf) -> Vec<(&'static str, std::time::Duration)> {
+    let mut loaded = Vec::new();
+    let mut timed = |ebpf: &mut Ebpf, name: &'static str, slot: u32| {
+        let t = std::time::Instant::now();
+        let r = load_into_slot(ebpf, name, slot);
+        if r.is_ok() {
+            loaded.push((name, t.elapsed()));
+        }
+        r
+    };
+    let mut small = false;
+    if let Err(e) = timed(ebpf, "unwind_user", UNWIND_PROGRAM) {
+        small = true;
+        // Older verifiers (6.1) give up on the walk's runs of 7 frames; runs of 4 pass.
+        let text = e.to_string();
+        let verdict = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        tracing::info!(
+            verdict,
+            "the unwinder's runs of {FRAMES_PER_RUN} frames were refused; loading runs of {FRAMES_PER_RUN_SMALL}"
+        );
+        if let Err(e) = timed(ebpf, "unwind_user_small", UNWIND_PROGRAM) {
+            tracing::warn!(error = %e, "user stacks without frame pointers will be cut short: the table walk was refused");
+            return loaded;
+        }
     }
+    // Python frames are a bonus: without the program, stacks are native only.
+    if let Err(e) = timed(ebpf, "python_frames", PYTHON_PROGRAM) {
+        tracing::warn!(error = %e, "Python frames unavailable: Python code shows as interpreter frames");
+    }
+    // The stack scan is a fallback: without it, walks end where the rules do. A verifier that
+    // refused the walker's long runs refuses the long scan too: it is not asked (each refusal
+    // is a million instructions explored, half a minute under an emulator).
+    if (small || timed(ebpf, "unwind_scan", SCAN_PROGRAM).is_err())
+        && let Err(e) = timed(ebpf, "unwind_scan_small", SCAN_PROGRAM)
+    {
+        tracing::warn!(error = %e, "the stack scan is unavailable: walks end where code has no unwind rule");
+    }
+    loaded
 }
 
 /// Loads the perf-event program `name` and puts it in the sampler's tail-call slot `slot`.

@@ -172,7 +172,7 @@ impl Stage {
             pipeline.set_before_symbolize(Box::new(move || std::thread::sleep(delay)));
         }
         let cpus = collector.as_ref().map_or(config.machine.cpus as usize, |c| c.cpus().len());
-        let cuda = (config.cuda && collector.as_ref().is_some_and(Collector::cuda_ready))
+        let cuda = (config.cuda && collector.is_some())
             .then(|| crate::gpu::cuda::Recorder::new(&config.data_dir, config.cuda_max_calls));
         if cuda.is_some() {
             pipeline.track_active();

@@ -85,7 +85,6 @@ impl Stages {
             reclaim_latest: reclaim_latest.clone(),
             gpu: gpu.clone(),
         };
-        let stage = spawn_pipeline(config, sampling.machine, links, sampling.collector)?;
         let reader = reader::Reader {
             intake,
             drops,
@@ -98,6 +97,11 @@ impl Stages {
         }
         .spawn(sampling.rings)
         .map_err(|e| DaemonError::Thread("ring reader", e))?;
+        // The sampler runs and the reader queues its samples: now the stack walkers, the bulk
+        // of the verifier's time, then the pipeline that drains the queue.
+        let mut collector = sampling.collector;
+        collector.load_walkers();
+        let stage = spawn_pipeline(config, sampling.machine, links, collector)?;
         let settings = Arc::new(Mutex::new(config.settings.clone()));
         let kmsg = match Kmsg::open(&config.event_patterns) {
             Ok(k) => Some(k),

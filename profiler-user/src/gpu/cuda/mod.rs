@@ -217,9 +217,6 @@ impl Recorder {
     /// Once a second: looks at the processes that ran, attaches and detaches, drains the counts
     /// into the stores. `now_ns`: wall-clock time the drained counts are stamped with.
     pub fn tick(&mut self, collector: &mut Collector, pipeline: &mut Pipeline, now_ns: u64) -> Changes {
-        if !collector.cuda_ready() {
-            return Changes::default();
-        }
         // Every tick: the processes that ran, and probes for a library first seen (a `dlopen`
         // is probed within the tick); the counts and the guard once a second.
         let active: Vec<u32> = if self.started {
@@ -510,7 +507,8 @@ impl Recorder {
     }
 }
 
-/// Attaches the probes to `file`, or records why not.
+/// Attaches the probes to `file` (their programs loaded first, when none were), or records why
+/// not.
 fn attach(collector: &mut Collector, file: &mut File) {
     let target = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file.open)));
     match collector.cuda_attach(&target, &file.probes) {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 mod exposition;
 mod gpu;
 mod memory;
+mod start;
 
 pub use exposition::escape_label;
 use exposition::write_family;
@@ -136,6 +137,7 @@ pub fn render(l: &Live) -> String {
         out.push_str(&gpu::cuda(cuda));
     }
     memory::render(&mut out);
+    start::render(&mut out, &crate::collect::start::figures());
     out
 }
 
