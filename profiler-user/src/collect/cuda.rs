@@ -93,10 +93,18 @@ pub struct Maps {
 
 /// Loads the probe programs, fills their tail-call slots and takes their maps.
 pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
+    let mut verified = Vec::new();
     for name in ["cuda_call", "cuda_return", "cuda_unwind", "cuda_python", "cuda_scan"] {
         let p: &mut UProbe = program(ebpf, name)?;
+        let t = std::time::Instant::now();
         p.load().map_err(|e| CudaError::Program(name, e))?;
+        let insns = p.fd().ok().and_then(|fd| {
+            use std::os::fd::AsFd;
+            super::prog_info::stats(fd.as_fd()).ok()?.verified_insns
+        });
+        verified.push(format!("{name} {} ms ({} instructions verified)", t.elapsed().as_millis(), insns.unwrap_or(0)));
     }
+    tracing::info!(programs = %verified.join(", "), "CUDA probe programs verified");
     for (name, slot) in [("cuda_unwind", UNWIND_PROGRAM), ("cuda_python", PYTHON_PROGRAM), ("cuda_scan", SCAN_PROGRAM)]
     {
         let p: &mut UProbe = program(ebpf, name)?;

@@ -221,7 +221,13 @@ impl Collector {
         let loaded = unwind_maps::load_walkers(&mut self.ebpf);
         let done = start::Moment::now();
         start::record(|f| f.walkers = Some(done));
-        let programs: Vec<String> = loaded.iter().map(|(n, t)| format!("{n} {} ms", t.as_millis())).collect();
+        let programs: Vec<String> = loaded
+            .iter()
+            .map(|l| match l.verified_insns {
+                Some(i) => format!("{} {} ms ({i} instructions verified)", l.name, l.took.as_millis()),
+                None => format!("{} {} ms", l.name, l.took.as_millis()),
+            })
+            .collect();
         tracing::info!(
             after_ms = (done.seconds * 1e3).round(),
             cpu_ms = (done.cpu_seconds * 1e3).round(),

@@ -12,6 +12,8 @@ const BPF_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
 const RUN_TIME_NS: usize = 192;
 const RUN_CNT: usize = 200;
 const RECURSION_MISSES: usize = 208;
+/// `verified_insns` (5.16+): instructions the verifier processed to accept the program.
+const VERIFIED_INSNS: usize = 216;
 
 /// A program's statistics: time and runs (counted only while `kernel.bpf_stats_enabled` is 1),
 /// and runs skipped because another BPF program was running on the CPU.
@@ -20,6 +22,8 @@ pub struct Stats {
     pub run_time_ns: u64,
     pub run_cnt: u64,
     pub recursion_misses: Option<u64>,
+    /// Instructions the verifier processed (kernels older than 5.16 do not say).
+    pub verified_insns: Option<u32>,
 }
 
 /// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
@@ -62,5 +66,7 @@ pub fn stats(fd: BorrowedFd<'_>) -> std::io::Result<Stats> {
         run_time_ns: field(RUN_TIME_NS),
         run_cnt: field(RUN_CNT),
         recursion_misses: has(RECURSION_MISSES).then(|| info[RECURSION_MISSES / 8]),
+        // A 4-byte field at an 8-byte boundary: the low half of its word (little-endian).
+        verified_insns: (attr.info_len as usize >= VERIFIED_INSNS + 4).then(|| info[VERIFIED_INSNS / 8] as u32),
     })
 }

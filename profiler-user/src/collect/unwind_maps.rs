@@ -111,13 +111,13 @@ impl Maps {
 /// Loads the walkers into the sampler's tail-call slots: the table walk, the stack scan and the
 /// Python frames, each optional (a sample without one ends where frame pointers do). Returns
 /// the programs loaded, with the time each took.
-pub fn load_walkers(ebpf: &mut Ebpf) -> Vec<(&'static str, std::time::Duration)> {
+pub fn load_walkers(ebpf: &mut Ebpf) -> Vec<Loaded> {
     let mut loaded = Vec::new();
     let mut timed = |ebpf: &mut Ebpf, name: &'static str, slot: u32| {
         let t = std::time::Instant::now();
         let r = load_into_slot(ebpf, name, slot);
-        if r.is_ok() {
-            loaded.push((name, t.elapsed()));
+        if let Ok(insns) = r {
+            loaded.push(Loaded { name, took: t.elapsed(), verified_insns: insns });
         }
         r
     };
@@ -151,17 +151,30 @@ pub fn load_walkers(ebpf: &mut Ebpf) -> Vec<(&'static str, std::time::Duration)>
     loaded
 }
 
-/// Loads the perf-event program `name` and puts it in the sampler's tail-call slot `slot`.
-fn load_into_slot(ebpf: &mut Ebpf, name: &'static str, slot: u32) -> Result<(), KernelError> {
+/// A walker loaded: how long the verifier took, and the instructions it processed.
+pub struct Loaded {
+    pub name: &'static str,
+    pub took: std::time::Duration,
+    pub verified_insns: Option<u32>,
+}
+
+/// Loads the perf-event program `name` and puts it in the sampler's tail-call slot `slot`;
+/// the instructions the verifier processed, where the kernel says.
+fn load_into_slot(ebpf: &mut Ebpf, name: &'static str, slot: u32) -> Result<Option<u32>, KernelError> {
     let program: &mut PerfEvent = ebpf.program_mut(name).ok_or(KernelError::Missing(name))?.try_into()?;
     program.load()?;
     let fd = program.fd()?.try_clone().map_err(|e| KernelError::Program(aya::programs::ProgramError::IOError(e)))?;
+    let insns = {
+        use std::os::fd::AsFd;
+        super::prog_info::stats(fd.as_fd()).ok().and_then(|s| s.verified_insns)
+    };
     let mut slots: ProgramArray<_> = ebpf
         .map_mut("PROGRAMS")
         .ok_or(KernelError::Missing("map PROGRAMS"))?
         .try_into()
         .map_err(|e| KernelError::Map("PROGRAMS", e))?;
-    slots.set(slot, &fd, 0).map_err(|e| KernelError::Map("PROGRAMS", e))
+    slots.set(slot, &fd, 0).map_err(|e| KernelError::Map("PROGRAMS", e))?;
+    Ok(insns)
 }
 
 impl Tables for Maps {

@@ -152,6 +152,8 @@ pub struct Recorder {
     /// Stacks marked as estimates, by hash and the share of time counted (percent).
     estimates: LruCache<(u64, u32), Arc<Stack>>,
     started: bool,
+    /// The probes' programs were loaded for a node with GPUs.
+    preloaded: bool,
     last_drain: Instant,
     /// How long the probes wrote the counts map the next drain reads: the interval before the
     /// last drain (a map is read a drain after the probes left it).
@@ -180,6 +182,7 @@ impl Recorder {
             stacks: LruCache::new(kept(STACKS_KEPT)),
             estimates: LruCache::new(kept(STACKS_KEPT)),
             started: false,
+            preloaded: false,
             last_drain: Instant::now(),
             written_for: 1.0,
             last_alive: Instant::now(),
@@ -217,6 +220,18 @@ impl Recorder {
     /// Once a second: looks at the processes that ran, attaches and detaches, drains the counts
     /// into the stores. `now_ns`: wall-clock time the drained counts are stamped with.
     pub fn tick(&mut self, collector: &mut Collector, pipeline: &mut Pipeline, now_ns: u64) -> Changes {
+        // A node with GPUs gets the probes' programs now (a second of the verifier's time), so
+        // that a library first mapped later is probed within the tick; others when one is.
+        if !self.preloaded
+            && pipeline
+                .engine
+                .gpu
+                .as_ref()
+                .is_some_and(|g| !g.lock().unwrap_or_else(|p| p.into_inner()).inventory.gpus.is_empty())
+        {
+            self.preloaded = true;
+            let _ = collector.cuda_load();
+        }
         // Every tick: the processes that ran, and probes for a library first seen (a `dlopen`
         // is probed within the tick); the counts and the guard once a second.
         let active: Vec<u32> = if self.started {
