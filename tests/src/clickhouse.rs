@@ -2,9 +2,10 @@
 //! process, on loopback ports, with its config and data in a directory of the test's. No
 //! systemd, nothing shared with a system server.
 
+use crate::free_port;
 use std::{
     io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
@@ -21,11 +22,6 @@ pub struct ClickHouse {
     /// `<remote_servers>` of the config: the cluster this server is a shard of.
     cluster: String,
     child: Option<Kill>,
-}
-
-/// A port free on loopback now (the server binds it a moment later).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl ClickHouse {

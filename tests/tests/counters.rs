@@ -3,6 +3,7 @@
 //! `profiler counters --format json` shows it within a deadline; `/api/counters` answers the
 //! same tracks for the same window.
 
+use integration_tests::free_port;
 use std::{
     collections::HashMap,
     io::{Read, Write},
@@ -13,10 +14,6 @@ use std::{
 
 use integration_tests::{Daemon, Kill, bin, now_secs, privileged, profiler, wait_for};
 use serde_json::Value;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// `profiler counters --format json` for a window, parsed.
 fn counters(dir: &str, from: &str, to: &str, extra: &[&str]) -> Value {

@@ -13,6 +13,7 @@
 //! - NVML's Xid events (where offered) are events too, and one fault is one finding;
 //! - a GPU-bound run (90-100 %, at its power cap) raises no GPU finding.
 
+use integration_tests::free_port;
 use std::{
     path::Path,
     process::{Command, Stdio},
@@ -43,10 +44,6 @@ impl Drop for Group {
         unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `profiler counters --name 'gpu*'` over the last minute: name → points.

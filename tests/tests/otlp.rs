@@ -4,10 +4,11 @@
 //! Over gRPC, the receiver is the reference implementation: grpcio serving opentelemetry-proto's
 //! ProfilesService (PyPI).
 
+use integration_tests::free_port;
 use std::{
     collections::HashMap,
     io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::Path,
     process::Command,
     sync::Mutex,
@@ -98,10 +99,6 @@ fn metrics(port: u16) -> Option<HashMap<String, f64>> {
             .filter_map(|l| l.rsplit_once(' ').and_then(|(k, v)| Some((k.to_string(), v.parse().ok()?))))
             .collect(),
     )
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn cursor(data: &Path) -> Option<u64> {

@@ -1,6 +1,7 @@
 //! The live UI and API with the real daemon: the web page in a real headless Chromium (through
 //! chromedriver), /metrics read as Prometheus text, and bad parameters answered with a 400.
 
+use integration_tests::free_port;
 use std::{
     process::{Command, Stdio},
     time::Duration,
@@ -33,10 +34,6 @@ fn load_token(data: &std::path::Path) -> String {
     let t = url.split_once("#token=").expect("token in the UI address").1.to_string();
     TOKEN.with_borrow_mut(|s| *s = t.clone());
     t
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 mod browser;
 
+use integration_tests::free_port;
 use std::time::{Duration, Instant};
 
 use integration_tests::{Daemon, now_secs};
@@ -20,10 +21,6 @@ use synth::{Rng, StackPool, Tick};
 
 const CPUS: u32 = 64;
 const HZ: u64 = 99;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// An hour of 64 CPUs ending `end_s`; returns the number of busy samples.
 fn write_hour(data: &std::path::Path, end_s: u64) -> u64 {
