@@ -18,42 +18,13 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, bin, folded_window, now_secs, privileged, skip, status_json, wait_for};
+use integration_tests::{
+    Daemon, Kill, bin, folded_window,
+    memcg::{MEMCG_V1, Memcg, NOBODY, UNIT_LIMIT},
+    now_secs, privileged, skip, status_json, wait_for,
+};
 
-const MEMCG_V1: &str = "/sys/fs/cgroup/memory";
-const LIMIT: u64 = 256 << 20;
-const NOBODY: &str = "65534";
-
-/// A memory cgroup of its own, removed when the test ends.
-struct Memcg(PathBuf);
-
-impl Memcg {
-    fn new(limit: u64) -> Option<Self> {
-        let path = Path::new(MEMCG_V1).join(format!("profiler-budget-{}", std::process::id()));
-        std::fs::create_dir(&path).ok()?;
-        std::fs::write(path.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
-        Some(Self(path))
-    }
-
-    fn read(&self, file: &str) -> String {
-        std::fs::read_to_string(self.0.join(file)).unwrap_or_default()
-    }
-
-    /// OOM kills in this cgroup so far (`oom_kill` of `memory.oom_control`).
-    fn oom_kills(&self) -> u64 {
-        let text = self.read("memory.oom_control");
-        text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
-    }
-}
-
-impl Drop for Memcg {
-    fn drop(&mut self) {
-        // Its processes are gone by now (the daemon is dropped first); a last straggler would
-        // keep the directory, which a later run ignores (another name).
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
+const LIMIT: u64 = UNIT_LIMIT;
 /// `exe ARGS` as user nobody, at nice 10: the attacks are on memory, and spinning attackers at
 /// the daemon's priority on two CPUs would only measure how far its pipeline falls behind.
 fn as_nobody(exe: &Path, args: &[&str]) -> Kill {
@@ -117,7 +88,7 @@ fn an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget() {
     let nofp = build_no_fp(tmp.path());
 
     let data = tmp.path().join("data");
-    let join = format!("echo $$ > {}/cgroup.procs && exec \"$@\"", memcg.0.display());
+    let join = memcg.join_command();
     let mut daemon = Daemon::start_wrapped(&["sh", "-c", &join, "sh"], &data, &["--listen", "off"], 200);
     daemon.wait_ready();
     let pid = daemon.child.as_ref().unwrap().id();
@@ -344,7 +315,7 @@ fn symbol_stack_and_code_object_floods_stay_within_the_budget() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     let data = tmp.path().join("data");
-    let join = format!("echo $$ > {}/cgroup.procs && exec \"$@\"", memcg.0.display());
+    let join = memcg.join_command();
     let mut daemon = Daemon::start_wrapped(&["sh", "-c", &join, "sh"], &data, &["--listen", &addr], 200);
     daemon.wait_ready();
     let pid = daemon.child.as_ref().unwrap().id();
