@@ -166,6 +166,11 @@ pub fn run(root: &Path, profiler: &Path, helper: &Path, opts: &Options) -> anyho
             verdict = Verdict::Fail { check: "timeout", detail: format!("still running after {} s", opts.timeout) };
         }
         report(&kernel, &verdict, seconds, &text, &log);
+        // The start on this kernel: when the sampler and the walkers came, and the verifier's work.
+        let daemon_log = parsed.sections.get("daemon-log").map(|s| s.lines.as_slice()).unwrap_or_default();
+        for line in daemon_log.iter().filter(|l| l.contains("sampler attached") || l.contains("stack walkers loaded")) {
+            eprintln!("xtask: {}: {}", kernel.release, line.split("INFO ").nth(1).unwrap_or(line));
+        }
         outcomes.push(Outcome { kernel, verdict, totals, seconds });
     }
     let table = table(&outcomes);
