@@ -5,12 +5,14 @@
 //! the seconds the budget pays for, with the counts of those seconds scaled to the period and
 //! marked as estimates. Counting without stacks would not help: the trap is the cost.
 //!
-//! The probes are per library file, so the busiest process mapping the file decides.
+//! Each process has its own cycle (`super::Proc`): off, it is switched off in the kernel's
+//! `CUDA_GATE` while others keep the file's probes, so its flood turns no other process's
+//! counts into estimates; the file's probes come off only while all its processes are.
 
 /// Seconds per duty cycle.
 pub const PERIOD_SECS: u32 = 10;
 
-/// One file's duty cycle.
+/// One process's duty cycle.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DutyCycle {
     /// Seconds into the current period.

@@ -10,8 +10,10 @@
 //! Once a second the counts are drained into stores of their own
 //! (`model::SampleKind::store_dir`): launches, microseconds blocked, bytes, as weighted rows the
 //! same queries, filters and exports read. A file no process maps any more loses its probes.
-//! A process calling faster than the budget gets its probes part of the time (`guard`); what a
-//! drain does with the counts is `drain`.
+//! A process calling faster than the budget is counted part of the time (`guard`, per process);
+//! what a drain does with the counts is `drain`. What a user controls is bounded: a file that
+//! fails the checks (`library`) is refused once and takes no slot, the kernel's maps are shared
+//! per user (`profiler_common::cuda::OwnerUse`), and a drain holds a row a key.
 
 mod drain;
 pub mod guard;
@@ -145,6 +147,8 @@ pub struct Recorder {
     refused_by_pid: HashMap<u32, FileId>,
     /// Processes mapping a library that found no free slot, looked at again when one frees.
     waiting: BTreeMap<u32, library::Mapped>,
+    /// Processes forgotten while switched off in the kernel: their gate is lifted next tick.
+    ungate: Vec<u32>,
     /// Each process's VM size (pages) when its maps were last read, and when.
     sizes: HashMap<u32, (u64, Instant)>,
     writers: HashMap<SampleKind, StoreWriter>,
@@ -177,6 +181,7 @@ impl Recorder {
             refused: LruCache::new(kept(REFUSED_KEPT)),
             refused_by_pid: HashMap::new(),
             waiting: BTreeMap::new(),
+            ungate: Vec::new(),
             sizes: HashMap::new(),
             writers: HashMap::new(),
             stacks: LruCache::new(kept(STACKS_KEPT)),
@@ -204,10 +209,14 @@ impl Recorder {
     }
 
     fn forget(&mut self, pid: u32) {
-        if let Some(p) = self.procs.remove(&pid)
-            && let Some(f) = self.files.get_mut(&p.file)
-        {
-            f.pids.remove(&pid);
+        if let Some(p) = self.procs.remove(&pid) {
+            if let Some(f) = self.files.get_mut(&p.file) {
+                f.pids.remove(&pid);
+            }
+            // Its kernel gate goes too: a process reusing the pid starts counted.
+            if p.gated {
+                self.ungate.push(pid);
+            }
         }
         if let Some(id) = self.refused_by_pid.remove(&pid)
             && let Some(r) = self.refused.peek_mut(&id)
@@ -248,6 +257,9 @@ impl Recorder {
                 // now, not once a sample happens to meet it (it may sleep until it launches).
                 unwind.mapped(pid, Instant::now());
             }
+        }
+        for pid in self.ungate.drain(..) {
+            collector.cuda_gate(pid, false);
         }
         self.attach_new(collector);
         if self.last_drain.elapsed() < DRAIN_EVERY {
@@ -466,10 +478,7 @@ impl Recorder {
                 let procs = || f.pids.iter().filter_map(|p| self.procs.get(p));
                 status::Library {
                     path: f.path.display().to_string(),
-                    probes: f
-                        .links
-                        .as_ref()
-                        .map_or(0, |_| f.probes.len() + f.probes.iter().filter(|p| p.returns).count()),
+                    probes: f.probes.len() + f.probes.iter().filter(|p| p.returns).count(),
                     processes: f.pids.len(),
                     fraction: procs().map(|p| p.duty.fraction()).fold(1.0, f64::min),
                     calls_per_sec: procs().map(|p| p.rate).fold(0.0, f64::max),
