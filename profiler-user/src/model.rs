@@ -136,4 +136,34 @@ impl SampleKind {
             Self::CudaCopies => "copies",
         }
     }
+
+    /// A flamegraph's title: `CPU flamegraph`, `GPU launches flamegraph`; against a baseline,
+    /// `Differential GPU launches flamegraph`.
+    pub fn flamegraph_title(self, differential: bool) -> String {
+        let what = self.label();
+        if differential { format!("Differential {what} flamegraph") } else { format!("{what} flamegraph") }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flamegraphs_title_follows_what_it_counts() {
+        assert_eq!(SampleKind::Cpu.flamegraph_title(false), "CPU flamegraph");
+        assert_eq!(SampleKind::Cpu.flamegraph_title(true), "Differential CPU flamegraph");
+        assert_eq!(SampleKind::CudaLaunches.flamegraph_title(false), "GPU launches flamegraph");
+        assert_eq!(SampleKind::CudaLaunches.flamegraph_title(true), "Differential GPU launches flamegraph");
+        for kind in SampleKind::CUDA {
+            assert!(!kind.flamegraph_title(true).contains("CPU"), "{}", kind.flamegraph_title(true));
+        }
+    }
+
+    #[test]
+    fn every_sample_kind_round_trips_through_its_name() {
+        for kind in SampleKind::ALL {
+            assert_eq!(SampleKind::parse(kind.name()), Some(kind));
+        }
+    }
 }

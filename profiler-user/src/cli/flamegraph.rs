@@ -149,17 +149,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             timespec::format(base_window.from_ns),
             timespec::format(base_window.to_ns)
         );
-        flamegraph::write_diff_svg(&baseline, &folded, "Differential CPU flamegraph", &subtitle, &mut out)?;
+        flamegraph::write_diff_svg(&baseline, &folded, &kind.flamegraph_title(true), &subtitle, &mut out)?;
         out.finish()?;
         return Ok(());
     }
     match format {
         Format::Folded => flamegraph::write_folded(&folded, &mut out)?,
         Format::Svg => {
-            let what = match kind {
-                profiler::model::SampleKind::Cpu => "CPU flamegraph".to_string(),
-                k => format!("{} flamegraph", k.label()),
-            };
+            let what = kind.flamegraph_title(false);
             let title = match filter.cpus.as_slice() {
                 [] => what,
                 cpus => format!("{what}, CPU {}", cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),

@@ -16,7 +16,7 @@ use std::{
 
 use serde_json::json;
 
-use super::{Active, Kind, Severity, Thresholds, Top, percent};
+use super::{Active, Kind, LaunchFigures, Severity, Thresholds, Top, percent};
 use crate::{gpu_readings::State, store::format::NS_PER_SEC};
 
 /// One thread's CUDA calls in one drain.
@@ -34,14 +34,6 @@ pub struct CudaThread {
     pub sync_lines: Vec<(Arc<str>, u64)>,
 }
 
-/// What `gpu-launch-bound` says of a process's launches.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LaunchFigures {
-    pub per_sec: f64,
-    /// The Python line that launched most over the window, and its share.
-    pub top_line: Option<(Arc<str>, f64)>,
-}
-
 #[derive(Debug, Default)]
 struct Window {
     /// (drain end ns, seconds covered, the thread's calls).
@@ -55,12 +47,13 @@ const MAX_LINES: usize = 256;
 pub struct CudaDetect {
     threads: BTreeMap<u32, Window>,
     /// Per process, over the latest window.
-    pub launches: HashMap<u32, LaunchFigures>,
+    launches: HashMap<u32, LaunchFigures>,
 }
 
-/// The leaf-most Python frame of a stack's user frames: `step (train.py:42)`.
+/// The leaf-most Python frame of a stack's user frames: `step (train.py:42)`
+/// ([`crate::interpreter::python::leaf_frame`]).
 pub fn python_line(frames: &[Arc<str>]) -> Option<Arc<str>> {
-    frames.iter().rev().find(|f| f.ends_with(')') && f.contains(".py:")).cloned()
+    crate::interpreter::python::leaf_frame(frames).cloned()
 }
 
 fn add_line(lines: &mut HashMap<Arc<str>, u64>, line: &Arc<str>, n: u64) {
@@ -127,6 +120,12 @@ impl CudaDetect {
             out.push(stall(tid, last, index, util, share, first, now_ns, top(&lines), blocked, gpu));
         }
         out
+    }
+
+    /// Per process, its launches over the latest window (what `gpu-launch-bound` quotes; the
+    /// engine hands them to the GPU detector).
+    pub fn launches(&self) -> &HashMap<u32, LaunchFigures> {
+        &self.launches
     }
 
     fn launch_figures(&mut self, window_ns: u64) {
@@ -300,7 +299,7 @@ mod tests {
     fn launch_figures_give_the_rate_and_the_line_that_launches_most() {
         let mut d = CudaDetect::default();
         run(&mut d, &gpu(20.0, 95, 120), 10, 0);
-        let f = &d.launches[&7];
+        let f = &d.launches()[&7];
         assert!((f.per_sec - 500.0).abs() < 1.0, "{f:?}");
         assert_eq!(f.top_line.as_ref().map(|(l, _)| &**l), Some("step (train.py:12)"));
     }

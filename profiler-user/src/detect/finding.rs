@@ -7,59 +7,87 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::format::NS_PER_SEC;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Kind {
-    SaturatedCore,
-    HotKernelFunction,
-    NetrxStarvation,
-    ZombieMemcgs,
-    CfsThrottling,
-    LockSpinning,
-    RunqStarvation,
-    ReclaimStall,
-    GpuStarved,
-    GpuLaunchBound,
-    GpuThrottled,
-    GpuFault,
-    GpuSyncStall,
+/// Which check of the engine judges a kind: the engine closes a kind's open findings only
+/// after the check that judges it ran without finding it true.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judged {
+    /// Each evaluated second of samples, NET_RX, run-queue, reclaim and GPU figures
+    /// (`Engine::tick`).
+    EachSecond,
+    /// The count of dying memory cgroups (`Engine::check_zombies`).
+    ZombieCount,
+    /// The cgroups' CPU statistics (`Engine::check_throttle`).
+    ThrottleScan,
+    /// Each drain of the CUDA probes (`Engine::check_cuda`).
+    CudaDrain,
+    /// Not by the engine: written as it is seen (a fatal Xid, `gpu::xid`).
+    AsSeen,
+}
+
+/// Lists the finding kinds once: each variant with its name (in ids, on `/metrics`, in the
+/// journal: serde writes the same) and the check that judges it; [`Kind::ALL`],
+/// [`Kind::name`] and [`Kind::judged`] are made from the list.
+macro_rules! kinds {
+    ($($(#[doc = $doc:literal])+ $kind:ident = $name:literal, $judged:ident;)+) => {
+        /// What a finding is about.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum Kind {
+            $($(#[doc = $doc])+ #[serde(rename = $name)] $kind,)+
+        }
+
+        impl Kind {
+            /// Every kind, in declaration order (metrics list them all, open or not).
+            pub const ALL: [Kind; [$($name),+].len()] = [$(Kind::$kind),+];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => $name,)+
+                }
+            }
+
+            pub fn judged(self) -> Judged {
+                match self {
+                    $(Kind::$kind => Judged::$judged,)+
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    /// A CPU saturated while the machine as a whole looks fine (`saturation`).
+    SaturatedCore = "saturated-core", EachSecond;
+    /// One kernel function holding a CPU (`hotfunc`).
+    HotKernelFunction = "hot-kernel-function", EachSecond;
+    /// NET_RX softirq or NAPI work starved on a CPU (`netrx`).
+    NetrxStarvation = "netrx-starvation", EachSecond;
+    /// Dying memory cgroups piling up (`zombies`).
+    ZombieMemcgs = "zombie-memcgs", ZombieCount;
+    /// A cgroup throttled by its CPU quota (`throttle`).
+    CfsThrottling = "cfs-throttling", ThrottleScan;
+    /// One kernel spin-lock slow path holding several CPUs (`lockspin`).
+    LockSpinning = "lock-spinning", EachSecond;
+    /// A runnable thread kept off a CPU for long (`runq`).
+    RunqStarvation = "runq-starvation", EachSecond;
+    /// A CPU's tasks stalled in reclaim or compaction (`reclaim`).
+    ReclaimStall = "reclaim-stall", EachSecond;
+    /// A GPU idle while its feeders keep CPUs saturated (`gpu`).
+    GpuStarved = "gpu-starved", EachSecond;
+    /// A GPU idle while the process holding it keeps a core busy launching (`gpu`).
+    GpuLaunchBound = "gpu-launch-bound", EachSecond;
+    /// A busy GPU with its clocks held down (`gpu`).
+    GpuThrottled = "gpu-throttled", EachSecond;
+    /// A fatal Xid in the kernel log or NVML's events (`gpu::xid`).
+    GpuFault = "gpu-fault", AsSeen;
+    /// A thread blocked in CUDA synchronisation while its GPU idles (`cuda`).
+    GpuSyncStall = "gpu-sync-stall", CudaDrain;
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::SaturatedCore => "saturated-core",
-            Kind::HotKernelFunction => "hot-kernel-function",
-            Kind::NetrxStarvation => "netrx-starvation",
-            Kind::ZombieMemcgs => "zombie-memcgs",
-            Kind::CfsThrottling => "cfs-throttling",
-            Kind::LockSpinning => "lock-spinning",
-            Kind::RunqStarvation => "runq-starvation",
-            Kind::ReclaimStall => "reclaim-stall",
-            Kind::GpuStarved => "gpu-starved",
-            Kind::GpuLaunchBound => "gpu-launch-bound",
-            Kind::GpuThrottled => "gpu-throttled",
-            Kind::GpuFault => "gpu-fault",
-            Kind::GpuSyncStall => "gpu-sync-stall",
-        }
+    /// The kind named `name` ([`Kind::name`]).
+    pub fn parse(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
     }
-
-    /// Every kind, in declaration order (metrics list them all, open or not).
-    pub const ALL: [Kind; 13] = [
-        Kind::SaturatedCore,
-        Kind::HotKernelFunction,
-        Kind::NetrxStarvation,
-        Kind::ZombieMemcgs,
-        Kind::CfsThrottling,
-        Kind::LockSpinning,
-        Kind::RunqStarvation,
-        Kind::ReclaimStall,
-        Kind::GpuStarved,
-        Kind::GpuLaunchBound,
-        Kind::GpuThrottled,
-        Kind::GpuFault,
-        Kind::GpuSyncStall,
-    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -158,4 +186,25 @@ pub fn finding_id_time(ns: u64) -> String {
     jiff::Timestamp::from_nanosecond(ns as i128)
         .map(|t| t.strftime("%Y%m%dT%H%M%S").to_string())
         .unwrap_or_else(|_| (ns / NS_PER_SEC).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips_through_its_name_and_serde_writes_the_same() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::parse(kind.name()), Some(kind));
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.name()));
+            assert_eq!(serde_json::from_str::<Kind>(&json).unwrap(), kind);
+        }
+        let mut names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Kind::ALL.len(), "names are unique");
+        assert_eq!(Kind::parse("saturated core"), None);
+        assert_eq!(Kind::ALL[0], Kind::SaturatedCore, "in declaration order");
+    }
 }

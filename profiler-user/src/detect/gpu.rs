@@ -13,18 +13,22 @@
 //!
 //! Nothing is said of a GPU nobody holds, nor of a busy one with free clocks. The figures are
 //! kept per run (the consecutive seconds the condition held), bounded.
+//!
+//! Everything besides the samples comes in as data ([`Input`]): the GPU poller's seconds (with
+//! the processes the holders started and what their threads asked of the CPUs, read by
+//! `gpu::nvml`), and the launch figures the CUDA detector made (handed over by the engine).
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    path::Path,
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
 };
 
 use serde_json::json;
 
-use super::{Active, Kind, Machine, Second, Severity, Thresholds, Tick, percent};
+use super::{Active, Kind, LaunchFigures, Machine, Second, Severity, Thresholds, Tick, Top, percent};
 use crate::{
-    gpu_readings::{GpuSecond, Inventory, inventory::cpu_list},
+    gpu_readings::{GpuSecond, Inventory, ThreadDemand, inventory::cpu_list},
+    interpreter::python,
     store::format::NS_PER_SEC,
 };
 
@@ -32,11 +36,9 @@ use crate::{
 pub struct Input<'a> {
     pub gpus: &'a [GpuSecond],
     pub inventory: &'a Inventory,
-    /// `/proc` (a directory laid out like it in tests): parents of the busy processes.
-    pub proc: &'a Path,
-    /// Per process, its CUDA launches over the latest window (`detect::cuda`; empty without
-    /// the probes).
-    pub launches: &'a HashMap<u32, super::cuda::LaunchFigures>,
+    /// Per process, its CUDA launches over the latest window (made by `detect::cuda`; empty
+    /// without the probes).
+    pub launches: &'a HashMap<u32, LaunchFigures>,
 }
 
 /// Functions kept per run at most (the rest are not counted).
@@ -72,11 +74,71 @@ struct Run {
     asked_tid: u32,
 }
 
+/// Counts `f` in `map`, unless the map is full and `f` new.
+fn count(map: &mut HashMap<Arc<str>, u64>, f: &Arc<str>) {
+    if map.len() < MAX_FUNCTIONS || map.contains_key(f) {
+        *map.entry(f.clone()).or_default() += 1;
+    }
+}
+
 impl Run {
+    /// Adds a second of `util` % that began at `start_ns`.
+    fn add_second(&mut self, start_ns: u64, util: f64) {
+        if self.seconds == 0 {
+            self.start_ns = start_ns;
+        }
+        self.seconds += 1;
+        self.util_sum += util;
+    }
+
     /// The mean shares of a second the holders' busiest thread ran and waited for a CPU.
     fn shares(&self) -> (Option<f64>, Option<f64>) {
         let n = self.asked_n as f64;
         if self.asked_n == 0 { (None, None) } else { (Some(self.ran_sum / n), Some(self.waited_sum / n)) }
+    }
+
+    /// The mean SM clock over the seconds that read it.
+    fn clock(&self) -> Option<f64> {
+        (self.clock_n > 0).then(|| self.clock_sum / self.clock_n as f64)
+    }
+
+    /// The holders' mean launches a second over the seconds that had figures.
+    fn launch_rate(&self) -> Option<f64> {
+        (self.launches_n > 0).then(|| self.launches_sum / self.launches_n as f64)
+    }
+
+    /// The holders' launches this second, as the CUDA detector figured them.
+    fn add_launches(&mut self, holders: &[u32], launches: &HashMap<u32, LaunchFigures>) {
+        let figures: Vec<&LaunchFigures> = holders.iter().filter_map(|p| launches.get(p)).collect();
+        if figures.is_empty() {
+            return;
+        }
+        self.launches_sum += figures.iter().map(|f| f.per_sec).sum::<f64>();
+        self.launches_n += 1;
+        if let Some(best) =
+            figures.iter().filter(|f| f.top_line.is_some()).max_by(|a, b| a.per_sec.total_cmp(&b.per_sec))
+        {
+            self.launch_line = best.top_line.clone();
+        }
+    }
+
+    fn add_demand(&mut self, d: &ThreadDemand) {
+        self.asked_n += 1;
+        self.ran_sum += d.ran;
+        self.waited_sum += d.waited;
+        self.asked_tid = d.tid;
+    }
+
+    /// A feeding tick: its process, leaf function and leaf-most Python frame.
+    fn add_tick(&mut self, k: &Tick) {
+        self.ticks += 1;
+        self.procs.entry((k.pid, k.comm.clone())).or_insert_with(|| (0, k.workload.clone())).0 += 1;
+        if let Some(leaf) = k.stack.frames.last() {
+            count(&mut self.functions, leaf);
+        }
+        if let Some(py) = python::leaf_frame(k.stack.user()) {
+            count(&mut self.python, py);
+        }
     }
 }
 
@@ -97,89 +159,26 @@ enum Side {
     Helper,
 }
 
-/// The parent pid from `/proc/PID/stat` (the field after the parenthesised comm).
-fn ppid(proc: &Path, pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
-    stat.get(stat.rfind(')')? + 2..)?.split(' ').nth(1)?.parse().ok()
-}
-
-/// Whether `pid` descends from one of `holders` (up to 8 generations: workers of workers).
-fn descends(proc: &Path, pid: u32, holders: &[u32], cache: &mut HashMap<u32, Option<u32>>) -> bool {
-    // Everything descends from init: a holder that is pid 1 (or 0) says nothing of its children.
-    let holders: Vec<u32> = holders.iter().copied().filter(|&h| h > 1).collect();
-    let mut p = pid;
-    for _ in 0..8 {
-        let parent = *cache.entry(p).or_insert_with(|| ppid(proc, p));
-        match parent {
-            Some(pp) if holders.contains(&pp) => return true,
-            Some(pp) if pp > 1 => p = pp,
-            _ => return false,
-        }
-    }
-    false
-}
-
 /// The pod of a workload string (`identity` JSON), if it names one.
 fn pod_of(workload: &str) -> Option<String> {
     let id = crate::identity::workloads::decode(workload)?;
     id.pod_uid.or(id.pod_name).map(|p| p.to_string())
 }
 
-impl GpuDetect {
-    pub fn evaluate(&mut self, now: &Second, input: &Input<'_>, m: Machine, t: &Thresholds) -> Vec<Active> {
-        let mut out = Vec::new();
-        let mut parents = HashMap::new();
-        let mut seen: Vec<(u32, Kind)> = Vec::new();
-        for g in input.gpus {
-            if let Some(c) = g.sm_clock_mhz {
-                let max = self.clock_max.entry(g.index).or_default();
-                *max = max.max(c);
-            }
-            let Some(util) = g.util else { continue };
-            let idle = util < t.gpu_idle_below * 100.0;
-            if idle && !g.holders.is_empty() {
-                if let Some(kind) = self.feed(now, g, util, input.proc, input.launches, &mut parents, m, t) {
-                    seen.push((g.index, kind));
-                }
-            } else if !idle && g.slowed_polls * 2 > g.polls {
-                let run = self.runs.entry((g.index, Kind::GpuThrottled)).or_default();
-                run.start_ns = if run.seconds == 0 { now.start_ns } else { run.start_ns };
-                run.seconds += 1;
-                run.util_sum += util;
-                run.reasons |= g.reasons;
-                if let Some(c) = g.sm_clock_mhz {
-                    run.clock_sum += c;
-                    run.clock_n += 1;
-                }
-                seen.push((g.index, Kind::GpuThrottled));
-            }
-        }
-        self.runs.retain(|k, _| seen.contains(k));
-        for ((index, _), run) in self.runs.iter_mut() {
-            run.clock_max = self.clock_max.get(index).copied().unwrap_or(0.0);
-        }
-        for ((index, kind), run) in &self.runs {
-            if run.seconds >= u64::from(t.gpu_secs) {
-                out.push(active(*index, *kind, run, input.inventory, m));
-            }
-        }
-        out
-    }
+/// One second's ticks of the processes that feed a GPU: its holders, the processes they
+/// started, and the processes of their pods.
+#[derive(Debug)]
+struct Feeders<'a> {
+    /// (CPU, tick, whose).
+    ticks: Vec<(u32, &'a Tick, Side)>,
+    /// Per CPU: (CPU, the holders' ticks, the helpers' ticks).
+    per_cpu: Vec<(u32, usize, usize)>,
+    /// Per process: its ticks, and whose.
+    per_pid: HashMap<u32, (usize, Side)>,
+}
 
-    /// Adds this second to the GPU's starved or launch-bound run, if its feeders were busy;
-    /// returns which.
-    #[allow(clippy::too_many_arguments)]
-    fn feed(
-        &mut self,
-        now: &Second,
-        g: &GpuSecond,
-        util: f64,
-        proc: &Path,
-        launches: &HashMap<u32, super::cuda::LaunchFigures>,
-        parents: &mut HashMap<u32, Option<u32>>,
-        m: Machine,
-        t: &Thresholds,
-    ) -> Option<Kind> {
+impl<'a> Feeders<'a> {
+    fn of(now: &'a Second, g: &GpuSecond) -> Self {
         let holder_pods: Vec<String> = now
             .cpus
             .iter()
@@ -187,10 +186,11 @@ impl GpuDetect {
             .filter(|k| g.holders.contains(&k.pid))
             .filter_map(|k| pod_of(&k.workload))
             .collect();
-        let side = |k: &Tick, parents: &mut HashMap<u32, Option<u32>>| {
+        let descendants: HashSet<u32> = g.descendants.iter().copied().collect();
+        let side = |k: &Tick| {
             if g.holders.contains(&k.pid) {
                 Some(Side::Holder)
-            } else if descends(proc, k.pid, &g.holders, parents)
+            } else if descendants.contains(&k.pid)
                 || (!holder_pods.is_empty() && pod_of(&k.workload).is_some_and(|p| holder_pods.contains(&p)))
             {
                 Some(Side::Helper)
@@ -198,13 +198,12 @@ impl GpuDetect {
                 None
             }
         };
-        let freq = m.frequency_hz.max(1) as f64;
-        let mut ticks: Vec<(u32, &Tick, Side)> = Vec::new();
-        let mut per_cpu: Vec<(u32, usize, usize)> = Vec::new();
+        let mut ticks = Vec::new();
+        let mut per_cpu = Vec::with_capacity(now.cpus.len());
         for (cpu, c) in now.cpus.iter().enumerate() {
             let (mut own, mut helper) = (0, 0);
             for k in &c.busy {
-                if let Some(s) = side(k, parents) {
+                if let Some(s) = side(k) {
                     ticks.push((cpu as u32, k, s));
                     if s == Side::Holder { own += 1 } else { helper += 1 }
                 }
@@ -215,70 +214,113 @@ impl GpuDetect {
         for (_, k, s) in &ticks {
             per_pid.entry(k.pid).or_insert((0, *s)).0 += 1;
         }
-        let busy = |n: usize| n as f64 / freq >= t.gpu_cpu_busy;
-        // A CPU the feeders held, or a process that kept a core busy while it moved between CPUs.
-        let helper_cpus: Vec<u32> = per_cpu.iter().filter(|c| busy(c.1 + c.2) && c.2 > 0).map(|c| c.0).collect();
-        let helpers_busy = !helper_cpus.is_empty() || per_pid.values().any(|(n, s)| *s == Side::Helper && busy(*n));
-        // A holder's thread that ran and waited runnable for a whole core asked for one, even when
-        // a shared core gave it half: its samples alone would say "half busy".
-        let asked = g
-            .demand
-            .iter()
-            .filter(|d| g.holders.contains(&d.pid))
-            .max_by(|a, b| a.asked().total_cmp(&b.asked()).then(b.tid.cmp(&a.tid)));
-        let own_busy = per_pid.values().any(|(n, s)| *s == Side::Holder && busy(*n))
-            || asked.is_some_and(|d| d.asked() >= t.gpu_cpu_busy);
-        tracing::debug!(gpu = g.index, util, holders = ?g.holders, per_cpu = ?per_cpu, per_pid = ?per_pid, "GPU feeders this second");
-        let kind = if helpers_busy {
-            Kind::GpuStarved
-        } else if own_busy {
-            Kind::GpuLaunchBound
+        Self { ticks, per_cpu, per_pid }
+    }
+
+    /// Whether a process of `side` kept a core busy while it moved between CPUs.
+    fn pid_busy(&self, side: Side, busy: impl Fn(usize) -> bool) -> bool {
+        self.per_pid.values().any(|(n, s)| *s == side && busy(*n))
+    }
+
+    /// The CPUs the feeders kept busy.
+    fn busy_cpus(&self, busy: impl Fn(usize) -> bool) -> Vec<u32> {
+        self.per_cpu.iter().filter(|c| busy(c.1 + c.2)).map(|c| c.0).collect()
+    }
+
+    /// What the GPU idled for: helpers kept a CPU busy (a CPU the feeders held, or a helper
+    /// busy across CPUs), or else the holder itself did (its samples, or its busiest thread
+    /// `asked` a whole core, even when a shared core gave it half: its samples alone would say
+    /// "half busy").
+    fn kind(&self, asked: Option<&ThreadDemand>, busy: impl Fn(usize) -> bool, t: &Thresholds) -> Option<Kind> {
+        let helper_cpu = self.per_cpu.iter().any(|c| busy(c.1 + c.2) && c.2 > 0);
+        if helper_cpu || self.pid_busy(Side::Helper, &busy) {
+            Some(Kind::GpuStarved)
+        } else if self.pid_busy(Side::Holder, &busy) || asked.is_some_and(|d| d.asked() >= t.gpu_cpu_busy) {
+            Some(Kind::GpuLaunchBound)
         } else {
-            return None;
-        };
-        let run = self.runs.entry((g.index, kind)).or_default();
-        if run.seconds == 0 {
-            run.start_ns = now.start_ns;
+            None
         }
-        let figures: Vec<&super::cuda::LaunchFigures> = g.holders.iter().filter_map(|p| launches.get(p)).collect();
-        if !figures.is_empty() {
-            run.launches_sum += figures.iter().map(|f| f.per_sec).sum::<f64>();
-            run.launches_n += 1;
-            if let Some(best) =
-                figures.iter().filter(|f| f.top_line.is_some()).max_by(|a, b| a.per_sec.total_cmp(&b.per_sec))
-            {
-                run.launch_line = best.top_line.clone();
+    }
+}
+
+/// The holders' thread that asked most of the CPUs (ran plus waited), the lowest tid of a tie.
+fn launcher(g: &GpuSecond) -> Option<&ThreadDemand> {
+    g.demand
+        .iter()
+        .filter(|d| g.holders.contains(&d.pid))
+        .max_by(|a, b| a.asked().total_cmp(&b.asked()).then(b.tid.cmp(&a.tid)))
+}
+
+impl GpuDetect {
+    pub fn evaluate(&mut self, now: &Second, input: &Input<'_>, m: Machine, t: &Thresholds) -> Vec<Active> {
+        let mut seen: Vec<(u32, Kind)> = Vec::new();
+        for g in input.gpus {
+            if let Some(c) = g.sm_clock_mhz {
+                let max = self.clock_max.entry(g.index).or_default();
+                *max = max.max(c);
             }
+            let Some(util) = g.util else { continue };
+            let idle = util < t.gpu_idle_below * 100.0;
+            let kind = if idle && !g.holders.is_empty() {
+                self.feed(now, g, util, input.launches, m, t)
+            } else if !idle && g.slowed_polls * 2 > g.polls {
+                self.throttled(now, g, util);
+                Some(Kind::GpuThrottled)
+            } else {
+                None
+            };
+            seen.extend(kind.map(|k| (g.index, k)));
         }
-        run.seconds += 1;
-        run.util_sum += util;
+        self.runs.retain(|k, _| seen.contains(k));
+        for ((index, _), run) in self.runs.iter_mut() {
+            run.clock_max = self.clock_max.get(index).copied().unwrap_or(0.0);
+        }
+        let confirmed = self.runs.iter().filter(|(_, run)| run.seconds >= u64::from(t.gpu_secs));
+        confirmed.map(|((index, kind), run)| active(*index, *kind, run, input.inventory, m)).collect()
+    }
+
+    /// Adds this second to the GPU's throttled run.
+    fn throttled(&mut self, now: &Second, g: &GpuSecond, util: f64) {
+        let run = self.runs.entry((g.index, Kind::GpuThrottled)).or_default();
+        run.add_second(now.start_ns, util);
+        run.reasons |= g.reasons;
+        if let Some(c) = g.sm_clock_mhz {
+            run.clock_sum += c;
+            run.clock_n += 1;
+        }
+    }
+
+    /// Adds this second to the GPU's starved or launch-bound run, if its feeders were busy;
+    /// returns which.
+    fn feed(
+        &mut self,
+        now: &Second,
+        g: &GpuSecond,
+        util: f64,
+        launches: &HashMap<u32, LaunchFigures>,
+        m: Machine,
+        t: &Thresholds,
+    ) -> Option<Kind> {
+        let feeders = Feeders::of(now, g);
+        let freq = m.frequency_hz.max(1) as f64;
+        let busy = |n: usize| n as f64 / freq >= t.gpu_cpu_busy;
+        let asked = launcher(g);
+        tracing::debug!(gpu = g.index, util, holders = ?g.holders, per_cpu = ?feeders.per_cpu, per_pid = ?feeders.per_pid, "GPU feeders this second");
+        let kind = feeders.kind(asked, busy, t)?;
+        let run = self.runs.entry((g.index, kind)).or_default();
+        run.add_second(now.start_ns, util);
+        run.add_launches(&g.holders, launches);
         if let Some(d) = asked {
-            run.asked_n += 1;
-            run.ran_sum += d.ran;
-            run.waited_sum += d.waited;
-            run.asked_tid = d.tid;
+            run.add_demand(d);
         }
-        let busy_cpus: Vec<u32> = per_cpu.iter().filter(|c| busy(c.1 + c.2)).map(|c| c.0).collect();
+        let busy_cpus = feeders.busy_cpus(busy);
         if busy_cpus.len() >= run.busy_cpus.len() {
             run.busy_cpus = busy_cpus;
         }
-        for (_, k, s) in ticks {
-            if kind == Kind::GpuLaunchBound && s != Side::Holder {
-                continue;
-            }
-            run.ticks += 1;
-            run.procs.entry((k.pid, k.comm.clone())).or_insert_with(|| (0, k.workload.clone())).0 += 1;
-            let count = |map: &mut HashMap<Arc<str>, u64>, f: &Arc<str>| {
-                if map.len() < MAX_FUNCTIONS || map.contains_key(f) {
-                    *map.entry(f.clone()).or_default() += 1;
-                }
-            };
-            if let Some(leaf) = k.stack.frames.last() {
-                count(&mut run.functions, leaf);
-            }
-            if let Some(py) = k.stack.user().iter().rev().find(|f| f.ends_with(')') && f.contains(".py:")) {
-                count(&mut run.python, py);
-            }
+        // A launch-bound GPU is its holders' doing: their helpers' ticks are not counted.
+        let counted = feeders.ticks.iter().filter(|(_, _, s)| kind != Kind::GpuLaunchBound || *s == Side::Holder);
+        for (_, k, _) in counted {
+            run.add_tick(k);
         }
         Some(kind)
     }
@@ -291,127 +333,152 @@ fn top(map: &HashMap<Arc<str>, u64>, n: usize) -> Vec<(Arc<str>, u64)> {
     v
 }
 
-fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Active {
-    let info = inv.gpus.iter().find(|g| g.index == index);
-    let model = info.map_or("unknown model", |g| g.model.as_str());
-    let util = run.util_sum / run.seconds.max(1) as f64;
-    let secs = run.seconds;
-    let name = format!("GPU {index} ({model}) {util:.0} % busy for {secs} s");
-    let mut procs: Vec<super::Top> = run
-        .procs
-        .iter()
-        .map(|((pid, comm), (samples, workload))| super::Top {
-            comm: comm.clone(),
-            pid: *pid,
-            samples: *samples,
-            workload: workload.clone(),
+/// What a finding's summary and evidence say of a run.
+struct Told<'a> {
+    index: u32,
+    run: &'a Run,
+    /// `GPU 0 (NVIDIA H100) 20 % busy for 10 s`.
+    name: String,
+    /// The run's processes, most ticks first.
+    procs: Vec<Top>,
+    functions: Vec<(Arc<str>, u64)>,
+    python: Vec<(Arc<str>, u64)>,
+    /// `, 100 % in augment (dataset.py:14)`: the frame that leads, or nothing.
+    lead: String,
+}
+
+impl<'a> Told<'a> {
+    fn new(index: u32, model: &str, run: &'a Run) -> Self {
+        let util = run.util_sum / run.seconds.max(1) as f64;
+        let name = format!("GPU {index} ({model}) {util:.0} % busy for {} s", run.seconds);
+        let mut procs: Vec<Top> = run
+            .procs
+            .iter()
+            .map(|((pid, comm), (samples, workload))| Top {
+                comm: comm.clone(),
+                pid: *pid,
+                samples: *samples,
+                workload: workload.clone(),
+            })
+            .collect();
+        procs.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.pid.cmp(&b.pid)));
+        let functions = top(&run.functions, 5);
+        let python = top(&run.python, 5);
+        // Python frames say more than the interpreter's C functions under them, when there are some.
+        let lead = python.first().filter(|p| p.1 * 10 >= run.ticks * 3).or(functions.first());
+        let lead =
+            lead.map_or(String::new(), |(f, n)| format!(", {} in {f}", percent(*n as f64 / run.ticks.max(1) as f64)));
+        Self { index, run, name, procs, functions, python, lead }
+    }
+
+    fn first(&self, otherwise: &str) -> String {
+        self.procs.first().map_or(otherwise.to_string(), |p| p.who(""))
+    }
+
+    fn starved(&self, m: Machine) -> String {
+        let (run, name, lead) = (self.run, &self.name, &self.lead);
+        let cores = run.ticks as f64 / run.seconds.max(1) as f64 / m.frequency_hz.max(1) as f64;
+        format!(
+            "{name} while {} and {} other process(es) kept {} CPU(s) busy ({cores:.1} cores){lead}: \
+             the input pipeline is the bottleneck; look next: the number of workers, the transform's cost",
+            self.first("its processes"),
+            self.procs.len().saturating_sub(1),
+            run.busy_cpus.len().max(1),
+        )
+    }
+
+    fn launch_bound(&self) -> String {
+        let (run, name, lead) = (self.run, &self.name, &self.lead);
+        // With the CUDA probes: how fast it launches, and from where.
+        let launch_text = match (run.launch_rate(), &run.launch_line) {
+            (Some(r), Some((line, share))) if r > 0.0 => {
+                format!(", {r:.0} launches/s (one every {:.0} µs), {} of them from {line}", 1e6 / r, percent(*share))
+            }
+            (Some(r), None) if r > 0.0 => format!(", {r:.0} launches/s (one every {:.0} µs)", 1e6 / r),
+            _ => String::new(),
+        };
+        // Waiting for a CPU is the other half of the story: a launcher on a shared core.
+        let (busy_text, shared_text) = match run.shares() {
+            (Some(r), Some(w)) if w >= SHARED_WAIT => (
+                format!(
+                    "asked a core for itself (thread {} ran {}, waited for a CPU {})",
+                    run.asked_tid,
+                    percent(r),
+                    percent(w)
+                ),
+                "; its core is shared: give it one (CPU pinning, fewer DataLoader workers on it)",
+            ),
+            _ => ("kept a core busy itself".to_string(), ""),
+        };
+        format!(
+            "{name} while {} {busy_text}{lead}{launch_text}: kernels are launched one by \
+             one; look next: CUDA graphs, larger batches, a compiled model{shared_text}",
+            self.first("the process holding it")
+        )
+    }
+
+    fn throttled(&self) -> String {
+        let run = self.run;
+        // The SM clock against the highest this daemon saw: how much "held down" costs.
+        let clock_text = match run.clock() {
+            Some(c) if run.clock_max > 0.0 => format!(", SM clock {c:.0} MHz against {:.0} MHz at best", run.clock_max),
+            _ => String::new(),
+        };
+        format!(
+            "{} with its clocks held down ({}{clock_text}); look next: power limit, cooling, \
+             the node's power budget",
+            self.name,
+            crate::gpu_readings::reason_names(run.reasons & crate::gpu_readings::SLOWDOWN_REASONS).join(", ")
+        )
+    }
+
+    fn evidence(&self, inv: &Inventory) -> serde_json::Value {
+        let (index, run) = (self.index, self.run);
+        let info = inv.gpus.iter().find(|g| g.index == index);
+        let frames =
+            |v: &[(Arc<str>, u64)]| v.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>();
+        json!({
+            "gpu": index,
+            "model": info.map_or("unknown model", |g| g.model.as_str()),
+            "uuid": info.map(|g| g.uuid.clone()),
+            "bus_id": info.map(|g| g.bus_id.clone()),
+            "local_cpus": info.map(|g| cpu_list(&g.local_cpus)),
+            "utilization_percent": run.util_sum / run.seconds.max(1) as f64,
+            "seconds": run.seconds,
+            "busy_cpus": run.busy_cpus,
+            "processes": self.procs.iter().take(10).map(|p| p.json()).collect::<Vec<_>>(),
+            "top_functions": frames(&self.functions),
+            "top_python": frames(&self.python),
+            "clock_event_reasons": crate::gpu_readings::reason_names(run.reasons),
+            "sm_clock_mhz": run.clock(),
+            "sm_clock_max_mhz": (run.clock_max > 0.0).then_some(run.clock_max),
+            "launches_per_sec": run.launch_rate(),
+            "launcher_tid": (run.asked_n > 0).then_some(run.asked_tid),
+            "launcher_ran_share": run.shares().0,
+            "launcher_waited_share": run.shares().1,
+            "top_launch_line": run.launch_line.as_ref().map(|(l, s)| json!({"line": &**l, "share": s})),
+            "since_ns": run.start_ns,
+            "until_ns": run.start_ns + run.seconds * NS_PER_SEC,
         })
-        .collect();
-    procs.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.pid.cmp(&b.pid)));
-    let functions = top(&run.functions, 5);
-    let python = top(&run.python, 5);
-    // Python frames say more than the interpreter's C functions under them, when there are some.
-    let lead = python.first().filter(|p| p.1 * 10 >= run.ticks * 3).or(functions.first());
-    let lead_text =
-        lead.map_or(String::new(), |(f, n)| format!(", {} in {f}", percent(*n as f64 / run.ticks.max(1) as f64)));
-    let (severity, summary) = match kind {
-        Kind::GpuStarved => {
-            let cores = run.ticks as f64 / secs.max(1) as f64 / m.frequency_hz.max(1) as f64;
-            let first = procs.first().map_or("its processes".to_string(), |p| p.who(""));
-            (
-                Severity::Warning,
-                format!(
-                    "{name} while {first} and {} other process(es) kept {} CPU(s) busy ({cores:.1} cores){lead_text}: \
-                     the input pipeline is the bottleneck; look next: the number of workers, the transform's cost",
-                    procs.len().saturating_sub(1),
-                    run.busy_cpus.len().max(1),
-                ),
-            )
-        }
-        Kind::GpuLaunchBound => {
-            // With the CUDA probes: how fast it launches, and from where.
-            let rate = (run.launches_n > 0).then(|| run.launches_sum / run.launches_n as f64);
-            let launch_text = match (rate, &run.launch_line) {
-                (Some(r), Some((line, share))) if r > 0.0 => format!(
-                    ", {r:.0} launches/s (one every {:.0} µs), {} of them from {line}",
-                    1e6 / r,
-                    percent(*share)
-                ),
-                (Some(r), None) if r > 0.0 => format!(", {r:.0} launches/s (one every {:.0} µs)", 1e6 / r),
-                _ => String::new(),
-            };
-            // Waiting for a CPU is the other half of the story: a launcher on a shared core.
-            let (ran, waited) = run.shares();
-            let (busy_text, shared_text) = match (ran, waited) {
-                (Some(r), Some(w)) if w >= SHARED_WAIT => (
-                    format!(
-                        "asked a core for itself (thread {} ran {}, waited for a CPU {})",
-                        run.asked_tid,
-                        percent(r),
-                        percent(w)
-                    ),
-                    "; its core is shared: give it one (CPU pinning, fewer DataLoader workers on it)",
-                ),
-                _ => ("kept a core busy itself".to_string(), ""),
-            };
-            (
-                Severity::Warning,
-                format!(
-                    "{name} while {} {busy_text}{lead_text}{launch_text}: kernels are launched one by \
-                     one; look next: CUDA graphs, larger batches, a compiled model{shared_text}",
-                    procs.first().map_or("the process holding it".to_string(), |p| p.who(""))
-                ),
-            )
-        }
-        _ => {
-            // The SM clock against the highest this daemon saw: how much "held down" costs.
-            let clock = (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64);
-            let clock_text = match clock {
-                Some(c) if run.clock_max > 0.0 => {
-                    format!(", SM clock {c:.0} MHz against {:.0} MHz at best", run.clock_max)
-                }
-                _ => String::new(),
-            };
-            (
-                Severity::Warning,
-                format!(
-                    "{name} with its clocks held down ({}{clock_text}); look next: power limit, cooling, \
-                     the node's power budget",
-                    crate::gpu_readings::reason_names(run.reasons & crate::gpu_readings::SLOWDOWN_REASONS).join(", ")
-                ),
-            )
-        }
+    }
+}
+
+fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Active {
+    let model = inv.gpus.iter().find(|g| g.index == index).map_or("unknown model", |g| g.model.as_str());
+    let told = Told::new(index, model, run);
+    let summary = match kind {
+        Kind::GpuStarved => told.starved(m),
+        Kind::GpuLaunchBound => told.launch_bound(),
+        _ => told.throttled(),
     };
     Active {
         kind,
         cpu: None,
         subject: Some(format!("gpu{index}")),
         onset_ns: run.start_ns,
-        severity,
+        severity: Severity::Warning,
         summary,
-        evidence: json!({
-            "gpu": index,
-            "model": model,
-            "uuid": info.map(|g| g.uuid.clone()),
-            "bus_id": info.map(|g| g.bus_id.clone()),
-            "local_cpus": info.map(|g| cpu_list(&g.local_cpus)),
-            "utilization_percent": util,
-            "seconds": secs,
-            "busy_cpus": run.busy_cpus,
-            "processes": procs.iter().take(10).map(|p| p.json()).collect::<Vec<_>>(),
-            "top_functions": functions.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
-            "top_python": python.iter().map(|(f, n)| json!({"function": &**f, "samples": n})).collect::<Vec<_>>(),
-            "clock_event_reasons": crate::gpu_readings::reason_names(run.reasons),
-            "sm_clock_mhz": (run.clock_n > 0).then(|| run.clock_sum / run.clock_n as f64),
-            "sm_clock_max_mhz": (run.clock_max > 0.0).then_some(run.clock_max),
-            "launches_per_sec": (run.launches_n > 0).then(|| run.launches_sum / run.launches_n as f64),
-            "launcher_tid": (run.asked_n > 0).then_some(run.asked_tid),
-            "launcher_ran_share": run.shares().0,
-            "launcher_waited_share": run.shares().1,
-            "top_launch_line": run.launch_line.as_ref().map(|(l, s)| json!({"line": &**l, "share": s})),
-            "since_ns": run.start_ns,
-            "until_ns": run.start_ns + secs * NS_PER_SEC,
-        }),
+        evidence: told.evidence(inv),
     }
 }
 

@@ -1,7 +1,7 @@
-//! The GPU detectors on synthetic seconds: real `/proc` layouts in a temporary directory for
-//! the parent links, stacks as the symbolizer names them.
+//! The GPU detectors on synthetic seconds: the processes the holders started as the poller
+//! hands them over (`GpuSecond::descendants`), stacks as the symbolizer names them.
 
-use std::{path::Path, sync::Arc};
+use std::sync::Arc;
 
 use super::*;
 use crate::{
@@ -40,18 +40,13 @@ fn gpu(util: f64, holders: &[u32], slowed: u32) -> GpuSecond {
         holders: holders.to_vec(),
         sm_clock_mhz: Some(if slowed > 0 { 1375.0 } else { 1980.0 }),
         demand: Vec::new(),
+        descendants: Vec::new(),
     }
 }
 
-/// `/proc/PID/stat` files saying who each child's parent is.
-fn proc_tree(children: &[(u32, u32)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for (pid, parent) in children {
-        let d = dir.path().join(pid.to_string());
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("stat"), format!("{pid} (pt_data_worker) R {parent} {pid} {pid} 0 -1")).unwrap();
-    }
-    dir
+/// As [`gpu`], with the processes its holders started (read by the poller, `gpu::nvml::family`).
+fn fed(util: f64, holders: &[u32], descendants: &[u32]) -> GpuSecond {
+    GpuSecond { descendants: descendants.to_vec(), ..gpu(util, holders, 0) }
 }
 
 fn inventory() -> Inventory {
@@ -67,12 +62,12 @@ fn inventory() -> Inventory {
 }
 
 /// Runs `secs` seconds; returns what the last one reported.
-fn run(proc: &Path, secs: u64, gpus: &[GpuSecond], busy: &[(usize, u32, &str, &[&str])]) -> Vec<Active> {
+fn run(secs: u64, gpus: &[GpuSecond], busy: &[(usize, u32, &str, &[&str])]) -> Vec<Active> {
     let mut d = GpuDetect::default();
     let inv = inventory();
     let mut last = Vec::new();
     for s in 0..secs {
-        let input = Input { gpus, inventory: &inv, proc, launches: &HashMap::new() };
+        let input = Input { gpus, inventory: &inv, launches: &HashMap::new() };
         last = d.evaluate(&second(1000 + s, busy), &input, M, &Thresholds::default());
     }
     last
@@ -82,14 +77,15 @@ const AUGMENT: &[&str] = &["_start", "_PyEval_EvalFrameDefault", "augment (datas
 
 #[test]
 fn workers_saturating_cpus_while_the_gpu_idles_is_gpu_starved_after_10_s() {
-    let tree = proc_tree(&[(901, 812), (902, 812), (903, 901)]);
+    // 903 a worker of worker 901.
+    let workers = [fed(20.0, &[812], &[901, 902, 903])];
     let busy: &[(usize, u32, &str, &[&str])] = &[
         (1, 901, "pt_data_worker", AUGMENT),
         (2, 902, "pt_data_worker", AUGMENT),
         (3, 903, "pt_data_worker", AUGMENT),
     ];
-    assert!(run(tree.path(), 9, &[gpu(20.0, &[812], 0)], busy).is_empty(), "not before 10 s");
-    let a = run(tree.path(), 10, &[gpu(20.0, &[812], 0)], busy);
+    assert!(run(9, &workers, busy).is_empty(), "not before 10 s");
+    let a = run(10, &workers, busy);
     assert_eq!(a.len(), 1, "{a:?}");
     assert_eq!(a[0].kind, Kind::GpuStarved);
     assert_eq!(a[0].subject.as_deref(), Some("gpu0"));
@@ -102,22 +98,20 @@ fn workers_saturating_cpus_while_the_gpu_idles_is_gpu_starved_after_10_s() {
 
 #[test]
 fn a_busy_gpu_an_unheld_gpu_or_strangers_saturating_cpus_raise_nothing() {
-    let tree = proc_tree(&[(901, 812), (777, 1)]);
     let workers: &[(usize, u32, &str, &[&str])] = &[(1, 901, "pt_data_worker", AUGMENT)];
-    assert!(run(tree.path(), 15, &[gpu(95.0, &[812], 0)], workers).is_empty(), "GPU busy");
-    assert!(run(tree.path(), 15, &[gpu(20.0, &[], 0)], workers).is_empty(), "nobody holds the GPU");
+    assert!(run(15, &[fed(95.0, &[812], &[901])], workers).is_empty(), "GPU busy");
+    assert!(run(15, &[fed(20.0, &[], &[])], workers).is_empty(), "nobody holds the GPU");
     let stranger: &[(usize, u32, &str, &[&str])] = &[(1, 777, "cc1", &["main"])];
-    assert!(run(tree.path(), 15, &[gpu(20.0, &[812], 0)], stranger).is_empty(), "not the GPU's feeders");
-    let idle_gpu: &[GpuSecond] = &[GpuSecond { util: None, ..gpu(0.0, &[812], 0) }];
-    assert!(run(tree.path(), 15, idle_gpu, workers).is_empty(), "no utilisation read");
+    assert!(run(15, &[fed(20.0, &[812], &[901])], stranger).is_empty(), "not the GPU's feeders");
+    let idle_gpu: &[GpuSecond] = &[GpuSecond { util: None, ..fed(0.0, &[812], &[901]) }];
+    assert!(run(15, idle_gpu, workers).is_empty(), "no utilisation read");
 }
 
 #[test]
 fn the_holder_itself_saturating_a_core_is_launch_bound() {
-    let tree = proc_tree(&[]);
     let main: &[(usize, u32, &str, &[&str])] =
         &[(0, 812, "python3", &["_start", "train_step (train.py:40)", "cudaLaunchKernel"])];
-    let a = run(tree.path(), 10, &[gpu(30.0, &[812], 0)], main);
+    let a = run(10, &[gpu(30.0, &[812], 0)], main);
     assert_eq!(a.len(), 1, "{a:?}");
     assert_eq!(a[0].kind, Kind::GpuLaunchBound);
     assert!(a[0].summary.contains("python3 (pid 812) kept a core busy itself"), "{}", a[0].summary);
@@ -126,7 +120,6 @@ fn the_holder_itself_saturating_a_core_is_launch_bound() {
 
 #[test]
 fn a_holder_given_half_a_shared_core_is_launch_bound_when_it_waited_for_the_rest() {
-    let tree = proc_tree(&[]);
     // Half of CPU 0's ticks: a build took the other half.
     let mut half = second(0, &[(0, 812, "python3", &["_start", "train_step (train.py:40)", "cudaLaunchKernel"])]);
     half.cpus[0].busy.truncate(HZ as usize / 2);
@@ -138,8 +131,7 @@ fn a_holder_given_half_a_shared_core_is_launch_bound_when_it_waited_for_the_rest
         let mut last = Vec::new();
         for s in 0..10 {
             let now = Second { start_ns: (1000 + s) * NS_PER_SEC, ..half.clone() };
-            let input =
-                Input { gpus: std::slice::from_ref(&g), inventory: &inv, proc: tree.path(), launches: &HashMap::new() };
+            let input = Input { gpus: std::slice::from_ref(&g), inventory: &inv, launches: &HashMap::new() };
             last = d.evaluate(&now, &input, M, &Thresholds::default());
         }
         last
@@ -161,8 +153,7 @@ fn a_holder_given_half_a_shared_core_is_launch_bound_when_it_waited_for_the_rest
 
 #[test]
 fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
-    let tree = proc_tree(&[]);
-    let a = run(tree.path(), 10, &[gpu(97.0, &[812], 8)], &[]);
+    let a = run(10, &[gpu(97.0, &[812], 8)], &[]);
     assert_eq!(a.len(), 1, "{a:?}");
     assert_eq!(a[0].kind, Kind::GpuThrottled);
     assert!(a[0].summary.contains("hardware thermal slowdown"), "{}", a[0].summary);
@@ -172,7 +163,7 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
     let free = [gpu(50.0, &[812], 0)];
     d.evaluate(
         &second(0, &[]),
-        &Input { gpus: &free, inventory: &inv, proc: tree.path(), launches: &HashMap::new() },
+        &Input { gpus: &free, inventory: &inv, launches: &HashMap::new() },
         M,
         &Thresholds::default(),
     );
@@ -181,32 +172,25 @@ fn clocks_held_down_while_busy_is_gpu_throttled_and_a_gap_restarts_the_count() {
     for s in 1..=10 {
         out = d.evaluate(
             &second(s, &[]),
-            &Input { gpus: &held, inventory: &inv, proc: tree.path(), launches: &HashMap::new() },
+            &Input { gpus: &held, inventory: &inv, launches: &HashMap::new() },
             M,
             &Thresholds::default(),
         );
     }
     assert!(out[0].summary.contains("SM clock 1375 MHz against 1980 MHz at best"), "{}", out[0].summary);
-    assert!(run(tree.path(), 10, &[gpu(97.0, &[812], 3)], &[]).is_empty(), "a few slowed polls are not throttling");
+    assert!(run(10, &[gpu(97.0, &[812], 3)], &[]).is_empty(), "a few slowed polls are not throttling");
     let mut d = GpuDetect::default();
     let inv = inventory();
     for s in 0..12 {
         let g = [gpu(97.0, &[812], if s == 6 { 0 } else { 9 })];
         let out = d.evaluate(
             &second(s, &[]),
-            &Input { gpus: &g, inventory: &inv, proc: tree.path(), launches: &HashMap::new() },
+            &Input { gpus: &g, inventory: &inv, launches: &HashMap::new() },
             M,
             &Thresholds::default(),
         );
         assert!(out.is_empty(), "second {s}: the run restarted at 7");
     }
-}
-
-#[test]
-fn init_holding_a_gpu_does_not_make_every_process_its_feeder() {
-    let tree = proc_tree(&[(777, 1), (778, 777)]);
-    let busy: &[(usize, u32, &str, &[&str])] = &[(1, 778, "cc1", &["main"]), (2, 777, "make", &["main"])];
-    assert!(run(tree.path(), 15, &[gpu(20.0, &[1], 0)], busy).is_empty());
 }
 
 /// A GPU-bound run as the H100 of BENCHMARKS.md showed it: 90-100 % busy, at its power cap the
@@ -216,7 +200,6 @@ fn init_holding_a_gpu_does_not_make_every_process_its_feeder() {
 #[test]
 fn a_gpu_bound_run_at_its_power_cap_raises_no_finding() {
     use crate::gpu_readings::{Holder, Reading, Seconds};
-    let tree = proc_tree(&[(901, 812), (902, 812)]);
     let busy: &[(usize, u32, &str, &[&str])] = &[
         (0, 812, "python3", &["_start", "synchronize (train.py:52)", "cuStreamSynchronize"]),
         (1, 901, "pt_data_worker", AUGMENT),
@@ -240,9 +223,13 @@ fn a_gpu_bound_run_at_its_power_cap_raises_no_finding() {
             }]),
             ..Default::default()
         };
-        let Some((start, gpus)) = fold.add(1_795_000_000 * NS_PER_SEC + poll * 100_000_000, &[r]) else { continue };
+        let Some((start, mut gpus)) = fold.add(1_795_000_000 * NS_PER_SEC + poll * 100_000_000, &[r]) else {
+            continue;
+        };
         assert_eq!((gpus[0].slowed_polls, gpus[0].reasons), (0, 0x4), "the power cap is not a slowdown");
-        let input = Input { gpus: &gpus, inventory: &inv, proc: tree.path(), launches: &HashMap::new() };
+        // As the poller would hand them over: its DataLoader workers.
+        gpus[0].descendants = vec![901, 902];
+        let input = Input { gpus: &gpus, inventory: &inv, launches: &HashMap::new() };
         let out = d.evaluate(&second(start / NS_PER_SEC, busy), &input, M, &Thresholds::default());
         assert!(out.is_empty(), "second {seconds} of a GPU-bound run: {out:?}");
         seconds += 1;

@@ -44,8 +44,8 @@ use crate::{
     store::format::NS_PER_SEC,
 };
 
-pub use finding::{Active, Finding, Kind, Labels, Severity, finding_id, finding_id_of, finding_id_time};
-pub use seconds::{CpuSecond, Machine, NetRxSecond, Second, Tick, Top, percent, top_processes};
+pub use finding::{Active, Finding, Judged, Kind, Labels, Severity, finding_id, finding_id_of, finding_id_time};
+pub use seconds::{CpuSecond, LaunchFigures, Machine, NetRxSecond, Second, Tick, Top, percent, top_processes};
 pub use thresholds::Thresholds;
 
 /// A second is evaluated once every sample stamped up to this long after its end has arrived:
@@ -298,32 +298,13 @@ impl Engine {
                 let state = shared.lock().unwrap_or_else(|p| p.into_inner());
                 let now = self.history.back().expect("pushed");
                 if let Some(gpus) = state.second(now.start_ns) {
-                    let input = gpu::Input {
-                        gpus,
-                        inventory: &state.inventory,
-                        proc: std::path::Path::new("/proc"),
-                        launches: &self.cuda_detect.launches,
-                    };
+                    // The CUDA detector's latest launch figures, handed over as data.
+                    let input = gpu::Input { gpus, inventory: &state.inventory, launches: self.cuda_detect.launches() };
                     active.extend(self.gpu_detect.evaluate(now, &input, self.machine, &self.thresholds));
                 }
             }
             let end = (second + 1) * NS_PER_SEC;
-            self.reconcile(
-                active,
-                end,
-                Some(&[
-                    Kind::SaturatedCore,
-                    Kind::HotKernelFunction,
-                    Kind::NetrxStarvation,
-                    Kind::LockSpinning,
-                    Kind::RunqStarvation,
-                    Kind::ReclaimStall,
-                    Kind::GpuStarved,
-                    Kind::GpuLaunchBound,
-                    Kind::GpuThrottled,
-                ]),
-                &mut changes,
-            );
+            self.reconcile(active, end, Some(Judged::EachSecond), &mut changes);
         }
         changes
     }
@@ -332,7 +313,7 @@ impl Engine {
     pub fn check_zombies(&mut self, now_ns: u64) -> Changes {
         let mut changes = Changes::default();
         let active = self.zombies.evaluate(now_ns, &self.thresholds);
-        self.reconcile(active.into_iter().collect(), now_ns, Some(&[Kind::ZombieMemcgs]), &mut changes);
+        self.reconcile(active.into_iter().collect(), now_ns, Some(Judged::ZombieCount), &mut changes);
         changes
     }
 
@@ -341,32 +322,33 @@ impl Engine {
     pub fn check_zombies_count(&mut self, now_ns: u64, count: Option<MemcgCount>) -> Changes {
         let mut changes = Changes::default();
         let active = count.and_then(|c| self.zombies.evaluate_count(c, now_ns, &self.thresholds));
-        self.reconcile(active.into_iter().collect(), now_ns, Some(&[Kind::ZombieMemcgs]), &mut changes);
+        self.reconcile(active.into_iter().collect(), now_ns, Some(Judged::ZombieCount), &mut changes);
         changes
     }
 
-    /// Runs the CFS throttling detector on the cgroups read by the upkeep stage (`None`: they
-    /// could not be read; open throttling findings then close).
     /// One drain of the CUDA probes (`gpu::cuda`): `threads`' calls over `secs` ending at `now_ns`.
     pub fn check_cuda(&mut self, now_ns: u64, secs: f64, threads: Vec<cuda::CudaThread>) -> Changes {
         let mut changes = Changes::default();
         let state = self.gpu.as_ref().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()));
         let active = self.cuda_detect.evaluate(now_ns, secs, threads, state.as_deref(), &self.thresholds);
         drop(state);
-        self.reconcile(active, now_ns, Some(&[Kind::GpuSyncStall]), &mut changes);
+        self.reconcile(active, now_ns, Some(Judged::CudaDrain), &mut changes);
         changes
     }
 
+    /// Runs the CFS throttling detector on the cgroups read by the upkeep stage (`None`: they
+    /// could not be read; open throttling findings then close).
     pub fn check_throttle(&mut self, now_ns: u64, readings: Option<Vec<throttle::scan::Reading>>) -> Changes {
         let mut changes = Changes::default();
         let active = self.throttle.evaluate(now_ns, readings, &self.thresholds);
-        self.reconcile(active, now_ns, Some(&[Kind::CfsThrottling]), &mut changes);
+        self.reconcile(active, now_ns, Some(Judged::ThrottleScan), &mut changes);
         changes
     }
 
     /// Opens findings for new conditions, refreshes open ones, closes those whose condition
-    /// has been false for a while. Only findings of `kinds` are considered for closing.
-    fn reconcile(&mut self, active: Vec<Active>, now_ns: u64, kinds: Option<&[Kind]>, changes: &mut Changes) {
+    /// has been false for a while. Only findings of the kinds `judged` judges are considered for
+    /// closing (`None`: all).
+    fn reconcile(&mut self, active: Vec<Active>, now_ns: u64, judged: Option<Judged>, changes: &mut Changes) {
         for a in active {
             let a = self.with_interrupts(a);
             let key = (a.kind, a.cpu, a.subject.clone());
@@ -403,7 +385,7 @@ impl Engine {
             .open
             .iter()
             .filter(|(k, o)| {
-                kinds.is_none_or(|ks| ks.contains(&k.0))
+                judged.is_none_or(|j| k.0.judged() == j)
                     && now_ns.saturating_sub(o.last_active_ns) > CLOSE_AFTER_SECS * NS_PER_SEC
             })
             .map(|(k, _)| k.clone())

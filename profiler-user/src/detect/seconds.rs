@@ -1,5 +1,6 @@
 //! What the detectors read: a second of a CPU's samples (its busy ticks with their stacks,
-//! processes and workloads), of its NET_RX work, the machine, and the processes most sampled.
+//! processes and workloads), of its NET_RX work, the machine, the processes most sampled, and
+//! the CUDA launch figures one detector makes for another ([`LaunchFigures`]).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -16,6 +17,15 @@ pub struct Tick {
     pub comm: Arc<str>,
     /// The process's workload as stored (`model::Sample::workload`).
     pub workload: Arc<str>,
+}
+
+/// A process's CUDA launches over the latest window: made by `cuda` from the probes' drains,
+/// quoted by `gpu-launch-bound` (`gpu`); the engine hands them from one to the other.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LaunchFigures {
+    pub per_sec: f64,
+    /// The Python line that launched most over the window, and its share.
+    pub top_line: Option<(Arc<str>, f64)>,
 }
 
 /// One CPU during one second.

@@ -162,3 +162,27 @@ fn the_critical_cutoffs_are_thresholds() {
     let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, t);
     assert_eq!(e.check_zombies_count(NS_PER_SEC, count).opened[0].severity, Severity::Critical);
 }
+
+#[test]
+fn a_check_closes_only_the_kinds_it_judges() {
+    let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+    let saturated = Active {
+        kind: Kind::SaturatedCore,
+        cpu: Some(1),
+        subject: None,
+        onset_ns: 0,
+        severity: Severity::Critical,
+        summary: "CPU 1 saturated for 3 s".into(),
+        evidence: serde_json::json!({}),
+    };
+    assert_eq!(Kind::SaturatedCore.judged(), Judged::EachSecond);
+    let mut changes = Changes::default();
+    e.reconcile(vec![saturated], NS_PER_SEC, Some(Judged::EachSecond), &mut changes);
+    assert_eq!(changes.opened.len(), 1);
+    // Ten seconds later, the dying-memcg count without a finding: not the saturation's judge.
+    let mut changes = Changes::default();
+    e.reconcile(Vec::new(), 10 * NS_PER_SEC, Some(Judged::ZombieCount), &mut changes);
+    assert!(changes.closed.is_empty(), "{changes:?}");
+    e.reconcile(Vec::new(), 10 * NS_PER_SEC, Some(Judged::EachSecond), &mut changes);
+    assert_eq!(changes.closed.len(), 1, "{changes:?}");
+}

@@ -117,6 +117,9 @@ pub struct GpuSecond {
     /// Per holder, its thread that asked most of the CPUs over the second (`gpu::nvml::demand`;
     /// empty where the kernel keeps no scheduler statistics).
     pub demand: Vec<ThreadDemand>,
+    /// The processes the holders started, down 8 generations (a DataLoader's workers;
+    /// `gpu::nvml::family`), sorted; read, like `demand`, for a GPU that idled over the second.
+    pub descendants: Vec<u32>,
 }
 
 /// One thread over one second, from its scheduler statistics: the share of the second it ran,

@@ -277,7 +277,7 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
                 if let Some(n) = &note {
                     subtitle = format!("{subtitle} ({n})");
                 }
-                let title = format!("{} flamegraph", kind.label());
+                let title = kind.flamegraph_title(false);
                 flamegraph::write_svg(&folded, &title, &subtitle, &mut out).map_err(internal)?;
                 ([(header::CONTENT_TYPE, "image/svg+xml")], out).into_response()
             }

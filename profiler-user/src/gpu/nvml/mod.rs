@@ -8,6 +8,7 @@
 //!   container) for `/metrics` and `profiler status`;
 //! - `demand`: what each holder's busiest thread asked of the CPUs over each second (ran plus
 //!   waited runnable, from the scheduler's statistics), for `gpu-launch-bound`;
+//! - `family`: the processes each holder started (a DataLoader's workers), for `gpu-starved`;
 //! - `events`: NVML's Xid events where the library offers them (the same faults, for nodes
 //!   whose kernel log the daemon cannot read).
 //!
@@ -16,6 +17,7 @@
 
 mod demand;
 mod events;
+mod family;
 mod holders;
 mod library;
 mod poll;

@@ -2,11 +2,15 @@
 //! multiples, reads every GPU (`library`), appends the readings to the store as counter tracks
 //! (`gpu.<index>.<quantity>`), and shares the latest reading and one summary per second.
 //! Its own CPU per second is a track too (`profiler.gpu_poll_cpu`, µs) and on `/metrics`.
+//! For a GPU that idled over a second, what its holders' threads asked of the CPUs (`demand`)
+//! and the processes they started (`family`) go with the second's summary: the detectors read
+//! them as data, not from `/proc`.
 //!
 //! Memory is bounded whatever runs on the GPUs: one reading per GPU, [`SECONDS_KEPT`] seconds
 //! of summaries, at most [`super::MAX_HOLDERS`] processes a GPU.
 
 use std::{
+    collections::HashMap,
     path::PathBuf,
     sync::{
         Arc,
@@ -15,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use super::{demand::Demand, holders::Namer, library::Source};
+use super::{demand::Demand, family::Family, holders::Namer, library::Source};
 use crate::{
     collect::counters::{Point, thread_cpu},
     gpu_readings::{GpuSecond, Inventory, Reading, SECONDS_KEPT, Seconds, Shared},
@@ -39,10 +43,10 @@ pub struct Poller {
     /// `/metrics`' figures: NVML's Xid events count in `profiler_gpu_xid_total`.
     /// Xid faults counted for `/metrics`.
     pub xids: crate::gpu_readings::XidCounts,
-    /// Utilisation (%) below which a second's holders have their threads' demand read: what the
-    /// GPU detectors call idle (`detect.gpu_idle_below`, as the daemon started: a new value given
-    /// by SIGHUP applies to the detectors, and here at the next start). A busy GPU's holders
-    /// cost nothing.
+    /// Utilisation (%) below which a second's holders have their threads' demand and the
+    /// processes they started read (`demand`, `family`): what the GPU detectors call idle
+    /// (`detect.gpu_idle_below`, as the daemon started: a new value given by SIGHUP applies to
+    /// the detectors, and here at the next start). A busy GPU's holders cost nothing.
     pub idle_below: f64,
 }
 
@@ -125,6 +129,7 @@ impl Poller {
         let mut unsupported = source.unsupported().len();
         let mut namer = Namer::new(&self.kubelet_logs);
         let mut demand = Demand::new(std::path::Path::new("/proc"));
+        let mut family = Family::new(std::path::Path::new("/proc"));
         let (mut second_cpu, mut failing) = (0.0, false);
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
@@ -160,9 +165,12 @@ impl Poller {
             let mut done = acc.add(ts_ns, &readings);
             // Read at each second's first poll, it covers the second `acc` ends now.
             if let Some((_, gpus)) = done.as_mut() {
-                let asked = demand.read(&idle_holders(gpus, self.idle_below), ts_ns);
+                let idle = idle_holders(gpus, self.idle_below);
+                let asked = demand.read(&idle, ts_ns);
+                let started = family.read(&idle);
                 for g in gpus.iter_mut() {
                     g.demand = asked.iter().filter(|d| g.holders.contains(&d.pid)).copied().collect();
+                    g.descendants = descendants(&g.holders, &started);
                 }
             }
             let cost = (thread_cpu() - cpu_before).as_secs_f64();
@@ -205,6 +213,14 @@ impl Poller {
 fn idle_holders(gpus: &[GpuSecond], idle_below: f64) -> Vec<u32> {
     let idle = gpus.iter().filter(|g| g.util.is_some_and(|u| u < idle_below));
     let mut pids: Vec<u32> = idle.flat_map(|g| g.holders.iter().copied()).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// The processes `holders` started, once each, from what [`Family::read`] found per holder.
+fn descendants(holders: &[u32], started: &HashMap<u32, Vec<u32>>) -> Vec<u32> {
+    let mut pids: Vec<u32> = holders.iter().filter_map(|h| started.get(h)).flatten().copied().collect();
     pids.sort_unstable();
     pids.dedup();
     pids
@@ -273,5 +289,12 @@ mod tests {
         let gpus = [g(Some(8.0), &[812, 813]), g(Some(95.0), &[900]), g(None, &[901]), g(Some(20.0), &[812])];
         assert_eq!(idle_holders(&gpus, 50.0), [812, 813]);
         assert!(idle_holders(&gpus[1..3], 50.0).is_empty());
+    }
+
+    #[test]
+    fn a_gpus_descendants_are_those_of_each_of_its_holders_once() {
+        let started = HashMap::from([(812, vec![901, 902]), (813, vec![902, 950])]);
+        assert_eq!(descendants(&[812, 813, 814], &started), [901, 902, 950]);
+        assert!(descendants(&[900], &started).is_empty());
     }
 }

@@ -69,6 +69,12 @@ pub fn source(frame: &str) -> Option<(&str, &str, u32)> {
     (!function.is_empty() && !file.is_empty()).then_some((function, file, line))
 }
 
+/// The leaf-most Python frame ([`source`] reads it as one) of a stack's frames, root first: the
+/// line a detector names (`step (train.py:42)`).
+pub fn leaf_frame(frames: &[Arc<str>]) -> Option<&Arc<str>> {
+    frames.iter().rev().find(|f| source(f).is_some())
+}
+
 /// Puts Python frames where the interpreter ran them. `user` is root first; `python` holds
 /// `(name, starts its evaluation)` leaf first. Each `_PyEval_EvalFrameDefault`, from the leaf
 /// outwards, is replaced by the Python frames it ran: up to and including the next frame that
@@ -146,6 +152,18 @@ mod tests {
         assert_eq!(source("[unknown] (libc.so.6)"), None);
         assert_eq!(source("operator()(int)"), None);
         assert_eq!(source("libc.so.6+0x3fb9c"), None);
+    }
+
+    #[test]
+    fn the_leaf_most_python_frame_is_the_one_nearest_the_leaf() {
+        let stack = |v: &[&str]| v.iter().map(|f| Arc::from(*f)).collect::<Vec<Arc<str>>>();
+        let s = stack(&["_start", "main (/srv/app.py:3)", "step (/srv/train.py:42)", "cudaLaunchKernel"]);
+        assert_eq!(leaf_frame(&s).map(|f| &**f), Some("step (/srv/train.py:42)"));
+        let s = stack(&["main (/srv/app.py:3)", "_call (<frozen importlib._bootstrap>:241)", "memcpy"]);
+        assert_eq!(leaf_frame(&s).map(|f| &**f), Some("_call (<frozen importlib._bootstrap>:241)"));
+        let s = stack(&["_start", "[unknown] (libc.so.6)", "operator()(int)", "libc.so.6+0x3fb9c"]);
+        assert_eq!(leaf_frame(&s), None, "no Python frame");
+        assert_eq!(leaf_frame(&[]), None);
     }
 
     #[test]
