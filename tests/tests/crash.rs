@@ -4,7 +4,9 @@
 
 use std::{collections::BTreeMap, process::Stdio, time::Duration};
 
-use integration_tests::{Daemon, helper_bin, now_secs, parse_folded, privileged, profiler, status_json, wait_for};
+use integration_tests::{
+    Daemon, Kill, helper_bin, now_secs, parse_folded, privileged, profiler, status_json, wait_for,
+};
 
 const FLUSH_S: f64 = 0.5;
 
@@ -46,12 +48,17 @@ fn sigkill_at_random_moments_loses_at_most_one_flush_interval() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let dir = data.to_str().unwrap().to_string();
-    // Something to sample all along: CPU 1 busy in user space.
-    let mut helper = std::process::Command::new(helper_bin())
-        .args(["1", &format!("{}", kills as f64 * 3.0 + 30.0)])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Something to sample all along: CPU 1 busy in user space, until the test ends (killed then,
+    // or on a panic). Not for a guessed time: each start now verifies the BPF programs for ~5 s,
+    // and a burner sized at 3 s a kill ended around kill 13 of 20, leaving CPU 1 idle and the
+    // kills after it with nothing to find.
+    let mut helper = Kill(
+        std::process::Command::new(helper_bin())
+            .args(["1", &format!("{}", kills as f64 * 60.0 + 60.0)])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
 
     let mut worst_gap: f64 = 0.0;
     for i in 0..kills {
@@ -67,6 +74,7 @@ fn sigkill_at_random_moments_loses_at_most_one_flush_interval() {
         std::thread::sleep(Duration::from_secs_f64(0.05 + random() * 2.0 * FLUSH_S + random() * 0.7));
         let killed = now_secs();
         daemon.kill9();
+        assert!(matches!(helper.0.try_wait(), Ok(None)), "kill {i}: the burner on CPU 1 ended: nothing to measure");
 
         // The store opens and answers, with no warning, right after the crash.
         let status = status_json(&data).expect("status after SIGKILL");
@@ -113,8 +121,7 @@ fn sigkill_at_random_moments_loses_at_most_one_flush_interval() {
     let mut last = Daemon::start_with_flush(&data, &[], 500);
     last.wait_ready_since(now_secs());
     assert!(last.stop().success(), "{}", last.log_text());
-    let _ = helper.kill();
-    let _ = helper.wait();
+    drop(helper);
     let status = status_json(&data).unwrap();
     let span = status["summary"]["span"].as_array().unwrap();
     let (first, end) = (span[0].as_u64().unwrap() as f64 / 1e9, span[1].as_u64().unwrap() as f64 / 1e9);
