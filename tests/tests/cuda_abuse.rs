@@ -148,7 +148,7 @@ fn a_users_floods_leave_the_daemon_alive_under_256_mib_and_roots_counts_exact() 
     // The flood's own counts: its copies one row each a key and second, 1 TiB a call (not
     // 257 rows); its launches marked as estimates.
     let copied = total(&scene.data, "cuda-copies", copies.pid(), "");
-    assert!(copied > 0 && copied % (1 << 40) == 0, "the flood's bytes: {copied}");
+    assert!(copied > 0 && copied.is_multiple_of(1 << 40), "the flood's bytes: {copied}");
     assert!(!scene.marked("cuda-launches", launches.pid(), "[estimate").is_empty(), "the launching flood's estimates");
 
     let metrics = scene.metrics();
