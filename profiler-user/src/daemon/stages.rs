@@ -101,7 +101,18 @@ impl Stages {
         // of the verifier's time, then the pipeline that drains the queue.
         let mut collector = sampling.collector;
         collector.load_walkers();
+        let sampled = collector.cpus().len();
         let stage = spawn_pipeline(config, sampling.machine, links, collector)?;
+        // Every stage that the data path needs runs (the pipeline writes from here): the line
+        // that says the daemon is up, as before the walkers were loaded after the sampler.
+        tracing::info!(
+            cpus = sampled,
+            frequency_hz = config.frequency_hz,
+            data_dir = %config.data_dir.display(),
+            flush_ms = config.flush_interval.as_millis() as u64,
+            queue_bytes = sampling.queue_bytes,
+            "profiling started"
+        );
         let settings = Arc::new(Mutex::new(config.settings.clone()));
         let kmsg = match Kmsg::open(&config.event_patterns) {
             Ok(k) => Some(k),
@@ -228,14 +239,6 @@ fn start_sampling(config: &DaemonConfig) -> Result<Sampling, DaemonError> {
     }
     .write(&config.data_dir)?;
     let queue_bytes = test_knob(QUEUE_BYTES_ENV).unwrap_or(QUEUE_BYTES);
-    tracing::info!(
-        cpus = sampled,
-        frequency_hz = config.frequency_hz,
-        data_dir = %config.data_dir.display(),
-        flush_ms = config.flush_interval.as_millis() as u64,
-        queue_bytes,
-        "profiling started"
-    );
     let machine = Machine { cpus, frequency_hz: config.frequency_hz };
     Ok(Sampling { collector, rings, unwind, unwind_stage, machine, hostname, queue_bytes })
 }
