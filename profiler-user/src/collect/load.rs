@@ -25,10 +25,15 @@ impl Collector {
         probe_kernel()?;
         let offsets = Offsets::read();
         let mut ebpf = load(config, ring_bytes, &offsets)?;
-        // The maps first, the sampler next: samples flow from here, with the stack walkers
-        // (seconds of the verifier's time) loaded after (`load_walkers`) and the CUDA probes
-        // when a process first maps the driver (`cuda_load`).
+        // The maps, the stack walkers (about a second of the verifier's time here, 16 s on 6.1
+        // in qemu), then the sampler; the CUDA probes when a GPU or a driver calls for them
+        // (`cuda_load`). The walkers come before the sampler, not after: loaded after, they
+        // held the pipeline back, and the processes that ended meanwhile (a short job) were
+        // symbolized once their maps were gone.
         let unwind = take_unwind(&mut ebpf, config.unwind_rows);
+        if unwind.is_some() {
+            load_walkers(&mut ebpf);
+        }
         let links = attach_sampler(&mut ebpf, config.frequency_hz)?;
         let sampling = start::Moment::now();
         start::record(|f| f.sampling = Some(sampling));
@@ -69,7 +74,6 @@ impl Collector {
             ebpf,
             rings: Some(Rings { samples: ring, events }),
             unwind,
-            walkers: unwind_rows_wanted(config.unwind_rows),
             cuda: None,
             cuda_refused: None,
             counters,
@@ -211,30 +215,25 @@ fn take_unwind(ebpf: &mut Ebpf, unwind_rows: u32) -> Option<unwind_maps::Maps> {
     }
 }
 
-impl Collector {
-    /// Loads the stack walkers into the sampler's slots (tables, scan, Python frames): seconds
-    /// of the verifier's time, spent after the sampler is attached. Once.
-    pub fn load_walkers(&mut self) {
-        if !std::mem::take(&mut self.walkers) {
-            return;
-        }
-        let loaded = unwind_maps::load_walkers(&mut self.ebpf);
-        let done = start::Moment::now();
-        start::record(|f| f.walkers = Some(done));
-        let programs: Vec<String> = loaded
-            .iter()
-            .map(|l| match l.verified_insns {
-                Some(i) => format!("{} {} ms ({i} instructions verified)", l.name, l.took.as_millis()),
-                None => format!("{} {} ms", l.name, l.took.as_millis()),
-            })
-            .collect();
-        tracing::info!(
-            after_ms = (done.seconds * 1e3).round(),
-            cpu_ms = (done.cpu_seconds * 1e3).round(),
-            programs = %programs.join(", "),
-            "stack walkers loaded: stacks are walked with unwind tables from now on"
-        );
-    }
+/// Loads the stack walkers into the sampler's slots (tables, scan, Python frames), and says
+/// when, with the CPU spent by then and each program's cost.
+fn load_walkers(ebpf: &mut Ebpf) {
+    let loaded = unwind_maps::load_walkers(ebpf);
+    let done = start::Moment::now();
+    start::record(|f| f.walkers = Some(done));
+    let programs: Vec<String> = loaded
+        .iter()
+        .map(|l| match l.verified_insns {
+            Some(i) => format!("{} {} ms ({i} instructions verified)", l.name, l.took.as_millis()),
+            None => format!("{} {} ms", l.name, l.took.as_millis()),
+        })
+        .collect();
+    tracing::info!(
+        after_ms = (done.seconds * 1e3).round(),
+        cpu_ms = (done.cpu_seconds * 1e3).round(),
+        programs = %programs.join(", "),
+        "stack walkers loaded"
+    );
 }
 
 /// Loads the sampler and attaches it to every online CPU.

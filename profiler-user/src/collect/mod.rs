@@ -188,8 +188,6 @@ pub struct Collector {
     ebpf: Ebpf,
     rings: Option<Rings>,
     unwind: Option<unwind_maps::Maps>,
-    /// The stack walkers still to load (`load_walkers`).
-    walkers: bool,
     /// The CUDA probes' maps, once their programs loaded (`cuda`, when first needed).
     cuda: Option<cuda::Maps>,
     /// Why the kernel refused them (they are not asked again).

@@ -97,14 +97,11 @@ impl Stages {
         }
         .spawn(sampling.rings)
         .map_err(|e| DaemonError::Thread("ring reader", e))?;
-        // The sampler runs and the reader queues its samples: now the stack walkers, the bulk
-        // of the verifier's time, then the pipeline that drains the queue.
-        let mut collector = sampling.collector;
-        collector.load_walkers();
+        let collector = sampling.collector;
         let sampled = collector.cpus().len();
         let stage = spawn_pipeline(config, sampling.machine, links, collector)?;
         // Every stage that the data path needs runs (the pipeline writes from here): the line
-        // that says the daemon is up, as before the walkers were loaded after the sampler.
+        // that says the daemon is up.
         tracing::info!(
             cpus = sampled,
             frequency_hz = config.frequency_hz,
