@@ -136,6 +136,18 @@ pub struct CollectConfig {
 pub struct CpuCounters {
     pub seen: u64,
     pub ringbuf_full: u64,
+    pub stacks: StackCounts,
+    /// Event records the kernel dropped: the `EVENTS` ring was full.
+    pub events_lost: u64,
+    /// Most bytes waiting in the ring in the current maxima epoch ([`Collector::next_epoch`]).
+    pub ring_used_max: u64,
+}
+
+/// How a CPU's stacks were captured: the kernel's cumulative counts, and the daemon's totals
+/// since its start (`serve::metrics::CpuTotals`), which add up their growth.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StackCounts {
+    /// Samples delivered whose kernel or user stack could not be captured.
     pub kernel_stack_errors: u64,
     pub user_stack_errors: u64,
     /// User stacks walked with unwind tables, and of those the walks that stopped early.
@@ -144,10 +156,21 @@ pub struct CpuCounters {
     /// How those walks ended, by `unwind::end` reason, and the frames the stack scan found.
     pub unwind_ends: [u64; profiler_common::unwind::end::COUNT],
     pub unwind_scanned: u64,
-    /// Event records the kernel dropped: the `EVENTS` ring was full.
-    pub events_lost: u64,
-    /// Most bytes waiting in the ring in the current maxima epoch ([`Collector::next_epoch`]).
-    pub ring_used_max: u64,
+}
+
+impl StackCounts {
+    /// Adds what the cumulative counts grew by from `before` to `now`.
+    pub fn add_growth(&mut self, now: &Self, before: &Self) {
+        let grew = |n: u64, b: u64| n.saturating_sub(b);
+        self.kernel_stack_errors += grew(now.kernel_stack_errors, before.kernel_stack_errors);
+        self.user_stack_errors += grew(now.user_stack_errors, before.user_stack_errors);
+        self.unwind_walks += grew(now.unwind_walks, before.unwind_walks);
+        self.unwind_stopped += grew(now.unwind_stopped, before.unwind_stopped);
+        for (i, n) in now.unwind_ends.iter().enumerate() {
+            self.unwind_ends[i] += grew(*n, before.unwind_ends[i]);
+        }
+        self.unwind_scanned += grew(now.unwind_scanned, before.unwind_scanned);
+    }
 }
 
 /// NET_RX figures of one CPU: cumulative counters, and maxima since the previous read.
@@ -373,15 +396,18 @@ impl Collector {
             .map(|v| CpuCounters {
                 seen: v[counter::SEEN],
                 ringbuf_full: v[counter::RINGBUF_FULL],
-                kernel_stack_errors: v[counter::KERNEL_STACK_ERROR],
-                user_stack_errors: v[counter::USER_STACK_ERROR],
-                unwind_walks: v[counter::UNWIND_TABLES],
-                // Every end but the outermost frame and a zero frame pointer (`unwind::end`).
-                unwind_stopped: (profiler_common::unwind::end::NO_ROW as usize..profiler_common::unwind::end::COUNT)
-                    .map(|e| v[counter::UNWIND_ENDS + e])
-                    .sum(),
-                unwind_ends: std::array::from_fn(|i| v[counter::UNWIND_ENDS + i]),
-                unwind_scanned: v[counter::UNWIND_SCANNED],
+                stacks: StackCounts {
+                    kernel_stack_errors: v[counter::KERNEL_STACK_ERROR],
+                    user_stack_errors: v[counter::USER_STACK_ERROR],
+                    unwind_walks: v[counter::UNWIND_TABLES],
+                    // Every end but the outermost frame and a zero frame pointer (`unwind::end`).
+                    unwind_stopped: (profiler_common::unwind::end::NO_ROW as usize
+                        ..profiler_common::unwind::end::COUNT)
+                        .map(|e| v[counter::UNWIND_ENDS + e])
+                        .sum(),
+                    unwind_ends: std::array::from_fn(|i| v[counter::UNWIND_ENDS + i]),
+                    unwind_scanned: v[counter::UNWIND_SCANNED],
+                },
                 events_lost: v[counter::EVENTS_LOST],
                 ring_used_max: epoch_max(v, counter::EPOCH, self.epoch, counter::RING_USED_MAX),
             })

@@ -67,14 +67,7 @@ impl Tally {
             let t = self.totals.entry(cpu).or_default();
             let full = c.ringbuf_full.saturating_sub(prev.ringbuf_full);
             t.ring_full += full;
-            t.kernel_stack_errors += c.kernel_stack_errors.saturating_sub(prev.kernel_stack_errors);
-            t.user_stack_errors += c.user_stack_errors.saturating_sub(prev.user_stack_errors);
-            t.unwind_walks += c.unwind_walks.saturating_sub(prev.unwind_walks);
-            t.unwind_stopped += c.unwind_stopped.saturating_sub(prev.unwind_stopped);
-            for (i, n) in c.unwind_ends.iter().enumerate() {
-                t.unwind_ends[i] += n.saturating_sub(prev.unwind_ends[i]);
-            }
-            t.unwind_scanned += c.unwind_scanned.saturating_sub(prev.unwind_scanned);
+            t.stacks.add_growth(&c.stacks, &prev.stacks);
             if full > 0 {
                 ring_full.push((cpu, full));
             }
@@ -145,15 +138,11 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::StackCounts;
 
     fn c(seen: u64, full: u64, kerr: u64, uerr: u64) -> CpuCounters {
-        CpuCounters {
-            seen,
-            ringbuf_full: full,
-            kernel_stack_errors: kerr,
-            user_stack_errors: uerr,
-            ..Default::default()
-        }
+        let stacks = StackCounts { kernel_stack_errors: kerr, user_stack_errors: uerr, ..Default::default() };
+        CpuCounters { seen, ringbuf_full: full, stacks, ..Default::default() }
     }
 
     /// One update: counters per CPU, (busy seconds, idle samples) per CPU, CPUs sampled, time.
@@ -178,7 +167,11 @@ mod tests {
         t.add_queue_full(0, 4);
         assert_eq!(
             t.totals[&0],
-            CpuTotals { queue_full: 4, kernel_stack_errors: 5, user_stack_errors: 7, ..Default::default() }
+            CpuTotals {
+                queue_full: 4,
+                stacks: StackCounts { kernel_stack_errors: 5, user_stack_errors: 7, ..Default::default() },
+                ..Default::default()
+            }
         );
         assert_eq!(t.totals[&0].lost(), 4, "stack errors were delivered: not lost");
         assert_eq!(t.totals[&1].lost(), 3);

@@ -15,14 +15,7 @@ use exposition::write_family;
 pub struct CpuTotals {
     pub ring_full: u64,
     pub queue_full: u64,
-    pub kernel_stack_errors: u64,
-    pub user_stack_errors: u64,
-    pub unwind_walks: u64,
-    pub unwind_stopped: u64,
-    /// How table walks ended, by `profiler_common::unwind::end` reason.
-    pub unwind_ends: [u64; profiler_common::unwind::end::COUNT],
-    /// Return addresses the stack scan found.
-    pub unwind_scanned: u64,
+    pub stacks: crate::collect::StackCounts,
     pub throttled_estimate: u64,
 }
 
@@ -179,7 +172,7 @@ fn sampler(l: &Live, out: &mut String) {
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let total: u64 = l.counters.values().map(|c| c.unwind_ends[i]).sum();
+                let total: u64 = l.counters.values().map(|c| c.stacks.unwind_ends[i]).sum();
                 (format!("{{reason=\"{name}\"}}"), total as f64)
             })
             .collect(),
@@ -189,20 +182,20 @@ fn sampler(l: &Live, out: &mut String) {
         "counter",
         "Return addresses found by scanning the stack where no unwind rule went on (a word returning into an \
          executable mapping just after a call instruction), summed over CPUs.",
-        vec![(String::new(), l.counters.values().map(|c| c.unwind_scanned).sum::<u64>() as f64)],
+        vec![(String::new(), l.counters.values().map(|c| c.stacks.unwind_scanned).sum::<u64>() as f64)],
     );
     family(
         "profiler_stack_errors_total",
         "counter",
         "Samples stored whose kernel or user stack could not be captured (delivered, not lost).",
-        by_cpu("stack", &[("kernel", &|c| c.kernel_stack_errors), ("user", &|c| c.user_stack_errors)]),
+        by_cpu("stack", &[("kernel", &|c| c.stacks.kernel_stack_errors), ("user", &|c| c.stacks.user_stack_errors)]),
     );
     family(
         "profiler_unwind_walks_total",
         "counter",
         "User stacks walked with unwind tables (code without frame pointers), and of those the walks that stopped \
          before the outermost frame (an address without a rule, an unreadable stack word, the frame limit).",
-        by_cpu("outcome", &[("walked", &|c| c.unwind_walks), ("stopped", &|c| c.unwind_stopped)]),
+        by_cpu("outcome", &[("walked", &|c| c.stacks.unwind_walks), ("stopped", &|c| c.stacks.unwind_stopped)]),
     );
     if let Some(u) = &l.unwind {
         let mut gauge = |name: &str, help: &str, v: u64| family(name, "gauge", help, vec![(String::new(), v as f64)]);

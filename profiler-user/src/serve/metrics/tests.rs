@@ -10,9 +10,12 @@ fn every_line_is_a_comment_or_a_sample() {
         CpuTotals {
             ring_full: 2,
             queue_full: 5,
-            user_stack_errors: 9,
-            unwind_walks: 80,
-            unwind_stopped: 3,
+            stacks: crate::collect::StackCounts {
+                user_stack_errors: 9,
+                unwind_walks: 80,
+                unwind_stopped: 3,
+                ..Default::default()
+            },
             ..Default::default()
         },
     );
