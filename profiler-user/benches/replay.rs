@@ -266,7 +266,7 @@ fn run(a: &Args, cpus: u32) -> Value {
     // The daemon's unwind stage knows which processes run CPython, and which version; what the
     // pipeline tells it is taken off the queue between batches, as that stage's thread would.
     let (notifier, told) = profiler::unwind::Notifier::detached(pys.iter().map(|p| (p.pid, p.minor)).collect());
-    pipeline.unwind = Some(notifier);
+    pipeline.set_unwind(Some(notifier));
     let mut netrx = NetRx::new(cpus);
     let halves = (a.warmup + a.seconds) * NS / FLUSH_NS;
     let warmup_halves = a.warmup * NS / FLUSH_NS;
@@ -288,7 +288,7 @@ fn run(a: &Args, cpus: u32) -> Value {
         }
         let cpu1 = thread_cpu();
         // What the daemon does on its flush tick that belongs to the sample path.
-        pipeline.engine.on_netrx(now, netrx.next());
+        pipeline.on_netrx(now, netrx.next());
         let _findings = pipeline.tick(now, now);
         let cpu2 = thread_cpu();
         let flushed = pipeline.flush(now, u64::MAX).expect("flush");

@@ -5,7 +5,8 @@
 //! (`benches/replay.rs`) run the very same code: nothing here touches BPF, so records built in
 //! memory go through exactly what the ring buffer's records go through. The daemon owns the
 //! timing (when to drain, when to flush) and everything around it (lost counters, findings on
-//! disk, metrics): `daemon::stage` runs it on its own thread, fed by the ring reader's queue.
+//! disk, publishing the pipeline's [`Figures`] to /metrics): `daemon::stage` runs it on its own
+//! thread, fed by the ring reader's queue.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -28,13 +29,14 @@ use crate::{
 /// a node with churn would otherwise grow it forever).
 const COMMS_MAX: usize = 65_536;
 
-/// The fields are private but for the three the CUDA recorder (`gpu::cuda`) works on directly:
-/// the daemon's stage goes through the methods below.
+/// The fields are private: the daemon's stage and the CUDA recorder (`gpu::cuda`) go through
+/// the methods below, those that hand the detectors what is not a sample (`detectors`), and
+/// [`Pipeline::figures`] for /metrics (`figures`).
 pub struct Pipeline {
     /// Not `Send` (blazesym): the pipeline stays on the thread that built it.
     symbolizer: Symbolizer,
     writer: StoreWriter,
-    pub engine: Engine,
+    engine: Engine,
     /// `CLOCK_REALTIME - CLOCK_BOOTTIME` in ns: BPF stamps samples with boot time, the store
     /// keeps wall-clock time. The daemon re-reads it on every flush, so NTP steps are followed.
     offset: i128,
@@ -55,7 +57,7 @@ pub struct Pipeline {
     /// slow symbolizer (a stalled stage), see `PROFILER_TEST_SYMBOLIZE_DELAY_US`.
     before_symbolize: Option<Box<dyn FnMut() + Send>>,
     /// Told which processes run user code, so their unwind tables get built.
-    pub unwind: Option<crate::unwind::Notifier>,
+    unwind: Option<crate::unwind::Notifier>,
     /// The container, pod or unit of each process (none: samples carry no workload).
     workloads: Option<crate::identity::Workloads>,
     /// Time of the oldest sample handled since the last successful flush (wall-clock ns).
@@ -66,7 +68,9 @@ pub struct Pipeline {
     /// The flight recorder: samples of CPUs it records go there, and at the base frequency on.
     flight: Option<crate::flight::Flight>,
     /// Processes that ran since the CUDA recorder last looked (`None`: it is off).
-    pub active: Option<std::collections::HashSet<u32>>,
+    active: Option<std::collections::HashSet<u32>>,
+    /// Ring-to-disk latencies of the flushes since start, for /metrics.
+    latencies: figures::Latencies,
 }
 
 impl Pipeline {
@@ -92,6 +96,7 @@ impl Pipeline {
             last_latency_ns: None,
             flight: None,
             active: None,
+            latencies: figures::Latencies::default(),
         }
     }
 
@@ -287,6 +292,24 @@ impl Pipeline {
         self.active = Some(Default::default());
     }
 
+    /// The processes that ran since the last call (none unless [`Self::track_active`]).
+    pub fn take_active(&mut self) -> Vec<u32> {
+        self.active.as_mut().map(|a| a.drain().collect()).unwrap_or_default()
+    }
+
+    /// The unwind stage, told which processes run user code (`None`: frame pointers only).
+    pub fn set_unwind(&mut self, unwind: Option<crate::unwind::Notifier>) {
+        self.unwind = unwind;
+    }
+
+    /// `pid`'s stacks will be walked (the CUDA probes attached to it): its unwind tables and
+    /// Python frames are wanted now, not once a sample happens to meet it.
+    pub fn want_tables(&mut self, pid: u32, now: std::time::Instant) {
+        if let Some(unwind) = self.unwind.as_mut() {
+            unwind.mapped(pid, now);
+        }
+    }
+
     pub fn symbolizer(&self) -> &Symbolizer {
         &self.symbolizer
     }
@@ -340,11 +363,18 @@ impl Pipeline {
     pub fn flush(&mut self, now_ns: u64, hold_from: u64) -> Result<Flushed, StoreError> {
         let flushed = self.writer.flush_before(now_ns, hold_from)?;
         self.last_latency_ns = self.oldest_unflushed_ns.take().map(|oldest| now_ns.saturating_sub(oldest));
+        if let Some(ns) = self.last_latency_ns {
+            self.latencies.push(ns);
+        }
         // What is held back counts from its own first sample at the flush that writes it.
         self.oldest_unflushed_ns = self.writer.oldest_pending_ns();
         Ok(flushed)
     }
 }
+
+mod detectors;
+mod figures;
+pub use figures::Figures;
 
 #[cfg(test)]
 mod tests;

@@ -217,7 +217,7 @@ fn reload(config: &DaemonConfig, settings: &Mutex<Reloadable>, control: &mpsc::S
 fn serve(
     addr: std::net::SocketAddr,
     data_dir: &std::path::Path,
-    live: Arc<Mutex<crate::serve::metrics::Live>>,
+    live: crate::serve::metrics::Live,
 ) -> Result<(), DaemonError> {
     let token = crate::serve::new_token().map_err(|e| StoreError::Io("/dev/urandom".into(), e))?;
     let state = crate::serve::AppState {

@@ -28,7 +28,7 @@ use crate::{
     collect::{CgroupFields, Collector, memcg::MemcgCount, parse_event},
     detect::{Changes, Engine, Machine, Thresholds},
     pipeline::Pipeline,
-    serve::metrics::Live,
+    serve::metrics::{Live, Sampling},
     store::{StoreWriter, writer::WriterLimits},
     timespec::now_ns,
 };
@@ -42,8 +42,6 @@ const CPU_CHECKS_EVERY: Duration = Duration::from_secs(5);
 const STALL_SECS: f64 = 3.0;
 /// While handling a batch of samples, look for exec events this often (records).
 const EVENTS_EVERY: usize = 16;
-/// Flushes over which the ring-to-disk latency's p50 and maximum are taken.
-const LATENCY_WINDOW: usize = 120;
 
 /// What the supervisor and the upkeep stage tell the pipeline stage.
 pub enum Control {
@@ -81,7 +79,9 @@ pub struct Links {
     pub queue: Arc<QueueStats>,
     pub drops: Arc<Mutex<Drops>>,
     pub control: Receiver<Control>,
-    pub live: Arc<Mutex<Live>>,
+    /// What /metrics shows: the stage writes its own parts (`sampling`, `pipeline`, `cuda`)
+    /// and reads the store's size from the upkeep stage's, for its report.
+    pub live: Live,
     /// Set while the store cannot be written (retention then frees space first).
     pub write_failing: Arc<AtomicBool>,
     /// The unwind stage, when unwind tables are in use.
@@ -139,13 +139,6 @@ struct Stage {
     tally: Tally,
     started: Instant,
     report: Report,
-    latencies: VecDeque<u64>,
-    /// Every flush's latency since start: sum (ns) and count.
-    latency_total: (u128, u64),
-    queue_full: u64,
-    events_dropped: u64,
-    /// Event records the kernel dropped (its `EVENTS` ring was full), since the start.
-    events_lost: u64,
     write_failing: bool,
     cpus_checked_at: Instant,
     next_tick: Instant,
@@ -163,10 +156,10 @@ struct Stage {
 
 impl Stage {
     fn new(config: StageConfig, mut links: Links, collector: Option<Collector>, mut pipeline: Pipeline) -> Self {
-        pipeline.unwind = links.unwind.take();
-        pipeline.engine.gpu = links.gpu.clone();
+        pipeline.set_unwind(links.unwind.take());
+        pipeline.set_gpu(links.gpu.clone());
         if collector.is_some() {
-            pipeline.engine.interrupts = crate::collect::irqs::Placement::read();
+            pipeline.set_interrupts(crate::collect::irqs::Placement::read());
         }
         if let Some(delay) = config.symbolize_delay {
             pipeline.set_before_symbolize(Box::new(move || std::thread::sleep(delay)));
@@ -188,11 +181,6 @@ impl Stage {
             collector,
             pipeline,
             started: Instant::now(),
-            latencies: VecDeque::new(),
-            latency_total: (0, 0),
-            queue_full: 0,
-            events_dropped: 0,
-            events_lost: 0,
             write_failing: false,
             cpus_checked_at: Instant::now(),
             next_tick: Instant::now() + fallback(config_flush),
@@ -235,14 +223,13 @@ impl Stage {
             }
             if stopping {
                 // Open findings are written with the end they have so far.
-                let open = Changes { closed: self.pipeline.engine.open_findings(), ..Changes::default() };
+                let open = Changes { closed: self.pipeline.open_findings(), ..Changes::default() };
                 super::record_findings(&open, &self.config.data_dir);
-                self.report.queue = self.links.queue.depth();
-                self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
+                self.log_report();
                 return Summary {
                     samples: self.pipeline.samples(),
                     idle: self.pipeline.idle(),
-                    queue_full: self.queue_full,
+                    queue_full: self.tally.queue_full(),
                 };
             }
         }
@@ -321,13 +308,9 @@ impl Stage {
         // Thresholds reloaded; zombie counts from the upkeep stage.
         while let Ok(c) = self.links.control.try_recv() {
             match c {
-                Control::Thresholds(t) => self.pipeline.engine.set_thresholds(t),
-                Control::Zombies(at, count) => {
-                    changes.extend(self.pipeline.engine.check_zombies_count(at, count));
-                }
-                Control::Throttle(at, readings) => {
-                    changes.extend(self.pipeline.engine.check_throttle(at, readings));
-                }
+                Control::Thresholds(t) => self.pipeline.set_thresholds(t),
+                Control::Zombies(at, count) => changes.extend(self.pipeline.check_zombies(at, count)),
+                Control::Throttle(at, readings) => changes.extend(self.pipeline.check_throttle(at, readings)),
             }
         }
         // Lost in userspace: the reader knows the second of each record it dropped. Counted
@@ -336,79 +319,11 @@ impl Stage {
         for ((second, cpu), n) in drops.samples {
             self.pipeline.on_lost(second * 1_000_000_000, cpu, n);
             self.tally.add_queue_full(cpu, n);
-            self.queue_full += n;
             self.report.lost += n;
         }
-        self.events_dropped += drops.events;
+        self.tally.events_dropped += drops.events;
         let now = now_ns();
-        let mut ring_used_max = 0;
-        if let Some(collector) = self.collector.as_mut() {
-            let check_cpus = self.cpus_checked_at.elapsed() >= CPU_CHECKS_EVERY;
-            if check_cpus {
-                self.cpus_checked_at = Instant::now();
-                // irqbalance moves NIC queues between CPUs every 10 s or so.
-                self.pipeline.engine.interrupts = crate::collect::irqs::Placement::read();
-                match collector.sync_cpus() {
-                    Ok(change) if !change.is_empty() => {
-                        tracing::info!(added = ?change.added, removed = ?change.removed, "CPUs came online or went offline");
-                        self.pipeline.set_online_cpus(&collector.cpus());
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "cannot follow CPU hotplug"),
-                }
-            }
-            // Lost in the kernel: the counter is read now, so the loss is placed in this second.
-            match collector.counters() {
-                Ok(counters) => {
-                    ring_used_max = counters.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
-                    self.events_lost = counters.iter().map(|c| c.events_lost).sum();
-                    let sampled = collector.cpus();
-                    let now_s = self.started.elapsed().as_secs_f64();
-                    // Between two checks, no busy times: the estimate and the stall check wait.
-                    let busy_s =
-                        if check_cpus { crate::collect::cpus::read_busy_seconds() } else { Default::default() };
-                    let idle = self.pipeline.per_cpu().iter().map(|(cpu, c)| (*cpu, c.1)).collect();
-                    let reading =
-                        Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
-                    for (cpu, n) in self.tally.update(&reading) {
-                        self.pipeline.on_lost(now, cpu, n);
-                        self.report.lost += n;
-                    }
-                    for cpu in self.tally.stalled(now_s, &busy_s, STALL_SECS) {
-                        // Offline and back between two looks at the online set: the old event is off.
-                        match collector.reattach(cpu) {
-                            Ok(()) => tracing::info!(cpu, "the CPU's sampler had stopped; attached a new one"),
-                            Err(e) => {
-                                tracing::warn!(cpu, error = %e, "the CPU's sampler has stopped and cannot be replaced")
-                            }
-                        }
-                        self.tally.restart(cpu, now_s, &busy_s);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot read the kernel side's counters of lost samples"),
-            }
-            if let Some(n) = collector.netrx() {
-                self.pipeline.engine.on_netrx(now, n);
-            }
-            if let Some(r) = collector.reclaim() {
-                let stalls = self.pipeline.engine.on_reclaim(now, r);
-                let mut latest = self.links.reclaim_latest.lock().unwrap_or_else(|p| p.into_inner());
-                for (cpu, s) in stalls {
-                    latest.entry(cpu).or_default().add(s);
-                }
-            }
-            if let Some(r) = collector.runq() {
-                let waits = self.pipeline.engine.on_runq(now, r);
-                let mut latest = self.links.runq_latest.lock().unwrap_or_else(|p| p.into_inner());
-                for (cpu, w) in waits {
-                    latest.entry(cpu).or_default().add(w);
-                }
-            }
-            collector.next_epoch();
-            if let Some(c) = self.cuda.as_mut() {
-                changes.extend(c.tick(collector, &mut self.pipeline, now));
-            }
-        }
+        let ring_used_max = self.read_kernel(now, &mut changes);
         self.pipeline.set_offset(clock::boot_to_unix_offset());
         changes.extend(self.pipeline.tick(self.arrived_ns, now));
         self.flight_findings(&mut changes, now);
@@ -416,10 +331,85 @@ impl Stage {
         self.flush();
         self.publish(ring_used_max);
         if self.report.due(self.config.report_interval) {
-            self.report.queue = self.links.queue.depth();
-            self.report.log(&self.pipeline, self.links.live.lock().map(|l| l.store_bytes).unwrap_or(0));
+            self.log_report();
             self.pipeline.symbolizer_mut().expire();
         }
+    }
+
+    /// The kernel side's figures of this tick: CPUs on and offline, lost samples, stalled
+    /// samplers, the per-second readings the detectors take, the CUDA probes. Returns the
+    /// most bytes the sample ring held since the last tick.
+    fn read_kernel(&mut self, now: u64, changes: &mut Changes) -> u64 {
+        let Some(collector) = self.collector.as_mut() else { return 0 };
+        let mut ring_used_max = 0;
+        let check_cpus = self.cpus_checked_at.elapsed() >= CPU_CHECKS_EVERY;
+        if check_cpus {
+            self.cpus_checked_at = Instant::now();
+            // irqbalance moves NIC queues between CPUs every 10 s or so.
+            self.pipeline.set_interrupts(crate::collect::irqs::Placement::read());
+            match collector.sync_cpus() {
+                Ok(change) if !change.is_empty() => {
+                    tracing::info!(added = ?change.added, removed = ?change.removed, "CPUs came online or went offline");
+                    self.pipeline.set_online_cpus(&collector.cpus());
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot follow CPU hotplug"),
+            }
+        }
+        // Lost in the kernel: the counter is read now, so the loss is placed in this second.
+        match collector.counters() {
+            Ok(counters) => {
+                ring_used_max = counters.iter().map(|c| c.ring_used_max).max().unwrap_or(0);
+                let sampled = collector.cpus();
+                let now_s = self.started.elapsed().as_secs_f64();
+                // Between two checks, no busy times: the estimate and the stall check wait.
+                let busy_s = if check_cpus { crate::collect::cpus::read_busy_seconds() } else { Default::default() };
+                let idle = self.pipeline.per_cpu().iter().map(|(cpu, c)| (*cpu, c.1)).collect();
+                let reading = Reading { counters: &counters, busy_s: &busy_s, idle: &idle, sampled: &sampled, now_s };
+                for (cpu, n) in self.tally.update(&reading) {
+                    self.pipeline.on_lost(now, cpu, n);
+                    self.report.lost += n;
+                }
+                for cpu in self.tally.stalled(now_s, &busy_s, STALL_SECS) {
+                    // Offline and back between two looks at the online set: the old event is off.
+                    match collector.reattach(cpu) {
+                        Ok(()) => tracing::info!(cpu, "the CPU's sampler had stopped; attached a new one"),
+                        Err(e) => {
+                            tracing::warn!(cpu, error = %e, "the CPU's sampler has stopped and cannot be replaced")
+                        }
+                    }
+                    self.tally.restart(cpu, now_s, &busy_s);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the kernel side's counters of lost samples"),
+        }
+        if let Some(n) = collector.netrx() {
+            self.pipeline.on_netrx(now, n);
+        }
+        if let Some(r) = collector.reclaim() {
+            let stalls = self.pipeline.on_reclaim(now, r);
+            let mut latest = self.links.reclaim_latest.lock().unwrap_or_else(|p| p.into_inner());
+            for (cpu, s) in stalls {
+                latest.entry(cpu).or_default().add(s);
+            }
+        }
+        if let Some(r) = collector.runq() {
+            let waits = self.pipeline.on_runq(now, r);
+            let mut latest = self.links.runq_latest.lock().unwrap_or_else(|p| p.into_inner());
+            for (cpu, w) in waits {
+                latest.entry(cpu).or_default().add(w);
+            }
+        }
+        collector.next_epoch();
+        if let Some(c) = self.cuda.as_mut() {
+            changes.extend(c.tick(collector, &mut self.pipeline, now));
+        }
+        ring_used_max
+    }
+
+    fn log_report(&mut self) {
+        self.report.queue = self.links.queue.depth();
+        self.report.log(&self.pipeline, self.links.live.upkeep.read(|u| u.store_bytes));
     }
 
     fn flush(&mut self) {
@@ -440,11 +430,6 @@ impl Stage {
             Ok(f) => {
                 self.report.bytes += f.bytes;
                 if let Some(l) = self.pipeline.last_latency_ns() {
-                    if self.latencies.len() == LATENCY_WINDOW {
-                        self.latencies.pop_front();
-                    }
-                    self.latencies.push_back(l);
-                    self.latency_total = (self.latency_total.0 + u128::from(l), self.latency_total.1 + 1);
                     self.report.latency_max_ns = self.report.latency_max_ns.max(l);
                 }
                 if self.write_failing {
@@ -508,40 +493,25 @@ impl Stage {
         self.tally.restart(cpu, self.started.elapsed().as_secs_f64(), &busy_s);
     }
 
-    /// The figures /metrics shows.
+    /// The figures /metrics shows of this stage: the pipeline's own, the kernel side's and
+    /// the queue's, the CUDA probes'.
     fn publish(&mut self, ring_used_max: u64) {
-        let (p50, max) = p50_max(&self.latencies);
-        let recursion_misses = self.collector.as_ref().and_then(Collector::recursion_misses);
-        let programs = self.collector.as_ref().map(Collector::program_stats).unwrap_or_default();
-        let Ok(mut l) = self.links.live.lock() else { return };
-        l.cuda = self.cuda.as_ref().map(|c| c.status.clone());
-        let p = &self.pipeline;
-        l.cpus = p.per_cpu().clone();
-        l.counters = self.tally.totals.clone();
-        l.recursion_misses = recursion_misses;
-        l.programs = programs.into_iter().map(|(name, s)| (name, s.run_time_ns, s.run_cnt)).collect();
-        l.queue = self.links.queue.depth();
-        l.events_dropped = self.events_dropped;
-        l.events_lost = self.events_lost;
-        l.ring_to_disk_seconds = p50.zip(max).map(|(a, b)| (a as f64 / 1e9, b as f64 / 1e9));
-        l.ring_to_disk_total = (self.latency_total.0 as f64 / 1e9, self.latency_total.1);
-        l.sampled_cpus = self.collector.as_ref().map_or(0, |c| c.cpus().len() as u64);
-        l.busy_share = p.engine.last_busy_shares().into_iter().collect();
-        l.dying_memcgs = p.engine.zombies.series.back().map(|c| c.dying);
-        l.open_findings = p.engine.open_counts();
-        l.finding_labels = p.engine.open_labels();
-        l.pending_samples = p.writer().pending_samples() as u64;
-        l.ring_used_bytes = ring_used_max;
-        l.ring_size_bytes = self.collector.as_ref().map_or(0, Collector::ring_bytes);
-        let symbols = p.symbolizer().stats();
-        l.cached_processes = symbols.processes as u64;
-        l.cached_modules = symbols.modules as u64;
-        l.cached_stacks = symbols.stacks as u64;
-        l.cached_names = symbols.names as u64;
-        (l.stack_hits, l.stack_misses) = (symbols.stack_hits, symbols.stack_misses);
-        l.files_refused = symbols.files_refused;
-        l.processes_exited = symbols.processes_exited;
-        l.unwind = p.unwind.as_ref().map(crate::unwind::Notifier::stats);
+        let live = &self.links.live;
+        live.pipeline.set(self.pipeline.figures());
+        live.cuda.set(self.cuda.as_ref().map(|c| c.status.clone()));
+        let collector = self.collector.as_ref();
+        let programs = collector.map(Collector::program_stats).unwrap_or_default();
+        live.sampling.set(Sampling {
+            per_cpu: self.tally.totals.clone(),
+            recursion_misses: collector.and_then(Collector::recursion_misses),
+            programs: programs.into_iter().map(|(name, s)| (name, s.run_time_ns, s.run_cnt)).collect(),
+            sampled_cpus: collector.map_or(0, |c| c.cpus().len() as u64),
+            ring_used_bytes: ring_used_max,
+            ring_size_bytes: collector.map_or(0, Collector::ring_bytes),
+            events_lost: self.tally.events_lost,
+            queue: self.links.queue.depth(),
+            events_dropped: self.tally.events_dropped,
+        });
     }
 }
 
@@ -550,12 +520,6 @@ impl Stage {
 /// without one: the marked batch can be lost to a full queue, or wait behind a slow batch.
 fn fallback(flush_interval: Duration) -> Duration {
     flush_interval * 3 / 2
-}
-
-fn p50_max(v: &VecDeque<u64>) -> (Option<u64>, Option<u64>) {
-    let mut sorted: Vec<u64> = v.iter().copied().collect();
-    sorted.sort_unstable();
-    (sorted.get(sorted.len().saturating_sub(1) / 2).copied(), sorted.last().copied())
 }
 
 #[cfg(test)]

@@ -32,8 +32,8 @@ pub(super) struct Stages {
     pub upkeep: JoinHandle<()>,
     /// The OTLP shipper, when an endpoint is set.
     pub shipper: Option<JoinHandle<()>>,
-    /// What /metrics shows; the stages update it.
-    pub live: Arc<Mutex<Live>>,
+    /// What /metrics shows: each stage writes its own parts.
+    pub live: Live,
     /// The thresholds and store bounds in force, which SIGHUP replaces.
     pub settings: Arc<Mutex<Reloadable>>,
     pub control: mpsc::Sender<stage::Control>,
@@ -63,14 +63,19 @@ struct Sampling {
 impl Stages {
     pub(super) fn start(config: &DaemonConfig) -> Result<Self, DaemonError> {
         let sampling = start_sampling(config)?;
-        let live = Arc::new(Mutex::new(Live { frequency_hz: config.frequency_hz, ..Default::default() }));
+        // The optional producers' parts exist from the start, so each is handed its own.
+        let live = Live {
+            frequency_hz: config.frequency_hz,
+            gpu: config.gpu.as_ref().map(|_| Default::default()),
+            otlp: config.otlp.as_ref().map(|_| Default::default()),
+            clickhouse: config.clickhouse.as_ref().map(|_| Default::default()),
+            ..Default::default()
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let write_failing = Arc::new(AtomicBool::new(false));
         let drops = Arc::new(Mutex::new(drops::Drops::default()));
         let (intake, outlet, queue) = queue::bounded(sampling.queue_bytes);
         let (control, control_rx) = mpsc::channel();
-        let gpu = config.gpu.as_ref().map(|_| crate::gpu::Shared::default());
-        live.lock().unwrap_or_else(|p| p.into_inner()).gpu = gpu.clone();
         let runq_latest = kernel_counters::LatestRunq::default();
         let reclaim_latest = kernel_counters::LatestReclaim::default();
         let links = stage::Links {
@@ -83,7 +88,7 @@ impl Stages {
             unwind: sampling.unwind,
             runq_latest: runq_latest.clone(),
             reclaim_latest: reclaim_latest.clone(),
-            gpu: gpu.clone(),
+            gpu: live.gpu.clone(),
         };
         let reader = reader::Reader {
             intake,
@@ -120,11 +125,12 @@ impl Stages {
         };
         let memcg_latest = kernel_counters::LatestMemcg::default();
         let counters = spawn_kernel_counters(config, &stop, &memcg_latest, runq_latest, reclaim_latest)?;
-        let gpu_poller = spawn_gpu_poller(config, gpu.as_ref(), &stop, &live)?;
+        let gpu_poller = spawn_gpu_poller(config, &live, &stop)?;
         let upkeep = upkeep::Upkeep {
             data_dir: config.data_dir.clone(),
             settings: settings.clone(),
-            live: live.clone(),
+            figures: live.upkeep.clone(),
+            xids: live.gpu_xids.clone(),
             control: control.clone(),
             write_failing,
             stop: stop.clone(),
@@ -297,11 +303,10 @@ fn spawn_kernel_counters(
 /// With GPU tracks off, the inventory says so.
 fn spawn_gpu_poller(
     config: &DaemonConfig,
-    shared: Option<&crate::gpu::Shared>,
+    live: &Live,
     stop: &Arc<AtomicBool>,
-    live: &Arc<Mutex<Live>>,
 ) -> Result<Option<JoinHandle<()>>, DaemonError> {
-    let (Some(g), Some(shared)) = (&config.gpu, shared) else {
+    let (Some(g), Some(shared)) = (&config.gpu, &live.gpu) else {
         tracing::info!("GPU tracks are off (nvml_library = off)");
         let off = crate::gpu::Inventory {
             unavailable: Some("GPU tracks are off (nvml_library = off)".into()),
@@ -317,7 +322,7 @@ fn spawn_gpu_poller(
         library: g.library.clone(),
         shared: shared.clone(),
         kubelet_logs: config.kubelet_logs.clone(),
-        xids: live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.clone(),
+        xids: live.gpu_xids.clone(),
         idle_below: config.settings.thresholds.gpu_idle_below * 100.0,
     };
     Ok(Some(poller.spawn().map_err(|e| DaemonError::Thread("GPU poller", e))?))
@@ -328,13 +333,11 @@ fn spawn_gpu_poller(
 fn spawn_otlp(
     config: &DaemonConfig,
     host: String,
-    live: &Arc<Mutex<Live>>,
+    live: &Live,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<JoinHandle<()>>, DaemonError> {
-    let Some(otlp) = config.otlp.clone() else { return Ok(None) };
-    let stats = crate::ship::SharedStats::default();
-    live.lock().unwrap_or_else(|p| p.into_inner()).otlp = Some(stats.clone());
-    let latency = live.clone();
+    let (Some(otlp), Some(stats)) = (config.otlp.clone(), live.otlp.clone()) else { return Ok(None) };
+    let latency = live.pipeline.clone();
     let shipper = crate::ship::otlp::Shipper {
         data_dir: config.data_dir.clone(),
         config: otlp,
@@ -343,10 +346,8 @@ fn spawn_otlp(
         // A sample reaches the store within a flush interval (the drain before each flush takes
         // it); the margin covers a slow flush.
         settle: config.flush_interval + Duration::from_secs(2),
-        stats: stats.clone(),
-        ring_to_disk_max: Arc::new(move || {
-            latency.lock().unwrap_or_else(|p| p.into_inner()).ring_to_disk_seconds.map(|(_, max)| max)
-        }),
+        stats,
+        ring_to_disk_max: Arc::new(move || latency.read(|p| p.ring_to_disk_seconds.map(|(_, max)| max))),
         stop,
     };
     Ok(Some(crate::ship::spawn(shipper).map_err(|e| DaemonError::Thread("OTLP shipper", e))?))
@@ -357,12 +358,10 @@ fn spawn_otlp(
 /// shipped too.
 fn spawn_clickhouse(
     config: &DaemonConfig,
-    live: &Arc<Mutex<Live>>,
+    live: &Live,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<JoinHandle<()>>, DaemonError> {
-    let Some(config) = config.clickhouse.clone() else { return Ok(None) };
-    let stats = crate::ship::SharedStats::default();
-    live.lock().unwrap_or_else(|p| p.into_inner()).clickhouse = Some(stats.clone());
+    let (Some(config), Some(stats)) = (config.clickhouse.clone(), live.clickhouse.clone()) else { return Ok(None) };
     let shipper = crate::ship::spawn(crate::ship::clickhouse::Shipper { config, stats, stop })
         .map_err(|e| DaemonError::Thread("shipper", e))?;
     Ok(Some(shipper))

@@ -1,6 +1,8 @@
 //! The kernel side's counters turned into figures that mean one thing each:
 //! - lost: samples taken but never delivered: the ring was full (kernel), or the queue behind
 //!   the reader was (userspace, counted by the reader);
+//! - lost events: exec, fork, exit and cgroup records the kernel dropped (its events ring was
+//!   full) or the reader could not queue;
 //! - stack errors: samples delivered whose kernel or user stack could not be captured (not lost);
 //! - throttled (an estimate): ticks a CPU should have had but the sampler never saw. The kernel
 //!   throttles perf events that take too long (it lowers `perf_event_max_sample_rate` and skips
@@ -51,6 +53,10 @@ pub struct Tally {
     /// Per CPU: the sampler's tick count, when it last moved, and the CPU's non-idle seconds then.
     progress: BTreeMap<u32, (u64, f64, f64)>,
     pub totals: BTreeMap<u32, CpuTotals>,
+    /// Event records the kernel dropped, since the start (a cumulative counter, read as is).
+    pub events_lost: u64,
+    /// Event records the reader could not queue, since the start.
+    pub events_dropped: u64,
 }
 
 impl Tally {
@@ -100,6 +106,7 @@ impl Tally {
             t.throttled_estimate = t.throttled_estimate.max(estimate);
         }
         self.progress.retain(|cpu, _| r.sampled.contains(cpu));
+        self.events_lost = r.counters.iter().map(|c| c.events_lost).sum();
         self.last = r.counters.to_vec();
         ring_full
     }
@@ -132,6 +139,11 @@ impl Tally {
 
     pub fn add_queue_full(&mut self, cpu: u32, n: u64) {
         self.totals.entry(cpu).or_default().queue_full += n;
+    }
+
+    /// Samples the queue had no room for, on every CPU.
+    pub fn queue_full(&self) -> u64 {
+        self.totals.values().map(|t| t.queue_full).sum()
     }
 }
 

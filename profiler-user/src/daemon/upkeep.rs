@@ -22,7 +22,7 @@ use crate::{
     },
     config::Reloadable,
     detect::{self, throttle::scan::Scanner},
-    serve::metrics::Live,
+    serve::metrics::{Part, Upkeep as Figures},
     store,
     timespec::now_ns,
 };
@@ -37,7 +37,10 @@ const MEASURE_EVERY: Duration = Duration::from_secs(5);
 pub struct Upkeep {
     pub data_dir: PathBuf,
     pub settings: Arc<Mutex<Reloadable>>,
-    pub live: Arc<Mutex<Live>>,
+    /// What /metrics shows of the store and the daemon's own cost: this stage's to write.
+    pub figures: Part<Figures>,
+    /// NVIDIA Xid faults the kernel log reports, counted for /metrics.
+    pub xids: crate::gpu_readings::XidCounts,
     pub control: Sender<Control>,
     pub write_failing: Arc<AtomicBool>,
     pub stop: Arc<AtomicBool>,
@@ -61,7 +64,7 @@ impl Upkeep {
         while !self.stop.load(Ordering::Acquire) {
             self.wait_for_kmsg(MAINTAIN_EVERY);
             if let Some(k) = self.kmsg.as_mut() {
-                record_kmsg(k, &self.data_dir, &self.live);
+                record_kmsg(k, &self.data_dir, &self.xids);
             }
             let (retention, rollup_after) = match self.settings.lock() {
                 Ok(s) => (s.retention, s.rollup_after),
@@ -117,12 +120,12 @@ impl Upkeep {
         }
         let span = first.map_or(0.0, |(_, t)| now.saturating_sub(t) as f64 / 1e9);
         let (rss, cpu_time) = clock::self_usage();
-        if let Ok(mut l) = self.live.lock() {
-            l.store_bytes = bytes;
-            l.store_span_seconds = span;
-            l.rss_bytes = rss;
-            l.cpu_seconds = cpu_time.as_secs_f64();
-        }
+        self.figures.set(Figures {
+            store_bytes: bytes,
+            store_span_seconds: span,
+            cpu_seconds: cpu_time.as_secs_f64(),
+            rss_bytes: rss,
+        });
     }
 }
 
@@ -143,7 +146,7 @@ fn prune_findings(data_dir: &std::path::Path, retention: &store::retention::Rete
     }
 }
 
-fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::serve::metrics::Live>) {
+fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, xids: &crate::gpu_readings::XidCounts) {
     let offset = clock::unix_offset(libc::CLOCK_MONOTONIC);
     for (r, pattern) in k.read_matches() {
         let ts_ns = (i128::from(r.usec) * 1000 + offset).max(0) as u64;
@@ -159,8 +162,7 @@ fn record_kmsg(k: &mut Kmsg, data_dir: &std::path::Path, live: &Mutex<crate::ser
             e.message = format!("{} [{text}]", e.message);
             // Counted for /metrics: a fatal one's finding closes at once, no open gauge shows it.
             let code = xid.as_ref().map_or(0, |x| x.code);
-            let xids = live.lock().unwrap_or_else(|p| p.into_inner()).gpu_xids.clone();
-            crate::gpu_readings::count_xid(&xids, code, finding.is_some());
+            crate::gpu_readings::count_xid(xids, code, finding.is_some());
         }
         tracing::warn!(event = %e.id, pattern = %e.pattern, "kernel log event: {}", e.message);
         if let Err(err) = detect::journal::record_event(data_dir, &e) {

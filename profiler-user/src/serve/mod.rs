@@ -11,10 +11,7 @@ mod request;
 pub mod source;
 pub mod tree;
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-};
+use std::{net::SocketAddr, sync::Arc};
 
 use axum::{
     Router,
@@ -38,7 +35,7 @@ use crate::{
 #[derive(Clone)]
 pub struct AppState {
     pub source: Arc<source::Source>,
-    pub live: Arc<Mutex<metrics::Live>>,
+    pub live: metrics::Live,
     /// Required (header `X-Profiler-Token`) by every `/api/` request: the data is root-only,
     /// and the token lives in a root-only file, so a local user or a web page that reaches the
     /// port still cannot read it.
@@ -350,7 +347,6 @@ async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
         }
         let dir = p.dir(&app, None)?;
         let summary = open(&dir)?.summary().map_err(internal)?;
-        let live = app.live.lock().map(|l| l.clone()).unwrap_or_default();
         json(serde_json::json!({
             "meta": Meta::read(dir.path()),
             "summary": summary,
@@ -361,7 +357,7 @@ async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
             "gpus": crate::gpu::Inventory::read(dir.path()),
             // What the page's header shows beside the store: the kernel and the daemon's health.
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()).ok(),
-            "health": health(&live),
+            "health": health(&app.live),
         }))
     })
     .await
@@ -370,19 +366,20 @@ async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
 /// The few live figures an engineer checks first: is the sampler attached to every CPU, is it
 /// keeping up (pending samples, ring-to-disk latency), and is anything being dropped.
 fn health(l: &metrics::Live) -> serde_json::Value {
+    let (s, p) = (l.sampling.get(), l.pipeline.get());
     serde_json::json!({
-        "sampled_cpus": l.sampled_cpus,
+        "sampled_cpus": s.sampled_cpus,
         // Possible CPUs (meta) can outnumber online ones on a cloud VM: compare with these.
         "online_cpus": std::fs::read_to_string("/sys/devices/system/cpu/online")
             .ok()
             .and_then(|s| crate::collect::irqs::parse_cpu_list(&s))
             .map(|c| c.len()),
-        "pending_samples": l.pending_samples,
-        "ring_to_disk_seconds": l.ring_to_disk_seconds.map(|(p50, max)| [p50, max]),
-        "events_lost": l.events_lost + l.events_dropped,
-        "lost_samples": l.cpus.values().map(|c| c.2).sum::<u64>(),
-        "rss_bytes": l.rss_bytes,
-        "open_findings": l.open_findings,
+        "pending_samples": p.pending_samples,
+        "ring_to_disk_seconds": p.ring_to_disk_seconds.map(|(p50, max)| [p50, max]),
+        "events_lost": s.events_lost + s.events_dropped,
+        "lost_samples": p.per_cpu.values().map(|c| c.2).sum::<u64>(),
+        "rss_bytes": l.upkeep.read(|u| u.rss_bytes),
+        "open_findings": p.detectors.open_findings,
     })
 }
 
@@ -398,10 +395,7 @@ async fn metrics_api(State(s): State<Shared>) -> Result<Response, Failure> {
             format!("/metrics answers at most {} requests a second", limits::METRICS_PER_SEC),
         ));
     }
-    let text = s.metrics_text.get(limits::METRICS_CACHE, || {
-        let live = s.app.live.lock().map(|l| l.clone()).unwrap_or_default();
-        metrics::render(&live)
-    });
+    let text = s.metrics_text.get(limits::METRICS_CACHE, || metrics::render(&s.app.live));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text.to_string()).into_response())
 }
 

@@ -17,9 +17,10 @@ fn the_page_is_one_self_contained_answer() {
 
 #[test]
 fn health_counts_lost_samples_and_dropped_events() {
-    let mut l = metrics::Live { events_lost: 2, events_dropped: 3, sampled_cpus: 4, ..Default::default() };
-    l.cpus.insert(0, (10, 5, 7));
-    l.cpus.insert(1, (10, 5, 1));
+    let l = metrics::Live::default();
+    l.sampling.set(metrics::Sampling { events_lost: 2, events_dropped: 3, sampled_cpus: 4, ..Default::default() });
+    let per_cpu = [(0, (10, 5, 7)), (1, (10, 5, 1))].into();
+    l.pipeline.set(crate::pipeline::Figures { per_cpu, ..Default::default() });
     let h = health(&l);
     assert_eq!(h["lost_samples"], 8);
     assert_eq!(h["events_lost"], 5);

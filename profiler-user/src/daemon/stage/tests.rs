@@ -60,7 +60,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         queue: queue.clone(),
         drops: drops.clone(),
         control,
-        live: Arc::default(),
+        live: Default::default(),
         write_failing: Arc::new(AtomicBool::new(false)),
         unwind: None,
         runq_latest: Default::default(),

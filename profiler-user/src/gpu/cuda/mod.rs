@@ -231,31 +231,23 @@ impl Recorder {
     pub fn tick(&mut self, collector: &mut Collector, pipeline: &mut Pipeline, now_ns: u64) -> Changes {
         // A node with GPUs gets the probes' programs now (a second of the verifier's time), so
         // that a library first mapped later is probed within the tick; others when one is.
-        if !self.preloaded
-            && pipeline
-                .engine
-                .gpu
-                .as_ref()
-                .is_some_and(|g| !g.lock().unwrap_or_else(|p| p.into_inner()).inventory.gpus.is_empty())
-        {
+        if !self.preloaded && pipeline.has_gpus() {
             self.preloaded = true;
             let _ = collector.cuda_load();
         }
         // Every tick: the processes that ran, and probes for a library first seen (a `dlopen`
         // is probed within the tick); the counts and the guard once a second.
         let active: Vec<u32> = if self.started {
-            pipeline.active.as_mut().map(|a| a.drain().collect()).unwrap_or_default()
+            pipeline.take_active()
         } else {
             self.started = true;
             all_pids()
         };
         for pid in active {
-            if self.look_at(pid)
-                && let Some(unwind) = pipeline.unwind.as_mut()
-            {
+            if self.look_at(pid) {
                 // Its stacks are walked from now on: its tables and Python frames are wanted
                 // now, not once a sample happens to meet it (it may sleep until it launches).
-                unwind.mapped(pid, Instant::now());
+                pipeline.want_tables(pid, Instant::now());
             }
         }
         for pid in self.ungate.drain(..) {
@@ -287,7 +279,7 @@ impl Recorder {
             }
         }
         self.publish();
-        pipeline.engine.check_cuda(now_ns, elapsed, threads)
+        pipeline.check_cuda(now_ns, elapsed, threads)
     }
 
     /// Forgets the processes that exited unseen (an exit event can be lost) or unmapped the

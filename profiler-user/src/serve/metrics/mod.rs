@@ -4,112 +4,24 @@ use std::collections::BTreeMap;
 
 mod exposition;
 mod gpu;
+mod live;
 mod memory;
 mod start;
 
 pub use exposition::escape_label;
 use exposition::write_family;
+pub use live::{CpuTotals, Depth, Live, Part, Sampling, Upkeep};
 
-/// Cumulative figures of one CPU since the daemon started.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct CpuTotals {
-    pub ring_full: u64,
-    pub queue_full: u64,
-    pub stacks: crate::collect::StackCounts,
-    pub throttled_estimate: u64,
-}
-
-impl CpuTotals {
-    pub fn lost(&self) -> u64 {
-        self.ring_full + self.queue_full
-    }
-}
-
-/// The queue between the daemon's ring reader and its pipeline, read at one moment.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Depth {
-    pub records: u64,
-    pub bytes: u64,
-    /// High-water marks since start.
-    pub max_records: u64,
-    pub max_bytes: u64,
-    pub capacity_bytes: u64,
-}
-
-/// Updated by the daemon on every flush tick; read by the HTTP server.
-#[derive(Debug, Default, Clone)]
-pub struct Live {
-    /// The CUDA probes (`gpu::cuda`), when on.
-    pub cuda: Option<crate::gpu::cuda::status::Status>,
-    /// Per CPU: busy samples, idle samples, lost samples (cumulative since start).
-    pub cpus: BTreeMap<u32, (u64, u64, u64)>,
-    /// Per CPU: losses by cause, stack capture failures, the throttling estimate.
-    pub counters: BTreeMap<u32, CpuTotals>,
-    /// Runs of the sampler the kernel skipped: another BPF program was running on the CPU.
-    pub recursion_misses: Option<u64>,
-    /// Per BPF program: its run time (ns) and runs, while `kernel.bpf_stats_enabled` is 1.
-    pub programs: Vec<(String, u64, u64)>,
-    /// The queue between the ring reader and the pipeline.
-    pub queue: Depth,
-    /// Event records (exec, cgroup) the reader could not queue.
-    pub events_dropped: u64,
-    /// Event records (exec, fork, exit, cgroup) the kernel dropped: its ring was full.
-    pub events_lost: u64,
-    /// Ring-to-disk latency over the last flushes: p50 and maximum, seconds.
-    pub ring_to_disk_seconds: Option<(f64, f64)>,
-    /// Every flush's ring-to-disk latency since start: their sum (seconds) and count (the
-    /// summary's `_sum` and `_count`).
-    pub ring_to_disk_total: (f64, u64),
-    /// CPUs the sampler is attached to now.
-    pub sampled_cpus: u64,
-    /// Per CPU: busy share in the last evaluated second.
-    pub busy_share: BTreeMap<u32, f64>,
-    pub dying_memcgs: Option<u64>,
-    /// Open findings by kind name.
-    pub open_findings: BTreeMap<String, u64>,
-    /// Each open finding's labels.
-    pub finding_labels: Vec<crate::detect::Labels>,
-    pub store_bytes: u64,
-    /// Seconds of data the store spans.
-    pub store_span_seconds: f64,
-    pub cpu_seconds: f64,
-    pub rss_bytes: u64,
-    pub pending_samples: u64,
-    pub frequency_hz: u64,
-    /// Most bytes waiting in the sample ring buffer over the last flush interval, and its size.
-    pub ring_used_bytes: u64,
-    pub ring_size_bytes: u64,
-    /// Entries in the symbolizer's caches: processes, ELF modules, raw stacks, address names.
-    pub cached_processes: u64,
-    pub cached_modules: u64,
-    pub cached_stacks: u64,
-    pub cached_names: u64,
-    /// Symbolized-stack cache lookups that hit and that missed, since the start.
-    pub stack_hits: u64,
-    pub stack_misses: u64,
-    /// Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many
-    /// open), whose frames are named by module only.
-    pub files_refused: u64,
-    /// Cached processes forgotten because the kernel said they ended.
-    pub processes_exited: u64,
-    /// The unwind stage's tables, when unwind tables are in use.
-    pub unwind: Option<crate::unwind::registry::Stats>,
-    /// The OTLP shipper's figures, when it runs.
-    pub otlp: Option<crate::ship::SharedStats>,
-    /// The ClickHouse shipper's figures, when it runs.
-    pub clickhouse: Option<crate::ship::SharedStats>,
-    /// What the GPU poller read, when GPU tracks are on.
-    pub gpu: Option<crate::gpu::Shared>,
-    /// NVIDIA Xid lines seen in the kernel log, by (Xid, fatal).
-    pub gpu_xids: crate::gpu_readings::XidCounts,
-}
+use crate::pipeline::Figures;
 
 pub fn render(l: &Live) -> String {
+    // Copies, so that no producer waits on the rendering.
+    let (s, p, u) = (l.sampling.get(), l.pipeline.get(), l.upkeep.get());
     let mut out = String::new();
-    sampler(l, &mut out);
-    pipeline(l, &mut out);
-    machine_store_and_caches(l, &mut out);
-    otlp(l, &mut out);
+    sampler(&s, &p, &mut out);
+    queue_and_latency(&s, &p, &mut out);
+    machine_store_and_caches(&s, &p, &u, &mut out);
+    otlp(l.otlp.as_ref(), &mut out);
     let mut family = |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| {
         write_family(&mut out, name, kind, help, values)
     };
@@ -126,7 +38,7 @@ pub fn render(l: &Live) -> String {
     if let Some(gpu) = &l.gpu {
         out.push_str(&gpu::render(&gpu.lock().unwrap_or_else(|p| p.into_inner())));
     }
-    if let Some(cuda) = &l.cuda {
+    if let Some(cuda) = &l.cuda.get() {
         out.push_str(&gpu::cuda(cuda));
     }
     memory::render(&mut out);
@@ -135,13 +47,13 @@ pub fn render(l: &Live) -> String {
 }
 
 /// Samples, their losses and stacks, the unwinder's tables, the BPF programs' cost.
-fn sampler(l: &Live, out: &mut String) {
+fn sampler(s: &Sampling, p: &Figures, out: &mut String) {
     let mut family =
         |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| write_family(out, name, kind, help, values);
     family("profiler_samples_total", "counter", "Samples taken, by CPU and state.", {
         let mut v: Vec<(String, f64)> =
-            l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"busy\"}}"), c.0 as f64)).collect();
-        v.extend(l.cpus.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"idle\"}}"), c.1 as f64)));
+            p.per_cpu.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"busy\"}}"), c.0 as f64)).collect();
+        v.extend(p.per_cpu.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\",state=\"idle\"}}"), c.1 as f64)));
         v
     });
     // (label value, the figure of a CPU)
@@ -150,7 +62,7 @@ fn sampler(l: &Live, out: &mut String) {
         values
             .iter()
             .flat_map(|(value, f)| {
-                l.counters.iter().map(move |(cpu, c)| (format!("{{cpu=\"{cpu}\",{label}=\"{value}\"}}"), f(c) as f64))
+                s.per_cpu.iter().map(move |(cpu, c)| (format!("{{cpu=\"{cpu}\",{label}=\"{value}\"}}"), f(c) as f64))
             })
             .collect()
     };
@@ -172,7 +84,7 @@ fn sampler(l: &Live, out: &mut String) {
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let total: u64 = l.counters.values().map(|c| c.stacks.unwind_ends[i]).sum();
+                let total: u64 = s.per_cpu.values().map(|c| c.stacks.unwind_ends[i]).sum();
                 (format!("{{reason=\"{name}\"}}"), total as f64)
             })
             .collect(),
@@ -182,7 +94,7 @@ fn sampler(l: &Live, out: &mut String) {
         "counter",
         "Return addresses found by scanning the stack where no unwind rule went on (a word returning into an \
          executable mapping just after a call instruction), summed over CPUs.",
-        vec![(String::new(), l.counters.values().map(|c| c.stacks.unwind_scanned).sum::<u64>() as f64)],
+        vec![(String::new(), s.per_cpu.values().map(|c| c.stacks.unwind_scanned).sum::<u64>() as f64)],
     );
     family(
         "profiler_stack_errors_total",
@@ -197,7 +109,7 @@ fn sampler(l: &Live, out: &mut String) {
          before the outermost frame (an address without a rule, an unreadable stack word, the frame limit).",
         by_cpu("outcome", &[("walked", &|c| c.stacks.unwind_walks), ("stopped", &|c| c.stacks.unwind_stopped)]),
     );
-    if let Some(u) = &l.unwind {
+    if let Some(u) = &p.unwind {
         let mut gauge = |name: &str, help: &str, v: u64| family(name, "gauge", help, vec![(String::new(), v as f64)]);
         gauge("profiler_unwind_tables", "Binaries whose unwind table is in the kernel.", u.tables);
         gauge(
@@ -246,76 +158,76 @@ fn sampler(l: &Live, out: &mut String) {
         "Estimate of ticks the kernel skipped (perf throttling, another BPF program running): ticks expected at the \
          sampling frequency since the CPU was attached minus ticks the sampler saw, beyond a tolerance of one \
          second's ticks plus 2 %.",
-        l.counters.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\"}}"), c.throttled_estimate as f64)).collect(),
+        s.per_cpu.iter().map(|(cpu, c)| (format!("{{cpu=\"{cpu}\"}}"), c.throttled_estimate as f64)).collect(),
     );
     family(
         "profiler_bpf_recursion_misses_total",
         "counter",
         "Runs of the sampler the kernel skipped because another BPF program was running on that CPU \
          (bpf_prog_info.recursion_misses, kernel 5.12+).",
-        l.recursion_misses.map(|n| vec![(String::new(), n as f64)]).unwrap_or_default(),
+        s.recursion_misses.map(|n| vec![(String::new(), n as f64)]).unwrap_or_default(),
     );
     family(
         "profiler_bpf_program_run_seconds_total",
         "counter",
         "Time the kernel spent in each of the daemon's BPF programs (bpf_prog_info.run_time_ns). Counted only \
          while the sysctl kernel.bpf_stats_enabled is 1 (it costs ~20 ns a run), so 0 otherwise.",
-        l.programs.iter().map(|(name, ns, _)| (format!("{{program=\"{name}\"}}"), *ns as f64 / 1e9)).collect(),
+        s.programs.iter().map(|(name, ns, _)| (format!("{{program=\"{name}\"}}"), *ns as f64 / 1e9)).collect(),
     );
     family(
         "profiler_bpf_program_runs_total",
         "counter",
         "Runs of each of the daemon's BPF programs (bpf_prog_info.run_cnt), counted only while \
          kernel.bpf_stats_enabled is 1.",
-        l.programs.iter().map(|(name, _, n)| (format!("{{program=\"{name}\"}}"), *n as f64)).collect(),
+        s.programs.iter().map(|(name, _, n)| (format!("{{program=\"{name}\"}}"), *n as f64)).collect(),
     );
 }
 
 /// The queue between the ring reader and the pipeline, and the ring-to-disk latency.
-fn pipeline(l: &Live, out: &mut String) {
+fn queue_and_latency(s: &Sampling, p: &Figures, out: &mut String) {
     let mut family =
         |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| write_family(out, name, kind, help, values);
     family(
         "profiler_queue_records",
         "gauge",
         "Ring records waiting in the queue between the ring reader and the pipeline.",
-        vec![(String::new(), l.queue.records as f64)],
+        vec![(String::new(), s.queue.records as f64)],
     );
     family(
         "profiler_queue_records_max",
         "gauge",
         "Most ring records waiting in the queue at once since the daemon started.",
-        vec![(String::new(), l.queue.max_records as f64)],
+        vec![(String::new(), s.queue.max_records as f64)],
     );
     family(
         "profiler_queue_bytes",
         "gauge",
         "Bytes of ring records waiting in the queue.",
-        vec![(String::new(), l.queue.bytes as f64)],
+        vec![(String::new(), s.queue.bytes as f64)],
     );
     family(
         "profiler_queue_bytes_max",
         "gauge",
         "Most bytes waiting in the queue at once since the daemon started.",
-        vec![(String::new(), l.queue.max_bytes as f64)],
+        vec![(String::new(), s.queue.max_bytes as f64)],
     );
     family(
         "profiler_queue_capacity_bytes",
         "gauge",
         "The queue's bound: records beyond it are dropped and counted (profiler_lost_samples_total{reason=\"queue_full\"}).",
-        vec![(String::new(), l.queue.capacity_bytes as f64)],
+        vec![(String::new(), s.queue.capacity_bytes as f64)],
     );
     family(
         "profiler_queue_dropped_events_total",
         "counter",
         "Exec and cgroup event records dropped because the queue was full.",
-        vec![(String::new(), l.events_dropped as f64)],
+        vec![(String::new(), s.events_dropped as f64)],
     );
     family(
         "profiler_kernel_dropped_events_total",
         "counter",
         "Exec, fork, exit and cgroup event records the kernel dropped because the events ring buffer was full.",
-        vec![(String::new(), l.events_lost as f64)],
+        vec![(String::new(), s.events_lost as f64)],
     );
     // A summary: a `quantile` label belongs to no other type (`promtool check metrics` refuses
     // it on a gauge), and a summary has its `_sum` and `_count` (written here as the "labels"
@@ -326,38 +238,39 @@ fn pipeline(l: &Live, out: &mut String) {
         "Age of the oldest sample a flush wrote (flush time minus sample time): p50 and max over the last 120 \
          flushes; sum and count over every flush since start.",
         {
-            let mut v: Vec<(String, f64)> = l
+            let mut v: Vec<(String, f64)> = p
                 .ring_to_disk_seconds
                 .map(|(p50, max)| vec![("{quantile=\"0.5\"}".to_string(), p50), ("{quantile=\"1\"}".to_string(), max)])
                 .unwrap_or_default();
-            v.push(("_sum".to_string(), l.ring_to_disk_total.0));
-            v.push(("_count".to_string(), l.ring_to_disk_total.1 as f64));
+            v.push(("_sum".to_string(), p.ring_to_disk_total.0));
+            v.push(("_count".to_string(), p.ring_to_disk_total.1 as f64));
             v
         },
     );
 }
 
 /// The machine (CPUs, memory cgroups, findings), the store, the daemon's own cost and the symbolizer's caches.
-fn machine_store_and_caches(l: &Live, out: &mut String) {
+fn machine_store_and_caches(s: &Sampling, p: &Figures, u: &Upkeep, out: &mut String) {
+    let (d, symbols) = (&p.detectors, &p.symbols);
     let mut family =
         |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| write_family(out, name, kind, help, values);
     family(
         "profiler_sampled_cpus",
         "gauge",
         "CPUs the sampler is attached to (CPU hotplug is followed).",
-        vec![(String::new(), l.sampled_cpus as f64)],
+        vec![(String::new(), s.sampled_cpus as f64)],
     );
     family(
         "profiler_cpu_busy_ratio",
         "gauge",
         "Busy share of each CPU in the last complete second (busy ticks / ticks the frequency gives a CPU).",
-        l.busy_share.iter().map(|(cpu, v)| (format!("{{cpu=\"{cpu}\"}}"), *v)).collect(),
+        d.busy_share.iter().map(|(cpu, v)| (format!("{{cpu=\"{cpu}\"}}"), *v)).collect(),
     );
     family(
         "profiler_dying_memcgs",
         "gauge",
         "Dying (zombie) memory cgroups.",
-        l.dying_memcgs.map(|d| vec![(String::new(), d as f64)]).unwrap_or_default(),
+        d.dying_memcgs.map(|d| vec![(String::new(), d as f64)]).unwrap_or_default(),
     );
     family(
         "profiler_open_findings",
@@ -365,7 +278,7 @@ fn machine_store_and_caches(l: &Live, out: &mut String) {
         "Findings currently open, by kind.",
         crate::detect::Kind::ALL
             .iter()
-            .map(|k| (format!("{{kind=\"{}\"}}", k.name()), l.open_findings.get(k.name()).copied().unwrap_or(0) as f64))
+            .map(|k| (format!("{{kind=\"{}\"}}", k.name()), d.open_findings.get(k.name()).copied().unwrap_or(0) as f64))
             .collect(),
     );
     family(
@@ -376,59 +289,59 @@ fn machine_store_and_caches(l: &Live, out: &mut String) {
              1 per open finding. Past {MAX_FINDING_SERIES} label sets the rest are summed under pod=\"{OTHER_POD}\" \
              (one series per kind and severity)."
         ),
-        finding_series(&l.finding_labels),
+        finding_series(&d.finding_labels),
     );
     family(
         "profiler_store_bytes",
         "gauge",
         "Bytes of segment files in the store.",
-        vec![(String::new(), l.store_bytes as f64)],
+        vec![(String::new(), u.store_bytes as f64)],
     );
     family(
         "profiler_store_span_seconds",
         "gauge",
         "Time span the store covers.",
-        vec![(String::new(), l.store_span_seconds)],
+        vec![(String::new(), u.store_span_seconds)],
     );
     family(
         "profiler_pending_samples",
         "gauge",
         "Samples held in memory, not yet written.",
-        vec![(String::new(), l.pending_samples as f64)],
+        vec![(String::new(), p.pending_samples as f64)],
     );
     family(
         "profiler_process_cpu_seconds_total",
         "counter",
         "CPU time of the daemon.",
-        vec![(String::new(), l.cpu_seconds)],
+        vec![(String::new(), u.cpu_seconds)],
     );
     family(
         "profiler_process_resident_memory_bytes",
         "gauge",
         "Resident memory of the daemon.",
-        vec![(String::new(), l.rss_bytes as f64)],
+        vec![(String::new(), u.rss_bytes as f64)],
     );
     family(
         "profiler_ring_buffer_used_bytes",
         "gauge",
         "Most bytes waiting in the sample ring buffer during the last flush interval.",
-        vec![(String::new(), l.ring_used_bytes as f64)],
+        vec![(String::new(), s.ring_used_bytes as f64)],
     );
     family(
         "profiler_ring_buffer_size_bytes",
         "gauge",
         "Size of the sample ring buffer.",
-        vec![(String::new(), l.ring_size_bytes as f64)],
+        vec![(String::new(), s.ring_size_bytes as f64)],
     );
     family(
         "profiler_symbol_cache_entries",
         "gauge",
         "Entries in the symbolizer's caches, by kind.",
         vec![
-            ("{kind=\"processes\"}".to_string(), l.cached_processes as f64),
-            ("{kind=\"modules\"}".to_string(), l.cached_modules as f64),
-            ("{kind=\"stacks\"}".to_string(), l.cached_stacks as f64),
-            ("{kind=\"names\"}".to_string(), l.cached_names as f64),
+            ("{kind=\"processes\"}".to_string(), symbols.processes as f64),
+            ("{kind=\"modules\"}".to_string(), symbols.modules as f64),
+            ("{kind=\"stacks\"}".to_string(), symbols.stacks as f64),
+            ("{kind=\"names\"}".to_string(), symbols.names as f64),
         ],
     );
     family(
@@ -436,29 +349,29 @@ fn machine_store_and_caches(l: &Live, out: &mut String) {
         "counter",
         "Lookups of a sample's raw stack in the symbolizer's stack cache, by result: a hit costs a hash of the addresses, a miss names every frame.",
         vec![
-            ("{result=\"hit\"}".to_string(), l.stack_hits as f64),
-            ("{result=\"miss\"}".to_string(), l.stack_misses as f64),
+            ("{result=\"hit\"}".to_string(), symbols.stack_hits as f64),
+            ("{result=\"miss\"}".to_string(), symbols.stack_misses as f64),
         ],
     );
     family(
         "profiler_symbol_files_refused_total",
         "counter",
         "Mapped files the symbolizer refused to parse (over its size or symbol bounds, or too many open); their frames are named by module only.",
-        vec![(String::new(), l.files_refused as f64)],
+        vec![(String::new(), symbols.files_refused as f64)],
     );
     family(
         "profiler_symbol_processes_exited_total",
         "counter",
         "Processes the symbolizer forgot because the kernel said they ended (fork and exit tracepoints); a pid seen again is a new process.",
-        vec![(String::new(), l.processes_exited as f64)],
+        vec![(String::new(), symbols.processes_exited as f64)],
     );
 }
 
 /// The OTLP shipper's figures, when it runs.
-fn otlp(l: &Live, out: &mut String) {
+fn otlp(stats: Option<&crate::ship::SharedStats>, out: &mut String) {
     let mut family =
         |name: &str, kind: &str, help: &str, values: Vec<(String, f64)>| write_family(out, name, kind, help, values);
-    if let Some(o) = &l.otlp {
+    if let Some(o) = stats {
         let o = &*o.lock().unwrap_or_else(|p| p.into_inner());
         let mut counter =
             |name: &str, help: &str, v: u64| family(name, "counter", help, vec![(String::new(), v as f64)]);

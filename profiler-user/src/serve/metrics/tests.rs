@@ -2,38 +2,32 @@ use super::*;
 
 #[test]
 fn every_line_is_a_comment_or_a_sample() {
-    let mut l = Live::default();
-    l.cpus.insert(0, (5, 95, 0));
-    l.cpus.insert(1, (99, 0, 2));
-    l.counters.insert(
-        1,
-        CpuTotals {
-            ring_full: 2,
-            queue_full: 5,
-            stacks: crate::collect::StackCounts {
-                user_stack_errors: 9,
-                unwind_walks: 80,
-                unwind_stopped: 3,
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    );
-    l.unwind = Some(crate::unwind::registry::Stats {
+    let mut s = Sampling::default();
+    let stacks =
+        crate::collect::StackCounts { user_stack_errors: 9, unwind_walks: 80, unwind_stopped: 3, ..Default::default() };
+    s.per_cpu.insert(1, CpuTotals { ring_full: 2, queue_full: 5, stacks, ..Default::default() });
+    s.events_lost = 4;
+    let mut p = Figures::default();
+    p.per_cpu.insert(0, (5, 95, 0));
+    p.per_cpu.insert(1, (99, 0, 2));
+    p.unwind = Some(crate::unwind::registry::Stats {
         tables: 4,
         rows: 1000,
         did_not_fit: 1,
         mappings_left_out: 46,
         ..Default::default()
     });
-    l.ring_to_disk_seconds = Some((0.25, 0.75));
-    l.ring_to_disk_total = (30.5, 100);
-    l.busy_share.insert(1, 1.0);
-    l.dying_memcgs = Some(3000);
-    l.open_findings.insert("zombie-memcgs".into(), 1);
-    (l.cached_processes, l.cached_modules) = (12, 40);
-    (l.stack_hits, l.stack_misses) = (750, 250);
-    (l.processes_exited, l.events_lost) = (7, 4);
+    p.ring_to_disk_seconds = Some((0.25, 0.75));
+    p.ring_to_disk_total = (30.5, 100);
+    p.detectors.busy_share.insert(1, 1.0);
+    p.detectors.dying_memcgs = Some(3000);
+    p.detectors.open_findings.insert("zombie-memcgs".into(), 1);
+    (p.symbols.processes, p.symbols.modules) = (12, 40);
+    (p.symbols.stack_hits, p.symbols.stack_misses) = (750, 250);
+    p.symbols.processes_exited = 7;
+    let mut l = Live::default();
+    l.sampling.set(s);
+    l.pipeline.set(p);
     l.otlp = Some(std::sync::Arc::new(std::sync::Mutex::new(crate::ship::Stats {
         batches: 3,
         retries: 2,
@@ -129,16 +123,18 @@ fn exposition_rules(text: &str) {
 fn open_findings_are_series_with_bounded_escaped_labels() {
     use crate::detect::{Kind, Labels, Severity};
     let label = |kind, cpu, pod: Option<&str>, severity| Labels { kind, cpu, pod: pod.map(str::to_string), severity };
-    let mut l = Live {
-        finding_labels: vec![
-            label(Kind::SaturatedCore, Some(1), Some("ml/trainer-0"), Severity::Critical),
-            label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
-            label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
-            label(Kind::ZombieMemcgs, None, None, Severity::Warning),
-            label(Kind::CfsThrottling, None, Some("odd\"pod\\\nname"), Severity::Critical),
-        ],
-        ..Default::default()
+    let l = Live::default();
+    let labels = |finding_labels| {
+        let detectors = crate::detect::Figures { finding_labels, ..Default::default() };
+        l.pipeline.set(Figures { detectors, ..Default::default() });
     };
+    labels(vec![
+        label(Kind::SaturatedCore, Some(1), Some("ml/trainer-0"), Severity::Critical),
+        label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
+        label(Kind::CfsThrottling, None, Some("ml/trainer-0"), Severity::Warning),
+        label(Kind::ZombieMemcgs, None, None, Severity::Warning),
+        label(Kind::CfsThrottling, None, Some("odd\"pod\\\nname"), Severity::Critical),
+    ]);
     let text = render(&l);
     assert!(text.contains("# TYPE profiler_finding gauge\n"));
     assert!(
@@ -158,8 +154,9 @@ fn open_findings_are_series_with_bounded_escaped_labels() {
     assert!(text.contains("profiler_open_findings{kind=\"cfs-throttling\"} 0\n"), "every kind is listed");
 
     // A thousand throttled pods: a bounded number of series, every finding still counted.
-    l.finding_labels =
-        (0..1000).map(|i| label(Kind::CfsThrottling, None, Some(&format!("ns/pod-{i}")), Severity::Warning)).collect();
+    labels(
+        (0..1000).map(|i| label(Kind::CfsThrottling, None, Some(&format!("ns/pod-{i}")), Severity::Warning)).collect(),
+    );
     let text = render(&l);
     let series: Vec<&str> = text.lines().filter(|s| s.starts_with("profiler_finding{")).collect();
     assert_eq!(series.len(), MAX_FINDING_SERIES, "{series:?}");
