@@ -186,3 +186,34 @@ fn a_check_closes_only_the_kinds_it_judges() {
     e.reconcile(Vec::new(), 10 * NS_PER_SEC, Some(Judged::EachSecond), &mut changes);
     assert_eq!(changes.closed.len(), 1, "{changes:?}");
 }
+
+/// A second waits for the GPU poller's summary of it (made at the next second's first poll,
+/// which on a real node came after the samples: `gpu-starved` never ran 10 s), and no longer
+/// than `GPU_WAIT_NS` for a poller that stopped.
+#[test]
+fn a_second_is_judged_with_its_gpu_summary_or_a_few_seconds_late_without() {
+    let b = 1_800_000_000u64;
+    let s = |secs: f64| (secs * NS_PER_SEC as f64) as u64;
+    let shared: crate::gpu_readings::Shared = Default::default();
+    let mut e = Engine::new(Machine { cpus: 2, frequency_hz: 99 }, Thresholds::default());
+    e.gpu = Some(shared.clone());
+    let summarised = |second: u64| shared.lock().unwrap().seconds.push_back((second * NS_PER_SEC, Vec::new()));
+    let judged = |e: &Engine, second: u64| e.history.iter().any(|x| x.start_ns == second * NS_PER_SEC);
+    e.on_idle(s(b as f64 - 0.5), 0);
+    summarised(b - 1);
+    e.tick(s(b as f64 + 0.02), s(b as f64 + 0.02));
+    assert!(judged(&e, b - 1));
+    e.on_idle(s(b as f64 + 0.5), 0);
+    e.on_idle(s(b as f64 + 1.5), 0);
+    // Every sample of second b is in; its GPU summary is not.
+    e.tick(s(b as f64 + 1.05), s(b as f64 + 1.05));
+    assert!(!judged(&e, b), "judged without its GPU");
+    summarised(b);
+    e.tick(s(b as f64 + 1.1), s(b as f64 + 1.1));
+    assert!(judged(&e, b));
+    // The poller stopped: second b + 1 waits, then is judged all the same.
+    e.tick(s(b as f64 + 4.9), s(b as f64 + 4.9));
+    assert!(!judged(&e, b + 1));
+    e.tick(s(b as f64 + 5.1), s(b as f64 + 5.1));
+    assert!(judged(&e, b + 1));
+}
