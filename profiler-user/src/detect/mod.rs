@@ -269,7 +269,8 @@ impl Engine {
             state.seconds.back().map(|(start, _)| *start / NS_PER_SEC)
         });
         let gpu_in = |second: u64| {
-            gpu_newest.is_none_or(|n| n.is_some_and(|n| n >= second)) || (second + 1) * NS_PER_SEC + GPU_WAIT_NS <= now_ns
+            gpu_newest.is_none_or(|n| n.is_some_and(|n| n >= second))
+                || (second + 1) * NS_PER_SEC + GPU_WAIT_NS <= now_ns
         };
         let complete = |second: u64| (second + 1) * NS_PER_SEC + ARRIVAL_SLACK_NS <= arrived_ns;
         let overdue = |second: u64| (second + 1) * NS_PER_SEC + MAX_WAIT_NS <= now_ns;
