@@ -102,22 +102,48 @@ fn walk(record: &mut Record, p: &PyProc, at: usize) -> usize {
         if slot + 1 >= FRAME_SLOTS {
             break;
         }
-        let shim = p.owner_cstack != NONE
-            && read::<u8>(frame + p.frame_owner as u64).is_some_and(|o| o as u16 == p.owner_cstack);
-        let (code, word) = if shim {
-            (0, ENTRY_FRAME)
-        } else {
-            let Some(code) = field(frame, p.frame_code) else { break };
-            // Frame objects (before 3.11) keep an instruction index, not an address: not sent.
-            let instr = if p.frame_instr == NONE { 0 } else { field(frame, p.frame_instr).unwrap_or(0) };
-            let entry = p.every_frame_entry != 0
-                || p.frame_is_entry != NONE && read::<u8>(frame + p.frame_is_entry as u64).is_some_and(|e| e != 0);
-            (code, (instr & !ENTRY_FRAME) | if entry { ENTRY_FRAME } else { 0 })
-        };
-        record.frames[slot] = code;
-        record.frames[slot + 1] = word;
+        let next = python_frame(record, p, frame, slot as u64);
+        if next == NO_CODE {
+            break;
+        }
         n = i + 1;
-        frame = field(frame, p.frame_previous).unwrap_or(0);
+        frame = next;
     }
     n
+}
+
+/// [`python_frame`]'s answer for a frame whose code could not be read: the walk ends before it.
+const NO_CODE: u64 = u64::MAX;
+
+/// Writes `frame`'s pair at `slot` and returns the frame before it (0: none), or `NO_CODE`.
+/// A global function: the verifier checks its body once, not once for each of the
+/// `MAX_PYTHON_FRAMES` frames.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn python_frame(record: *mut Record, p: *const PyProc, frame: u64, slot: u64) -> u64 {
+    // A global function's pointer arguments may be null for the verifier.
+    if record.is_null() || p.is_null() {
+        return NO_CODE;
+    }
+    let (record, p) = unsafe { (&mut *record, &*p) };
+    // Not `slot + 1 >= FRAME_SLOTS`: that wraps for a huge `slot`, as far as the compiler knows.
+    let slot = slot as usize;
+    if slot >= FRAME_SLOTS - 1 {
+        return NO_CODE;
+    }
+    let shim =
+        p.owner_cstack != NONE && read::<u8>(frame + p.frame_owner as u64).is_some_and(|o| o as u16 == p.owner_cstack);
+    let (code, word) = if shim {
+        (0, ENTRY_FRAME)
+    } else {
+        let Some(code) = field(frame, p.frame_code) else { return NO_CODE };
+        // Frame objects (before 3.11) keep an instruction index, not an address: not sent.
+        let instr = if p.frame_instr == NONE { 0 } else { field(frame, p.frame_instr).unwrap_or(0) };
+        let entry = p.every_frame_entry != 0
+            || p.frame_is_entry != NONE && read::<u8>(frame + p.frame_is_entry as u64).is_some_and(|e| e != 0);
+        (code, (instr & !ENTRY_FRAME) | if entry { ENTRY_FRAME } else { 0 })
+    };
+    record.frames[slot] = code;
+    record.frames[slot + 1] = word;
+    field(frame, p.frame_previous).unwrap_or(0)
 }

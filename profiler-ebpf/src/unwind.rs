@@ -1,7 +1,11 @@
 //! The user-stack walk with unwind tables, for code built without frame pointers (see
 //! `profiler_common::unwind` for the tables). The sampler hands over here when the sampled
 //! process has a table; each run walks `FRAMES_PER_RUN` frames and tail-calls itself for more,
-//! which keeps every run small for the verifier. A frame in a mapping without a table is
+//! which keeps every run small for the verifier. A frame's step and the two binary searches
+//! are global functions (`unwind_step`, `unwind_find_mapping`, `unwind_find_row`): the
+//! verifier checks each once, for any argument, instead of at every call site of every
+//! frame, which cut the walker's verification from 737,033 instructions to 41,929 and the
+//! scan's from 840,719 to 45,150 (6.18). A frame in a mapping without a table is
 //! walked with its frame pointer, so the two mix; an address with no rule stops the walk (a
 //! short stack, never a wrong one).
 
@@ -300,6 +304,37 @@ fn read(addr: u64) -> Option<u64> {
 /// Moves `state` from a frame to its caller's.
 #[inline(always)]
 fn step(state: &mut State, process: &ProcessTable) -> Step {
+    match unwind_step(state, process) {
+        STEP_NEXT => Step::Next,
+        STEP_DONE => Step::Done,
+        _ => Step::Stopped,
+    }
+}
+
+const STEP_NEXT: u32 = 0;
+const STEP_DONE: u32 = 1;
+const STEP_STOPPED: u32 = 2;
+
+/// [`step`] as a global function: the verifier checks its body once, against any state and
+/// process table, instead of once per frame of every run at every call site (each run's
+/// frames then cost it a call, not a walk through both binary searches).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn unwind_step(state: *mut State, process: *const ProcessTable) -> u32 {
+    // A global function's pointer arguments may be null for the verifier.
+    if state.is_null() || process.is_null() {
+        return STEP_STOPPED;
+    }
+    let (state, process) = unsafe { (&mut *state, &*process) };
+    match step_inline(state, process) {
+        Step::Next => STEP_NEXT,
+        Step::Done => STEP_DONE,
+        Step::Stopped => STEP_STOPPED,
+    }
+}
+
+#[inline(always)]
+fn step_inline(state: &mut State, process: &ProcessTable) -> Step {
     // A return address points after the call: look up the call itself (a call to a function
     // that never returns can be the last instruction of its function).
     let pc = if state.exact != 0 { state.ip } else { state.ip - 1 };
@@ -372,6 +407,21 @@ fn frame_pointer_step(state: &mut State) -> Step {
 /// The mapping holding `pc`: the last one starting at or before it.
 #[inline(always)]
 fn find_mapping(process: &ProcessTable, pc: u64) -> Option<&Mapping> {
+    process.mappings.get(unwind_find_mapping(process, pc) as usize)
+}
+
+/// [`find_mapping`] as a global function (verified once): its index, `MAX_MAPPINGS` for none.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn unwind_find_mapping(process: *const ProcessTable, pc: u64) -> u64 {
+    if process.is_null() {
+        return MAX_MAPPINGS as u64;
+    }
+    find_mapping_inline(unsafe { &*process }, pc).map_or(MAX_MAPPINGS as u64, |i| i as u64)
+}
+
+#[inline(always)]
+fn find_mapping_inline(process: &ProcessTable, pc: u64) -> Option<usize> {
     let (mut lo, mut hi) = (0usize, (process.len as usize).min(MAX_MAPPINGS));
     for _ in 0..MAPPING_SEARCH_STEPS {
         if lo >= hi {
@@ -385,8 +435,9 @@ fn find_mapping(process: &ProcessTable, pc: u64) -> Option<&Mapping> {
             hi = mid;
         }
     }
-    let m = process.mappings.get(lo.checked_sub(1)?)?;
-    (pc < m.end).then_some(m)
+    let i = lo.checked_sub(1)?;
+    let m = process.mappings.get(i)?;
+    (pc < m.end).then_some(i)
 }
 
 /// Word `i` of `UNWIND_ROWS` (little-endian: the low half of an element comes first).
@@ -402,6 +453,29 @@ fn word(i: u32) -> Option<u32> {
 /// the page (`profiler_common::unwind::packed`).
 #[inline(always)]
 fn find_row(mapping: &Mapping, pc: u64) -> Option<Rule> {
+    let r = unwind_find_row(mapping, pc);
+    if r >> 32 == 0 {
+        return None;
+    }
+    Some(Rule { cfa_offset: r as u16, kind: (r >> 16) as u8, fp_offset: (r >> 24) as u8 as i8 })
+}
+
+/// [`find_row`] as a global function (verified once): the rule's fields packed in the low 32
+/// bits, bit 32 set when there is one.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn unwind_find_row(mapping: *const Mapping, pc: u64) -> u64 {
+    if mapping.is_null() {
+        return 0;
+    }
+    match find_row_inline(unsafe { &*mapping }, pc) {
+        Some(r) => 1 << 32 | r.cfa_offset as u64 | (r.kind as u64) << 16 | (r.fp_offset as u8 as u64) << 24,
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn find_row_inline(mapping: &Mapping, pc: u64) -> Option<Rule> {
     // Few branches: each is a state more for the verifier, per step of every search of every
     // frame (an address below the bias wraps past 32 bits and is refused with the rest).
     let key = pc.wrapping_sub(mapping.bias);
