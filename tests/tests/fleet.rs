@@ -3,6 +3,7 @@
 //! to two shards of a cluster, and either shard's Distributed tables answer for both.
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     process::{Command, Stdio},
     time::Duration,
@@ -216,8 +217,36 @@ fn two_nodes_on_two_shards_read_through_either_shard() {
             same_answer(&data[i], &shard.url(), node, &["cputime", "--format", "json", "--from", &from, "--to", &to]);
         }
     }
-    let out = profiler(&["flamegraph", "--clickhouse", &shards[0].url(), "--from", &from, "--to", &to]);
+    // The fleet's flamegraph (no --node, or a glob) is the nodes' own folds added up, summed by
+    // the servers: through either shard, the same.
+    let parse = |text: &[u8]| -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for line in String::from_utf8_lossy(text).lines() {
+            let (stack, n) = line.rsplit_once(' ').expect("a folded line");
+            *m.entry(stack.to_string()).or_default() += n.parse::<u64>().expect("a count");
+        }
+        m
+    };
+    let mut expected = BTreeMap::new();
+    for d in &data {
+        let local =
+            run(&["flamegraph", "--format", "folded", "--from", &from, "--to", &to, "--data-dir", d.to_str().unwrap()]);
+        for (stack, n) in parse(&local) {
+            *expected.entry(stack).or_insert(0) += n;
+        }
+    }
+    for (shard, nodes) in [(&shards[0], &[][..]), (&shards[1], &["--node", "node-*"][..])] {
+        let url = shard.url();
+        let args =
+            [&["flamegraph", "--format", "folded", "--clickhouse", &url, "--from", &from, "--to", &to][..], nodes];
+        let fleet = parse(&run(&args.concat()));
+        assert_eq!(fleet, expected, "the fleet's fold is its nodes' folds added up");
+    }
+    // One node's commands still name it.
+    let out = profiler(&["cputime", "--clickhouse", &shards[0].url(), "--from", &from, "--to", &to]);
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains("2 nodes (node-a, node-b)"), "{e}");
-    eprintln!("2 nodes on 2 shards: each node's flamegraph and CPU x time alike through either shard");
+    eprintln!(
+        "2 nodes on 2 shards: each node's flamegraph and CPU x time alike through either shard, the fleet's fold their sum"
+    );
 }

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use profiler::{
-    fleet::{Fleet, mirror::Mirror},
+    fleet::{Fleet, FleetError, Selection, mirror::Mirror, pushdown},
     model::SampleKind,
-    query::{Filter, Window},
+    query::{self, Filter, FoldBudget, Folded, Window},
     store::Store,
     timespec,
 };
@@ -33,28 +33,80 @@ pub struct Source {
     /// With --clickhouse: the database the daemons ship to.
     #[arg(long, default_value = "profiler", requires = "clickhouse")]
     pub database: String,
-    /// With --clickhouse: the node to read (its daemon's --node); needed when several shipped.
+    /// With --clickhouse: the node to read (its daemon's --node), or a glob (`gpu-*`); repeat
+    /// for several. Flamegraphs of several nodes (or, without --node, of the whole fleet) are
+    /// merged; the other commands read one node.
     #[arg(long, requires = "clickhouse")]
-    pub node: Option<String>,
+    pub node: Vec<String>,
 }
 
 /// A [`Source`] ready to read: a data directory, the node's store or a private copy.
 pub struct Opened {
     data_dir: PathBuf,
-    fleet: Option<(Fleet, Mirror)>,
+    fleet: Option<FleetSource>,
+}
+
+/// What a read from ClickHouse covers: the nodes, and for one node the copy of its findings
+/// and events (and, for the commands that read a copy, its samples).
+struct FleetSource {
+    fleet: Fleet,
+    selection: Selection,
+    mirror: Option<Mirror>,
 }
 
 impl Source {
     /// For a copy from ClickHouse: the node's findings and events now, its samples with
-    /// [`Opened::load`].
+    /// [`Opened::load`]. One node only.
     pub fn open(&self) -> anyhow::Result<Opened> {
+        let opened = self.open_nodes()?;
+        match &opened.fleet {
+            Some(f) if f.mirror.is_none() => Err(FleetError::WhichNode(
+                f.selection.nodes.len(),
+                f.selection.nodes.iter().take(10).map(|n| n.name.as_str()).collect::<Vec<_>>().join(", "),
+            )
+            .into()),
+            _ => Ok(opened),
+        }
+    }
+
+    /// As [`Source::open`], for a command that the server answers for any set of nodes
+    /// ([`Opened::folder`]): one node gets its copy of findings and events, several none.
+    pub fn open_nodes(&self) -> anyhow::Result<Opened> {
         let Some(url) = &self.clickhouse else {
             return Ok(Opened { data_dir: self.dir.data_dir.clone(), fleet: None });
         };
         let fleet = Fleet::new(url, &self.database)?;
-        let node = fleet.node(self.node.as_deref())?;
-        let mirror = Mirror::new(&fleet, node)?;
-        Ok(Opened { data_dir: mirror.data_dir().to_path_buf(), fleet: Some((fleet, mirror)) })
+        let selection = fleet.select(&self.node)?;
+        let mirror = match selection.single() {
+            Some(node) => Some(Mirror::new(&fleet, node.clone())?),
+            None => None,
+        };
+        let data_dir = mirror.as_ref().map(|m| m.data_dir().to_path_buf()).unwrap_or_default();
+        Ok(Opened { data_dir, fleet: Some(FleetSource { fleet, selection, mirror }) })
+    }
+}
+
+/// Folds windows of one kind of samples: a node's store scanned here, or ClickHouse asked to
+/// sum them ([`pushdown::fold`]) so that only the sums travel.
+pub enum Folder<'a> {
+    Store(Store),
+    Fleet { fleet: &'a Fleet, selection: &'a Selection, kind: SampleKind },
+}
+
+impl Folder<'_> {
+    pub fn fold(&mut self, window: Window, filter: &Filter, budget: FoldBudget) -> anyhow::Result<Folded> {
+        match self {
+            Self::Store(store) => {
+                let result = query::fold_within(store, window, filter, budget);
+                for w in store.take_warnings() {
+                    tracing::warn!("{w}");
+                }
+                Ok(result?)
+            }
+            Self::Fleet { fleet, selection, kind } => {
+                Ok(pushdown::fold(fleet, selection, *kind, window, filter, budget)?)
+            }
+        }
     }
 }
 
@@ -63,12 +115,31 @@ impl Opened {
         &self.data_dir
     }
 
+    /// The fleet and the nodes asked, when reading from ClickHouse.
+    pub fn fleet(&self) -> Option<(&Fleet, &Selection)> {
+        self.fleet.as_ref().map(|f| (&f.fleet, &f.selection))
+    }
+
+    /// Several nodes are read (no copy of findings and events to look an id up in).
+    pub fn several_nodes(&self) -> Option<String> {
+        self.fleet.as_ref().filter(|f| f.mirror.is_none()).map(|f| f.selection.describe())
+    }
+
+    /// What folds `kind`'s samples over `windows`.
+    pub fn folder(&mut self, windows: &[Window], kind: SampleKind) -> anyhow::Result<Folder<'_>> {
+        if self.fleet.is_none() {
+            return Ok(Folder::Store(self.load_kind(windows, kind)?));
+        }
+        let f = self.fleet.as_ref().expect("a fleet source");
+        Ok(Folder::Fleet { fleet: &f.fleet, selection: &f.selection, kind })
+    }
+
     /// The store of `kind`'s samples (the CPU samples: [`Opened::load`]).
     pub fn load_kind(&mut self, windows: &[Window], kind: SampleKind) -> anyhow::Result<Store> {
         if kind == SampleKind::Cpu {
             return self.load(windows);
         }
-        if let Some((fleet, mirror)) = &mut self.fleet {
+        if let Some(FleetSource { fleet, mirror: Some(mirror), .. }) = &mut self.fleet {
             let from = windows.iter().map(|w| w.from_ns).min().expect("a window");
             let to = windows.iter().map(|w| w.to_ns).max().expect("a window");
             mirror.copy_kind(fleet, Window::new(from, to)?, kind)?;
@@ -87,7 +158,7 @@ impl Opened {
 
     /// Copies the samples of the span of `windows` when reading from ClickHouse; opens the store.
     pub fn load(&mut self, windows: &[Window]) -> anyhow::Result<Store> {
-        if let Some((fleet, mirror)) = &mut self.fleet {
+        if let Some(FleetSource { fleet, mirror: Some(mirror), .. }) = &mut self.fleet {
             let from = windows.iter().map(|w| w.from_ns).min().expect("a window");
             let to = windows.iter().map(|w| w.to_ns).max().expect("a window");
             mirror.copy(fleet, Window::new(from, to)?)?;
@@ -98,7 +169,7 @@ impl Opened {
     /// What the data is, for sentences: the directory, or the node in ClickHouse.
     pub fn describe(&self) -> String {
         match &self.fleet {
-            Some((_, m)) => format!("what node {} shipped to ClickHouse", m.node.name),
+            Some(f) => format!("what {} shipped to ClickHouse", f.selection.describe()),
             None => self.data_dir.display().to_string(),
         }
     }

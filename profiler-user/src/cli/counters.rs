@@ -45,7 +45,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Kernel counters stay on the node (they are not shipped to ClickHouse).
-    let src = Source { dir: args.dir, clickhouse: None, database: String::new(), node: None }.open()?;
+    let src = Source { dir: args.dir, clickhouse: None, database: String::new(), node: Vec::new() }.open()?;
     let data_dir = src.data_dir();
     profiler::store::check_dir(data_dir)?;
     let now = timespec::now_ns();

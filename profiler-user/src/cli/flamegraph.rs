@@ -8,7 +8,7 @@ use profiler::{
     collect::kmsg,
     detect,
     export::flamegraph,
-    query::{self, Filter, FoldBudget, Window},
+    query::{Filter, FoldBudget, Window},
     timespec,
 };
 
@@ -96,8 +96,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } = args;
     let now = timespec::now_ns();
     let mut filter = filter.filter();
-    let mut src = source.open()?;
+    let mut src = source.open_nodes()?;
     let window = match around {
+        Some(_) if let Some(nodes) = src.several_nodes() => {
+            anyhow::bail!("--around looks a finding up in one node's findings: {nodes} are asked; name one with --node")
+        }
         Some(id) => {
             let (window, finding_cpu) = around_window(&src, &id, &before, &after)?;
             if filter.cpus.is_empty() {
@@ -123,12 +126,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => None,
     };
     let kind = samples.kind();
-    let mut store = src.load_kind(&[&[window][..], baseline.as_slice()].concat(), kind)?;
-    let result = query::fold_within(&mut store, window, &filter, budget);
-    for w in store.take_warnings() {
-        tracing::warn!("{w}");
-    }
-    let folded = result?;
+    let mut folder = src.folder(&[&[window][..], baseline.as_slice()].concat(), kind)?;
+    let folded = folder.fold(window, &filter, budget)?;
     if folded.truncated_stacks > 0 {
         eprintln!(
             "note: {} rare stacks folded into their parents ([… N more]): --max-stacks {max_stacks} keeps that many \
@@ -138,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut out = open_output(output.as_deref())?;
     if let Some(base_window) = baseline {
-        let baseline = query::fold_within(&mut store, base_window, &filter, budget)?;
+        let baseline = folder.fold(base_window, &filter, budget)?;
         if let Format::Folded = format {
             anyhow::bail!("a differential flamegraph is SVG only: drop --format folded");
         }

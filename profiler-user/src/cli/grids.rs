@@ -6,6 +6,7 @@ use clap::ValueEnum;
 use profiler::{
     detect,
     export::{cputime, heatmap},
+    fleet::pushdown,
     query,
     store::Meta,
     timespec,
@@ -61,12 +62,29 @@ pub struct CputimeArgs {
 pub fn heatmap(args: HeatmapArgs) -> anyhow::Result<()> {
     let HeatmapArgs { source, window, filter, rows, format, output } = args;
     let w = window_of(&window.from, &window.to)?;
-    let mut src = source.open()?;
-    let mut store = src.load(&[w])?;
-    src.require_data(&mut store, w)?;
+    let mut src = source.open_nodes()?;
     let filter = filter.filter();
-    query::check_filter(&filter, Meta::read(src.data_dir()).as_ref())?;
-    let grid = query::subsecond_grid(&mut store, w, rows as usize, &filter)?;
+    let grid = match src.fleet() {
+        // The server sums the cells, for one node or many.
+        Some((fleet, selection)) => {
+            let grid = pushdown::grid(fleet, selection, w, rows as usize, &filter)?;
+            if grid.recorded.iter().all(|&r| r == 0) {
+                anyhow::bail!(
+                    "no samples between {} and {} in {}",
+                    timespec::format(w.from_ns),
+                    timespec::format(w.to_ns),
+                    src.describe()
+                );
+            }
+            grid
+        }
+        None => {
+            let mut store = src.load(&[w])?;
+            src.require_data(&mut store, w)?;
+            query::check_filter(&filter, Meta::read(src.data_dir()).as_ref())?;
+            query::subsecond_grid(&mut store, w, rows as usize, &filter)?
+        }
+    };
     if grid.coarsened() {
         eprintln!("note: {}", heatmap::coarsened_reason(&grid));
     }

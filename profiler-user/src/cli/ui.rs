@@ -26,7 +26,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let Some(url) = &args.source.clickhouse else { return daemon_address(&args.source.dir) };
     let fleet = Fleet::new(url, &args.source.database)?;
     // The mistakes a user can fix now rather than on the page: no server, no such node.
-    let nodes = match &args.source.node {
+    let asked = match args.source.node.as_slice() {
+        [] => None,
+        [one] if !one.contains(['*', '?']) => Some(one.clone()),
+        _ => anyhow::bail!("the page reads one node (--node NAME) or, without --node, offers every node"),
+    };
+    let nodes = match &asked {
         Some(n) => vec![fleet.node(Some(n))?.name],
         None => fleet.nodes()?.into_iter().map(|n| n.name).collect(),
     };
@@ -38,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .parse()
         .map_err(|_| anyhow::anyhow!("listen address '{}' is not IP:PORT (e.g. 127.0.0.1:7071)", args.listen))?;
     let token = serve::new_token().context("cannot read /dev/urandom for the page's token")?;
-    let source = Arc::new(Source::fleet(fleet, args.source.node.clone()));
+    let source = Arc::new(Source::fleet(fleet, asked));
     let state = AppState {
         source: source.clone(),
         live: Default::default(),

@@ -286,7 +286,8 @@ impl Engine {
             }
         }
         while let Some((&second, _)) = self.pending.first_key_value() {
-            if !(complete(second) && gpu_in(second)) && !overdue(second) {
+            let ready = complete(second) && gpu_in(second);
+            if !ready && !overdue(second) {
                 break;
             }
             let mut s = self.pending.remove(&second).expect("present");

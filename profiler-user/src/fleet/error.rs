@@ -26,6 +26,10 @@ pub enum FleetError {
     Temp(#[source] std::io::Error),
     #[error("ClickHouse at {addr} does not answer ({reason}): is it running, and is --clickhouse right?")]
     Down { addr: String, reason: String },
+    #[error("no {what} between {from} and {to} in what {nodes} shipped to ClickHouse")]
+    NoSamples { what: String, from: String, to: String, nodes: String },
+    #[error(transparent)]
+    Query(#[from] crate::query::QueryError),
     #[error("--event '{pattern}' is not a regular expression: {reason}")]
     Pattern { pattern: String, reason: String },
 }

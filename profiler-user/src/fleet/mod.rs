@@ -7,10 +7,13 @@ mod error;
 pub mod mirror;
 pub mod overview;
 pub mod overview_text;
+pub mod pushdown;
 mod rowbinary;
+pub mod select;
 
 pub use error::FleetError;
 use rowbinary::Reader;
+pub use select::Selection;
 
 use crate::ship::clickhouse::{
     ShipError,

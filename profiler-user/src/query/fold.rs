@@ -95,11 +95,20 @@ fn frame_name(name: &str, lines: bool) -> std::borrow::Cow<'_, str> {
 /// The folded line of a stack given by name (as ClickHouse's `stacks` holds them): the comm,
 /// then `(frame, kernel)` root first, by the same rules as [`fold_line`].
 pub fn fold_names<'a>(comm: &str, frames: impl IntoIterator<Item = (&'a str, bool)>) -> String {
+    fold_names_with(comm, frames, true)
+}
+
+/// [`fold_names`]; `lines`: Python frames keep the line they ran ([`Filter::lines`]).
+pub fn fold_names_with<'a>(comm: &str, frames: impl IntoIterator<Item = (&'a str, bool)>, lines: bool) -> String {
     let mut line = String::with_capacity(256);
     push_name(&mut line, comm, true);
     for (name, kernel) in frames {
         line.push(';');
-        push_name(&mut line, name, !kernel);
+        if kernel {
+            push_name(&mut line, name, false);
+        } else {
+            push_name(&mut line, &frame_name(name, lines), true);
+        }
         if kernel {
             line.push_str(KERNEL_SUFFIX);
         }
@@ -201,12 +210,7 @@ impl Visitor for FoldVisitor<'_> {
             else {
                 continue;
             };
-            let process = crate::untrusted::folded_frame(&dict.strings[comm as usize], true);
-            // Bounded like the stacks: a process in more pods than a node runs is not offered.
-            let pods = self.folded.pods.entry(process.into_owned()).or_default();
-            if pods.len() < MAX_PODS_PER_PROCESS || pods.contains_key(&pod) {
-                *pods.entry(pod).or_default() += n;
-            }
+            self.folded.add_pod(&dict.strings[comm as usize], pod, n);
         }
         // Half again the budget before folding, so a long scan does not fold at every segment.
         let b = self.budget;
@@ -217,6 +221,27 @@ impl Visitor for FoldVisitor<'_> {
 }
 
 impl Folded {
+    /// `n` samples of process `comm` ran in `pod` ([`Folded::pods`]).
+    pub(crate) fn add_pod(&mut self, comm: &str, pod: String, n: u64) {
+        let process = crate::untrusted::folded_frame(comm, true);
+        // Bounded like the stacks: a process in more pods than a node runs is not offered.
+        let pods = self.pods.entry(process.into_owned()).or_default();
+        if pods.len() < MAX_PODS_PER_PROCESS || pods.contains_key(&pod) {
+            *pods.entry(pod).or_default() += n;
+        }
+    }
+
+    /// A fold whose lines were counted elsewhere (a server aggregated them) kept within
+    /// `budget`, by the rule a scan of the store keeps.
+    pub fn within(mut self, budget: FoldBudget) -> Self {
+        let bytes: usize = self.stacks.keys().map(String::len).sum();
+        if self.stacks.len() > budget.max_stacks || bytes > budget.max_bytes {
+            self.fold_rarest(budget.max_stacks, budget.max_bytes);
+        }
+        self.name_folded();
+        self
+    }
+
     /// Keeps the fold within `max_stacks` lines and `max_bytes` of text: the most frequent
     /// stacks stay whole; each of the others loses its leaf into its parent (`parent;[…]`,
     /// merging with its siblings), a level at a round, until the lines fit. Every sample stays
@@ -293,7 +318,7 @@ impl Folded {
     }
 
     /// Names each folded leaf after what it holds: `[… 12 more]`, twelve distinct stacks.
-    pub(super) fn name_folded(&mut self) {
+    pub(crate) fn name_folded(&mut self) {
         for (line, held) in std::mem::take(&mut self.folded_into) {
             let Some(n) = self.stacks.remove(&line) else { continue };
             let parent = line.strip_suffix(FOLDED_LEAF).unwrap_or(&line);

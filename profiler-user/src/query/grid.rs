@@ -46,8 +46,27 @@ impl Grid {
         self.recorded.iter().enumerate().filter(|(_, n)| **n == 0).map(|(c, _)| c)
     }
 
+    /// An empty grid of `window` with `rows` rows (clamped to 1-1000), its columns coarsened
+    /// to the cell budget.
+    pub fn empty(window: Window, rows: usize) -> Self {
+        use crate::store::format::NS_PER_SEC;
+        let rows = rows.clamp(1, 1000);
+        let first = window.from_ns / NS_PER_SEC;
+        let seconds = window.to_ns.div_ceil(NS_PER_SEC) - first;
+        let k = budget::seconds_per_column(seconds, rows as u64, budget::HEATMAP_CELLS);
+        let columns = seconds.div_ceil(k) as usize;
+        Grid {
+            first_second: first,
+            rows,
+            columns,
+            seconds_per_column: k,
+            counts: vec![0; columns * rows],
+            recorded: vec![0; columns],
+        }
+    }
+
     /// Notes that the store holds `[start_ns, end_ns)` (a block).
-    fn record(&mut self, start_ns: u64, end_ns: u64) {
+    pub(crate) fn record(&mut self, start_ns: u64, end_ns: u64) {
         use crate::store::format::NS_PER_SEC;
         let last = end_ns.saturating_sub(1).max(start_ns) / NS_PER_SEC;
         for second in start_ns / NS_PER_SEC..=last {
@@ -59,7 +78,7 @@ impl Grid {
         }
     }
 
-    fn add(&mut self, second: u64, row: usize, n: u64) {
+    pub(crate) fn add(&mut self, second: u64, row: usize, n: u64) {
         let Some(col) = second.checked_sub(self.first_second).map(|s| (s / self.seconds_per_column) as usize) else {
             return;
         };
@@ -75,19 +94,8 @@ impl Grid {
 /// the scan of samples is held to the per-query budget.
 pub fn subsecond_grid(store: &mut Store, window: Window, rows: usize, filter: &Filter) -> Result<Grid, QueryError> {
     use crate::store::format::{BUCKET_NS, BUCKETS_PER_SEC, NS_PER_SEC};
-    let rows = rows.clamp(1, 1000);
-    let first = window.from_ns / NS_PER_SEC;
-    let seconds = window.to_ns.div_ceil(NS_PER_SEC) - first;
-    let k = budget::seconds_per_column(seconds, rows as u64, budget::HEATMAP_CELLS);
-    let columns = seconds.div_ceil(k) as usize;
-    let mut grid = Grid {
-        first_second: first,
-        rows,
-        columns,
-        seconds_per_column: k,
-        counts: vec![0; columns * rows],
-        recorded: vec![0; columns],
-    };
+    let mut grid = Grid::empty(window, rows);
+    let rows = grid.rows;
     // Summaries count every sample: any filter, the context one included, needs the samples.
     let unfiltered = filter.keeps_everything();
     // The 10 ms buckets the window covers whole come from summaries; only the slivers at its

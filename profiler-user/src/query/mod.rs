@@ -12,7 +12,9 @@ mod samples;
 use std::path::PathBuf;
 
 pub use cputime::{CpuTime, cpu_time};
-pub use fold::{FoldBudget, Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line, fold_names, fold_within};
+pub use fold::{
+    FoldBudget, Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line, fold_names, fold_names_with, fold_within,
+};
 pub use grid::{Grid, subsecond_grid};
 pub use samples::{SampleRef, for_each_sample};
 
@@ -72,7 +74,7 @@ impl Filter {
     }
 
     /// Idle samples belong to pid 0 and no comm.
-    fn idle_ok(&self, cpu: u32) -> bool {
+    pub(crate) fn idle_ok(&self, cpu: u32) -> bool {
         self.include_idle
             && self.cpu_ok(cpu)
             && self.pid.is_none_or(|p| p == 0)
@@ -92,7 +94,7 @@ impl Filter {
             && self.function.is_none()
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         if !self.cpus.is_empty() {
             parts.push(self.cpus.iter().map(|c| format!("--cpu {c}")).collect::<Vec<_>>().join(" "));

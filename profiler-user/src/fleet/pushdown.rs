@@ -1,0 +1,310 @@
+//! Window answers computed by ClickHouse: the server sums the samples of any set of nodes by
+//! (process, stack, workload), and only those sums travel, whatever the window's size (an hour
+//! of a 192-CPU node is 34 M samples; its fold is a few thousand rows). The rows become the
+//! folded lines the node's own store gives ([`query::fold_names_with`]), kept within the same
+//! budget ([`Folded::within`]), so where a copy of the node's window answers, this answers the
+//! same, byte for byte (tests/tests/fleet.rs).
+//!
+//! Filters: CPU, pid, process and workload are `WHERE` clauses; a workload filter's identities
+//! are matched here, by the rules the store uses, among the few distinct ones of the window
+//! (the server first keeps those containing the asked value). Context and `--function` depend
+//! on the stack alone, so they are applied to each distinct stack after the sum.
+
+use std::collections::HashMap;
+
+use super::{Fleet, FleetError, mirror::MISSING_STACK, select::Selection};
+use crate::{
+    exec_context::Context,
+    model::SampleKind,
+    query::{Filter, FoldBudget, Folded, Grid, IDLE_FRAME, QueryError, Window, fold_names_with},
+    ship::clickhouse::schema::{self, col::*, quote_str},
+    timespec,
+};
+
+const SEC: u64 = 1_000_000_000;
+/// Most distinct workload identities a workload filter looks through (a node runs ~110 pods).
+const MAX_WORKLOADS: usize = 200_000;
+
+/// The `WHERE` of the chosen nodes' rows of `kind` in `window`.
+fn scope(fleet: &Fleet, sel: &Selection, kind: SampleKind, window: Window) -> (String, String) {
+    let range = format!("{} AND {TS} >= {} AND {TS} < {}", sel.predicate(), window.from_ns, window.to_ns);
+    match kind {
+        SampleKind::Cpu => (fleet.table(schema::SAMPLES), range),
+        kind => (fleet.table(schema::CUDA_SAMPLES), format!("{range} AND {KIND} = {}", quote_str(kind.name()))),
+    }
+}
+
+/// The filters that are columns, for a `WHERE` over (`cpu`, `pid`, `comm`, `workload`) named
+/// by `cols`; `None` when the workload filter keeps no identity of the window (nothing matches).
+fn column_filters(filter: &Filter, cols: [&str; 4], workloads: Option<&[String]>) -> Option<String> {
+    let [cpu, pid, comm, workload] = cols;
+    let mut w = String::new();
+    if !filter.cpus.is_empty() {
+        let cpus: Vec<String> = filter.cpus.iter().map(u32::to_string).collect();
+        w.push_str(&format!(" AND {cpu} IN ({})", cpus.join(", ")));
+    }
+    if let Some(p) = filter.pid {
+        w.push_str(&format!(" AND {pid} = {p}"));
+    }
+    if let Some(c) = &filter.comm {
+        w.push_str(&format!(" AND {comm} = {}", quote_str(c)));
+    }
+    if let Some(ids) = workloads {
+        if ids.is_empty() {
+            return None;
+        }
+        let ids: Vec<String> = ids.iter().map(|s| quote_str(s)).collect();
+        w.push_str(&format!(" AND {workload} IN ({})", ids.join(", ")));
+    }
+    Some(w)
+}
+
+/// A value the workload filter asks for, as it appears inside the stored identity (JSON): a
+/// pod's `namespace/name` is stored as two fields. `None` where JSON would escape it.
+fn stored_fragment(value: &str) -> Option<&str> {
+    let v = value.rsplit('/').next().unwrap_or(value);
+    (!v.is_empty() && !v.contains(['"', '\\']) && !v.chars().any(char::is_control)).then_some(v)
+}
+
+/// The identities of the window that the workload filter keeps (`None`: no workload filter).
+fn workloads(fleet: &Fleet, table: &str, range: &str, filter: &Filter) -> Result<Option<Vec<String>>, FleetError> {
+    let w = &filter.workload;
+    if w.is_empty() {
+        return Ok(None);
+    }
+    let mut sql = format!("SELECT DISTINCT {WORKLOAD} FROM {table} WHERE {range}");
+    for v in [&w.pod, &w.namespace, &w.container, &w.unit].into_iter().flatten() {
+        if let Some(f) = stored_fragment(v) {
+            sql.push_str(&format!(" AND position({WORKLOAD}, {}) > 0", quote_str(f)));
+        }
+    }
+    sql.push_str(&format!(" LIMIT {MAX_WORKLOADS}"));
+    let all = fleet.rows(&sql, |r| Ok(r.string()?.to_string()))?;
+    let keeps = |s: &String| crate::identity::workloads::decode(s).is_some_and(|id| id.matches(w));
+    Ok(Some(all.into_iter().filter(keeps).collect()))
+}
+
+/// One summed row: (comm, stack id, workload, weight).
+type Row = (String, u64, String, u64);
+
+/// A stack as `stacks` holds it: frame names root first, and a kernel flag per frame.
+type Frames = (Vec<String>, Vec<u8>);
+
+/// `(name, kernel)` per frame, root first: kernel frames follow the user ones, as the copy
+/// reads them (a frame past the flags is a kernel frame).
+fn named(stack: &Frames) -> impl Iterator<Item = (&str, bool)> + Clone {
+    let (frames, kernel) = stack;
+    let user_len = kernel.iter().take_while(|&&k| k == 0).count().min(frames.len());
+    frames.iter().enumerate().map(move |(i, f)| (f.as_str(), i >= user_len))
+}
+
+/// Whether a stack passes the filters that depend on the stack alone (context, --function).
+fn stack_keeps(filter: &Filter, stack: &Frames) -> bool {
+    filter.context.is_none_or(|c| c.keeps(Context::of_frames(named(stack))))
+        && filter.function.as_deref().is_none_or(|f| stack.0.iter().any(|x| x == f))
+}
+
+/// Folds the chosen nodes' `kind` samples in `window` that pass `filter`, within `budget`.
+pub fn fold(
+    fleet: &Fleet,
+    sel: &Selection,
+    kind: SampleKind,
+    window: Window,
+    filter: &Filter,
+    budget: FoldBudget,
+) -> Result<Folded, FleetError> {
+    if let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= sel.cpus()) {
+        return Err(QueryError::UnknownCpu { cpu, last: sel.cpus().saturating_sub(1) }.into());
+    }
+    let (table, range) = scope(fleet, sel, kind, window);
+    let ids = workloads(fleet, &table, &range, filter)?;
+    let rows: Vec<Row> = match kind {
+        SampleKind::Cpu => match column_filters(filter, [CPU, PID, COMM, WORKLOAD], ids.as_deref()) {
+            Some(w) => fleet.rows(
+                &format!(
+                    "SELECT {COMM}, {STACK_ID}, {WORKLOAD}, toUInt64(sum({COUNT})) FROM {table} WHERE {range}{w} \
+                     GROUP BY {COMM}, {STACK_ID}, {WORKLOAD}"
+                ),
+                |r| Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.u64()?)),
+            )?,
+            None => Vec::new(),
+        },
+        // A row sent twice is there twice until a merge: one per key, as the copy reads them.
+        _ => match column_filters(filter, ["k", "p", "c", "w"], ids.as_deref()) {
+            Some(w) => fleet.rows(
+                &format!(
+                    "SELECT c, sid, w, toUInt64(sum(v)) FROM (SELECT any({COMM}) AS c, {STACK_ID} AS sid, \
+                     any({WORKLOAD}) AS w, any({CPU}) AS k, any({PID}) AS p, max({VALUE}) AS v FROM {table} \
+                     WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}) WHERE 1{w} GROUP BY c, sid, w"
+                ),
+                |r| Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.u64()?)),
+            )?,
+            None => Vec::new(),
+        },
+    };
+    let stacks = stacks(fleet, &table, &range)?;
+    let mut folded = Folded::default();
+    let missing: Frames = (vec![MISSING_STACK.to_string()], vec![0u8]);
+    // Per stack id, whether it passes the stack's own filters.
+    let mut passes: HashMap<u64, bool> = HashMap::new();
+    for (comm, id, workload, n) in rows {
+        let stack = stacks.get(&id).unwrap_or(&missing);
+        if !*passes.entry(id).or_insert_with(|| stack_keeps(filter, stack)) {
+            continue;
+        }
+        *folded.stacks.entry(fold_names_with(&comm, named(stack), filter.lines)).or_default() += n;
+        if let Some(pod) = crate::identity::workloads::decode(&workload).and_then(|w| w.pod()) {
+            folded.add_pod(&comm, pod, n);
+        }
+    }
+    if filter.include_idle && kind == SampleKind::Cpu {
+        for (cpu, idle) in idle(fleet, sel, window)? {
+            if idle > 0 && filter.idle_ok(cpu) {
+                folded.per_cpu.entry(cpu).or_default().1 += idle;
+                *folded.stacks.entry(IDLE_FRAME.to_string()).or_default() += idle;
+            }
+        }
+    }
+    if folded.stacks.is_empty() {
+        return Err(nothing(fleet, sel, kind, window, filter)?);
+    }
+    Ok(folded.within(budget))
+}
+
+/// The subsecond heatmap of the chosen nodes' CPU samples in `window`: per cell, the sum over
+/// the nodes. The server groups by (column, row), so a day costs what a minute does.
+pub fn grid(fleet: &Fleet, sel: &Selection, window: Window, rows: usize, filter: &Filter) -> Result<Grid, FleetError> {
+    if let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= sel.cpus()) {
+        return Err(QueryError::UnknownCpu { cpu, last: sel.cpus().saturating_sub(1) }.into());
+    }
+    let mut grid = Grid::empty(window, rows);
+    let (first, k, r) = (grid.first_second, grid.seconds_per_column, grid.rows);
+    // Seconds some block of a node covers: a column of none is a gap (the daemon was down).
+    let recorded = fleet.rows(
+        &format!(
+            "SELECT DISTINCT toUInt64(intDiv({TS}, {SEC})) FROM {} WHERE {} AND {TS} >= {} AND {TS} < {}",
+            fleet.table(schema::CPU_SECONDS),
+            sel.predicate(),
+            first * SEC,
+            window.to_ns
+        ),
+        |r| r.u64(),
+    )?;
+    for second in recorded {
+        grid.record(second * SEC, (second + 1) * SEC);
+    }
+    let (table, range) = scope(fleet, sel, SampleKind::Cpu, window);
+    let ids = workloads(fleet, &table, &range, filter)?;
+    let Some(w) = column_filters(filter, [CPU, PID, COMM, WORKLOAD], ids.as_deref()) else { return Ok(grid) };
+    let cell = format!(
+        "toUInt64(intDiv(intDiv({TS}, {SEC}) - {first}, {k})) AS col, toUInt64(intDiv(({TS} % {SEC}) * {r}, {SEC})) AS rw"
+    );
+    let by_stack = filter.context.is_some() || filter.function.is_some();
+    let cells = if by_stack {
+        let stacks = stacks(fleet, &table, &range)?;
+        let missing: Frames = (vec![MISSING_STACK.to_string()], vec![0u8]);
+        let keeps = |id: u64| stack_keeps(filter, stacks.get(&id).unwrap_or(&missing));
+        let mut passes: HashMap<u64, bool> = HashMap::new();
+        let rows = fleet.rows(
+            &format!(
+                "SELECT {cell}, {STACK_ID}, toUInt64(sum({COUNT})) FROM {table} WHERE {range}{w} \
+                 GROUP BY col, rw, {STACK_ID}"
+            ),
+            |r| Ok((r.u64()?, r.u64()?, r.u64()?, r.u64()?)),
+        )?;
+        rows.into_iter()
+            .filter(|&(_, _, id, _)| *passes.entry(id).or_insert_with(|| keeps(id)))
+            .map(|(c, rw, _, n)| (c, rw, n))
+            .collect::<Vec<_>>()
+    } else {
+        fleet.rows(
+            &format!("SELECT {cell}, toUInt64(sum({COUNT})) FROM {table} WHERE {range}{w} GROUP BY col, rw"),
+            |r| Ok((r.u64()?, r.u64()?, r.u64()?)),
+        )?
+    };
+    for (col, row, n) in cells {
+        grid.add(first + col * k, row as usize, n);
+    }
+    Ok(grid)
+}
+
+/// Frames and kernel flags of the stacks the window's rows name.
+fn stacks(fleet: &Fleet, table: &str, range: &str) -> Result<HashMap<u64, Frames>, FleetError> {
+    let rows = fleet.rows(
+        &format!(
+            "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} GLOBAL IN \
+             (SELECT {STACK_ID} FROM {table} WHERE {range}) GROUP BY {STACK_ID}",
+            fleet.table(schema::STACKS),
+        ),
+        |r| {
+            let id = r.u64()?;
+            let frames = r.strings()?.into_iter().map(String::from).collect();
+            Ok((id, (frames, r.bytes()?.to_vec())))
+        },
+    )?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Idle samples per CPU (summed over the nodes) of the stored blocks inside `window`: a block
+/// the window cuts in two is left out, as a scan of the store leaves it.
+fn idle(fleet: &Fleet, sel: &Selection, window: Window) -> Result<Vec<(u32, u64)>, FleetError> {
+    // A retried batch sends a block's row again: one per (node, ts, cpu).
+    let sql = format!(
+        "SELECT {CPU}, toUInt64(sum(i)) FROM (SELECT {CPU}, max({IDLE}) AS i, max({SPAN}) AS sp, {TS} AS t \
+         FROM {} WHERE {} AND {TS} >= {} AND {TS} < {} GROUP BY {NODE}, {TS}, {CPU}) WHERE t + sp <= {} \
+         GROUP BY {CPU} ORDER BY {CPU}",
+        fleet.table(schema::CPU_SECONDS),
+        sel.predicate(),
+        window.from_ns,
+        window.to_ns,
+        window.to_ns,
+    );
+    fleet.rows(&sql, |r| Ok((u32::from(r.u16()?), r.u64()?)))
+}
+
+/// Why a fold is empty: nothing in the window at all, or nothing that passes the filters.
+fn nothing(
+    fleet: &Fleet,
+    sel: &Selection,
+    kind: SampleKind,
+    window: Window,
+    filter: &Filter,
+) -> Result<FleetError, FleetError> {
+    let (table, range) = scope(fleet, sel, kind, window);
+    let weight = if kind == SampleKind::Cpu { COUNT } else { VALUE };
+    let total = fleet
+        .rows(&format!("SELECT toUInt64(sum({weight})) FROM {table} WHERE {range}"), |r| r.u64())?
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let (from, to) = (timespec::format(window.from_ns), timespec::format(window.to_ns));
+    if total == 0 {
+        return Ok(FleetError::NoSamples { what: kind.unit().into(), from, to, nodes: sel.describe() });
+    }
+    Ok(QueryError::NoMatch { filter: filter.describe(), from, to, total }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_filters_are_quoted_sql_and_an_empty_workload_set_matches_nothing() {
+        let f = Filter { cpus: vec![1, 3], pid: Some(7), comm: Some("it's".into()), ..Default::default() };
+        let cols = [CPU, PID, COMM, WORKLOAD];
+        assert_eq!(
+            column_filters(&f, cols, Some(&["{\"pod_name\":\"a\"}".to_string()])).unwrap(),
+            " AND cpu IN (1, 3) AND pid = 7 AND comm = 'it\\'s' AND workload IN ('{\"pod_name\":\"a\"}')"
+        );
+        assert_eq!(column_filters(&Filter::default(), cols, None).unwrap(), "");
+        assert!(column_filters(&Filter::default(), cols, Some(&[])).is_none());
+    }
+
+    #[test]
+    fn a_workload_value_is_looked_for_as_json_stores_it() {
+        assert_eq!(stored_fragment("kube-system/coredns-5d78"), Some("coredns-5d78"));
+        assert_eq!(stored_fragment("nginx"), Some("nginx"));
+        assert_eq!(stored_fragment("a\"b"), None);
+        assert_eq!(stored_fragment("ns/"), None);
+    }
+}
