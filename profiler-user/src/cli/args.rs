@@ -104,7 +104,9 @@ impl Folder<'_> {
                 Ok(result?)
             }
             Self::Fleet { fleet, selection, kind } => {
-                Ok(pushdown::fold(fleet, selection, *kind, window, filter, budget)?)
+                let fold = pushdown::fold(fleet, selection, *kind, window, filter, budget)?;
+                eprintln!("note: ClickHouse answered from {}", fold.read_from);
+                Ok(fold.folded)
             }
         }
     }

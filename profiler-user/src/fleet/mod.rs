@@ -9,6 +9,7 @@ pub mod overview;
 pub mod overview_text;
 pub mod pushdown;
 mod rowbinary;
+pub mod rollup;
 pub mod select;
 
 pub use error::FleetError;

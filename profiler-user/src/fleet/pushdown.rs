@@ -12,7 +12,12 @@
 
 use std::collections::HashMap;
 
-use super::{Fleet, FleetError, mirror::MISSING_STACK, select::Selection};
+use super::{
+    Fleet, FleetError,
+    mirror::MISSING_STACK,
+    rollup::{self, Coverage, Piece, Source},
+    select::Selection,
+};
 use crate::{
     exec_context::Context,
     model::SampleKind,
@@ -104,20 +109,34 @@ fn stack_keeps(filter: &Filter, stack: &Frames) -> bool {
         && filter.function.as_deref().is_none_or(|f| stack.0.iter().any(|x| x == f))
 }
 
-/// Folds the chosen nodes' `kind` samples in `window` that pass `filter`, within `budget`.
-pub fn fold(
+/// A fold and where it was read from ([`rollup::describe`]: the tables and how much of the
+/// window each answered).
+pub struct Fold {
+    pub folded: Folded,
+    pub read_from: String,
+}
+
+/// The summed rows of one part of a window from its table, and the stacks they name.
+fn piece_rows(
     fleet: &Fleet,
     sel: &Selection,
     kind: SampleKind,
-    window: Window,
+    piece: Piece,
     filter: &Filter,
-    budget: FoldBudget,
-) -> Result<Folded, FleetError> {
-    if let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= sel.cpus()) {
-        return Err(QueryError::UnknownCpu { cpu, last: sel.cpus().saturating_sub(1) }.into());
-    }
-    let (table, range) = scope(fleet, sel, kind, window);
+) -> Result<(Vec<Row>, HashMap<u64, Frames>), FleetError> {
+    let (table, range) = match piece.source {
+        Source::Raw => scope(fleet, sel, kind, piece.window),
+        rolled => {
+            // The hourly table has no node: it answers for the whole fleet only.
+            let nodes = if rolled == Source::Hours { "1".to_string() } else { sel.predicate() };
+            let range = format!("{nodes} AND {TS} >= {} AND {TS} < {}", piece.window.from_ns, piece.window.to_ns);
+            (fleet.table(rolled.table()), range)
+        }
+    };
     let ids = workloads(fleet, &table, &range, filter)?;
+    let read = |r: &mut super::rowbinary::Reader<'_>| {
+        Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.u64()?))
+    };
     let rows: Vec<Row> = match kind {
         SampleKind::Cpu => match column_filters(filter, [CPU, PID, COMM, WORKLOAD], ids.as_deref()) {
             Some(w) => fleet.rows(
@@ -125,7 +144,7 @@ pub fn fold(
                     "SELECT {COMM}, {STACK_ID}, {WORKLOAD}, toUInt64(sum({COUNT})) FROM {table} WHERE {range}{w} \
                      GROUP BY {COMM}, {STACK_ID}, {WORKLOAD}"
                 ),
-                |r| Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.u64()?)),
+                read,
             )?,
             None => Vec::new(),
         },
@@ -137,12 +156,39 @@ pub fn fold(
                      any({WORKLOAD}) AS w, any({CPU}) AS k, any({PID}) AS p, max({VALUE}) AS v FROM {table} \
                      WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}) WHERE 1{w} GROUP BY c, sid, w"
                 ),
-                |r| Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.u64()?)),
+                read,
             )?,
             None => Vec::new(),
         },
     };
-    let stacks = stacks(fleet, &table, &range)?;
+    let stacks = if rows.is_empty() { HashMap::new() } else { stacks(fleet, &table, &range)? };
+    Ok((rows, stacks))
+}
+
+/// Folds the chosen nodes' `kind` samples in `window` that pass `filter`, within `budget`:
+/// from the rollups where they resolve the window ([`rollup::plan`]), raw rows elsewhere.
+pub fn fold(
+    fleet: &Fleet,
+    sel: &Selection,
+    kind: SampleKind,
+    window: Window,
+    filter: &Filter,
+    budget: FoldBudget,
+) -> Result<Fold, FleetError> {
+    if let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= sel.cpus()) {
+        return Err(QueryError::UnknownCpu { cpu, last: sel.cpus().saturating_sub(1) }.into());
+    }
+    // The CUDA counts have no rollup.
+    let plan = match kind {
+        SampleKind::Cpu => rollup::plan(window, filter, sel, Coverage::read(fleet)?),
+        _ => vec![Piece { source: Source::Raw, window }],
+    };
+    let (mut rows, mut stacks) = (Vec::new(), HashMap::new());
+    for &piece in &plan {
+        let (r, s) = piece_rows(fleet, sel, kind, piece, filter)?;
+        rows.extend(r);
+        stacks.extend(s);
+    }
     let mut folded = Folded::default();
     let missing: Frames = (vec![MISSING_STACK.to_string()], vec![0u8]);
     // Per stack id, whether it passes the stack's own filters.
@@ -168,7 +214,7 @@ pub fn fold(
     if folded.stacks.is_empty() {
         return Err(nothing(fleet, sel, kind, window, filter)?);
     }
-    Ok(folded.within(budget))
+    Ok(Fold { folded: folded.within(budget), read_from: rollup::describe(&plan) })
 }
 
 /// The subsecond heatmap of the chosen nodes' CPU samples in `window`: per cell, the sum over

@@ -1,0 +1,192 @@
+//! Which table answers which part of a window: ClickHouse rolls the raw samples up by itself
+//! (materialized views: per minute per node, per hour fleet-wide; docs/clickhouse.md), and a
+//! read takes the coarsest table that still resolves the window. The window's whole hours come
+//! from the hourly table, the whole minutes around them from the minutes, and only the slivers
+//! at the edges from the raw rows, so the totals are those of the raw rows, to the sample.
+//!
+//! A rollup resolves only what it keeps: neither CPU nor pid (`--cpu`, `--pid` read raw rows),
+//! no node in the hourly one (a read of some nodes uses minutes), and nothing before the view
+//! was created (its first unit may hold part of one; [`Coverage`] starts after it).
+
+use super::{Fleet, FleetError, select::Selection};
+use crate::{
+    query::{Filter, Window},
+    ship::clickhouse::schema::{self, col::TS},
+};
+
+pub const MINUTE_NS: u64 = 60_000_000_000;
+pub const HOUR_NS: u64 = 60 * MINUTE_NS;
+
+/// A table a part of a window is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Raw,
+    Minutes,
+    Hours,
+}
+
+impl Source {
+    pub fn table(self) -> &'static str {
+        match self {
+            Self::Raw => schema::SAMPLES,
+            Self::Minutes => "samples_1m",
+            Self::Hours => "samples_1h",
+        }
+    }
+
+    fn unit_ns(self) -> u64 {
+        match self {
+            Self::Raw => 1,
+            Self::Minutes => MINUTE_NS,
+            Self::Hours => HOUR_NS,
+        }
+    }
+}
+
+/// From when each rollup holds whole units: the unit after the first one it has rows for
+/// (`None`: it does not exist, or holds nothing yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Coverage {
+    pub minutes_from: Option<u64>,
+    pub hours_from: Option<u64>,
+}
+
+impl Coverage {
+    /// Read from the server: the earliest unit of each rollup.
+    pub fn read(fleet: &Fleet) -> Result<Self, FleetError> {
+        let first = |s: Source| -> Result<Option<u64>, FleetError> {
+            let sql = format!("SELECT count(), min({TS}) FROM {}", fleet.table(s.table()));
+            match fleet.rows(&sql, |r| Ok((r.u64()?, r.u64()?))) {
+                Ok(rows) => Ok(rows.first().filter(|(n, _)| *n > 0).map(|(_, ts)| ts + s.unit_ns())),
+                // A server shipped to before the rollups existed has no such table.
+                Err(FleetError::NoNodes(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        Ok(Self { minutes_from: first(Source::Minutes)?, hours_from: first(Source::Hours)? })
+    }
+}
+
+/// A part of a window and the table that answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub source: Source,
+    pub window: Window,
+}
+
+/// The parts of `window` and their tables, in time order: the coarsest table that resolves
+/// each part, raw rows where none does.
+pub fn plan(window: Window, filter: &Filter, selection: &Selection, cover: Coverage) -> Vec<Piece> {
+    let rolled = filter.cpus.is_empty() && filter.pid.is_none();
+    let mut out = Vec::new();
+    split(window, rolled, selection.whole_fleet, cover, &mut out);
+    out
+}
+
+fn split(w: Window, rolled: bool, whole_fleet: bool, cover: Coverage, out: &mut Vec<Piece>) {
+    // The coarsest first: hours (whole fleet only), then minutes, then raw rows.
+    let tiers = [(Source::Hours, whole_fleet, cover.hours_from), (Source::Minutes, true, cover.minutes_from)];
+    for (source, usable, from) in tiers {
+        let (Some(from), true, true) = (from, usable, rolled) else { continue };
+        let unit = source.unit_ns();
+        let a = w.from_ns.max(from).div_ceil(unit) * unit;
+        let b = w.to_ns / unit * unit;
+        if a >= b {
+            continue;
+        }
+        // The slivers before and after go to the finer tables.
+        let finer = Coverage {
+            hours_from: None,
+            minutes_from: if source == Source::Hours { cover.minutes_from } else { None },
+        };
+        if w.from_ns < a {
+            split(Window { from_ns: w.from_ns, to_ns: a }, rolled, whole_fleet, finer, out);
+        }
+        out.push(Piece { source, window: Window { from_ns: a, to_ns: b } });
+        if b < w.to_ns {
+            split(Window { from_ns: b, to_ns: w.to_ns }, rolled, whole_fleet, finer, out);
+        }
+        return;
+    }
+    out.push(Piece { source: Source::Raw, window: w });
+}
+
+/// For a note: which tables answered (`samples_1h 2 h, samples_1m 58 min, samples 1.5 s`).
+pub fn describe(plan: &[Piece]) -> String {
+    let mut per: Vec<(Source, u64)> = Vec::new();
+    for p in plan {
+        let d = p.window.to_ns - p.window.from_ns;
+        match per.iter_mut().find(|(s, _)| *s == p.source) {
+            Some((_, t)) => *t += d,
+            None => per.push((p.source, d)),
+        }
+    }
+    per.iter()
+        .map(|(s, d)| format!("{} {}", s.table(), crate::timespec::format_duration(*d)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sel(whole_fleet: bool) -> Selection {
+        Selection { nodes: Vec::new(), whole_fleet }
+    }
+
+    const T0: u64 = 1_795_000_000 * 1_000_000_000 / HOUR_NS * HOUR_NS;
+
+    fn w(a: u64, b: u64) -> Window {
+        Window { from_ns: a, to_ns: b }
+    }
+
+    #[test]
+    fn a_window_is_read_from_hours_then_minutes_then_raw_rows_at_its_edges() {
+        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0) };
+        // 00:59:30.5 to 03:01:10: raw, a minute, two hours, a minute, raw.
+        let from = T0 + 59 * MINUTE_NS + 30_500_000_000;
+        let to = T0 + 3 * HOUR_NS + MINUTE_NS + 10_000_000_000;
+        let p = plan(w(from, to), &Filter::default(), &sel(true), cover);
+        let got: Vec<(Source, u64, u64)> = p.iter().map(|p| (p.source, p.window.from_ns, p.window.to_ns)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Source::Raw, from, T0 + HOUR_NS),
+                (Source::Hours, T0 + HOUR_NS, T0 + 3 * HOUR_NS),
+                (Source::Minutes, T0 + 3 * HOUR_NS, T0 + 3 * HOUR_NS + MINUTE_NS),
+                (Source::Raw, T0 + 3 * HOUR_NS + MINUTE_NS, to),
+            ]
+        );
+        // The parts cover the window once.
+        assert!(p.windows(2).all(|x| x[0].window.to_ns == x[1].window.from_ns));
+        assert_eq!(describe(&p), "samples 39.500s, samples_1h 2h 0m, samples_1m 1m 0s");
+    }
+
+    #[test]
+    fn some_nodes_read_minutes_and_cpu_or_pid_filters_read_raw_rows() {
+        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0) };
+        let day = w(T0, T0 + 24 * HOUR_NS);
+        let p = plan(day, &Filter::default(), &sel(false), cover);
+        assert_eq!(p, vec![Piece { source: Source::Minutes, window: day }]);
+        for f in [Filter { cpus: vec![3], ..Default::default() }, Filter { pid: Some(9), ..Default::default() }] {
+            assert_eq!(plan(day, &f, &sel(true), cover), vec![Piece { source: Source::Raw, window: day }]);
+        }
+    }
+
+    #[test]
+    fn nothing_before_a_rollup_began_is_read_from_it() {
+        // Minutes from 00:30, no hours yet: 00:00-00:30 raw, then minutes.
+        let cover = Coverage { minutes_from: Some(T0 + 30 * MINUTE_NS), hours_from: None };
+        let p = plan(w(T0, T0 + HOUR_NS), &Filter::default(), &sel(true), cover);
+        assert_eq!(
+            p,
+            vec![
+                Piece { source: Source::Raw, window: w(T0, T0 + 30 * MINUTE_NS) },
+                Piece { source: Source::Minutes, window: w(T0 + 30 * MINUTE_NS, T0 + HOUR_NS) },
+            ]
+        );
+        let none = plan(w(T0, T0 + HOUR_NS), &Filter::default(), &sel(true), Coverage::default());
+        assert_eq!(none, vec![Piece { source: Source::Raw, window: w(T0, T0 + HOUR_NS) }]);
+    }
+}
