@@ -351,12 +351,26 @@ fn ship_until(ch: &ClickHouse, data: &Path, to: u64, batch_rows: usize) -> Stats
 
 /// Runs a shipper (the store's age limit `max_age_secs`) while `wait` waits.
 fn ship_while(ch: &ClickHouse, data: &Path, batch_rows: usize, max_age_secs: u64, wait: impl FnOnce()) -> Stats {
+    use profiler::ship::clickhouse::FileConfig;
+    let file = FileConfig { batch_rows: Some(batch_rows), ..Default::default() };
+    ship_with(&ch.url(), NODE, data, &file, max_age_secs, wait)
+}
+
+/// Runs a shipper of node `node` with the `[clickhouse]` table `file` while `wait` waits.
+fn ship_with(
+    url: &str,
+    node: &str,
+    data: &Path,
+    file: &profiler::ship::clickhouse::FileConfig,
+    max_age_secs: u64,
+    wait: impl FnOnce(),
+) -> Stats {
     use profiler::ship::{
         SharedStats,
-        clickhouse::{Config, FileConfig, Shipper},
+        clickhouse::{Config, Shipper},
     };
-    let file = FileConfig { batch_rows: Some(batch_rows), ..Default::default() };
-    let config = Config::resolve(Some(ch.url()), Some(&file), NODE, data.to_path_buf(), max_age_secs).unwrap().unwrap();
+    let config =
+        Config::resolve(Some(url.to_string()), Some(file), node, data.to_path_buf(), max_age_secs).unwrap().unwrap();
     let stats = SharedStats::default();
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let thread = profiler::ship::spawn(Shipper { config, stats: stats.clone(), stop: stop_rx }).unwrap();
@@ -486,4 +500,217 @@ fn shipping_cost_of_a_192_cpu_node() {
         stats.bytes as f64 / rows as f64,
         on_disk as f64 / rows as f64
     );
+}
+
+/// The rollups' answers and the raw samples' grouped the same way, as (what, rollup SQL, raw
+/// SQL), TSV: per node and minute (what the fleet reads), per minute's whole key, per hour, per
+/// hour's whole key.
+fn rollup_checks(db: &str) -> Vec<(&'static str, String, String)> {
+    let (m, h) = (schema::MINUTE_NS, schema::HOUR_NS);
+    let pair = |what, rollup: &str, key: &str, raw_key: &str, grouped: &str| {
+        (
+            what,
+            format!("SELECT {key}, sum(count) FROM {db}.{rollup} GROUP BY {key} ORDER BY {key} FORMAT TSV"),
+            format!("SELECT {raw_key}, sum(count) FROM {db}.samples GROUP BY {grouped} ORDER BY {grouped} FORMAT TSV"),
+        )
+    };
+    let minute = format!("intDiv(ts, {m}) * {m} AS minute");
+    let hour = format!("intDiv(ts, {h}) * {h} AS hour");
+    vec![
+        pair("samples_1m per node and minute", "samples_1m", "node, ts", &format!("node, {minute}"), "node, minute"),
+        pair(
+            "samples_1m per node, minute, comm, stack and workload",
+            "samples_1m",
+            "node, ts, comm, stack_id, workload",
+            &format!("node, {minute}, comm, stack_id, workload"),
+            "node, minute, comm, stack_id, workload",
+        ),
+        pair("samples_1h per hour", "samples_1h", "ts", &hour, "hour"),
+        pair(
+            "samples_1h per hour, comm, stack and workload",
+            "samples_1h",
+            "ts, comm, stack_id, workload",
+            &format!("{hour}, comm, stack_id, workload"),
+            "hour, comm, stack_id, workload",
+        ),
+    ]
+}
+
+/// Every rollup answer equals the raw samples' (`answer` runs a query), and they hold `total`
+/// samples.
+fn assert_rollups_match(what: &str, total: u64, answer: impl Fn(&str) -> String) {
+    for (check, rollup, raw) in rollup_checks("profiler") {
+        let (rollup, raw) = (answer(&rollup), answer(&raw));
+        assert!(!raw.trim().is_empty(), "{what}: no samples");
+        assert_eq!(rollup, raw, "{what}: {check}");
+        let sum: u64 = rollup.lines().map(|l| l.rsplit('\t').next().unwrap().parse::<u64>().unwrap()).sum();
+        assert_eq!(sum, total, "{what}: {check} adds up to every sample");
+    }
+}
+
+/// The rollups (issue 39), made by ClickHouse 18.16's materialized views from the shipper's
+/// inserts: per minute and node, and per hour fleet-wide, they are what the raw samples add up
+/// to. A database from before the views gets them on the next start, from then on.
+#[test]
+fn rollups_add_up_to_the_raw_samples_on_18_16() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    // Two and a half minutes of 3 CPUs at 50 Hz, in inserts of 1,000 rows or so: the views sum
+    // each inserted block, the tables' merges and the reads the rest.
+    let (_, end) = synthetic_store(&data, 3, 150);
+    let shipped = ship_until(&ch, &data, end, 1000);
+    assert_eq!(shipped.sample_rows, 150 * 50 * 3);
+    let answer = |sql: &str| ch.query(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    assert_rollups_match("18.16", 150 * 50 * 3, answer);
+    let minutes = ch.number("SELECT uniqExact(ts) FROM profiler.samples_1m");
+    assert!(minutes >= 3, "150 s over {minutes} minutes");
+
+    // A database from before the rollups: the next start creates them, and they count what is
+    // inserted from then on only.
+    for table in ["samples_1m_mv", "samples_1h_mv", "samples_1m", "samples_1h"] {
+        ch.query(&format!("DROP TABLE profiler.{table}")).unwrap();
+    }
+    let later = tmp.path().join("later");
+    let (_, end) = synthetic_store(&later, 2, 20);
+    let file = profiler::ship::clickhouse::FileConfig { batch_rows: Some(1000), ..Default::default() };
+    ship_with(&ch.url(), "ch-later", &later, &file, 86_400, || wait_shipped(&later, end));
+    for rollup in ["samples_1m", "samples_1h"] {
+        let sum = ch.number(&format!("SELECT sum(count) FROM profiler.{rollup}"));
+        assert_eq!(sum, 20 * 50 * 2, "{rollup}: the later node's samples, not the earlier ones");
+    }
+    let nodes = ch.query("SELECT DISTINCT node FROM profiler.samples_1m").unwrap();
+    assert_eq!(nodes.trim(), "ch-later");
+    eprintln!("18.16: rollups of {} samples over {minutes} minutes match the raw samples", 150 * 50 * 3);
+}
+
+/// The same views on today's ClickHouse (chdb, whose analyzer reads aliases as newer servers do):
+/// the schema with codecs and TTLs, inserts in blocks of 1,000 rows over two nodes and four
+/// hours, and the same sums.
+#[test]
+fn rollups_add_up_to_the_raw_samples_on_current_clickhouse() {
+    let layout = schema::Layout { database: "profiler", cluster: None, ttl_secs: Some(604_800), codecs: true };
+    let mut statements = schema::statements(&layout);
+    let start = (now_secs() as u64 - 4 * 3600) * SEC;
+    for insert in 0..3u64 {
+        // 10,000 rows 1.23 s apart (3.4 h), counts 1 to 5: 30,000 samples an insert.
+        statements.push(format!(
+            "INSERT INTO profiler.samples SELECT if(number % 2 = 0, 'n1', 'n2'), {start} + {insert} + number * 1234567891, \
+             toUInt16(number % 4), 1, 2, ['app', 'db', 'web'][number % 3 + 1], number % 7, if(number % 5 = 0, 'w', ''), \
+             toUInt32(number % 5 + 1) FROM numbers(10000) SETTINGS max_block_size = 1000, max_insert_block_size = 1000"
+        ));
+    }
+    let checks = rollup_checks("profiler");
+    for (_, rollup, raw) in &checks {
+        statements.extend([rollup.clone(), raw.clone()]);
+    }
+    for table in ["samples_1m", "samples_1h"] {
+        statements.push(format!("SHOW CREATE TABLE profiler.{table} FORMAT TSVRaw"));
+    }
+    let Some(answers) = clickhouse::chdb(&statements) else { return };
+    let mut answers = answers.into_iter().skip(statements.len() - 2 * checks.len() - 2);
+    let mut next = || answers.next().unwrap();
+    let asked: Vec<(String, String)> = checks.iter().map(|_| (next(), next())).collect();
+    for ((what, _, _), (rollup, raw)) in checks.iter().zip(&asked) {
+        assert_eq!(rollup, raw, "chdb: {what}");
+        let sum: u64 = rollup.lines().map(|l| l.rsplit('\t').next().unwrap().parse::<u64>().unwrap()).sum();
+        assert_eq!(sum, 3 * 30_000, "chdb: {what} adds up to every sample");
+    }
+    assert!(asked[0].0.lines().count() > 200, "minutes of two nodes: {}", asked[0].0.lines().count());
+    assert!(asked[2].0.lines().count() >= 4, "hours: {}", asked[2].0);
+    let (minutes, hours) = (next(), next());
+    assert!(minutes.contains("SummingMergeTree") && minutes.contains(&format!("toIntervalSecond({})", 30 * 86_400)));
+    assert!(hours.contains("SummingMergeTree") && hours.contains(&format!("toIntervalSecond({})", 365 * 86_400)));
+}
+
+/// With a cluster each shard rolls up the rows it receives: a node's minutes are on its shard
+/// only, and the Distributed rollup tables answer the fleet's sums through either shard.
+#[test]
+fn rollups_land_on_each_nodes_shard_and_read_through_either_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [tmp.path().join("shard1"), tmp.path().join("shard2")];
+    let Some(shards) = ClickHouse::start_cluster("fleet", &dirs) else { return };
+    let nodes = ["rollup-a", "rollup-b"];
+    let file = profiler::ship::clickhouse::FileConfig {
+        batch_rows: Some(1000),
+        cluster: Some("fleet".into()),
+        ..Default::default()
+    };
+    // Stacks go through a Distributed table to every shard: the shards have their tables before
+    // the first node ships (a fleet's other nodes make them; here, the statements the shippers run).
+    let layout = schema::Layout { database: "profiler", cluster: Some("fleet"), ttl_secs: None, codecs: false };
+    for shard in &shards {
+        for statement in schema::statements(&layout) {
+            shard.query(&statement).unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        let data = tmp.path().join(node);
+        let (_, end) = synthetic_store(&data, 2 + i as u32, 90);
+        ship_with(&shards[i].url(), node, &data, &file, 86_400, || wait_shipped(&data, end));
+    }
+    let total = 90 * 50 * (2 + 3);
+    for (i, node) in nodes.iter().enumerate() {
+        let on =
+            |s: &ClickHouse| s.number(&format!("SELECT count() FROM profiler.samples_1m_local WHERE node = '{node}'"));
+        assert!(on(&shards[i]) > 0 && on(&shards[1 - i]) == 0, "{node}'s minutes are on shard {} only", i + 1);
+        let hours = shards[i].number("SELECT sum(count) FROM profiler.samples_1h_local");
+        assert_eq!(hours, 90 * 50 * (2 + i as u64), "shard {}'s hours are its node's samples", i + 1);
+    }
+    for shard in &shards {
+        let answer = |sql: &str| shard.query(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert_rollups_match("two shards", total, answer);
+    }
+    eprintln!("2 shards: each node's rollups on its shard, the Distributed rollups equal the raw sums");
+}
+
+/// Each rollup table keeps its own retention on 18.16 (no TTL): the shipper drops the day
+/// partitions of `samples_1m` past `rollup_1m_days` and the 30-day partitions of `samples_1h`
+/// past `rollup_1h_days`, beside the raw tables' days past the store's `max_age`.
+#[test]
+fn rollups_keep_their_own_retention_on_a_server_without_ttl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let version = ch.query("SELECT version()").unwrap();
+    if schema::supports_ttl(schema::parse_version(&version).expect("a version")) {
+        // There the tables carry TTLs instead (checked on chdb).
+        skip(&format!(
+            "rollups_keep_their_own_retention_on_a_server_without_ttl: {} is ClickHouse {}, which has TTL",
+            clickhouse::SERVER,
+            version.trim()
+        ));
+        return;
+    }
+    use profiler::ship::clickhouse::FileConfig;
+    let now = now_secs() as u64;
+    // A minute 100 days ago and one 3 days ago, from two data directories of the node.
+    let (old, recent) = (tmp.path().join("old"), tmp.path().join("recent"));
+    let (old_start, old_end) = synthetic_store_ending(&old, 2, 60, (now - 100 * 86_400) * SEC);
+    let (recent_start, recent_end) = synthetic_store_ending(&recent, 2, 60, (now - 3 * 86_400) * SEC);
+    let sum = |table: &str, a: u64, b: u64| {
+        ch.number(&format!(
+            "SELECT sum(count) FROM profiler.{table} WHERE ts >= {} AND ts < {b}",
+            a / 3600 / SEC * 3600 * SEC
+        ))
+    };
+    ship_until(&ch, &old, old_end, 1000);
+    // The defaults (raw: a day here; minutes 30 days; hours a year) drop the old minute's raw
+    // rows and minutes when the next shipper starts, and keep its hour.
+    ship_until(&ch, &recent, recent_end, 1000);
+    assert_eq!(sum("samples", old_start, old_end), 0, "raw rows of 100 days ago, past a day");
+    assert_eq!(sum("samples_1m", old_start, old_end), 0, "minutes of 100 days ago, past 30 days");
+    assert_eq!(sum("samples_1h", old_start, old_end), 60 * 50 * 2, "hours of 100 days ago, within a year");
+    assert_eq!(sum("samples_1m", recent_start, recent_end), 60 * 50 * 2);
+    // A day of minutes and 30 days of hours: the recent minute's minutes go (its hour stays),
+    // and the old hour's 30-day partition, which ended 70 days ago at the latest.
+    let file =
+        FileConfig { batch_rows: Some(1000), rollup_1m_days: Some(1), rollup_1h_days: Some(30), ..Default::default() };
+    ship_with(&ch.url(), NODE, &recent, &file, 86_400, || {
+        wait_for("the old partitions dropped", Duration::from_secs(30), || {
+            (sum("samples_1m", recent_start, recent_end) == 0 && sum("samples_1h", old_start, old_end) == 0)
+                .then_some(())
+        })
+    });
+    assert_eq!(sum("samples_1h", recent_start, recent_end), 60 * 50 * 2, "the recent hour, within 30 days");
+    assert_eq!(sum("samples", recent_start, recent_end), 0, "raw rows of 3 days ago, past a day");
 }

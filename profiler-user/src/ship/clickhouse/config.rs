@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::error::ShipError;
+use super::{error::ShipError, schema::RollupKeep};
 
 /// The `[clickhouse]` table of the config file.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -17,12 +17,19 @@ pub struct FileConfig {
     pub password: Option<String>,
     pub batch_rows: Option<usize>,
     pub cluster: Option<String>,
+    /// Days `samples_1m` keeps (default 30).
+    pub rollup_1m_days: Option<u64>,
+    /// Days `samples_1h` keeps (default 365).
+    pub rollup_1h_days: Option<u64>,
 }
 
 /// Rows one insert may carry. At most half of ClickHouse's `max_insert_block_size` (1 M rows),
 /// with room for one read step beyond it, so that an insert is one block, hence one part per
 /// partition, and lands whole or not at all.
 pub const BATCH_ROWS: std::ops::RangeInclusive<usize> = 1_000..=500_000;
+
+/// Days a rollup table may keep rows: a day to ten years.
+pub const ROLLUP_DAYS: std::ops::RangeInclusive<u64> = 1..=3650;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -36,6 +43,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The store's age limit: rows get the same TTL where the server supports it.
     pub max_age_secs: u64,
+    /// How long the rollup tables keep rows (TTL, or partitions dropped on older servers).
+    pub rollups: RollupKeep,
 }
 
 impl Config {
@@ -61,6 +70,19 @@ impl Config {
                 allowed: "1000 to 500000 rows",
             });
         }
+        let days = |key: &'static str, value: Option<u64>, default: u64| match value.unwrap_or(default / 86_400) {
+            d if ROLLUP_DAYS.contains(&d) => Ok(d),
+            d => Err(ShipError::Range { key, value: d.to_string(), allowed: "1 to 3650 days" }),
+        };
+        let minutes = days("clickhouse.rollup_1m_days", file.rollup_1m_days, RollupKeep::DEFAULT.minutes_secs)?;
+        let hours = days("clickhouse.rollup_1h_days", file.rollup_1h_days, RollupKeep::DEFAULT.hours_secs)?;
+        if hours < minutes {
+            return Err(ShipError::Range {
+                key: "clickhouse.rollup_1h_days",
+                value: hours.to_string(),
+                allowed: "at least rollup_1m_days: hours are the coarser, longer kept rollup",
+            });
+        }
         Ok(Some(Self {
             url,
             database: file.database.unwrap_or_else(|| "profiler".into()),
@@ -71,6 +93,7 @@ impl Config {
             node: node.to_string(),
             data_dir,
             max_age_secs,
+            rollups: RollupKeep { minutes_secs: minutes * 86_400, hours_secs: hours * 86_400 },
         }))
     }
 
@@ -100,5 +123,28 @@ mod tests {
         assert_eq!(secret.target(), "http://h:1/ profiler");
         let e = Config::resolve(Some("https://x".into()), None, "n", "/d".into(), 60).unwrap_err().to_string();
         assert!(e.contains("TLS proxy"), "{e}");
+    }
+
+    #[test]
+    fn rollups_keep_30_days_of_minutes_and_a_year_of_hours_unless_told() {
+        let url = Some("http://a:8123".to_string());
+        let resolve = |minutes, hours| {
+            let file = FileConfig { rollup_1m_days: minutes, rollup_1h_days: hours, ..Default::default() };
+            Config::resolve(url.clone(), Some(&file), "n", "/d".into(), 60).map(|c| c.unwrap().rollups)
+        };
+        let keep = resolve(None, None).unwrap();
+        assert_eq!(keep, RollupKeep { minutes_secs: 30 * 86_400, hours_secs: 365 * 86_400 });
+        assert_eq!(
+            resolve(Some(2), Some(90)).unwrap(),
+            RollupKeep { minutes_secs: 2 * 86_400, hours_secs: 90 * 86_400 }
+        );
+        let e = resolve(Some(0), None).unwrap_err().to_string();
+        assert!(e.contains("clickhouse.rollup_1m_days = 0 is out of range: use 1 to 3650 days"), "{e}");
+        let e = resolve(None, Some(5000)).unwrap_err().to_string();
+        assert!(e.contains("clickhouse.rollup_1h_days = 5000"), "{e}");
+        let e = resolve(Some(60), Some(40)).unwrap_err().to_string();
+        assert!(e.contains("rollup_1h_days = 40 is out of range: use at least rollup_1m_days"), "{e}");
+        let file: FileConfig = toml::from_str("rollup_1m_days = 7\nrollup_1h_days = 730\n").unwrap();
+        assert_eq!((file.rollup_1m_days, file.rollup_1h_days), (Some(7), Some(730)));
     }
 }

@@ -4,6 +4,12 @@
 //! no `DateTime64` (20.1), no column codecs (19.1), no `TTL` (19.6). Time is `UInt64` ns since
 //! the epoch, partitions are UTC days computed from it (independent of the server's time
 //! zone), and a server that knows `TTL` gets one matching the node's retention.
+//!
+//! The rollups (`samples_1m`, `samples_1h`) are made by ClickHouse itself: materialized views
+//! of the inserts into `samples` sum each inserted block into `SummingMergeTree` tables, whose
+//! merges sum further; nothing of ours runs on a schedule. A view sees the inserts made after
+//! its creation only: a database from before the views has rollups from the daemon start that
+//! created them on.
 
 use col::*;
 
@@ -40,7 +46,8 @@ pub struct Layout<'a> {
     /// name over the cluster's shards. Created on the server the node ships to, not `ON
     /// CLUSTER` (distributed DDL needs ZooKeeper): each shard gets its tables from its nodes.
     pub cluster: Option<&'a str>,
-    /// Seconds rows are kept, when the server supports `TTL`.
+    /// Seconds the node's rows are kept, when the server supports `TTL` (`None`: no TTL clauses,
+    /// the rollups' included; theirs come from [`RollupKeep`]).
     pub ttl_secs: Option<u64>,
     /// The server has column codecs ([`supports_codecs`]): `samples` uses them.
     pub codecs: bool,
@@ -71,6 +78,16 @@ pub const CPU_SECONDS: &str = "cpu_seconds";
 pub const COUNTERS: &str = "counters";
 pub const CUDA_SAMPLES: &str = "cuda_samples";
 pub const NODES: &str = "nodes";
+/// Per minute, per (node, workload, comm, stack): `sum(count)` of `samples`.
+pub const SAMPLES_1M: &str = "samples_1m";
+/// Per hour, fleet-wide (no node), per (workload, comm, stack).
+pub const SAMPLES_1H: &str = "samples_1h";
+
+/// A rollup row's `ts` is the start of its minute or hour, ns.
+pub const MINUTE_NS: u64 = 60 * 1_000_000_000;
+pub const HOUR_NS: u64 = 3_600 * 1_000_000_000;
+/// `samples_1h`'s partitions are 30 days (`intDiv(ts, 86400000000000 * 30)`): a year is 13.
+pub const HOUR_PARTITION_NS: u64 = 30 * DAY_NS;
 
 /// Column names: what the shipper inserts and the fleet reads spell their SQL with these. A name
 /// two tables share is one constant (`kernel`: a stack's kernel-frame flags, a CPU's kernel
@@ -228,31 +245,118 @@ const TABLES: &[Table] = &[
     ),
 ];
 
-/// Every statement, in order, each safe to run again.
+/// How long the rollup tables keep rows, seconds (`[clickhouse] rollup_1m_days`,
+/// `rollup_1h_days`); `samples` and the other tables keep the node's `max_age`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RollupKeep {
+    pub minutes_secs: u64,
+    pub hours_secs: u64,
+}
+
+impl RollupKeep {
+    /// 30 days of minutes, a year of hours.
+    pub const DEFAULT: Self = Self { minutes_secs: 30 * 86_400, hours_secs: 365 * 86_400 };
+}
+
+/// A rollup of `samples`: its table (as in [`TABLES`]), the view's `SELECT` over `{source}`
+/// (the `samples` table the server receives inserts into) and its `Distributed` sharding key.
+struct Rollup {
+    name: &'static str,
+    columns: &'static [(&'static str, &'static str)],
+    engine: &'static str,
+    select: &'static str,
+    shard_by: &'static str,
+}
+
+// `ts` and `count` name the rollup's columns (a view writes into its table by name) and the
+// source's: the source's are qualified (`s.ts`) so that no analyzer, old or new, reads them as
+// the aliases, and `GROUP BY ts` names the alias (both read it so; grouping by the expression
+// instead is refused by 18.16, which substitutes the alias into it). A subquery renaming the
+// source, the other way out, fails on 18.16: its views run the outer `SELECT` on the inserted
+// block, so the inner names are unknown, and the insert errs after the samples landed.
+const ROLLUPS: &[Rollup] = &[
+    Rollup {
+        name: SAMPLES_1M,
+        columns: &[
+            (NODE, "String"),
+            (TS, "UInt64"),
+            (COMM, "String"),
+            (STACK_ID, "UInt64"),
+            (WORKLOAD, "String"),
+            (COUNT, "UInt64"),
+        ],
+        engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000) \
+                 ORDER BY (node, ts, comm, stack_id, workload){ttl}",
+        select: "SELECT node, intDiv(s.ts, 60000000000) * 60000000000 AS ts, comm, stack_id, workload, \
+                 sum(s.count) AS count FROM {source} AS s GROUP BY node, ts, comm, stack_id, workload",
+        shard_by: "cityHash64(node)",
+    },
+    Rollup {
+        name: SAMPLES_1H,
+        columns: &[(TS, "UInt64"), (COMM, "String"), (STACK_ID, "UInt64"), (WORKLOAD, "String"), (COUNT, "UInt64")],
+        engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
+                 ORDER BY (ts, comm, stack_id, workload){ttl}",
+        select: "SELECT intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, comm, stack_id, workload, \
+                 sum(s.count) AS count FROM {source} AS s GROUP BY ts, comm, stack_id, workload",
+        // Every shard has rows of every hour: any shard will do (reads sum).
+        shard_by: "rand()",
+    },
+];
+
+/// The name of a rollup's materialized view.
+pub fn view_name(rollup: &str) -> String {
+    format!("{rollup}_mv")
+}
+
+/// Every statement, in order, each safe to run again, the rollups keeping [`RollupKeep::DEFAULT`].
 pub fn statements(l: &Layout<'_>) -> Vec<String> {
+    statements_keeping(l, RollupKeep::DEFAULT)
+}
+
+/// Every statement, in order, each safe to run again.
+pub fn statements_keeping(l: &Layout<'_>, keep: RollupKeep) -> Vec<String> {
     let db = quote_ident(l.database);
-    let ttl = l
-        .ttl_secs
-        .map(|s| format!(" TTL toDateTime(intDiv(ts, 1000000000)) + toIntervalSecond({s})"))
-        .unwrap_or_default();
+    let ttl = |secs: Option<u64>| {
+        secs.map(|s| format!(" TTL toDateTime(intDiv(ts, 1000000000)) + toIntervalSecond({s})")).unwrap_or_default()
+    };
+    let local = |name: &str| if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
+    let distributed = |name: &str, shard_by: &str| {
+        l.cluster.map(|cluster| {
+            format!(
+                "CREATE TABLE IF NOT EXISTS {db}.{} AS {db}.{} ENGINE = Distributed({}, {db}, {}, {shard_by})",
+                quote_ident(name),
+                quote_ident(&local(name)),
+                quote_ident(cluster),
+                quote_ident(&local(name)),
+            )
+        })
+    };
     let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {db}")];
     for (name, columns, engine) in TABLES {
-        let engine = engine.replace("{ttl}", &ttl);
+        let engine = engine.replace("{ttl}", &ttl(l.ttl_secs));
         let columns = if l.codecs && *name == SAMPLES { SAMPLES_CODECS } else { columns };
         let columns = columns.iter().map(|(c, t)| format!("{c} {t}")).collect::<Vec<_>>().join(", ");
-        let local = if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
-        out.push(format!("CREATE TABLE IF NOT EXISTS {db}.{} ({columns}) ENGINE = {engine}", quote_ident(&local)));
-        if let Some(cluster) = l.cluster {
-            // Rows of a node stay on one shard, so a node's window is read from one place.
-            out.push(format!(
-                "CREATE TABLE IF NOT EXISTS {db}.{} AS {db}.{} ENGINE = Distributed({}, {db}, {}, {})",
-                quote_ident(name),
-                quote_ident(&local),
-                quote_ident(cluster),
-                quote_ident(&local),
-                if matches!(*name, STACKS | STACK_LOCATIONS) { "stack_id" } else { "cityHash64(node)" },
-            ));
-        }
+        out.push(format!(
+            "CREATE TABLE IF NOT EXISTS {db}.{} ({columns}) ENGINE = {engine}",
+            quote_ident(&local(name))
+        ));
+        // Rows of a node stay on one shard, so a node's window is read from one place.
+        let shard_by = if matches!(*name, STACKS | STACK_LOCATIONS) { "stack_id" } else { "cityHash64(node)" };
+        out.extend(distributed(name, shard_by));
+    }
+    for r in ROLLUPS {
+        let secs = if r.name == SAMPLES_1M { keep.minutes_secs } else { keep.hours_secs };
+        let engine = r.engine.replace("{ttl}", &ttl(l.ttl_secs.map(|_| secs)));
+        let columns = r.columns.iter().map(|(c, t)| format!("{c} {t}")).collect::<Vec<_>>().join(", ");
+        let table = quote_ident(&local(r.name));
+        out.push(format!("CREATE TABLE IF NOT EXISTS {db}.{table} ({columns}) ENGINE = {engine}"));
+        out.extend(distributed(r.name, r.shard_by));
+        // With a cluster each shard rolls up the rows it receives, into its own table.
+        let select = r.select.replace("{source}", &format!("{db}.{}", quote_ident(&local(SAMPLES))));
+        out.push(format!(
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{} TO {db}.{table} AS {select}",
+            quote_ident(&view_name(r.name))
+        ));
     }
     out
 }
@@ -284,7 +388,7 @@ mod tests {
     #[test]
     fn plain_layout_has_no_distributed_and_quotes_names() {
         let s = statements(&Layout { database: "pro`f", cluster: None, ttl_secs: None, codecs: false });
-        assert_eq!(s.len(), 1 + TABLES.len());
+        assert_eq!(s.len(), 1 + TABLES.len() + 2 * ROLLUPS.len());
         assert!(s.iter().all(|q| !q.contains("Distributed") && !q.contains("TTL")));
         assert_eq!(s[0], "CREATE DATABASE IF NOT EXISTS `pro\\`f`");
     }
@@ -292,10 +396,73 @@ mod tests {
     #[test]
     fn cluster_layout_adds_local_tables_and_ttl_where_asked() {
         let s = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: Some(60), codecs: true });
-        assert_eq!(s.len(), 1 + 2 * TABLES.len());
+        assert_eq!(s.len(), 1 + 2 * TABLES.len() + 3 * ROLLUPS.len());
         assert!(s[1].contains("`samples_local` (") && s[1].contains("toIntervalSecond(60)"));
         assert!(s[2].contains("Distributed(`c`, `p`, `samples_local`, cityHash64(node))"));
         assert!(!s[3].contains("TTL"), "stacks are kept: {}", s[3]);
         assert!(s[1].contains("CODEC(DoubleDelta") && !s[3].contains("CODEC"), "codecs on samples only");
+    }
+
+    #[test]
+    fn rollups_are_summing_tables_filled_by_views_of_samples() {
+        let keep = RollupKeep { minutes_secs: 120, hours_secs: 7200 };
+        let s = statements_keeping(&Layout { database: "p", cluster: None, ttl_secs: None, codecs: false }, keep);
+        let rollups = &s[1 + TABLES.len()..];
+        assert_eq!(
+            rollups,
+            [
+                "CREATE TABLE IF NOT EXISTS `p`.`samples_1m` (node String, ts UInt64, comm String, stack_id UInt64, \
+                 workload String, count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000) \
+                 ORDER BY (node, ts, comm, stack_id, workload)",
+                "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_1m_mv` TO `p`.`samples_1m` AS SELECT node, \
+                 intDiv(s.ts, 60000000000) * 60000000000 AS ts, comm, stack_id, workload, sum(s.count) AS count \
+                 FROM `p`.`samples` AS s GROUP BY node, ts, comm, stack_id, workload",
+                "CREATE TABLE IF NOT EXISTS `p`.`samples_1h` (ts UInt64, comm String, stack_id UInt64, workload String, \
+                 count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
+                 ORDER BY (ts, comm, stack_id, workload)",
+                "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_1h_mv` TO `p`.`samples_1h` AS SELECT \
+                 intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, comm, stack_id, workload, sum(s.count) AS count \
+                 FROM `p`.`samples` AS s GROUP BY ts, comm, stack_id, workload",
+            ]
+        );
+        // The constants the shipper's retention and the readers use say the same.
+        assert!(rollups[1].contains(&format!("intDiv(s.ts, {MINUTE_NS}) * {MINUTE_NS}")));
+        assert!(rollups[3].contains(&format!("intDiv(s.ts, {HOUR_NS}) * {HOUR_NS}")));
+        assert_eq!(HOUR_PARTITION_NS, DAY_NS * 30);
+        // Each table its own TTL, where the server has TTL.
+        let s = statements_keeping(&Layout { database: "p", cluster: None, ttl_secs: Some(60), codecs: true }, keep);
+        let ttl = |q: &str| q.split(" TTL ").nth(1).map(str::to_string);
+        let of = |name: &str| s.iter().find(|q| q.contains(&format!("TABLE IF NOT EXISTS `p`.`{name}` ("))).unwrap();
+        let expiry = "toDateTime(intDiv(ts, 1000000000)) + toIntervalSecond";
+        assert_eq!(ttl(of(SAMPLES)), Some(format!("{expiry}(60)")));
+        assert_eq!(ttl(of(SAMPLES_1M)), Some(format!("{expiry}(120)")));
+        assert_eq!(ttl(of(SAMPLES_1H)), Some(format!("{expiry}(7200)")));
+        assert!(!of(SAMPLES_1M).contains("LowCardinality") && !of(SAMPLES_1M).contains("CODEC"), "plain columns");
+    }
+
+    #[test]
+    fn cluster_rollups_read_the_shards_samples_and_are_read_through_distributed_tables() {
+        let s = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: None, codecs: false });
+        let rollups = &s[1 + 2 * TABLES.len()..];
+        assert_eq!(rollups.len(), 6);
+        assert!(rollups[0].starts_with("CREATE TABLE IF NOT EXISTS `p`.`samples_1m_local` (node String,"));
+        assert_eq!(
+            rollups[1],
+            "CREATE TABLE IF NOT EXISTS `p`.`samples_1m` AS `p`.`samples_1m_local` \
+             ENGINE = Distributed(`c`, `p`, `samples_1m_local`, cityHash64(node))"
+        );
+        assert!(
+            rollups[2]
+                .starts_with("CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_1m_mv` TO `p`.`samples_1m_local` AS")
+        );
+        assert!(rollups[2].contains("FROM `p`.`samples_local` AS s"));
+        assert!(rollups[3].starts_with("CREATE TABLE IF NOT EXISTS `p`.`samples_1h_local` (ts UInt64,"));
+        assert!(rollups[4].ends_with("Distributed(`c`, `p`, `samples_1h_local`, rand())"));
+        assert!(
+            rollups[5].contains("TO `p`.`samples_1h_local` AS") && rollups[5].contains("FROM `p`.`samples_local` AS s")
+        );
+        // Tables before the views that read and fill them.
+        let at = |q: &str| s.iter().position(|x| x.contains(q)).unwrap();
+        assert!(at("`samples_local` (") < at("samples_1m_mv") && at("`samples_1h_local` (") < at("samples_1h_mv"));
     }
 }

@@ -191,7 +191,7 @@ impl Follower {
             ttl_secs: schema::supports_ttl(version).then_some(self.config.max_age_secs),
             codecs: schema::supports_codecs(version),
         };
-        for statement in schema::statements(&layout) {
+        for statement in schema::statements_keeping(&layout, self.config.rollups) {
             self.client.query(&statement)?;
         }
         self.version = Some(version);
@@ -402,29 +402,42 @@ impl Follower {
         Ok(false)
     }
 
-    /// Servers without `TTL`: drops the day partitions that ended before the retention.
+    /// Servers without `TTL`: drops the partitions that ended before each table's retention
+    /// (days; 30-day periods for `samples_1h`).
     fn drop_old_partitions(&mut self) -> Result<(), ShipError> {
         if self.config.cluster.is_some() || self.retention_done.is_some_and(|t| t.elapsed() < RETENTION_EVERY) {
             return Ok(());
         }
-        let keep_from_day = now_ns().saturating_sub(self.config.max_age_secs.saturating_mul(SEC)) / schema::DAY_NS;
+        let raw = self.config.max_age_secs;
+        let rollups = self.config.rollups;
         let tables = [
-            schema::SAMPLES,
-            schema::FINDINGS,
-            schema::EVENTS,
-            schema::CPU_SECONDS,
-            schema::COUNTERS,
-            schema::CUDA_SAMPLES,
+            (schema::SAMPLES, raw, schema::DAY_NS),
+            (schema::FINDINGS, raw, schema::DAY_NS),
+            (schema::EVENTS, raw, schema::DAY_NS),
+            (schema::CPU_SECONDS, raw, schema::DAY_NS),
+            (schema::COUNTERS, raw, schema::DAY_NS),
+            (schema::CUDA_SAMPLES, raw, schema::DAY_NS),
+            (schema::SAMPLES_1M, rollups.minutes_secs, schema::DAY_NS),
+            (schema::SAMPLES_1H, rollups.hours_secs, schema::HOUR_PARTITION_NS),
         ];
-        for table in tables {
+        for (table, keep_secs, partition_ns) in tables {
+            // Partition `p` holds [p, p + 1) * partition_ns: it goes once that ended before the
+            // retention's start.
+            let keep_from = now_ns().saturating_sub(keep_secs.saturating_mul(SEC)) / partition_ns;
             let parts = self.client.query(&format!(
                 "SELECT DISTINCT partition FROM system.parts WHERE active AND database = {} AND table = {}",
                 schema::quote_str(&self.config.database),
                 schema::quote_str(table)
             ))?;
-            for day in parts.lines().filter_map(|l| l.trim().parse::<u64>().ok()).filter(|&d| d < keep_from_day) {
-                tracing::info!(table, day, "dropping a day of ClickHouse rows past the retention");
-                self.client.query(&format!("ALTER TABLE {} DROP PARTITION {day}", self.table(table)))?;
+            for p in parts.lines().filter_map(|l| l.trim().parse::<u64>().ok()).filter(|&p| p < keep_from) {
+                let days = partition_ns / schema::DAY_NS;
+                tracing::info!(
+                    table,
+                    partition = p,
+                    days,
+                    "dropping a partition of ClickHouse rows past the retention"
+                );
+                self.client.query(&format!("ALTER TABLE {} DROP PARTITION {p}", self.table(table)))?;
             }
         }
         self.retention_done = Some(Instant::now());
