@@ -17,13 +17,12 @@ use integration_tests::{
     clickhouse::{self, ClickHouse, cursor_ns, wait_shipped},
     folded_window, helper_bin, now_secs,
     nvml::{StandIn, h100},
-    privileged, skip, wait_for,
+    privileged, profiler, skip, wait_for,
 };
 use profiler::{
-    query::{Filter, KERNEL_SUFFIX, Window, for_each_sample},
+    query::{Filter, Window, fold_names_with, for_each_sample},
     ship::{Stats, clickhouse::schema},
     store::Store,
-    untrusted::folded_frame,
 };
 
 const NODE: &str = "ch-test-node";
@@ -75,16 +74,15 @@ fn ch_folded(ch: &ClickHouse, a: u64, b: u64) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for line in ch.query(&folded_sql("profiler", &range(a, b))).unwrap().lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        let mut folded = folded_frame(v["comm"].as_str().unwrap(), true).into_owned();
+        // As the store folds: a Python frame once per function, without the line it ran (a
+        // Python process elsewhere on the machine may be sampled in the window).
         let kernel = v["kernel"].as_array().unwrap();
-        for (f, k) in v["frames"].as_array().unwrap().iter().zip(kernel) {
-            let k = k.as_u64() == Some(1);
-            folded.push(';');
-            folded.push_str(&folded_frame(f.as_str().unwrap(), !k));
-            if k {
-                folded.push_str(KERNEL_SUFFIX);
-            }
-        }
+        let frames = v["frames"].as_array().unwrap().iter().zip(kernel);
+        let folded = fold_names_with(
+            v["comm"].as_str().unwrap(),
+            frames.map(|(f, k)| (f.as_str().unwrap(), k.as_u64() == Some(1))),
+            false,
+        );
         let n = v["n"].as_str().map_or_else(|| v["n"].as_u64().unwrap(), |s| s.parse().unwrap());
         *out.entry(folded).or_default() += n;
     }
@@ -713,4 +711,44 @@ fn rollups_keep_their_own_retention_on_a_server_without_ttl() {
     });
     assert_eq!(sum("samples_1h", recent_start, recent_end), 60 * 50 * 2, "the recent hour, within 30 days");
     assert_eq!(sum("samples", recent_start, recent_end), 0, "raw rows of 3 days ago, past a day");
+}
+
+/// A flamegraph of hours read through ClickHouse takes its whole hours from the hourly rollup,
+/// the whole minutes around them from the minute rollup and its edges from raw rows (issue 39
+/// part 2), and is still the node store's answer, byte for byte: the rollups' totals are the
+/// raw rows'.
+#[test]
+fn a_flamegraph_read_from_the_rollups_is_the_stores_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    // Two and a half hours of 2 CPUs at 5 Hz, 40 stacks in turn: 90,000 samples.
+    let (start, end) = synthetic_store_with(&data, 2, 9000, (now_secs() as u64 - 30) * SEC, 5, 40);
+    ship_until(&ch, &data, end, 20_000);
+    // Edges inside seconds, so every kind of part is read.
+    let (a, b) = (start + 61 * SEC + SEC / 2, end - 20 * SEC - SEC / 4);
+    let (from, to) = (profiler::timespec::format(a), profiler::timespec::format(b));
+    let dir = data.to_str().unwrap();
+    let read = |source: &[&str]| {
+        let out = profiler(&[&["flamegraph", "--format", "folded", "--from", &from, "--to", &to][..], source].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (store, _) = read(&["--data-dir", dir]);
+    let (fleet, rolled) = read(&["--clickhouse", &ch.url()]);
+    assert!(rolled.contains("samples_1h") && rolled.contains("samples_1m") && rolled.contains("samples "), "{rolled}");
+    let total: u64 =
+        String::from_utf8_lossy(&store).lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    assert!(total > 80_000, "{total} samples in the window");
+    assert!(
+        store == fleet,
+        "the rollups' answer differs from the store's:\n--- store\n{}\n--- ClickHouse\n{}",
+        String::from_utf8_lossy(&store),
+        String::from_utf8_lossy(&fleet)
+    );
+    // --cpu is not in the rollups: raw rows answer, the same.
+    let (store, _) = read(&["--data-dir", dir, "--cpu", "0"]);
+    let (fleet, note) = read(&["--clickhouse", &ch.url(), "--cpu", "0"]);
+    assert!(!note.contains("samples_1") && store == fleet, "{note}");
+    eprintln!("{total} samples from {from} to {to}: {} (with --cpu: {})", rolled.trim(), note.trim());
 }

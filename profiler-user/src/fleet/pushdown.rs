@@ -89,6 +89,15 @@ fn workloads(fleet: &Fleet, table: &str, range: &str, filter: &Filter) -> Result
     Ok(Some(all.into_iter().filter(keeps).collect()))
 }
 
+/// A `--cpu` that no chosen node has (a node that did not say its CPUs is not judged).
+fn check_cpus(sel: &Selection, filter: &Filter) -> Result<(), FleetError> {
+    let cpus = sel.cpus();
+    match filter.cpus.iter().find(|&&c| cpus > 0 && c >= cpus) {
+        Some(&cpu) => Err(QueryError::UnknownCpu { cpu, last: cpus - 1 }.into()),
+        None => Ok(()),
+    }
+}
+
 /// One summed row: (comm, stack id, workload, weight).
 type Row = (String, u64, String, u64);
 
@@ -175,9 +184,7 @@ pub fn fold(
     filter: &Filter,
     budget: FoldBudget,
 ) -> Result<Fold, FleetError> {
-    if let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= sel.cpus()) {
-        return Err(QueryError::UnknownCpu { cpu, last: sel.cpus().saturating_sub(1) }.into());
-    }
+    check_cpus(sel, filter)?;
     // The CUDA counts have no rollup.
     let plan = match kind {
         SampleKind::Cpu => rollup::plan(window, filter, sel, Coverage::read(fleet)?),
@@ -220,9 +227,7 @@ pub fn fold(
 /// The subsecond heatmap of the chosen nodes' CPU samples in `window`: per cell, the sum over
 /// the nodes. The server groups by (column, row), so a day costs what a minute does.
 pub fn grid(fleet: &Fleet, sel: &Selection, window: Window, rows: usize, filter: &Filter) -> Result<Grid, FleetError> {
-    if let Some(&cpu) = filter.cpus.iter().find(|&&c| c >= sel.cpus()) {
-        return Err(QueryError::UnknownCpu { cpu, last: sel.cpus().saturating_sub(1) }.into());
-    }
+    check_cpus(sel, filter)?;
     let mut grid = Grid::empty(window, rows);
     let (first, k, r) = (grid.first_second, grid.seconds_per_column, grid.rows);
     // Seconds some block of a node covers: a column of none is a gap (the daemon was down).

@@ -14,8 +14,7 @@ use crate::{
     ship::clickhouse::schema::{self, col::TS},
 };
 
-pub const MINUTE_NS: u64 = 60_000_000_000;
-pub const HOUR_NS: u64 = 60 * MINUTE_NS;
+pub use schema::{HOUR_NS, MINUTE_NS};
 
 /// A table a part of a window is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +28,8 @@ impl Source {
     pub fn table(self) -> &'static str {
         match self {
             Self::Raw => schema::SAMPLES,
-            Self::Minutes => "samples_1m",
-            Self::Hours => "samples_1h",
+            Self::Minutes => schema::SAMPLES_1M,
+            Self::Hours => schema::SAMPLES_1H,
         }
     }
 
