@@ -112,10 +112,23 @@ pub fn cputime(args: CputimeArgs) -> anyhow::Result<()> {
         anyhow::anyhow!("--bucket '{bucket}' must be a duration of 10ms or more (10ms, 100ms, 1s, 1m)")
     })?;
     let mut src = source.open()?;
-    let mut store = src.load(&[w])?;
-    src.require_data(&mut store, w)?;
-    let (cpus, hz) = Meta::cpus_and_frequency(src.data_dir());
-    let grid = query::cpu_time(&mut store, w, bucket_ns, cpus, hz)?;
+    // Whole-second buckets of a node in ClickHouse: the server sums them, whatever the window.
+    let pushed = match src.fleet() {
+        Some((fleet, selection)) => {
+            let node = selection.single().expect("one node: Source::open");
+            pushdown::cpu_time(fleet, node, w, bucket_ns)?
+        }
+        None => None,
+    };
+    let grid = match pushed {
+        Some(grid) => grid,
+        None => {
+            let mut store = src.load(&[w])?;
+            src.require_data(&mut store, w)?;
+            let (cpus, hz) = Meta::cpus_and_frequency(src.data_dir());
+            query::cpu_time(&mut store, w, bucket_ns, cpus, hz)?
+        }
+    };
     if let Some(c) = cputime::coarsened(&grid) {
         eprintln!("note: {}", c.reason);
     }

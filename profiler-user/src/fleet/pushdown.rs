@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::{
-    Fleet, FleetError,
+    Fleet, FleetError, Node,
     mirror::MISSING_STACK,
     rollup::{self, Coverage, Piece, Source},
     select::Selection,
@@ -21,7 +21,7 @@ use super::{
 use crate::{
     exec_context::Context,
     model::SampleKind,
-    query::{Filter, FoldBudget, Folded, Grid, IDLE_FRAME, QueryError, Window, fold_names_with},
+    query::{Buckets, CpuTime, Filter, FoldBudget, Folded, Grid, IDLE_FRAME, QueryError, Window, fold_names_with},
     ship::clickhouse::schema::{self, col::*, quote_str},
     timespec,
 };
@@ -277,6 +277,66 @@ pub fn grid(fleet: &Fleet, sel: &Selection, window: Window, rows: usize, filter:
         grid.add(first + col * k, row as usize, n);
     }
     Ok(grid)
+}
+
+/// CPU x time of one node in buckets of whole seconds, summed by the server: per (CPU, bucket)
+/// its samples, those whose stack ends in the kernel, and those in a softirq (the first kernel
+/// frame a `[softirq:NAME]` marker, `exec_context`). Whole seconds are read, as the store's
+/// summaries give them; a node's frequency is taken as its latest. `None` for finer buckets
+/// (they need each sample's time: the copy answers them).
+pub fn cpu_time(fleet: &Fleet, node: &Node, window: Window, bucket_ns: u64) -> Result<Option<CpuTime>, FleetError> {
+    let b = Buckets::of(window, bucket_ns, node.cpus.max(1));
+    if !b.bucket_ns.is_multiple_of(SEC) {
+        return Ok(None);
+    }
+    let (first, width) = (b.first_ns, b.bucket_ns);
+    let range = format!(
+        "{NODE} = {} AND {TS} >= {} AND {TS} < {}",
+        quote_str(&node.name),
+        window.from_ns / SEC * SEC,
+        window.to_ns.div_ceil(SEC) * SEC
+    );
+    // A node down all the window has no per-CPU counts in it (an idle one has).
+    let blocks =
+        fleet.rows(&format!("SELECT count() FROM {} WHERE {range}", fleet.table(schema::CPU_SECONDS)), |r| r.u64())?;
+    if blocks.first().is_none_or(|&n| n == 0) {
+        let (from, to) = (timespec::format(window.from_ns), timespec::format(window.to_ns));
+        return Err(FleetError::NoSamples { what: "samples".into(), from, to, nodes: format!("node {}", node.name) });
+    }
+    let samples = fleet.table(schema::SAMPLES);
+    let cells = |stacks: Option<&str>| -> Result<Vec<(u16, u64, u64)>, FleetError> {
+        let only = stacks.map_or(String::new(), |cond| {
+            format!(
+                " AND {STACK_ID} GLOBAL IN (SELECT {STACK_ID} FROM {} WHERE {STACK_ID} GLOBAL IN \
+                 (SELECT {STACK_ID} FROM {samples} WHERE {range}) AND {cond})",
+                fleet.table(schema::STACKS)
+            )
+        });
+        fleet.rows(
+            &format!(
+                "SELECT {CPU}, toUInt64(intDiv({TS} - {first}, {width})) AS col, toUInt64(sum({COUNT})) FROM {samples} \
+                 WHERE {range}{only} GROUP BY {CPU}, col"
+            ),
+            |r| Ok((r.u16()?, r.u64()?, r.u64()?)),
+        )
+    };
+    let rows = node.cpus.max(1) as usize;
+    let grid = |cells: Vec<(u16, u64, u64)>| {
+        let mut v = vec![vec![0f64; b.n]; rows];
+        for (cpu, col, n) in cells {
+            if let Some(cell) = v.get_mut(usize::from(cpu)).and_then(|r| r.get_mut(col as usize)) {
+                *cell += n as f64;
+            }
+        }
+        v
+    };
+    let busy = grid(cells(None)?);
+    let kernel = grid(cells(Some(&format!("{KERNEL}[length({KERNEL})] = 1")))?);
+    let softirq = grid(cells(Some(&format!(
+        "startsWith({FRAMES}[indexOf({KERNEL}, 1)], '[softirq:') AND endsWith({FRAMES}[indexOf({KERNEL}, 1)], ']')"
+    )))?);
+    let ticks = (f64::from(node.hz.max(1)) * width as f64 / SEC as f64).max(1e-9);
+    Ok(Some(b.shares(busy, kernel, softirq, ticks)))
 }
 
 /// Frames and kernel flags of the stacks the window's rows name.

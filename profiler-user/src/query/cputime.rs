@@ -38,12 +38,9 @@ pub fn cpu_time(
     cpus: u32,
     frequency_hz: u64,
 ) -> Result<CpuTime, QueryError> {
-    use crate::store::format::{BUCKET_NS, NS_PER_SEC};
-    let requested_bucket_ns = bucket_ns.max(BUCKET_NS) / BUCKET_NS * BUCKET_NS;
+    use crate::store::format::NS_PER_SEC;
+    let Buckets { requested_bucket_ns, bucket_ns, first_ns, n } = Buckets::of(window, bucket_ns, cpus);
     let rows = cpus.max(1) as usize;
-    let bucket_ns = coarse_bucket(window, requested_bucket_ns, rows as u64);
-    let first_ns = window.from_ns / bucket_ns * bucket_ns;
-    let n = (window.to_ns - first_ns).div_ceil(bucket_ns) as usize;
     let mut busy = vec![vec![0f64; n]; rows];
     let mut kernel = vec![vec![0f64; n]; rows];
     let mut softirq = vec![vec![0f64; n]; rows];
@@ -107,19 +104,49 @@ pub fn cpu_time(
             }
         })?;
     }
-    let ticks_base = ticks(base_hz);
-    let share = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
-        v.into_iter().map(|r| r.into_iter().map(|x| (x / ticks_base).min(1.0)).collect()).collect()
-    };
-    Ok(CpuTime {
-        first_ns,
-        bucket_ns,
-        requested_bucket_ns,
-        cpus: (0..rows as u32).collect(),
-        busy: share(busy),
-        kernel: share(kernel),
-        softirq: share(softirq),
-    })
+    let b = Buckets { requested_bucket_ns, bucket_ns, first_ns, n };
+    Ok(b.shares(busy, kernel, softirq, ticks(base_hz)))
+}
+
+/// The buckets of a CPU x time answer: the one asked for (10 ms or more), widened to keep the
+/// window within the cell budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buckets {
+    pub requested_bucket_ns: u64,
+    pub bucket_ns: u64,
+    /// Start of the first bucket.
+    pub first_ns: u64,
+    /// Buckets.
+    pub n: usize,
+}
+
+impl Buckets {
+    pub fn of(window: Window, bucket_ns: u64, cpus: u32) -> Self {
+        use crate::store::format::BUCKET_NS;
+        let requested_bucket_ns = bucket_ns.max(BUCKET_NS) / BUCKET_NS * BUCKET_NS;
+        let bucket_ns = coarse_bucket(window, requested_bucket_ns, u64::from(cpus.max(1)));
+        let first_ns = window.from_ns / bucket_ns * bucket_ns;
+        let n = (window.to_ns - first_ns).div_ceil(bucket_ns) as usize;
+        Self { requested_bucket_ns, bucket_ns, first_ns, n }
+    }
+
+    /// The answer from weighed sample counts per CPU row and bucket, `ticks` a CPU gets in a
+    /// bucket: each count divided once, so whole counts give the same shares however they were
+    /// summed.
+    pub fn shares(self, busy: Vec<Vec<f64>>, kernel: Vec<Vec<f64>>, softirq: Vec<Vec<f64>>, ticks: f64) -> CpuTime {
+        let share = |v: Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+            v.into_iter().map(|r| r.into_iter().map(|x| (x / ticks).min(1.0)).collect()).collect()
+        };
+        CpuTime {
+            first_ns: self.first_ns,
+            bucket_ns: self.bucket_ns,
+            requested_bucket_ns: self.requested_bucket_ns,
+            cpus: (0..busy.len() as u32).collect(),
+            busy: share(busy),
+            kernel: share(kernel),
+            softirq: share(softirq),
+        }
+    }
 }
 
 /// The bucket that keeps `window` within [`budget::CPUTIME_CELLS`]: the requested one, or a

@@ -11,7 +11,7 @@ mod samples;
 
 use std::path::PathBuf;
 
-pub use cputime::{CpuTime, cpu_time};
+pub use cputime::{Buckets, CpuTime, cpu_time};
 pub use fold::{
     FoldBudget, Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line, fold_names, fold_names_with, fold_within,
 };
