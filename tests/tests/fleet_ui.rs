@@ -120,8 +120,10 @@ fn the_page_reads_any_node_from_clickhouse() {
         assert_eq!(code, 200);
         let mid = (a + 2).to_string();
         let (code, body) = get(&base, &format!("/api/flamegraph?format=json&node={node}&from={from}&to={mid}"), token);
-        let tree: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        assert!(code == 200 && tree["name"] == "all" && tree["unit"] == "samples", "{code} {body}");
+        // Not parsed: a tree holds stacks deeper than serde_json's recursion limit (the
+        // daemon's own table builds through gimli, sampled on a busy machine).
+        let head = body.get(..200).unwrap_or(&body);
+        assert!(code == 200 && body.starts_with("{\"unit\":\"samples\",\"name\":\"all\""), "{code} {head}");
     }
 
     // Clear refusals: an unknown node, no token, another host name; no /metrics (no daemon).
