@@ -246,8 +246,13 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
             return Err(bad(format!("format '{format}' is not one of svg, json, folded")));
         }
         let kind = p.kind()?;
-        let (_dir, mut store) = p.store(&app, w, kind)?;
-        let folded = query::fold(&mut store, w, &filter)?;
+        let (folded, read_from) = match app.source.fold(p.node.as_deref(), kind, w, &filter, Default::default()) {
+            Some(fold) => fold.map(|f| (f.folded, Some(f.read_from)))?,
+            None => {
+                let (_dir, mut store) = p.store(&app, w, kind)?;
+                (query::fold(&mut store, w, &filter)?, None)
+            }
+        };
         let note = (folded.truncated_stacks > 0).then(|| {
             format!(
                 "{} rare stacks folded into their parents ([… N more]): a flamegraph keeps at most {} distinct stacks",
@@ -279,7 +284,8 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
                 ([(header::CONTENT_TYPE, "image/svg+xml")], out).into_response()
             }
         };
-        Ok(with_note(r, "x-profiler-truncated", note))
+        // Which ClickHouse tables answered (raw rows, the minute or hour rollups).
+        Ok(with_note(with_note(r, "x-profiler-truncated", note), "x-profiler-read-from", read_from))
     })
     .await
 }

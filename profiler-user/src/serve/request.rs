@@ -61,17 +61,21 @@ impl IntoResponse for Failure {
     }
 }
 
+/// The status of a query's refusal: nothing there, a budget, a broken store, a bad request.
+fn query_status(e: &query::QueryError) -> StatusCode {
+    match e {
+        query::QueryError::NoData { .. } | query::QueryError::NoMatch { .. } => StatusCode::NOT_FOUND,
+        query::QueryError::Store(_) | query::QueryError::Budget(budget::BudgetError::Store(_)) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        query::QueryError::Budget(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
 impl From<query::QueryError> for Failure {
     fn from(e: query::QueryError) -> Self {
-        let code = match e {
-            query::QueryError::NoData { .. } | query::QueryError::NoMatch { .. } => StatusCode::NOT_FOUND,
-            query::QueryError::Store(_) | query::QueryError::Budget(budget::BudgetError::Store(_)) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-            query::QueryError::Budget(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        Failure(code, e.to_string())
+        Failure(query_status(&e), e.to_string())
     }
 }
 
@@ -80,8 +84,12 @@ impl From<source::SourceError> for Failure {
         use crate::fleet::FleetError;
         let code = match &e {
             source::SourceError::OtherNode { .. } | source::SourceError::WhichNode(..) => StatusCode::BAD_REQUEST,
+            // The server's answer said it of the window or the filters: as a store says it.
+            source::SourceError::Fleet(FleetError::Query(q)) => query_status(q),
             source::SourceError::Fleet(f) => match f {
-                FleetError::UnknownNode { .. } | FleetError::NoNodes(_) => StatusCode::NOT_FOUND,
+                FleetError::UnknownNode { .. } | FleetError::NoNodes(_) | FleetError::NoSamples { .. } => {
+                    StatusCode::NOT_FOUND
+                }
                 FleetError::TooMany { .. } => StatusCode::PAYLOAD_TOO_LARGE,
                 FleetError::Down { .. } | FleetError::ClickHouse(_) | FleetError::Decode(_) => StatusCode::BAD_GATEWAY,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,

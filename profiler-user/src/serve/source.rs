@@ -13,7 +13,7 @@ use std::{
 };
 
 use crate::{
-    fleet::{Fleet, FleetError, mirror::Mirror},
+    fleet::{Fleet, FleetError, Selection, mirror::Mirror, pushdown},
     model::SampleKind,
     query::Window,
     store::{Meta, StoreSummary},
@@ -147,6 +147,27 @@ impl Source {
 /// The daemon's node: its `--node`, else the host name.
 fn own_node(dir: &Path) -> Option<String> {
     Meta::read(dir).map(|m| if m.node.is_empty() { m.hostname } else { m.node })
+}
+
+impl Source {
+    /// For a fleet: the asked node's fold summed by ClickHouse (`fleet::pushdown`: no copy, the
+    /// rollups where they resolve the window); `None` for a node's own store.
+    pub fn fold(
+        &self,
+        node: Option<&str>,
+        kind: SampleKind,
+        window: Window,
+        filter: &crate::query::Filter,
+        budget: crate::query::FoldBudget,
+    ) -> Option<Result<pushdown::Fold, SourceError>> {
+        let Source::Fleet(f) = self else { return None };
+        let fold = || -> Result<pushdown::Fold, SourceError> {
+            let node = f.fleet.node(Some(&f.resolve(node.filter(|n| !n.is_empty()))?))?;
+            let selection = Selection { nodes: vec![node], whole_fleet: false };
+            Ok(pushdown::fold(&f.fleet, &selection, kind, window, filter, budget)?)
+        };
+        Some(fold())
+    }
 }
 
 impl FleetSource {
