@@ -182,6 +182,54 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
     assert!(e.contains("holds no node in database `nope`"), "{e}");
     let e = err(&["cputime", "--clickhouse", "http://127.0.0.1:1", "--from", "-1m"]);
     assert!(e.contains("ClickHouse at 127.0.0.1:1 does not answer") && !e.contains("panicked"), "{e}");
+
+    // A second node's finding, written as its shipper writes one: findings and events without
+    // --node are the fleet's, read by the server, each naming its node.
+    let stamp = (a + 1) * SEC;
+    let rows = [
+        format!(
+            "INSERT INTO profiler.nodes (node, cpus, hz, online, host, version) VALUES ('fleet-b', 2, 99, '0-1', 'b', {stamp})"
+        ),
+        format!(
+            "INSERT INTO profiler.findings (node, id, kind, ts, end_ts, cpu, severity, summary, evidence, version) VALUES \
+             ('fleet-b', 'saturated-core-cpu0-b', 'saturated-core', {stamp}, {}, 0, 'warning', 'CPU 0 saturated on b', '{{}}', {stamp})",
+            stamp + 3 * SEC
+        ),
+    ];
+    for sql in rows {
+        ch.query(&sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let fleet: Vec<serde_json::Value> = serde_json::from_slice(&run(&[
+        "findings",
+        "--clickhouse",
+        &url,
+        "--format",
+        "json",
+        "--from",
+        &from,
+        "--to",
+        &to,
+    ]))
+    .unwrap();
+    let of = |node: &str| -> Vec<serde_json::Value> {
+        fleet
+            .iter()
+            .filter(|f| f["node"] == node)
+            .map(|f| {
+                let mut f = f.clone();
+                f.as_object_mut().unwrap().remove("node");
+                f
+            })
+            .collect()
+    };
+    let own: Vec<serde_json::Value> = serde_json::from_slice(&findings).unwrap();
+    assert_eq!(of("fleet-a"), own, "the fleet's list holds node fleet-a's findings as its own list does");
+    assert_eq!(of("fleet-b").len(), 1, "{fleet:?}");
+    let text =
+        String::from_utf8(run(&["findings", "--clickhouse", &url, "--node", "fleet-*", "--from", &from, "--to", &to]))
+            .unwrap();
+    assert!(text.lines().any(|l| l.starts_with("fleet-b  saturated-core-cpu0-b  Warning")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with(&format!("fleet-a  {finding}"))), "{text}");
 }
 
 #[test]

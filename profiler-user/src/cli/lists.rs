@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use profiler::{detect, query::Window, timespec, untrusted};
+use profiler::{collect::kmsg::Event, detect, detect::Finding, fleet::notes, query::Window, timespec, untrusted};
 
 use super::args::{Source, StatusFormat, window_of};
 
@@ -20,40 +20,61 @@ pub struct Args {
     pub format: StatusFormat,
 }
 
+/// A finding as a text line (and its summary on the next).
+fn finding_line(f: &Finding) -> String {
+    let end = match f.end_ns {
+        Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
+        None => "open".to_string(),
+    };
+    // Summaries name processes (comm) and functions: untrusted text.
+    format!(
+        "{}  {:?}  {} .. {}\n    {}",
+        untrusted::visible(&f.id),
+        f.severity,
+        timespec::format(f.start_ns),
+        end,
+        untrusted::visible(&f.summary)
+    )
+}
+
+fn event_line(e: &Event) -> String {
+    format!("{}  {}  {}", untrusted::visible(&e.id), timespec::format(e.ts_ns), untrusted::visible(&e.message))
+}
+
 fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
     let w = window_of(from, to)?;
-    print_list(&detect::journal::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, |f| {
-        let end = match f.end_ns {
-            Some(e) => format!("{} ({})", timespec::format(e), timespec::format_duration(e.saturating_sub(f.start_ns))),
-            None => "open".to_string(),
-        };
-        // Summaries name processes (comm) and functions: untrusted text.
-        format!(
-            "{}  {:?}  {} .. {}\n    {}",
-            untrusted::visible(&f.id),
-            f.severity,
-            timespec::format(f.start_ns),
-            end,
-            untrusted::visible(&f.summary)
-        )
-    })
+    print_list(&detect::journal::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, finding_line)
 }
 
 fn events_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
     let w = window_of(from, to)?;
-    print_list(&detect::journal::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, |e| {
-        format!("{}  {}  {}", untrusted::visible(&e.id), timespec::format(e.ts_ns), untrusted::visible(&e.message))
-    })
+    print_list(&detect::journal::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, event_line)
+}
+
+/// Node names are untrusted text too (a node's --node).
+fn on_node(node: &str, line: String) -> String {
+    format!("{}  {line}", untrusted::visible(node))
 }
 
 pub fn findings(args: Args) -> anyhow::Result<()> {
-    let src = args.source.open()?;
+    let src = args.source.open_nodes()?;
+    // Several nodes (or the whole fleet): the server reads them, each line names its node.
+    if let (Some(_), Some((fleet, selection))) = (src.several_nodes(), src.fleet()) {
+        let w = window_of(&args.from, &args.to)?;
+        let list = notes::findings(fleet, selection, Some(w))?;
+        return print_list(&list, "findings", w, args.format, |f| on_node(&f.node, finding_line(&f.finding)));
+    }
     profiler::store::check_dir(src.data_dir())?;
     findings_of(src.data_dir(), &args.from, &args.to, args.format)
 }
 
 pub fn events(args: Args) -> anyhow::Result<()> {
-    let src = args.source.open()?;
+    let src = args.source.open_nodes()?;
+    if let (Some(_), Some((fleet, selection))) = (src.several_nodes(), src.fleet()) {
+        let w = window_of(&args.from, &args.to)?;
+        let list = notes::events(fleet, selection, Some(w))?;
+        return print_list(&list, "events", w, args.format, |e| on_node(&e.node, event_line(&e.event)));
+    }
     profiler::store::check_dir(src.data_dir())?;
     events_of(src.data_dir(), &args.from, &args.to, args.format)
 }

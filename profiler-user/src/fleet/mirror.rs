@@ -12,8 +12,7 @@ use std::{collections::HashMap, os::unix::fs::DirBuilderExt, path::Path, sync::A
 
 use super::{Fleet, FleetError, Node};
 use crate::{
-    collect::kmsg::Event,
-    detect::{self, Finding},
+    detect,
     model::{Location, Sample, SampleKind, Stack},
     query::Window,
     ship::clickhouse::schema::{self, col::*},
@@ -344,56 +343,14 @@ impl<'a> Copier<'a> {
     }
 }
 
-/// Most events a copy takes (a node logs a few per day; a flood is cut, newest kept).
-const MAX_EVENTS: u64 = 100_000;
-
 /// The node's findings (latest state of each) and events, into the copy's logs.
 fn copy_notes(fleet: &Fleet, node: &Node, dir: &Path) -> Result<(), FleetError> {
-    let name = schema::quote_str(&node.name);
-    let findings = fleet.rows(
-        &format!(
-            "SELECT {ID}, argMax({KIND}, {VERSION}), argMax({TS}, {VERSION}) AS start, argMax({END_TS}, {VERSION}), \
-             argMax({CPU}, {VERSION}), argMax({SEVERITY}, {VERSION}), argMax({SUMMARY}, {VERSION}), \
-             argMax({EVIDENCE}, {VERSION}) FROM {} WHERE {NODE} = {name} GROUP BY {ID} ORDER BY start, {ID}",
-            fleet.table(schema::FINDINGS),
-        ),
-        |r| {
-            let (id, kind, start, end, cpu, severity, summary, evidence) =
-                (r.string()?, r.string()?, r.u64()?, r.u64()?, r.i32()?, r.string()?, r.string()?, r.string()?);
-            let text = |s: &str| serde_json::Value::String(s.to_string());
-            let decode = |what: &str, e: serde_json::Error| FleetError::Decode(format!("finding {id}: {what}: {e}"));
-            Ok(Finding {
-                id: id.to_string(),
-                kind: serde_json::from_value(text(kind)).map_err(|e| decode("kind", e))?,
-                start_ns: start,
-                end_ns: (end != 0).then_some(end),
-                cpu: u32::try_from(cpu).ok(),
-                severity: serde_json::from_value(text(severity)).map_err(|e| decode("severity", e))?,
-                summary: summary.to_string(),
-                evidence: serde_json::from_str(evidence).map_err(|e| decode("evidence", e))?,
-            })
-        },
-    )?;
-    for f in &findings {
-        detect::journal::record_finding(dir, f)?;
+    let one = super::Selection { nodes: vec![node.clone()], whole_fleet: false };
+    for f in super::notes::findings(fleet, &one, None)? {
+        detect::journal::record_finding(dir, &f.finding)?;
     }
-    let events = fleet.rows(
-        &format!(
-            "SELECT {TS}, {ID}, any({PATTERN}), any({MESSAGE}) FROM {} WHERE {NODE} = {name} GROUP BY {TS}, {ID} \
-             ORDER BY {TS} DESC, {ID} LIMIT {MAX_EVENTS}",
-            fleet.table(schema::EVENTS),
-        ),
-        |r| {
-            Ok(Event {
-                ts_ns: r.u64()?,
-                id: r.string()?.into(),
-                pattern: r.string()?.into(),
-                message: r.string()?.into(),
-            })
-        },
-    )?;
-    for e in &events {
-        detect::journal::record_event(dir, e)?;
+    for e in super::notes::events(fleet, &one, None)? {
+        detect::journal::record_event(dir, &e.event)?;
     }
     Ok(())
 }

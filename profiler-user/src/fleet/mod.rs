@@ -5,6 +5,7 @@
 
 mod error;
 pub mod mirror;
+pub mod notes;
 pub mod overview;
 pub mod overview_text;
 pub mod pushdown;
