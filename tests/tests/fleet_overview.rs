@@ -309,6 +309,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
         fleet::{
             Fleet,
             overview::{Sql, node_filter},
+            rollup::{Piece, Source},
         },
         query::Window,
         ship::clickhouse::schema,
@@ -330,14 +331,27 @@ fn fleet_sql_runs_on_current_clickhouse() {
         format!("INSERT INTO p.findings VALUES ('n1', 'f1', 'saturated-core', {t}, 0, 0, 'warning', 's', '{{}}', 1)"),
     ]);
     let fleet = Fleet::new("http://unused:1", "p").unwrap();
-    let sql = Sql { fleet: &fleet, window: Window::new(t, t + 10 * SEC).unwrap(), nodes: node_filter(&["n1".into()]) };
+    // The window's samples from raw rows and, for an earlier minute, from the minute rollup: the
+    // `UNION ALL` the overview sends when the rollup resolves part of its window.
+    let minute = (t / 60 / SEC - 1) * 60 * SEC;
+    statements.push(format!("INSERT INTO p.samples_1m VALUES ('n1', {minute}, 'bash', 8, '', 5)"));
+    let pieces = vec![
+        Piece { source: Source::Minutes, window: Window::new(minute, minute + 60 * SEC).unwrap() },
+        Piece { source: Source::Raw, window: Window::new(t, t + 10 * SEC).unwrap() },
+    ];
+    let sql = Sql {
+        fleet: &fleet,
+        window: Window::new(t, t + 10 * SEC).unwrap(),
+        nodes: node_filter(&["n1".into()]),
+        pieces,
+    };
     let queries = [
         (sql.busy(), "n1\t100\t98\t0\t0.9090909090909091\t1000000000\t1000000000"),
         (sql.grid(1), "n1\t0\t100\t98"),
-        (sql.samples(), "n1\t10"),
+        (sql.samples(), "n1\t15"),
         (sql.findings(), "n1\tsaturated-core\t1"),
         (sql.events(), "n1\t1"),
-        (sql.top(1), "bash\t8\t6\t1"),
+        (sql.top(1), "bash\t8\t11\t1"),
         (sql.stacks(&[7]), "7\t['main','do_syscall_64']\t[0,1]"),
         (sql.matching_events("ena.*reset"), &format!("n1\t{}\te1\tena reset", t + 3)),
         (sql.matching_count("ena.*reset"), "1"),
@@ -356,12 +370,17 @@ fn fleet_sql_runs_on_current_clickhouse() {
 /// one nearly idle, the same 2,000 stacks fleet-wide) for `secs` ending 30 s ago, each in its
 /// own store, all shipped at once by the real shipper into one 18.16 server. Prints the figures
 /// BENCHMARKS.md records. Run by `cargo xtask bench fleet` (release binary in PROFILER_BIN).
+/// FLEET_NODES (50), FLEET_SECS (600) and FLEET_CPUS (2) size it: `FLEET_NODES=1 FLEET_CPUS=192`
+/// with an hour is issue 39's big node.
 #[test]
 #[ignore]
 fn fleet_benchmark() {
     use synth::{Rng, StackPool, Tick, second};
     let nodes: usize = std::env::var("FLEET_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let secs: u64 = std::env::var("FLEET_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
+    let cpus: u32 = std::env::var("FLEET_CPUS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    // The node whose minute, and whole window, is read: node-07 of the default fleet.
+    let probe = format!("node-{:02}", 7.min(nodes.saturating_sub(1)));
     let tmp = tempfile::tempdir().unwrap();
     let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
     let url = ch.url();
@@ -382,7 +401,7 @@ fn fleet_benchmark() {
                         format_version: FORMAT_VERSION,
                         hostname: name.clone(),
                         node: name.clone(),
-                        cpus: 2,
+                        cpus,
                         frequency_hz: 99,
                         started_ns: start,
                     };
@@ -391,7 +410,7 @@ fn fleet_benchmark() {
                     let mut w = StoreWriter::new(&segments_dir(data));
                     for sec in 0..secs {
                         let at = start + sec * SEC;
-                        second(&pool, &mut rng, at, 2, 99, |tick| match tick {
+                        second(&pool, &mut rng, at, cpus, 99, |tick| match tick {
                             Tick::Busy(s) => w.push(&s),
                             Tick::Idle { ts_ns, cpu } => w.push_idle(ts_ns, cpu),
                         });
@@ -401,7 +420,7 @@ fn fleet_benchmark() {
             });
         }
     });
-    eprintln!("{nodes} stores of {secs} s written in {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!("{nodes} stores of {cpus} CPUs x {secs} s written in {:.1} s", t.elapsed().as_secs_f64());
     let t = Instant::now();
     let stats = ship_all(&ch, &dirs, end);
     let ship_secs = t.elapsed().as_secs_f64();
@@ -445,7 +464,7 @@ fn fleet_benchmark() {
         "--clickhouse",
         &url,
         "--node",
-        "node-07",
+        &probe,
         "--from",
         &(minute / SEC).to_string(),
         "--to",
@@ -461,13 +480,13 @@ fn fleet_benchmark() {
     // The part of it that is not the minute's copy and fold: the node's row, its findings and
     // events (`Mirror::new`), and the process's start.
     let (notes, _, _, _) = median(
-        ["events", "--clickhouse", &url, "--node", "node-07", "--from", &(minute / SEC).to_string()]
+        ["events", "--clickhouse", &url, "--node", &probe, "--from", &(minute / SEC).to_string()]
             .iter()
             .map(|s| s.to_string())
             .collect(),
     );
     figures
-        .insert("flamegraph_setup", format!("`profiler events --clickhouse URL --node node-07`: median {notes:.0} ms"));
+        .insert("flamegraph_setup", format!("`profiler events --clickhouse URL --node {probe}`: median {notes:.0} ms"));
     // The command's own CPU time against its wall time: the rest is waiting for ClickHouse.
     if Path::new("/usr/bin/time").exists() {
         let mut cpu = Vec::new();
@@ -497,6 +516,90 @@ fn fleet_benchmark() {
         "flamegraph",
         format!("`profiler {}`: median {med:.0} ms of 7 ({lo:.0}-{hi:.0}), {lines} folded lines", flame.join(" ")),
     );
+    // The whole fleet's window, summed by the server (issue 39): no node named, no copy.
+    let all = |cmd: &str, extra: &[&str]| -> Vec<String> {
+        [
+            &[cmd, "--clickhouse", &url, "--from", &(start / SEC).to_string(), "--to", &(end / SEC).to_string()][..],
+            extra,
+        ]
+        .concat()
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let (med, lo, hi, out) = median(all("flamegraph", &["--format", "folded"]));
+    let total: u64 =
+        String::from_utf8_lossy(&out).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum();
+    assert_eq!(total, rows, "the fleet's flamegraph holds every sample shipped");
+    figures.insert(
+        "fleet_flamegraph",
+        format!("`profiler flamegraph --clickhouse URL` over all {nodes} nodes' {secs} s ({total} samples): median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
+    );
+    let (med, lo, hi, _) = median(all("heatmap", &["--format", "json"]));
+    figures.insert(
+        "fleet_heatmap",
+        format!("`profiler heatmap --clickhouse URL` over all {nodes} nodes' {secs} s: median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
+    );
+    // One node's whole window, summed by the server, against the copy (`fleet/mirror.rs`) that
+    // what the server cannot sum still makes: CPU x time at 100 ms (its first 10 minutes) and,
+    // for longer windows, `report` over the whole window (refused past `MAX_SAMPLES`).
+    let node = ["--node", probe.as_str()];
+    let (med, lo, hi, out) = median(all("flamegraph", &[&node[..], &["--format", "folded"]].concat()));
+    let total: u64 =
+        String::from_utf8_lossy(&out).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum();
+    figures.insert(
+        "node_flamegraph",
+        format!("`profiler flamegraph --clickhouse URL --node {probe} --format folded` over its {secs} s ({total} samples): median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
+    );
+    let (med, lo, hi, _) = median(all("heatmap", &[&node[..], &["--format", "json"]].concat()));
+    figures.insert(
+        "node_heatmap",
+        format!("`profiler heatmap --clickhouse URL --node {probe}` over its {secs} s: median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
+    );
+    let (med, lo, hi, _) = median(all("cputime", &[&node[..], &["--format", "json"]].concat()));
+    figures.insert(
+        "node_cputime",
+        format!("`profiler cputime --clickhouse URL --node {probe}` (1 s buckets, summed by the server) over its {secs} s: median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
+    );
+    let (report, grid) = (tmp.path().join("report.html"), tmp.path().join("cputime.json"));
+    let copies = [(
+        "node_copy_cputime_100ms",
+        secs.min(600),
+        7,
+        vec!["cputime", "--bucket", "100ms", "--format", "json", "-o", grid.to_str().unwrap()],
+    )]
+    .into_iter()
+    .chain((secs > 600).then(|| ("node_copy_report", secs, 3, vec!["report", "-o", report.to_str().unwrap()])));
+    for (name, span, times, extra) in copies {
+        let args: Vec<String> =
+            [extra[0], "--clickhouse", &url, "--node", &probe, "--from", &(start / SEC).to_string()]
+                .into_iter()
+                .chain(["--to", &(start / SEC + span).to_string()])
+                .chain(extra[1..].iter().copied())
+                .map(str::to_string)
+                .collect();
+        let mut runs = Vec::new();
+        let mut said = String::new();
+        for _ in 0..times {
+            let t = Instant::now();
+            let o = profiler(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            runs.push(t.elapsed().as_secs_f64() * 1000.0);
+            said = if o.status.success() {
+                "answered".into()
+            } else {
+                format!("refused: {}", String::from_utf8_lossy(&o.stderr).trim())
+            };
+        }
+        runs.sort_by(f64::total_cmp);
+        let (med, lo, hi) = (runs[runs.len() / 2], runs[0], runs[runs.len() - 1]);
+        figures.insert(
+            name,
+            format!(
+                "`profiler {}` over {span} s (the copy): median {med:.0} ms of {times} ({lo:.0}-{hi:.0}), {said}",
+                extra.join(" ")
+            ),
+        );
+    }
     let fleet: Vec<String> = [
         "fleet",
         "--clickhouse",
@@ -535,7 +638,7 @@ fn fleet_benchmark() {
         };
         let fleet = Fleet::new(&url, "profiler").unwrap();
         let window = Window::new(start, end).unwrap();
-        let sql = Sql { fleet: &fleet, window, nodes: String::new() };
+        let sql = Sql { fleet: &fleet, window, nodes: String::new(), pieces: Vec::new() };
         let queries = [
             ("busy", sql.busy()),
             ("grid", sql.grid(choose_bucket(window).0)),

@@ -17,7 +17,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::{Fleet, FleetError, Node};
+use super::{
+    Fleet, FleetError, Node,
+    rollup::{self, Piece, Source},
+    select::Selection,
+};
 use crate::{
     query::{Window, fold_names},
     ship::clickhouse::schema::{self, col::*, quote_str},
@@ -161,9 +165,34 @@ pub struct Sql<'a> {
     pub window: Window,
     /// [`node_filter`].
     pub nodes: String,
+    /// Where the samples of each part of the window are read: the minute rollup where it
+    /// resolves the part (it keeps the node: the top stacks say on how many nodes they ran),
+    /// raw rows elsewhere ([`rollup::plan`]). Empty: raw rows for the whole window.
+    pub pieces: Vec<Piece>,
 }
 
 impl Sql<'_> {
+    /// The window's sample rows as `(nd, cm, sid, n)`: node, comm, stack and count, from the
+    /// table of each part (a `UNION ALL` of them).
+    fn sample_rows(&self) -> String {
+        let whole = [Piece { source: Source::Raw, window: self.window }];
+        let pieces = if self.pieces.is_empty() { &whole[..] } else { &self.pieces[..] };
+        let parts: Vec<String> = pieces
+            .iter()
+            .map(|p| {
+                format!(
+                    "SELECT {NODE} AS nd, {COMM} AS cm, {STACK_ID} AS sid, toUInt64({COUNT}) AS n FROM {} \
+                     WHERE {TS} >= {} AND {TS} < {}{}",
+                    self.fleet.table(p.source.table()),
+                    p.window.from_ns,
+                    p.window.to_ns,
+                    self.nodes
+                )
+            })
+            .collect();
+        format!("({})", parts.join(" UNION ALL "))
+    }
+
     fn range(&self) -> String {
         format!("{TS} >= {} AND {TS} < {}{}", self.window.from_ns, self.window.to_ns, self.nodes)
     }
@@ -204,11 +233,7 @@ impl Sql<'_> {
 
     /// Busy samples per node.
     pub fn samples(&self) -> String {
-        format!(
-            "SELECT {NODE}, toUInt64(sum({COUNT})) FROM {} WHERE {} GROUP BY {NODE} ORDER BY {NODE}",
-            self.fleet.table(schema::SAMPLES),
-            self.range()
-        )
+        format!("SELECT nd, toUInt64(sum(n)) FROM {} GROUP BY nd ORDER BY nd", self.sample_rows())
     }
 
     /// Findings overlapping the window, latest state of each, counted per node and kind.
@@ -236,10 +261,9 @@ impl Sql<'_> {
     /// The `top` (comm, stack) pairs with the most samples, and on how many nodes each ran.
     pub fn top(&self, top: usize) -> String {
         format!(
-            "SELECT {COMM}, {STACK_ID}, toUInt64(sum({COUNT})) AS n, toUInt64(uniqExact({NODE})) FROM {} WHERE {} \
-             GROUP BY {COMM}, {STACK_ID} ORDER BY n DESC, {COMM}, {STACK_ID} LIMIT {top}",
-            self.fleet.table(schema::SAMPLES),
-            self.range()
+            "SELECT cm, sid, toUInt64(sum(n)) AS total, toUInt64(uniqExact(nd)) FROM {} GROUP BY cm, sid \
+             ORDER BY total DESC, cm, sid LIMIT {top}",
+            self.sample_rows()
         )
     }
 
@@ -303,35 +327,6 @@ impl Sql<'_> {
     }
 }
 
-/// The nodes asked for, as `nodes` describes them; every node when none is named.
-fn select(fleet: &Fleet, asked: &[String]) -> Result<Vec<Node>, FleetError> {
-    let all = fleet.nodes()?;
-    if all.is_empty() {
-        return Err(FleetError::NoNodes(fleet.database.clone()));
-    }
-    if asked.is_empty() {
-        return Ok(all);
-    }
-    let mut out = Vec::new();
-    for name in asked {
-        match all.iter().find(|n| &n.name == name) {
-            Some(n) if !out.contains(n) => out.push(n.clone()),
-            Some(_) => {}
-            None => {
-                let mut known = all.iter().take(10).map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ");
-                let more = all.len().saturating_sub(10);
-                if more > 0 {
-                    known.push_str(&format!(" and {more} more"));
-                }
-                return Err(FleetError::UnknownNode { node: name.clone(), known });
-            }
-        }
-    }
-    // By name, as the per-node list: the grid's rows in the same order.
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
-}
-
 /// Answers `req`.
 pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     if let Some(p) = &req.event {
@@ -339,9 +334,17 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         // first turns a typo into a sentence instead of a server error.
         regex::Regex::new(p).map_err(|e| FleetError::Pattern { pattern: p.clone(), reason: e.to_string() })?;
     }
-    let nodes = select(fleet, &req.nodes)?;
+    let selection = fleet.select(&req.nodes)?;
     let w = req.window;
-    let sql = Sql { fleet, window: w, nodes: node_filter(&req.nodes) };
+    // Named nodes (globs resolved) are filtered by name; the whole fleet needs no filter.
+    let names: Vec<String> =
+        if selection.whole_fleet { Vec::new() } else { selection.nodes.iter().map(|n| n.name.clone()).collect() };
+    // The top stacks and the samples per node from the minute rollup where it resolves the
+    // window: it keeps the node (the hourly one does not).
+    let some_nodes = Selection { whole_fleet: false, ..selection.clone() };
+    let pieces = rollup::plan(w, &crate::query::Filter::default(), &some_nodes, rollup::Coverage::read(fleet)?);
+    let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces };
+    let nodes = selection.nodes;
     let mut by_node: BTreeMap<String, NodeSummary> = nodes
         .iter()
         .map(|n| (n.name.clone(), NodeSummary { node: n.name.clone(), cpus: n.cpus, hz: n.hz, ..Default::default() }))
@@ -536,7 +539,7 @@ mod tests {
         assert_eq!(node_filter(&[]), "");
         assert_eq!(node_filter(&["a".into(), "b'c\\".into()]), " AND node IN ('a', 'b\\'c\\\\')");
         let fleet = Fleet::new("http://h:1", "p`x").unwrap();
-        let sql = Sql { fleet: &fleet, window: w(10), nodes: node_filter(&["n'1".into()]) };
+        let sql = Sql { fleet: &fleet, window: w(10), nodes: node_filter(&["n'1".into()]), pieces: Vec::new() };
         let busy = sql.busy();
         assert!(
             busy.contains(
@@ -552,6 +555,19 @@ mod tests {
         assert!(sql.stacks(&[3, u64::MAX]).contains("stack_id IN (3, 18446744073709551615)"));
         assert!(sql.grid(10).contains("intDiv(ts - 1000000000000, 10000000000)"));
         assert!(sql.top(7).ends_with("LIMIT 7"));
+        // Parts of the window from the minute rollup and from raw rows, summed together.
+        let minute = 60 * SEC;
+        let pieces = vec![
+            Piece { source: Source::Raw, window: Window { from_ns: 1000 * SEC, to_ns: 1020 * SEC } },
+            Piece { source: Source::Minutes, window: Window { from_ns: 1020 * SEC, to_ns: 1020 * SEC + minute } },
+        ];
+        let sql = Sql { pieces, ..sql };
+        let top = sql.top(3);
+        assert!(
+            top.contains("FROM `p\\`x`.`samples` WHERE ts >= 1000000000000 AND ts < 1020000000000 AND node IN ('n\\'1') UNION ALL SELECT")
+                && top.contains("FROM `p\\`x`.`samples_1m` WHERE ts >= 1020000000000 AND ts < 1080000000000"),
+            "{top}"
+        );
     }
 
     #[test]
