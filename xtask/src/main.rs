@@ -50,7 +50,9 @@ enum Cmd {
     /// private ClickHouse 18.16: ingest rate, bytes per sample, `profiler flamegraph --clickhouse`
     /// and `profiler fleet` latency), `sched` (what the run-queue programs cost a context switch:
     /// a ping-pong between two CPUs without and with the daemon), `memory` (the daemon in a 256
-    /// MiB memory cgroup while one process maps three copies of a 200 MB library: peak RSS).
+    /// MiB memory cgroup while one process maps three copies of a 200 MB library: peak RSS),
+    /// `clickhouse-bytes` (bytes per sample of ClickHouse's `samples` table on chdb, a steady
+    /// and a compile-heavy synthetic node of `--minutes` (default 10), under several layouts).
     Bench {
         #[arg(default_value = "spine")]
         which: String,
@@ -60,7 +62,7 @@ enum Cmd {
         /// Rounds of each configuration (overhead).
         #[arg(long, default_value_t = 5)]
         rounds: usize,
-        /// Span of the synthetic store (store: 60; fleet: 10).
+        /// Span of the synthetic store (store: 60; fleet, clickhouse-bytes: 10).
         #[arg(long)]
         minutes: Option<u64>,
         /// overhead: also run the daemon built from this git revision, side by side (e.g.
@@ -200,6 +202,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let (profiler, helpers) = (build(true)?, build_helpers()?);
             soak::run(&profiler, &helpers.join("busy-helper"), &helpers.join("churn"), minutes)
         }
+        // Neither the daemon nor the eBPF toolchain: a current ClickHouse embedded in Python.
+        Cmd::Bench { which, minutes, .. } if which == "clickhouse-bytes" => {
+            bench::clickhouse_bytes(&workspace_root(), minutes.unwrap_or(10))
+        }
         Cmd::Bench { which, seconds, minutes, rounds, baseline_rev } => {
             setup::ensure()?;
             setup::ensure_bench_tools()?;
@@ -245,7 +251,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 other => {
                     bail!(
-                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, cuda, replay, status, unwind, memory, fleet, sched"
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, cuda, replay, status, unwind, memory, fleet, sched, clickhouse-bytes"
                     )
                 }
             }

@@ -36,6 +36,24 @@ pub(crate) fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> 
     }
 }
 
+/// `cargo xtask bench clickhouse-bytes`: bytes per sample of the `samples` table under the
+/// schema's layouts and the ones tried against them (issue 39, part 3), on a current ClickHouse
+/// embedded in Python (the PyPI package chdb, as the tests use). No daemon, no root: two
+/// synthetic nodes of `minutes` each (`clickhouse_bytes.py` says how they are made).
+pub fn clickhouse_bytes(root: &Path, minutes: u64) -> anyhow::Result<()> {
+    let probe = Command::new("python3").args(["-c", "import chdb, pandas"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        bail!("clickhouse-bytes needs Python's chdb and pandas: `pip install chdb pandas`");
+    }
+    let status = Command::new("python3")
+        .arg(root.join("xtask/src/bench/clickhouse_bytes.py"))
+        .args(["--minutes", &minutes.to_string()])
+        .status()
+        .context("python3")?;
+    anyhow::ensure!(status.success(), "clickhouse_bytes.py failed ({status})");
+    Ok(())
+}
+
 /// The release daemon of another revision of this repository, for side-by-side runs: its tree
 /// (`git archive`, so nothing here changes) built in `target/baseline/REV` once, then reused.
 pub fn build_at(root: &Path, rev: &str) -> anyhow::Result<std::path::PathBuf> {
