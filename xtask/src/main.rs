@@ -117,7 +117,8 @@ enum Cmd {
     /// `test kernels [--flavour F]... [--seconds S] [--timeout S]`: boot Debian's 6.1 kernels in
     /// qemu/KVM and check sampling, stacks and tracepoints on each (docs/kernels.md).
     Test {
-        /// Extra arguments for the test binaries (e.g. a test name filter).
+        /// Extra arguments for the test binaries (e.g. a test name filter); a first argument
+        /// naming a file of tests/tests/ (`crash`, `pods`) runs that file's tests alone.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -158,6 +159,13 @@ fn build(release: bool) -> anyhow::Result<PathBuf> {
     }
     status(cmd)?;
     Ok(workspace_root().join("target").join(if release { "release" } else { "debug" }).join("profiler"))
+}
+
+/// `name` is an integration test file, `tests/tests/NAME.rs` (a plain name, no path).
+fn integration_test_file(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && workspace_root().join("tests/tests").join(format!("{name}.rs")).is_file()
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -272,17 +280,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             setup::ensure()?;
             setup::ensure_test_tools()?;
             let bin = build(false)?;
-            // Unit tests first: fast, no root.
-            let mut unit = cargo();
-            unit.args(["test", "--workspace", "--exclude", "integration-tests", "--exclude", "profiler-ebpf", "--"])
-                .args(&args);
-            status(unit)?;
+            // `cargo xtask test crash`: a first argument naming a file of tests/tests/ runs that
+            // file's integration tests (the rest of the arguments filter them), not the tests
+            // whose names contain it: no test in crash.rs says "crash" in its name, and the
+            // README's `cargo xtask test crash` ran none of them (memory_budget, pods alike).
+            let file = args.first().filter(|a| integration_test_file(a)).cloned();
+            let filters = if file.is_some() { &args[1..] } else { &args[..] };
+            // Unit tests first: fast, no root. Not for one integration file: it names none of them.
+            if file.is_none() {
+                let mut unit = cargo();
+                unit.args(["test", "--workspace", "--exclude", "integration-tests", "--exclude", "profiler-ebpf"]);
+                unit.arg("--").args(filters);
+                status(unit)?;
+            }
             // Then the real thing, one test at a time: each profiles the whole machine.
             let mut integration = cargo();
-            integration
-                .args(["test", "--package", "integration-tests", "--", "--test-threads=1"])
-                .args(&args)
-                .env("PROFILER_BIN", &bin);
+            integration.args(["test", "--package", "integration-tests"]);
+            if let Some(file) = &file {
+                integration.args(["--test", file]);
+            }
+            integration.args(["--", "--test-threads=1"]).args(filters).env("PROFILER_BIN", &bin);
             status(integration)?;
             // Last, unless a filter picked some tests: two minutes of the soak, release build,
             // then the arm64 build check.
