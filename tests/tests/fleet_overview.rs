@@ -444,6 +444,14 @@ fn fleet_benchmark() {
         )
     };
     figures.insert("disk", per_row("in ClickHouse"));
+    figures.insert(
+        "disk_rollups",
+        format!(
+            "the rollups the server keeps beside: samples_1m {} B, samples_1h {} B",
+            bytes("samples_1m"),
+            bytes("samples_1h")
+        ),
+    );
 
     let median = |args: Vec<String>| {
         let mut runs = Vec::new();
@@ -531,26 +539,46 @@ fn fleet_benchmark() {
     let total: u64 =
         String::from_utf8_lossy(&out).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum();
     assert_eq!(total, rows, "the fleet's flamegraph holds every sample shipped");
+    let said = profiler(&all("flamegraph", &["--format", "folded"]).iter().map(String::as_str).collect::<Vec<_>>());
+    let said = String::from_utf8_lossy(&said.stderr)
+        .lines()
+        .filter_map(|l| l.strip_prefix("note: "))
+        .collect::<Vec<_>>()
+        .join("; ");
     figures.insert(
         "fleet_flamegraph",
-        format!("`profiler flamegraph --clickhouse URL` over all {nodes} nodes' {secs} s ({total} samples): median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
+        format!("`profiler flamegraph --clickhouse URL` over all {nodes} nodes' {secs} s ({total} samples; {said}): median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
     );
     let (med, lo, hi, _) = median(all("heatmap", &["--format", "json"]));
     figures.insert(
         "fleet_heatmap",
         format!("`profiler heatmap --clickhouse URL` over all {nodes} nodes' {secs} s: median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
     );
-    // One node's whole window, summed by the server, against the copy (`fleet/mirror.rs`) that
-    // what the server cannot sum still makes: CPU x time at 100 ms (its first 10 minutes) and,
-    // for longer windows, `report` over the whole window (refused past `MAX_SAMPLES`).
+    // What the command says it read (rollups or raw rows), from a run of its own.
+    let note = |args: Vec<String>| {
+        let o = profiler(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        err.lines().filter_map(|l| l.strip_prefix("note: ")).collect::<Vec<_>>().join("; ")
+    };
+    // One node's whole window, summed by the server (and with `--cpu 0`, which the rollups do
+    // not keep: raw rows), against the copy (`fleet/mirror.rs`) that what the server cannot sum
+    // still makes: CPU x time at 100 ms (its first 10 minutes) and, for longer windows,
+    // `report` over the whole window (refused past `MAX_SAMPLES`).
     let node = ["--node", probe.as_str()];
-    let (med, lo, hi, out) = median(all("flamegraph", &[&node[..], &["--format", "folded"]].concat()));
-    let total: u64 =
-        String::from_utf8_lossy(&out).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum();
-    figures.insert(
-        "node_flamegraph",
-        format!("`profiler flamegraph --clickhouse URL --node {probe} --format folded` over its {secs} s ({total} samples): median {med:.0} ms of 7 ({lo:.0}-{hi:.0})"),
-    );
+    for (name, filter) in [("node_flamegraph", &[][..]), ("node_flamegraph_cpu0", &["--cpu", "0"][..])] {
+        let args = all("flamegraph", &[&node[..], filter, &["--format", "folded"]].concat());
+        let (med, lo, hi, out) = median(args.clone());
+        let total: u64 =
+            String::from_utf8_lossy(&out).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum();
+        figures.insert(
+            name,
+            format!(
+                "`profiler flamegraph --clickhouse URL --node {probe} {}--format folded` over its {secs} s ({total} samples; {}): median {med:.0} ms of 7 ({lo:.0}-{hi:.0})",
+                filter.iter().map(|a| format!("{a} ")).collect::<String>(),
+                note(args)
+            ),
+        );
+    }
     let (med, lo, hi, _) = median(all("heatmap", &[&node[..], &["--format", "json"]].concat()));
     figures.insert(
         "node_heatmap",
@@ -596,7 +624,7 @@ fn fleet_benchmark() {
             name,
             format!(
                 "`profiler {}` over {span} s (the copy): median {med:.0} ms of {times} ({lo:.0}-{hi:.0}), {said}",
-                extra.join(" ")
+                extra.iter().take_while(|&&a| a != "-o").copied().collect::<Vec<_>>().join(" ")
             ),
         );
     }
