@@ -342,7 +342,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     // The top stacks and the samples per node from the minute rollup where it resolves the
     // window: it keeps the node (the hourly one does not).
     let some_nodes = Selection { whole_fleet: false, ..selection.clone() };
-    let pieces = rollup::plan(w, &crate::query::Filter::default(), &some_nodes, rollup::Coverage::read(fleet)?);
+    let pieces = rollup::plan(w, &crate::query::Filter::default(), &some_nodes, rollup::Coverage::read(fleet, w)?);
     let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces };
     let nodes = selection.nodes;
     let mut by_node: BTreeMap<String, NodeSummary> = nodes

@@ -187,7 +187,7 @@ pub fn fold(
     check_cpus(sel, filter)?;
     // The CUDA counts have no rollup.
     let plan = match kind {
-        SampleKind::Cpu => rollup::plan(window, filter, sel, Coverage::read(fleet)?),
+        SampleKind::Cpu => rollup::plan(window, filter, sel, Coverage::read(fleet, window)?),
         _ => vec![Piece { source: Source::Raw, window }],
     };
     let (mut rows, mut stacks) = (Vec::new(), HashMap::new());

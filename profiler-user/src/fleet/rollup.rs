@@ -50,17 +50,37 @@ pub struct Coverage {
     pub hours_from: Option<u64>,
 }
 
+/// How far into a window the first look for a rollup's rows goes (the partitions it reads):
+/// rows there settle the question for a rollup that has run for a while.
+const FIRST_LOOK_NS: u64 = 86_400 * 1_000_000_000;
+
 impl Coverage {
-    /// Read from the server: the earliest unit of each rollup.
-    pub fn read(fleet: &Fleet) -> Result<Self, FleetError> {
+    /// Read from the server for `window`: from which unit each rollup holds whole units there.
+    /// A rollup with rows in the unit before the window ran before it (all of it resolves);
+    /// otherwise its first unit in the window may be its first ever, and is left out. Only the
+    /// partitions of the window's first day are read first, the rest only if those hold none.
+    pub fn read(fleet: &Fleet, window: Window) -> Result<Self, FleetError> {
         let first = |s: Source| -> Result<Option<u64>, FleetError> {
-            let sql = format!("SELECT count(), min({TS}) FROM {}", fleet.table(s.table()));
-            match fleet.rows(&sql, |r| Ok((r.u64()?, r.u64()?))) {
-                Ok(rows) => Ok(rows.first().filter(|(n, _)| *n > 0).map(|(_, ts)| ts + s.unit_ns())),
+            let unit = s.unit_ns();
+            let start = window.from_ns / unit * unit;
+            let look = |a: u64, b: u64| -> Result<Option<u64>, FleetError> {
+                let sql = format!(
+                    "SELECT count(), min({TS}) FROM {} WHERE {TS} >= {a} AND {TS} < {b}",
+                    fleet.table(s.table())
+                );
+                let rows = fleet.rows(&sql, |r| Ok((r.u64()?, r.u64()?)))?;
+                Ok(rows.first().filter(|(n, _)| *n > 0).map(|(_, ts)| *ts))
+            };
+            let near = start.saturating_add(FIRST_LOOK_NS).min(window.to_ns);
+            let found = match look(start.saturating_sub(unit), near) {
+                Ok(Some(ts)) => Some(ts),
+                Ok(None) if near < window.to_ns => look(near, window.to_ns)?,
+                Ok(None) => None,
                 // A server shipped to before the rollups existed has no such table.
-                Err(FleetError::NoNodes(_)) => Ok(None),
-                Err(e) => Err(e),
-            }
+                Err(FleetError::NoNodes(_)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            Ok(found.map(|ts| if ts < start { start } else { ts + unit }))
         };
         Ok(Self { minutes_from: first(Source::Minutes)?, hours_from: first(Source::Hours)? })
     }
