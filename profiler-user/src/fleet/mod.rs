@@ -9,8 +9,8 @@ pub mod notes;
 pub mod overview;
 pub mod overview_text;
 pub mod pushdown;
-mod rowbinary;
 pub mod rollup;
+mod rowbinary;
 pub mod select;
 
 pub use error::FleetError;
