@@ -11,7 +11,9 @@
 //!   pairs; no kernel frames), so the sampler's parser reads it;
 //! - `CUDA_PENDING` (LRU, by thread id): a synchronisation entered and not yet returned (its
 //!   stack follows its count into the generation it returns in);
-//! - `CUDA_OWNERS`: each user's share of the counts and stacks of a generation ([`OwnerUse`]).
+//! - `CUDA_OWNERS`: each user's share of the counts and stacks of a generation ([`OwnerUse`]);
+//! - `CUDA_CLOCK` (one `u64`, written by userspace): `CLOCK_REALTIME - CLOCK_BOOTTIME` modulo a
+//!   second, so that [`CudaKey::sec`] falls on wall-clock seconds.
 
 use crate::COMM_LEN;
 
@@ -88,7 +90,11 @@ pub struct CudaKey {
     pub tid: u32,
     /// One of [`kind`].
     pub kind: u32,
-    pub _pad: u32,
+    /// The second the calls were made in (a synchronisation's: the one it returned in), in
+    /// boot time shifted by `CUDA_CLOCK` (the fraction of a second by which wall-clock seconds
+    /// start after boot-time ones), so that it is a wall-clock second less a whole offset the
+    /// daemon adds back: counts are stored in the second they were made, not the drain's.
+    pub sec: u32,
     /// Of the stack's words, pid and tid (the key of `CUDA_STACKS_*`).
     pub hash: u64,
 }

@@ -80,6 +80,11 @@ static CUDA_COUNTS_0: HashMap<CudaKey, CudaCount> = HashMap::with_max_entries(CU
 #[map]
 static CUDA_COUNTS_1: HashMap<CudaKey, CudaCount> = HashMap::with_max_entries(CUDA_COUNTS_MAX, 0);
 
+/// `CLOCK_REALTIME - CLOCK_BOOTTIME` modulo a second (ns), set by userspace: boot time plus it
+/// turns over on wall-clock seconds, so a count's [`CudaKey::sec`] is the second it was made in.
+#[map]
+static CUDA_CLOCK: Array<u64> = Array::with_max_entries(1, 0);
+
 /// Which counts map the probes add to (its low bit); userspace flips it before a drain.
 #[map]
 static CUDA_GEN: Array<u32> = Array::with_max_entries(1, 0);
@@ -159,7 +164,7 @@ pub fn cuda_return(_ctx: RetProbeContext) -> u32 {
     {
         let _ = stacks(generation).insert(&p.hash, unsafe { &*record }, 0);
     }
-    let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, _pad: 0, hash: p.hash };
+    let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, sec: second(now), hash: p.hash };
     add(&key, 0, now.saturating_sub(p.start_ns));
     0
 }
@@ -292,16 +297,23 @@ fn end(record: &mut Record, user: usize) {
     }
     let Some(call) = CUDA_CALL.get_ptr_mut(0) else { return };
     let call = unsafe { *call };
+    let now = unsafe { bpf_ktime_get_boot_ns() };
     if call.kind == kind::SYNC {
-        let start_ns = unsafe { bpf_ktime_get_boot_ns() };
-        let p = Pending { hash: h, start_ns, pid, generation };
+        let p = Pending { hash: h, start_ns: now, pid, generation };
         if CUDA_PENDING.insert(&tid, &p, 0).is_err() {
             count(counter::CUDA_DROPPED);
         }
         return;
     }
-    let key = CudaKey { pid, tid, kind: call.kind, _pad: 0, hash: h };
+    let key = CudaKey { pid, tid, kind: call.kind, sec: second(now), hash: h };
     add(&key, call.bytes, 0);
+}
+
+/// The second of boot time `now_ns` falls in, shifted onto wall-clock seconds (`CUDA_CLOCK`).
+#[inline(always)]
+fn second(now_ns: u64) -> u32 {
+    let frac = CUDA_CLOCK.get(0).copied().unwrap_or(0);
+    (now_ns.wrapping_add(frac) / 1_000_000_000) as u32
 }
 
 /// The generation the probes write (its low bit): userspace flips it before a drain.

@@ -19,7 +19,6 @@ use crate::{
     collect::{comm_str, parse_record_python},
     detect::{Changes, Engine, Tick},
     exec_context::Context,
-    interpreter::{Runtime, python::CPython},
     model::Sample,
     store::{StoreError, StoreWriter, writer::Flushed},
     symbolize::Symbolizer,
@@ -177,11 +176,8 @@ impl Pipeline {
         if let Some(hook) = self.before_symbolize.as_mut() {
             hook();
         }
-        let layout = (!self.python.is_empty())
-            .then(|| self.unwind.as_ref()?.python_version(header.pid))
-            .flatten()
-            .and_then(CPython::layout);
-        let python = layout.map(|l| (l, self.python.as_slice()));
+        let layout = (!self.python.is_empty()).then(|| self.unwind.as_ref()?.python_layout(header.pid)).flatten();
+        let python = layout.as_deref().map(|l| (l, self.python.as_slice()));
         let mut stack = self.symbolizer.stack_with_python(header.pid, &comm, &self.kernel, &self.user, python, now);
         if let Some(pid) = self.symbolizer.take_mapped()
             && let Some(unwind) = self.unwind.as_mut()
@@ -264,6 +260,11 @@ impl Pipeline {
     /// The boot-to-wall-clock offset read again (see the `offset` field): NTP steps are followed.
     pub fn set_offset(&mut self, offset: i128) {
         self.offset = offset;
+    }
+
+    /// `CLOCK_REALTIME - CLOCK_BOOTTIME` (ns), as last read.
+    pub fn offset(&self) -> i128 {
+        self.offset
     }
 
     /// The CPUs sampled changed (hotplug): the blocks written from now on say so.

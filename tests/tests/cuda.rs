@@ -113,6 +113,49 @@ fn a_library_loaded_later_is_probed_within_a_second() {
     daemon.stop();
 }
 
+/// Issue 41: a count belongs to the second its call was made in, not to the drain that read
+/// it (one to two seconds later). A launcher at 1,000 a second for 4 s, ending mid-second: each
+/// wall-clock second of the store holds that second's launches, and a window ending when the
+/// launcher stopped holds all of them.
+#[test]
+fn launches_are_counted_in_the_second_they_were_made() {
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
+    let mut app = cuda::App::start(&lib, &["--rate", "1000"], 1000);
+    wait_probed(&data, 1);
+    let pid = app.pid();
+    let report = app.go();
+    let made = report["launches"].as_u64().unwrap();
+    assert_eq!(settled(&data, "cuda-launches", pid, "launch_steady", made), made, "every launch counted");
+    let dir = data.to_str().unwrap();
+    let count = |from: &str, to: &str| -> u64 {
+        let pid = pid.to_string();
+        cuda_folded(dir, &["--samples", "cuda-launches", "--from", from, "--to", to, "--pid", &pid])
+    };
+    // The launcher's end, to the millisecond: mid-second but for a 1-in-1000 chance.
+    let end = report["end"].as_f64().unwrap();
+    let end_arg = format!("{end:.3}");
+    assert_eq!(count("-5m", &end_arg), made, "a window ending when the launcher stopped ({end_arg}) holds every launch");
+    let per_second = report["per_second"].as_object().unwrap();
+    let mut worst = 0i64;
+    for (second, n) in per_second {
+        let (s, n) = (second.parse::<u64>().unwrap(), n.as_u64().unwrap());
+        let counted = count(&s.to_string(), &(s + 1).to_string());
+        // The program reads the clock just after each launch, the probe just before it: a
+        // launch within microseconds of a second's end may be counted in the next one.
+        let off = counted as i64 - n as i64;
+        worst = worst.max(off.abs());
+        assert!(off.abs() <= 3, "second {s}: {n} launches made, {counted} counted in it ({per_second:?})");
+    }
+    eprintln!("{made} launches over {} seconds, ending at {end_arg}; each second's count within {worst} of the launches made in it", per_second.len());
+    app.finish();
+    daemon.stop();
+}
+
+/// The total of a flamegraph's folded counts for the arguments (no count: 0).
+fn cuda_folded(dir: &str, args: &[&str]) -> u64 {
+    integration_tests::folded(dir, args).unwrap_or_default().iter().map(|(_, n)| n).sum()
+}
+
 #[test]
 fn probes_go_when_the_last_process_exits_and_come_back_with_the_next() {
     let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };

@@ -11,7 +11,8 @@ samples it, prints "ready", waits for a line "go" on stdin, then calls:
   wait_gpu: cuStreamSynchronize 50 times, measuring the time blocked;
 then prints one JSON line with what it did, and waits for stdin to close before exiting.
 With --rate N it instead launches from launch_steady at N a second for 4 s and prints, in the
-JSON line, when it loaded the library and how many launches it made after each 100 ms.
+JSON line, when it loaded the library and how many launches it made after each 100 ms, and in
+each wall-clock second (unix seconds, measured just after each launch), and when it ended.
 With --stall S it spends S seconds in a step that computes 1 ms and then waits on the GPU
 (log_loss: cuStreamSynchronize); with --launch-bound S, S seconds in a step that launches
 kernels one by one between bits of Python work (train_step).
@@ -61,16 +62,19 @@ def launch_steady(lib, rate, seconds):
     period = 1.0 / rate
     next_t = time.perf_counter()
     end = next_t + seconds
+    per_second = {}
     while time.perf_counter() < end:
         lib.cuLaunchKernelEx(None, None, None, None)
         n += 1
-        elapsed = time.time() - start
+        now = time.time()
+        per_second[int(now)] = per_second.get(int(now), 0) + 1
+        elapsed = now - start
         while len(after) < int(elapsed * 10):
             after.append(n - 1)
         next_t += period
         while time.perf_counter() < next_t:
             pass
-    return start, n, after
+    return start, n, after, per_second, time.time()
 
 
 def log_loss(lib):
@@ -125,8 +129,9 @@ def main():
         n = launch_bound(lib, float(sys.argv[sys.argv.index("--launch-bound") + 1]))
         print(json.dumps({"launches": n}), flush=True)
     elif rate:
-        start, n, after = launch_steady(lib, rate, 4.0)
-        print(json.dumps({"loaded_at": loaded_at, "start": start, "launches": n, "after_tenths": after}), flush=True)
+        start, n, after, per_second, end = launch_steady(lib, rate, 4.0)
+        report = {"loaded_at": loaded_at, "start": start, "end": end, "launches": n, "after_tenths": after}
+        print(json.dumps({**report, "per_second": per_second}), flush=True)
     else:
         launch_direct(lib, 3000)
         launch_nested(lib, 2000)

@@ -62,11 +62,13 @@ impl Links {
     }
 }
 
-/// What one drain read: a thread's calls from one stack since the previous drain.
+/// What one drain read: a thread's calls from one stack in one second.
 #[derive(Clone, Copy)]
 pub struct Drained {
     pub key: CudaKey,
     pub count: CudaCount,
+    /// Wall-clock start of the second the calls were made in ([`CudaKey::sec`]), in ns.
+    pub ts_ns: u64,
 }
 
 /// One drain: the counts, their stacks, and each owner's (uid's) calls that were not kept.
@@ -89,6 +91,9 @@ pub struct Maps {
     gate: HashMap<MapData, u32, u32>,
     generation: Array<MapData, u32>,
     current: u32,
+    clock: Array<MapData, u64>,
+    /// What `clock` holds: the boot-to-wall offset's fraction of a second (ns).
+    frac_ns: u64,
 }
 
 /// Loads the probe programs, fills their tail-call slots and takes their maps.
@@ -126,7 +131,8 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
     let generation = Array::try_from(take("CUDA_GEN")?).map_err(|e| CudaError::Map("CUDA_GEN", e))?;
     let owners = HashMap::try_from(take("CUDA_OWNERS")?).map_err(|e| CudaError::Map("CUDA_OWNERS", e))?;
     let gate = HashMap::try_from(take("CUDA_GATE")?).map_err(|e| CudaError::Map("CUDA_GATE", e))?;
-    Ok(Maps { stacks: [s0, s1], pending, counts: [c0, c1], owners, gate, generation, current: 0 })
+    let clock = Array::try_from(take("CUDA_CLOCK")?).map_err(|e| CudaError::Map("CUDA_CLOCK", e))?;
+    Ok(Maps { stacks: [s0, s1], pending, counts: [c0, c1], owners, gate, generation, current: 0, clock, frac_ns: 0 })
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CudaError> {
@@ -222,10 +228,15 @@ impl Collector {
     /// lost), so a map is read a whole drain after the probes left it, never while they may
     /// still write.
     /// `held`: whether the caller keeps a stack already (its kernel copy is not read).
-    pub fn cuda_drain(&mut self, held: impl Fn(u64) -> bool) -> Drain {
+    /// `boot_to_unix`: `CLOCK_REALTIME - CLOCK_BOOTTIME` now (ns), which turns the counts'
+    /// seconds into wall-clock time (and is passed on to the probes, [`Self::cuda_clock`]).
+    pub fn cuda_drain(&mut self, held: impl Fn(u64) -> bool, boot_to_unix: i128) -> Drain {
         let Some(maps) = self.cuda.as_mut() else { return Drain::default() };
         let retired = (maps.current ^ 1) as usize & 1;
-        let counts = read_and_clear(&mut maps.counts[retired]);
+        let mut counts = read_and_clear(&mut maps.counts[retired]);
+        for d in &mut counts {
+            d.ts_ns = wall_second_ns(d.key.sec, maps.frac_ns, boot_to_unix);
+        }
         let dropped = read_owners(&mut maps.owners, retired as u32);
         // The stacks the counts name, and those of synchronisations entered in that generation
         // and still blocked (their count comes in a later one), before the map is emptied for
@@ -236,12 +247,30 @@ impl Collector {
         let stacks = wanted.into_iter().filter_map(|h| Some((h, maps.stacks[retired].get(&h, 0).ok()?))).collect();
         clear(&mut maps.stacks[retired]);
         let out = Drain { counts, stacks, dropped };
+        self.cuda_clock(boot_to_unix);
+        let Some(maps) = self.cuda.as_mut() else { return out };
         if let Err(e) = maps.generation.set(0, retired as u32, 0) {
             tracing::warn!(error = %e, "cannot switch the CUDA counts map; counts wait for the next drain");
             return out;
         }
         maps.current = retired as u32;
         out
+    }
+
+    /// Tells the probes where wall-clock seconds start in boot time (`CUDA_CLOCK`): `boot_to_unix`
+    /// is `CLOCK_REALTIME - CLOCK_BOOTTIME` (ns). Set when the probes load and at every drain,
+    /// so an NTP step moves the counts' seconds within a drain.
+    pub fn cuda_clock(&mut self, boot_to_unix: i128) {
+        let Some(maps) = self.cuda.as_mut() else { return };
+        let frac = boot_to_unix.rem_euclid(NS_PER_SEC as i128) as u64;
+        if frac != maps.frac_ns {
+            match maps.clock.set(0, frac, 0) {
+                Ok(()) => maps.frac_ns = frac,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot set the CUDA probes' clock; counts may land a second off")
+                }
+            }
+        }
     }
 
     /// Switches the probes off (`off`) or on again for process `pid` while its library stays
@@ -284,9 +313,46 @@ fn read_and_clear(map: &mut HashMap<MapData, CudaKey, CudaCount>) -> Vec<Drained
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         if let Ok(count) = map.get(&key, 0) {
-            out.push(Drained { key, count });
+            out.push(Drained { key, count, ts_ns: 0 });
         }
         let _ = map.remove(&key);
     }
     out
+}
+
+const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// The wall-clock start (ns) of the second a probe keyed `sec`: it counted in boot time plus
+/// `frac_ns` (the offset's fraction of a second it was told), so adding the rest of the offset
+/// lands on a second's start; rounded, so that a small drift of the offset since (NTP slewing)
+/// keeps it there.
+fn wall_second_ns(sec: u32, frac_ns: u64, boot_to_unix: i128) -> u64 {
+    let ns = i128::from(sec) * NS_PER_SEC as i128 - i128::from(frac_ns) + boot_to_unix;
+    let second = (ns + NS_PER_SEC as i128 / 2).div_euclid(NS_PER_SEC as i128);
+    (second.max(0) as u64).saturating_mul(NS_PER_SEC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probes_second_is_the_wall_clock_second_of_the_call() {
+        // Wall clock = boot + 1,700,000,000.3 s: boot 41.8 s is wall ...042.1 s, in second
+        // ...042. The probe adds the 0.3 s fraction: (41.8 + 0.3) -> second 42 of its clock.
+        let offset: i128 = 1_700_000_000 * NS_PER_SEC as i128 + 300_000_000;
+        let frac = offset.rem_euclid(NS_PER_SEC as i128) as u64;
+        let boot_ns: u64 = 41_800_000_000;
+        let sec = ((boot_ns + frac) / NS_PER_SEC) as u32;
+        assert_eq!(wall_second_ns(sec, frac, offset), 1_700_000_042 * NS_PER_SEC);
+        // Boot 41.6 s is wall ...041.9 s: second ...041.
+        let sec = ((41_600_000_000 + frac) / NS_PER_SEC) as u32;
+        assert_eq!(wall_second_ns(sec, frac, offset), 1_700_000_041 * NS_PER_SEC);
+        // The offset slewed by 20 ms since the probe was told: still that second.
+        assert_eq!(wall_second_ns(sec, frac, offset + 20_000_000), 1_700_000_041 * NS_PER_SEC);
+        assert_eq!(wall_second_ns(sec, frac, offset - 20_000_000), 1_700_000_041 * NS_PER_SEC);
+        // Probes not told yet (fraction 0): the second whose start is nearest.
+        let sec = (41_600_000_000 / NS_PER_SEC) as u32;
+        assert_eq!(wall_second_ns(sec, 0, offset), 1_700_000_041 * NS_PER_SEC);
+    }
 }

@@ -34,7 +34,7 @@ impl Recorder {
         let mut rates: HashMap<u32, f64> = HashMap::new();
         let mut threads: BTreeMap<u32, CudaThread> = BTreeMap::new();
         let cached = &self.stacks;
-        let drained = collector.cuda_drain(|h| cached.contains(&h));
+        let drained = collector.cuda_drain(|h| cached.contains(&h), pipeline.offset());
         for &(uid, n) in &drained.dropped {
             self.status.add_dropped(uid, n);
         }
@@ -88,14 +88,17 @@ impl Recorder {
                     None => None,
                 },
             };
+            // In the second of the calls (a drain reads them one to two seconds later); never
+            // after now, whatever the clock did meanwhile.
+            let ts_ns = d.ts_ns.min(now_ns);
             let sample = match sample {
                 Some(mut s) => {
-                    s.ts_ns = now_ns;
+                    s.ts_ns = ts_ns;
                     s
                 }
                 None => {
                     self.status.stacks_lost += 1;
-                    lost_stack(d.key.pid, d.key.tid, now_ns)
+                    lost_stack(d.key.pid, d.key.tid, ts_ns)
                 }
             };
             let th = threads.entry(d.key.tid).or_insert_with(|| CudaThread {

@@ -227,7 +227,7 @@ impl Recorder {
     }
 
     /// Once a second: looks at the processes that ran, attaches and detaches, drains the counts
-    /// into the stores. `now_ns`: wall-clock time the drained counts are stamped with.
+    /// into the stores, each count in the second it was made in. `now_ns`: wall-clock time now.
     pub fn tick(&mut self, collector: &mut Collector, pipeline: &mut Pipeline, now_ns: u64) -> Changes {
         // A node with GPUs gets the probes' programs now (a second of the verifier's time), so
         // that a library first mapped later is probed within the tick; others when one is.
@@ -254,6 +254,9 @@ impl Recorder {
             collector.cuda_gate(pid, false);
         }
         self.attach_new(collector);
+        // Where wall-clock seconds start, for the probes loaded (now or by an attach): their
+        // counts are keyed by the second they were made in.
+        collector.cuda_clock(pipeline.offset());
         if self.last_drain.elapsed() < DRAIN_EVERY {
             return Changes::default();
         }
