@@ -3,6 +3,8 @@
 //! ([`mirror`]: one node's window, answered by the same code as a node's own store) and the
 //! questions only the fleet answers ([`overview`]: `profiler fleet`).
 
+pub mod board;
+pub mod board_sql;
 mod error;
 pub mod mirror;
 pub mod notes;
@@ -12,6 +14,7 @@ pub mod pushdown;
 pub mod rollup;
 mod rowbinary;
 pub mod select;
+pub mod signatures;
 
 pub use error::FleetError;
 use rowbinary::Reader;

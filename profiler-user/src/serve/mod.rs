@@ -4,6 +4,7 @@
 //! the CLI and the UI always agree. No request parameter ever becomes a path: the data
 //! directory is fixed when the server starts, and copies are private temporary directories.
 
+mod fleet_api;
 pub mod limits;
 mod listener;
 pub mod metrics;
@@ -422,9 +423,17 @@ pub fn page() -> String {
     )
 }
 
-async fn index() -> Response {
+/// The node page, or (a fleet, no node chosen by `--node` nor in the address) the fleet page.
+async fn index(State(s): State<Shared>, uri: axum::http::Uri) -> Response {
     static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE.get_or_init(page).as_str()).into_response()
+    static FLEET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let names_node = uri.query().unwrap_or("").split('&').any(|kv| kv.split('=').next() == Some("node"));
+    let page = if s.app.source.fleet_page() && !names_node {
+        FLEET.get_or_init(fleet_api::page)
+    } else {
+        PAGE.get_or_init(page)
+    };
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page.as_str()).into_response()
 }
 
 pub fn router(state: AppState) -> Router {
@@ -443,7 +452,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/findings", get(findings_api))
         .route("/api/events", get(events_api))
         .route("/api/status", get(status_api))
-        .route("/api/counters", get(counters_api));
+        .route("/api/counters", get(counters_api))
+        .route("/api/fleet", get(fleet_api::fleet_api));
     // The daemon's live figures; a fleet's are each daemon's own /metrics.
     let router = if daemon { router.route("/metrics", get(metrics_api)) } else { router };
     router.layer(axum::middleware::from_fn_with_state(shared.clone(), guard)).with_state(shared)

@@ -400,6 +400,9 @@ async function loadStatus() {
     lh.className = all && lost / all > 0.01 ? "bad" : "";
     if (st.source) { // `profiler ui --clickhouse`: no daemon here to report on
       const n = (st.nodes || []).length;
+      // Back to the fleet page (fleet.js), at this window.
+      $("h-fleet").hidden = false;
+      $("h-fleet").href = "/?" + new URLSearchParams({ from: $("from").value, to: $("to").value });
       $("h-health").textContent = st.problem || `read from ${st.source}: ${n} node${n === 1 ? "" : "s"} (the node field picks one)`;
       $("h-health").className = st.problem ? "warn" : "";
       $("irqs").textContent = "";

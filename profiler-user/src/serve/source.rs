@@ -162,11 +162,30 @@ impl Source {
     ) -> Option<Result<pushdown::Fold, SourceError>> {
         let Source::Fleet(f) = self else { return None };
         let fold = || -> Result<pushdown::Fold, SourceError> {
-            let node = f.fleet.node(Some(&f.resolve(node.filter(|n| !n.is_empty()))?))?;
-            let selection = Selection { nodes: vec![node], whole_fleet: false };
+            let asked = node.filter(|n| !n.is_empty());
+            let selection = match asked {
+                // The fleet page's selections: several nodes (`a,b`) or globs, summed together.
+                Some(list) if list.contains([',', '*', '?']) => {
+                    f.fleet.select(&super::fleet_api::node_patterns(list))?
+                }
+                _ => Selection { nodes: vec![f.fleet.node(Some(&f.resolve(asked)?))?], whole_fleet: false },
+            };
             Ok(pushdown::fold(&f.fleet, &selection, kind, window, filter, budget)?)
         };
         Some(fold())
+    }
+
+    /// The fleet this source reads, if it is one.
+    pub fn as_fleet(&self) -> Option<&Fleet> {
+        match self {
+            Source::Fleet(f) => Some(&f.fleet),
+            Source::Store(_) => None,
+        }
+    }
+
+    /// Whether `/` is the fleet page: a fleet, and no node chosen by `--node`.
+    pub fn fleet_page(&self) -> bool {
+        matches!(self, Source::Fleet(f) if f.node.is_none())
     }
 }
 
