@@ -53,9 +53,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let bound =
         serve::spawn(addr, state).with_context(|| format!("cannot listen on {addr} (pick another with --listen)"))?;
-    let which = match nodes.as_slice() {
-        [one] => format!("node {one}"),
-        many => format!("{} nodes", many.len()),
+    // Without --node, `/` is the fleet page (every node; a node's row opens its page).
+    let which = match (&asked, nodes.len()) {
+        (Some(one), _) => format!("node {one}"),
+        (None, n) => format!("the fleet page ({n} node{})", if n == 1 { "" } else { "s" }),
     };
     eprintln!("profiler: serving {which} from ClickHouse until interrupted (Ctrl-C); open:");
     // A reader gone (`| head -1` after the address) stops no server.
