@@ -13,6 +13,7 @@ mod arm64;
 mod bench;
 mod gpu_check;
 mod kernels;
+mod python_roots;
 mod setup;
 mod soak;
 
@@ -33,7 +34,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install nightly's rust-src and bpf-linker (skips what is already there).
+    /// Install nightly's rust-src and bpf-linker, and the Python test's interpreter roots (skips what
+    /// is already there).
     Setup,
     /// Build the profiler in release mode.
     Build,
@@ -170,7 +172,11 @@ fn integration_test_file(name: &str) -> bool {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Cmd::Setup => setup::ensure(),
+        Cmd::Setup => {
+            setup::ensure()?;
+            // Cached: a second setup checks a marker per root and makes nothing.
+            python_roots::ensure()
+        }
         Cmd::Build => {
             setup::ensure()?;
             let bin = build(true)?;

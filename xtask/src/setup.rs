@@ -149,6 +149,8 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
     if output(Command::new("promtool").arg("--version")).is_none() {
         missing.push("prometheus");
     }
+    // The CPythons of other distributions, in minimal roots (`python_roots`).
+    crate::python_roots::ensure()?;
     if missing.is_empty() {
         return Ok(());
     }
@@ -160,6 +162,15 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
     run(
         Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),
         "the test tools",
+    )
+}
+
+/// Installs Debian packages (the package lists updated first).
+pub fn apt_install(packages: &[&str], what: &str) -> anyhow::Result<()> {
+    run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
+    run(
+        Command::new("apt-get").args(["install", "-y", "-qq"]).args(packages).env("DEBIAN_FRONTEND", "noninteractive"),
+        what,
     )
 }
 
