@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .parse()
         .map_err(|_| anyhow::anyhow!("listen address '{}' is not IP:PORT (e.g. 127.0.0.1:7071)", args.listen))?;
     let token = serve::new_token().context("cannot read /dev/urandom for the page's token")?;
-    let source = Arc::new(Source::fleet(fleet, asked));
+    let source = Arc::new(Source::fleet(fleet, asked.clone()));
     let state = AppState {
         source: source.clone(),
         live: Default::default(),
