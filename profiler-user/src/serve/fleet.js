@@ -5,7 +5,8 @@
 // fleet's findings by signature. A node's name opens its page at this window. While the
 // window ends now, the page reloads every few seconds (a shipped sample shows within ~15 s).
 const $ = (id) => document.getElementById(id);
-const FIELDS = ["from", "to", "measure", "group", "rows", "node"];
+// `nodes`, not `node`: an address naming a node is that node's page (serve/mod.rs).
+const FIELDS = ["from", "to", "measure", "group", "rows", "nodes"];
 const ROW_H = 16;
 const LABELS = 190; // px of the row names left of the grid
 

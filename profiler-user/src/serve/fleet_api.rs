@@ -31,8 +31,9 @@ pub(super) struct FleetParams {
     /// `node` (the default), `namespace`, `pool`.
     group: Option<String>,
     rows: Option<usize>,
-    /// Node names or globs, comma-separated; none: the whole fleet.
-    node: Option<String>,
+    /// Node names or globs, comma-separated; none: the whole fleet. (Not `node`: an address
+    /// naming a node is that node's page.)
+    nodes: Option<String>,
 }
 
 impl FleetParams {
@@ -62,7 +63,7 @@ impl FleetParams {
         if !(1..=MAX_ROWS).contains(&rows) {
             return Err(bad(format!("rows={rows} is out of range: the fleet page shows 1 to {MAX_ROWS} rows")));
         }
-        let nodes = node_patterns(pick(&self.node).unwrap_or(""));
+        let nodes = node_patterns(pick(&self.nodes).unwrap_or(""));
         Ok(board::Request { window, nodes, measure, group, rows })
     }
 }
@@ -107,7 +108,7 @@ mod tests {
             let uri: axum::http::Uri = format!("/api/fleet?{q}").parse().unwrap();
             Query::<FleetParams>::try_from_uri(&uri).unwrap().0.request()
         };
-        let r = p("from=-10m&measure=gpu-idle&group=pool&rows=5&node=gpu-*,cpu-1").ok().unwrap();
+        let r = p("from=-10m&measure=gpu-idle&group=pool&rows=5&nodes=gpu-*,cpu-1").ok().unwrap();
         assert_eq!((r.measure, r.group, r.rows), (Measure::GpuIdle, Group::Pool, 5));
         assert_eq!(r.nodes, ["gpu-*", "cpu-1"]);
         let d = p("").ok().unwrap();

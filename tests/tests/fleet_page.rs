@@ -1,0 +1,560 @@
+//! The fleet page (issue 39, part 4) against a private ClickHouse 18.16: synthetic nodes (no
+//! BPF, no root) shipped by the real shipper, with GPU tracks, workloads and findings as the
+//! daemon writes them. `/api/fleet`'s grid is checked cell by cell against the raw rows it is
+//! summed from, the rows' order and grouping, the findings' signatures and costs; in Chromium:
+//! the grid renders, the measure switches, a node's row opens that node's page at the same
+//! window, a selection's flamegraph is the pushed-down fold of its nodes; and a sample taken
+//! now shows on the page within 15 s. Then the SQL on current ClickHouse (chdb).
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    Kill,
+    clickhouse::{ClickHouse, cursor_ns},
+    now_secs, profiler, skip, wait_for,
+};
+use profiler::{
+    collect::counters::Point,
+    detect::{self, Finding},
+    identity::{Identity, workloads},
+    model::{Sample, Stack},
+    ship::{
+        SharedStats,
+        clickhouse::{Config, FileConfig, Shipper},
+    },
+    store::{Meta, StoreWriter, counters::CountersWriter, create_and_lock, format::FORMAT_VERSION, segments_dir},
+};
+use serde_json::{Value, json};
+
+mod browser;
+
+const SEC: u64 = 1_000_000_000;
+const HZ: u64 = 50;
+const SECS: u64 = 60;
+
+fn stack(frames: &[&str], user_len: usize) -> Arc<Stack> {
+    Arc::new(Stack::new(frames.iter().map(|f| Arc::from(*f)).collect(), user_len))
+}
+
+fn pod(namespace: &str) -> Arc<str> {
+    let id = Identity { pod_namespace: Some(namespace.into()), pod_name: Some("p-0".into()), ..Default::default() };
+    Arc::from(workloads::encode(&id))
+}
+
+/// A synthetic node: per CPU the busy ticks of each second (of `HZ`), and its GPUs' utilisation.
+struct Plan {
+    name: &'static str,
+    busy: [u64; 2],
+    comm: &'static str,
+    namespace: &'static str,
+    gpus: &'static [f64],
+}
+
+fn plans() -> Vec<Plan> {
+    vec![
+        // The zombie signature: one core saturated in the kernel under a 50 % average.
+        Plan { name: "gpu-a-01", busy: [50, 0], comm: "ecs-agent", namespace: "ml", gpus: &[5.0, 90.0] },
+        Plan { name: "gpu-a-02", busy: [25, 25], comm: "ecs-agent", namespace: "ml", gpus: &[80.0] },
+        Plan { name: "cpu-b-01", busy: [10, 5], comm: "nginx", namespace: "web", gpus: &[] },
+    ]
+}
+
+/// `p`'s store for the `SECS` seconds before `end`, as its daemon would have written it.
+fn write_node(data: &Path, p: &Plan, end: u64) {
+    let _lock = create_and_lock(data).unwrap();
+    let start = end - SECS * SEC;
+    Meta {
+        format_version: FORMAT_VERSION,
+        hostname: p.name.into(),
+        node: p.name.into(),
+        cpus: 2,
+        frequency_hz: HZ,
+        started_ns: start,
+    }
+    .write(data)
+    .unwrap();
+    let hot = stack(&["ret_from_fork", "kthread", "mem_cgroup_nr_lru_pages"], 0);
+    let user = stack(&["main", "serve"], 2);
+    let mut w = StoreWriter::new(&segments_dir(data));
+    let mut gpu = CountersWriter::stream(data, "gpu").unwrap();
+    for s in 0..SECS {
+        let second = start + s * SEC;
+        for tick in 0..HZ {
+            for cpu in 0..2u32 {
+                let ts_ns = second + tick * (SEC / HZ) + u64::from(cpu) * 1000;
+                if tick < p.busy[cpu as usize] {
+                    w.push(&Sample {
+                        ts_ns,
+                        cpu,
+                        pid: 100 + cpu,
+                        tid: 100 + cpu,
+                        cgroup_id: 0,
+                        comm: Arc::from(p.comm),
+                        stack: if cpu == 0 { hot.clone() } else { user.clone() },
+                        workload: pod(p.namespace),
+                    });
+                } else {
+                    w.push_idle(ts_ns, cpu);
+                }
+            }
+        }
+        w.flush(second + SEC).unwrap();
+        // Ten readings a second per GPU, as the poller takes them.
+        for k in 0..10 {
+            let points: Vec<Point> = p
+                .gpus
+                .iter()
+                .enumerate()
+                .map(|(i, u)| Point { name: format!("gpu.{i}.util"), cpu: None, unit: "%".into(), value: *u })
+                .collect();
+            if !points.is_empty() {
+                gpu.append(second + k * SEC / 10, &points).unwrap();
+            }
+        }
+    }
+}
+
+fn finding(id: &str, kind: detect::Kind, start: u64, end: u64, cpu: Option<u32>, evidence: Value) -> Finding {
+    Finding {
+        id: id.into(),
+        kind,
+        start_ns: start,
+        end_ns: Some(end),
+        cpu,
+        severity: detect::Severity::Warning,
+        summary: format!("{id} summary"),
+        evidence,
+    }
+}
+
+/// A shipper per store (the real one, on a thread each), stopped when dropped.
+struct Shipping {
+    stop: tokio::sync::watch::Sender<bool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Shipping {
+    fn start(ch: &ClickHouse, nodes: &[(String, PathBuf)]) -> Self {
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let threads = nodes
+            .iter()
+            .map(|(node, data)| {
+                let file = FileConfig { batch_rows: Some(100_000), ..Default::default() };
+                let config = Config::resolve(Some(ch.url()), Some(&file), node, data.clone(), 86_400).unwrap().unwrap();
+                profiler::ship::spawn(Shipper { config, stats: SharedStats::default(), stop: rx.clone() }).unwrap()
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Shipping {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `profiler ui --clickhouse URL` on a free loopback port: (guard, base address, token).
+fn serve(url: &str) -> (Kill, String, String) {
+    let mut child = Command::new(integration_tests::profiler_bin())
+        .args(["ui", "--clickhouse", url, "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (base, token) = line.trim().split_once("/#token=").expect("an address with its token");
+    (Kill(child), base.to_string(), token.to_string())
+}
+
+fn get(base: &str, path: &str, token: &str) -> (u16, String) {
+    integration_tests::http_get(base.strip_prefix("http://").unwrap(), path, "127.0.0.1", Some(token))
+}
+
+fn board(base: &str, token: &str, query: &str) -> Value {
+    let (code, body) = get(base, &format!("/api/fleet?{query}"), token);
+    assert_eq!(code, 200, "/api/fleet?{query}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Per node and column of `bucket` seconds from `from`: (the busiest CPU's share, the mean
+/// busy share), computed here from the raw `cpu_seconds` rows.
+pub fn raw_cells(ch: &ClickHouse, from: u64, to: u64, bucket: u64) -> BTreeMap<(String, u64), (f64, f64)> {
+    let rows = ch
+        .query(&format!(
+            "SELECT node, ts, cpu, max(busy), max(idle) FROM profiler.cpu_seconds WHERE ts >= {from} AND ts < {to} \
+             GROUP BY node, ts, cpu FORMAT TSV"
+        ))
+        .unwrap();
+    let mut per_cpu: BTreeMap<(String, u64, u64), (u64, u64)> = BTreeMap::new();
+    for line in rows.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        let col = (f[1].parse::<u64>().unwrap() - from) / (bucket * SEC);
+        let e = per_cpu.entry((f[0].to_string(), col, f[2].parse().unwrap())).or_default();
+        e.0 += f[3].parse::<u64>().unwrap();
+        e.1 += f[4].parse::<u64>().unwrap();
+    }
+    let mut out: BTreeMap<(String, u64), (f64, u64, u64)> = BTreeMap::new();
+    for ((node, col, _), (b, i)) in per_cpu {
+        let e = out.entry((node, col)).or_default();
+        if b + i > 0 {
+            e.0 = e.0.max(b as f64 / (b + i) as f64);
+        }
+        e.1 += b;
+        e.2 += i;
+    }
+    out.into_iter().map(|(k, (p, b, i))| (k, (p, b as f64 / (b + i) as f64))).collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+/// Every cell of `row` against the raw rows of its node (`peak`: the busiest CPU; else the mean).
+fn check_row(b: &Value, row: &Value, raw: &BTreeMap<(String, u64), (f64, f64)>, peak: bool) {
+    let node = row["label"].as_str().unwrap();
+    for (col, v) in row["values"].as_array().unwrap().iter().enumerate() {
+        let want = raw.get(&(node.to_string(), col as u64)).map(|&(p, m)| if peak { p } else { m });
+        match (v.as_f64(), want) {
+            (Some(got), Some(want)) => assert!(close(got, want), "{node} column {col}: {got} vs raw {want}"),
+            (None, None) => {}
+            (got, want) => panic!("{node} column {col}: {got:?} vs raw {want:?} ({})", b["measure"]),
+        }
+    }
+}
+
+#[test]
+fn the_fleet_page_answers_from_clickhouse() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let url = ch.url();
+    let end = (now_secs() as u64 - 30) * SEC;
+    let start = end - SECS * SEC;
+    let mut nodes = Vec::new();
+    for p in plans() {
+        let data = tmp.path().join(p.name);
+        write_node(&data, &p, end);
+        nodes.push((p.name.to_string(), data));
+    }
+    let top = json!({"comm": "ecs-agent", "pid": 100, "samples": 500, "namespace": "ml"});
+    let hot = json!({"function": "mem_cgroup_nr_lru_pages", "share": 0.9, "window_secs": 10, "watchlist": true, "processes": [top]});
+    for (i, (name, data)) in nodes.iter().enumerate().take(2) {
+        let f = finding(&format!("hot-{name}"), detect::Kind::HotKernelFunction, start, end, Some(0), hot.clone());
+        detect::journal::record_finding(data, &f).unwrap();
+        if i == 0 {
+            let gpu = json!({"gpu": 0, "model": "H100", "processes": [{"comm": "python3", "pid": 9, "samples": 5}],
+                             "top_functions": [{"function": "augment", "samples": 5}], "utilization_percent": 5.0});
+            let f = finding("starved", detect::Kind::GpuStarved, start + 10 * SEC, start + 50 * SEC, None, gpu);
+            detect::journal::record_finding(data, &f).unwrap();
+        }
+    }
+    {
+        let _ship = Shipping::start(&ch, &nodes);
+        wait_for("every node shipped", Duration::from_secs(300), || {
+            nodes.iter().all(|(_, d)| cursor_ns(d).is_some_and(|c| c >= end)).then_some(())
+        });
+    }
+    let (_ui, base, token) = serve(&url);
+    let window = format!("from={}&to={}", start / SEC, end / SEC);
+
+    // The busiest CPU: the zombie node first, every cell as the raw rows say.
+    let raw = raw_cells(&ch, start, end, 1);
+    let b = board(&base, &token, &window);
+    assert_eq!(
+        (b["measure"].as_str(), b["bucket_seconds"].as_u64(), b["columns"].as_u64()),
+        (Some("peak-cpu"), Some(1), Some(SECS))
+    );
+    let labels = |b: &Value| {
+        b["rows"].as_array().unwrap().iter().map(|r| r["label"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(labels(&b), ["gpu-a-01", "gpu-a-02", "cpu-b-01"]);
+    for row in b["rows"].as_array().unwrap() {
+        check_row(&b, row, &raw, true);
+    }
+    assert_eq!(b["rows"][0]["values"][5], 1.0);
+    assert_eq!((b["more_rows"].as_u64(), b["nodes_with_data"].as_u64()), (Some(0), Some(3)));
+    // Mean busy: the same 50 % for both GPU nodes; checked against the raw rows too.
+    let busy = board(&base, &token, &format!("{window}&measure=busy"));
+    for row in busy["rows"].as_array().unwrap() {
+        check_row(&busy, row, &raw, false);
+    }
+    assert_eq!(busy["rows"][0]["values"][0], 0.5);
+    // Ten-second columns over a longer window: the raw rows summed the same way.
+    let wide = board(&base, &token, &format!("from={}&to={}", end / SEC - 3600, end / SEC));
+    assert_eq!(wide["bucket_seconds"], 10);
+    let raw10 = raw_cells(&ch, end - 3600 * SEC, end, 10);
+    for row in wide["rows"].as_array().unwrap() {
+        check_row(&wide, row, &raw10, true);
+    }
+    // The worst row and a count of the rest; groups by pool and by namespace.
+    let one = board(&base, &token, &format!("{window}&rows=1"));
+    assert_eq!(
+        (labels(&one), one["more_rows"].as_u64(), one["more_nodes"].as_u64()),
+        (vec!["gpu-a-01".to_string()], Some(2), Some(2))
+    );
+    let pools = board(&base, &token, &format!("{window}&group=pool"));
+    assert_eq!(labels(&pools), ["gpu-a", "cpu-b"]);
+    assert_eq!(pools["rows"][0]["nodes"], json!(["gpu-a-01", "gpu-a-02"]));
+    assert_eq!(pools["rows"][0]["values"][3], 1.0, "a pool's cell is its worst CPU's");
+    let ns = board(&base, &token, &format!("{window}&group=namespace&measure=busy"));
+    assert_eq!(labels(&ns), ["ml", "web"]);
+    assert!(
+        close(ns["rows"][0]["values"][0].as_f64().unwrap(), 0.5)
+            && close(ns["rows"][1]["score"].as_f64().unwrap(), 0.15)
+    );
+
+    // GPUs: the least used first; idle time with its cause where the finding covers it.
+    let util = board(&base, &token, &format!("{window}&measure=gpu-util"));
+    assert_eq!(
+        (labels(&util), util["nodes_without_data"].as_u64()),
+        (vec!["gpu-a-01".to_string(), "gpu-a-02".into()], Some(1))
+    );
+    assert!(close(util["rows"][0]["values"][7].as_f64().unwrap(), 0.475), "{}", util["rows"][0]["values"][7]);
+    let idle = board(&base, &token, &format!("{window}&measure=gpu-idle"));
+    assert_eq!(idle["causes"], json!(["gpu-starved"]));
+    let r0 = &idle["rows"][0];
+    assert_eq!(r0["label"], "gpu-a-01");
+    assert!(close(r0["score"].as_f64().unwrap(), SECS as f64 / 3600.0), "one GPU idle all along: {}", r0["score"]);
+    assert_eq!(
+        (r0["values"][0].as_f64(), r0["causes"][0].as_u64(), r0["causes"][10].as_u64()),
+        (Some(0.5), None, Some(0))
+    );
+    assert_eq!((r0["causes"][49].as_u64(), r0["causes"][50].as_u64()), (Some(0), None));
+    assert_eq!(idle["rows"][1]["values"][0], 0.0);
+
+    // Findings by signature, most costly first: the GPU's hours, then the hot function's cores.
+    let f = &b["findings"];
+    assert_eq!(f.as_array().unwrap().len(), 2, "{f}");
+    assert_eq!(
+        (f[0]["kind"].as_str(), f[0]["cost_unit"].as_str(), f[0]["comm"].as_str()),
+        (Some("gpu-starved"), Some("GPU-hours"), Some("python3"))
+    );
+    assert!(close(f[0]["cost"].as_f64().unwrap(), 40.0 / 3600.0), "{}", f[0]);
+    let h = &f[1];
+    assert_eq!(
+        (h["kind"].as_str(), h["function"].as_str(), h["comm"].as_str()),
+        (Some("hot-kernel-function"), Some("mem_cgroup_nr_lru_pages"), Some("ecs-agent"))
+    );
+    assert_eq!((h["nodes"].as_u64(), h["findings"].as_u64(), h["since_ns"].as_u64()), (Some(2), Some(2), Some(start)));
+    assert!(close(h["cost"].as_f64().unwrap(), 2.0 * SECS as f64 * 0.9), "{h}");
+    assert_eq!(h["node_names"], json!(["gpu-a-01", "gpu-a-02"]));
+
+    // A selection's flamegraph: the pushed-down fold of those nodes, as the CLI gives it.
+    let (a, z) = ((start / SEC + 10).to_string(), (start / SEC + 30).to_string());
+    let (code, folded) =
+        get(&base, &format!("/api/flamegraph?format=folded&node=gpu-a-01,gpu-a-02&from={a}&to={z}"), &token);
+    assert_eq!(code, 200, "{folded}");
+    assert_eq!(folded, cli_fold(&url, &["gpu-a-01", "gpu-a-02"], &a, &z));
+    assert!(folded.contains("ecs-agent;ret_from_fork_[k];kthread_[k];mem_cgroup_nr_lru_pages_[k] 1500"), "{folded}");
+    // Bad input: a sentence.
+    let (code, body) = get(&base, &format!("/api/fleet?{window}&measure=cpu"), &token);
+    assert!(code == 400 && body.contains("not one of peak-cpu"), "{code} {body}");
+
+    in_chromium(&base, &token, &url, start, end);
+    fresh_within_15s(&ch, &url, tmp.path());
+}
+
+/// `profiler flamegraph --clickhouse URL --node ... --format folded`: the pushed-down fold.
+fn cli_fold(url: &str, nodes: &[&str], from: &str, to: &str) -> String {
+    let mut args = vec!["flamegraph", "--clickhouse", url, "--from", from, "--to", to, "--format", "folded"];
+    for n in nodes {
+        args.extend(["--node", n]);
+    }
+    let out = profiler(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn in_chromium(base: &str, token: &str, url: &str, start: u64, end: u64) {
+    if !browser::installed() {
+        skip("the page check needs Debian's chromium and chromium-driver (cargo xtask test installs them)");
+        return;
+    }
+    let (from, to) = ((start / SEC).to_string(), (end / SEC).to_string());
+    let page = format!("{base}/?from={from}&to={to}#token={token}");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let (_driver, client) = browser::open("1400,1000").await;
+        client.goto(&page).await.unwrap();
+        // The grid: three rows, drawn.
+        let drawn = browser::until(
+            &client,
+            "the fleet grid",
+            "const b = window.fleetUI && window.fleetUI.state.board; const g = document.getElementById('grid'); \
+             return b && g.width > 0 && document.querySelectorAll('#labels a').length === 3 \
+               ? [[...document.querySelectorAll('#labels a')].map((a) => a.textContent), b.measure, \
+                  document.getElementById('findings').textContent] : null",
+        )
+        .await;
+        assert_eq!(drawn[0], json!(["gpu-a-01", "gpu-a-02", "cpu-b-01"]), "{drawn}");
+        assert_eq!(drawn[1], "peak-cpu");
+        let text = drawn[2].as_str().unwrap();
+        assert!(text.contains("mem_cgroup_nr_lru_pages hot on 2 nodes since") && text.contains("all running ecs-agent"), "{text}");
+        // The measure switches: the page asks again and colours by it.
+        client
+            .execute("const m = document.getElementById('measure'); m.value = 'gpu-idle'; m.dispatchEvent(new Event('change'))", vec![])
+            .await
+            .unwrap();
+        let switched = browser::until(
+            &client,
+            "the gpu-idle grid",
+            "const b = window.fleetUI.state.board; return b.measure === 'gpu-idle' && \
+             document.getElementById('grid').dataset.query.includes('measure=gpu-idle') \
+             ? [location.search, document.getElementById('legend').textContent] : null",
+        )
+        .await;
+        assert!(switched[0].as_str().unwrap().contains("measure=gpu-idle"), "the address keeps it: {switched}");
+        assert!(switched[1].as_str().unwrap().contains("idle while gpu-starved"), "{switched}");
+        // Back to the CPU; drag over the two GPU nodes' rows, columns 10 to 29.
+        client
+            .execute("const m = document.getElementById('measure'); m.value = 'peak-cpu'; m.dispatchEvent(new Event('change'))", vec![])
+            .await
+            .unwrap();
+        browser::until(&client, "the peak-cpu grid", "return window.fleetUI.state.board.measure === 'peak-cpu' && !window.fleetUI.state.loading ? 1 : null").await;
+        client
+            .execute(
+                "const ui = window.fleetUI, g = document.getElementById('grid'), a = ui.cellPoint(0, 10), b = ui.cellPoint(1, 29); \
+                 g.dispatchEvent(new MouseEvent('mousedown', {clientX: a.x, clientY: a.y, bubbles: true})); \
+                 g.dispatchEvent(new MouseEvent('mousemove', {clientX: b.x, clientY: b.y, bubbles: true})); \
+                 window.dispatchEvent(new MouseEvent('mouseup', {clientX: b.x, clientY: b.y, bubbles: true}));",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let flame = browser::until(
+            &client,
+            "the selection's flamegraph",
+            "const f = document.getElementById('fleet-flame'), i = f.querySelector('iframe'); \
+             const doc = i && i.contentDocument; const svg = doc && doc.querySelector('svg'); \
+             return f.dataset.drawn && f.dataset.drawn === f.dataset.query && svg ? [Object.fromEntries(new URLSearchParams(f.dataset.query)), doc.documentElement.textContent] : null",
+        )
+        .await;
+        let q: BTreeMap<String, String> = serde_json::from_value(flame[0].clone()).unwrap();
+        assert_eq!(q["node"], "gpu-a-01,gpu-a-02", "{q:?}");
+        assert_eq!((q["from"].parse::<f64>().unwrap(), q["to"].parse::<f64>().unwrap()), ((start / SEC + 10) as f64, (start / SEC + 30) as f64));
+        let cli = cli_fold(url, &["gpu-a-01", "gpu-a-02"], &q["from"], &q["to"]);
+        let total: u64 = cli.lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok()).sum();
+        let (code, page_fold) =
+            get(base, &format!("/api/flamegraph?format=folded&node={}&from={}&to={}", q["node"], q["from"], q["to"]), token);
+        assert_eq!((code, page_fold), (200, cli.clone()), "the page's selection is the pushed-down fold");
+        assert!(flame[1].as_str().unwrap().contains(&format!("{total} samples")), "the drawn SVG counts {total}: {}", flame[1]);
+        // A node's row opens its page at the same window.
+        client.execute("document.querySelector('#labels a[data-node=\"gpu-a-02\"]').click()", vec![]).await.unwrap();
+        let node = browser::until(
+            &client,
+            "gpu-a-02's page",
+            "const h = document.getElementById('h-node'); return h && h.textContent === 'gpu-a-02' && window.profilerUI \
+               && window.profilerUI.state.grid ? [location.search, document.getElementById('from').value, document.getElementById('to').value] : null",
+        )
+        .await;
+        assert_eq!((node[1].as_str(), node[2].as_str()), (Some(from.as_str()), Some(to.as_str())), "{node}");
+        let _ = client.close().await;
+    });
+}
+
+/// A node shipping live (a writer adding each second as a daemon does, the real shipper
+/// following it): a busy second shows on the fleet page, refreshing itself, within 15 s.
+fn fresh_within_15s(ch: &ClickHouse, url: &str, tmp: &Path) {
+    let data = tmp.join("live-01");
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (data, stop) = (data.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let _lock = create_and_lock(&data).unwrap();
+            let now = || (now_secs() * 1e9) as u64;
+            let first = now() / SEC * SEC - 20 * SEC;
+            Meta {
+                format_version: FORMAT_VERSION,
+                hostname: "live-01".into(),
+                node: "live-01".into(),
+                cpus: 2,
+                frequency_hz: HZ,
+                started_ns: first,
+            }
+            .write(&data)
+            .unwrap();
+            let mut w = StoreWriter::new(&segments_dir(&data));
+            let busy = stack(&["main", "spin"], 2);
+            let mut second = first;
+            let mut marked = None;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Each second once it ended, as the daemon flushes it.
+                while second + SEC > now() {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                // The marked second: CPU 0 busy all along, 15 s into the run.
+                let hot = marked.is_none() && second >= first + 35 * SEC;
+                for tick in 0..HZ {
+                    let ts_ns = second + tick * (SEC / HZ);
+                    if hot {
+                        w.push(&Sample {
+                            ts_ns,
+                            cpu: 0,
+                            pid: 7,
+                            tid: 7,
+                            cgroup_id: 0,
+                            comm: Arc::from("spin"),
+                            stack: busy.clone(),
+                            workload: Arc::from(""),
+                        });
+                    } else {
+                        w.push_idle(ts_ns, 0);
+                    }
+                    w.push_idle(ts_ns + 1000, 1);
+                }
+                w.flush(second + SEC).unwrap();
+                if hot {
+                    marked = Some(second);
+                    tx.send(second).unwrap();
+                }
+                second += SEC;
+            }
+        })
+    };
+    let _ship = Shipping::start(ch, &[("live-01".to_string(), data)]);
+    let (_ui, base, token) = serve(url);
+    if !browser::installed() {
+        skip("the freshness check needs Debian's chromium and chromium-driver");
+        return;
+    }
+    let page = format!("{base}/?from=-2m&to=now&nodes=live-*#token={token}");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let took = rt.block_on(async move {
+        let (_driver, client) = browser::open("1400,1000").await;
+        client.goto(&page).await.unwrap();
+        let marked = rx.recv_timeout(Duration::from_secs(60)).expect("the writer marks a second");
+        // The page reloads itself; the marked second's column turns to 100 % on its own.
+        let script = format!(
+            "const b = window.fleetUI.state.board; if (!b || !b.rows.length) return null; \
+             const c = Math.floor(({marked} - b.start_ns) / (b.bucket_seconds * 1e9)); \
+             return c >= 0 && b.rows[0].values[c] === 1 ? Date.now() : null"
+        );
+        let deadline = Instant::now() + Duration::from_secs(40);
+        let seen_ms = loop {
+            let v = client.execute(&script, vec![]).await.unwrap();
+            if let Some(ms) = v.as_f64() {
+                break ms;
+            }
+            assert!(Instant::now() < deadline, "the marked second never showed on the page");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let _ = client.close().await;
+        seen_ms / 1000.0 - (marked / SEC) as f64
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    eprintln!("a sample taken at second S showed on the fleet page {took:.1} s after S began");
+    assert!(took <= 15.0, "a sample showed on the fleet page {took:.1} s after it was taken (goal: 15 s)");
+}
