@@ -67,6 +67,8 @@ impl ClickHouse {
         Some(servers)
     }
 
+    /// Queries are logged (`system.query_log`, flushed every 7.5 s or on `SYSTEM FLUSH LOGS`):
+    /// what a read cost the server (rows, bytes, memory) is there to see.
     fn write_config(&self) {
         let d = self.dir.display();
         std::fs::create_dir_all(self.dir.join("data")).unwrap();
@@ -77,14 +79,15 @@ impl ClickHouse {
                  <http_port>{}</http_port><tcp_port>{}</tcp_port><listen_host>127.0.0.1</listen_host>\n\
                  <path>{d}/data/</path><tmp_path>{d}/tmp/</tmp_path><users_config>users.xml</users_config>\n\
                  <default_profile>default</default_profile><default_database>default</default_database>\n\
-                 <mark_cache_size>5368709</mark_cache_size><uncompressed_cache_size>0</uncompressed_cache_size>\n{}\n</yandex>\n",
+                 <mark_cache_size>5368709</mark_cache_size><uncompressed_cache_size>0</uncompressed_cache_size>\n\
+                 <query_log><database>system</database><table>query_log</table><flush_interval_milliseconds>7500</flush_interval_milliseconds></query_log>\n{}\n</yandex>\n",
                 self.http_port, self.tcp_port, self.cluster
             ),
         )
         .unwrap();
         std::fs::write(
             self.dir.join("users.xml"),
-            "<yandex><profiles><default></default></profiles><quotas><default></default></quotas>\n\
+            "<yandex><profiles><default><log_queries>1</log_queries></default></profiles><quotas><default></default></quotas>\n\
              <users><default><password></password><networks><ip>127.0.0.1</ip></networks>\
              <profile>default</profile><quota>default</quota></default></users></yandex>\n",
         )

@@ -48,10 +48,11 @@ enum Cmd {
     /// bytes/sample, query latency, memory on synthetic data), `perf` (bytes/sample next to
     /// `perf record`), `replay` (CPU per sample of the daemon's path, 2 to 192 CPUs, on one core;
     /// REPLAY_QUICK=1 for a short run), `status` (`profiler status` on a 1 GiB store, with and
-    /// without its index), `fleet` (50 synthetic nodes x `--minutes` (default 10) shipped into one
-    /// private ClickHouse 18.16: ingest rate, bytes per sample, `profiler flamegraph --clickhouse`
-    /// and `profiler fleet` latency), `sched` (what the run-queue programs cost a context switch:
-    /// a ping-pong between two CPUs without and with the daemon), `memory` (the daemon in a 256
+    /// without its index), `fleet` (`--nodes` (1000) GPU training nodes of `--cpus` (16) and
+    /// `--gpus` (8) x `--minutes` (10) shipped into two private ClickHouse 18.16 shards, plus 30
+    /// days of hourly rollups: ingest per server core, bytes per sample, the fleet's reads;
+    /// `fleet-one-server`: the earlier 50 nodes of 2 CPUs into one server), `sched` (what the
+    /// run-queue programs cost a context switch: a ping-pong between two CPUs without and with the daemon), `memory` (the daemon in a 256
     /// MiB memory cgroup while one process maps three copies of a 200 MB library: peak RSS),
     /// `clickhouse-bytes` (bytes per sample of ClickHouse's `samples` table on chdb, a steady
     /// and a compile-heavy synthetic node of `--minutes` (default 10), under several layouts).
@@ -67,6 +68,15 @@ enum Cmd {
         /// Span of the synthetic store (store: 60; fleet, clickhouse-bytes: 10).
         #[arg(long)]
         minutes: Option<u64>,
+        /// fleet: synthetic nodes (default 1000).
+        #[arg(long)]
+        nodes: Option<u64>,
+        /// fleet: CPUs per node (default 16).
+        #[arg(long)]
+        cpus: Option<u32>,
+        /// fleet: GPUs per node (default 8).
+        #[arg(long)]
+        gpus: Option<u32>,
         /// overhead: also run the daemon built from this git revision, side by side (e.g.
         /// 852759a, the build issue 6 was measured on); built once under target/baseline/.
         #[arg(long, value_name = "REV")]
@@ -220,7 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench { which, minutes, .. } if which == "clickhouse-bytes" => {
             bench::clickhouse_bytes(&workspace_root(), minutes.unwrap_or(10))
         }
-        Cmd::Bench { which, seconds, minutes, rounds, baseline_rev } => {
+        Cmd::Bench { which, seconds, minutes, rounds, baseline_rev, nodes, cpus, gpus } => {
             setup::ensure()?;
             setup::ensure_bench_tools()?;
             // PROFILER_BIN: a daemon built elsewhere (another revision, a stripped copy).
@@ -249,8 +259,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "python" => bench::python::run(&workspace_root(), &profiler, &helper, seconds.unwrap_or(20)),
                 "cuda" => bench::cuda::run(&workspace_root(), &profiler, rounds),
                 // An ignored test: it needs the test harness's private ClickHouse and the
-                // synthetic stores it builds; the release test binary ships like the daemon.
+                // synthetic stores it builds; the release test binary ships like the daemon. A
+                // cluster of two 18.16 shards, `--nodes` GPU training nodes shipped into it and the
+                // fleet's reads timed (tests/tests/fleet_scale.rs; FLEET_* knobs there).
                 "fleet" => status({
+                    let mut cmd = cargo();
+                    cmd.args(["test", "--release", "--package", "integration-tests", "--test", "fleet_scale"])
+                        .args(["fleet_scale_benchmark", "--", "--ignored", "--nocapture"])
+                        .env("PROFILER_BIN", &profiler)
+                        .env("FLEET_SECS", (minutes.unwrap_or(10) * 60).to_string());
+                    for (knob, value) in [
+                        ("FLEET_NODES", nodes),
+                        ("FLEET_CPUS", cpus.map(u64::from)),
+                        ("FLEET_GPUS", gpus.map(u64::from)),
+                    ] {
+                        if let Some(v) = value {
+                            cmd.env(knob, v.to_string());
+                        }
+                    }
+                    cmd
+                }),
+                // The earlier one-server bench: 50 nodes of 2 CPUs (FLEET_NODES, FLEET_CPUS).
+                "fleet-one-server" => status({
                     let mut cmd = cargo();
                     cmd.args(["test", "--release", "--package", "integration-tests", "--test", "fleet_overview"])
                         .args(["fleet_benchmark", "--", "--ignored", "--nocapture"])
@@ -265,7 +295,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 other => {
                     bail!(
-                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, cuda, replay, status, unwind, memory, fleet, sched, clickhouse-bytes"
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, cuda, replay, status, unwind, memory, fleet, fleet-one-server, sched, clickhouse-bytes"
                     )
                 }
             }
