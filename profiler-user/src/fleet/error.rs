@@ -32,4 +32,29 @@ pub enum FleetError {
     Query(#[from] crate::query::QueryError),
     #[error("--event '{pattern}' is not a regular expression: {reason}")]
     Pattern { pattern: String, reason: String },
+    #[error(
+        "ClickHouse at {addr} cannot reach {shards} of its cluster ({reason}): the nodes stored there would be \
+         missing from the answer, so none is given; read again once it is back"
+    )]
+    ShardDown { addr: String, shards: String, reason: String },
+    #[error(
+        "ClickHouse at {addr} stopped this read at its time limit ({secs} s asked, or the user's profile's): ask for \
+         a shorter window or fewer nodes",
+        secs = super::refusal::READ_SECS
+    )]
+    Timeout { addr: String },
+    #[error(
+        "ClickHouse at {addr} did not answer within {secs} s: ask for a shorter window or fewer nodes (a shard of its \
+         cluster that is stopped, not down, also holds reads, until the server's receive_timeout)"
+    )]
+    NoAnswerIn { addr: String, secs: u64 },
+    #[error(
+        "ClickHouse at {addr} refused the user and password: check them in --clickhouse http://USER:PASSWORD@HOST:PORT"
+    )]
+    Login { addr: String },
+    #[error(
+        "ClickHouse at {addr} refused this read (code {code}: {message}): a database written by another profiler \
+         version, or a bug: please report it"
+    )]
+    Refused { addr: String, code: u32, message: String },
 }

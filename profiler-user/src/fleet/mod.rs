@@ -11,6 +11,7 @@ pub mod notes;
 pub mod overview;
 pub mod overview_text;
 pub mod pushdown;
+mod refusal;
 pub mod rollup;
 mod rowbinary;
 pub mod select;
@@ -43,6 +44,8 @@ pub struct Fleet {
     database: String,
     /// `host:port`, without credentials: for messages.
     addr: String,
+    /// The user may not set a read's time limit (`readonly=1`): reads go without it.
+    readonly: std::sync::atomic::AtomicBool,
 }
 
 impl Fleet {
@@ -61,6 +64,7 @@ impl Fleet {
             client: Client::new(&format!("http://{host}"), user, password),
             database: database.to_string(),
             addr: host.to_string(),
+            readonly: false.into(),
         })
     }
 
@@ -76,7 +80,7 @@ impl Fleet {
         sql: &str,
         mut row: impl FnMut(&mut Reader<'_>) -> Result<T, FleetError>,
     ) -> Result<Vec<T>, FleetError> {
-        let bytes = self.client.query_bytes(&format!("{sql} FORMAT RowBinary")).map_err(|e| self.explain(e))?;
+        let bytes = self.row_binary(sql)?;
         let mut r = Reader::new(&bytes);
         let mut out = Vec::new();
         while !r.at_end() {
@@ -85,17 +89,26 @@ impl Fleet {
         Ok(out)
     }
 
-    /// A failed request as the sentence a user can act on: a server that does not answer, a
-    /// database or table nothing shipped to yet.
-    fn explain(&self, e: ShipError) -> FleetError {
-        match e {
-            ShipError::Http(reason) => FleetError::Down { addr: self.addr.clone(), reason },
-            // UNKNOWN_DATABASE (81), UNKNOWN_TABLE (60): nothing was ever shipped here.
-            ShipError::Server { message, .. } if message.contains("Code: 81") || message.contains("Code: 60") => {
-                FleetError::NoNodes(self.database.clone())
+    /// The `RowBinary` answer to `sql` (without its `FORMAT`), to decode in place; with its time
+    /// limit ([`refusal::READ_SECS`]), unless the user may not set it.
+    fn row_binary(&self, sql: &str) -> Result<Vec<u8>, FleetError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let sql = format!("{sql} FORMAT RowBinary");
+        if !self.readonly.load(Relaxed) {
+            let limit = refusal::settings();
+            let settings: Vec<(&str, &str)> = limit.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            match self.client.query_bytes_with(&sql, &settings) {
+                // `readonly=1`: its profile's limit applies; asked again without ours.
+                Err(e) if refusal::refused_settings(&e) => self.readonly.store(true, Relaxed),
+                answer => return answer.map_err(|e| self.explain(e)),
             }
-            e => FleetError::ClickHouse(e),
         }
+        self.client.query_bytes(&sql).map_err(|e| self.explain(e))
+    }
+
+    /// A failed request as the sentence a user can act on (`refusal`).
+    fn explain(&self, e: ShipError) -> FleetError {
+        refusal::explain(&self.addr, &self.database, e)
     }
 
     /// Every node that shipped, by name.

@@ -59,6 +59,11 @@ pub(super) fn list(nodes: &[Node]) -> String {
     s
 }
 
+/// `s` with its control characters escaped (`\n`, `\u{0}`): a sentence stays one line.
+fn printable(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
 /// Whether `pattern` is a glob rather than a name.
 fn is_glob(pattern: &str) -> bool {
     pattern.contains(['*', '?'])
@@ -72,26 +77,32 @@ impl Fleet {
         if all.is_empty() {
             return Err(FleetError::NoNodes(self.database.clone()));
         }
-        if patterns.is_empty() {
-            return Ok(Selection { nodes: all, whole_fleet: true });
-        }
-        let mut chosen: Vec<Node> = Vec::new();
-        for p in patterns {
-            let matched: Vec<&Node> =
-                all.iter().filter(|n| if is_glob(p) { glob(p, &n.name) } else { n.name == *p }).collect();
-            if matched.is_empty() {
-                return Err(FleetError::UnknownNode { node: p.clone(), known: list(&all) });
-            }
-            for n in matched {
-                if !chosen.iter().any(|c| c.name == n.name) {
-                    chosen.push(n.clone());
-                }
-            }
-        }
-        chosen.sort_by(|a, b| a.name.cmp(&b.name));
-        let whole_fleet = chosen.len() == all.len();
-        Ok(Selection { nodes: chosen, whole_fleet })
+        choose(all, patterns)
     }
+}
+
+/// The nodes of `all` that `patterns` name, matched here, never in SQL: a pattern's quotes,
+/// backslashes or SQL are characters to match, and one that matches nothing is a sentence.
+fn choose(all: Vec<Node>, patterns: &[String]) -> Result<Selection, FleetError> {
+    if patterns.is_empty() {
+        return Ok(Selection { nodes: all, whole_fleet: true });
+    }
+    let mut chosen: Vec<Node> = Vec::new();
+    for p in patterns {
+        let matched: Vec<&Node> =
+            all.iter().filter(|n| if is_glob(p) { glob(p, &n.name) } else { n.name == *p }).collect();
+        if matched.is_empty() {
+            return Err(FleetError::UnknownNode { node: printable(p), known: list(&all) });
+        }
+        for n in matched {
+            if !chosen.iter().any(|c| c.name == n.name) {
+                chosen.push(n.clone());
+            }
+        }
+    }
+    chosen.sort_by(|a, b| a.name.cmp(&b.name));
+    let whole_fleet = chosen.len() == all.len();
+    Ok(Selection { nodes: chosen, whole_fleet })
 }
 
 #[cfg(test)]
@@ -113,5 +124,33 @@ mod tests {
         assert_eq!(all.predicate(), "1");
         assert_eq!(all.describe(), "the fleet's 2 nodes");
         assert!(is_glob("gpu-*") && is_glob("n?") && !is_glob("gpu-1"));
+    }
+
+    #[test]
+    fn quotes_backslashes_and_sql_in_a_pattern_are_characters_to_match() {
+        let all = || vec![node("gpu-1", 2), node("gpu-2", 2), node("o'brien\\x", 2)];
+        let names = |patterns: &[&str]| {
+            let patterns: Vec<String> = patterns.iter().map(|p| p.to_string()).collect();
+            choose(all(), &patterns).map(|s| s.nodes.into_iter().map(|n| n.name).collect::<Vec<_>>())
+        };
+        for hostile in ["gpu-*'", "*' OR 1 = 1 --", "gpu-\\*", "gpu-1\\", "'", "\\", "*`*"] {
+            let e = names(&[hostile]).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!("node '{hostile}' has shipped nothing to this ClickHouse; it holds gpu-1, gpu-2, o'brien\\x"),
+                "{hostile}"
+            );
+        }
+        let e = names(&["*\n*\u{0}"]).unwrap_err().to_string();
+        assert!(e.starts_with("node '*\\n*\\u{0}' has shipped nothing") && e.lines().count() == 1, "{e}");
+        // A name with a quote and a backslash is matched as written, and quoted in SQL.
+        assert_eq!(names(&["o'brien\\x"]).unwrap(), ["o'brien\\x"]);
+        assert_eq!(names(&["*'*"]).unwrap(), ["o'brien\\x"]);
+        assert_eq!(names(&["*\\*"]).unwrap(), ["o'brien\\x"]);
+        let s = choose(all(), &["o'*".to_string(), "gpu-2".to_string()]).unwrap();
+        assert_eq!(s.predicate(), "node IN ('gpu-2', 'o\\'brien\\\\x')");
+        let s = choose(all(), &["o'*".to_string(), "gpu-?".to_string()]).unwrap();
+        assert!(s.whole_fleet && s.predicate() == "1", "every node named: no IN list needed");
+        assert_eq!(names(&["gpu-1", "gpu-*"]).unwrap(), ["gpu-1", "gpu-2"], "each node once");
     }
 }

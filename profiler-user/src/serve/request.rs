@@ -91,7 +91,13 @@ impl From<source::SourceError> for Failure {
                     StatusCode::NOT_FOUND
                 }
                 FleetError::TooMany { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                FleetError::Down { .. } | FleetError::ClickHouse(_) | FleetError::Decode(_) => StatusCode::BAD_GATEWAY,
+                FleetError::Down { .. }
+                | FleetError::ClickHouse(_)
+                | FleetError::Decode(_)
+                | FleetError::ShardDown { .. }
+                | FleetError::Login { .. }
+                | FleetError::Refused { .. } => StatusCode::BAD_GATEWAY,
+                FleetError::Timeout { .. } | FleetError::NoAnswerIn { .. } => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
         };

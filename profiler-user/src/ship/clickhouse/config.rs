@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{error::ShipError, schema::RollupKeep};
+use super::{error::ShipError, pace, schema::RollupKeep};
 
 /// The `[clickhouse]` table of the config file.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -21,6 +21,8 @@ pub struct FileConfig {
     pub rollup_1m_days: Option<u64>,
     /// Days `samples_1h` keeps (default 365).
     pub rollup_1h_days: Option<u64>,
+    /// The most rows sent per second, however far behind the node is (`pace`).
+    pub max_rows_per_sec: Option<u64>,
 }
 
 /// Rows one insert may carry. At most half of ClickHouse's `max_insert_block_size` (1 M rows),
@@ -45,6 +47,8 @@ pub struct Config {
     pub max_age_secs: u64,
     /// How long the rollup tables keep rows (TTL, or partitions dropped on older servers).
     pub rollups: RollupKeep,
+    /// The most rows sent per second, catching up included (`pace`).
+    pub max_rows_per_sec: u64,
 }
 
 impl Config {
@@ -83,6 +87,14 @@ impl Config {
                 allowed: "at least rollup_1m_days: hours are the coarser, longer kept rollup",
             });
         }
+        let max_rows_per_sec = file.max_rows_per_sec.unwrap_or(pace::DEFAULT_ROWS_PER_SEC);
+        if !pace::ROWS_PER_SEC.contains(&max_rows_per_sec) {
+            return Err(ShipError::Range {
+                key: "clickhouse.max_rows_per_sec",
+                value: max_rows_per_sec.to_string(),
+                allowed: "1000 to 100000000 rows a second",
+            });
+        }
         Ok(Some(Self {
             url,
             database: file.database.unwrap_or_else(|| "profiler".into()),
@@ -94,6 +106,7 @@ impl Config {
             data_dir,
             max_age_secs,
             rollups: RollupKeep { minutes_secs: minutes * 86_400, hours_secs: hours * 86_400 },
+            max_rows_per_sec,
         }))
     }
 
@@ -123,6 +136,12 @@ mod tests {
         assert_eq!(secret.target(), "http://h:1/ profiler");
         let e = Config::resolve(Some("https://x".into()), None, "n", "/d".into(), 60).unwrap_err().to_string();
         assert!(e.contains("TLS proxy"), "{e}");
+        assert_eq!(c.max_rows_per_sec, 200_000, "the default catch-up bound");
+        let slow = FileConfig { max_rows_per_sec: Some(500), ..file.clone() };
+        let e = Config::resolve(None, Some(&slow), "n", "/d".into(), 60).unwrap_err().to_string();
+        assert!(e.contains("clickhouse.max_rows_per_sec = 500 is out of range: use 1000 to"), "{e}");
+        let file: FileConfig = toml::from_str("max_rows_per_sec = 5000\n").unwrap();
+        assert_eq!(file.max_rows_per_sec, Some(5000));
     }
 
     #[test]

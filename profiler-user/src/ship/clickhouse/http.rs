@@ -8,7 +8,7 @@ use base64::Engine as _;
 use super::error::ShipError;
 
 /// Longest time one request may take; a slow server is retried later rather than waited on.
-const TIMEOUT: Duration = Duration::from_secs(30);
+pub const TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of a server's error kept in our error (its messages can quote the whole statement).
 const ERROR_BYTES: usize = 512;
 
@@ -46,7 +46,13 @@ impl Client {
 
     /// Runs one query and returns the answer's bytes (a `RowBinary` result is not text).
     pub fn query_bytes(&self, sql: &str) -> Result<Vec<u8>, ShipError> {
-        let mut req = self.agent.post(&self.url);
+        self.query_bytes_with(sql, &[])
+    }
+
+    /// [`Client::query_bytes`] with settings for this query (`name`, `value`), in the URL: a
+    /// user with `readonly=1` is refused them (code 164).
+    pub fn query_bytes_with(&self, sql: &str, settings: &[(&str, &str)]) -> Result<Vec<u8>, ShipError> {
+        let mut req = self.agent.post(&self.url).query_pairs(settings.iter().copied());
         if let Some(a) = &self.auth {
             req = req.header("Authorization", a);
         }

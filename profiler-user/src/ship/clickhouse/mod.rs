@@ -9,6 +9,7 @@ mod error;
 pub mod http;
 pub mod metrics;
 mod notes;
+mod pace;
 pub mod rows;
 pub mod schema;
 mod shipper;

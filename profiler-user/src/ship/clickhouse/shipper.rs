@@ -8,6 +8,11 @@
 //! granules): all there, it is skipped, and so is every next batch the server has whole; none,
 //! it is sent; some (a batch the store answers differently now, e.g. rolled up), only the rows
 //! after the server's latest are sent.
+//!
+//! In a sharded cluster every insert goes into the node's own server's `_local` tables, stacks
+//! included: an insert through a `Distributed` table made synchronous fails while any shard is
+//! down, which would stop every node of the fleet whenever one shard stops. A stack may then be
+//! on several shards; readers take one row per id. Catching up is paced (`pace`).
 
 use std::{
     collections::HashSet,
@@ -21,7 +26,7 @@ use super::{
     counters::CounterRows,
     error::ShipError,
     http::Client,
-    notes,
+    notes, pace,
     rows::{Batch, CpuSeconds},
     schema::{
         self,
@@ -91,7 +96,10 @@ struct NodeRow {
 }
 
 enum Progress {
-    Shipped,
+    /// The cursor moved; `rows` rows were sent (0: the server had them).
+    Shipped {
+        rows: usize,
+    },
     Idle,
 }
 
@@ -128,8 +136,13 @@ impl Follower {
         tracing::info!(database = %self.config.database, "shipping samples to ClickHouse");
         let mut backoff = BACKOFF_MIN;
         while !*self.stop.borrow() {
+            let started = Instant::now();
             match self.step() {
-                Ok(Progress::Shipped) => backoff = BACKOFF_MIN,
+                Ok(Progress::Shipped { rows }) => {
+                    backoff = BACKOFF_MIN;
+                    // However far behind: at most `max_rows_per_sec` (a live node never waits).
+                    self.wait(pace::pause(rows, self.config.max_rows_per_sec, started.elapsed()));
+                }
                 Ok(Progress::Idle) => self.wait(Duration::from_secs(1)),
                 Err(e) => {
                     self.figures(|s| *s.errors.entry("request").or_default() += 1);
@@ -169,9 +182,9 @@ impl Follower {
     }
 
     fn table(&self, name: &str) -> String {
-        let local = if self.config.cluster.is_some() && name != schema::STACKS && name != schema::STACK_LOCATIONS {
-            // Inserting into a shard's local table keeps an insert one part (see the module doc);
-            // the Distributed table is for reading.
+        let local = if self.config.cluster.is_some() {
+            // Inserting into a shard's local table keeps an insert one part and needs no other
+            // shard up (see the module doc); the Distributed table is for reading.
             format!("{name}_local")
         } else {
             name.to_string()
@@ -254,15 +267,13 @@ impl Follower {
             return self.advance(to);
         }
         if batch.new_stacks > 0 {
-            // Through a Distributed table an insert is queued and forwarded later unless made
-            // synchronous: a reader could see samples whose stacks are still on their way.
-            let sync: &[(&str, &str)] =
-                if self.config.cluster.is_some() { &[("insert_distributed_sync", "1")] } else { &[] };
+            // Into the server the samples go to, before them: a reader never sees a sample whose
+            // stack is not there yet.
             if !batch.locations.is_empty() {
                 // Before the stacks: a reader that sees a stack sees where it lives.
-                self.client.insert_with(&self.table(schema::STACK_LOCATIONS), "RowBinary", &batch.locations, sync)?;
+                self.client.insert(&self.table(schema::STACK_LOCATIONS), "RowBinary", &batch.locations)?;
             }
-            let bytes = self.client.insert_with(&self.table(schema::STACKS), "RowBinary", &batch.stacks, sync)?;
+            let bytes = self.client.insert(&self.table(schema::STACKS), "RowBinary", &batch.stacks)?;
             self.figures(|s| s.stacks += batch.new_stacks as u64);
             self.figures(|s| s.stack_bytes += bytes as u64);
         }
@@ -290,7 +301,8 @@ impl Follower {
         if batch.rows() > 0 {
             self.uncertain = false;
         }
-        self.advance(to)
+        let sent = batch.rows() + batch.cuda_rows() + self.counters.rows;
+        self.advance(to).map(|_| Progress::Shipped { rows: sent })
     }
 
     /// The CUDA stores the daemon has written (none on a node without CUDA processes).
@@ -312,7 +324,7 @@ impl Follower {
         if self.shipped_stacks.len() > SHIPPED_STACKS_MAX {
             self.shipped_stacks.clear();
         }
-        Ok(Progress::Shipped)
+        Ok(Progress::Shipped { rows: 0 })
     }
 
     /// The per-CPU counts of the blocks starting in `[from, to)`; the `nodes` row first when how
