@@ -558,3 +558,107 @@ fn fresh_within_15s(ch: &ClickHouse, url: &str, tmp: &Path) {
     eprintln!("a sample taken at second S showed on the fleet page {took:.1} s after S began");
     assert!(took <= 15.0, "a sample showed on the fleet page {took:.1} s after it was taken (goal: 15 s)");
 }
+
+/// The page's SQL on today's ClickHouse (chdb from PyPI) and on 18.16, over the same few rows:
+/// the answers must be the same, and what the rows say.
+#[test]
+fn fleet_page_sql_runs_on_current_clickhouse() {
+    use profiler::{
+        fleet::{
+            Fleet,
+            board_sql::{BoardSql, Rows},
+            signatures,
+        },
+        query::Window,
+        ship::clickhouse::schema,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    // Rows of a few minutes ago (a fixed date's would expire by the tables' TTL).
+    let t = (now_secs() as u64 / 60 - 5) * 60 * SEC;
+    let ev = |v: Value| v.to_string().replace('\\', "\\\\").replace('\'', "\\'");
+    let hot = ev(
+        json!({"function": "mem_cgroup_nr_lru_pages", "share": 0.5, "processes": [{"comm": "ecs-agent", "pid": 1}]}),
+    );
+    let lock = ev(
+        json!({"callers": [{"function": "do_epoll_ctl", "share": 0.9}], "cpus": [{"cpu": 1, "share": 0.5}, {"cpu": 2, "share": 0.5}], "function": "_raw_spin_lock"}),
+    );
+    let gpu = ev(json!({"processes": [{"comm": "python3"}], "top_functions": [{"function": "augment"}]}));
+    let ml = ev(json!({"pod_namespace": "ml", "pod_name": "p"}));
+    let rows = vec![
+        "INSERT INTO p.nodes VALUES ('n1', 2, 99, '0-1', 'h', 1), ('n2', 2, 99, '0-1', 'h', 1)".to_string(),
+        // n1: CPU 0 saturated, CPU 1 idle, a retried row; n2: both half busy, one second later.
+        format!(
+            "INSERT INTO p.cpu_seconds VALUES ('n1', {t}, {SEC}, 0, 99, 0, 0, 0, 99), ('n1', {t}, {SEC}, 0, 99, 0, 0, 0, 99), \
+             ('n1', {t}, {SEC}, 1, 0, 0, 99, 0, 99), ('n2', {}, {SEC}, 0, 50, 0, 49, 0, 99), ('n2', {}, {SEC}, 1, 50, 0, 49, 0, 99)",
+            t + SEC,
+            t + SEC
+        ),
+        format!(
+            "INSERT INTO p.counters VALUES ('n1', {t}, 'gpu.0.util', -1, '%', 10), ('n1', {}, 'gpu.0.util', -1, '%', 30), \
+             ('n1', {t}, 'gpu.1.util', -1, '%', 90), ('n1', {t}, 'gpu.0.mem_util', -1, '%', 1), ('n2', {t}, 'gpu.0.util', -1, '%', 70)",
+            t + SEC / 2
+        ),
+        format!(
+            "INSERT INTO p.samples VALUES ('n1', {}, 0, 2, 3, 'a', 7, '{ml}', 4), ('n2', {}, 0, 2, 3, 'b', 7, '', 6)",
+            t + 1,
+            t + 2
+        ),
+        format!(
+            "INSERT INTO p.findings VALUES ('n1', 'f1', 'hot-kernel-function', {t}, 0, 0, 'warning', 's1', '{hot}', {t}), \
+             ('n1', 'f1', 'hot-kernel-function', {t}, {e}, 0, 'warning', 's1', '{hot}', {e}), \
+             ('n2', 'f2', 'hot-kernel-function', {t}, {e}, 1, 'warning', 's2', '{hot}', {e}), \
+             ('n2', 'f3', 'lock-spinning', {t}, {e}, -1, 'warning', 's3', '{lock}', {e}), \
+             ('n1', 'f4', 'gpu-starved', {t}, {h}, -1, 'warning', 's4', '{gpu}', {h})",
+            e = t + 4 * SEC,
+            h = t + 3600 * SEC
+        ),
+    ];
+    let fleet = Fleet::new("http://unused:1", "p").unwrap();
+    let window = Window::new(t, t + 10 * SEC).unwrap();
+    let sql = BoardSql { fleet: &fleet, window, bucket_ns: SEC };
+    let grouped = Rows::Grouped(vec![("n1".into(), "g".into()), ("n2".into(), "g".into())]);
+    let order = |q: String, by: &str| format!("SELECT * FROM ({q}) ORDER BY {by}");
+    let queries = [
+        (order(sql.cpu_scores(&Rows::EachNode), "1"), "n1\t1\t99\t99\nn2\t0.5050505050505051\t100\t98"),
+        (order(sql.cpu_grid(&grouped), "1, 2"), "g\t0\t1\t99\t99\ng\t1\t0.5050505050505051\t100\t98"),
+        (order(sql.cpu_grid(&Rows::Nodes(vec!["n2".into()])), "1, 2"), "n2\t1\t0.5050505050505051\t100\t98"),
+        (order(sql.gpu_scores(&Rows::EachNode, 50.0), "1"), "n1\t2\t110\t1\t2\nn2\t1\t70\t0\t1"),
+        (order(sql.gpu_grid(&grouped, 50.0), "1, 2"), "g\t0\t3\t180\t1"),
+        (sql.namespaces(&[("samples", window)]), "n1\tml"),
+        (
+            signatures::sql(&fleet, window, ""),
+            &format!(
+                "gpu-starved\taugment\tpython3\t\t1\t1\t{t}\t{}\t0.002777777777777778\t['n1']\ts4\n\
+                 lock-spinning\tdo_epoll_ctl\t\t\t1\t1\t{t}\t{}\t8\t['n2']\ts3\n\
+                 hot-kernel-function\tmem_cgroup_nr_lru_pages\tecs-agent\t\t2\t2\t{t}\t{}\t4\t['n1','n2']\t",
+                t + 10 * SEC,
+                t + 4 * SEC,
+                t + 4 * SEC
+            ),
+        ),
+    ];
+    let layout = |codecs, ttl| schema::Layout { database: "p", cluster: None, ttl_secs: ttl, codecs };
+    let mut old: Vec<String> = schema::statements(&layout(false, None));
+    old.extend(rows.iter().cloned());
+    for s in &old {
+        ch.query(s).unwrap_or_else(|e| panic!("18.16 refused {s}: {e}"));
+    }
+    let mut new = schema::statements(&layout(true, Some(604_800)));
+    new.extend(rows.iter().cloned());
+    let n = new.len();
+    new.extend(queries.iter().map(|(q, _)| format!("{q} FORMAT TSV")));
+    let current = integration_tests::clickhouse::chdb(&new);
+    for (i, (q, want)) in queries.iter().enumerate() {
+        let got = ch.query(&format!("{q} FORMAT TSV")).unwrap_or_else(|e| panic!("18.16 refused {q}: {e}"));
+        // `any(summary)` of a group is any of its rows: the hot function's example is not compared.
+        let strip = |s: &str| {
+            let s = s.trim().replace("\ts1", "\t").replace("\ts2", "\t");
+            s.lines().map(|l| l.trim_end_matches('\t')).collect::<Vec<_>>().join("\n")
+        };
+        assert_eq!(strip(&got), strip(want), "on 18.16: {q}");
+        if let Some(c) = &current {
+            assert_eq!(strip(&c[n + i]), strip(want), "on chdb: {q}");
+        }
+    }
+}
