@@ -9,6 +9,7 @@
 #![no_std]
 
 pub mod cuda;
+pub mod offcpu;
 pub mod python;
 #[cfg(feature = "test-skip")]
 pub mod test_skip;

@@ -19,6 +19,7 @@ mod cuda;
 mod exec;
 mod lifecycle;
 mod netrx;
+mod offcpu;
 mod python;
 mod reclaim;
 mod runq;

@@ -28,14 +28,14 @@ static SWITCH_PREV_COMM_OFFSET: u64 = 8;
 #[unsafe(no_mangle)]
 static SWITCH_PREV_PID_OFFSET: u64 = 24;
 #[unsafe(no_mangle)]
-static SWITCH_PREV_STATE_OFFSET: u64 = 32;
+pub(crate) static SWITCH_PREV_STATE_OFFSET: u64 = 32;
 #[unsafe(no_mangle)]
 static SWITCH_NEXT_COMM_OFFSET: u64 = 40;
 #[unsafe(no_mangle)]
-static SWITCH_NEXT_PID_OFFSET: u64 = 56;
+pub(crate) static SWITCH_NEXT_PID_OFFSET: u64 = 56;
 
 #[inline(always)]
-fn offset(o: &u64) -> usize {
+pub(crate) fn offset(o: &u64) -> usize {
     unsafe { core::ptr::read_volatile(o) as usize }
 }
 

@@ -25,6 +25,7 @@ pub mod interpreter;
 pub mod logs;
 pub mod memory;
 pub mod model;
+pub mod offcpu;
 pub mod outfile;
 pub mod pipeline;
 pub mod query;

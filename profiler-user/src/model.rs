@@ -67,11 +67,17 @@ pub enum SampleKind {
     CudaSync,
     /// Bytes copied by `cuMemcpy*`.
     CudaCopies,
+    /// Time threads spent off their CPU (blocked or waiting for one), stored in microseconds,
+    /// under the stack they left in (`offcpu`), its root frame naming the state.
+    OffCpu,
 }
 
 impl SampleKind {
-    pub const ALL: [SampleKind; 4] = [Self::Cpu, Self::CudaLaunches, Self::CudaSync, Self::CudaCopies];
+    pub const ALL: [SampleKind; 5] = [Self::Cpu, Self::CudaLaunches, Self::CudaSync, Self::CudaCopies, Self::OffCpu];
     pub const CUDA: [SampleKind; 3] = [Self::CudaLaunches, Self::CudaSync, Self::CudaCopies];
+    /// The stores of weighted rows beside the CPU samples: what the shippers and the retention
+    /// walk besides the CPU store.
+    pub const WEIGHTED: [SampleKind; 4] = [Self::CudaLaunches, Self::CudaSync, Self::CudaCopies, Self::OffCpu];
 
     /// The name in flags, URLs and files (`--samples cuda-launches`).
     pub fn name(self) -> &'static str {
@@ -80,6 +86,7 @@ impl SampleKind {
             Self::CudaLaunches => "cuda-launches",
             Self::CudaSync => "cuda-sync",
             Self::CudaCopies => "cuda-copies",
+            Self::OffCpu => "off-cpu",
         }
     }
 
@@ -95,6 +102,7 @@ impl SampleKind {
             Self::CudaLaunches => data_dir.join("cuda").join("launches"),
             Self::CudaSync => data_dir.join("cuda").join("sync"),
             Self::CudaCopies => data_dir.join("cuda").join("copies"),
+            Self::OffCpu => data_dir.join("offcpu"),
         }
     }
 
@@ -105,6 +113,7 @@ impl SampleKind {
             Self::CudaLaunches => ("cuda_launches", "count"),
             Self::CudaSync => ("cuda_sync", "nanoseconds"),
             Self::CudaCopies => ("cuda_copies", "bytes"),
+            Self::OffCpu => ("off_cpu", "nanoseconds"),
         }
     }
 
@@ -112,7 +121,7 @@ impl SampleKind {
     /// (a u32 row holds a thread's second many times over), exports say nanoseconds.
     pub fn stored_scale(self) -> i64 {
         match self {
-            Self::CudaSync => 1_000,
+            Self::CudaSync | Self::OffCpu => 1_000,
             _ => 1,
         }
     }
@@ -124,6 +133,7 @@ impl SampleKind {
             Self::CudaLaunches => "launches",
             Self::CudaSync => "µs blocked",
             Self::CudaCopies => "bytes",
+            Self::OffCpu => "µs off CPU",
         }
     }
 
@@ -134,6 +144,7 @@ impl SampleKind {
             Self::CudaLaunches => "GPU launches",
             Self::CudaSync => "waiting on the GPU",
             Self::CudaCopies => "copies",
+            Self::OffCpu => "off-CPU",
         }
     }
 

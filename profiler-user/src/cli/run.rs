@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// cuda_max_calls_per_sec` [default: 12000].
     #[arg(long)]
     cuda_max_calls_per_sec: Option<u32>,
+    /// Off-CPU time: waits at least this long (ms) are recorded by stack, state and second
+    /// (`--samples off-cpu`); 0 turns it off [default: 1].
+    #[arg(long, default_value_t = 1.0)]
+    off_cpu_threshold_ms: f64,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -177,6 +181,7 @@ impl RunArgs {
         Ok(DaemonConfig {
             memory,
             cuda: !self.no_cuda_probes && file.gpu.cuda_probes.unwrap_or(true),
+            offcpu_threshold_ns: offcpu_threshold(self.off_cpu_threshold_ms)?,
             cuda_max_calls: config::cuda_max_calls(self.cuda_max_calls_per_sec.or(file.gpu.cuda_max_calls_per_sec))?,
             gpu,
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
@@ -222,4 +227,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(daemon::run(config))?;
     Ok(())
+}
+
+/// `--off-cpu-threshold-ms`, checked: 0 (off) or from 10 µs to 10 s.
+fn offcpu_threshold(ms: f64) -> anyhow::Result<u64> {
+    if ms == 0.0 {
+        return Ok(0);
+    }
+    if !(0.01..=10_000.0).contains(&ms) {
+        anyhow::bail!("--off-cpu-threshold-ms {ms} is out of range: give 0 (off) or 0.01 to 10000 ms");
+    }
+    Ok((ms * 1e6) as u64)
 }

@@ -76,6 +76,7 @@ impl Collector {
             unwind,
             cuda: None,
             cuda_refused: None,
+            offcpu: None,
             counters,
             netrx,
             runq,

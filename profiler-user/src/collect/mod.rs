@@ -16,6 +16,7 @@ mod load;
 pub mod memcg;
 pub mod prog_info;
 pub mod reclaim;
+pub mod offcpu;
 pub mod runq;
 pub mod start;
 pub mod tracefs;
@@ -215,6 +216,8 @@ pub struct Collector {
     cuda: Option<cuda::Maps>,
     /// Why the kernel refused them (they are not asked again).
     cuda_refused: Option<String>,
+    /// The off-CPU program's maps, once started (`offcpu`).
+    offcpu: Option<offcpu::Maps>,
     counters: PerCpuArray<MapData, [u64; counter::COUNT]>,
     netrx: Option<PerCpuArray<MapData, [u64; netrx::LEN]>>,
     runq: Option<runq::RunQueue>,

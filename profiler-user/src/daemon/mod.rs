@@ -106,6 +106,8 @@ pub struct DaemonConfig {
     pub cuda: bool,
     /// The CUDA probes' rate guard: calls a second per process above which they are duty-cycled.
     pub cuda_max_calls: f64,
+    /// Off-CPU waits at least this long are recorded (`offcpu`); 0: off.
+    pub offcpu_threshold_ns: u64,
 }
 
 /// Runs until SIGINT/SIGTERM, then writes what it holds and returns.

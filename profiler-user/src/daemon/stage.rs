@@ -71,6 +71,8 @@ pub struct StageConfig {
     pub cuda: bool,
     /// The CUDA rate guard's limit, calls a second per process.
     pub cuda_max_calls: f64,
+    /// Off-CPU waits at least this long are recorded (`offcpu`); 0: off.
+    pub offcpu_threshold_ns: u64,
 }
 
 /// The stage's connections to the others.
@@ -152,6 +154,8 @@ struct Stage {
     arrived_ns: u64,
     /// CUDA launches, synchronisations and copies per stack, when on.
     cuda: Option<crate::gpu::cuda::Recorder>,
+    /// Off-CPU time per stack, when on.
+    offcpu: Option<crate::offcpu::Recorder>,
 }
 
 impl Stage {
@@ -170,6 +174,14 @@ impl Stage {
         if cuda.is_some() {
             pipeline.track_active();
         }
+        let offcpu = (config.offcpu_threshold_ns > 0 && collector.is_some()).then(|| {
+            let settings = crate::collect::offcpu::Settings {
+                threshold_ns: config.offcpu_threshold_ns,
+                rate_limit: profiler_common::offcpu::RATE_LIMIT,
+                walk_limit: profiler_common::offcpu::WALK_LIMIT,
+            };
+            crate::offcpu::Recorder::new(&config.data_dir, settings)
+        });
         let config_flush = config.flush_interval;
         Self {
             cgroup_fields: collector.as_ref().map(Collector::cgroup_fields),
@@ -188,6 +200,7 @@ impl Stage {
             stopping: false,
             arrived_ns: 0,
             cuda,
+            offcpu,
         }
     }
 
@@ -403,6 +416,9 @@ impl Stage {
         collector.next_epoch();
         if let Some(c) = self.cuda.as_mut() {
             changes.extend(c.tick(collector, &mut self.pipeline, now));
+        }
+        if let Some(o) = self.offcpu.as_mut() {
+            changes.extend(o.tick(collector, &mut self.pipeline, now));
         }
         ring_used_max
     }

@@ -273,6 +273,7 @@ fn spawn_pipeline(
         node: config.node.clone(),
         cuda: config.cuda,
         cuda_max_calls: config.cuda_max_calls,
+        offcpu_threshold_ns: config.offcpu_threshold_ns,
     };
     stage::spawn(stage_config, links, Some(collector)).map_err(|e| DaemonError::Thread("pipeline", e))
 }

@@ -20,6 +20,8 @@ pub enum Judged {
     ThrottleScan,
     /// Each drain of the CUDA probes (`Engine::check_cuda`).
     CudaDrain,
+    /// Each drain of the off-CPU counts (`Engine::check_offcpu`).
+    OffCpuDrain,
     /// Not by the engine: written as it is seen (a fatal Xid, `gpu::xid`).
     AsSeen,
 }
@@ -77,10 +79,14 @@ kinds! {
     GpuLaunchBound = "gpu-launch-bound", EachSecond;
     /// A busy GPU with its clocks held down (`gpu`).
     GpuThrottled = "gpu-throttled", EachSecond;
+    /// A GPU that reads busy while GPM says its SMs mostly idle: kernels too small (`gpu`).
+    GpuUnderused = "gpu-underused", EachSecond;
     /// A fatal Xid in the kernel log or NVML's events (`gpu::xid`).
     GpuFault = "gpu-fault", AsSeen;
     /// A thread blocked in CUDA synchronisation while its GPU idles (`cuda`).
     GpuSyncStall = "gpu-sync-stall", CudaDrain;
+    /// A process blocked in I/O half the time while the CPUs idle (`iostall`).
+    IoStall = "io-stall", OffCpuDrain;
 }
 
 impl Kind {

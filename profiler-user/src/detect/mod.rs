@@ -22,6 +22,7 @@ mod figures;
 mod finding;
 pub mod gpu;
 pub mod hotfunc;
+pub mod iostall;
 pub mod journal;
 pub mod lockspin;
 pub mod netrx;
@@ -101,6 +102,7 @@ pub struct Engine {
     pub gpu: Option<crate::gpu_readings::Shared>,
     gpu_detect: gpu::GpuDetect,
     cuda_detect: cuda::CudaDetect,
+    iostall: iostall::IoStall,
 }
 
 /// What changed in one evaluation.
@@ -142,6 +144,7 @@ impl Engine {
             gpu: None,
             gpu_detect: gpu::GpuDetect::default(),
             cuda_detect: cuda::CudaDetect::default(),
+            iostall: iostall::IoStall::default(),
         }
     }
 
@@ -341,6 +344,15 @@ impl Engine {
         let mut changes = Changes::default();
         let active = count.and_then(|c| self.zombies.evaluate_count(c, now_ns, &self.thresholds));
         self.reconcile(active.into_iter().collect(), now_ns, Some(Judged::ZombieCount), &mut changes);
+        changes
+    }
+
+    /// One drain of the off-CPU counts (`offcpu`): the waits drained at `now_ns`.
+    pub fn check_offcpu(&mut self, now_ns: u64, waits: Vec<iostall::Wait>) -> Changes {
+        let mut changes = Changes::default();
+        let busy = self.iostall.machine_busy(now_ns);
+        let active = self.iostall.evaluate(now_ns, waits, busy);
+        self.reconcile(active, now_ns, Some(Judged::OffCpuDrain), &mut changes);
         changes
     }
 

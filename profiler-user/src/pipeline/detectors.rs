@@ -60,6 +60,11 @@ impl Pipeline {
     }
 
     /// One drain of the CUDA probes: `threads`' calls over `secs` ending at `now_ns`.
+    /// One drain of the off-CPU counts (`offcpu`).
+    pub fn check_offcpu(&mut self, now_ns: u64, waits: Vec<crate::detect::iostall::Wait>) -> Changes {
+        self.engine.check_offcpu(now_ns, waits)
+    }
+
     pub fn check_cuda(&mut self, now_ns: u64, secs: f64, threads: Vec<CudaThread>) -> Changes {
         self.engine.check_cuda(now_ns, secs, threads)
     }

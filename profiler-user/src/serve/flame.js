@@ -4,7 +4,7 @@
 // (the `samples` selector) what the daemon's CUDA probes counted: its answer names the unit.
 const ROW = 17;
 // What each kind counts, for a tree that does not say (a report's).
-const UNITS = { cpu: "samples", "cuda-launches": "launches", "cuda-sync": "µs blocked", "cuda-copies": "bytes" };
+const UNITS = { cpu: "samples", "cuda-launches": "launches", "cuda-sync": "µs blocked", "cuda-copies": "bytes", "off-cpu": "µs off CPU" };
 const NONE = { cpu: "samples", "cuda-launches": "GPU launches", "cuda-sync": "time waiting on the GPU", "cuda-copies": "GPU copies" };
 // A report holds CPU samples only: no selector there.
 const samplesKind = () => (window.PROFILER_REPORT ? "cpu" : $("samples").value || "cpu");

@@ -200,6 +200,10 @@ pub(super) fn not_recorded(kind: SampleKind) -> String {
         SampleKind::CudaLaunches => ("GPU launches", "counts them"),
         SampleKind::CudaSync => ("time waiting on the GPU", "measures it"),
         SampleKind::CudaCopies => ("GPU copies", "counts them"),
+        SampleKind::OffCpu => {
+            return "no off-CPU time recorded: the daemon records it unless started with --off-cpu-threshold-ms 0"
+                .to_string();
+        }
     };
     format!("no {what} recorded: the daemon {counts} only for processes that map libcuda.so.1")
 }

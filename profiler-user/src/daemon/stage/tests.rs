@@ -54,6 +54,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         node: "test".into(),
         cuda: false,
         cuda_max_calls: 10_000.0,
+        offcpu_threshold_ns: 0,
     };
     let links = Links {
         outlet,

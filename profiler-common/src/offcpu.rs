@@ -1,0 +1,165 @@
+//! Off-CPU time per stack (`profiler-ebpf/src/offcpu.rs`): a `sched_switch` program notes when
+//! each thread leaves its CPU and in which state, and when it comes back after at least
+//! `OFFCPU_THRESHOLD_NS` adds the time it was off to a per-(thread, stack, state, second) count
+//! in the kernel, so a wait costs no ring-buffer record.
+//!
+//! A stack walk (kernel, user with the sampler's unwinder, Python) costs microseconds and a
+//! context switch happens hundreds of thousands of times a second on a busy node, so the walk
+//! is not done at every switch-out: a thread is *armed* by a wait at least the threshold long,
+//! and an armed thread's stack is walked when it leaves its CPU (the stack it waits in), within a
+//! per-CPU budget of walks a second; [`ARMED_SHORT_WAITS`] short waits in a row after walks
+//! disarm it. The first long wait of a thread after a run of short ones is counted without its
+//! stack (hash 0).
+//!
+//! These maps carry the counts to userspace:
+//! - `OFFCPU_COUNTS_0` / `OFFCPU_COUNTS_1`: [`OffCount`] by [`OffKey`], double-buffered by
+//!   `OFFCPU_GEN` as the CUDA counts are (`crate::cuda`);
+//! - `OFFCPU_STACKS` (LRU, by [`OffKey::hash`]): each walked stack, a [`crate::Record`]
+//!   (header, kernel addresses, user addresses, Python pairs), read by the sampler's parser;
+//! - `OFFCPU_STATS` (per CPU, `[u64; stat::LEN]`): the rate limit's state and what was dropped.
+//! - `OFFCPU_CLOCK`: as `CUDA_CLOCK`, the boot-to-wall offset's fraction of a second.
+
+/// The state a thread left its CPU in (from `prev_state`).
+pub mod state {
+    /// Still runnable: preempted or yielding; it waited for a CPU.
+    pub const RUNNABLE: u32 = 0;
+    /// `TASK_INTERRUPTIBLE`: sleeping until woken (futex, poll, pipe or socket read, nanosleep).
+    pub const SLEEP: u32 = 1;
+    /// `TASK_UNINTERRUPTIBLE` (D state): disk or network file system I/O, or a kernel lock.
+    pub const IO: u32 = 2;
+    pub const COUNT: usize = 3;
+    /// `TASK_INTERRUPTIBLE`.
+    pub const TASK_INTERRUPTIBLE: u64 = 0x1;
+    /// `TASK_UNINTERRUPTIBLE`.
+    pub const TASK_UNINTERRUPTIBLE: u64 = 0x2;
+    /// `TASK_NOLOAD`: with `TASK_UNINTERRUPTIBLE`, `TASK_IDLE`, a kernel thread with nothing to
+    /// do (not a wait anyone waits on): not counted.
+    pub const TASK_NOLOAD: u64 = 0x400;
+
+    /// The state recorded for a `prev_state`; `None` for an idle kernel thread.
+    #[inline(always)]
+    pub fn of(prev_state: u64) -> Option<u32> {
+        if prev_state & TASK_NOLOAD != 0 {
+            None
+        } else if prev_state & TASK_UNINTERRUPTIBLE != 0 {
+            Some(IO)
+        } else if prev_state & TASK_INTERRUPTIBLE != 0 {
+            Some(SLEEP)
+        } else if prev_state & 0xff == 0 {
+            Some(RUNNABLE)
+        } else {
+            // Stopped, traced, dead: not a wait.
+            None
+        }
+    }
+}
+
+/// Slots of `OFFCPU_STATS` (per CPU).
+pub mod stat {
+    /// The second (boot time) the two budgets below count in.
+    pub const SECOND: usize = 0;
+    /// Waits recorded on this CPU in that second (the rate limit's count).
+    pub const RECORDED: usize = 1;
+    /// Stacks walked on this CPU in that second.
+    pub const WALKS: usize = 2;
+    /// Waits at least the threshold long, ever.
+    pub const LONG_WAITS: usize = 3;
+    /// Waits above the rate limit left out by the sampling (their time is in the kept ones').
+    pub const SAMPLED_OUT: usize = 4;
+    /// Armed switch-outs not walked: the walk budget was spent.
+    pub const WALKS_SKIPPED: usize = 5;
+    /// Waits whose count did not fit the counts map.
+    pub const DROPPED: usize = 6;
+    /// Stacks walked, ever.
+    pub const WALKED: usize = 7;
+    /// Switch-outs seen, ever.
+    pub const SWITCHES: usize = 8;
+    /// Armed switch-outs from the place of the thread's last walk: its stack taken unwalked.
+    pub const REUSED: usize = 9;
+    pub const LEN: usize = 10;
+}
+
+/// Per thread, stack, state and second: a thread runs on one CPU at a time, so the kernel adds
+/// to an entry without atomics.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OffKey {
+    pub pid: u32,
+    pub tid: u32,
+    /// One of [`state`].
+    pub state: u32,
+    /// The wall-clock second (less a whole offset, as [`crate::cuda::CudaKey::sec`]) the time
+    /// was spent in: a wait over several seconds is split over them.
+    pub sec: u32,
+    /// Of the stack's words and pid (the key of `OFFCPU_STACKS`); 0: not walked.
+    pub hash: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCount {
+    /// Nanoseconds off CPU, already multiplied by the sampling's weight.
+    pub ns: u64,
+    /// Waits (each counted once, in the second it ended in), weighted too.
+    pub waits: u64,
+}
+
+/// A thread off its CPU, by thread id (`OFFCPU_SINCE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Off {
+    pub start_ns: u64,
+    /// Its stack's hash, once walked (0: not walked).
+    pub hash: u64,
+    pub pid: u32,
+    /// One of [`state`].
+    pub state: u32,
+}
+
+/// An armed thread (`OFFCPU_ARMED`): how many short waits after walks it has left, and where
+/// its last walk started (user instruction and stack pointers) with that walk's stack hash: a
+/// thread leaving its CPU again from the same place (a loop blocking in one call) takes the
+/// hash without a walk, outside the walk budget.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Armed {
+    pub left: u32,
+    pub _pad: u32,
+    pub ip: u64,
+    pub sp: u64,
+    /// 0: no walk finished from `ip`/`sp` yet.
+    pub hash: u64,
+}
+
+/// Waits recorded a second on one CPU before sampling starts; above it one in
+/// [`SAMPLE_EVERY`] is kept, its time multiplied by that.
+pub const RATE_LIMIT: u64 = 1000;
+pub const SAMPLE_EVERY: u64 = 8;
+/// Stacks walked a second on one CPU, at most (armed threads' switch-outs).
+pub const WALK_LIMIT: u64 = 500;
+/// A wait is split over at most this many seconds (its last ones): a thread asleep for an hour
+/// is credited its last [`MAX_SECONDS`] seconds at its wakeup.
+pub const MAX_SECONDS: u32 = 8;
+/// Default threshold: waits shorter than this are not counted.
+pub const DEFAULT_THRESHOLD_NS: u64 = 1_000_000;
+
+/// Threads off CPU tracked at once (LRU: a thread that exits while off takes no entry for long).
+pub const OFFCPU_SINCE_MAX: u32 = 8192;
+/// Short waits after walks, in a row, that disarm a thread (a thread that blocks long now and
+/// then and is preempted in between stays armed).
+pub const ARMED_SHORT_WAITS: u32 = 16;
+/// Threads armed at once (LRU).
+pub const OFFCPU_ARMED_MAX: u32 = 4096;
+/// Distinct stacks kept (LRU, 3.1 KiB each: 0.8 MiB).
+pub const OFFCPU_STACKS_MAX: u32 = 256;
+/// Keys a generation (a drain's interval) holds, each map.
+pub const OFFCPU_COUNTS_MAX: u32 = 2048;
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for OffKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for OffCount {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Off {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Armed {}

@@ -1,0 +1,358 @@
+//! Off-CPU time per stack (`profiler_common::offcpu`): `offcpu_switch`, on `sched_switch`,
+//! notes when the thread leaving the CPU went off and in which state, and credits the thread
+//! coming back on with the time it was off when that is at least the threshold. Its stack is
+//! the one it left in: walked at the switch-out (the kernel's, then the user's with the
+//! sampler's unwinder and Python frames, through tail calls of this program's own type) for
+//! threads a long wait armed, within a per-CPU budget; a walk ends in `OFFCPU_STACKS` and in
+//! the thread's `OFFCPU_SINCE` entry, not in the ring.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack,
+            bpf_ktime_get_boot_ns, bpf_task_pt_regs,
+        },
+    },
+    macros::{map, tracepoint},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    programs::TracePointContext,
+};
+use profiler_common::{
+    MAX_KERNEL_FRAMES, MAX_USER_FRAMES,
+    offcpu::{
+        ARMED_SHORT_WAITS, Armed, MAX_SECONDS, OFFCPU_ARMED_MAX, OFFCPU_COUNTS_MAX, OFFCPU_SINCE_MAX,
+        OFFCPU_STACKS_MAX, Off, OffCount, OffKey, SAMPLE_EVERY, stat, state,
+    },
+    python::MAX_PYTHON_FRAMES,
+    unwind::{FRAMES_PER_RUN_SMALL, SCAN_WORDS_SMALL, State},
+};
+
+use crate::{
+    Record,
+    arch::{self, Regs},
+    python,
+    runq::{SWITCH_NEXT_PID_OFFSET, SWITCH_PREV_STATE_OFFSET, offset},
+    sink::Sink,
+    unwind,
+};
+
+const NS: u64 = 1_000_000_000;
+
+/// Tail-call slots for the walks (tracepoint programs: a program can only tail-call its own
+/// type), the same slot numbers as the sampler's `PROGRAMS`.
+#[map]
+static OFFCPU_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(3, 0);
+
+#[map]
+static OFFCPU_SCRATCH: PerCpuArray<Record> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static OFFCPU_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
+
+/// Threads off their CPU now, by thread id. LRU: a thread that exits while off never takes
+/// its entry out.
+#[map]
+static OFFCPU_SINCE: LruHashMap<u32, Off> = LruHashMap::with_max_entries(OFFCPU_SINCE_MAX, 0);
+
+/// Threads whose switch-outs are walked (a long wait armed them), by thread id: the short
+/// waits after a walk left before they are disarmed.
+#[map]
+static OFFCPU_ARMED: LruHashMap<u32, Armed> = LruHashMap::with_max_entries(OFFCPU_ARMED_MAX, 0);
+
+/// Walked stacks by hash. LRU: userspace keeps what it read, so a stack evicted after its
+/// first drain costs nothing; one evicted before costs its counts' stack (`[stack lost]`).
+#[map]
+static OFFCPU_STACKS: LruHashMap<u64, Record> = LruHashMap::with_max_entries(OFFCPU_STACKS_MAX, 0);
+
+#[map]
+static OFFCPU_COUNTS_0: HashMap<OffKey, OffCount> = HashMap::with_max_entries(OFFCPU_COUNTS_MAX, 0);
+
+#[map]
+static OFFCPU_COUNTS_1: HashMap<OffKey, OffCount> = HashMap::with_max_entries(OFFCPU_COUNTS_MAX, 0);
+
+/// Which counts map is written (its low bit); userspace flips it before a drain.
+#[map]
+static OFFCPU_GEN: Array<u32> = Array::with_max_entries(1, 0);
+
+/// `CLOCK_REALTIME - CLOCK_BOOTTIME` modulo a second (ns), as `CUDA_CLOCK`.
+#[map]
+static OFFCPU_CLOCK: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Settings, written by userspace before the program is attached (`profiler_common::offcpu`
+/// names them): a map rather than globals because the feature loads after the object, and
+/// its threshold is the daemon's flag. Slot 0: threshold (ns; 0 = off), 1: waits recorded a
+/// second per CPU before sampling, 2: walks a second per CPU.
+#[map]
+static OFFCPU_CONFIG: Array<u64> = Array::with_max_entries(4, 0);
+
+#[map]
+static OFFCPU_STATS: PerCpuArray<[u64; stat::LEN]> = PerCpuArray::with_max_entries(1, 0);
+
+/// The walks: built in `OFFCPU_SCRATCH`, ended in `OFFCPU_STACKS`.
+pub(crate) struct Waits;
+
+impl Sink for Waits {
+    #[inline(always)]
+    fn record() -> Option<*mut Record> {
+        OFFCPU_SCRATCH.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn state() -> Option<*mut State> {
+        OFFCPU_STATE.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn tail_call<C: EbpfContext>(ctx: &C, slot: u32) {
+        let _ = unsafe { OFFCPU_PROGRAMS.tail_call(ctx, slot) };
+    }
+    #[inline(always)]
+    fn finish(record: &mut Record, kernel: usize, user: usize) {
+        end(record, kernel, user);
+    }
+}
+
+#[tracepoint]
+pub fn offcpu_switch(ctx: TracePointContext) -> u32 {
+    switch(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn offcpu_unwind(ctx: TracePointContext) -> u32 {
+    unwind::run::<FRAMES_PER_RUN_SMALL, Waits, _>(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn offcpu_scan(ctx: TracePointContext) -> u32 {
+    unwind::scan::<SCAN_WORDS_SMALL, Waits, _>(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn offcpu_python(_ctx: TracePointContext) -> u32 {
+    python::frames::<Waits>();
+    0
+}
+
+#[inline(always)]
+fn config(slot: u32) -> u64 {
+    OFFCPU_CONFIG.get(slot).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+fn switch(ctx: &TracePointContext) {
+    let threshold = config(0);
+    if threshold == 0 {
+        return;
+    }
+    let Some(stats) = OFFCPU_STATS.get_ptr_mut(0) else { return };
+    // Per-CPU value, and sched_switch does not nest on a CPU: plain adds.
+    let stats = unsafe { &mut *stats };
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let second = now / NS;
+    if stats[stat::SECOND] != second {
+        stats[stat::SECOND] = second;
+        stats[stat::RECORDED] = 0;
+        stats[stat::WALKS] = 0;
+    }
+    stats[stat::SWITCHES] += 1;
+    // The thread coming on first: the walk of the one leaving ends in tail calls.
+    let next = unsafe { ctx.read_at::<i32>(offset(&SWITCH_NEXT_PID_OFFSET)) }.unwrap_or(0);
+    if next > 0 {
+        let next = next as u32;
+        if let Some(off) = unsafe { OFFCPU_SINCE.get(&next) }.copied() {
+            let _ = OFFCPU_SINCE.remove(&next);
+            came_back(next, &off, now, threshold, stats);
+        }
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if tid == 0 {
+        return;
+    }
+    let prev_state = unsafe { ctx.read_at::<i64>(offset(&SWITCH_PREV_STATE_OFFSET)) }.unwrap_or(0) as u64;
+    let Some(st) = state::of(prev_state) else { return };
+    let off = Off { start_ns: now, hash: 0, pid, state: st };
+    let _ = OFFCPU_SINCE.insert(&tid, &off, 0);
+    let Some(armed) = OFFCPU_ARMED.get_ptr_mut(&tid) else { return };
+    // Where it left user code (the registers saved at kernel entry).
+    let task = unsafe { bpf_get_current_task_btf() };
+    let regs = unsafe { bpf_task_pt_regs(task) } as *const Regs;
+    let Ok(regs) = (unsafe { bpf_probe_read_kernel(regs) }) else { return };
+    let f = arch::frame(&regs);
+    let armed = unsafe { &mut *armed };
+    if armed.hash != 0 && armed.ip == f.ip && armed.sp == f.sp && unsafe { OFFCPU_STACKS.get(&armed.hash) }.is_some() {
+        // From where its last walk started: the same stack, unwalked.
+        stats[stat::REUSED] += 1;
+        if let Some(o) = OFFCPU_SINCE.get_ptr_mut(&tid) {
+            unsafe { (*o).hash = armed.hash };
+        }
+        return;
+    }
+    if stats[stat::WALKS] >= config(2) {
+        stats[stat::WALKS_SKIPPED] += 1;
+        return;
+    }
+    stats[stat::WALKS] += 1;
+    stats[stat::WALKED] += 1;
+    (armed.ip, armed.sp, armed.hash) = (f.ip, f.sp, 0);
+    walk(ctx, pid, tid, now, &regs);
+}
+
+/// Thread `tid` is back on a CPU after being off since `off.start_ns`.
+#[inline(always)]
+fn came_back(tid: u32, off: &Off, now: u64, threshold: u64, stats: &mut [u64; stat::LEN]) {
+    let waited = now.saturating_sub(off.start_ns);
+    if waited < threshold {
+        if off.hash != 0
+            && let Some(a) = OFFCPU_ARMED.get_ptr_mut(&tid)
+        {
+            // Walked for a short wait: after ARMED_SHORT_WAITS of them in a row its
+            // switch-outs are not walked until a long wait again.
+            unsafe {
+                if (*a).left <= 1 {
+                    let _ = OFFCPU_ARMED.remove(&tid);
+                } else {
+                    (*a).left -= 1;
+                }
+            }
+        }
+        return;
+    }
+    stats[stat::LONG_WAITS] += 1;
+    match OFFCPU_ARMED.get_ptr_mut(&tid) {
+        Some(a) => unsafe { (*a).left = ARMED_SHORT_WAITS },
+        None => {
+            let _ = OFFCPU_ARMED.insert(&tid, &Armed { left: ARMED_SHORT_WAITS, ..Armed::default() }, 0);
+        }
+    }
+    // The rate limit: past it, one wait in SAMPLE_EVERY is kept and weighs that many.
+    let recorded = stats[stat::RECORDED];
+    stats[stat::RECORDED] = recorded + 1;
+    let limit = config(1);
+    let weight = if recorded < limit {
+        1
+    } else if (recorded - limit) % SAMPLE_EVERY == 0 {
+        SAMPLE_EVERY
+    } else {
+        stats[stat::SAMPLED_OUT] += 1;
+        return;
+    };
+    // Split over the wall-clock seconds it covered, the last MAX_SECONDS of them.
+    let frac = OFFCPU_CLOCK.get(0).copied().unwrap_or(0);
+    let start = off.start_ns.wrapping_add(frac);
+    let mut to = now.wrapping_add(frac);
+    let map = if OFFCPU_GEN.get(0).copied().unwrap_or(0) & 1 == 1 { &OFFCPU_COUNTS_1 } else { &OFFCPU_COUNTS_0 };
+    for i in 0..MAX_SECONDS {
+        if to <= start {
+            break;
+        }
+        let sec = (to - 1) / NS;
+        let from = if sec * NS > start { sec * NS } else { start };
+        let key = OffKey { pid: off.pid, tid, state: off.state, sec: sec as u32, hash: off.hash };
+        let ns = (to - from) * weight;
+        let waits = if i == 0 { weight } else { 0 };
+        match map.get_ptr_mut(&key) {
+            // One thread is on one CPU at a time and the key holds the thread: no atomics.
+            Some(v) => unsafe {
+                (*v).ns += ns;
+                (*v).waits += waits;
+            },
+            None => {
+                if map.insert(&key, &OffCount { ns, waits }, 0).is_err() {
+                    stats[stat::DROPPED] += 1;
+                }
+            }
+        }
+        to = from;
+    }
+}
+
+/// Walks the stack of the thread leaving the CPU (current): the kernel's, then the user's.
+#[inline(always)]
+fn walk(ctx: &TracePointContext, pid: u32, tid: u32, now: u64, regs: &Regs) {
+    let Some(record) = OFFCPU_SCRATCH.get_ptr_mut(0) else { return };
+    let record = unsafe { &mut *record };
+    let header = &mut record.header;
+    header.ts_ns = now;
+    header.cpu = unsafe { bpf_get_smp_processor_id() };
+    header.pid = pid;
+    header.tid = tid;
+    header.flags = 0;
+    header.kernel_frames = 0;
+    header.user_frames = 0;
+    header.python_frames = 0;
+    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    header.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    let frames = record.frames.as_mut_ptr();
+    let ret = unsafe { bpf_get_stack(ctx.as_ptr(), frames.cast::<c_void>(), (MAX_KERNEL_FRAMES * 8) as u32, 0) };
+    let kernel = if ret < 0 { 0 } else { (ret as usize / 8).min(MAX_KERNEL_FRAMES) };
+    record.header.kernel_frames = kernel as u16;
+    if unwind::has_tables(pid) {
+        // Does not return if the table walk took over.
+        unwind::start_at::<Waits, _>(ctx, record, kernel, regs);
+    }
+    let frames = record.frames.as_mut_ptr();
+    let ret = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            frames.add(kernel).cast::<c_void>(),
+            (MAX_USER_FRAMES * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    let user = if ret < 0 { 0 } else { (ret as usize / 8).min(MAX_USER_FRAMES) };
+    record.header.user_frames = user as u16;
+    python::start::<Waits, _>(ctx, pid);
+    end(record, kernel, user);
+}
+
+/// The walk is done: the stack into `OFFCPU_STACKS` (once), its hash into the thread's entry.
+#[inline(always)]
+fn end(record: &mut Record, kernel: usize, user: usize) {
+    let python = (record.header.python_frames as usize).min(MAX_PYTHON_FRAMES);
+    let n = kernel.min(MAX_KERNEL_FRAMES) + user.min(MAX_USER_FRAMES) + 2 * python;
+    let (pid, tid) = (record.header.pid, record.header.tid);
+    // Seeded with the process, not the thread: a pool's threads share their stacks' entries
+    // (the counts keep the thread).
+    let mut h = offcpu_hash(record, pid as u64, kernel as u64, n as u64);
+    if h == 0 {
+        h = 1;
+    }
+    if unsafe { OFFCPU_STACKS.get(&h) }.is_none() {
+        let _ = OFFCPU_STACKS.insert(&h, &*record, 0);
+    }
+    if let Some(off) = OFFCPU_SINCE.get_ptr_mut(&tid) {
+        unsafe { (*off).hash = h };
+    }
+    if let Some(a) = OFFCPU_ARMED.get_ptr_mut(&tid) {
+        unsafe { (*a).hash = h };
+    }
+}
+
+/// FNV-1a over the stack's first `n` words, seeded with the thread and the kernel frames'
+/// count (as the CUDA counts' stacks). A global function: the verifier checks the loop once,
+/// not at every walk's end (inlined into the Python reader's, it passed the million
+/// instructions).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn offcpu_hash(record: *const Record, thread: u64, kernel: u64, n: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ thread;
+    h = (h ^ kernel).wrapping_mul(0x0000_0100_0000_01b3);
+    if record.is_null() {
+        return h;
+    }
+    let frames = unsafe { &(*record).frames };
+    for (i, w) in frames.iter().enumerate() {
+        if i as u64 >= n {
+            break;
+        }
+        h = (h ^ *w).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}

@@ -1,0 +1,257 @@
+//! Off-CPU time (issue 42): where threads wait, by stack, on the same time axis as the CPU
+//! samples. The kernel side (`collect::offcpu`, `profiler-ebpf/src/offcpu.rs`) counts, per
+//! thread, stack, state and second, the time threads stayed off their CPU for at least the
+//! threshold; once a drain (every [`DRAIN_EVERY`]) the counts become weighted rows of their own
+//! store (`SampleKind::OffCpu`, microseconds), each stack under a root frame naming the state
+//! (`[off-cpu: io]`), which is what `--state` filters on. The drained counts also feed the
+//! `io-stall` detector (`detect::iostall`).
+
+mod drain;
+
+use std::{
+    collections::HashMap,
+    num::NonZeroUsize,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use lru::LruCache;
+use profiler_common::offcpu::state;
+
+use crate::{
+    collect::{Collector, offcpu::Settings},
+    detect::Changes,
+    model::{Sample, Stack},
+    store::StoreWriter,
+};
+
+pub use profiler_common::offcpu::DEFAULT_THRESHOLD_NS;
+
+/// How often the counts are drained (as the CUDA counts: under a second, so that a tick a
+/// millisecond early does not make it two).
+pub const DRAIN_EVERY: Duration = Duration::from_millis(900);
+/// How often the totals are logged.
+const REPORT_EVERY: Duration = Duration::from_secs(5);
+/// Stacks kept symbolized by hash (the kernel's map holds 256).
+const STACKS_KEPT: usize = 1024;
+/// Rows held while the store cannot be written (three drains of full maps).
+const ROWS_HELD: usize = 3 * profiler_common::offcpu::OFFCPU_COUNTS_MAX as usize;
+
+/// A state to filter on (`--state`), named as the stacks' root frames name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffState {
+    /// Runnable: preempted, waiting for a CPU.
+    Runnable,
+    /// Interruptible sleep: futex, poll/epoll, pipe or socket read, nanosleep.
+    Sleep,
+    /// Uninterruptible (D state): disk or network file system I/O, or a kernel lock.
+    Io,
+}
+
+impl OffState {
+    pub const ALL: [OffState; 3] = [Self::Runnable, Self::Sleep, Self::Io];
+
+    pub fn of(s: u32) -> Option<Self> {
+        match s {
+            state::RUNNABLE => Some(Self::Runnable),
+            state::SLEEP => Some(Self::Sleep),
+            state::IO => Some(Self::Io),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Runnable => "runnable",
+            Self::Sleep => "sleep",
+            Self::Io => "io",
+        }
+    }
+
+    /// The root frame of its stacks: `[off-cpu: io]`.
+    pub fn frame(self) -> &'static str {
+        match self {
+            Self::Runnable => "[off-cpu: runnable]",
+            Self::Sleep => "[off-cpu: sleep]",
+            Self::Io => "[off-cpu: io]",
+        }
+    }
+}
+
+impl std::str::FromStr for OffState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|k| k.name()).collect();
+            format!("state '{s}' is not one of {}", names.join(", "))
+        })
+    }
+}
+
+/// Kernel functions that only say a thread went to sleep, not on what: the wait is named by
+/// the first frame under them (`pipe_read`, `futex_wait`, `ext4_file_read_iter`).
+const SCHEDULING: [&str; 14] = [
+    "__schedule",
+    "schedule",
+    "schedule_preempt_disabled",
+    "schedule_timeout",
+    "schedule_hrtimeout_range",
+    "schedule_hrtimeout_range_clock",
+    "io_schedule",
+    "io_schedule_timeout",
+    "__traceiter_sched_switch",
+    "preempt_schedule",
+    "preempt_schedule_common",
+    "preempt_schedule_irq",
+    "do_nanosleep",
+    "bit_wait_io",
+];
+
+/// The kernel function a stack waits in: its leaf-most kernel frame that is not the scheduler.
+pub fn waits_in(stack: &Stack) -> Option<Arc<str>> {
+    stack
+        .kernel()
+        .iter()
+        .rev()
+        .map(|f| (f, f.trim_end_matches("_[k]")))
+        .find(|(_, name)| !SCHEDULING.contains(name) && !name.starts_with("__schedule") && !name.starts_with("bpf_"))
+        .map(|(f, _)| f.clone())
+}
+
+/// The file system or device a kernel stack waits on, when its functions' names say
+/// (`ext4_file_read_iter` -> ext4), leaf first.
+pub fn fs_of(stack: &Stack) -> Option<&'static str> {
+    const NAMED: [(&str, &str); 12] = [
+        ("fuse_", "fuse"),
+        ("nfs", "nfs"),
+        ("ext4_", "ext4"),
+        ("xfs_", "xfs"),
+        ("btrfs_", "btrfs"),
+        ("ceph_", "ceph"),
+        ("cifs_", "cifs"),
+        ("ovl_", "overlayfs"),
+        ("nvme_", "nvme"),
+        ("blk_", "block device"),
+        ("scsi_", "scsi"),
+        ("p9_", "9p"),
+    ];
+    stack.kernel().iter().rev().find_map(|f| NAMED.iter().find(|(p, _)| f.starts_with(p)).map(|(_, n)| *n))
+}
+
+/// What `profiler status` and /metrics say of the off-CPU counts.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Status {
+    pub threshold_ns: u64,
+    /// Microseconds recorded (weighted), waits recorded.
+    pub recorded_us: u64,
+    pub recorded_waits: u64,
+    /// The kernel's totals (`collect::offcpu::Totals`).
+    pub switches: u64,
+    pub long_waits: u64,
+    pub sampled_out: u64,
+    pub walked: u64,
+    pub walks_skipped: u64,
+    pub dropped: u64,
+    /// Armed switch-outs that took their last walk's stack (same place), unwalked.
+    pub reused: u64,
+    /// Counts whose stack was not walked (a thread's first long wait) or was evicted.
+    pub without_stack: u64,
+}
+
+pub struct Recorder {
+    data_dir: PathBuf,
+    settings: Settings,
+    writer: Option<StoreWriter>,
+    stacks: LruCache<u64, Sample>,
+    marked: LruCache<(u64, u32), Arc<Stack>>,
+    /// Whether a pid is a user process (kernel threads' waits are left out), by pid.
+    user_process: HashMap<u32, bool>,
+    last_drain: Instant,
+    last_report: Instant,
+    started: bool,
+    own_pid: u32,
+    pub status: Status,
+}
+
+impl Recorder {
+    pub fn new(data_dir: &Path, settings: Settings) -> Self {
+        let kept = NonZeroUsize::new(STACKS_KEPT).expect("non-zero");
+        Self {
+            data_dir: data_dir.to_path_buf(),
+            settings,
+            writer: None,
+            stacks: LruCache::new(kept),
+            marked: LruCache::new(kept),
+            user_process: HashMap::new(),
+            last_drain: Instant::now(),
+            last_report: Instant::now(),
+            started: false,
+            own_pid: std::process::id(),
+            status: Status { threshold_ns: settings.threshold_ns, ..Default::default() },
+        }
+    }
+
+    /// Once a stage tick: starts the program (first call), drains its counts once a
+    /// [`DRAIN_EVERY`] into the store and the detector.
+    pub fn tick(
+        &mut self,
+        collector: &mut Collector,
+        pipeline: &mut crate::pipeline::Pipeline,
+        now_ns: u64,
+    ) -> Changes {
+        if !self.started {
+            self.started = true;
+            if let Err(e) = collector.offcpu_start(self.settings, pipeline.offset()) {
+                tracing::warn!(error = %e, "off-CPU time will not be recorded");
+            }
+        }
+        if self.last_drain.elapsed() < DRAIN_EVERY {
+            return Changes::default();
+        }
+        self.last_drain = Instant::now();
+        if self.user_process.len() > 65_536 {
+            self.user_process.clear();
+        }
+        let changes = self.drain(collector, pipeline, now_ns);
+        if let Some(t) = collector.offcpu_totals() {
+            let s = &mut self.status;
+            (s.switches, s.long_waits, s.sampled_out, s.walked, s.walks_skipped, s.dropped, s.reused) =
+                (t.switches, t.long_waits, t.sampled_out, t.walked, t.walks_skipped, t.dropped, t.reused);
+        }
+        if self.last_report.elapsed() >= REPORT_EVERY {
+            self.last_report = Instant::now();
+            let s = &self.status;
+            tracing::info!(
+                switches = s.switches,
+                long_waits = s.long_waits,
+                recorded_waits = s.recorded_waits,
+                recorded_ms = s.recorded_us / 1_000,
+                sampled_out = s.sampled_out,
+                walked = s.walked,
+                walks_skipped = s.walks_skipped,
+                reused = s.reused,
+                dropped = s.dropped,
+                without_stack = s.without_stack,
+                "off-CPU counts so far"
+            );
+        }
+        changes
+    }
+
+    fn writer(&mut self) -> Option<&mut StoreWriter> {
+        if self.writer.is_none() {
+            let dir = crate::model::SampleKind::OffCpu.store_dir(&self.data_dir);
+            let segments = crate::store::segments_dir(&dir);
+            if let Err(e) = crate::store::files::prepare_private_dir(&dir)
+                .and_then(|()| crate::store::files::prepare_private_dir(&segments))
+            {
+                tracing::warn!(error = %e, "cannot create the off-CPU store");
+                return None;
+            }
+            let limits = crate::store::writer::WriterLimits { max_pending: ROWS_HELD, ..Default::default() };
+            self.writer = Some(StoreWriter::with_limits(&segments, limits));
+        }
+        self.writer.as_mut()
+    }
+}
