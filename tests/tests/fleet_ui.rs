@@ -135,6 +135,7 @@ fn the_page_reads_any_node_from_clickhouse() {
     assert_eq!(code, 403, "{body}");
     assert_eq!(get(&base, "/metrics", None).0, 404);
 
+    fleet_page_cells(&ch, &base, token, a, b);
     page_switches_nodes(&base, &token_text, &from, &to);
 
     // Stopped, it leaves none of its copies behind.
@@ -145,6 +146,47 @@ fn the_page_reads_any_node_from_clickhouse() {
     let left: Vec<_> = copies().difference(&before).cloned().collect();
     assert!(left.is_empty(), "copies left behind: {left:?}");
     eprintln!("2 nodes served from ClickHouse; flamegraphs equal to each node's store");
+}
+
+/// The fleet page over what the real daemons shipped (issue 39, part 4): `/` without a node is
+/// the fleet page (with one, the node's), and each cell of `/api/fleet` is the busiest CPU's
+/// share that the raw `cpu_seconds` rows give for that node and second.
+fn fleet_page_cells(ch: &ClickHouse, base: &str, token: Option<&str>, a: u64, b: u64) {
+    assert!(get(base, "/", None).1.contains("window.fleetUI"), "/ is the fleet page");
+    assert!(get(base, "/?node=node-a", None).1.contains("window.profilerUI"), "a node's address is its page");
+    let (code, body) = get(base, &format!("/api/fleet?from={a}&to={b}"), token);
+    assert_eq!(code, 200, "{body}");
+    let board: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let raw = ch
+        .query(&format!(
+            "SELECT node, intDiv(ts - {}, {SEC}) AS col, cpu, sum(b), sum(i) FROM (SELECT node, ts, cpu, max(busy) AS b, \
+             max(idle) AS i FROM profiler.cpu_seconds WHERE ts >= {} AND ts < {} GROUP BY node, ts, cpu) \
+             GROUP BY node, col, cpu FORMAT TSV",
+            a * SEC,
+            a * SEC,
+            b * SEC
+        ))
+        .unwrap();
+    let mut want: std::collections::BTreeMap<(String, usize), f64> = Default::default();
+    for line in raw.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        let (busy, idle): (f64, f64) = (f[3].parse().unwrap(), f[4].parse().unwrap());
+        let peak = want.entry((f[0].to_string(), f[1].parse().unwrap())).or_insert(0.0);
+        if busy + idle > 0.0 {
+            *peak = peak.max(busy / (busy + idle));
+        }
+    }
+    let rows = board["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{board}");
+    for row in rows {
+        let node = row["label"].as_str().unwrap();
+        for (col, v) in row["values"].as_array().unwrap().iter().enumerate() {
+            let w = want.get(&(node.to_string(), col));
+            assert_eq!(v.as_f64().map(|v| (v * 1e9).round()), w.map(|w| (w * 1e9).round()), "{node} column {col}");
+        }
+        // The busy loop holds CPU 1 of both nodes.
+        assert!(row["score"].as_f64().unwrap() > 0.9, "{row}");
+    }
 }
 
 /// In Chromium: the node field lists both nodes, the address picks node-b, and typing node-a
