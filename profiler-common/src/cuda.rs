@@ -13,7 +13,13 @@
 //!   stack follows its count into the generation it returns in);
 //! - `CUDA_OWNERS`: each user's share of the counts and stacks of a generation ([`OwnerUse`]);
 //! - `CUDA_CLOCK` (one `u64`, written by userspace): `CLOCK_REALTIME - CLOCK_BOOTTIME` modulo a
-//!   second, so that [`CudaKey::sec`] falls on wall-clock seconds.
+//!   second, so that [`CudaKey::sec`] falls on wall-clock seconds;
+//! - `CUDA_LOOKUPS` (LRU, by [`LookupKey`]): what the driver's and the runtime's look-ups named
+//!   (a [`Lookup`]: a kernel's name, the handle it came from, or a host stub), read and emptied
+//!   by userspace each drain into its per-process tables;
+//! - `CUDA_RUNTIME` (LRU, by thread id): the host stub a runtime launch (`cudaLaunchKernel`)
+//!   is passing to the driver, consumed by the driver's launch probe within that call, so the
+//!   launch is counted once, under the stub.
 
 use crate::COMM_LEN;
 
@@ -43,6 +49,10 @@ pub mod cookie {
     pub const BYTES_2D: u64 = 2;
     /// No byte count is read.
     pub const BYTES_NONE: u64 = 0;
+    /// A launch: the argument numbered `arg` is the kernel's handle (`CUfunction`).
+    pub const FUNC_ARG: u64 = 3;
+    /// A graph launch: no kernel named (`cuGraphLaunch`).
+    pub const GRAPH: u64 = 4;
     /// `CUDA_MEMCPY2D::WidthInBytes` and `Height` (cuda.h: eight 8-byte fields per side, with
     /// the memory type padded to 8, then width and height).
     pub const MEMCPY2D_WIDTH: u64 = 112;
@@ -97,7 +107,96 @@ pub struct CudaKey {
     pub sec: u32,
     /// Of the stack's words, pid and tid (the key of `CUDA_STACKS_*`).
     pub hash: u64,
+    /// A launch's kernel: its handle or host stub with where it came from in the top byte
+    /// ([`func`]); 0 for other kinds. Bounded like the key itself (the owner's share of keys).
+    pub func: u64,
 }
+
+/// [`CudaKey::func`]: the top byte says what the rest is.
+pub mod func {
+    /// The driver's handle (`CUfunction`, `CUkernel`) the launch passed.
+    pub const HANDLE: u64 = 1 << 56;
+    /// The host stub (or CUDA 13's `cudaKernel_t`) the runtime's launch passed.
+    pub const STUB: u64 = 2 << 56;
+    /// A graph launch.
+    pub const GRAPH: u64 = 3 << 56;
+    pub const ADDR: u64 = (1 << 56) - 1;
+    pub const fn tag(f: u64) -> u64 {
+        f & !ADDR
+    }
+    pub const fn addr(f: u64) -> u64 {
+        f & ADDR
+    }
+}
+
+/// What a look-up probe remembers, by process and the handle it returned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LookupKey {
+    pub pid: u32,
+    pub _pad: u32,
+    pub handle: u64,
+}
+
+/// What the look-up calls are (the low byte of their attach cookie, beside [`kind`]'s).
+pub mod lookup {
+    /// `cuModuleGetFunction(&f, mod, name)`, `cuLibraryGetKernel(&k, lib, name)`: a name.
+    pub const NAMED: u32 = 8;
+    /// `cuKernelGetFunction(&f, k)`: `f` is `k`'s kernel.
+    pub const ALIAS: u32 = 9;
+    /// `__cudaGetKernel(&k, stub)`: `k` launches `stub`'s kernel.
+    pub const STUB: u32 = 10;
+    /// `cudaLaunchKernel(stub, ...)` and its forms: not counted here, passed to the driver's
+    /// launch probe.
+    pub const RUNTIME_LAUNCH: u32 = 11;
+}
+
+/// Bytes of a kernel's name kept (mangled; longer ones are cut and said so by userspace).
+pub const LOOKUP_NAME_MAX: usize = 512;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Lookup {
+    /// One of [`lookup`].
+    pub what: u32,
+    /// Bytes of `name` read (with its NUL), 0 when none.
+    pub len: u32,
+    /// [`lookup::ALIAS`]: the kernel handle; [`lookup::STUB`]: the stub.
+    pub target: u64,
+    pub name: [u8; LOOKUP_NAME_MAX],
+}
+
+/// A look-up call in progress (`CUDA_LOOKING`, by thread): its arguments, read at its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Looking {
+    pub what: u32,
+    pub _pad: u32,
+    /// Where the handle is written.
+    pub out: u64,
+    /// The name's address, or the handle / stub passed in.
+    pub arg: u64,
+}
+
+/// A runtime launch passing to the driver (`CUDA_RUNTIME`, by thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RuntimeLaunch {
+    pub stub: u64,
+    /// The stack pointer at the runtime's entry: the driver's probe takes the stub only from
+    /// deeper in the same call.
+    pub sp: u64,
+    /// The runtime's return address (on x86_64 at `sp`): while the call lasts it stays there.
+    pub ra: u64,
+    pub ts_ns: u64,
+}
+
+/// Look-ups remembered in the kernel between drains (an LRU: 2.2 MiB at most).
+pub const CUDA_LOOKUPS_MAX: u32 = 4096;
+/// A runtime launch's stub is taken by a driver launch within this long (the same call). Long:
+/// a process's first launch of a kernel loads its module in between (lazy loading, a JIT), and
+/// the first call on a loaded machine took more than 5 ms here; the stack checks do the rest.
+pub const RUNTIME_WITHIN_NS: u64 = 1_000_000_000;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -170,3 +269,7 @@ unsafe impl aya::Pod for Pending {}
 unsafe impl aya::Pod for OwnerKey {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for OwnerUse {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for LookupKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Lookup {}

@@ -4,13 +4,20 @@
 //! synchronisations' returns. The calling thread's stack is walked by the sampler's unwinder
 //! (tables, frame pointers, Python frames) into a scratch record of its own; the walk's end
 //! adds to per-stack counters instead of sending a record.
+//!
+//! A launch is counted with its kernel (`CudaKey::func`): the handle the driver's launch passed,
+//! or the host stub the runtime's `cudaLaunchKernel` passed on its way to the driver
+//! (`cuda_lookup` at the runtime's entry leaves it in `CUDA_RUNTIME` for the thread's driver
+//! launch within the call). `cuda_lookup` and `cuda_lookup_return` on the look-up calls
+//! (`cuModuleGetFunction`, `cuLibraryGetKernel`, `cuKernelGetFunction`, `__cudaGetKernel`)
+//! remember what each handle is, for userspace to name the launches.
 
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_probe_read_kernel_buf,
-        bpf_probe_read_user,
+        bpf_probe_read_user, bpf_probe_read_user_str_bytes,
         generated::{
             bpf_get_attach_cookie, bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_get_stack,
             bpf_ktime_get_boot_ns,
@@ -23,8 +30,9 @@ use aya_ebpf::{
 use profiler_common::{
     FLAG_USER_MODE, MAX_USER_FRAMES, RECORD_WORDS, counter,
     cuda::{
-        CUDA_COUNTS_MAX, CUDA_GATE_MAX, CUDA_OWNERS_MAX, CUDA_PENDING_MAX, CUDA_STACKS_MAX, CudaCount, CudaKey,
-        OWNER_KEYS_MAX, OWNER_STACKS_MAX, OwnerKey, OwnerUse, Pending, cookie, kind,
+        CUDA_COUNTS_MAX, CUDA_GATE_MAX, CUDA_LOOKUPS_MAX, CUDA_OWNERS_MAX, CUDA_PENDING_MAX, CUDA_STACKS_MAX,
+        CudaCount, CudaKey, Looking, Lookup, LookupKey, OWNER_KEYS_MAX, OWNER_STACKS_MAX, OwnerKey, OwnerUse, Pending,
+        RUNTIME_WITHIN_NS, RuntimeLaunch, cookie, func, kind, lookup,
     },
     python::MAX_PYTHON_FRAMES,
     unwind::{FRAMES_PER_RUN_SMALL, State},
@@ -60,6 +68,8 @@ struct Call {
     kind: u32,
     _pad: u32,
     bytes: u64,
+    /// A launch's kernel (`CudaKey::func`).
+    func: u64,
 }
 
 #[map]
@@ -102,6 +112,22 @@ static CUDA_OWNERS: HashMap<OwnerKey, OwnerUse> = HashMap::with_max_entries(CUDA
 /// process's flood turns no other process's counts into estimates.
 #[map]
 static CUDA_GATE: HashMap<u32, u32> = HashMap::with_max_entries(CUDA_GATE_MAX, 0);
+
+/// What the look-ups named, by process and handle (userspace reads and empties it each drain).
+#[map]
+static CUDA_LOOKUPS: LruHashMap<LookupKey, Lookup> = LruHashMap::with_max_entries(CUDA_LOOKUPS_MAX, 0);
+
+/// Look-up calls in progress, by thread: their arguments, read at the return.
+#[map]
+static CUDA_LOOKING: LruHashMap<u32, Looking> = LruHashMap::with_max_entries(CUDA_PENDING_MAX, 0);
+
+/// A runtime launch on its way to the driver, by thread.
+#[map]
+static CUDA_RUNTIME: LruHashMap<u32, RuntimeLaunch> = LruHashMap::with_max_entries(CUDA_PENDING_MAX, 0);
+
+/// A look-up's entry, built off the 512-byte BPF stack.
+#[map]
+static CUDA_LOOKUP_SCRATCH: PerCpuArray<Lookup> = PerCpuArray::with_max_entries(1, 0);
 
 /// The probes' walks: built in `CUDA_SCRATCH`, ended in the counters.
 pub(crate) struct Probes;
@@ -149,6 +175,73 @@ pub fn cuda_python(_ctx: ProbeContext) -> u32 {
     0
 }
 
+/// A look-up's entry (its arguments kept for the return) or a runtime launch's (its stub kept
+/// for the driver's launch probe): no stack walk, no count.
+#[uprobe]
+pub fn cuda_lookup(ctx: ProbeContext) -> u32 {
+    let c = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if unsafe { CUDA_GATE.get(&pid) }.is_some() {
+        return 0;
+    }
+    let Some(slot) = CUDA_REGS.get_ptr_mut(0) else { return 0 };
+    let buf = unsafe { core::slice::from_raw_parts_mut(slot.cast::<u8>(), core::mem::size_of::<Regs>()) };
+    if unsafe { bpf_probe_read_kernel_buf(ctx.regs as *const u8, buf) }.is_err() {
+        return 0;
+    }
+    let regs = unsafe { &*slot };
+    let what = cookie::kind(c);
+    if what == lookup::RUNTIME_LAUNCH {
+        let r = RuntimeLaunch {
+            stub: arch::arg(regs, cookie::arg(c) as usize),
+            sp: arch::frame(regs).sp,
+            ra: arch::return_address(regs).unwrap_or(0),
+            ts_ns: unsafe { bpf_ktime_get_boot_ns() },
+        };
+        let _ = CUDA_RUNTIME.insert(&tid, &r, 0);
+        return 0;
+    }
+    let l = Looking { what, _pad: 0, out: arch::arg(regs, 0), arg: arch::arg(regs, cookie::arg(c) as usize) };
+    let _ = CUDA_LOOKING.insert(&tid, &l, 0);
+    0
+}
+
+/// A look-up returned: what the handle it wrote is goes into `CUDA_LOOKUPS`.
+#[uretprobe]
+pub fn cuda_lookup_return(ctx: RetProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let Some(l) = (unsafe { CUDA_LOOKING.get(&tid) }).copied() else { return 0 };
+    let _ = CUDA_LOOKING.remove(&tid);
+    // CUresult / cudaError_t: 0 is success; the handle is not written otherwise.
+    if ctx.ret::<u64>() as u32 != 0 || l.out == 0 {
+        return 0;
+    }
+    let Ok(handle) = (unsafe { bpf_probe_read_user(l.out as *const u64) }) else { return 0 };
+    if handle == 0 {
+        return 0;
+    }
+    let Some(e) = CUDA_LOOKUP_SCRATCH.get_ptr_mut(0) else { return 0 };
+    let e = unsafe { &mut *e };
+    e.what = l.what;
+    e.len = 0;
+    e.target = 0;
+    if l.what == lookup::NAMED {
+        // Bounded: a longer name is cut (userspace says so rather than guess the rest).
+        if let Ok(name) = unsafe { bpf_probe_read_user_str_bytes(l.arg as *const u8, &mut e.name) } {
+            e.len = name.len() as u32 + 1;
+        }
+        if e.len == 0 {
+            return 0;
+        }
+    } else {
+        e.target = l.arg;
+    }
+    let _ = CUDA_LOOKUPS.insert(&LookupKey { pid, _pad: 0, handle }, &*e, 0);
+    0
+}
+
 #[uretprobe]
 pub fn cuda_return(_ctx: RetProbeContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
@@ -164,7 +257,7 @@ pub fn cuda_return(_ctx: RetProbeContext) -> u32 {
     {
         let _ = stacks(generation).insert(&p.hash, unsafe { &*record }, 0);
     }
-    let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, sec: second(now), hash: p.hash };
+    let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, sec: second(now), hash: p.hash, func: 0 };
     add(&key, 0, now.saturating_sub(p.start_ns));
     0
 }
@@ -212,8 +305,13 @@ fn enter(ctx: &ProbeContext) {
         },
         _ => 0,
     };
+    let f = match cookie::how(c) {
+        cookie::GRAPH => func::GRAPH,
+        cookie::FUNC_ARG => kernel(tid, arch::arg(regs, arg), arch::frame(regs).sp, now),
+        _ => 0,
+    };
     let (Some(call), Some(record)) = (CUDA_CALL.get_ptr_mut(0), CUDA_SCRATCH.get_ptr_mut(0)) else { return };
-    unsafe { *call = Call { kind: k, _pad: 0, bytes } };
+    unsafe { *call = Call { kind: k, _pad: 0, bytes, func: f } };
     let record = unsafe { &mut *record };
     let header = &mut record.header;
     header.ts_ns = now;
@@ -242,6 +340,37 @@ fn enter(ctx: &ProbeContext) {
     record.header.user_frames = user as u16;
     python::start::<Probes, _>(ctx, pid);
     end(record, user);
+}
+
+/// A driver launch's kernel: the stub of the runtime launch this thread is in, when the driver
+/// was called from within it (deeper on the stack, its return address still in place, within
+/// `RUNTIME_WITHIN_NS`), else the handle passed. The runtime's entry is taken either way: a
+/// stale one (a runtime launch that failed before reaching the driver) names no later launch.
+#[inline(always)]
+fn kernel(tid: u32, handle: u64, sp: u64, now: u64) -> u64 {
+    if let Some(r) = unsafe { CUDA_RUNTIME.get(&tid) }.copied() {
+        let _ = CUDA_RUNTIME.remove(&tid);
+        if sp < r.sp && now.wrapping_sub(r.ts_ns) < RUNTIME_WITHIN_NS && in_call(&r) {
+            return func::STUB | (r.stub & func::ADDR);
+        }
+    }
+    func::HANDLE | (handle & func::ADDR)
+}
+
+/// Whether the runtime's call is still on the stack: its return address still where its
+/// entry found it (x86_64: at the entry's stack pointer; arm64 keeps it in a register, so only
+/// the other checks apply there).
+#[inline(always)]
+fn in_call(r: &RuntimeLaunch) -> bool {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        unsafe { bpf_probe_read_user(r.sp as *const u64) }.is_ok_and(|ra| ra == r.ra)
+    }
+    #[cfg(not(bpf_target_arch = "x86_64"))]
+    {
+        let _ = r;
+        true
+    }
 }
 
 /// Whether the probed function was called from its own library's code: at the entry the
@@ -305,7 +434,7 @@ fn end(record: &mut Record, user: usize) {
         }
         return;
     }
-    let key = CudaKey { pid, tid, kind: call.kind, sec: second(now), hash: h };
+    let key = CudaKey { pid, tid, kind: call.kind, sec: second(now), hash: h, func: call.func };
     add(&key, call.bytes, 0);
 }
 

@@ -5,7 +5,11 @@
  *
  * cuLaunchKernel passes through cuLaunchKernelEx, as one launch can in the real driver: the
  * daemon must count it once. Built with frame pointers, as the real library is not: the tests
- * check the stack above the library (Python frames), not inside it. */
+ * check the stack above the library (Python frames), not inside it.
+ *
+ * The look-ups (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction) return a distinct
+ * handle per call, as the real driver returns one per kernel: the daemon names launches by
+ * handle from what it saw them looked up as. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,6 +21,9 @@ typedef void *CUstream;
 typedef void *CUevent;
 typedef void *CUcontext;
 typedef void *CUgraphExec;
+typedef void *CUmodule;
+typedef void *CUlibrary;
+typedef void *CUkernel;
 typedef uint64_t CUdeviceptr;
 typedef struct { size_t f[16]; } CUDA_MEMCPY2D;
 
@@ -91,5 +98,31 @@ __attribute__((noinline)) CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dc, C
 }
 __attribute__((noinline)) CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *p) {
     standin_bytes += p->f[14] * p->f[15];
+    return 0;
+}
+
+/* A fresh handle: distinct from every other one the process holds (never freed: the process
+ * keeps its kernels). */
+static void *handle(void) {
+    return malloc(16);
+}
+
+__attribute__((noinline)) CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name) {
+    (void)mod;
+    if (!f || !name) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    *f = handle();
+    return 0;
+}
+
+__attribute__((noinline)) CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name) {
+    (void)lib;
+    if (!k || !name) return 1;
+    *k = handle();
+    return 0;
+}
+
+__attribute__((noinline)) CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
+    if (!f || !k) return 1;
+    *f = handle();
     return 0;
 }

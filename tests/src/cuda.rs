@@ -1,7 +1,7 @@
 //! The stand-in for CUDA's driver library (`tests/cuda/standin.c`), built with gcc into a
 //! test's directory under the real library's name (the daemon finds `libcuda.so*` in a
-//! process's maps), and the Python program that launches through it
-//! (`tests/workloads/cuda_app.py`), driven line by line.
+//! process's maps), with a stand-in runtime and host stubs beside it, and the Python program
+//! that launches through them (`tests/workloads/cuda_app.py`), driven line by line.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -12,22 +12,34 @@ use std::{
 
 use crate::{folded, wait_for_every};
 
-/// Builds the stand-in as `dir/libcuda.so.1`. Its functions start with `push %rbp` (built
-/// without optimisation), an instruction the kernel emulates at a uprobe: the probe then costs
-/// one trap, not a trap and a single step.
+/// Builds the stand-in as `dir/libcuda.so.1`, beside it the stand-in runtime
+/// (`dir/libcudart.so.12`, tests/cuda/runtime.c, linked to it) and host stubs of kernels
+/// (`dir/libkernels.so`, tests/cuda/kernels.c); root's, mode 0755, as the daemon wants the
+/// libraries it probes. Their functions start with `push %rbp` (built without optimisation),
+/// an instruction the kernel emulates at a uprobe: the probe then costs one trap, not a trap
+/// and a single step.
 pub fn build(dir: &Path) -> Result<PathBuf, String> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/standin.c");
+    let source = |name: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda").join(name);
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let lib = dir.join("libcuda.so.1");
-    let out = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-O0", "-o"])
-        .arg(&lib)
-        .arg(&source)
-        .output()
-        .map_err(|e| format!("cannot run gcc: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("gcc failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
+    let gcc = |out: &Path, src: &str, link: &[&str]| -> Result<(), String> {
+        let o = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O0", "-o"])
+            .arg(out)
+            .arg(source(src))
+            .arg(format!("-L{}", dir.display()))
+            .args(link)
+            .arg("-Wl,-rpath,$ORIGIN")
+            .output()
+            .map_err(|e| format!("cannot run gcc: {e}"))?;
+        if !o.status.success() {
+            return Err(format!("gcc {src} failed: {}", String::from_utf8_lossy(&o.stderr)));
+        }
+        Ok(())
+    };
+    gcc(&lib, "standin.c", &[])?;
+    gcc(&dir.join("libcudart.so.12"), "runtime.c", &["-l:libcuda.so.1"])?;
+    gcc(&dir.join("libkernels.so"), "kernels.c", &["-l:libcudart.so.12"])?;
     Ok(lib)
 }
 
@@ -223,4 +235,38 @@ impl Drop for Flood {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// `kind`'s folded counts for `pid` whose leaf frame is `leaf` and, unless empty, that pass
+/// through Python function `function`.
+pub fn by_leaf(data: &Path, pid: u32, function: &str, leaf: &str) -> u64 {
+    let dir = data.to_str().unwrap();
+    let pid = pid.to_string();
+    folded(dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid])
+        .unwrap_or_default()
+        .iter()
+        .filter(|(stack, _)| stack.rsplit(';').next() == Some(leaf))
+        .filter(|(stack, _)| function.is_empty() || stack.split(';').any(|f| f.starts_with(&format!("{function} ("))))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Waits until the launches of `pid` whose leaf is `leaf` (through `function`) reach `want`,
+/// then gives their count a drain later (so a count past `want` shows).
+pub fn settled_leaf(data: &Path, pid: u32, function: &str, leaf: &str, want: u64) -> u64 {
+    let waited = std::panic::catch_unwind(|| {
+        wait_for_every(
+            &format!("{want} launches named {leaf:?} in {function}"),
+            Duration::from_secs(20),
+            Duration::from_millis(250),
+            || (by_leaf(data, pid, function, leaf) >= want).then_some(()),
+        )
+    });
+    if waited.is_err() {
+        let dir = data.to_str().unwrap();
+        let all = folded(dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()]);
+        panic!("no {want} launches named {leaf:?} in {function}; the store has: {all:#?}");
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    by_leaf(data, pid, function, leaf)
 }

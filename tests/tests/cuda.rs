@@ -134,7 +134,11 @@ fn launches_are_counted_in_the_second_they_were_made() {
     // The launcher's end, to the millisecond: mid-second but for a 1-in-1000 chance.
     let end = report["end"].as_f64().unwrap();
     let end_arg = format!("{end:.3}");
-    assert_eq!(count("-5m", &end_arg), made, "a window ending when the launcher stopped ({end_arg}) holds every launch");
+    assert_eq!(
+        count("-5m", &end_arg),
+        made,
+        "a window ending when the launcher stopped ({end_arg}) holds every launch"
+    );
     let per_second = report["per_second"].as_object().unwrap();
     let mut worst = 0i64;
     for (second, n) in per_second {
@@ -146,7 +150,10 @@ fn launches_are_counted_in_the_second_they_were_made() {
         worst = worst.max(off.abs());
         assert!(off.abs() <= 3, "second {s}: {n} launches made, {counted} counted in it ({per_second:?})");
     }
-    eprintln!("{made} launches over {} seconds, ending at {end_arg}; each second's count within {worst} of the launches made in it", per_second.len());
+    eprintln!(
+        "{made} launches over {} seconds, ending at {end_arg}; each second's count within {worst} of the launches made in it",
+        per_second.len()
+    );
     app.finish();
     daemon.stop();
 }
@@ -423,5 +430,89 @@ fn cuda_counts_reach_clickhouse_and_an_otlp_receiver_as_the_store_has_them() {
         },
     );
     assert_eq!(got, 5000, "launches pushed over OTLP");
+    daemon.stop();
+}
+
+/// Issue 41: each launch is counted under its kernel's name as the leaf of its stack, from the
+/// runtime's host stub (`cudaLaunchKernel`, and CUDA 13's `__cudaGetKernel` handle) or from
+/// the driver's look-ups (`cuModuleGetFunction`, `cuLibraryGetKernel` + `cuKernelGetFunction`),
+/// a graph launch as `[gpu] graph`; a launch through the runtime and the driver counted once.
+#[test]
+fn launches_are_counted_under_their_kernels_name_once() {
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
+    let mut app = cuda::App::start(&lib, &["--names"], 1000);
+    // The driver and the runtime.
+    wait_probed(&data, 2);
+    let pid = app.pid();
+    let report = app.go();
+    let made: u64 = report.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(settled(&data, "cuda-launches", pid, "", made), made, "every launch counted once: {report}");
+    let named = [
+        ("launch_runtime", "[gpu] vecAdd(float*, float*, float*, int)", "runtime"),
+        ("launch_cuda13", "[gpu] transpose(float*, float const*, int, int)", "cuda13"),
+        ("launch_looked_up", "[gpu] triton_poi_fused_add_0", "looked_up"),
+        ("launch_library", "[gpu] ampere_sgemm_128x64_tn", "library"),
+        ("launch_graph", "[gpu] graph", "graph"),
+    ];
+    for (function, leaf, what) in named {
+        let want = report[what].as_u64().unwrap();
+        assert_eq!(cuda::settled_leaf(&data, pid, function, leaf, want), want, "{function}: {leaf}");
+    }
+    // Looked up at the program's start, within a second of its mapping the driver: named if
+    // the probes saw the look-up, else by the library that launched it; never another name.
+    let early = report["early"].as_u64().unwrap();
+    let right = cuda::by_leaf(&data, pid, "launch_early", "[gpu] early_kernel_do_not_name");
+    let unnamed: u64 = integration_tests::folded(
+        data.to_str().unwrap(),
+        &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()],
+    )
+    .unwrap()
+    .iter()
+    .filter(|(s, _)| s.contains("launch_early (") && s.rsplit(';').next().unwrap().starts_with("[gpu] kernel in "))
+    .map(|(_, n)| n)
+    .sum();
+    assert_eq!(right + unnamed, early, "launch_early: {right} named, {unnamed} by library");
+    app.finish();
+    daemon.stop();
+}
+
+/// A kernel looked up before the daemon started is counted under the library that launched
+/// it, never under a name it was not looked up as; one looked up since is named.
+#[test]
+fn a_kernel_looked_up_before_the_daemon_started_is_counted_under_its_library() {
+    if !privileged("cuda") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda") else { return };
+    let mut app = cuda::App::start(&lib, &["--names"], 1000);
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
+    daemon.wait_ready();
+    wait_probed(&data, 2);
+    let pid = app.pid();
+    let report = app.go();
+    let early = report["early"].as_u64().unwrap();
+    // ctypes calls the driver through libffi: the library that launched it.
+    let lines = wait_for_every("the early launches", Duration::from_secs(20), Duration::from_millis(250), || {
+        let lines =
+            folded(data.to_str().unwrap(), &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()])
+                .ok()?;
+        let n: u64 = lines.iter().filter(|(s, _)| s.contains("launch_early (")).map(|(_, n)| n).sum();
+        (n >= early).then_some(lines)
+    });
+    let early_stacks: Vec<_> = lines.iter().filter(|(s, _)| s.contains("launch_early (")).collect();
+    for (stack, _) in &early_stacks {
+        let leaf = stack.rsplit(';').next().unwrap();
+        assert!(leaf.starts_with("[gpu] kernel in lib"), "a handle looked up unseen: {stack}");
+    }
+    assert!(lines.iter().all(|(s, _)| !s.contains("early_kernel_do_not_name")), "{lines:#?}");
+    assert_eq!(early_stacks.iter().map(|(_, n)| n).sum::<u64>(), early);
+    let looked_up = report["looked_up"].as_u64().unwrap();
+    assert_eq!(
+        cuda::settled_leaf(&data, pid, "launch_looked_up", "[gpu] triton_poi_fused_add_0", looked_up),
+        looked_up
+    );
+    app.finish();
     daemon.stop();
 }

@@ -16,9 +16,21 @@ each wall-clock second (unix seconds, measured just after each launch), and when
 With --stall S it spends S seconds in a step that computes 1 ms and then waits on the GPU
 (log_loss: cuStreamSynchronize); with --launch-bound S, S seconds in a step that launches
 kernels one by one between bits of Python work (train_step).
+
+With --names it also loads the stand-in runtime (libcudart.so.12) and host stubs (libkernels.so)
+beside LIB, and instead calls:
+  launch_runtime: the vecAdd stub 1000 times (cudaLaunchKernel, then the driver's cuLaunchKernel);
+  launch_cuda13: __cudaGetKernel for the transpose stub once, cudaLaunchKernel by it 600 times;
+  launch_looked_up: cuModuleGetFunction "triton_poi_fused_add_0" once, cuLaunchKernel 700 times;
+  launch_library: cuLibraryGetKernel "ampere_sgemm_128x64_tn" and cuKernelGetFunction once,
+    cuLaunchKernelEx by the function 300 times;
+  launch_graph: cuGraphLaunch 200 times;
+  launch_early: cuLaunchKernel 400 times by a handle cuModuleGetFunction gave for
+    "early_kernel_do_not_name" at start, before "ready" (so before a daemon started after it).
 """
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -53,6 +65,66 @@ def wait_gpu(lib, n):
         lib.cuStreamSynchronize(None)
         blocked += time.perf_counter() - t
     return blocked
+
+
+class Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+def look_up(lib, name):
+    f = ctypes.c_void_p()
+    assert lib.cuModuleGetFunction(ctypes.byref(f), None, name) == 0
+    return f
+
+
+def launch_runtime(kernels, n):
+    p = ctypes.c_void_p()
+    for _ in range(n):
+        kernels._Z6vecAddPfS_S_i(p, p, p, 1024)
+
+
+def launch_cuda13(rt, kernels, n):
+    k = ctypes.c_void_p()
+    stub = ctypes.cast(kernels._Z9transposePfPKfii, ctypes.c_void_p)
+    get_kernel = getattr(rt, "__cudaGetKernel")
+    assert get_kernel(ctypes.byref(k), stub) == 0
+    grid, block = Dim3(32, 32, 1), Dim3(16, 16, 1)
+    for _ in range(n):
+        rt.cudaLaunchKernel(k, grid, block, None, ctypes.c_size_t(0), None)
+
+
+def launch_looked_up(lib, n):
+    f = look_up(lib, b"triton_poi_fused_add_0")
+    for _ in range(n):
+        lib.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+
+
+def launch_library(lib, n):
+    k, f = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.cuLibraryGetKernel(ctypes.byref(k), None, b"ampere_sgemm_128x64_tn") == 0
+    assert lib.cuKernelGetFunction(ctypes.byref(f), k) == 0
+    for _ in range(n):
+        lib.cuLaunchKernelEx(None, f, None, None)
+
+
+def launch_graph(lib, n):
+    for _ in range(n):
+        lib.cuGraphLaunch(None, None)
+
+
+def launch_early(lib, f, n):
+    for _ in range(n):
+        lib.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+
+
+def names(lib, rt, kernels, early):
+    launch_runtime(kernels, 1000)
+    launch_cuda13(rt, kernels, 600)
+    launch_looked_up(lib, 700)
+    launch_library(lib, 300)
+    launch_graph(lib, 200)
+    launch_early(lib, early, 400)
+    return {"runtime": 1000, "cuda13": 600, "looked_up": 700, "library": 300, "graph": 200, "early": 400}
 
 
 def launch_steady(lib, rate, seconds):
@@ -113,6 +185,11 @@ def main():
     late = "--late" in sys.argv
     rate = int(sys.argv[sys.argv.index("--rate") + 1]) if "--rate" in sys.argv else 0
     lib = None if late else ctypes.CDLL(path)
+    if "--names" in sys.argv:
+        here = os.path.dirname(path)
+        rt = ctypes.CDLL(os.path.join(here, "libcudart.so.12"))
+        kernels = ctypes.CDLL(os.path.join(here, "libkernels.so"))
+        early = look_up(lib, b"early_kernel_do_not_name")
     spin(1.5)
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
@@ -122,7 +199,9 @@ def main():
         lib = ctypes.CDLL(path)
     else:
         loaded_at = None
-    if "--stall" in sys.argv:
+    if "--names" in sys.argv:
+        print(json.dumps(names(lib, rt, kernels, early)), flush=True)
+    elif "--stall" in sys.argv:
         steps = stall(lib, float(sys.argv[sys.argv.index("--stall") + 1]))
         print(json.dumps({"steps": steps}), flush=True)
     elif "--launch-bound" in sys.argv:

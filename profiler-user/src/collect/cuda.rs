@@ -14,7 +14,7 @@ use aya::{
 };
 use profiler_common::{
     Record,
-    cuda::{CudaCount, CudaKey, OwnerKey, OwnerUse, Pending},
+    cuda::{CudaCount, CudaKey, Lookup, LookupKey, OwnerKey, OwnerUse, Pending},
     python::PYTHON_PROGRAM,
     unwind::{SCAN_PROGRAM, UNWIND_PROGRAM},
 };
@@ -42,20 +42,38 @@ pub struct Probe {
     pub offset: u64,
     /// What the probe counts (`profiler_common::cuda::cookie`).
     pub cookie: u64,
-    /// A synchronisation: its return is probed too (the time blocked).
+    /// Its return is probed too (a synchronisation's time blocked, a look-up's handle).
     pub returns: bool,
+    pub program: Program,
+}
+
+/// Which programs a probe runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// A counted call: `cuda_call` (and `cuda_return`).
+    Call,
+    /// A look-up or a runtime launch: `cuda_lookup` (and `cuda_lookup_return`).
+    Lookup,
+}
+
+impl Program {
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Program::Call => ("cuda_call", "cuda_return"),
+            Program::Lookup => ("cuda_lookup", "cuda_lookup_return"),
+        }
+    }
 }
 
 /// The attachments of one file, to detach them together.
 #[derive(Debug, Default)]
 pub struct Links {
-    calls: Vec<UProbeLinkId>,
-    returns: Vec<UProbeLinkId>,
+    links: Vec<(&'static str, UProbeLinkId)>,
 }
 
 impl Links {
     pub fn len(&self) -> usize {
-        self.calls.len() + self.returns.len()
+        self.links.len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -89,6 +107,7 @@ pub struct Maps {
     counts: [HashMap<MapData, CudaKey, CudaCount>; 2],
     owners: HashMap<MapData, OwnerKey, OwnerUse>,
     gate: HashMap<MapData, u32, u32>,
+    lookups: HashMap<MapData, LookupKey, Lookup>,
     generation: Array<MapData, u32>,
     current: u32,
     clock: Array<MapData, u64>,
@@ -99,7 +118,9 @@ pub struct Maps {
 /// Loads the probe programs, fills their tail-call slots and takes their maps.
 pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
     let mut verified = Vec::new();
-    for name in ["cuda_call", "cuda_return", "cuda_unwind", "cuda_python", "cuda_scan"] {
+    for name in
+        ["cuda_call", "cuda_return", "cuda_unwind", "cuda_python", "cuda_scan", "cuda_lookup", "cuda_lookup_return"]
+    {
         let p: &mut UProbe = program(ebpf, name)?;
         let t = std::time::Instant::now();
         p.load().map_err(|e| CudaError::Program(name, e))?;
@@ -132,7 +153,19 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<Maps, CudaError> {
     let owners = HashMap::try_from(take("CUDA_OWNERS")?).map_err(|e| CudaError::Map("CUDA_OWNERS", e))?;
     let gate = HashMap::try_from(take("CUDA_GATE")?).map_err(|e| CudaError::Map("CUDA_GATE", e))?;
     let clock = Array::try_from(take("CUDA_CLOCK")?).map_err(|e| CudaError::Map("CUDA_CLOCK", e))?;
-    Ok(Maps { stacks: [s0, s1], pending, counts: [c0, c1], owners, gate, generation, current: 0, clock, frac_ns: 0 })
+    let lookups = HashMap::try_from(take("CUDA_LOOKUPS")?).map_err(|e| CudaError::Map("CUDA_LOOKUPS", e))?;
+    Ok(Maps {
+        stacks: [s0, s1],
+        pending,
+        counts: [c0, c1],
+        owners,
+        gate,
+        lookups,
+        generation,
+        current: 0,
+        clock,
+        frac_ns: 0,
+    })
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut UProbe, CudaError> {
@@ -173,8 +206,9 @@ impl Collector {
         let mut links = Links::default();
         let mut last_error = None;
         for p in probes {
-            match self.attach_one("cuda_call", target, p.offset, Some(p.cookie)) {
-                Ok(id) => links.calls.push(id),
+            let (call, ret) = p.program.names();
+            match self.attach_one(call, target, p.offset, Some(p.cookie)) {
+                Ok(id) => links.links.push((call, id)),
                 Err(e) => {
                     tracing::debug!(error = %e, "a CUDA probe was refused; the others stay");
                     last_error = Some(e);
@@ -182,8 +216,8 @@ impl Collector {
                 }
             }
             if p.returns {
-                match self.attach_one("cuda_return", target, p.offset, None) {
-                    Ok(id) => links.returns.push(id),
+                match self.attach_one(ret, target, p.offset, None) {
+                    Ok(id) => links.links.push((ret, id)),
                     Err(e) => {
                         tracing::debug!(error = %e, "a CUDA return probe was refused; the others stay");
                         last_error = Some(e);
@@ -191,7 +225,7 @@ impl Collector {
                 }
             }
         }
-        match (links.calls.is_empty(), last_error) {
+        match (links.links.is_empty(), last_error) {
             (true, Some(e)) => Err(e),
             _ => Ok(links),
         }
@@ -211,14 +245,27 @@ impl Collector {
     }
 
     pub fn cuda_detach(&mut self, links: Links) {
-        for (name, ids) in [("cuda_call", links.calls), ("cuda_return", links.returns)] {
+        for (name, id) in links.links {
             let Ok(prog) = program(&mut self.ebpf, name) else { continue };
-            for id in ids {
-                if let Err(e) = prog.detach(id) {
-                    tracing::debug!(error = %e, "detaching a CUDA probe failed");
-                }
+            if let Err(e) = prog.detach(id) {
+                tracing::debug!(error = %e, "detaching a CUDA probe failed");
             }
         }
+    }
+
+    /// What the look-ups named since the last call (`CUDA_LOOKUPS`), the map emptied: a look-up
+    /// is rare (once per kernel and process), so reading all of it each drain is cheap.
+    pub fn cuda_lookups(&mut self) -> Vec<(LookupKey, Lookup)> {
+        let Some(maps) = self.cuda.as_mut() else { return Vec::new() };
+        let keys: Vec<LookupKey> = maps.lookups.keys().filter_map(Result::ok).collect();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Ok(l) = maps.lookups.get(&key, 0) {
+                out.push((key, l));
+            }
+            let _ = maps.lookups.remove(&key);
+        }
+        out
     }
 
     /// What the probes counted in the map they left at the previous drain (a drain's counts

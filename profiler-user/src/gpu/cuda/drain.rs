@@ -8,9 +8,9 @@ use std::{
     time::Instant,
 };
 
-use profiler_common::cuda::kind;
+use profiler_common::cuda::{CudaKey, kind};
 
-use super::{Interval, ROWS_HELD, Recorder, THREADS_MAX, TRACKS_MAX};
+use super::{Interval, ROWS_HELD, Recorder, THREADS_MAX, TRACKS_MAX, kernels};
 use crate::{
     collect::{Collector, counters::Point},
     detect::cuda::{CudaThread, python_line},
@@ -33,6 +33,8 @@ impl Recorder {
     ) -> (HashMap<u32, f64>, Vec<CudaThread>) {
         let mut rates: HashMap<u32, f64> = HashMap::new();
         let mut threads: BTreeMap<u32, CudaThread> = BTreeMap::new();
+        // What the look-ups named, before the counts (of the generation before) are named.
+        self.kernels.learn(collector.cuda_lookups());
         let cached = &self.stacks;
         let drained = collector.cuda_drain(|h| cached.contains(&h), pipeline.offset());
         for &(uid, n) in &drained.dropped {
@@ -101,6 +103,8 @@ impl Recorder {
                     lost_stack(d.key.pid, d.key.tid, ts_ns)
                 }
             };
+            // A launch's kernel as the leaf.
+            let sample = self.name_kernel(pipeline, &d.key, sample);
             let th = threads.entry(d.key.tid).or_insert_with(|| CudaThread {
                 pid: d.key.pid,
                 tid: d.key.tid,
@@ -126,7 +130,7 @@ impl Recorder {
                 _ => {}
             }
             let sample = match estimate {
-                Some(i) => self.estimated(d.key.hash, sample, i.fraction),
+                Some(i) => self.estimated((d.key.hash, d.key.func), sample, i.fraction),
                 None => sample,
             };
             if weight > 0
@@ -146,9 +150,38 @@ impl Recorder {
     /// `s` with a root frame saying it was counted while the guard had the probes on `fraction`
     /// of the time, so estimates never merge with exact counts; the marked stack is kept per
     /// stack and share, not copied a row.
-    fn estimated(&mut self, hash: u64, mut s: Sample, fraction: f64) -> Sample {
+    fn estimated(&mut self, (hash, func): (u64, u64), mut s: Sample, fraction: f64) -> Sample {
         let percent = (fraction * 100.0).round() as u32;
-        s.stack = self.estimates.get_or_insert((hash, percent), || marked(&s.stack, percent)).clone();
+        s.stack = self.estimates.get_or_insert((hash, func, percent), || marked(&s.stack, percent)).clone();
+        s
+    }
+
+    /// `s` with its kernel's frame (`kernels`) as the leaf, for a launch; as it is otherwise.
+    /// The named stack is kept per stack and kernel, while the kernel's name stays the same.
+    fn name_kernel(&mut self, pipeline: &mut Pipeline, key: &CudaKey, mut s: Sample) -> Sample {
+        if key.kind != kind::LAUNCH || key.func == 0 {
+            return s;
+        }
+        let comm = s.comm.clone();
+        let frame = self.kernels.frame(key.pid, key.func, &s.stack, |addr| {
+            // The host stub's own symbol: a one-address "stack" (a leaf: not moved back a byte
+            // as a return address is).
+            let stack = pipeline.symbolizer_mut().stack(key.pid, &comm, &[], &[addr]);
+            let name = stack.frames.first()?.clone();
+            let file = stack.locations.first().map(|l| l.file.clone()).unwrap_or_default();
+            let unnamed = &*name == crate::symbolize::UNKNOWN || crate::symbolize::parse_module_offset(&name).is_some();
+            let name = (!unnamed).then(|| Arc::from(kernels::demangle(&name)));
+            Some(kernels::Symbol { name, file })
+        });
+        let Some(frame) = frame else { return s };
+        match self.named.get(&(key.hash, key.func)) {
+            Some((f, stack)) if Arc::ptr_eq(f, &frame) => s.stack = stack.clone(),
+            _ => {
+                let stack = Arc::new(kernels::with_leaf(&s.stack, frame.clone()));
+                self.named.put((key.hash, key.func), (frame, stack.clone()));
+                s.stack = stack;
+            }
+        }
         s
     }
 

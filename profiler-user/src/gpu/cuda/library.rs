@@ -1,15 +1,42 @@
-//! Finding `libcuda.so.1` in a process and the functions to probe in it.
+//! Finding `libcuda.so.1` (the driver) and `libcudart.so.*` (the runtime) in a process and the
+//! functions to probe in them.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use profiler_common::cuda::{cookie, kind};
+use profiler_common::cuda::{cookie, kind, lookup};
 
-use crate::collect::cuda::Probe;
+use crate::collect::cuda::{Probe, Program};
 
 /// The library's file name, as NVIDIA's driver installs it (the runtime and every framework
 /// open it by this name).
 pub const LIBRARY: &str = "libcuda.so";
+/// The runtime library's file name (`libcudart.so.12`, the nvidia-cuda-runtime wheel's and
+/// the toolkit's): its launches name their kernel by host stub.
+pub const RUNTIME: &str = "libcudart.so";
+
+/// Which of the two libraries a file is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Driver,
+    Runtime,
+}
+
+impl Role {
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Role::Driver => LIBRARY,
+            Role::Runtime => RUNTIME,
+        }
+    }
+}
+
+/// The libraries a process maps.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub driver: Option<Mapped>,
+    pub runtime: Option<Mapped>,
+}
 
 /// A library file mapped by a process: the same file (device and inode) is probed once however
 /// many processes map it, under whatever path.
@@ -32,31 +59,44 @@ pub struct Mapped {
 /// Lines of a process's maps read at most when looking for the library.
 const MAPS_LINES_MAX: usize = 200_000;
 
-/// The CUDA driver library process `pid` maps, if any: its maps read a line at a time (they
-/// can be megabytes), up to the library's first line.
-pub fn find_in_maps(pid: u32) -> Option<Mapped> {
+/// The CUDA driver and runtime libraries process `pid` maps: its maps read a line at a time
+/// (they can be megabytes), until both are found.
+pub fn find_in_maps(pid: u32) -> Found {
     use std::io::BufRead;
-    let file = std::fs::File::open(format!("/proc/{pid}/maps")).ok()?;
+    let mut found = Found::default();
+    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/maps")) else { return found };
     let mut reader = std::io::BufReader::with_capacity(64 << 10, file);
     let mut line = String::new();
     for _ in 0..MAPS_LINES_MAX {
         line.clear();
         match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return None,
+            Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        // Cheap test first: most lines are not the library.
-        if line.contains(LIBRARY)
-            && let Some(m) = find(pid, &line)
-        {
-            return Some(m);
+        // Cheap test first: most lines are neither library.
+        if !line.contains("libcuda") {
+            continue;
+        }
+        if found.driver.is_none() {
+            found.driver = find_named(pid, &line, LIBRARY);
+        }
+        if found.runtime.is_none() {
+            found.runtime = find_named(pid, &line, RUNTIME);
+        }
+        if found.driver.is_some() && found.runtime.is_some() {
+            break;
         }
     }
-    None
+    found
 }
 
 /// The CUDA driver library `maps` (a `/proc/PID/maps` text) shows mapped, if any.
 pub fn find(pid: u32, maps: &str) -> Option<Mapped> {
+    find_named(pid, maps, LIBRARY)
+}
+
+/// The library whose file name starts with `library` that `maps` shows mapped, if any.
+pub fn find_named(pid: u32, maps: &str, library: &str) -> Option<Mapped> {
     for line in maps.lines() {
         let mut f = line.split_ascii_whitespace();
         let (range, _perms, _off, dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
@@ -66,7 +106,7 @@ pub fn find(pid: u32, maps: &str) -> Option<Mapped> {
             continue;
         }
         let name = path.rsplit('/').next().unwrap_or("");
-        if !name.starts_with(LIBRARY) {
+        if !name.starts_with(library) {
             continue;
         }
         let Ok(inode) = inode.parse() else { continue };
@@ -84,18 +124,25 @@ pub fn find(pid: u32, maps: &str) -> Option<Mapped> {
 
 /// The driver API functions probed, with what each counts.
 pub fn functions() -> Vec<(&'static str, u64, bool)> {
-    let launch = cookie::make(kind::LAUNCH, 0, cookie::BYTES_NONE);
+    // The kernel's handle: cuLaunchKernel(f, ...), cuLaunchCooperativeKernel(f, ...),
+    // cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, ...).
+    let launch = cookie::make(kind::LAUNCH, 0, cookie::FUNC_ARG);
+    let launch_ex = cookie::make(kind::LAUNCH, 1, cookie::FUNC_ARG);
+    let graph = cookie::make(kind::LAUNCH, 0, cookie::GRAPH);
     let sync = cookie::make(kind::SYNC, 0, cookie::BYTES_NONE);
     let copy = |arg| cookie::make(kind::COPY, arg, cookie::BYTES_ARG);
     let copy_2d = cookie::make(kind::COPY, 0, cookie::BYTES_2D);
     let copy_3d = cookie::make(kind::COPY, 0, cookie::BYTES_NONE);
     let mut v = Vec::new();
-    for name in ["cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch"] {
-        v.push((name, launch, false));
-    }
-    for name in ["cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch_ptsz"]
+    for name in ["cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernel_ptsz", "cuLaunchCooperativeKernel_ptsz"]
     {
         v.push((name, launch, false));
+    }
+    for name in ["cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"] {
+        v.push((name, launch_ex, false));
+    }
+    for name in ["cuGraphLaunch", "cuGraphLaunch_ptsz"] {
+        v.push((name, graph, false));
     }
     for name in ["cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuEventSynchronize", "cuCtxSynchronize"] {
         v.push((name, sync, true));
@@ -143,6 +190,34 @@ pub fn functions() -> Vec<(&'static str, u64, bool)> {
     v
 }
 
+/// The driver's look-ups that name a kernel before it is launched by handle (Triton, cuBLAS),
+/// probed at entry and return (`cuda_lookup`): `(&handle, ..., name or kernel)`.
+pub fn lookups() -> Vec<(&'static str, u64, bool)> {
+    vec![
+        ("cuModuleGetFunction", cookie::make(lookup::NAMED, 2, cookie::BYTES_NONE), true),
+        ("cuLibraryGetKernel", cookie::make(lookup::NAMED, 2, cookie::BYTES_NONE), true),
+        ("cuKernelGetFunction", cookie::make(lookup::ALIAS, 1, cookie::BYTES_NONE), true),
+    ]
+}
+
+/// The runtime's launches (their host stub or `cudaKernel_t`, passed on to the driver's launch
+/// probe) and CUDA 13's `__cudaGetKernel(&kernel, stub)`.
+pub fn runtime_functions() -> Vec<(&'static str, u64, bool)> {
+    let launch = |arg| cookie::make(lookup::RUNTIME_LAUNCH, arg, cookie::BYTES_NONE);
+    let mut v = Vec::new();
+    for name in
+        ["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernel_ptsz"]
+    {
+        v.push((name, launch(0), false));
+    }
+    // cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args).
+    for name in ["cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz"] {
+        v.push((name, launch(1), false));
+    }
+    v.push(("__cudaGetKernel", cookie::make(lookup::STUB, 1, cookie::BYTES_NONE), true));
+    v
+}
+
 /// Opens the file a process maps, through `map_files` (the mapped inode itself: a path
 /// replaced or a link planted since cannot redirect it), and checks that it is the file the maps
 /// named and one no user but root can change: a driver's library is root's, and the daemon (root)
@@ -175,23 +250,37 @@ pub enum LibraryError {
     Elf(PathBuf, String),
     #[error("{0} does not export the CUDA driver's entry points (cuInit, cuLaunchKernel): not a CUDA driver library")]
     NoFunctions(PathBuf),
+    #[error(
+        "{0} does not export the CUDA runtime's entry points (cudaGetDeviceCount, cudaLaunchKernel): not a CUDA runtime library"
+    )]
+    NoRuntimeFunctions(PathBuf),
 }
 
 /// The entry points a CUDA driver library exports, whatever its version: a file named
 /// `libcuda.so*` without them (a root-owned libLLVM bind-mounted under that name in a user's
 /// namespace) is refused before a probe is planted or a slot taken.
 const DRIVER_EXPORTS: [&str; 2] = ["cuInit", "cuLaunchKernel"];
+/// The runtime's: every `libcudart` since CUDA 7 exports both.
+const RUNTIME_EXPORTS: [&str; 2] = ["cudaGetDeviceCount", "cudaLaunchKernel"];
 
 /// The probes for the library at `path`: each function it defines, at its file offset. Names
 /// it lacks are skipped; aliases of one address (a `_v2` and its plain name) are probed once.
 /// Only the dynamic symbol table counts: a driver exports its API there.
-pub fn probes(file: &std::fs::File, path: &std::path::Path) -> Result<Vec<Probe>, LibraryError> {
+pub fn probes(file: &std::fs::File, path: &std::path::Path, role: Role) -> Result<Vec<Probe>, LibraryError> {
     // Mapped, not read: a real libcuda is tens of megabytes and only its symbol tables and
     // headers are touched (page cache, not the daemon's memory). Only root can truncate it
     // under the mapping ([`open`]).
     let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| LibraryError::Read(path.into(), e))?;
     let elf = object::File::parse(&*map).map_err(|e| LibraryError::Elf(path.into(), e.to_string()))?;
-    let wanted: BTreeMap<&str, (u64, bool)> = functions().into_iter().map(|(n, c, r)| (n, (c, r))).collect();
+    let (counted, looked_up, exports_wanted) = match role {
+        Role::Driver => (functions(), lookups(), &DRIVER_EXPORTS),
+        Role::Runtime => (Vec::new(), runtime_functions(), &RUNTIME_EXPORTS),
+    };
+    let wanted: BTreeMap<&str, (u64, bool, Program)> = counted
+        .into_iter()
+        .map(|(n, c, r)| (n, (c, r, Program::Call)))
+        .chain(looked_up.into_iter().map(|(n, c, r)| (n, (c, r, Program::Lookup))))
+        .collect();
     let mut found: BTreeMap<u64, Probe> = BTreeMap::new();
     let mut exports = 0;
     for sym in elf.dynamic_symbols() {
@@ -199,16 +288,19 @@ pub fn probes(file: &std::fs::File, path: &std::path::Path) -> Result<Vec<Probe>
         if sym.address() == 0 || !sym.is_definition() || !sym.is_global() {
             continue;
         }
-        if DRIVER_EXPORTS.contains(&name) {
+        if exports_wanted.contains(&name) {
             exports += 1;
         }
-        let Some(&(cookie, returns)) = wanted.get(name) else { continue };
+        let Some(&(cookie, returns, program)) = wanted.get(name) else { continue };
         let Some((offset, in_segment, segment)) = place(&elf, sym.address()) else { continue };
         let cookie = cookie::with_segment(cookie, in_segment, segment);
-        found.entry(offset).or_insert(Probe { offset, cookie, returns });
+        found.entry(offset).or_insert(Probe { offset, cookie, returns, program });
     }
-    if found.is_empty() || exports < DRIVER_EXPORTS.len() {
-        return Err(LibraryError::NoFunctions(path.into()));
+    if found.is_empty() || exports < exports_wanted.len() {
+        return Err(match role {
+            Role::Driver => LibraryError::NoFunctions(path.into()),
+            Role::Runtime => LibraryError::NoRuntimeFunctions(path.into()),
+        });
     }
     Ok(found.into_values().collect())
 }
@@ -239,6 +331,29 @@ mod tests {
         assert_eq!(m.id, FileId { dev: "08:01".into(), inode: 98765 });
         assert_eq!(m.path, PathBuf::from("/proc/42/root/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"));
         assert_eq!(m.map_files, PathBuf::from("/proc/42/map_files/7f00a000-7f00b000"));
+    }
+
+    #[test]
+    fn the_runtime_is_found_beside_the_driver() {
+        let maps = "\
+7f00a000-7f00b000 r-xp 00010000 08:01 98765 /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06
+7f00c000-7f00d000 r-xp 00000000 08:01 4321 /venv/nvidia/cuda_runtime/lib/libcudart.so.12
+";
+        let m = find_named(42, maps, RUNTIME).expect("found");
+        assert_eq!(m.id, FileId { dev: "08:01".into(), inode: 4321 });
+        assert_eq!(find(42, maps).expect("driver").id.inode, 98765);
+    }
+
+    #[test]
+    fn launches_name_their_kernel_argument_and_graphs_are_graphs() {
+        let f = functions();
+        let c = |name: &str| f.iter().find(|(n, _, _)| *n == name).expect(name).1;
+        assert_eq!((cookie::how(c("cuLaunchKernel")), cookie::arg(c("cuLaunchKernel"))), (cookie::FUNC_ARG, 0));
+        assert_eq!((cookie::how(c("cuLaunchKernelEx")), cookie::arg(c("cuLaunchKernelEx"))), (cookie::FUNC_ARG, 1));
+        assert_eq!(cookie::how(c("cuGraphLaunch")), cookie::GRAPH);
+        let r = runtime_functions();
+        assert!(r.iter().any(|(n, c, ret)| *n == "__cudaGetKernel" && *ret && cookie::kind(*c) == lookup::STUB));
+        assert!(lookups().iter().all(|(_, c, ret)| *ret && cookie::kind(*c) >= lookup::NAMED));
     }
 
     #[test]

@@ -14,9 +14,13 @@
 //! what a drain does with the counts is `drain`. What a user controls is bounded: a file that
 //! fails the checks (`library`) is refused once and takes no slot, the kernel's maps are shared
 //! per user (`profiler_common::cuda::OwnerUse`), and a drain holds a row a key.
+//!
+//! A process's `libcudart.so.*` is probed too (its launches name their kernel by host stub),
+//! beside its driver; launches are counted under their kernel's name (`kernels`).
 
 mod drain;
 pub mod guard;
+pub mod kernels;
 pub mod library;
 pub mod status;
 
@@ -50,6 +54,9 @@ pub const DRAIN_EVERY: Duration = Duration::from_millis(900);
 const ALIVE_EVERY: Duration = Duration::from_secs(5);
 /// The least time between two reads of one process's maps.
 const MAPS_EVERY: Duration = Duration::from_millis(500);
+/// The least time between two looks for the runtime library in a process probed without it
+/// (a `dlopen` after the driver's is rare: PyTorch maps the runtime first).
+const RUNTIME_EVERY: Duration = Duration::from_secs(10);
 /// Processes given tracks per drain at most (the busiest launchers).
 const TRACKS_MAX: usize = 32;
 /// Stacks kept symbolized between drains (a launch site is drained every second for as long as
@@ -94,6 +101,7 @@ struct Interval {
 /// A library file accepted for probes.
 struct File {
     path: PathBuf,
+    role: library::Role,
     /// The file itself, opened once through `map_files` and checked (`library::open`): probes
     /// are attached through it (`/proc/self/fd/N`), never by a path that could change.
     open: std::fs::File,
@@ -111,6 +119,10 @@ struct File {
 /// turns no other process's counts into estimates.
 struct Proc {
     file: FileId,
+    /// Its runtime library, once found (probed or refused).
+    runtime: Option<FileId>,
+    /// When its maps were last read for the runtime.
+    runtime_looked: Instant,
     /// Its `map_files` entry for the library: gone once the process unmapped it.
     map_files: PathBuf,
     duty: guard::DutyCycle,
@@ -153,8 +165,8 @@ pub struct Recorder {
     sizes: HashMap<u32, (u64, Instant)>,
     writers: HashMap<SampleKind, StoreWriter>,
     stacks: LruCache<u64, Sample>,
-    /// Stacks marked as estimates, by hash and the share of time counted (percent).
-    estimates: LruCache<(u64, u32), Arc<Stack>>,
+    /// Stacks marked as estimates, by hash, kernel and the share of time counted (percent).
+    estimates: LruCache<(u64, u64, u32), Arc<Stack>>,
     started: bool,
     /// The probes' programs were loaded for a node with GPUs.
     preloaded: bool,
@@ -167,6 +179,10 @@ pub struct Recorder {
     /// `cuda.<pid>.launches` and `cuda.<pid>.sync_ms` tracks, beside the GPUs' (`None` until
     /// the first drain with counts, or when the counters directory cannot be written).
     tracks: Option<crate::store::counters::CountersWriter>,
+    /// What each process's look-ups named.
+    kernels: kernels::Kernels,
+    /// Stacks with their kernel's leaf frame, by stack hash and `CudaKey::func`.
+    named: LruCache<(u64, u64), (Arc<str>, Arc<Stack>)>,
     pub status: status::Status,
 }
 
@@ -193,6 +209,8 @@ impl Recorder {
             last_alive: Instant::now(),
             max_calls_per_sec,
             tracks: None,
+            kernels: kernels::Kernels::default(),
+            named: LruCache::new(kept(STACKS_KEPT)),
             status: status::Status { max_calls_per_sec, ..Default::default() },
         }
     }
@@ -209,9 +227,18 @@ impl Recorder {
     }
 
     fn forget(&mut self, pid: u32) {
+        self.kernels.forget(pid);
         if let Some(p) = self.procs.remove(&pid) {
             if let Some(f) = self.files.get_mut(&p.file) {
                 f.pids.remove(&pid);
+            }
+            if let Some(id) = &p.runtime {
+                if let Some(f) = self.files.get_mut(id) {
+                    f.pids.remove(&pid);
+                }
+                if let Some(r) = self.refused.peek_mut(id) {
+                    r.pids.remove(&pid);
+                }
             }
             // Its kernel gate goes too: a process reusing the pid starts counted.
             if p.gated {
@@ -302,12 +329,14 @@ impl Recorder {
     }
 
     /// Reads the maps of `pid` if its size changed since the last look; true when it maps an
-    /// accepted library (newly).
+    /// accepted driver library (newly). A process probed without its runtime is looked at
+    /// again for it, at most every [`RUNTIME_EVERY`].
     fn look_at(&mut self, pid: u32) -> bool {
-        if pid == 0
-            || self.procs.contains_key(&pid)
-            || self.refused_by_pid.contains_key(&pid)
-            || self.waiting.contains_key(&pid)
+        if pid == 0 || self.refused_by_pid.contains_key(&pid) || self.waiting.contains_key(&pid) {
+            return false;
+        }
+        if let Some(p) = self.procs.get(&pid)
+            && (p.runtime.is_some() || p.runtime_looked.elapsed() < RUNTIME_EVERY)
         {
             return false;
         }
@@ -321,8 +350,66 @@ impl Recorder {
             _ => {}
         }
         self.sizes.insert(pid, (size, now));
-        let Some(m) = library::find_in_maps(pid) else { return false };
-        self.accept(pid, m)
+        let found = library::find_in_maps(pid);
+        let new = match found.driver {
+            Some(m) if !self.procs.contains_key(&pid) => self.accept(pid, m),
+            _ => false,
+        };
+        let Some(p) = self.procs.get_mut(&pid) else { return new };
+        p.runtime_looked = now;
+        if let Some(m) = found.runtime {
+            self.accept_runtime(pid, m);
+        }
+        new
+    }
+
+    /// Probes the runtime library `m` that process `pid` (probed: it maps the driver) maps, if
+    /// it passes the checks and a slot is free.
+    fn accept_runtime(&mut self, pid: u32, m: library::Mapped) {
+        let decided = |procs: &mut HashMap<u32, Proc>, id: &FileId| {
+            if let Some(p) = procs.get_mut(&pid) {
+                p.runtime = Some(id.clone());
+            }
+        };
+        if let Some(r) = self.refused.get_mut(&m.id) {
+            r.pids.insert(pid);
+            decided(&mut self.procs, &m.id);
+            return;
+        }
+        if !self.files.contains_key(&m.id) {
+            // No slot: launches are counted by handle, and the runtime looked for again later.
+            if self.files.len() >= FILES_MAX {
+                return;
+            }
+            let checked =
+                library::open(&m).and_then(|open| Ok((library::probes(&open, &m.path, library::Role::Runtime)?, open)));
+            let (probes, open) = match checked {
+                Ok(v) => v,
+                Err(library::LibraryError::Read(..)) => return,
+                Err(e) => {
+                    tracing::warn!(library = %m.path.display(), pid, error = %e, "the CUDA runtime library is not probed: launches through it are named by handle");
+                    let refused = Refused { path: m.path.clone(), reason: e.to_string(), pids: BTreeSet::from([pid]) };
+                    self.refused.put(m.id.clone(), refused);
+                    decided(&mut self.procs, &m.id);
+                    return;
+                }
+            };
+            let file = File {
+                path: m.path.clone(),
+                role: library::Role::Runtime,
+                open,
+                probes,
+                links: None,
+                pids: BTreeSet::new(),
+                failed: None,
+                said: false,
+            };
+            self.files.insert(m.id.clone(), file);
+        }
+        if let Some(f) = self.files.get_mut(&m.id) {
+            f.pids.insert(pid);
+        }
+        decided(&mut self.procs, &m.id);
     }
 
     /// Takes process `pid`, which maps `m`: under the file's probes if it passes the checks
@@ -348,7 +435,8 @@ impl Recorder {
                 }
                 return false;
             }
-            let checked = library::open(&m).and_then(|open| Ok((library::probes(&open, &m.path)?, open)));
+            let checked =
+                library::open(&m).and_then(|open| Ok((library::probes(&open, &m.path, library::Role::Driver)?, open)));
             let (probes, open) = match checked {
                 Ok(v) => v,
                 // The process exited or unmapped it meanwhile: looked at again if it runs.
@@ -366,6 +454,7 @@ impl Recorder {
             };
             let file = File {
                 path: m.path.clone(),
+                role: library::Role::Driver,
                 open,
                 probes,
                 links: None,
@@ -381,6 +470,9 @@ impl Recorder {
             pid,
             Proc {
                 file: m.id,
+                runtime: None,
+                // Looked for in this very read of the maps (`look_at`).
+                runtime_looked: Instant::now(),
                 map_files: m.map_files,
                 duty: guard::DutyCycle::default(),
                 gated: false,
@@ -533,12 +625,20 @@ fn attach(collector: &mut Collector, file: &mut File) {
     match collector.cuda_attach(&target, &file.probes) {
         Ok(links) => {
             if !std::mem::replace(&mut file.said, true) {
-                tracing::info!(
-                    library = %file.path.display(),
-                    probes = links.len(),
-                    processes = file.pids.len(),
-                    "CUDA driver library probed: launches, synchronisations and copies are counted per stack"
-                );
+                match file.role {
+                    library::Role::Driver => tracing::info!(
+                        library = %file.path.display(),
+                        probes = links.len(),
+                        processes = file.pids.len(),
+                        "CUDA driver library probed: launches, synchronisations and copies are counted per stack"
+                    ),
+                    library::Role::Runtime => tracing::info!(
+                        library = %file.path.display(),
+                        probes = links.len(),
+                        processes = file.pids.len(),
+                        "CUDA runtime library probed: its launches are named by their kernel's host stub"
+                    ),
+                }
             }
             file.links = Some(links);
         }
