@@ -444,7 +444,7 @@ impl NodePlan<'_> {
             hostname: self.name.clone(),
             node: self.name.clone(),
             cpus: self.cpus,
-            frequency_hz: HZ as u32,
+            frequency_hz: HZ,
             started_ns: self.start_ns,
         };
         meta.write(data).unwrap();
