@@ -26,6 +26,8 @@
  *   0 proc_util 812:30
  *   0 affinity 3         (a CPU mask)
  *   0 xid_events 1       (the GPU offers NVML's Xid events)
+ *   0 gpm 12,30,0,5,100,200  (GPM: SM active %, SM occupancy %, tensor active %, DRAM bandwidth %,
+ *                            NVLink rx and tx MiB/s over any two samples; no line: not a Hopper)
  *   xids 0:79,0:13       (Xid events, GPU:number, delivered once each in order; append to add)
  */
 #include <stdio.h>
@@ -332,6 +334,70 @@ int nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample
         s[i].smUtil = (unsigned int)util[i];
     }
     *count = n;
+    return OK;
+}
+
+/* GPM (Hopper and later): a sample remembers its GPU; the metrics between two samples are the
+ * file's `gpm` line, whatever the time between them. */
+typedef struct { int gpu; } gpm_sample;
+typedef struct {
+    unsigned int metricId;
+    int nvmlReturn;
+    double value;
+    struct { char *shortName, *longName, *unit; } metricInfo;
+} nvmlGpmMetric_t;
+typedef struct {
+    unsigned int version, numMetrics;
+    gpm_sample *sample1, *sample2;
+    nvmlGpmMetric_t metrics[98];
+} nvmlGpmMetricsGet_t;
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+
+int nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *s) {
+    char v[256];
+    if (!s) return INVALID_ARGUMENT;
+    s->isSupportedDevice = fact(index_of(d), "gpm", v, sizeof v) == 0;
+    return OK;
+}
+
+int nvmlGpmSampleAlloc(gpm_sample **s) {
+    *s = calloc(1, sizeof **s);
+    return *s ? OK : INVALID_ARGUMENT;
+}
+
+int nvmlGpmSampleFree(gpm_sample *s) {
+    free(s);
+    return OK;
+}
+
+int nvmlGpmSampleGet(nvmlDevice_t d, gpm_sample *s) {
+    char v[256];
+    if (!s) return INVALID_ARGUMENT;
+    if (fact(index_of(d), "gpm", v, sizeof v) != 0) return NOT_SUPPORTED;
+    s->gpu = index_of(d);
+    return OK;
+}
+
+int nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
+    char v[256];
+    double f[6];
+    if (!m || !m->sample1 || !m->sample2 || m->numMetrics > 98) return INVALID_ARGUMENT;
+    if (fact(m->sample2->gpu, "gpm", v, sizeof v) != 0) return NOT_SUPPORTED;
+    if (sscanf(v, "%lf,%lf,%lf,%lf,%lf,%lf", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]) != 6) return INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < m->numMetrics; i++) {
+        nvmlGpmMetric_t *x = &m->metrics[i];
+        memset(&x->metricInfo, 0, sizeof x->metricInfo);
+        x->nvmlReturn = OK;
+        switch (x->metricId) {
+        case 2: x->value = f[0]; break;   /* SM_UTIL */
+        case 3: x->value = f[1]; break;   /* SM_OCCUPANCY */
+        case 5: x->value = f[2]; break;   /* ANY_TENSOR_UTIL */
+        case 10: x->value = f[3]; break;  /* DRAM_BW_UTIL */
+        case 60: x->value = f[4]; break;  /* NVLINK_TOTAL_RX_PER_SEC */
+        case 61: x->value = f[5]; break;  /* NVLINK_TOTAL_TX_PER_SEC */
+        default: x->nvmlReturn = NOT_SUPPORTED;
+        }
+    }
     return OK;
 }
 #endif

@@ -402,6 +402,71 @@ fn a_spinning_python_holder_is_launch_bound_and_held_down_clocks_are_throttling(
     assert!(!summary.contains("software power cap"), "{summary}");
 }
 
+/// Issue 41, GPM: a GPU that NVML calls 98 % busy while GPM says its SMs had work 12 % of the
+/// time is `gpu-underused`, naming the process holding it; GPM's figures are tracks beside the
+/// others. A GPU without GPM (the same stand-in without its `gpm` line) says so once, in
+/// `profiler status`, and raises nothing.
+#[test]
+fn a_busy_gpu_whose_sms_idle_is_underused_and_gpm_figures_are_tracks() {
+    let test = "a_busy_gpu_whose_sms_idle_is_underused_and_gpm_figures_are_tracks";
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, test) else { return };
+    if !privileged(test) {
+        return;
+    }
+    let gpm = "0 gpm 12,6,0,5,100,200\n";
+    nvml.say(&(h100(98, &[], 0) + gpm));
+    let (data, daemon) = detecting_daemon(tmp.path(), &nvml);
+    let dir = data.to_str().unwrap();
+    let script = tmp.path().join("small_kernels.py");
+    std::fs::write(&script, "import time\n\ndef train_step():\n    end = time.time() + 60\n    while time.time() < end:\n        pass\n\ntrain_step()\n").unwrap();
+    let python = Group::spawn(Command::new("nice").args(["-n", "-19", "taskset", "-c", "1", "python3"]).arg(&script));
+    let pid = python.0.id();
+    nvml.say(&(h100(98, &[pid], 0) + gpm));
+    let f = wait_finding(dir, "gpu-underused", &daemon);
+    let summary = f["summary"].as_str().unwrap();
+    assert!(summary.contains("98 % busy for"), "{summary}");
+    assert!(
+        summary.contains("but its SMs were active only 12 % of the time (occupancy 6 %, tensor cores 0 %)"),
+        "{summary}"
+    );
+    assert!(summary.contains(&format!("python3 (pid {pid})")), "{summary}");
+    assert_eq!(f["evidence"]["gpm"]["sm_active_percent"], 12.0, "{f}");
+    assert!(
+        findings(dir, "gpu-launch-bound").is_empty() && findings(dir, "gpu-starved").is_empty(),
+        "a busy GPU is neither"
+    );
+    let tracks = gpu_tracks(dir);
+    assert_eq!(last_value(&tracks, "gpu.0.sm_active"), Some(12.0));
+    assert_eq!(last_value(&tracks, "gpu.0.sm_occupancy"), Some(6.0));
+    assert_eq!(last_value(&tracks, "gpu.0.dram_bw_util"), Some(5.0));
+    // 100 MiB/s in NVML's unit: 104.9 MB/s, as the PCIe tracks count.
+    let rx = last_value(&tracks, "gpu.0.nvlink_rx_mbps").expect("an NVLink track");
+    assert!((rx - 104.8576).abs() < 0.01, "{rx}");
+    assert!(!status_json(&data).unwrap()["gpus"]["unsupported"].to_string().contains("gpm"));
+    drop(daemon);
+
+    // The same GPU without GPM (an A100): said in status, no track, no finding.
+    let tmp2 = tempfile::tempdir().unwrap();
+    nvml.say(&h100(98, &[pid], 0));
+    let (data, daemon) = detecting_daemon(tmp2.path(), &nvml);
+    let dir = data.to_str().unwrap();
+    let unsupported = wait_for("GPM said unsupported", Duration::from_secs(15), || {
+        let u = status_json(&data)?["gpus"]["unsupported"].to_string();
+        u.contains("gpu 0: gpm").then_some(u)
+    });
+    assert!(daemon.log_text().contains("call=\"gpm\"") || daemon.log_text().contains("gpm"), "{unsupported}");
+    // Twice the detector's 4 s at 98 % busy read, and judged (the seconds wait 3 s at most;
+    // the points are in ms).
+    wait_for("8 s of GPU readings", Duration::from_secs(30), || {
+        let t = gpu_tracks(dir);
+        let p = &t.iter().find(|(n, _)| n == "gpu.0.util")?.1;
+        (p.last()?.0 - p.first()?.0 >= 11_000).then_some(())
+    });
+    assert!(findings(dir, "gpu-underused").is_empty(), "no GPM, no finding");
+    assert_eq!(last_value(&gpu_tracks(dir), "gpu.0.sm_active"), None);
+}
+
 #[test]
 fn an_xid_in_the_kernel_log_is_an_event_naming_the_gpu_and_a_fatal_one_a_finding() {
     let test = "an_xid_in_the_kernel_log_is_an_event_naming_the_gpu_and_a_fatal_one_a_finding";

@@ -145,6 +145,8 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     int("detect.gpu_secs", t.gpu_secs.into(), 1..=600, "1 to 600 seconds")?;
     share("detect.gpu_cpu_busy", t.gpu_cpu_busy, false)?;
     share("detect.gpu_sync_share", t.gpu_sync_share, false)?;
+    share("detect.gpu_busy_above", t.gpu_busy_above, false)?;
+    share("detect.gpu_sm_active_below", t.gpu_sm_active_below, false)?;
     Ok(())
 }
 

@@ -43,6 +43,8 @@ pub struct Input<'a> {
 
 /// Functions kept per run at most (the rest are not counted).
 const MAX_FUNCTIONS: usize = 4096;
+/// Holders' SM shares kept per run at most (the poller reads 64 a GPU).
+const MAX_HOLDERS_KEPT: usize = 64;
 
 #[derive(Debug, Default)]
 struct Run {
@@ -72,6 +74,12 @@ struct Run {
     ran_sum: f64,
     waited_sum: f64,
     asked_tid: u32,
+    /// GPM's figures (`gpu-underused`): the sums of the seconds' SM activity, occupancy and
+    /// tensor activity (%), and how many seconds had each.
+    gpm: underused::GpmSums,
+    /// Per holder, its share of the SMs (NVML's per-process samples): the sum over the seconds
+    /// that had one, and how many. A GPU shared by several processes says who used it.
+    holder_sm: BTreeMap<u32, (f64, u64)>,
 }
 
 /// Counts `f` in `map`, unless the map is full and `f` new.
@@ -82,13 +90,28 @@ fn count(map: &mut HashMap<Arc<str>, u64>, f: &Arc<str>) {
 }
 
 impl Run {
-    /// Adds a second of `util` % that began at `start_ns`.
-    fn add_second(&mut self, start_ns: u64, util: f64) {
+    /// Adds a second of `util` % that began at `start_ns`, and its holders' shares of the SMs.
+    fn add_second(&mut self, start_ns: u64, util: f64, g: &GpuSecond) {
         if self.seconds == 0 {
             self.start_ns = start_ns;
         }
         self.seconds += 1;
         self.util_sum += util;
+        for &(pid, sm) in &g.holder_sm {
+            if self.holder_sm.len() < MAX_HOLDERS_KEPT || self.holder_sm.contains_key(&pid) {
+                let e = self.holder_sm.entry(pid).or_default();
+                e.0 += sm;
+                e.1 += 1;
+            }
+        }
+    }
+
+    /// Each holder's mean share of the SMs, the largest first (ties: the lower pid).
+    fn holder_shares(&self) -> Vec<(u32, f64)> {
+        let mut v: Vec<(u32, f64)> =
+            self.holder_sm.iter().filter(|(_, (_, n))| *n > 0).map(|(&p, &(s, n))| (p, s / n as f64)).collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
     }
 
     /// The mean shares of a second the holders' busiest thread ran and waited for a CPU.
@@ -270,6 +293,9 @@ impl GpuDetect {
                 None
             };
             seen.extend(kind.map(|k| (g.index, k)));
+            if self.underused(now, g, util, input.launches, t) {
+                seen.push((g.index, Kind::GpuUnderused));
+            }
         }
         self.runs.retain(|k, _| seen.contains(k));
         for ((index, _), run) in self.runs.iter_mut() {
@@ -282,7 +308,7 @@ impl GpuDetect {
     /// Adds this second to the GPU's throttled run.
     fn throttled(&mut self, now: &Second, g: &GpuSecond, util: f64) {
         let run = self.runs.entry((g.index, Kind::GpuThrottled)).or_default();
-        run.add_second(now.start_ns, util);
+        run.add_second(now.start_ns, util, g);
         run.reasons |= g.reasons;
         if let Some(c) = g.sm_clock_mhz {
             run.clock_sum += c;
@@ -308,7 +334,7 @@ impl GpuDetect {
         tracing::debug!(gpu = g.index, util, holders = ?g.holders, per_cpu = ?feeders.per_cpu, per_pid = ?feeders.per_pid, "GPU feeders this second");
         let kind = feeders.kind(asked, busy, t)?;
         let run = self.runs.entry((g.index, kind)).or_default();
-        run.add_second(now.start_ns, util);
+        run.add_second(now.start_ns, util, g);
         run.add_launches(&g.holders, launches);
         if let Some(d) = asked {
             run.add_demand(d);
@@ -375,15 +401,36 @@ impl<'a> Told<'a> {
         self.procs.first().map_or(otherwise.to_string(), |p| p.who(""))
     }
 
+    /// On a GPU several processes hold, who used it: `; the GPU is shared by 2 processes, by
+    /// their share of its SMs: python3 (pid 900) 38 %, trainer (pid 812) 2 %`; nothing when one
+    /// process (or none NVML measured) holds it.
+    fn shared(&self) -> String {
+        let shares = self.run.holder_shares();
+        if shares.len() < 2 {
+            return String::new();
+        }
+        let name = |pid: u32| {
+            self.procs.iter().find(|p| p.pid == pid).map_or(format!("pid {pid}"), |p| format!("{} (pid {pid})", p.comm))
+        };
+        let list: Vec<String> = shares.iter().take(5).map(|&(pid, sm)| format!("{} {sm:.0} %", name(pid))).collect();
+        let more = if shares.len() > 5 { format!(" and {} more", shares.len() - 5) } else { String::new() };
+        format!(
+            "; the GPU is shared by {} processes, by their share of its SMs: {}{more}",
+            shares.len(),
+            list.join(", ")
+        )
+    }
+
     fn starved(&self, m: Machine) -> String {
         let (run, name, lead) = (self.run, &self.name, &self.lead);
         let cores = run.ticks as f64 / run.seconds.max(1) as f64 / m.frequency_hz.max(1) as f64;
         format!(
             "{name} while {} and {} other process(es) kept {} CPU(s) busy ({cores:.1} cores){lead}: \
-             the input pipeline is the bottleneck; look next: the number of workers, the transform's cost",
+             the input pipeline is the bottleneck; look next: the number of workers, the transform's cost{}",
             self.first("its processes"),
             self.procs.len().saturating_sub(1),
             run.busy_cpus.len().max(1),
+            self.shared(),
         )
     }
 
@@ -412,8 +459,9 @@ impl<'a> Told<'a> {
         };
         format!(
             "{name} while {} {busy_text}{lead}{launch_text}: kernels are launched one by \
-             one; look next: CUDA graphs, larger batches, a compiled model{shared_text}",
-            self.first("the process holding it")
+             one; look next: CUDA graphs, larger batches, a compiled model{shared_text}{}",
+            self.first("the process holding it"),
+            self.shared(),
         )
     }
 
@@ -457,6 +505,8 @@ impl<'a> Told<'a> {
             "launcher_ran_share": run.shares().0,
             "launcher_waited_share": run.shares().1,
             "top_launch_line": run.launch_line.as_ref().map(|(l, s)| json!({"line": &**l, "share": s})),
+            "gpm": (run.gpm.seconds() > 0).then(|| self.gpm_evidence()),
+            "holders_sm_percent": run.holder_shares().iter().map(|(pid, sm)| json!({"pid": pid, "sm_percent": sm})).collect::<Vec<_>>(),
             "since_ns": run.start_ns,
             "until_ns": run.start_ns + run.seconds * NS_PER_SEC,
         })
@@ -469,6 +519,7 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
     let summary = match kind {
         Kind::GpuStarved => told.starved(m),
         Kind::GpuLaunchBound => told.launch_bound(),
+        Kind::GpuUnderused => told.underused(),
         _ => told.throttled(),
     };
     Active {
@@ -481,6 +532,8 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
         evidence: told.evidence(inv),
     }
 }
+
+mod underused;
 
 #[cfg(test)]
 #[path = "gpu_tests.rs"]

@@ -41,7 +41,20 @@ fn gpu(util: f64, holders: &[u32], slowed: u32) -> GpuSecond {
         sm_clock_mhz: Some(if slowed > 0 { 1375.0 } else { 1980.0 }),
         demand: Vec::new(),
         descendants: Vec::new(),
+        gpm: None,
+        holder_sm: Vec::new(),
     }
+}
+
+/// As [`gpu`], with GPM's SM activity and occupancy (Hopper and later).
+fn with_gpm(util: f64, holders: &[u32], sm_active: f64) -> GpuSecond {
+    let gpm = crate::gpu_readings::Gpm {
+        sm_active: Some(sm_active),
+        sm_occupancy: Some(sm_active / 2.0),
+        tensor_active: Some(0.0),
+        ..Default::default()
+    };
+    GpuSecond { gpm: Some(gpm), ..gpu(util, holders, 0) }
 }
 
 /// As [`gpu`], with the processes its holders started (read by the poller, `gpu::nvml::family`).
@@ -235,4 +248,68 @@ fn a_gpu_bound_run_at_its_power_cap_raises_no_finding() {
         seconds += 1;
     }
     assert_eq!(seconds, 59);
+}
+
+#[test]
+fn a_busy_gpu_whose_sms_mostly_idle_is_underused_naming_the_launches() {
+    let train: &[&str] = &["_start", "_PyEval_EvalFrameDefault", "train_step (train.py:93)", "cuLaunchKernel"];
+    let launches = HashMap::from([(
+        812,
+        LaunchFigures { per_sec: 21_400.0, top_line: Some((Arc::from("train_step (train.py:93)"), 0.92)) },
+    )]);
+    let evaluate = |secs: u64, g: GpuSecond| {
+        let mut d = GpuDetect::default();
+        let (inv, gpus) = (inventory(), [g]);
+        let mut last = Vec::new();
+        for s in 0..secs {
+            let input = Input { gpus: &gpus, inventory: &inv, launches: &launches };
+            last = d.evaluate(&second(1000 + s, &[(1, 812, "python3", train)]), &input, M, &Thresholds::default());
+        }
+        last
+    };
+    // NVML says 98 % busy; GPM says the SMs had work 12 % of the time: ten seconds of it.
+    assert!(evaluate(9, with_gpm(98.0, &[812], 12.0)).is_empty(), "not before gpu_secs");
+    let a = evaluate(10, with_gpm(98.0, &[812], 12.0));
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuUnderused);
+    let s = &a[0].summary;
+    assert!(s.contains("98 % busy for 10 s but its SMs were active only 12 % of the time (occupancy 6 %"), "{s}");
+    assert!(s.contains("python3 (pid 812)"), "{s}");
+    assert!(s.contains("21400 launches/s"), "{s}");
+    assert!(s.contains("92 % of them from train_step (train.py:93)"), "{s}");
+    assert!(s.contains("CUDA graphs"), "{s}");
+    assert_eq!(a[0].evidence["gpm"]["sm_active_percent"], 12.0);
+    // SMs busy enough, a GPU not busy enough, or no GPM (before Hopper): nothing.
+    assert!(evaluate(12, with_gpm(98.0, &[812], 45.0)).is_empty());
+    assert!(evaluate(12, with_gpm(70.0, &[812], 12.0)).is_empty());
+    assert!(evaluate(12, gpu(98.0, &[812], 0)).is_empty(), "no GPM, no finding");
+}
+
+#[test]
+fn on_a_shared_gpu_the_finding_says_which_process_used_it() {
+    // Two trainers on one GPU at 40 %: 900 has its SMs 38 % of the time, 812 2 % while its
+    // workers saturate three CPUs: 812 starves, and the finding says who used the GPU.
+    let shared = [GpuSecond { holder_sm: vec![(812, 2.0), (900, 38.0)], ..fed(40.0, &[812, 900], &[901, 902, 903]) }];
+    let busy: &[(usize, u32, &str, &[&str])] = &[
+        (0, 900, "python3", &["_start", "step (other.py:7)"]),
+        (1, 901, "pt_data_worker", AUGMENT),
+        (2, 902, "pt_data_worker", AUGMENT),
+        (3, 903, "pt_data_worker", AUGMENT),
+    ];
+    let a = run(10, &shared, busy);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuStarved);
+    let s = &a[0].summary;
+    assert!(
+        s.ends_with("the GPU is shared by 2 processes, by their share of its SMs: python3 (pid 900) 38 %, pid 812 2 %"),
+        "{s}"
+    );
+    assert_eq!(
+        a[0].evidence["holders_sm_percent"],
+        json!([{"pid": 900, "sm_percent": 38.0}, {"pid": 812, "sm_percent": 2.0}])
+    );
+    // One holder: nothing about sharing.
+    let alone = [GpuSecond { holder_sm: vec![(812, 2.0)], ..fed(20.0, &[812], &[901, 902, 903]) }];
+    let a = run(10, &alone, &busy[1..]);
+    assert!(!a[0].summary.contains("shared"), "{}", a[0].summary);
 }

@@ -87,6 +87,10 @@ pub struct Thresholds {
     /// `gpu-sync-stall`: a thread blocked in CUDA synchronisation at least this share of its
     /// time over `gpu_secs` while its GPU is below `gpu_idle_below`.
     pub gpu_sync_share: f64,
+    /// `gpu-underused`: a GPU at least this busy by NVML's utilisation (a share)...
+    pub gpu_busy_above: f64,
+    /// ...while GPM's SM activity (Hopper and later) stays below this share, for `gpu_secs`.
+    pub gpu_sm_active_below: f64,
 }
 
 impl Default for Thresholds {
@@ -126,6 +130,8 @@ impl Default for Thresholds {
             gpu_secs: 10,
             gpu_cpu_busy: 0.9,
             gpu_sync_share: 0.5,
+            gpu_busy_above: 0.9,
+            gpu_sm_active_below: 0.3,
         }
     }
 }

@@ -87,6 +87,23 @@ pub struct Reading {
     pub remap: Option<RowRemap>,
     /// Processes holding the GPU as of the last read of them (read once a second).
     pub holders: Option<Vec<Holder>>,
+    /// GPM's figures over the last second (Hopper and later; read once a second).
+    pub gpm: Option<Gpm>,
+}
+
+/// What the SMs did over a second, from GPM (`gpu::nvml::gpm`): shares in %, throughput in MB/s;
+/// `None` where the GPU lacks that metric.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Gpm {
+    /// The share of time each SM had at least one warp assigned, averaged over the SMs.
+    pub sm_active: Option<f64>,
+    /// Warps resident against the SMs' maximum.
+    pub sm_occupancy: Option<f64>,
+    /// The share of time the tensor cores did anything.
+    pub tensor_active: Option<f64>,
+    pub dram_bw_util: Option<f64>,
+    pub nvlink_rx_mbps: Option<f64>,
+    pub nvlink_tx_mbps: Option<f64>,
 }
 
 /// Rows of GPU memory replaced by spares because of errors (NVML's remapped rows): a pending
@@ -113,7 +130,11 @@ pub struct GpuSecond {
     pub reasons: u64,
     /// Mean SM clock over the second's polls, MHz (`None`: not read).
     pub sm_clock_mhz: Option<f64>,
+    /// GPM's figures over the second (`None`: the GPU has no GPM, or not read yet).
+    pub gpm: Option<Gpm>,
     pub holders: Vec<u32>,
+    /// Each holder's share of the SMs (NVML's per-process samples, %), where NVML gave one.
+    pub holder_sm: Vec<(u32, f64)>,
     /// Per holder, its thread that asked most of the CPUs over the second (`gpu::nvml::demand`;
     /// empty where the kernel keeps no scheduler statistics).
     pub demand: Vec<ThreadDemand>,
@@ -222,6 +243,10 @@ impl Seconds {
             g.slowed_polls += u32::from(reasons & SLOWDOWN_REASONS != 0);
             if let Some(h) = &r.holders {
                 g.holders = h.iter().map(|h| h.pid).collect();
+                g.holder_sm = h.iter().filter_map(|h| Some((h.pid, h.sm_util?))).collect();
+            }
+            if r.gpm.is_some() {
+                g.gpm = r.gpm;
             }
         }
         done

@@ -38,6 +38,7 @@ pub struct Source {
     /// Per GPU: what the last slow read found (processes, ECC counts), repeated in the polls
     /// between, so that their tracks do not flicker.
     slow: Vec<Slow>,
+    gpm: super::gpm::Sampler,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -52,6 +53,7 @@ struct Slow {
     ecc_corrected: Option<f64>,
     ecc_uncorrected: Option<f64>,
     remap: Option<RowRemap>,
+    gpm: Option<crate::gpu_readings::Gpm>,
 }
 
 /// Whether an error means the call will never work here (rather than this once).
@@ -83,6 +85,7 @@ impl Source {
             dead: BTreeSet::new(),
             last_process_ts: vec![0; count as usize],
             slow: vec![Slow::default(); count as usize],
+            gpm: super::gpm::Sampler::new(count),
         })
     }
 
@@ -186,6 +189,10 @@ impl Source {
                 slow.ecc_corrected = Self::call(dead, index, "ecc(corrected)", || ecc(MemoryError::Corrected));
                 slow.ecc_uncorrected = Self::call(dead, index, "ecc(uncorrected)", || ecc(MemoryError::Uncorrected));
                 slow.remap = Self::call(dead, index, "remapped_rows", || remapped_rows(self.nvml, &d));
+                // GPM: a second's SM activity (Hopper and later; "gpm" in the unsupported calls
+                // otherwise, said once).
+                let (nvml, sampler) = (self.nvml, &mut self.gpm);
+                slow.gpm = Self::call(dead, index, "gpm", || sampler.read(nvml, &d, index)).flatten();
                 let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
                 let since = self.last_process_ts[index as usize];
                 let samples =
@@ -227,6 +234,7 @@ impl Source {
             r.ecc_corrected = slow.ecc_corrected;
             r.ecc_uncorrected = slow.ecc_uncorrected;
             r.remap = slow.remap;
+            r.gpm = slow.gpm;
             out.push(r);
         }
         out

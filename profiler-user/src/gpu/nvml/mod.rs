@@ -18,6 +18,7 @@
 mod demand;
 mod events;
 mod family;
+mod gpm;
 mod holders;
 mod library;
 mod poll;

@@ -257,6 +257,14 @@ pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
             put("row_remap_pending", "bool", Some(f64::from(u8::from(m.pending))));
             put("row_remap_failed", "bool", Some(f64::from(u8::from(m.failed))));
         }
+        if let Some(g) = &r.gpm {
+            put("sm_active", "%", g.sm_active);
+            put("sm_occupancy", "%", g.sm_occupancy);
+            put("tensor_active", "%", g.tensor_active);
+            put("dram_bw_util", "%", g.dram_bw_util);
+            put("nvlink_rx_mbps", "MB/s", g.nvlink_rx_mbps);
+            put("nvlink_tx_mbps", "MB/s", g.nvlink_tx_mbps);
+        }
         if let Some(holders) = &r.holders {
             put("processes", "processes", Some(holders.len() as f64));
             for h in holders {
