@@ -87,15 +87,35 @@ impl ClickHouse {
         .unwrap();
         std::fs::write(
             self.dir.join("users.xml"),
-            "<yandex><profiles><default><log_queries>1</log_queries></default></profiles><quotas><default></default></quotas>\n\
-             <users><default><password></password><networks><ip>127.0.0.1</ip></networks>\
-             <profile>default</profile><quota>default</quota></default></users></yandex>\n",
+            format!(
+                "<yandex><profiles><default><log_queries>1</log_queries></default>{READ_ONLY_PROFILES}</profiles>\
+                 <quotas><default></default></quotas>\n\
+                 <users><default><password></password><networks><ip>127.0.0.1</ip></networks>\
+                 <profile>default</profile><quota>default</quota></default>{READERS}</users></yandex>\n"
+            ),
         )
         .unwrap();
     }
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    /// The URL with a user's credentials ([`READER`], [`HASTY`]).
+    pub fn url_as(&self, (user, password): (&str, &str)) -> String {
+        format!("http://{user}:{password}@127.0.0.1:{}", self.http_port)
+    }
+
+    /// Its native protocol's address, as other shards reach it (and errors name it).
+    pub fn tcp_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.tcp_port)
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT: a server that stops answering without closing a connection.
+    pub fn freeze(&self, stopped: bool) {
+        let pid = self.child.as_ref().expect("the server is running").0.id();
+        let signal = if stopped { "-STOP" } else { "-CONT" };
+        assert!(Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
     }
 
     /// Starts the server on the same directory and ports, and waits until it answers.
@@ -148,6 +168,20 @@ impl ClickHouse {
         a.trim().parse().unwrap_or_else(|_| panic!("{sql}: answered {a:?}"))
     }
 }
+
+/// A user who may only read (`readonly=1`: no writes, no settings in a request), as a fleet's
+/// readers are given; its profile sets the time limit reads get (20 s).
+pub const READER: (&str, &str) = ("reader", "reads");
+/// A read-only user whose reads stop after 1 s: a time limit that a test can reach.
+pub const HASTY: (&str, &str) = ("hasty", "hurries");
+
+const READ_ONLY_PROFILES: &str = "<reader><readonly>1</readonly><max_execution_time>20</max_execution_time></reader>\
+    <hasty><readonly>1</readonly><max_execution_time>1</max_execution_time></hasty>";
+
+const READERS: &str = "<reader><password>reads</password><networks><ip>127.0.0.1</ip></networks>\
+    <profile>reader</profile><quota>default</quota></reader>\
+    <hasty><password>hurries</password><networks><ip>127.0.0.1</ip></networks>\
+    <profile>hasty</profile><quota>default</quota></hasty>";
 
 /// The shipper's cursor in a data directory: samples before it are in ClickHouse (ns).
 pub fn cursor_ns(data: &Path) -> Option<u64> {

@@ -634,8 +634,8 @@ fn rollups_land_on_each_nodes_shard_and_read_through_either_shard() {
         cluster: Some("fleet".into()),
         ..Default::default()
     };
-    // Stacks go through a Distributed table to every shard: the shards have their tables before
-    // the first node ships (a fleet's other nodes make them; here, the statements the shippers run).
+    // Both shards have their tables before the first node ships (a fleet's other nodes make
+    // them; here, the statements the shippers run): the Distributed tables read both.
     let layout = schema::Layout { database: "profiler", cluster: Some("fleet"), ttl_secs: None, codecs: false };
     for shard in &shards {
         for statement in schema::statements(&layout) {
