@@ -4,6 +4,8 @@
 
 use std::{
     collections::BTreeMap,
+    io::{BufRead, Read, Write},
+    net::TcpStream,
     path::Path,
     process::{Command, Stdio},
     time::Duration,
@@ -101,6 +103,122 @@ fn same_answer(data: &Path, url: &str, node: &str, args: &[&str]) -> Vec<u8> {
     a
 }
 
+/// ClickHouse's HTTP interface over chdb (today's ClickHouse, embedded; from PyPI): a statement
+/// in each POST body, the answer (or the engine's error, status 500) back. The real binary
+/// reads it as it reads a server, so every query a read sends runs on a current engine too.
+struct ChdbServer {
+    _child: Kill,
+    port: u16,
+}
+
+const CHDB_HTTP: &str = r#"
+import sys, http.server
+from chdb.session import Session
+s = Session(sys.argv[1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        q = self.rfile.read(int(self.headers.get('Content-Length', 0))).decode()
+        try:
+            body, code = s.query(q).bytes(), 200
+        except Exception as e:
+            body, code = str(e).encode(), 500
+        self.send_response(code)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.HTTPServer(('127.0.0.1', 0), H)
+print(srv.server_port, flush=True)
+srv.serve_forever()
+"#;
+
+impl ChdbServer {
+    /// `None` where chdb is not installed (a failure under CI).
+    fn start(dir: &Path) -> Option<Self> {
+        integration_tests::clickhouse::chdb(&["SELECT 1".to_string()])?;
+        let mut child = Kill(
+            Command::new("python3")
+                .args(["-c", CHDB_HTTP, dir.to_str().unwrap()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap(),
+        );
+        let mut line = String::new();
+        std::io::BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().parse().unwrap_or_else(|_| panic!("chdb's HTTP port: {line:?}"));
+        Some(Self { _child: child, port })
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn query(&self, sql: &str) -> Result<String, String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).map_err(|e| e.to_string())?;
+        let head = format!("POST / HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n", sql.len());
+        s.write_all(head.as_bytes()).and_then(|_| s.write_all(sql.as_bytes())).map_err(|e| e.to_string())?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
+        let (head, body) = resp.split_once("\r\n\r\n").ok_or("no HTTP answer")?;
+        if head.contains(" 200 ") { Ok(body.to_string()) } else { Err(body.to_string()) }
+    }
+
+    /// The schema, and every row `from` holds in the tables reads use (the rollups are made
+    /// again by chdb's own views, from the samples).
+    fn copy_of(&self, from: &ClickHouse) {
+        use profiler::ship::clickhouse::schema;
+        let layout = schema::Layout { database: "profiler", cluster: None, ttl_secs: Some(604_800), codecs: true };
+        for sql in schema::statements(&layout) {
+            self.query(&sql).unwrap_or_else(|e| panic!("chdb: {sql}: {e}"));
+        }
+        let tables = [
+            schema::NODES,
+            schema::STACKS,
+            schema::STACK_LOCATIONS,
+            schema::FINDINGS,
+            schema::EVENTS,
+            schema::CPU_SECONDS,
+            schema::SAMPLES,
+            schema::CUDA_SAMPLES,
+        ];
+        for table in tables {
+            let rows = from.query(&format!("SELECT * FROM profiler.{table} FORMAT Values")).unwrap();
+            if !rows.trim().is_empty() {
+                self.query(&format!("INSERT INTO profiler.{table} VALUES {rows}"))
+                    .unwrap_or_else(|e| panic!("chdb: rows of {table}: {e}"));
+            }
+        }
+    }
+}
+
+/// `profiler ARGS --clickhouse A` and `--clickhouse B` answer alike (`-o FILE`: the files).
+fn same_on_both(a: &str, b: &str, args: &[&str]) {
+    let out_file = args.iter().position(|&x| x == "-o").map(|i| args[i + 1].to_string());
+    let answer = |url: &str| {
+        let stdout = run(&[args, &["--clickhouse", url]].concat());
+        match &out_file {
+            Some(f) if f.ends_with(".html") => report_data(Path::new(f)).into_bytes(),
+            Some(f) => std::fs::read(f).unwrap(),
+            None => stdout,
+        }
+    };
+    let (x, y) = (answer(a), answer(b));
+    assert!(!x.is_empty(), "profiler {} answered nothing", args.join(" "));
+    if x != y {
+        let at = x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len()));
+        let around =
+            |v: &[u8]| String::from_utf8_lossy(&v[at.saturating_sub(200)..(at + 200).min(v.len())]).into_owned();
+        panic!(
+            "profiler {} differs between ClickHouse 18.16 and chdb at byte {at}:\n--- 18.16\n{}\n--- chdb\n{}",
+            args.join(" "),
+            around(&x),
+            around(&y)
+        );
+    }
+}
+
 #[test]
 fn read_commands_answer_from_clickhouse_as_from_the_store() {
     if !privileged("read_commands_answer_from_clickhouse_as_from_the_store") {
@@ -167,6 +285,57 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
     let report = tmp.path().join("report.html");
     same_report(&data, &url, node, &report, &w);
     eprintln!("[{a}, {b}): {} folded lines and every read command alike", folded.lines().count());
+
+    // A read bounded in rows: the heaviest come, the rest is summed as one line, said so.
+    {
+        use profiler::{
+            fleet::{Fleet, pushdown},
+            model::SampleKind,
+            query::{Filter, FoldBudget, Window},
+        };
+        let f = Fleet::new(&url, "profiler").unwrap();
+        let sel = f.select(&[node.to_string()]).unwrap();
+        let window = Window::new(a * SEC, b * SEC).unwrap();
+        let budget = FoldBudget { max_stacks: 100_000, max_bytes: 1 << 30 };
+        let fold = pushdown::fold_reading(&f, &sel, SampleKind::Cpu, window, &Filter::default(), budget, 3).unwrap();
+        let total = |t: &str| t.lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum::<u64>();
+        let other = fold.folded.stacks.get(pushdown::OTHER_STACKS).copied().unwrap_or(0);
+        assert_eq!(fold.folded.stacks.len(), 4, "3 rows and the rest: {:?}", fold.folded.stacks.keys());
+        assert!(other > 0 && fold.folded.total() == total(&folded), "the rest summed: {other} of {}", total(&folded));
+        let note = fold.note.expect("a note says the fold was cut");
+        assert!(note.contains("3 heaviest") && note.contains(pushdown::OTHER_STACKS), "{note}");
+    }
+
+    // The same reads on today's ClickHouse: what 18.16 holds, copied into chdb, answers alike.
+    if let Some(chdb) = ChdbServer::start(&tmp.path().join("chdb")) {
+        chdb.copy_of(&ch);
+        let c = chdb.url();
+        let on = ["--node", node];
+        let report = tmp.path().join("both.html");
+        let pprof = tmp.path().join("both.pprof");
+        let otlp = tmp.path().join("both.otlp");
+        let reads: Vec<Vec<&str>> = vec![
+            vec!["flamegraph", "--format", "folded"],
+            vec!["flamegraph", "--format", "folded", "--cpu", "1", "--include-idle"],
+            vec!["heatmap", "--format", "json"],
+            vec!["cputime", "--format", "json"],
+            vec!["cputime", "--format", "csv", "--bucket", "100ms"],
+            vec!["export", "--format", "folded"],
+            vec!["export", "--format", "perf-script"],
+            vec!["export", "--format", "speedscope"],
+            vec!["export", "--format", "pprof", "-o", pprof.to_str().unwrap()],
+            vec!["export", "--format", "otlp", "-o", otlp.to_str().unwrap()],
+            vec!["findings", "--format", "json"],
+            vec!["events", "--format", "json"],
+            vec!["report", "-o", report.to_str().unwrap()],
+        ];
+        for read in reads {
+            same_on_both(&url, &c, &[&read[..], &on, &w].concat());
+        }
+        // The whole fleet (no --node) too.
+        same_on_both(&url, &c, &[&["export", "--format", "folded"][..], &w].concat());
+        eprintln!("every read answers alike from ClickHouse 18.16 and from chdb (current ClickHouse)");
+    }
 
     // Clear sentences for the wrong node, an empty window and a server that is not there.
     let err = |args: &[&str]| {
@@ -290,6 +459,45 @@ fn two_nodes_on_two_shards_read_through_either_shard() {
         let fleet = parse(&run(&args.concat()));
         assert_eq!(fleet, expected, "the fleet's fold is its nodes' folds added up");
     }
+    // Exports of several nodes: folded stacks summed by the servers, and each sample of the
+    // nodes streamed in time order (perf-script: every sample of both, none twice).
+    let url = shards[0].url();
+    let fleet_export =
+        parse(&run(&["export", "--format", "folded", "--clickhouse", &url, "--from", &from, "--to", &to]));
+    assert_eq!(fleet_export, expected, "the fleet's folded export is its nodes' folds added up");
+    let headers = |text: &[u8]| -> Vec<String> {
+        let text = String::from_utf8_lossy(text);
+        text.lines().filter(|l| !l.is_empty() && !l.starts_with(['#', '\t'])).map(String::from).collect()
+    };
+    let mut own: Vec<String> = data
+        .iter()
+        .flat_map(|d| {
+            headers(&run(&[
+                "export",
+                "--format",
+                "perf-script",
+                "--from",
+                &from,
+                "--to",
+                &to,
+                "--data-dir",
+                d.to_str().unwrap(),
+            ]))
+        })
+        .collect();
+    let merged =
+        headers(&run(&["export", "--format", "perf-script", "--clickhouse", &url, "--from", &from, "--to", &to]));
+    // `comm pid/tid [cpu] secs.micros: ...`: in time order.
+    let time = |h: &String| -> f64 {
+        h.split_whitespace().find(|t| t.ends_with(':')).unwrap().trim_end_matches(':').parse().unwrap()
+    };
+    assert!(merged.windows(2).all(|p| time(&p[0]) <= time(&p[1])), "the merged samples are in time order");
+    let mut merged = merged;
+    merged.sort();
+    own.sort();
+    assert!(!own.is_empty());
+    assert_eq!(merged, own, "the fleet's perf-script holds each node's samples once");
+
     // One node's commands still name it.
     let out = profiler(&["cputime", "--clickhouse", &shards[0].url(), "--from", &from, "--to", &to]);
     let e = String::from_utf8_lossy(&out.stderr);

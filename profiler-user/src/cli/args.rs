@@ -5,10 +5,9 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use profiler::{
-    fleet::{Fleet, FleetError, Selection, mirror::Mirror, pushdown},
+    fleet::{Fleet, FleetError, Selection, reader::Reader},
     model::SampleKind,
-    query::{self, Filter, FoldBudget, Folded, Window},
-    store::Store,
+    query::{Filter, FoldBudget, Folded, Window},
     timespec,
 };
 
@@ -34,33 +33,30 @@ pub struct Source {
     #[arg(long, default_value = "profiler", requires = "clickhouse")]
     pub database: String,
     /// With --clickhouse: the node to read (its daemon's --node), or a glob (`gpu-*`); repeat
-    /// for several. Flamegraphs of several nodes (or, without --node, of the whole fleet) are
-    /// merged; the other commands read one node.
+    /// for several. Flamegraphs, heatmaps, exports, findings and events of several nodes (or,
+    /// without --node, of the whole fleet) are merged; CPU x time and reports read one node.
     #[arg(long, requires = "clickhouse")]
     pub node: Vec<String>,
 }
 
-/// A [`Source`] ready to read: a data directory, the node's store or a private copy.
+/// A [`Source`] ready to read: a data directory, or the nodes chosen in ClickHouse.
 pub struct Opened {
     data_dir: PathBuf,
     fleet: Option<FleetSource>,
 }
 
-/// What a read from ClickHouse covers: the nodes, and for one node the copy of its findings
-/// and events (and, for the commands that read a copy, its samples).
+/// What a read from ClickHouse covers.
 struct FleetSource {
     fleet: Fleet,
     selection: Selection,
-    mirror: Option<Mirror>,
 }
 
 impl Source {
-    /// For a copy from ClickHouse: the node's findings and events now, its samples with
-    /// [`Opened::load`]. One node only.
+    /// For a command that reads one node (CPU x time, a report): several are refused.
     pub fn open(&self) -> anyhow::Result<Opened> {
         let opened = self.open_nodes()?;
         match &opened.fleet {
-            Some(f) if f.mirror.is_none() => Err(FleetError::WhichNode(
+            Some(f) if f.selection.single().is_none() => Err(FleetError::WhichNode(
                 f.selection.nodes.len(),
                 f.selection.nodes.iter().take(10).map(|n| n.name.as_str()).collect::<Vec<_>>().join(", "),
             )
@@ -69,50 +65,32 @@ impl Source {
         }
     }
 
-    /// As [`Source::open`], for a command that the server answers for any set of nodes
-    /// ([`Opened::folder`]): one node gets its copy of findings and events, several none.
+    /// For a command that the server answers for any set of nodes ([`Opened::reader`]).
     pub fn open_nodes(&self) -> anyhow::Result<Opened> {
         let Some(url) = &self.clickhouse else {
             return Ok(Opened { data_dir: self.dir.data_dir.clone(), fleet: None });
         };
         let fleet = Fleet::new(url, &self.database)?;
         let selection = fleet.select(&self.node)?;
-        let mirror = match selection.single() {
-            Some(node) => Some(Mirror::new(&fleet, node.clone())?),
-            None => None,
-        };
-        let data_dir = mirror.as_ref().map(|m| m.data_dir().to_path_buf()).unwrap_or_default();
-        Ok(Opened { data_dir, fleet: Some(FleetSource { fleet, selection, mirror }) })
+        Ok(Opened { data_dir: PathBuf::new(), fleet: Some(FleetSource { fleet, selection }) })
     }
 }
 
-/// Folds windows of one kind of samples: a node's store scanned here, or ClickHouse asked to
-/// sum them ([`pushdown::fold`]) so that only the sums travel.
-pub enum Folder<'a> {
-    Store(Store),
-    Fleet { fleet: &'a Fleet, selection: &'a Selection, kind: SampleKind },
-}
-
-impl Folder<'_> {
-    pub fn fold(&mut self, window: Window, filter: &Filter, budget: FoldBudget) -> anyhow::Result<Folded> {
-        match self {
-            Self::Store(store) => {
-                let result = query::fold_within(store, window, filter, budget);
-                for w in store.take_warnings() {
-                    tracing::warn!("{w}");
-                }
-                Ok(result?)
-            }
-            Self::Fleet { fleet, selection, kind } => {
-                let fold = pushdown::fold(fleet, selection, *kind, window, filter, budget)?;
-                eprintln!("note: ClickHouse answered from {}", fold.read_from);
-                Ok(fold.folded)
-            }
-        }
+/// Folds a window with `reader`, saying on stderr what answered from ClickHouse and what the
+/// answer left out.
+pub fn fold(reader: &mut Reader<'_>, window: Window, filter: &Filter, budget: FoldBudget) -> anyhow::Result<Folded> {
+    let fold = reader.fold(window, filter, budget)?;
+    if let Some(from) = &fold.read_from {
+        eprintln!("note: ClickHouse answered from {from}");
     }
+    if let Some(note) = &fold.note {
+        eprintln!("note: {note}");
+    }
+    Ok(fold.folded)
 }
 
 impl Opened {
+    /// The data directory (reading a store; empty when reading ClickHouse).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
@@ -122,50 +100,26 @@ impl Opened {
         self.fleet.as_ref().map(|f| (&f.fleet, &f.selection))
     }
 
-    /// Several nodes are read (no copy of findings and events to look an id up in).
+    /// Several nodes are read (what one node's findings say is not there to look an id up in).
     pub fn several_nodes(&self) -> Option<String> {
-        self.fleet.as_ref().filter(|f| f.mirror.is_none()).map(|f| f.selection.describe())
+        self.fleet.as_ref().filter(|f| f.selection.single().is_none()).map(|f| f.selection.describe())
     }
 
-    /// What folds `kind`'s samples over `windows`.
-    pub fn folder(&mut self, windows: &[Window], kind: SampleKind) -> anyhow::Result<Folder<'_>> {
-        if self.fleet.is_none() {
-            return Ok(Folder::Store(self.load_kind(windows, kind)?));
+    /// What reads `kind`'s samples (and the node's findings and events): the store, or
+    /// ClickHouse by SQL.
+    pub fn reader(&self, kind: SampleKind) -> anyhow::Result<Reader<'_>> {
+        if let Some(f) = &self.fleet {
+            return Ok(Reader::clickhouse(&f.fleet, &f.selection, kind));
         }
-        let f = self.fleet.as_ref().expect("a fleet source");
-        Ok(Folder::Fleet { fleet: &f.fleet, selection: &f.selection, kind })
-    }
-
-    /// The store of `kind`'s samples (the CPU samples: [`Opened::load`]).
-    pub fn load_kind(&mut self, windows: &[Window], kind: SampleKind) -> anyhow::Result<Store> {
-        if kind == SampleKind::Cpu {
-            return self.load(windows);
-        }
-        if let Some(FleetSource { fleet, mirror: Some(mirror), .. }) = &mut self.fleet {
-            let from = windows.iter().map(|w| w.from_ns).min().expect("a window");
-            let to = windows.iter().map(|w| w.to_ns).max().expect("a window");
-            mirror.copy_kind(fleet, Window::new(from, to)?, kind)?;
-        }
-        let dir = kind.store_dir(&self.data_dir);
-        if !dir.is_dir() {
-            profiler::store::check_dir(&self.data_dir)?;
+        profiler::store::check_dir(&self.data_dir)?;
+        if kind != SampleKind::Cpu && !kind.store_dir(&self.data_dir).is_dir() {
             anyhow::bail!(
                 "no {} in {}: the daemon counts them only for processes that map CUDA's driver library (libcuda.so.1); `profiler status` says whether it probes one",
                 kind.unit(),
                 self.data_dir.display()
             );
         }
-        Ok(Store::open(&dir)?)
-    }
-
-    /// Copies the samples of the span of `windows` when reading from ClickHouse; opens the store.
-    pub fn load(&mut self, windows: &[Window]) -> anyhow::Result<Store> {
-        if let Some(FleetSource { fleet, mirror: Some(mirror), .. }) = &mut self.fleet {
-            let from = windows.iter().map(|w| w.from_ns).min().expect("a window");
-            let to = windows.iter().map(|w| w.to_ns).max().expect("a window");
-            mirror.copy(fleet, Window::new(from, to)?)?;
-        }
-        Ok(Store::open(&self.data_dir)?)
+        Ok(Reader::store(&self.data_dir, kind)?)
     }
 
     /// What the data is, for sentences: the directory, or the node in ClickHouse.
@@ -177,16 +131,15 @@ impl Opened {
     }
 
     /// Refuses a window the data holds nothing of, saying what it does hold.
-    pub fn require_data(&self, store: &mut Store, w: Window) -> anyhow::Result<()> {
+    pub fn require_data(&self, reader: &mut Reader<'_>, w: Window) -> anyhow::Result<()> {
+        let store = match reader {
+            Reader::ClickHouse { fleet, selection, kind } => {
+                return Ok(profiler::fleet::samples::require_data(fleet, selection, *kind, w)?);
+            }
+            Reader::Store { store, .. } => store,
+        };
         match store.span()? {
             Some((a, b)) if a < w.to_ns && b > w.from_ns => Ok(()),
-            // The copy holds the window only: what it spans says nothing.
-            _ if self.fleet.is_some() => anyhow::bail!(
-                "no samples between {} and {} in {}",
-                timespec::format(w.from_ns),
-                timespec::format(w.to_ns),
-                self.describe()
-            ),
             Some((a, b)) => anyhow::bail!(
                 "no samples between {} and {} in {} (it holds {} to {})",
                 timespec::format(w.from_ns),
@@ -212,8 +165,6 @@ pub enum Samples {
     CudaSync,
     /// Bytes copied by cuMemcpy*, per copying stack.
     CudaCopies,
-    /// Time threads spent off their CPU, per stack they waited in (microseconds; `--state`).
-    OffCpu,
 }
 
 impl Samples {
@@ -223,7 +174,6 @@ impl Samples {
             Self::CudaLaunches => SampleKind::CudaLaunches,
             Self::CudaSync => SampleKind::CudaSync,
             Self::CudaCopies => SampleKind::CudaCopies,
-            Self::OffCpu => SampleKind::OffCpu,
         }
     }
 }
@@ -271,11 +221,6 @@ pub struct FilterArgs {
     /// without the `_[k]` of kernel frames).
     #[arg(long, value_name = "NAME")]
     pub function: Option<String>,
-    /// With --samples off-cpu: only waits in this state: io (uninterruptible: disk, network
-    /// file systems), sleep (futex, poll, pipe or socket reads, nanosleep), runnable (preempted,
-    /// waiting for a CPU). The stacks' `[off-cpu: STATE]` root frame.
-    #[arg(long, value_name = "io|sleep|runnable", conflicts_with = "function")]
-    pub state: Option<profiler::offcpu::OffState>,
 }
 
 impl FilterArgs {
@@ -291,7 +236,7 @@ impl FilterArgs {
                 unit: self.unit,
             },
             context: self.context,
-            function: self.function.or(self.state.map(|s| s.frame().to_string())),
+            function: self.function,
             include_idle: false,
             lines: false,
         }

@@ -5,13 +5,12 @@ use std::path::PathBuf;
 use clap::ValueEnum;
 use profiler::{
     export::{flamegraph, otlp, perf_script, pprof, speedscope},
-    query,
-    store::Meta,
+    query::FoldBudget,
     timespec,
 };
 
 use super::{
-    args::{FilterArgs, Samples, Source, WindowArgs, window_of},
+    args::{FilterArgs, Samples, Source, WindowArgs, fold, window_of},
     output::open_output,
 };
 
@@ -54,22 +53,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let Args { source, window, filter, format, samples, output } = args;
     let kind = samples.kind();
     let w = window_of(&window.from, &window.to)?;
-    let mut src = source.open()?;
-    let mut store = src.load_kind(&[w], kind)?;
-    src.require_data(&mut store, w)?;
+    // One node or several: from ClickHouse the folded stacks are summed by the server, the
+    // formats that keep each sample's time stream them a chunk at a time.
+    let src = source.open_nodes()?;
+    let mut reader = src.reader(kind)?;
+    src.require_data(&mut reader, w)?;
     let filter = filter.filter();
-    let meta = Meta::read(src.data_dir());
-    let hz = meta.as_ref().map_or(99, |m| m.frequency_hz);
+    let node = reader.node()?;
+    let hz = node.hz;
     let mut out = open_output(output.as_deref())?;
     match format {
         ExportFormat::Folded => {
-            let folded = query::fold(&mut store, w, &filter)?;
+            // The API's budget, as the node's store answers it.
+            let folded = fold(&mut reader, w, &filter, FoldBudget::default())?;
             flamegraph::write_folded(&folded, &mut out)?;
         }
         ExportFormat::PerfScript => {
             perf_script::write_header(&mut out)?;
             let mut err = None;
-            query::for_each_sample(&mut store, w, &filter, |s| {
+            reader.for_each_sample(w, &filter, |s| {
                 if err.is_none() {
                     err = perf_script::write_sample(s, &mut out).err();
                 }
@@ -80,18 +82,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         ExportFormat::Pprof => {
             let mut b = pprof::Builder::new(hz).for_window(w).for_kind(kind);
-            query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
+            reader.for_each_sample(w, &filter, |s| b.add(s))?;
             b.finish(&mut out)?;
         }
         ExportFormat::Speedscope => {
             let mut b = speedscope::Builder::default().for_window(w);
             let period = 1_000_000_000 / hz.max(1);
-            query::for_each_sample(&mut store, w, &filter, |s| b.add(s, period))?;
+            reader.for_each_sample(w, &filter, |s| b.add(s, period))?;
             b.finish(&format!("profiler {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns)), &mut out)?;
         }
         ExportFormat::Otlp => {
-            let mut b = otlp::Builder::new(w, meta.as_ref().map_or("", |m| m.hostname.as_str()), hz).with_kind(kind);
-            query::for_each_sample(&mut store, w, &filter, |s| b.add(s))?;
+            let mut b = otlp::Builder::new(w, &node.hostname, hz).with_kind(kind);
+            reader.for_each_sample(w, &filter, |s| b.add(s))?;
             b.write(&mut out)?;
         }
     }

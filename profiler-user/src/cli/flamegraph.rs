@@ -6,14 +6,13 @@ use std::path::PathBuf;
 use clap::ValueEnum;
 use profiler::{
     collect::kmsg,
-    detect,
     export::flamegraph,
     query::{Filter, FoldBudget, Window},
     timespec,
 };
 
 use super::{
-    args::{FilterArgs, Opened, Samples, Source},
+    args::{FilterArgs, Opened, Samples, Source, fold},
     output::open_output,
 };
 
@@ -96,7 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } = args;
     let now = timespec::now_ns();
     let mut filter = filter.filter();
-    let mut src = source.open_nodes()?;
+    let src = source.open_nodes()?;
     let window = match around {
         Some(_) if let Some(nodes) = src.several_nodes() => {
             anyhow::bail!("--around looks a finding up in one node's findings: {nodes} are asked; name one with --node")
@@ -126,8 +125,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => None,
     };
     let kind = samples.kind();
-    let mut folder = src.folder(&[&[window][..], baseline.as_slice()].concat(), kind)?;
-    let folded = folder.fold(window, &filter, budget)?;
+    let mut reader = src.reader(kind)?;
+    let folded = fold(&mut reader, window, &filter, budget)?;
     if folded.truncated_stacks > 0 {
         eprintln!(
             "note: {} rare stacks folded into their parents ([… N more]): --max-stacks {max_stacks} keeps that many \
@@ -137,7 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut out = open_output(output.as_deref())?;
     if let Some(base_window) = baseline {
-        let baseline = folder.fold(base_window, &filter, budget)?;
+        let baseline = fold(&mut reader, base_window, &filter, budget)?;
         if let Format::Folded = format {
             anyhow::bail!("a differential flamegraph is SVG only: drop --format folded");
         }
@@ -174,25 +173,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     out.finish()
 }
 
-/// The window around a finding (from `before` its start to `after` its end) or an event.
+/// The window around a finding (from `before` its start to `after` its end) or an event: the
+/// node's own, from its store or from ClickHouse.
 pub(super) fn around_window(
     src: &Opened,
     id: &str,
     before: &str,
     after: &str,
 ) -> anyhow::Result<(Window, Option<u32>)> {
-    let data_dir = src.data_dir();
-    profiler::store::check_dir(data_dir)?;
+    let reader = src.reader(profiler::model::SampleKind::Cpu)?;
     let dur = |what: &str, v: &str| {
         timespec::parse_duration_ns(v)
             .ok_or_else(|| anyhow::anyhow!("{what} '{v}' is not a duration: use 5s, 500ms, 1m"))
     };
     let (before, after) = (dur("--before", before)?, dur("--after", after)?);
-    if let Some(f) = detect::journal::findings(data_dir)?.into_iter().find(|f| f.id == id) {
+    let all = Window::new(0, u64::MAX)?;
+    if let Some(f) = reader.findings(all)?.into_iter().find(|f| f.id == id) {
         let end = f.end_ns.unwrap_or_else(timespec::now_ns);
         return Ok((Window::new(f.start_ns.saturating_sub(before), end + after)?, f.cpu));
     }
-    let events: Vec<kmsg::Event> = detect::journal::events_in(data_dir, 0, u64::MAX)?;
+    let events: Vec<kmsg::Event> = reader.events(all)?;
     if let Some(e) = events.into_iter().find(|e| e.id == id) {
         return Ok((Window::new(e.ts_ns.saturating_sub(before), e.ts_ns + after)?, None));
     }

@@ -4,11 +4,8 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use profiler::{
-    detect,
     export::{cputime, heatmap},
-    fleet::pushdown,
-    query,
-    store::Meta,
+    model::SampleKind,
     timespec,
 };
 
@@ -62,12 +59,13 @@ pub struct CputimeArgs {
 pub fn heatmap(args: HeatmapArgs) -> anyhow::Result<()> {
     let HeatmapArgs { source, window, filter, rows, format, output } = args;
     let w = window_of(&window.from, &window.to)?;
-    let mut src = source.open_nodes()?;
+    let src = source.open_nodes()?;
     let filter = filter.filter();
+    let mut reader = src.reader(SampleKind::Cpu)?;
     let grid = match src.fleet() {
         // The server sums the cells, for one node or many.
-        Some((fleet, selection)) => {
-            let grid = pushdown::grid(fleet, selection, w, rows as usize, &filter)?;
+        Some(_) => {
+            let grid = reader.grid(w, rows as usize, &filter)?;
             if grid.recorded.iter().all(|&r| r == 0) {
                 anyhow::bail!(
                     "no samples between {} and {} in {}",
@@ -79,10 +77,8 @@ pub fn heatmap(args: HeatmapArgs) -> anyhow::Result<()> {
             grid
         }
         None => {
-            let mut store = src.load(&[w])?;
-            src.require_data(&mut store, w)?;
-            query::check_filter(&filter, Meta::read(src.data_dir()).as_ref())?;
-            query::subsecond_grid(&mut store, w, rows as usize, &filter)?
+            src.require_data(&mut reader, w)?;
+            reader.grid(w, rows as usize, &filter)?
         }
     };
     if grid.coarsened() {
@@ -111,28 +107,17 @@ pub fn cputime(args: CputimeArgs) -> anyhow::Result<()> {
     let bucket_ns = timespec::parse_duration_ns(&bucket).filter(|&b| b >= 10_000_000).ok_or_else(|| {
         anyhow::anyhow!("--bucket '{bucket}' must be a duration of 10ms or more (10ms, 100ms, 1s, 1m)")
     })?;
-    let mut src = source.open()?;
-    // Whole-second buckets of a node in ClickHouse: the server sums them, whatever the window.
-    let pushed = match src.fleet() {
-        Some((fleet, selection)) => {
-            let node = selection.single().expect("one node: Source::open");
-            pushdown::cpu_time(fleet, node, w, bucket_ns)?
-        }
-        None => None,
-    };
-    let grid = match pushed {
-        Some(grid) => grid,
-        None => {
-            let mut store = src.load(&[w])?;
-            src.require_data(&mut store, w)?;
-            let (cpus, hz) = Meta::cpus_and_frequency(src.data_dir());
-            query::cpu_time(&mut store, w, bucket_ns, cpus, hz)?
-        }
-    };
+    let src = source.open()?;
+    // From ClickHouse the server sums the buckets, whatever the window and the bucket.
+    let mut reader = src.reader(SampleKind::Cpu)?;
+    if src.fleet().is_none() {
+        src.require_data(&mut reader, w)?;
+    }
+    let grid = reader.cpu_time(w, bucket_ns)?;
     if let Some(c) = cputime::coarsened(&grid) {
         eprintln!("note: {}", c.reason);
     }
-    let found = detect::journal::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
+    let found = reader.findings(w)?;
     let title = format!("CPU x time, {} to {}", timespec::format(w.from_ns), timespec::format(w.to_ns));
     let mut out = open_output(output.as_deref())?;
     match format {

@@ -1,9 +1,9 @@
 //! `profiler findings` and `profiler events`: what the detectors and the kernel log said in a
 //! window, as text or JSON.
 
-use std::path::Path;
-
-use profiler::{collect::kmsg::Event, detect, detect::Finding, fleet::notes, query::Window, timespec, untrusted};
+use profiler::{
+    collect::kmsg::Event, detect::Finding, fleet::notes, model::SampleKind, query::Window, timespec, untrusted,
+};
 
 use super::args::{Source, StatusFormat, window_of};
 
@@ -41,16 +41,6 @@ fn event_line(e: &Event) -> String {
     format!("{}  {}  {}", untrusted::visible(&e.id), timespec::format(e.ts_ns), untrusted::visible(&e.message))
 }
 
-fn findings_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
-    let w = window_of(from, to)?;
-    print_list(&detect::journal::findings_in(data_dir, w.from_ns, w.to_ns)?, "findings", w, format, finding_line)
-}
-
-fn events_of(data_dir: &Path, from: &str, to: &str, format: StatusFormat) -> anyhow::Result<()> {
-    let w = window_of(from, to)?;
-    print_list(&detect::journal::events_in(data_dir, w.from_ns, w.to_ns)?, "events", w, format, event_line)
-}
-
 /// Node names are untrusted text too (a node's --node).
 fn on_node(node: &str, line: String) -> String {
     format!("{}  {line}", untrusted::visible(node))
@@ -64,8 +54,10 @@ pub fn findings(args: Args) -> anyhow::Result<()> {
         let list = notes::findings(fleet, selection, Some(w))?;
         return print_list(&list, "findings", w, args.format, |f| on_node(&f.node, finding_line(&f.finding)));
     }
-    profiler::store::check_dir(src.data_dir())?;
-    findings_of(src.data_dir(), &args.from, &args.to, args.format)
+    // One node: its store, or its rows read by the server, printed as the node prints them.
+    let w = window_of(&args.from, &args.to)?;
+    let list = src.reader(SampleKind::Cpu)?.findings(w)?;
+    print_list(&list, "findings", w, args.format, finding_line)
 }
 
 pub fn events(args: Args) -> anyhow::Result<()> {
@@ -75,8 +67,9 @@ pub fn events(args: Args) -> anyhow::Result<()> {
         let list = notes::events(fleet, selection, Some(w))?;
         return print_list(&list, "events", w, args.format, |e| on_node(&e.node, event_line(&e.event)));
     }
-    profiler::store::check_dir(src.data_dir())?;
-    events_of(src.data_dir(), &args.from, &args.to, args.format)
+    let w = window_of(&args.from, &args.to)?;
+    let list = src.reader(SampleKind::Cpu)?.events(w)?;
+    print_list(&list, "events", w, args.format, event_line)
 }
 
 /// A list as JSON, or one text line per item (a sentence when there is none).

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use profiler::{
     detect,
     export::{cputime, heatmap, report},
-    query::{self, Filter, Window},
-    store::{Meta, Store},
+    fleet::reader::Reader,
+    model::SampleKind,
+    query::{self, Filter, FoldBudget, Window},
     timespec,
 };
 
@@ -28,15 +29,26 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let w = window_of(&args.window.from, &args.window.to)?;
-    let mut src = args.source.open()?;
+    // One node: its store, or its pieces read from ClickHouse (heatmap, CPU x time, findings,
+    // events, flamegraphs), each summed by the server.
+    let src = args.source.open()?;
+    let mut reader = src.reader(SampleKind::Cpu)?;
+    src.require_data(&mut reader, w)?;
     let now = timespec::now_ns();
-    // The flamegraph of each finding reaches 5 s before it.
-    let found = detect::journal::findings_in(src.data_dir(), w.from_ns, w.to_ns)?;
+    let found = reader.findings(w)?;
     let reach =
         found.iter().take(MAX_FINDING_FLAMEGRAPHS).map(|f| finding_window(f, now)).collect::<Result<Vec<_>, _>>()?;
-    let mut store = src.load(&[&[w][..], &reach].concat())?;
-    src.require_data(&mut store, w)?;
-    report(src.data_dir(), &mut store, w, &found, &reach, &args.output)
+    // Only what the window's data says: a report is read later, elsewhere, without the daemon.
+    // The node's counters and GPUs are in its data directory (ClickHouse keeps neither).
+    let (counters, gpus) = match src.fleet() {
+        Some(_) => (Default::default(), None),
+        None => {
+            let dir = src.data_dir();
+            let counters = profiler::store::counters::read(dir, w.from_ns, w.to_ns, &Default::default())?;
+            (counters, profiler::gpu::Inventory::read(dir).filter(|i| !i.gpus.is_empty()))
+        }
+    };
+    report(&mut reader, w, &found, &reach, counters, gpus, &args.output)
 }
 
 /// Findings a report draws a flamegraph of.
@@ -48,54 +60,50 @@ fn finding_window(f: &detect::Finding, now: u64) -> Result<Window, query::QueryE
 }
 
 fn report(
-    data_dir: &Path,
-    store: &mut Store,
+    reader: &mut Reader<'_>,
     w: Window,
     found: &[detect::Finding],
     windows: &[Window],
+    counters: profiler::store::counters::Tracks,
+    gpus: Option<profiler::gpu::Inventory>,
     output: &Path,
 ) -> anyhow::Result<()> {
-    let meta = Meta::read(data_dir);
-    let (cpus, hz) = Meta::cpus_and_frequency(data_dir);
-    let events = detect::journal::events_in(data_dir, w.from_ns, w.to_ns)?;
-    let grid = query::subsecond_grid(store, w, 50, &Filter::default())?;
+    let node = reader.node()?;
+    let events = reader.events(w)?;
+    let grid = reader.grid(w, 50, &Filter::default())?;
     let mut heat = Vec::new();
     heatmap::write_json_with(&grid, true, &mut heat)?;
     // The page's own bucket (1 s), widened by the cell budget for long windows.
-    let ct = query::cpu_time(store, w, 1_000_000_000, cpus, hz)?;
+    let ct = reader.cpu_time(w, 1_000_000_000)?;
     let cputime = serde_json::to_value(cputime::json(&ct, found))?;
-    let counters =
-        serde_json::to_value(profiler::store::counters::read(data_dir, w.from_ns, w.to_ns, &Default::default())?)?;
+    let counters = serde_json::to_value(counters)?;
     let mut flamegraphs = Vec::new();
-    let mut flame = |caption: String, win: Window, cpu: Option<u32>, store: &mut Store| -> anyhow::Result<()> {
+    let mut flame = |caption: String, win: Window, cpu: Option<u32>, reader: &mut Reader<'_>| -> anyhow::Result<()> {
         let filter = Filter { cpus: cpu.into_iter().collect(), ..Default::default() };
-        match query::fold(store, win, &filter) {
-            Ok(folded) => {
+        match reader.fold(win, &filter, FoldBudget::default()) {
+            Ok(fold) => {
                 let mut tree = Vec::new();
-                profiler::serve::tree::write(&folded, &mut tree)?;
+                profiler::serve::tree::write(&fold.folded, &mut tree)?;
                 flamegraphs.push(report::Flame { caption, from_ns: win.from_ns, to_ns: win.to_ns, cpu, tree });
             }
             Err(e) => tracing::warn!(section = %caption, error = %e, "report section left out"),
         }
         Ok(())
     };
-    flame("the whole window, all CPUs".into(), w, None, store)?;
-    // A finding's own span on its CPU: what the page asks for when its mark is clicked (the
-    // store was read 5 s before it to 1 s after, `windows`, for the heatmap around it).
+    flame("the whole window, all CPUs".into(), w, None, reader)?;
+    // A finding's own span on its CPU: what the page asks for when its mark is clicked.
     for (f, win) in found.iter().zip(windows) {
         let end = f.end_ns.unwrap_or(win.to_ns).max(f.start_ns + 1_000_000);
-        flame(format!("{}: {}", f.id, f.summary), Window::new(f.start_ns, end)?, f.cpu, store)?;
+        flame(format!("{}: {}", f.id, f.summary), Window::new(f.start_ns, end)?, f.cpu, reader)?;
     }
-    // Only what the window's data says: a report is read later, elsewhere, without the daemon.
-    let node = meta.as_ref().map(|m| if m.node.is_empty() { m.hostname.clone() } else { m.node.clone() });
     let status = serde_json::json!({
-        "meta": {"node": node, "cpus": cpus, "frequency_hz": hz},
+        "meta": {"node": node.name, "cpus": node.cpus, "frequency_hz": node.hz},
         "summary": {"span": [w.from_ns, w.to_ns]},
         // The GPUs as the daemon last listed them (`gpus.json`): the page's GPU line and the
         // GPU-local CPUs in CPU x time; the GPU strips come with the counter tracks. A node
         // without GPUs has none to list: the report is the same from its store and from what it
         // shipped to ClickHouse (which keeps no `gpus.json`).
-        "gpus": profiler::gpu::Inventory::read(data_dir).filter(|i| !i.gpus.is_empty()),
+        "gpus": gpus,
         "report": true,
     });
     let r = report::Report {

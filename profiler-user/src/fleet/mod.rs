@@ -11,9 +11,11 @@ pub mod notes;
 pub mod overview;
 pub mod overview_text;
 pub mod pushdown;
+pub mod reader;
 mod refusal;
 pub mod rollup;
 mod rowbinary;
+pub mod samples;
 pub mod select;
 pub mod signatures;
 

@@ -1,7 +1,9 @@
 //! Findings and kernel log events of any set of nodes, read by the server for a window: the
 //! latest version of each finding (a finding is written when it opens and again when it
-//! closes), each event once (a retried batch sends rows again). One node's notes are also
-//! what its copy gets ([`super::mirror`]).
+//! closes), each event once (a retried batch sends rows again). For one node the lists are
+//! those its own journal gives for the window (`detect::journal::findings_in`, `events_in`):
+//! the same findings in the same order, so `profiler findings --clickhouse URL --node N`
+//! prints what the node prints (tests/tests/fleet.rs).
 
 use serde::Serialize;
 
@@ -73,15 +75,22 @@ pub fn findings(fleet: &Fleet, sel: &Selection, window: Option<Window>) -> Resul
         fleet.table(schema::FINDINGS),
         sel.predicate(),
     );
-    fleet.rows(&sql, |r| Ok(NodeFinding { node: r.string()?.to_string(), finding: finding(r)? }))
+    let mut list = fleet.rows(&sql, |r| Ok(NodeFinding { node: r.string()?.to_string(), finding: finding(r)? }))?;
+    // An open finding lasts until now, as the journal reads it: not into a window after now.
+    if let Some(w) = window {
+        let now = crate::timespec::now_ns();
+        list.retain(|f| f.finding.end_ns.unwrap_or(now) >= w.from_ns);
+    }
+    Ok(list)
 }
 
-/// The chosen nodes' events in `window` (`None`: the newest [`MAX_NOTES`]), in time order.
+/// The chosen nodes' events in `window` (`None`: the newest [`MAX_NOTES`]), in time order
+/// (then by node and id).
 pub fn events(fleet: &Fleet, sel: &Selection, window: Option<Window>) -> Result<Vec<NodeEvent>, FleetError> {
     let during = window.map_or(String::new(), |w| format!(" AND {TS} >= {} AND {TS} < {}", w.from_ns, w.to_ns));
     let sql = format!(
         "SELECT {NODE}, {TS}, {ID}, any({PATTERN}), any({MESSAGE}) FROM {} WHERE {}{during} \
-         GROUP BY {NODE}, {TS}, {ID} ORDER BY {TS} DESC, {NODE}, {ID} LIMIT {MAX_NOTES}",
+         GROUP BY {NODE}, {TS}, {ID} ORDER BY {TS} DESC, {NODE} DESC, {ID} DESC LIMIT {MAX_NOTES}",
         fleet.table(schema::EVENTS),
         sel.predicate(),
     );

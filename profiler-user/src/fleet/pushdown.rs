@@ -31,7 +31,7 @@ const SEC: u64 = 1_000_000_000;
 const MAX_WORKLOADS: usize = 200_000;
 
 /// The `WHERE` of the chosen nodes' rows of `kind` in `window`.
-fn scope(fleet: &Fleet, sel: &Selection, kind: SampleKind, window: Window) -> (String, String) {
+pub(super) fn scope(fleet: &Fleet, sel: &Selection, kind: SampleKind, window: Window) -> (String, String) {
     let range = format!("{} AND {TS} >= {} AND {TS} < {}", sel.predicate(), window.from_ns, window.to_ns);
     match kind {
         SampleKind::Cpu => (fleet.table(schema::SAMPLES), range),
@@ -41,7 +41,7 @@ fn scope(fleet: &Fleet, sel: &Selection, kind: SampleKind, window: Window) -> (S
 
 /// The filters that are columns, for a `WHERE` over (`cpu`, `pid`, `comm`, `workload`) named
 /// by `cols`; `None` when the workload filter keeps no identity of the window (nothing matches).
-fn column_filters(filter: &Filter, cols: [&str; 4], workloads: Option<&[String]>) -> Option<String> {
+pub(super) fn column_filters(filter: &Filter, cols: [&str; 4], workloads: Option<&[String]>) -> Option<String> {
     let [cpu, pid, comm, workload] = cols;
     let mut w = String::new();
     if !filter.cpus.is_empty() {
@@ -72,7 +72,12 @@ fn stored_fragment(value: &str) -> Option<&str> {
 }
 
 /// The identities of the window that the workload filter keeps (`None`: no workload filter).
-fn workloads(fleet: &Fleet, table: &str, range: &str, filter: &Filter) -> Result<Option<Vec<String>>, FleetError> {
+pub(super) fn workloads(
+    fleet: &Fleet,
+    table: &str,
+    range: &str,
+    filter: &Filter,
+) -> Result<Option<Vec<String>>, FleetError> {
     let w = &filter.workload;
     if w.is_empty() {
         return Ok(None);
@@ -90,7 +95,7 @@ fn workloads(fleet: &Fleet, table: &str, range: &str, filter: &Filter) -> Result
 }
 
 /// A `--cpu` that no chosen node has (a node that did not say its CPUs is not judged).
-fn check_cpus(sel: &Selection, filter: &Filter) -> Result<(), FleetError> {
+pub(super) fn check_cpus(sel: &Selection, filter: &Filter) -> Result<(), FleetError> {
     let cpus = sel.cpus();
     match filter.cpus.iter().find(|&&c| cpus > 0 && c >= cpus) {
         Some(&cpu) => Err(QueryError::UnknownCpu { cpu, last: cpus - 1 }.into()),
@@ -102,18 +107,18 @@ fn check_cpus(sel: &Selection, filter: &Filter) -> Result<(), FleetError> {
 type Row = (String, u64, String, u64);
 
 /// A stack as `stacks` holds it: frame names root first, and a kernel flag per frame.
-type Frames = (Vec<String>, Vec<u8>);
+pub(super) type Frames = (Vec<String>, Vec<u8>);
 
 /// `(name, kernel)` per frame, root first: kernel frames follow the user ones, as the copy
 /// reads them (a frame past the flags is a kernel frame).
-fn named(stack: &Frames) -> impl Iterator<Item = (&str, bool)> + Clone {
+pub(super) fn named(stack: &Frames) -> impl Iterator<Item = (&str, bool)> + Clone {
     let (frames, kernel) = stack;
     let user_len = kernel.iter().take_while(|&&k| k == 0).count().min(frames.len());
     frames.iter().enumerate().map(move |(i, f)| (f.as_str(), i >= user_len))
 }
 
 /// Whether a stack passes the filters that depend on the stack alone (context, --function).
-fn stack_keeps(filter: &Filter, stack: &Frames) -> bool {
+pub(super) fn stack_keeps(filter: &Filter, stack: &Frames) -> bool {
     filter.context.is_none_or(|c| c.keeps(Context::of_frames(named(stack))))
         && filter.function.as_deref().is_none_or(|f| stack.0.iter().any(|x| x == f))
 }
@@ -123,16 +128,40 @@ fn stack_keeps(filter: &Filter, stack: &Frames) -> bool {
 pub struct Fold {
     pub folded: Folded,
     pub read_from: String,
+    /// Why the fold is not every stack of the window: the server sent only the heaviest rows
+    /// ([`MAX_FOLD_ROWS`]), the rest are summed as [`OTHER_STACKS`].
+    pub note: Option<String>,
 }
 
-/// The summed rows of one part of a window from its table, and the stacks they name.
+/// Most (process, stack, workload) rows a fold reads from the server, heaviest first: a
+/// fleet's day can hold millions of distinct ones. With their stacks (read [`STACK_BATCH`] at
+/// a time and folded at once) this bounds what a read holds in the reader's process, whatever
+/// the window: about 40 MB of rows, plus the fold's own budget ([`FoldBudget`]).
+pub const MAX_FOLD_ROWS: usize = 200_000;
+/// Rows read per distinct stack kept: the rarer rows fold into their parents within the fold's
+/// budget, as the store's fold does, and only rows past this go to [`OTHER_STACKS`].
+const ROWS_PER_STACK: usize = 5;
+/// Stacks fetched per request: their ids are in the SQL (20 bytes each, well under the
+/// server's 256 KiB `max_query_size`).
+const STACK_BATCH: usize = 4_000;
+/// The line that sums the rows a fold did not read.
+pub const OTHER_STACKS: &str = "[other stacks]";
+
+/// The rows a fold of `budget` reads.
+fn row_limit(budget: FoldBudget) -> usize {
+    budget.max_stacks.saturating_mul(ROWS_PER_STACK).clamp(1, MAX_FOLD_ROWS)
+}
+
+/// The summed rows of one part of a window from its table, heaviest first, at most `limit`;
+/// and the part's total weight (what the rows not sent weigh too).
 fn piece_rows(
     fleet: &Fleet,
     sel: &Selection,
     kind: SampleKind,
     piece: Piece,
     filter: &Filter,
-) -> Result<(Vec<Row>, HashMap<u64, Frames>), FleetError> {
+    limit: usize,
+) -> Result<(Vec<Row>, u64), FleetError> {
     let (table, range) = match piece.source {
         Source::Raw => scope(fleet, sel, kind, piece.window),
         rolled => {
@@ -146,36 +175,68 @@ fn piece_rows(
     let read = |r: &mut super::rowbinary::Reader<'_>| {
         Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.u64()?))
     };
-    let rows: Vec<Row> = match kind {
-        SampleKind::Cpu => match column_filters(filter, [CPU, PID, COMM, WORKLOAD], ids.as_deref()) {
-            Some(w) => fleet.rows(
-                &format!(
-                    "SELECT {COMM}, {STACK_ID}, {WORKLOAD}, toUInt64(sum({COUNT})) FROM {table} WHERE {range}{w} \
-                     GROUP BY {COMM}, {STACK_ID}, {WORKLOAD}"
-                ),
-                read,
-            )?,
-            None => Vec::new(),
-        },
+    // The grouped rows and the column that sums them.
+    let (grouped, keys, n) = match kind {
+        SampleKind::Cpu => {
+            let Some(w) = column_filters(filter, [CPU, PID, COMM, WORKLOAD], ids.as_deref()) else {
+                return Ok((Vec::new(), 0));
+            };
+            (format!("{table} WHERE {range}{w}"), format!("{COMM}, {STACK_ID}, {WORKLOAD}"), COUNT)
+        }
         // A row sent twice is there twice until a merge: one per key, as the copy reads them.
-        _ => match column_filters(filter, ["k", "p", "c", "w"], ids.as_deref()) {
-            Some(w) => fleet.rows(
-                &format!(
-                    "SELECT c, sid, w, toUInt64(sum(v)) FROM (SELECT any({COMM}) AS c, {STACK_ID} AS sid, \
-                     any({WORKLOAD}) AS w, any({CPU}) AS k, any({PID}) AS p, max({VALUE}) AS v FROM {table} \
-                     WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}) WHERE 1{w} GROUP BY c, sid, w"
+        _ => {
+            let Some(w) = column_filters(filter, ["k", "p", "c", "w"], ids.as_deref()) else {
+                return Ok((Vec::new(), 0));
+            };
+            (
+                format!(
+                    "(SELECT any({COMM}) AS c, {STACK_ID} AS sid, any({WORKLOAD}) AS w, any({CPU}) AS k, any({PID}) AS p, \
+                     max({VALUE}) AS v FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}) WHERE 1{w}"
                 ),
-                read,
-            )?,
-            None => Vec::new(),
-        },
+                "c, sid, w".to_string(),
+                "v",
+            )
+        }
     };
-    let stacks = if rows.is_empty() { HashMap::new() } else { stacks(fleet, &table, &range)? };
-    Ok((rows, stacks))
+    let rows = fleet.rows(
+        &format!(
+            "SELECT {keys}, toUInt64(sum({n})) AS weight FROM {grouped} GROUP BY {keys} \
+             ORDER BY weight DESC, {keys} LIMIT {limit}"
+        ),
+        read,
+    )?;
+    let total = if rows.len() < limit {
+        rows.iter().map(|r| r.3).sum()
+    } else {
+        let sum = fleet.rows(&format!("SELECT toUInt64(sum({n})) FROM {grouped}"), |r| r.u64())?;
+        sum.first().copied().unwrap_or(0)
+    };
+    Ok((rows, total))
+}
+
+/// The rows of every part of a window, the same key from several parts summed, heaviest first
+/// and at most `limit`; and what the rows left out weigh.
+fn merged(parts: Vec<(Vec<Row>, u64)>, limit: usize) -> (Vec<Row>, u64) {
+    let total: u64 = parts.iter().map(|p| p.1).sum();
+    let rows: Vec<Row> = if parts.len() == 1 {
+        parts.into_iter().next().map(|p| p.0).unwrap_or_default()
+    } else {
+        let mut sums: HashMap<(String, u64, String), u64> = HashMap::new();
+        for (comm, id, workload, n) in parts.into_iter().flat_map(|p| p.0) {
+            *sums.entry((comm, id, workload)).or_default() += n;
+        }
+        let mut rows: Vec<Row> = sums.into_iter().map(|((c, id, w), n)| (c, id, w, n)).collect();
+        rows.sort_unstable_by(|a, b| b.3.cmp(&a.3).then_with(|| (&a.0, a.1, &a.2).cmp(&(&b.0, b.1, &b.2))));
+        rows.truncate(limit);
+        rows
+    };
+    let kept: u64 = rows.iter().map(|r| r.3).sum();
+    (rows, total.saturating_sub(kept))
 }
 
 /// Folds the chosen nodes' `kind` samples in `window` that pass `filter`, within `budget`:
 /// from the rollups where they resolve the window ([`rollup::plan`]), raw rows elsewhere.
+/// Reads at most [`ROWS_PER_STACK`] rows per stack the budget keeps ([`MAX_FOLD_ROWS`] at most).
 pub fn fold(
     fleet: &Fleet,
     sel: &Selection,
@@ -184,32 +245,66 @@ pub fn fold(
     filter: &Filter,
     budget: FoldBudget,
 ) -> Result<Fold, FleetError> {
+    fold_reading(fleet, sel, kind, window, filter, budget, row_limit(budget))
+}
+
+/// [`fold`], reading at most `limit` (process, stack, workload) rows from the server.
+pub fn fold_reading(
+    fleet: &Fleet,
+    sel: &Selection,
+    kind: SampleKind,
+    window: Window,
+    filter: &Filter,
+    budget: FoldBudget,
+    limit: usize,
+) -> Result<Fold, FleetError> {
     check_cpus(sel, filter)?;
+    let limit = limit.max(1);
     // The CUDA counts have no rollup.
     let plan = match kind {
         SampleKind::Cpu => rollup::plan(window, filter, sel, Coverage::read(fleet, window)?),
         _ => vec![Piece { source: Source::Raw, window }],
     };
-    let (mut rows, mut stacks) = (Vec::new(), HashMap::new());
-    for &piece in &plan {
-        let (r, s) = piece_rows(fleet, sel, kind, piece, filter)?;
-        rows.extend(r);
-        stacks.extend(s);
-    }
+    let parts =
+        plan.iter().map(|&piece| piece_rows(fleet, sel, kind, piece, filter, limit)).collect::<Result<Vec<_>, _>>()?;
+    let (rows, rest) = merged(parts, limit);
     let mut folded = Folded::default();
     let missing: Frames = (vec![MISSING_STACK.to_string()], vec![0u8]);
-    // Per stack id, whether it passes the stack's own filters.
-    let mut passes: HashMap<u64, bool> = HashMap::new();
-    for (comm, id, workload, n) in rows {
-        let stack = stacks.get(&id).unwrap_or(&missing);
-        if !*passes.entry(id).or_insert_with(|| stack_keeps(filter, stack)) {
-            continue;
+    // Bytes of the lines held: folded down as the store's scan folds, so that many distinct
+    // stacks never hold more than half again the budget.
+    let mut bytes = 0usize;
+    for batch in rows.chunks(STACK_BATCH) {
+        let stacks = stacks_by_id(fleet, batch.iter().map(|r| r.1))?;
+        for (comm, id, workload, n) in batch {
+            let stack = stacks.get(id).unwrap_or(&missing);
+            if !stack_keeps(filter, stack) {
+                continue;
+            }
+            let line = fold_names_with(comm, named(stack), filter.lines);
+            let len = line.len();
+            *folded.stacks.entry(line).or_insert_with(|| {
+                bytes += len;
+                0
+            }) += n;
+            if let Some(pod) = crate::identity::workloads::decode(workload).and_then(|w| w.pod()) {
+                folded.add_pod(comm, pod, *n);
+            }
         }
-        *folded.stacks.entry(fold_names_with(&comm, named(stack), filter.lines)).or_default() += n;
-        if let Some(pod) = crate::identity::workloads::decode(&workload).and_then(|w| w.pod()) {
-            folded.add_pod(&comm, pod, n);
+        if folded.stacks.len() > budget.max_stacks * 3 / 2 || bytes > budget.max_bytes * 3 / 2 {
+            bytes = folded.fold_rarest(budget.max_stacks, budget.max_bytes);
         }
     }
+    // What the rows not read weigh: known, unless a filter of the stack's own decides it.
+    let by_stack = filter.context.is_some() || filter.function.is_some();
+    let note = (rest > 0).then(|| {
+        let what = if by_stack {
+            "the rarer ones were not read (--context and --function need each stack)".to_string()
+        } else {
+            *folded.stacks.entry(OTHER_STACKS.to_string()).or_default() += rest;
+            format!("the rarer ones' {rest} {} are summed as {OTHER_STACKS}", kind.unit())
+        };
+        format!("ClickHouse sent the window's {} heaviest (process, stack, workload) rows; {what}", rows.len())
+    });
     if filter.include_idle && kind == SampleKind::Cpu {
         for (cpu, idle) in idle(fleet, sel, window)? {
             if idle > 0 && filter.idle_ok(cpu) {
@@ -221,7 +316,7 @@ pub fn fold(
     if folded.stacks.is_empty() {
         return Err(nothing(fleet, sel, kind, window, filter)?);
     }
-    Ok(Fold { folded: folded.within(budget), read_from: rollup::describe(&plan) })
+    Ok(Fold { folded: folded.within(budget), read_from: rollup::describe(&plan), note })
 }
 
 /// The subsecond heatmap of the chosen nodes' CPU samples in `window`: per cell, the sum over
@@ -279,30 +374,29 @@ pub fn grid(fleet: &Fleet, sel: &Selection, window: Window, rows: usize, filter:
     Ok(grid)
 }
 
-/// CPU x time of one node in buckets of whole seconds, summed by the server: per (CPU, bucket)
-/// its samples, those whose stack ends in the kernel, and those in a softirq (the first kernel
-/// frame a `[softirq:NAME]` marker, `exec_context`). Whole seconds are read, as the store's
-/// summaries give them; a node's frequency is taken as its latest. `None` for finer buckets
-/// (they need each sample's time: the copy answers them).
-pub fn cpu_time(fleet: &Fleet, node: &Node, window: Window, bucket_ns: u64) -> Result<Option<CpuTime>, FleetError> {
+/// CPU x time of one node, summed by the server: per (CPU, bucket) its samples, those whose
+/// stack ends in the kernel, and those in a softirq (the first kernel frame a
+/// `[softirq:NAME]` marker, `exec_context`). Buckets of whole seconds read the window's whole
+/// seconds, as the store's per-second summaries give them; finer ones (10 ms and up) the
+/// samples inside the window, each in the bucket of its own time, as a scan of the store
+/// does. A node's frequency is taken as its latest.
+pub fn cpu_time(fleet: &Fleet, node: &Node, window: Window, bucket_ns: u64) -> Result<CpuTime, FleetError> {
     let b = Buckets::of(window, bucket_ns, node.cpus.max(1));
-    if !b.bucket_ns.is_multiple_of(SEC) {
-        return Ok(None);
-    }
     let (first, width) = (b.first_ns, b.bucket_ns);
-    let range = format!(
-        "{NODE} = {} AND {TS} >= {} AND {TS} < {}",
-        quote_str(&node.name),
-        window.from_ns / SEC * SEC,
-        window.to_ns.div_ceil(SEC) * SEC
-    );
+    let (from, to) = (window.from_ns / SEC * SEC, window.to_ns.div_ceil(SEC) * SEC);
+    let seconds = format!("{NODE} = {} AND {TS} >= {from} AND {TS} < {to}", quote_str(&node.name));
     // A node down all the window has no per-CPU counts in it (an idle one has).
-    let blocks =
-        fleet.rows(&format!("SELECT count() FROM {} WHERE {range}", fleet.table(schema::CPU_SECONDS)), |r| r.u64())?;
+    let blocks = fleet
+        .rows(&format!("SELECT count() FROM {} WHERE {seconds}", fleet.table(schema::CPU_SECONDS)), |r| r.u64())?;
     if blocks.first().is_none_or(|&n| n == 0) {
         let (from, to) = (timespec::format(window.from_ns), timespec::format(window.to_ns));
         return Err(FleetError::NoSamples { what: "samples".into(), from, to, nodes: format!("node {}", node.name) });
     }
+    let range = if width.is_multiple_of(SEC) {
+        seconds
+    } else {
+        format!("{NODE} = {} AND {TS} >= {} AND {TS} < {}", quote_str(&node.name), window.from_ns, window.to_ns)
+    };
     let samples = fleet.table(schema::SAMPLES);
     let cells = |stacks: Option<&str>| -> Result<Vec<(u16, u64, u64)>, FleetError> {
         let only = stacks.map_or(String::new(), |cond| {
@@ -336,11 +430,38 @@ pub fn cpu_time(fleet: &Fleet, node: &Node, window: Window, bucket_ns: u64) -> R
         "startsWith({FRAMES}[indexOf({KERNEL}, 1)], '[softirq:') AND endsWith({FRAMES}[indexOf({KERNEL}, 1)], ']')"
     )))?);
     let ticks = (f64::from(node.hz.max(1)) * width as f64 / SEC as f64).max(1e-9);
-    Ok(Some(b.shares(busy, kernel, softirq, ticks)))
+    Ok(b.shares(busy, kernel, softirq, ticks))
+}
+
+/// Frames and kernel flags of the stacks `ids` name, a request per [`STACK_BATCH`] of them.
+pub(super) fn stacks_by_id(
+    fleet: &Fleet,
+    ids: impl IntoIterator<Item = u64>,
+) -> Result<HashMap<u64, Frames>, FleetError> {
+    let ids: std::collections::BTreeSet<u64> = ids.into_iter().collect();
+    let ids: Vec<u64> = ids.into_iter().collect();
+    let mut out = HashMap::new();
+    for batch in ids.chunks(STACK_BATCH) {
+        let list: Vec<String> = batch.iter().map(u64::to_string).collect();
+        let rows = fleet.rows(
+            &format!(
+                "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} IN ({}) GROUP BY {STACK_ID}",
+                fleet.table(schema::STACKS),
+                list.join(", ")
+            ),
+            |r| {
+                let id = r.u64()?;
+                let frames = r.strings()?.into_iter().map(String::from).collect();
+                Ok((id, (frames, r.bytes()?.to_vec())))
+            },
+        )?;
+        out.extend(rows);
+    }
+    Ok(out)
 }
 
 /// Frames and kernel flags of the stacks the window's rows name.
-fn stacks(fleet: &Fleet, table: &str, range: &str) -> Result<HashMap<u64, Frames>, FleetError> {
+pub(super) fn stacks(fleet: &Fleet, table: &str, range: &str) -> Result<HashMap<u64, Frames>, FleetError> {
     let rows = fleet.rows(
         &format!(
             "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} GLOBAL IN \
