@@ -1,8 +1,10 @@
 //! CPython frames: for a process running CPython 3.9+, userspace describes where the
 //! interpreter keeps its state ([`PyProc`]); the sampler finds the sampled thread's
 //! `PyThreadState` and copies its interpreter frames into the record, after the native ones,
-//! as pairs `(code object address, instruction address | flags)`, leaf first. Userspace names
-//! them from the process's memory and puts them where `_PyEval_EvalFrameDefault` runs them.
+//! as pairs `(code object address, instruction address | flags)`, leaf first (before 3.11,
+//! `(code object, f_lasti << 1 | ENTRY_FRAME)`: see [`PyProc::every_frame_entry`]). Userspace
+//! names them from the process's memory and puts them where `_PyEval_EvalFrameDefault` runs
+//! them.
 
 /// Python frames copied per sample.
 pub const MAX_PYTHON_FRAMES: usize = 48;
@@ -16,6 +18,10 @@ pub const PYTHON_PROGRAM: u32 = 1;
 pub const ENTRY_FRAME: u64 = 1;
 /// `NONE` in an offset: the field does not exist in this version.
 pub const NONE: u16 = u16::MAX;
+/// Low bits of a frame's code reference that are not the address: 3.14's `f_executable` is a
+/// `_PyStackRef`, a pointer tagged in its low bits (objects are at least 8-aligned, so masking
+/// changes nothing for the plain pointers of earlier versions).
+pub const CODE_TAG_BITS: u64 = 7;
 
 /// Where one CPython process keeps what a stack walk needs (offsets from its headers).
 #[repr(C)]
@@ -38,14 +44,18 @@ pub struct PyProc {
     pub frame_owner: u16,
     /// 3.11's `is_entry`, else [`NONE`].
     pub frame_is_entry: u16,
-    /// The `owner` value of C-stack shim frames (3.12+), else [`NONE`].
-    pub owner_cstack: u16,
+    /// The lowest `owner` value of frames that are not Python functions' own (3.12 and 3.13:
+    /// the C-stack shim, 3; 3.14: the interpreter's entry frame, 3, and C-stack frames, 4), else
+    /// [`NONE`].
+    pub owner_shim: u16,
     /// Before 3.11 a thread state knows its `pthread_t`, not its kernel id: the id is read from
     /// the C library's thread descriptor at this offset (glibc's `struct pthread.tid`); else
     /// [`NONE`].
     pub pthread_tid: u16,
     /// 1 when each interpreter call runs one frame (before 3.11: frame objects), so every
-    /// frame is an entry frame.
+    /// frame is an entry frame. `frame_instr` is then the offset of the frame object's
+    /// `int f_lasti` (3.9: a byte offset, 3.10: an instruction index), sent as
+    /// `(f_lasti as u32) << 1 | ENTRY_FRAME`.
     pub every_frame_entry: u16,
     pub _pad: [u16; 2],
 }

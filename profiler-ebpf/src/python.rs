@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     MAX_KERNEL_FRAMES, MAX_USER_FRAMES,
-    python::{ENTRY_FRAME, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NONE, PYTHON_PROGRAM, PyProc},
+    python::{CODE_TAG_BITS, ENTRY_FRAME, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, NONE, PYTHON_PROGRAM, PyProc},
 };
 
 use crate::{FRAME_SLOTS, Record, Sampler, sink::Sink};
@@ -131,17 +131,26 @@ pub extern "C" fn python_frame(record: *mut Record, p: *const PyProc, frame: u64
     if slot >= FRAME_SLOTS - 1 {
         return NO_CODE;
     }
+    // 3.12+: frames of an `owner` at or above `owner_shim` are the interpreter's own (3.12 and
+    // 3.13's C-stack shim, 3.14's entry frame), not a function's.
     let shim =
-        p.owner_cstack != NONE && read::<u8>(frame + p.frame_owner as u64).is_some_and(|o| o as u16 == p.owner_cstack);
+        p.owner_shim != NONE && read::<u8>(frame + p.frame_owner as u64).is_some_and(|o| o as u16 >= p.owner_shim);
     let (code, word) = if shim {
         (0, ENTRY_FRAME)
     } else {
-        let Some(code) = field(frame, p.frame_code) else { return NO_CODE };
-        // Frame objects (before 3.11) keep an instruction index, not an address: not sent.
-        let instr = if p.frame_instr == NONE { 0 } else { field(frame, p.frame_instr).unwrap_or(0) };
-        let entry = p.every_frame_entry != 0
-            || p.frame_is_entry != NONE && read::<u8>(frame + p.frame_is_entry as u64).is_some_and(|e| e != 0);
-        (code, (instr & !ENTRY_FRAME) | if entry { ENTRY_FRAME } else { 0 })
+        // 3.14's `f_executable` is a tagged `_PyStackRef`: the tag is not part of the address.
+        let Some(code) = field(frame, p.frame_code).map(|c| c & !CODE_TAG_BITS) else { return NO_CODE };
+        if p.every_frame_entry != 0 {
+            // A frame object (before 3.11) keeps `int f_lasti`, an offset into its code: sent
+            // shifted past the flag, whatever its sign.
+            let lasti =
+                if p.frame_instr == NONE { 0 } else { read::<u32>(frame + p.frame_instr as u64).unwrap_or(0) as u64 };
+            (code, (lasti << 1) | ENTRY_FRAME)
+        } else {
+            let instr = if p.frame_instr == NONE { 0 } else { field(frame, p.frame_instr).unwrap_or(0) };
+            let entry = p.frame_is_entry != NONE && read::<u8>(frame + p.frame_is_entry as u64).is_some_and(|e| e != 0);
+            (code, (instr & !ENTRY_FRAME) | if entry { ENTRY_FRAME } else { 0 })
+        }
     };
     record.frames[slot] = code;
     record.frames[slot + 1] = word;

@@ -20,21 +20,27 @@ pub type Frame = (Arc<str>, Location);
 
 /// What the profiler needs of one language runtime.
 pub trait Runtime {
-    /// One version's layout: the offsets the kernel side's walker and the frame namer read.
+    /// A build of the runtime, as a mapped file's name says it is.
+    type Version: Copy + std::fmt::Display;
+    /// One build's layout: the offsets the kernel side's walker and the frame namer read.
     type Layout: 'static;
     /// What the kernel side's walker is given for one process (a `profiler_common` type).
     type Process;
     /// The names of the runtime's frames, cached across samples.
     type Names: Default;
+    /// Why a process's runtime frames are not read (its native frames still are).
+    type Refused: std::error::Error;
 
     /// The version a mapped file's name says it is, if the file is one of the runtime's.
-    fn version_of(path: &str) -> Option<u8>;
-
-    /// The layout of a version; `None` for one not known (its frames stay native).
-    fn layout(version: u8) -> Option<&'static Self::Layout>;
+    fn version_of(path: &str) -> Option<Self::Version>;
 
     /// Where the runtime's state is in a file (an ELF virtual address), from its symbols.
     fn state_in<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>) -> Option<u64>;
+
+    /// The layout of process `pid`'s runtime, of `version`, whose state is at `state`: what
+    /// the runtime publishes of itself (read from the process and checked), or a table kept
+    /// for its version; the error says why its frames are not read.
+    fn layout(pid: u32, version: Self::Version, state: u64) -> Result<Self::Layout, Self::Refused>;
 
     /// The walker's description of a process whose runtime state is at `state`; `None` when
     /// such a process cannot be walked on this machine.

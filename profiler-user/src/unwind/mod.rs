@@ -23,7 +23,10 @@ use std::{
 use registry::{Build, FileKey, MappedFile, Registry, Stats};
 
 use crate::collect::unwind_maps::Maps;
-use crate::interpreter::{Runtime, python::CPython};
+use crate::interpreter::{
+    Runtime,
+    python::{CPython, Layout as PyLayout},
+};
 use crate::symbolize::{file, maps};
 
 /// A process's mappings are read again when it is seen this long after the last read
@@ -72,7 +75,7 @@ pub struct Notifier {
     announced: HashMap<u32, (Instant, Duration)>,
     stats: Arc<Mutex<Stats>>,
     /// CPython minor version per process with Python frames.
-    versions: Arc<Mutex<HashMap<u32, u8>>>,
+    layouts: PyLayouts,
 }
 
 impl Notifier {
@@ -99,19 +102,19 @@ impl Notifier {
         }
     }
 
-    /// A notifier with no stage behind it, knowing the CPython versions of `versions`: the
+    /// A notifier with no stage behind it, knowing the CPython layouts of `layouts`: the
     /// replay bench's, so that its Python records go through the daemon's very path. What it
     /// is told waits in the returned queue, which the caller empties as the stage would.
-    pub fn detached(versions: HashMap<u32, u8>) -> (Self, Detached) {
+    pub fn detached(layouts: HashMap<u32, Arc<PyLayout>>) -> (Self, Detached) {
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
-        let notifier =
-            Self { tx, announced: HashMap::new(), stats: Arc::default(), versions: Arc::new(Mutex::new(versions)) };
+        let layouts = Arc::new(Mutex::new(layouts.into_iter().map(|(pid, l)| (pid, Some(l))).collect()));
+        let notifier = Self { tx, announced: HashMap::new(), stats: Arc::default(), layouts };
         (notifier, Detached(rx))
     }
 
-    /// The CPython minor version of `pid`, when its samples carry Python frames.
-    pub fn python_version(&self, pid: u32) -> Option<u8> {
-        self.versions.lock().ok()?.get(&pid).copied()
+    /// The CPython layout of `pid`, when its samples carry Python frames.
+    pub fn python_layout(&self, pid: u32) -> Option<Arc<PyLayout>> {
+        self.layouts.lock().ok()?.get(&pid)?.clone()
     }
 
     /// The stage's figures as of its last sweep.
@@ -153,7 +156,7 @@ pub fn spawn(maps: Maps) -> std::io::Result<(Notifier, Stage)> {
     let stats = Arc::new(Mutex::new(Stats::default()));
     let shared = stats.clone();
     let pythons = Pythons::default();
-    let versions = pythons.versions.clone();
+    let layouts = pythons.layouts.clone();
     let (built_tx, built) = std::sync::mpsc::channel();
     // Two builders: one for large files, one for the rest, so that a new process's small
     // binary never waits behind a 150 MB library.
@@ -169,7 +172,7 @@ pub fn spawn(maps: Maps) -> std::io::Result<(Notifier, Stage)> {
     let thread = std::thread::Builder::new()
         .name("unwind".into())
         .spawn(move || run(Registry::new(maps), pythons, builder, rx, shared))?;
-    Ok((Notifier { tx, announced: HashMap::new(), stats: stats.clone(), versions }, Stage { stats, thread }))
+    Ok((Notifier { tx, announced: HashMap::new(), stats: stats.clone(), layouts }, Stage { stats, thread }))
 }
 
 /// The table builder thread, seen from the stage: a table can take a second (a 150 MB binary
@@ -231,7 +234,7 @@ fn run(
     rx: Receiver<Request>,
     stats: Arc<Mutex<Stats>>,
 ) {
-    let pythons_versions = pythons.versions.clone();
+    let pythons_layouts = pythons.layouts.clone();
     // When each process was last described.
     let mut read_at: HashMap<u32, Instant> = HashMap::new();
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
@@ -300,7 +303,7 @@ fn run(
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            sweep(&mut registry, &pythons_versions, &mut read_at, &mut next_sweep, &stats);
+            sweep(&mut registry, &pythons_layouts, &mut read_at, &mut next_sweep, &stats);
             continue;
         };
         match request {
@@ -323,7 +326,7 @@ fn run(
                 }
             }
         }
-        sweep(&mut registry, &pythons_versions, &mut read_at, &mut next_sweep, &stats);
+        sweep(&mut registry, &pythons_layouts, &mut read_at, &mut next_sweep, &stats);
     }
 }
 
@@ -338,7 +341,7 @@ fn queue(pending: &mut VecDeque<Request>, r: Request) {
 /// Forgets exited processes and publishes the figures, every `SWEEP_EVERY`.
 fn sweep(
     registry: &mut Registry<Maps>,
-    python_versions: &Mutex<HashMap<u32, u8>>,
+    python_layouts: &Mutex<HashMap<u32, Option<Arc<PyLayout>>>>,
     read_at: &mut HashMap<u32, Instant>,
     next_sweep: &mut Instant,
     stats: &Mutex<Stats>,
@@ -354,7 +357,7 @@ fn sweep(
         }
     }
     read_at.retain(|pid, _| registry.is_known(*pid));
-    if let Ok(mut v) = python_versions.lock() {
+    if let Ok(mut v) = python_layouts.lock() {
         v.retain(|pid, _| registry.is_known(*pid));
     }
     if let Ok(mut s) = stats.lock() {
@@ -452,8 +455,7 @@ fn describe(
     let keys: HashMap<u64, FileKey> = mapped.iter().map(|f| (f.start, f.key)).collect();
     let mut interpreter = None;
     for m in &read.maps {
-        let (Some(minor), Some(key)) = (CPython::version_of(&m.path), keys.get(&m.start)) else { continue };
-        let Some(layout) = CPython::layout(minor) else { continue };
+        let (Some(version), Some(key)) = (CPython::version_of(&m.path), keys.get(&m.start)) else { continue };
         if !pythons.files.contains_key(key) {
             // Not remembered when the file cannot be opened now (the process exited): only
             // what the file itself says is.
@@ -461,21 +463,53 @@ fn describe(
             pythons.files.insert(*key, python_runtime(&object::ReadCache::new(&checked.file)));
         }
         let found = pythons.files.get(key).expect("inserted above");
-        if let Some((vaddr, loads)) = found
+        if let Some((vaddr, loads, eval_body)) = found
             // With a table base of 0, the bias is the load bias itself.
             && let Some(bias) = table::bias(0, loads, m.start, m.offset)
         {
-            interpreter = CPython::describe(layout, bias.wrapping_add(*vaddr)).map(|p| (minor, p));
+            let state = bias.wrapping_add(*vaddr);
+            interpreter = Some(
+                CPython::layout(pid, version, state)
+                    .map(|layout| PyLayout { eval_body: *eval_body, ..layout })
+                    .map(|layout| CPython::describe(&layout, state).map(|p| (Arc::new(layout), p)))
+                    .map_err(|why| (version, &m.path, *key, why)),
+            );
             break;
         }
     }
-    registry.set_python(pid, interpreter.as_ref().map(|(_, p)| p));
-    if let Ok(mut versions) = pythons.versions.lock() {
-        match interpreter {
-            Some((minor, _)) => versions.insert(pid, minor),
-            None => versions.remove(&pid),
-        };
+    let (walked, refused) = match interpreter {
+        Some(Ok(Some(found))) => (Some(found), None),
+        // A process that exited since its maps were read cannot be read either: nothing to
+        // say of its interpreter (said, it would hide the reason the next process gives).
+        Some(Err((.., crate::interpreter::python::Refused::Unreadable)))
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() =>
+        {
+            (None, None)
+        }
+        Some(Err(refused)) => (None, Some(refused)),
+        Some(Ok(None)) | None => (None, None),
+    };
+    registry.set_python(pid, walked.as_ref().map(|(_, p)| p));
+    if let Ok(mut layouts) = pythons.layouts.lock() {
+        match (&walked, refused) {
+            (Some((layout, _)), _) => {
+                layouts.insert(pid, Some(layout.clone()));
+            }
+            (None, Some((version, path, key, why))) => {
+                // Counted once per process, said once per interpreter file.
+                if layouts.insert(pid, None) != Some(None) {
+                    crate::interpreter::python::note_unread(&why);
+                }
+                if pythons.refused.insert(key) {
+                    tracing::warn!(pid, interpreter = %path, %version, "Python frames not read: {why}; native frames only");
+                }
+            }
+            (None, None) => {
+                layouts.remove(&pid);
+            }
+        }
     }
+    let python = walked.as_ref().map(|(l, _)| l.minor);
     match result {
         Ok(unchecked) => {
             tracing::debug!(
@@ -485,7 +519,7 @@ fn describe(
                 maps_truncated = read.truncated,
                 took_us = started.elapsed().as_micros() as u64,
                 age_ms = age_ms(pid),
-                python = interpreter.map(|i| i.0),
+                python,
                 "process described to the unwinder"
             );
             unchecked
@@ -497,19 +531,29 @@ fn describe(
     }
 }
 
-/// CPython files seen (their `_PyRuntime` and segments, or `None`), and the minor version of
-/// each Python process, shared with the symbolizer (it reads code objects with it).
+/// What a CPython file says of itself: `_PyRuntime`'s address, its loadable segments, its
+/// split-off evaluation loop.
+type PyFile = (u64, Vec<table::Load>, Option<(u64, u64)>);
+
+/// Each Python process's CPython layout (`None`: its frames are not read, and it was counted
+/// so), shared with the symbolizer (it reads code objects with it).
+type PyLayouts = Arc<Mutex<HashMap<u32, Option<Arc<PyLayout>>>>>;
+
+/// CPython files seen (their `_PyRuntime`, segments and split-off evaluation loop, or `None`), the interpreters whose
+/// frames are not read (said once each), and each Python process's layout.
 #[derive(Default)]
 pub struct Pythons {
-    files: HashMap<FileKey, Option<(u64, Vec<table::Load>)>>,
-    pub versions: Arc<Mutex<HashMap<u32, u8>>>,
+    files: HashMap<FileKey, Option<PyFile>>,
+    refused: std::collections::HashSet<FileKey>,
+    pub layouts: PyLayouts,
 }
 
-/// `_PyRuntime`'s address in a CPython file (an ELF virtual address) and the file's loadable
-/// segments, which place it in a process.
-fn python_runtime<'data, R: object::ReadRef<'data>>(data: R) -> Option<(u64, Vec<table::Load>)> {
+/// `_PyRuntime`'s address in a CPython file (an ELF virtual address), the file's loadable
+/// segments, which place it in a process, and its evaluation loop where a build split it off
+/// its name (`interpreter::python::eval_body`).
+fn python_runtime<'data, R: object::ReadRef<'data>>(data: R) -> Option<PyFile> {
     let file = object::File::parse(data).ok()?;
-    Some((CPython::state_in(&file)?, table::loads(&file)))
+    Some((CPython::state_in(&file)?, table::loads(&file), crate::interpreter::python::eval_body(&file)))
 }
 
 /// How long ago `pid` started (its exec, for a process that exec'd), from `/proc/PID/stat`.

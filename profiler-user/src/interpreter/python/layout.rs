@@ -1,33 +1,71 @@
 //! Finding CPython in a process and describing it to the sampler (`profiler_common::python`);
 //! the same offsets let the names be read (`code`).
-//! The offsets come from each version's own headers (`offsetof` against the internal headers
-//! of CPython 3.9.18, 3.10.13, 3.11.7, 3.12.1 and 3.13.0); a version not in [`LAYOUTS`] gets
-//! native frames only.
+//! 3.13 and later publish their own offsets (`_Py_DebugOffsets`, read by `debug_offsets`); the
+//! versions before keep a table here, from their own headers (`offsetof` against the internal
+//! headers of CPython 3.9.18, 3.10.13, 3.11.7 and 3.12.1), each checked by the Python test
+//! against a distribution's build (bullseye's 3.9.2, jammy's 3.10.12, Debian's 3.11, noble's
+//! 3.12.3). A version neither describes gets native frames only.
 
 use object::{Object, ObjectSymbol};
 use profiler_common::python::{NONE, PyProc};
 
-/// What the sampler and the symbolizer need of one CPython minor version.
-#[derive(Debug, Clone, Copy)]
+/// How a code object maps its instructions to lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineFormat {
+    /// 3.9's `co_lnotab`: (byte offset delta, line delta) pairs; `f_lasti` a byte offset.
+    Lnotab,
+    /// 3.10's `co_linetable`: (byte length, line delta) pairs; `f_lasti` an instruction index.
+    Pairs,
+    /// 3.11+'s location table (`lines`); instruction addresses.
+    Locations,
+}
+
+/// What the sampler and the symbolizer need of one CPython build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub minor: u8,
     /// The sampler's offsets; `runtime` is filled per process.
     pub proc: PyProc,
     /// `co_qualname`, or `co_name` before 3.11 (which has no qualified names).
     pub code_qualname: u64,
-    /// `co_code_adaptive` (where the instructions start) and `co_linetable` (3.11+), or 0: the
-    /// line of a frame is its function's first line.
+    /// `co_code_adaptive` (where the instructions start, 3.11+), or 0.
     pub code_adaptive: u64,
+    /// `co_linetable` (`co_lnotab` in 3.9), in `lines`' format.
     pub code_linetable: u64,
+    pub lines: LineFormat,
     pub code_filename: u64,
     pub code_firstlineno: u64,
-    /// Where a compact ASCII string's bytes start (`sizeof(PyASCIIObject)`), and a compact
-    /// non-ASCII one's (`sizeof(PyCompactUnicodeObject)`).
+    /// A `str`'s length and state, where a compact ASCII string's bytes start
+    /// (`sizeof(PyASCIIObject)`), and a compact non-ASCII one's (`sizeof(PyCompactUnicodeObject)`).
+    pub str_length: u64,
+    pub str_state: u64,
     pub ascii_data: u64,
     pub compact_data: u64,
+    /// A `bytes` object's size and contents.
+    pub bytes_size: u64,
+    pub bytes_data: u64,
+    /// The evaluation loop of a build that split it off its exported name (`eval_body`): ELF
+    /// virtual addresses in the interpreter's file; set per file.
+    pub eval_body: Option<(u64, u64)>,
 }
 
-const fn proc(o: [u16; 11]) -> PyProc {
+impl Layout {
+    /// The code unit (2 bytes) a frame runs, from the sampler's instruction word without its
+    /// flag; `None` when the frame has not started or the word says nothing.
+    pub fn unit(&self, code: u64, instr: u64) -> Option<u64> {
+        match self.lines {
+            // `f_lasti` was sent shifted past the flag; -1 before the first instruction.
+            LineFormat::Lnotab => u64::try_from((instr >> 1) as u32 as i32).ok().map(|byte| byte / 2),
+            LineFormat::Pairs => u64::try_from((instr >> 1) as u32 as i32).ok(),
+            LineFormat::Locations => {
+                let start = code.wrapping_add(self.code_adaptive);
+                (instr >= start).then(|| (instr - start) / 2)
+            }
+        }
+    }
+}
+
+pub(super) const fn proc(o: [u16; 11]) -> PyProc {
     PyProc {
         runtime: 0,
         interpreters_head: o[0],
@@ -41,7 +79,7 @@ const fn proc(o: [u16; 11]) -> PyProc {
         frame_instr: o[8],
         frame_owner: o[9],
         frame_is_entry: o[10],
-        owner_cstack: NONE,
+        owner_shim: NONE,
         pthread_tid: NONE,
         every_frame_entry: 0,
         _pad: [0; 2],
@@ -49,28 +87,31 @@ const fn proc(o: [u16; 11]) -> PyProc {
 }
 
 /// 3.9 and 3.10: a thread state holds its `pthread_t` (see [`pthread_tid_offset`]) and the
-/// frame objects it runs, one per interpreter call.
-const FRAME_OBJECTS: PyProc =
-    PyProc { every_frame_entry: 1, ..proc([32, 8, 8, 176, 24, NONE, 32, 24, NONE, NONE, NONE]) };
-
-/// 3.9 and 3.10 share every offset used.
-const fn frame_objects(minor: u8) -> Layout {
+/// frame objects it runs, one per interpreter call; `frame_instr` is `f_lasti`.
+const fn frame_objects(minor: u8, f_lasti: u16, lines: LineFormat) -> Layout {
     Layout {
         minor,
-        proc: FRAME_OBJECTS,
+        proc: PyProc { every_frame_entry: 1, ..proc([32, 8, 8, 176, 24, NONE, 32, 24, f_lasti, NONE, NONE]) },
         code_qualname: 112,
         code_filename: 104,
         code_firstlineno: 40,
         code_adaptive: 0,
-        code_linetable: 0,
+        code_linetable: 120,
+        lines,
+        str_length: 16,
+        str_state: 32,
         ascii_data: 48,
         compact_data: 72,
+        bytes_size: 16,
+        bytes_data: 32,
+        eval_body: None,
     }
 }
 
-pub const LAYOUTS: [Layout; 5] = [
-    frame_objects(9),
-    frame_objects(10),
+/// The versions that publish no layout of their own.
+pub const TABLES: [Layout; 4] = [
+    frame_objects(9, 104, LineFormat::Lnotab),
+    frame_objects(10, 96, LineFormat::Pairs),
     Layout {
         minor: 11,
         proc: proc([40, 16, 8, 160, 56, 8, 32, 48, 56, 69, 68]),
@@ -79,36 +120,37 @@ pub const LAYOUTS: [Layout; 5] = [
         code_firstlineno: 72,
         code_adaptive: 184,
         code_linetable: 136,
+        lines: LineFormat::Locations,
+        str_length: 16,
+        str_state: 32,
         ascii_data: 48,
         compact_data: 72,
+        bytes_size: 16,
+        bytes_data: 32,
+        eval_body: None,
     },
     Layout {
         minor: 12,
-        proc: PyProc { owner_cstack: 3, ..proc([40, 72, 8, 144, 56, 0, 0, 8, 56, 70, NONE]) },
+        proc: PyProc { owner_shim: 3, ..proc([40, 72, 8, 144, 56, 0, 0, 8, 56, 70, NONE]) },
         code_qualname: 128,
         code_filename: 112,
         code_firstlineno: 68,
         code_adaptive: 192,
         code_linetable: 136,
+        lines: LineFormat::Locations,
+        str_length: 16,
+        str_state: 32,
         ascii_data: 40,
         compact_data: 56,
-    },
-    Layout {
-        minor: 13,
-        proc: PyProc { owner_cstack: 3, ..proc([632, 7344, 8, 160, 72, NONE, 0, 8, 56, 70, NONE]) },
-        code_qualname: 128,
-        code_filename: 112,
-        code_firstlineno: 68,
-        code_adaptive: 200,
-        code_linetable: 136,
-        ascii_data: 40,
-        compact_data: 56,
+        bytes_size: 16,
+        bytes_data: 32,
+        eval_body: None,
     },
 ];
 
-/// The layout of CPython 3.`minor`, if known.
-pub(super) fn of(minor: u8) -> Option<&'static Layout> {
-    LAYOUTS.iter().find(|l| l.minor == minor)
+/// The table of CPython 3.`minor`, for the versions that publish no layout.
+pub(super) fn table(minor: u8) -> Option<&'static Layout> {
+    TABLES.iter().find(|l| l.minor == minor)
 }
 
 /// The sampler's description of a process whose `_PyRuntime` is at `runtime`; `None` when the
@@ -145,17 +187,33 @@ fn own_tid_offsets() -> Vec<u16> {
         .collect()
 }
 
-/// The CPython 3 minor version a mapped file's name says it is (`python3.11`,
-/// `libpython3.12.so.1.0`), if any.
-pub(super) fn minor_of(path: &str) -> Option<u8> {
+/// A CPython build as a mapped file's name says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Version {
+    pub minor: u8,
+    /// `python3.13t`, `libpython3.14t.so`: built without the GIL (`Py_GIL_DISABLED`).
+    pub free_threaded: bool,
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "3.{}{}", self.minor, if self.free_threaded { "t" } else { "" })
+    }
+}
+
+/// The CPython 3 version a mapped file's name says it is (`python3.11`,
+/// `libpython3.12.so.1.0`, `python3.13t`), if any.
+pub(super) fn version_of(path: &str) -> Option<Version> {
     let name = path.rsplit('/').next()?;
     let rest = name.strip_prefix("libpython3.").or_else(|| name.strip_prefix("python3."))?;
     let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
     let after = &rest[digits.len()..];
+    let free_threaded = after.starts_with('t');
+    let after = after.strip_prefix('t').unwrap_or(after);
     if !(after.is_empty() || after.starts_with('.') || after.starts_with('d') || after.starts_with('m')) {
         return None;
     }
-    digits.parse().ok()
+    Some(Version { minor: digits.parse().ok()?, free_threaded })
 }
 
 /// `_PyRuntime`'s address in the file (an ELF virtual address), from its symbol tables.
@@ -173,11 +231,19 @@ mod tests {
 
     #[test]
     fn versions_are_read_from_file_names() {
-        assert_eq!(minor_of("/usr/bin/python3.11"), Some(11));
-        assert_eq!(minor_of("/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0"), Some(12));
-        assert_eq!(minor_of("/usr/lib/libpython3.13d.so"), Some(13));
-        assert_eq!(minor_of("/usr/bin/python3"), None);
-        assert_eq!(minor_of("/opt/python3.11-tools/helper"), None);
+        let minor = |p: &str| version_of(p).map(|v| v.minor);
+        assert_eq!(minor("/usr/bin/python3.11"), Some(11));
+        assert_eq!(minor("/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0"), Some(12));
+        assert_eq!(minor("/usr/lib/libpython3.13d.so"), Some(13));
+        assert_eq!(minor("/usr/bin/python3"), None);
+        assert_eq!(minor("/opt/python3.11-tools/helper"), None);
+        assert_eq!(minor("/usr/bin/python3.14-config"), None);
+        let gil = |p: &str| version_of(p).map(|v| v.free_threaded);
+        assert_eq!(gil("/usr/bin/python3.13t"), Some(true));
+        assert_eq!(gil("/usr/lib/libpython3.14t.so.1.0"), Some(true));
+        assert_eq!(gil("/usr/lib/libpython3.14td.so.1.0"), Some(true));
+        assert_eq!(gil("/usr/bin/python3.14"), Some(false));
+        assert_eq!(version_of("/usr/bin/python3.13t").map(|v| v.to_string()).as_deref(), Some("3.13t"));
     }
 
     // 720 is x86_64 glibc's; arm64 finds its own (unverified: docs/arm64.md).
@@ -216,7 +282,7 @@ mod tests {
             let exported = object::File::parse(&*data).ok().and_then(|f| runtime_vaddr(&f)).is_some();
             // Debian's two files hold the runtime; a python3 linked to libpython holds none of its own.
             assert!(exported || i >= 2, "{} exports no _PyRuntime", path.display());
-            if exported && minor_of(&path.to_string_lossy()).is_some() {
+            if exported && version_of(&path.to_string_lossy()).is_some() {
                 found += 1;
             }
         }

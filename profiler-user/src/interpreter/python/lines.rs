@@ -1,7 +1,10 @@
-//! The line a CPython 3.11+ frame is at, from its code object's location table
-//! (`co_linetable`, format in CPython's `Objects/locations.md`): entries of one start byte
-//! (`1 code:4 length-1:3`, length in 2-byte code units) and a few varints; the line moves by a
-//! delta at each entry. Decoded once per code object into runs of units at one line.
+//! The line a CPython frame is at, from its code object's line table, decoded once per code
+//! object into runs of code units at one line. 3.11+'s location table (`co_linetable`, format
+//! in CPython's `Objects/locations.md`) here: entries of one start byte (`1 code:4 length-1:3`,
+//! length in 2-byte code units) and a few varints; the line moves by a delta at each entry.
+//! The older versions' tables: `legacy_lines`.
+
+use super::{layout::LineFormat, legacy_lines};
 
 /// A code object's lines, decoded once when it is read: runs of code units at one line, as
 /// (end unit, exclusive; line, or [`NO_LINE`]). A frame is named by a binary search; decoding
@@ -10,12 +13,26 @@
 pub struct Lines(Box<[(u32, i32)]>);
 
 /// A run of code units the table gives no location (or a line past `i32`).
-const NO_LINE: i32 = i32::MIN;
+pub(super) const NO_LINE: i32 = i32::MIN;
 
 impl Lines {
-    /// The runs of `table`, up to where it ends or stops making sense (a table we do not
-    /// understand names the units after that point by the function's first line).
-    pub fn decode(table: &[u8], first_line: i64) -> Self {
+    /// The runs of `table`, a table in `format`, up to where it ends or stops making sense (a
+    /// table we do not understand names the units after that point by the function's first
+    /// line).
+    pub fn decode(format: LineFormat, table: &[u8], first_line: i64) -> Self {
+        match format {
+            LineFormat::Locations => Self::locations(table, first_line),
+            LineFormat::Lnotab => legacy_lines::lnotab(table, first_line),
+            LineFormat::Pairs => legacy_lines::pairs(table, first_line),
+        }
+    }
+
+    /// Runs of units, as (end unit, exclusive; line, or [`NO_LINE`]), in order.
+    pub(super) fn from_runs(runs: Vec<(u32, i32)>) -> Self {
+        Self(runs.into_boxed_slice())
+    }
+
+    fn locations(table: &[u8], first_line: i64) -> Self {
         let mut runs: Vec<(u32, i32)> = Vec::new();
         let mut r = Reader { table, at: 0 };
         let (mut line, mut end) = (first_line, 0u32);
@@ -24,10 +41,7 @@ impl Lines {
             let here = here.and_then(|l| i32::try_from(l).ok()).filter(|&l| l != NO_LINE).unwrap_or(NO_LINE);
             let Some(next) = end.checked_add(len) else { break };
             end = next;
-            match runs.last_mut() {
-                Some(last) if last.1 == here => last.0 = end,
-                _ => runs.push((end, here)),
-            }
+            push_run(&mut runs, end, here);
         }
         Self(runs.into_boxed_slice())
     }
@@ -43,6 +57,15 @@ impl Lines {
     /// Bytes it holds.
     pub fn bytes(&self) -> usize {
         self.0.len() * std::mem::size_of::<(u32, i32)>()
+    }
+}
+
+/// Adds the units up to `end` at `line` (a line past `i32` as none), merged into the last run
+/// when it is at the same line.
+pub(super) fn push_run(runs: &mut Vec<(u32, i32)>, end: u32, line: i32) {
+    match runs.last_mut() {
+        Some(last) if last.1 == line => last.0 = end,
+        _ => runs.push((end, line)),
     }
 }
 
@@ -121,7 +144,7 @@ mod tests {
     use super::*;
 
     fn line_at(table: &[u8], first_line: i64, unit: u64) -> Option<i64> {
-        Lines::decode(table, first_line).at(unit)
+        Lines::decode(LineFormat::Locations, table, first_line).at(unit)
     }
 
     /// `co_linetable` and `co_lines()` of a small function, from CPython 3.11.7:
@@ -163,7 +186,7 @@ mod tests {
         }
         assert_eq!(line_at(&TABLE, 2, 43), None, "past the end");
         // One run per line change: 2, 3, 4, 5, 6, 8, 9.
-        assert_eq!(Lines::decode(&TABLE, 2).bytes(), 7 * 8, "runs of one line are merged");
+        assert_eq!(Lines::decode(LineFormat::Locations, &TABLE, 2).bytes(), 7 * 8, "runs of one line are merged");
     }
 
     #[test]

@@ -1,19 +1,26 @@
 //! CPython, the one language runtime whose frames the profiler shows (behind
 //! [`crate::interpreter::Runtime`]):
 //! - `layout`: finding CPython in a process (a mapped `python3.X` or `libpython3.X`, its
-//!   `_PyRuntime`) and the offsets of each version, for the kernel side's walker
+//!   `_PyRuntime`) and the offsets of the versions before 3.13, for the kernel side's walker
 //!   (`profiler_common::python`) and for the names;
+//! - `debug_offsets`: the layout 3.13+ publishes of itself (`_Py_DebugOffsets`), read from the
+//!   process and checked; why a process is not read (`Refused`), counted (`unread`);
 //! - `code`: what a code object says of itself, read from the process's memory (bounded);
 //! - `names`: the cache of frame names, per process and code object, within the memory budget;
-//! - `lines`: the line a 3.11+ frame is at, from its code object's line table.
+//! - `lines`, `legacy_lines`: the line a frame is at, from its code object's line table (3.11+'s
+//!   location table; 3.10's and 3.9's).
 //!
 //! The sampler sends each frame's code object address and instruction; the frames then take
 //! the place of the interpreter's `_PyEval_EvalFrameDefault` frames that ran them (`merge`).
 
 mod code;
+mod debug_offsets;
+mod eval_body;
 mod layout;
+mod legacy_lines;
 mod lines;
 mod names;
+mod unread;
 
 use std::sync::Arc;
 
@@ -21,26 +28,40 @@ use profiler_common::python::{ENTRY_FRAME, PyProc};
 
 use super::{Frame, Runtime};
 use crate::model::Location;
-pub use layout::Layout;
+pub use debug_offsets::Refused;
+pub use eval_body::find as eval_body;
+pub use layout::{Layout, LineFormat, Version};
 pub use names::PyNames;
+pub use unread::{note_unread, unread_counts};
 
 /// The native frame that runs Python frames.
 const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
 
-/// CPython 3.9 to 3.13.
+/// CPython 3.9 to 3.14.
 pub struct CPython;
 
+/// The first version that publishes its layout (`_Py_DebugOffsets`).
+const PUBLISHES_LAYOUT: u8 = 13;
+
 impl Runtime for CPython {
+    type Version = Version;
     type Layout = Layout;
     type Process = PyProc;
     type Names = PyNames;
+    type Refused = Refused;
 
-    fn version_of(path: &str) -> Option<u8> {
-        layout::minor_of(path)
+    fn version_of(path: &str) -> Option<Version> {
+        layout::version_of(path)
     }
 
-    fn layout(version: u8) -> Option<&'static Layout> {
-        layout::of(version)
+    fn layout(pid: u32, version: Version, state: u64) -> Result<Layout, Refused> {
+        if version.free_threaded {
+            return Err(Refused::FreeThreaded);
+        }
+        if version.minor >= PUBLISHES_LAYOUT {
+            return debug_offsets::read(pid, state, version.minor);
+        }
+        layout::table(version.minor).copied().ok_or(Refused::UnknownVersion(version.minor))
     }
 
     fn state_in<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>) -> Option<u64> {
@@ -56,8 +77,13 @@ impl Runtime for CPython {
             .into_iter()
             .map(|(code, instr, entry)| (names.name(pid, layout, code, instr), entry))
             .collect();
-        merge(native, python)
+        merge(native, python, |f| is_eval(layout, f))
     }
+}
+
+/// The table kept for CPython 3.`minor` (3.9 to 3.12: the versions that publish no layout).
+pub fn table_layout(minor: u8) -> Option<&'static Layout> {
+    layout::table(minor)
 }
 
 /// A Python frame's name, `function (file:line)` as [`PyNames::name`] makes it, split into its
@@ -75,6 +101,15 @@ pub fn leaf_frame(frames: &[Arc<str>]) -> Option<&Arc<str>> {
     frames.iter().rev().find(|f| source(f).is_some())
 }
 
+/// A native frame that runs Python frames: `_PyEval_EvalFrameDefault` by name, or, in a build
+/// that split the loop off that name, an address of the loop in the interpreter's own file.
+fn is_eval(layout: &Layout, frame: &Frame) -> bool {
+    &*frame.0 == EVAL_FRAME
+        || layout.eval_body.is_some_and(|(start, end)| {
+            (start..end).contains(&frame.1.addr) && layout::version_of(&frame.1.file).is_some()
+        })
+}
+
 /// Puts Python frames where the interpreter ran them. `user` is root first; `python` holds
 /// `(name, starts its evaluation)` leaf first. Each `_PyEval_EvalFrameDefault`, from the leaf
 /// outwards, is replaced by the Python frames it ran: up to and including the next frame that
@@ -84,12 +119,12 @@ pub fn leaf_frame(frames: &[Arc<str>]) -> Option<&Arc<str>> {
 /// it); the frames left over, that of the outermost one.
 /// The names are moved, not cloned: each clone is an atomic add on a name's count, a cache miss
 /// apiece for names spread over the heap.
-fn merge(user: Vec<Frame>, python: Vec<(Arc<str>, bool)>) -> Vec<Frame> {
+fn merge(user: Vec<Frame>, python: Vec<(Arc<str>, bool)>, is_eval: impl Fn(&Frame) -> bool) -> Vec<Frame> {
     let mut out: Vec<Frame> = Vec::with_capacity(user.len() + python.len());
     let mut python = python.into_iter().peekable();
     let mut outermost = Location::default();
     for native in user.into_iter().rev() {
-        if &*native.0 == EVAL_FRAME && python.peek().is_some() {
+        if python.peek().is_some() && is_eval(&native) {
             for (name, entry) in python.by_ref() {
                 out.push((name, native.1.clone()));
                 if entry {
@@ -141,6 +176,32 @@ mod tests {
             .collect()
     }
 
+    fn by_name(f: &Frame) -> bool {
+        &*f.0 == EVAL_FRAME
+    }
+
+    /// A build whose loop has no name: its frames are found by address in the interpreter.
+    #[test]
+    fn a_loop_without_a_name_is_found_by_its_addresses() {
+        let mut layout = *table_layout(12).expect("3.12");
+        layout.eval_body = Some((0x43d73e, 0x450458));
+        let at = |name: &str, file: &str, addr: u64| (Arc::from(name), Location { file: file.into(), addr });
+        let py = "/srv/root/usr/bin/python3.13";
+        let user = vec![
+            at("Py_RunMain", py, 0x600000),
+            at("python3.13+0x44c4b4", py, 0x44c4b4),
+            at("PyObject_CallOneArg", py, 0x500000),
+            at("python3.13+0x4490b3", py, 0x4490b3),
+            at("libfoo.so+0x4490b3", "/usr/lib/libfoo.so", 0x4490b3),
+        ];
+        let python = vec![(Arc::from("inner"), true), (Arc::from("outer"), true)];
+        let merged = merge(user.clone(), python.clone(), |f| is_eval(&layout, f));
+        assert_eq!(names(&merged), ["Py_RunMain", "outer", "PyObject_CallOneArg", "inner", "libfoo.so+0x4490b3"]);
+        layout.eval_body = None;
+        let unplaced = merge(user, python, |f| is_eval(&layout, f));
+        assert_eq!(&*unplaced[0].0, "outer", "without the loop's addresses: on the root side");
+    }
+
     fn names(frames: &[(Arc<str>, Location)]) -> Vec<&str> {
         frames.iter().map(|s| &*s.0).collect()
     }
@@ -172,7 +233,7 @@ mod tests {
         let user = a(&["main", "Py_RunMain", EVAL_FRAME, "ext_call", EVAL_FRAME, "leaf_c"]);
         // Python, leaf first: inner (run by the leaf-side eval, its entry), then outer, top.
         let python = [(Arc::from("inner"), true), (Arc::from("middle"), false), (Arc::from("top"), true)];
-        let merged = merge(user.clone(), python.to_vec());
+        let merged = merge(user.clone(), python.to_vec(), by_name);
         assert_eq!(names(&merged), ["main", "Py_RunMain", "top", "middle", "ext_call", "inner", "leaf_c"]);
         // Each Python frame lives where the interpreter frame running it does.
         let files: Vec<&str> = merged.iter().map(|s| &*s.1.file).collect();
@@ -191,15 +252,15 @@ mod tests {
     fn frames_of_evaluations_the_native_walk_did_not_reach_go_on_the_root_side() {
         let user = a(&["[unknown]", EVAL_FRAME, "leaf_c"]);
         let python = [(Arc::from("inner"), true), (Arc::from("outer"), false)];
-        let merged = merge(user.clone(), python.to_vec());
+        let merged = merge(user.clone(), python.to_vec(), by_name);
         assert_eq!(names(&merged), ["outer", "[unknown]", "inner", "leaf_c"]);
         assert_eq!(&*merged[0].1.file, "/f1", "the outermost evaluation's file");
-        assert_eq!(names(&merge(a(&["[unknown]"]), python.to_vec())), ["outer", "inner", "[unknown]"]);
+        assert_eq!(names(&merge(a(&["[unknown]"]), python.to_vec(), by_name)), ["outer", "inner", "[unknown]"]);
     }
 
     #[test]
     fn without_python_frames_the_native_stack_is_unchanged() {
         let user = a(&["main", EVAL_FRAME, "x"]);
-        assert_eq!(merge(user.clone(), Vec::new()), user);
+        assert_eq!(merge(user.clone(), Vec::new(), by_name), user);
     }
 }

@@ -53,10 +53,10 @@ struct Cached {
 }
 
 impl Cached {
-    /// The line the frame at `instr` runs (`start`: where the code object's instructions start).
-    fn line_at(&self, instr: u64, start: u64) -> i64 {
+    /// The line the frame at code unit `unit` runs (`None`: not started, the function's line).
+    fn line_at(&self, unit: Option<u64>) -> i64 {
         let c = &self.code;
-        c.lines.as_ref().filter(|_| instr >= start).and_then(|l| l.at((instr - start) / 2)).unwrap_or(c.first_line)
+        unit.and_then(|u| c.lines.as_ref()?.at(u)).unwrap_or(c.first_line)
     }
 
     fn bytes(&self) -> u64 {
@@ -120,15 +120,15 @@ pub struct PyNames {
 }
 
 impl PyNames {
-    /// The frame's name: `qualname (file:line)`, at the line the frame is running (3.11+; the
-    /// function's first line before that, or where the table says nothing). `instr` is the
-    /// sampler's instruction address, 0 when it sent none.
+    /// The frame's name: `qualname (file:line)`, at the line the frame is running (the
+    /// function's first line where the table says nothing). `instr` is the sampler's
+    /// instruction word without its flag (`Layout::unit`).
     pub fn name(&mut self, pid: u32, layout: &Layout, code: u64, instr: u64) -> Arc<str> {
-        let start = code.wrapping_add(layout.code_adaptive);
+        let unit = layout.unit(code, instr);
         let slot = match self.codes.get(&(pid, code)) {
             Some(&slot) => {
                 let info = self.entry(slot);
-                let line = info.line_at(instr, start);
+                let line = info.line_at(unit);
                 if let Some((_, n)) = info.named.iter().find(|(l, _)| *l == line) {
                     return n.clone();
                 }
@@ -141,7 +141,7 @@ impl PyNames {
             }
         };
         let info = self.entry(slot);
-        let line = info.line_at(instr, start);
+        let line = info.line_at(unit);
         let made = make_name(&info.code.name, &info.code.file, line);
         let name = match self.interned.get(&*made) {
             Some(shared) => shared.clone(),
@@ -303,7 +303,7 @@ mod tests {
 
     fn cached(table: Option<Vec<u8>>) -> PyNames {
         let mut n = PyNames::default();
-        let lines = table.map(|t| Lines::decode(&t, 2));
+        let lines = table.map(|t| Lines::decode(crate::interpreter::python::layout::LineFormat::Locations, &t, 2));
         n.insert(1, CODE, Code { name: "Model.forward".into(), file: "/srv/m.py".into(), first_line: 2, lines });
         n
     }
@@ -312,7 +312,7 @@ mod tests {
     /// come back `[python]`.
     #[test]
     fn names_go_before_the_code_objects_they_are_made_of() {
-        let layout = crate::interpreter::python::layout::of(11).expect("3.11");
+        let layout = crate::interpreter::python::layout::table(11).expect("3.11");
         let mut n = cached(None);
         let first = n.name(1, layout, CODE, 0);
         assert_eq!(&*first, "Model.forward (/srv/m.py:2)");
@@ -327,7 +327,7 @@ mod tests {
     /// the entry lives as long as one of them does.
     #[test]
     fn processes_running_the_same_code_share_its_entry_and_its_names() {
-        let layout = crate::interpreter::python::layout::of(11).expect("3.11");
+        let layout = crate::interpreter::python::layout::table(11).expect("3.11");
         let code = |file: &str| Code { name: "Model.forward".into(), file: file.into(), first_line: 2, lines: None };
         let mut n = PyNames::default();
         for pid in 1..=7 {
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn one_name_per_line_and_the_instruction_picks_the_line() {
-        let layout = crate::interpreter::python::layout::of(11).expect("3.11");
+        let layout = crate::interpreter::python::layout::table(11).expect("3.11");
         // Two entries of one code unit each: line 2 (no change), then line 3 (+1).
         let mut n = cached(Some(vec![0x80 | (10 << 3), 0, 0, 0x80 | (11 << 3), 0, 0]));
         let start = CODE + layout.code_adaptive;

@@ -6,6 +6,7 @@ mod exposition;
 mod gpu;
 mod live;
 mod memory;
+mod python;
 mod start;
 
 pub use exposition::escape_label;
@@ -42,6 +43,7 @@ pub fn render(l: &Live) -> String {
         out.push_str(&gpu::cuda(cuda));
     }
     memory::render(&mut out);
+    python::render(&mut out);
     start::render(&mut out, &crate::collect::start::figures());
     out
 }
