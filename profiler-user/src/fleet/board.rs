@@ -208,14 +208,17 @@ pub struct Board {
     pub findings: Vec<Signature>,
 }
 
-/// Rows: each node or group with its tally, worst first, cut at `limit`: (label, nodes,
-/// tally) shown, and (rows, nodes) left out.
+/// A row chosen: its label, its nodes, what they summed.
+pub type Chosen = (String, Vec<String>, Tally);
+
+/// Rows: each node or group with its tally, worst first, cut at `limit`: the rows shown, and
+/// (rows, nodes) left out.
 pub fn choose_rows(
     tallies: &BTreeMap<String, Tally>,
     group_of: impl Fn(&str) -> String,
     measure: Measure,
     limit: usize,
-) -> (Vec<(String, Vec<String>, Tally)>, u64, u64) {
+) -> (Vec<Chosen>, u64, u64) {
     let mut groups: BTreeMap<String, (Vec<String>, Tally)> = BTreeMap::new();
     for (node, t) in tallies {
         if t.score(measure).is_none() {
@@ -225,7 +228,7 @@ pub fn choose_rows(
         g.0.push(node.clone());
         g.1.add(t);
     }
-    let mut rows: Vec<(String, Vec<String>, Tally)> = groups.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
+    let mut rows: Vec<Chosen> = groups.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
     rows.sort_by(|a, b| measure.worse(a.2.score(measure), b.2.score(measure)).then_with(|| a.0.cmp(&b.0)));
     let rest = rows.split_off(limit.min(rows.len()));
     let more_nodes = rest.iter().map(|r| r.1.len() as u64).sum();
