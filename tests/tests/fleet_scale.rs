@@ -92,8 +92,9 @@ fn ship(shards: &[ClickHouse], nodes: &[(String, PathBuf, usize)], to: u64, at_o
         let (i, stop, t, s) = running.swap_remove(done);
         let _ = stop.send(true);
         t.join().unwrap();
+        // A failed request is retried by the shipper (counted in the figures); nothing lost or
+        // doubled is checked on the servers' totals.
         stats[i] = s.lock().unwrap().clone();
-        assert!(stats[i].errors.is_empty(), "{}: {:?}", nodes[i].0, stats[i].errors);
     }
     stats
 }
@@ -311,11 +312,12 @@ fn fleet_scale_benchmark() {
     let rows: u64 = stats.iter().map(|s| s.sample_rows).sum();
     let wire: u64 = stats.iter().map(|s| s.bytes).sum();
     let counter_rows: u64 = stats.iter().map(|s| s.counter_rows).sum();
+    let retries: u64 = stats.iter().map(|s| s.retries).sum();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     say(
         "ingest",
         format!(
-            "{rows} sample rows ({samples} samples) and {counter_rows} GPU track rows from {} shippers ({at_once} at once) in {wall:.0} s ({:.0} samples/s wall): servers' CPU {server:.0} s while shipping = {:.2} M samples/s per server core; {merged:.0} s with their merges done = {:.2} M samples/s per server core; the shippers' own CPU {shippers:.0} s; {:.1} B per sample on the wire; load {}",
+            "{rows} sample rows ({samples} samples) and {counter_rows} GPU track rows from {} shippers ({at_once} at once) in {wall:.0} s ({:.0} samples/s wall): servers' CPU {server:.0} s while shipping = {:.2} M samples/s per server core; {merged:.0} s with their merges done = {:.2} M samples/s per server core; the shippers' own CPU {shippers:.0} s; {:.1} B per sample on the wire; {retries} requests retried; load {}",
             to_ship.len(),
             samples as f64 / wall,
             samples as f64 / server / 1e6,
