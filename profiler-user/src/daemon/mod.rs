@@ -209,7 +209,7 @@ fn reload(config: &DaemonConfig, settings: &Mutex<Reloadable>, control: &mpsc::S
         "changed"
     };
     tracing::info!(file = %path.display(), "SIGHUP: reloaded; detector thresholds {thresholds}, store bounds {bounds}");
-    let _ = control.send(stage::Control::Thresholds(new.thresholds.clone()));
+    let _ = control.send(stage::Control::Thresholds(Box::new(new.thresholds.clone())));
     *current = new;
 }
 

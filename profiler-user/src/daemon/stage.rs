@@ -45,7 +45,8 @@ const EVENTS_EVERY: usize = 16;
 
 /// What the supervisor and the upkeep stage tell the pipeline stage.
 pub enum Control {
-    Thresholds(Thresholds),
+    /// Boxed: the thresholds are most of the enum's size, and are sent once per SIGHUP.
+    Thresholds(Box<Thresholds>),
     /// Memory cgroup counts read by the upkeep stage (`None`: unreadable).
     Zombies(u64, Option<MemcgCount>),
     /// Cgroups with a CPU quota and their throttling counters, read by the upkeep stage
@@ -321,7 +322,7 @@ impl Stage {
         // Thresholds reloaded; zombie counts from the upkeep stage.
         while let Ok(c) = self.links.control.try_recv() {
             match c {
-                Control::Thresholds(t) => self.pipeline.set_thresholds(t),
+                Control::Thresholds(t) => self.pipeline.set_thresholds(*t),
                 Control::Zombies(at, count) => changes.extend(self.pipeline.check_zombies(at, count)),
                 Control::Throttle(at, readings) => changes.extend(self.pipeline.check_throttle(at, readings)),
             }
