@@ -165,6 +165,8 @@ pub enum Samples {
     CudaSync,
     /// Bytes copied by cuMemcpy*, per copying stack.
     CudaCopies,
+    /// Time threads spent off their CPU, per stack they waited in (microseconds; `--state`).
+    OffCpu,
 }
 
 impl Samples {
@@ -174,6 +176,7 @@ impl Samples {
             Self::CudaLaunches => SampleKind::CudaLaunches,
             Self::CudaSync => SampleKind::CudaSync,
             Self::CudaCopies => SampleKind::CudaCopies,
+            Self::OffCpu => SampleKind::OffCpu,
         }
     }
 }
@@ -221,6 +224,11 @@ pub struct FilterArgs {
     /// without the `_[k]` of kernel frames).
     #[arg(long, value_name = "NAME")]
     pub function: Option<String>,
+    /// With --samples off-cpu: only waits in this state: io (uninterruptible: disk, network
+    /// file systems), sleep (futex, poll, pipe or socket reads, nanosleep), runnable (preempted,
+    /// waiting for a CPU). The stacks' `[off-cpu: STATE]` root frame.
+    #[arg(long, value_name = "io|sleep|runnable", conflicts_with = "function")]
+    pub state: Option<profiler::offcpu::OffState>,
 }
 
 impl FilterArgs {
@@ -236,7 +244,7 @@ impl FilterArgs {
                 unit: self.unit,
             },
             context: self.context,
-            function: self.function,
+            function: self.function.or(self.state.map(|s| s.frame().to_string())),
             include_idle: false,
             lines: false,
         }

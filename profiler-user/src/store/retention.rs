@@ -73,7 +73,7 @@ pub fn enforce(
     for (start, path) in super::counters::list(data_dir).unwrap_or_default() {
         *counters.entry(start).or_default() += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     }
-    let cuda: Vec<(u64, PathBuf)> = crate::model::SampleKind::CUDA
+    let cuda: Vec<(u64, PathBuf)> = crate::model::SampleKind::WEIGHTED
         .iter()
         .flat_map(|k| list_segments(&k.store_dir(data_dir)).unwrap_or_default())
         .collect();

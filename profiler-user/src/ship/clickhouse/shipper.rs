@@ -305,10 +305,11 @@ impl Follower {
         self.advance(to).map(|_| Progress::Shipped { rows: sent })
     }
 
-    /// The CUDA stores the daemon has written (none on a node without CUDA processes).
+    /// The weighted stores the daemon has written (CUDA counts, off-CPU time; none on a node
+    /// without them).
     fn cuda_stores(&self) -> Result<Vec<(SampleKind, Store)>, ShipError> {
         let mut out = Vec::new();
-        for kind in SampleKind::CUDA {
+        for kind in SampleKind::WEIGHTED {
             let dir = kind.store_dir(&self.config.data_dir);
             if crate::store::segments_dir(&dir).is_dir() {
                 out.push((kind, Store::open(&dir).map_err(crate::query::QueryError::from)?));

@@ -191,7 +191,7 @@ impl Shipper {
     /// share one sample type); false if the daemon stopped first. A store that cannot be read
     /// is said and skipped: it must not hold the CPU samples back.
     async fn send_cuda(&mut self, from: u64, to: u64, stats: &mut Stats) -> bool {
-        for kind in SampleKind::CUDA {
+        for kind in SampleKind::WEIGHTED {
             let dir = kind.store_dir(&self.data_dir);
             if !crate::store::segments_dir(&dir).is_dir() {
                 continue;
