@@ -14,8 +14,9 @@
 //! These maps carry the counts to userspace:
 //! - `OFFCPU_COUNTS_0` / `OFFCPU_COUNTS_1`: [`OffCount`] by [`OffKey`], double-buffered by
 //!   `OFFCPU_GEN` as the CUDA counts are (`crate::cuda`);
-//! - `OFFCPU_STACKS` (LRU, by [`OffKey::hash`]): each walked stack, a [`crate::Record`]
-//!   (header, kernel addresses, user addresses, Python pairs), read by the sampler's parser;
+//! - `OFFCPU_STACKS_0` / `OFFCPU_STACKS_1` (by [`OffKey::hash`], double-buffered with the
+//!   counts): each walked stack, a [`crate::Record`] (header, kernel addresses, user addresses,
+//!   Python pairs), read by the sampler's parser;
 //! - `OFFCPU_STATS` (per CPU, `[u64; stat::LEN]`): the rate limit's state and what was dropped.
 //! - `OFFCPU_CLOCK`: as `CUDA_CLOCK`, the boot-to-wall offset's fraction of a second.
 
@@ -136,7 +137,7 @@ pub struct Armed {
 pub const RATE_LIMIT: u64 = 1000;
 pub const SAMPLE_EVERY: u64 = 8;
 /// Stacks walked a second on one CPU, at most (armed threads' switch-outs).
-pub const WALK_LIMIT: u64 = 500;
+pub const WALK_LIMIT: u64 = 200;
 /// A wait is split over at most this many seconds (its last ones): a thread asleep for an hour
 /// is credited its last [`MAX_SECONDS`] seconds at its wakeup.
 pub const MAX_SECONDS: u32 = 8;
@@ -150,8 +151,10 @@ pub const OFFCPU_SINCE_MAX: u32 = 8192;
 pub const ARMED_SHORT_WAITS: u32 = 16;
 /// Threads armed at once (LRU).
 pub const OFFCPU_ARMED_MAX: u32 = 4096;
-/// Distinct stacks kept (LRU, 3.1 KiB each: 0.8 MiB).
-pub const OFFCPU_STACKS_MAX: u32 = 256;
+/// Distinct stacks a generation (a drain's interval) holds, each map (3.1 KiB each: 1.6 MiB): the walk budget
+/// ([`WALK_LIMIT`] a CPU) fills it in a drain on 2-3 CPUs; past it a wait is counted without its
+/// stack (`[stack not walked]`), and reused stacks take no room.
+pub const OFFCPU_STACKS_MAX: u32 = 512;
 /// Keys a generation (a drain's interval) holds, each map.
 pub const OFFCPU_COUNTS_MAX: u32 = 2048;
 

@@ -3,7 +3,7 @@
 //! coming back on with the time it was off when that is at least the threshold. Its stack is
 //! the one it left in: walked at the switch-out (the kernel's, then the user's with the
 //! sampler's unwinder and Python frames, through tail calls of this program's own type) for
-//! threads a long wait armed, within a per-CPU budget; a walk ends in `OFFCPU_STACKS` and in
+//! threads a long wait armed, within a per-CPU budget; a walk ends in `OFFCPU_STACKS_*` and in
 //! the thread's `OFFCPU_SINCE` entry, not in the ring.
 
 use core::ffi::c_void;
@@ -64,10 +64,40 @@ static OFFCPU_SINCE: LruHashMap<u32, Off> = LruHashMap::with_max_entries(OFFCPU_
 #[map]
 static OFFCPU_ARMED: LruHashMap<u32, Armed> = LruHashMap::with_max_entries(OFFCPU_ARMED_MAX, 0);
 
-/// Walked stacks by hash. LRU: userspace keeps what it read, so a stack evicted after its
-/// first drain costs nothing; one evicted before costs its counts' stack (`[stack lost]`).
+/// Walked stacks by hash, double-buffered with the counts (`OFFCPU_GEN`): userspace reads and
+/// empties a generation's map a drain after the program left it, and keeps what it read. Not
+/// an LRU: on a busy node (a build starting processes) an LRU evicted stacks before the drain
+/// read them. A stack met again in the other generation is copied into the current one.
 #[map]
-static OFFCPU_STACKS: LruHashMap<u64, Record> = LruHashMap::with_max_entries(OFFCPU_STACKS_MAX, 0);
+static OFFCPU_STACKS_0: HashMap<u64, Record> = HashMap::with_max_entries(OFFCPU_STACKS_MAX, 0);
+
+#[map]
+static OFFCPU_STACKS_1: HashMap<u64, Record> = HashMap::with_max_entries(OFFCPU_STACKS_MAX, 0);
+
+/// The generation the program writes (its low bit).
+#[inline(always)]
+fn generation() -> u32 {
+    OFFCPU_GEN.get(0).copied().unwrap_or(0) & 1
+}
+
+#[inline(always)]
+fn stacks(generation: u32) -> &'static HashMap<u64, Record> {
+    if generation == 1 { &OFFCPU_STACKS_1 } else { &OFFCPU_STACKS_0 }
+}
+
+/// Whether stack `h` is in the current generation's map, copied there from the other one if
+/// only there (userspace may empty the other next).
+#[inline(always)]
+fn keep_stack(h: u64) -> bool {
+    let g = generation();
+    if unsafe { stacks(g).get(&h) }.is_some() {
+        return true;
+    }
+    match stacks(g ^ 1).get_ptr(&h) {
+        Some(r) => stacks(g).insert(&h, unsafe { &*r }, 0).is_ok(),
+        None => false,
+    }
+}
 
 #[map]
 static OFFCPU_COUNTS_0: HashMap<OffKey, OffCount> = HashMap::with_max_entries(OFFCPU_COUNTS_MAX, 0);
@@ -93,7 +123,7 @@ static OFFCPU_CONFIG: Array<u64> = Array::with_max_entries(4, 0);
 #[map]
 static OFFCPU_STATS: PerCpuArray<[u64; stat::LEN]> = PerCpuArray::with_max_entries(1, 0);
 
-/// The walks: built in `OFFCPU_SCRATCH`, ended in `OFFCPU_STACKS`.
+/// The walks: built in `OFFCPU_SCRATCH`, ended in `OFFCPU_STACKS_*`.
 pub(crate) struct Waits;
 
 impl Sink for Waits {
@@ -186,7 +216,7 @@ fn switch(ctx: &TracePointContext) {
     let Ok(regs) = (unsafe { bpf_probe_read_kernel(regs) }) else { return };
     let f = arch::frame(&regs);
     let armed = unsafe { &mut *armed };
-    if armed.hash != 0 && armed.ip == f.ip && armed.sp == f.sp && unsafe { OFFCPU_STACKS.get(&armed.hash) }.is_some() {
+    if armed.hash != 0 && armed.ip == f.ip && armed.sp == f.sp && keep_stack(armed.hash) {
         // From where its last walk started: the same stack, unwalked.
         stats[stat::REUSED] += 1;
         if let Some(o) = OFFCPU_SINCE.get_ptr_mut(&tid) {
@@ -225,6 +255,11 @@ fn came_back(tid: u32, off: &Off, now: u64, threshold: u64, stats: &mut [u64; st
         return;
     }
     stats[stat::LONG_WAITS] += 1;
+    if off.hash != 0 {
+        // Walked in the other generation: its stack follows the count into this one (or,
+        // emptied from both since, userspace holds it from its drain).
+        keep_stack(off.hash);
+    }
     match OFFCPU_ARMED.get_ptr_mut(&tid) {
         Some(a) => unsafe { (*a).left = ARMED_SHORT_WAITS },
         None => {
@@ -247,7 +282,7 @@ fn came_back(tid: u32, off: &Off, now: u64, threshold: u64, stats: &mut [u64; st
     let frac = OFFCPU_CLOCK.get(0).copied().unwrap_or(0);
     let start = off.start_ns.wrapping_add(frac);
     let mut to = now.wrapping_add(frac);
-    let map = if OFFCPU_GEN.get(0).copied().unwrap_or(0) & 1 == 1 { &OFFCPU_COUNTS_1 } else { &OFFCPU_COUNTS_0 };
+    let map = if generation() == 1 { &OFFCPU_COUNTS_1 } else { &OFFCPU_COUNTS_0 };
     for i in 0..MAX_SECONDS {
         if to <= start {
             break;
@@ -312,7 +347,7 @@ fn walk(ctx: &TracePointContext, pid: u32, tid: u32, now: u64, regs: &Regs) {
     end(record, kernel, user);
 }
 
-/// The walk is done: the stack into `OFFCPU_STACKS` (once), its hash into the thread's entry.
+/// The walk is done: the stack into the generation's `OFFCPU_STACKS_*` (once), its hash into the thread's entry.
 #[inline(always)]
 fn end(record: &mut Record, kernel: usize, user: usize) {
     let python = (record.header.python_frames as usize).min(MAX_PYTHON_FRAMES);
@@ -324,8 +359,10 @@ fn end(record: &mut Record, kernel: usize, user: usize) {
     if h == 0 {
         h = 1;
     }
-    if unsafe { OFFCPU_STACKS.get(&h) }.is_none() {
-        let _ = OFFCPU_STACKS.insert(&h, &*record, 0);
+    let map = stacks(generation());
+    if unsafe { map.get(&h) }.is_none() && map.insert(&h, &*record, 0).is_err() {
+        // The generation's map is full: the wait is counted without its stack.
+        return;
     }
     if let Some(off) = OFFCPU_SINCE.get_ptr_mut(&tid) {
         unsafe { (*off).hash = h };

@@ -60,7 +60,7 @@ pub struct Totals {
 
 pub struct Maps {
     counts: [HashMap<MapData, OffKey, OffCount>; 2],
-    stacks: HashMap<MapData, u64, Record>,
+    stacks: [HashMap<MapData, u64, Record>; 2],
     generation: Array<MapData, u32>,
     current: u32,
     clock: Array<MapData, u64>,
@@ -131,11 +131,12 @@ fn load(ebpf: &mut Ebpf, s: Settings) -> Result<Maps, OffCpuError> {
     let mut take = |name: &'static str| ebpf.take_map(name).ok_or(OffCpuError::Missing(name));
     let c0 = HashMap::try_from(take("OFFCPU_COUNTS_0")?).map_err(|e| OffCpuError::Map("OFFCPU_COUNTS_0", e))?;
     let c1 = HashMap::try_from(take("OFFCPU_COUNTS_1")?).map_err(|e| OffCpuError::Map("OFFCPU_COUNTS_1", e))?;
-    let stacks = HashMap::try_from(take("OFFCPU_STACKS")?).map_err(|e| OffCpuError::Map("OFFCPU_STACKS", e))?;
+    let s0 = HashMap::try_from(take("OFFCPU_STACKS_0")?).map_err(|e| OffCpuError::Map("OFFCPU_STACKS_0", e))?;
+    let s1 = HashMap::try_from(take("OFFCPU_STACKS_1")?).map_err(|e| OffCpuError::Map("OFFCPU_STACKS_1", e))?;
     let generation = Array::try_from(take("OFFCPU_GEN")?).map_err(|e| OffCpuError::Map("OFFCPU_GEN", e))?;
     let clock = Array::try_from(take("OFFCPU_CLOCK")?).map_err(|e| OffCpuError::Map("OFFCPU_CLOCK", e))?;
     let stats = PerCpuArray::try_from(take("OFFCPU_STATS")?).map_err(|e| OffCpuError::Map("OFFCPU_STATS", e))?;
-    Ok(Maps { counts: [c0, c1], stacks, generation, current: 0, clock, frac_ns: 0, stats })
+    Ok(Maps { counts: [c0, c1], stacks: [s0, s1], generation, current: 0, clock, frac_ns: 0, stats })
 }
 
 impl Collector {
@@ -171,9 +172,18 @@ impl Collector {
             }
             let _ = maps.counts[retired].remove(&key);
         }
-        let wanted: std::collections::BTreeSet<u64> =
-            counts.iter().map(|d| d.key.hash).filter(|&h| h != 0 && !held(h)).collect();
-        let stacks = wanted.into_iter().filter_map(|h| Some((h, maps.stacks.get(&h, 0).ok()?))).collect();
+        // Every stack of the generation, not only those its counts name: a thread still off
+        // CPU is counted in a later one, after this map is emptied (the caller keeps them).
+        let keys: Vec<u64> = maps.stacks[retired].keys().filter_map(Result::ok).collect();
+        let mut stacks = std::collections::HashMap::new();
+        for h in keys {
+            if !held(h)
+                && let Ok(r) = maps.stacks[retired].get(&h, 0)
+            {
+                stacks.insert(h, r);
+            }
+            let _ = maps.stacks[retired].remove(&h);
+        }
         if let Err(e) = maps.generation.set(0, retired as u32, 0) {
             tracing::warn!(error = %e, "cannot switch the off-CPU counts map; counts wait for the next drain");
         } else {

@@ -24,8 +24,9 @@ pub const DEFAULT_LIMIT: u64 = 256 * MIB;
 pub const BASE: u64 = 40 * MIB;
 /// BPF maps besides the unwind rows and the ring: stack scratch, process tables, histograms
 /// (about 3 MiB), the CUDA probes' stacks and counts (about 2.8 MiB). Measured from the maps'
-/// `memlock` in `/proc/PID/fdinfo`: 5.9 MiB together.
-pub const OTHER_MAPS: u64 = 8 * MIB;
+/// `memlock` in `/proc/PID/fdinfo`: 5.9 MiB together; the off-CPU program's maps add about
+/// 4.2 MiB (two generations of 512 stacks, 3.2 MiB; threads off CPU and armed, counts).
+pub const OTHER_MAPS: u64 = 11 * MIB;
 /// The least the pools may have together; below it the daemon refuses to start.
 pub const MIN_POOLS: u64 = 24 * MIB;
 

@@ -16,6 +16,14 @@ impl Recorder {
         let cached = &self.stacks;
         let (counts, stacks) = collector.offcpu_drain(|h| cached.contains(&h), pipeline.offset());
         let now = Instant::now();
+        // The stacks of threads still off CPU first: their counts come after the kernel's copy
+        // is gone.
+        let counted: std::collections::HashSet<u64> = counts.iter().map(|d| d.key.hash).collect();
+        for (h, r) in stacks.iter().filter(|(h, _)| !counted.contains(h)) {
+            if let Some(s) = pipeline.cuda_sample(record_bytes(r), now_ns, now) {
+                self.stacks.put(*h, s);
+            }
+        }
         let mut pids = BTreeSet::new();
         let mut waits = Vec::new();
         for d in counts {
@@ -49,7 +57,7 @@ impl Recorder {
                     let why = if d.key.hash == 0 {
                         "[stack not walked: the thread's first long wait after short ones]"
                     } else {
-                        "[stack lost: evicted from the kernel's map before the drain]"
+                        "[stack lost: more distinct waiting stacks in a drain than the kernel's map holds]"
                     };
                     bare(pid, tid, ts_ns, why)
                 }

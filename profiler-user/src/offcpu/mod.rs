@@ -32,7 +32,7 @@ pub use profiler_common::offcpu::DEFAULT_THRESHOLD_NS;
 /// millisecond early does not make it two).
 pub const DRAIN_EVERY: Duration = Duration::from_millis(900);
 /// How often the totals are logged.
-const REPORT_EVERY: Duration = Duration::from_secs(5);
+const REPORT_EVERY: Duration = Duration::from_secs(60);
 /// Stacks kept symbolized by hash (the kernel's map holds 256).
 const STACKS_KEPT: usize = 1024;
 /// Rows held while the store cannot be written (three drains of full maps).
@@ -115,14 +115,19 @@ pub fn waits_in(stack: &Stack) -> Option<Arc<str>> {
         .iter()
         .rev()
         .map(|f| (f, f.trim_end_matches("_[k]")))
-        .find(|(_, name)| !SCHEDULING.contains(name) && !name.starts_with("__schedule") && !name.starts_with("bpf_"))
+        .find(|(_, name)| {
+            !SCHEDULING.contains(name)
+                && !name.starts_with("__schedule")
+                && !name.starts_with("bpf_")
+                && !name.starts_with("wait_for_completion")
+        })
         .map(|(f, _)| f.clone())
 }
 
 /// The file system or device a kernel stack waits on, when its functions' names say
 /// (`ext4_file_read_iter` -> ext4), leaf first.
 pub fn fs_of(stack: &Stack) -> Option<&'static str> {
-    const NAMED: [(&str, &str); 12] = [
+    const NAMED: [(&str, &str); 13] = [
         ("fuse_", "fuse"),
         ("nfs", "nfs"),
         ("ext4_", "ext4"),
@@ -133,6 +138,7 @@ pub fn fs_of(stack: &Stack) -> Option<&'static str> {
         ("ovl_", "overlayfs"),
         ("nvme_", "nvme"),
         ("blk_", "block device"),
+        ("blkdev_", "block device"),
         ("scsi_", "scsi"),
         ("p9_", "9p"),
     ];
@@ -172,6 +178,14 @@ pub struct Recorder {
     started: bool,
     own_pid: u32,
     pub status: Status,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if self.started {
+            self.report();
+        }
+    }
 }
 
 impl Recorder {
@@ -221,22 +235,27 @@ impl Recorder {
         }
         if self.last_report.elapsed() >= REPORT_EVERY {
             self.last_report = Instant::now();
-            let s = &self.status;
-            tracing::info!(
-                switches = s.switches,
-                long_waits = s.long_waits,
-                recorded_waits = s.recorded_waits,
-                recorded_ms = s.recorded_us / 1_000,
-                sampled_out = s.sampled_out,
-                walked = s.walked,
-                walks_skipped = s.walks_skipped,
-                reused = s.reused,
-                dropped = s.dropped,
-                without_stack = s.without_stack,
-                "off-CPU counts so far"
-            );
+            self.report();
         }
         changes
+    }
+
+    /// One line with the totals so far (every [`REPORT_EVERY`], and when the daemon stops).
+    fn report(&self) {
+        let s = &self.status;
+        tracing::info!(
+            switches = s.switches,
+            long_waits = s.long_waits,
+            recorded_waits = s.recorded_waits,
+            recorded_ms = s.recorded_us / 1_000,
+            sampled_out = s.sampled_out,
+            walked = s.walked,
+            walks_skipped = s.walks_skipped,
+            reused = s.reused,
+            dropped = s.dropped,
+            without_stack = s.without_stack,
+            "off-CPU counts so far"
+        );
     }
 
     fn writer(&mut self) -> Option<&mut StoreWriter> {
