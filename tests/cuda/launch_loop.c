@@ -2,6 +2,8 @@
  * calls cuLaunchKernelEx.
  *
  *   launch_loop LIB tight SECONDS          as fast as it can: calls, ns per call
+ *   launch_loop RT tight-runtime SECONDS   the same through the stand-in runtime RT's
+ *                                          cudaLaunchKernel (which calls the driver's)
  *   launch_loop LIB rate SECONDS N         N calls a second (batches of 10 on absolute deadlines,
  *                                          sleeping between): calls, the process's CPU seconds
  *   launch_loop LIB step SECONDS WORK_US   steps of WORK_US of arithmetic then 20 launches:
@@ -18,6 +20,8 @@
 #include <time.h>
 
 typedef int (*launch_fn)(const void *, void *, void **, void **);
+typedef struct { unsigned x, y, z; } dim3;
+typedef int (*runtime_fn)(const void *, dim3, dim3, void **, size_t, void *);
 
 static double now(void) {
     struct timespec t;
@@ -53,6 +57,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     launch_fn launch = (launch_fn)dlsym(h, "cuLaunchKernelEx");
+    /* `tight-runtime`: LIB is the stand-in runtime (tests/cuda/runtime.c), each call a
+     * cudaLaunchKernel passing through the driver's cuLaunchKernel. */
+    runtime_fn runtime = (runtime_fn)dlsym(h, "cudaLaunchKernel");
     work(3e6);
     double seconds = atof(argv[3]);
     double start = now(), cpu0 = cpu_seconds();
@@ -60,6 +67,14 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[2], "tight")) {
         while (now() - start < seconds) {
             for (int i = 0; i < 1000; i++) launch(NULL, NULL, NULL, NULL);
+            n += 1000;
+        }
+        double el = now() - start;
+        printf("calls=%lu ns_per_call=%.1f\n", (unsigned long)n, el * 1e9 / n);
+    } else if (!strcmp(argv[2], "tight-runtime")) {
+        dim3 grid = { 1, 1, 1 }, block = { 1, 1, 1 };
+        while (now() - start < seconds) {
+            for (int i = 0; i < 1000; i++) runtime((const void *)main, grid, block, NULL, 0, NULL);
             n += 1000;
         }
         double el = now() - start;

@@ -14,8 +14,9 @@ seconds, the findings that began in it (gpu-starved expected in the first, none 
 the daemon's CPU and peak RSS (VmHWM), and keeps /metrics lines about unwinding, stack ends and
 memory. Then the CUDA probes (issue 27), on a GPU only: a launch-bound loop of small kernels,
 whose launches per step the daemon counts beside torch.profiler's `cudaLaunchKernel` events over
-the same steps (within 5 %), the top launching Python frame, and the loop's step time with the
-probes and without (a daemon with --no-cuda-probes), in alternating rounds. Without a GPU, `--standin LIB` runs the same check against the tests' stand-in NVML
+the same steps (within 5 %), the share of the launches named by their kernel (the `[gpu]` leaf
+frame, issue 41: >= 90 % named, >= 90 % of those agreeing with torch.profiler's kernel names),
+the top launching Python frame, and the loop's step time with the probes and without (a daemon with --no-cuda-probes), in alternating rounds. Without a GPU, `--standin LIB` runs the same check against the tests' stand-in NVML
 (CPU-heavy Python worker processes in place of the PyTorch job; nvidia-smi's figures are what the
 stand-in was told).
 """
@@ -106,6 +107,8 @@ def workload_launch(seconds):
             launch_step(x)
         torch.cuda.synchronize()
     launches = sum(e.count for e in prof.key_averages() if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"))
+    # The kernels' names as CUPTI gives them (GPU-side events), for the daemon's [gpu] frames.
+    kernels = sorted({e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")})
     start = time.time()
     end = start + seconds
     steps = 0
@@ -113,7 +116,20 @@ def workload_launch(seconds):
         launch_step(x)
         steps += 1
     torch.cuda.synchronize()
-    print(json.dumps({"start": start, "end": time.time(), "steps": steps, "torch_launches_per_step": launches / 50}), flush=True)
+    print(json.dumps({"start": start, "end": time.time(), "steps": steps, "torch_launches_per_step": launches / 50,
+                      "torch_kernels": kernels}), flush=True)
+
+
+def kernel_base(name):
+    """A kernel's name without its return type, template arguments and parameters, so that the
+    daemon's demangler and CUPTI's can be compared: `void at::native::foo<4, ...>(int, ...)` ->
+    `at::native::foo`."""
+    name = name.strip()
+    if name.startswith("void "):
+        name = name[5:]
+    for stop in "<(":
+        name = name.split(stop, 1)[0]
+    return name.strip()
 
 
 def fake_worker(seconds):
@@ -455,6 +471,23 @@ def check_cuda(a, prof, data):
     lines.append(f"cuda launches: daemon {per_step:.1f} per step ({total} over {r['steps']} steps, "
                  f"{total / max(r['end'] - r['start'], 1e-9):.0f}/s), torch.profiler {torch_per_step:.1f} per step: "
                  f"within 5 % {within}; top launching Python frame {top[0]} ({top[1]})")
+    # Issue 41: the launches' kernel names (the [gpu] leaf) beside torch.profiler's.
+    named = {}
+    for stack, n in counts:
+        leaf = stack.rsplit(";", 1)[-1]
+        if leaf.startswith("[gpu] ") and not leaf.startswith(("[gpu] kernel in ", "[gpu] kernel 0x")):
+            named[leaf[6:]] = named.get(leaf[6:], 0) + n
+    named_total = sum(named.values())
+    torch_bases = {kernel_base(k) for k in r.get("torch_kernels", [])}
+    agreeing = sum(n for k, n in named.items() if kernel_base(k) in torch_bases)
+    named_share = named_total / max(total, 1)
+    agree_share = agreeing / max(named_total, 1)
+    names_ok = named_share >= 0.9 and agree_share >= 0.9
+    top_names = sorted(named.items(), key=lambda kv: -kv[1])[:3]
+    lines.append(f"cuda kernel names: {named_share * 100:.1f} % of launches named (goal >= 90 %), "
+                 f"{agree_share * 100:.1f} % of those agreeing with torch.profiler's kernels: {names_ok}; "
+                 f"top {top_names}; torch.profiler's {sorted(torch_bases)[:5]}")
+    within = within and names_ok
     status = json.loads(profiler(["status", "--format", "json"], prof, data)).get("cuda") or {}
     lines.append(f"cuda probes: {json.dumps(status.get('libraries'))}")
     return within, lines

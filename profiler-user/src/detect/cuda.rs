@@ -4,7 +4,8 @@
 //!   `gpu_idle_below`): the CPU waits on a GPU that waits on the CPU, the pattern of a `.item()`,
 //!   a `.cpu()` or a printed tensor in the training step. It names the Python line that waits.
 //! - the launch figures `gpu-launch-bound` quotes (`LaunchFigures`): launches a second per
-//!   process, the mean gap between them, the Python line that launches most.
+//!   process, the mean gap between them, the Python line that launches most; and each
+//!   process's top kernels by launches (`CudaDetect::kernels`, the `[gpu]` leaf frames).
 //!
 //! Without the GPU's utilisation (no NVML) nothing is said: a thread waiting on a busy GPU is a
 //! GPU-bound program, not a stall.
@@ -32,6 +33,8 @@ pub struct CudaThread {
     /// launches and nanoseconds blocked.
     pub launch_lines: Vec<(Arc<str>, u64)>,
     pub sync_lines: Vec<(Arc<str>, u64)>,
+    /// The kernels launched (the launches' `[gpu] ...` leaf frames), with launches.
+    pub launch_kernels: Vec<(Arc<str>, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -48,7 +51,12 @@ pub struct CudaDetect {
     threads: BTreeMap<u32, Window>,
     /// Per process, over the latest window.
     launches: HashMap<u32, LaunchFigures>,
+    /// Per process, its most launched kernels over the latest window and their shares.
+    kernels: HashMap<u32, Vec<(Arc<str>, f64)>>,
 }
+
+/// Kernels named per process in [`CudaDetect::kernels`].
+pub const TOP_KERNELS: usize = 3;
 
 /// The leaf-most Python frame of a stack's user frames: `step (train.py:42)`
 /// ([`crate::interpreter::python::leaf_frame`]).
@@ -119,6 +127,7 @@ impl CudaDetect {
             }
             out.push(stall(tid, last, index, util, share, first, now_ns, top(&lines), blocked, gpu));
         }
+        out.extend(self.stragglers(now_ns, gpu, t));
         out
     }
 
@@ -128,10 +137,17 @@ impl CudaDetect {
         &self.launches
     }
 
+    /// Per process, its [`TOP_KERNELS`] most launched kernels over the latest window (the
+    /// frame, `[gpu] ...`, and its share of the process's launches), most first.
+    pub fn kernels(&self) -> &HashMap<u32, Vec<(Arc<str>, f64)>> {
+        &self.kernels
+    }
+
     fn launch_figures(&mut self, window_ns: u64) {
         // Per process: launches, seconds covered, launches per Python line.
         type Launches = (u64, f64, HashMap<Arc<str>, u64>);
         let mut per_pid: HashMap<u32, Launches> = HashMap::new();
+        let mut kernels: HashMap<u32, HashMap<Arc<str>, u64>> = HashMap::new();
         for w in self.threads.values() {
             for (_, secs, th) in &w.drains {
                 let e = per_pid.entry(th.pid).or_default();
@@ -139,9 +155,25 @@ impl CudaDetect {
                 for (l, n) in &th.launch_lines {
                     add_line(&mut e.2, l, *n);
                 }
+                for (k, n) in &th.launch_kernels {
+                    add_line(kernels.entry(th.pid).or_default(), k, *n);
+                }
                 let _ = secs;
             }
         }
+        self.kernels = kernels
+            .into_iter()
+            .filter_map(|(pid, k)| {
+                let n = per_pid.get(&pid).map_or(0, |e| e.0);
+                if n == 0 {
+                    return None;
+                }
+                let mut k: Vec<(Arc<str>, u64)> = k.into_iter().collect();
+                k.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+                k.truncate(TOP_KERNELS);
+                Some((pid, k.into_iter().map(|(name, c)| (name, c as f64 / n as f64)).collect()))
+            })
+            .collect();
         let window = window_ns as f64 / 1e9;
         self.launches = per_pid
             .into_iter()
@@ -171,6 +203,8 @@ fn held_gpu_util(gpu: &State, pid: u32, from: u64, to: u64) -> Option<(u32, f64)
     }
     per_gpu.into_iter().filter(|(_, (_, n))| *n > 0).map(|(i, (sum, n))| (i, sum / f64::from(n))).next()
 }
+
+mod straggler;
 
 #[allow(clippy::too_many_arguments)]
 fn stall(
@@ -237,7 +271,21 @@ mod tests {
             sync_ns,
             launch_lines: vec![("step (train.py:12)".into(), launches)],
             sync_lines: vec![("log_loss (train.py:30)".into(), sync_ns)],
+            launch_kernels: vec![
+                ("[gpu] ampere_sgemm_128x64_tn".into(), launches * 3 / 4),
+                ("[gpu] graph".into(), launches / 4),
+            ],
         }
+    }
+
+    #[test]
+    fn the_most_launched_kernels_of_a_process_are_named_with_their_share() {
+        let mut d = CudaDetect::default();
+        let t = Thresholds::default();
+        d.evaluate(10 * NS_PER_SEC, 1.0, vec![thread(0, 1000)], None, &t);
+        let k = &d.kernels()[&7];
+        assert_eq!(&*k[0].0, "[gpu] ampere_sgemm_128x64_tn");
+        assert!((k[0].1 - 0.75).abs() < 1e-9 && (k[1].1 - 0.25).abs() < 1e-9, "{k:?}");
     }
 
     fn gpu(util: f64, from_s: u64, to_s: u64) -> State {

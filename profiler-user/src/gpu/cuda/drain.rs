@@ -119,6 +119,11 @@ impl Recorder {
                     if let Some(l) = line {
                         th.launch_lines.push((l, weight));
                     }
+                    if d.key.func != 0
+                        && let Some(k) = sample.stack.user().last()
+                    {
+                        th.launch_kernels.push((k.clone(), weight));
+                    }
                 }
                 kind::SYNC => {
                     let ns = (d.count.ns as f64 * scale) as u64;
