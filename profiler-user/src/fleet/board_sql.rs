@@ -83,12 +83,19 @@ impl BoardSql<'_> {
         )
     }
 
-    /// Per node: the busiest CPU's share in any column, busy ticks, idle ticks.
+    /// Per node: the busiest CPU's share in any column, busy ticks, idle ticks. For the ranking
+    /// only, over every node: summed without the per-block dedup the cells get (a retried batch
+    /// sends a block's busy and idle again, so its shares hold; the fleet's millions of blocks
+    /// are not grouped one by one).
     pub fn cpu_scores(&self, rows: &Rows) -> String {
         format!(
             "SELECT nd, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), toUInt64(sum(sb)), toUInt64(sum(si)) \
-             FROM ({}) GROUP BY nd",
-            self.cpu_cells(rows)
+             FROM (SELECT {NODE} AS nd, intDiv({TS} - {}, {}) AS col, {CPU} AS cp, sum({BUSY}) AS sb, sum({IDLE}) AS si \
+             FROM {} WHERE {} GROUP BY nd, col, cp) GROUP BY nd",
+            self.window.from_ns,
+            self.bucket_ns,
+            self.fleet.table(schema::CPU_SECONDS),
+            self.range(rows)
         )
     }
 
@@ -116,13 +123,17 @@ impl BoardSql<'_> {
         )
     }
 
-    /// Per node: GPU-seconds read, the sum of their utilisation (percent), GPU-seconds idle,
-    /// GPUs.
+    /// Per node: GPU-seconds read (`uniq`: approximate past a few thousand), their utilisation
+    /// summed (percent) and those idle, from the readings' mean and idle share, and its GPUs.
+    /// For the ranking only: one pass over the readings, no group per GPU-second.
     pub fn gpu_scores(&self, rows: &Rows, idle_below: f64) -> String {
         format!(
-            "SELECT nd, toUInt64(count()), toFloat64(sum(u)), toFloat64(sum(idf)), toUInt64(uniqExact(nm)) \
-             FROM ({}) GROUP BY nd",
-            self.gpu_seconds(rows, idle_below)
+            "SELECT nd, toUInt64(s), toFloat64(u / n * s), toFloat64(i / n * s), toUInt64(g) FROM (SELECT {NODE} AS nd, \
+             count() AS n, sum({VALUE}) AS u, countIf({VALUE} < {idle_below}) AS i, uniq({NAME}, intDiv({TS}, {SEC})) AS s, \
+             uniqExact({NAME}) AS g FROM {} WHERE {} AND {CPU} = -1 AND match({NAME}, {}) GROUP BY {NODE})",
+            self.fleet.table(schema::COUNTERS),
+            self.range(rows),
+            quote_str(GPU_UTIL_TRACK)
         )
     }
 
@@ -188,7 +199,7 @@ mod tests {
         assert!(grid.contains("intDiv(ts - 1000000000000, 10000000000) AS col"), "{grid}");
         assert!(grid.contains("max(busy) AS b, max(idle) AS i FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND node IN ('n1') GROUP BY node, ts, cpu"), "{grid}");
         assert!(grid.ends_with("GROUP BY rk, c"), "{grid}");
-        assert!(s.cpu_scores(&Rows::EachNode).contains("GROUP BY nd, col, cp) GROUP BY nd"));
+        assert!(s.cpu_scores(&Rows::EachNode).contains("sum(busy) AS sb, sum(idle) AS si FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 GROUP BY nd, col, cp) GROUP BY nd"));
         let gpu = s.gpu_grid(&Rows::EachNode, 50.0);
         assert!(gpu.contains("countIf(value < 50) / count() AS idf FROM `p`.`counters` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND cpu = -1 AND match(name, '^gpu\\\\.[0-9]+\\\\.util$')"), "{gpu}");
         assert!(gpu.contains("toUInt32(intDiv(t0 - 1000000000000, 10000000000)) AS c"), "{gpu}");
