@@ -180,7 +180,8 @@ impl CudaDetect {
             .filter(|(_, e)| e.0 > 0)
             .map(|(pid, (n, _, lines))| {
                 let top_line = top(&lines).map(|(l, k)| (l, k as f64 / n as f64));
-                (pid, LaunchFigures { per_sec: n as f64 / window, top_line })
+                let top_kernels = self.kernels.get(&pid).cloned().unwrap_or_default();
+                (pid, LaunchFigures { per_sec: n as f64 / window, top_line, top_kernels })
             })
             .collect();
     }

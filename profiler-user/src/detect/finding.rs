@@ -85,6 +85,8 @@ kinds! {
     GpuFault = "gpu-fault", AsSeen;
     /// A thread blocked in CUDA synchronisation while its GPU idles (`cuda`).
     GpuSyncStall = "gpu-sync-stall", CudaDrain;
+    /// One rank of a job with its GPU busy while the others wait in synchronisation (`cuda`).
+    GpuStraggler = "gpu-straggler", CudaDrain;
     /// A process blocked in I/O half the time while the CPUs idle (`iostall`).
     IoStall = "io-stall", OffCpuDrain;
 }

@@ -68,6 +68,8 @@ struct Run {
     launches_sum: f64,
     launches_n: u64,
     launch_line: Option<(Arc<str>, f64)>,
+    /// The holders' most launched kernels at the latest (`[gpu] ...`, share).
+    kernels: Vec<(Arc<str>, f64)>,
     /// The holders' busiest thread (`GpuSecond::demand`): seconds read, the sums of the shares
     /// it ran and waited for a CPU, and the latest one's id.
     asked_n: u64,
@@ -130,6 +132,15 @@ impl Run {
         (self.launches_n > 0).then(|| self.launches_sum / self.launches_n as f64)
     }
 
+    /// `; top kernels: [gpu] a 60 %, [gpu] b 25 %`, or nothing without kernel names.
+    fn kernels_text(&self) -> String {
+        if self.kernels.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = self.kernels.iter().map(|(k, s)| format!("{k} {}", percent(*s))).collect();
+        format!("; top kernels: {}", list.join(", "))
+    }
+
     /// The holders' launches this second, as the CUDA detector figured them.
     fn add_launches(&mut self, holders: &[u32], launches: &HashMap<u32, LaunchFigures>) {
         let figures: Vec<&LaunchFigures> = holders.iter().filter_map(|p| launches.get(p)).collect();
@@ -142,6 +153,11 @@ impl Run {
             figures.iter().filter(|f| f.top_line.is_some()).max_by(|a, b| a.per_sec.total_cmp(&b.per_sec))
         {
             self.launch_line = best.top_line.clone();
+        }
+        if let Some(best) =
+            figures.iter().filter(|f| !f.top_kernels.is_empty()).max_by(|a, b| a.per_sec.total_cmp(&b.per_sec))
+        {
+            self.kernels = best.top_kernels.clone();
         }
     }
 
@@ -458,9 +474,10 @@ impl<'a> Told<'a> {
             _ => ("kept a core busy itself".to_string(), ""),
         };
         format!(
-            "{name} while {} {busy_text}{lead}{launch_text}: kernels are launched one by \
+            "{name} while {} {busy_text}{lead}{launch_text}{}: kernels are launched one by \
              one; look next: CUDA graphs, larger batches, a compiled model{shared_text}{}",
             self.first("the process holding it"),
+            run.kernels_text(),
             self.shared(),
         )
     }
@@ -505,6 +522,7 @@ impl<'a> Told<'a> {
             "launcher_ran_share": run.shares().0,
             "launcher_waited_share": run.shares().1,
             "top_launch_line": run.launch_line.as_ref().map(|(l, s)| json!({"line": &**l, "share": s})),
+            "top_kernels": run.kernels.iter().map(|(k, s)| json!({"kernel": &**k, "share": s})).collect::<Vec<_>>(),
             "gpm": (run.gpm.seconds() > 0).then(|| self.gpm_evidence()),
             "holders_sm_percent": run.holder_shares().iter().map(|(pid, sm)| json!({"pid": pid, "sm_percent": sm})).collect::<Vec<_>>(),
             "since_ns": run.start_ns,

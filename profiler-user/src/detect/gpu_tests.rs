@@ -255,7 +255,11 @@ fn a_busy_gpu_whose_sms_mostly_idle_is_underused_naming_the_launches() {
     let train: &[&str] = &["_start", "_PyEval_EvalFrameDefault", "train_step (train.py:93)", "cuLaunchKernel"];
     let launches = HashMap::from([(
         812,
-        LaunchFigures { per_sec: 21_400.0, top_line: Some((Arc::from("train_step (train.py:93)"), 0.92)) },
+        LaunchFigures {
+            per_sec: 21_400.0,
+            top_line: Some((Arc::from("train_step (train.py:93)"), 0.92)),
+            top_kernels: vec![(Arc::from("[gpu] void at::native::vectorized_elementwise_kernel<4>"), 0.6)],
+        },
     )]);
     let evaluate = |secs: u64, g: GpuSecond| {
         let mut d = GpuDetect::default();
@@ -277,6 +281,8 @@ fn a_busy_gpu_whose_sms_mostly_idle_is_underused_naming_the_launches() {
     assert!(s.contains("python3 (pid 812)"), "{s}");
     assert!(s.contains("21400 launches/s"), "{s}");
     assert!(s.contains("92 % of them from train_step (train.py:93)"), "{s}");
+    assert!(s.contains("; top kernels: [gpu] void at::native::vectorized_elementwise_kernel<4> 60 %"), "{s}");
+    assert_eq!(a[0].evidence["top_kernels"][0]["share"], 0.6);
     assert!(s.contains("CUDA graphs"), "{s}");
     assert_eq!(a[0].evidence["gpm"]["sm_active_percent"], 12.0);
     // SMs busy enough, a GPU not busy enough, or no GPM (before Hopper): nothing.

@@ -26,6 +26,8 @@ pub struct LaunchFigures {
     pub per_sec: f64,
     /// The Python line that launched most over the window, and its share.
     pub top_line: Option<(Arc<str>, f64)>,
+    /// The kernels launched most (their `[gpu] ...` frames) and their shares, most first.
+    pub top_kernels: Vec<(Arc<str>, f64)>,
 }
 
 /// One CPU during one second.

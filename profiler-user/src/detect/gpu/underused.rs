@@ -92,11 +92,12 @@ impl Told<'_> {
         };
         format!(
             "{} but its SMs were active only {active} of the time (occupancy {occupancy}, tensor cores \
-             {tensor}) while {} launched its kernels{}{launch_text}: the kernels are too small to fill the \
+             {tensor}) while {} launched its kernels{}{launch_text}{}: the kernels are too small to fill the \
              GPU; look next: larger batches, fused kernels (torch.compile), CUDA graphs{}",
             self.name,
             self.first("the process holding it"),
             self.lead,
+            run.kernels_text(),
             self.shared(),
         )
     }
