@@ -4,6 +4,8 @@
 //! chains over 2,000 functions (`tests/workloads/py_chains.py`: nearly every sample a stack not
 //! seen before, as on a GPU node's input pipeline). Per phase: the daemon's CPU time (all its
 //! threads, schedstat) over the samples it took, and its stack cache's hit rate (`/metrics`).
+//! The Python phase runs under the machine's python3 (3.11) and then under each interpreter of
+//! the Python test's roots (`python_roots`: 3.9, 3.10, 3.12, 3.13, 3.14), one phase each.
 
 use std::{
     path::Path,
@@ -82,11 +84,41 @@ pub fn run(root: &Path, profiler: &Path, helper: &Path, seconds: u64) -> anyhow:
             c.args([cpu.to_string(), seconds.to_string()]);
             c
         })?;
-        phase(pid, "Python 3, random 20-40 deep chains over 2,000 functions", |cpu| {
+        let version = |argv: &[&str]| -> String {
+            let out = Command::new(argv[0]).args(&argv[1..]).arg("--version").output();
+            out.map(|o| String::from_utf8_lossy(&o.stdout).trim().replace("Python ", "")).unwrap_or_default()
+        };
+        let chains = "random 20-40 deep chains over 2,000 functions";
+        phase(pid, &format!("Python {} (the machine's), {chains}", version(&["/usr/bin/python3"])), |cpu| {
             let mut c = Command::new(python);
             c.arg(&script).args([seconds.to_string(), (cpu + 1).to_string()]);
             c
-        })
+        })?;
+        let roots = crate::python_roots::roots_dir();
+        for (suite, interpreter) in [
+            ("bullseye", "python3.9"),
+            ("jammy", "python3.10"),
+            ("noble", "python3.12"),
+            ("sid", "python3.13"),
+            ("sid", "python3.14"),
+        ] {
+            let root = roots.join(suite);
+            if !root.join("usr/bin").join(interpreter).exists() {
+                println!("| {interpreter}: no {suite} root (cargo xtask setup makes it) | | | | | |");
+                continue;
+            }
+            std::fs::create_dir_all(root.join("opt/profiler-tests"))?;
+            std::fs::copy(&script, root.join("opt/profiler-tests/py_chains.py"))?;
+            let root = root.to_string_lossy().into_owned();
+            let v = version(&["chroot", &root, interpreter]);
+            phase(pid, &format!("Python {v} ({suite}, chroot), {chains}"), |cpu| {
+                let mut c = Command::new("chroot");
+                c.args([&root, interpreter, "/opt/profiler-tests/py_chains.py"]);
+                c.args([seconds.to_string(), (cpu + 1).to_string()]);
+                c
+            })?;
+        }
+        Ok(())
     };
     let result = run();
     let _ = daemon.kill();
