@@ -115,6 +115,9 @@ pub struct Off {
     pub pid: u32,
     /// One of [`state`].
     pub state: u32,
+    /// 1: it left armed (its short wait counts against [`ARMED_SHORT_WAITS`]).
+    pub armed: u32,
+    pub _pad: u32,
 }
 
 /// An armed thread (`OFFCPU_ARMED`): how many short waits after walks it has left, and where

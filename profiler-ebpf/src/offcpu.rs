@@ -207,9 +207,12 @@ fn switch(ctx: &TracePointContext) {
     }
     let prev_state = unsafe { ctx.read_at::<i64>(offset(&SWITCH_PREV_STATE_OFFSET)) }.unwrap_or(0) as u64;
     let Some(st) = state::of(prev_state) else { return };
-    let off = Off { start_ns: now, hash: 0, pid, state: st };
+    let off = Off { start_ns: now, hash: 0, pid, state: st, armed: 0, _pad: 0 };
     let _ = OFFCPU_SINCE.insert(&tid, &off, 0);
     let Some(armed) = OFFCPU_ARMED.get_ptr_mut(&tid) else { return };
+    if let Some(o) = OFFCPU_SINCE.get_ptr_mut(&tid) {
+        unsafe { (*o).armed = 1 };
+    }
     // Where it left user code (the registers saved at kernel entry).
     let task = unsafe { bpf_get_current_task_btf() };
     let regs = unsafe { bpf_task_pt_regs(task) } as *const Regs;
@@ -239,10 +242,10 @@ fn switch(ctx: &TracePointContext) {
 fn came_back(tid: u32, off: &Off, now: u64, threshold: u64, stats: &mut [u64; stat::LEN]) {
     let waited = now.saturating_sub(off.start_ns);
     if waited < threshold {
-        if off.hash != 0
+        if off.armed != 0
             && let Some(a) = OFFCPU_ARMED.get_ptr_mut(&tid)
         {
-            // Walked for a short wait: after ARMED_SHORT_WAITS of them in a row its
+            // Armed (walked or not) for a short wait: after ARMED_SHORT_WAITS of them in a row its
             // switch-outs are not walked until a long wait again.
             unsafe {
                 if (*a).left <= 1 {
