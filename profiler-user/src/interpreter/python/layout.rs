@@ -3,7 +3,7 @@
 //! 3.13 and later publish their own offsets (`_Py_DebugOffsets`, read by `debug_offsets`); the
 //! versions before keep a table here, from their own headers (`offsetof` against the internal
 //! headers of CPython 3.9.18, 3.10.13, 3.11.7 and 3.12.1), each checked by the Python test
-//! against a distribution's build (bullseye's 3.9.2, jammy's 3.10.12, Debian's 3.11, noble's
+//! against a distribution's build (bullseye's 3.9.2, jammy's 3.10.4, Debian's 3.11, noble's
 //! 3.12.3). A version neither describes gets native frames only.
 
 use object::{Object, ObjectSymbol};
