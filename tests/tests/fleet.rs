@@ -506,3 +506,95 @@ fn two_nodes_on_two_shards_read_through_either_shard() {
         "2 nodes on 2 shards: each node's flamegraph and CPU x time alike through either shard, the fleet's fold their sum"
     );
 }
+
+/// What the pushed-down reads cost one 192-CPU node's hour at 99 Hz, half busy (34.2 M sample
+/// rows, made by the server itself from `numbers()`: 3,000 stacks of 12 frames, 50 processes),
+/// in a local 18.16: each read's wall time, and the reader's peak RSS for the streamed exports
+/// (a longer window must not cost more memory). Prints the figures BENCHMARKS.md records:
+/// `CI=true PROFILER_BIN=$PWD/target/release/profiler cargo test -p integration-tests --test fleet
+/// -- --ignored --nocapture big_node_reads`.
+#[test]
+#[ignore]
+fn big_node_reads_pushed_down() {
+    use profiler::ship::clickhouse::schema;
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let url = ch.url();
+    let layout = schema::Layout { database: "profiler", cluster: None, ttl_secs: None, codecs: false };
+    for sql in schema::statements(&layout) {
+        ch.query(&sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let (cpus, hz, secs) = (192u64, 99u64, 3600u64);
+    // An hour that ended a minute ago, on whole seconds.
+    let t0 = (now_secs() as u64 - 60 - secs) * SEC;
+    let step = SEC / hz;
+    // Half busy: every other tick of each CPU is a sample.
+    let rows = cpus * secs * hz / 2;
+    let t = std::time::Instant::now();
+    let sql = [
+        format!("INSERT INTO profiler.nodes VALUES ('big', {cpus}, {hz}, '0-{}', 'big', 1)", cpus - 1),
+        "INSERT INTO profiler.stacks SELECT number, arrayMap(i -> concat('frame_', toString(i), '_', \
+         toString(number % 97)), range(12)), arrayMap(i -> toUInt8(i >= 10), range(12)) FROM numbers(3000)"
+            .to_string(),
+        format!(
+            "INSERT INTO profiler.cpu_seconds SELECT 'big', {t0} + intDiv(number, {cpus}) * {SEC}, {SEC}, \
+             number % {cpus}, {}, 0, {}, 0, {hz} FROM numbers({})",
+            hz / 2,
+            hz - hz / 2,
+            cpus * secs
+        ),
+    ];
+    // The samples a minute a statement (a statement of the whole hour outlasts a request).
+    let per = cpus * 60 * hz / 2;
+    let samples = (0..rows.div_ceil(per)).map(|i| {
+        format!(
+            "INSERT INTO profiler.samples SELECT 'big', {t0} + intDiv(number, {cpus}) * {} + (number % {cpus}) * 1000, \
+             number % {cpus}, 1000 + number % 50, 1000 + number % 50, concat('python', toString(number % 50)), \
+             intHash64(number) % 3000, '', 1 FROM (SELECT number + {} AS number FROM numbers({}))",
+            2 * step,
+            i * per,
+            per.min(rows - i * per)
+        )
+    });
+    for s in sql.into_iter().chain(samples) {
+        ch.query(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    eprintln!("{rows} sample rows of a {cpus}-CPU node's {secs} s made in {:.1} s", t.elapsed().as_secs_f64());
+    let (from, to) = ((t0 / SEC).to_string(), (t0 / SEC + secs).to_string());
+    let ten = (t0 / SEC + 600).to_string();
+    let one = (t0 / SEC + 60).to_string();
+    // Wall seconds and peak RSS (KiB) of one read, its output thrown away.
+    let measure = |args: &[&str]| -> (f64, u64) {
+        let o = Command::new("/usr/bin/time")
+            .args(["-f", "TIME %e %M"])
+            .arg(integration_tests::profiler_bin())
+            .args(args)
+            .args(["--clickhouse", &url, "--node", "big"])
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "profiler {}: {err}", args.join(" "));
+        let line = err.lines().find_map(|l| l.strip_prefix("TIME ")).expect("/usr/bin/time's line");
+        let (wall, rss) = line.split_once(' ').unwrap();
+        (wall.parse().unwrap(), rss.parse().unwrap())
+    };
+    let report = tmp.path().join("report.html");
+    let reads: Vec<(&str, Vec<&str>)> = vec![
+        ("flamegraph folded, the hour", vec!["flamegraph", "--format", "folded", "--from", &from, "--to", &to]),
+        ("export folded, the hour", vec!["export", "--format", "folded", "--from", &from, "--to", &to]),
+        ("cputime 1 s, the hour", vec!["cputime", "--format", "json", "--from", &from, "--to", &to]),
+        (
+            "cputime 100 ms, 10 min",
+            vec!["cputime", "--bucket", "100ms", "--format", "json", "--from", &from, "--to", &ten],
+        ),
+        ("report, the hour", vec!["report", "-o", report.to_str().unwrap(), "--from", &from, "--to", &to]),
+        ("export perf-script, 1 min", vec!["export", "--format", "perf-script", "--from", &from, "--to", &one]),
+        ("export perf-script, 10 min", vec!["export", "--format", "perf-script", "--from", &from, "--to", &ten]),
+        ("export pprof, 1 min", vec!["export", "--format", "pprof", "--from", &from, "--to", &one]),
+    ];
+    for (what, args) in reads {
+        let (wall, rss) = measure(&args);
+        eprintln!("{what}: {wall:.2} s, peak RSS {:.0} MiB", rss as f64 / 1024.0);
+    }
+}
