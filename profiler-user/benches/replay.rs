@@ -26,7 +26,7 @@ use std::{
 
 use profiler::{
     detect::{Engine, Machine, Thresholds},
-    interpreter::{Runtime, python::CPython},
+    interpreter::python::table_layout,
     pipeline::Pipeline,
     store::{self, StoreWriter},
     symbolize::{Symbolizer, UNKNOWN, parse_module_offset},
@@ -265,7 +265,9 @@ fn run(a: &Args, cpus: u32) -> Value {
     );
     // The daemon's unwind stage knows which processes run CPython, and which version; what the
     // pipeline tells it is taken off the queue between batches, as that stage's thread would.
-    let (notifier, told) = profiler::unwind::Notifier::detached(pys.iter().map(|p| (p.pid, p.minor)).collect());
+    let (notifier, told) = profiler::unwind::Notifier::detached(
+        pys.iter().filter_map(|p| Some((p.pid, std::sync::Arc::new(*table_layout(p.minor)?)))).collect(),
+    );
     pipeline.set_unwind(Some(notifier));
     let mut netrx = NetRx::new(cpus);
     let halves = (a.warmup + a.seconds) * NS / FLUSH_NS;
@@ -357,11 +359,8 @@ fn named_share(pool: &Pool, procs: &[Proc], pys: &[python::PyProc]) -> f64 {
     for (i, s) in pool.stacks.iter().enumerate() {
         let p = &procs[s.proc];
         let comm = String::from_utf8_lossy(&p.comm).trim_end_matches('\0').to_string();
-        let layout = pys
-            .iter()
-            .find(|py| py.pid == p.pid)
-            .and_then(|py| <CPython as Runtime>::layout(py.minor))
-            .map(|l| (l, &s.python[..]));
+        let layout =
+            pys.iter().find(|py| py.pid == p.pid).and_then(|py| table_layout(py.minor)).map(|l| (l, &s.python[..]));
         let stack = symbolizer.stack_with_python(p.pid, &comm, &s.kernel, &s.user, layout, Instant::now());
         let unread = |f: &str| f.starts_with(UNKNOWN) || f == "[python]" || parse_module_offset(f).is_some();
         named += stack.frames.iter().filter(|f| !unread(f)).count();
