@@ -71,7 +71,19 @@ impl BoardSql<'_> {
     }
 
     /// Per node, column and CPU: busy and idle ticks (a retried batch's copies counted once).
+    /// Rows of groups (hundreds of nodes each) are summed without that dedup, as the ranking
+    /// is ([`BoardSql::cpu_scores`]): a re-sent block repeats its busy and idle, shares hold.
     fn cpu_cells(&self, rows: &Rows) -> String {
+        if let Rows::Grouped(_) = rows {
+            return format!(
+                "SELECT {NODE} AS nd, intDiv({TS} - {}, {}) AS col, {CPU} AS cp, sum({BUSY}) AS sb, sum({IDLE}) AS si \
+                 FROM {} WHERE {} GROUP BY nd, col, cp",
+                self.window.from_ns,
+                self.bucket_ns,
+                self.fleet.table(schema::CPU_SECONDS),
+                self.range(rows)
+            );
+        }
         format!(
             "SELECT nd, col, sum(b) AS sb, sum(i) AS si FROM (SELECT {NODE} AS nd, intDiv({TS} - {}, {}) AS col, \
              {CPU} AS cp, max({BUSY}) AS b, max({IDLE}) AS i FROM {} WHERE {} GROUP BY {NODE}, {TS}, {CPU}) \
@@ -137,8 +149,23 @@ impl BoardSql<'_> {
         )
     }
 
-    /// Per row and column: GPU-seconds read, their utilisation summed, GPU-seconds idle.
+    /// Per row and column: GPU-seconds read, their utilisation summed, GPU-seconds idle. Rows of
+    /// groups count readings instead of GPU-seconds (one pass, no group per GPU-second): the
+    /// cell's shares are then the readings' shares.
     pub fn gpu_grid(&self, rows: &Rows, idle_below: f64) -> String {
+        if let Rows::Grouped(_) = rows {
+            return format!(
+                "SELECT {} AS rk, toUInt32(intDiv(tt - {}, {})) AS c, toUInt64(count()), toFloat64(sum(v)), \
+                 toFloat64(countIf(v < {idle_below})) FROM (SELECT {NODE} AS nd, {TS} AS tt, {VALUE} AS v FROM {} \
+                 WHERE {} AND {CPU} = -1 AND match({NAME}, {})) GROUP BY rk, c",
+                rows.key(),
+                self.window.from_ns,
+                self.bucket_ns,
+                self.fleet.table(schema::COUNTERS),
+                self.range(rows),
+                quote_str(GPU_UTIL_TRACK)
+            );
+        }
         format!(
             "SELECT {} AS rk, toUInt32(intDiv(t0 - {}, {})) AS c, toUInt64(count()), toFloat64(sum(u)), \
              toFloat64(sum(idf)) FROM ({}) GROUP BY rk, c",
