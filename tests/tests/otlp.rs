@@ -121,7 +121,14 @@ fn the_daemon_pushes_every_sample_once_through_refusals_and_a_sigkill() {
     std::fs::write(&config, "[otlp]\ninterval = \"1s\"\n").unwrap();
     let args = |port: u16| {
         let (config, listen) = (config.to_str().unwrap().to_string(), format!("127.0.0.1:{port}"));
-        vec!["--config".to_string(), config, "--otlp-endpoint".into(), url.clone(), "--listen".into(), listen]
+        // Off-CPU time ships as a profile of its own each interval (issue 42): these tests count
+        // the CPU samples' batches and observations, so it is off here.
+        let off_cpu = ["--off-cpu-threshold-ms".to_string(), "0".to_string()];
+        [
+            vec!["--config".to_string(), config, "--otlp-endpoint".into(), url.clone(), "--listen".into(), listen],
+            off_cpu.to_vec(),
+        ]
+        .concat()
     };
     // Samples to push, whatever else the machine does.
     let _spin = Kill(Command::new(helper_bin()).args(["1", "120"]).spawn().unwrap());
@@ -252,7 +259,9 @@ fn the_daemon_pushes_over_grpc_to_the_reference_server() {
     );
     std::fs::write(&config, toml).unwrap();
     let _spin = Kill(Command::new(helper_bin()).args(["1", "60"]).spawn().unwrap());
-    let mut daemon = Daemon::start(&data, &["--config", config.to_str().unwrap(), "--listen", "off"]);
+    // Off-CPU time (its own profile each interval) is off: this test counts the CPU samples.
+    let mut daemon =
+        Daemon::start(&data, &["--config", config.to_str().unwrap(), "--listen", "off", "--off-cpu-threshold-ms", "0"]);
     daemon.wait_ready();
     let lines = || -> Vec<serde_json::Value> {
         let text = std::fs::read_to_string(&out).unwrap_or_default();
