@@ -469,10 +469,21 @@ fn add(key: &CudaKey, bytes: u64, ns: u64) {
             v.ns += ns;
         }
         None => {
+            // A key that carries on into the next second (the same thread, stack and call a
+            // second later) costs its owner no new share: a generation spans a second's turn,
+            // and a flood that filled the share must not cut a thread's counts off there.
+            let mut before = *key;
+            before.sec = key.sec.wrapping_sub(1);
+            let v = CudaCount { calls: 1, bytes, ns };
+            if unsafe { map.get(&before) }.is_some() {
+                if map.insert(key, &v, 0).is_err() {
+                    dropped();
+                }
+                return;
+            }
             // A new key: within its owner's share of the generation (`OWNER_KEYS_MAX`).
             let kept = match owner() {
                 Some(o) if unsafe { (*o).keys } < OWNER_KEYS_MAX => {
-                    let v = CudaCount { calls: 1, bytes, ns };
                     map.insert(key, &v, 0).is_ok() && {
                         add32(unsafe { &raw mut (*o).keys }, 1);
                         true
