@@ -367,13 +367,13 @@ fn read_and_clear(map: &mut HashMap<MapData, CudaKey, CudaCount>) -> Vec<Drained
     out
 }
 
-const NS_PER_SEC: u64 = 1_000_000_000;
+pub(super) const NS_PER_SEC: u64 = 1_000_000_000;
 
-/// The wall-clock start (ns) of the second a probe keyed `sec`: it counted in boot time plus
+/// The wall-clock start (ns) of the second a count keyed `sec` (the CUDA probes', off-CPU's): it counted in boot time plus
 /// `frac_ns` (the offset's fraction of a second it was told), so adding the rest of the offset
 /// lands on a second's start; rounded, so that a small drift of the offset since (NTP slewing)
 /// keeps it there.
-fn wall_second_ns(sec: u32, frac_ns: u64, boot_to_unix: i128) -> u64 {
+pub(super) fn wall_second_ns(sec: u32, frac_ns: u64, boot_to_unix: i128) -> u64 {
     let ns = i128::from(sec) * NS_PER_SEC as i128 - i128::from(frac_ns) + boot_to_unix;
     let second = (ns + NS_PER_SEC as i128 / 2).div_euclid(NS_PER_SEC as i128);
     (second.max(0) as u64).saturating_mul(NS_PER_SEC)

@@ -14,7 +14,7 @@ use profiler_common::{
     unwind::{SCAN_PROGRAM, UNWIND_PROGRAM},
 };
 
-use super::Collector;
+use super::{Collector, cuda::wall_second_ns};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OffCpuError {
@@ -217,33 +217,5 @@ impl Collector {
             t.reused += v[stat::REUSED];
         }
         Some(t)
-    }
-}
-
-const NS_PER_SEC: u64 = 1_000_000_000;
-
-/// The wall-clock start (ns) of the second a count keyed `sec` was made in: the program counted
-/// in boot time plus `frac_ns` (the offset's fraction of a second it was told), so adding the
-/// rest of the offset lands on a second's start; rounded, so that a small drift of the offset
-/// since (NTP slewing) keeps it there (as the CUDA counts').
-fn wall_second_ns(sec: u32, frac_ns: u64, boot_to_unix: i128) -> u64 {
-    let ns = i128::from(sec) * NS_PER_SEC as i128 - i128::from(frac_ns) + boot_to_unix;
-    let second = (ns + NS_PER_SEC as i128 / 2).div_euclid(NS_PER_SEC as i128);
-    (second.max(0) as u64).saturating_mul(NS_PER_SEC)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_counts_second_is_the_wall_clock_second_it_was_spent_in() {
-        // Wall clock = boot + 1,700,000,000.3 s: boot 41.8 s is wall ...042.1 s.
-        let offset: i128 = 1_700_000_000 * NS_PER_SEC as i128 + 300_000_000;
-        let frac = offset.rem_euclid(NS_PER_SEC as i128) as u64;
-        let sec = ((41_800_000_000 + frac) / NS_PER_SEC) as u32;
-        assert_eq!(wall_second_ns(sec, frac, offset), 1_700_000_042 * NS_PER_SEC);
-        let sec = ((41_600_000_000 + frac) / NS_PER_SEC) as u32;
-        assert_eq!(wall_second_ns(sec, frac, offset), 1_700_000_041 * NS_PER_SEC);
     }
 }
