@@ -293,6 +293,39 @@ mod tests {
         assert!(!k.procs.contains_key(&2));
     }
 
+    /// Long names (Triton's and cuBLAS's run to hundreds of bytes) hit the bytes' bound before
+    /// the handles' one: a process that looks up more is cut at [`NAMES_BYTES_MAX`], without
+    /// touching another process's share; a handle looked up again replaces its name in place.
+    #[test]
+    fn driver_look_ups_are_bounded_in_bytes_per_process() {
+        let mut k = Kernels::default();
+        let name = "k".repeat(500);
+        let per = name.len() + 16;
+        let flood: Vec<_> = (0..5000u64).map(|h| named(3, h + 1, &name)).collect();
+        k.learn(flood);
+        let kept = NAMES_BYTES_MAX / per;
+        assert!(kept < HANDLES_MAX, "the bytes bind first");
+        assert_eq!(k.procs[&3].handles.len(), kept);
+        assert_eq!(k.procs[&3].bytes, kept * per);
+        assert_eq!(k.dropped, (5000 - kept) as u64);
+        // The same handles again: replaced, not added.
+        k.learn((0..kept as u64).map(|h| named(3, h + 1, &name)).collect());
+        assert_eq!(k.procs[&3].bytes, kept * per);
+        assert_eq!(k.dropped, (5000 - kept) as u64);
+        // Another process has its own share; the flooder's kept names still name its launches.
+        k.learn(vec![named(4, 1, "triton_poi_fused_add_0")]);
+        let s = Stack::new(vec![], 0);
+        assert_eq!(&*k.frame(4, func::HANDLE | 1, &s, |_| None).unwrap(), "[gpu] triton_poi_fused_add_0");
+        assert_eq!(&*k.frame(3, func::HANDLE | 1, &s, |_| None).unwrap(), format!("[gpu] {name}"));
+        // A handle it could not keep is named by its library, never by another's name.
+        let lib = stack_from(&["/usr/lib/libcublasLt.so.12", "/usr/lib/libcuda.so.1"]);
+        assert_eq!(&*k.frame(3, func::HANDLE | 4999, &lib, |_| None).unwrap(), "[gpu] kernel in libcublasLt.so.12");
+        // An exited process's share is freed.
+        k.forget(3);
+        k.learn(vec![named(3, 7, "after")]);
+        assert_eq!(k.procs[&3].bytes, "after".len() + 16);
+    }
+
     #[test]
     fn the_kernel_is_the_leaf() {
         let s = stack_from(&["main", "cuLaunchKernel"]);

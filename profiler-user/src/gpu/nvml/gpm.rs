@@ -46,17 +46,46 @@ impl Sampler {
         let Some(now) = slot.as_ref() else { return Ok(None) };
         let results = nvml_wrapper::gpm::gpm_metrics_get(nvml, &before, now, &METRICS)?;
         // A metric this GPU lacks is left out; the others stand.
-        let value = |i: usize| results.get(i).and_then(|r| r.as_ref().ok()).map(|r| r.value).filter(|v| v.is_finite());
-        Ok(Some(Gpm {
-            sm_active: value(0),
-            sm_occupancy: value(1),
-            tensor_active: value(2),
-            dram_bw_util: value(3),
-            // MiB a second in nvml.h (`NVML_GPM_METRIC_NVLINK_TOTAL_*_PER_SEC`; nvml-wrapper's
-            // comment says bytes: `cargo xtask gpu-check` compares with `nvidia-smi`); MB/s here,
-            // as PCIe's tracks.
-            nvlink_rx_mbps: value(4).map(|m| m * MIB_IN_MB),
-            nvlink_tx_mbps: value(5).map(|m| m * MIB_IN_MB),
-        }))
+        let value = |i: usize| results.get(i).and_then(|r| r.as_ref().ok()).map(|r| r.value);
+        Ok(Some(figures(std::array::from_fn(value))))
+    }
+}
+
+/// GPM's values, in [`METRICS`]' order and NVML's units, as the tracks keep them.
+fn figures(values: [Option<f64>; METRICS.len()]) -> Gpm {
+    let value = |i: usize| values[i].filter(|v| v.is_finite());
+    Gpm {
+        sm_active: value(0),
+        sm_occupancy: value(1),
+        tensor_active: value(2),
+        dram_bw_util: value(3),
+        // MiB a second in nvml.h (`NVML_GPM_METRIC_NVLINK_TOTAL_*_PER_SEC`; nvml-wrapper's
+        // comment says bytes: `cargo xtask gpu-check` compares with `nvidia-smi dmon`); MB/s
+        // (10^6 bytes) here, as PCIe's tracks.
+        nvlink_rx_mbps: value(4).map(|m| m * MIB_IN_MB),
+        nvlink_tx_mbps: value(5).map(|m| m * MIB_IN_MB),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stand-in's `gpm 12,30,0,5,100,200` (tests/nvml/standin.c): shares stay percent, NVLink's
+    /// MiB/s become MB/s whose bytes a second are the MiB's.
+    #[test]
+    fn nvlink_throughput_is_kept_in_megabytes_of_the_bytes_nvml_counted() {
+        let g = figures([Some(12.0), Some(30.0), Some(0.0), Some(5.0), Some(100.0), Some(200.0)]);
+        assert_eq!(
+            (g.sm_active, g.sm_occupancy, g.tensor_active, g.dram_bw_util),
+            (Some(12.0), Some(30.0), Some(0.0), Some(5.0))
+        );
+        let bytes_per_sec = |mbps: Option<f64>| (mbps.unwrap() * 1e6).round() as u64;
+        assert_eq!(bytes_per_sec(g.nvlink_rx_mbps), 100 * 1024 * 1024);
+        assert_eq!(bytes_per_sec(g.nvlink_tx_mbps), 200 * 1024 * 1024);
+        // A metric the GPU lacks, or a value NVML could not compute, is no figure.
+        let g = figures([Some(f64::NAN), None, Some(1.0), Some(f64::INFINITY), None, Some(0.0)]);
+        assert_eq!((g.sm_active, g.sm_occupancy, g.dram_bw_util, g.nvlink_rx_mbps), (None, None, None, None));
+        assert_eq!((g.tensor_active, g.nvlink_tx_mbps), (Some(1.0), Some(0.0)));
     }
 }

@@ -181,7 +181,7 @@ impl Source {
                 s.mem_used_mib = mem.as_ref().map(|m| m.used as f64 / 1048576.0);
                 s.mem_total_mib = mem.as_ref().map(|m| m.total as f64 / 1048576.0);
                 // KB/s in NVML; MB/s here.
-                let pcie = |c| d.pcie_throughput(c).map(|kb| f64::from(kb) / 1000.0);
+                let pcie = |c| d.pcie_throughput(c).map(pcie_mbps);
                 s.pcie_rx_mbps = Self::call(dead, index, "pcie_throughput(rx)", || pcie(PcieUtilCounter::Receive));
                 s.pcie_tx_mbps = Self::call(dead, index, "pcie_throughput(tx)", || pcie(PcieUtilCounter::Send));
                 let ecc = |t| d.total_ecc_errors(t, EccCounter::Volatile).map(|n| n as f64);
@@ -253,4 +253,24 @@ fn remapped_rows(nvml: &Nvml, d: &Device<'_>) -> Result<RowRemap, NvmlError> {
     let code = unsafe { sym(d.handle(), &mut corrected, &mut uncorrected, &mut pending, &mut failed) };
     nvml_wrapper::error::nvml_try(code)?;
     Ok(RowRemap { corrected, uncorrected, pending: pending != 0, failed: failed != 0 })
+}
+
+/// NVML's PCIe throughput (`nvmlDeviceGetPcieThroughput`, KB/s over its 20 ms sample) in MB/s,
+/// the unit of every throughput track (GPM's NVLink too, `gpm`). NVML's KB is taken as 1,000
+/// bytes; whether NVIDIA means 1,024 is for `cargo xtask gpu-check` to show, beside
+/// `nvidia-smi dmon`'s `rxpci` and `txpci` (MB/s) on a GPU node.
+fn pcie_mbps(kb_per_sec: u32) -> f64 {
+    f64::from(kb_per_sec) / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    /// The stand-in's `pcie_rx 1000` and `pcie_tx 2000` (tests/nvml/standin.c): 1 and 2 MB/s.
+    #[test]
+    fn pcie_throughput_is_kept_in_megabytes_a_second() {
+        assert_eq!(super::pcie_mbps(1000), 1.0);
+        assert_eq!(super::pcie_mbps(2000), 2.0);
+        // The counter's largest value fits: about 4.3 TB/s.
+        assert_eq!(super::pcie_mbps(u32::MAX), 4_294_967.295);
+    }
 }
