@@ -19,6 +19,17 @@ frame, issue 41: >= 90 % named, >= 90 % of those agreeing with torch.profiler's 
 the top launching Python frame, and the loop's step time with the probes and without (a daemon with --no-cuda-probes), in alternating rounds. Without a GPU, `--standin LIB` runs the same check against the tests' stand-in NVML
 (CPU-heavy Python worker processes in place of the PyTorch job; nvidia-smi's figures are what the
 stand-in was told).
+
+On a GPU, issue 41 adds:
+  GPM:        per phase, the daemon's GPM tracks (SM active, SM occupancy, tensor activity, DRAM
+              bandwidth, NVLink rx/tx) and PCIe tracks beside `nvidia-smi dmon --gpm-metrics` and
+              `nvidia-smi dmon -s t` over the same seconds (shares within 5 points, throughputs
+              within 10 %);
+  shared GPU: two processes on GPU 0 at once, one GPU-bound and one light: the daemon's
+              per-process tracks (`gpu.0.pid.P.sm_util`) beside `nvidia-smi pmon`, the heavy one
+              first, and the findings of that phase.
+The parsing of nvidia-smi's tables, of the folded launches and of the names is checked on canned
+outputs by `gpu_check_test.py` (`cargo test -p xtask gpu_check`).
 """
 import argparse
 import json
@@ -82,6 +93,20 @@ def workload_gpu(seconds):
     del c
 
 
+def workload_light(seconds):
+    """A light user of the GPU beside a heavy one (the shared-GPU phase): a 4096² product, then
+    50 ms asleep: a few percent of an H100's SMs."""
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.time() + seconds
+    while time.time() < end:
+        b = a @ a
+        torch.cuda.synchronize()
+        time.sleep(0.05)
+    del b
+
+
 def launch_step(x):
     """40 small elementwise kernels: the GPU finishes each before the next is launched."""
     import torch
@@ -130,6 +155,162 @@ def kernel_base(name):
     for stop in "<(":
         name = name.split(stop, 1)[0]
     return name.strip()
+
+
+# ---- parsing (pure: `gpu_check_test.py` runs these on canned outputs) ----
+
+def parse_folded(text):
+    """`profiler flamegraph --format folded`: [(stack, count)]."""
+    out = []
+    for line in text.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack and n.isdigit():
+            out.append((stack, int(n)))
+    return out
+
+
+def names_share(counts, torch_kernels):
+    """The launches named by their kernel (a `[gpu] NAME` leaf, not `[gpu] kernel in LIB` nor
+    `[gpu] kernel 0x...` nor `[gpu] graph`) and how many of those agree with torch.profiler's
+    kernels, compared without return types, template arguments and parameters."""
+    total = sum(n for _, n in counts)
+    named = {}
+    for stack, n in counts:
+        leaf = stack.rsplit(";", 1)[-1]
+        if leaf.startswith("[gpu] ") and not leaf.startswith(("[gpu] kernel in ", "[gpu] kernel 0x")) \
+                and leaf != "[gpu] graph":
+            named[leaf[6:]] = named.get(leaf[6:], 0) + n
+    named_total = sum(named.values())
+    bases = {kernel_base(k) for k in torch_kernels}
+    agreeing = sum(n for k, n in named.items() if kernel_base(k) in bases)
+    named_share = named_total / max(total, 1)
+    agree_share = agreeing / max(named_total, 1)
+    return {"total": total, "named_share": named_share, "agree_share": agree_share,
+            "ok": total > 0 and named_share >= 0.9 and agree_share >= 0.9,
+            "top": sorted(named.items(), key=lambda kv: (-kv[1], kv[0]))[:3], "torch": sorted(bases)}
+
+
+def parse_smi_table(lines):
+    """nvidia-smi dmon's and pmon's tables: the first `#` line names the columns, later `#`
+    lines (units, repeated headers) are skipped; a `-` is no value. [dict]"""
+    names, rows = None, []
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            if names is None:
+                names = line.lstrip("#").split()
+            continue
+        if names is None:
+            continue
+        cells = line.split()
+        if len(cells) < len(names):
+            continue
+        # pmon's last column (the command) may hold spaces: keep the rest together.
+        cells = cells[:len(names) - 1] + [" ".join(cells[len(names) - 1:])]
+        rows.append({k: number(v) for k, v in zip(names, cells)})
+    return rows
+
+
+def number(v):
+    if v == "-":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+# GPM metrics asked of `nvidia-smi dmon --gpm-metrics` (nvml.h's ids, the same as the daemon's
+# tracks) and the daemon's track for each; dmon prints them in this order after its `gpu` column.
+GPM = [(2, "sm_active"), (3, "sm_occupancy"), (5, "tensor_active"), (10, "dram_bw_util"),
+       (60, "nvlink_rx_mbps"), (61, "nvlink_tx_mbps")]
+# dmon -s t: PCIe throughput in MB/s.
+PCIE = [("rxpci", "pcie_rx_mbps"), ("txpci", "pcie_tx_mbps")]
+MIB_IN_MB = 1.048576
+
+
+def dmon_means(stamped, t0, t1, gpu=0):
+    """The mean of each daemon track's counterpart over dmon rows stamped in [t0, t1): GPM columns by
+    position (the last len(GPM) columns: dmon's names for them vary between drivers), PCIe by
+    name; NVLink from MiB/s to MB/s, the daemon's unit. {track: (mean, rows)}"""
+    sums = {}
+    for t, row in stamped:
+        if not (t0 <= t < t1) or row.get("gpu") != gpu:
+            continue
+        keys = list(row.keys())
+        values = {}
+        if len(keys) > len(GPM) and not any(k in row for k, _ in PCIE):
+            for (metric, track), key in zip(GPM, keys[-len(GPM):]):
+                values[track] = row[key]
+        for key, track in PCIE:
+            if key in row:
+                values[track] = row[key]
+        for track, v in values.items():
+            if isinstance(v, float):
+                if track.startswith("nvlink"):
+                    v *= MIB_IN_MB
+                s = sums.setdefault(track, [0.0, 0])
+                s[0] += v
+                s[1] += 1
+    return {k: (v[0] / v[1], v[1]) for k, v in sums.items()}
+
+
+def gpm_verdict(daemon, smi):
+    """The daemon's track means beside dmon's: shares within 5 points, throughputs within 10 % (or
+    1 MB/s, for an idle link). (ok, lines)"""
+    lines, ok = [], True
+    for track in [t for _, t in GPM] + [t for _, t in PCIE]:
+        d, s = daemon.get(track), smi.get(track)
+        if d is None or s is None:
+            lines.append(f"  {track:<16} daemon {fmt(d and d[0], '')} dmon {fmt(s and s[0], '')}: not compared")
+            continue
+        diff = abs(d[0] - s[0])
+        within = diff <= 5 if not track.endswith("mbps") else diff <= max(0.1 * s[0], 1.0)
+        ok = ok and within
+        lines.append(f"  {track:<16} daemon {d[0]:.1f} ({d[1]} points)  dmon {s[0]:.1f} ({s[1]} rows)  "
+                     f"diff {diff:.1f}: {within}")
+    return ok, lines
+
+
+def pmon_means(stamped, t0, t1, gpu=0):
+    """Per pid, the mean of pmon's `sm` % over rows stamped in [t0, t1). {pid: (mean, rows)}"""
+    sums = {}
+    for t, row in stamped:
+        if t0 <= t < t1 and row.get("gpu") == gpu and isinstance(row.get("pid"), float):
+            sm = row.get("sm")
+            s = sums.setdefault(int(row["pid"]), [0.0, 0])
+            s[0] += sm if isinstance(sm, float) else 0.0
+            s[1] += 1
+    return {p: (v[0] / v[1], v[1]) for p, v in sums.items()}
+
+
+def track_means(counters, prefix):
+    """`profiler counters --format json`'s tracks under `prefix`: {name minus prefix: (mean, points)}."""
+    out = {}
+    for t in counters.get("tracks", []):
+        if t["name"].startswith(prefix) and t["points"]:
+            v = [p[1] for p in t["points"]]
+            out[t["name"][len(prefix):]] = (sum(v) / len(v), len(v))
+    return out
+
+
+def shared_verdict(tracks, pmon, heavy, light):
+    """Two processes on one GPU: both have a per-process track, the heavy one's mean above the light
+    one's, each within 10 points of pmon's where pmon saw it. (ok, lines)"""
+    lines = []
+    got = {pid: tracks.get(f"pid.{pid}.sm_util") for pid in (heavy, light)}
+    ok = all(v is not None for v in got.values())
+    ok = ok and got[heavy][0] > got[light][0]
+    for pid, name in ((heavy, "heavy"), (light, "light")):
+        d, p = got[pid], pmon.get(pid)
+        near = d is not None and p is not None and abs(d[0] - p[0]) <= 10
+        if p is not None:
+            ok = ok and near
+        lines.append(f"  {name} pid {pid}: daemon gpu.0.pid.{pid}.sm_util {fmt(d and d[0])} "
+                     f"({d[1] if d else 0} points)  pmon sm {fmt(p and p[0])} ({p[1] if p else 0} rows)")
+    return ok, lines
 
 
 def fake_worker(seconds):
@@ -232,6 +413,43 @@ class Smi:
             self.proc.terminate()
 
 
+class SmiTable:
+    """An `nvidia-smi dmon` or `pmon` running beside the check: its rows, each stamped on arrival
+    (they carry no time of their own). A driver without the option says so on stderr, kept."""
+
+    def __init__(self, cmd):
+        self.cmd = cmd
+        self.rows = []
+        self.header = None
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except OSError as e:
+            self.proc, self.error = None, str(e)
+            return
+        self.error = ""
+        threading.Thread(target=self.read, daemon=True).start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            if line.lstrip().startswith("#"):
+                self.header = self.header or line
+                continue
+            if self.header:
+                self.rows.extend((time.time(), r) for r in parse_smi_table([self.header, line]))
+
+    def close(self):
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.error = self.proc.communicate(timeout=5)[1].strip()
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def said(self):
+        """What to print when it gave no rows."""
+        return f"`{' '.join(self.cmd)}` gave {len(self.rows)} rows{': ' + self.error if self.error else ''}"
+
+
 def proc_cpu_seconds(pid):
     f = open(f"/proc/{pid}/stat").read()
     fields = f[f.rindex(")") + 2:].split()
@@ -273,6 +491,8 @@ def main():
             workload_input(a.seconds)
         elif kind == "launch":
             workload_launch(a.seconds)
+        elif kind == "light":
+            workload_light(a.seconds)
         else:
             workload_gpu(a.seconds)
         return 0
@@ -351,6 +571,11 @@ def check(a, daemon, data, lib, port, started):
     cpu0 = proc_cpu_seconds(daemon.pid)
     t_cpu0 = time.time()
     smi = Smi(a.standin_facts if a.standin else None)
+    # GPM and PCIe as nvidia-smi reads them, for the daemon's tracks (a GPU only).
+    dmons = [] if a.standin else [
+        SmiTable(["nvidia-smi", "dmon", "-i", "0", "-d", "1", "--gpm-metrics", ",".join(str(m) for m, _ in GPM)]),
+        SmiTable(["nvidia-smi", "dmon", "-i", "0", "-d", "1", "-s", "t"]),
+    ]
     results = []
     for name, kind in PHASES:
         job = [sys.executable, os.path.abspath(__file__), "--seconds", str(a.seconds),
@@ -370,6 +595,8 @@ def check(a, daemon, data, lib, port, started):
     cpu = proc_cpu_seconds(daemon.pid) - cpu0
     wall = time.time() - t_cpu0
     smi.close()
+    for d in dmons:
+        d.close()
     report = []
     for r in results:
         t0, t1 = r["start"], r["end"]
@@ -392,6 +619,11 @@ def check(a, daemon, data, lib, port, started):
         for x in r["findings"]:
             report.append(f"             {x['kind']}: {x['summary']}")
         report.extend(stack_reach(prof, data, t0, t1))
+        if dmons:
+            ok_gpm, lines = check_gpm(prof, data, dmons, t0, t1)
+            r["gpm_ok"] = ok_gpm
+            report.append(f"             GPM and PCIe tracks against nvidia-smi dmon: {ok_gpm}")
+            report.extend("           " + l for l in lines)
     hwm = vm_hwm_mib(daemon.pid)
     report.append(f"daemon CPU {cpu:.2f} s over {wall:.0f} s ({100 * cpu / wall:.2f} % of one core), peak RSS (VmHWM) {hwm:.1f} MiB")
     try:
@@ -405,16 +637,21 @@ def check(a, daemon, data, lib, port, started):
     starved = any(x["kind"] == "gpu-starved" for x in results[0]["findings"])
     gpu_quiet = not any(x["kind"].startswith("gpu-") for x in results[1]["findings"])
     report.append(f"verdict: util within 5 points {ok}; gpu-starved in input-bound {starved}; no GPU finding in gpu-bound {gpu_quiet}")
-    cuda_ok = True
+    cuda_ok = shared_ok = True
+    gpm_ok = all(r.get("gpm_ok", True) for r in results)
     if not a.standin:
+        shared_ok, lines = check_shared(a, prof, data)
+        report.extend(lines)
         cuda_ok, lines = check_cuda(a, prof, data)
         report.extend(lines)
+        report.append(f"verdict (issue 41): GPM and PCIe tracks agree with dmon {gpm_ok}; shared GPU {shared_ok}; "
+                      f"CUDA counts and names {cuda_ok}")
     text = "\n".join(report)
     print(text, flush=True)
     open(os.path.join(a.out, "report.txt"), "w").write(text + "\n")
     json.dump({"phases": results, "daemon_cpu_s": cpu, "wall_s": wall, "vm_hwm_mib": hwm, "gpus": json.loads(profiler(["status", "--format", "json"], prof, data)).get("gpus")},
               open(os.path.join(a.out, "summary.json"), "w"), indent=1)
-    return 0 if all(ok) and starved and gpu_quiet and cuda_ok else 1
+    return 0 if all(ok) and starved and gpu_quiet and cuda_ok and shared_ok and gpm_ok else 1
 
 
 # Frames a thread's stack starts at: the process's entry or a thread's (a libc without symbols
@@ -443,6 +680,52 @@ def stack_reach(prof, data, t0, t1, top=8):
             ", ".join(f"{comm} {100 * ok / total:.0f} % of {total}" for comm, (total, ok) in rows)]
 
 
+def check_gpm(prof, data, dmons, t0, t1):
+    """The daemon's GPM and PCIe tracks of GPU 0 over [t0, t1) beside nvidia-smi dmon's rows."""
+    c = json.loads(profiler(["counters", "--from", iso(t0), "--to", iso(t1), "--name", "gpu.0.*", "--format", "json"],
+                            prof, data))
+    daemon = track_means(c, "gpu.0.")
+    smi = {}
+    for d in dmons:
+        smi.update(dmon_means(d.rows, t0, t1))
+    ok, lines = gpm_verdict(daemon, smi)
+    if "sm_active" not in daemon:
+        lines.append("  no GPM tracks: " + json.dumps(json.loads(profiler(["status", "--format", "json"], prof, data))
+                                                      .get("gpus", {}).get("unsupported")))
+    for d in dmons:
+        if not any(t0 <= t < t1 for t, _ in d.rows):
+            lines.append("  " + d.said())
+    return ok and "sm_active" in daemon, lines
+
+
+def check_shared(a, prof, data):
+    """Two processes on GPU 0 at once, a GPU-bound one and a light one: their per-process tracks
+    beside nvidia-smi pmon's, and the findings of the phase."""
+    pmon = SmiTable(["nvidia-smi", "pmon", "-i", "0", "-s", "u", "-d", "1"])
+    job = lambda kind: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--seconds", str(a.seconds),
+                                         "--workload", kind])
+    t0 = time.time()
+    heavy, light = job("gpu"), job("light")
+    time.sleep(8)  # CUDA's start in both
+    t_in = time.time()
+    heavy.wait()
+    light.wait()
+    t1 = time.time()
+    time.sleep(4)  # the detectors' grace
+    pmon.close()
+    c = json.loads(profiler(["counters", "--from", iso(t_in), "--to", iso(t1), "--name", "gpu.0.*", "--format", "json"],
+                            prof, data))
+    tracks = track_means(c, "gpu.0.")
+    ok, lines = shared_verdict(tracks, pmon_means(pmon.rows, t_in, t1), heavy.pid, light.pid)
+    f = json.loads(profiler(["findings", "--from", iso(t0), "--to", iso(t1 + 4), "--format", "json"], prof, data))
+    found = [x for x in f if t0 * 1e9 <= x["start_ns"] < t1 * 1e9]
+    head = [f"shared GPU ({t1 - t_in:.0f} s measured, a GPU-bound and a light process on GPU 0): {ok}; "
+            f"GPU util {fmt(tracks.get('util', (None,))[0])}"]
+    if not pmon.rows:
+        head.append("  " + pmon.said())
+    return ok, head + lines + [f"  finding {x['kind']}: {x['summary']}" for x in found]
+
+
 def launch_job(a, seconds):
     out = run([sys.executable, os.path.abspath(__file__), "--seconds", str(seconds), "--workload", "launch"])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -457,7 +740,7 @@ def check_cuda(a, prof, data):
     time.sleep(3)  # drained each second, read a drain later
     folded = profiler(["flamegraph", "--samples", "cuda-launches", "--from", iso(r["start"]), "--to", iso(r["end"]),
                        "--pid", str(p.pid), "--format", "folded"], prof, data)
-    counts = [(l.rsplit(" ", 1)[0], int(l.rsplit(" ", 1)[1])) for l in folded.splitlines() if " " in l]
+    counts = parse_folded(folded)
     total = sum(n for _, n in counts)
     per_step = total / max(r["steps"], 1)
     torch_per_step = r["torch_launches_per_step"]
@@ -472,21 +755,11 @@ def check_cuda(a, prof, data):
                  f"{total / max(r['end'] - r['start'], 1e-9):.0f}/s), torch.profiler {torch_per_step:.1f} per step: "
                  f"within 5 % {within}; top launching Python frame {top[0]} ({top[1]})")
     # Issue 41: the launches' kernel names (the [gpu] leaf) beside torch.profiler's.
-    named = {}
-    for stack, n in counts:
-        leaf = stack.rsplit(";", 1)[-1]
-        if leaf.startswith("[gpu] ") and not leaf.startswith(("[gpu] kernel in ", "[gpu] kernel 0x")):
-            named[leaf[6:]] = named.get(leaf[6:], 0) + n
-    named_total = sum(named.values())
-    torch_bases = {kernel_base(k) for k in r.get("torch_kernels", [])}
-    agreeing = sum(n for k, n in named.items() if kernel_base(k) in torch_bases)
-    named_share = named_total / max(total, 1)
-    agree_share = agreeing / max(named_total, 1)
-    names_ok = named_share >= 0.9 and agree_share >= 0.9
-    top_names = sorted(named.items(), key=lambda kv: -kv[1])[:3]
-    lines.append(f"cuda kernel names: {named_share * 100:.1f} % of launches named (goal >= 90 %), "
-                 f"{agree_share * 100:.1f} % of those agreeing with torch.profiler's kernels: {names_ok}; "
-                 f"top {top_names}; torch.profiler's {sorted(torch_bases)[:5]}")
+    names = names_share(counts, r.get("torch_kernels", []))
+    names_ok = names["ok"]
+    lines.append(f"cuda kernel names: {names['named_share'] * 100:.1f} % of launches named (goal >= 90 %), "
+                 f"{names['agree_share'] * 100:.1f} % of those agreeing with torch.profiler's kernels: {names_ok}; "
+                 f"top {names['top']}; torch.profiler's {names['torch'][:5]}")
     within = within and names_ok
     status = json.loads(profiler(["status", "--format", "json"], prof, data)).get("cuda") or {}
     lines.append(f"cuda probes: {json.dumps(status.get('libraries'))}")

@@ -2,7 +2,9 @@
 //! only python3 with PyTorch and nvidia-smi. The logic is `gpu_check.py` (embedded here): it
 //! runs the daemon and a PyTorch job in an input-bound and a GPU-bound phase and prints the
 //! daemon's GPU utilisation beside nvidia-smi's, the findings per phase, the daemon's CPU and
-//! peak RSS.
+//! peak RSS; and (issue 41) the GPM and PCIe tracks beside `nvidia-smi dmon`, two processes
+//! sharing GPU 0 beside `nvidia-smi pmon`, the share of a PyTorch loop's launches named beside
+//! torch.profiler's kernels. Its parsing is tested here on canned outputs (`gpu_check_test.py`).
 //!
 //!   cargo xtask gpu-check --write-script DIR [--binary PATH]
 //!       DIR/gpu_check.py and DIR/profiler (the release build, stripped): copy DIR to the node
@@ -78,4 +80,37 @@ pub fn run(o: Options, build_release: impl FnOnce() -> anyhow::Result<PathBuf>) 
         cmd.arg("--standin").arg(&lib).arg("--standin-facts").arg(&facts);
     }
     super::status(cmd)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    /// The script cannot run here (no GPU, no torch): it is compiled, and its parsing parts run on
+    /// canned nvidia-smi tables and folded launches (`gpu_check_test.py`). No bytecode is left in
+    /// the tree (`-B`, and the compiled file written to a temporary directory).
+    #[test]
+    fn gpu_check_script_compiles_and_parses_canned_outputs() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let pyc = std::env::temp_dir().join(format!("gpu_check-{}.pyc", std::process::id()));
+        let compile = Command::new("python3")
+            .args([
+                "-B",
+                "-c",
+                "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)",
+            ])
+            .arg(dir.join("gpu_check.py"))
+            .arg(&pyc)
+            .output()
+            .expect("run python3");
+        let _ = std::fs::remove_file(&pyc);
+        assert!(compile.status.success(), "{}", String::from_utf8_lossy(&compile.stderr));
+        let test = Command::new("python3").arg("-B").arg(dir.join("gpu_check_test.py")).output().expect("run python3");
+        assert!(
+            test.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&test.stdout),
+            String::from_utf8_lossy(&test.stderr)
+        );
+    }
 }
