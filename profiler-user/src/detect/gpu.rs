@@ -82,6 +82,11 @@ struct Run {
     /// Per holder, its share of the SMs (NVML's per-process samples): the sum over the seconds
     /// that had one, and how many. A GPU shared by several processes says who used it.
     holder_sm: BTreeMap<u32, (f64, u64)>,
+    /// The GPU's holders seen in the run (bounded like `holder_sm`): the feeders a finding
+    /// names beside them are the others.
+    holders: std::collections::BTreeSet<u32>,
+    /// The holders' workers that asked for a core (`workers`, issue 41 part 7).
+    workers: workers::Sums,
 }
 
 /// Counts `f` in `map`, unless the map is full and `f` new.
@@ -99,6 +104,11 @@ impl Run {
         }
         self.seconds += 1;
         self.util_sum += util;
+        for &pid in &g.holders {
+            if self.holders.len() < MAX_HOLDERS_KEPT {
+                self.holders.insert(pid);
+            }
+        }
         for &(pid, sm) in &g.holder_sm {
             if self.holder_sm.len() < MAX_HOLDERS_KEPT || self.holder_sm.contains_key(&pid) {
                 let e = self.holder_sm.entry(pid).or_default();
@@ -270,9 +280,16 @@ impl<'a> Feeders<'a> {
     /// busy across CPUs), or else the holder itself did (its samples, or its busiest thread
     /// `asked` a whole core, even when a shared core gave it half: its samples alone would say
     /// "half busy").
-    fn kind(&self, asked: Option<&ThreadDemand>, busy: impl Fn(usize) -> bool, t: &Thresholds) -> Option<Kind> {
+    /// `workers_asking`: a worker asked for a whole core (ran plus waited) whatever it was given.
+    fn kind(
+        &self,
+        asked: Option<&ThreadDemand>,
+        workers_asking: bool,
+        busy: impl Fn(usize) -> bool,
+        t: &Thresholds,
+    ) -> Option<Kind> {
         let helper_cpu = self.per_cpu.iter().any(|c| busy(c.1 + c.2) && c.2 > 0);
-        if helper_cpu || self.pid_busy(Side::Helper, &busy) {
+        if helper_cpu || self.pid_busy(Side::Helper, &busy) || workers_asking {
             Some(Kind::GpuStarved)
         } else if self.pid_busy(Side::Holder, &busy) || asked.is_some_and(|d| d.asked() >= t.gpu_cpu_busy) {
             Some(Kind::GpuLaunchBound)
@@ -347,13 +364,17 @@ impl GpuDetect {
         let freq = m.frequency_hz.max(1) as f64;
         let busy = |n: usize| n as f64 / freq >= t.gpu_cpu_busy;
         let asked = launcher(g);
+        let asking = workers::asking(g, t.gpu_cpu_busy);
         tracing::debug!(gpu = g.index, util, holders = ?g.holders, per_cpu = ?feeders.per_cpu, per_pid = ?feeders.per_pid, "GPU feeders this second");
-        let kind = feeders.kind(asked, busy, t)?;
+        let kind = feeders.kind(asked, !asking.is_empty(), busy, t)?;
         let run = self.runs.entry((g.index, kind)).or_default();
         run.add_second(now.start_ns, util, g);
         run.add_launches(&g.holders, launches);
         if let Some(d) = asked {
             run.add_demand(d);
+        }
+        if kind == Kind::GpuStarved {
+            run.workers.add(&asking);
         }
         let busy_cpus = feeders.busy_cpus(busy);
         if busy_cpus.len() >= run.busy_cpus.len() {
@@ -440,12 +461,18 @@ impl<'a> Told<'a> {
     fn starved(&self, m: Machine) -> String {
         let (run, name, lead) = (self.run, &self.name, &self.lead);
         let cores = run.ticks as f64 / run.seconds.max(1) as f64 / m.frequency_hz.max(1) as f64;
+        // The feeders named are the holder's helpers: the holder is the one they feed.
+        let helpers: Vec<&Top> = self.procs.iter().filter(|p| !run.holders.contains(&p.pid)).collect();
+        let who = match helpers.as_slice() {
+            [] => "its processes".to_string(),
+            [one] => one.who(""),
+            [first, rest @ ..] => format!("{} and {} other process(es)", first.who(""), rest.len()),
+        };
         format!(
-            "{name} while {} and {} other process(es) kept {} CPU(s) busy ({cores:.1} cores){lead}: \
+            "{name} while {who} kept {} CPU(s) busy ({cores:.1} cores){lead}{}: \
              the input pipeline is the bottleneck; look next: the number of workers, the transform's cost{}",
-            self.first("its processes"),
-            self.procs.len().saturating_sub(1),
             run.busy_cpus.len().max(1),
+            run.workers.text(),
             self.shared(),
         )
     }
@@ -524,6 +551,7 @@ impl<'a> Told<'a> {
             "top_launch_line": run.launch_line.as_ref().map(|(l, s)| json!({"line": &**l, "share": s})),
             "top_kernels": run.kernels.iter().map(|(k, s)| json!({"kernel": &**k, "share": s})).collect::<Vec<_>>(),
             "gpm": (run.gpm.seconds() > 0).then(|| self.gpm_evidence()),
+            "workers_demand": run.workers.json(),
             "holders_sm_percent": run.holder_shares().iter().map(|(pid, sm)| json!({"pid": pid, "sm_percent": sm})).collect::<Vec<_>>(),
             "since_ns": run.start_ns,
             "until_ns": run.start_ns + run.seconds * NS_PER_SEC,
@@ -552,6 +580,7 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
 }
 
 mod underused;
+mod workers;
 
 #[cfg(test)]
 #[path = "gpu_tests.rs"]

@@ -319,3 +319,48 @@ fn on_a_shared_gpu_the_finding_says_which_process_used_it() {
     let a = run(10, &alone, &busy[1..]);
     assert!(!a[0].summary.contains("shared"), "{}", a[0].summary);
 }
+
+/// Issue 41, part 7: two workers competing for the CPUs (a build beside them), each given a
+/// third of a core while asking for a whole one, the GPU at 20 %: their demand says they starve
+/// it, which their samples alone (33 % of a core each) do not. The holder, busy a little
+/// itself, is the GPU's, not one of the feeders named.
+#[test]
+fn workers_competing_for_cpus_starve_the_gpu_by_what_they_asked() {
+    let inv = inventory();
+    let mut g = fed(20.0, &[812], &[901, 902]);
+    let asked = |waited: f64| {
+        vec![
+            ThreadDemand { pid: 812, tid: 812, ran: 0.1, waited: 0.0 },
+            ThreadDemand { pid: 901, tid: 901, ran: 0.33, waited },
+            ThreadDemand { pid: 902, tid: 902, ran: 0.36, waited },
+        ]
+    };
+    let mut now = second(0, &[(1, 777, "cc1", &["main"]), (0, 777, "cc1", &["main"])]);
+    // A third of a core each, on both CPUs; the holder a tenth of one.
+    for (cpu, pid) in [(0, 901), (1, 902)] {
+        now.cpus[cpu].busy.truncate(HZ as usize * 2 / 3);
+        now.cpus[cpu].busy.extend((0..HZ / 3).map(|_| tick(pid, "pt_data_worker", AUGMENT)));
+    }
+    now.cpus[2].busy.extend((0..HZ / 10).map(|_| tick(812, "python3", &["_start", "train_step (train.py:40)"])));
+    let evaluate = |g: &GpuSecond| {
+        let mut d = GpuDetect::default();
+        let mut last = Vec::new();
+        for s in 0..10 {
+            let now = Second { start_ns: (1000 + s) * NS_PER_SEC, ..now.clone() };
+            let input = Input { gpus: std::slice::from_ref(g), inventory: &inv, launches: &HashMap::new() };
+            last = d.evaluate(&now, &input, M, &Thresholds::default());
+        }
+        last
+    };
+    g.demand = asked(0.6);
+    let a = evaluate(&g);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuStarved);
+    let s = &a[0].summary;
+    assert!(s.contains("while pt_data_worker (pid 901) and 1 other process(es) kept"), "{s}");
+    assert!(s.contains("2 worker(s) asked for 1.9 cores and were given 0.7"), "{s}");
+    assert_eq!(a[0].evidence["workers_demand"]["workers"], 2.0);
+    // The same thirds of a core, the rest of the time asleep: nothing starves the GPU.
+    g.demand = asked(0.0);
+    assert!(evaluate(&g).is_empty(), "workers that sleep two thirds of the time do not starve it");
+}

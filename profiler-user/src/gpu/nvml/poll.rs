@@ -166,11 +166,17 @@ impl Poller {
             // Read at each second's first poll, it covers the second `acc` ends now.
             if let Some((_, gpus)) = done.as_mut() {
                 let idle = idle_holders(gpus, self.idle_below);
-                let asked = demand.read(&idle, ts_ns);
                 let started = family.read(&idle);
+                // The workers' demand too: workers competing for CPUs get a third of a core
+                // each while asking for a whole one (`gpu-starved`).
+                let asked = demand.read(&with_workers(&idle, &started), ts_ns);
                 for g in gpus.iter_mut() {
-                    g.demand = asked.iter().filter(|d| g.holders.contains(&d.pid)).copied().collect();
                     g.descendants = descendants(&g.holders, &started);
+                    g.demand = asked
+                        .iter()
+                        .filter(|d| g.holders.contains(&d.pid) || g.descendants.binary_search(&d.pid).is_ok())
+                        .copied()
+                        .collect();
                 }
             }
             let cost = (thread_cpu() - cpu_before).as_secs_f64();
@@ -213,6 +219,20 @@ impl Poller {
 fn idle_holders(gpus: &[GpuSecond], idle_below: f64) -> Vec<u32> {
     let idle = gpus.iter().filter(|g| g.util.is_some_and(|u| u < idle_below));
     let mut pids: Vec<u32> = idle.flat_map(|g| g.holders.iter().copied()).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// Workers per holder whose threads' demand is read at most (a DataLoader has 2 to 16; the
+/// cost is a `schedstat` read a thread).
+pub const WORKERS_READ: usize = 32;
+
+/// The pids whose threads' demand is read: the idle GPUs' holders, and the first
+/// [`WORKERS_READ`] processes each started.
+fn with_workers(holders: &[u32], started: &HashMap<u32, Vec<u32>>) -> Vec<u32> {
+    let workers = holders.iter().filter_map(|h| started.get(h)).flat_map(|w| w.iter().take(WORKERS_READ));
+    let mut pids: Vec<u32> = holders.iter().copied().chain(workers.copied()).collect();
     pids.sort_unstable();
     pids.dedup();
     pids
