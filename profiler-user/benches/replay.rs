@@ -17,7 +17,9 @@
 //!
 //! `--python` replays a Python training node instead (`replay/python.rs`): real CPython
 //! processes whose code objects are read, as the daemon reads them, and records carrying
-//! Python frames; without `--cpus` it runs 16 CPUs at 99 Hz.
+//! Python frames; without `--cpus` it runs 16 CPUs at 99 Hz under each CPython this machine has
+//! (3.9 to 3.14: the machine's 3.11 and the Python test's roots), or those of `--versions`.
+//! `--runs N` runs each configuration N times and reports the median and the range.
 
 use std::{
     process::{Command, Stdio},
@@ -26,7 +28,6 @@ use std::{
 
 use profiler::{
     detect::{Engine, Machine, Thresholds},
-    interpreter::python::table_layout,
     pipeline::Pipeline,
     store::{self, StoreWriter},
     symbolize::{Symbolizer, UNKNOWN, parse_module_offset},
@@ -81,11 +82,25 @@ struct Args {
     processes: usize,
     /// A Python training node's records (see `replay/python.rs`).
     python: bool,
+    /// CPython minor versions to replay (`--python`; a child run: one).
+    versions: Vec<u8>,
+    /// Runs of each configuration (without `--cpus`): the median and the range are reported.
+    runs: usize,
 }
 
 fn args() -> Args {
     let quick = std::env::var_os("REPLAY_QUICK").is_some_and(|v| v != "0");
-    let mut a = Args { cpus: None, hz: 99, seconds: 60, warmup: 3, stacks: 3000, processes: 16, python: false };
+    let mut a = Args {
+        cpus: None,
+        hz: 99,
+        seconds: 60,
+        warmup: 3,
+        stacks: 3000,
+        processes: 16,
+        python: false,
+        versions: python::VERSIONS.iter().map(|v| v.0).collect(),
+        runs: 1,
+    };
     if quick {
         (a.seconds, a.warmup) = (5, 2);
     }
@@ -106,11 +121,19 @@ fn args() -> Args {
             "--processes" => a.processes = val().max(1) as usize,
             "--quick" => (a.seconds, a.warmup) = (5, 2),
             "--python" => a.python = true,
+            "--versions" => {
+                let list = it.next().expect("versions after --versions (3.9,3.13)");
+                a.versions = list
+                    .split(',')
+                    .map(|v| v.trim().strip_prefix("3.").and_then(|m| m.parse().ok()).expect("a version like 3.13"))
+                    .collect();
+            }
+            "--runs" => a.runs = val().max(1) as usize,
             "--bench" => {}
             "--help" => {
                 println!(
                     "replay bench [--cpus N --hz F] [--seconds 60] [--warmup 3] [--stacks 3000] [--processes 16] \
-                     [--quick] [--python]\n(REPLAY_QUICK=1 is --quick; REPLAY_MARK=1 prints when the measured phase starts and ends, for perf; without --cpus every configuration runs)"
+                     [--quick] [--python [--versions 3.9,3.10,3.11,3.12,3.13,3.14]] [--runs 1]\n(REPLAY_QUICK=1 is --quick; REPLAY_MARK=1 prints when the measured phase starts and ends, for perf; without --cpus every configuration runs)"
                 );
                 std::process::exit(0);
             }
@@ -131,21 +154,53 @@ fn main() {
 /// Every configuration, each in a child process of this binary; then the tables.
 fn all(a: &Args) {
     let me = std::env::current_exe().expect("own path");
-    let configs = if a.python { PYTHON_CONFIGS } else { CONFIGS };
+    // (CPUs, Hz, CPython minor version or 0 for native records).
+    let configs: Vec<(u32, u64, u8)> = if a.python {
+        let mut v = Vec::new();
+        for &minor in &a.versions {
+            match python::interpreter(minor) {
+                Some(_) => v.extend(PYTHON_CONFIGS.iter().map(|&(c, h)| (c, h, minor))),
+                None => eprintln!("replay: no CPython 3.{minor} here (the Python test's roots: cargo xtask setup)"),
+            }
+        }
+        v
+    } else {
+        CONFIGS.iter().map(|&(c, h)| (c, h, 0)).collect()
+    };
     let rows: Vec<Value> = configs
         .iter()
-        .map(|&(cpus, hz)| {
-            eprintln!("replay: {cpus} CPUs x {hz} Hz, {} s warm-up + {} s measured", a.warmup, a.seconds);
-            let out = Command::new(&me)
-                .args(["--cpus", &cpus.to_string(), "--hz", &hz.to_string()])
-                .args(["--seconds", &a.seconds.to_string(), "--warmup", &a.warmup.to_string()])
-                .args(["--stacks", &a.stacks.to_string(), "--processes", &a.processes.to_string()])
-                .args(a.python.then_some("--python"))
-                .stderr(Stdio::inherit())
-                .output()
-                .expect("run one configuration");
-            assert!(out.status.success(), "the {cpus} x {hz} run failed ({})", out.status);
-            serde_json::from_slice(&out.stdout).expect("a JSON line")
+        .map(|&(cpus, hz, minor)| {
+            let version = if minor > 0 { format!(", CPython 3.{minor}") } else { String::new() };
+            let mut runs: Vec<Value> = (0..a.runs)
+                .map(|run| {
+                    eprintln!(
+                        "replay: {cpus} CPUs x {hz} Hz{version}, {} s warm-up + {} s measured (run {} of {}; {})",
+                        a.warmup,
+                        a.seconds,
+                        run + 1,
+                        a.runs,
+                        loadavg()
+                    );
+                    let out = Command::new(&me)
+                        .args(["--cpus", &cpus.to_string(), "--hz", &hz.to_string()])
+                        .args(["--seconds", &a.seconds.to_string(), "--warmup", &a.warmup.to_string()])
+                        .args(["--stacks", &a.stacks.to_string(), "--processes", &a.processes.to_string()])
+                        .args(a.python.then_some("--python"))
+                        .args(if minor > 0 { vec!["--versions".to_string(), format!("3.{minor}")] } else { vec![] })
+                        .stderr(Stdio::inherit())
+                        .output()
+                        .expect("run one configuration");
+                    assert!(out.status.success(), "the {cpus} x {hz}{version} run failed ({})", out.status);
+                    serde_json::from_slice(&out.stdout).expect("a JSON line")
+                })
+                .collect();
+            // The median run stands for the configuration; the range beside it.
+            runs.sort_by(|x, y| x["ns_per_busy"].as_f64().partial_cmp(&y["ns_per_busy"].as_f64()).expect("a figure"));
+            let (low, high) = (runs[0]["ns_per_busy"].clone(), runs[runs.len() - 1]["ns_per_busy"].clone());
+            let mut row = runs.swap_remove(runs.len() / 2);
+            row["ns_per_busy_low"] = low;
+            row["ns_per_busy_high"] = high;
+            row
         })
         .collect();
     let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
@@ -197,16 +252,34 @@ fn all(a: &Args) {
     }
     if a.python {
         println!();
+        println!(
+            "| CPython | CPUs x Hz | CPU ns/busy sample, median of {} (range) | stack cache hits | Python frames per busy sample | frames named |",
+            a.runs
+        );
+        println!("|---|---|---|---|---|---|");
         for r in &rows {
             println!(
-                "{} x {}: {:.0} % of busy samples with Python frames, {:.1} Python frames each",
+                "| 3.{} | {} x {} | {:.0} ({:.0}-{:.0}) | {:.1} % | {:.1} ({:.0} % of samples) | {:.1} % |",
+                r["python_minor"],
                 r["cpus"],
                 r["hz"],
+                f(r, "ns_per_busy"),
+                f(r, "ns_per_busy_low"),
+                f(r, "ns_per_busy_high"),
+                f(r, "stack_hit_rate") * 100.0,
+                f(r, "python_frames_per_sample"),
                 f(r, "python_share") * 100.0,
-                f(r, "python_frames_per_sample")
+                f(r, "named_share") * 100.0,
             );
         }
+        println!("({})", loadavg());
     }
+}
+
+/// The machine's load average, to print beside timings taken on a shared machine.
+fn loadavg() -> String {
+    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    format!("load average {}", l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 fn thousands(x: f64) -> String {
@@ -225,7 +298,9 @@ fn thousands(x: f64) -> String {
 fn run(a: &Args, cpus: u32) -> Value {
     let hz = a.hz;
     let (helpers, pys) = if a.python {
-        python::spawn(a.processes).expect("python3 is CPython 3.11 (the layout the records are built for)")
+        let minor = a.versions[0];
+        python::spawn(a.processes, minor)
+            .unwrap_or_else(|| panic!("CPython 3.{minor} runs here and its layout is read (cargo xtask setup)"))
     } else {
         (spawn_helpers(a.processes), Vec::new())
     };
@@ -265,9 +340,8 @@ fn run(a: &Args, cpus: u32) -> Value {
     );
     // The daemon's unwind stage knows which processes run CPython, and which version; what the
     // pipeline tells it is taken off the queue between batches, as that stage's thread would.
-    let (notifier, told) = profiler::unwind::Notifier::detached(
-        pys.iter().filter_map(|p| Some((p.pid, std::sync::Arc::new(*table_layout(p.minor)?)))).collect(),
-    );
+    let (notifier, told) =
+        profiler::unwind::Notifier::detached(pys.iter().map(|p| (p.pid, p.layout.clone())).collect());
     pipeline.set_unwind(Some(notifier));
     let mut netrx = NetRx::new(cpus);
     let halves = (a.warmup + a.seconds) * NS / FLUSH_NS;
@@ -348,6 +422,7 @@ fn run(a: &Args, cpus: u32) -> Value {
         "named_share": named,
         "python_share": generator.python.0 as f64 / generator.python.1.max(1) as f64,
         "python_frames_per_sample": generator.python.2 as f64 / generator.python.0.max(1) as f64,
+        "python_minor": pys.first().map_or(0, |p| p.layout.minor),
     })
 }
 
@@ -359,8 +434,7 @@ fn named_share(pool: &Pool, procs: &[Proc], pys: &[python::PyProc]) -> f64 {
     for (i, s) in pool.stacks.iter().enumerate() {
         let p = &procs[s.proc];
         let comm = String::from_utf8_lossy(&p.comm).trim_end_matches('\0').to_string();
-        let layout =
-            pys.iter().find(|py| py.pid == p.pid).and_then(|py| table_layout(py.minor)).map(|l| (l, &s.python[..]));
+        let layout = pys.iter().find(|py| py.pid == p.pid).map(|py| (&*py.layout, &s.python[..]));
         let stack = symbolizer.stack_with_python(p.pid, &comm, &s.kernel, &s.user, layout, Instant::now());
         let unread = |f: &str| f.starts_with(UNKNOWN) || f == "[python]" || parse_module_offset(f).is_some();
         named += stack.frames.iter().filter(|f| !unread(f)).count();
@@ -446,7 +520,8 @@ impl Generator<'_> {
                     self.kernel_share.1 += 1;
                     self.python.0 += u64::from(!s.python.is_empty());
                     self.python.1 += 1;
-                    self.python.2 += s.python.len() as u64 / 2;
+                    // Shim pairs (3.12+) mark evaluations; they are not frames.
+                    self.python.2 += s.python.chunks_exact(2).filter(|w| w[0] != 0).count() as u64;
                 } else {
                     h.flags = FLAG_IDLE;
                     push_header(&mut batch.bytes, &h);

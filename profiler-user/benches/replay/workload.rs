@@ -97,7 +97,8 @@ pub fn spawn_helpers(n: usize) -> Helpers {
 pub fn processes(helpers: &Helpers) -> Vec<Proc> {
     let deadline = Instant::now() + Duration::from_secs(10);
     for c in &helpers.0 {
-        while !read_maps(c.id()).iter().any(|m| m.path.contains("/libc.so")) {
+        // glibc before 2.34 (bullseye's) maps `libc-2.31.so`.
+        while !read_maps(c.id()).iter().any(|m| m.path.contains("/libc.so") || m.path.contains("/libc-2.")) {
             assert!(Instant::now() < deadline, "helper {} never mapped libc", c.id());
             std::thread::sleep(Duration::from_millis(5));
         }
