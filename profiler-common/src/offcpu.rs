@@ -105,55 +105,79 @@ pub struct OffCount {
     pub waits: u64,
 }
 
-/// A thread off its CPU, by thread id (`OFFCPU_SINCE`).
+/// A thread as the program knows it, by thread id (`OFFCPU_SINCE`): whether it is off its CPU
+/// now and since when, whether it is armed, and the places its last walks started from. One
+/// entry a thread, updated in place at each switch (a hash map's insert and delete at every
+/// switch were most of the program's cost).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Off {
+    /// When it left its CPU; 0: on a CPU (or not seen leaving).
     pub start_ns: u64,
-    /// Its stack's hash, once walked (0: not walked).
+    /// This wait's stack hash (0: not walked).
     pub hash: u64,
     pub pid: u32,
     /// One of [`state`].
     pub state: u32,
-    /// 1: it left armed (its short wait counts against [`ARMED_SHORT_WAITS`]).
-    pub armed: u32,
-    pub _pad: u32,
+    /// Short waits left before it is disarmed; 0: not armed.
+    pub left: u32,
+    /// [`flag`]s.
+    pub flags: u32,
+    /// Where its last two walks started, each with its stack's hash: a thread leaving its CPU
+    /// again from one of them (a loop blocking in one or two calls: a read and a sleep, a poll
+    /// and a read) takes the hash without a walk, outside the walk budget.
+    pub places: [Place; 2],
 }
 
-/// An armed thread (`OFFCPU_ARMED`): how many short waits after walks it has left, and where
-/// its last walk started (user instruction and stack pointers) with that walk's stack hash: a
-/// thread leaving its CPU again from the same place (a loop blocking in one call) takes the
-/// hash without a walk, outside the walk budget.
+/// Where a walk started (user instruction and stack pointers) and its stack's hash.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Armed {
-    pub left: u32,
-    pub _pad: u32,
+pub struct Place {
     pub ip: u64,
     pub sp: u64,
-    /// 0: no walk finished from `ip`/`sp` yet.
+    /// 0: no walk finished from here yet.
     pub hash: u64,
+}
+
+/// Bits of [`Off::flags`].
+pub mod flag {
+    /// It left its CPU armed (its short wait counts against [`super::ARMED_SHORT_WAITS`]).
+    pub const LEFT_ARMED: u32 = 1;
+    /// Its last long wait was armed but not walked (the budget was spent): its next blocking
+    /// switch-out may walk from the reserve ([`super::WALK_RESERVE`]).
+    pub const STARVED: u32 = 2;
+    /// `places[1]` is the newer (a walk replaces the older).
+    pub const NEWER_1: u32 = 4;
+    /// `places[i]` was walked before its process had unwind tables (frame pointers only): walked
+    /// again once it has them, budget permitting.
+    pub const NO_TABLES_0: u32 = 8;
+    pub const NO_TABLES_1: u32 = 16;
+    /// The walk under way ends in `places[1]`.
+    pub const WALKING_1: u32 = 32;
 }
 
 /// Waits recorded a second on one CPU before sampling starts; above it one in
 /// [`SAMPLE_EVERY`] is kept, its time multiplied by that.
 pub const RATE_LIMIT: u64 = 1000;
 pub const SAMPLE_EVERY: u64 = 8;
-/// Stacks walked a second on one CPU, at most (armed threads' switch-outs).
+/// Stacks walked a second on one CPU, at most (armed threads' switch-outs). Preempted
+/// switch-outs (a CPU-bound thread's random places) may take only half of it.
 pub const WALK_LIMIT: u64 = 200;
+/// Walks a second on one CPU past [`WALK_LIMIT`], in percent of it, for blocking switch-outs of
+/// threads whose last long wait went unwalked (a thread that started blocking somewhere new
+/// on a machine whose budget others spend early each second).
+pub const WALK_RESERVE: u64 = 50;
 /// A wait is split over at most this many seconds (its last ones): a thread asleep for an hour
 /// is credited its last [`MAX_SECONDS`] seconds at its wakeup.
 pub const MAX_SECONDS: u32 = 8;
 /// Default threshold: waits shorter than this are not counted.
 pub const DEFAULT_THRESHOLD_NS: u64 = 1_000_000;
 
-/// Threads off CPU tracked at once (LRU: a thread that exits while off takes no entry for long).
+/// Threads tracked at once (LRU: a thread that exited takes no entry for long).
 pub const OFFCPU_SINCE_MAX: u32 = 8192;
 /// Short waits after walks, in a row, that disarm a thread (a thread that blocks long now and
 /// then and is preempted in between stays armed).
 pub const ARMED_SHORT_WAITS: u32 = 16;
-/// Threads armed at once (LRU).
-pub const OFFCPU_ARMED_MAX: u32 = 4096;
 /// Distinct stacks a generation (a drain's interval) holds, each map (3.1 KiB each: 1.6 MiB): the walk budget
 /// ([`WALK_LIMIT`] a CPU) fills it in a drain on 2-3 CPUs; past it a wait is counted without its
 /// stack (`[stack not walked]`), and reused stacks take no room.
@@ -168,4 +192,4 @@ unsafe impl aya::Pod for OffCount {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for Off {}
 #[cfg(feature = "user")]
-unsafe impl aya::Pod for Armed {}
+unsafe impl aya::Pod for Place {}

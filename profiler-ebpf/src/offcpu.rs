@@ -25,8 +25,8 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_KERNEL_FRAMES, MAX_USER_FRAMES,
     offcpu::{
-        ARMED_SHORT_WAITS, Armed, MAX_SECONDS, OFFCPU_ARMED_MAX, OFFCPU_COUNTS_MAX, OFFCPU_SINCE_MAX,
-        OFFCPU_STACKS_MAX, Off, OffCount, OffKey, SAMPLE_EVERY, stat, state,
+        ARMED_SHORT_WAITS, MAX_SECONDS, OFFCPU_COUNTS_MAX, OFFCPU_SINCE_MAX, OFFCPU_STACKS_MAX, Off, OffCount, OffKey,
+        Place, SAMPLE_EVERY, WALK_RESERVE, flag, stat, state,
     },
     python::MAX_PYTHON_FRAMES,
     unwind::{FRAMES_PER_RUN_SMALL, SCAN_WORDS_SMALL, State},
@@ -54,15 +54,10 @@ static OFFCPU_SCRATCH: PerCpuArray<Record> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 static OFFCPU_STATE: PerCpuArray<State> = PerCpuArray::with_max_entries(1, 0);
 
-/// Threads off their CPU now, by thread id. LRU: a thread that exits while off never takes
-/// its entry out.
+/// Threads by thread id: off their CPU since when, armed, their last walks' places. Updated
+/// in place; LRU: a thread that exited never takes its entry out.
 #[map]
 static OFFCPU_SINCE: LruHashMap<u32, Off> = LruHashMap::with_max_entries(OFFCPU_SINCE_MAX, 0);
-
-/// Threads whose switch-outs are walked (a long wait armed them), by thread id: the short
-/// waits after a walk left before they are disarmed.
-#[map]
-static OFFCPU_ARMED: LruHashMap<u32, Armed> = LruHashMap::with_max_entries(OFFCPU_ARMED_MAX, 0);
 
 /// Walked stacks by hash, double-buffered with the counts (`OFFCPU_GEN`): userspace reads and
 /// empties a generation's map a drain after the program left it, and keeps what it read. Not
@@ -191,13 +186,17 @@ fn switch(ctx: &TracePointContext) {
         stats[stat::WALKS] = 0;
     }
     stats[stat::SWITCHES] += 1;
-    // The thread coming on first: the walk of the one leaving ends in tail calls.
+    // The thread coming on first: the walk of the one leaving ends in tail calls. Its entry is
+    // written in place (one thread is switched by one CPU at a time, and a woken thread is not
+    // switched in before its switch-out is done).
     let next = unsafe { ctx.read_at::<i32>(offset(&SWITCH_NEXT_PID_OFFSET)) }.unwrap_or(0);
-    if next > 0 {
-        let next = next as u32;
-        if let Some(off) = unsafe { OFFCPU_SINCE.get(&next) }.copied() {
-            let _ = OFFCPU_SINCE.remove(&next);
-            came_back(next, &off, now, threshold, stats);
+    if next > 0
+        && let Some(o) = OFFCPU_SINCE.get_ptr_mut(&(next as u32))
+    {
+        let o = unsafe { &mut *o };
+        if o.start_ns != 0 {
+            came_back(next as u32, o, now, threshold, stats);
+            o.start_ns = 0;
         }
     }
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -207,68 +206,119 @@ fn switch(ctx: &TracePointContext) {
     }
     let prev_state = unsafe { ctx.read_at::<i64>(offset(&SWITCH_PREV_STATE_OFFSET)) }.unwrap_or(0) as u64;
     let Some(st) = state::of(prev_state) else { return };
-    let off = Off { start_ns: now, hash: 0, pid, state: st, armed: 0, _pad: 0 };
-    let _ = OFFCPU_SINCE.insert(&tid, &off, 0);
-    let Some(armed) = OFFCPU_ARMED.get_ptr_mut(&tid) else { return };
-    if let Some(o) = OFFCPU_SINCE.get_ptr_mut(&tid) {
-        unsafe { (*o).armed = 1 };
+    let o = match OFFCPU_SINCE.get_ptr_mut(&tid) {
+        Some(o) => o,
+        None => {
+            // A thread first seen leaving: its one insert.
+            let _ = OFFCPU_SINCE.insert(&tid, &Off { pid, ..Off::default() }, 0);
+            let Some(o) = OFFCPU_SINCE.get_ptr_mut(&tid) else { return };
+            o
+        }
+    };
+    let o = unsafe { &mut *o };
+    if o.pid != pid {
+        // A thread id reused by another process: nothing of the old one's holds.
+        *o = Off { pid, ..Off::default() };
     }
+    o.start_ns = now;
+    o.hash = 0;
+    o.state = st;
+    o.flags &= !flag::LEFT_ARMED;
+    if o.left == 0 {
+        return;
+    }
+    o.flags |= flag::LEFT_ARMED;
     // Where it left user code (the registers saved at kernel entry).
     let task = unsafe { bpf_get_current_task_btf() };
     let regs = unsafe { bpf_task_pt_regs(task) } as *const Regs;
     let Ok(regs) = (unsafe { bpf_probe_read_kernel(regs) }) else { return };
     let f = arch::frame(&regs);
-    let armed = unsafe { &mut *armed };
-    if armed.hash != 0 && armed.ip == f.ip && armed.sp == f.sp && keep_stack(armed.hash) {
-        // From where its last walk started: the same stack, unwalked.
-        stats[stat::REUSED] += 1;
-        if let Some(o) = OFFCPU_SINCE.get_ptr_mut(&tid) {
-            unsafe { (*o).hash = armed.hash };
+    // From where one of its last walks started: the same stack, unwalked, unless that walk had
+    // no unwind tables and the process has them now (walked again if the budget allows).
+    let mut stale = 0u64;
+    for i in 0..2usize {
+        let p = &o.places[i];
+        if p.hash == 0 || p.ip != f.ip || p.sp != f.sp {
+            continue;
         }
-        return;
+        let no_tables = if i == 0 { flag::NO_TABLES_0 } else { flag::NO_TABLES_1 };
+        if o.flags & no_tables != 0 && unwind::has_tables(pid) {
+            stale = p.hash;
+            continue;
+        }
+        if keep_stack(p.hash) {
+            stats[stat::REUSED] += 1;
+            o.hash = p.hash;
+            if i == 1 {
+                o.flags |= flag::NEWER_1
+            } else {
+                o.flags &= !flag::NEWER_1
+            }
+            return;
+        }
     }
-    if stats[stat::WALKS] >= config(2) {
+    // The budget: preempted switch-outs (a CPU-bound thread's random places) take half of it,
+    // a blocking one whose thread's last long wait went unwalked may go past it.
+    let limit = config(2);
+    let cap = if st == state::RUNNABLE {
+        limit / 2
+    } else if o.flags & flag::STARVED != 0 {
+        limit + limit * WALK_RESERVE / 100
+    } else {
+        limit
+    };
+    if stats[stat::WALKS] >= cap {
         stats[stat::WALKS_SKIPPED] += 1;
+        if stale != 0 && keep_stack(stale) {
+            // Walked without the tables: better than no stack.
+            stats[stat::REUSED] += 1;
+            o.hash = stale;
+        }
         return;
     }
     stats[stat::WALKS] += 1;
     stats[stat::WALKED] += 1;
-    (armed.ip, armed.sp, armed.hash) = (f.ip, f.sp, 0);
+    // Into the older place (the same one when re-walking a stale place is the older's luck).
+    let into_1 = o.flags & flag::NEWER_1 == 0;
+    let no_tables = if unwind::has_tables(pid) {
+        0
+    } else if into_1 {
+        flag::NO_TABLES_1
+    } else {
+        flag::NO_TABLES_0
+    };
+    if into_1 {
+        o.places[1] = Place { ip: f.ip, sp: f.sp, hash: 0 };
+        o.flags = (o.flags & !flag::NO_TABLES_1) | flag::NEWER_1 | flag::WALKING_1 | no_tables;
+    } else {
+        o.places[0] = Place { ip: f.ip, sp: f.sp, hash: 0 };
+        o.flags = (o.flags & !(flag::NO_TABLES_0 | flag::NEWER_1 | flag::WALKING_1)) | no_tables;
+    }
     walk(ctx, pid, tid, now, &regs);
 }
 
-/// Thread `tid` is back on a CPU after being off since `off.start_ns`.
+/// Thread `tid` is back on a CPU after being off since `o.start_ns`.
 #[inline(always)]
-fn came_back(tid: u32, off: &Off, now: u64, threshold: u64, stats: &mut [u64; stat::LEN]) {
-    let waited = now.saturating_sub(off.start_ns);
+fn came_back(tid: u32, o: &mut Off, now: u64, threshold: u64, stats: &mut [u64; stat::LEN]) {
+    let waited = now.saturating_sub(o.start_ns);
     if waited < threshold {
-        if off.armed != 0
-            && let Some(a) = OFFCPU_ARMED.get_ptr_mut(&tid)
-        {
-            // Armed (walked or not) for a short wait: after ARMED_SHORT_WAITS of them in a row its
-            // switch-outs are not walked until a long wait again.
-            unsafe {
-                if (*a).left <= 1 {
-                    let _ = OFFCPU_ARMED.remove(&tid);
-                } else {
-                    (*a).left -= 1;
-                }
-            }
+        // Armed (walked or not) for a short wait: after ARMED_SHORT_WAITS of them in a row its
+        // switch-outs are not walked until a long wait again (its places are kept).
+        if o.flags & flag::LEFT_ARMED != 0 && o.left > 0 {
+            o.left -= 1;
         }
         return;
     }
     stats[stat::LONG_WAITS] += 1;
-    if off.hash != 0 {
+    if o.hash != 0 {
         // Walked in the other generation: its stack follows the count into this one (or,
         // emptied from both since, userspace holds it from its drain).
-        keep_stack(off.hash);
+        keep_stack(o.hash);
+        o.flags &= !flag::STARVED;
+    } else if o.flags & flag::LEFT_ARMED != 0 {
+        o.flags |= flag::STARVED;
     }
-    match OFFCPU_ARMED.get_ptr_mut(&tid) {
-        Some(a) => unsafe { (*a).left = ARMED_SHORT_WAITS },
-        None => {
-            let _ = OFFCPU_ARMED.insert(&tid, &Armed { left: ARMED_SHORT_WAITS, ..Armed::default() }, 0);
-        }
-    }
+    o.left = ARMED_SHORT_WAITS;
     // The rate limit: past it, one wait in SAMPLE_EVERY is kept and weighs that many.
     let recorded = stats[stat::RECORDED];
     stats[stat::RECORDED] = recorded + 1;
@@ -283,7 +333,7 @@ fn came_back(tid: u32, off: &Off, now: u64, threshold: u64, stats: &mut [u64; st
     };
     // Split over the wall-clock seconds it covered, the last MAX_SECONDS of them.
     let frac = OFFCPU_CLOCK.get(0).copied().unwrap_or(0);
-    let start = off.start_ns.wrapping_add(frac);
+    let start = o.start_ns.wrapping_add(frac);
     let mut to = now.wrapping_add(frac);
     let map = if generation() == 1 { &OFFCPU_COUNTS_1 } else { &OFFCPU_COUNTS_0 };
     for i in 0..MAX_SECONDS {
@@ -292,7 +342,7 @@ fn came_back(tid: u32, off: &Off, now: u64, threshold: u64, stats: &mut [u64; st
         }
         let sec = (to - 1) / NS;
         let from = if sec * NS > start { sec * NS } else { start };
-        let key = OffKey { pid: off.pid, tid, state: off.state, sec: sec as u32, hash: off.hash };
+        let key = OffKey { pid: o.pid, tid, state: o.state, sec: sec as u32, hash: o.hash };
         let ns = (to - from) * weight;
         let waits = if i == 0 { weight } else { 0 };
         match map.get_ptr_mut(&key) {
@@ -367,11 +417,15 @@ fn end(record: &mut Record, kernel: usize, user: usize) {
         // The generation's map is full: the wait is counted without its stack.
         return;
     }
-    if let Some(off) = OFFCPU_SINCE.get_ptr_mut(&tid) {
-        unsafe { (*off).hash = h };
-    }
-    if let Some(a) = OFFCPU_ARMED.get_ptr_mut(&tid) {
-        unsafe { (*a).hash = h };
+    if let Some(o) = OFFCPU_SINCE.get_ptr_mut(&tid) {
+        let o = unsafe { &mut *o };
+        o.hash = h;
+        o.flags &= !flag::STARVED;
+        if o.flags & flag::WALKING_1 != 0 {
+            o.places[1].hash = h;
+        } else {
+            o.places[0].hash = h;
+        }
     }
 }
 

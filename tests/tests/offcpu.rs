@@ -40,9 +40,11 @@ fn a_reader_blocked_on_a_slow_pipe_is_credited_the_time_it_waited_under_its_func
     }
     let (_tmp, data, _daemon) = Daemon::ready_in_tempdir(&[]);
     let dir = data.to_str().unwrap();
-    // 25 warm-up reads (the thread's first long wait has no stack; the daemon reads the
-    // process's unwind tables once it waits), then 100 reads of a byte written every 20 ms.
-    let out = Command::new(bin("slow-pipe")).args(["25", "100", "20"]).output().expect("slow-pipe");
+    // 25 warm-up reads from the measured reads' place (the thread's first long wait has no
+    // stack, its first walk there is within a budget a loaded machine spends early each second,
+    // and the daemon reads the process's unwind tables once it waits), a pause of 2.5 s outside
+    // the function, then 100 reads of a byte written every 20 ms.
+    let out = Command::new(bin("slow-pipe")).args(["25", "100", "20", "2500"]).output().expect("slow-pipe");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (blocked, from, to) = (field(&text, "blocked_ns"), field(&text, "from_ns"), field(&text, "to_ns"));
