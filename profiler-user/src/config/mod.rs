@@ -144,6 +144,8 @@ pub fn check_thresholds(t: &crate::detect::Thresholds) -> Result<(), ConfigError
     share("detect.gpu_idle_below", t.gpu_idle_below, false)?;
     int("detect.gpu_secs", t.gpu_secs.into(), 1..=600, "1 to 600 seconds")?;
     share("detect.gpu_cpu_busy", t.gpu_cpu_busy, false)?;
+    // Summed over the workers: more than one second a second is a share of several.
+    float("detect.gpu_blocked_share", t.gpu_blocked_share, 1024.0, "above 0 and at most 1024 seconds a second")?;
     share("detect.gpu_sync_share", t.gpu_sync_share, false)?;
     share("detect.gpu_busy_above", t.gpu_busy_above, false)?;
     share("detect.gpu_sm_active_below", t.gpu_sm_active_below, false)?;

@@ -2,7 +2,9 @@
 //!
 //! - `gpu-starved`: the GPU below `gpu_idle_below` for `gpu_secs` while the processes that feed
 //!   it keep a CPU saturated: the holder's children (a DataLoader's workers) or the processes
-//!   of the holder's pod. The input pipeline cannot keep up.
+//!   of the holder's pod. The input pipeline cannot keep up. Or, with the off-CPU counts, while
+//!   the holder's children keep no CPU busy but are blocked (`waiting`): the pipeline waits on
+//!   storage or the network rather than computes, and the finding names the call they wait in.
 //! - `gpu-launch-bound`: the same idle GPU while the holding process itself keeps a core
 //!   saturated and its helpers do not: one thread launching kernels one by one (a Python main
 //!   loop). Samples carry the process, not the thread, so this is the holder's own threads;
@@ -87,6 +89,10 @@ struct Run {
     holders: std::collections::BTreeSet<u32>,
     /// The holders' workers that asked for a core (`workers`, issue 41 part 7).
     workers: workers::Sums,
+    /// Seconds its feeders were blocked off CPU rather than busy (`waiting`), and the latest
+    /// such second's figures.
+    blocked_secs: u64,
+    blocked: Option<waiting::Blocked>,
 }
 
 /// Counts `f` in `map`, unless the map is full and `f` new.
@@ -199,6 +205,8 @@ pub struct GpuDetect {
     runs: BTreeMap<(u32, Kind), Run>,
     /// Per GPU: the highest SM clock seen in a second (what "held down" is measured against).
     clock_max: BTreeMap<u32, f64>,
+    /// The feeders' off-CPU waits (`offcpu`), when they are recorded.
+    waiting: waiting::Waiting,
 }
 
 /// Whose ticks feed a GPU.
@@ -266,6 +274,11 @@ impl<'a> Feeders<'a> {
         Self { ticks, per_cpu, per_pid }
     }
 
+    /// The helpers' ticks this second.
+    fn helper_ticks(&self) -> usize {
+        self.per_pid.values().filter(|(_, s)| *s == Side::Helper).map(|(n, _)| n).sum()
+    }
+
     /// Whether a process of `side` kept a core busy while it moved between CPUs.
     fn pid_busy(&self, side: Side, busy: impl Fn(usize) -> bool) -> bool {
         self.per_pid.values().any(|(n, s)| *s == side && busy(*n))
@@ -308,6 +321,12 @@ fn launcher(g: &GpuSecond) -> Option<&ThreadDemand> {
 }
 
 impl GpuDetect {
+    /// One drain of the off-CPU counts: the waits of `feeders` (the GPUs' holders and the
+    /// processes they started) are kept for the blocked side of `gpu-starved`.
+    pub fn on_waits(&mut self, waits: &[crate::detect::iostall::Wait], feeders: &HashSet<u32>) {
+        self.waiting.on_waits(waits, feeders);
+    }
+
     pub fn evaluate(&mut self, now: &Second, input: &Input<'_>, m: Machine, t: &Thresholds) -> Vec<Active> {
         let mut seen: Vec<(u32, Kind)> = Vec::new();
         for g in input.gpus {
@@ -366,8 +385,20 @@ impl GpuDetect {
         let asked = launcher(g);
         let asking = workers::asking(g, t.gpu_cpu_busy);
         tracing::debug!(gpu = g.index, util, holders = ?g.holders, per_cpu = ?feeders.per_cpu, per_pid = ?feeders.per_pid, "GPU feeders this second");
-        let kind = feeders.kind(asked, !asking.is_empty(), busy, t)?;
+        // No feeder keeps a CPU busy: were the holder's children blocked instead?
+        let (kind, blocked) = match feeders.kind(asked, !asking.is_empty(), busy, t) {
+            Some(kind) => (kind, None),
+            None => {
+                let cores = feeders.helper_ticks() as f64 / freq;
+                let b = self.waiting.blocked(g, now.start_ns, cores, t.gpu_blocked_share)?;
+                (Kind::GpuStarved, Some(b))
+            }
+        };
         let run = self.runs.entry((g.index, kind)).or_default();
+        if let Some(b) = blocked {
+            run.blocked_secs += 1;
+            run.blocked = Some(b);
+        }
         run.add_second(now.start_ns, util, g);
         run.add_launches(&g.holders, launches);
         if let Some(d) = asked {
@@ -477,6 +508,18 @@ impl<'a> Told<'a> {
         )
     }
 
+    /// A run whose feeders mostly waited off CPU: what they waited in, and the loop's wait.
+    fn starved_waiting(&self, b: &waiting::Blocked) -> String {
+        format!(
+            "{} while its input pipeline waits rather than computes: {}; look next: the storage or network the \
+             workers read from (iostat -x, nfsstat, the object store's latency), read sizes, prefetching, more \
+             workers, a local cache{}",
+            self.name,
+            b.describe(),
+            self.shared(),
+        )
+    }
+
     fn launch_bound(&self) -> String {
         let (run, name, lead) = (self.run, &self.name, &self.lead);
         // With the CUDA probes: how fast it launches, and from where.
@@ -553,6 +596,11 @@ impl<'a> Told<'a> {
             "gpm": (run.gpm.seconds() > 0).then(|| self.gpm_evidence()),
             "workers_demand": run.workers.json(),
             "holders_sm_percent": run.holder_shares().iter().map(|(pid, sm)| json!({"pid": pid, "sm_percent": sm})).collect::<Vec<_>>(),
+            "blocked": run.blocked.as_ref().map(|b| {
+                let mut v = b.json();
+                v["seconds"] = json!(run.blocked_secs);
+                v
+            }),
             "since_ns": run.start_ns,
             "until_ns": run.start_ns + run.seconds * NS_PER_SEC,
         })
@@ -563,7 +611,10 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
     let model = inv.gpus.iter().find(|g| g.index == index).map_or("unknown model", |g| g.model.as_str());
     let told = Told::new(index, model, run);
     let summary = match kind {
-        Kind::GpuStarved => told.starved(m),
+        Kind::GpuStarved => match &run.blocked {
+            Some(b) if run.blocked_secs * 2 > run.seconds => told.starved_waiting(b),
+            _ => told.starved(m),
+        },
         Kind::GpuLaunchBound => told.launch_bound(),
         Kind::GpuUnderused => told.underused(),
         _ => told.throttled(),
@@ -580,6 +631,7 @@ fn active(index: u32, kind: Kind, run: &Run, inv: &Inventory, m: Machine) -> Act
 }
 
 mod underused;
+pub mod waiting;
 mod workers;
 
 #[cfg(test)]

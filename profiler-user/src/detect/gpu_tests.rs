@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::{detect::iostall::Wait, offcpu::OffState};
 use crate::{
     detect::{CpuSecond, Second},
     gpu_readings::{GpuInfo, GpuSecond, Inventory, ThreadDemand},
     model::Stack,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 const HZ: u64 = 99;
 const M: Machine = Machine { cpus: 4, frequency_hz: HZ };
@@ -318,6 +319,153 @@ fn on_a_shared_gpu_the_finding_says_which_process_used_it() {
     let alone = [GpuSecond { holder_sm: vec![(812, 2.0)], ..fed(20.0, &[812], &[901, 902, 903]) }];
     let a = run(10, &alone, &busy[1..]);
     assert!(!a[0].summary.contains("shared"), "{}", a[0].summary);
+}
+
+/// One drain's worth of off-CPU time: `ns` of thread `tid` of `pid` in second `sec`.
+fn wait(pid: u32, tid: u32, sec: u64, ns: u64, state: OffState, call: (&str, Option<&'static str>, &str)) -> Wait {
+    let line: Arc<str> = Arc::from(call.2);
+    Wait {
+        pid,
+        tid,
+        ts_ns: sec * NS_PER_SEC,
+        ns,
+        state,
+        comm: Arc::from(if pid == 812 { "python3" } else { "pt_data_worker" }),
+        waits_in: Some(Arc::from(call.0)),
+        fs: call.1,
+        queue: waiting::on_queue(std::slice::from_ref(&line)),
+        line: Some(line),
+    }
+}
+
+const NFS_READ: (&str, Option<&str>, &str) = ("nfs_wait_bit_killable_[k]", Some("nfs"), "load_sample (dataset.py:31)");
+const INDEX_QUEUE: (&str, Option<&str>, &str) =
+    ("do_sys_poll_[k]", None, "get (/usr/lib/python3.11/multiprocessing/queues.py:113)");
+const DATA_QUEUE: (&str, Option<&str>, &str) =
+    ("futex_wait_queue_[k]", None, "get (/usr/lib/python3.11/multiprocessing/queues.py:122)");
+
+/// Runs `secs` seconds of an idle GPU held by 812 whose children are 901-903, with no CPU
+/// busy; `waits(s)` are drained before second `s` is judged. Returns what the last one said.
+fn run_waiting(secs: u64, waits: impl Fn(u64) -> Vec<Wait>) -> Vec<Active> {
+    let mut d = GpuDetect::default();
+    let inv = inventory();
+    let gpus = [fed(20.0, &[812], &[901, 902, 903])];
+    let feeders: HashSet<u32> = [812, 901, 902, 903].into();
+    let mut last = Vec::new();
+    for s in 1000..1000 + secs {
+        d.on_waits(&waits(s), &feeders);
+        let input = Input { gpus: &gpus, inventory: &inv, launches: &HashMap::new() };
+        last = d.evaluate(&second(s, &[]), &input, M, &Thresholds::default());
+    }
+    last
+}
+
+/// Two workers blocked in an NFS read most of each second, a third idle on its index queue,
+/// the training loop waiting on the data queue (and a helper thread of the holder in poll).
+fn nfs_bound(s: u64) -> Vec<Wait> {
+    vec![
+        wait(901, 901, s, 900_000_000, OffState::Io, NFS_READ),
+        wait(902, 902, s, 800_000_000, OffState::Io, NFS_READ),
+        wait(902, 902, s, 100_000_000, OffState::Sleep, ("pipe_read_[k]", None, "send (dataset.py:40)")),
+        wait(903, 903, s, 1_000_000_000, OffState::Sleep, INDEX_QUEUE),
+        wait(812, 812, s, 950_000_000, OffState::Sleep, DATA_QUEUE),
+        wait(812, 815, s, 1_000_000_000, OffState::Sleep, ("do_sys_poll_[k]", None, "run (threading.py:975)")),
+    ]
+}
+
+#[test]
+fn workers_blocked_in_a_read_while_the_gpu_idles_is_gpu_starved_naming_the_read_and_the_loops_wait() {
+    assert!(run_waiting(9, nfs_bound).is_empty(), "not before 10 s");
+    let a = run_waiting(10, nfs_bound);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0].kind, Kind::GpuStarved);
+    let s = &a[0].summary;
+    assert!(s.starts_with("GPU 0 (NVIDIA H100) 20 % busy for 10 s while its input pipeline waits"), "{s}");
+    assert!(s.contains("pt_data_worker (pid 901) and 1 other worker(s) were blocked 1.80 s of each second"), "{s}");
+    assert!(s.contains("0.00 cores busy"), "{s}");
+    // 1.7 of the 1.8 s in the NFS read.
+    assert!(s.contains("94 % of it in nfs_wait_bit_killable (io) on nfs at load_sample (dataset.py:31)"), "{s}");
+    assert!(
+        s.contains(
+            "the training loop (thread 812 of python3, pid 812) waited 0.95 s of each second in futex_wait_queue at \
+             get (/usr/lib/python3.11/multiprocessing/queues.py:122), on the workers' queue"
+        ),
+        "{s}"
+    );
+    assert!(s.contains("look next: the storage or network"), "{s}");
+    let b = &a[0].evidence["blocked"];
+    assert_eq!(b["state"], "io");
+    assert_eq!(b["file_system"], "nfs");
+    assert_eq!(b["workers"].as_array().unwrap().len(), 2, "the worker idle on its queue is not blocked: {b}");
+    assert_eq!(b["loop"]["tid"], 812);
+    assert_eq!(b["seconds"], 10);
+}
+
+#[test]
+fn workers_idle_on_their_queue_short_waits_strangers_or_a_busy_gpu_raise_nothing() {
+    let idle = |s| vec![wait(901, 901, s, 1_000_000_000, OffState::Sleep, INDEX_QUEUE)];
+    assert!(run_waiting(15, idle).is_empty(), "waiting for work is not starving");
+    let short = |s| vec![wait(901, 901, s, 300_000_000, OffState::Io, NFS_READ)];
+    assert!(run_waiting(15, short).is_empty(), "0.3 s a second is under gpu_blocked_share");
+    let stranger = |s| vec![wait(777, 777, s, 1_000_000_000, OffState::Io, NFS_READ)];
+    assert!(run_waiting(15, stranger).is_empty(), "not the GPU's feeders");
+    let runnable = |s| vec![wait(901, 901, s, 1_000_000_000, OffState::Runnable, NFS_READ)];
+    assert!(run_waiting(15, runnable).is_empty(), "waiting for a CPU is not blocking");
+    // The same blocked workers beside a busy GPU.
+    let mut d = GpuDetect::default();
+    let inv = inventory();
+    let gpus = [fed(95.0, &[812], &[901, 902, 903])];
+    for s in 1000..1015 {
+        d.on_waits(&nfs_bound(s), &[812, 901, 902, 903].into());
+        let input = Input { gpus: &gpus, inventory: &inv, launches: &HashMap::new() };
+        assert!(d.evaluate(&second(s, &[]), &input, M, &Thresholds::default()).is_empty());
+    }
+}
+
+#[test]
+fn workers_busier_on_cpu_than_blocked_are_the_cpu_side_not_the_waiting_one() {
+    // Worker 901 keeps a CPU busy: the CPU-side starved finding, as before the off-CPU counts.
+    let mut d = GpuDetect::default();
+    let inv = inventory();
+    let gpus = [fed(20.0, &[812], &[901, 902, 903])];
+    let mut last = Vec::new();
+    for s in 1000..1010 {
+        d.on_waits(&nfs_bound(s), &[812, 901, 902, 903].into());
+        let input = Input { gpus: &gpus, inventory: &inv, launches: &HashMap::new() };
+        last = d.evaluate(&second(s, &[(1, 901, "pt_data_worker", AUGMENT)]), &input, M, &Thresholds::default());
+    }
+    assert_eq!(last.len(), 1, "{last:?}");
+    assert!(last[0].summary.contains("kept 1 CPU(s) busy"), "{}", last[0].summary);
+    assert!(last[0].evidence["blocked"].is_null());
+}
+
+#[test]
+fn a_share_is_measured_over_the_seconds_the_drains_reached() {
+    // Waits are credited when they end: the last two seconds of the window have none yet.
+    let mut w = waiting::Waiting::default();
+    let feeders: HashSet<u32> = [812, 901].into();
+    for s in 1000..1008 {
+        w.on_waits(&[wait(901, 901, s, 600_000_000, OffState::Io, NFS_READ)], &feeders);
+    }
+    let g = fed(20.0, &[812], &[901]);
+    let b = w.blocked(&g, 1010 * NS_PER_SEC, 0.0, 0.5).expect("blocked");
+    assert!((b.blocked - 0.6).abs() < 1e-9, "0.6 s a second over 1006-1007 reached, not 0.36 over 5: {b:?}");
+    assert!(w.blocked(&g, 1010 * NS_PER_SEC, 0.7, 0.5).is_none(), "busier than blocked");
+    assert!(w.blocked(&g, 1030 * NS_PER_SEC, 0.0, 0.5).is_none(), "nothing reached in the window");
+    // Old seconds go: twice the window behind the newest.
+    w.on_waits(&[wait(901, 901, 1030, 1, OffState::Io, NFS_READ)], &feeders);
+    assert!(w.blocked(&g, 1007 * NS_PER_SEC, 0.0, 0.5).is_none(), "forgotten");
+}
+
+#[test]
+fn queue_frames_are_the_multiprocessing_and_thread_queues() {
+    let f = |s: &str| vec![Arc::<str>::from("_start"), Arc::from(s)];
+    assert!(waiting::on_queue(&f("get (/usr/lib/python3.11/multiprocessing/queues.py:113)")));
+    assert!(waiting::on_queue(&f("_poll (/usr/lib/python3.11/multiprocessing/connection.py:440)")));
+    assert!(waiting::on_queue(&f("get (/usr/lib/python3.12/queue.py:171)")));
+    assert!(!waiting::on_queue(&f("load_sample (dataset.py:31)")));
+    assert!(!waiting::on_queue(&f("get (myqueue.py:3)")));
+    assert!(!waiting::on_queue(&f("pipe_read_[k]")));
 }
 
 /// Issue 41, part 7: two workers competing for the CPUs (a build beside them), each given a

@@ -35,6 +35,8 @@ pub struct Wait {
     pub fs: Option<&'static str>,
     /// The leaf-most Python frame with its line.
     pub line: Option<Arc<str>>,
+    /// Whether it waits on a queue (`detect::gpu::waiting::on_queue`): a worker waiting for work.
+    pub queue: bool,
 }
 
 #[derive(Debug, Default)]
@@ -191,6 +193,7 @@ mod tests {
             waits_in: Some(Arc::from("fuse_simple_request_[k]")),
             fs: Some("fuse"),
             line: Some(Arc::from("load (data.py:12)")),
+            queue: false,
         }
     }
 

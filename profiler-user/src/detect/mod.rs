@@ -350,6 +350,18 @@ impl Engine {
     /// One drain of the off-CPU counts (`offcpu`): the waits drained at `now_ns`.
     pub fn check_offcpu(&mut self, now_ns: u64, waits: Vec<iostall::Wait>) -> Changes {
         let mut changes = Changes::default();
+        // The GPUs' feeders' waits first: the blocked side of `gpu-starved`.
+        if let Some(shared) = &self.gpu {
+            let state = shared.lock().unwrap_or_else(|p| p.into_inner());
+            let feeders: std::collections::HashSet<u32> = state
+                .seconds
+                .iter()
+                .flat_map(|(_, gpus)| gpus.iter())
+                .flat_map(|g| g.holders.iter().chain(g.descendants.iter()).copied())
+                .collect();
+            drop(state);
+            self.gpu_detect.on_waits(&waits, &feeders);
+        }
         let busy = self.iostall.machine_busy(now_ns);
         let active = self.iostall.evaluate(now_ns, waits, busy);
         self.reconcile(active, now_ns, Some(Judged::OffCpuDrain), &mut changes);

@@ -84,6 +84,11 @@ pub struct Thresholds {
     /// ...while its feeders keep a CPU (or one process a core) at least this busy. A DataLoader
     /// worker in a CPU-bound transform shows 97-99 % of a core (issue 26's H100 node).
     pub gpu_cpu_busy: f64,
+    /// ...or, with the off-CPU counts, while the holders' children keep no CPU that busy but
+    /// are blocked off CPU (I/O, a socket or pipe read; not waiting on their own queue for
+    /// work) at least this long a second, summed over them, over 5 s (0.5: one worker blocked
+    /// half the time), and longer than they run.
+    pub gpu_blocked_share: f64,
     /// `gpu-sync-stall`: a thread blocked in CUDA synchronisation at least this share of its
     /// time over `gpu_secs` while its GPU is below `gpu_idle_below`.
     pub gpu_sync_share: f64,
@@ -129,6 +134,7 @@ impl Default for Thresholds {
             gpu_idle_below: 0.5,
             gpu_secs: 10,
             gpu_cpu_busy: 0.9,
+            gpu_blocked_share: 0.5,
             gpu_sync_share: 0.5,
             gpu_busy_above: 0.9,
             gpu_sm_active_below: 0.3,

@@ -6,7 +6,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Instant};
 use super::{OffState, Recorder, fs_of, waits_in};
 use crate::{
     collect::Collector,
-    detect::{Changes, cuda::python_line, iostall::Wait},
+    detect::{Changes, cuda::python_line, gpu::waiting::on_queue, iostall::Wait},
     model::{Sample, Stack},
     pipeline::Pipeline,
 };
@@ -79,6 +79,7 @@ impl Recorder {
                 waits_in: waits_in(&sample.stack),
                 fs: fs_of(&sample.stack),
                 line: python_line(sample.stack.user()),
+                queue: on_queue(sample.stack.user()),
             });
             let us = d.count.ns / 1_000;
             if us > 0

@@ -39,7 +39,7 @@ const STACKS_KEPT: usize = 1024;
 const ROWS_HELD: usize = 3 * profiler_common::offcpu::OFFCPU_COUNTS_MAX as usize;
 
 /// A state to filter on (`--state`), named as the stacks' root frames name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OffState {
     /// Runnable: preempted, waiting for a CPU.
     Runnable,
