@@ -53,7 +53,7 @@ impl Recorder {
             return (rates, Vec::new());
         }
         for d in drained.counts {
-            *rates.entry(d.key.pid).or_default() += d.count.calls as f64 / elapsed;
+            *rates.entry(d.key.pid).or_default() += super::guard::hits(&d.key, d.count.calls) as f64 / elapsed;
             let (kind, weight) = match d.key.kind {
                 kind::LAUNCH => {
                     self.status.launches += d.count.calls;

@@ -9,8 +9,18 @@
 //! `CUDA_GATE` while others keep the file's probes, so its flood turns no other process's
 //! counts into estimates; the file's probes come off only while all its processes are.
 
+use profiler_common::cuda::{CudaKey, func, kind};
+
 /// Seconds per duty cycle.
 pub const PERIOD_SECS: u32 = 10;
+
+/// The probe hits (traps) behind `calls` counted under `key`, what the budget is spent in: a
+/// launch through the runtime (`cudaLaunchKernel`, its host stub in the key) hit the runtime's
+/// probe and then the driver's, and is counted once; every other count, one hit a call. (The
+/// look-ups are one each per kernel and process, not a rate.)
+pub fn hits(key: &CudaKey, calls: u64) -> u64 {
+    if key.kind == kind::LAUNCH && func::tag(key.func) == func::STUB { calls.saturating_mul(2) } else { calls }
+}
 
 /// One process's duty cycle.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +117,19 @@ mod tests {
             attached = d.next(attached.then_some(1_000.0), 10_000.0);
         }
         assert!(!d.estimating() && attached);
+    }
+
+    #[test]
+    fn a_launch_through_the_runtime_spends_two_hits_of_the_budget() {
+        let key = |kind, f| CudaKey { kind, func: f, ..Default::default() };
+        assert_eq!(hits(&key(kind::LAUNCH, func::STUB | 0x1000), 1000), 2000);
+        assert_eq!(hits(&key(kind::LAUNCH, func::HANDLE | 0x1000), 1000), 1000);
+        assert_eq!(hits(&key(kind::LAUNCH, func::GRAPH), 1000), 1000);
+        assert_eq!(hits(&key(kind::SYNC, 0), 50), 50);
+        // 7,000 runtime launches a second are 14,000 hits: over a 12,000 budget.
+        let mut d = DutyCycle::default();
+        d.next(Some(hits(&key(kind::LAUNCH, func::STUB | 1), 7_000) as f64), 12_000.0);
+        assert!(d.estimating());
     }
 
     #[test]
