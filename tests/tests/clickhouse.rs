@@ -514,6 +514,8 @@ fn rollup_checks(db: &str) -> Vec<(&'static str, String, String)> {
     };
     let minute = format!("intDiv(ts, {m}) * {m} AS minute");
     let hour = format!("intDiv(ts, {h}) * {h} AS hour");
+    // The hourly rollup keeps a workload's class (namespace, container name, unit), not its pod.
+    let class = format!("{} AS class", schema::workload_class("workload"));
     vec![
         pair("samples_1m per node and minute", "samples_1m", "node, ts", &format!("node, {minute}"), "node, minute"),
         pair(
@@ -525,11 +527,11 @@ fn rollup_checks(db: &str) -> Vec<(&'static str, String, String)> {
         ),
         pair("samples_1h per hour", "samples_1h", "ts", &hour, "hour"),
         pair(
-            "samples_1h per hour, comm, stack and workload",
+            "samples_1h per hour, comm, stack and workload class",
             "samples_1h",
             "ts, comm, stack_id, workload",
-            &format!("{hour}, comm, stack_id, workload"),
-            "hour, comm, stack_id, workload",
+            &format!("{hour}, comm, stack_id, {class}"),
+            "hour, comm, stack_id, class",
         ),
     ]
 }
@@ -594,7 +596,10 @@ fn rollups_add_up_to_the_raw_samples_on_current_clickhouse() {
         // 10,000 rows 1.23 s apart (3.4 h), counts 1 to 5: 30,000 samples an insert.
         statements.push(format!(
             "INSERT INTO profiler.samples SELECT if(number % 2 = 0, 'n1', 'n2'), {start} + {insert} + number * 1234567891, \
-             toUInt16(number % 4), 1, 2, ['app', 'db', 'web'][number % 3 + 1], number % 7, if(number % 5 = 0, 'w', ''), \
+             toUInt16(number % 4), 1, 2, ['app', 'db', 'web'][number % 3 + 1], number % 7, \
+             if(number % 5 = 0, concat('{{\"container_id\":null,\"pod_uid\":\"u', toString(number % 3), \
+             '\",\"pod_namespace\":\"ml\",\"pod_name\":\"trainer-', toString(number % 3), \
+             '\",\"container_name\":\"t\",\"unit\":null}}'), ''), \
              toUInt32(number % 5 + 1) FROM numbers(10000) SETTINGS max_block_size = 1000, max_insert_block_size = 1000"
         ));
     }
@@ -605,8 +610,11 @@ fn rollups_add_up_to_the_raw_samples_on_current_clickhouse() {
     for table in ["samples_1m", "samples_1h"] {
         statements.push(format!("SHOW CREATE TABLE profiler.{table} FORMAT TSVRaw"));
     }
+    statements.push(
+        "SELECT DISTINCT concat('[', workload, ']') AS w FROM profiler.samples_1h ORDER BY w FORMAT TSVRaw".into(),
+    );
     let Some(answers) = clickhouse::chdb(&statements) else { return };
-    let mut answers = answers.into_iter().skip(statements.len() - 2 * checks.len() - 2);
+    let mut answers = answers.into_iter().skip(statements.len() - 2 * checks.len() - 3);
     let mut next = || answers.next().unwrap();
     let asked: Vec<(String, String)> = checks.iter().map(|_| (next(), next())).collect();
     for ((what, _, _), (rollup, raw)) in checks.iter().zip(&asked) {
@@ -616,7 +624,10 @@ fn rollups_add_up_to_the_raw_samples_on_current_clickhouse() {
     }
     assert!(asked[0].0.lines().count() > 200, "minutes of two nodes: {}", asked[0].0.lines().count());
     assert!(asked[2].0.lines().count() >= 4, "hours: {}", asked[2].0);
-    let (minutes, hours) = (next(), next());
+    let (minutes, hours, classes) = (next(), next(), next());
+    // Three pods of one job, one class: the hours hold it once.
+    let classes: Vec<&str> = classes.lines().collect();
+    assert_eq!(classes, ["[]", "[{\"pod_namespace\":\"ml\",\"container_name\":\"t\"}]"], "the hours' workloads");
     assert!(minutes.contains("SummingMergeTree") && minutes.contains(&format!("toIntervalSecond({})", 30 * 86_400)));
     assert!(hours.contains("SummingMergeTree") && hours.contains(&format!("toIntervalSecond({})", 365 * 86_400)));
 }

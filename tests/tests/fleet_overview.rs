@@ -301,6 +301,73 @@ fn fleet_answers_what_the_stores_hold() {
     assert!(e.contains("--event 'ena(' is not a regular expression"), "{e}");
 }
 
+/// `--event` on a cluster of two 18.16 shards with Distributed tables, each node shipping to
+/// its own shard: the CPU behind the reset is found through either shard (its query joins
+/// `stacks` with a subquery of `samples`, both Distributed: it needs `GLOBAL`, which it once
+/// lacked: "Double-distributed IN/JOIN subqueries is denied").
+#[test]
+fn fleet_event_on_two_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [tmp.path().join("shard1"), tmp.path().join("shard2")];
+    let Some(shards) = ClickHouse::start_cluster("fleet", &dirs) else { return };
+    let layout = profiler::ship::clickhouse::schema::Layout {
+        database: "profiler",
+        cluster: Some("fleet"),
+        ttl_secs: None,
+        codecs: false,
+    };
+    for s in &shards {
+        for statement in profiler::ship::clickhouse::schema::statements(&layout) {
+            s.query(&statement).unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
+    }
+    let end = (now_secs() as u64 - 30) * SEC;
+    let start = end - SECS * SEC;
+    let event_ts = start + 40 * SEC + SEC / 2;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let mut threads = Vec::new();
+    let mut datas = Vec::new();
+    for (i, (name, plan)) in plans().into_iter().enumerate() {
+        let data = tmp.path().join(name);
+        write_node(&data, name, end, &plan);
+        if name == "node-c" {
+            let e = Event {
+                id: "ev-reset".into(),
+                ts_ns: event_ts,
+                pattern: "x".into(),
+                message: "ena 0000:00:06.0: Device reset completed successfully".into(),
+            };
+            detect::journal::record_event(&data, &e).unwrap();
+        }
+        let file = FileConfig { batch_rows: Some(100_000), cluster: Some("fleet".into()), ..Default::default() };
+        let url = shards[i % 2].url();
+        let config = Config::resolve(Some(url), Some(&file), name, data.clone(), 86_400).unwrap().unwrap();
+        let shipper = Shipper { config, stats: SharedStats::default(), stop: stop_rx.clone() };
+        threads.push(profiler::ship::spawn(shipper).unwrap());
+        datas.push(data);
+    }
+    wait_for("every node shipped", Duration::from_secs(600), || {
+        datas.iter().all(|d| cursor_ns(d).is_some_and(|c| c >= end)).then_some(())
+    });
+    let _ = stop.send(true);
+    for t in threads {
+        t.join().unwrap();
+    }
+    // node-c is on shard 1 (the third node), with its stacks.
+    let on = |s: &ClickHouse| s.number("SELECT count() FROM profiler.samples_local WHERE node = 'node-c'");
+    assert!(on(&shards[0]) > 0 && on(&shards[1]) == 0);
+    let (from, to) = ((start / SEC).to_string(), (end / SEC).to_string());
+    for s in &shards {
+        let url = s.url();
+        let e = fleet_json(&["--clickhouse", &url, "--from", &from, "--to", &to, "--event", "ena.*reset"]);
+        let reset = &e["events"]["events"][0];
+        assert_eq!((reset["node"].as_str(), reset["ts_ns"].as_u64()), (Some("node-c"), Some(event_ts)), "{e}");
+        assert_eq!(reset["cpu"], 1, "the CPU with the most kernel-mode samples: {reset}");
+        assert_eq!(reset["cpu_kernel_samples"].as_u64(), Some(5 * 20));
+        assert_eq!(reset["stacks"][0]["samples"].as_u64(), Some(5 * 20));
+    }
+}
+
 /// The same SQL on today's ClickHouse (chdb from PyPI), over a few rows that exercise every
 /// query: the answers must be those 18.16 gives.
 #[test]

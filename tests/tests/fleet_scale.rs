@@ -351,6 +351,16 @@ fn fleet_scale_benchmark() {
         ),
     );
     let rollup_rows = |s: &ClickHouse, t: &str| s.number(&format!("SELECT count() FROM profiler.{t}"));
+    // One row per stack and shard is the floor: the shipper sends only the stacks its shard lacks.
+    say(
+        "stack_rows",
+        format!(
+            "stacks_local {} rows on the shards ({} distinct ids), {:.0} MB",
+            shards.iter().map(|s| rollup_rows(s, "stacks_local")).sum::<u64>(),
+            shards.iter().map(|s| s.number("SELECT uniqExact(stack_id) FROM profiler.stacks_local")).sum::<u64>(),
+            of("stacks_local") as f64 / 1e6
+        ),
+    );
     say(
         "rollup_rows",
         format!(
@@ -369,11 +379,9 @@ fn fleet_scale_benchmark() {
 
     // 30 days of hours before the raw data, written on each shard from the hours its nodes'
     // raw rows made (their sums scaled from `secs` to an hour): the raw rows of 30 days of a
-    // thousand nodes would not fit on this machine's disk. Summed over workloads: the rollup's
-    // real rows carry each node's own pods (a workload id is per node: its pod, uid and
-    // container id), so they hold a node's stacks once per node, not once per fleet; at this
-    // scale 30 days of them would not fit either (rows per hour said above). These are the rows
-    // a rollup keyed without the pod would hold.
+    // thousand nodes would not fit on this machine's disk. The hourly rollup keeps a workload's
+    // class (namespace, container name, unit: `schema::workload_class`), the same for a job's
+    // pods on every node, so its rows are what the view made, copied back in time.
     let first_hour = start / SEC / HOUR * HOUR;
     let scale = (HOUR / secs.max(1)).max(1);
     let t = Instant::now();
@@ -382,9 +390,9 @@ fn fleet_scale_benchmark() {
             // Hours `first_hour - h` for h in [24 day + 1, 24 day + 24].
             let sql = format!(
                 "INSERT INTO profiler.samples_1h_local (ts, comm, stack_id, workload, count) \
-                 SELECT toUInt64({first_hour} - h * 3600) * {SEC} AS ts, comm, stack_id, '' AS workload, \
-                 c * {scale} FROM (SELECT comm, stack_id, sum(count) AS c FROM profiler.samples_1h_local \
-                 WHERE ts >= {} GROUP BY comm, stack_id) \
+                 SELECT toUInt64({first_hour} - h * 3600) * {SEC} AS ts, comm, stack_id, workload, \
+                 c * {scale} FROM (SELECT comm, stack_id, workload, sum(count) AS c FROM profiler.samples_1h_local \
+                 WHERE ts >= {} GROUP BY comm, stack_id, workload) \
                  ARRAY JOIN arrayMap(x -> x + {}, range(24)) AS h",
                 first_hour * SEC,
                 day * 24 + 1
@@ -399,7 +407,7 @@ fn fleet_scale_benchmark() {
     say(
         "rollups_30d",
         format!(
-            "{} days of hourly rows (summed over workloads) written on the servers in {:.0} s: samples_1h {} rows, {:.2} GB ({:.0} MB a day)",
+            "{} days of hourly rows (per workload class) written on the servers in {:.0} s: samples_1h {} rows, {:.2} GB ({:.0} MB a day)",
             days + 1,
             t.elapsed().as_secs_f64(),
             shards.iter().map(|s| rollup_rows(s, "samples_1h_local")).sum::<u64>(),

@@ -304,13 +304,17 @@ impl Sql<'_> {
     }
 
     /// The CPU with the most kernel-mode samples (a stack with kernel frames) before an event.
+    /// `GLOBAL`: on a cluster `samples` and `stacks` are `Distributed`, and a subquery over one
+    /// inside a query over another is refused (`distributed_product_mode = 'deny'`); the
+    /// initiator runs them once and sends the result (a node's few minutes). Plain tables read
+    /// `GLOBAL` as the local form.
     pub fn event_cpu(&self, node: &str, ts_ns: u64) -> String {
         let r = Self::before(node, ts_ns);
         let samples = self.fleet.table(schema::SAMPLES);
         format!(
             "SELECT toUInt32({CPU}), toUInt64(sumIf({COUNT}, k = 1)) AS kn, toUInt64(sum({COUNT})) AS n \
-             FROM {samples} ANY LEFT JOIN (SELECT {STACK_ID}, has(any({KERNEL}), 1) AS k FROM {} WHERE {STACK_ID} IN \
-             (SELECT {STACK_ID} FROM {samples} WHERE {r}) GROUP BY {STACK_ID}) AS s USING {STACK_ID} \
+             FROM {samples} GLOBAL ANY LEFT JOIN (SELECT {STACK_ID}, has(any({KERNEL}), 1) AS k FROM {} WHERE {STACK_ID} \
+             GLOBAL IN (SELECT {STACK_ID} FROM {samples} WHERE {r}) GROUP BY {STACK_ID}) AS s USING {STACK_ID} \
              WHERE {r} GROUP BY {CPU} ORDER BY kn DESC, n DESC, {CPU} LIMIT 1",
             self.fleet.table(schema::STACKS),
         )

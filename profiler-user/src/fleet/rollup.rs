@@ -5,8 +5,10 @@
 //! at the edges from the raw rows, so the totals are those of the raw rows, to the sample.
 //!
 //! A rollup resolves only what it keeps: neither CPU nor pid (`--cpu`, `--pid` read raw rows),
-//! no node in the hourly one (a read of some nodes uses minutes), and nothing before the view
-//! was created (its first unit may hold part of one; [`Coverage`] starts after it).
+//! no node in the hourly one (a read of some nodes uses minutes), nor a pod or a container id
+//! (its workload is a class, `schema::workload_class`: namespace, container name, unit; `--pod`
+//! and `--container ID` use minutes), and nothing before the view was created (its first unit
+//! may hold part of one; [`Coverage`] starts after it).
 
 use super::{Fleet, FleetError, select::Selection};
 use crate::{
@@ -98,8 +100,16 @@ pub struct Piece {
 pub fn plan(window: Window, filter: &Filter, selection: &Selection, cover: Coverage) -> Vec<Piece> {
     let rolled = filter.cpus.is_empty() && filter.pid.is_none();
     let mut out = Vec::new();
-    split(window, rolled, selection.whole_fleet, cover, &mut out);
+    split(window, rolled, selection.whole_fleet && class_resolves(&filter.workload), cover, &mut out);
     out
+}
+
+/// Whether a workload filter is decided by a workload's class (what the hourly rollup keeps):
+/// not a pod, nor a container id (12 or more hex digits, as `identity::Identity::matches`
+/// reads a container's name or id).
+fn class_resolves(w: &crate::identity::Filter) -> bool {
+    let id = |c: &String| c.len() >= 12 && c.bytes().all(|b| b.is_ascii_hexdigit());
+    w.pod.is_none() && !w.container.as_ref().is_some_and(id)
 }
 
 fn split(w: Window, rolled: bool, whole_fleet: bool, cover: Coverage, out: &mut Vec<Piece>) {
@@ -190,6 +200,26 @@ mod tests {
         assert_eq!(p, vec![Piece { source: Source::Minutes, window: day }]);
         for f in [Filter { cpus: vec![3], ..Default::default() }, Filter { pid: Some(9), ..Default::default() }] {
             assert_eq!(plan(day, &f, &sel(true), cover), vec![Piece { source: Source::Raw, window: day }]);
+        }
+    }
+
+    #[test]
+    fn a_pod_or_a_container_id_reads_minutes_a_namespace_or_a_container_name_hours() {
+        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0) };
+        let day = w(T0, T0 + 24 * HOUR_NS);
+        let with = |workload: crate::identity::Filter| Filter { workload, ..Default::default() };
+        type W = crate::identity::Filter;
+        for f in [
+            W { pod: Some("trainer-0".into()), ..Default::default() },
+            W { container: Some("0123456789ab".into()), ..Default::default() },
+        ] {
+            assert_eq!(plan(day, &with(f), &sel(true), cover), vec![Piece { source: Source::Minutes, window: day }]);
+        }
+        for f in [
+            W { namespace: Some("ml".into()), ..Default::default() },
+            W { container: Some("trainer".into()), unit: Some("kubelet".into()), ..Default::default() },
+        ] {
+            assert_eq!(plan(day, &with(f), &sel(true), cover), vec![Piece { source: Source::Hours, window: day }]);
         }
     }
 

@@ -7,6 +7,7 @@ mod config;
 mod counters;
 mod error;
 pub mod http;
+mod known;
 pub mod metrics;
 mod notes;
 mod pace;

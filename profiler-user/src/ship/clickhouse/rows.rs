@@ -67,6 +67,8 @@ pub struct Batch {
     pub new_stacks: usize,
     /// `stack_locations` rows (RowBinary) of those with a known file.
     pub locations: Vec<u8>,
+    /// Per new stack: its id, where its row starts in `stacks`, and in `locations` if it has one.
+    stack_rows: Vec<(u64, usize, Option<usize>)>,
     /// Samples the rows stand for (more than rows in rolled-up data).
     pub samples_count: u64,
     /// The CUDA stores' rows (`cuda_samples`), one per kind, second, thread and stack: rows
@@ -130,6 +132,36 @@ impl Batch {
         row.value = row.value.saturating_add(s.count);
     }
 
+    /// The ids of the stacks whose rows this batch holds.
+    pub fn new_stack_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.stack_rows.iter().map(|r| r.0)
+    }
+
+    /// Leaves out the rows of the new stacks in `known` (the server has them: another node of
+    /// its shard sent them), their locations with them.
+    pub fn drop_known_stacks(&mut self, known: &HashSet<u64>) {
+        if known.is_empty() {
+            return;
+        }
+        let (mut stacks, mut locations, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, &(id, at, loc)) in self.stack_rows.iter().enumerate() {
+            if known.contains(&id) {
+                continue;
+            }
+            let next = &self.stack_rows[i + 1..];
+            let end = next.first().map_or(self.stacks.len(), |r| r.1);
+            let new_loc = loc.map(|l| {
+                let end = next.iter().find_map(|r| r.2).unwrap_or(self.locations.len());
+                locations.extend_from_slice(&self.locations[l..end]);
+                locations.len() - (end - l)
+            });
+            rows.push((id, stacks.len(), new_loc));
+            stacks.extend_from_slice(&self.stacks[at..end]);
+        }
+        self.new_stacks = rows.len();
+        (self.stacks, self.locations, self.stack_rows) = (stacks, locations, rows);
+    }
+
     /// `cuda_samples` rows in this batch.
     pub fn cuda_rows(&self) -> usize {
         self.cuda.len()
@@ -158,6 +190,8 @@ impl Batch {
     fn stack(&mut self, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) -> u64 {
         let id = stack_id(s.frames, s.locations);
         if shipped.insert(id) {
+            let has_locations = s.locations.iter().any(|l| !l.0.is_empty());
+            self.stack_rows.push((id, self.stacks.len(), has_locations.then_some(self.locations.len())));
             let o = &mut self.stacks;
             o.extend_from_slice(&id.to_le_bytes());
             put_len(o, s.frames.len());
@@ -167,7 +201,7 @@ impl Batch {
             put_len(o, s.frames.len());
             o.extend(s.frames.iter().map(|(_, k)| u8::from(*k)));
             self.new_stacks += 1;
-            if s.locations.iter().any(|l| !l.0.is_empty()) {
+            if has_locations {
                 let o = &mut self.locations;
                 o.extend_from_slice(&id.to_le_bytes());
                 put_len(o, s.locations.len());
@@ -332,6 +366,39 @@ mod tests {
         assert_eq!(b.rows(), 1);
         assert_eq!(b.ts, [6]);
         assert_eq!(b.native("n1").len(), n.len() - (3 + 8 + 2 + 4 + 4 + 5 + 8 + 1 + 4));
+    }
+
+    #[test]
+    fn stacks_the_server_has_are_left_out_with_their_locations() {
+        let (a, b, c) = ([("a", false)], [("b", false), ("b2", false)], [("c", true)]);
+        let located = [("/bin/b", 0x10u64), ("/bin/b", 0x20)];
+        let with_b = |batch: &mut Batch, shipped: &mut HashSet<u64>| {
+            batch.push(&SampleRef { locations: &located, ..sample(2, &b) }, shipped);
+        };
+        let (mut all, mut shipped) = (Batch::default(), HashSet::new());
+        all.push(&sample(1, &a), &mut shipped);
+        with_b(&mut all, &mut shipped);
+        all.push(&sample(3, &c), &mut shipped);
+        let ids: Vec<u64> = all.new_stack_ids().collect();
+        assert_eq!((ids.len(), all.new_stacks), (3, 3));
+        let (mut fresh, mut shipped) = (Batch::default(), HashSet::new());
+        with_b(&mut fresh, &mut shipped);
+        all.drop_known_stacks(&HashSet::from([ids[0], ids[2]]));
+        assert_eq!((all.new_stacks, &all.stacks, &all.locations), (1, &fresh.stacks, &fresh.locations));
+        assert!(!fresh.locations.is_empty());
+        assert_eq!(all.new_stack_ids().collect::<Vec<_>>(), [ids[1]]);
+        assert_eq!(all.rows(), 3, "the samples stay");
+        // Dropping the located one keeps the others' rows whole, and no location.
+        let (mut again, mut shipped) = (Batch::default(), HashSet::new());
+        again.push(&sample(1, &a), &mut shipped);
+        with_b(&mut again, &mut shipped);
+        again.push(&sample(3, &c), &mut shipped);
+        again.drop_known_stacks(&HashSet::from([ids[1]]));
+        let (mut only, mut shipped) = (Batch::default(), HashSet::new());
+        only.push(&sample(1, &a), &mut shipped);
+        only.push(&sample(3, &c), &mut shipped);
+        assert_eq!((again.new_stacks, &again.stacks), (2, &only.stacks));
+        assert!(again.locations.is_empty());
     }
 
     #[test]

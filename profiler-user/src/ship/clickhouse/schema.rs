@@ -158,17 +158,20 @@ const TABLES: &[Table] = &[
     ),
     (
         // Shared by every node: the same binaries give the same stacks fleet-wide. Re-inserting a
-        // stack is harmless, merges collapse the copies.
+        // stack is harmless, merges collapse the copies (the shipper sends only the ids the
+        // server lacks). Read by id, a few thousand at a time: granules of 256 rows (a row is
+        // ~2-4 KB of frames) so that a lookup reads the rows it names, not 8,192 rows around
+        // each (tables created before keep 8,192).
         STACKS,
         &[(STACK_ID, "UInt64"), (FRAMES, "Array(String)"), (KERNEL, "Array(UInt8)")],
-        "ReplacingMergeTree ORDER BY stack_id",
+        "ReplacingMergeTree ORDER BY stack_id SETTINGS index_granularity = 256",
     ),
     (
         // Where a stack's user frames live (`model::Location`), for the stacks that know it: a
         // table of its own, so that servers with `stacks` from before it need no ALTER.
         STACK_LOCATIONS,
         &[(STACK_ID, "UInt64"), (FILES, "Array(String)"), (ADDRS, "Array(UInt64)")],
-        "ReplacingMergeTree ORDER BY stack_id",
+        "ReplacingMergeTree ORDER BY stack_id SETTINGS index_granularity = 256",
     ),
     (
         // A finding is written when it opens and again when it closes: the highest version
@@ -304,12 +307,36 @@ const ROLLUPS: &[Rollup] = &[
         columns: &[(TS, "UInt64"), (COMM, "String"), (STACK_ID, "UInt64"), (WORKLOAD, "String"), (COUNT, "UInt64")],
         engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
                  ORDER BY (ts, comm, stack_id, workload){ttl}",
-        select: "SELECT intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, comm, stack_id, workload, \
-                 sum(s.count) AS count FROM {source} AS s GROUP BY ts, comm, stack_id, workload",
+        // The workload's class, not its identity ([`workload_class`]): fleet-wide, an hour
+        // holds a stack once per (namespace, container name, unit), not once per pod.
+        select: "SELECT intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, comm, stack_id, \
+                 {workload_class} AS workload, sum(s.count) AS count FROM {source} AS s \
+                 GROUP BY ts, comm, stack_id, workload",
         // Every shard has rows of every hour: any shard will do (reads sum).
         shard_by: "rand()",
     },
 ];
+
+/// The fields of a workload identity (stored JSON, `identity::Identity`) the hourly rollup
+/// keeps: what a workload is across a fleet (the same job's pods on every node share them).
+/// The pod's name and uid and the container id are each node's own: kept, an hour of a
+/// thousand nodes would hold a training stack a thousand times.
+pub const WORKLOAD_CLASS_FIELDS: [&str; 3] = ["pod_namespace", "container_name", "unit"];
+
+/// SQL of the class of the stored workload identity `w` (an expression over a `String`): the
+/// JSON object of [`WORKLOAD_CLASS_FIELDS`] that are set, each value as stored (still escaped:
+/// `visitParamExtractRaw`), in that order; `''` for a workload of none (or not JSON). 18.16
+/// functions only.
+pub fn workload_class(w: &str) -> String {
+    let field = |f: &str| {
+        format!(
+            "if(visitParamExtractRaw({w}, '{f}') IN ('', 'null'), '', concat('\"{f}\":', visitParamExtractRaw({w}, '{f}')))"
+        )
+    };
+    let fields: Vec<String> = WORKLOAD_CLASS_FIELDS.iter().map(|f| field(f)).collect();
+    let set = format!("arrayStringConcat(arrayFilter(x -> x != '', [{}]), ',')", fields.join(", "));
+    format!("if({set} = '', '', concat('{{', {set}, '}}'))")
+}
 
 /// The name of a rollup's materialized view.
 pub fn view_name(rollup: &str) -> String {
@@ -360,7 +387,10 @@ pub fn statements_keeping(l: &Layout<'_>, keep: RollupKeep) -> Vec<String> {
         out.push(format!("CREATE TABLE IF NOT EXISTS {db}.{table} ({columns}) ENGINE = {engine}"));
         out.extend(distributed(r.name, r.shard_by));
         // With a cluster each shard rolls up the rows it receives, into its own table.
-        let select = r.select.replace("{source}", &format!("{db}.{}", quote_ident(&local(SAMPLES))));
+        let select = r
+            .select
+            .replace("{source}", &format!("{db}.{}", quote_ident(&local(SAMPLES))))
+            .replace("{workload_class}", &workload_class("s.workload"));
         out.push(format!(
             "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{} TO {db}.{table} AS {select}",
             quote_ident(&view_name(r.name))
@@ -429,9 +459,13 @@ mod tests {
                 "CREATE TABLE IF NOT EXISTS `p`.`samples_1h` (ts UInt64, comm String, stack_id UInt64, workload String, \
                  count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
                  ORDER BY (ts, comm, stack_id, workload)",
-                "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_1h_mv` TO `p`.`samples_1h` AS SELECT \
-                 intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, comm, stack_id, workload, sum(s.count) AS count \
-                 FROM `p`.`samples` AS s GROUP BY ts, comm, stack_id, workload",
+                &format!(
+                    "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_1h_mv` TO `p`.`samples_1h` AS SELECT \
+                     intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, comm, stack_id, {} AS workload, \
+                     sum(s.count) AS count FROM `p`.`samples` AS s GROUP BY ts, comm, stack_id, workload",
+                    workload_class("s.workload")
+                )
+                .as_str(),
             ]
         );
         // The constants the shipper's retention and the readers use say the same.
@@ -447,6 +481,25 @@ mod tests {
         assert_eq!(ttl(of(SAMPLES_1M)), Some(format!("{expiry}(120)")));
         assert_eq!(ttl(of(SAMPLES_1H)), Some(format!("{expiry}(7200)")));
         assert!(!of(SAMPLES_1M).contains("LowCardinality") && !of(SAMPLES_1M).contains("CODEC"), "plain columns");
+    }
+
+    #[test]
+    fn the_hourly_class_keeps_namespace_container_name_and_unit() {
+        let c = workload_class("w");
+        for f in WORKLOAD_CLASS_FIELDS {
+            assert!(c.contains(&format!("visitParamExtractRaw(w, '{f}')")), "{c}");
+        }
+        assert!(["'pod_name'", "'pod_uid'", "'container_id'"].iter().all(|f| !c.contains(f)), "{c}");
+        assert!(c.starts_with("if(arrayStringConcat(arrayFilter(x -> x != '', [if(") && c.ends_with("'}'))"), "{c}");
+    }
+
+    #[test]
+    fn stacks_are_read_in_small_granules() {
+        let s = statements(&Layout { database: "p", cluster: None, ttl_secs: None, codecs: false });
+        let of = |name: &str| s.iter().find(|q| q.contains(&format!("`p`.`{name}` ("))).unwrap();
+        for t in [STACKS, STACK_LOCATIONS] {
+            assert!(of(t).ends_with("ORDER BY stack_id SETTINGS index_granularity = 256"), "{}", of(t));
+        }
     }
 
     #[test]

@@ -267,6 +267,11 @@ impl Follower {
             return self.advance(to);
         }
         if batch.new_stacks > 0 {
+            // Only those the server lacks (`known`): a shard's nodes share most of their stacks.
+            let table = self.table(schema::STACKS);
+            batch.drop_known_stacks(&super::known::known(&self.client, &table, batch.new_stack_ids())?);
+        }
+        if batch.new_stacks > 0 {
             // Into the server the samples go to, before them: a reader never sees a sample whose
             // stack is not there yet.
             if !batch.locations.is_empty() {
