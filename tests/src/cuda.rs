@@ -64,16 +64,39 @@ pub struct App {
 impl App {
     /// Starts it on `lib` with `args` (`--late`, `--rate N`) and waits for its "ready".
     pub fn start(lib: &Path, args: &[&str], sync_us: u32) -> Self {
+        Self::start_in(lib, args, sync_us, None)
+    }
+
+    /// [`App::start`], the process put into the cgroup whose `cgroup.procs` is `procs` before
+    /// it runs (so the daemon never sees it elsewhere: a process's workload is read once).
+    pub fn start_in(lib: &Path, args: &[&str], sync_us: u32, procs: Option<&Path>) -> Self {
+        use std::os::{fd::AsRawFd, unix::process::CommandExt};
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cuda_app.py");
-        let mut child = Command::new("python3")
-            .arg(script)
+        let mut cmd = Command::new("python3");
+        cmd.arg(script)
             .arg(lib)
             .args(args)
             .env("STANDIN_SYNC_US", sync_us.to_string())
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start python3 cuda_app.py");
+            .stdout(Stdio::piped());
+        // Opened here, written in the child between fork and exec: nothing allocates there.
+        let file = procs.map(|p| {
+            std::fs::OpenOptions::new().write(true).open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+        });
+        if let Some(fd) = file.as_ref().map(|f| f.as_raw_fd()) {
+            // SAFETY: write(2) on a descriptor the parent keeps open until the spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::write(fd, b"0\n".as_ptr().cast(), 2) == 2 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("start python3 cuda_app.py");
+        drop(file);
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut app = Self { child, stdin, stdout };

@@ -30,6 +30,24 @@ pub fn h100(util: u32, holders: &[u32], reasons: u64) -> String {
     )
 }
 
+/// GPUs as the stand-in describes them: GPU `i` an H100 `gpus[i].0` % busy, held by the pids of
+/// `gpus[i].1` (one process tree's ranks, one GPU each, as a data-parallel job holds a node).
+pub fn h100s(gpus: &[(u32, &[u32])]) -> String {
+    let mut facts = format!("gpus {}\ndriver 580.159.04\n", gpus.len());
+    for (i, (util, holders)) in gpus.iter().enumerate() {
+        let procs: Vec<String> = holders.iter().map(|p| format!("{p}:1073741824")).collect();
+        let proc_util: Vec<String> = holders.iter().map(|p| format!("{p}:{util}")).collect();
+        facts.push_str(&format!(
+            "{i} name NVIDIA H100 80GB HBM3\n{i} uuid GPU-8e3c1f0a-stand-in-{i}\n{i} bus 00000000:{:02X}:00.0\n\
+             {i} util {util}\n{i} mem_util 12\n{i} sm_clock 1980\n{i} reasons 0\n{i} procs {}\n{i} proc_util {}\n",
+            0x1b + 0x10 * i,
+            procs.join(","),
+            proc_util.join(",")
+        ));
+    }
+    facts
+}
+
 impl StandIn {
     /// Builds the stand-in into `dir` (`half`: without about half the functions); `Err` says why
     /// it could not be built (no gcc).

@@ -453,6 +453,8 @@ fn launches_are_counted_under_their_kernels_name_once() {
         ("launch_looked_up", "[gpu] triton_poi_fused_add_0", "looked_up"),
         ("launch_library", "[gpu] ampere_sgemm_128x64_tn", "library"),
         ("launch_graph", "[gpu] graph", "graph"),
+        // cudaGraphLaunch passes through cuGraphLaunch: one graph launch.
+        ("launch_graph_runtime", "[gpu] graph", "graph_runtime"),
     ];
     for (function, leaf, what) in named {
         let want = report[what].as_u64().unwrap();

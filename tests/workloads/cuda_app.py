@@ -15,7 +15,13 @@ JSON line, when it loaded the library and how many launches it made after each 1
 each wall-clock second (unix seconds, measured just after each launch), and when it ended.
 With --stall S it spends S seconds in a step that computes 1 ms and then waits on the GPU
 (log_loss: cuStreamSynchronize); with --launch-bound S, S seconds in a step that launches
-kernels one by one between bits of Python work (train_step).
+kernels one by one between bits of Python work (train_step); with --busy S, S seconds of a
+rank that computes and never waits: a step of 1 ms of Python work then 2 launches (forward,
+about 2,000 launches a second: under the probes' rate guard).
+
+With --runtime-rate N it loads the stand-in runtime and host stubs (as --names) and launches the
+vecAdd stub from launch_runtime_steady at N a second for 4 s (each launch through
+cudaLaunchKernel and the driver's cuLaunchKernel), printing {"launches": n}.
 
 With --names it also loads the stand-in runtime (libcudart.so.12) and host stubs (libkernels.so)
 beside LIB, and instead calls:
@@ -25,6 +31,8 @@ beside LIB, and instead calls:
   launch_library: cuLibraryGetKernel "ampere_sgemm_128x64_tn" and cuKernelGetFunction once,
     cuLaunchKernelEx by the function 300 times;
   launch_graph: cuGraphLaunch 200 times;
+  launch_graph_runtime: the runtime's cudaGraphLaunch 100 times (which calls the driver's
+    cuGraphLaunch: one graph launch each);
   launch_early: cuLaunchKernel 400 times by a handle cuModuleGetFunction gave for
     "early_kernel_do_not_name" at start, before "ready" (so before a daemon started after it).
 """
@@ -112,6 +120,11 @@ def launch_graph(lib, n):
         lib.cuGraphLaunch(None, None)
 
 
+def launch_graph_runtime(rt, n):
+    for _ in range(n):
+        rt.cudaGraphLaunch(None, None)
+
+
 def launch_early(lib, f, n):
     for _ in range(n):
         lib.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, None, None, None)
@@ -123,8 +136,10 @@ def names(lib, rt, kernels, early):
     launch_looked_up(lib, 700)
     launch_library(lib, 300)
     launch_graph(lib, 200)
+    launch_graph_runtime(rt, 100)
     launch_early(lib, early, 400)
-    return {"runtime": 1000, "cuda13": 600, "looked_up": 700, "library": 300, "graph": 200, "early": 400}
+    return {"runtime": 1000, "cuda13": 600, "looked_up": 700, "library": 300, "graph": 200, "graph_runtime": 100,
+            "early": 400}
 
 
 def launch_steady(lib, rate, seconds):
@@ -149,6 +164,21 @@ def launch_steady(lib, rate, seconds):
     return start, n, after, per_second, time.time()
 
 
+def launch_runtime_steady(kernels, rate, seconds):
+    p = ctypes.c_void_p()
+    n = 0
+    period = 1.0 / rate
+    next_t = time.perf_counter()
+    end = next_t + seconds
+    while time.perf_counter() < end:
+        kernels._Z6vecAddPfS_S_i(p, p, p, 1024)
+        n += 1
+        next_t += period
+        while time.perf_counter() < next_t:
+            pass
+    return n
+
+
 def log_loss(lib):
     lib.cuStreamSynchronize(None)
 
@@ -171,6 +201,21 @@ def train_step(lib):
     return x
 
 
+def forward(lib):
+    spin(0.001)
+    lib.cuLaunchKernelEx(None, None, None, None)
+    lib.cuLaunchKernelEx(None, None, None, None)
+
+
+def busy(lib, seconds):
+    end = time.perf_counter() + seconds
+    steps = 0
+    while time.perf_counter() < end:
+        forward(lib)
+        steps += 1
+    return steps
+
+
 def launch_bound(lib, seconds):
     end = time.perf_counter() + seconds
     steps = 0
@@ -185,7 +230,7 @@ def main():
     late = "--late" in sys.argv
     rate = int(sys.argv[sys.argv.index("--rate") + 1]) if "--rate" in sys.argv else 0
     lib = None if late else ctypes.CDLL(path)
-    if "--names" in sys.argv:
+    if "--names" in sys.argv or "--runtime-rate" in sys.argv:
         here = os.path.dirname(path)
         rt = ctypes.CDLL(os.path.join(here, "libcudart.so.12"))
         kernels = ctypes.CDLL(os.path.join(here, "libkernels.so"))
@@ -201,8 +246,14 @@ def main():
         loaded_at = None
     if "--names" in sys.argv:
         print(json.dumps(names(lib, rt, kernels, early)), flush=True)
+    elif "--runtime-rate" in sys.argv:
+        n = launch_runtime_steady(kernels, int(sys.argv[sys.argv.index("--runtime-rate") + 1]), 4.0)
+        print(json.dumps({"launches": n}), flush=True)
     elif "--stall" in sys.argv:
         steps = stall(lib, float(sys.argv[sys.argv.index("--stall") + 1]))
+        print(json.dumps({"steps": steps}), flush=True)
+    elif "--busy" in sys.argv:
+        steps = busy(lib, float(sys.argv[sys.argv.index("--busy") + 1]))
         print(json.dumps({"steps": steps}), flush=True)
     elif "--launch-bound" in sys.argv:
         n = launch_bound(lib, float(sys.argv[sys.argv.index("--launch-bound") + 1]))

@@ -1,0 +1,67 @@
+//! Issue 41, part 8: the probes added for kernel names stay inside the rate guard. A launch
+//! through the runtime (`cudaLaunchKernel`, then the driver's `cuLaunchKernel`) is counted once
+//! but traps twice (the runtime's probe and the driver's): the guard's budget is spent in hits,
+//! so at the same launch rate a runtime launcher is cut where a driver launcher is not, and the
+//! runtime library's probes are under the same duty cycle. Stand-in libraries, real uprobes.
+
+use std::time::Duration;
+
+use integration_tests::{
+    Daemon,
+    cuda::{self, settled, status, wait_probed},
+    privileged, wait_for_every,
+};
+
+const WARNING: &str = "CUDA calls faster than the probes' budget";
+
+#[test]
+fn runtime_launches_spend_two_probe_hits_of_the_guards_budget() {
+    if !privileged("cuda_guard") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda_guard") else { return };
+    let data = tmp.path().join("data");
+    // 1,000 launches a second against a budget of 1,500 hits.
+    let mut daemon = Daemon::start(&data, &["--listen", "off", "--cuda-max-calls-per-sec", "1500"]);
+    daemon.wait_ready();
+
+    // Straight to the driver: 1,000 hits a second, within the budget, every launch counted.
+    let mut direct = cuda::App::start(&lib, &["--rate", "1000"], 1000);
+    wait_probed(&data, 1);
+    let made = direct.go()["launches"].as_u64().unwrap();
+    assert_eq!(settled(&data, "cuda-launches", direct.pid(), "launch_steady", made), made, "within the budget");
+    assert!(!daemon.log_text().contains(WARNING), "1,000 driver launches a second cut:\n{}", daemon.log_text());
+    direct.finish();
+
+    // Through the runtime: the same launches a second are 2,000 hits, over the budget.
+    let mut runtime = cuda::App::start(&lib, &["--runtime-rate", "1000"], 1000);
+    let pid = runtime.pid();
+    wait_probed(&data, 2);
+    runtime.start_work();
+    let log = wait_for_every("the guard's warning", Duration::from_secs(20), Duration::from_millis(100), || {
+        let log = daemon.log_text();
+        log.lines().any(|l| l.contains(WARNING) && l.contains(&format!("pid={pid}"))).then_some(log)
+    });
+    let line = log.lines().find(|l| l.contains(WARNING)).unwrap();
+    let rate: f64 = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("calls_per_sec="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no calls_per_sec in {line}"));
+    assert!((1600.0..2400.0).contains(&rate), "two hits a launch: {line}");
+    // Both libraries' probes under the process's duty cycle.
+    let libs = wait_for_every("both libraries cut", Duration::from_secs(20), Duration::from_millis(200), || {
+        let libs = status(&data)["libraries"].as_array()?.clone();
+        let cut = |name: &str| {
+            libs.iter().any(|l| {
+                l["path"].as_str().is_some_and(|p| p.contains(name)) && l["fraction"].as_f64().is_some_and(|f| f < 1.0)
+            })
+        };
+        (cut("libcuda.so.1") && cut("libcudart.so.12")).then_some(libs)
+    });
+    eprintln!("{line}\n{libs:?}");
+    runtime.report();
+    runtime.finish();
+    daemon.stop();
+}
