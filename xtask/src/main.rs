@@ -53,7 +53,9 @@ enum Cmd {
     /// days of hourly rollups: ingest per server core, bytes per sample, the fleet's reads;
     /// `fleet-one-server`: the earlier 50 nodes of 2 CPUs into one server), `sched` (what the
     /// run-queue programs cost a context switch: a ping-pong between two CPUs without and with the daemon), `memory` (the daemon in a 256
-    /// MiB memory cgroup while one process maps three copies of a 200 MB library: peak RSS),
+    /// MiB memory cgroup while one process maps three copies of a 200 MB library: peak RSS), `nvml`
+    /// (the GPU poller's CPU a second with the stand-in NVML describing 1 GPU, then 8: `--rounds`
+    /// of `--seconds` (20)),
     /// `clickhouse-bytes` (bytes per sample of ClickHouse's `samples` table on chdb, a steady
     /// and a compile-heavy synthetic node of `--minutes` (default 10), under several layouts).
     Bench {
@@ -258,6 +260,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
                 "python" => bench::python::run(&workspace_root(), &profiler, &helper, seconds.unwrap_or(20)),
                 "cuda" => bench::cuda::run(&workspace_root(), &profiler, rounds),
+                "nvml" => bench::nvml::run(&workspace_root(), &profiler, rounds, seconds.unwrap_or(20)),
                 // An ignored test: it needs the test harness's private ClickHouse and the
                 // synthetic stores it builds; the release test binary ships like the daemon. A
                 // cluster of two 18.16 shards, `--nodes` GPU training nodes shipped into it and the
@@ -295,7 +298,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }),
                 other => {
                     bail!(
-                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, cuda, replay, status, unwind, memory, fleet, fleet-one-server, sched, clickhouse-bytes"
+                        "unknown benchmark {other}; available: spine, store, perf, overhead, churn, python, cuda, nvml, replay, status, unwind, memory, fleet, fleet-one-server, sched, clickhouse-bytes"
                     )
                 }
             }

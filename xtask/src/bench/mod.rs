@@ -14,6 +14,7 @@ use anyhow::{Context as _, bail};
 pub mod churn;
 pub mod cuda;
 pub mod memory;
+pub mod nvml;
 pub mod overhead;
 pub mod python;
 pub mod sched;
