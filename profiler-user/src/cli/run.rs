@@ -95,9 +95,10 @@ pub struct RunArgs {
     #[arg(long)]
     cuda_max_calls_per_sec: Option<u32>,
     /// Off-CPU time: waits at least this long (ms) are recorded by stack, state and second
-    /// (`--samples off-cpu`); 0 turns it off [default: 1].
-    #[arg(long, default_value_t = 1.0)]
-    off_cpu_threshold_ms: f64,
+    /// (`--samples off-cpu`); 0 turns it off; as `off_cpu_threshold_ms` in the config file
+    /// [default: 1].
+    #[arg(long)]
+    off_cpu_threshold_ms: Option<f64>,
     /// Log lines on stderr as text or JSON objects [default: the journal when stderr is the
     /// journal, else text].
     #[arg(long, value_enum)]
@@ -181,7 +182,9 @@ impl RunArgs {
         Ok(DaemonConfig {
             memory,
             cuda: !self.no_cuda_probes && file.gpu.cuda_probes.unwrap_or(true),
-            offcpu_threshold_ns: offcpu_threshold(self.off_cpu_threshold_ms)?,
+            offcpu_threshold_ns: offcpu_threshold(
+                self.off_cpu_threshold_ms.or(file.off_cpu_threshold_ms).unwrap_or(DEFAULT_THRESHOLD_MS),
+            )?,
             cuda_max_calls: config::cuda_max_calls(self.cuda_max_calls_per_sec.or(file.gpu.cuda_max_calls_per_sec))?,
             gpu,
             kernel_counters: !self.no_kernel_counters && file.kernel_counters.unwrap_or(true),
@@ -229,13 +232,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--off-cpu-threshold-ms`, checked: 0 (off) or from 10 µs to 10 s.
+/// `--off-cpu-threshold-ms` or `off_cpu_threshold_ms` when neither is given.
+const DEFAULT_THRESHOLD_MS: f64 = profiler::offcpu::DEFAULT_THRESHOLD_NS as f64 / 1e6;
+
+/// `--off-cpu-threshold-ms` / `off_cpu_threshold_ms`, checked: 0 (off) or from 10 µs to 10 s.
 fn offcpu_threshold(ms: f64) -> anyhow::Result<u64> {
     if ms == 0.0 {
         return Ok(0);
     }
     if !(0.01..=10_000.0).contains(&ms) {
-        anyhow::bail!("--off-cpu-threshold-ms {ms} is out of range: give 0 (off) or 0.01 to 10000 ms");
+        anyhow::bail!(
+            "off-CPU threshold {ms} ms (--off-cpu-threshold-ms, off_cpu_threshold_ms) is out of range: give 0 (off) \
+             or 0.01 to 10000 ms"
+        );
     }
     Ok((ms * 1e6) as u64)
 }

@@ -95,6 +95,7 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
             "interrupts": profiler::collect::irqs::Placement::read(),
             "gpus": profiler::gpu::Inventory::read(data_dir),
             "cuda": profiler::gpu::cuda::status::Status::read(data_dir),
+            "off_cpu": profiler::offcpu::Status::read(data_dir),
         });
         outln!("{}", serde_json::to_string_pretty(&json)?)?;
         return Ok(());
@@ -128,6 +129,12 @@ fn status(data_dir: &Path, format: StatusFormat) -> anyhow::Result<()> {
     if let Some(cuda) = profiler::gpu::cuda::status::Status::read(data_dir) {
         for line in cuda.describe() {
             outln!("cuda         {}", untrusted::visible(&line))?;
+        }
+    }
+    // Off-CPU time: its threshold, rate limit and weight, and what was recorded or left out.
+    if let Some(o) = profiler::offcpu::Status::read(data_dir) {
+        for line in o.describe() {
+            outln!("off-cpu      {line}")?;
         }
     }
     outln!(

@@ -212,6 +212,8 @@ pub struct ConfigFile {
     pub flight: crate::flight::Settings,
     #[serde(default)]
     pub gpu: GpuFile,
+    /// Off-CPU waits at least this long (ms) are recorded; 0: off (`--off-cpu-threshold-ms`).
+    pub off_cpu_threshold_ms: Option<f64>,
 }
 
 /// `[gpu]`: where NVIDIA's management library is and how often the GPUs are read.
@@ -527,6 +529,9 @@ mod tests {
             toml::from_str("frequency = 49\n[store]\nmax_size = \"64MiB\"\nrollup_after = \"off\"\n").unwrap();
         assert_eq!(c.frequency, Some(49));
         assert_eq!(rollup_after(c.store.rollup_after.as_deref().unwrap()).unwrap(), None);
+        let c: ConfigFile = toml::from_str("off_cpu_threshold_ms = 5.0\n").unwrap();
+        assert_eq!(c.off_cpu_threshold_ms, Some(5.0));
+        assert_eq!(ConfigFile::default().off_cpu_threshold_ms, None, "the flag's default applies");
         assert!(toml::from_str::<ConfigFile>("frequncy = 49").is_err(), "typos are refused");
         let r = retention("64MiB", "7d").unwrap();
         assert_eq!(r.max_bytes, 64 << 20);

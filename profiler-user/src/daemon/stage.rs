@@ -183,6 +183,10 @@ impl Stage {
             };
             crate::offcpu::Recorder::new(&config.data_dir, settings)
         });
+        if offcpu.is_none() {
+            // A previous run's figures would read as this one's.
+            let _ = std::fs::remove_file(config.data_dir.join(crate::offcpu::status::FILE));
+        }
         let config_flush = config.flush_interval;
         Self {
             cgroup_fields: collector.as_ref().map(Collector::cgroup_fields),
@@ -516,6 +520,7 @@ impl Stage {
         let live = &self.links.live;
         live.pipeline.set(self.pipeline.figures());
         live.cuda.set(self.cuda.as_ref().map(|c| c.status.clone()));
+        live.offcpu.set(self.offcpu.as_ref().map(|o| o.status.clone()));
         let collector = self.collector.as_ref();
         let programs = collector.map(Collector::program_stats).unwrap_or_default();
         live.sampling.set(Sampling {

@@ -7,6 +7,7 @@
 //! `io-stall` detector (`detect::iostall`).
 
 mod drain;
+pub mod status;
 
 use std::{
     collections::HashMap,
@@ -27,12 +28,14 @@ use crate::{
 };
 
 pub use profiler_common::offcpu::DEFAULT_THRESHOLD_NS;
+pub use status::Status;
 
 /// How often the counts are drained (as the CUDA counts: under a second, so that a tick a
 /// millisecond early does not make it two).
 pub const DRAIN_EVERY: Duration = Duration::from_millis(900);
-/// How often the totals are logged.
+/// How often the totals are logged, and written for `profiler status`.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
+const STATUS_EVERY: Duration = Duration::from_secs(5);
 /// Stacks kept symbolized by hash (the kernel's map holds 256).
 const STACKS_KEPT: usize = 1024;
 /// Rows held while the store cannot be written (three drains of full maps).
@@ -145,26 +148,6 @@ pub fn fs_of(stack: &Stack) -> Option<&'static str> {
     stack.kernel().iter().rev().find_map(|f| NAMED.iter().find(|(p, _)| f.starts_with(p)).map(|(_, n)| *n))
 }
 
-/// What `profiler status` and /metrics say of the off-CPU counts.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Status {
-    pub threshold_ns: u64,
-    /// Microseconds recorded (weighted), waits recorded.
-    pub recorded_us: u64,
-    pub recorded_waits: u64,
-    /// The kernel's totals (`collect::offcpu::Totals`).
-    pub switches: u64,
-    pub long_waits: u64,
-    pub sampled_out: u64,
-    pub walked: u64,
-    pub walks_skipped: u64,
-    pub dropped: u64,
-    /// Armed switch-outs that took their last walk's stack (same place), unwalked.
-    pub reused: u64,
-    /// Counts whose stack was not walked (a thread's first long wait) or was evicted.
-    pub without_stack: u64,
-}
-
 pub struct Recorder {
     data_dir: PathBuf,
     settings: Settings,
@@ -175,6 +158,7 @@ pub struct Recorder {
     user_process: HashMap<u32, bool>,
     last_drain: Instant,
     last_report: Instant,
+    last_status: Instant,
     started: bool,
     own_pid: u32,
     pub status: Status,
@@ -184,6 +168,7 @@ impl Drop for Recorder {
     fn drop(&mut self) {
         if self.started {
             self.report();
+            self.status.write(&self.data_dir);
         }
     }
 }
@@ -200,9 +185,16 @@ impl Recorder {
             user_process: HashMap::new(),
             last_drain: Instant::now(),
             last_report: Instant::now(),
+            last_status: Instant::now(),
             started: false,
             own_pid: std::process::id(),
-            status: Status { threshold_ns: settings.threshold_ns, ..Default::default() },
+            status: Status {
+                threshold_ns: settings.threshold_ns,
+                rate_limit: settings.rate_limit,
+                sample_every: profiler_common::offcpu::SAMPLE_EVERY,
+                walk_limit: settings.walk_limit,
+                ..Default::default()
+            },
         }
     }
 
@@ -219,6 +211,7 @@ impl Recorder {
             if let Err(e) = collector.offcpu_start(self.settings, pipeline.offset()) {
                 tracing::warn!(error = %e, "off-CPU time will not be recorded");
             }
+            self.status.write(&self.data_dir);
         }
         if self.last_drain.elapsed() < DRAIN_EVERY {
             return Changes::default();
@@ -232,6 +225,10 @@ impl Recorder {
             let s = &mut self.status;
             (s.switches, s.long_waits, s.sampled_out, s.walked, s.walks_skipped, s.dropped, s.reused) =
                 (t.switches, t.long_waits, t.sampled_out, t.walked, t.walks_skipped, t.dropped, t.reused);
+        }
+        if self.last_status.elapsed() >= STATUS_EVERY {
+            self.last_status = Instant::now();
+            self.status.write(&self.data_dir);
         }
         if self.last_report.elapsed() >= REPORT_EVERY {
             self.last_report = Instant::now();

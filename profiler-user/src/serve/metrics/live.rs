@@ -61,6 +61,8 @@ pub struct Live {
     pub pipeline: Part<crate::pipeline::Figures>,
     /// The pipeline stage, of the CUDA probes (`gpu::cuda`), when on.
     pub cuda: Part<Option<crate::gpu::cuda::status::Status>>,
+    /// The pipeline stage, of the off-CPU counts (`offcpu`), when on.
+    pub offcpu: Part<Option<crate::offcpu::Status>>,
     /// The upkeep stage.
     pub upkeep: Part<Upkeep>,
     /// The GPU poller, when GPU tracks are on.

@@ -6,6 +6,7 @@ mod exposition;
 mod gpu;
 mod live;
 mod memory;
+mod offcpu;
 mod python;
 mod start;
 
@@ -41,6 +42,9 @@ pub fn render(l: &Live) -> String {
     }
     if let Some(cuda) = &l.cuda.get() {
         out.push_str(&gpu::cuda(cuda));
+    }
+    if let Some(o) = &l.offcpu.get() {
+        offcpu::render(o, &mut out);
     }
     memory::render(&mut out);
     python::render(&mut out);
