@@ -620,7 +620,7 @@ def check(a, daemon, data, lib, port, started):
             report.append(f"             {x['kind']}: {x['summary']}")
         report.extend(stack_reach(prof, data, t0, t1))
         if dmons:
-            ok_gpm, lines = check_gpm(prof, data, dmons, t0, t1)
+            ok_gpm, lines = guarded("the GPM comparison", lambda: check_gpm(prof, data, dmons, t0, t1))
             r["gpm_ok"] = ok_gpm
             report.append(f"             GPM and PCIe tracks against nvidia-smi dmon: {ok_gpm}")
             report.extend("           " + l for l in lines)
@@ -640,7 +640,7 @@ def check(a, daemon, data, lib, port, started):
     cuda_ok = shared_ok = True
     gpm_ok = all(r.get("gpm_ok", True) for r in results)
     if not a.standin:
-        shared_ok, lines = check_shared(a, prof, data)
+        shared_ok, lines = guarded("the shared-GPU phase", lambda: check_shared(a, prof, data))
         report.extend(lines)
         cuda_ok, lines = check_cuda(a, prof, data)
         report.extend(lines)
@@ -678,6 +678,15 @@ def stack_reach(prof, data, t0, t1, top=8):
     rows = sorted(per.items(), key=lambda kv: -kv[1][0])[:top]
     return ["             stacks reaching their thread's start: " +
             ", ".join(f"{comm} {100 * ok / total:.0f} % of {total}" for comm, (total, ok) in rows)]
+
+
+def guarded(what, f):
+    """One part of the check failing (a driver's nvidia-smi without an option, a window without
+    data) is a failed verdict with its reason, not the end of a run on a node lent for minutes."""
+    try:
+        return f()
+    except Exception as e:  # noqa: BLE001 (reported, and the verdict fails)
+        return False, [f"  {what} failed: {type(e).__name__}: {e}"]
 
 
 def check_gpm(prof, data, dmons, t0, t1):

@@ -73,6 +73,25 @@ class Tables(unittest.TestCase):
         self.assertEqual(g.pmon_means(stamped(PMON), 100, 200), {4242: (92.0, 2), 4343: (6.0, 1)})
 
 
+class Running(unittest.TestCase):
+    def test_smi_table_reads_a_commands_rows_as_they_come(self):
+        t = g.SmiTable(["printf", "# gpu  rxpci  txpci\\n# Idx   MB/s   MB/s\\n    0      1      2\\n"])
+        end = g.time.time() + 10
+        while not t.rows and g.time.time() < end:
+            g.time.sleep(0.05)
+        t.close()
+        self.assertEqual([r for _, r in t.rows], [{"gpu": 0.0, "rxpci": 1.0, "txpci": 2.0}])
+
+    def test_a_missing_command_or_a_failing_part_is_said(self):
+        t = g.SmiTable(["/nonexistent/nvidia-smi", "dmon"])
+        t.close()
+        self.assertIn("gave 0 rows", t.said())
+        self.assertIn("No such file", t.said())
+        ok, lines = g.guarded("the GPM comparison", lambda: g.json.loads("not json"))
+        self.assertFalse(ok)
+        self.assertIn("the GPM comparison failed: JSONDecodeError", lines[0])
+
+
 class Verdicts(unittest.TestCase):
     def test_gpm_tracks_within_5_points_and_10_percent(self):
         smi = g.dmon_means(stamped(DMON_GPM), 100, 200)
