@@ -459,7 +459,7 @@ mod tests {
                 "CREATE TABLE IF NOT EXISTS `p`.`samples_1h` (ts UInt64, comm String, stack_id UInt64, workload String, \
                  count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
                  ORDER BY (ts, comm, stack_id, workload)",
-                &format!(
+                format!(
                     "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_1h_mv` TO `p`.`samples_1h` AS SELECT \
                      intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, comm, stack_id, {} AS workload, \
                      sum(s.count) AS count FROM `p`.`samples` AS s GROUP BY ts, comm, stack_id, workload",
