@@ -177,7 +177,7 @@ fn gpu_tracks_status_and_metrics_say_what_the_library_said() {
     let (code, metrics) = http_get(&format!("127.0.0.1:{port}"), "/metrics", "127.0.0.1", None);
     assert_eq!(code, 200);
     let labels = "{gpu=\"0\",uuid=\"GPU-8e3c1f0a-stand-in\",model=\"NVIDIA H100 80GB HBM3\"}";
-    assert!(metrics.contains(&format!("profiler_gpu_utilization_percent{labels} 81\n")), "{metrics}");
+    assert!(metrics.contains(&format!("profiler_gpu_utilization_ratio{labels} 0.81\n")), "{metrics}");
     assert!(metrics.contains(&format!("profiler_gpu_power_watts{labels} 350\n")), "{metrics}");
     assert!(metrics.contains(&format!("profiler_gpu_remapped_rows{labels} 3\n")), "{metrics}");
     assert!(metrics.contains(&format!("profiler_gpu_row_remap_pending{labels} 1\n")), "{metrics}");
@@ -602,4 +602,114 @@ fn nvml_xid_events_are_events_and_a_fatal_one_a_single_finding() {
     assert!(metrics.contains("profiler_gpu_xid_total{xid=\"79\",fatal=\"true\"} 2\n"), "{metrics}");
     assert!(metrics.contains("profiler_gpu_xid_total{xid=\"13\",fatal=\"false\"} 2\n"), "{metrics}");
     assert_eq!(findings(dir, "gpu-fault").len(), 1, "one fault, one finding: {:?}", findings(dir, "gpu-fault"));
+}
+
+/// A DataLoader-shaped input pipeline that waits rather than computes: the GPU's holder (the
+/// training loop) takes batches from a multiprocessing queue its worker fills, and the worker
+/// reads each sample from a slow pipe (a byte every 50 ms, written by this test: slower than
+/// any network file system, and in interruptible sleep like a socket receive). No CPU is busy;
+/// with the GPU at 20 % the off-CPU counts raise `gpu-starved` naming the read, its Python
+/// line, and the loop's wait on the queue.
+const LOADER: &str = "\
+import multiprocessing, os, sys
+
+def load_sample(fd):
+    return os.read(fd, 64)
+
+def worker(fd, queue):
+    while True:
+        data = load_sample(fd)
+        if not data:
+            break
+        queue.put(data)
+    queue.put(None)
+
+def train(queue):
+    while queue.get() is not None:
+        pass
+
+if __name__ == '__main__':
+    ctx = multiprocessing.get_context('fork')
+    queue = ctx.Queue()
+    # The slow pipe is stdin, which a multiprocessing child closes: hand it a copy.
+    fd = os.dup(0)
+    ctx.Process(target=worker, args=(fd, queue), daemon=True).start()
+    os.close(fd)
+    sys.stdout.write('ready\\n')
+    sys.stdout.flush()
+    train(queue)
+";
+
+#[test]
+fn a_loader_blocked_reading_a_slow_pipe_starves_the_gpu_and_the_finding_names_the_read() {
+    let test = "a_loader_blocked_reading_a_slow_pipe_starves_the_gpu_and_the_finding_names_the_read";
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, test) else { return };
+    if !privileged(test) {
+        return;
+    }
+    nvml.say(&h100(20, &[], 0));
+    let (data, daemon) = detecting_daemon(tmp.path(), &nvml);
+    let dir = data.to_str().unwrap();
+    let script = tmp.path().join("loader.py");
+    std::fs::write(&script, LOADER).unwrap();
+    let mut holder = Group::spawn(Command::new("python3").arg(&script).stdin(Stdio::piped()).stdout(Stdio::piped()));
+    let pid = holder.0.id();
+    let mut stdout = std::io::BufReader::new(holder.0.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n", "the loader started");
+    // The slow pipe: a byte every 50 ms until the test ends (the writer stops at a closed pipe).
+    let mut feed = holder.0.stdin.take().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && feed.write_all(b"x").is_ok() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    nvml.say(&h100(20, &[pid], 0));
+    // The first waits come without their stacks (a thread's first long wait is not walked, and
+    // Python's frames need the process's tables): wait for the finding to name the read.
+    let deadline = now_secs() + 90.0;
+    let found = loop {
+        let f = findings(dir, "gpu-starved").into_iter().next();
+        if let Some(f) =
+            f.filter(|f| f["evidence"]["blocked"]["python_line"].as_str().is_some_and(|l| l.contains("load_sample")))
+        {
+            break f;
+        }
+        if now_secs() > deadline {
+            let status = profiler(&["status", "--data-dir", dir]);
+            panic!(
+                "no gpu-starved finding naming the read in 90 s; found {:#?}\nstatus:\n{}\nlog:\n{}",
+                findings(dir, "gpu-starved"),
+                String::from_utf8_lossy(&status.stdout),
+                daemon.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let summary = found["summary"].as_str().unwrap();
+    eprintln!("{summary}");
+    let blocked = &found["evidence"]["blocked"];
+    assert!(summary.contains("its input pipeline waits rather than computes"), "{summary}");
+    // The worker, the holder's child, in the kernel's pipe read, in interruptible sleep.
+    let workers: Vec<u64> = blocked["workers"].as_array().unwrap().iter().filter_map(|w| w["pid"].as_u64()).collect();
+    assert!(!workers.is_empty() && !workers.contains(&u64::from(pid)), "the worker, not the loop: {found}");
+    assert!(blocked["waits_in"].as_str().is_some_and(|w| w.contains("pipe_read")), "{found}");
+    assert_eq!(blocked["state"], "sleep", "{found}");
+    // `load_sample (/tmp/.../loader.py:4)`: the script's line that reads.
+    assert!(summary.contains("pipe_read (sleep) at load_sample (") && summary.contains("loader.py:4)"), "{summary}");
+    assert!(blocked["blocked_seconds_per_second"].as_f64().unwrap() >= 0.5, "{found}");
+    // The loop waits on the workers' queue, in multiprocessing's code.
+    assert_eq!(blocked["loop"]["pid"], u64::from(pid), "{found}");
+    assert_eq!(blocked["loop"]["on_queue"], true, "{found}");
+    assert!(summary.contains("on the workers' queue"), "{summary}");
+    drop(holder);
+    let _ = writer.join();
 }
