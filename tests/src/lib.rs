@@ -1,6 +1,8 @@
 //! Helpers for the integration tests: running the real `profiler` binary, waiting for
 //! conditions with deadlines, and the privilege check that skips (or, under CI, fails).
 
+pub mod big_node;
+pub mod chdb;
 pub mod clickhouse;
 pub mod cuda;
 pub mod memcg;

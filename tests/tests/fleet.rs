@@ -4,8 +4,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, Read, Write},
-    net::TcpStream,
     path::Path,
     process::{Command, Stdio},
     time::Duration,
@@ -13,6 +11,7 @@ use std::{
 
 use integration_tests::{
     Daemon, Kill,
+    chdb::ChdbServer,
     clickhouse::{ClickHouse, ship_for, wait_shipped},
     helper_bin, now_secs, privileged, profiler, wait_for,
 };
@@ -101,96 +100,6 @@ fn same_answer(data: &Path, url: &str, node: &str, args: &[&str]) -> Vec<u8> {
         );
     }
     a
-}
-
-/// ClickHouse's HTTP interface over chdb (today's ClickHouse, embedded; from PyPI): a statement
-/// in each POST body, the answer (or the engine's error, status 500) back. The real binary
-/// reads it as it reads a server, so every query a read sends runs on a current engine too.
-struct ChdbServer {
-    _child: Kill,
-    port: u16,
-}
-
-const CHDB_HTTP: &str = r#"
-import sys, http.server
-from chdb.session import Session
-s = Session(sys.argv[1])
-class H(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        q = self.rfile.read(int(self.headers.get('Content-Length', 0))).decode()
-        try:
-            body, code = s.query(q).bytes(), 200
-        except Exception as e:
-            body, code = str(e).encode(), 500
-        self.send_response(code)
-        self.send_header('Content-Length', str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-srv = http.server.HTTPServer(('127.0.0.1', 0), H)
-print(srv.server_port, flush=True)
-srv.serve_forever()
-"#;
-
-impl ChdbServer {
-    /// `None` where chdb is not installed (a failure under CI).
-    fn start(dir: &Path) -> Option<Self> {
-        integration_tests::clickhouse::chdb(&["SELECT 1".to_string()])?;
-        let mut child = Kill(
-            Command::new("python3")
-                .args(["-c", CHDB_HTTP, dir.to_str().unwrap()])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap(),
-        );
-        let mut line = String::new();
-        std::io::BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let port = line.trim().parse().unwrap_or_else(|_| panic!("chdb's HTTP port: {line:?}"));
-        Some(Self { _child: child, port })
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn query(&self, sql: &str) -> Result<String, String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).map_err(|e| e.to_string())?;
-        let head = format!("POST / HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n", sql.len());
-        s.write_all(head.as_bytes()).and_then(|_| s.write_all(sql.as_bytes())).map_err(|e| e.to_string())?;
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
-        let (head, body) = resp.split_once("\r\n\r\n").ok_or("no HTTP answer")?;
-        if head.contains(" 200 ") { Ok(body.to_string()) } else { Err(body.to_string()) }
-    }
-
-    /// The schema, and every row `from` holds in the tables reads use (the rollups are made
-    /// again by chdb's own views, from the samples).
-    fn copy_of(&self, from: &ClickHouse) {
-        use profiler::ship::clickhouse::schema;
-        let layout = schema::Layout { database: "profiler", cluster: None, ttl_secs: Some(604_800), codecs: true };
-        for sql in schema::statements(&layout) {
-            self.query(&sql).unwrap_or_else(|e| panic!("chdb: {sql}: {e}"));
-        }
-        let tables = [
-            schema::NODES,
-            schema::STACKS,
-            schema::STACK_LOCATIONS,
-            schema::FINDINGS,
-            schema::EVENTS,
-            schema::CPU_SECONDS,
-            schema::SAMPLES,
-            schema::CUDA_SAMPLES,
-        ];
-        for table in tables {
-            let rows = from.query(&format!("SELECT * FROM profiler.{table} FORMAT Values")).unwrap();
-            if !rows.trim().is_empty() {
-                self.query(&format!("INSERT INTO profiler.{table} VALUES {rows}"))
-                    .unwrap_or_else(|e| panic!("chdb: rows of {table}: {e}"));
-            }
-        }
-    }
 }
 
 /// `profiler ARGS --clickhouse A` and `--clickhouse B` answer alike (`-o FILE`: the files).
@@ -308,7 +217,7 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
 
     // The same reads on today's ClickHouse: what 18.16 holds, copied into chdb, answers alike.
     if let Some(chdb) = ChdbServer::start(&tmp.path().join("chdb")) {
-        chdb.copy_of(&ch);
+        copy_into(&chdb, &ch);
         let c = chdb.url();
         let on = ["--node", node];
         let report = tmp.path().join("both.html");
@@ -516,50 +425,11 @@ fn two_nodes_on_two_shards_read_through_either_shard() {
 #[test]
 #[ignore]
 fn big_node_reads_pushed_down() {
-    use profiler::ship::clickhouse::schema;
     let tmp = tempfile::tempdir().unwrap();
     let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
     let url = ch.url();
-    let layout = schema::Layout { database: "profiler", cluster: None, ttl_secs: None, codecs: false };
-    for sql in schema::statements(&layout) {
-        ch.query(&sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
-    let (cpus, hz, secs) = (192u64, 99u64, 3600u64);
-    // An hour that ended a minute ago, on whole seconds.
-    let t0 = (now_secs() as u64 - 60 - secs) * SEC;
-    let step = SEC / hz;
-    // Half busy: every other tick of each CPU is a sample.
-    let rows = cpus * secs * hz / 2;
-    let t = std::time::Instant::now();
-    let sql = [
-        format!("INSERT INTO profiler.nodes VALUES ('big', {cpus}, {hz}, '0-{}', 'big', 1)", cpus - 1),
-        "INSERT INTO profiler.stacks SELECT number, arrayMap(i -> concat('frame_', toString(i), '_', \
-         toString(number % 97)), range(12)), arrayMap(i -> toUInt8(i >= 10), range(12)) FROM numbers(3000)"
-            .to_string(),
-        format!(
-            "INSERT INTO profiler.cpu_seconds SELECT 'big', {t0} + intDiv(number, {cpus}) * {SEC}, {SEC}, \
-             number % {cpus}, {}, 0, {}, 0, {hz} FROM numbers({})",
-            hz / 2,
-            hz - hz / 2,
-            cpus * secs
-        ),
-    ];
-    // The samples a minute a statement (a statement of the whole hour outlasts a request).
-    let per = cpus * 60 * hz / 2;
-    let samples = (0..rows.div_ceil(per)).map(|i| {
-        format!(
-            "INSERT INTO profiler.samples SELECT 'big', {t0} + intDiv(number, {cpus}) * {} + (number % {cpus}) * 1000, \
-             number % {cpus}, 1000 + number % 50, 1000 + number % 50, concat('python', toString(number % 50)), \
-             intHash64(number) % 3000, '', 1 FROM (SELECT number + {} AS number FROM numbers({}))",
-            2 * step,
-            i * per,
-            per.min(rows - i * per)
-        )
-    });
-    for s in sql.into_iter().chain(samples) {
-        ch.query(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
-    }
-    eprintln!("{rows} sample rows of a {cpus}-CPU node's {secs} s made in {:.1} s", t.elapsed().as_secs_f64());
+    let secs = 3600u64;
+    let t0 = integration_tests::big_node::make(&ch, &big_schema(), 192, 99, secs, false);
     let (from, to) = ((t0 / SEC).to_string(), (t0 / SEC + secs).to_string());
     let ten = (t0 / SEC + 600).to_string();
     let one = (t0 / SEC + 60).to_string();
@@ -597,4 +467,28 @@ fn big_node_reads_pushed_down() {
         let (wall, rss) = measure(&args);
         eprintln!("{what}: {wall:.2} s, peak RSS {:.0} MiB", rss as f64 / 1024.0);
     }
+}
+
+/// What `ch` holds, into chdb: the schema, and the rows of every table a read uses.
+fn copy_into(chdb: &ChdbServer, ch: &ClickHouse) {
+    use profiler::ship::clickhouse::schema;
+    let layout = schema::Layout { database: "profiler", cluster: None, ttl_secs: Some(604_800), codecs: true };
+    let tables = [
+        schema::NODES,
+        schema::STACKS,
+        schema::STACK_LOCATIONS,
+        schema::FINDINGS,
+        schema::EVENTS,
+        schema::CPU_SECONDS,
+        schema::COUNTERS,
+        schema::SAMPLES,
+        schema::CUDA_SAMPLES,
+    ];
+    chdb.copy_of(ch, &schema::statements(&layout), &tables);
+}
+
+/// The statements of the schema the big node is made in (no codecs: 18.16).
+fn big_schema() -> Vec<String> {
+    use profiler::ship::clickhouse::schema;
+    schema::statements(&schema::Layout { database: "profiler", cluster: None, ttl_secs: None, codecs: false })
 }

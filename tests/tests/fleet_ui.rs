@@ -1,7 +1,8 @@
 //! The page for any node of a fleet (issue 15): `profiler ui --clickhouse URL` serves the UI
-//! from what two daemons shipped to ClickHouse. Its API answers for a node as the node's own
-//! store does, asks which node when several shipped, refuses unknown nodes and requests
-//! without the token, listens on loopback, and leaves no copy behind when it stops; in
+//! from what two daemons shipped to ClickHouse. Every endpoint the node page calls answers for
+//! a node as the node's own store does, byte for byte, summed by the server (issue 39: nothing
+//! is copied), on 18.16 and on chdb (current ClickHouse) alike; it asks which node when several
+//! shipped, refuses unknown nodes and requests without the token, and listens on loopback; in
 //! Chromium, the node field lists the nodes and switches the page between them.
 
 use std::{
@@ -13,6 +14,7 @@ use std::{
 
 use integration_tests::{
     Daemon, Kill,
+    chdb::ChdbServer,
     clickhouse::{ClickHouse, ship_for},
     helper_bin, privileged, profiler, skip,
 };
@@ -30,7 +32,8 @@ fn get_as(base: &str, path: &str, host: &str, token: Option<&str>) -> (u16, Stri
     integration_tests::http_get(base.strip_prefix("http://").unwrap(), path, host, token)
 }
 
-/// The private copies (`profiler-fleet-*` in the temporary directory) that exist now.
+/// The private copies (`profiler-fleet-*` in the temporary directory) that exist now: the page
+/// once copied a node's window there; none must appear.
 fn copies() -> BTreeSet<String> {
     std::fs::read_dir(std::env::temp_dir())
         .unwrap()
@@ -115,7 +118,7 @@ fn the_page_reads_any_node_from_clickhouse() {
         assert_eq!(code, 200, "{folded}");
         assert!(folded.contains("profiler_test_hot_loop"), "{folded}");
         assert_eq!(folded, folded_from_store(dir, &from, &to), "{node}: the page's flamegraph is the store's");
-        // A selection inside the window, then the window with a CPU filter (from the copy).
+        // A selection inside the window, then the window with a CPU filter.
         let (code, _) = get(&base, &format!("/api/heatmap?node={node}&from={from}&to={to}&cpu=1"), token);
         assert_eq!(code, 200);
         let mid = (a + 2).to_string();
@@ -135,17 +138,129 @@ fn the_page_reads_any_node_from_clickhouse() {
     assert_eq!(code, 403, "{body}");
     assert_eq!(get(&base, "/metrics", None).0, 404);
 
+    // Every endpoint of the node page, as the node's own store answers it.
+    let mut compared = 0;
+    for (node, dir) in nodes.iter().zip(&data) {
+        let store = store_server(dir);
+        compared +=
+            same_api(&base, token, &store, Some(STORE_TOKEN), &page_reads(node, a, b), "ClickHouse 18.16", "the store");
+        let (_, body) = get(&base, &format!("/api/status?node={node}"), token);
+        let (fleet, own): (serde_json::Value, serde_json::Value) = (
+            serde_json::from_str(&body).unwrap(),
+            serde_json::from_str(&get(&store, "/api/status", Some(STORE_TOKEN)).1).unwrap(),
+        );
+        for field in ["node", "cpus", "frequency_hz"] {
+            assert_eq!(fleet["meta"][field], own["meta"][field], "{node}'s {field}");
+        }
+        assert!(
+            fleet["missing"].as_str().unwrap_or("").contains("not in ClickHouse"),
+            "the page says what it lacks: {fleet}"
+        );
+    }
+
+    // The same requests on today's ClickHouse: what 18.16 holds, copied into chdb, answers alike.
+    if let Some(chdb) = ChdbServer::start(&tmp.path().join("chdb")) {
+        copy_into(&chdb, &ch);
+        let (current, current_token, _ui) = serve(&chdb.url(), "127.0.0.1:7072");
+        for node in nodes {
+            same_api(&base, token, &current, Some(&current_token), &page_reads(node, a, b), "ClickHouse 18.16", "chdb");
+        }
+        eprintln!("the node page's endpoints answer alike from 18.16 and chdb");
+    }
+
     fleet_page_cells(&ch, &base, token, a, b);
     page_switches_nodes(&base, &token_text, &from, &to);
 
-    // Stopped, it leaves none of its copies behind.
-    assert!(copies().difference(&before).count() > 0, "the copies exist while it serves");
+    // Nothing was copied out of ClickHouse to answer.
+    let made: Vec<_> = copies().difference(&before).cloned().collect();
+    assert!(made.is_empty(), "copies made: {made:?}");
     assert!(Command::new("kill").args(["-TERM", &ui.0.id().to_string()]).status().unwrap().success());
     let stopped = ui.0.wait().unwrap();
     assert!(stopped.success(), "{stopped}");
-    let left: Vec<_> = copies().difference(&before).cloned().collect();
-    assert!(left.is_empty(), "copies left behind: {left:?}");
-    eprintln!("2 nodes served from ClickHouse; flamegraphs equal to each node's store");
+    eprintln!("2 nodes served from ClickHouse; {compared} answers of the node page equal to each node's store's");
+}
+
+const STORE_TOKEN: &str = "store-token";
+
+/// The node page's API over a node's own data directory, served in this process on a free
+/// loopback port, as the daemon serves it: the answers to compare with.
+fn store_server(dir: &Path) -> String {
+    use profiler::serve::{self, AppState, source::Source};
+    let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let state = AppState {
+        source: std::sync::Arc::new(Source::Store(dir.to_path_buf())),
+        live: Default::default(),
+        token: STORE_TOKEN.into(),
+        hosts: serve::hosts(addr),
+        metrics_from_any_host: false,
+    };
+    format!("http://{}", serve::spawn(addr, state).unwrap())
+}
+
+/// `profiler ui --clickhouse URL --listen ADDR`: its base address, token and process.
+fn serve(url: &str, listen: &str) -> (String, String, Kill) {
+    let mut child = Command::new(integration_tests::profiler_bin())
+        .args(["ui", "--clickhouse", url, "--listen", listen])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (base, token) = line.trim().split_once("/#token=").unwrap_or_else(|| panic!("no address: {line}"));
+    (base.to_string(), token.to_string(), Kill(child))
+}
+
+/// What the node page asks for a node's window `[a, b)`: every endpoint (heatmap, CPU x time,
+/// findings, events, counter tracks, flamegraphs), with the filters and selections it sends.
+fn page_reads(node: &str, a: u64, b: u64) -> Vec<String> {
+    let w = format!("node={node}&from={a}&to={b}");
+    let sel = format!("node={node}&from={}&to={}", a + 1, a + 3);
+    let mut reads: Vec<String> = [
+        "heatmap?",
+        "heatmap?rows=10&",
+        "heatmap?cpu=1&",
+        "heatmap?function=profiler_test_hot_loop&",
+        "cputime?",
+        "cputime?bucket=100ms&",
+        "findings?",
+        "events?",
+        "counters?",
+        "flamegraph?format=folded&",
+        "flamegraph?format=folded&cpu=1&comm=busy-helper&",
+        "flamegraph?format=folded&function=profiler_test_hot_loop&",
+        "flamegraph?format=folded&context=task&",
+    ]
+    .iter()
+    .map(|r| format!("/api/{r}{w}"))
+    .collect();
+    reads.push(format!("/api/flamegraph?format=svg&{sel}"));
+    reads.push(format!("/api/heatmap?{sel}"));
+    reads
+}
+
+/// Each of `paths` from the servers at `x` and `y`: the same status and body, byte for byte;
+/// returns how many were compared.
+fn same_api(x: &str, xt: Option<&str>, y: &str, yt: Option<&str>, paths: &[String], xn: &str, yn: &str) -> usize {
+    for path in paths {
+        let ((xc, xb), (yc, yb)) = (get(x, path, xt), get(y, path, yt));
+        assert_eq!(xc, 200, "{xn}: {path}: {xb}");
+        if path.contains("/api/counters") {
+            assert!(xb.contains("\"points\":[["), "{path}: the node recorded counter tracks: {xb}");
+        }
+        if (xc, &xb) != (yc, &yb) {
+            let at = xb.bytes().zip(yb.bytes()).position(|(p, q)| p != q).unwrap_or(xb.len().min(yb.len()));
+            let around = |s: &str| s.get(at.saturating_sub(200)..(at + 200).min(s.len())).unwrap_or("").to_string();
+            panic!(
+                "{path}: {xn} answered {xc} ({} bytes), {yn} {yc} ({} bytes); at byte {at}:\n--- {xn}\n{}\n--- {yn}\n{}",
+                xb.len(),
+                yb.len(),
+                around(&xb),
+                around(&yb)
+            );
+        }
+    }
+    paths.len()
 }
 
 /// The fleet page over what the real daemons shipped (issue 39, part 4): `/` without a node is
@@ -225,4 +340,79 @@ fn page_switches_nodes(base: &str, token: &str, from: &str, to: &str) {
         assert!(a[2].as_str().unwrap().contains("node=node-a"), "the address keeps the node: {a}");
         let _ = client.close().await;
     });
+}
+
+/// What the node page costs for one 192-CPU node's hour at 99 Hz, half busy (34.2 M sample
+/// rows, 1.4 M counter points, `integration_tests::big_node`), in a local 18.16: each endpoint
+/// the page calls for the hour, and a 10 s selection's flamegraph, median of 3. Nothing is
+/// copied, so no cap refuses it (the copy stopped at 12 M samples). Prints what BENCHMARKS.md
+/// records: `CI=true PROFILER_BIN=$PWD/target/release/profiler cargo test --release -p
+/// integration-tests --test fleet_ui -- --ignored --nocapture big_node_page`.
+#[test]
+#[ignore]
+fn big_node_page_answers_an_hour() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let secs = 3600;
+    let t0 = integration_tests::big_node::make(&ch, &big_schema(), 192, 99, secs, true) / SEC;
+    let (base, token, _ui) = serve(&ch.url(), "127.0.0.1:7073");
+    let w = format!("node=big&from={t0}&to={}", t0 + secs);
+    let sel = format!("node=big&from={}&to={}", t0 + 1800, t0 + 1810);
+    let reads = [
+        ("status", "/api/status?node=big".to_string()),
+        ("heatmap, the hour", format!("/api/heatmap?{w}")),
+        ("CPU x time, the hour", format!("/api/cputime?{w}")),
+        ("findings", format!("/api/findings?{w}")),
+        ("events", format!("/api/events?{w}")),
+        ("counter tracks, the hour", format!("/api/counters?{w}")),
+        ("flamegraph (JSON), the hour", format!("/api/flamegraph?format=json&{w}")),
+        ("flamegraph (JSON), 10 s selected", format!("/api/flamegraph?format=json&{sel}")),
+        ("heatmap, CPU 3, the hour", format!("/api/heatmap?cpu=3&{w}")),
+    ];
+    let mut load = 0.0;
+    for (what, path) in reads {
+        let mut times = Vec::new();
+        let mut size = 0;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            let (code, body) = get(&base, &path, Some(&token));
+            times.push(t.elapsed().as_secs_f64());
+            assert_eq!(code, 200, "{what}: {}", body.get(..300).unwrap_or(&body));
+            size = body.len();
+        }
+        times.sort_by(f64::total_cmp);
+        load += times[1];
+        eprintln!(
+            "{what}: {:.0} ms (median of 3: {:.0}, {:.0}, {:.0} ms), {size} bytes",
+            times[1] * 1e3,
+            times[0] * 1e3,
+            times[1] * 1e3,
+            times[2] * 1e3
+        );
+    }
+    eprintln!("the page's load (every read above once, one after another): {load:.1} s");
+}
+
+/// What `ch` holds, into chdb: the schema, and the rows of every table a read uses.
+fn copy_into(chdb: &ChdbServer, ch: &ClickHouse) {
+    use profiler::ship::clickhouse::schema;
+    let layout = schema::Layout { database: "profiler", cluster: None, ttl_secs: Some(604_800), codecs: true };
+    let tables = [
+        schema::NODES,
+        schema::STACKS,
+        schema::STACK_LOCATIONS,
+        schema::FINDINGS,
+        schema::EVENTS,
+        schema::CPU_SECONDS,
+        schema::COUNTERS,
+        schema::SAMPLES,
+        schema::CUDA_SAMPLES,
+    ];
+    chdb.copy_of(ch, &schema::statements(&layout), &tables);
+}
+
+/// The statements of the schema the big node is made in (no codecs: 18.16).
+fn big_schema() -> Vec<String> {
+    use profiler::ship::clickhouse::schema;
+    schema::statements(&schema::Layout { database: "profiler", cluster: None, ttl_secs: None, codecs: false })
 }

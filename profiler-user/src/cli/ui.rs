@@ -43,9 +43,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .parse()
         .map_err(|_| anyhow::anyhow!("listen address '{}' is not IP:PORT (e.g. 127.0.0.1:7071)", args.listen))?;
     let token = serve::new_token().context("cannot read /dev/urandom for the page's token")?;
-    let source = Arc::new(Source::fleet(fleet, asked.clone()));
     let state = AppState {
-        source: source.clone(),
+        source: Arc::new(Source::fleet(fleet, asked.clone())),
         live: Default::default(),
         token: token.clone(),
         hosts: serve::hosts(addr),
@@ -61,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("profiler: serving {which} from ClickHouse until interrupted (Ctrl-C); open:");
     // A reader gone (`| head -1` after the address) stops no server.
     let _ = outln!("http://{bound}/#token={token}");
-    // Until SIGINT or SIGTERM; then the copies' private directories go with the process.
+    // Until SIGINT or SIGTERM (nothing to clean up: the page copies nothing, it reads the server).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
@@ -72,7 +71,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
-    source.clear();
     Ok(())
 }
 

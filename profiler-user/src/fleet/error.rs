@@ -16,14 +16,6 @@ pub enum FleetError {
     WhichNode(usize, String),
     #[error("ClickHouse answered rows that do not decode ({0}): is the database written by another version?")]
     Decode(String),
-    #[error(
-        "node {node} has {rows} samples between {from} and {to}, more than the {limit} one read copies: ask for a shorter window"
-    )]
-    TooMany { node: String, rows: u64, limit: u64, from: String, to: String },
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    #[error("cannot create a private directory for the copy: {0}")]
-    Temp(#[source] std::io::Error),
     #[error("ClickHouse at {addr} does not answer ({reason}): is it running, and is --clickhouse right?")]
     Down { addr: String, reason: String },
     #[error("no {what} between {from} and {to} in what {nodes} shipped to ClickHouse")]

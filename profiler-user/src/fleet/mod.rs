@@ -1,12 +1,13 @@
 //! Reads the fleet store, ClickHouse (docs/clickhouse.md), that daemons ship to with
-//! `profiler run --clickhouse URL`: the read commands' `--clickhouse URL --node N`
-//! ([`mirror`]: one node's window, answered by the same code as a node's own store) and the
-//! questions only the fleet answers ([`overview`]: `profiler fleet`).
+//! `profiler run --clickhouse URL`: the read commands' and the node page's `--clickhouse URL
+//! --node N` ([`reader`]: one read interface, answered by SQL that sums in the server) and the
+//! questions only the fleet answers ([`overview`]: `profiler fleet`; [`board`]: the fleet page).
 
 pub mod board;
 pub mod board_sql;
+pub mod counters;
 mod error;
-pub mod mirror;
+pub mod kind_grid;
 pub mod notes;
 pub mod overview;
 pub mod overview_text;
@@ -22,6 +23,9 @@ pub mod signatures;
 pub use error::FleetError;
 use rowbinary::Reader;
 pub use select::Selection;
+
+/// Frame of a sample whose stack is missing from `stacks`.
+pub(crate) const MISSING_STACK: &str = "[stack not in ClickHouse]";
 
 use crate::ship::clickhouse::{
     ShipError,
@@ -155,7 +159,7 @@ impl Fleet {
     /// What ClickHouse holds of `node`, as the store's summary says it of a data directory:
     /// its first and last time and, per CPU, the busy, idle and lost samples.
     pub fn summary(&self, node: &str) -> Result<crate::store::StoreSummary, FleetError> {
-        // A retried batch sends a block's row again: one per (ts, cpu), as `mirror` reads them.
+        // A retried batch sends a block's row again: one per (ts, cpu), as every read takes them.
         let sql = format!(
             "SELECT {CPU}, toUInt64(min({TS})), toUInt64(max({TS} + sp)), toUInt64(sum(b)), toUInt64(sum(i)), \
              toUInt64(sum(l)) FROM (SELECT {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, \

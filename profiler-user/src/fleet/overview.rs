@@ -470,7 +470,7 @@ impl Stacks {
                 comm,
                 frames.iter().zip(kernel.iter().chain(std::iter::repeat(&0))).map(|(f, k)| (f.as_str(), *k == 1)),
             ),
-            None => fold_names(comm, [(super::mirror::MISSING_STACK, false)]),
+            None => fold_names(comm, [(super::MISSING_STACK, false)]),
         }
     }
 }

@@ -13,8 +13,7 @@
 use std::collections::HashMap;
 
 use super::{
-    Fleet, FleetError, Node,
-    mirror::MISSING_STACK,
+    Fleet, FleetError, MISSING_STACK, Node,
     rollup::{self, Coverage, Piece, Source},
     select::Selection,
 };

@@ -1,19 +1,23 @@
 //! One read interface with two sources behind it: a node's own store, or what nodes shipped
 //! to ClickHouse, answered by SQL that aggregates in the server ([`super::pushdown`],
 //! [`super::notes`], [`super::samples`]). A window's folded stacks, its grids (the subsecond
-//! heatmap, CPU x time), its findings and events, and its samples one by one: the commands
-//! call the same thing whichever source answers, and where both can, both answer the same,
-//! byte for byte (tests/tests/fleet.rs).
+//! heatmap, CPU x time), its findings and events, its counter tracks, and its samples one by
+//! one: the commands and the node page (`serve`) call the same thing whichever source answers,
+//! and where both can, both answer the same, byte for byte (tests/tests/fleet.rs, fleet_ui.rs).
 
 use std::path::{Path, PathBuf};
 
-use super::{Fleet, FleetError, Selection, notes, pushdown, samples};
+use super::{Fleet, FleetError, Selection, counters, kind_grid, notes, pushdown, samples};
 use crate::{
     collect::kmsg::Event,
     detect::{self, Finding},
     model::SampleKind,
     query::{self, CpuTime, Filter, FoldBudget, Folded, Grid, QueryError, SampleRef, Window},
-    store::{Meta, Store, StoreError},
+    store::{
+        Meta, Store, StoreError,
+        counters::{CountersError, Tracks},
+        format::FORMAT_VERSION,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +28,10 @@ pub enum ReadError {
     Query(#[from] QueryError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Counters(#[from] CountersError),
+    #[error("{points} counter points in this window, more than {limit}: ask for a shorter one")]
+    TooManyPoints { points: u64, limit: u64 },
 }
 
 /// A fold and, from ClickHouse, what answered it and why it may not be every stack.
@@ -120,14 +128,38 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// The subsecond heatmap of `window`, `rows` rows a second (several nodes: summed).
+    /// The node's description as its `meta.json` says it (from ClickHouse: its `nodes` row).
+    pub fn meta(&self) -> Result<Option<Meta>, ReadError> {
+        Ok(match self {
+            Self::Store { dir, .. } => Meta::read(dir),
+            Self::ClickHouse { selection, .. } => {
+                let node = Self::one(selection)?;
+                Some(Meta {
+                    format_version: FORMAT_VERSION,
+                    hostname: node.host.split('/').next().unwrap_or_default().to_string(),
+                    node: node.name.clone(),
+                    cpus: node.cpus.max(1),
+                    frequency_hz: u64::from(node.hz.max(1)),
+                    started_ns: 0,
+                })
+            }
+        })
+    }
+
+    /// The subsecond heatmap of `window`, `rows` rows a second (several nodes: summed): of the
+    /// CPU samples, or the weights of the kind read.
     pub fn grid(&mut self, window: Window, rows: usize, filter: &Filter) -> Result<Grid, ReadError> {
         match self {
             Self::Store { store, dir } => {
                 query::check_filter(filter, Meta::read(dir).as_ref())?;
                 Ok(query::subsecond_grid(store, window, rows, filter)?)
             }
-            Self::ClickHouse { fleet, selection, .. } => Ok(pushdown::grid(fleet, selection, window, rows, filter)?),
+            Self::ClickHouse { fleet, selection, kind: SampleKind::Cpu } => {
+                Ok(pushdown::grid(fleet, selection, window, rows, filter)?)
+            }
+            Self::ClickHouse { fleet, selection, kind } => {
+                Ok(kind_grid::grid(fleet, selection, *kind, window, rows, filter)?)
+            }
         }
     }
 
@@ -164,6 +196,29 @@ impl<'a> Reader<'a> {
                 Ok(notes::events(fleet, &one, Some(window))?.into_iter().map(|e| e.event).collect())
             }
         }
+    }
+
+    /// One node's counter tracks with points in `window`, ordered by name then CPU; more than
+    /// `max_points` points are refused (from ClickHouse, counted by the server and not read).
+    pub fn counters(&self, window: Window, max_points: u64) -> Result<Tracks, ReadError> {
+        let tracks = match self {
+            Self::Store { dir, .. } => {
+                crate::store::counters::read(dir, window.from_ns, window.to_ns, &Default::default())?
+            }
+            Self::ClickHouse { fleet, selection, .. } => {
+                let node = Self::one(selection)?;
+                let points = counters::points(fleet, node, window)?;
+                if points > max_points {
+                    return Err(ReadError::TooManyPoints { points, limit: max_points });
+                }
+                counters::tracks(fleet, node, window)?
+            }
+        };
+        let points = tracks.tracks.iter().map(|t| t.points.len() as u64).sum();
+        if points > max_points {
+            return Err(ReadError::TooManyPoints { points, limit: max_points });
+        }
+        Ok(tracks)
     }
 
     /// Calls `f` for each sample of `window` that passes `filter`, in time order; from

@@ -10,8 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{
-    Fleet, FleetError, Node,
-    mirror::MISSING_STACK,
+    Fleet, FleetError, MISSING_STACK, Node,
     pushdown::{self, Frames},
     rowbinary::Reader,
     select::Selection,

@@ -1,8 +1,8 @@
 //! The live UI and its JSON API, served by the daemon (loopback only unless told otherwise),
-//! or by `profiler ui --clickhouse` for any node of a fleet. Every request is answered from a
-//! store on disk (the daemon's, or a node's window copied out of ClickHouse: [`source`]), so
-//! the CLI and the UI always agree. No request parameter ever becomes a path: the data
-//! directory is fixed when the server starts, and copies are private temporary directories.
+//! or by `profiler ui --clickhouse` for any node of a fleet. Every request is answered through
+//! the read interface the CLI uses (`fleet::reader`, chosen by [`source`]): the daemon's store,
+//! or ClickHouse by SQL that sums in the server, so the CLI and the UI always agree. No request
+//! parameter ever becomes a path: the data directory is fixed when the server starts.
 
 mod fleet_api;
 pub mod limits;
@@ -25,10 +25,10 @@ use axum::{
 use request::{Failure, Params, bad, internal};
 
 use crate::{
-    budget, detect,
+    budget,
     export::{cputime, flamegraph, heatmap},
     model::SampleKind,
-    query::{self, Folded},
+    query::Folded,
     store::{Meta, Store},
     timespec,
 };
@@ -173,10 +173,6 @@ async fn heavy<T: Send + 'static>(
 /// When the memory of an answer is handed back: by then a loopback client has read it.
 const TRIM_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
-fn open(dir: &source::Dir) -> Result<Store, Failure> {
-    Store::open(dir.path()).map_err(|e| internal(e.to_string()))
-}
-
 fn json(value: impl serde::Serialize) -> Result<Response, Failure> {
     json_bytes(serde_json::to_vec(&value).map_err(internal)?)
 }
@@ -203,9 +199,7 @@ async fn heatmap_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result
         if !(1..=1000).contains(&rows) {
             return Err(bad(format!("rows={rows} is out of range: a heatmap has 1 to 1000 rows")));
         }
-        let (dir, mut store) = p.store(&app, w, kind)?;
-        query::check_filter(&filter, Meta::read(dir.path()).as_ref())?;
-        let grid = query::subsecond_grid(&mut store, w, rows as usize, &filter)?;
+        let grid = app.source.read(p.node.as_deref(), kind, |r| r.grid(w, rows as usize, &filter))?;
         let mut body = Vec::with_capacity(grid.counts.len() * 2 + 4096);
         heatmap::write_json_with(&grid, true, &mut body).map_err(internal)?;
         let note = grid.coarsened().then(|| heatmap::coarsened_reason(&grid));
@@ -227,10 +221,8 @@ async fn cputime_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result
         let bucket_ns = timespec::parse_duration_ns(bucket)
             .filter(|&b| b >= 10_000_000)
             .ok_or_else(|| bad(format!("bucket '{bucket}' must be a duration of 10ms or more")))?;
-        let dir = p.dir(&app, Some(w))?;
-        let (cpus, hz) = Meta::cpus_and_frequency(dir.path());
-        let grid = query::cpu_time(&mut open(&dir)?, w, bucket_ns, cpus, hz)?;
-        let findings = detect::journal::findings_in(dir.path(), w.from_ns, w.to_ns).map_err(internal)?;
+        let (grid, findings) =
+            app.source.read(p.node.as_deref(), SampleKind::Cpu, |r| Ok((r.cpu_time(w, bucket_ns)?, r.findings(w)?)))?;
         let note = cputime::coarsened(&grid).map(|c| c.reason);
         Ok(with_note(json(cputime::json(&grid, &findings))?, "x-profiler-coarsened", note))
     })
@@ -247,20 +239,20 @@ async fn flamegraph_api(State(s): State<Shared>, Query(p): Query<Params>) -> Res
             return Err(bad(format!("format '{format}' is not one of svg, json, folded")));
         }
         let kind = p.kind()?;
-        let (folded, read_from) = match app.source.fold(p.node.as_deref(), kind, w, &filter, Default::default()) {
-            Some(fold) => fold.map(|f| (f.folded, Some(f.read_from)))?,
-            None => {
-                let (_dir, mut store) = p.store(&app, w, kind)?;
-                (query::fold(&mut store, w, &filter)?, None)
-            }
-        };
-        let note = (folded.truncated_stacks > 0).then(|| {
+        let fold = app.source.read(p.node.as_deref(), kind, |r| r.fold(w, &filter, Default::default()))?;
+        let (folded, read_from) = (fold.folded, fold.read_from);
+        let cut = (folded.truncated_stacks > 0).then(|| {
             format!(
                 "{} rare stacks folded into their parents ([… N more]): a flamegraph keeps at most {} distinct stacks",
                 folded.truncated_stacks,
                 budget::MAX_STACKS
             )
         });
+        // From ClickHouse: the rows the server did not send, summed as one line.
+        let note = match (cut, fold.note) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
         let r = match format {
             "json" => json_bytes(tree_with_unit(&folded, kind).map_err(internal)?)?,
             "folded" => {
@@ -295,7 +287,7 @@ async fn findings_api(State(s): State<Shared>, Query(p): Query<Params>) -> Resul
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        json(detect::journal::findings_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
+        json(app.source.read(p.node.as_deref(), SampleKind::Cpu, |r| r.findings(w))?)
     })
     .await
 }
@@ -304,32 +296,22 @@ async fn events_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        json(detect::journal::events_in(p.dir(&app, None)?.path(), w.from_ns, w.to_ns).map_err(internal)?)
+        json(app.source.read(p.node.as_deref(), SampleKind::Cpu, |r| r.events(w))?)
     })
     .await
 }
 
 /// Points one `/api/counters` answer may carry (an hour of ~500 tracks); more is refused with
 /// a sentence rather than built in memory.
-const MAX_COUNTER_POINTS: usize = 2_000_000;
+const MAX_COUNTER_POINTS: u64 = 2_000_000;
 
 /// `{"tracks":[{"name","cpu","unit","points":[[unix_ms,value],...]}]}`: the UI's counter tracks.
 async fn counters_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<Response, Failure> {
     let app = s.app.clone();
     heavy(&s, move || {
         let w = p.window("-1h")?;
-        // Counters stay on the node (ClickHouse gets samples, findings and events): none here.
-        let dir = p.dir(&app, None)?;
-        let t = crate::store::counters::read(dir.path(), w.from_ns, w.to_ns, &Default::default()).map_err(internal)?;
-        let points: usize = t.tracks.iter().map(|t| t.points.len()).sum();
-        if points > MAX_COUNTER_POINTS {
-            return Err(Failure(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "{points} counter points in this window, more than {MAX_COUNTER_POINTS}: ask for a shorter one"
-                ),
-            ));
-        }
+        // From ClickHouse: the `counters` rows the node's shipper sent (counted there first).
+        let t = app.source.read(p.node.as_deref(), SampleKind::Cpu, |r| r.counters(w, MAX_COUNTER_POINTS))?;
         let note = (t.skipped_lines > 0 || !t.skipped_files.is_empty())
             .then(|| format!("{} lines and {} files unreadable, skipped", t.skipped_lines, t.skipped_files.len()));
         Ok(with_note(json(&t)?, "x-profiler-skipped", note))
@@ -345,23 +327,27 @@ async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
             // A fleet: the node's description and what ClickHouse holds of it, or (several
             // nodes, none chosen) the sentence that asks for one.
             let (meta, summary, problem) = match fleet.summary {
-                Ok(summary) => (Meta::read(p.dir(&app, None)?.path()), Some(summary), None),
+                Ok(summary) => {
+                    (app.source.read(p.node.as_deref(), SampleKind::Cpu, |r| r.meta())?, Some(summary), None)
+                }
                 Err(e) => (None, None, Some(Failure::from(e).1)),
             };
             return json(serde_json::json!({
                 "meta": meta, "summary": summary, "nodes": nodes, "source": fleet.source, "problem": problem,
+                // What the page cannot show from ClickHouse, said on it.
+                "missing": FLEET_MISSING,
             }));
         }
-        let dir = p.dir(&app, None)?;
-        let summary = open(&dir)?.summary().map_err(internal)?;
+        let Some(dir) = app.source.daemon_dir(p.node.as_deref())? else { return Err(internal("no data directory")) };
+        let summary = Store::open(dir).and_then(|mut s| s.summary()).map_err(|e| internal(e.to_string()))?;
         json(serde_json::json!({
-            "meta": Meta::read(dir.path()),
+            "meta": Meta::read(dir),
             "summary": summary,
             "nodes": nodes,
             "interrupts": crate::collect::irqs::Placement::read(),
             // The GPUs the daemon's poller found (`gpu_readings::inventory`): the page lists them and
             // marks the CPUs local to each.
-            "gpus": crate::gpu::Inventory::read(dir.path()),
+            "gpus": crate::gpu::Inventory::read(dir),
             // What the page's header shows beside the store: the kernel and the daemon's health.
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|k| k.trim().to_string()).ok(),
             "health": health(&app.live),
@@ -369,6 +355,10 @@ async fn status_api(State(s): State<Shared>, Query(p): Query<Params>) -> Result<
     })
     .await
 }
+
+/// What a node's page read from ClickHouse lacks: what daemons do not ship.
+pub const FLEET_MISSING: &str = "not in ClickHouse: the daemon's health, the GPUs' models and \
+     local CPUs, and which CPUs take the NIC and GPU interrupts (on the node: `profiler status`)";
 
 /// The few live figures an engineer checks first: is the sampler attached to every CPU, is it
 /// keeping up (pending samples, ring-to-disk latency), and is anything being dropped.

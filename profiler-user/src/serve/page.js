@@ -405,7 +405,8 @@ async function loadStatus() {
       $("h-fleet").href = "/?" + new URLSearchParams({ from: $("from").value, to: $("to").value });
       $("h-health").textContent = st.problem || `read from ${st.source}: ${n} node${n === 1 ? "" : "s"} (the node field picks one)`;
       $("h-health").className = st.problem ? "warn" : "";
-      $("irqs").textContent = "";
+      // What daemons do not ship, said rather than left blank.
+      $("irqs").textContent = st.missing || "";
       return;
     }
     const hh = $("h-health"), problems = [];

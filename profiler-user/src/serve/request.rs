@@ -1,5 +1,5 @@
 //! What a request asks for: its query parameters ([`Params`]), read into a window, a filter and
-//! the store that answers; and how a refusal reads ([`Failure`]: a status and one sentence).
+//! the kind of counts; and how a refusal reads ([`Failure`]: a status and one sentence).
 
 use axum::{
     http::{StatusCode, header},
@@ -7,12 +7,12 @@ use axum::{
 };
 use serde::Deserialize;
 
-use super::{AppState, limits, source};
+use super::{limits, source};
 use crate::{
     budget,
+    fleet::reader::ReadError,
     model::SampleKind,
     query::{self, Filter, Window},
-    store::Store,
     timespec,
 };
 
@@ -84,13 +84,16 @@ impl From<source::SourceError> for Failure {
         use crate::fleet::FleetError;
         let code = match &e {
             source::SourceError::OtherNode { .. } | source::SourceError::WhichNode(..) => StatusCode::BAD_REQUEST,
+            source::SourceError::NotRecorded(kind) => return Failure(StatusCode::NOT_FOUND, not_recorded(*kind)),
+            source::SourceError::Query(q) => query_status(q),
+            source::SourceError::Read(ReadError::TooManyPoints { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+            source::SourceError::Read(_) => StatusCode::INTERNAL_SERVER_ERROR,
             // The server's answer said it of the window or the filters: as a store says it.
             source::SourceError::Fleet(FleetError::Query(q)) => query_status(q),
             source::SourceError::Fleet(f) => match f {
                 FleetError::UnknownNode { .. } | FleetError::NoNodes(_) | FleetError::NoSamples { .. } => {
                     StatusCode::NOT_FOUND
                 }
-                FleetError::TooMany { .. } => StatusCode::PAYLOAD_TOO_LARGE,
                 FleetError::Down { .. }
                 | FleetError::ClickHouse(_)
                 | FleetError::Decode(_)
@@ -121,20 +124,6 @@ impl Params {
         Ok(Window::new(from, to)?)
     }
 
-    /// The data directory that answers this request's node over `window`.
-    pub(super) fn dir(&self, app: &AppState, window: Option<Window>) -> Result<source::Dir, Failure> {
-        Ok(app.source.dir(self.node.as_deref(), window)?)
-    }
-
-    pub(super) fn dir_of(
-        &self,
-        app: &AppState,
-        window: Option<Window>,
-        kind: SampleKind,
-    ) -> Result<source::Dir, Failure> {
-        Ok(app.source.dir_of(self.node.as_deref(), window, kind)?)
-    }
-
     /// The kind of counts asked for; anything but the four names is refused with a sentence.
     pub(super) fn kind(&self) -> Result<SampleKind, Failure> {
         match self.samples.as_deref().filter(|s| !s.is_empty()) {
@@ -144,23 +133,6 @@ impl Params {
                 bad(format!("samples '{s}' is not one of {}", names.join(", ")))
             }),
         }
-    }
-
-    /// The store of `kind`'s counts for this request's node over `window`, with the directory
-    /// that keeps a copy of a fleet's node alive while it is read.
-    pub(super) fn store(
-        &self,
-        app: &AppState,
-        window: Window,
-        kind: SampleKind,
-    ) -> Result<(source::Dir, Store), Failure> {
-        let dir = self.dir_of(app, Some(window), kind)?;
-        let path = kind.store_dir(dir.path());
-        if kind != SampleKind::Cpu && !path.is_dir() {
-            return Err(Failure(StatusCode::NOT_FOUND, not_recorded(kind)));
-        }
-        let store = Store::open(&path).map_err(|e| internal(e.to_string()))?;
-        Ok((dir, store))
     }
 
     pub(super) fn filter(&self) -> Result<Filter, Failure> {
