@@ -91,8 +91,10 @@ pub mod cookie {
     }
 }
 
-/// Per thread and stack: the thread matters (a synchronisation stall is a thread's), and a
-/// thread runs on one CPU at a time, so the kernel adds to an entry without atomics.
+/// Per thread, CPU and stack: the thread matters (a synchronisation stall is a thread's), and a
+/// thread runs on one CPU at a time, so the kernel adds to an entry without atomics. The CPU
+/// is the one the call was made on (a synchronisation's: the one it returned on), so that a
+/// count is stored on its CPU (`--cpu`), not on the CPU of the stack's first call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CudaKey {
@@ -100,11 +102,13 @@ pub struct CudaKey {
     pub tid: u32,
     /// One of [`kind`].
     pub kind: u32,
+    pub cpu: u32,
     /// The second the calls were made in (a synchronisation's: the one it returned in), in
     /// boot time shifted by `CUDA_CLOCK` (the fraction of a second by which wall-clock seconds
     /// start after boot-time ones), so that it is a wall-clock second less a whole offset the
     /// daemon adds back: counts are stored in the second they were made, not the drain's.
     pub sec: u32,
+    pub _pad: u32,
     /// Of the stack's words, pid and tid (the key of `CUDA_STACKS_*`).
     pub hash: u64,
     /// A launch's kernel: its handle or host stub with where it came from in the top byte

@@ -257,7 +257,8 @@ pub fn cuda_return(_ctx: RetProbeContext) -> u32 {
     {
         let _ = stacks(generation).insert(&p.hash, unsafe { &*record }, 0);
     }
-    let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, sec: second(now), hash: p.hash, func: 0 };
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let key = CudaKey { pid: p.pid, tid, kind: kind::SYNC, cpu, sec: second(now), _pad: 0, hash: p.hash, func: 0 };
     add(&key, 0, now.saturating_sub(p.start_ns));
     0
 }
@@ -434,7 +435,8 @@ fn end(record: &mut Record, user: usize) {
         }
         return;
     }
-    let key = CudaKey { pid, tid, kind: call.kind, sec: second(now), hash: h, func: call.func };
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let key = CudaKey { pid, tid, kind: call.kind, cpu, sec: second(now), _pad: 0, hash: h, func: call.func };
     add(&key, call.bytes, 0);
 }
 

@@ -158,6 +158,41 @@ fn launches_are_counted_in_the_second_they_were_made() {
     daemon.stop();
 }
 
+/// Issue 41, part 7: a count belongs to the CPU that made the call (a stack's counts were stored
+/// on the CPU its first call was made on: CPU 0 for a launcher started there). The launcher
+/// starts on CPU 0 and is moved to CPU 1 once its first counts are stored: each CPU holds its
+/// own launches, and together all of them.
+#[test]
+fn launches_are_counted_on_the_cpu_that_made_them() {
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
+    let mut app = cuda::App::start(&lib, &["--rate", "1000"], 1000);
+    wait_probed(&data, 1);
+    let pid = app.pid();
+    let dir = data.to_str().unwrap();
+    let on = |cpu: &str| {
+        let pid = pid.to_string();
+        cuda_folded(dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid, "--cpu", cpu])
+    };
+    let pin = |cpu: &str| {
+        let out = std::process::Command::new("taskset").args(["-a", "-c", "-p", cpu, &pid.to_string()]).output();
+        assert!(out.as_ref().is_ok_and(|o| o.status.success()), "taskset: {out:?}");
+    };
+    pin("0");
+    app.start_work();
+    wait_for_every("launches stored on CPU 0", Duration::from_secs(10), Duration::from_millis(50), || {
+        (on("0") > 0).then_some(())
+    });
+    pin("1");
+    let made = app.report()["launches"].as_u64().unwrap();
+    assert_eq!(settled(&data, "cuda-launches", pid, "launch_steady", made), made, "every launch counted");
+    let (cpu0, cpu1) = (on("0"), on("1"));
+    eprintln!("{made} launches made, on CPU 0 then CPU 1; the store has {cpu0} on CPU 0, {cpu1} on CPU 1");
+    assert!(cpu1 > 0, "the launches made on CPU 1 are stored on CPU 0 ({cpu0} of {made})");
+    assert_eq!(cpu0 + cpu1, made, "{cpu0} + {cpu1} launches stored, {made} made");
+    app.finish();
+    daemon.stop();
+}
+
 /// The total of a flamegraph's folded counts for the arguments (no count: 0).
 fn cuda_folded(dir: &str, args: &[&str]) -> u64 {
     integration_tests::folded(dir, args).unwrap_or_default().iter().map(|(_, n)| n).sum()

@@ -61,10 +61,12 @@ impl Recorder {
                 }
                 kind::SYNC => {
                     self.status.syncs += d.count.calls;
+                    self.status.sync_ns = self.status.sync_ns.saturating_add(d.count.ns);
                     (SampleKind::CudaSync, d.count.ns / 1_000)
                 }
                 kind::COPY => {
                     self.status.copies += d.count.calls;
+                    self.status.copy_bytes = self.status.copy_bytes.saturating_add(d.count.bytes);
                     (SampleKind::CudaCopies, d.count.bytes)
                 }
                 _ => continue,
@@ -93,16 +95,20 @@ impl Recorder {
             // In the second of the calls (a drain reads them one to two seconds later); never
             // after now, whatever the clock did meanwhile.
             let ts_ns = d.ts_ns.min(now_ns);
-            let sample = match sample {
+            let mut sample = match sample {
                 Some(mut s) => {
                     s.ts_ns = ts_ns;
                     s
                 }
                 None => {
                     self.status.stacks_lost += 1;
-                    lost_stack(d.key.pid, d.key.tid, ts_ns)
+                    // The process's name from its other counts of this drain, if it is gone.
+                    let known = threads.values().find(|t| t.pid == d.key.pid && !t.comm.is_empty());
+                    lost_stack(d.key.pid, d.key.tid, ts_ns, known.map(|t| t.comm.clone()))
                 }
             };
+            // The CPU of these calls: the stack kept is its first call's, made anywhere.
+            sample.cpu = d.key.cpu;
             // A launch's kernel as the leaf.
             let sample = self.name_kernel(pipeline, &d.key, sample);
             let th = threads.entry(d.key.tid).or_insert_with(|| CudaThread {
@@ -285,8 +291,10 @@ fn busiest(mut threads: Vec<CudaThread>) -> Vec<CudaThread> {
 }
 
 /// Counts whose stack the kernel's map dropped before the drain (more distinct stacks in a
-/// second than it holds): kept, under one frame that says so.
-fn lost_stack(pid: u32, tid: u32, ts_ns: u64) -> Sample {
+/// second than it holds): kept, under one frame that says so, with the process's name (`known`
+/// from its other counts, else the kernel's, else `pid N`: never empty, which the flamegraph
+/// showed as a blank root and pprof as `<unknown>`).
+fn lost_stack(pid: u32, tid: u32, ts_ns: u64, known: Option<Arc<str>>) -> Sample {
     let frame: Arc<str> =
         Arc::from("[stack lost: more distinct CUDA call stacks in a second than this user's share of the kernel map]");
     Sample {
@@ -295,7 +303,10 @@ fn lost_stack(pid: u32, tid: u32, ts_ns: u64) -> Sample {
         pid,
         tid,
         cgroup_id: 0,
-        comm: Arc::from(comm_of(pid).as_str()),
+        comm: known.unwrap_or_else(|| {
+            let comm = comm_of(pid);
+            Arc::from(if comm.is_empty() { format!("pid {pid}") } else { comm }.as_str())
+        }),
         stack: Arc::new(Stack::new(vec![frame], 1)),
         workload: Arc::from(""),
     }
@@ -307,4 +318,20 @@ fn comm_of(pid: u32) -> String {
     let mut buf = [0u8; 16];
     let n = std::fs::File::open(format!("/proc/{pid}/comm")).and_then(|mut f| f.read(&mut buf)).unwrap_or(0);
     String::from_utf8_lossy(&buf[..n]).trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 41, part 7: a lost stack's process had an empty name once the process was gone.
+    #[test]
+    fn a_lost_stack_always_names_its_process() {
+        let gone = u32::MAX - 1;
+        assert_eq!(&*lost_stack(gone, gone, 0, None).comm, format!("pid {gone}"));
+        assert_eq!(&*lost_stack(gone, gone, 0, Some(Arc::from("python3"))).comm, "python3");
+        let me = std::process::id();
+        assert!(!lost_stack(me, me, 0, None).comm.is_empty());
+        assert_eq!(lost_stack(me, me, 0, None).stack.frames.len(), 1);
+    }
 }

@@ -68,6 +68,12 @@ pub struct Status {
     pub launches: u64,
     pub syncs: u64,
     pub copies: u64,
+    /// Nanoseconds blocked in the synchronisations counted, and bytes the copies counted moved,
+    /// since the start (`/metrics`' `profiler_cuda_sync_seconds_total`, `_copy_bytes_total`).
+    #[serde(default)]
+    pub sync_ns: u64,
+    #[serde(default)]
+    pub copy_bytes: u64,
     /// Counts whose stack the kernel map had no room for (its user's share was used) (stored under `[stack lost: ...]`).
     pub stacks_lost: u64,
     /// The guard's limit, calls a second per process.
