@@ -109,7 +109,7 @@ fn a_gpus_holder_is_listed_with_its_pod_and_container() {
     assert_eq!(code, 200);
     let line = metrics
         .lines()
-        .find(|l| l.starts_with("profiler_gpu_process_sm_utilization_percent{"))
+        .find(|l| l.starts_with("profiler_gpu_process_sm_utilization_ratio{"))
         .unwrap_or_else(|| panic!("no per-process gauge: {metrics}"));
     for label in [
         format!("pid=\"{pid}\""),
@@ -120,7 +120,7 @@ fn a_gpus_holder_is_listed_with_its_pod_and_container() {
     ] {
         assert!(line.contains(&label), "{label} in {line}");
     }
-    assert!(line.ends_with(" 40"), "{line}");
+    assert!(line.ends_with(" 0.4"), "{line}");
     // The holder lets go: status follows.
     nvml.say(&h100(40, &[], 0));
     wait_for("the holder gone from status", Duration::from_secs(10), || {

@@ -147,7 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             timespec::format(base_window.from_ns),
             timespec::format(base_window.to_ns)
         );
-        flamegraph::write_diff_svg(&baseline, &folded, &kind.flamegraph_title(true), &subtitle, &mut out)?;
+        flamegraph::write_diff_svg(kind, &baseline, &folded, &kind.flamegraph_title(true), &subtitle, &mut out)?;
         out.finish()?;
         return Ok(());
     }
@@ -160,14 +160,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 cpus => format!("{what}, CPU {}", cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
             };
             let subtitle = format!(
-                "{} to {} ({}), {} {}",
+                "{} to {} ({}), {}",
                 timespec::format(window.from_ns),
                 timespec::format(window.to_ns),
                 timespec::format_duration(window.to_ns - window.from_ns),
-                folded.total(),
-                kind.unit()
+                flamegraph::total_text(kind, folded.total()),
             );
-            flamegraph::write_svg(&folded, &title, &subtitle, &mut out)?
+            flamegraph::write_svg_of(kind, &folded, &title, &subtitle, &mut out)?
         }
     }
     out.finish()

@@ -390,6 +390,27 @@ pub fn retention(max_size: &str, max_age: &str) -> Result<Retention, ConfigError
 mod tests {
     use super::*;
 
+    /// README's TOML example (issue 41, part 7: it left out the CUDA probes' keys and
+    /// `gpu_sync_share`): a valid config, with every `[detect]` threshold and `[gpu]` key.
+    #[test]
+    fn the_readmes_example_is_a_valid_config_naming_every_threshold_and_gpu_key() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```toml\n").expect("README has a TOML example") + "```toml\n".len();
+        let text = &readme[start..start + readme[start..].find("```").unwrap()];
+        let file: ConfigFile = toml::from_str(text).unwrap_or_else(|e| panic!("README's example: {e}"));
+        assert_eq!(file.gpu.cuda_probes, Some(true));
+        assert_eq!(file.gpu.cuda_max_calls_per_sec, Some(12_000));
+        let value: toml::Table = toml::from_str(text).unwrap();
+        let detect = value["detect"].as_table().expect("[detect]");
+        let serde_json::Value::Object(defaults) = serde_json::to_value(crate::detect::Thresholds::default()).unwrap()
+        else {
+            panic!("thresholds serialise to an object")
+        };
+        let missing: Vec<&String> = defaults.keys().filter(|k| !detect.contains_key(k.as_str())).collect();
+        assert!(missing.is_empty(), "README's [detect] lacks {missing:?}");
+        assert_eq!(file.detect, crate::detect::Thresholds::default(), "README shows the defaults");
+    }
+
     #[test]
     fn gpu_settings_default_to_the_standard_library_every_100_ms_and_refuse_nonsense() {
         let g = gpu(&GpuFile::default(), None, None).unwrap().unwrap();

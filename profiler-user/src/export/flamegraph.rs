@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use crate::query::Folded;
+use crate::{model::SampleKind, query::Folded};
 
 use super::ExportError as RenderError;
 
@@ -30,9 +30,42 @@ fn fit(text: &str, max: usize) -> String {
     text.chars().take(max - 1).chain(['…']).collect()
 }
 
-/// An interactive SVG flamegraph. Colours are derived from frame names (inferno's `hash`
-/// mode), so the same input always gives the same picture.
+/// What a frame's tooltip counts for `kind`, and the factor its counts are shown with: time
+/// (stored in µs) in milliseconds, so that a tooltip reads "9,117 ms blocked", not "samples".
+pub fn tooltip_unit(kind: SampleKind) -> (&'static str, f64) {
+    match kind {
+        SampleKind::Cpu => ("samples", 1.0),
+        SampleKind::CudaLaunches => ("launches", 1.0),
+        SampleKind::CudaSync => ("ms blocked", 1e-3),
+        SampleKind::CudaCopies => ("bytes", 1.0),
+        SampleKind::OffCpu => ("ms off CPU", 1e-3),
+    }
+}
+
+/// A window's total of `kind` for a subtitle: time in seconds (`9.12 s blocked`), counts as
+/// they are (`4,000 launches`).
+pub fn total_text(kind: SampleKind, total: u64) -> String {
+    match kind {
+        SampleKind::CudaSync => format!("{:.2} s blocked", total as f64 / 1e6),
+        SampleKind::OffCpu => format!("{:.2} s off CPU", total as f64 / 1e6),
+        _ => format!("{total} {}", kind.unit()),
+    }
+}
+
+/// An interactive SVG flamegraph of CPU samples. Colours are derived from frame names
+/// (inferno's `hash` mode), so the same input always gives the same picture.
 pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) -> Result<(), RenderError> {
+    write_svg_of(SampleKind::Cpu, folded, title, subtitle, out)
+}
+
+/// As [`write_svg`], its tooltips counting what `kind` counts.
+pub fn write_svg_of(
+    kind: SampleKind,
+    folded: &Folded,
+    title: &str,
+    subtitle: &str,
+    out: impl Write,
+) -> Result<(), RenderError> {
     let lines = folded.lines();
     let mut options = inferno::flamegraph::Options::default();
     options.image_width = Some(IMAGE_WIDTH);
@@ -40,7 +73,9 @@ pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) 
     options.subtitle = Some(fit(subtitle, SUBTITLE_CHARS));
     options.hash = true;
     options.deterministic = true;
-    options.count_name = "samples".into();
+    let (count_name, factor) = tooltip_unit(kind);
+    options.count_name = count_name.into();
+    options.factor = factor;
     // Callers reject empty input first: inferno would write an error picture instead.
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)?;
     Ok(())
@@ -49,6 +84,7 @@ pub fn write_svg(folded: &Folded, title: &str, subtitle: &str, out: impl Write) 
 /// A differential flamegraph: the shape of `after`, coloured by how each frame changed since
 /// `baseline` (red: more, blue: less), counts normalised so a busier window is not all red.
 pub fn write_diff_svg(
+    kind: SampleKind,
     baseline: &Folded,
     after: &Folded,
     title: &str,
@@ -64,7 +100,9 @@ pub fn write_diff_svg(
     options.image_width = Some(IMAGE_WIDTH);
     options.title = fit(title, TITLE_CHARS);
     options.subtitle = Some(fit(subtitle, SUBTITLE_CHARS));
-    options.count_name = "samples".into();
+    let (count_name, factor) = tooltip_unit(kind);
+    options.count_name = count_name.into();
+    options.factor = factor;
     options.deterministic = true;
     inferno::flamegraph::from_lines(&mut options, text.lines(), out)?;
     Ok(())
@@ -86,7 +124,7 @@ mod tests {
         let mut before = sample();
         before.stacks.insert("app;main;spin".into(), 1);
         let mut out = Vec::new();
-        write_diff_svg(&before, &sample(), "t", "s", &mut out).unwrap();
+        write_diff_svg(SampleKind::Cpu, &before, &sample(), "t", "s", &mut out).unwrap();
         let svg = String::from_utf8(out).unwrap();
         // Normalised: spin grew from 25 % to 70 % of the samples (red), the read shrank (blue).
         let fill_after = |title: &str| {
@@ -131,7 +169,7 @@ mod tests {
         for diff in [false, true] {
             let mut out = Vec::new();
             if diff {
-                write_diff_svg(&f, &f, evil, evil, &mut out).unwrap();
+                write_diff_svg(SampleKind::Cpu, &f, &f, evil, evil, &mut out).unwrap();
             } else {
                 write_svg(&f, evil, evil, &mut out).unwrap();
             }
@@ -169,5 +207,26 @@ mod tests {
         write_svg(&f, "t", "s", &mut out).unwrap();
         let svg = String::from_utf8(out).unwrap();
         assert!(svg.contains("x_12 (5 samples") && svg.contains("app_7 (5 samples"), "{svg}");
+    }
+
+    /// Issue 41, part 7: a CUDA flamegraph's tooltips said "samples" for launches and for
+    /// microseconds blocked.
+    #[test]
+    fn tooltips_count_what_the_kind_counts_and_time_in_milliseconds() {
+        let mut f = Folded::default();
+        f.stacks.insert("python3;train_step (train.py:93);cuStreamSynchronize".into(), 9_117_218);
+        let mut svg = Vec::new();
+        write_svg_of(SampleKind::CudaSync, &f, "t", "s", &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        assert!(svg.contains("<title>cuStreamSynchronize (9,117 ms blocked, 100.00%)</title>"), "{svg}");
+        assert!(!svg.contains(" samples, "), "{svg}");
+        let mut f = Folded::default();
+        f.stacks.insert("python3;train_step (train.py:93);[gpu] vecAdd".into(), 4000);
+        let mut svg = Vec::new();
+        write_svg_of(SampleKind::CudaLaunches, &f, "t", "s", &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        assert!(svg.contains("<title>[gpu] vecAdd (4,000 launches, 100.00%)</title>"), "{svg}");
+        assert_eq!(total_text(SampleKind::CudaSync, 9_117_218), "9.12 s blocked");
+        assert_eq!(total_text(SampleKind::CudaLaunches, 4000), "4000 launches");
     }
 }
