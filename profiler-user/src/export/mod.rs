@@ -13,6 +13,15 @@ pub mod raster;
 pub mod report;
 pub mod speedscope;
 
+/// A CUDA launch's kernel: its stack's leaf `[gpu] NAME` frame without the marker
+/// (`gpu::cuda::kernels`), for the exports' `kernel` label; `None` for other kinds and frames.
+pub fn kernel_of<'a>(kind: crate::model::SampleKind, frames: &[(&'a str, bool)]) -> Option<&'a str> {
+    if kind != crate::model::SampleKind::CudaLaunches {
+        return None;
+    }
+    frames.last().and_then(|&(name, kernel)| if kernel { None } else { name.strip_prefix("[gpu] ") })
+}
+
 /// Errors of every exporter: the output could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {

@@ -273,6 +273,11 @@ impl Builder {
             Label { key: keys[6], str: context, num: 0, num_unit: 0 },
         ];
         label.extend(self.workload_labels(s.workload).iter().cloned());
+        // A launch's kernel (its stack's `[gpu] NAME` leaf), to group or filter by (`-tagfocus`).
+        if let Some(k) = super::kernel_of(self.kind, s.frames) {
+            let (key, str) = (self.string("kernel"), self.string(k));
+            label.push(Label { key, str, num: 0, num_unit: 0 });
+        }
         let value = match self.kind {
             // Each sample weighs its own period: a window may span a restart at another frequency.
             crate::model::SampleKind::Cpu => {
@@ -429,6 +434,36 @@ mod tests {
         // Native and kernel frames keep their whole names and no file.
         assert_eq!(s(by_name("main").filename), "");
         assert_eq!(s(by_name("f (x.c:3) [kernel]").filename), "");
+    }
+
+    /// Issue 41, part 1: a launch's kernel is a label of its sample (`kernel`, for pprof's
+    /// `-tagfocus`), beside the stack's `[gpu] NAME` leaf.
+    #[test]
+    fn a_launchs_kernel_is_a_label() {
+        let named = [("main", false), ("train_step (train.py:93)", false), ("[gpu] ampere_sgemm_128x64_tn", false)];
+        let plain = [("main", false), ("cuLaunchKernel", false)];
+        let kernels = |kind: crate::model::SampleKind| {
+            let mut b = Builder::new(99).for_kind(kind);
+            for frames in [&named[..], &plain[..]] {
+                b.add(&SampleRef {
+                    ts_ns: 1_000,
+                    cpu: 1,
+                    pid: 42,
+                    tid: 43,
+                    comm: "python3",
+                    frames,
+                    locations: &[],
+                    count: 3,
+                    frequency_hz: None,
+                    workload: "",
+                });
+            }
+            let p = decoded(b);
+            let s = |i: i64| p.string_table[i as usize].clone();
+            p.sample.iter().map(|x| x.label.iter().find(|l| s(l.key) == "kernel").map(|l| s(l.str))).collect::<Vec<_>>()
+        };
+        assert_eq!(kernels(crate::model::SampleKind::CudaLaunches), [Some("ampere_sgemm_128x64_tn".into()), None]);
+        assert_eq!(kernels(crate::model::SampleKind::CudaCopies), [None, None]);
     }
 
     #[test]

@@ -53,7 +53,8 @@ const WORKLOAD_KEYS: [(&str, &str); 7] = [
 ];
 
 /// What a sample is, apart from its observations: stack, its own attributes, its workload.
-type SampleKey = (i32, [i32; 5], usize);
+/// (stack, its attributes: the last the kernel's name or -1, workload).
+type SampleKey = (i32, [i32; 6], usize);
 
 /// One profile: the samples of one sampling period.
 #[derive(Default)]
@@ -262,6 +263,11 @@ impl Builder {
             self.attribute("cpu.logical_number", Value::Int(i64::from(s.cpu))),
             // `task` or `softirq:NET_RX` (semconv has no key for it), from the stack's marker.
             self.attribute("context", Value::String(Context::of_frames(s.frames.iter().copied()).to_string())),
+            // A launch's kernel (its stack's `[gpu] NAME` leaf), to group or filter by.
+            match super::kernel_of(self.kind, s.frames) {
+                Some(k) => self.attribute("kernel", Value::String(k.to_string())),
+                None => -1,
+            },
         ];
         let workload = self.workload(s.workload);
         // A CUDA kind's samples are counts of their own, one profile with period 1.
@@ -324,7 +330,7 @@ impl Builder {
                     .rows
                     .into_iter()
                     .map(|((stack, attrs, workload), values, timestamps)| {
-                        let mut attribute_indices = attrs.to_vec();
+                        let mut attribute_indices: Vec<i32> = attrs.into_iter().filter(|&a| a >= 0).collect();
                         if shared.is_none() {
                             attribute_indices.extend(&workload_attrs[workload]);
                         }

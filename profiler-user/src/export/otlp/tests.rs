@@ -392,3 +392,26 @@ fn a_python_function_is_one_function_and_user_frames_have_mappings_and_addresses
     assert_eq!(s(d.mapping_table[start.mapping_index as usize].filename_strindex), "/usr/bin/python3.12");
     assert_eq!(d.mapping_table.len(), 2, "the zero mapping and python3.12's: {:?}", d.mapping_table);
 }
+
+/// Issue 41, part 1: a launch's kernel is an attribute of its sample (`kernel`), beside the
+/// stack's `[gpu] NAME` leaf; other kinds and launches of no named kernel have none.
+#[test]
+fn a_launchs_kernel_is_an_attribute() {
+    let w = Window::new(T0, T0 + 10 * NS_PER_SEC).unwrap();
+    let named = [("main", false), ("train_step (/srv/train.py:93)", false), ("[gpu] ampere_sgemm_128x64_tn", false)];
+    let plain = [("main", false), ("cuLaunchKernel", false)];
+    let kernels = |kind: crate::model::SampleKind| {
+        let mut b = Builder::new(w, "node-1", 99).with_kind(kind);
+        b.add(&SampleRef { count: 5, ..sample(T0, 43, &named, "") });
+        b.add(&SampleRef { count: 2, ..sample(T0, 43, &plain, "") });
+        let r = roundtrip(b);
+        let d = r.dictionary.as_ref().unwrap();
+        let p = &r.resource_profiles[0].scope_profiles[0].profiles[0];
+        let mut got: Vec<Option<String>> =
+            p.samples.iter().map(|s| attrs(d, &s.attribute_indices).remove("kernel")).collect();
+        got.sort();
+        got
+    };
+    assert_eq!(kernels(crate::model::SampleKind::CudaLaunches), [None, Some("ampere_sgemm_128x64_tn".into())]);
+    assert_eq!(kernels(crate::model::SampleKind::CudaSync), [None, None]);
+}
