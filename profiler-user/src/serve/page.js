@@ -320,7 +320,11 @@ async function loadCounters() {
   // while its feeders are busy is the answer, not a flat line.
   const gpu = (t) => /^gpu\.\d+\.util$/.test(t.name);
   const mine = all.filter((t) => !gpu(t));
-  const moved = mine.filter((t) => t.points.some((p) => p[1] !== t.points[0][1]));
+  // The GPUs' other tracks (power, clocks, per process) and the CUDA tracks before the rest:
+  // an idle NIC's counter must not take their slot (issue 41, part 7).
+  const gpuSide = (t) => /^(gpu|cuda)\./.test(t.name);
+  const moved = mine.filter((t) => t.points.some((p) => p[1] !== t.points[0][1]))
+    .sort((a, b) => gpuSide(b) - gpuSide(a));
   const shown = [...all.filter(gpu), ...(S.allTracks ? moved : moved.slice(0, TRACKS))];
   const d = S.dom, out = [];
   for (const t of shown) {
@@ -330,16 +334,21 @@ async function loadCounters() {
     // The counter's name and its CPU on lines of their own: cut to the 70 px column on one
     // line, `irq.total cp…` lost the CPU. The whole label is on the plot too.
     const line = (text) => Object.assign(document.createElement("span"), { textContent: text });
-    name.append(line(t.name));
+    // `cuda.21440.launches` and `cuda.21440.sync_ms` were both cut to `cuda.2144…`: the last
+    // part of a dotted name on a line of its own.
+    const dot = t.name.lastIndexOf(".");
+    if (dot > 0) name.append(line(t.name.slice(0, dot)), " ", line(t.name.slice(dot + 1)));
+    else name.append(line(t.name));
     if (t.cpu != null) name.append(" ", line("cpu" + t.cpu));
     name.title = `${label} (${t.unit || ""})`;
-    const c = canvas(cv, d.w, 26), max = gpu(t) ? 100 : Math.max(...t.points.map((p) => p[1]), 0);
+    const top = Math.max(...t.points.map((p) => p[1]), 0);
+    const c = canvas(cv, d.w, 26), max = gpu(t) ? 100 : top;
     c.fillStyle = css("--empty"); c.fillRect(0, 0, d.w, 26);
     c.strokeStyle = css("--info"); c.lineWidth = 1.5; c.beginPath();
     t.points.forEach(([ms, v], j) => { const x = X(ms / 1000), y = 24 - (max ? (v / max) * 21 : 0); j ? c.lineTo(x, y) : c.moveTo(x, y); });
     c.stroke();
     if (gpu(t)) markGpuFaults(c, Number(t.name.split(".")[1]));
-    c.fillStyle = css("--muted"); c.font = "10px system-ui, sans-serif"; c.textBaseline = "top"; c.fillText(`${label} · max ${+max.toPrecision(3)} ${t.unit || ""}`, 3, 1);
+    c.fillStyle = css("--muted"); c.font = "10px system-ui, sans-serif"; c.textBaseline = "top"; c.fillText(`${label} · max ${+top.toPrecision(3)} ${t.unit || ""}${gpu(t) ? " (scale 0-100 %)" : ""}`, 3, 1);
     cv.addEventListener("mousemove", (ev) => {
       const tm = T(ev.clientX - cv.getBoundingClientRect().left) * 1000;
       const p = t.points.reduce((a, b) => (Math.abs(b[0] - tm) < Math.abs(a[0] - tm) ? b : a));
