@@ -10,6 +10,7 @@ mod listener;
 pub mod metrics;
 mod request;
 pub mod source;
+mod threads;
 pub mod tree;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -408,7 +409,8 @@ pub fn page() -> String {
             include_str!("heatmap.js"),
             include_str!("flame.js"),
             include_str!("gpu.js"),
-            include_str!("report.js")
+            include_str!("report.js"),
+            include_str!("timeline.js")
         ),
     )
 }
@@ -443,6 +445,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/events", get(events_api))
         .route("/api/status", get(status_api))
         .route("/api/counters", get(counters_api))
+        .route("/api/threads", get(threads::threads_api))
         .route("/api/fleet", get(fleet_api::fleet_api));
     // The daemon's live figures; a fleet's are each daemon's own /metrics.
     let router = if daemon { router.route("/metrics", get(metrics_api)) } else { router };

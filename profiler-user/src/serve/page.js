@@ -52,6 +52,7 @@ function writeURL(push) {
   if ($("flameup").checked) p.set("view", "flame");
   if ($("samples").value !== "cpu") p.set("samples", $("samples").value);
   if ($("search").value) p.set("search", $("search").value);
+  if (tlPid()) p.set("threads", tlPid()); // timeline.js
   const url = location.pathname + "?" + p;
   // Zooms and jumps push (the browser's Back and ours return); other changes replace.
   const depth = (history.state && history.state.depth) || 0;
@@ -70,6 +71,7 @@ function readURL() {
   const kind = p.get("samples"); // one of the selector's, else CPU
   $("samples").value = [...$("samples").options].some((o) => o.value === kind) ? kind : "cpu";
   $("search").value = p.get("search") || "";
+  $("tl-pid").value = p.get("threads") || "";
   const sel = (p.get("sel") || "").split(",").map(Number);
   S.sel = sel.length === 2 && sel.every((x) => x > 0) && sel[0] < sel[1] ? sel : null;
 }
@@ -448,6 +450,7 @@ function redraw() {
   if (S.grid) drawHeatmap();
   if (S.ct) drawCputime();
   marks($("hm-marks")); marks($("ct-marks"));
+  if (S.threads) drawThreads();
   drawWindow();
 }
 
@@ -478,6 +481,7 @@ async function load() {
     // A report opens on its whole window's flamegraph (it holds it), not on an empty panel.
     else if (window.PROFILER_REPORT) showFlamegraph(window.PROFILER_REPORT.from_ns / 1e9, window.PROFILER_REPORT.to_ns / 1e9);
     loadCounters();
+    loadThreads();
   } catch (err) {
     if (mine === loads) { $("status").textContent = err.message; $("status").className = "err"; }
   }

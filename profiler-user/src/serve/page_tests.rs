@@ -42,3 +42,15 @@ fn the_flamegraph_offers_every_kind_of_count_with_its_label() {
     assert!(p.contains("q.samples = kind") && p.contains(r#"p.set("samples""#));
     assert!(p.contains(r#"get("/api/heatmap")"#));
 }
+
+#[test]
+fn the_page_has_a_process_s_thread_timeline_under_the_heatmap() {
+    let p = page();
+    assert!(p.contains("function drawThreads("), "timeline.js is part of the script");
+    assert!(p.contains(r#"<input id="tl-pid""#) && p.contains(r#"get("/api/threads""#));
+    // On the heatmap's time axis (X), kept in the address, reloaded with the window.
+    assert!(p.contains(r#"p.set("threads", tlPid())"#) && p.contains("loadThreads();"));
+    for state in ["--tl-running", "--tl-runnable", "--tl-io", "--tl-sleep"] {
+        assert!(p.contains(&format!("{state}:")), "{state} has a colour in both themes' root");
+    }
+}
