@@ -198,7 +198,7 @@ pub(super) async fn threads_api(State(s): State<Shared>, Query(p): Query<Params>
                 Ok(_) => true,
                 // No off-CPU time recorded, or none in this window: the strip shows running only.
                 Err(SourceError::NotRecorded(_)) => false,
-                Err(SourceError::Query(q)) if matches!(q, crate::query::QueryError::NoData { .. }) => true,
+                Err(SourceError::Query(crate::query::QueryError::NoData { .. })) => true,
                 Err(e) => return Err(e.into()),
             };
         json(b.finish(pid, off_cpu))
