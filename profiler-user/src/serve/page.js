@@ -337,9 +337,9 @@ async function loadCounters() {
     // line, `irq.total cp…` lost the CPU. The whole label is on the plot too.
     const line = (text) => Object.assign(document.createElement("span"), { textContent: text });
     // `cuda.21440.launches` and `cuda.21440.sync_ms` were both cut to `cuda.2144…`: the last
-    // part of a dotted name on a line of its own.
+    // part of a dotted name on a line of its own (the spans are blocks: the name reads whole).
     const dot = t.name.lastIndexOf(".");
-    if (dot > 0) name.append(line(t.name.slice(0, dot)), " ", line(t.name.slice(dot + 1)));
+    if (dot > 0) name.append(line(t.name.slice(0, dot + 1)), line(t.name.slice(dot + 1)));
     else name.append(line(t.name));
     if (t.cpu != null) name.append(" ", line("cpu" + t.cpu));
     name.title = `${label} (${t.unit || ""})`;
