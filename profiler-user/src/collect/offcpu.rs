@@ -46,8 +46,13 @@ pub struct Drained {
     pub ts_ns: u64,
 }
 
-/// The program's totals over all CPUs (`profiler_common::offcpu::stat`, the ever-growing ones).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The program's totals over all CPUs (`profiler_common::offcpu::stat`, the ever-growing ones):
+/// switch-outs seen, waits at least the threshold long, waits left out by the sampling above the
+/// rate limit (their time is in the kept ones'), stacks walked, armed switch-outs not walked (the
+/// walk budget was spent), waits whose count did not fit the kernel's map, and armed switch-outs
+/// that took their last walk's stack (same place), unwalked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Totals {
     pub switches: u64,
     pub long_waits: u64,

@@ -222,9 +222,7 @@ impl Recorder {
         }
         let changes = self.drain(collector, pipeline, now_ns);
         if let Some(t) = collector.offcpu_totals() {
-            let s = &mut self.status;
-            (s.switches, s.long_waits, s.sampled_out, s.walked, s.walks_skipped, s.dropped, s.reused) =
-                (t.switches, t.long_waits, t.sampled_out, t.walked, t.walks_skipped, t.dropped, t.reused);
+            self.status.kernel = t;
         }
         if self.last_status.elapsed() >= STATUS_EVERY {
             self.last_status = Instant::now();
@@ -241,15 +239,15 @@ impl Recorder {
     fn report(&self) {
         let s = &self.status;
         tracing::info!(
-            switches = s.switches,
-            long_waits = s.long_waits,
+            switches = s.kernel.switches,
+            long_waits = s.kernel.long_waits,
             recorded_waits = s.recorded_waits,
             recorded_ms = s.recorded_us / 1_000,
-            sampled_out = s.sampled_out,
-            walked = s.walked,
-            walks_skipped = s.walks_skipped,
-            reused = s.reused,
-            dropped = s.dropped,
+            sampled_out = s.kernel.sampled_out,
+            walked = s.kernel.walked,
+            walks_skipped = s.kernel.walks_skipped,
+            reused = s.kernel.reused,
+            dropped = s.kernel.dropped,
             without_stack = s.without_stack,
             "off-CPU counts so far"
         );

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::collect::offcpu::Totals;
+
 pub const FILE: &str = "offcpu.json";
 
 /// The kernel's totals are cumulative since the program was loaded; the recorder's own since the
@@ -25,18 +27,9 @@ pub struct Status {
     /// Microseconds recorded (weighted), waits recorded (weighted).
     pub recorded_us: u64,
     pub recorded_waits: u64,
-    /// The kernel's totals (`collect::offcpu::Totals`): switch-outs seen, waits at least the
-    /// threshold long, waits left out by the sampling above the rate limit (their time is in
-    /// the kept ones'), stacks walked, armed switch-outs not walked (the walk budget was spent),
-    /// waits whose count did not fit the kernel's map.
-    pub switches: u64,
-    pub long_waits: u64,
-    pub sampled_out: u64,
-    pub walked: u64,
-    pub walks_skipped: u64,
-    pub dropped: u64,
-    /// Armed switch-outs that took their last walk's stack (same place), unwalked.
-    pub reused: u64,
+    /// The kernel's totals, as the program keeps them (flattened: the file's keys are theirs).
+    #[serde(flatten)]
+    pub kernel: Totals,
     /// Counts stored without their stack (a thread's first long wait, or a stack the kernel's
     /// map had no room for).
     pub without_stack: u64,
@@ -72,13 +65,13 @@ impl Status {
                  (the kernel's map was full)",
                 self.recorded_waits,
                 self.recorded_us as f64 / 1e6,
-                self.sampled_out,
-                self.dropped
+                self.kernel.sampled_out,
+                self.kernel.dropped
             ),
             format!(
                 "stacks: {} walked, {} taken from the thread's last walk, {} not walked (the walk budget was \
                  spent), {} waits stored without a stack",
-                self.walked, self.reused, self.walks_skipped, self.without_stack
+                self.kernel.walked, self.kernel.reused, self.kernel.walks_skipped, self.without_stack
             ),
         ]
     }
@@ -99,11 +92,8 @@ mod tests {
             walk_limit: 200,
             recorded_us: 2_500_000,
             recorded_waits: 40,
-            sampled_out: 7,
-            walked: 12,
-            walks_skipped: 3,
+            kernel: Totals { sampled_out: 7, walked: 12, walks_skipped: 3, ..Default::default() },
             without_stack: 2,
-            ..Default::default()
         };
         s.write(dir.path());
         assert_eq!(Status::read(dir.path()), Some(s.clone()));

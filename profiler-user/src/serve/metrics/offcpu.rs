@@ -30,13 +30,13 @@ pub fn render(s: &Status, out: &mut String) {
         "profiler_offcpu_switches_total",
         "counter",
         "Context switches the off-CPU program saw (a thread leaving its CPU).",
-        one(s.switches as f64),
+        one(s.kernel.switches as f64),
     );
     family(
         "profiler_offcpu_long_waits_total",
         "counter",
         "Off-CPU waits at least the threshold long, before the rate limit.",
-        one(s.long_waits as f64),
+        one(s.kernel.long_waits as f64),
     );
     family(
         "profiler_offcpu_recorded_waits_total",
@@ -54,13 +54,13 @@ pub fn render(s: &Status, out: &mut String) {
         "profiler_offcpu_sampled_out_waits_total",
         "counter",
         "Off-CPU waits above the rate limit left out by the sampling (their time is in the kept ones').",
-        one(s.sampled_out as f64),
+        one(s.kernel.sampled_out as f64),
     );
     family(
         "profiler_offcpu_dropped_waits_total",
         "counter",
         "Off-CPU waits lost: the kernel's count map was full.",
-        one(s.dropped as f64),
+        one(s.kernel.dropped as f64),
     );
     family(
         "profiler_offcpu_stacks_total",
@@ -68,9 +68,9 @@ pub fn render(s: &Status, out: &mut String) {
         "Stacks of off-CPU waits by how they were taken: walked, reused (the thread's last walk, same place), \
          skipped (the per-CPU walk budget was spent).",
         vec![
-            ("{outcome=\"walked\"}".into(), s.walked as f64),
-            ("{outcome=\"reused\"}".into(), s.reused as f64),
-            ("{outcome=\"skipped\"}".into(), s.walks_skipped as f64),
+            ("{outcome=\"walked\"}".into(), s.kernel.walked as f64),
+            ("{outcome=\"reused\"}".into(), s.kernel.reused as f64),
+            ("{outcome=\"skipped\"}".into(), s.kernel.walks_skipped as f64),
         ],
     );
     family(
@@ -85,6 +85,7 @@ pub fn render(s: &Status, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::offcpu::Totals;
 
     #[test]
     fn the_counts_are_counters_in_base_units() {
@@ -94,9 +95,7 @@ mod tests {
             sample_every: 8,
             recorded_us: 1_500_000,
             recorded_waits: 30,
-            sampled_out: 4,
-            walked: 9,
-            walks_skipped: 2,
+            kernel: Totals { sampled_out: 4, walked: 9, walks_skipped: 2, ..Default::default() },
             ..Default::default()
         };
         let mut out = String::new();
