@@ -49,17 +49,30 @@ fn runtime_launches_spend_two_probe_hits_of_the_guards_budget() {
         .find_map(|kv| kv.strip_prefix("calls_per_sec="))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no calls_per_sec in {line}"));
-    assert!((1600.0..2400.0).contains(&rate), "two hits a launch: {line}");
-    // Both libraries' probes under the process's duty cycle.
-    let libs = wait_for_every("both libraries cut", Duration::from_secs(20), Duration::from_millis(200), || {
-        let libs = status(&data)["libraries"].as_array()?.clone();
-        let cut = |name: &str| {
-            libs.iter().any(|l| {
-                l["path"].as_str().is_some_and(|p| p.contains(name)) && l["fraction"].as_f64().is_some_and(|f| f < 1.0)
-            })
-        };
-        (cut("libcuda.so.1") && cut("libcudart.so.12")).then_some(libs)
-    });
+    // The first second over the budget may be one the launcher only began in (CI saw 1,547):
+    // over 1,500 already means more than one hit a launch; the steady rate, re-measured in the
+    // seconds the probes stay attached, is the one that must be two.
+    assert!((1500.0..2400.0).contains(&rate), "over the budget, under three hits a launch: {line}");
+    // Both libraries' probes under the process's duty cycle, at two hits a launch.
+    let libs = wait_for_every(
+        "both libraries cut at two hits a launch",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let libs = status(&data)["libraries"].as_array()?.clone();
+            let cut = |name: &str| {
+                libs.iter().any(|l| {
+                    l["path"].as_str().is_some_and(|p| p.contains(name))
+                        && l["fraction"].as_f64().is_some_and(|f| f < 1.0)
+                })
+            };
+            let steady = libs.iter().any(|l| {
+                l["path"].as_str().is_some_and(|p| p.contains("libcuda.so.1"))
+                    && l["calls_per_sec"].as_f64().is_some_and(|r| (1600.0..2400.0).contains(&r))
+            });
+            (cut("libcuda.so.1") && cut("libcudart.so.12") && steady).then_some(libs)
+        },
+    );
     eprintln!("{line}\n{libs:?}");
     runtime.report();
     runtime.finish();
