@@ -12,7 +12,10 @@
 //! FLEET_BIG_CPUS (192) and FLEET_BIG_SECS (3600) the one big node beside it (0: none);
 //! FLEET_ROLLUP_DAYS (30): days of hourly rollup rows written directly on the servers before the
 //! raw data (a 30-day fleet's raw rows would not fit); FLEET_SHIPPERS (16): shippers at once;
-//! FLEET_DIR: where the servers and stores go (default a temporary directory).
+//! FLEET_DIR: where the servers and stores go (default a temporary directory); FLEET_SHIPPED
+//! (FLEET_NODES): of the nodes, how many are written and shipped (ingest is measured on them),
+//! the rest copied from them by the servers (`fleet_scale/clone.rs`), for fleets larger than
+//! this machine writes and ships in a session.
 
 use std::{
     collections::BTreeMap,
@@ -29,6 +32,8 @@ use profiler::ship::{
     clickhouse::{Config, FileConfig, Shipper, schema},
 };
 
+#[path = "fleet_scale/clone.rs"]
+mod clone;
 #[path = "fleet_scale/synth.rs"]
 mod synth;
 
@@ -197,6 +202,7 @@ fn args(v: &[&str]) -> Vec<String> {
 #[ignore]
 fn fleet_scale_benchmark() {
     let nodes = knob("FLEET_NODES", 1000);
+    let shipped = knob("FLEET_SHIPPED", nodes).min(nodes);
     let cpus = knob("FLEET_CPUS", 16) as u32;
     let gpus = knob("FLEET_GPUS", 8) as u32;
     let secs = knob("FLEET_SECS", 600);
@@ -234,7 +240,7 @@ fn fleet_scale_benchmark() {
             fleet.distinct()
         ),
     );
-    let mut plans: Vec<(synth::NodePlan<'_>, PathBuf, usize)> = (0..nodes)
+    let mut plans: Vec<(synth::NodePlan<'_>, PathBuf, usize)> = (0..shipped)
         .map(|i| {
             let name = format!("gpu-{i:04}");
             let data = tmp.path().join("stores").join(&name);
@@ -254,7 +260,7 @@ fn fleet_scale_benchmark() {
     if big_cpus > 0 && big_secs > 0 {
         let plan = synth::NodePlan {
             name: "big-0000".into(),
-            index: nodes,
+            index: shipped,
             cpus: big_cpus,
             gpus,
             start_ns: end - big_secs * SEC,
@@ -281,7 +287,7 @@ fn fleet_scale_benchmark() {
         });
         out.into_inner().unwrap()
     };
-    let fleet_samples: u64 = written.iter().take(nodes as usize).map(|w| w.samples).sum();
+    let fleet_samples: u64 = written.iter().take(shipped as usize).map(|w| w.samples).sum();
     let samples: u64 = written.iter().map(|w| w.samples).sum();
     let ticks: u64 = written.iter().map(|w| w.ticks).sum();
     let points: u64 = written.iter().map(|w| w.counter_points).sum();
@@ -289,7 +295,7 @@ fn fleet_scale_benchmark() {
     say(
         "stores",
         format!(
-            "{nodes} nodes x {cpus} CPUs x {gpus} GPUs x {secs} s ({fleet_samples} samples) + big-0000 ({big_cpus} CPUs x {big_secs} s, {} samples): {samples} samples of {ticks} ticks ({:.1} % busy), {points} GPU track points, written in {:.0} s, {:.2} GB of stores ({:.2} B per sample)",
+            "{shipped} nodes x {cpus} CPUs x {gpus} GPUs x {secs} s ({fleet_samples} samples) + big-0000 ({big_cpus} CPUs x {big_secs} s, {} samples): {samples} samples of {ticks} ticks ({:.1} % busy), {points} GPU track points, written in {:.0} s, {:.2} GB of stores ({:.2} B per sample)",
             samples - fleet_samples,
             100.0 * samples as f64 / ticks.max(1) as f64,
             t.elapsed().as_secs_f64(),
@@ -328,9 +334,19 @@ fn fleet_scale_benchmark() {
     );
     let on_servers = shards.iter().map(|s| s.number("SELECT sum(count) FROM profiler.samples_local")).sum::<u64>();
     assert_eq!(on_servers, samples, "every sample written is on a shard");
+    // The rest of the fleet, copied by the servers from the shipped nodes.
+    let samples = if shipped < nodes {
+        say("copies", clone::copies(&shards, shipped, nodes));
+        wait_for("the servers' merges to finish", Duration::from_secs(3600), || {
+            shards.iter().all(|s| s.number("SELECT count() FROM system.merges") == 0).then_some(())
+        });
+        shards.iter().map(|s| s.number("SELECT sum(count) FROM profiler.samples_local")).sum::<u64>()
+    } else {
+        samples
+    };
     let per_shard: Vec<u64> =
         shards.iter().map(|s| s.number("SELECT uniqExact(node) FROM profiler.samples_local")).collect();
-    say("shards", format!("nodes per shard: {per_shard:?}"));
+    say("shards", format!("nodes per shard: {per_shard:?}; {samples} samples on the servers"));
     if std::env::var_os("FLEET_KEEP_STORES").is_none() {
         let _ = std::fs::remove_dir_all(tmp.path().join("stores"));
     }
