@@ -632,7 +632,7 @@ fn fleet_page_sql_runs_on_current_clickhouse() {
     ];
     let fleet = Fleet::new("http://unused:1", "p").unwrap();
     let window = Window::new(t, t + 10 * SEC).unwrap();
-    let sql = BoardSql { fleet: &fleet, window, bucket_ns: SEC };
+    let sql = BoardSql::raw(&fleet, window, SEC);
     let grouped = Rows::Grouped(vec![("n1".into(), "g".into()), ("n2".into(), "g".into())]);
     let order = |q: String, by: &str| format!("SELECT * FROM ({q}) ORDER BY {by}");
     let queries = [
@@ -707,7 +707,8 @@ fn fleet_page_latency() {
         ttl_secs: None,
         codecs: false,
     };
-    for s in profiler::ship::clickhouse::schema::statements(&layout) {
+    let rollups = profiler::ship::clickhouse::track_rollups::statements(&layout, 30 * 86_400);
+    for s in profiler::ship::clickhouse::schema::statements(&layout).into_iter().chain(rollups) {
         ch.query(&s).unwrap();
     }
     let secs = minutes * 60;
@@ -750,19 +751,59 @@ fn fleet_page_latency() {
     for s in &inserts {
         ch.query(s).unwrap_or_else(|e| panic!("{s}: {e}"));
     }
-    eprintln!("generated {nodes} nodes x {minutes} min in {:.1} s", t.elapsed().as_secs_f64());
+    // FLEET_ROLLUP_HOURS: that many hours before the raw minutes in the minute rollups only,
+    // written as the views would (a day of 1,000 nodes' raw seconds, 1.4 G rows, does not fit
+    // this machine), a hundred nodes at a time.
+    let hours: u64 = std::env::var("FLEET_ROLLUP_HOURS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let m0 = t0 - hours * 3600 * SEC;
+    let mins = hours * 60;
+    for first in (0..nodes).step_by(100) {
+        let n = 100.min(nodes - first);
+        let nd = node(&format!("({first} + intDiv(number, {mins} * 16))"));
+        let cpu = format!(
+            "INSERT INTO profiler.cpu_1m SELECT {nd}, toUInt64({m0} + intDiv(number, 16) % {mins} * 60 * {SEC}), \
+             toUInt16(number % 16), arrayReduce('sumState', [toUInt64(b * 60)]), arrayReduce('sumState', [toUInt64((99 - b) * 60)]), \
+             arrayReduce('sumState', [toUInt64(0)]), arrayReduce('sumState', [toUInt64(60 * {SEC})]), \
+             arrayReduce('maxState', [toFloat64(b / 99)]), arrayReduce('groupBitOrState', [toUInt64(if(b = 99, 1152921504606846975, 0))]) \
+             FROM (SELECT number, if(({first} + intDiv(number, {mins} * 16)) % 50 = 0 AND number % 16 = 0, 99, cityHash64(number) % 60) AS b \
+             FROM numbers({}))",
+            n * mins * 16
+        );
+        let nd = node(&format!("({first} + intDiv(number, {mins} * 8))"));
+        let gpu = format!(
+            "INSERT INTO profiler.gpu_util_1m SELECT {nd}, toUInt64({m0} + intDiv(number, 8) % {mins} * 60 * {SEC}), \
+             concat('gpu.', toString(number % 8), '.util'), toUInt64(60), toFloat64(u * 60), toUInt64(if(u < 50, 60, 0)), toUInt64(60) \
+             FROM (SELECT number, cityHash64(number) % 100 AS u FROM numbers({}))",
+            n * mins * 8
+        );
+        for s in [cpu, gpu] {
+            ch.query(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        }
+    }
+    eprintln!(
+        "generated {nodes} nodes x {minutes} min raw, {hours} h of minute rollups before, in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     // Each query alone, on the server (FORMAT Null): where the time goes.
     {
         use profiler::fleet::{
             Fleet,
             board_sql::{BoardSql, Rows},
+            minutes,
             overview::choose_bucket,
             signatures,
         };
         let now = (now_secs() * 1e9) as u64;
         let w = profiler::query::Window::new(now - 86_400 * SEC, now).unwrap();
         let fleet = Fleet::new(&ch.url(), "profiler").unwrap();
-        let sql = BoardSql { fleet: &fleet, window: w, bucket_ns: choose_bucket(w).0 * SEC };
+        // As `/api/fleet` reads them: the minute rollups for the whole minutes they hold.
+        let bucket_ns = choose_bucket(w).0 * SEC;
+        let start_ns = minutes::aligned_start(w, bucket_ns);
+        let parts = minutes::Parts { fleet: &fleet, start_ns, bucket_ns, nodes: String::new() };
+        let cpu = parts.split(profiler::ship::clickhouse::track_rollups::CPU_1M, w).unwrap();
+        let gpu = parts.gpu_split(w, 50.0).unwrap();
+        println!("FLEET_PAGE_SQL reads {}; {}", minutes::describe_cpu(&cpu), minutes::describe_gpu(&gpu));
+        let sql = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, gpu };
         let some = Rows::Nodes((0..40).map(|i| format!("gpu-{}-{}", i / 100, i % 100)).collect());
         for (name, q) in [
             ("cpu_scores", sql.cpu_scores(&Rows::EachNode)),
@@ -815,5 +856,111 @@ fn fleet_page_latency() {
     }
     for l in lines {
         println!("{l}");
+    }
+}
+
+/// The minute rollups of the per-CPU counts and GPU readings (`cpu_1m`, `gpu_util_1m`, made by
+/// the servers' views from the raw rows' inserts) give the raw rows' answers: every query of the
+/// page and of `profiler fleet`'s busy shares, read from the rollups for a window's whole
+/// minutes and raw rows at its edges, equals the same query over raw rows only, on 18.16 and on
+/// current ClickHouse (chdb).
+#[test]
+fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
+    use profiler::{
+        fleet::{
+            Fleet,
+            board_sql::{BoardSql, Rows},
+            minutes::{self, Split},
+            overview::{self, node_filter},
+        },
+        query::Window,
+        ship::clickhouse::{schema, track_rollups},
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    // Minutes of a little while ago (a fixed date's would expire by the tables' TTL).
+    let t = (now_secs() as u64 / 60 - 10) * 60 * SEC;
+    let node = "concat('n', toString(intDiv(number, 2) % 3))";
+    let rows = [
+        // 3 nodes x 2 CPUs x 400 s: 0-99 % busy, some seconds saturated.
+        format!(
+            "INSERT INTO p.cpu_seconds SELECT {node}, toUInt64({t} + intDiv(number, 6) * {SEC}), toUInt64({SEC}), \
+             toUInt16(number % 2), toUInt32(b), toUInt32(0), toUInt32(99 - b), toUInt32(number % 3), toUInt32(99) \
+             FROM (SELECT number, cityHash64(number) % 100 AS b FROM numbers(2400))"
+        ),
+        // 3 nodes x 2 GPUs, two readings a second; a memory track the measures leave out.
+        format!(
+            "INSERT INTO p.counters SELECT {node}, toUInt64({t} + intDiv(number, 6) * {} ), \
+             concat('gpu.', toString(number % 2), if(number % 7 = 0, '.mem_util', '.util')), toInt32(-1), '%', \
+             toFloat64(cityHash64(number) % 101) FROM numbers(4800)",
+            SEC / 2
+        ),
+    ];
+    let layout = |codecs, ttl| schema::Layout { database: "p", cluster: None, ttl_secs: ttl, codecs };
+    let setup = |l: &schema::Layout<'_>| -> Vec<String> {
+        let mut s = schema::statements(l);
+        s.extend(track_rollups::statements(l, 30 * 86_400));
+        s.extend(rows.iter().cloned());
+        s
+    };
+    for s in setup(&layout(false, None)) {
+        ch.query(&s).unwrap_or_else(|e| panic!("18.16 refused {s}: {e}"));
+    }
+    let fleet = Fleet::new(&ch.url(), "p").unwrap();
+    let window = Window::new(t + 17 * SEC, t + 353 * SEC).unwrap();
+    let bucket_ns = 60 * SEC;
+    let start_ns = minutes::aligned_start(window, bucket_ns);
+    assert_eq!(start_ns, t);
+    // The views began with the first minute: whole minutes from the second one.
+    let from = minutes::whole_from(&fleet, track_rollups::CPU_1M, window).unwrap();
+    assert_eq!(from, Some(t + 60 * SEC));
+    assert_eq!(minutes::whole_from(&fleet, track_rollups::GPU_UTIL_1M, window).unwrap(), from);
+    let split = Split::new(window, from);
+    assert_eq!(minutes::describe_cpu(&split), "cpu_1m 4m 0s, cpu_seconds 1m 36.000s");
+    let raw = Split::raw(window);
+    let board = |s: &Split| BoardSql { fleet: &fleet, window, bucket_ns, start_ns, cpu: s.clone(), gpu: s.clone() };
+    let fleet_sql = |s: &Split| overview::Sql {
+        fleet: &fleet,
+        window,
+        nodes: node_filter(&["n0".into(), "n2".into()]),
+        pieces: Vec::new(),
+        cpu: s.clone(),
+    };
+    let grouped = Rows::Grouped(vec![("n0".into(), "g".into()), ("n1".into(), "g".into()), ("n2".into(), "h".into())]);
+    let some = Rows::Nodes(vec!["n1".into(), "n2".into()]);
+    let order = |q: String| format!("SELECT * FROM ({q}) ORDER BY 1, 2");
+    let queries = |s: &Split| {
+        let b = board(s);
+        let o = fleet_sql(s);
+        vec![
+            order(b.cpu_scores(&Rows::EachNode)),
+            order(b.cpu_grid(&some)),
+            order(b.cpu_grid(&grouped)),
+            order(b.gpu_scores(&Rows::EachNode, 50.0)),
+            order(b.gpu_grid(&some, 50.0)),
+            order(b.gpu_grid(&grouped, 50.0)),
+            o.busy(),
+            o.grid(60),
+        ]
+    };
+    let (from_raw, from_rollups) = (queries(&raw), queries(&split));
+    assert!(from_rollups.iter().all(|q| q.contains("_1m`")), "every query reads a rollup");
+    let mut answers = Vec::new();
+    for (r, m) in from_raw.iter().zip(&from_rollups) {
+        let a = ch.query(&format!("{r} FORMAT TSV")).unwrap_or_else(|e| panic!("18.16 refused {r}: {e}"));
+        let b = ch.query(&format!("{m} FORMAT TSV")).unwrap_or_else(|e| panic!("18.16 refused {m}: {e}"));
+        assert!(a.lines().count() >= 2, "{r}: {a}");
+        assert_eq!(b, a, "on 18.16, from the rollups: {m}");
+        answers.push(a.trim().to_string());
+    }
+    // The cells' columns are whole minutes: 6 of them, from the window's minute.
+    assert!(answers[1].lines().any(|l| l.starts_with("n2\t5\t")), "{}", answers[1]);
+    let mut statements = setup(&layout(true, Some(604_800)));
+    let n = statements.len();
+    statements.extend(from_raw.iter().chain(&from_rollups).map(|q| format!("{q} FORMAT TSV")));
+    let Some(current) = integration_tests::clickhouse::chdb(&statements) else { return };
+    for (i, want) in answers.iter().enumerate() {
+        assert_eq!(&current[n + i], want, "on chdb, raw rows: {}", from_raw[i]);
+        assert_eq!(&current[n + answers.len() + i], want, "on chdb, from the rollups: {}", from_rollups[i]);
     }
 }

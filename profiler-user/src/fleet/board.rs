@@ -27,11 +27,15 @@ use serde::Serialize;
 use super::{
     Fleet, FleetError, Selection,
     board_sql::{BoardSql, Rows},
+    minutes,
     overview::choose_bucket,
     rollup::{self, Coverage},
     signatures::{self, Signature},
 };
-use crate::{query::Window, ship::clickhouse::schema::quote_str};
+use crate::{
+    query::Window,
+    ship::clickhouse::{schema::quote_str, track_rollups},
+};
 
 const SEC: u64 = 1_000_000_000;
 /// Most rows an answer has.
@@ -206,6 +210,8 @@ pub struct Board {
     pub nodes_without_data: u64,
     pub causes: Vec<String>,
     pub findings: Vec<Signature>,
+    /// The tables the measure was read from (`cpu_1m 23h 55m, cpu_seconds 4m 59.000s`).
+    pub read_from: String,
 }
 
 /// A row chosen: its label, its nodes, what they summed.
@@ -282,11 +288,20 @@ pub fn causes(
 pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     let sel = fleet.select(&req.nodes)?;
     let w = req.window;
-    let (bucket, columns) = choose_bucket(w);
-    let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC };
+    let (bucket, _) = choose_bucket(w);
+    // Columns of whole minutes start on their bucket, so the minute rollups answer them.
+    let start_ns = minutes::aligned_start(w, bucket * SEC);
+    let columns = (w.to_ns - start_ns).div_ceil(bucket * SEC);
     let names: Vec<String> = sel.nodes.iter().map(|n| n.name.clone()).collect();
     let chosen = if sel.whole_fleet { Rows::EachNode } else { Rows::Nodes(names.clone()) };
     let idle_below = crate::detect::thresholds::Thresholds::default().gpu_idle_below * 100.0;
+    let parts = minutes::Parts { fleet, start_ns, bucket_ns: bucket * SEC, nodes: String::new() };
+    let (cpu, gpu) = match req.measure.gpu() {
+        true => (minutes::Split::raw(w), parts.gpu_split(w, idle_below)?),
+        false => (parts.split(track_rollups::CPU_1M, w)?, minutes::Split::raw(w)),
+    };
+    let read_from = if req.measure.gpu() { minutes::describe_gpu(&gpu) } else { minutes::describe_cpu(&cpu) };
+    let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, gpu };
     let mut tallies: BTreeMap<String, Tally> = names.iter().map(|n| (n.clone(), Tally::default())).collect();
     if req.measure.gpu() {
         let read = |r: &mut super::rowbinary::Reader<'_>| {
@@ -372,7 +387,7 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
         let found = fleet.rows(&q, |r| Ok((r.string()?.to_string(), r.string()?.to_string(), r.u64()?, r.u64()?)))?;
         let laid: Vec<(usize, String, u64, u64)> =
             found.into_iter().filter_map(|(n, k, a, b)| Some((*row_of_node.get(n.as_str())?, k, a, b))).collect();
-        let (k, per_row) = causes(&laid, rows.len(), w.from_ns, bucket * SEC, columns as usize);
+        let (k, per_row) = causes(&laid, rows.len(), start_ns, bucket * SEC, columns as usize);
         kinds = k;
         for (row, c) in rows.iter_mut().zip(per_row) {
             row.causes = c;
@@ -388,7 +403,7 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
         score_unit: req.measure.score_unit(),
         bucket_seconds: bucket,
         columns,
-        start_ns: w.from_ns,
+        start_ns,
         rows,
         more_rows,
         more_nodes,
@@ -396,6 +411,7 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
         nodes_without_data: names.len() as u64 - with_data,
         causes: kinds,
         findings,
+        read_from,
     })
 }
 

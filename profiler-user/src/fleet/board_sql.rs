@@ -7,16 +7,17 @@
 //! Runs on ClickHouse 18.16 and current servers: no newer functions, no alias that shadows a
 //! column, integer and float results cast to what the decoder reads.
 
-use super::Fleet;
+use super::{
+    Fleet,
+    minutes::{Parts, Split},
+};
 use crate::{
     query::Window,
-    ship::clickhouse::schema::{self, col::*, quote_str},
+    ship::clickhouse::schema::{col::*, quote_str},
 };
 
-const SEC: u64 = 1_000_000_000;
-
 /// The GPU utilisation tracks (`gpu.N.util`, percent; `gpu::nvml::poll`), as an RE2 pattern.
-pub const GPU_UTIL_TRACK: &str = "^gpu\\.[0-9]+\\.util$";
+pub use crate::ship::clickhouse::track_rollups::GPU_UTIL_TRACK;
 
 /// How the nodes of a query are chosen and keyed into rows.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -58,41 +59,35 @@ impl Rows {
     }
 }
 
-/// The page's SQL for one window, in columns of `bucket_ns` from the window's start.
+/// The page's SQL for one window, in columns of `bucket_ns` from `start_ns`; the per-CPU counts
+/// and GPU readings from the minute rollups where `cpu` and `gpu` say ([`super::minutes`]).
 pub struct BoardSql<'a> {
     pub fleet: &'a Fleet,
     pub window: Window,
     pub bucket_ns: u64,
+    /// Column 0's start ([`super::minutes::aligned_start`]).
+    pub start_ns: u64,
+    pub cpu: Split,
+    pub gpu: Split,
+}
+
+impl<'a> BoardSql<'a> {
+    /// Columns from the window's start, every row raw.
+    pub fn raw(fleet: &'a Fleet, window: Window, bucket_ns: u64) -> Self {
+        Self { fleet, window, bucket_ns, start_ns: window.from_ns, cpu: Split::raw(window), gpu: Split::raw(window) }
+    }
 }
 
 impl BoardSql<'_> {
-    fn range(&self, rows: &Rows) -> String {
-        format!("{TS} >= {} AND {TS} < {}{}", self.window.from_ns, self.window.to_ns, rows.filter())
+    fn parts(&self, rows: &Rows) -> Parts<'_> {
+        Parts { fleet: self.fleet, start_ns: self.start_ns, bucket_ns: self.bucket_ns, nodes: rows.filter() }
     }
 
     /// Per node, column and CPU: busy and idle ticks (a retried batch's copies counted once).
     /// Rows of groups (hundreds of nodes each) are summed without that dedup, as the ranking
     /// is ([`BoardSql::cpu_scores`]): a re-sent block repeats its busy and idle, shares hold.
     fn cpu_cells(&self, rows: &Rows) -> String {
-        if let Rows::Grouped(_) = rows {
-            return format!(
-                "SELECT {NODE} AS nd, intDiv({TS} - {}, {}) AS col, {CPU} AS cp, sum({BUSY}) AS sb, sum({IDLE}) AS si \
-                 FROM {} WHERE {} GROUP BY nd, col, cp",
-                self.window.from_ns,
-                self.bucket_ns,
-                self.fleet.table(schema::CPU_SECONDS),
-                self.range(rows)
-            );
-        }
-        format!(
-            "SELECT nd, col, sum(b) AS sb, sum(i) AS si FROM (SELECT {NODE} AS nd, intDiv({TS} - {}, {}) AS col, \
-             {CPU} AS cp, max({BUSY}) AS b, max({IDLE}) AS i FROM {} WHERE {} GROUP BY {NODE}, {TS}, {CPU}) \
-             GROUP BY nd, col, cp",
-            self.window.from_ns,
-            self.bucket_ns,
-            self.fleet.table(schema::CPU_SECONDS),
-            self.range(rows)
-        )
+        self.parts(rows).cpu_cells(&self.cpu, !matches!(rows, Rows::Grouped(_)))
     }
 
     /// Per node: the busiest CPU's share in any column, busy ticks, idle ticks. For the ranking
@@ -102,12 +97,8 @@ impl BoardSql<'_> {
     pub fn cpu_scores(&self, rows: &Rows) -> String {
         format!(
             "SELECT nd, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), toUInt64(sum(sb)), toUInt64(sum(si)) \
-             FROM (SELECT {NODE} AS nd, intDiv({TS} - {}, {}) AS col, {CPU} AS cp, sum({BUSY}) AS sb, sum({IDLE}) AS si \
-             FROM {} WHERE {} GROUP BY nd, col, cp) GROUP BY nd",
-            self.window.from_ns,
-            self.bucket_ns,
-            self.fleet.table(schema::CPU_SECONDS),
-            self.range(rows)
+             FROM ({}) GROUP BY nd",
+            self.parts(rows).cpu_cells(&self.cpu, false)
         )
     }
 
@@ -122,57 +113,24 @@ impl BoardSql<'_> {
         )
     }
 
-    /// Per node, GPU and second: its first time, mean utilisation (percent) and the share of
-    /// its readings below `idle_below` percent (re-sent rows repeat every reading: shares hold).
-    fn gpu_seconds(&self, rows: &Rows, idle_below: f64) -> String {
-        format!(
-            "SELECT {NODE} AS nd, {NAME} AS nm, intDiv({TS}, {SEC}) AS sec, min({TS}) AS t0, avg({VALUE}) AS u, \
-             countIf({VALUE} < {idle_below}) / count() AS idf FROM {} WHERE {} AND {CPU} = -1 \
-             AND match({NAME}, {}) GROUP BY nd, nm, sec",
-            self.fleet.table(schema::COUNTERS),
-            self.range(rows),
-            quote_str(GPU_UTIL_TRACK)
-        )
-    }
-
-    /// Per node: GPU-seconds read (`uniq`: approximate past a few thousand), their utilisation
-    /// summed (percent) and those idle, from the readings' mean and idle share, and its GPUs.
-    /// For the ranking only: one pass over the readings, no group per GPU-second.
+    /// Per node: GPU-seconds read (`uniq` over raw rows: approximate past a few thousand; the
+    /// rollup's seconds), their utilisation summed (percent) and those idle, from the readings'
+    /// mean and idle share, and its GPUs. Re-sent rows repeat every reading: shares hold.
     pub fn gpu_scores(&self, rows: &Rows, idle_below: f64) -> String {
         format!(
-            "SELECT nd, toUInt64(s), toFloat64(u / n * s), toFloat64(i / n * s), toUInt64(g) FROM (SELECT {NODE} AS nd, \
-             count() AS n, sum({VALUE}) AS u, countIf({VALUE} < {idle_below}) AS i, uniq({NAME}, intDiv({TS}, {SEC})) AS s, \
-             uniqExact({NAME}) AS g FROM {} WHERE {} AND {CPU} = -1 AND match({NAME}, {}) GROUP BY {NODE})",
-            self.fleet.table(schema::COUNTERS),
-            self.range(rows),
-            quote_str(GPU_UTIL_TRACK)
+            "SELECT nd, toUInt64(s), toFloat64(u / n * s), toFloat64(i / n * s), toUInt64(g) FROM ({})",
+            self.parts(rows).gpu_nodes(&self.gpu, idle_below)
         )
     }
 
-    /// Per row and column: GPU-seconds read, their utilisation summed, GPU-seconds idle. Rows of
-    /// groups count readings instead of GPU-seconds (one pass, no group per GPU-second): the
-    /// cell's shares are then the readings' shares.
+    /// Per row and column: readings, their utilisation summed (percent), readings idle: the
+    /// cell's shares are the readings' shares (a GPU reads at a steady rate).
     pub fn gpu_grid(&self, rows: &Rows, idle_below: f64) -> String {
-        if let Rows::Grouped(_) = rows {
-            return format!(
-                "SELECT {} AS rk, toUInt32(intDiv(tt - {}, {})) AS c, toUInt64(count()), toFloat64(sum(v)), \
-                 toFloat64(countIf(v < {idle_below})) FROM (SELECT {NODE} AS nd, {TS} AS tt, {VALUE} AS v FROM {} \
-                 WHERE {} AND {CPU} = -1 AND match({NAME}, {})) GROUP BY rk, c",
-                rows.key(),
-                self.window.from_ns,
-                self.bucket_ns,
-                self.fleet.table(schema::COUNTERS),
-                self.range(rows),
-                quote_str(GPU_UTIL_TRACK)
-            );
-        }
         format!(
-            "SELECT {} AS rk, toUInt32(intDiv(t0 - {}, {})) AS c, toUInt64(count()), toFloat64(sum(u)), \
-             toFloat64(sum(idf)) FROM ({}) GROUP BY rk, c",
+            "SELECT {} AS rk, toUInt32(col) AS c, toUInt64(sum(pn)), toFloat64(sum(pu)), toFloat64(sum(pi)) \
+             FROM ({}) GROUP BY rk, c",
             rows.key(),
-            self.window.from_ns,
-            self.bucket_ns,
-            self.gpu_seconds(rows, idle_below)
+            self.parts(rows).gpu_cells(&self.gpu, idle_below)
         )
     }
 
@@ -203,8 +161,10 @@ impl BoardSql<'_> {
 mod tests {
     use super::*;
 
+    const SEC: u64 = 1_000_000_000;
+
     fn sql(fleet: &Fleet) -> BoardSql<'_> {
-        BoardSql { fleet, window: Window::new(1000 * SEC, 1600 * SEC).unwrap(), bucket_ns: 10 * SEC }
+        BoardSql::raw(fleet, Window::new(1000 * SEC, 1600 * SEC).unwrap(), 10 * SEC)
     }
 
     #[test]
@@ -224,12 +184,24 @@ mod tests {
         let s = sql(&fleet);
         let grid = s.cpu_grid(&Rows::Nodes(vec!["n1".into()]));
         assert!(grid.contains("intDiv(ts - 1000000000000, 10000000000) AS col"), "{grid}");
-        assert!(grid.contains("max(busy) AS b, max(idle) AS i FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND node IN ('n1') GROUP BY node, ts, cpu"), "{grid}");
+        assert!(grid.contains("toUInt64(max(busy)) AS pb, toUInt64(max(idle)) AS pi FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND node IN ('n1') GROUP BY node, ts, cpu"), "{grid}");
         assert!(grid.ends_with("GROUP BY rk, c"), "{grid}");
-        assert!(s.cpu_scores(&Rows::EachNode).contains("sum(busy) AS sb, sum(idle) AS si FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 GROUP BY nd, col, cp) GROUP BY nd"));
+        assert!(s.cpu_scores(&Rows::EachNode).contains("toUInt64(sum(busy)) AS pb, toUInt64(sum(idle)) AS pi FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 GROUP BY nd, col, cp"));
         let gpu = s.gpu_grid(&Rows::EachNode, 50.0);
-        assert!(gpu.contains("countIf(value < 50) / count() AS idf FROM `p`.`counters` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND cpu = -1 AND match(name, '^gpu\\\\.[0-9]+\\\\.util$')"), "{gpu}");
-        assert!(gpu.contains("toUInt32(intDiv(t0 - 1000000000000, 10000000000)) AS c"), "{gpu}");
+        assert!(gpu.contains("toUInt64(countIf(value < 50)) AS pi"), "{gpu}");
+        assert!(gpu.contains("FROM `p`.`counters` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND cpu = -1 AND match(name, '^gpu\\\\.[0-9]+\\\\.util$')"), "{gpu}");
+        // Whole minutes from the rollups.
+        let w = Window::new(1020 * SEC, 1560 * SEC).unwrap();
+        let rolled = BoardSql { cpu: Split::new(s.window, Some(0)), gpu: Split::new(s.window, Some(0)), ..sql(&fleet) };
+        assert_eq!(rolled.cpu.minutes, Some(w));
+        assert!(
+            rolled
+                .cpu_scores(&Rows::EachNode)
+                .contains("FROM `p`.`cpu_1m` WHERE minute >= 1020000000000 AND minute < 1560000000000")
+        );
+        assert!(
+            rolled.gpu_grid(&Rows::EachNode, 50.0).contains("FROM `p`.`gpu_util_1m` WHERE minute >= 1020000000000")
+        );
         let ns = s.namespaces(&[("samples_1m", Window::new(1020 * SEC, 1560 * SEC).unwrap()), ("samples", s.window)]);
         assert!(ns.contains("FROM `p`.`samples_1m` WHERE ts >= 1020000000000 AND ts < 1560000000000 AND workload != '' UNION ALL SELECT"), "{ns}");
         assert!(ns.starts_with("SELECT nd, argMax(ns, total) FROM"), "{ns}");

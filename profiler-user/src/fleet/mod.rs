@@ -8,6 +8,7 @@ pub mod board_sql;
 pub mod counters;
 mod error;
 pub mod kind_grid;
+pub mod minutes;
 pub mod notes;
 pub mod overview;
 pub mod overview_text;

@@ -19,12 +19,16 @@ use serde::Serialize;
 
 use super::{
     Fleet, FleetError, Node,
+    minutes::{self, Parts, Split},
     rollup::{self, Piece, Source},
     select::Selection,
 };
 use crate::{
     query::{Window, fold_names},
-    ship::clickhouse::schema::{self, col::*, quote_str},
+    ship::clickhouse::{
+        schema::{self, MINUTE_NS, col::*, quote_str},
+        track_rollups,
+    },
     timespec,
 };
 
@@ -70,6 +74,9 @@ pub struct Overview {
     pub grid: Grid,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<EventAnswer>,
+    /// The tables the samples and the per-CPU counts were read from (`samples_1m 23h 59m,
+    /// samples 40.000s; cpu_1m 23h 59m, cpu_seconds 40.000s`).
+    pub read_from: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -169,6 +176,9 @@ pub struct Sql<'a> {
     /// resolves the part (it keeps the node: the top stacks say on how many nodes they ran),
     /// raw rows elsewhere ([`rollup::plan`]). Empty: raw rows for the whole window.
     pub pieces: Vec<Piece>,
+    /// Where the per-CPU counts are read: `cpu_1m` for the whole minutes it holds, raw
+    /// `cpu_seconds` at the edges ([`minutes`]).
+    pub cpu: Split,
 }
 
 impl Sql<'_> {
@@ -197,37 +207,36 @@ impl Sql<'_> {
         format!("{TS} >= {} AND {TS} < {}{}", self.window.from_ns, self.window.to_ns, self.nodes)
     }
 
-    /// Per node, CPU and block: the counts, once (a retried batch may have sent a row twice).
-    fn cpu_blocks(&self) -> String {
-        format!(
-            "SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l \
-             FROM {} WHERE {} GROUP BY {NODE}, {TS}, {CPU}",
-            self.fleet.table(schema::CPU_SECONDS),
-            self.range()
-        )
+    fn parts(&self, bucket_secs: u64) -> Parts<'_> {
+        let bucket_ns = bucket_secs * SEC;
+        Parts {
+            fleet: self.fleet,
+            start_ns: minutes::aligned_start(self.window, bucket_ns),
+            bucket_ns,
+            nodes: self.nodes.clone(),
+        }
     }
 
-    /// Per node: busy, idle, lost, peak CPU share, saturated ns, covered ns.
+    /// Per node: busy, idle, lost, peak CPU share, saturated ns, covered ns (a block sent twice
+    /// counted once in raw rows).
     pub fn busy(&self) -> String {
         format!(
-            "SELECT {NODE}, toUInt64(sum(bs)), toUInt64(sum(is)), toUInt64(sum(ls)), toFloat64(max(peak)), \
-             toUInt64(sumIf(span_ns, sat)), toUInt64(sum(span_ns)) FROM \
-             (SELECT {NODE}, {TS}, max(sp) AS span_ns, sum(b) AS bs, sum(i) AS is, sum(l) AS ls, \
-             max(if(b + i = 0, toFloat64(0), b / (b + i))) AS peak, \
-             max(b + i > 0 AND b * 10 >= (b + i) * {SATURATED_TENTHS}) AS sat FROM ({}) GROUP BY {NODE}, {TS}) \
-             GROUP BY {NODE} ORDER BY {NODE}",
-            self.cpu_blocks()
+            "SELECT nd, toUInt64(sum(pb)), toUInt64(sum(pi)), toUInt64(sum(pl)), toFloat64(max(pp)), \
+             toUInt64(sum(psat)), toUInt64(sum(pspan)) FROM ({}) GROUP BY nd ORDER BY nd",
+            self.parts(1).cpu_nodes(&self.cpu, SATURATED_TENTHS)
         )
     }
 
-    /// Per node and column: busy and idle.
+    /// Per node and column: busy and idle. Columns of whole minutes start on their bucket and
+    /// read `cpu_1m`'s minutes; others raw rows.
     pub fn grid(&self, bucket_secs: u64) -> String {
+        let parts = self.parts(bucket_secs);
+        let raw = Split::raw(self.window);
+        let split = if (bucket_secs * SEC).is_multiple_of(MINUTE_NS) { &self.cpu } else { &raw };
         format!(
-            "SELECT {NODE}, toUInt32(intDiv({TS} - {}, {})) AS col, toUInt64(sum(b)), toUInt64(sum(i)) FROM ({}) \
-             GROUP BY {NODE}, col ORDER BY {NODE}, col",
-            self.window.from_ns,
-            bucket_secs * SEC,
-            self.cpu_blocks()
+            "SELECT nd, toUInt32(col) AS c, toUInt64(sum(sb)), toUInt64(sum(si)) FROM ({}) \
+             GROUP BY nd, c ORDER BY nd, c",
+            parts.cpu_cells(split, true)
         )
     }
 
@@ -347,7 +356,9 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     // window: it keeps the node (the hourly one does not).
     let some_nodes = Selection { whole_fleet: false, ..selection.clone() };
     let pieces = rollup::plan(w, &crate::query::Filter::default(), &some_nodes, rollup::Coverage::read(fleet, w)?);
-    let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces };
+    let cpu = Split::new(w, minutes::whole_from(fleet, track_rollups::CPU_1M, w)?);
+    let read_from = format!("{}; {}", rollup::describe(&pieces), minutes::describe_cpu(&cpu));
+    let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces, cpu };
     let nodes = selection.nodes;
     let mut by_node: BTreeMap<String, NodeSummary> = nodes
         .iter()
@@ -414,6 +425,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         top_stacks,
         grid,
         events,
+        read_from,
     })
 }
 
@@ -422,7 +434,9 @@ fn share(busy: u64, idle: u64) -> Option<f64> {
 }
 
 fn grid(fleet: &Fleet, sql: &Sql<'_>, nodes: &[Node]) -> Result<Grid, FleetError> {
-    let (bucket, columns) = choose_bucket(sql.window);
+    let (bucket, _) = choose_bucket(sql.window);
+    let start_ns = minutes::aligned_start(sql.window, bucket * SEC);
+    let columns = (sql.window.to_ns - start_ns).div_ceil(bucket * SEC);
     let row_of: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut values = vec![vec![None; columns as usize]; nodes.len()];
     let cells = fleet.rows(&sql.grid(bucket), |r| Ok((r.string()?.to_string(), r.u32()?, r.u64()?, r.u64()?)))?;
@@ -434,7 +448,7 @@ fn grid(fleet: &Fleet, sql: &Sql<'_>, nodes: &[Node]) -> Result<Grid, FleetError
     Ok(Grid {
         bucket_seconds: bucket,
         columns,
-        start_ns: sql.window.from_ns,
+        start_ns,
         nodes: nodes.iter().map(|n| n.name.clone()).collect(),
         values,
     })
@@ -543,7 +557,13 @@ mod tests {
         assert_eq!(node_filter(&[]), "");
         assert_eq!(node_filter(&["a".into(), "b'c\\".into()]), " AND node IN ('a', 'b\\'c\\\\')");
         let fleet = Fleet::new("http://h:1", "p`x").unwrap();
-        let sql = Sql { fleet: &fleet, window: w(10), nodes: node_filter(&["n'1".into()]), pieces: Vec::new() };
+        let sql = Sql {
+            fleet: &fleet,
+            window: w(10),
+            nodes: node_filter(&["n'1".into()]),
+            pieces: Vec::new(),
+            cpu: Split::raw(w(10)),
+        };
         let busy = sql.busy();
         assert!(
             busy.contains(

@@ -202,6 +202,7 @@ mod tests {
             samples: 2468,
             top_stacks: vec![TopStack { stack: "app;main;do_syscall_64_[k]".into(), samples: 1000, nodes: 2 }],
             grid: Grid { bucket_seconds: 1, columns: 0, start_ns: 0, nodes: vec![], values: vec![] },
+            read_from: String::new(),
             events: Some(EventAnswer {
                 pattern: "ena".into(),
                 matched: 1,

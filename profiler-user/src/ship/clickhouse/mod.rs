@@ -14,6 +14,7 @@ mod pace;
 pub mod rows;
 pub mod schema;
 mod shipper;
+pub mod track_rollups;
 
 use tokio::sync::watch;
 

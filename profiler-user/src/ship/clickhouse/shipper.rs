@@ -204,7 +204,9 @@ impl Follower {
             ttl_secs: schema::supports_ttl(version).then_some(self.config.max_age_secs),
             codecs: schema::supports_codecs(version),
         };
-        for statement in schema::statements_keeping(&layout, self.config.rollups) {
+        // The per-minute CPU and GPU rollups (`track_rollups`) after the tables their views read.
+        let rollups = super::track_rollups::statements(&layout, self.config.rollups.minutes_secs);
+        for statement in schema::statements_keeping(&layout, self.config.rollups).into_iter().chain(rollups) {
             self.client.query(&statement)?;
         }
         self.version = Some(version);
@@ -435,6 +437,8 @@ impl Follower {
             (schema::CPU_SECONDS, raw, schema::DAY_NS),
             (schema::COUNTERS, raw, schema::DAY_NS),
             (schema::CUDA_SAMPLES, raw, schema::DAY_NS),
+            (super::track_rollups::CPU_1M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
+            (super::track_rollups::GPU_UTIL_1M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (schema::SAMPLES_1M, rollups.minutes_secs, schema::DAY_NS),
             (schema::SAMPLES_1H, rollups.hours_secs, schema::HOUR_PARTITION_NS),
         ];

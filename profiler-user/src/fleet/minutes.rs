@@ -1,0 +1,345 @@
+//! The per-CPU counts and GPU readings of a window, read from the per-minute rollups
+//! (`ship::clickhouse::track_rollups`: `cpu_1m`, `gpu_util_1m`) for its whole minutes and from the
+//! raw rows (`cpu_seconds`, `counters`) at its edges, as [`super::rollup`] does for samples. A
+//! rollup holds whole minutes only after its first one (the view may have started mid-minute),
+//! and a grid's columns take minutes only when they are whole minutes: a column width of a
+//! multiple of 60 s from a start on a minute ([`aligned_start`]); otherwise every row is raw.
+//!
+//! The SQL here makes the parts each read sums: per (node, column, CPU) busy and idle ticks,
+//! per (node, column) or per node GPU readings, their sum and those idle. Runs on 18.16 and on
+//! current servers: aggregate states merged with `-Merge`, every part's columns cast alike.
+
+use super::{Fleet, FleetError};
+use crate::{
+    query::Window,
+    ship::clickhouse::{
+        schema::{self, MINUTE_NS, col::*, quote_str},
+        track_rollups::{CPU_1M, GPU_UTIL_1M, GPU_UTIL_TRACK, IDLE_BELOW_PERCENT, MINUTE},
+    },
+};
+
+const SEC: u64 = 1_000_000_000;
+
+/// A window cut for one rollup: its whole minutes the rollup answers, the rest raw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    pub minutes: Option<Window>,
+    pub raw: Vec<Window>,
+}
+
+impl Split {
+    /// Everything from raw rows.
+    pub fn raw(w: Window) -> Self {
+        Self { minutes: None, raw: vec![w] }
+    }
+
+    /// `w`'s whole minutes from `from` on (when the rollup holds whole minutes) to the rollup,
+    /// the slivers before and after to raw rows.
+    pub fn new(w: Window, from: Option<u64>) -> Self {
+        let Some(from) = from else { return Self::raw(w) };
+        let a = w.from_ns.max(from).div_ceil(MINUTE_NS) * MINUTE_NS;
+        let b = w.to_ns / MINUTE_NS * MINUTE_NS;
+        if a >= b {
+            return Self::raw(w);
+        }
+        let mut raw = Vec::new();
+        if w.from_ns < a {
+            raw.push(Window { from_ns: w.from_ns, to_ns: a });
+        }
+        if b < w.to_ns {
+            raw.push(Window { from_ns: b, to_ns: w.to_ns });
+        }
+        Self { minutes: Some(Window { from_ns: a, to_ns: b }), raw }
+    }
+
+    /// For a note: `cpu_1m 23h 55m, cpu_seconds 4m 59.000s`.
+    pub fn describe(&self, rollup: &str, raw: &str) -> String {
+        let mut out = Vec::new();
+        if let Some(m) = self.minutes {
+            out.push(format!("{rollup} {}", crate::timespec::format_duration(m.to_ns - m.from_ns)));
+        }
+        let r: u64 = self.raw.iter().map(|w| w.to_ns - w.from_ns).sum();
+        if r > 0 || out.is_empty() {
+            out.push(format!("{raw} {}", crate::timespec::format_duration(r)));
+        }
+        out.join(", ")
+    }
+}
+
+/// Column 0's start for columns of `bucket_ns` over `w`: the window's start, or, for columns of
+/// whole minutes, the bucket it falls in (columns on round times, each whole minutes, so the
+/// rollups answer them).
+pub fn aligned_start(w: Window, bucket_ns: u64) -> u64 {
+    if bucket_ns.is_multiple_of(MINUTE_NS) { w.from_ns / bucket_ns * bucket_ns } else { w.from_ns }
+}
+
+/// From which minute `table` holds whole minutes in `w`: the minute after its first row there,
+/// or `w`'s first minute when it has rows in the minute before (`None`: no rows, or no table).
+/// The window's first day is looked at first, the rest only if that holds none.
+pub fn whole_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<u64>, FleetError> {
+    let start = w.from_ns / MINUTE_NS * MINUTE_NS;
+    let look = |a: u64, b: u64| -> Result<Option<u64>, FleetError> {
+        let sql = format!(
+            "SELECT count(), min({MINUTE}) FROM {} WHERE {MINUTE} >= {a} AND {MINUTE} < {b}",
+            fleet.table(table)
+        );
+        let rows = fleet.rows(&sql, |r| Ok((r.u64()?, r.u64()?)))?;
+        Ok(rows.first().filter(|(n, _)| *n > 0).map(|(_, ts)| *ts))
+    };
+    let near = start.saturating_add(schema::DAY_NS).min(w.to_ns);
+    let found = match look(start.saturating_sub(MINUTE_NS), near) {
+        Ok(Some(ts)) => Some(ts),
+        Ok(None) if near < w.to_ns => look(near, w.to_ns)?,
+        Ok(None) => None,
+        // A server shipped to before the rollups existed has no such table.
+        Err(FleetError::NoNodes(_)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(found.map(|ts| if ts < start { start } else { ts + MINUTE_NS }))
+}
+
+/// Where a read's rows come from: columns of `bucket_ns` from `start_ns` over the window.
+pub struct Parts<'a> {
+    pub fleet: &'a Fleet,
+    pub start_ns: u64,
+    pub bucket_ns: u64,
+    /// ` AND node IN (...)`, or nothing.
+    pub nodes: String,
+}
+
+impl Parts<'_> {
+    /// The split of `w` for `table` (`cpu_1m` or `gpu_util_1m`): raw rows only where the
+    /// columns are not whole minutes.
+    pub fn split(&self, table: &str, w: Window) -> Result<Split, FleetError> {
+        if !self.bucket_ns.is_multiple_of(MINUTE_NS) || !self.start_ns.is_multiple_of(MINUTE_NS) {
+            return Ok(Split::raw(w));
+        }
+        Ok(Split::new(w, whole_from(self.fleet, table, w)?))
+    }
+
+    fn col(&self, ts: &str) -> String {
+        format!("intDiv({ts} - {}, {})", self.start_ns, self.bucket_ns)
+    }
+
+    /// Per node, column and CPU: `nd, col, cp, sb, si` (busy and idle ticks). `dedup`: a raw
+    /// block sent twice counted once (`max` per block), for a few nodes' cells; the ranking
+    /// over every node sums (a re-sent block repeats its busy and idle: shares hold).
+    pub fn cpu_cells(&self, s: &Split, dedup: bool) -> String {
+        let mut parts = Vec::new();
+        for w in &s.raw {
+            let range = format!("{TS} >= {} AND {TS} < {}{}", w.from_ns, w.to_ns, self.nodes);
+            let table = self.fleet.table(schema::CPU_SECONDS);
+            parts.push(if dedup {
+                format!(
+                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(max({BUSY})) AS pb, toUInt64(max({IDLE})) AS pi \
+                     FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {CPU}",
+                    self.col(TS)
+                )
+            } else {
+                format!(
+                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi \
+                     FROM {table} WHERE {range} GROUP BY nd, col, cp",
+                    self.col(TS)
+                )
+            });
+        }
+        if let Some(m) = s.minutes {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(sumMerge(busy_ticks)) AS pb, \
+                 toUInt64(sumMerge(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{} GROUP BY nd, col, cp",
+                self.col(MINUTE),
+                self.fleet.table(CPU_1M),
+                m.from_ns,
+                m.to_ns,
+                self.nodes
+            ));
+        }
+        format!(
+            "SELECT nd, col, cp, sum(pb) AS sb, sum(pi) AS si FROM ({}) GROUP BY nd, col, cp",
+            parts.join(" UNION ALL ")
+        )
+    }
+
+    /// Whether `idle_below` (percent) is the line `gpu_util_1m` counts below.
+    fn gpu_rollup_fits(idle_below: f64) -> bool {
+        (idle_below - IDLE_BELOW_PERCENT).abs() < 1e-9
+    }
+
+    /// The GPU readings' parts: `nd, col, pn, pu, pi, ps, pg` (readings, their sum in percent,
+    /// those below `idle_below`, GPU-seconds read, the tracks), per node and column (`by_col`)
+    /// or per node.
+    fn gpu_parts(&self, s: &Split, idle_below: f64, by_col: bool) -> Vec<String> {
+        let mut parts = Vec::new();
+        let (raw_key, min_key) = if by_col {
+            (format!("{} AS col", self.col(TS)), format!("{} AS col", self.col(MINUTE)))
+        } else {
+            ("toInt64(0) AS col".to_string(), "toInt64(0) AS col".to_string())
+        };
+        for w in &s.raw {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {raw_key}, toUInt64(count()) AS pn, toFloat64(sum({VALUE})) AS pu, \
+                 toUInt64(countIf({VALUE} < {idle_below})) AS pi, toUInt64(uniq({NAME}, intDiv({TS}, {SEC}))) AS ps, \
+                 groupUniqArray({NAME}) AS pg FROM {} WHERE {TS} >= {} AND {TS} < {}{} AND {CPU} = -1 \
+                 AND match({NAME}, {}) GROUP BY nd, col",
+                self.fleet.table(schema::COUNTERS),
+                w.from_ns,
+                w.to_ns,
+                self.nodes,
+                quote_str(GPU_UTIL_TRACK)
+            ));
+        }
+        if let Some(m) = s.minutes {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {min_key}, toUInt64(sum(readings)) AS pn, toFloat64(sum(total)) AS pu, \
+                 toUInt64(sum(below)) AS pi, toUInt64(sum(seconds)) AS ps, groupUniqArray({NAME}) AS pg FROM {} \
+                 WHERE {MINUTE} >= {} AND {MINUTE} < {}{} GROUP BY nd, col",
+                self.fleet.table(GPU_UTIL_1M),
+                m.from_ns,
+                m.to_ns,
+                self.nodes
+            ));
+        }
+        parts
+    }
+
+    /// The split of `w` for the GPU readings at `idle_below`: raw rows only when the rollup's
+    /// line is another.
+    pub fn gpu_split(&self, w: Window, idle_below: f64) -> Result<Split, FleetError> {
+        if !Self::gpu_rollup_fits(idle_below) {
+            return Ok(Split::raw(w));
+        }
+        self.split(GPU_UTIL_1M, w)
+    }
+
+    /// Per node: `nd, n, u, i, s, g`: readings, their sum, those idle, GPU-seconds, GPUs.
+    pub fn gpu_nodes(&self, s: &Split, idle_below: f64) -> String {
+        format!(
+            "SELECT nd, sum(pn) AS n, sum(pu) AS u, sum(pi) AS i, sum(ps) AS s, length(groupUniqArrayArray(pg)) AS g \
+             FROM ({}) GROUP BY nd",
+            self.gpu_parts(s, idle_below, false).join(" UNION ALL ")
+        )
+    }
+
+    /// Per node and column: `nd, col, pn, pu, pi` (the parts, to be summed by the caller).
+    pub fn gpu_cells(&self, s: &Split, idle_below: f64) -> String {
+        self.gpu_parts(s, idle_below, true).join(" UNION ALL ")
+    }
+
+    /// Per node (`profiler fleet`): `nd, pb, pi, pl, pp, psat, pspan`: busy, idle, lost ticks,
+    /// the busiest CPU block's share, ns with a CPU at least 90 % busy, ns covered. Raw blocks
+    /// sent twice count once.
+    pub fn cpu_nodes(&self, s: &Split, saturated_tenths: u64) -> String {
+        let mut parts = Vec::new();
+        for w in &s.raw {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, sum(bs) AS pb, sum(iss) AS pi, sum(ls) AS pl, max(peak) AS pp, \
+                 toUInt64(sumIf(span_ns, sat)) AS psat, toUInt64(sum(span_ns)) AS pspan FROM \
+                 (SELECT {NODE}, {TS}, max(sp) AS span_ns, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
+                 toFloat64(max(if(b + i = 0, toFloat64(0), b / (b + i)))) AS peak, \
+                 max(b + i > 0 AND b * 10 >= (b + i) * {saturated_tenths}) AS sat FROM \
+                 (SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l \
+                 FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY {NODE}, {TS}, {CPU}) GROUP BY {NODE}, {TS}) GROUP BY {NODE}",
+                self.fleet.table(schema::CPU_SECONDS),
+                w.from_ns,
+                w.to_ns,
+                self.nodes
+            ));
+        }
+        if let Some(m) = s.minutes {
+            // Per minute: the CPUs' sums, the longest CPU's spans (every CPU is in every block),
+            // the saturated seconds of any CPU (their masks OR-ed).
+            parts.push(format!(
+                "SELECT {NODE} AS nd, sum(bs) AS pb, sum(iss) AS pi, sum(ls) AS pl, max(peak) AS pp, \
+                 toUInt64(sum(length(bitmaskToArray(mask))) * {SEC}) AS psat, toUInt64(sum(span)) AS pspan FROM \
+                 (SELECT {NODE}, {MINUTE}, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
+                 max(sp) AS span, max(pk) AS peak, groupBitOr(sm) AS mask FROM \
+                 (SELECT {NODE}, {MINUTE}, {CPU}, sumMerge(busy_ticks) AS b, sumMerge(idle_ticks) AS i, \
+                 sumMerge(lost_ticks) AS l, sumMerge(span_ns) AS sp, toFloat64(maxMerge(peak)) AS pk, \
+                 groupBitOrMerge(saturated) AS sm FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{} \
+                 GROUP BY {NODE}, {MINUTE}, {CPU}) GROUP BY {NODE}, {MINUTE}) GROUP BY {NODE}",
+                self.fleet.table(CPU_1M),
+                m.from_ns,
+                m.to_ns,
+                self.nodes
+            ));
+        }
+        parts.join(" UNION ALL ")
+    }
+}
+
+/// The tables a read's CPU and GPU parts came from, for a note (`cpu_1m 23h 55m, cpu_seconds 5m 0s`).
+pub fn describe_cpu(s: &Split) -> String {
+    s.describe(CPU_1M, schema::CPU_SECONDS)
+}
+
+pub fn describe_gpu(s: &Split) -> String {
+    s.describe(GPU_UTIL_1M, schema::COUNTERS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_795_000_000 * SEC / MINUTE_NS * MINUTE_NS;
+
+    fn w(a: u64, b: u64) -> Window {
+        Window { from_ns: a, to_ns: b }
+    }
+
+    #[test]
+    fn whole_minutes_from_the_rollup_the_edges_raw() {
+        let day = w(T0 + 30 * SEC, T0 + 86_400 * SEC + 10 * SEC);
+        let s = Split::new(day, Some(0));
+        assert_eq!(s.minutes, Some(w(T0 + MINUTE_NS, T0 + 86_400 * SEC)));
+        assert_eq!(s.raw, [w(T0 + 30 * SEC, T0 + MINUTE_NS), w(T0 + 86_400 * SEC, T0 + 86_410 * SEC)]);
+        assert_eq!(s.describe("cpu_1m", "cpu_seconds"), "cpu_1m 23h 59m, cpu_seconds 40.000s");
+        // Nothing before the rollup began; nothing when it holds no whole minute of the window.
+        let late = Split::new(w(T0, T0 + 10 * MINUTE_NS), Some(T0 + 4 * MINUTE_NS));
+        assert_eq!(late.minutes, Some(w(T0 + 4 * MINUTE_NS, T0 + 10 * MINUTE_NS)));
+        assert_eq!(late.raw, [w(T0, T0 + 4 * MINUTE_NS)]);
+        assert_eq!(Split::new(w(T0 + SEC, T0 + 50 * SEC), Some(0)), Split::raw(w(T0 + SEC, T0 + 50 * SEC)));
+        assert_eq!(Split::new(day, None), Split::raw(day));
+    }
+
+    #[test]
+    fn columns_of_whole_minutes_start_on_their_bucket() {
+        let day = w(T0 + 30 * SEC, T0 + 86_430 * SEC);
+        assert_eq!(aligned_start(day, 300 * SEC), (T0 + 30 * SEC) / (300 * SEC) * 300 * SEC);
+        assert_eq!(aligned_start(day, 10 * SEC), T0 + 30 * SEC);
+    }
+
+    #[test]
+    fn parts_read_the_rollup_for_minutes_and_raw_rows_at_the_edges() {
+        let fleet = Fleet::new("http://h:1", "p").unwrap();
+        let p = Parts { fleet: &fleet, start_ns: T0, bucket_ns: 300 * SEC, nodes: " AND node IN ('a')".into() };
+        let s = Split::new(w(T0 + 30 * SEC, T0 + 600 * SEC), Some(0));
+        let cells = p.cpu_cells(&s, true);
+        assert!(
+            cells.contains(&format!(
+                "FROM `p`.`cpu_seconds` WHERE ts >= {} AND ts < {} AND node IN ('a') GROUP BY node, ts, cpu",
+                T0 + 30 * SEC,
+                T0 + MINUTE_NS
+            )),
+            "{cells}"
+        );
+        assert!(
+            cells.contains(&format!(
+                "intDiv(minute - {T0}, 300000000000) AS col, cpu AS cp, toUInt64(sumMerge(busy_ticks)) AS pb"
+            )),
+            "{cells}"
+        );
+        assert!(
+            cells.contains(&format!(
+                "FROM `p`.`cpu_1m` WHERE minute >= {} AND minute < {} AND node IN ('a') GROUP BY nd, col, cp",
+                T0 + MINUTE_NS,
+                T0 + 600 * SEC
+            )),
+            "{cells}"
+        );
+        let gpu = p.gpu_nodes(&s, 50.0);
+        assert!(gpu.contains("FROM `p`.`gpu_util_1m` WHERE minute >=") && gpu.contains("countIf(value < 50)"), "{gpu}");
+        assert!(p.cpu_nodes(&s, 9).contains("groupBitOrMerge(saturated) AS sm FROM `p`.`cpu_1m`"));
+        // Another idle line than the rollup's: raw rows.
+        assert_eq!(p.gpu_split(s.raw[0], 30.0).unwrap(), Split::raw(s.raw[0]));
+    }
+}

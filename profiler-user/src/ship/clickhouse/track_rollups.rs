@@ -1,0 +1,164 @@
+//! Per-minute rollups of the per-CPU counts (`cpu_seconds`) and the GPU utilisation tracks
+//! (`counters`' `gpu.N.util`), made by ClickHouse itself like the sample rollups
+//! ([`super::schema`]): materialized views of the inserts, nothing of ours on a schedule. A
+//! day of a fleet's raw rows is 1.4 G `cpu_seconds` rows (1,000 nodes x 16 CPUs x 86,400 s)
+//! and 10 GPU readings a second; these keep a row per (node, minute, CPU) and per (node,
+//! minute, GPU track), so the fleet page and `profiler fleet` read 60 times fewer rows for the
+//! whole minutes of a window (`fleet::minutes` picks them, raw rows at the edges).
+//!
+//! `cpu_1m` is an `AggregatingMergeTree`: sums of busy, idle, lost ticks and of the blocks'
+//! spans (a CPU's share over any set of whole minutes is `sum(busy) / sum(busy + idle)`, the raw
+//! rows' answer), the busiest block's share (`max`), and which seconds of the minute had a CPU
+//! at least 90 % busy (`groupBitOr` of a 60-bit mask: OR-ed over CPUs it is the node's
+//! saturated seconds, as `profiler fleet` counts them). 18.16 has no `SimpleAggregateFunction`,
+//! and its `uniqExactArray` states read back wrong after a round trip through a table: a bit
+//! mask is what both servers merge alike. `gpu_util_1m` is a `SummingMergeTree` of readings,
+//! their sum, those below the detectors' idle line ([`IDLE_BELOW_PERCENT`]) and the seconds
+//! read (distinct seconds per inserted block: a second split across two inserts counts twice).
+//!
+//! The time column is `minute`, not `ts`: 18.16 reads `s.ts` inside an aggregate's argument as
+//! the `ts` alias of the minute (every block's offset in its minute then read 0).
+//!
+//! A retried batch's rows collapse in `cpu_seconds` and `counters` (ReplacingMergeTree) but
+//! are summed twice here, as `samples_1m` sums a re-sent sample block: shares hold (busy and
+//! idle both double), peaks and saturated seconds are unaffected.
+
+use super::schema::{Layout, quote_ident};
+use crate::ship::clickhouse::schema::{COUNTERS, CPU_SECONDS, DAY_NS, MINUTE_NS};
+
+/// Per (node, minute, CPU): busy, idle and lost ticks, the blocks' spans, the busiest block's
+/// share, the saturated seconds' mask.
+pub const CPU_1M: &str = "cpu_1m";
+/// Per (node, minute, `gpu.N.util` track): readings, their sum (percent), readings below
+/// [`IDLE_BELOW_PERCENT`], seconds read.
+pub const GPU_UTIL_1M: &str = "gpu_util_1m";
+/// Every table here (the shipper's retention on servers without `TTL` drops their days).
+pub const TABLES: [&str; 2] = [CPU_1M, GPU_UTIL_1M];
+
+/// The column of a rollup row's minute (its start, ns).
+pub const MINUTE: &str = "minute";
+
+/// The idle line `gpu_util_1m` counts readings below, percent: the detectors' default
+/// (`detect::thresholds`' `gpu_idle_below`), what the fleet page colours `gpu-idle` with. Fixed
+/// when the view is created: a changed default reads raw rows (`fleet::minutes`).
+pub const IDLE_BELOW_PERCENT: f64 = 50.0;
+
+/// The `gpu.N.util` tracks (`gpu::nvml::poll`), as an RE2 pattern.
+pub const GPU_UTIL_TRACK: &str = "^gpu\\.[0-9]+\\.util$";
+
+/// A block's saturated seconds in its minute as a 60-bit mask (bit `k`: second `k`), or 0 for
+/// a block under 90 % busy. A block reaching past its minute's end keeps its seconds inside it.
+const SATURATED_MASK: &str = "if(busy + idle > 0 AND busy * 10 >= (busy + idle) * 9, \
+     bitShiftLeft(toUInt64(bitShiftLeft(toUInt64(1), least(toUInt8(least(intDiv(span, 1000000000), 60)), \
+     toUInt8(60 - intDiv(ts, 1000000000) % 60))) - 1), toUInt8(intDiv(ts, 1000000000) % 60)), toUInt64(0))";
+
+struct Rollup {
+    name: &'static str,
+    source: &'static str,
+    columns: &'static str,
+    engine: &'static str,
+    select: String,
+}
+
+fn rollups() -> [Rollup; 2] {
+    [
+        Rollup {
+            name: CPU_1M,
+            source: CPU_SECONDS,
+            columns: "node String, minute UInt64, cpu UInt16, busy_ticks AggregateFunction(sum, UInt64), \
+                      idle_ticks AggregateFunction(sum, UInt64), lost_ticks AggregateFunction(sum, UInt64), \
+                      span_ns AggregateFunction(sum, UInt64), peak AggregateFunction(max, Float64), \
+                      saturated AggregateFunction(groupBitOr, UInt64)",
+            engine: "AggregatingMergeTree PARTITION BY intDiv(minute, 86400000000000) ORDER BY (node, minute, cpu)",
+            select: format!(
+                "SELECT node, intDiv(ts, {MINUTE_NS}) * {MINUTE_NS} AS minute, cpu, sumState(toUInt64(busy)) AS busy_ticks, \
+                 sumState(toUInt64(idle)) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, sumState(span) AS span_ns, \
+                 maxState(if(busy + idle = 0, toFloat64(0), busy / (busy + idle))) AS peak, \
+                 groupBitOrState({SATURATED_MASK}) AS saturated FROM {{source}} GROUP BY node, minute, cpu"
+            ),
+        },
+        Rollup {
+            name: GPU_UTIL_1M,
+            source: COUNTERS,
+            columns: "node String, minute UInt64, name String, readings UInt64, total Float64, below UInt64, seconds UInt64",
+            engine: "SummingMergeTree PARTITION BY intDiv(minute, 86400000000000) ORDER BY (node, minute, name)",
+            select: format!(
+                "SELECT node, intDiv(ts, {MINUTE_NS}) * {MINUTE_NS} AS minute, name, count() AS readings, sum(value) AS total, \
+                 countIf(value < {IDLE_BELOW_PERCENT}) AS below, uniqExact(intDiv(ts, 1000000000)) AS seconds FROM {{source}} \
+                 WHERE cpu = -1 AND match(name, {}) GROUP BY node, minute, name",
+                super::schema::quote_str(GPU_UTIL_TRACK)
+            ),
+        },
+    ]
+}
+
+/// The tables, their `Distributed` tables on a cluster, and the views, each safe to run again;
+/// rows kept `keep_secs` where the server has `TTL` (`l.ttl_secs` set).
+pub fn statements(l: &Layout<'_>, keep_secs: u64) -> Vec<String> {
+    let db = quote_ident(l.database);
+    let local = |name: &str| if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
+    let ttl = l
+        .ttl_secs
+        .map(|_| format!(" TTL toDateTime(intDiv({MINUTE}, 1000000000)) + toIntervalSecond({keep_secs})"))
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for r in rollups() {
+        let table = quote_ident(&local(r.name));
+        out.push(format!("CREATE TABLE IF NOT EXISTS {db}.{table} ({}) ENGINE = {}{ttl}", r.columns, r.engine));
+        if let Some(cluster) = l.cluster {
+            // A node's rows on one shard, as its raw rows.
+            out.push(format!(
+                "CREATE TABLE IF NOT EXISTS {db}.{} AS {db}.{table} ENGINE = Distributed({}, {db}, {table}, cityHash64(node))",
+                quote_ident(r.name),
+                quote_ident(cluster),
+            ));
+        }
+        // With a cluster each shard rolls up the rows it receives, into its own table.
+        let select = r.select.replace("{source}", &format!("{db}.{}", quote_ident(&local(r.source))));
+        out.push(format!(
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{} TO {db}.{table} AS {select}",
+            quote_ident(&format!("{}_mv", r.name))
+        ));
+    }
+    out
+}
+
+/// How many statements [`statements`] makes.
+pub fn count(l: &Layout<'_>) -> usize {
+    TABLES.len() * if l.cluster.is_some() { 3 } else { 2 }
+}
+
+/// `minute`'s partitions are UTC days, as the raw tables'.
+pub const PARTITION_NS: u64 = DAY_NS;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_views_and_ttl() {
+        let plain = Layout { database: "p", cluster: None, ttl_secs: None, codecs: false };
+        let s = statements(&plain, 120);
+        assert_eq!(s.len(), count(&plain));
+        assert!(s.iter().all(|q| !q.contains("TTL") && !q.contains("Distributed")));
+        assert!(s[0].starts_with("CREATE TABLE IF NOT EXISTS `p`.`cpu_1m` (node String, minute UInt64, cpu UInt16,"));
+        assert!(s[1].starts_with("CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`cpu_1m_mv` TO `p`.`cpu_1m` AS SELECT"));
+        assert!(s[1].ends_with("FROM `p`.`cpu_seconds` GROUP BY node, minute, cpu"), "{}", s[1]);
+        assert!(s[3].contains("countIf(value < 50) AS below") && s[3].contains("FROM `p`.`counters` WHERE cpu = -1"));
+        let ttl = Layout { ttl_secs: Some(60), ..plain.clone() };
+        assert!(
+            statements(&ttl, 120)[0].ends_with("TTL toDateTime(intDiv(minute, 1000000000)) + toIntervalSecond(120)")
+        );
+        let cluster = Layout { cluster: Some("c"), ..plain };
+        let s = statements(&cluster, 120);
+        assert_eq!(s.len(), count(&cluster));
+        assert!(s[1].ends_with("Distributed(`c`, `p`, `cpu_1m_local`, cityHash64(node))"), "{}", s[1]);
+        assert!(s[2].contains("TO `p`.`cpu_1m_local` AS") && s[2].contains("FROM `p`.`cpu_seconds_local`"));
+    }
+
+    #[test]
+    fn the_idle_line_is_the_detectors_default() {
+        let d = crate::detect::thresholds::Thresholds::default().gpu_idle_below * 100.0;
+        assert_eq!(d, IDLE_BELOW_PERCENT);
+    }
+}
