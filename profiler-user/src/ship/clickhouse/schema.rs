@@ -22,13 +22,27 @@ const TTL_SINCE: (u32, u32) = (19, 6);
 /// `LowCardinality` out of experiment.
 const CODECS_SINCE: (u32, u32) = (20, 1);
 
+/// The first version that takes query settings in `CREATE TABLE ... SETTINGS` (25.1): the
+/// statement itself then allows `LowCardinality(UInt64)` ([`STACK_DICTIONARY`]), which servers
+/// refuse unless `allow_suspicious_low_cardinality_types` is set.
+const STACK_DICTIONARY_SINCE: (u32, u32) = (25, 1);
+
+/// `samples.stack_id` on servers from [`STACK_DICTIONARY_SINCE`] on: ids through a part's
+/// dictionary, then zstd at level 6. A steady node repeats a few thousand stacks: a row is an
+/// index into the dictionary (1.0 byte per sample instead of 2.0 for the 64-bit hash through
+/// zstd(1)); a compile-heavy node's new stacks are in the dictionary once and level 6 finds the
+/// repeats (5.8 instead of 5.1 bytes with zstd(1) alone: `LowCardinality` with zstd(1) took 6.0,
+/// missing its goal). Same type to a reader (RowBinary, `Native` and joins read a `UInt64`).
+const STACK_DICTIONARY: &str = "LowCardinality(UInt64) CODEC(ZSTD(6))";
+
 /// `samples` on servers that have codecs. Sorted per CPU (`samples`' key, below), a CPU's
 /// timestamps are ~10.1 ms apart at 99 Hz (`Delta`: about two bytes of jitter each;
 /// `DoubleDelta` took 0.7 B more, its buckets jump from 12 to 32 bits) and it runs one thread for
 /// a while (`pid`, `tid`, `comm` and `workload` in runs); ids and names through a dictionary or
 /// zstd. On chdb 26.9 (`cargo xtask bench clickhouse-bytes`, merged parts): a steady node 4.7
 /// bytes per sample (8.4 with the codecs and order before), a compile-heavy one 7.2 (9.6). The
-/// stack id, a 64-bit hash, is 2.0 and 5.1 of those.
+/// stack id, a 64-bit hash, is 2.0 and 5.1 of those; with [`STACK_DICTIONARY`] (servers from
+/// 25.1 on) 3.7 and 7.9 in all.
 const SAMPLES_CODECS: &[(&str, &str)] = &[
     (NODE, "LowCardinality(String)"),
     (TS, "UInt64 CODEC(Delta, ZSTD(1))"),
@@ -68,6 +82,11 @@ pub fn supports_ttl(version: (u32, u32)) -> bool {
 
 pub fn supports_codecs(version: (u32, u32)) -> bool {
     version >= CODECS_SINCE
+}
+
+/// The server can be given `samples.stack_id` as [`STACK_DICTIONARY`] by the statement alone.
+pub fn supports_stack_dictionary(version: (u32, u32)) -> bool {
+    version >= STACK_DICTIONARY_SINCE
 }
 
 /// (table, columns, engine and keys; `{ttl}` where a TTL on column `ts` goes).
@@ -348,8 +367,16 @@ pub fn statements(l: &Layout<'_>) -> Vec<String> {
     statements_keeping(l, RollupKeep::DEFAULT)
 }
 
-/// Every statement, in order, each safe to run again.
+/// Every statement, in order, each safe to run again; with codecs, `stack_id` as
+/// [`STACK_DICTIONARY`] (a server from 25.1 on: the shipper asks [`statements_with`] for older
+/// ones).
 pub fn statements_keeping(l: &Layout<'_>, keep: RollupKeep) -> Vec<String> {
+    statements_with(l, keep, true)
+}
+
+/// Every statement, in order, each safe to run again; `dictionary`: with codecs, `samples`'
+/// `stack_id` is [`STACK_DICTIONARY`] ([`supports_stack_dictionary`]).
+pub fn statements_with(l: &Layout<'_>, keep: RollupKeep, dictionary: bool) -> Vec<String> {
     let db = quote_ident(l.database);
     let ttl = |secs: Option<u64>| {
         secs.map(|s| format!(" TTL toDateTime(intDiv(ts, 1000000000)) + toIntervalSecond({s})")).unwrap_or_default()
@@ -370,14 +397,21 @@ pub fn statements_keeping(l: &Layout<'_>, keep: RollupKeep) -> Vec<String> {
     for (name, columns, engine) in TABLES {
         let engine = engine.replace("{ttl}", &ttl(l.ttl_secs));
         let columns = if l.codecs && *name == SAMPLES { SAMPLES_CODECS } else { columns };
-        let columns = columns.iter().map(|(c, t)| format!("{c} {t}")).collect::<Vec<_>>().join(", ");
+        let dictionary = dictionary && l.codecs && *name == SAMPLES;
+        let column = |(c, t): &(&str, &str)| match dictionary && *c == STACK_ID {
+            true => format!("{c} {STACK_DICTIONARY}"),
+            false => format!("{c} {t}"),
+        };
+        let columns = columns.iter().map(column).collect::<Vec<_>>().join(", ");
+        // The `Distributed` table over it has the same columns: it needs the setting too.
+        let settings = if dictionary { " SETTINGS allow_suspicious_low_cardinality_types = 1" } else { "" };
         out.push(format!(
-            "CREATE TABLE IF NOT EXISTS {db}.{} ({columns}) ENGINE = {engine}",
+            "CREATE TABLE IF NOT EXISTS {db}.{} ({columns}) ENGINE = {engine}{settings}",
             quote_ident(&local(name))
         ));
         // Rows of a node stay on one shard, so a node's window is read from one place.
         let shard_by = if matches!(*name, STACKS | STACK_LOCATIONS) { "stack_id" } else { "cityHash64(node)" };
-        out.extend(distributed(name, shard_by));
+        out.extend(distributed(name, shard_by).map(|q| q + settings));
     }
     for r in ROLLUPS {
         let secs = if r.name == SAMPLES_1M { keep.minutes_secs } else { keep.hours_secs };
@@ -421,6 +455,23 @@ mod tests {
         assert!(supports_ttl((19, 6)));
         assert!(supports_ttl((25, 1)));
         assert!(!supports_codecs((19, 16)) && supports_codecs((25, 8)));
+    }
+
+    #[test]
+    fn stack_ids_through_a_dictionary_where_the_statement_can_allow_it() {
+        assert!(!supports_stack_dictionary((24, 12)) && supports_stack_dictionary((25, 1)));
+        let keep = RollupKeep::DEFAULT;
+        let l = Layout { database: "p", cluster: Some("c"), ttl_secs: None, codecs: true };
+        let s = statements_with(&l, keep, true);
+        let setting = " SETTINGS allow_suspicious_low_cardinality_types = 1";
+        assert!(s[1].contains("stack_id LowCardinality(UInt64) CODEC(ZSTD(6))") && s[1].ends_with(setting), "{}", s[1]);
+        assert!(s[2].contains("Distributed(") && s[2].ends_with(setting), "{}", s[2]);
+        assert_eq!(s.iter().filter(|q| q.contains("LowCardinality(UInt64)") || q.contains(setting)).count(), 2);
+        // A server before 25.1 gets the codecs without the dictionary; 18.16 neither.
+        let s = statements_with(&l, keep, false);
+        assert!(s[1].contains("stack_id UInt64 CODEC(ZSTD(1))") && !s.iter().any(|q| q.contains(setting)));
+        let plain = statements_with(&Layout { codecs: false, ..l }, keep, true);
+        assert!(plain[1].contains("stack_id UInt64,") && !plain.iter().any(|q| q.contains(setting)));
     }
 
     #[test]
@@ -474,7 +525,7 @@ mod tests {
         assert_eq!(HOUR_PARTITION_NS, DAY_NS * 30);
         // Each table its own TTL, where the server has TTL.
         let s = statements_keeping(&Layout { database: "p", cluster: None, ttl_secs: Some(60), codecs: true }, keep);
-        let ttl = |q: &str| q.split(" TTL ").nth(1).map(str::to_string);
+        let ttl = |q: &str| q.split(" TTL ").nth(1).and_then(|t| t.split(" SETTINGS ").next()).map(str::to_string);
         let of = |name: &str| s.iter().find(|q| q.contains(&format!("TABLE IF NOT EXISTS `p`.`{name}` ("))).unwrap();
         let expiry = "toDateTime(intDiv(ts, 1000000000)) + toIntervalSecond";
         assert_eq!(ttl(of(SAMPLES)), Some(format!("{expiry}(60)")));

@@ -206,7 +206,8 @@ impl Follower {
         };
         // The per-minute CPU and GPU rollups (`track_rollups`) after the tables their views read.
         let rollups = super::track_rollups::statements(&layout, self.config.rollups.minutes_secs);
-        for statement in schema::statements_keeping(&layout, self.config.rollups).into_iter().chain(rollups) {
+        let ours = schema::statements_with(&layout, self.config.rollups, schema::supports_stack_dictionary(version));
+        for statement in ours.into_iter().chain(rollups) {
             self.client.query(&statement)?;
         }
         self.version = Some(version);
