@@ -533,6 +533,30 @@ fn rollup_checks(db: &str) -> Vec<(&'static str, String, String)> {
             &format!("{hour}, comm, stack_id, {class}"),
             "hour, comm, stack_id, class",
         ),
+        // The fleet's minutes and 10 minutes by class (the 10 minutes summed from the minutes'
+        // inserts by a view of their table).
+        pair(
+            "samples_fleet_1m per minute, comm, stack and workload class",
+            "samples_fleet_1m",
+            "ts, comm, stack_id, workload",
+            &format!("{minute}, comm, stack_id, {class}"),
+            "minute, comm, stack_id, class",
+        ),
+        pair(
+            "samples_fleet_10m per 10 minutes, comm, stack and workload class",
+            "samples_fleet_10m",
+            "ts, comm, stack_id, workload",
+            &format!("intDiv(ts, {t}) * {t} AS ten, comm, stack_id, {class}", t = schema::TEN_MINUTES_NS),
+            "ten, comm, stack_id, class",
+        ),
+        // Days from the hours' inserts.
+        pair(
+            "samples_1d per day, comm, stack and workload class",
+            "samples_1d",
+            "ts, comm, stack_id, workload",
+            &format!("intDiv(ts, {d}) * {d} AS day, comm, stack_id, {class}", d = schema::DAY_NS),
+            "day, comm, stack_id, class",
+        ),
     ]
 }
 

@@ -165,8 +165,8 @@ fn piece_rows(
     let (table, range) = match piece.source {
         Source::Raw => scope(fleet, sel, kind, piece.window),
         rolled => {
-            // The hourly table has no node: it answers for the whole fleet only.
-            let nodes = if rolled == Source::Hours { "1".to_string() } else { sel.predicate() };
+            // The fleet-wide tables have no node: they answer for the whole fleet only.
+            let nodes = if rolled.fleet_wide() { "1".to_string() } else { sel.predicate() };
             let range = format!("{nodes} AND {TS} >= {} AND {TS} < {}", piece.window.from_ns, piece.window.to_ns);
             (fleet.table(rolled.table()), range)
         }

@@ -16,14 +16,20 @@ use crate::{
     ship::clickhouse::schema::{self, col::TS},
 };
 
-pub use schema::{HOUR_NS, MINUTE_NS};
+pub use schema::{HOUR_NS, MINUTE_NS, TEN_MINUTES_NS};
 
 /// A table a part of a window is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Raw,
     Minutes,
+    /// Fleet-wide minutes by workload class (`samples_fleet_1m`).
+    FleetMinutes,
+    /// Fleet-wide 10 minutes by workload class (`samples_fleet_10m`).
+    FleetTenMinutes,
     Hours,
+    /// Fleet-wide days by workload class (`samples_1d`).
+    Days,
 }
 
 impl Source {
@@ -31,18 +37,33 @@ impl Source {
         match self {
             Self::Raw => schema::SAMPLES,
             Self::Minutes => schema::SAMPLES_1M,
+            Self::FleetMinutes => schema::SAMPLES_FLEET_1M,
+            Self::FleetTenMinutes => schema::SAMPLES_FLEET_10M,
             Self::Hours => schema::SAMPLES_1H,
+            Self::Days => schema::SAMPLES_1D,
         }
     }
 
     fn unit_ns(self) -> u64 {
         match self {
             Self::Raw => 1,
-            Self::Minutes => MINUTE_NS,
+            Self::Minutes | Self::FleetMinutes => MINUTE_NS,
+            Self::FleetTenMinutes => TEN_MINUTES_NS,
             Self::Hours => HOUR_NS,
+            Self::Days => schema::DAY_NS,
         }
     }
+
+    /// Whether its rows have no node (and a workload class, not a pod): it answers for the
+    /// whole fleet only.
+    pub fn fleet_wide(self) -> bool {
+        matches!(self, Self::FleetMinutes | Self::FleetTenMinutes | Self::Hours | Self::Days)
+    }
 }
+
+/// The rollups, coarsest first: a window takes whole units of the first that resolves them.
+const TIERS: [Source; 5] =
+    [Source::Days, Source::Hours, Source::FleetTenMinutes, Source::FleetMinutes, Source::Minutes];
 
 /// From when each rollup holds whole units: the unit after the first one it has rows for
 /// (`None`: it does not exist, or holds nothing yet).
@@ -50,6 +71,9 @@ impl Source {
 pub struct Coverage {
     pub minutes_from: Option<u64>,
     pub hours_from: Option<u64>,
+    pub fleet_minutes_from: Option<u64>,
+    pub fleet_ten_minutes_from: Option<u64>,
+    pub days_from: Option<u64>,
 }
 
 /// How far into a window the first look for a rollup's rows goes (the partitions it reads):
@@ -84,7 +108,24 @@ impl Coverage {
             };
             Ok(found.map(|ts| if ts < start { start } else { ts + unit }))
         };
-        Ok(Self { minutes_from: first(Source::Minutes)?, hours_from: first(Source::Hours)? })
+        Ok(Self {
+            minutes_from: first(Source::Minutes)?,
+            hours_from: first(Source::Hours)?,
+            fleet_minutes_from: first(Source::FleetMinutes)?,
+            fleet_ten_minutes_from: first(Source::FleetTenMinutes)?,
+            days_from: first(Source::Days)?,
+        })
+    }
+
+    fn from(&self, s: Source) -> Option<u64> {
+        match s {
+            Source::Raw => None,
+            Source::Minutes => self.minutes_from,
+            Source::FleetMinutes => self.fleet_minutes_from,
+            Source::FleetTenMinutes => self.fleet_ten_minutes_from,
+            Source::Hours => self.hours_from,
+            Source::Days => self.days_from,
+        }
     }
 }
 
@@ -99,8 +140,12 @@ pub struct Piece {
 /// each part, raw rows where none does.
 pub fn plan(window: Window, filter: &Filter, selection: &Selection, cover: Coverage) -> Vec<Piece> {
     let rolled = filter.cpus.is_empty() && filter.pid.is_none();
+    let whole_fleet = selection.whole_fleet && class_resolves(&filter.workload);
+    // The fleet-wide tables only for a read of the whole fleet that a class decides.
+    let tiers: Vec<Source> =
+        TIERS.into_iter().filter(|s| rolled && (whole_fleet || !s.fleet_wide()) && cover.from(*s).is_some()).collect();
     let mut out = Vec::new();
-    split(window, rolled, selection.whole_fleet && class_resolves(&filter.workload), cover, &mut out);
+    split(window, &tiers, cover, &mut out);
     out
 }
 
@@ -112,11 +157,11 @@ fn class_resolves(w: &crate::identity::Filter) -> bool {
     w.pod.is_none() && !w.container.as_ref().is_some_and(id)
 }
 
-fn split(w: Window, rolled: bool, whole_fleet: bool, cover: Coverage, out: &mut Vec<Piece>) {
-    // The coarsest first: hours (whole fleet only), then minutes, then raw rows.
-    let tiers = [(Source::Hours, whole_fleet, cover.hours_from), (Source::Minutes, true, cover.minutes_from)];
-    for (source, usable, from) in tiers {
-        let (Some(from), true, true) = (from, usable, rolled) else { continue };
+/// Cuts `w` among `tiers` (coarsest first): the first tier's whole units, the slivers around
+/// them by the finer tiers, raw rows where none is left.
+fn split(w: Window, tiers: &[Source], cover: Coverage, out: &mut Vec<Piece>) {
+    for (i, &source) in tiers.iter().enumerate() {
+        let Some(from) = cover.from(source) else { continue };
         let unit = source.unit_ns();
         let a = w.from_ns.max(from).div_ceil(unit) * unit;
         let b = w.to_ns / unit * unit;
@@ -124,16 +169,13 @@ fn split(w: Window, rolled: bool, whole_fleet: bool, cover: Coverage, out: &mut 
             continue;
         }
         // The slivers before and after go to the finer tables.
-        let finer = Coverage {
-            hours_from: None,
-            minutes_from: if source == Source::Hours { cover.minutes_from } else { None },
-        };
+        let finer = &tiers[i + 1..];
         if w.from_ns < a {
-            split(Window { from_ns: w.from_ns, to_ns: a }, rolled, whole_fleet, finer, out);
+            split(Window { from_ns: w.from_ns, to_ns: a }, finer, cover, out);
         }
         out.push(Piece { source, window: Window { from_ns: a, to_ns: b } });
         if b < w.to_ns {
-            split(Window { from_ns: b, to_ns: w.to_ns }, rolled, whole_fleet, finer, out);
+            split(Window { from_ns: b, to_ns: w.to_ns }, finer, cover, out);
         }
         return;
     }
@@ -172,7 +214,7 @@ mod tests {
 
     #[test]
     fn a_window_is_read_from_hours_then_minutes_then_raw_rows_at_its_edges() {
-        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0) };
+        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0), ..Default::default() };
         // 00:59:30.5 to 03:01:10: raw, a minute, two hours, a minute, raw.
         let from = T0 + 59 * MINUTE_NS + 30_500_000_000;
         let to = T0 + 3 * HOUR_NS + MINUTE_NS + 10_000_000_000;
@@ -193,8 +235,62 @@ mod tests {
     }
 
     #[test]
+    fn the_fleet_reads_its_class_tables_around_the_hours_and_some_nodes_do_not() {
+        let all = Some(0);
+        let cover = Coverage {
+            minutes_from: all,
+            hours_from: all,
+            fleet_minutes_from: all,
+            fleet_ten_minutes_from: all,
+            days_from: None,
+        };
+        // 00:42:10 to 02:13:30: raw, fleet minutes to 00:50, 10 minutes to 01:00, an hour,
+        // 10 minutes to 02:10, fleet minutes to 02:13, raw.
+        let from = T0 + 42 * MINUTE_NS + 10_000_000_000;
+        let to = T0 + 2 * HOUR_NS + 13 * MINUTE_NS + 30_000_000_000;
+        let got: Vec<(Source, u64, u64)> = plan(w(from, to), &Filter::default(), &sel(true), cover)
+            .iter()
+            .map(|p| (p.source, p.window.from_ns, p.window.to_ns))
+            .collect();
+        let m = |n: u64| T0 + n * MINUTE_NS;
+        assert_eq!(
+            got,
+            vec![
+                (Source::Raw, from, m(43)),
+                (Source::FleetMinutes, m(43), m(50)),
+                (Source::FleetTenMinutes, m(50), m(60)),
+                (Source::Hours, m(60), m(120)),
+                (Source::FleetTenMinutes, m(120), m(130)),
+                (Source::FleetMinutes, m(130), m(133)),
+                (Source::Raw, m(133), to),
+            ]
+        );
+        // Days where a window holds whole ones.
+        let cover = Coverage { days_from: all, ..cover };
+        let day = schema::DAY_NS;
+        let d0 = T0 / day * day;
+        let p = plan(w(d0 + day - HOUR_NS, d0 + 3 * day + HOUR_NS), &Filter::default(), &sel(true), cover);
+        let got: Vec<Source> = p.iter().map(|p| p.source).collect();
+        assert_eq!(got, [Source::Hours, Source::Days, Source::Hours]);
+        assert_eq!(p[1].window, w(d0 + day, d0 + 3 * day));
+        // Some nodes, or a pod: the per-node minutes only.
+        let p = plan(w(from, to), &Filter::default(), &sel(false), cover);
+        assert!(p.iter().all(|p| matches!(p.source, Source::Raw | Source::Minutes)), "{p:?}");
+        // Fleet minutes begun later than the node minutes: the node minutes before them.
+        let late = Coverage { fleet_minutes_from: Some(m(46)), fleet_ten_minutes_from: None, days_from: None, ..cover };
+        let p = plan(w(m(40), m(50)), &Filter::default(), &sel(true), late);
+        assert_eq!(
+            p,
+            vec![
+                Piece { source: Source::Minutes, window: w(m(40), m(46)) },
+                Piece { source: Source::FleetMinutes, window: w(m(46), m(50)) },
+            ]
+        );
+    }
+
+    #[test]
     fn some_nodes_read_minutes_and_cpu_or_pid_filters_read_raw_rows() {
-        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0) };
+        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0), ..Default::default() };
         let day = w(T0, T0 + 24 * HOUR_NS);
         let p = plan(day, &Filter::default(), &sel(false), cover);
         assert_eq!(p, vec![Piece { source: Source::Minutes, window: day }]);
@@ -205,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_pod_or_a_container_id_reads_minutes_a_namespace_or_a_container_name_hours() {
-        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0) };
+        let cover = Coverage { minutes_from: Some(0), hours_from: Some(0), ..Default::default() };
         let day = w(T0, T0 + 24 * HOUR_NS);
         let with = |workload: crate::identity::Filter| Filter { workload, ..Default::default() };
         type W = crate::identity::Filter;
@@ -226,7 +322,7 @@ mod tests {
     #[test]
     fn nothing_before_a_rollup_began_is_read_from_it() {
         // Minutes from 00:30, no hours yet: 00:00-00:30 raw, then minutes.
-        let cover = Coverage { minutes_from: Some(T0 + 30 * MINUTE_NS), hours_from: None };
+        let cover = Coverage { minutes_from: Some(T0 + 30 * MINUTE_NS), ..Default::default() };
         let p = plan(w(T0, T0 + HOUR_NS), &Filter::default(), &sel(true), cover);
         assert_eq!(
             p,

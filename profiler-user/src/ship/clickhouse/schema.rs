@@ -104,10 +104,20 @@ pub const NODES: &str = "nodes";
 pub const SAMPLES_1M: &str = "samples_1m";
 /// Per hour, fleet-wide (no node), per (workload, comm, stack).
 pub const SAMPLES_1H: &str = "samples_1h";
+/// Per minute, fleet-wide (no node), per (workload class, comm, stack): a fleet's minute is
+/// rows per distinct stack, not per node and pod.
+pub const SAMPLES_FLEET_1M: &str = "samples_fleet_1m";
+/// Per 10 minutes, fleet-wide, per (workload class, comm, stack): summed from
+/// [`SAMPLES_FLEET_1M`]'s inserts (its view reads that table, not `samples`).
+pub const SAMPLES_FLEET_10M: &str = "samples_fleet_10m";
+/// Per UTC day, fleet-wide, per (workload class, comm, stack): summed from [`SAMPLES_1H`]'s
+/// inserts, kept as the hours.
+pub const SAMPLES_1D: &str = "samples_1d";
 
 /// A rollup row's `ts` is the start of its minute or hour, ns.
 pub const MINUTE_NS: u64 = 60 * 1_000_000_000;
 pub const HOUR_NS: u64 = 3_600 * 1_000_000_000;
+pub const TEN_MINUTES_NS: u64 = 10 * MINUTE_NS;
 /// `samples_1h`'s partitions are 30 days (`intDiv(ts, 86400000000000 * 30)`): a year is 13.
 pub const HOUR_PARTITION_NS: u64 = 30 * DAY_NS;
 
@@ -289,14 +299,20 @@ impl RollupKeep {
 }
 
 /// A rollup of `samples`: its table (as in [`TABLES`]), the view's `SELECT` over `{source}`
-/// (the `samples` table the server receives inserts into) and its `Distributed` sharding key.
+/// (the table `from`, as the server receives inserts into it: `samples`, or a finer rollup)
+/// and its `Distributed` sharding key.
 struct Rollup {
     name: &'static str,
     columns: &'static [(&'static str, &'static str)],
     engine: &'static str,
     select: &'static str,
     shard_by: &'static str,
+    from: &'static str,
 }
+
+/// The columns of a fleet-wide rollup (no node; `workload` the class).
+const FLEET_COLUMNS: &[(&str, &str)] =
+    &[(TS, "UInt64"), (COMM, "String"), (STACK_ID, "UInt64"), (WORKLOAD, "String"), (COUNT, "UInt64")];
 
 // `ts` and `count` name the rollup's columns (a view writes into its table by name) and the
 // source's: the source's are qualified (`s.ts`) so that no analyzer, old or new, reads them as
@@ -320,10 +336,11 @@ const ROLLUPS: &[Rollup] = &[
         select: "SELECT node, intDiv(s.ts, 60000000000) * 60000000000 AS ts, comm, stack_id, workload, \
                  sum(s.count) AS count FROM {source} AS s GROUP BY node, ts, comm, stack_id, workload",
         shard_by: "cityHash64(node)",
+        from: SAMPLES,
     },
     Rollup {
         name: SAMPLES_1H,
-        columns: &[(TS, "UInt64"), (COMM, "String"), (STACK_ID, "UInt64"), (WORKLOAD, "String"), (COUNT, "UInt64")],
+        columns: FLEET_COLUMNS,
         engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
                  ORDER BY (ts, comm, stack_id, workload){ttl}",
         // The workload's class, not its identity ([`workload_class`]): fleet-wide, an hour
@@ -333,6 +350,45 @@ const ROLLUPS: &[Rollup] = &[
                  GROUP BY ts, comm, stack_id, workload",
         // Every shard has rows of every hour: any shard will do (reads sum).
         shard_by: "rand()",
+        from: SAMPLES,
+    },
+    // A fleet's minute and 10 minutes by class: what a fleet-wide read of a window that is not
+    // whole hours takes, instead of `samples_1m`'s rows per node and pod (4.5 M rows for an
+    // hour of 100 nodes; BENCHMARKS.md, the fleet at scale).
+    Rollup {
+        name: SAMPLES_FLEET_1M,
+        columns: FLEET_COLUMNS,
+        engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000) \
+                 ORDER BY (ts, comm, stack_id, workload){ttl}",
+        select: "SELECT intDiv(s.ts, 60000000000) * 60000000000 AS ts, comm, stack_id, \
+                 {workload_class} AS workload, sum(s.count) AS count FROM {source} AS s \
+                 GROUP BY ts, comm, stack_id, workload",
+        shard_by: "rand()",
+        from: SAMPLES,
+    },
+    // Fed by the fleet minutes' inserts (a view of a view's table: the class is computed from
+    // the JSON once per sample row, by the minutes' view, not once per view).
+    Rollup {
+        name: SAMPLES_FLEET_10M,
+        columns: FLEET_COLUMNS,
+        engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000) \
+                 ORDER BY (ts, comm, stack_id, workload){ttl}",
+        select: "SELECT intDiv(s.ts, 600000000000) * 600000000000 AS ts, comm, stack_id, workload, \
+                 sum(s.count) AS count FROM {source} AS s GROUP BY ts, comm, stack_id, workload",
+        shard_by: "rand()",
+        from: SAMPLES_FLEET_1M,
+    },
+    // Days from the hours' inserts: 30 days of a fleet are ~30 rows per stack and class, not
+    // 720 (39 M rows for 100 nodes' month of hours).
+    Rollup {
+        name: SAMPLES_1D,
+        columns: FLEET_COLUMNS,
+        engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
+                 ORDER BY (ts, comm, stack_id, workload){ttl}",
+        select: "SELECT intDiv(s.ts, 86400000000000) * 86400000000000 AS ts, comm, stack_id, workload, \
+                 sum(s.count) AS count FROM {source} AS s GROUP BY ts, comm, stack_id, workload",
+        shard_by: "rand()",
+        from: SAMPLES_1H,
     },
 ];
 
@@ -414,7 +470,7 @@ pub fn statements_with(l: &Layout<'_>, keep: RollupKeep, dictionary: bool) -> Ve
         out.extend(distributed(name, shard_by).map(|q| q + settings));
     }
     for r in ROLLUPS {
-        let secs = if r.name == SAMPLES_1M { keep.minutes_secs } else { keep.hours_secs };
+        let secs = if matches!(r.name, SAMPLES_1H | SAMPLES_1D) { keep.hours_secs } else { keep.minutes_secs };
         let engine = r.engine.replace("{ttl}", &ttl(l.ttl_secs.map(|_| secs)));
         let columns = r.columns.iter().map(|(c, t)| format!("{c} {t}")).collect::<Vec<_>>().join(", ");
         let table = quote_ident(&local(r.name));
@@ -423,7 +479,7 @@ pub fn statements_with(l: &Layout<'_>, keep: RollupKeep, dictionary: bool) -> Ve
         // With a cluster each shard rolls up the rows it receives, into its own table.
         let select = r
             .select
-            .replace("{source}", &format!("{db}.{}", quote_ident(&local(SAMPLES))))
+            .replace("{source}", &format!("{db}.{}", quote_ident(&local(r.from))))
             .replace("{workload_class}", &workload_class("s.workload"));
         out.push(format!(
             "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{} TO {db}.{table} AS {select}",
@@ -499,7 +555,7 @@ mod tests {
         let s = statements_keeping(&Layout { database: "p", cluster: None, ttl_secs: None, codecs: false }, keep);
         let rollups = &s[1 + TABLES.len()..];
         assert_eq!(
-            rollups,
+            &rollups[..4],
             [
                 "CREATE TABLE IF NOT EXISTS `p`.`samples_1m` (node String, ts UInt64, comm String, stack_id UInt64, \
                  workload String, count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000) \
@@ -532,6 +588,37 @@ mod tests {
         assert_eq!(ttl(of(SAMPLES_1M)), Some(format!("{expiry}(120)")));
         assert_eq!(ttl(of(SAMPLES_1H)), Some(format!("{expiry}(7200)")));
         assert!(!of(SAMPLES_1M).contains("LowCardinality") && !of(SAMPLES_1M).contains("CODEC"), "plain columns");
+        for fleet in [SAMPLES_FLEET_1M, SAMPLES_FLEET_10M] {
+            assert_eq!(ttl(of(fleet)), Some(format!("{expiry}(120)")), "kept as the minutes");
+        }
+        assert_eq!(ttl(of(SAMPLES_1D)), Some(format!("{expiry}(7200)")), "kept as the hours");
+    }
+
+    #[test]
+    fn the_fleet_minutes_are_classes_and_the_ten_minutes_sum_them() {
+        let s = statements(&Layout { database: "p", cluster: None, ttl_secs: None, codecs: false });
+        let rollups = &s[1 + TABLES.len()..];
+        assert_eq!(
+            rollups[5],
+            format!(
+                "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_fleet_1m_mv` TO `p`.`samples_fleet_1m` AS SELECT \
+                 intDiv(s.ts, {MINUTE_NS}) * {MINUTE_NS} AS ts, comm, stack_id, {} AS workload, \
+                 sum(s.count) AS count FROM `p`.`samples` AS s GROUP BY ts, comm, stack_id, workload",
+                workload_class("s.workload")
+            )
+        );
+        assert_eq!(
+            rollups[7],
+            format!(
+                "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_fleet_10m_mv` TO `p`.`samples_fleet_10m` AS SELECT \
+                 intDiv(s.ts, {TEN_MINUTES_NS}) * {TEN_MINUTES_NS} AS ts, comm, stack_id, workload, \
+                 sum(s.count) AS count FROM `p`.`samples_fleet_1m` AS s GROUP BY ts, comm, stack_id, workload"
+            )
+        );
+        assert!(rollups[4].starts_with("CREATE TABLE IF NOT EXISTS `p`.`samples_fleet_1m` (ts UInt64,"));
+        assert!(
+            rollups[6].ends_with("PARTITION BY intDiv(ts, 86400000000000) ORDER BY (ts, comm, stack_id, workload)")
+        );
     }
 
     #[test]
@@ -557,7 +644,7 @@ mod tests {
     fn cluster_rollups_read_the_shards_samples_and_are_read_through_distributed_tables() {
         let s = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: None, codecs: false });
         let rollups = &s[1 + 2 * TABLES.len()..];
-        assert_eq!(rollups.len(), 6);
+        assert_eq!(rollups.len(), 15);
         assert!(rollups[0].starts_with("CREATE TABLE IF NOT EXISTS `p`.`samples_1m_local` (node String,"));
         assert_eq!(
             rollups[1],
@@ -577,5 +664,8 @@ mod tests {
         // Tables before the views that read and fill them.
         let at = |q: &str| s.iter().position(|x| x.contains(q)).unwrap();
         assert!(at("`samples_local` (") < at("samples_1m_mv") && at("`samples_1h_local` (") < at("samples_1h_mv"));
+        // The 10 minutes read the shard's fleet minutes, which exist before that view.
+        assert!(rollups[11].contains("FROM `p`.`samples_fleet_1m_local` AS s"), "{}", rollups[11]);
+        assert!(at("`samples_fleet_1m_local` (") < at("samples_fleet_10m_mv"));
     }
 }

@@ -441,7 +441,10 @@ impl Follower {
             (super::track_rollups::CPU_1M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (super::track_rollups::GPU_UTIL_1M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (schema::SAMPLES_1M, rollups.minutes_secs, schema::DAY_NS),
+            (schema::SAMPLES_FLEET_1M, rollups.minutes_secs, schema::DAY_NS),
+            (schema::SAMPLES_FLEET_10M, rollups.minutes_secs, schema::DAY_NS),
             (schema::SAMPLES_1H, rollups.hours_secs, schema::HOUR_PARTITION_NS),
+            (schema::SAMPLES_1D, rollups.hours_secs, schema::HOUR_PARTITION_NS),
         ];
         for (table, keep_secs, partition_ns) in tables {
             // Partition `p` holds [p, p + 1) * partition_ns: it goes once that ended before the
