@@ -715,24 +715,32 @@ fn fleet_page_latency() {
     let t0 = (now_secs() as u64 / 60 - minutes - 1) * 60 * SEC;
     let t = Instant::now();
     let node = |n: &str| format!("concat('gpu-', toString(intDiv({n}, 100)), '-', toString({n} % 100))");
-    let inserts = [
-        format!("INSERT INTO profiler.nodes SELECT {}, 16, 99, '0-15', 'h', 1 FROM numbers({nodes})", node("number")),
+    // A minute of raw rows per insert: each within the client's 30 s with the views' work.
+    let mut inserts = vec![format!(
+        "INSERT INTO profiler.nodes SELECT {}, 16, 99, '0-15', 'h', 1 FROM numbers({nodes})",
+        node("number")
+    )];
+    for m in 0..minutes {
         // Every 50th node's CPU 0 saturated (a zombie), the rest 0-60 % busy.
-        format!(
+        inserts.push(format!(
             "INSERT INTO profiler.cpu_seconds SELECT {}, toUInt64({t0} + intDiv(number, {nodes} * 16) * {SEC}), toUInt64({SEC}), \
              toUInt16(intDiv(number, {nodes}) % 16), toUInt32(b), toUInt32(0), toUInt32(99 - b), toUInt32(0), toUInt32(99) \
              FROM (SELECT number, if(number % {nodes} % 50 = 0 AND intDiv(number, {nodes}) % 16 = 0, 99, cityHash64(number) % 60) AS b \
-             FROM numbers({}))",
+             FROM numbers({}, {}))",
             node(&format!("(number % {nodes})")),
-            nodes * 16 * secs
-        ),
-        format!(
+            nodes * 16 * 60 * m,
+            nodes * 16 * 60
+        ));
+        inserts.push(format!(
             "INSERT INTO profiler.counters SELECT {}, toUInt64({t0} + intDiv(number, {nodes} * 8) * {SEC}), \
              concat('gpu.', toString(intDiv(number, {nodes}) % 8), '.util'), toInt32(-1), '%', toFloat64(cityHash64(number) % 100) \
-             FROM numbers({})",
+             FROM numbers({}, {})",
             node(&format!("(number % {nodes})")),
-            nodes * 8 * secs
-        ),
+            nodes * 8 * 60 * m,
+            nodes * 8 * 60
+        ));
+    }
+    inserts.extend([
         format!(
             "INSERT INTO profiler.samples_1m SELECT {}, toUInt64({t0} + intDiv(number, {nodes} * 20) * 60 * {SEC}), 'python3', \
              toUInt64(intDiv(number, {nodes}) % 20), concat('{{\"pod_namespace\":\"ns-', toString(number % {nodes} % 5), '\"}}'), \
@@ -747,18 +755,18 @@ fn fleet_page_latency() {
              '{{\"processes\":[{{\"comm\":\"python3\"}}],\"top_functions\":[{{\"function\":\"augment\"}}]}}'), toUInt64(1) FROM numbers(2000)",
             node(&format!("(number % {nodes})"))
         ),
-    ];
+    ]);
     for s in &inserts {
         ch.query(s).unwrap_or_else(|e| panic!("{s}: {e}"));
     }
     // FLEET_ROLLUP_HOURS: that many hours before the raw minutes in the minute rollups only,
     // written as the views would (a day of 1,000 nodes' raw seconds, 1.4 G rows, does not fit
-    // this machine), a hundred nodes at a time.
+    // this machine), twenty nodes at a time.
     let hours: u64 = std::env::var("FLEET_ROLLUP_HOURS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let m0 = t0 - hours * 3600 * SEC;
     let mins = hours * 60;
-    for first in (0..nodes).step_by(100) {
-        let n = 100.min(nodes - first);
+    for first in (0..nodes).step_by(20) {
+        let n = 20.min(nodes - first);
         let nd = node(&format!("({first} + intDiv(number, {mins} * 16))"));
         let cpu = format!(
             "INSERT INTO profiler.cpu_1m SELECT {nd}, toUInt64({m0} + intDiv(number, 16) % {mins} * 60 * {SEC}), \
@@ -803,16 +811,19 @@ fn fleet_page_latency() {
         let cpu = parts.split(profiler::ship::clickhouse::track_rollups::CPU_1M, w).unwrap();
         let gpu = parts.gpu_split(w, 50.0).unwrap();
         println!("FLEET_PAGE_SQL reads {}; {}", minutes::describe_cpu(&cpu), minutes::describe_gpu(&gpu));
-        let sql = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, gpu };
+        let rank = parts.tiers(w, None).unwrap();
+        println!("FLEET_PAGE_SQL ranking reads {}", minutes::describe_ranking(&rank, false));
+        let sql = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, gpu, rank };
         let some = Rows::Nodes((0..40).map(|i| format!("gpu-{}-{}", i / 100, i % 100)).collect());
         // The same SQL over raw rows only, for comparison (what the page read before the rollups).
         let (cpu, gpu) = (minutes::Split::raw(w), minutes::Split::raw(w));
-        let raw = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, gpu };
+        let rank = minutes::Tiers::raw(w);
+        let raw = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, gpu, rank };
         for (from, sql) in [("rollups", &sql), ("raw rows", &raw)] {
             for (name, q) in [
                 ("cpu_scores", sql.cpu_scores(&Rows::EachNode)),
                 ("cpu_grid of 40 rows", sql.cpu_grid(&some)),
-                ("gpu_scores", sql.gpu_scores(&Rows::EachNode, 50.0)),
+                ("gpu_scores (its ranking from the CPU tables' tiers)", sql.gpu_scores(&Rows::EachNode, 50.0)),
                 ("gpu_grid of 40 rows", sql.gpu_grid(&some, 50.0)),
                 ("signatures", signatures::sql(&fleet, w, "")),
             ] {
@@ -859,6 +870,30 @@ fn fleet_page_latency() {
             b["findings"].as_array().unwrap().len()
         ));
     }
+    // `profiler fleet` over the same day: busy shares and grid, samples and top stacks.
+    let url = ch.url();
+    let args = ["fleet", "--clickhouse", &url, "--from", "-1d", "--to", "now", "--format", "json"];
+    let mut runs: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            let out = profiler(&args);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    let o: Value = serde_json::from_slice(&profiler(&args).stdout).unwrap();
+    lines.push(format!(
+        "FLEET_OVERVIEW profiler fleet --from -1d --to now --format json: median {:.0} ms of 7 ({:.0}-{:.0}); {} nodes, \
+         grid {} x {} s, read from {}",
+        runs[3],
+        runs[0],
+        runs[6],
+        o["nodes"].as_array().unwrap().len(),
+        o["grid"]["columns"],
+        o["grid"]["bucket_seconds"],
+        o["read_from"]
+    ));
     for l in lines {
         println!("{l}");
     }
@@ -883,21 +918,21 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
-    // Minutes of a little while ago (a fixed date's would expire by the tables' TTL).
-    let t = (now_secs() as u64 / 60 - 10) * 60 * SEC;
+    // Two clock hours of a little while ago (a fixed date's would expire by the tables' TTL).
+    let t = (now_secs() as u64 / 3600 - 3) * 3600 * SEC;
     let node = "concat('n', toString(intDiv(number, 2) % 3))";
     let rows = [
-        // 3 nodes x 2 CPUs x 400 s: 0-99 % busy, some seconds saturated.
+        // 3 nodes x 2 CPUs x 7,200 s: 0-99 % busy, some seconds saturated.
         format!(
             "INSERT INTO p.cpu_seconds SELECT {node}, toUInt64({t} + intDiv(number, 6) * {SEC}), toUInt64({SEC}), \
              toUInt16(number % 2), toUInt32(b), toUInt32(0), toUInt32(99 - b), toUInt32(number % 3), toUInt32(99) \
-             FROM (SELECT number, cityHash64(number) % 100 AS b FROM numbers(2400))"
+             FROM (SELECT number, cityHash64(number) % 100 AS b FROM numbers(43200))"
         ),
         // 3 nodes x 2 GPUs, two readings a second; a memory track the measures leave out.
         format!(
             "INSERT INTO p.counters SELECT {node}, toUInt64({t} + intDiv(number, 6) * {} ), \
              concat('gpu.', toString(number % 2), if(number % 7 = 0, '.mem_util', '.util')), toInt32(-1), '%', \
-             toFloat64(cityHash64(number) % 101) FROM numbers(4800)",
+             toFloat64(cityHash64(number) % 101) FROM numbers(86400)",
             SEC / 2
         ),
     ];
@@ -912,7 +947,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         ch.query(&s).unwrap_or_else(|e| panic!("18.16 refused {s}: {e}"));
     }
     let fleet = Fleet::new(&ch.url(), "p").unwrap();
-    let window = Window::new(t + 17 * SEC, t + 353 * SEC).unwrap();
+    let window = Window::new(t + 17 * SEC, t + 7200 * SEC).unwrap();
     let bucket_ns = 60 * SEC;
     let start_ns = minutes::aligned_start(window, bucket_ns);
     assert_eq!(start_ns, t);
@@ -921,9 +956,24 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     assert_eq!(from, Some(t + 60 * SEC));
     assert_eq!(minutes::whole_from(&fleet, track_rollups::GPU_UTIL_1M, window).unwrap(), from);
     let split = Split::new(window, from);
-    assert_eq!(minutes::describe_cpu(&split), "cpu_1m 4m 0s, cpu_seconds 1m 36s");
+    assert!(minutes::describe_cpu(&split).starts_with("cpu_1m 1h 59m, cpu_seconds 43"), "{split:?}");
     let raw = Split::raw(window);
-    let board = |s: &Split| BoardSql { fleet: &fleet, window, bucket_ns, start_ns, cpu: s.clone(), gpu: s.clone() };
+    // The ranking: the second hour from the hourly rollups, the first one's minutes, raw rows.
+    let hours = minutes::whole_hours_from(&fleet, track_rollups::CPU_1H, window).unwrap();
+    assert_eq!(hours, Some(t + 3600 * SEC));
+    assert_eq!(minutes::whole_hours_from(&fleet, track_rollups::GPU_UTIL_1H, window).unwrap(), hours);
+    let tiers = minutes::Tiers::new(window, hours, from);
+    assert_eq!(tiers.hours, Some(Window::new(t + 3600 * SEC, t + 7200 * SEC).unwrap()));
+    let rank = |s: &Split| if s.minutes.is_some() { tiers.clone() } else { minutes::Tiers::raw(window) };
+    let board = |s: &Split| BoardSql {
+        fleet: &fleet,
+        window,
+        bucket_ns,
+        start_ns,
+        cpu: s.clone(),
+        gpu: s.clone(),
+        rank: rank(s),
+    };
     let fleet_sql = |s: &Split| overview::Sql {
         fleet: &fleet,
         window,
@@ -942,8 +992,14 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     let queries = |s: &Split| {
         let b = board(s);
         let o = fleet_sql(s);
+        // Over whole hours the ranking's unit is the clock hour: raw rows grouped so too.
+        let parts = minutes::Parts { fleet: &fleet, start_ns, bucket_ns, nodes: String::new() };
+        let ranking = match s.minutes {
+            Some(_) => b.cpu_scores(&Rows::EachNode),
+            None => parts.cpu_ranking(&minutes::Tiers::raw(window)),
+        };
         vec![
-            b.cpu_scores(&Rows::EachNode),
+            ranking,
             b.cpu_grid(&some),
             b.cpu_grid(&grouped),
             b.gpu_scores(&Rows::EachNode, 50.0),
@@ -955,6 +1011,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     };
     let (from_raw, from_rollups) = (queries(&raw), queries(&split));
     assert!(from_rollups.iter().all(|q| q.contains("_1m`")), "every query reads a rollup");
+    assert!(from_rollups[0].contains("`cpu_1h`") && from_rollups[3].contains("`gpu_util_1h`"));
     let mut answers = Vec::new();
     for (r, m) in from_raw.iter().zip(&from_rollups) {
         let a = ch.query(&format!("{r} FORMAT TSV")).unwrap_or_else(|e| panic!("18.16 refused {r}: {e}"));
@@ -963,8 +1020,8 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         assert_eq!(sorted(&b), sorted(&a), "on 18.16, from the rollups: {m}");
         answers.push(sorted(&a));
     }
-    // The cells' columns are whole minutes: 6 of them, from the window's minute.
-    assert!(answers[1].lines().any(|l| l.starts_with("n2\t5\t")), "{}", answers[1]);
+    // The cells' columns are whole minutes: 120 of them, from the window's minute.
+    assert!(answers[1].lines().any(|l| l.starts_with("n2\t119\t")), "{}", answers[1]);
     let mut statements = setup(&layout(true, Some(604_800)));
     let n = statements.len();
     statements.extend(from_raw.iter().chain(&from_rollups).map(|q| format!("{q} FORMAT TSV")));

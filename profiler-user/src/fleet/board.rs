@@ -7,7 +7,8 @@
 //! Measures, all summed by the server ([`super::board_sql`]):
 //! - `peak-cpu`: per cell, the busiest CPU's share (busy / (busy + idle) of each CPU over the
 //!   cell, the max over CPUs and the row's nodes): one saturated core under a healthy average,
-//!   the zombie signature, shows;
+//!   the zombie signature, shows; rows rank by it (by the busiest CPU's share in a clock hour
+//!   over a window's whole hours, from `cpu_1h`);
 //! - `busy`: per cell, the share of all the row's CPUs busy;
 //! - `gpu-util`: per cell, the mean of the `gpu.N.util` tracks (percent of the time a kernel ran);
 //! - `gpu-idle`: per cell, the share of GPU-time below the detectors' idle line
@@ -78,7 +79,7 @@ impl Measure {
         match self {
             Measure::GpuIdle => "GPU-hours idle",
             Measure::GpuUtil => "mean GPU utilisation",
-            Measure::PeakCpu => "busiest CPU's share in a cell",
+            Measure::PeakCpu => "busiest CPU's share in a cell, or an hour over whole hours",
             Measure::Busy => "busy share",
         }
     }
@@ -139,7 +140,7 @@ pub struct Request {
 /// What the server summed for a node, or a row of nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Tally {
-    /// (the busiest CPU's share in any cell, busy ticks, idle ticks)
+    /// (the busiest CPU's share in any cell, or clock hour over whole hours, busy ticks, idle ticks)
     pub cpu: Option<(f64, u64, u64)>,
     /// (GPU-seconds read, their utilisation summed in percent, GPU-seconds idle)
     pub gpu: Option<(u64, f64, f64)>,
@@ -210,7 +211,8 @@ pub struct Board {
     pub nodes_without_data: u64,
     pub causes: Vec<String>,
     pub findings: Vec<Signature>,
-    /// The tables the measure was read from (`cpu_1m 23h 55m, cpu_seconds 4m 59.000s`).
+    /// The tables the ranking and the cells were read from (`ranking cpu_1h 23h 0m, cpu_1m 59m 0s,
+    /// cpu_seconds 1m 0s; cells cpu_1m 23h 59m, cpu_seconds 1m 0s`).
     pub read_from: String,
 }
 
@@ -296,12 +298,16 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     let chosen = if sel.whole_fleet { Rows::EachNode } else { Rows::Nodes(names.clone()) };
     let idle_below = crate::detect::thresholds::Thresholds::default().gpu_idle_below * 100.0;
     let parts = minutes::Parts { fleet, start_ns, bucket_ns: bucket * SEC, nodes: String::new() };
-    let (cpu, gpu) = match req.measure.gpu() {
-        true => (minutes::Split::raw(w), parts.gpu_split(w, idle_below)?),
-        false => (parts.split(track_rollups::CPU_1M, w)?, minutes::Split::raw(w)),
+    let gpu_line = req.measure.gpu().then_some(idle_below);
+    let (cpu, gpu) = match gpu_line {
+        Some(_) => (minutes::Split::raw(w), parts.gpu_split(w, idle_below)?),
+        None => (parts.split(track_rollups::CPU_1M, w)?, minutes::Split::raw(w)),
     };
-    let read_from = if req.measure.gpu() { minutes::describe_gpu(&gpu) } else { minutes::describe_cpu(&cpu) };
-    let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, gpu };
+    // The ranking over every node from the hourly rollups' whole hours.
+    let rank = parts.tiers(w, gpu_line)?;
+    let cells = if req.measure.gpu() { minutes::describe_gpu(&gpu) } else { minutes::describe_cpu(&cpu) };
+    let read_from = format!("ranking {}; cells {cells}", minutes::describe_ranking(&rank, req.measure.gpu()));
+    let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, gpu, rank };
     let mut tallies: BTreeMap<String, Tally> = names.iter().map(|n| (n.clone(), Tally::default())).collect();
     if req.measure.gpu() {
         let read = |r: &mut super::rowbinary::Reader<'_>| {

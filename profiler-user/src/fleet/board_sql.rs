@@ -9,7 +9,7 @@
 
 use super::{
     Fleet,
-    minutes::{Parts, Split},
+    minutes::{Parts, Split, Tiers},
 };
 use crate::{
     query::Window,
@@ -69,12 +69,15 @@ pub struct BoardSql<'a> {
     pub start_ns: u64,
     pub cpu: Split,
     pub gpu: Split,
+    /// Where the ranking over every node reads ([`Tiers`]: hourly rollups first).
+    pub rank: Tiers,
 }
 
 impl<'a> BoardSql<'a> {
     /// Columns from the window's start, every row raw.
     pub fn raw(fleet: &'a Fleet, window: Window, bucket_ns: u64) -> Self {
-        Self { fleet, window, bucket_ns, start_ns: window.from_ns, cpu: Split::raw(window), gpu: Split::raw(window) }
+        let (cpu, gpu, rank) = (Split::raw(window), Split::raw(window), Tiers::raw(window));
+        Self { fleet, window, bucket_ns, start_ns: window.from_ns, cpu, gpu, rank }
     }
 }
 
@@ -90,11 +93,15 @@ impl BoardSql<'_> {
         self.parts(rows).cpu_cells(&self.cpu, !matches!(rows, Rows::Grouped(_)))
     }
 
-    /// Per node: the busiest CPU's share in any column, busy ticks, idle ticks. For the ranking
-    /// only, over every node: summed without the per-block dedup the cells get (a retried batch
-    /// sends a block's busy and idle again, so its shares hold; the fleet's millions of blocks
-    /// are not grouped one by one).
+    /// Per node: the busiest CPU's share in any column (in any clock hour where `rank` has
+    /// whole hours: a day of a fleet's columns is too many rows), busy ticks, idle ticks. For the
+    /// ranking only, over every node: summed without the per-block dedup the cells get (a
+    /// retried batch sends a block's busy and idle again, so its shares hold; the fleet's
+    /// millions of blocks are not grouped one by one).
     pub fn cpu_scores(&self, rows: &Rows) -> String {
+        if self.rank.hours.is_some() {
+            return self.parts(rows).cpu_ranking(&self.rank);
+        }
         format!(
             "SELECT nd, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), toUInt64(sum(sb)), toUInt64(sum(si)) \
              FROM ({}) GROUP BY nd",
@@ -119,7 +126,7 @@ impl BoardSql<'_> {
     pub fn gpu_scores(&self, rows: &Rows, idle_below: f64) -> String {
         format!(
             "SELECT nd, toUInt64(s), toFloat64(u / n * s), toFloat64(i / n * s), toUInt64(g) FROM ({})",
-            self.parts(rows).gpu_nodes(&self.gpu, idle_below)
+            self.parts(rows).gpu_nodes(&self.rank, idle_below)
         )
     }
 
@@ -192,7 +199,9 @@ mod tests {
         assert!(gpu.contains("FROM `p`.`counters` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND cpu = -1 AND match(name, '^gpu\\\\.[0-9]+\\\\.util$')"), "{gpu}");
         // Whole minutes from the rollups.
         let w = Window::new(1020 * SEC, 1560 * SEC).unwrap();
-        let rolled = BoardSql { cpu: Split::new(s.window, Some(0)), gpu: Split::new(s.window, Some(0)), ..sql(&fleet) };
+        let rank = Tiers::new(s.window, None, Some(0));
+        let rolled =
+            BoardSql { cpu: Split::new(s.window, Some(0)), gpu: Split::new(s.window, Some(0)), rank, ..sql(&fleet) };
         assert_eq!(rolled.cpu.minutes, Some(w));
         assert!(
             rolled

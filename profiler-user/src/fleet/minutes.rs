@@ -13,8 +13,8 @@ use super::{Fleet, FleetError};
 use crate::{
     query::Window,
     ship::clickhouse::{
-        schema::{self, MINUTE_NS, col::*, quote_str},
-        track_rollups::{CPU_1M, GPU_UTIL_1M, GPU_UTIL_TRACK, IDLE_BELOW_PERCENT, MINUTE},
+        schema::{self, HOUR_NS, MINUTE_NS, col::*, quote_str},
+        track_rollups::{CPU_1H, CPU_1M, GPU_UTIL_1H, GPU_UTIL_1M, GPU_UTIL_TRACK, HOUR, IDLE_BELOW_PERCENT, MINUTE},
     },
 };
 
@@ -66,6 +66,59 @@ impl Split {
     }
 }
 
+/// A window cut for the ranking over every node: its whole hours from an hourly rollup
+/// (`cpu_1h`, `gpu_util_1h`), the whole minutes around them from the minute rollup, raw rows at
+/// the edges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tiers {
+    pub hours: Option<Window>,
+    pub minutes: Vec<Window>,
+    pub raw: Vec<Window>,
+}
+
+impl Tiers {
+    pub fn raw(w: Window) -> Self {
+        Self { hours: None, minutes: Vec::new(), raw: vec![w] }
+    }
+
+    /// `w`'s whole hours from `hours_from` on to the hourly rollup, then as [`Split::new`].
+    pub fn new(w: Window, hours_from: Option<u64>, minutes_from: Option<u64>) -> Self {
+        if let Some(from) = hours_from {
+            let a = w.from_ns.max(from).div_ceil(HOUR_NS) * HOUR_NS;
+            let b = w.to_ns / HOUR_NS * HOUR_NS;
+            if a < b {
+                let mut t = Self { hours: Some(Window { from_ns: a, to_ns: b }), ..Default::default() };
+                for (x, y) in [(w.from_ns, a), (b, w.to_ns)] {
+                    if x < y {
+                        let s = Split::new(Window { from_ns: x, to_ns: y }, minutes_from);
+                        t.minutes.extend(s.minutes);
+                        t.raw.extend(s.raw);
+                    }
+                }
+                return t;
+            }
+        }
+        let s = Split::new(w, minutes_from);
+        Self { hours: None, minutes: s.minutes.into_iter().collect(), raw: s.raw }
+    }
+
+    /// For a note: `cpu_1h 23h 0m, cpu_1m 59m 0s, cpu_seconds 1m 0s`.
+    pub fn describe(&self, hours: &str, minutes: &str, raw: &str) -> String {
+        let span = |ws: &[Window]| ws.iter().map(|w| w.to_ns - w.from_ns).sum::<u64>();
+        let mut out = Vec::new();
+        for (table, ns) in [
+            (hours, self.hours.map_or(0, |w| w.to_ns - w.from_ns)),
+            (minutes, span(&self.minutes)),
+            (raw, span(&self.raw)),
+        ] {
+            if ns > 0 {
+                out.push(format!("{table} {}", crate::timespec::format_duration(ns)));
+            }
+        }
+        out.join(", ")
+    }
+}
+
 /// Column 0's start for columns of `bucket_ns` over `w`: the window's start, or, for columns of
 /// whole minutes, the bucket it falls in (columns on round times, each whole minutes, so the
 /// rollups answer them).
@@ -77,17 +130,26 @@ pub fn aligned_start(w: Window, bucket_ns: u64) -> u64 {
 /// or `w`'s first minute when it has rows in the minute before (`None`: no rows, or no table).
 /// The window's first day is looked at first, the rest only if that holds none.
 pub fn whole_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<u64>, FleetError> {
-    let start = w.from_ns / MINUTE_NS * MINUTE_NS;
+    whole_units_from(fleet, table, MINUTE, MINUTE_NS, w)
+}
+
+/// As [`whole_from`], for an hourly rollup.
+pub fn whole_hours_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<u64>, FleetError> {
+    whole_units_from(fleet, table, HOUR, HOUR_NS, w)
+}
+
+fn whole_units_from(fleet: &Fleet, table: &str, column: &str, unit: u64, w: Window) -> Result<Option<u64>, FleetError> {
+    let start = w.from_ns / unit * unit;
     let look = |a: u64, b: u64| -> Result<Option<u64>, FleetError> {
         let sql = format!(
-            "SELECT count(), min({MINUTE}) FROM {} WHERE {MINUTE} >= {a} AND {MINUTE} < {b}",
+            "SELECT count(), min({column}) FROM {} WHERE {column} >= {a} AND {column} < {b}",
             fleet.table(table)
         );
         let rows = fleet.rows(&sql, |r| Ok((r.u64()?, r.u64()?)))?;
         Ok(rows.first().filter(|(n, _)| *n > 0).map(|(_, ts)| *ts))
     };
     let near = start.saturating_add(schema::DAY_NS).min(w.to_ns);
-    let found = match look(start.saturating_sub(MINUTE_NS), near) {
+    let found = match look(start.saturating_sub(unit), near) {
         Ok(Some(ts)) => Some(ts),
         Ok(None) if near < w.to_ns => look(near, w.to_ns)?,
         Ok(None) => None,
@@ -95,7 +157,7 @@ pub fn whole_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<u64>, 
         Err(FleetError::NoNodes(_)) => return Ok(None),
         Err(e) => return Err(e),
     };
-    Ok(found.map(|ts| if ts < start { start } else { ts + MINUTE_NS }))
+    Ok(found.map(|ts| if ts < start { start } else { ts + unit }))
 }
 
 /// Where a read's rows come from: columns of `bucket_ns` from `start_ns` over the window.
@@ -167,20 +229,17 @@ impl Parts<'_> {
 
     /// The GPU readings' parts: `nd, col, pn, pu, pi, ps, pg` (readings, their sum in percent,
     /// those below `idle_below`, GPU-seconds read, the tracks), per node and column (`by_col`)
-    /// or per node.
-    fn gpu_parts(&self, s: &Split, idle_below: f64, by_col: bool) -> Vec<String> {
+    /// or per node; `rolled`: (table, its time column, window) of the rollups' parts.
+    fn gpu_parts(&self, raw: &[Window], rolled: &[(&str, &str, Window)], idle_below: f64, by_col: bool) -> Vec<String> {
         let mut parts = Vec::new();
-        let (raw_key, min_key) = if by_col {
-            (format!("{} AS col", self.col(TS)), format!("{} AS col", self.col(MINUTE)))
-        } else {
-            ("toInt64(0) AS col".to_string(), "toInt64(0) AS col".to_string())
-        };
-        for w in &s.raw {
+        let key = |ts: &str| if by_col { format!("{} AS col", self.col(ts)) } else { "toInt64(0) AS col".to_string() };
+        for w in raw {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {raw_key}, toUInt64(count()) AS pn, toFloat64(sum({VALUE})) AS pu, \
+                "SELECT {NODE} AS nd, {}, toUInt64(count()) AS pn, toFloat64(sum({VALUE})) AS pu, \
                  toUInt64(countIf({VALUE} < {idle_below})) AS pi, toUInt64(uniq({NAME}, intDiv({TS}, {SEC}))) AS ps, \
                  groupUniqArray({NAME}) AS pg FROM {} WHERE {TS} >= {} AND {TS} < {}{} AND {CPU} = -1 \
                  AND match({NAME}, {}) GROUP BY nd, col",
+                key(TS),
                 self.fleet.table(schema::COUNTERS),
                 w.from_ns,
                 w.to_ns,
@@ -188,18 +247,24 @@ impl Parts<'_> {
                 quote_str(GPU_UTIL_TRACK)
             ));
         }
-        if let Some(m) = s.minutes {
+        for (table, column, w) in rolled {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {min_key}, toUInt64(sum(readings)) AS pn, toFloat64(sum(total)) AS pu, \
+                "SELECT {NODE} AS nd, {}, toUInt64(sum(readings)) AS pn, toFloat64(sum(total)) AS pu, \
                  toUInt64(sum(below)) AS pi, toUInt64(sum(seconds)) AS ps, groupUniqArray({NAME}) AS pg FROM {} \
-                 WHERE {MINUTE} >= {} AND {MINUTE} < {}{} GROUP BY nd, col",
-                self.fleet.table(GPU_UTIL_1M),
-                m.from_ns,
-                m.to_ns,
+                 WHERE {column} >= {} AND {column} < {}{} GROUP BY nd, col",
+                key(column),
+                self.fleet.table(table),
+                w.from_ns,
+                w.to_ns,
                 self.nodes
             ));
         }
         parts
+    }
+
+    /// A split's rollup part, as [`Parts::gpu_parts`] takes it.
+    fn gpu_minutes(s: &Split) -> Vec<(&'static str, &'static str, Window)> {
+        s.minutes.iter().map(|m| (GPU_UTIL_1M, MINUTE, *m)).collect()
     }
 
     /// The split of `w` for the GPU readings at `idle_below`: raw rows only when the rollup's
@@ -212,17 +277,78 @@ impl Parts<'_> {
     }
 
     /// Per node: `nd, n, u, i, s, g`: readings, their sum, those idle, GPU-seconds, GPUs.
-    pub fn gpu_nodes(&self, s: &Split, idle_below: f64) -> String {
+    pub fn gpu_nodes(&self, t: &Tiers, idle_below: f64) -> String {
+        let mut rolled: Vec<(&str, &str, Window)> = t.hours.iter().map(|h| (GPU_UTIL_1H, HOUR, *h)).collect();
+        rolled.extend(t.minutes.iter().map(|m| (GPU_UTIL_1M, MINUTE, *m)));
         format!(
             "SELECT nd, sum(pn) AS n, sum(pu) AS u, sum(pi) AS i, sum(ps) AS s, length(groupUniqArrayArray(pg)) AS g \
              FROM ({}) GROUP BY nd",
-            self.gpu_parts(s, idle_below, false).join(" UNION ALL ")
+            self.gpu_parts(&t.raw, &rolled, idle_below, false).join(" UNION ALL ")
         )
     }
 
     /// Per node and column: `nd, col, pn, pu, pi` (the parts, to be summed by the caller).
     pub fn gpu_cells(&self, s: &Split, idle_below: f64) -> String {
-        self.gpu_parts(s, idle_below, true).join(" UNION ALL ")
+        self.gpu_parts(&s.raw, &Self::gpu_minutes(s), idle_below, true).join(" UNION ALL ")
+    }
+
+    /// The ranking's CPU figures per node: `nd, share, busy, idle`, the share the busiest CPU's
+    /// in any clock hour of the window (its part in the window), from `cpu_1h`'s whole hours,
+    /// `cpu_1m`'s whole minutes and raw rows, summed without the per-block dedup (a re-sent
+    /// block repeats its busy and idle: shares hold).
+    pub fn cpu_ranking(&self, t: &Tiers) -> String {
+        let hr = |ts: &str| format!("intDiv({ts}, {HOUR_NS})");
+        let mut parts = Vec::new();
+        for w in &t.raw {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi \
+                 FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY nd, hr, cp",
+                hr(TS),
+                self.fleet.table(schema::CPU_SECONDS),
+                w.from_ns,
+                w.to_ns,
+                self.nodes
+            ));
+        }
+        for m in &t.minutes {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(sumMerge(busy_ticks)) AS pb, \
+                 toUInt64(sumMerge(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{} GROUP BY nd, hr, cp",
+                hr(MINUTE),
+                self.fleet.table(CPU_1M),
+                m.from_ns,
+                m.to_ns,
+                self.nodes
+            ));
+        }
+        if let Some(h) = t.hours {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(sum(busy_ticks)) AS pb, toUInt64(sum(idle_ticks)) AS pi \
+                 FROM {} WHERE {HOUR} >= {} AND {HOUR} < {}{} GROUP BY nd, hr, cp",
+                hr(HOUR),
+                self.fleet.table(CPU_1H),
+                h.from_ns,
+                h.to_ns,
+                self.nodes
+            ));
+        }
+        format!(
+            "SELECT nd, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), toUInt64(sum(sb)), toUInt64(sum(si)) FROM \
+             (SELECT nd, hr, cp, sum(pb) AS sb, sum(pi) AS si FROM ({}) GROUP BY nd, hr, cp) GROUP BY nd",
+            parts.join(" UNION ALL ")
+        )
+    }
+
+    /// The ranking's tiers for `w`: `hourly` and `minutely` rollups' whole hours and minutes
+    /// (the GPU ones only at their idle line), raw rows at the edges.
+    pub fn tiers(&self, w: Window, gpu: Option<f64>) -> Result<Tiers, FleetError> {
+        let (hourly, minutely) = match gpu {
+            Some(idle_below) if !Self::gpu_rollup_fits(idle_below) => return Ok(Tiers::raw(w)),
+            Some(_) => (GPU_UTIL_1H, GPU_UTIL_1M),
+            None => (CPU_1H, CPU_1M),
+        };
+        let hours = whole_hours_from(self.fleet, hourly, w)?;
+        Ok(Tiers::new(w, hours, whole_from(self.fleet, minutely, w)?))
     }
 
     /// Per node (`profiler fleet`): `nd, pb, pi, pl, pp, psat, pspan`: busy, idle, lost ticks,
@@ -276,6 +402,14 @@ pub fn describe_gpu(s: &Split) -> String {
     s.describe(GPU_UTIL_1M, schema::COUNTERS)
 }
 
+/// The tables the ranking was read from (`cpu_1h 23h 0m, cpu_1m 59m 0s, cpu_seconds 1m 0s`).
+pub fn describe_ranking(t: &Tiers, gpu: bool) -> String {
+    match gpu {
+        true => t.describe(GPU_UTIL_1H, GPU_UTIL_1M, schema::COUNTERS),
+        false => t.describe(CPU_1H, CPU_1M, schema::CPU_SECONDS),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +433,27 @@ mod tests {
         assert_eq!(late.raw, [w(T0, T0 + 4 * MINUTE_NS)]);
         assert_eq!(Split::new(w(T0 + SEC, T0 + 50 * SEC), Some(0)), Split::raw(w(T0 + SEC, T0 + 50 * SEC)));
         assert_eq!(Split::new(day, None), Split::raw(day));
+    }
+
+    #[test]
+    fn the_ranking_reads_hours_then_minutes_then_raw_rows() {
+        const H: u64 = HOUR_NS;
+        let w = w(T0 + 30 * SEC, T0 + 3 * H + 2 * MINUTE_NS + SEC);
+        let h0 = T0.div_ceil(H) * H;
+        let t = Tiers::new(w, Some(0), Some(0));
+        assert_eq!(t.hours, Some(Window { from_ns: h0, to_ns: (T0 + 3 * H + 2 * MINUTE_NS + SEC) / H * H }));
+        assert_eq!(t.minutes.len() + t.raw.len() >= 2, true);
+        let covered: u64 = t.minutes.iter().chain(&t.raw).chain(t.hours.iter()).map(|x| x.to_ns - x.from_ns).sum();
+        assert_eq!(covered, w.to_ns - w.from_ns, "{t:?}");
+        assert_eq!(Tiers::new(w, None, None), Tiers::raw(w));
+        let fleet = Fleet::new("http://h:1", "p").unwrap();
+        let p = Parts { fleet: &fleet, start_ns: T0, bucket_ns: 300 * SEC, nodes: String::new() };
+        let q = p.cpu_ranking(&t);
+        assert!(
+            q.contains("FROM `p`.`cpu_1h` WHERE hour >=") && q.contains("FROM `p`.`cpu_1m` WHERE minute >="),
+            "{q}"
+        );
+        assert!(q.contains("GROUP BY nd, hr, cp) GROUP BY nd"), "{q}");
     }
 
     #[test]
@@ -336,7 +491,9 @@ mod tests {
             )),
             "{cells}"
         );
-        let gpu = p.gpu_nodes(&s, 50.0);
+        let gpu = p.gpu_nodes(&Tiers::new(s.raw[0], None, None), 50.0);
+        assert!(gpu.contains("FROM `p`.`counters` WHERE ts >="), "{gpu}");
+        let gpu = p.gpu_cells(&s, 50.0);
         assert!(gpu.contains("FROM `p`.`gpu_util_1m` WHERE minute >=") && gpu.contains("countIf(value < 50)"), "{gpu}");
         assert!(p.cpu_nodes(&s, 9).contains("groupBitOrMerge(saturated) AS sm FROM `p`.`cpu_1m`"));
         // Another idle line than the rollup's: raw rows.

@@ -24,7 +24,7 @@
 //! idle both double), peaks and saturated seconds are unaffected.
 
 use super::schema::{Layout, quote_ident};
-use crate::ship::clickhouse::schema::{COUNTERS, CPU_SECONDS, DAY_NS, MINUTE_NS};
+use crate::ship::clickhouse::schema::{COUNTERS, CPU_SECONDS, DAY_NS, HOUR_NS, MINUTE_NS};
 
 /// Per (node, minute, CPU): busy, idle and lost ticks, the blocks' spans, the busiest block's
 /// share, the saturated seconds' mask.
@@ -32,8 +32,16 @@ pub const CPU_1M: &str = "cpu_1m";
 /// Per (node, minute, `gpu.N.util` track): readings, their sum (percent), readings below
 /// [`IDLE_BELOW_PERCENT`], seconds read.
 pub const GPU_UTIL_1M: &str = "gpu_util_1m";
+/// Per (node, hour, CPU): busy and idle ticks. What the fleet page ranks every node by for a
+/// window's whole hours (a day of 1,000 nodes of 16 CPUs: 384,000 rows, not 23 M minutes).
+pub const CPU_1H: &str = "cpu_1h";
+/// Per (node, hour, `gpu.N.util` track): as [`GPU_UTIL_1M`].
+pub const GPU_UTIL_1H: &str = "gpu_util_1h";
 /// Every table here (the shipper's retention on servers without `TTL` drops their days).
-pub const TABLES: [&str; 2] = [CPU_1M, GPU_UTIL_1M];
+pub const TABLES: [&str; 4] = [CPU_1M, GPU_UTIL_1M, CPU_1H, GPU_UTIL_1H];
+
+/// The column of an hourly row's hour (its start, ns).
+pub const HOUR: &str = "hour";
 
 /// The column of a rollup row's minute (its start, ns).
 pub const MINUTE: &str = "minute";
@@ -60,7 +68,7 @@ struct Rollup {
     select: String,
 }
 
-fn rollups() -> [Rollup; 2] {
+fn rollups() -> [Rollup; 4] {
     [
         Rollup {
             name: CPU_1M,
@@ -89,6 +97,28 @@ fn rollups() -> [Rollup; 2] {
                 super::schema::quote_str(GPU_UTIL_TRACK)
             ),
         },
+        Rollup {
+            name: CPU_1H,
+            source: CPU_SECONDS,
+            columns: "node String, hour UInt64, cpu UInt16, busy_ticks UInt64, idle_ticks UInt64",
+            engine: "SummingMergeTree PARTITION BY intDiv(hour, 86400000000000) ORDER BY (node, hour, cpu)",
+            select: format!(
+                "SELECT node, intDiv(ts, {HOUR_NS}) * {HOUR_NS} AS hour, cpu, sum(toUInt64(busy)) AS busy_ticks, \
+                 sum(toUInt64(idle)) AS idle_ticks FROM {{source}} GROUP BY node, hour, cpu"
+            ),
+        },
+        Rollup {
+            name: GPU_UTIL_1H,
+            source: COUNTERS,
+            columns: "node String, hour UInt64, name String, readings UInt64, total Float64, below UInt64, seconds UInt64",
+            engine: "SummingMergeTree PARTITION BY intDiv(hour, 86400000000000) ORDER BY (node, hour, name)",
+            select: format!(
+                "SELECT node, intDiv(ts, {HOUR_NS}) * {HOUR_NS} AS hour, name, count() AS readings, sum(value) AS total, \
+                 countIf(value < {IDLE_BELOW_PERCENT}) AS below, uniqExact(intDiv(ts, 1000000000)) AS seconds FROM {{source}} \
+                 WHERE cpu = -1 AND match(name, {}) GROUP BY node, hour, name",
+                super::schema::quote_str(GPU_UTIL_TRACK)
+            ),
+        },
     ]
 }
 
@@ -97,12 +127,13 @@ fn rollups() -> [Rollup; 2] {
 pub fn statements(l: &Layout<'_>, keep_secs: u64) -> Vec<String> {
     let db = quote_ident(l.database);
     let local = |name: &str| if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
-    let ttl = l
-        .ttl_secs
-        .map(|_| format!(" TTL toDateTime(intDiv({MINUTE}, 1000000000)) + toIntervalSecond({keep_secs})"))
-        .unwrap_or_default();
     let mut out = Vec::new();
     for r in rollups() {
+        let column = if r.name.ends_with("_1h") { HOUR } else { MINUTE };
+        let ttl = l
+            .ttl_secs
+            .map(|_| format!(" TTL toDateTime(intDiv({column}, 1000000000)) + toIntervalSecond({keep_secs})"))
+            .unwrap_or_default();
         let table = quote_ident(&local(r.name));
         out.push(format!("CREATE TABLE IF NOT EXISTS {db}.{table} ({}) ENGINE = {}{ttl}", r.columns, r.engine));
         if let Some(cluster) = l.cluster {
