@@ -241,6 +241,12 @@ impl Batch {
     /// One `Native` block: the number of columns and of rows (LEB128), then each column as its
     /// name, its type and its values (integers little-endian, strings as for RowBinary).
     pub fn native(&self, node: &str) -> Vec<u8> {
+        // Rows per CPU in time order, `samples`' key (`(node, cpu, ts)`; one node an insert): the
+        // server finds the block sorted instead of sorting it: on 18.16, ~0.5 us less server CPU
+        // a row, a third of the insert into `samples` alone (BENCHMARKS.md, ingest; the views'
+        // work, two thirds of the whole, is unchanged).
+        let mut order: Vec<u32> = (0..self.rows() as u32).collect();
+        order.sort_by_key(|&i| (self.cpu[i as usize], self.ts[i as usize]));
         let mut o = Vec::with_capacity(self.rows() * 40);
         put_len(&mut o, 9);
         put_len(&mut o, self.rows());
@@ -248,26 +254,27 @@ impl Batch {
             put_str(o, name);
             put_str(o, ty);
         };
+        let each = order.iter().map(|&i| i as usize);
         column(&mut o, col::NODE, "String");
         for _ in 0..self.rows() {
             put_str(&mut o, node);
         }
         column(&mut o, col::TS, "UInt64");
-        self.ts.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        each.clone().for_each(|i| o.extend_from_slice(&self.ts[i].to_le_bytes()));
         column(&mut o, col::CPU, "UInt16");
-        self.cpu.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        each.clone().for_each(|i| o.extend_from_slice(&self.cpu[i].to_le_bytes()));
         column(&mut o, col::PID, "UInt32");
-        self.pid.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        each.clone().for_each(|i| o.extend_from_slice(&self.pid[i].to_le_bytes()));
         column(&mut o, col::TID, "UInt32");
-        self.tid.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        each.clone().for_each(|i| o.extend_from_slice(&self.tid[i].to_le_bytes()));
         column(&mut o, col::COMM, "String");
-        self.comm.iter().for_each(|&i| put_str(&mut o, &self.names[i as usize]));
+        each.clone().for_each(|i| put_str(&mut o, &self.names[self.comm[i] as usize]));
         column(&mut o, col::STACK_ID, "UInt64");
-        self.stack.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        each.clone().for_each(|i| o.extend_from_slice(&self.stack[i].to_le_bytes()));
         column(&mut o, col::WORKLOAD, "String");
-        self.workload.iter().for_each(|&i| put_str(&mut o, &self.names[i as usize]));
+        each.clone().for_each(|i| put_str(&mut o, &self.names[self.workload[i] as usize]));
         column(&mut o, col::COUNT, "UInt32");
-        self.count.iter().for_each(|v| o.extend_from_slice(&v.to_le_bytes()));
+        each.for_each(|i| o.extend_from_slice(&self.count[i].to_le_bytes()));
         o
     }
 }
@@ -366,6 +373,25 @@ mod tests {
         assert_eq!(b.rows(), 1);
         assert_eq!(b.ts, [6]);
         assert_eq!(b.native("n1").len(), n.len() - (3 + 8 + 2 + 4 + 4 + 5 + 8 + 1 + 4));
+    }
+
+    #[test]
+    fn native_rows_are_per_cpu_in_time_order() {
+        let frames = [("main", false)];
+        let mut b = Batch::default();
+        let mut shipped = HashSet::new();
+        // Time order across CPUs, as the store gives them: (ts, cpu) 5/3, 6/1, 7/3, 8/1.
+        for (ts, cpu) in [(5, 3), (6, 1), (7, 3), (8, 1)] {
+            b.push(&SampleRef { cpu, ..sample(ts, &frames) }, &mut shipped);
+        }
+        let n = b.native("n1");
+        let at = |ty: &[u8]| n.windows(ty.len()).position(|w| w == ty).unwrap() + ty.len();
+        let ts = at(b"\x06UInt64");
+        let got: Vec<u64> = n[ts..ts + 32].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, [6, 8, 5, 7], "CPU 1's rows, then CPU 3's");
+        let cpu = at(b"\x03cpu\x06UInt16");
+        assert_eq!(&n[cpu..cpu + 8], [1u16, 1, 3, 3].map(u16::to_le_bytes).concat());
+        assert_eq!(b.ts, [5, 6, 7, 8], "the batch itself keeps the store's order (keep_after)");
     }
 
     #[test]
