@@ -18,13 +18,15 @@ the 2-vCPU build VM gave ticks off the grid by 1.3 us (median), 4 us (p90), 18 u
 `min_bytes_for_wide_part = 0` (per-column sizes for small parts), merges stopped; then measured
 again after `OPTIMIZE TABLE ... FINAL`. Figures: compressed bytes of each column
 (`system.parts_columns`) and the parts' bytes on disk (`system.parts`: marks, index and
-checksums included), divided by the samples.
+checksums included), divided by the samples; "CPU s": the engine's CPU time (this process's,
+chdb runs in it) for the 120 inserts (each an `INSERT ... SELECT` of its 5 s), then for the merge.
 """
 
 import argparse
 import random
 import sys
 import tempfile
+import time
 
 import pandas as pd
 from chdb.session import Session
@@ -159,7 +161,7 @@ CODECS = {
     "workload": "LowCardinality(String)",
     "count": "UInt32 CODEC(T64, ZSTD(1))",
 }
-# schema.rs SAMPLES_CODECS since: per CPU in time order a CPU's ticks are ~10.1 ms apart
+# schema.rs SAMPLES_CODECS (servers 20.1-24.x): per CPU in time order a CPU's ticks are ~10.1 ms apart
 # (deltas of a few bytes) and it runs one thread for a while (pid, tid, comm, workload in runs).
 NEW = {
     "node": "LowCardinality(String)",
@@ -172,6 +174,8 @@ NEW = {
     "workload": "LowCardinality(String) CODEC(ZSTD(1))",
     "count": "UInt32 CODEC(T64, ZSTD(1))",
 }
+# schema.rs on servers from 25.1 on (STACK_DICTIONARY): the stack id through a part's dictionary.
+DICT = dict(NEW, stack_id="LowCardinality(UInt64) CODEC(ZSTD(6))")
 TS_ORDER = "(node, ts, cpu)"
 CPU_ORDER = "(node, cpu, ts)"
 MINUTE = "intDiv(ts, 60000000000)"
@@ -183,19 +187,26 @@ def with_(base, **over):
     return d
 
 
-# name: (columns, ORDER BY). The first four are the schema's, before and after.
+# name: (columns, ORDER BY). The first five are the schema's, before and after.
 LAYOUTS = {
     "18.16-before": (PLAIN, TS_ORDER),
     "18.16-now": (PLAIN, CPU_ORDER),
     "codecs-before": (CODECS, TS_ORDER),
-    "codecs-now": (NEW, CPU_ORDER),
-    # Tried against it:
+    "codecs-20.1": (NEW, CPU_ORDER),
+    "dict-25.1": (DICT, CPU_ORDER),
+    # Tried against them:
     "before-codecs-cpu-order": (CODECS, CPU_ORDER),
     "now-minute-first": (NEW, f"(node, {MINUTE}, cpu, ts)"),
     "now-ts-doubledelta": (with_(NEW, ts="UInt64 CODEC(DoubleDelta, ZSTD(1))"), CPU_ORDER),
     "now-ts-delta-t64": (with_(NEW, ts="UInt64 CODEC(Delta, T64, ZSTD(1))"), CPU_ORDER),
     "now-zstd3": (with_(NEW, **{c: t.replace("ZSTD(1)", "ZSTD(3)") for c, t in NEW.items()}), CPU_ORDER),
     "now-stack-lowcard": (with_(NEW, stack_id="LowCardinality(UInt64) CODEC(ZSTD(1))"), CPU_ORDER),
+    "dict-zstd1": (with_(NEW, stack_id="LowCardinality(UInt64) CODEC(ZSTD(1))"), CPU_ORDER),
+    "dict-zstd3": (with_(NEW, stack_id="LowCardinality(UInt64) CODEC(ZSTD(3))"), CPU_ORDER),
+    "dict-zstd15": (with_(NEW, stack_id="LowCardinality(UInt64) CODEC(ZSTD(15))"), CPU_ORDER),
+    "now-stack-zstd9": (with_(NEW, stack_id="UInt64 CODEC(ZSTD(9))"), CPU_ORDER),
+    "now-ts-zstd22": (with_(NEW, ts="UInt64 CODEC(Delta, ZSTD(22))"), CPU_ORDER),
+    "now-minute-stack-cpu": (with_(NEW, stack_id="UInt64 CODEC(Delta, ZSTD(1))"), f"(node, {MINUTE}, stack_id, cpu, ts)"),
     "now-by-stack": (with_(NEW, stack_id="UInt64 CODEC(Delta, ZSTD(1))"), f"(node, {MINUTE}, comm, stack_id, ts)"),
 }
 
@@ -225,12 +236,14 @@ def run(s, name, df, layout):
         "SETTINGS min_bytes_for_wide_part = 0, allow_suspicious_low_cardinality_types = 1"
     )
     s.query(f"SYSTEM STOP MERGES b.{table}")
+    t = time.process_time()
     for batch in range(int(df["batch"].max()) + 1):
         s.query(f"INSERT INTO b.{table} SELECT {', '.join(COLUMNS)} FROM b.src_{name} WHERE batch = {batch}")
-    out = {"inserted": measure(s, table, len(df))}
+    out = {"inserted": measure(s, table, len(df)) + (time.process_time() - t,)}
     s.query(f"SYSTEM START MERGES b.{table}")
+    t = time.process_time()
     s.query(f"OPTIMIZE TABLE b.{table} FINAL")
-    out["merged"] = measure(s, table, len(df))
+    out["merged"] = measure(s, table, len(df)) + (time.process_time() - t,)
     s.query(f"DROP TABLE b.{table}")
     return out
 
@@ -255,11 +268,11 @@ def main():
         )
         s.query(f"DROP TABLE IF EXISTS b.src_{name}")
         s.query(f"CREATE TABLE b.src_{name} ENGINE = MergeTree ORDER BY batch AS SELECT * FROM Python(df)")
-        print(f"{'layout':<20} {'state':<9} {'parts':>5} {'disk B/sample':>13} {'cols B':>7}  per column (B/sample)")
+        print(f"{'layout':<20} {'state':<9} {'parts':>5} {'disk B/sample':>13} {'cols B':>7} {'CPU s':>6}  per column (B/sample)")
         for layout in args.layouts.split(","):
-            for state, (nparts, disk, colsum, per) in run(s, name, df, layout).items():
+            for state, (nparts, disk, colsum, per, cpu) in run(s, name, df, layout).items():
                 detail = " ".join(f"{c}={per[c]:.2f}" for c in COLUMNS)
-                print(f"{layout:<20} {state:<9} {nparts:>5} {disk:>13.2f} {colsum:>7.2f}  {detail}")
+                print(f"{layout:<20} {state:<9} {nparts:>5} {disk:>13.2f} {colsum:>7.2f} {cpu:>6.2f}  {detail}")
                 sys.stdout.flush()
 
 
