@@ -5,6 +5,11 @@
  * test can change what the "GPU" says while the daemon runs. Only this library is stood in
  * for: the processes, CPUs and kernel of a test are real.
  *
+ * The file is read into memory and kept while stat() says it is the same file (inode, size and
+ * change time, and changed over a second ago: a change within the clock's tick would keep the
+ * time): a stat a call, where NVIDIA's library makes an ioctl. Reading and scanning it at
+ * every call cost more than the daemon's poller itself (`cargo xtask bench nvml`).
+ *
  * Built by the tests: gcc -shared -fPIC -DSTANDIN_FILE='"PATH"' [-DHALF] -o libnvidia-ml.so.1
  * HALF leaves out about half the functions (power, temperature, memory, PCIe, ECC, row remapping,
  * clocks, clock events, per-process utilisation, CPU affinity): a driver that lacks them.
@@ -35,6 +40,8 @@
 #include <string.h>
 #include <stdint.h>
 #include <time.h>
+#include <pthread.h>
+#include <sys/stat.h>
 
 #ifndef STANDIN_FILE
 #error "build with -DSTANDIN_FILE='\"/path/of/the/file\"'"
@@ -75,24 +82,88 @@ typedef struct {
     unsigned int smUtil, memUtil, encUtil, decUtil;
 } nvmlProcessUtilizationSample_t;
 
-/* The value of `key` (for GPU `gpu`, or global when gpu < 0) into out; 0 when found. */
-static int fact(int gpu, const char *key, char *out, size_t len) {
+/* The file as last read, and what stat() said of it then. */
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *cache;
+static size_t cache_len;
+static struct stat cache_st;
+static int cache_ok;
+
+/* Whether the file may have changed since it was cached. */
+static int stale(const struct stat *now) {
+    if (!cache_ok) return 1;
+    if (now->st_ino != cache_st.st_ino || now->st_dev != cache_st.st_dev || now->st_size != cache_st.st_size) return 1;
+    if (now->st_ctim.tv_sec != cache_st.st_ctim.tv_sec || now->st_ctim.tv_nsec != cache_st.st_ctim.tv_nsec) return 1;
+    /* Changed within the last two seconds: a second write in the same tick of the file system's
+       clock would leave the same time, so read it again until it has been quiet a while. */
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec - now->st_ctim.tv_sec < 2;
+}
+
+/* Reads the file into `cache` when it changed; 0 when the cache holds it. Under cache_lock. */
+static int load(void) {
+    struct stat st;
+    if (stat(STANDIN_FILE, &st) != 0) return -1;
+    if (!stale(&st)) return 0;
     FILE *f = fopen(STANDIN_FILE, "r");
     if (!f) return -1;
-    char line[1024], want[128];
-    if (gpu >= 0) snprintf(want, sizeof want, "%d %s ", gpu, key);
-    else snprintf(want, sizeof want, "%s ", key);
-    int found = -1;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, want, strlen(want)) == 0) {
-            char *v = line + strlen(want);
-            v[strcspn(v, "\n")] = 0;
-            snprintf(out, len, "%s", v);
-            found = 0;
-            break;
+    size_t cap = (size_t)st.st_size + 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) { fclose(f); return -1; }
+    for (size_t r; (r = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += r;
+        if (n == cap) {
+            char *more = realloc(buf, 2 * cap + 1);
+            if (!more) { free(buf); fclose(f); return -1; }
+            buf = more;
+            cap *= 2;
         }
     }
     fclose(f);
+    buf[n] = 0;
+    free(cache);
+    cache = buf;
+    cache_len = n;
+    cache_st = st;
+    cache_ok = 1;
+    return 0;
+}
+
+/* The value of `key` (for GPU `gpu`, or global when gpu < 0) into out; 0 when found. */
+static int fact(int gpu, const char *key, char *out, size_t len) {
+    /* "GPU key " (or "key "), built by hand: snprintf's cost would be the stand-in's again. */
+    char want[128];
+    size_t w = 0, k = strlen(key);
+    if (k > sizeof want - 16) return -1;
+    if (gpu >= 0) {
+        char digits[12];
+        int n = 0;
+        for (unsigned int g = (unsigned int)gpu; n == 0 || g; g /= 10) digits[n++] = (char)('0' + g % 10);
+        while (n) want[w++] = digits[--n];
+        want[w++] = ' ';
+    }
+    memcpy(want + w, key, k);
+    w += k;
+    want[w++] = ' ';
+    int found = -1;
+    pthread_mutex_lock(&cache_lock);
+    if (load() == 0) {
+        for (const char *line = cache; line < cache + cache_len;) {
+            const char *end = memchr(line, '\n', (size_t)(cache + cache_len - line));
+            if (!end) end = cache + cache_len;
+            if ((size_t)(end - line) >= w && strncmp(line, want, w) == 0) {
+                size_t n = (size_t)(end - line) - w;
+                if (n >= len) n = len - 1;
+                memcpy(out, line + w, n);
+                out[n] = 0;
+                found = 0;
+                break;
+            }
+            line = end + 1;
+        }
+    }
+    pthread_mutex_unlock(&cache_lock);
     return found;
 }
 

@@ -251,3 +251,127 @@ fn a_gpu_nodes_report_carries_the_gpu_strip_list_findings_and_local_cpus() {
         client.close().await.unwrap();
     });
 }
+
+/// A CUDA node's report (issue 41, part 7): the live page's count selector, with the counts the
+/// node recorded in the window (CPU samples, GPU launches, ...), each its whole window's
+/// flamegraph; and the process's CUDA tracks say which process the pid is (its name).
+#[test]
+fn a_cuda_nodes_report_chooses_the_count_and_names_the_launcher() {
+    let test = "a_cuda_nodes_report_chooses_the_count_and_names_the_launcher";
+    if !privileged(test) {
+        return;
+    }
+    if !browser::installed() {
+        skip("the browser test needs Debian's chromium and chromium-driver (cargo xtask test installs them)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = integration_tests::cuda::build_or_skip(&tmp.path().join("lib"), test) else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off"]);
+    daemon.wait_ready();
+    let start = now_secs();
+    let mut app = integration_tests::cuda::App::start(&lib, &[], 2000);
+    integration_tests::cuda::wait_probed(&data, 1);
+    let pid = app.pid();
+    app.go();
+    integration_tests::cuda::settled(&data, "cuda-launches", pid, "launch_direct", 3000);
+    // The process's track, said to be of python3.
+    let track = format!("cuda.{pid}.launches");
+    integration_tests::wait_for("the launcher's CUDA track and its process", Duration::from_secs(15), || {
+        let out = profiler(&[
+            "counters",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--from",
+            "-5m",
+            "--name",
+            "cuda*",
+            "--format",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (v["about"][&track] == "python3").then_some(())
+    });
+    let end = now_secs();
+    app.finish();
+    integration_tests::wait_for("the store past the run", Duration::from_secs(15), || {
+        let span = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
+        (span > end + 1.0).then_some(())
+    });
+    let file = tmp.path().join("cuda-report.html");
+    let (from, to) = (format!("{:.3}", start.floor() - 1.0), format!("{:.3}", end.ceil() + 1.0));
+    let out = profiler(&[
+        "report",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(daemon.stop().success());
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let url = format!("file://{}", file.display());
+    rt.block_on(async move {
+        let (_driver, client) = browser::open("1400,1000").await;
+        client.goto(&url).await.unwrap();
+        // The selector offers what the report holds; the CUDA track names its process.
+        let shown = browser::until(
+            &client,
+            "the count selector and the CUDA track",
+            &format!(
+                "const names = [...document.querySelectorAll('#counters .track .name')].map((n) => n.textContent); \
+                 const mine = names.find((n) => n.startsWith('{track}')); \
+                 const f = document.getElementById('matched').textContent; \
+                 return mine && f.includes('from this report') \
+                   ? [[...document.getElementById('samples').options].map((o) => o.value), \
+                      document.getElementById('samples-pick').hidden, mine] : null"
+            ),
+        )
+        .await;
+        let kinds: Vec<&str> = shown[0].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).collect();
+        assert_eq!(&kinds[..2], ["cpu", "cuda-launches"], "{shown}");
+        assert!(kinds.contains(&"cuda-sync") && kinds.contains(&"cuda-copies"), "{shown}");
+        assert_eq!(shown[1], false, "the selector shows: {shown}");
+        assert_eq!(shown[2], format!("{track} python3"), "{shown}");
+        // GPU launches: the whole window's, counted in launches, under the launching function.
+        client
+            .execute(
+                "const s = document.getElementById('samples'); s.value = 'cuda-launches'; \
+                 s.dispatchEvent(new Event('change'))",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let launches = browser::until(
+            &client,
+            "the GPU launches flamegraph",
+            "const m = document.getElementById('matched').textContent; \
+             return m.includes('GPU launches') && document.querySelector('#flamegraph [data-name]') \
+               ? [m, document.getElementById('top-unit').textContent, \
+                  [...document.querySelectorAll('#flamegraph [data-name]')].some((e) => e.dataset.name.startsWith('launch_direct'))] : null",
+        )
+        .await;
+        assert!(launches[0].as_str().unwrap().contains("from this report: the whole window, all CPUs, GPU launches"), "{launches}");
+        assert_eq!(launches[1], "launches", "{launches}");
+        assert_eq!(launches[2], true, "the launching function in it: {launches}");
+        // A finding's window or another range of another count: a sentence, not the CPU's.
+        client
+            .execute("const S = window.profilerUI.state; window.profilerUI.select(S.dom.t0 + 0.1, S.dom.t0 + 0.2)", vec![])
+            .await
+            .unwrap();
+        browser::until(
+            &client,
+            "the sentence for a range it does not hold",
+            "const t = document.getElementById('flamegraph').textContent; \
+             return t.includes('flamegraph of its whole window (all CPUs) only') ? t : null",
+        )
+        .await;
+        client.close().await.unwrap();
+    });
+}

@@ -480,8 +480,10 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             .unwrap();
         assert_eq!(quiet[1], "", "{quiet}");
         // Tracks at a glance: those of the CPUs shown (CPU 1 here) and machine-wide ones that
-        // moved, six before "more"; flat ones are counted, not drawn. The page is handed such
-        // an answer (`{"tracks":[{name, cpu, unit, points: [[unix_ms, value]]}]}`).
+        // moved, six before "more", the GPUs' and CUDA tracks first; flat ones are counted, not
+        // drawn. The page is handed such an answer (`{"tracks":[{name, cpu, unit, points:
+        // [[unix_ms, value]]}], "about": {name: what it is of}}`): a CUDA track names its
+        // process and pod beside its pid (issue 41, part 7).
         let drawn = client
             .execute(
                 "const real = window.fetch, ms = arguments[0] * 1000; \
@@ -489,12 +491,15 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
                  const tracks = [moving('softnet.time_squeeze', 1), moving('softnet.time_squeeze', 0), \
                    {name: 'psi.cpu', cpu: null, unit: '%', points: [[ms, 3], [ms + 1000, 3]]}, {name: 'empty', cpu: null, points: []}]; \
                  for (let i = 0; i < 7; i++) tracks.push(moving('nic.q' + i, null)); \
+                 tracks.push(moving('cuda.21440.launches', null)); \
+                 const about = {'cuda.21440.launches': 'python3 (pod ml/trainer-0)', 'cuda.9.sync_ms': 'gone'}; \
                  window.fetch = (u, o) => String(u).startsWith('/api/counters') \
-                   ? Promise.resolve(new Response(JSON.stringify({tracks}), {status: 200})) : real(u, o); \
+                   ? Promise.resolve(new Response(JSON.stringify({tracks, about}), {status: 200})) : real(u, o); \
                  const names = () => [...document.querySelectorAll('#counters .track .name')].map((n) => n.textContent); \
                  return window.profilerUI.loadCounters().then(async () => { \
                    const first = [names(), document.querySelector('#counters .tracks-note').textContent, \
-                                  document.querySelector('#counters canvas').style.width, document.getElementById('hm').style.width]; \
+                                  document.querySelector('#counters canvas').style.width, document.getElementById('hm').style.width, \
+                                  document.querySelector('#counters .track .name').title]; \
                    document.querySelector('#counters .tracks-note button').click(); \
                    await new Promise((ok) => setTimeout(ok, 300)); \
                    window.fetch = real; return [...first, names().length]; })",
@@ -504,11 +509,13 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
             .unwrap();
         let names = drawn[0].as_array().unwrap();
         assert_eq!(names.len(), 6, "{drawn}");
-        assert_eq!(names[0], "softnet.time_squeeze cpu1", "{drawn}");
+        assert_eq!(names[0], "cuda.21440.launches python3 (pod ml/trainer-0)", "{drawn}");
+        assert_eq!(drawn[4], "cuda.21440.launches python3 (pod ml/trainer-0) (/s)", "its tooltip: {drawn}");
+        assert_eq!(names[1], "softnet.time_squeeze cpu1", "{drawn}");
         assert!(!drawn[0].to_string().contains("cpu0") && !drawn[0].to_string().contains("psi"), "{drawn}");
-        assert_eq!(drawn[1], "2 more counter tracks 1 flat (unchanged over the window) not drawn", "{drawn}");
+        assert_eq!(drawn[1], "3 more counter tracks 1 flat (unchanged over the window) not drawn", "{drawn}");
         assert_eq!(drawn[2], drawn[3], "a track spans the heatmap's time axis: {drawn}");
-        assert_eq!(drawn[4], 8, "all the tracks that moved, on asking: {drawn}");
+        assert_eq!(drawn[5], 9, "all the tracks that moved, on asking: {drawn}");
         client.execute("window.profilerUI.state.allTracks = false; window.profilerUI.loadCounters()", vec![]).await.unwrap();
 
         // A CPU x time cell selects its CPU and its second everywhere.

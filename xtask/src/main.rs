@@ -55,7 +55,8 @@ enum Cmd {
     /// run-queue programs cost a context switch: a ping-pong between two CPUs without and with the daemon), `memory` (the daemon in a 256
     /// MiB memory cgroup while one process maps three copies of a 200 MB library: peak RSS), `nvml`
     /// (the GPU poller's CPU a second with the stand-in NVML describing 1 GPU, then 8: `--rounds`
-    /// of `--seconds` (20)),
+    /// of `--seconds` (20)), `cuda-step` (a launch-heavy step's CPU time with the daemon against
+    /// without, in `--rounds` blocks of alternating phases: the <= 1 % goal),
     /// `clickhouse-bytes` (bytes per sample of ClickHouse's `samples` table on chdb, a steady
     /// and a compile-heavy synthetic node of `--minutes` (default 10), under several layouts).
     Bench {
@@ -240,8 +241,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(bin) => PathBuf::from(bin),
                 None => build(true)?,
             };
-            if which == "memory" {
-                return bench::memory::run(&profiler);
+            // The benches that need no helper binaries (their build takes the cargo lock).
+            match which.as_str() {
+                "memory" => return bench::memory::run(&profiler),
+                "cuda" => return bench::cuda::run(&workspace_root(), &profiler, rounds),
+                "cuda-step" => return bench::cuda_step::run(&workspace_root(), &profiler, rounds),
+                "nvml" => return bench::nvml::run(&workspace_root(), &profiler, rounds, seconds.unwrap_or(20)),
+                _ => {}
             }
             let helpers = build_helpers()?;
             let helper = helpers.join("busy-helper");
@@ -259,8 +265,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "unwind" => bench::unwind::run(&workspace_root(), &profiler, seconds.unwrap_or(10)),
                 "churn" => bench::churn::run(&profiler, &helpers.join("churn"), 99, 200, seconds.unwrap_or(60)),
                 "python" => bench::python::run(&workspace_root(), &profiler, &helper, seconds.unwrap_or(20)),
-                "cuda" => bench::cuda::run(&workspace_root(), &profiler, rounds),
-                "nvml" => bench::nvml::run(&workspace_root(), &profiler, rounds, seconds.unwrap_or(20)),
                 // An ignored test: it needs the test harness's private ClickHouse and the
                 // synthetic stores it builds; the release test binary ships like the daemon. A
                 // cluster of two 18.16 shards, `--nodes` GPU training nodes shipped into it and the

@@ -88,6 +88,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     out!("{}", table(&tracks.tracks))?;
+    // What the process tracks are of (`cuda.PID.*`: the process's name and pod).
+    for (name, about) in &tracks.about {
+        outln!("{}: {}", untrusted::visible(name), untrusted::visible(about))?;
+    }
     Ok(())
 }
 

@@ -48,7 +48,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (counters, profiler::gpu::Inventory::read(dir).filter(|i| !i.gpus.is_empty()))
         }
     };
-    report(&mut reader, w, &found, &reach, counters, gpus, &args.output)
+    // The other counts the node recorded in the window (CUDA launches, synchronisations and
+    // copies, off-CPU time): the whole window's flamegraph of each, for the page's selector.
+    let mut others = Vec::new();
+    for kind in SampleKind::WEIGHTED {
+        // A kind the node never recorded has no store: nothing to offer, not an error.
+        let Ok(mut r) = src.reader(kind) else { continue };
+        match r.fold(w, &Filter::default(), FoldBudget::default()) {
+            Ok(fold) if fold.folded.total() > 0 => {
+                let mut tree = Vec::new();
+                profiler::serve::tree::write(&fold.folded, &mut tree)?;
+                others.push(report::Flame {
+                    caption: format!("the whole window, all CPUs, {}", kind.label()),
+                    from_ns: w.from_ns,
+                    to_ns: w.to_ns,
+                    cpu: None,
+                    samples: kind,
+                    tree,
+                });
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(samples = kind.name(), error = %e, "report section left out"),
+        }
+    }
+    report(&mut reader, w, &found, &reach, counters, gpus, others, &args.output)
 }
 
 /// Findings a report draws a flamegraph of.
@@ -66,6 +89,7 @@ fn report(
     windows: &[Window],
     counters: profiler::store::counters::Tracks,
     gpus: Option<profiler::gpu::Inventory>,
+    others: Vec<report::Flame>,
     output: &Path,
 ) -> anyhow::Result<()> {
     let node = reader.node()?;
@@ -84,7 +108,8 @@ fn report(
             Ok(fold) => {
                 let mut tree = Vec::new();
                 profiler::serve::tree::write(&fold.folded, &mut tree)?;
-                flamegraphs.push(report::Flame { caption, from_ns: win.from_ns, to_ns: win.to_ns, cpu, tree });
+                let samples = SampleKind::Cpu;
+                flamegraphs.push(report::Flame { caption, from_ns: win.from_ns, to_ns: win.to_ns, cpu, samples, tree });
             }
             Err(e) => tracing::warn!(section = %caption, error = %e, "report section left out"),
         }
@@ -96,6 +121,7 @@ fn report(
         let end = f.end_ns.unwrap_or(win.to_ns).max(f.start_ns + 1_000_000);
         flame(format!("{}: {}", f.id, f.summary), Window::new(f.start_ns, end)?, f.cpu, reader)?;
     }
+    flamegraphs.extend(others);
     let status = serde_json::json!({
         "meta": {"node": node.name, "cpus": node.cpus, "frequency_hz": node.hz},
         "summary": {"span": [w.from_ns, w.to_ns]},

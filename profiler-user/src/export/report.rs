@@ -3,7 +3,9 @@
 //! flamegraph code) with the window's data embedded as `window.PROFILER_REPORT` instead of
 //! fetched, so it opens offline from a file and reads as the page does. A report cannot fold
 //! an arbitrary selection: it carries the flamegraphs of its whole window and of each finding's
-//! window on its CPU, and the page says so for any other range.
+//! window on its CPU, and the page says so for any other range. The CUDA and off-CPU counts
+//! the node recorded in the window come as the whole window's flamegraph each, chosen with the
+//! page's count selector as on the live page.
 
 use std::io::Write;
 
@@ -17,6 +19,8 @@ pub struct Flame {
     pub to_ns: u64,
     /// The CPU it is of (a finding's), or every CPU.
     pub cpu: Option<u32>,
+    /// What it counts (the page's `samples`: CPU samples, GPU launches, ...).
+    pub samples: crate::model::SampleKind,
     /// `serve`'s tree JSON.
     pub tree: Vec<u8>,
 }
@@ -103,6 +107,7 @@ fn bundle(r: &Report) -> Result<Vec<u8>, ExportError> {
         put(&mut b, &f.caption)?;
         write!(b, ",\"from\":{},\"to\":{},\"cpu\":", f.from_ns as f64 / 1e9, f.to_ns as f64 / 1e9)?;
         put(&mut b, &f.cpu)?;
+        write!(b, ",\"samples\":\"{}\"", f.samples.name())?;
         b.extend_from_slice(b",\"tree\":");
         b.extend_from_slice(&f.tree);
         b.push(b'}');
@@ -161,6 +166,7 @@ mod tests {
                 from_ns: 0,
                 to_ns: 1_500_000_000,
                 cpu: Some(3),
+                samples: crate::model::SampleKind::CudaLaunches,
                 tree: b"{}".to_vec(),
             }],
         };
@@ -170,7 +176,7 @@ mod tests {
         assert!(html.starts_with("<script>window.PROFILER_REPORT = {\"from_ns\":1,"), "{html}");
         assert!(
             html.contains(
-                "\"flamegraphs\":[{\"caption\":\"all\",\"from\":0,\"to\":1.5,\"cpu\":3,\"tree\":{}}]};\n main()"
+                "\"flamegraphs\":[{\"caption\":\"all\",\"from\":0,\"to\":1.5,\"cpu\":3,\"samples\":\"cuda-launches\",\"tree\":{}}]};\n main()"
             ),
             "{html}"
         );

@@ -6,8 +6,7 @@ const ROW = 17;
 // What each kind counts, for a tree that does not say (a report's).
 const UNITS = { cpu: "samples", "cuda-launches": "launches", "cuda-sync": "µs blocked", "cuda-copies": "bytes", "off-cpu": "µs off CPU" };
 const NONE = { cpu: "samples", "cuda-launches": "GPU launches", "cuda-sync": "time waiting on the GPU", "cuda-copies": "GPU copies" };
-// A report holds CPU samples only: no selector there.
-const samplesKind = () => (window.PROFILER_REPORT ? "cpu" : $("samples").value || "cpu");
+const samplesKind = () => $("samples").value || "cpu";
 const kindLabel = () => $("samples").selectedOptions[0]?.textContent || "CPU";
 const fmtCount = (v) => v.toLocaleString("en-US");
 const counted = (v) => `${fmtCount(v)} ${S.unit || "samples"}`;
@@ -185,7 +184,13 @@ $("samples").addEventListener("change", () => {
   const r = S.sel || S.range;
   if (r) showFlamegraph(...r);
 });
-if (window.PROFILER_REPORT) $("samples-pick").hidden = true;
+// A report offers the counts it holds: CPU samples, and those the node recorded in its
+// window (report.js); no selector when it holds CPU samples only.
+if (window.PROFILER_REPORT) {
+  const have = new Set(window.PROFILER_REPORT.flamegraphs.map((f) => f.samples || "cpu"));
+  for (const o of [...$("samples").options]) if (!have.has(o.value)) o.remove();
+  $("samples-pick").hidden = $("samples").options.length < 2;
+}
 
 // Differential mode: each frame coloured by how its share of the samples changed from the
 // baseline range (red: more, blue: less), matched by its path from the root.

@@ -309,10 +309,12 @@ function listItem(text, severity, open) {
 // ---- counter tracks (GET /api/counters, when the daemon has it) ----
 async function loadCounters() {
   if (!S.dom) return;
-  let tracks = [];
+  let tracks = [], about = {};
   try {
-    const r = await get("/api/counters", { from: String(S.dom.t0), to: String(S.dom.t1) });
-    tracks = ((await r.json()).tracks || []).filter((t) => t.points && t.points.length);
+    const r = await get("/api/counters", { from: String(S.dom.t0), to: String(S.dom.t1) }), body = await r.json();
+    tracks = (body.tracks || []).filter((t) => t.points && t.points.length);
+    // What a track is of, where its writer said: a CUDA track's process and pod (issue 41).
+    about = body.about || {};
   } catch (_) { tracks = []; } // 404 (no counters in this build) or nothing recorded: no tracks.
   // At a glance: the tracks of the CPUs shown (and machine-wide ones) that moved in the window,
   // a few unless asked for all; a flat line says nothing, so those are only counted.
@@ -332,7 +334,7 @@ async function loadCounters() {
   for (const t of shown) {
     const row = document.createElement("div"), name = document.createElement("div"), cv = document.createElement("canvas");
     row.className = "track"; name.className = "name";
-    const label = `${t.name}${t.cpu != null ? " cpu" + t.cpu : ""}`;
+    const label = `${t.name}${t.cpu != null ? " cpu" + t.cpu : ""}${about[t.name] ? " " + about[t.name] : ""}`;
     // The counter's name and its CPU on lines of their own: cut to the 70 px column on one
     // line, `irq.total cp…` lost the CPU. The whole label is on the plot too.
     const line = (text) => Object.assign(document.createElement("span"), { textContent: text });
@@ -342,6 +344,8 @@ async function loadCounters() {
     if (dot > 0) name.append(line(t.name.slice(0, dot + 1)), line(t.name.slice(dot + 1)));
     else name.append(line(t.name));
     if (t.cpu != null) name.append(" ", line("cpu" + t.cpu));
+    // `cuda.21440.launches` names a pid: the process (and pod) under it.
+    if (about[t.name]) name.append(" ", line(about[t.name]));
     name.title = `${label} (${t.unit || ""})`;
     const top = Math.max(...t.points.map((p) => p[1]), 0);
     const c = canvas(cv, d.w, 26), max = gpu(t) ? 100 : top;

@@ -1,7 +1,9 @@
 // Report mode: `profiler report` writes this page with its data in `window.PROFILER_REPORT`
 // (export/report.rs). The page then answers its own requests from that data: the window's
 // heatmap, CPU x time, findings, events and counter tracks, and the flamegraphs of the whole
-// window and of each finding's window on its CPU. Nothing is fetched; it works from a file.
+// window and of each finding's window on its CPU; for the other counts the node recorded (GPU
+// launches, waits and copies, off-CPU time), the whole window's, chosen with the page's count
+// selector. Nothing is fetched; it works from a file.
 // (Read through `window`: page.js's start-up runs before this file's top-level code would.)
 
 function reportAnswer(body, headers) {
@@ -38,15 +40,18 @@ function fromReport(path, extra) {
   if (path === "/api/flamegraph") {
     // The precomputed flamegraph of this CPU filter whose window is, within a half, the range
     // asked for (a finding's mark asks for exactly its window).
-    const a = Number(p.get("from")), b = Number(p.get("to")), cpu = p.get("cpu") || "";
+    const a = Number(p.get("from")), b = Number(p.get("to")), cpu = p.get("cpu") || "", kind = p.get("samples") || "cpu";
     let best = null, most = 0;
     for (const f of R.flamegraphs) {
-      if ((f.cpu == null ? "" : String(f.cpu)) !== cpu) continue;
+      if ((f.cpu == null ? "" : String(f.cpu)) !== cpu || (f.samples || "cpu") !== kind) continue;
       const overlap = Math.min(b, f.to) - Math.max(a, f.from);
       if (overlap >= 0.5 * Math.max(b - a, f.to - f.from) && overlap > most) { best = f; most = overlap; }
     }
+    if (!best && kind !== "cpu") {
+      throw reportRefusal(`a report holds the ${$("samples").selectedOptions[0]?.textContent || kind} flamegraph of its whole window (all CPUs) only: open the live page (\`profiler ui\`) for another range`);
+    }
     if (!best) {
-      const have = R.flamegraphs.map((f) => f.caption.split(":")[0] + (f.cpu == null ? "" : ` (CPU ${f.cpu})`)).join("; ");
+      const have = R.flamegraphs.filter((f) => (f.samples || "cpu") === "cpu").map((f) => f.caption.split(":")[0] + (f.cpu == null ? "" : ` (CPU ${f.cpu})`)).join("; ");
       throw reportRefusal(`a report holds the flamegraphs of its whole window and of each finding's window on its CPU (${have}): select one of those (a finding's mark opens it), or open the live page`);
     }
     return reportAnswer(best.tree, { "x-profiler-truncated": `from this report: ${best.caption}` });

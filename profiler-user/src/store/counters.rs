@@ -11,6 +11,7 @@
 //! t 1795000000000 0:12.5 1:0              unix ms, then id:value for what changed
 //! t 1795000001000 0:13                    track 1 is still 0
 //! t 1795000002000 1:-                     track 1 has no value any more (a NIC went away)
+//! about 2 python3 (pod ml/trainer-0)      what track 2 is of (a process's tracks: its name)
 //! ```
 //!
 //! A tick line carries only the values that changed since the tick before (most rates of an
@@ -92,14 +93,27 @@ pub struct CountersWriter {
     dir: PathBuf,
     stream: Option<String>,
     current: Option<Current>,
+    /// Ticks are held in memory until the oldest held is this old (0: each tick is written at
+    /// once). The GPU poller ticks ten times a second: a write each cost it more than its
+    /// NVML reads (`cargo xtask bench nvml`).
+    hold_ns: u64,
+    /// Ticks not yet written, and the time of the first of them.
+    held: String,
+    held_since_ns: u64,
+    /// What each track name is of ([`Self::describe`]), said in each file that defines it.
+    about: HashMap<String, String>,
 }
 
 struct Current {
     minute_ns: u64,
     file: std::fs::File,
-    ids: HashMap<(String, Option<u32>), usize>,
-    /// What the last tick left each track at (by id), as written.
-    last: HashMap<usize, String>,
+    /// Track ids by CPU, then name (looked up without building a key).
+    ids: HashMap<Option<u32>, HashMap<String, usize>>,
+    /// By id: what the last tick left the track at (the value's bits, and as written), `None`
+    /// when the track has no value.
+    last: Vec<Option<(u64, String)>>,
+    /// By id: whether this tick has the track (kept between ticks, for its allocation).
+    seen: Vec<bool>,
 }
 
 impl CountersWriter {
@@ -113,7 +127,15 @@ impl CountersWriter {
             Err(e) => return Err(CountersError::Io(dir, e)),
         }
         match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() => Ok(Self { dir, stream: None, current: None }),
+            Ok(m) if m.is_dir() => Ok(Self {
+                dir,
+                stream: None,
+                current: None,
+                hold_ns: 0,
+                held: String::new(),
+                held_since_ns: 0,
+                about: HashMap::new(),
+            }),
             Ok(_) => Err(CountersError::NotADirectory(dir)),
             Err(e) => Err(CountersError::Io(dir, e)),
         }
@@ -123,57 +145,130 @@ impl CountersWriter {
     /// read and removed with the others.
     pub fn stream(data_dir: &Path, stream: &str) -> Result<Self, CountersError> {
         assert!(!stream.is_empty() && stream.bytes().all(|b| b.is_ascii_lowercase()), "stream names are letters");
-        Ok(Self { stream: Some(stream.to_string()), ..Self::new(data_dir)? })
+        let mut w = Self::new(data_dir)?;
+        w.stream = Some(stream.to_string());
+        Ok(w)
     }
 
-    /// Writes one tick (at `ts_ns`) in one append.
+    /// Holds ticks and writes them together once the first held is `hold_ns` old (and at a new
+    /// minute's file, and when dropped): readers see them that much later, and a killed daemon
+    /// loses at most that much.
+    pub fn holding(mut self, hold_ns: u64) -> Self {
+        self.hold_ns = hold_ns;
+        self
+    }
+
+    /// Says what the track(s) named `name` are of, in a few words on one line (a process's
+    /// tracks: `python3 (pod ml/trainer-0)`, as the page labels them): written beside the
+    /// track's definition in each file, and again when it changes. A name not written to in a
+    /// minute is forgotten at the next minute's file (bounded by the tracks of a minute).
+    pub fn describe(&mut self, name: &str, about: &str) {
+        let about: String = about.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        if self.about.get(name).is_some_and(|a| *a == about) {
+            return;
+        }
+        if let Some(c) = &self.current {
+            for id in c.ids.values().filter_map(|m| m.get(name)) {
+                let _ = writeln!(self.held, "about {id} {about}");
+            }
+        }
+        self.about.insert(name.to_string(), about);
+    }
+
+    /// Writes one tick (at `ts_ns`) in one append (or holds it: [`Self::holding`]).
     pub fn append(&mut self, ts_ns: u64, points: &[Point]) -> Result<(), CountersError> {
         let minute_ns = ts_ns / SEGMENT_NS * SEGMENT_NS;
-        let mut buf = String::new();
         if self.current.as_ref().is_none_or(|c| c.minute_ns != minute_ns) {
-            self.current = None;
+            // The held ticks belong to the file of their minute.
+            self.flush()?;
+            if let Some(old) = self.current.take() {
+                self.about.retain(|name, _| old.ids.values().any(|m| m.contains_key(name)));
+            }
             let path = file_path(&self.dir, minute_ns, self.stream.as_deref());
             let mut file = files::open_append(&path).map_err(|e| CountersError::Io(path.clone(), e))?;
             // A line a killed writer left half-written ends here, not in our header.
             if !ends_with_newline(&mut file).map_err(|e| CountersError::Io(path.clone(), e))? {
-                buf.push('\n');
+                self.held.push('\n');
             }
-            buf.push_str(HEADER);
-            buf.push('\n');
-            self.current = Some(Current { minute_ns, file, ids: HashMap::new(), last: HashMap::new() });
+            self.held.push_str(HEADER);
+            self.held.push('\n');
+            self.held_since_ns = ts_ns;
+            self.current = Some(Current { minute_ns, file, ids: HashMap::new(), last: Vec::new(), seen: Vec::new() });
         }
         let Some(c) = self.current.as_mut() else { return Ok(()) };
+        if self.held.is_empty() {
+            self.held_since_ns = ts_ns;
+        }
+        let buf = &mut self.held;
         let mut tick = format!("t {}", ts_ns / 1_000_000);
-        let mut now: HashMap<usize, String> = HashMap::with_capacity(points.len());
+        c.seen.iter_mut().for_each(|s| *s = false);
         for p in points {
-            let next = c.ids.len();
-            let id = *c.ids.entry((p.name.clone(), p.cpu)).or_insert_with(|| {
-                let cpu = p.cpu.map_or("-".to_string(), |c| c.to_string());
-                let _ = writeln!(buf, "track {next} {cpu} {} {}", p.unit, p.name);
-                next
-            });
+            let id = match c.ids.get(&p.cpu).and_then(|m| m.get(p.name.as_str())) {
+                Some(&id) => id,
+                None => {
+                    let id = c.last.len();
+                    let cpu = p.cpu.map_or("-".to_string(), |c| c.to_string());
+                    let _ = writeln!(buf, "track {id} {cpu} {} {}", p.unit, p.name);
+                    if let Some(about) = self.about.get(&p.name) {
+                        let _ = writeln!(buf, "about {id} {about}");
+                    }
+                    c.ids.entry(p.cpu).or_default().insert(p.name.clone(), id);
+                    c.last.push(None);
+                    c.seen.push(false);
+                    id
+                }
+            };
+            c.seen[id] = true;
+            let bits = p.value.to_bits();
+            // The same value as the last tick's: not formatted again.
+            if c.last[id].as_ref().is_some_and(|(b, _)| *b == bits) {
+                continue;
+            }
             let v = compact(p.value);
-            if c.last.get(&id) != Some(&v) {
+            if c.last[id].as_ref().is_none_or(|(_, w)| *w != v) {
                 let _ = write!(tick, " {id}:{v}");
             }
-            now.insert(id, v);
+            c.last[id] = Some((bits, v));
         }
-        let mut gone: Vec<usize> = c.last.keys().filter(|id| !now.contains_key(id)).copied().collect();
-        gone.sort_unstable();
-        for id in gone {
-            let _ = write!(tick, " {id}:-");
+        for (id, last) in c.last.iter_mut().enumerate() {
+            if !c.seen[id] && last.take().is_some() {
+                let _ = write!(tick, " {id}:-");
+            }
         }
-        c.last = now;
         buf.push_str(&tick);
         buf.push('\n');
-        let path = file_path(&self.dir, minute_ns, self.stream.as_deref());
-        let written = c.file.write_all(buf.as_bytes());
+        if ts_ns.saturating_sub(self.held_since_ns) >= self.hold_ns {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the held ticks.
+    pub fn flush(&mut self) -> Result<(), CountersError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let Some(c) = self.current.as_mut() else {
+            self.held.clear();
+            return Ok(());
+        };
+        let written = c.file.write_all(self.held.as_bytes());
+        self.held.clear();
         if let Err(e) = written {
+            let path = file_path(&self.dir, c.minute_ns, self.stream.as_deref());
             // Start a fresh file section at the next tick (the ids may be half written).
             self.current = None;
             return Err(CountersError::Io(path, e));
         }
         Ok(())
+    }
+}
+
+impl Drop for CountersWriter {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::warn!(error = %e, "the last counter ticks were not written");
+        }
     }
 }
 
@@ -209,6 +304,10 @@ pub struct Track {
 #[derive(Debug, Default, Serialize)]
 pub struct Tracks {
     pub tracks: Vec<Track>,
+    /// What tracks are of, by name, where their writer said (`cuda.PID.*`: the process's
+    /// name and pod).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub about: BTreeMap<String, String>,
     /// Lines skipped: half-written (a killed daemon) or not understood.
     #[serde(skip)]
     pub skipped_lines: u64,
@@ -271,12 +370,14 @@ pub fn read(data_dir: &Path, from_ns: u64, to_ns: u64, select: &Select) -> Resul
             }
         };
         let text = String::from_utf8_lossy(&bytes);
-        match parse_file(&text, from_ns / 1_000_000, to_ns.div_ceil(1_000_000), select, &mut tracks) {
+        match parse_file(&text, from_ns / 1_000_000, to_ns.div_ceil(1_000_000), select, &mut tracks, &mut out.about) {
             Ok(skipped) => out.skipped_lines += skipped,
             Err(why) => out.skipped_files.push(format!("{}: {why}", path.display())),
         }
     }
     out.tracks = tracks.into_values().filter(|t| !t.points.is_empty()).collect();
+    let names: std::collections::BTreeSet<&str> = out.tracks.iter().map(|t| t.name.as_str()).collect();
+    out.about.retain(|name, _| names.contains(name.as_str()));
     Ok(out)
 }
 
@@ -288,6 +389,7 @@ fn parse_file(
     to_ms: u64,
     select: &Select,
     tracks: &mut BTreeMap<(String, Option<u32>), Track>,
+    about: &mut BTreeMap<String, String>,
 ) -> Result<u64, String> {
     if !text.is_empty() && !text.starts_with(HEADER) {
         return Err(format!("not a counters file (it does not start with '{HEADER}'): skipped"));
@@ -318,6 +420,14 @@ fn parse_file(
             })
         } else if let Some(rest) = line.strip_prefix("t ") {
             parse_tick(rest, &ids, &mut state, from_ms, to_ms, select, tracks)
+        } else if let Some(rest) = line.strip_prefix("about ") {
+            rest.split_once(' ').and_then(|(id, text)| {
+                let (name, cpu, _) = ids.get(id.parse::<usize>().ok()?)?.as_ref()?;
+                if select.keeps(name, *cpu) {
+                    about.insert(name.clone(), text.to_string());
+                }
+                Some(())
+            })
         } else {
             None
         };
@@ -474,6 +584,61 @@ mod tests {
         // A window that starts after the value was written still sees it.
         let t = read(dir.path(), T0 + 2 * NS_PER_SEC, T0 + SEGMENT_NS, &all()).unwrap();
         assert_eq!(t.tracks[0].points, vec![(ms + 2000, 0.0), (ms + 3000, 0.0)]);
+    }
+
+    /// The GPU poller's file: ten ticks a second written together once a second, a new
+    /// minute's ticks in their own file, and what is held written when the writer goes.
+    #[test]
+    fn held_ticks_are_written_together_in_their_minutes_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = NS_PER_SEC / 10;
+        let mut w = CountersWriter::stream(dir.path(), "gpu").unwrap().holding(NS_PER_SEC - step);
+        let start = T0 + SEGMENT_NS - 15 * step; // 1.5 s before the next minute
+        let ticks = |text: &str| text.lines().filter(|l| l.starts_with("t ")).count();
+        let file = |minute: u64| file_path(&counters_dir(dir.path()), minute, Some("gpu"));
+        for i in 0..9 {
+            w.append(start + i * step, &[point("gpu.0.util", None, i as f64)]).unwrap();
+        }
+        assert_eq!(ticks(&std::fs::read_to_string(file(T0)).unwrap()), 0, "held: nothing written yet");
+        w.append(start + 9 * step, &[point("gpu.0.util", None, 9.0)]).unwrap();
+        assert_eq!(ticks(&std::fs::read_to_string(file(T0)).unwrap()), 10, "a second held, written");
+        // Five more in this minute, then the next minute's.
+        for i in 10..20 {
+            w.append(start + i * step, &[point("gpu.0.util", None, i as f64)]).unwrap();
+        }
+        assert_eq!(ticks(&std::fs::read_to_string(file(T0)).unwrap()), 15, "the minute's last ticks, at its end");
+        drop(w);
+        assert_eq!(ticks(&std::fs::read_to_string(file(T0 + SEGMENT_NS)).unwrap()), 5, "the rest, when dropped");
+        let t = read(dir.path(), T0, T0 + 2 * SEGMENT_NS, &all()).unwrap();
+        let values: Vec<f64> = t.tracks[0].points.iter().map(|p| p.1).collect();
+        assert_eq!(values, (0..20).map(f64::from).collect::<Vec<_>>());
+    }
+
+    /// Issue 41, part 7: a CUDA track names a pid; what process it is rides beside it.
+    #[test]
+    fn a_track_says_what_it_is_of_in_each_file_and_when_that_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = CountersWriter::stream(dir.path(), "cuda").unwrap();
+        w.describe("cuda.812.launches", "python3 (pod ml/trainer-0)");
+        w.append(T0, &[point("cuda.812.launches", None, 5.0), point("cuda.900.launches", None, 1.0)]).unwrap();
+        // The pid's process changed its name (exec): said again.
+        w.describe("cuda.812.launches", "torchrun\nx");
+        w.append(T0 + NS_PER_SEC, &[point("cuda.812.launches", None, 6.0)]).unwrap();
+        // A new minute's file says it again, beside the track's definition.
+        w.append(T0 + SEGMENT_NS, &[point("cuda.812.launches", None, 7.0)]).unwrap();
+        drop(w);
+        let t = read(dir.path(), T0, T0 + SEGMENT_NS, &all()).unwrap();
+        assert_eq!(t.about.len(), 1, "{:?}", t.about);
+        assert_eq!(t.about["cuda.812.launches"], "torchrun x", "the newest, on one line");
+        let t = read(dir.path(), T0 + SEGMENT_NS, T0 + 2 * SEGMENT_NS, &all()).unwrap();
+        assert_eq!(t.about["cuda.812.launches"], "torchrun x");
+        assert_eq!(t.skipped_lines, 0);
+        // Only the tracks kept: another name asked for, nothing said of this one.
+        let other = Select { cpu: None, name: Some("cuda.900.*".into()) };
+        let t = read(dir.path(), T0, T0 + SEGMENT_NS, &other).unwrap();
+        assert!(t.about.is_empty(), "{:?}", t.about);
+        let json = serde_json::to_string(&t).unwrap();
+        assert!(!json.contains("about"), "no about when nothing is said: {json}");
     }
 
     #[test]

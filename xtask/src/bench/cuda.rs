@@ -7,17 +7,12 @@
 //!   (`push %rbp`) and one it must single-step (a RIP-relative load: `-O1`);
 //! - 10,000 launches a second: the loop's own CPU time with and without, as % of one core, and
 //!   whether every launch was counted;
-//! - a step of 1.5 ms of work and 20 launches (about 13,000 launches a second, over the default
-//!   rate guard's 12,000): steps a second with and without, the guard as users get it.
 //!
-//! The first two run under a daemon whose guard never engages (they measure the probes), the
-//! step under one with the defaults.
+//! Both run under a daemon whose guard never engages (they measure the probes). What a
+//! launch-heavy step loses to the daemon with its defaults is `cargo xtask bench cuda-step`
+//! (`cuda_step.rs`).
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::Context as _;
 
@@ -26,7 +21,7 @@ use super::{cpu_ns, metric_sum, metrics, start_daemon};
 const ADDR: &str = "127.0.0.1:17074";
 
 /// `libs` come after the source (the linker keeps a library only for what precedes it).
-fn gcc_with(args: &[&str], out: &Path, source: &Path, libs: &[&str]) -> anyhow::Result<()> {
+pub(super) fn gcc_with(args: &[&str], out: &Path, source: &Path, libs: &[&str]) -> anyhow::Result<()> {
     std::fs::create_dir_all(out.parent().expect("a directory"))?;
     let st = Command::new("gcc")
         .args(args)
@@ -43,7 +38,7 @@ fn gcc_with(args: &[&str], out: &Path, source: &Path, libs: &[&str]) -> anyhow::
     Ok(())
 }
 
-fn gcc(args: &[&str], out: &Path, source: &Path) -> anyhow::Result<()> {
+pub(super) fn gcc(args: &[&str], out: &Path, source: &Path) -> anyhow::Result<()> {
     gcc_with(args, out, source, &[])
 }
 
@@ -66,7 +61,7 @@ fn get(pairs: &[(String, f64)], key: &str) -> f64 {
     pairs.iter().find(|(k, _)| k == key).map_or(f64::NAN, |(_, v)| *v)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
 }
@@ -113,7 +108,7 @@ pub fn run(root: &Path, profiler: &Path, rounds: usize) -> anyhow::Result<()> {
     let data = dir.join("data");
     let log = std::fs::File::create(dir.join("daemon.log"))?;
     let unguarded = ["--frequency", "99", "--listen", ADDR, "--cuda-max-calls-per-sec", "10000000"];
-    let mut daemon = start_daemon(profiler, &data, &unguarded, log.try_clone()?.into())?;
+    let mut daemon = start_daemon(profiler, &data, &unguarded, log.into())?;
     let daemon_pid = daemon.id();
     let result = (|| -> anyhow::Result<()> {
         super::wait_for("the daemon's /metrics", Duration::from_secs(30), || metrics(ADDR).ok())?;
@@ -184,25 +179,8 @@ pub fn run(root: &Path, profiler: &Path, rounds: usize) -> anyhow::Result<()> {
             exact.iter().map(|(c, m)| format!("{c}/{m}")).collect::<Vec<_>>().join(", "),
             exact.len()
         );
-        let _ = daemon.kill();
-        let _ = daemon.wait();
-        daemon =
-            start_daemon(profiler, &dir.join("data-defaults"), &["--frequency", "99", "--listen", ADDR], log.into())?;
-        super::wait_for("the daemon's /metrics", Duration::from_secs(30), || metrics(ADDR).ok())?;
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for i in 0..rounds {
-            // Alternate which goes first: drift (thermal, other load) falls on both.
-            let order: [&PathBuf; 2] = if i % 2 == 0 { [&plain, &emulated] } else { [&emulated, &plain] };
-            for lib in order {
-                let v = get(&run_loop(&bin, lib, &["step", "6", "1500"])?.0, "steps_per_s");
-                if lib == &plain { a.push(v) } else { b.push(v) }
-            }
-        }
-        let (a, b) = (median(a), median(b));
-        println!(
-            "| step: 1.5 ms of work + 20 launches (~13,000 launches/s, default guard of 12,000) | {a:.1} steps/s | {b:.1} steps/s | {:+.2} % |",
-            (b - a) / a * 100.0
-        );
+        // The step (work and launches, the guard as users get it) is `bench cuda-step`: in steps a
+        // second here, a loaded machine's pace read as the probes' (issue 41, part 8).
         Ok(())
     })();
     let _ = daemon.kill();

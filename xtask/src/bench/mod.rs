@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 
 pub mod churn;
 pub mod cuda;
+pub mod cuda_step;
 pub mod memory;
 pub mod nvml;
 pub mod overhead;

@@ -5,9 +5,11 @@
 //! poller is the daemon's thread named `gpu`; its CPU comes from `/proc/PID/task/TID/schedstat`
 //! (nanoseconds) over rounds of `--seconds`.
 //!
-//! The stand-in answers each call by reading its facts file again (an open, a read and a scan of
-//! a few KiB), where the real library makes an ioctl: the figures are the poller's own work plus
-//! the stand-in's, not NVIDIA's driver (`cargo xtask gpu-check` measures the daemon on a node).
+//! The stand-in answers each call from its facts file, kept in memory while `stat` says the file
+//! is unchanged (a `stat` a call, where the real library makes an ioctl; it read and scanned the
+//! file at every call before, more than the poller's own work): the figures are the poller's own
+//! work plus the stand-in's, not NVIDIA's driver (`cargo xtask gpu-check` measures the daemon on
+//! a node).
 
 use std::{
     path::Path,

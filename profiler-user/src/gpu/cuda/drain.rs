@@ -203,16 +203,21 @@ impl Recorder {
             return;
         }
         let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        // A pid alone says nothing on the page: each process's tracks say its name and pod.
+        let mut about: HashMap<u32, String> = HashMap::new();
         for t in threads {
             let e = per_pid.entry(t.pid).or_default();
             e.0 += t.launches;
             e.1 += t.sync_ns;
+            if !t.comm.is_empty() {
+                about.entry(t.pid).or_insert_with(|| process_about(&t.comm, &t.workload));
+            }
         }
         let mut busiest: Vec<(u32, (u64, u64))> = per_pid.into_iter().collect();
         busiest.sort_by_key(|b| std::cmp::Reverse((b.1.0, b.1.1)));
         busiest.truncate(TRACKS_MAX);
         let mut points = Vec::new();
-        for (pid, (launches, sync_ns)) in busiest {
+        for &(pid, (launches, sync_ns)) in &busiest {
             points.push(Point {
                 name: format!("cuda.{pid}.launches"),
                 cpu: None,
@@ -235,9 +240,14 @@ impl Recorder {
                 }
             }
         }
-        if let Some(w) = self.tracks.as_mut()
-            && let Err(e) = w.append(now_ns, &points)
-        {
+        let Some(w) = self.tracks.as_mut() else { return };
+        for (pid, _) in &busiest {
+            if let Some(text) = about.get(pid) {
+                w.describe(&format!("cuda.{pid}.launches"), text);
+                w.describe(&format!("cuda.{pid}.sync_ms"), text);
+            }
+        }
+        if let Err(e) = w.append(now_ns, &points) {
             tracing::warn!(error = %e, "cannot write the CUDA tracks");
         }
     }
@@ -260,6 +270,17 @@ impl Recorder {
 }
 
 /// A record's bytes as the ring would carry them (the parser reads only what the header counts).
+/// What a process's tracks are of: its name, and its pod where known (`workload`:
+/// `identity::Identity` as JSON, empty when nothing is known).
+pub fn process_about(comm: &str, workload: &str) -> String {
+    let identity: crate::identity::Identity = serde_json::from_str(workload).unwrap_or_default();
+    match (identity.pod_namespace.as_deref(), identity.pod_name.as_deref()) {
+        (Some(ns), Some(pod)) => format!("{comm} (pod {ns}/{pod})"),
+        (None, Some(pod)) => format!("{comm} (pod {pod})"),
+        _ => comm.to_string(),
+    }
+}
+
 fn record_bytes(r: &profiler_common::Record) -> &[u8] {
     unsafe { std::slice::from_raw_parts((r as *const profiler_common::Record).cast::<u8>(), size_of_val(r)) }
 }
@@ -333,5 +354,15 @@ mod tests {
         let me = std::process::id();
         assert!(!lost_stack(me, me, 0, None).comm.is_empty());
         assert_eq!(lost_stack(me, me, 0, None).stack.frames.len(), 1);
+    }
+
+    /// Issue 41, part 7: `cuda.21440.launches` named a pid and no process.
+    #[test]
+    fn a_process_tracks_say_its_name_and_pod() {
+        let pod = r#"{"pod_namespace":"ml","pod_name":"trainer-0","container_name":"main"}"#;
+        assert_eq!(process_about("python3", pod), "python3 (pod ml/trainer-0)");
+        assert_eq!(process_about("python3", r#"{"pod_name":"trainer-0"}"#), "python3 (pod trainer-0)");
+        assert_eq!(process_about("python3", r#"{"unit":"session-3.scope"}"#), "python3");
+        assert_eq!(process_about("python3", ""), "python3");
     }
 }

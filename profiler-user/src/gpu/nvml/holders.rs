@@ -10,12 +10,13 @@ use std::{collections::HashMap, path::Path, sync::Arc};
 
 use crate::{
     gpu_readings::{Reading, inventory::Process},
-    identity::Resolver,
+    identity::{Identity, Resolver},
 };
 
 pub struct Namer {
     resolver: Resolver,
-    comms: HashMap<u32, Arc<str>>,
+    /// Per pid holding a GPU: its command and what the resolver last said of it.
+    names: HashMap<u32, (Arc<str>, Identity)>,
     proc_root: std::path::PathBuf,
 }
 
@@ -28,27 +29,33 @@ impl Namer {
     pub fn with_roots(proc_root: &Path, kubelet_logs: &Path) -> Self {
         Self {
             resolver: Resolver::new(proc_root, kubelet_logs.join("containers"), kubelet_logs.join("pods")),
-            comms: HashMap::new(),
+            names: HashMap::new(),
             proc_root: proc_root.to_path_buf(),
         }
     }
 
-    /// Fills in each holder's command and identity.
-    pub fn name(&mut self, readings: &mut [Reading]) {
+    /// Fills in each holder's command and identity. `fresh` (the poller's first poll of a
+    /// second, which read the holders) asks the resolver again (a pod named late); the polls
+    /// between repeat what it said, from memory.
+    pub fn name(&mut self, readings: &mut [Reading], fresh: bool) {
         let mut now: Vec<u32> = Vec::new();
         for h in readings.iter_mut().filter_map(|r| r.holders.as_mut()).flatten() {
             let root = &self.proc_root;
-            let comm = self.comms.entry(h.pid).or_insert_with(|| {
+            let resolver = &mut self.resolver;
+            let named = self.names.entry(h.pid).or_insert_with(|| {
                 let text = std::fs::read_to_string(root.join(h.pid.to_string()).join("comm")).unwrap_or_default();
-                Arc::from(text.trim_end())
+                (Arc::from(text.trim_end()), resolver.resolve(h.pid))
             });
-            h.comm = Some(comm.clone());
-            h.identity = Some(self.resolver.resolve(h.pid));
+            if fresh {
+                named.1 = resolver.resolve(h.pid);
+            }
+            h.comm = Some(named.0.clone());
+            h.identity = Some(named.1.clone());
             now.push(h.pid);
         }
         // Pids no GPU holds any more: their numbers may come back as other processes.
-        if self.comms.len() > now.len() {
-            self.comms.retain(|pid, _| now.contains(pid));
+        if self.names.len() > now.len() {
+            self.names.retain(|pid, _| now.contains(pid));
         }
     }
 
@@ -83,7 +90,7 @@ mod tests {
         let mut namer = Namer::with_roots(&dir.path().join("proc"), &dir.path().join("logs"));
         let holder = |pid| Holder { pid, mem_mib: None, sm_util: None, comm: None, identity: None };
         let mut readings = [Reading { index: 0, holders: Some(vec![holder(812), holder(999)]), ..Default::default() }];
-        namer.name(&mut readings);
+        namer.name(&mut readings, true);
         let procs = Namer::processes(&readings);
         assert_eq!(procs[0].0, 0);
         assert_eq!(procs[0].1[0].describe(), "812 python3 (unit session-3.scope)");

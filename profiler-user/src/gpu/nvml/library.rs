@@ -39,6 +39,10 @@ pub struct Source {
     /// between, so that their tracks do not flicker.
     slow: Vec<Slow>,
     gpm: super::gpm::Sampler,
+    /// Per GPU: its handle, looked up once (`None` until a look-up succeeds). NVML's look-up
+    /// is a call like any other: one a GPU a poll was a fifth of the poller's CPU with the
+    /// stand-in (`cargo xtask bench nvml`).
+    devices: Vec<Option<Device<'static>>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -86,6 +90,7 @@ impl Source {
             last_process_ts: vec![0; count as usize],
             slow: vec![Slow::default(); count as usize],
             gpm: super::gpm::Sampler::new(count),
+            devices: (0..count).map(|_| None).collect(),
         })
     }
 
@@ -160,7 +165,11 @@ impl Source {
     pub fn read(&mut self, slow: bool) -> Vec<Reading> {
         let mut out = Vec::with_capacity(self.count as usize);
         for index in 0..self.count {
-            let Ok(d) = self.nvml.device_by_index(index) else { continue };
+            let slot = &mut self.devices[index as usize];
+            if slot.is_none() {
+                *slot = self.nvml.device_by_index(index).ok();
+            }
+            let Some(d) = slot.as_ref() else { continue };
             let dead = &mut self.dead;
             let mut r = Reading { index, ..Default::default() };
             if let Some(u) = Self::call(dead, index, "utilization_rates", || d.utilization_rates()) {
@@ -188,11 +197,11 @@ impl Source {
                 let slow = &mut self.slow[index as usize];
                 slow.ecc_corrected = Self::call(dead, index, "ecc(corrected)", || ecc(MemoryError::Corrected));
                 slow.ecc_uncorrected = Self::call(dead, index, "ecc(uncorrected)", || ecc(MemoryError::Uncorrected));
-                slow.remap = Self::call(dead, index, "remapped_rows", || remapped_rows(self.nvml, &d));
+                slow.remap = Self::call(dead, index, "remapped_rows", || remapped_rows(self.nvml, d));
                 // GPM: a second's SM activity (Hopper and later; "gpm" in the unsupported calls
                 // otherwise, said once).
                 let (nvml, sampler) = (self.nvml, &mut self.gpm);
-                slow.gpm = Self::call(dead, index, "gpm", || sampler.read(nvml, &d, index)).flatten();
+                slow.gpm = Self::call(dead, index, "gpm", || sampler.read(nvml, d, index)).flatten();
                 let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
                 let since = self.last_process_ts[index as usize];
                 let samples =

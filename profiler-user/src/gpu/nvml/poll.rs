@@ -115,7 +115,11 @@ impl Poller {
         // Two files a minute: what every poll reads, and what is read once a second. A reader
         // gives every track a point at each tick of its file, so the slow tracks in the fast
         // file would be ten times the points (an 8-GPU hour past `/api/counters`' bound).
+        // The fast file's ticks are written together once a second: a write a poll cost more
+        // than the poll's NVML reads (BENCHMARKS.md); the page reads the tracks a second later.
+        let step = self.interval.as_nanos().max(1) as u64;
         let writers = CountersWriter::stream(&self.data_dir, "gpu")
+            .map(|fast| fast.holding(NS_PER_SEC.saturating_sub(step)))
             .and_then(|fast| Ok((fast, CountersWriter::stream(&self.data_dir, "gpuslow")?)));
         let (mut fast_writer, mut slow_writer) = match writers {
             Ok(w) => w,
@@ -124,24 +128,28 @@ impl Poller {
                 return;
             }
         };
-        let step = self.interval.as_nanos().max(1) as u64;
         let mut acc = Seconds::default();
         let mut unsupported = source.unsupported().len();
         let mut namer = Namer::new(&self.kubelet_logs);
         let mut demand = Demand::new(std::path::Path::new("/proc"));
         let mut family = Family::new(std::path::Path::new("/proc"));
         let (mut second_cpu, mut failing) = (0.0, false);
+        // The fast tracks of the last poll: the same tracks' new values go into them, their
+        // names formatted once (a poll's own cost is what the poller is measured by).
+        let mut fast = FastPoints::default();
+        // The thread's CPU at the end of the last poll: a poll's cost is from there to its end,
+        // the sleep and the wakeup included (a tenth of a poll's cost on a VM).
+        let mut cpu_before = thread_cpu();
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
             let ts_ns = now_ns();
-            let cpu_before = thread_cpu();
             // The first poll of each second also reads processes and ECC counts.
             let slow = acc.second != ts_ns / NS_PER_SEC;
             let mut readings = source.read(slow);
-            namer.name(&mut readings);
+            namer.name(&mut readings, slow);
             self.record_xids(&mut source, ts_ns);
-            let (fast, mut slow_points) = points(&readings);
-            let mut written = fast_writer.append(ts_ns, &fast);
+            let mut written = fast_writer.append(ts_ns, fast.of(&readings));
+            let mut slow_points = if slow { points(&readings).1 } else { Vec::new() };
             if slow {
                 if acc.second != 0 {
                     slow_points.push(Point {
@@ -179,7 +187,9 @@ impl Poller {
                         .collect();
                 }
             }
-            let cost = (thread_cpu() - cpu_before).as_secs_f64();
+            let cpu_now = thread_cpu();
+            let cost = (cpu_now - cpu_before).as_secs_f64();
+            cpu_before = cpu_now;
             second_cpu += cost;
             let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
             s.latest = readings;
@@ -246,6 +256,50 @@ fn descendants(holders: &[u32], started: &HashMap<u32, Vec<u32>>) -> Vec<u32> {
     pids
 }
 
+/// What every poll reads of a GPU, as (quantity, unit, value).
+fn every_poll(r: &Reading) -> [(&'static str, &'static str, Option<f64>); 5] {
+    [
+        ("util", "%", r.util),
+        ("mem_util", "%", r.mem_util),
+        ("sm_clock_mhz", "MHz", r.sm_clock_mhz),
+        ("clock_events", "bits", r.clock_events.map(|b| b as f64)),
+        ("power_w", "W", r.power_w),
+    ]
+}
+
+/// The fast tracks' points, kept from poll to poll: while the same tracks are read (always,
+/// but for a GPU lost or a call found unsupported), only their values change.
+#[derive(Default)]
+struct FastPoints {
+    keys: Vec<(u32, &'static str)>,
+    points: Vec<Point>,
+}
+
+impl FastPoints {
+    fn of(&mut self, readings: &[Reading]) -> &[Point] {
+        let mut i = 0;
+        let mut same = true;
+        for r in readings {
+            for (what, _, v) in every_poll(r) {
+                let Some(v) = v else { continue };
+                same &= self.keys.get(i) == Some(&(r.index, what));
+                if same {
+                    self.points[i].value = v;
+                }
+                i += 1;
+            }
+        }
+        if !same || i != self.points.len() {
+            self.points = points(readings).0;
+            self.keys = readings
+                .iter()
+                .flat_map(|r| every_poll(r).into_iter().filter(|q| q.2.is_some()).map(|q| (r.index, q.0)))
+                .collect();
+        }
+        &self.points
+    }
+}
+
 /// The tracks of one poll: (read every poll, read once a second).
 pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
     let (mut fast, mut out) = (Vec::with_capacity(readings.len() * 5), Vec::with_capacity(readings.len() * 12));
@@ -256,12 +310,9 @@ pub fn points(readings: &[Reading]) -> (Vec<Point>, Vec<Point>) {
             unit: unit.into(),
             value,
         };
-        let mut every = |what: &str, unit: &str, v: Option<f64>| fast.extend(v.map(|v| point(what, unit, v)));
-        every("util", "%", r.util);
-        every("mem_util", "%", r.mem_util);
-        every("sm_clock_mhz", "MHz", r.sm_clock_mhz);
-        every("clock_events", "bits", r.clock_events.map(|b| b as f64));
-        every("power_w", "W", r.power_w);
+        for (what, unit, v) in every_poll(r) {
+            fast.extend(v.map(|v| point(what, unit, v)));
+        }
         let mut put = |what: &str, unit: &str, v: Option<f64>| out.extend(v.map(|v| point(what, unit, v)));
         put("mem_clock_mhz", "MHz", r.mem_clock_mhz);
         put("temp_c", "C", r.temp_c);
@@ -308,6 +359,24 @@ mod tests {
         assert_eq!(names(&fast), ["gpu.0.util", "gpu.0.clock_events"]);
         assert_eq!(names(&slow), ["gpu.0.processes", "gpu.0.pid.812.sm_util", "gpu.0.pid.812.mem_mib"]);
         assert!(fast.iter().chain(&slow).all(|p| p.cpu.is_none()));
+    }
+
+    #[test]
+    fn the_fast_points_kept_between_polls_are_each_polls_values() {
+        let mut fast = FastPoints::default();
+        let values = |p: &[Point]| p.iter().map(|p| (p.name.clone(), p.value)).collect::<Vec<_>>();
+        let gpu = |index, util| Reading { index, ..reading(util, 4) };
+        let a = [gpu(0, 20.0), gpu(1, 30.0)];
+        assert_eq!(values(fast.of(&a)), values(&points(&a).0));
+        let b = [gpu(0, 25.0), gpu(1, 35.0)];
+        assert_eq!(values(fast.of(&b)), values(&points(&b).0));
+        assert_eq!(fast.of(&b)[2].name, "gpu.1.util");
+        // GPU 0 gone from a poll, then a quantity more: the tracks follow.
+        let c = [gpu(1, 40.0)];
+        assert_eq!(values(fast.of(&c)), values(&points(&c).0));
+        let mut d = [gpu(1, 45.0)];
+        d[0].power_w = Some(300.0);
+        assert_eq!(values(fast.of(&d)), values(&points(&d).0));
     }
 
     #[test]
