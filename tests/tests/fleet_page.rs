@@ -784,7 +784,22 @@ fn fleet_page_latency() {
              FROM (SELECT number, cityHash64(number) % 100 AS u FROM numbers({}))",
             n * mins * 8
         );
-        for s in [cpu, gpu] {
+        let nd = node(&format!("({first} + intDiv(number, {hours} * 16))"));
+        let cpu_hours = format!(
+            "INSERT INTO profiler.cpu_1h SELECT {nd}, toUInt64({m0} + intDiv(number, 16) % {hours} * 3600 * {SEC}), \
+             toUInt16(number % 16), toUInt64(b * 3600), toUInt64((99 - b) * 3600) \
+             FROM (SELECT number, if(({first} + intDiv(number, {hours} * 16)) % 50 = 0 AND number % 16 = 0, 99, cityHash64(number) % 60) AS b \
+             FROM numbers({}))",
+            n * hours * 16
+        );
+        let nd = node(&format!("({first} + intDiv(number, {hours} * 8))"));
+        let gpu_hours = format!(
+            "INSERT INTO profiler.gpu_util_1h SELECT {nd}, toUInt64({m0} + intDiv(number, 8) % {hours} * 3600 * {SEC}), \
+             concat('gpu.', toString(number % 8), '.util'), toUInt64(3600), toFloat64(u * 3600), toUInt64(if(u < 50, 3600, 0)), \
+             toUInt64(3600) FROM (SELECT number, cityHash64(number) % 100 AS u FROM numbers({}))",
+            n * hours * 8
+        );
+        for s in [cpu, gpu, cpu_hours, gpu_hours] {
             ch.query(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
         }
     }
