@@ -749,9 +749,9 @@ fn rollups_keep_their_own_retention_on_a_server_without_ttl() {
 }
 
 /// A flamegraph of hours read through ClickHouse takes its whole hours from the hourly rollup,
-/// the whole minutes around them from the minute rollup and its edges from raw rows (issue 39
-/// part 2), and is still the node store's answer, byte for byte: the rollups' totals are the
-/// raw rows'.
+/// the whole 10 minutes and minutes around them from the fleet's rollups (a node's own minutes
+/// with `--node`) and its edges from raw rows (issue 39 parts 2 and 5), and is still the node
+/// store's answer, byte for byte: the rollups' totals are the raw rows'.
 #[test]
 fn a_flamegraph_read_from_the_rollups_is_the_stores_answer() {
     let tmp = tempfile::tempdir().unwrap();
@@ -770,8 +770,12 @@ fn a_flamegraph_read_from_the_rollups_is_the_stores_answer() {
         (out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (store, _) = read(&["--data-dir", dir]);
+    // The whole fleet: its own tables by class around the hours.
     let (fleet, rolled) = read(&["--clickhouse", &ch.url()]);
-    assert!(rolled.contains("samples_1h") && rolled.contains("samples_1m") && rolled.contains("samples "), "{rolled}");
+    assert!(
+        rolled.contains("samples_1h") && rolled.contains("samples_fleet_") && rolled.contains("samples "),
+        "{rolled}"
+    );
     let total: u64 =
         String::from_utf8_lossy(&store).lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
     assert!(total > 80_000, "{total} samples in the window");

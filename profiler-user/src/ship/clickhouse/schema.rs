@@ -107,11 +107,9 @@ pub const SAMPLES_1H: &str = "samples_1h";
 /// Per minute, fleet-wide (no node), per (workload class, comm, stack): a fleet's minute is
 /// rows per distinct stack, not per node and pod.
 pub const SAMPLES_FLEET_1M: &str = "samples_fleet_1m";
-/// Per 10 minutes, fleet-wide, per (workload class, comm, stack): summed from
-/// [`SAMPLES_FLEET_1M`]'s inserts (its view reads that table, not `samples`).
+/// Per 10 minutes, fleet-wide, per (workload class, comm, stack).
 pub const SAMPLES_FLEET_10M: &str = "samples_fleet_10m";
-/// Per UTC day, fleet-wide, per (workload class, comm, stack): summed from [`SAMPLES_1H`]'s
-/// inserts, kept as the hours.
+/// Per UTC day, fleet-wide, per (workload class, comm, stack), kept as the hours.
 pub const SAMPLES_1D: &str = "samples_1d";
 
 /// A rollup row's `ts` is the start of its minute or hour, ns.
@@ -299,15 +297,13 @@ impl RollupKeep {
 }
 
 /// A rollup of `samples`: its table (as in [`TABLES`]), the view's `SELECT` over `{source}`
-/// (the table `from`, as the server receives inserts into it: `samples`, or a finer rollup)
-/// and its `Distributed` sharding key.
+/// (the `samples` table the server receives inserts into) and its `Distributed` sharding key.
 struct Rollup {
     name: &'static str,
     columns: &'static [(&'static str, &'static str)],
     engine: &'static str,
     select: &'static str,
     shard_by: &'static str,
-    from: &'static str,
 }
 
 /// The columns of a fleet-wide rollup (no node; `workload` the class).
@@ -336,7 +332,6 @@ const ROLLUPS: &[Rollup] = &[
         select: "SELECT node, intDiv(s.ts, 60000000000) * 60000000000 AS ts, comm, stack_id, workload, \
                  sum(s.count) AS count FROM {source} AS s GROUP BY node, ts, comm, stack_id, workload",
         shard_by: "cityHash64(node)",
-        from: SAMPLES,
     },
     Rollup {
         name: SAMPLES_1H,
@@ -350,7 +345,6 @@ const ROLLUPS: &[Rollup] = &[
                  GROUP BY ts, comm, stack_id, workload",
         // Every shard has rows of every hour: any shard will do (reads sum).
         shard_by: "rand()",
-        from: SAMPLES,
     },
     // A fleet's minute and 10 minutes by class: what a fleet-wide read of a window that is not
     // whole hours takes, instead of `samples_1m`'s rows per node and pod (4.5 M rows for an
@@ -364,31 +358,30 @@ const ROLLUPS: &[Rollup] = &[
                  {workload_class} AS workload, sum(s.count) AS count FROM {source} AS s \
                  GROUP BY ts, comm, stack_id, workload",
         shard_by: "rand()",
-        from: SAMPLES,
     },
-    // Fed by the fleet minutes' inserts (a view of a view's table: the class is computed from
-    // the JSON once per sample row, by the minutes' view, not once per view).
+    // Each view reads `samples` itself: 18.16 does not run the views of a view's target table
+    // (a view of the fleet minutes' inserts stayed empty there), so each computes the class.
     Rollup {
         name: SAMPLES_FLEET_10M,
         columns: FLEET_COLUMNS,
         engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000) \
                  ORDER BY (ts, comm, stack_id, workload){ttl}",
-        select: "SELECT intDiv(s.ts, 600000000000) * 600000000000 AS ts, comm, stack_id, workload, \
-                 sum(s.count) AS count FROM {source} AS s GROUP BY ts, comm, stack_id, workload",
+        select: "SELECT intDiv(s.ts, 600000000000) * 600000000000 AS ts, comm, stack_id, \
+                 {workload_class} AS workload, sum(s.count) AS count FROM {source} AS s \
+                 GROUP BY ts, comm, stack_id, workload",
         shard_by: "rand()",
-        from: SAMPLES_FLEET_1M,
     },
-    // Days from the hours' inserts: 30 days of a fleet are ~30 rows per stack and class, not
-    // 720 (39 M rows for 100 nodes' month of hours).
+    // Days: 30 days of a fleet are ~30 rows per stack and class, not 720 (39 M rows for 100
+    // nodes' month of hours).
     Rollup {
         name: SAMPLES_1D,
         columns: FLEET_COLUMNS,
         engine: "SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) \
                  ORDER BY (ts, comm, stack_id, workload){ttl}",
-        select: "SELECT intDiv(s.ts, 86400000000000) * 86400000000000 AS ts, comm, stack_id, workload, \
-                 sum(s.count) AS count FROM {source} AS s GROUP BY ts, comm, stack_id, workload",
+        select: "SELECT intDiv(s.ts, 86400000000000) * 86400000000000 AS ts, comm, stack_id, \
+                 {workload_class} AS workload, sum(s.count) AS count FROM {source} AS s \
+                 GROUP BY ts, comm, stack_id, workload",
         shard_by: "rand()",
-        from: SAMPLES_1H,
     },
 ];
 
@@ -479,7 +472,7 @@ pub fn statements_with(l: &Layout<'_>, keep: RollupKeep, dictionary: bool) -> Ve
         // With a cluster each shard rolls up the rows it receives, into its own table.
         let select = r
             .select
-            .replace("{source}", &format!("{db}.{}", quote_ident(&local(r.from))))
+            .replace("{source}", &format!("{db}.{}", quote_ident(&local(SAMPLES))))
             .replace("{workload_class}", &workload_class("s.workload"));
         out.push(format!(
             "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{} TO {db}.{table} AS {select}",
@@ -595,7 +588,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fleet_minutes_are_classes_and_the_ten_minutes_sum_them() {
+    fn the_fleet_rollups_are_classes_read_from_samples() {
         let s = statements(&Layout { database: "p", cluster: None, ttl_secs: None, codecs: false });
         let rollups = &s[1 + TABLES.len()..];
         assert_eq!(
@@ -611,8 +604,9 @@ mod tests {
             rollups[7],
             format!(
                 "CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`samples_fleet_10m_mv` TO `p`.`samples_fleet_10m` AS SELECT \
-                 intDiv(s.ts, {TEN_MINUTES_NS}) * {TEN_MINUTES_NS} AS ts, comm, stack_id, workload, \
-                 sum(s.count) AS count FROM `p`.`samples_fleet_1m` AS s GROUP BY ts, comm, stack_id, workload"
+                 intDiv(s.ts, {TEN_MINUTES_NS}) * {TEN_MINUTES_NS} AS ts, comm, stack_id, {} AS workload, \
+                 sum(s.count) AS count FROM `p`.`samples` AS s GROUP BY ts, comm, stack_id, workload",
+                workload_class("s.workload")
             )
         );
         assert!(rollups[4].starts_with("CREATE TABLE IF NOT EXISTS `p`.`samples_fleet_1m` (ts UInt64,"));
@@ -664,8 +658,12 @@ mod tests {
         // Tables before the views that read and fill them.
         let at = |q: &str| s.iter().position(|x| x.contains(q)).unwrap();
         assert!(at("`samples_local` (") < at("samples_1m_mv") && at("`samples_1h_local` (") < at("samples_1h_mv"));
-        // The 10 minutes read the shard's fleet minutes, which exist before that view.
-        assert!(rollups[11].contains("FROM `p`.`samples_fleet_1m_local` AS s"), "{}", rollups[11]);
-        assert!(at("`samples_fleet_1m_local` (") < at("samples_fleet_10m_mv"));
+        // Every view reads the shard's samples.
+        assert!(
+            rollups
+                .iter()
+                .filter(|q| q.contains("MATERIALIZED VIEW"))
+                .all(|q| q.contains("FROM `p`.`samples_local` AS s"))
+        );
     }
 }
