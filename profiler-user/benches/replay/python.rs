@@ -48,7 +48,10 @@ use profiler::{
 };
 use profiler_common::python::{ENTRY_FRAME, NONE};
 
-use super::workload::{Helpers, KernelText, Pool, Proc, RawStack, call_site, kernel_walk, mix, read_maps};
+use super::workload::{
+    CALL_SITES, EVAL_CALL_SITES, Helpers, KernelText, Pool, Proc, RawStack, anywhere, call_site, kernel_walk, mix,
+    read_maps,
+};
 
 /// Source files per process, methods per file, lines per method: 2,000 code objects of 12
 /// lines, what a training script and the library code it runs through make hot.
@@ -300,16 +303,21 @@ pub fn pool(distinct: usize, procs: &[Proc], pys: &[PyProc], kernel: &KernelText
             frame_words(&py.layout, code, unit, starts.contains(&i), &mut words);
         }
         // Native, root first: the root chain, an evaluation per start, calls between them.
-        let mut user: Vec<u64> = native.root.iter().map(|&f| call_site(f, node)).collect();
+        // Return addresses from each function's few call sites (`workload::CALL_SITES`).
+        let mut user: Vec<u64> = native.root.iter().map(|&f| call_site(f, node, CALL_SITES)).collect();
         for k in 0..starts.len() {
             if k > 0 {
                 let via = native.call[(mix(node, k as u64) % native.call.len() as u64) as usize];
-                user.push(call_site(via, node ^ k as u64));
+                user.push(call_site(via, node ^ k as u64, CALL_SITES));
             }
-            user.push(call_site(native.eval, mix(node, 100 + k as u64)));
+            user.push(call_site(native.eval, mix(node, 100 + k as u64), EVAL_CALL_SITES));
         }
         if rng.unit() < 0.5 {
             user.push(native.leaves[rng.below(native.leaves.len() as u64) as usize].0 + 1);
+        } else if let Some(leaf) = user.last_mut() {
+            // The innermost evaluation is running: its frame is the sampled instruction,
+            // anywhere in the loop, not a return address.
+            *leaf = anywhere(native.eval, mix(node, 200 + rng.below(1 << 20)));
         }
         user.reverse();
         let kernel = if rng.unit() < 0.2 {

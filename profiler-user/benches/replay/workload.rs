@@ -316,10 +316,28 @@ impl Pool {
     }
 }
 
-/// An address inside `f` derived from `node`: the same call site for the same path, so stacks
-/// that share a prefix share its addresses. Never the first byte, so that `addr - 1` (how
-/// return addresses are looked up) stays inside the function.
-pub fn call_site(f: (u64, u64), node: u64) -> u64 {
+/// Return addresses an ordinary function's frames can have: a return address is the
+/// instruction after a call, and a function makes a bounded number of calls, so a real node
+/// sees a handful of return addresses per function (drawing them anywhere in the function
+/// made thousands per function and missed the daemon's caches far more than a node does).
+pub const CALL_SITES: u64 = 8;
+/// An interpreter's evaluation loop calls out from a few dozen places (calls, attribute and
+/// item lookups, arithmetic): its return addresses.
+pub const EVAL_CALL_SITES: u64 = 32;
+
+/// A return address inside `f`: one of its `sites` call sites, the same for the same `node`,
+/// so stacks that share a prefix share its addresses. The sites are fixed per function and
+/// the same in every run: derived from its size and its address's page offset (which
+/// address-space randomization keeps). Never the first byte, so that `addr - 1` (how return
+/// addresses are looked up) stays inside the function.
+pub fn call_site(f: (u64, u64), node: u64, sites: u64) -> u64 {
+    let function = ((f.1 << 12) | (f.0 & 0xfff)) ^ 0xca11_5173;
+    anywhere(f, mix(function, (node >> 17) % sites.max(1)))
+}
+
+/// An address anywhere inside `f` derived from `node`: a leaf frame's (the sampled
+/// instruction, not a return address). Never the first byte, as in `call_site`.
+pub fn anywhere(f: (u64, u64), node: u64) -> u64 {
     f.0 + 1 + (node >> 17) % (f.1 - 1).max(1)
 }
 
@@ -340,7 +358,8 @@ pub fn user_walk(p: &Proc, index: usize, depth: usize, rng: &mut Rng) -> Vec<u64
         let choice = if level < 2 || rng.unit() < 0.75 { 0 } else { 1 + rng.below(3) };
         node = mix(node, choice);
         let funcs = if level < 2 { main } else { &p.all };
-        frames.push(call_site(funcs[(node % funcs.len() as u64) as usize], node));
+        let f = funcs[(node % funcs.len() as u64) as usize];
+        frames.push(if level + 1 == depth { anywhere(f, node) } else { call_site(f, node, CALL_SITES) });
     }
     frames.reverse();
     frames
@@ -348,11 +367,13 @@ pub fn user_walk(p: &Proc, index: usize, depth: usize, rng: &mut Rng) -> Vec<u64
 
 /// Kernel frames, leaf first: a named entry chain, then a walk through the vocabulary.
 pub fn kernel_walk(chain: &[(u64, u64)], vocabulary: &[(u64, u64)], depth: usize, rng: &mut Rng) -> Vec<u64> {
-    let mut frames: Vec<u64> = chain.iter().take(depth.saturating_sub(1)).map(|&f| call_site(f, 0x10000)).collect();
+    let mut frames: Vec<u64> =
+        chain.iter().take(depth.saturating_sub(1)).map(|&f| call_site(f, 0x10000, CALL_SITES)).collect();
     let mut node = frames.first().copied().unwrap_or(1);
     while frames.len() < depth {
         node = mix(node, if rng.unit() < 0.6 { 0 } else { 1 + rng.below(4) });
-        frames.push(call_site(vocabulary[(node % vocabulary.len() as u64) as usize], node));
+        let f = vocabulary[(node % vocabulary.len() as u64) as usize];
+        frames.push(if frames.len() + 1 == depth { anywhere(f, node) } else { call_site(f, node, CALL_SITES) });
     }
     frames.reverse();
     frames
