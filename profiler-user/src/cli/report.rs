@@ -71,7 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => tracing::warn!(samples = kind.name(), error = %e, "report section left out"),
         }
     }
-    report(&mut reader, w, &found, &reach, counters, gpus, others, &args.output)
+    report(&mut reader, w, &found, &reach, (counters, gpus), others, &args.output)
 }
 
 /// Findings a report draws a flamegraph of.
@@ -87,8 +87,8 @@ fn report(
     w: Window,
     found: &[detect::Finding],
     windows: &[Window],
-    counters: profiler::store::counters::Tracks,
-    gpus: Option<profiler::gpu::Inventory>,
+    // The node's counter tracks and GPUs (from its data directory).
+    (counters, gpus): (profiler::store::counters::Tracks, Option<profiler::gpu::Inventory>),
     others: Vec<report::Flame>,
     output: &Path,
 ) -> anyhow::Result<()> {
