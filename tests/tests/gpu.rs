@@ -214,9 +214,11 @@ fn a_library_lacking_half_the_calls_still_gives_utilisation_and_none_at_all_is_s
     let mut daemon = Daemon::start(&data, &["--nvml-library", nvml.lib_str()]);
     daemon.wait_ready();
     let dir = data.to_str().unwrap();
+    // The fast tracks (util) reach the files once a second, the slow ones (processes) at their
+    // own poll: both are waited for.
     let tracks = wait_for("utilisation from the half library", Duration::from_secs(15), || {
         let t = gpu_tracks(dir);
-        last_value(&t, "gpu.0.processes").is_some().then_some(t)
+        (last_value(&t, "gpu.0.processes").is_some() && last_value(&t, "gpu.0.util").is_some()).then_some(t)
     });
     assert_eq!(last_value(&tracks, "gpu.0.util"), Some(37.0));
     for missing in [
