@@ -6,6 +6,7 @@
 
 mod contexts;
 pub mod counters;
+mod counters_read;
 pub mod files;
 pub mod format;
 pub mod identity;
