@@ -42,25 +42,9 @@ fn a_report_opened_from_a_file_is_the_page_with_its_window() {
         },
     )
     .unwrap();
-    // The store has the whole run once it holds a block past its end.
-    integration_tests::wait_for("the store past the run", Duration::from_secs(10), || {
-        let span = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
-        (span > end + 1.0).then_some(())
-    });
     let file = tmp.path().join("report.html");
     let (from, to) = (format!("{:.3}", start.floor() - 2.0), format!("{:.3}", end.ceil() + 1.0));
-    let out = profiler(&[
-        "report",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--from",
-        &from,
-        "--to",
-        &to,
-        "-o",
-        file.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    report_after(&data, end, &from, &to, &file, Duration::from_secs(10));
     assert!(daemon.stop().success());
     let bytes = std::fs::metadata(&file).unwrap().len();
     eprintln!("report of {:.0} s: {bytes} bytes", end.ceil() + 1.0 - (start.floor() - 2.0));
@@ -295,24 +279,9 @@ fn a_cuda_nodes_report_chooses_the_count_and_names_the_launcher() {
     });
     let end = now_secs();
     app.finish();
-    integration_tests::wait_for("the store past the run", Duration::from_secs(15), || {
-        let span = integration_tests::status_json(&data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
-        (span > end + 1.0).then_some(())
-    });
     let file = tmp.path().join("cuda-report.html");
     let (from, to) = (format!("{:.3}", start.floor() - 1.0), format!("{:.3}", end.ceil() + 1.0));
-    let out = profiler(&[
-        "report",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--from",
-        &from,
-        "--to",
-        &to,
-        "-o",
-        file.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    report_after(&data, end, &from, &to, &file, Duration::from_secs(15));
     assert!(daemon.stop().success());
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -374,4 +343,25 @@ fn a_cuda_nodes_report_chooses_the_count_and_names_the_launcher() {
         .await;
         client.close().await.unwrap();
     });
+}
+
+/// Writes the report of `[from, to]` into `file` once the store holds a block past `end` (the
+/// store has the whole run then).
+fn report_after(data: &std::path::Path, end: f64, from: &str, to: &str, file: &std::path::Path, wait: Duration) {
+    integration_tests::wait_for("the store past the run", wait, || {
+        let span = integration_tests::status_json(data)?["summary"]["span"][1].as_u64()? as f64 / 1e9;
+        (span > end + 1.0).then_some(())
+    });
+    let out = profiler(&[
+        "report",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--from",
+        from,
+        "--to",
+        to,
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
