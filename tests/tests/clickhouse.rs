@@ -557,7 +557,40 @@ fn rollup_checks(db: &str) -> Vec<(&'static str, String, String)> {
             &format!("intDiv(ts, {d}) * {d} AS day, comm, stack_id, {class}", d = schema::DAY_NS),
             "day, comm, stack_id, class",
         ),
+        // The fleet's seconds, what a fleet-wide window's edges are read from.
+        pair(
+            "samples_fleet_1s per second, comm, stack and workload class",
+            "samples_fleet_1s",
+            "ts, comm, stack_id, workload",
+            &format!("intDiv(ts, {s}) * {s} AS second, comm, stack_id, {class}", s = schema::SECOND_NS),
+            "second, comm, stack_id, class",
+        ),
     ]
+}
+
+/// A window with edges inside minutes (`a` and `b` whole seconds, not whole minutes), as the
+/// planner reads it for the whole fleet: its whole minutes from `samples_fleet_1m`, the seconds
+/// around them from `samples_fleet_1s`; and the raw rows of the same window, by (comm, stack,
+/// workload class): (rollups' SQL, raw SQL), TSV.
+fn edges_check(db: &str, a: u64, b: u64) -> (String, String) {
+    let m = schema::MINUTE_NS;
+    let (ma, mb) = (a.div_ceil(m) * m, b / m * m);
+    assert!(a % m != 0 && b % m != 0 && ma < mb, "edges inside minutes, whole minutes between");
+    let class = schema::workload_class("workload");
+    let key = "comm, stack_id, workload";
+    (
+        format!(
+            "SELECT {key}, sum(count) AS n FROM (\
+             SELECT {key}, count FROM {db}.samples_fleet_1s WHERE ts >= {a} AND ts < {ma} UNION ALL \
+             SELECT {key}, count FROM {db}.samples_fleet_1m WHERE ts >= {ma} AND ts < {mb} UNION ALL \
+             SELECT {key}, count FROM {db}.samples_fleet_1s WHERE ts >= {mb} AND ts < {b}) \
+             GROUP BY {key} ORDER BY {key} FORMAT TSV"
+        ),
+        format!(
+            "SELECT comm, stack_id, {class} AS cls, sum(count) AS n FROM {db}.samples WHERE ts >= {a} AND ts < {b} \
+             GROUP BY comm, stack_id, cls ORDER BY comm, stack_id, cls FORMAT TSV"
+        ),
+    )
 }
 
 /// Every rollup answer equals the raw samples' (`answer` runs a query), and they hold `total`
@@ -589,6 +622,16 @@ fn rollups_add_up_to_the_raw_samples_on_18_16() {
     assert_rollups_match("18.16", 150 * 50 * 3, answer);
     let minutes = ch.number("SELECT uniqExact(ts) FROM profiler.samples_1m");
     assert!(minutes >= 3, "150 s over {minutes} minutes");
+    // A window with edges inside minutes: the fleet's seconds and minutes, the raw rows' sums.
+    let first = ch.number("SELECT min(ts) FROM profiler.samples") / SEC * SEC;
+    let m = schema::MINUTE_NS;
+    let a = if (first + SEC) % m == 0 { first + 2 * SEC } else { first + SEC };
+    let b = (a.div_ceil(m) + 1) * m + 7 * SEC;
+    let (edges, edges_raw) = edges_check("profiler", a, b);
+    let (edges, edges_raw) = (answer(&edges), answer(&edges_raw));
+    assert_eq!(edges, edges_raw, "18.16: a window with edges inside minutes");
+    let in_window: u64 = edges.lines().map(|l| l.rsplit('\t').next().unwrap().parse::<u64>().unwrap()).sum();
+    assert!(in_window >= 60 * 50 * 3, "{in_window} samples from {a} to {b}");
 
     // A database from before the rollups: the next start creates them, and they count what is
     // inserted from then on only.
@@ -631,6 +674,11 @@ fn rollups_add_up_to_the_raw_samples_on_current_clickhouse() {
     for (_, rollup, raw) in &checks {
         statements.extend([rollup.clone(), raw.clone()]);
     }
+    // Edges 17 s into a minute and 23 s before one, over an hour of the 3.4 h.
+    let off_minute = |t: u64| if t % schema::MINUTE_NS == 0 { t + SEC } else { t };
+    let (a, b) = (off_minute(start + 77 * SEC), off_minute(start + 3637 * SEC));
+    let (edges, edges_raw) = edges_check("profiler", a, b);
+    statements.extend([edges, edges_raw]);
     for table in ["samples_1m", "samples_1h"] {
         statements.push(format!("SHOW CREATE TABLE profiler.{table} FORMAT TSVRaw"));
     }
@@ -638,9 +686,13 @@ fn rollups_add_up_to_the_raw_samples_on_current_clickhouse() {
         "SELECT DISTINCT concat('[', workload, ']') AS w FROM profiler.samples_1h ORDER BY w FORMAT TSVRaw".into(),
     );
     let Some(answers) = clickhouse::chdb(&statements) else { return };
-    let mut answers = answers.into_iter().skip(statements.len() - 2 * checks.len() - 3);
+    let mut answers = answers.into_iter().skip(statements.len() - 2 * checks.len() - 5);
     let mut next = || answers.next().unwrap();
     let asked: Vec<(String, String)> = checks.iter().map(|_| (next(), next())).collect();
+    let (edges, edges_raw) = (next(), next());
+    assert_eq!(edges, edges_raw, "chdb: a window with edges inside minutes, from the fleet's seconds and minutes");
+    let in_window: u64 = edges.lines().map(|l| l.rsplit('\t').next().unwrap().parse::<u64>().unwrap()).sum();
+    assert!(in_window > 5_000, "{in_window} samples in the window");
     for ((what, _, _), (rollup, raw)) in checks.iter().zip(&asked) {
         assert_eq!(rollup, raw, "chdb: {what}");
         let sum: u64 = rollup.lines().map(|l| l.rsplit('\t').next().unwrap().parse::<u64>().unwrap()).sum();
@@ -773,9 +825,12 @@ fn a_flamegraph_read_from_the_rollups_is_the_stores_answer() {
     // The whole fleet: its own tables by class around the hours.
     let (fleet, rolled) = read(&["--clickhouse", &ch.url()]);
     assert!(
-        rolled.contains("samples_1h") && rolled.contains("samples_fleet_") && rolled.contains("samples "),
+        rolled.contains("samples_1h") && rolled.contains("samples_fleet_1m") && rolled.contains("samples "),
         "{rolled}"
     );
+    // The seconds around the minutes from the fleet's seconds, raw rows only within a second.
+    let raw = rolled.split("samples ").nth(1).and_then(|r| r.split([',', '\n']).next()).unwrap_or_default();
+    assert!(rolled.contains("samples_fleet_1s") && raw.trim() == "1.250s", "{rolled}");
     let total: u64 =
         String::from_utf8_lossy(&store).lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
     assert!(total > 80_000, "{total} samples in the window");

@@ -226,9 +226,11 @@ pub struct FilterArgs {
     pub function: Option<String>,
     /// With --samples off-cpu: only waits in this state: io (uninterruptible: disk, network
     /// file systems), sleep (futex, poll, pipe or socket reads, nanosleep), runnable (preempted,
-    /// waiting for a CPU). The stacks' `[off-cpu: STATE]` root frame.
-    #[arg(long, value_name = "io|sleep|runnable", conflicts_with = "function")]
-    pub state: Option<profiler::offcpu::OffState>,
+    /// waiting for a CPU), the stacks' `[off-cpu: STATE]` root frame; or on this: lock (futex,
+    /// kernel mutex), poll (poll/select/epoll), pipe, socket, timer (nanosleep), file (file
+    /// systems, block devices), other, their `[wait: ON]` second frame.
+    #[arg(long, value_name = "io|sleep|runnable|lock|poll|pipe|socket|timer|file|other", conflicts_with = "function")]
+    pub state: Option<profiler::offcpu::StateFilter>,
 }
 
 impl FilterArgs {
@@ -256,6 +258,25 @@ pub enum StatusFormat {
     Text,
     Json,
 }
+
+/// Now, for the times of a read of `source` (`times`: the ones given, as typed): to the whole
+/// second when ClickHouse answers, so that a window relative to now (`--from -1h`) is whole
+/// seconds and a fleet-wide read takes its edges from the fleet's seconds (`samples_fleet_1s`),
+/// not raw rows (docs/clickhouse.md, "Which table answers"); said in a note when a time is
+/// relative. Absolute times are read as given, to the nanosecond.
+pub fn now_for(source: &Source, times: &[&str]) -> u64 {
+    let now = timespec::now_ns();
+    if source.clickhouse.is_none() {
+        return now;
+    }
+    let relative = |t: &&str| t.trim().eq_ignore_ascii_case("now") || t.trim().starts_with('-');
+    if times.iter().any(relative) {
+        eprintln!("note: now taken to the whole second for ClickHouse ({})", timespec::format(now / SEC * SEC));
+    }
+    now / SEC * SEC
+}
+
+const SEC: u64 = 1_000_000_000;
 
 pub fn window_of(from: &str, to: &str) -> anyhow::Result<Window> {
     let now = timespec::now_ns();

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use clap::ValueEnum;
 use profiler::{
     export::{flamegraph, otlp, perf_script, pprof, speedscope},
-    query::FoldBudget,
+    query::{FoldBudget, Window},
     timespec,
 };
 
 use super::{
-    args::{FilterArgs, Samples, Source, WindowArgs, fold, window_of},
+    args::{FilterArgs, Samples, Source, WindowArgs, fold},
     output::open_output,
 };
 
@@ -52,7 +52,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let Args { source, window, filter, format, samples, output } = args;
     let kind = samples.kind();
-    let w = window_of(&window.from, &window.to)?;
+    let now = super::args::now_for(&source, &[&window.from, &window.to]);
+    let w = Window::new(timespec::parse(&window.from, now)?, timespec::parse(&window.to, now)?)?;
     // One node or several: from ClickHouse the folded stacks are summed by the server, the
     // formats that keep each sample's time stream them a chunk at a time.
     let src = source.open_nodes()?;

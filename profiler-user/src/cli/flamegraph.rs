@@ -93,7 +93,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         format,
         output,
     } = args;
-    let now = timespec::now_ns();
+    let (given_from, given_to) = (from.as_deref().unwrap_or("-30s"), to.as_deref().unwrap_or("now"));
+    let now = match around {
+        Some(_) => timespec::now_ns(),
+        None => super::args::now_for(&source, &[given_from, given_to]),
+    };
     let mut filter = filter.filter();
     let src = source.open_nodes()?;
     let window = match around {
@@ -107,10 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             window
         }
-        None => Window::new(
-            timespec::parse(from.as_deref().unwrap_or("-30s"), now)?,
-            timespec::parse(to.as_deref().unwrap_or("now"), now)?,
-        )?,
+        None => Window::new(timespec::parse(given_from, now)?, timespec::parse(given_to, now)?)?,
     };
     let filter = Filter { include_idle, lines, ..filter };
     // The CLI reads in its own process: ten times the daemon's budget, bytes alike.

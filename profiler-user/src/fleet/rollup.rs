@@ -1,8 +1,10 @@
 //! Which table answers which part of a window: ClickHouse rolls the raw samples up by itself
 //! (materialized views: per minute per node, per hour fleet-wide; docs/clickhouse.md), and a
 //! read takes the coarsest table that still resolves the window. The window's whole hours come
-//! from the hourly table, the whole minutes around them from the minutes, and only the slivers
-//! at the edges from the raw rows, so the totals are those of the raw rows, to the sample.
+//! from the hourly table, the whole minutes around them from the minutes, for the whole fleet
+//! the whole seconds around those from the fleet's seconds, and only the slivers at the edges
+//! from the raw rows, so the totals are those of the raw rows, to the sample. A fleet-wide
+//! window of whole seconds (the CLI takes times relative to now to the second) reads no raw row.
 //!
 //! A rollup resolves only what it keeps: neither CPU nor pid (`--cpu`, `--pid` read raw rows),
 //! no node in the hourly one (a read of some nodes uses minutes), nor a pod or a container id
@@ -16,7 +18,7 @@ use crate::{
     ship::clickhouse::schema::{self, col::TS},
 };
 
-pub use schema::{HOUR_NS, MINUTE_NS, TEN_MINUTES_NS};
+pub use schema::{HOUR_NS, MINUTE_NS, SECOND_NS, TEN_MINUTES_NS};
 
 /// A table a part of a window is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub enum Source {
     Hours,
     /// Fleet-wide days by workload class (`samples_1d`).
     Days,
+    /// Fleet-wide seconds by workload class (`samples_fleet_1s`): a window's edges.
+    FleetSeconds,
 }
 
 impl Source {
@@ -41,12 +45,14 @@ impl Source {
             Self::FleetTenMinutes => schema::SAMPLES_FLEET_10M,
             Self::Hours => schema::SAMPLES_1H,
             Self::Days => schema::SAMPLES_1D,
+            Self::FleetSeconds => schema::SAMPLES_FLEET_1S,
         }
     }
 
     fn unit_ns(self) -> u64 {
         match self {
             Self::Raw => 1,
+            Self::FleetSeconds => SECOND_NS,
             Self::Minutes | Self::FleetMinutes => MINUTE_NS,
             Self::FleetTenMinutes => TEN_MINUTES_NS,
             Self::Hours => HOUR_NS,
@@ -57,13 +63,15 @@ impl Source {
     /// Whether its rows have no node (and a workload class, not a pod): it answers for the
     /// whole fleet only.
     pub fn fleet_wide(self) -> bool {
-        matches!(self, Self::FleetMinutes | Self::FleetTenMinutes | Self::Hours | Self::Days)
+        matches!(self, Self::FleetMinutes | Self::FleetTenMinutes | Self::Hours | Self::Days | Self::FleetSeconds)
     }
 }
 
 /// The rollups, coarsest first: a window takes whole units of the first that resolves them.
-const TIERS: [Source; 5] =
-    [Source::Days, Source::Hours, Source::FleetTenMinutes, Source::FleetMinutes, Source::Minutes];
+/// The fleet's seconds come last, for what no minute resolves (a fleet-wide read takes node
+/// minutes only where the fleet minutes began later than they did).
+const TIERS: [Source; 6] =
+    [Source::Days, Source::Hours, Source::FleetTenMinutes, Source::FleetMinutes, Source::Minutes, Source::FleetSeconds];
 
 /// From when each rollup holds whole units: the unit after the first one it has rows for
 /// (`None`: it does not exist, or holds nothing yet).
@@ -74,6 +82,7 @@ pub struct Coverage {
     pub fleet_minutes_from: Option<u64>,
     pub fleet_ten_minutes_from: Option<u64>,
     pub days_from: Option<u64>,
+    pub fleet_seconds_from: Option<u64>,
 }
 
 /// How far into a window the first look for a rollup's rows goes (the partitions it reads):
@@ -114,6 +123,7 @@ impl Coverage {
             fleet_minutes_from: first(Source::FleetMinutes)?,
             fleet_ten_minutes_from: first(Source::FleetTenMinutes)?,
             days_from: first(Source::Days)?,
+            fleet_seconds_from: first(Source::FleetSeconds)?,
         })
     }
 
@@ -125,6 +135,7 @@ impl Coverage {
             Source::FleetTenMinutes => self.fleet_ten_minutes_from,
             Source::Hours => self.hours_from,
             Source::Days => self.days_from,
+            Source::FleetSeconds => self.fleet_seconds_from,
         }
     }
 }
@@ -243,6 +254,7 @@ mod tests {
             fleet_minutes_from: all,
             fleet_ten_minutes_from: all,
             days_from: None,
+            fleet_seconds_from: None,
         };
         // 00:42:10 to 02:13:30: raw, fleet minutes to 00:50, 10 minutes to 01:00, an hour,
         // 10 minutes to 02:10, fleet minutes to 02:13, raw.
@@ -286,6 +298,60 @@ mod tests {
                 Piece { source: Source::FleetMinutes, window: w(m(46), m(50)) },
             ]
         );
+    }
+
+    #[test]
+    fn the_fleet_reads_its_seconds_at_the_edges_and_raw_rows_only_within_a_second() {
+        let all = Some(0);
+        let cover = Coverage {
+            minutes_from: all,
+            hours_from: all,
+            fleet_minutes_from: all,
+            fleet_ten_minutes_from: all,
+            days_from: all,
+            fleet_seconds_from: all,
+        };
+        let m = |n: u64| T0 + n * MINUTE_NS;
+        let s = |n: u64| T0 + n * SECOND_NS;
+        // 00:42:10.25 to 00:51:03.5: raw to 00:42:11, seconds to 00:43, fleet minutes to
+        // 00:51, seconds to 00:51:03, raw.
+        let (from, to) = (s(42 * 60 + 10) + SECOND_NS / 4, s(51 * 60 + 3) + SECOND_NS / 2);
+        let p = plan(w(from, to), &Filter::default(), &sel(true), cover);
+        assert_eq!(
+            p,
+            vec![
+                Piece { source: Source::Raw, window: w(from, s(42 * 60 + 11)) },
+                Piece { source: Source::FleetSeconds, window: w(s(42 * 60 + 11), m(43)) },
+                Piece { source: Source::FleetMinutes, window: w(m(43), m(51)) },
+                Piece { source: Source::FleetSeconds, window: w(m(51), s(51 * 60 + 3)) },
+                Piece { source: Source::Raw, window: w(s(51 * 60 + 3), to) },
+            ]
+        );
+        assert_eq!(describe(&p), "samples 1.250s, samples_fleet_1s 52.000s, samples_fleet_1m 8m 0s");
+        // Whole seconds (a window relative to now, taken to the second): no raw row.
+        let p = plan(w(s(42 * 60 + 10), s(51 * 60 + 3)), &Filter::default(), &sel(true), cover);
+        assert!(p.iter().all(|p| p.source != Source::Raw), "{p:?}");
+        assert_eq!(p.iter().map(|p| p.window.to_ns - p.window.from_ns).sum::<u64>(), 533 * SECOND_NS);
+        // An hour of whole seconds: an hour's edges, seconds within the minutes.
+        let p = plan(w(s(59 * 60 + 30), s(2 * 3600 + 45)), &Filter::default(), &sel(true), cover);
+        let got: Vec<Source> = p.iter().map(|p| p.source).collect();
+        assert_eq!(got, [Source::FleetSeconds, Source::Hours, Source::FleetSeconds]);
+        // Some nodes, a pod, or a CPU: no fleet seconds (they keep neither node, pod nor CPU).
+        let pod = crate::identity::Filter { pod: Some("trainer-0".into()), ..Default::default() };
+        for (f, whole) in [
+            (Filter::default(), false),
+            (Filter { workload: pod, ..Default::default() }, true),
+            (Filter { cpus: vec![1], ..Default::default() }, true),
+        ] {
+            let p = plan(w(from, to), &f, &sel(whole), cover);
+            assert!(p.iter().all(|p| p.source != Source::FleetSeconds), "{p:?}");
+            assert_eq!(p.first().map(|p| p.source), Some(Source::Raw));
+        }
+        // Seconds begun at 00:42:30 (a view created then): raw rows before.
+        let late = Coverage { fleet_seconds_from: Some(s(42 * 60 + 30)), ..cover };
+        let p = plan(w(from, to), &Filter::default(), &sel(true), late);
+        assert_eq!(p[0], Piece { source: Source::Raw, window: w(from, s(42 * 60 + 30)) });
+        assert_eq!(p[1], Piece { source: Source::FleetSeconds, window: w(s(42 * 60 + 30), m(43)) });
     }
 
     #[test]

@@ -438,6 +438,7 @@ impl Follower {
             (schema::CPU_SECONDS, raw, schema::DAY_NS),
             (schema::COUNTERS, raw, schema::DAY_NS),
             (schema::CUDA_SAMPLES, raw, schema::DAY_NS),
+            (schema::SAMPLES_FLEET_1S, raw, schema::DAY_NS),
             (super::track_rollups::CPU_1M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (super::track_rollups::GPU_UTIL_1M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (super::track_rollups::CPU_1H, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
