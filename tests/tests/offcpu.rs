@@ -1,7 +1,7 @@
 //! Off-CPU time on this kernel (issue 42): a reader blocked on a slow pipe is credited the time
-//! it measured itself (± 5 %) under its function, in the `sleep` state with the kernel's pipe
-//! read; a reader throttled by a block I/O limit (blkio/io.max on a loop device of the test's
-//! own, read with O_DIRECT: uninterruptible sleep in the block layer, a real I/O wait) raises
+//! it measured itself (± 5 %) under its function, in the `sleep` state, waiting on a pipe, with
+//! the kernel's pipe read; a reader throttled by a block I/O limit (blkio/io.max on a loop device
+//! of the test's own, read with O_DIRECT: uninterruptible sleep in the block layer, a real I/O wait) raises
 //! `io-stall`; two threads ping-ponging through pipes (hundreds of thousands of waits a second,
 //! each microseconds long) stay under the rate limit and raise nothing.
 
@@ -70,12 +70,15 @@ fn a_reader_blocked_on_a_slow_pipe_is_credited_the_time_it_waited_under_its_func
     assert!((0.95..=1.05).contains(&share), "credited {credited} µs of {blocked_us} µs: {stacks:#?}");
     // In interruptible sleep, in the kernel's pipe read.
     let top = stacks.iter().filter(|(s, _)| s.contains(";offcpu_slow_reader")).max_by_key(|(_, n)| *n).unwrap();
-    assert!(top.0.starts_with("slow-pipe;[off-cpu: sleep];"), "{top:?}");
+    assert!(top.0.starts_with("slow-pipe;[off-cpu: sleep];[wait: pipe];"), "{top:?}");
     assert!(top.0.contains("pipe_read_[k]"), "the kernel's pipe read names the wait: {top:?}");
     // `--state` selects by that frame: none of it is I/O.
     assert_eq!(under(&off_cpu(dir, from, to, &["--comm", "slow-pipe", "--state", "io"])), 0);
     let sleeping = under(&off_cpu(dir, from, to, &["--comm", "slow-pipe", "--state", "sleep"]));
     assert_eq!(sleeping, credited);
+    // And by what it waited on: a pipe, not a lock.
+    assert_eq!(under(&off_cpu(dir, from, to, &["--comm", "slow-pipe", "--state", "pipe"])), credited);
+    assert_eq!(under(&off_cpu(dir, from, to, &["--comm", "slow-pipe", "--state", "lock"])), 0);
 }
 
 /// A loop device over a file of the test's own, detached when dropped.
@@ -163,6 +166,13 @@ fn a_reader_throttled_by_a_block_io_limit_raises_io_stall() {
     let io = off_cpu(dir, start - 1.0, now_secs() + 1.0, &["--comm", "dd", "--state", "io"]);
     let us: u64 = io.iter().map(|(_, n)| n).sum();
     assert!(us >= 5_000_000, "dd's I/O wait as off-CPU time: {us} µs: {io:#?}");
+    // On a block device, under `[wait: file]`: what `--state file` selects.
+    let walked: u64 = io.iter().filter(|(s, _)| !s.contains("[stack not walked")).map(|(_, n)| n).sum();
+    let file: u64 = io.iter().filter(|(s, _)| s.contains(";[off-cpu: io];[wait: file];")).map(|(_, n)| n).sum();
+    eprintln!("dd: {us} µs in io, {walked} with a stack, {file} under [wait: file]");
+    assert!(walked > 0 && file as f64 >= 0.9 * walked as f64, "{io:#?}");
+    let selected = off_cpu(dir, start - 1.0, now_secs() + 1.0, &["--comm", "dd", "--state", "file"]);
+    assert!(selected.iter().map(|(_, n)| n).sum::<u64>() >= file, "{selected:#?}");
 }
 
 #[test]

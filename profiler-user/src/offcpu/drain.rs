@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeSet, sync::Arc, time::Instant};
 
-use super::{OffState, Recorder, fs_of, waits_in};
+use super::{OffState, Recorder, WaitOn, fs_of, waits_in};
 use crate::{
     collect::Collector,
     detect::{Changes, cuda::python_line, gpu::waiting::on_queue, iostall::Wait},
@@ -110,11 +110,17 @@ impl Recorder {
             return s.clone();
         }
         let mut s = (**stack).clone();
-        s.frames.insert(0, Arc::from(state.frame()));
-        s.user_len += 1;
-        if !s.locations.is_empty() {
-            s.locations.insert(0, Default::default());
+        // Under the state, what the wait was on, where a walked stack says (a runnable thread
+        // waited for a CPU, nothing else).
+        let mut roots = vec![Arc::from(state.frame())];
+        if hash != 0 && state != OffState::Runnable {
+            roots.push(Arc::from(WaitOn::of(stack).frame()));
         }
+        s.user_len += roots.len();
+        if !s.locations.is_empty() {
+            s.locations.splice(0..0, roots.iter().map(|_| Default::default()));
+        }
+        s.frames.splice(0..0, roots);
         let s = Arc::new(s);
         if hash != 0 {
             self.marked.put(key, s.clone());

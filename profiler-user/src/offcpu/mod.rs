@@ -8,6 +8,7 @@
 
 mod drain;
 pub mod status;
+mod wait_on;
 
 use std::{
     collections::HashMap,
@@ -29,6 +30,7 @@ use crate::{
 
 pub use profiler_common::offcpu::DEFAULT_THRESHOLD_NS;
 pub use status::Status;
+pub use wait_on::{StateFilter, WaitOn};
 
 /// How often the counts are drained (as the CUDA counts: under a second, so that a tick a
 /// millisecond early does not make it two).
