@@ -34,6 +34,17 @@
  *   0 gpm 12,30,0,5,100,200  (GPM: SM active %, SM occupancy %, tensor active %, DRAM bandwidth %,
  *                            NVLink rx and tx MiB/s over any two samples; no line: not a Hopper)
  *   xids 0:79,0:13       (Xid events, GPU:number, delivered once each in order; append to add)
+ *
+ * NVML's own samples (nvmlDeviceGetSamples, left out of HALF: a driver without them), GPU and
+ * memory utilisation: the driver's buffer holds the last 100 samples, one every `sample_ms`, each
+ * stamped with its time in µs (sample k at k * sample_ms, on the wall clock or, with
+ * `sample_clock boot`, on CLOCK_BOOTTIME as some drivers stamp them); a call returns those after
+ * its lastSeenTimeStamp, oldest first, as many as the caller's array holds:
+ *   0 sample_ms 200      (no line: 167, the driver's 1/6 s)
+ *   0 util_samples 10,90,30  (sample k reads the (k mod n)th value; no line: `util` at each)
+ *   0 samples dry        (the buffer ran dry, as an idle GPU's does: NVML_ERROR_NOT_FOUND)
+ *   0 samples none       (this GPU has none: NVML_ERROR_NOT_SUPPORTED)
+ *   0 sample_clock boot
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -405,6 +416,66 @@ int nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample
         s[i].smUtil = (unsigned int)util[i];
     }
     *count = n;
+    return OK;
+}
+
+/* NVML's own samples (see the top of the file). */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+} nvmlValue_t;
+typedef struct {
+    unsigned long long timeStamp;
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
+
+#define SAMPLES_KEPT 100ULL
+
+int nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long last_seen, int *val_type, unsigned int *count,
+                         nvmlSample_t *samples) {
+    char v[256], pattern[1024];
+    unsigned long long util, ms = 167;
+    int gpu = index_of(d);
+    if (!count || !val_type) return INVALID_ARGUMENT;
+    /* NVML_GPU_UTILIZATION_SAMPLES = 1, NVML_MEMORY_UTILIZATION_SAMPLES = 2 */
+    const char *key = type == 1 ? "util" : type == 2 ? "mem_util" : NULL;
+    if (!key || number(gpu, key, &util) != OK) return NOT_SUPPORTED;
+    if (fact(gpu, "samples", v, sizeof v) == 0) {
+        if (strcmp(v, "none") == 0) return NOT_SUPPORTED;
+        if (strcmp(v, "dry") == 0) return NOT_FOUND;
+    }
+    number(gpu, "sample_ms", &ms);
+    if (ms == 0) ms = 167;
+    int have_pattern = type == 1 && fact(gpu, "util_samples", pattern, sizeof pattern) == 0;
+    /* The real library answers a NULL array with its buffer's size. */
+    if (!samples) {
+        *count = (unsigned int)SAMPLES_KEPT;
+        return OK;
+    }
+    struct timespec now;
+    clock_gettime(fact(gpu, "sample_clock", v, sizeof v) == 0 && strcmp(v, "boot") == 0 ? CLOCK_BOOTTIME : CLOCK_REALTIME,
+                  &now);
+    unsigned long long period = ms * 1000ULL;
+    unsigned long long now_us = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000;
+    unsigned long long newest = now_us / period, first = last_seen / period + 1;
+    if (newest + 1 > SAMPLES_KEPT && first < newest + 1 - SAMPLES_KEPT) first = newest + 1 - SAMPLES_KEPT;
+    if (first > newest) return NOT_FOUND;
+    /* The pattern's values, parsed once a call. */
+    unsigned long long values[64];
+    unsigned int n = 0;
+    if (have_pattern)
+        for (char *p = strtok(pattern, ","); p && n < 64; p = strtok(NULL, ",")) values[n++] = strtoull(p, NULL, 10);
+    unsigned int filled = 0;
+    for (unsigned long long k = first; k <= newest && filled < *count; k++, filled++) {
+        memset(&samples[filled], 0, sizeof samples[filled]);
+        samples[filled].timeStamp = k * period;
+        samples[filled].sampleValue.uiVal = (unsigned int)(n ? values[k % n] : util);
+    }
+    *count = filled;
+    *val_type = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT, as NVIDIA documents utilisation samples */
     return OK;
 }
 

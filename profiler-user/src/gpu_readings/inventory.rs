@@ -37,6 +37,9 @@ pub struct Inventory {
     /// Calls the library lacks or the GPUs do not support: their tracks are missing.
     #[serde(default)]
     pub unsupported: Vec<String>,
+    /// How utilisation is read (NVML's own samples, or polled where the driver has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilisation: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +115,9 @@ impl Inventory {
         }
         if !self.unsupported.is_empty() {
             lines.push(format!("not supported here (no track): {}", self.unsupported.join(", ")));
+        }
+        if let Some(how) = &self.utilisation {
+            lines.push(format!("utilisation from {how}"));
         }
         lines
     }

@@ -121,7 +121,8 @@ pub struct RowRemap {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuSecond {
     pub index: u32,
-    /// Mean utilisation over the second's polls, %; `None` when none read it.
+    /// Mean utilisation over the second's readings (its polls, or NVML's own samples taken in
+    /// it), %; `None` when none read it.
     pub util: Option<f64>,
     pub polls: u32,
     /// Polls whose clock-event reasons had a slowdown bit ([`SLOWDOWN_REASONS`]).
@@ -198,36 +199,9 @@ pub struct Seconds {
 impl Seconds {
     /// Adds a poll; returns the summary of the second before when this poll begins a new one.
     pub fn add(&mut self, ts_ns: u64, readings: &[Reading]) -> Option<(u64, Vec<GpuSecond>)> {
-        let second = ts_ns / NS_PER_SEC;
-        let mut done = None;
-        if second != self.second {
-            if self.second != 0 {
-                let per = std::mem::take(&mut self.per);
-                let clocks = std::mem::take(&mut self.clocks);
-                let summary = per
-                    .into_iter()
-                    .zip(clocks)
-                    .map(|((mut g, sum, n), (clock, m))| {
-                        g.util = (n > 0).then(|| sum / f64::from(n));
-                        g.sm_clock_mhz = (m > 0).then(|| clock / f64::from(m));
-                        g
-                    })
-                    .collect();
-                done = Some((self.second * NS_PER_SEC, summary));
-            }
-            self.second = second;
-            self.per.clear();
-            self.clocks.clear();
-        }
+        let done = self.roll(ts_ns / NS_PER_SEC);
         for r in readings {
-            let at = match self.per.iter().position(|(g, _, _)| g.index == r.index) {
-                Some(i) => i,
-                None => {
-                    self.per.push((GpuSecond { index: r.index, ..Default::default() }, 0.0, 0));
-                    self.clocks.push((0.0, 0));
-                    self.per.len() - 1
-                }
-            };
+            let at = self.slot(r.index);
             let (g, sum, n) = &mut self.per[at];
             g.polls += 1;
             if let Some(u) = r.util {
@@ -248,6 +222,58 @@ impl Seconds {
             if r.gpm.is_some() {
                 g.gpm = r.gpm;
             }
+        }
+        done
+    }
+
+    /// Adds one utilisation reading of GPU `index` taken at `ts_ns` (NVML's own samples, read a
+    /// second at a time: `gpu::nvml::samples`), in time order; returns the summary of the second
+    /// before when it begins a new one. A reading of a second already summed is dropped.
+    pub fn add_util(&mut self, ts_ns: u64, index: u32, util: f64) -> Option<(u64, Vec<GpuSecond>)> {
+        let second = ts_ns / NS_PER_SEC;
+        if second < self.second {
+            return None;
+        }
+        let done = self.roll(second);
+        let at = self.slot(index);
+        self.per[at].1 += util;
+        self.per[at].2 += 1;
+        done
+    }
+
+    /// The position of GPU `index` in this second's sums.
+    fn slot(&mut self, index: u32) -> usize {
+        match self.per.iter().position(|(g, _, _)| g.index == index) {
+            Some(i) => i,
+            None => {
+                self.per.push((GpuSecond { index, ..Default::default() }, 0.0, 0));
+                self.clocks.push((0.0, 0));
+                self.per.len() - 1
+            }
+        }
+    }
+
+    /// Moves to `second`; the summary of the one before when it ends now.
+    fn roll(&mut self, second: u64) -> Option<(u64, Vec<GpuSecond>)> {
+        let mut done = None;
+        if second != self.second {
+            if self.second != 0 {
+                let per = std::mem::take(&mut self.per);
+                let clocks = std::mem::take(&mut self.clocks);
+                let summary = per
+                    .into_iter()
+                    .zip(clocks)
+                    .map(|((mut g, sum, n), (clock, m))| {
+                        g.util = (n > 0).then(|| sum / f64::from(n));
+                        g.sm_clock_mhz = (m > 0).then(|| clock / f64::from(m));
+                        g
+                    })
+                    .collect();
+                done = Some((self.second * NS_PER_SEC, summary));
+            }
+            self.second = second;
+            self.per.clear();
+            self.clocks.clear();
         }
         done
     }
@@ -291,5 +317,27 @@ mod tests {
         assert_eq!((done[0].polls, done[0].slowed_polls, done[0].reasons), (3, 1, 0x44));
         assert_eq!(done[0].holders, vec![812]);
         assert_eq!(done[0].sm_clock_mhz, None, "not read");
+    }
+
+    #[test]
+    fn nvmls_samples_fold_into_the_second_they_were_taken_in() {
+        let mut s = Seconds::default();
+        let t = 1_795_000_000 * NS_PER_SEC;
+        // Read at 1.003 s: the samples of second 0, one of second 1, then the wake-up's reading
+        // (clocks, reasons, holders: its utilisation is the samples').
+        for (ms, u) in [(0, 10.0), (167, 20.0), (333, 30.0), (500, 40.0), (667, 50.0), (833, 60.0)] {
+            assert_eq!(s.add_util(t + ms * 1_000_000, 0, u), None);
+        }
+        let (start, done) = s.add_util(t + NS_PER_SEC, 0, 90.0).expect("second 0 ended");
+        assert_eq!((start, done[0].util, done[0].polls), (t, Some(35.0), 0));
+        let mut once = reading(20.0, 0x40);
+        once.util = None;
+        assert_eq!(s.add(t + NS_PER_SEC + 3_000_000, &[once]), None);
+        // A sample of second 0 handed over late changes nothing summed.
+        assert_eq!(s.add_util(t + 900_000_000, 0, 0.0), None);
+        assert_eq!(s.add_util(t + 1_167_000_000, 0, 70.0), None);
+        let (_, done) = s.add_util(t + 2 * NS_PER_SEC, 0, 0.0).expect("second 1 ended");
+        assert_eq!(done[0].util, Some(80.0));
+        assert_eq!((done[0].polls, done[0].slowed_polls, done[0].holders.clone()), (1, 1, vec![812]));
     }
 }

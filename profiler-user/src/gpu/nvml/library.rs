@@ -15,7 +15,10 @@ use nvml_wrapper::{
     error::NvmlError,
 };
 
-use super::GpuError;
+use super::{
+    GpuError,
+    samples::{Kind, Sampled, Sampler},
+};
 use crate::gpu_readings::{
     GpuInfo, Holder, Inventory, Reading, RowRemap,
     inventory::{local_cpus, short_bus_id},
@@ -43,6 +46,8 @@ pub struct Source {
     /// is a call like any other: one a GPU a poll was a fifth of the poller's CPU with the
     /// stand-in (`cargo xtask bench nvml`).
     devices: Vec<Option<Device<'static>>>,
+    /// NVML's own utilisation samples, while they are read (`read_samples`) rather than polled.
+    sampler: Option<Sampler>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -91,6 +96,7 @@ impl Source {
             slow: vec![Slow::default(); count as usize],
             gpm: super::gpm::Sampler::new(count),
             devices: (0..count).map(|_| None).collect(),
+            sampler: Some(Sampler::new(count, crate::timespec::now_ns())),
         })
     }
 
@@ -148,7 +154,14 @@ impl Source {
             gpus.push(GpuInfo { index, model, uuid, bus_id, local_cpus, irq_cpus, processes: Vec::new() });
         }
         let unavailable = gpus.is_empty().then(|| format!("{library} loaded, but it lists no GPU"));
-        Inventory { library: library.into(), unavailable, driver, gpus, unsupported: self.unsupported() }
+        Inventory {
+            library: library.into(),
+            unavailable,
+            driver,
+            gpus,
+            unsupported: self.unsupported(),
+            utilisation: None,
+        }
     }
 
     /// Calls that failed for good, as `gpu N: call`.
@@ -172,7 +185,10 @@ impl Source {
             let Some(d) = slot.as_ref() else { continue };
             let dead = &mut self.dead;
             let mut r = Reading { index, ..Default::default() };
-            if let Some(u) = Self::call(dead, index, "utilization_rates", || d.utilization_rates()) {
+            // Read from NVML's samples instead while they are (`read_samples`).
+            if self.sampler.is_none()
+                && let Some(u) = Self::call(dead, index, "utilization_rates", || d.utilization_rates())
+            {
                 r.util = Some(f64::from(u.gpu));
                 r.mem_util = Some(f64::from(u.memory));
             }
@@ -247,6 +263,66 @@ impl Source {
             out.push(r);
         }
         out
+    }
+}
+
+impl Source {
+    /// Whether utilisation comes from NVML's samples (`read_samples`) rather than each `read`.
+    pub fn sampling(&self) -> bool {
+        self.sampler.is_some()
+    }
+
+    /// Utilisation is polled by `read` from now on.
+    pub fn stop_sampling(&mut self) {
+        self.sampler = None;
+    }
+
+    /// NVML's utilisation samples of each GPU in `readings` since the last read, at their times;
+    /// each GPU's newest goes in its reading (`/metrics`). A buffer with nothing new (an idle
+    /// GPU's runs dry) is one `nvmlDeviceGetUtilizationRates` read, at `now_ns`. `Err` says why
+    /// a GPU has no samples at all (a driver without them, a GPU that does not keep them):
+    /// utilisation is then polled (`read`), from this call on.
+    pub fn read_samples(&mut self, readings: &mut [Reading], now_ns: u64) -> Result<Vec<Sampled>, String> {
+        let mut out = Vec::with_capacity(readings.len());
+        for r in readings.iter_mut() {
+            let index = r.index;
+            let (Some(sampler), Some(Some(d))) = (self.sampler.as_mut(), self.devices.get(index as usize)) else {
+                continue;
+            };
+            let util = match sampler.read(self.nvml, d, index, Kind::Gpu) {
+                Ok(read) => {
+                    if let Some(clock) = read.found_clock {
+                        tracing::info!(gpu = index, "NVML's utilisation samples are stamped on {}", clock.describe());
+                    }
+                    read.samples
+                }
+                Err(e) if permanent(&e) => {
+                    self.sampler = None;
+                    return Err(format!("gpu {index}: {e}"));
+                }
+                Err(_) => Vec::new(),
+            };
+            // Memory's buffer is read like the GPU's; without it, the snapshot below gives it.
+            let dead = &mut self.dead;
+            let mem = Self::call(dead, index, "samples(memory)", || sampler.read(self.nvml, d, index, Kind::Memory))
+                .map(|r| r.samples)
+                .unwrap_or_default();
+            let mut got = Sampled { index, util, mem };
+            if (got.util.is_empty() || got.mem.is_empty())
+                && let Some(u) = Self::call(dead, index, "utilization_rates", || d.utilization_rates())
+            {
+                if got.util.is_empty() {
+                    got.util.push((now_ns, f64::from(u.gpu)));
+                }
+                if got.mem.is_empty() {
+                    got.mem.push((now_ns, f64::from(u.memory)));
+                }
+            }
+            r.util = got.util.last().map(|s| s.1);
+            r.mem_util = got.mem.last().map(|s| s.1);
+            out.push(got);
+        }
+        Ok(out)
     }
 }
 

@@ -1,9 +1,11 @@
 //! NVIDIA's management library (NVML), read at run time: the GPUs' counter tracks.
 //! - `library`: the library, opened by path (`libnvidia-ml.so.1` by default, `--nvml-library`);
 //!   every call may be missing or unsupported (a driver, a GPU, a MIG slice) and is then skipped;
-//! - `poll`: the poller thread, every 100 ms by default: counter tracks in the store (a file of
-//!   their own beside the kernel counters', `DATA_DIR/counters/<minute>.gpu.cnt`), the latest
-//!   reading for `/metrics`, and one summary per second for the detectors (`detect::gpu`);
+//! - `poll`: the poller thread, once a second: counter tracks in the store (a file of their own
+//!   beside the kernel counters', `DATA_DIR/counters/<minute>.gpu.cnt`), the latest reading for
+//!   `/metrics`, and one summary per second for the detectors (`detect::gpu`);
+//! - `samples`: NVML's own utilisation samples, read a second at a time (a driver without them
+//!   is polled every 100 ms instead); `timeline`: their ticks on the fast tracks, at their times;
 //! - `holders`: the processes holding each GPU named through the identity module (pod,
 //!   container) for `/metrics` and `profiler status`;
 //! - `demand`: what each holder's busiest thread asked of the CPUs over each second (ran plus
@@ -22,6 +24,8 @@ mod gpm;
 mod holders;
 mod library;
 mod poll;
+mod samples;
+mod timeline;
 
 pub use events::already_raised;
 pub use library::MAX_HOLDERS;

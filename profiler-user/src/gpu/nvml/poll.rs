@@ -1,6 +1,10 @@
-//! The GPU poller: its own thread, every `interval` (100 ms by default) on the wall clock's
-//! multiples, reads every GPU (`library`), appends the readings to the store as counter tracks
-//! (`gpu.<index>.<quantity>`), and shares the latest reading and one summary per second.
+//! The GPU poller: its own thread, once a second on the wall clock's multiples, reads every GPU
+//! (`library`), appends the readings to the store as counter tracks (`gpu.<index>.<quantity>`),
+//! and shares the latest reading and one summary per second. Utilisation comes from NVML's own
+//! samples (`samples`: the driver's, every 1/6 s or so, each at its time on the `interval` grid,
+//! 100 ms by default: `timeline`); a driver without them is polled every `interval` instead, as
+//! before, said once in the log and `profiler status`. A wake-up cost more than all of a poll's
+//! NVML reads on a VM (`cargo xtask bench nvml`, BENCHMARKS.md).
 //! Its own CPU per second is a track too (`profiler.gpu_poll_cpu`, µs) and on `/metrics`.
 //! For a GPU that idled over a second, what its holders' threads asked of the CPUs (`demand`)
 //! and the processes they started (`family`) go with the second's summary: the detectors read
@@ -19,7 +23,14 @@ use std::{
     time::Duration,
 };
 
-use super::{demand::Demand, family::Family, holders::Namer, library::Source};
+use super::{
+    demand::Demand,
+    family::Family,
+    holders::Namer,
+    library::Source,
+    samples::{Sampled, period_ms},
+    timeline::{Timeline, updates},
+};
 use crate::{
     collect::counters::{Point, thread_cpu},
     gpu_readings::{GpuSecond, Inventory, Reading, SECONDS_KEPT, Seconds, Shared},
@@ -27,8 +38,10 @@ use crate::{
     timespec::now_ns,
 };
 
-/// Intervals `[gpu] poll_ms` accepts: NVML's utilisation is itself an average over 1/6 s to 1 s,
-/// and faster polls only cost CPU; slower than 10 s misses the detectors' windows.
+/// Intervals `[gpu] poll_ms` accepts: the grid of the fast tracks' points (NVML's samples' times,
+/// or the polls of a driver without them). NVML's utilisation is itself an average over 1/6 s to
+/// 1 s, and a finer grid only costs points; slower than 10 s misses the detectors' windows. At
+/// 1 s or more utilisation is polled (samples give nothing finer).
 pub const POLL_MS: std::ops::RangeInclusive<u64> = 10..=10_000;
 
 pub struct Poller {
@@ -76,6 +89,16 @@ impl Poller {
             return None;
         }
         let models: Vec<String> = inv.gpus.iter().map(|g| format!("{} {}", g.index, g.model)).collect();
+        // NVML's samples give nothing finer than a grid of a second or more.
+        if self.interval >= Duration::from_secs(1) {
+            source.stop_sampling();
+        }
+        let mut inv = inv;
+        inv.utilisation = Some(if source.sampling() {
+            format!("{SAMPLED}, on a {} ms grid", self.interval.as_millis())
+        } else {
+            format!("polled every {} ms", self.interval.as_millis())
+        });
         tracing::info!(
             library = %self.library,
             driver = inv.driver.as_deref().unwrap_or("unknown"),
@@ -140,15 +163,47 @@ impl Poller {
         // The thread's CPU at the end of the last poll: a poll's cost is from there to its end,
         // the sleep and the wakeup included (a tenth of a poll's cost on a VM).
         let mut cpu_before = thread_cpu();
+        // The fast tracks' ticks while they come from NVML's samples.
+        let mut timeline = Timeline::new(step);
+        let mut period_said = false;
         while !self.stop.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_nanos(step - now_ns() % step));
+            let wake = if source.sampling() { NS_PER_SEC } else { step };
+            std::thread::sleep(Duration::from_nanos(wake - now_ns() % wake));
             let ts_ns = now_ns();
-            // The first poll of each second also reads processes and ECC counts.
-            let slow = acc.second != ts_ns / NS_PER_SEC;
+            // The first poll of each second (every one while sampling) also reads processes, ECC
+            // counts, GPM.
+            let slow = source.sampling() || acc.second != ts_ns / NS_PER_SEC;
             let mut readings = source.read(slow);
+            let sampled = if source.sampling() {
+                match source.read_samples(&mut readings, ts_ns) {
+                    Ok(s) => Some(s),
+                    Err(why) => {
+                        tracing::info!(
+                            "GPU utilisation polled every {} ms: NVML gives no utilisation samples here ({why})",
+                            step / 1_000_000
+                        );
+                        self.say_utilisation(format!("polled every {} ms (no NVML samples: {why})", step / 1_000_000));
+                        // This poll has no utilisation; the next, `interval` later, reads it.
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            if let Some(period) = sampled.as_ref().filter(|_| !period_said).and_then(|s| period_ms(&s.first()?.util)) {
+                period_said = true;
+                self.say_utilisation(format!("{SAMPLED}, one every {period} ms, on a {} ms grid", step / 1_000_000));
+            }
             namer.name(&mut readings, slow);
             self.record_xids(&mut source, ts_ns);
-            let mut written = fast_writer.append(ts_ns, fast.of(&readings));
+            let mut written = match &sampled {
+                Some(batch) => {
+                    timeline.add(updates(batch, &readings, ts_ns, &timeline.gpus()));
+                    let ticks = timeline.drain(ts_ns, |t, state| fast_writer.append(t, fast.of(state)));
+                    ticks.and_then(|()| fast_writer.flush())
+                }
+                None => fast_writer.append(ts_ns, fast.of(&readings)),
+            };
             let mut slow_points = if slow { points(&readings).1 } else { Vec::new() };
             if slow {
                 if acc.second != 0 {
@@ -170,9 +225,9 @@ impl Poller {
                 }
                 Err(_) => {}
             }
-            let mut done = acc.add(ts_ns, &readings);
+            let mut done = fold(&mut acc, ts_ns, &readings, sampled.as_deref());
             // Read at each second's first poll, it covers the second `acc` ends now.
-            if let Some((_, gpus)) = done.as_mut() {
+            for (_, gpus) in done.iter_mut() {
                 let idle = idle_holders(gpus, self.idle_below);
                 let started = family.read(&idle);
                 // The workers' demand too: workers competing for CPUs get a third of a core
@@ -195,7 +250,7 @@ impl Poller {
             s.latest = readings;
             s.polls += 1;
             s.poll_cpu_seconds += cost;
-            if let Some(done) = done {
+            for done in done {
                 s.seconds.push_back(done);
                 while s.seconds.len() > SECONDS_KEPT {
                     s.seconds.pop_front();
@@ -223,6 +278,39 @@ impl Poller {
             }
         }
     }
+}
+
+/// How `profiler status` says utilisation is read while NVML's samples are.
+const SAMPLED: &str = "NVML's own samples, read once a second";
+
+impl Poller {
+    /// Says in `profiler status` how utilisation is read now.
+    fn say_utilisation(&self, how: String) {
+        let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        s.inventory.utilisation = Some(how);
+        let inv = s.inventory.clone();
+        drop(s);
+        let _ = inv.write(&self.data_dir);
+    }
+}
+
+/// Adds a poll to the per-second summaries: its readings, or, while NVML's samples are read,
+/// the samples at their times (utilisation) and the readings for the rest. The summaries of the
+/// seconds that ended (one, or more after a late wake-up).
+fn fold(
+    acc: &mut Seconds,
+    ts_ns: u64,
+    readings: &[Reading],
+    sampled: Option<&[Sampled]>,
+) -> Vec<(u64, Vec<GpuSecond>)> {
+    let Some(sampled) = sampled else { return acc.add(ts_ns, readings).into_iter().collect() };
+    let mut utils: Vec<(u64, u32, f64)> =
+        sampled.iter().flat_map(|g| g.util.iter().map(move |&(t, v)| (t, g.index, v))).collect();
+    utils.sort_by_key(|u| u.0);
+    let mut done: Vec<_> = utils.into_iter().filter_map(|(t, gpu, v)| acc.add_util(t, gpu, v)).collect();
+    let rest: Vec<Reading> = readings.iter().map(|r| Reading { util: None, ..r.clone() }).collect();
+    done.extend(acc.add(ts_ns, &rest));
+    done
 }
 
 /// Every process holding a GPU that idled over the second (below `idle_below` %), once.
