@@ -228,8 +228,12 @@ pub struct FilterArgs {
     /// file systems), sleep (futex, poll, pipe or socket reads, nanosleep), runnable (preempted,
     /// waiting for a CPU), the stacks' `[off-cpu: STATE]` root frame; or on this: lock (futex,
     /// kernel mutex), poll (poll/select/epoll), pipe, socket, timer (nanosleep), file (file
-    /// systems, block devices), other, their `[wait: ON]` second frame.
-    #[arg(long, value_name = "io|sleep|runnable|lock|poll|pipe|socket|timer|file|other", conflicts_with = "function")]
+    /// systems, block devices), child (wait4), other, their `[wait: ON]` second frame.
+    #[arg(
+        long,
+        value_name = "io|sleep|runnable|lock|poll|pipe|socket|timer|file|child|other",
+        conflicts_with = "function"
+    )]
     pub state: Option<profiler::offcpu::StateFilter>,
 }
 

@@ -21,13 +21,15 @@ pub enum WaitOn {
     Timer,
     /// A file system or block device: reads, writes, page faults on files, syncs.
     File,
+    /// wait4/waitid: a parent waiting for a child to exit (shells, supervisors, launchers).
+    Child,
     /// Anything else (a kernel stack none of the above names).
     Other,
 }
 
 impl WaitOn {
-    pub const ALL: [WaitOn; 7] =
-        [Self::Lock, Self::Poll, Self::Pipe, Self::Socket, Self::Timer, Self::File, Self::Other];
+    pub const ALL: [WaitOn; 8] =
+        [Self::Lock, Self::Poll, Self::Pipe, Self::Socket, Self::Timer, Self::File, Self::Child, Self::Other];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +39,7 @@ impl WaitOn {
             Self::Socket => "socket",
             Self::Timer => "timer",
             Self::File => "file",
+            Self::Child => "child",
             Self::Other => "other",
         }
     }
@@ -50,6 +53,7 @@ impl WaitOn {
             Self::Socket => "[wait: socket]",
             Self::Timer => "[wait: timer]",
             Self::File => "[wait: file]",
+            Self::Child => "[wait: child]",
             Self::Other => "[wait: other]",
         }
     }
@@ -100,6 +104,8 @@ impl WaitOn {
             Some(Self::Timer)
         } else if any(&FILE) {
             Some(Self::File)
+        } else if any(&["do_wait", "kernel_wait", "__do_sys_wait"]) {
+            Some(Self::Child)
         } else {
             None
         }
@@ -184,7 +190,8 @@ mod tests {
         assert_eq!(on(&["blkdev_read_iter", "submit_bio_wait", "io_schedule"]), WaitOn::File);
         // A pipe read waiting for the pipe's mutex waits on a lock.
         assert_eq!(on(&["vfs_read", "anon_pipe_read", "__mutex_lock", "schedule_preempt_disabled"]), WaitOn::Lock);
-        assert_eq!(on(&["do_wait", "schedule"]), WaitOn::Other);
+        assert_eq!(on(&["kernel_wait4", "do_wait", "schedule"]), WaitOn::Child);
+        assert_eq!(on(&["do_signal_stop", "schedule"]), WaitOn::Other);
         assert_eq!(on(&[]), WaitOn::Other);
     }
 
