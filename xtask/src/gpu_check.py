@@ -10,7 +10,9 @@ It runs the daemon, then a PyTorch job in two phases, each a process of its own 
                (the GPU waits for batches);
   gpu-bound:   large matrix products back to back.
 It prints, per phase, the daemon's mean GPU utilisation beside nvidia-smi's over the same
-seconds, the findings that began in it (gpu-starved expected in the first, none in the second),
+seconds (issue 41: the daemon reads NVML's own samples, nvmlDeviceGetSamples, once a second; the
+track's median gap between points says whether it kept their sub-second times, and status how
+the daemon reads utilisation: a point off its time or on the wrong clock leaves the phase), the findings that began in it (gpu-starved expected in the first, none in the second),
 the daemon's CPU and peak RSS (VmHWM), and keeps /metrics lines about unwinding, stack ends and
 memory. Then the CUDA probes (issue 27), on a GPU only: a launch-bound loop of small kernels,
 whose launches per step the daemon counts beside torch.profiler's `cudaLaunchKernel` events over
@@ -602,9 +604,11 @@ def check(a, daemon, data, lib, port, started):
         t0, t1 = r["start"], r["end"]
         c = json.loads(profiler(["counters", "--from", iso(t0), "--to", iso(t1), "--name", "gpu.*.util",
                                  "--format", "json"], prof, data))
-        pts = [p[1] for t in c["tracks"] if t["name"] == "gpu.0.util" for p in t["points"]]
+        stamped = [p for t in c["tracks"] if t["name"] == "gpu.0.util" for p in t["points"]]
+        pts = [p[1] for p in stamped]
         r["daemon_util"] = sum(pts) / len(pts) if pts else None
         r["daemon_points"] = len(pts)
+        r["util_gap_ms"] = median_gap_ms(stamped)
         r["smi_util"] = smi.mean(t0, t1)
         r["smi_samples"] = len([1 for t, _ in smi.samples if t0 <= t < t1])
         f = json.loads(profiler(["findings", "--from", iso(r["job_start"]), "--to", iso(t1 + 4), "--format", "json"], prof, data))
@@ -614,7 +618,8 @@ def check(a, daemon, data, lib, port, started):
         diff = abs(d - s) if d is not None and s is not None else None
         r["diff"] = diff
         kinds = sorted({x["kind"] for x in r["findings"]})
-        report.append(f"{r['phase']:<12} daemon GPU util {fmt(d)} ({r['daemon_points']} points)  nvidia-smi {fmt(s)} "
+        report.append(f"{r['phase']:<12} daemon GPU util {fmt(d)} ({r['daemon_points']} points, median gap "
+                      f"{fmt(r['util_gap_ms'], ' ms')})  nvidia-smi {fmt(s)} "
                       f"({r['smi_samples']} samples)  diff {fmt(diff, '')}  findings: {', '.join(kinds) or 'none'}")
         for x in r["findings"]:
             report.append(f"             {x['kind']}: {x['summary']}")
@@ -624,6 +629,12 @@ def check(a, daemon, data, lib, port, started):
             r["gpm_ok"] = ok_gpm
             report.append(f"             GPM and PCIe tracks against nvidia-smi dmon: {ok_gpm}")
             report.extend("           " + l for l in lines)
+    # Issue 41: utilisation from NVML's own samples (nvmlDeviceGetSamples), read once a second:
+    # how the daemon says it reads them, and whether the track kept its sub-second points.
+    how = (json.loads(profiler(["status", "--format", "json"], prof, data)).get("gpus") or {}).get("utilisation")
+    gaps = [r["util_gap_ms"] for r in results if r["util_gap_ms"] is not None]
+    sub_second = bool(gaps) and max(gaps) < 1000
+    report.append(f"utilisation from {how}; sub-second points (median gap < 1000 ms in each phase) {sub_second}")
     hwm = vm_hwm_mib(daemon.pid)
     report.append(f"daemon CPU {cpu:.2f} s over {wall:.0f} s ({100 * cpu / wall:.2f} % of one core), peak RSS (VmHWM) {hwm:.1f} MiB")
     try:
@@ -636,7 +647,8 @@ def check(a, daemon, data, lib, port, started):
     ok = [r["diff"] is not None and r["diff"] <= 5 for r in results]
     starved = any(x["kind"] == "gpu-starved" for x in results[0]["findings"])
     gpu_quiet = not any(x["kind"].startswith("gpu-") for x in results[1]["findings"])
-    report.append(f"verdict: util within 5 points {ok}; gpu-starved in input-bound {starved}; no GPU finding in gpu-bound {gpu_quiet}")
+    report.append(f"verdict: util within 5 points {ok}; gpu-starved in input-bound {starved}; no GPU finding in gpu-bound {gpu_quiet}; "
+                  f"sub-second utilisation {sub_second}")
     cuda_ok = shared_ok = True
     gpm_ok = all(r.get("gpm_ok", True) for r in results)
     if not a.standin:
@@ -651,7 +663,7 @@ def check(a, daemon, data, lib, port, started):
     open(os.path.join(a.out, "report.txt"), "w").write(text + "\n")
     json.dump({"phases": results, "daemon_cpu_s": cpu, "wall_s": wall, "vm_hwm_mib": hwm, "gpus": json.loads(profiler(["status", "--format", "json"], prof, data)).get("gpus")},
               open(os.path.join(a.out, "summary.json"), "w"), indent=1)
-    return 0 if all(ok) and starved and gpu_quiet and cuda_ok and shared_ok and gpm_ok else 1
+    return 0 if all(ok) and starved and gpu_quiet and sub_second and cuda_ok and shared_ok and gpm_ok else 1
 
 
 # Frames a thread's stack starts at: the process's entry or a thread's (a libc without symbols
@@ -773,6 +785,12 @@ def check_cuda(a, prof, data):
     status = json.loads(profiler(["status", "--format", "json"], prof, data)).get("cuda") or {}
     lines.append(f"cuda probes: {json.dumps(status.get('libraries'))}")
     return within, lines
+
+
+def median_gap_ms(points):
+    """The median gap between a track's points ([unix ms, value] pairs), ms; None under three."""
+    gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:]))
+    return gaps[len(gaps) // 2] if len(gaps) >= 2 else None
 
 
 def fmt(v, unit=" %"):

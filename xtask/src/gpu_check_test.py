@@ -167,6 +167,12 @@ python3;train (loop.py:9);[gpu] graph 10
         self.assertFalse(g.names_share(g.parse_folded(many_unnamed), torch)["ok"])
         self.assertFalse(g.names_share([], torch)["ok"])
 
+    def test_median_gap_of_a_tracks_points(self):
+        # NVML's samples every 1/6 s on a 100 ms grid: gaps of 100 and 200 ms.
+        pts = [[t, 50.0] for t in (0, 100, 300, 500, 600, 800, 1000)]
+        self.assertEqual(g.median_gap_ms(pts), 200)
+        self.assertIsNone(g.median_gap_ms(pts[:2]))
+
     def test_kernel_base(self):
         self.assertEqual(g.kernel_base("void at::native::foo<4, int>(int, float)"), "at::native::foo")
         self.assertEqual(g.kernel_base("ampere_sgemm_128x64_tn"), "ampere_sgemm_128x64_tn")
