@@ -235,3 +235,45 @@ pub fn ship_for(data: &[PathBuf], secs: u64, start: impl FnMut(usize) -> crate::
     }
     (a, b)
 }
+
+/// A JSON integer as ClickHouse writes a 64-bit one (18.16 and chdb quote them by default).
+pub fn json_u64(v: &serde_json::Value) -> u64 {
+    v.as_str().map_or_else(|| v.as_u64().expect("an integer"), |s| s.parse().expect("an integer"))
+}
+
+/// Every stack of database `db` as text, assembled from the frames dictionary (`stack_frames`
+/// and `frames`, one row per id whatever merges have done yet): frame names root first and
+/// kernel flags, by stack id. A frame a stack names that `frames` lacks is a panic.
+pub fn stacks_as_text(ch: &ClickHouse, db: &str) -> std::collections::BTreeMap<u64, (Vec<String>, Vec<u8>)> {
+    stacks_as_text_in(ch, &format!("{db}.frames"), &format!("{db}.stack_frames"))
+}
+
+/// [`stacks_as_text`] of the tables named (a shard's `_local` ones).
+pub fn stacks_as_text_in(
+    ch: &ClickHouse,
+    frames: &str,
+    stack_frames: &str,
+) -> std::collections::BTreeMap<u64, (Vec<String>, Vec<u8>)> {
+    let rows = |sql: String| -> Vec<serde_json::Value> {
+        let answer = ch.query(&format!("{sql} FORMAT JSONEachRow")).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        answer.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let names: std::collections::HashMap<u64, String> =
+        rows(format!("SELECT frame_id, any(name) AS name FROM {frames} GROUP BY frame_id"))
+            .iter()
+            .map(|v| (json_u64(&v["frame_id"]), v["name"].as_str().unwrap().to_string()))
+            .collect();
+    let sql =
+        format!("SELECT stack_id, any(frame_ids) AS ids, any(kernel) AS kernel FROM {stack_frames} GROUP BY stack_id");
+    rows(sql)
+        .iter()
+        .map(|v| {
+            let id = json_u64(&v["stack_id"]);
+            let frames = v["ids"].as_array().unwrap().iter().map(|f| {
+                names.get(&json_u64(f)).cloned().unwrap_or_else(|| panic!("frame {f} of stack {id} is not in frames"))
+            });
+            let kernel = v["kernel"].as_array().unwrap().iter().map(|k| k.as_u64().unwrap() as u8);
+            (id, (frames.collect(), kernel.collect()))
+        })
+        .collect()
+}

@@ -14,14 +14,17 @@ use std::{
 
 use integration_tests::{
     Daemon, Kill,
-    clickhouse::{self, ClickHouse, cursor_ns, wait_shipped},
+    clickhouse::{self, ClickHouse, cursor_ns, json_u64, stacks_as_text, wait_shipped},
     folded_window, helper_bin, now_secs,
     nvml::{StandIn, h100},
     privileged, profiler, skip, wait_for,
 };
 use profiler::{
     query::{Filter, Window, fold_names_with, for_each_sample},
-    ship::{Stats, clickhouse::schema},
+    ship::{
+        Stats,
+        clickhouse::{frames::frame_id, schema},
+    },
     store::Store,
 };
 
@@ -60,27 +63,28 @@ fn ch_counts(ch: &ClickHouse, a: u64, b: u64) -> (BTreeMap<(u32, String), u64>, 
     (counts, ch.number(&format!("SELECT count() FROM profiler.samples WHERE {}", range(a, b))))
 }
 
-/// Folded stacks of `[a, b)` as ClickHouse answers them: samples joined with the stack
-/// dictionary (one row per stack id whatever merges have done yet).
+/// Samples of `[a, b)` summed by (comm, stack) in ClickHouse.
 fn folded_sql(db: &str, node_range: &str) -> String {
     format!(
-        "SELECT comm, frames, kernel, sum(count) AS n FROM {db}.samples ANY LEFT JOIN \
-         (SELECT stack_id, any(frames) AS frames, any(kernel) AS kernel FROM {db}.stacks GROUP BY stack_id) AS s \
-         USING stack_id WHERE {node_range} GROUP BY comm, frames, kernel FORMAT JSONEachRow"
+        "SELECT comm, stack_id, sum(count) AS n FROM {db}.samples WHERE {node_range} GROUP BY comm, stack_id \
+         FORMAT JSONEachRow"
     )
 }
 
+/// Folded stacks of `[a, b)` as ClickHouse holds them: the sums by stack, each stack's text
+/// assembled from the frames dictionary (`stacks_as_text`).
 fn ch_folded(ch: &ClickHouse, a: u64, b: u64) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
+    let stacks = stacks_as_text(ch, "profiler");
     for line in ch.query(&folded_sql("profiler", &range(a, b))).unwrap().lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         // As the store folds: a Python frame once per function, without the line it ran (a
         // Python process elsewhere on the machine may be sampled in the window).
-        let kernel = v["kernel"].as_array().unwrap();
-        let frames = v["frames"].as_array().unwrap().iter().zip(kernel);
+        let id = json_u64(&v["stack_id"]);
+        let (frames, kernel) = stacks.get(&id).unwrap_or_else(|| panic!("stack {id} is not in stack_frames"));
         let folded = fold_names_with(
             v["comm"].as_str().unwrap(),
-            frames.map(|(f, k)| (f.as_str().unwrap(), k.as_u64() == Some(1))),
+            frames.iter().zip(kernel).map(|(f, k)| (f.as_str(), *k == 1)),
             false,
         );
         let n = v["n"].as_str().map_or_else(|| v["n"].as_u64().unwrap(), |s| s.parse().unwrap());
@@ -104,9 +108,16 @@ fn assert_caught_up(ch: &ClickHouse, data: &Path, what: &str) {
     let (remote, remote_rows) = ch_counts(ch, 1, to);
     assert_eq!(duplicates(ch), 0, "{what}: samples shipped twice");
     let orphans = ch.number(&format!(
-        "SELECT count() FROM profiler.samples WHERE node = '{NODE}' AND stack_id NOT IN (SELECT stack_id FROM profiler.stacks)"
+        "SELECT count() FROM profiler.samples WHERE node = '{NODE}' AND stack_id NOT IN \
+         (SELECT stack_id FROM profiler.stack_frames)"
     ));
-    assert_eq!(orphans, 0, "{what}: samples whose stack is not in the stacks table");
+    assert_eq!(orphans, 0, "{what}: samples whose stack is not in the stack_frames table");
+    let frameless = ch.number(
+        "SELECT count() FROM profiler.stack_frames ARRAY JOIN frame_ids AS f WHERE f NOT IN \
+         (SELECT frame_id FROM profiler.frames)",
+    );
+    assert_eq!(frameless, 0, "{what}: stacks naming a frame that is not in the frames table");
+    assert_eq!(ch.number("SELECT count() FROM profiler.stacks"), 0, "{what}: nothing written as text");
     assert_eq!(remote, local, "{what}: per (CPU, comm) counts up to {}", to / SEC);
     assert_eq!(remote_rows, local_rows, "{what}: rows up to {}", to / SEC);
     eprintln!("{what}: {local_rows} rows up to {} match exactly", to / SEC);
@@ -274,18 +285,30 @@ fn counter_tracks_gpu_and_kernel_reach_clickhouse_as_the_store_has_them() {
 fn schema_and_folded_query_run_on_current_clickhouse() {
     let mut statements =
         schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800), codecs: true });
-    statements.push(
-        "INSERT INTO p.stacks VALUES (7, ['main', 'do_syscall_64'], [0, 1]), (7, ['main', 'do_syscall_64'], [0, 1])"
-            .into(),
-    );
+    let (main, sys) = (frame_id("main"), frame_id("do_syscall_64"));
+    // A stack and a frame sent twice (two nodes of a shard): one row each is read.
+    statements
+        .push(format!("INSERT INTO p.stack_frames VALUES (7, [{main}, {sys}], [0, 1]), (7, [{main}, {sys}], [0, 1])"));
+    statements
+        .push(format!("INSERT INTO p.frames VALUES ({main}, 'main'), ({sys}, 'do_syscall_64'), ({main}, 'main')"));
     // A row of now: the table's TTL (7 days) may drop an older one in a background merge before
     // the query (a row at ts 5, 1970, came back empty on one run out of many).
     let ts = now_secs() as u64 * SEC;
     statements.push(format!("INSERT INTO p.samples VALUES ('{NODE}', {ts}, 1, 2, 3, 'bash', 7, '', 4)"));
     statements.push(folded_sql("p", &range(ts - 5 * SEC, ts + 5 * SEC)).replace(" FORMAT JSONEachRow", " FORMAT TSV"));
+    // What the fleet's reads ask (`fleet::stack_text`).
+    statements.push("SELECT stack_id, any(frame_ids), any(kernel) FROM p.stack_frames WHERE stack_id IN (7) GROUP BY stack_id FORMAT TSV".into());
+    statements.push(format!(
+        "SELECT frame_id, any(name) FROM p.frames WHERE frame_id IN ({main}, {sys}) GROUP BY frame_id ORDER BY frame_id FORMAT TSV"
+    ));
     let Some(answers) = clickhouse::chdb(&statements) else { return };
-    let answer = answers.last().unwrap();
-    assert_eq!(answer.trim(), "bash\t['main','do_syscall_64']\t[0,1]\t4", "the folded query on chdb");
+    let n = answers.len();
+    assert_eq!(answers[n - 3].trim(), "bash\t7\t4", "the folded query on chdb");
+    assert_eq!(answers[n - 2].trim(), format!("7\t[{main},{sys}]\t[0,1]"), "a stack as frame ids");
+    let mut names = [(main, "main"), (sys, "do_syscall_64")];
+    names.sort();
+    let want: Vec<String> = names.iter().map(|(id, n)| format!("{id}\t{n}")).collect();
+    assert_eq!(answers[n - 1].trim(), want.join("\n"), "each frame once");
 }
 
 /// A store written directly (no BPF, no root): `cpus` CPUs at 50 Hz for `secs` that ended 30 s

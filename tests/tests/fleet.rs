@@ -72,10 +72,15 @@ fn same_report(data: &Path, url: &str, node: &str, out: &Path, window: &[&str]) 
 }
 
 fn same_answer(data: &Path, url: &str, node: &str, args: &[&str]) -> Vec<u8> {
+    same_answer_in(data, url, "profiler", node, args)
+}
+
+/// [`same_answer`], reading ClickHouse's database `db`.
+fn same_answer_in(data: &Path, url: &str, db: &str, node: &str, args: &[&str]) -> Vec<u8> {
     let dir = data.to_str().unwrap();
     let (mut local, mut fleet) = (args.to_vec(), args.to_vec());
     local.extend(["--data-dir", dir]);
-    fleet.extend(["--clickhouse", url, "--node", node]);
+    fleet.extend(["--clickhouse", url, "--database", db, "--node", node]);
     let out_file = args.iter().position(|&a| a == "-o").map(|i| args[i + 1].to_string());
     let answer = |cmd: &[&str]| {
         let stdout = run(cmd);
@@ -194,6 +199,20 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
     let report = tmp.path().join("report.html");
     same_report(&data, &url, node, &report, &w);
     eprintln!("[{a}, {b}): {} folded lines and every read command alike", folded.lines().count());
+
+    // A server that daemons from before the frames dictionary shipped to holds stacks as text
+    // (`stacks`): the reads answer alike from it, and from one holding some stacks each way.
+    let (text, ids) = old_style_copy(&ch, "old");
+    eprintln!("database old: {text} stacks as text, {ids} as frame ids");
+    for args in [
+        &["flamegraph", "--format", "folded"][..],
+        &["flamegraph", "--format", "folded", "--function", "profiler_test_hot_loop"],
+        &["cputime", "--format", "json"],
+        &["heatmap", "--format", "json", "--function", "profiler_test_hot_loop"],
+        &["export", "--format", "perf-script"],
+    ] {
+        same_answer_in(&data, &url, "old", node, &[args, &w].concat());
+    }
 
     // A read bounded in rows: the heaviest come, the rest is summed as one line, said so.
     {
@@ -476,6 +495,8 @@ fn copy_into(chdb: &ChdbServer, ch: &ClickHouse) {
     let tables = [
         schema::NODES,
         schema::STACKS,
+        schema::STACK_FRAMES,
+        schema::FRAME_DICT,
         schema::STACK_LOCATIONS,
         schema::FINDINGS,
         schema::EVENTS,
@@ -485,6 +506,47 @@ fn copy_into(chdb: &ChdbServer, ch: &ClickHouse) {
         schema::CUDA_SAMPLES,
     ];
     chdb.copy_of(ch, &schema::statements(&layout), &tables);
+}
+
+/// Database `db` as a server that daemons of both kinds shipped to holds it: this test's rows
+/// (`profiler`), its stacks with an even id as text in `stacks` (what daemons before the frames
+/// dictionary wrote), the others as frame ids. (Stacks as text, as frame ids.)
+fn old_style_copy(ch: &ClickHouse, db: &str) -> (usize, usize) {
+    use profiler::ship::clickhouse::{schema, track_rollups};
+    let layout = schema::Layout { database: db, cluster: None, ttl_secs: None, codecs: false };
+    for q in schema::statements(&layout).into_iter().chain(track_rollups::statements(&layout, 86_400)) {
+        ch.query(&q).unwrap_or_else(|e| panic!("{q}: {e}"));
+    }
+    let rows = [
+        schema::NODES,
+        schema::STACK_LOCATIONS,
+        schema::FINDINGS,
+        schema::EVENTS,
+        schema::CPU_SECONDS,
+        schema::COUNTERS,
+        schema::CUDA_SAMPLES,
+        schema::FRAME_DICT,
+        schema::SAMPLES,
+    ];
+    for t in rows {
+        ch.query(&format!("INSERT INTO {db}.{t} SELECT * FROM profiler.{t}")).unwrap();
+    }
+    ch.query(&format!("INSERT INTO {db}.stack_frames SELECT * FROM profiler.stack_frames WHERE stack_id % 2 = 1"))
+        .unwrap();
+    let stacks = integration_tests::clickhouse::stacks_as_text(ch, "profiler");
+    let old: Vec<String> = stacks
+        .iter()
+        .filter(|(id, _)| *id % 2 == 0)
+        .map(|(id, (frames, kernel))| {
+            let frames: Vec<String> = frames.iter().map(|f| schema::quote_str(f)).collect();
+            let kernel: Vec<String> = kernel.iter().map(u8::to_string).collect();
+            format!("({id}, [{}], [{}])", frames.join(", "), kernel.join(", "))
+        })
+        .collect();
+    ch.query(&format!("INSERT INTO {db}.stacks VALUES {}", old.join(", "))).unwrap();
+    let counts = (old.len(), stacks.len() - old.len());
+    assert!(counts.0 > 0 && counts.1 > 0, "stacks each way: {counts:?}");
+    counts
 }
 
 /// The statements of the schema the big node is made in (no codecs: 18.16).

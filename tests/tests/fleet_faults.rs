@@ -196,9 +196,9 @@ fn assert_exact(ch: &ClickHouse, table: &str, node: &str, data: &Path) -> u64 {
     assert_eq!(remote_rows, local_rows, "{node}: rows before {}", to / SEC);
     let orphans = ch.number(&format!(
         "SELECT count() FROM profiler.{table} WHERE node = '{node}' AND stack_id GLOBAL NOT IN \
-         (SELECT stack_id FROM profiler.stacks)"
+         (SELECT stack_id FROM profiler.stack_frames)"
     ));
-    assert_eq!(orphans, 0, "{node}: samples whose stack is not in `stacks`");
+    assert_eq!(orphans, 0, "{node}: samples whose stack is not in `stack_frames`");
     local_rows
 }
 
@@ -299,10 +299,14 @@ fn a_stopped_shard_loses_and_duplicates_nothing_and_the_other_shard_ships_on() {
         assert_eq!(stats[i].errors.is_empty(), *shard == 0, "{node}: errors {:?}", stats[i].errors);
         eprintln!("{node}: {rows} rows, each once; {} batches found there already", stats[i].batches_already_there);
     }
-    // Stacks went to each node's own shard: the shared ones are on both, the reads above took
-    // one row per id.
+    // Stacks and their frames went to each node's own shard: the shared ones are on both, the
+    // reads above took one row per id.
     for shard in &shards {
-        assert!(shard.number("SELECT count() FROM profiler.stacks_local WHERE has(frames, 'shared_work_0')") >= 1);
+        let id = profiler::ship::clickhouse::frames::frame_id("shared_work_0");
+        assert!(shard.number(&format!("SELECT count() FROM profiler.frames_local WHERE frame_id = {id}")) >= 1);
+        assert!(
+            shard.number(&format!("SELECT count() FROM profiler.stack_frames_local WHERE has(frame_ids, {id})")) >= 1
+        );
     }
 
     // A shard frozen (SIGSTOP) holds a read on a connection that stays open: the request's

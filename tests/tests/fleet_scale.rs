@@ -124,6 +124,10 @@ fn median7(args: &[String]) -> Result<(f64, f64, f64, Vec<u8>, String), String> 
     Ok((runs[3], runs[0], runs[6], out, err))
 }
 
+/// The queries that fetch stacks' text: `stacks` (stacks as text), `stack_frames` and `frames`
+/// (the frames dictionary); sample queries name `stack_id`, never these.
+const STACK_TEXT: &str = "(query LIKE '%stacks%' OR query LIKE '%frames%')";
+
 /// What the servers did for one more run of `args`: the queries `system.query_log` holds from
 /// a second that began before it, on both shards (rows and bytes read, peak memory, the
 /// slowest query and its time).
@@ -141,29 +145,64 @@ fn server_side(shards: &[ClickHouse], args: &[String]) -> String {
         let a = s
             .query(&format!(
                 "SELECT count(), sum(read_rows), sum(read_bytes), max(memory_usage), max(query_duration_ms), \
-                 argMax(replaceRegexpAll(substring(query, 1, 90), '\\\\s+', ' '), query_duration_ms) \
+                 argMax(replaceRegexpAll(substring(query, 1, 90), '\\\\s+', ' '), query_duration_ms), \
+                 countIf({TEXT}), sumIf(read_bytes, {TEXT}), sumIf(result_bytes, {TEXT} AND is_initial_query) \
                  FROM system.query_log WHERE type = 2 AND query_start_time >= {from} \
-                 AND query NOT LIKE '%system.%' FORMAT TSV"
+                 AND query NOT LIKE '%system.%' FORMAT TSV",
+                TEXT = STACK_TEXT
             ))
             .unwrap_or_else(|e| format!("(no query_log: {e})"));
         let f: Vec<&str> = a.trim().split('\t').collect();
-        if f.len() == 6 {
+        if f.len() == 9 {
             let mb = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1e6;
             parts.push(format!(
-                "shard {}: {} queries, {} rows, {:.0} MB read, peak {:.0} MB, slowest {} ms ({})",
+                "shard {}: {} queries, {} rows, {:.0} MB read, peak {:.0} MB, slowest {} ms ({}); \
+                 the stacks' text: {} queries, {:.1} MB read, {:.1} MB sent",
                 i + 1,
                 f[0],
                 f[1],
                 mb(f[2]),
                 mb(f[3]),
                 f[4],
-                f[5]
+                f[5],
+                f[6],
+                mb(f[7]),
+                mb(f[8])
             ));
         } else {
             parts.push(format!("shard {}: {}", i + 1, a.trim()));
         }
     }
     parts.join("; ")
+}
+
+/// Writes the shard's stacks as text into `stacks_local`, as daemons before the frames
+/// dictionary did, and drops the dictionary's `Distributed` tables (readers then read `stacks`
+/// alone); the stacks written.
+fn stacks_to_text(s: &ClickHouse) -> usize {
+    let stacks =
+        integration_tests::clickhouse::stacks_as_text_in(s, "profiler.frames_local", "profiler.stack_frames_local");
+    let rows: Vec<String> = stacks
+        .iter()
+        .map(|(id, (frames, kernel))| {
+            let frames: Vec<String> = frames.iter().map(|f| schema::quote_str(f)).collect();
+            let kernel: Vec<String> = kernel.iter().map(u8::to_string).collect();
+            format!("({id}, [{}], [{}])", frames.join(", "), kernel.join(", "))
+        })
+        .collect();
+    for chunk in rows.chunks(1_000) {
+        let sql = format!("INSERT INTO profiler.stacks_local VALUES {}", chunk.join(", "));
+        s.query(&sql).unwrap_or_else(|e| panic!("stacks as text: {e}"));
+    }
+    for t in ["stack_frames", "frames"] {
+        s.query(&format!("DROP TABLE profiler.{t}")).unwrap();
+    }
+    rows.len()
+}
+
+/// Bytes on disk of the stacks: as frame ids and the frames dictionary, and as text (`stacks`).
+fn stack_bytes(d: &BTreeMap<String, u64>) -> u64 {
+    ["stack_frames_local", "frames_local", "stacks_local"].iter().map(|t| d.get(*t).copied().unwrap_or(0)).sum()
 }
 
 /// Bytes on disk of each table (both shards' active parts), by table.
@@ -358,7 +397,7 @@ fn fleet_scale_benchmark() {
             "samples {:.2} B per sample ({:.2} GB); with stacks, cpu_seconds: {:.2} B per sample; counters {:.2} GB ({:.1} B per GPU track row); samples_1m {:.0} MB ({:.2} B per sample), samples_1h {:.0} MB; every table: {d:?}",
             of("samples_local") as f64 / samples as f64,
             of("samples_local") as f64 / 1e9,
-            (of("samples_local") + of("stacks_local") + of("cpu_seconds_local")) as f64 / samples as f64,
+            (of("samples_local") + stack_bytes(&d) + of("cpu_seconds_local")) as f64 / samples as f64,
             of("counters_local") as f64 / 1e9,
             of("counters_local") as f64 / counter_rows.max(1) as f64,
             of("samples_1m_local") as f64 / 1e6,
@@ -367,13 +406,24 @@ fn fleet_scale_benchmark() {
         ),
     );
     let rollup_rows = |s: &ClickHouse, t: &str| s.number(&format!("SELECT count() FROM profiler.{t}"));
-    // One row per stack and shard is the floor: the shipper sends only the stacks its shard lacks.
+    // One row per stack (and frame) and shard is the floor: the shipper sends only what its
+    // shard lacks. Stacks as text (`stacks`, what daemons before the frames dictionary wrote)
+    // beside, for a database of both.
+    let text_bytes =
+        |s: &ClickHouse, t: &str, cols: &str| s.number(&format!("SELECT toUInt64(sum({cols})) FROM profiler.{t}"));
     say(
         "stack_rows",
         format!(
-            "stacks_local {} rows on the shards ({} distinct ids), {:.0} MB",
+            "stack_frames_local {} rows on the shards ({} distinct ids, {} frame ids), {:.1} MB on disk; \
+             frames_local {} rows ({:.1} MB of text), {:.1} MB on disk; stacks_local (as text) {} rows, {:.1} MB on disk",
+            shards.iter().map(|s| rollup_rows(s, "stack_frames_local")).sum::<u64>(),
+            shards.iter().map(|s| s.number("SELECT uniqExact(stack_id) FROM profiler.stack_frames_local")).sum::<u64>(),
+            shards.iter().map(|s| text_bytes(s, "stack_frames_local", "length(frame_ids)")).sum::<u64>(),
+            of("stack_frames_local") as f64 / 1e6,
+            shards.iter().map(|s| rollup_rows(s, "frames_local")).sum::<u64>(),
+            shards.iter().map(|s| text_bytes(s, "frames_local", "length(name)")).sum::<u64>() as f64 / 1e6,
+            of("frames_local") as f64 / 1e6,
             shards.iter().map(|s| rollup_rows(s, "stacks_local")).sum::<u64>(),
-            shards.iter().map(|s| s.number("SELECT uniqExact(stack_id) FROM profiler.stacks_local")).sum::<u64>(),
             of("stacks_local") as f64 / 1e6
         ),
     );
@@ -566,6 +616,41 @@ fn fleet_scale_benchmark() {
             )
         },
     );
+    // The same flamegraphs from the stacks as text (`stacks`: what daemons before the frames
+    // dictionary wrote, and what every read fetched then): each shard's stacks written there as
+    // text, the dictionary's tables dropped, so the readers take a server of older daemons' path,
+    // the queries of the reads before the dictionary. FLEET_TEXT_PASS=0 leaves it out.
+    if knob("FLEET_TEXT_PASS", 1) == 1 {
+        let t = Instant::now();
+        let written: usize = shards.iter().map(stacks_to_text).sum();
+        let converted = format!("{written} stacks written as text on the shards in {:.0} s", t.elapsed().as_secs_f64());
+        for (key, span) in [("fleet_flamegraph_1h", HOUR), ("fleet_flamegraph_1d", 86_400)] {
+            read(
+                &format!("{key}_as_text"),
+                args(&["flamegraph", "--clickhouse", &url, "--from", &back(span), "--to", &e, "--format", "folded"]),
+                &folded,
+            );
+        }
+        read(
+            "signature_what_ran_1h_as_text",
+            args(&[
+                "flamegraph",
+                "--clickhouse",
+                &url,
+                "--function",
+                synth::HOT_FUNCTION,
+                "--from",
+                &back(HOUR),
+                "--to",
+                &e,
+                "--format",
+                "folded",
+            ]),
+            &folded,
+        );
+        let d = disk(&shards);
+        say("stacks_as_text", format!("{converted}; stacks_local {:.1} MB on disk", stack_bytes(&d) as f64 / 1e6));
+    }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     say("load", format!("/proc/loadavg at the end: {}", load.trim()));
     println!("\n---- fleet scale figures ----");

@@ -400,6 +400,8 @@ fn copy_into(chdb: &ChdbServer, ch: &ClickHouse) {
     let tables = [
         schema::NODES,
         schema::STACKS,
+        schema::STACK_FRAMES,
+        schema::FRAME_DICT,
         schema::STACK_LOCATIONS,
         schema::FINDINGS,
         schema::EVENTS,

@@ -20,12 +20,13 @@ mod rowbinary;
 pub mod samples;
 pub mod select;
 pub mod signatures;
+pub mod stack_text;
 
 pub use error::FleetError;
 use rowbinary::Reader;
 pub use select::Selection;
 
-/// Frame of a sample whose stack is missing from `stacks`.
+/// Frame of a sample whose stack is missing from `stack_frames` and `stacks`.
 pub(crate) const MISSING_STACK: &str = "[stack not in ClickHouse]";
 
 use crate::ship::clickhouse::{
@@ -53,6 +54,8 @@ pub struct Fleet {
     addr: String,
     /// The user may not set a read's time limit (`readonly=1`): reads go without it.
     readonly: std::sync::atomic::AtomicBool,
+    /// The server has the frames dictionary's tables (`stack_text`; remembered once seen).
+    dictionary: std::sync::atomic::AtomicBool,
 }
 
 impl Fleet {
@@ -72,6 +75,7 @@ impl Fleet {
             database: database.to_string(),
             addr: host.to_string(),
             readonly: false.into(),
+            dictionary: false.into(),
         })
     }
 

@@ -22,6 +22,7 @@ use super::{
     minutes::{self, Parts, Split},
     rollup::{self, Piece, Source},
     select::Selection,
+    stack_text::Sources,
 };
 use crate::{
     query::{Window, fold_names},
@@ -276,16 +277,6 @@ impl Sql<'_> {
         )
     }
 
-    /// Frames of the stacks named (one row per id, whatever merges have done yet).
-    pub fn stacks(&self, ids: &[u64]) -> String {
-        let list: Vec<String> = ids.iter().map(u64::to_string).collect();
-        format!(
-            "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} IN ({}) GROUP BY {STACK_ID}",
-            self.fleet.table(schema::STACKS),
-            list.join(", ")
-        )
-    }
-
     /// The first [`MAX_EVENTS`] events whose message matches `pattern`, oldest first.
     pub fn matching_events(&self, pattern: &str) -> String {
         format!(
@@ -316,16 +307,18 @@ impl Sql<'_> {
     /// `GLOBAL`: on a cluster `samples` and `stacks` are `Distributed`, and a subquery over one
     /// inside a query over another is refused (`distributed_product_mode = 'deny'`); the
     /// initiator runs them once and sends the result (a node's few minutes). Plain tables read
-    /// `GLOBAL` as the local form.
-    pub fn event_cpu(&self, node: &str, ts_ns: u64) -> String {
+    /// `GLOBAL` as the local form. The kernel flags from whichever tables hold stacks
+    /// (`stack_text::Sources`).
+    pub fn event_cpu(&self, node: &str, ts_ns: u64, sources: &Sources) -> String {
         let r = Self::before(node, ts_ns);
         let samples = self.fleet.table(schema::SAMPLES);
+        let kernel = sources
+            .kernel_rows(self.fleet, &format!("{STACK_ID} GLOBAL IN (SELECT {STACK_ID} FROM {samples} WHERE {r})"));
         format!(
             "SELECT toUInt32({CPU}), toUInt64(sumIf({COUNT}, k = 1)) AS kn, toUInt64(sum({COUNT})) AS n \
-             FROM {samples} GLOBAL ANY LEFT JOIN (SELECT {STACK_ID}, has(any({KERNEL}), 1) AS k FROM {} WHERE {STACK_ID} \
-             GLOBAL IN (SELECT {STACK_ID} FROM {samples} WHERE {r}) GROUP BY {STACK_ID}) AS s USING {STACK_ID} \
+             FROM {samples} GLOBAL ANY LEFT JOIN (SELECT {STACK_ID}, has(any({KERNEL}), 1) AS k FROM {kernel} \
+             GROUP BY {STACK_ID}) AS s USING {STACK_ID} \
              WHERE {r} GROUP BY {CPU} ORDER BY kn DESC, n DESC, {CPU} LIMIT 1",
-            self.fleet.table(schema::STACKS),
         )
     }
 
@@ -454,7 +447,7 @@ fn grid(fleet: &Fleet, sql: &Sql<'_>, nodes: &[Node]) -> Result<Grid, FleetError
     })
 }
 
-/// Frames of the stacks the answer names, fetched in one query per batch of ids.
+/// Frames of the stacks the answer names (`stack_text`), fetched once each.
 #[derive(Default)]
 struct Stacks {
     frames: HashMap<u64, (Vec<String>, Vec<u8>)>,
@@ -462,18 +455,8 @@ struct Stacks {
 
 impl Stacks {
     fn fetch(&mut self, sql: &Sql<'_>, ids: impl Iterator<Item = u64>) -> Result<(), FleetError> {
-        let mut ids: Vec<u64> = ids.filter(|id| !self.frames.contains_key(id)).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let rows = sql.fleet.rows(&sql.stacks(&ids), |r| {
-            Ok((r.u64()?, r.strings()?.into_iter().map(String::from).collect(), r.bytes()?.to_vec()))
-        })?;
-        for (id, frames, kernel) in rows {
-            self.frames.insert(id, (frames, kernel));
-        }
+        let ids: Vec<u64> = ids.filter(|id| !self.frames.contains_key(id)).collect();
+        self.frames.extend(super::stack_text::by_id(sql.fleet, ids)?);
         Ok(())
     }
 
@@ -499,8 +482,9 @@ fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) -> Result<E
         n => n as u64,
     };
     let mut events = Vec::new();
+    let sources = Sources::of(fleet)?;
     for (node, ts_ns, id, message) in all {
-        let cpu = fleet.rows(&sql.event_cpu(&node, ts_ns), |r| Ok((r.u32()?, r.u64()?, r.u64()?)))?;
+        let cpu = fleet.rows(&sql.event_cpu(&node, ts_ns, &sources), |r| Ok((r.u32()?, r.u64()?, r.u64()?)))?;
         let mut cause = EventCause {
             time: timespec::format(ts_ns),
             node,
@@ -573,10 +557,13 @@ mod tests {
         );
         let ev = sql.matching_events("ena.*reset'; DROP TABLE x");
         assert!(ev.contains("match(message, 'ena.*reset\\'; DROP TABLE x')"), "{ev}");
-        let cpu = sql.event_cpu("n'1", 20 * SEC);
+        let cpu = sql.event_cpu("n'1", 20 * SEC, &Sources { dictionary: true, text: false });
         assert!(cpu.contains("node = 'n\\'1' AND ts >= 15000000000 AND ts < 20000000000"), "{cpu}");
         assert_eq!(cpu.matches("ts >= 15000000000").count(), 2, "{cpu}");
-        assert!(sql.stacks(&[3, u64::MAX]).contains("stack_id IN (3, 18446744073709551615)"));
+        assert!(cpu.contains("FROM (SELECT stack_id, kernel FROM `p\\`x`.`stack_frames` WHERE"), "{cpu}");
+        // Old `stacks` rows too, while there are some.
+        let both = sql.event_cpu("n'1", 20 * SEC, &Sources { dictionary: true, text: true });
+        assert_eq!(both.matches("ts >= 15000000000").count(), 3, "{both}");
         assert!(sql.grid(10).contains("intDiv(ts - 1000000000000, 10000000000)"));
         assert!(sql.top(7).ends_with("LIMIT 7"));
         // Parts of the window from the minute rollup and from raw rows, summed together.

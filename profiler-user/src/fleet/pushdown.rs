@@ -16,6 +16,7 @@ use super::{
     Fleet, FleetError, MISSING_STACK, Node,
     rollup::{self, Coverage, Piece, Source},
     select::Selection,
+    stack_text::{Cond, Sources},
 };
 use crate::{
     exec_context::Context,
@@ -105,7 +106,7 @@ pub(super) fn check_cpus(sel: &Selection, filter: &Filter) -> Result<(), FleetEr
 /// One summed row: (comm, stack id, workload, weight).
 type Row = (String, u64, String, u64);
 
-/// A stack as `stacks` holds it: frame names root first, and a kernel flag per frame.
+/// A stack's text (`stack_text`): frame names root first, and a kernel flag per frame.
 pub(super) type Frames = (Vec<String>, Vec<u8>);
 
 /// `(name, kernel)` per frame, root first: kernel frames follow the user ones, as the copy
@@ -134,15 +135,14 @@ pub struct Fold {
 
 /// Most (process, stack, workload) rows a fold reads from the server, heaviest first: a
 /// fleet's day can hold millions of distinct ones. With their stacks' text (read
-/// [`STACK_BATCH`] at a time, [`stack_texts`]) this bounds what a read holds in the reader's
+/// [`STACK_BATCH`] rows at a time, [`stack_texts`]) this bounds what a read holds in the reader's
 /// process, whatever the window: about 40 MB of rows, the distinct stacks' text (~3 KB each for
 /// deep Python stacks), plus the fold's own budget ([`FoldBudget`]).
 pub const MAX_FOLD_ROWS: usize = 200_000;
 /// Rows read per distinct stack kept: the rarer rows fold into their parents within the fold's
 /// budget, as the store's fold does, and only rows past this go to [`OTHER_STACKS`].
 const ROWS_PER_STACK: usize = 5;
-/// Stacks fetched per request: their ids are in the SQL (20 bytes each, well under the
-/// server's 256 KiB `max_query_size`).
+/// Rows folded between two checks of the fold's budget.
 const STACK_BATCH: usize = 4_000;
 /// The line that sums the rows a fold did not read.
 pub const OTHER_STACKS: &str = "[other stacks]";
@@ -318,23 +318,17 @@ pub fn fold_reading(
 }
 
 /// Each distinct stack of `rows` as its folded text after the process name (`;frame;...`), or
-/// `None` where a filter of the stack's own drops it. Fetched once per stack, in id order: each
-/// request reads one range of `stacks`' key, so a fold goes through the table once, whatever
-/// its rows' order (fetched per batch of the heaviest rows, every request named ids all over
-/// the key and read the whole table: 50 passes for 200,000 rows, 9 GB on a 100-node run).
-/// Held as text (what the fold's lines are made of), not as frame lists.
+/// `None` where a filter of the stack's own drops it. Fetched once per stack, in id order
+/// (`stack_text::each`: each request reads one range of the key, so a fold goes through the
+/// tables once, whatever its rows' order; fetched per batch of the heaviest rows, every request
+/// named ids all over the key and read the whole table: 50 passes for 200,000 rows, 9 GB on a
+/// 100-node run), each distinct frame's text once. Held as text (what the fold's lines are
+/// made of), not as frame lists.
 fn stack_texts(fleet: &Fleet, rows: &[Row], filter: &Filter) -> Result<HashMap<u64, Option<String>>, FleetError> {
-    let ids: std::collections::BTreeSet<u64> = rows.iter().map(|r| r.1).collect();
-    let ids: Vec<u64> = ids.into_iter().collect();
-    let mut out = HashMap::with_capacity(ids.len());
-    for chunk in ids.chunks(STACK_BATCH) {
-        let stacks = stacks_by_id(fleet, chunk.iter().copied())?;
-        for id in chunk {
-            if let Some(stack) = stacks.get(id) {
-                out.insert(*id, stack_text(stack, filter));
-            }
-        }
-    }
+    let mut out = HashMap::new();
+    super::stack_text::each(fleet, rows.iter().map(|r| r.1), |id, stack| {
+        out.insert(id, stack_text(&stack, filter));
+    })?;
     Ok(out)
 }
 
@@ -423,14 +417,11 @@ pub fn cpu_time(fleet: &Fleet, node: &Node, window: Window, bucket_ns: u64) -> R
         format!("{NODE} = {} AND {TS} >= {} AND {TS} < {}", quote_str(&node.name), window.from_ns, window.to_ns)
     };
     let samples = fleet.table(schema::SAMPLES);
-    let cells = |stacks: Option<&str>| -> Result<Vec<(u16, u64, u64)>, FleetError> {
-        let only = stacks.map_or(String::new(), |cond| {
-            format!(
-                " AND {STACK_ID} GLOBAL IN (SELECT {STACK_ID} FROM {} WHERE {STACK_ID} GLOBAL IN \
-                 (SELECT {STACK_ID} FROM {samples} WHERE {range}) AND {cond})",
-                fleet.table(schema::STACKS)
-            )
-        });
+    // Which tables hold the stacks (the kernel and softirq cells ask the server about frames).
+    let sources = Sources::of(fleet)?;
+    let cells = |stacks: Option<Cond>| -> Result<Vec<(u16, u64, u64)>, FleetError> {
+        let ids = format!("SELECT {STACK_ID} FROM {samples} WHERE {range}");
+        let only = stacks.map_or(String::new(), |cond| sources.only(fleet, &ids, cond));
         fleet.rows(
             &format!(
                 "SELECT {CPU}, toUInt64(intDiv({TS} - {first}, {width})) AS col, toUInt64(sum({COUNT})) FROM {samples} \
@@ -450,56 +441,24 @@ pub fn cpu_time(fleet: &Fleet, node: &Node, window: Window, bucket_ns: u64) -> R
         v
     };
     let busy = grid(cells(None)?);
-    let kernel = grid(cells(Some(&format!("{KERNEL}[length({KERNEL})] = 1")))?);
-    let softirq = grid(cells(Some(&format!(
-        "startsWith({FRAMES}[indexOf({KERNEL}, 1)], '[softirq:') AND endsWith({FRAMES}[indexOf({KERNEL}, 1)], ']')"
-    )))?);
+    let kernel = grid(cells(Some(Cond::KernelLeaf))?);
+    let softirq = grid(cells(Some(Cond::Softirq))?);
     let ticks = (f64::from(node.hz.max(1)) * width as f64 / SEC as f64).max(1e-9);
     Ok(b.shares(busy, kernel, softirq, ticks))
 }
 
-/// Frames and kernel flags of the stacks `ids` name, a request per [`STACK_BATCH`] of them.
+/// Frames and kernel flags of the stacks `ids` name (`stack_text`: through the frames
+/// dictionary, old `stacks` rows for the ids it lacks).
 pub(super) fn stacks_by_id(
     fleet: &Fleet,
     ids: impl IntoIterator<Item = u64>,
 ) -> Result<HashMap<u64, Frames>, FleetError> {
-    let ids: std::collections::BTreeSet<u64> = ids.into_iter().collect();
-    let ids: Vec<u64> = ids.into_iter().collect();
-    let mut out = HashMap::new();
-    for batch in ids.chunks(STACK_BATCH) {
-        let list: Vec<String> = batch.iter().map(u64::to_string).collect();
-        let rows = fleet.rows(
-            &format!(
-                "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} IN ({}) GROUP BY {STACK_ID}",
-                fleet.table(schema::STACKS),
-                list.join(", ")
-            ),
-            |r| {
-                let id = r.u64()?;
-                let frames = r.strings()?.into_iter().map(String::from).collect();
-                Ok((id, (frames, r.bytes()?.to_vec())))
-            },
-        )?;
-        out.extend(rows);
-    }
-    Ok(out)
+    super::stack_text::by_id(fleet, ids)
 }
 
 /// Frames and kernel flags of the stacks the window's rows name.
 pub(super) fn stacks(fleet: &Fleet, table: &str, range: &str) -> Result<HashMap<u64, Frames>, FleetError> {
-    let rows = fleet.rows(
-        &format!(
-            "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} GLOBAL IN \
-             (SELECT {STACK_ID} FROM {table} WHERE {range}) GROUP BY {STACK_ID}",
-            fleet.table(schema::STACKS),
-        ),
-        |r| {
-            let id = r.u64()?;
-            let frames = r.strings()?.into_iter().map(String::from).collect();
-            Ok((id, (frames, r.bytes()?.to_vec())))
-        },
-    )?;
-    Ok(rows.into_iter().collect())
+    super::stack_text::of_window(fleet, table, range)
 }
 
 /// Idle samples per CPU (summed over the nodes) of the stored blocks inside `window`: a block

@@ -6,6 +6,7 @@
 mod config;
 mod counters;
 mod error;
+pub mod frames;
 pub mod http;
 mod known;
 pub mod metrics;

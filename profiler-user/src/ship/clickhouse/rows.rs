@@ -4,13 +4,16 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::schema::col;
+use super::{
+    frames::{self, NewFrames, Shipped},
+    schema::col,
+};
 use crate::{model::SampleKind, query::SampleRef, store::format::CpuCounts};
 
 /// The id of a stack: XXH3-64 of its frames, root first, each as its kernel flag (one byte), its
 /// name and a 0xff byte (never in UTF-8, so names cannot run into each other), then, for a frame
 /// whose file is known, 0xfe, the file, 0xff and its address. The same stack has the same id on
-/// every node and in every run, so `stacks` holds each once fleet-wide; one without locations
+/// every node and in every run, so `stack_frames` holds each once fleet-wide; one without locations
 /// keeps the id it had before they were stored.
 pub fn stack_id(frames: &[(&str, bool)], locations: &[(&str, u64)]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -62,9 +65,11 @@ pub struct Batch {
     /// Comms and workloads, each once (ids in `comm` and `workload`).
     names: Vec<String>,
     name_ids: HashMap<String, u32>,
-    /// `stacks` rows (RowBinary) not shipped before.
+    /// `stack_frames` rows (RowBinary) not shipped before.
     pub stacks: Vec<u8>,
     pub new_stacks: usize,
+    /// `frames` rows: the frames of the new stacks not shipped before.
+    pub frames: NewFrames,
     /// `stack_locations` rows (RowBinary) of those with a known file.
     pub locations: Vec<u8>,
     /// Per new stack: its id, where its row starts in `stacks`, and in `locations` if it has one.
@@ -101,8 +106,8 @@ impl Batch {
         id
     }
 
-    /// Adds a sample; its stack too when `shipped` does not hold it yet.
-    pub fn push(&mut self, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) {
+    /// Adds a sample; its stack (and its frames) too when `shipped` does not hold it yet.
+    pub fn push(&mut self, s: &SampleRef<'_>, shipped: &mut Shipped) {
         let id = self.stack(s, shipped);
         self.ts.push(s.ts_ns);
         // CPU numbers above 65535 do not exist on Linux today (NR_CPUS is at most 8192).
@@ -119,7 +124,7 @@ impl Batch {
     }
 
     /// Adds a row of a CUDA store (its weight: launches, microseconds blocked, bytes).
-    pub fn push_cuda(&mut self, kind: SampleKind, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) {
+    pub fn push_cuda(&mut self, kind: SampleKind, s: &SampleRef<'_>, shipped: &mut Shipped) {
         let id = self.stack(s, shipped);
         let (comm, workload) = (self.name(s.comm), self.name(s.workload));
         let row = self.cuda.entry((kind, s.ts_ns, s.tid, id)).or_insert(CudaRow {
@@ -186,20 +191,14 @@ impl Batch {
         o
     }
 
-    /// The id of `s`'s stack, its rows added when `shipped` does not hold it yet.
-    fn stack(&mut self, s: &SampleRef<'_>, shipped: &mut HashSet<u64>) -> u64 {
+    /// The id of `s`'s stack, its rows (and its new frames') added when `shipped` does not hold
+    /// it yet.
+    fn stack(&mut self, s: &SampleRef<'_>, shipped: &mut Shipped) -> u64 {
         let id = stack_id(s.frames, s.locations);
-        if shipped.insert(id) {
+        if shipped.stacks.insert(id) {
             let has_locations = s.locations.iter().any(|l| !l.0.is_empty());
             self.stack_rows.push((id, self.stacks.len(), has_locations.then_some(self.locations.len())));
-            let o = &mut self.stacks;
-            o.extend_from_slice(&id.to_le_bytes());
-            put_len(o, s.frames.len());
-            for (name, _) in s.frames {
-                put_str(o, name);
-            }
-            put_len(o, s.frames.len());
-            o.extend(s.frames.iter().map(|(_, k)| u8::from(*k)));
+            frames::stack_row(&mut self.stacks, id, s.frames, &mut self.frames, &mut shipped.frames);
             self.new_stacks += 1;
             if has_locations {
                 let o = &mut self.locations;
@@ -357,7 +356,7 @@ mod tests {
     fn native_layout() {
         let frames = [("main", false), ("do_syscall_64", true)];
         let mut b = Batch::default();
-        let mut shipped = HashSet::new();
+        let mut shipped = Shipped::default();
         b.push(&sample(5, &frames), &mut shipped);
         b.push(&sample(6, &frames), &mut shipped);
         assert_eq!((b.rows(), b.new_stacks, b.samples_count), (2, 1, 2));
@@ -367,8 +366,12 @@ mod tests {
         let ts = n.windows(7).position(|w| w == b"\x06UInt64").unwrap() + 7;
         assert_eq!(&n[ts..ts + 16], [5u64.to_le_bytes(), 6u64.to_le_bytes()].concat());
         assert!(n.ends_with(&[1, 0, 0, 0, 1, 0, 0, 0]), "count column last");
-        assert_eq!(&b.stacks[8..14], b"\x02\x04main");
+        // `stack_frames`: the id, the frames' ids, the kernel flags; `frames` each name once.
+        assert_eq!(b.stacks[8], 2);
+        assert_eq!(&b.stacks[9..17], frames::frame_id("main").to_le_bytes());
         assert_eq!(&b.stacks[b.stacks.len() - 3..], &[2, 0, 1]);
+        assert_eq!(b.stacks.len(), 8 + 1 + 16 + 3);
+        assert_eq!(b.frames.len(), 2);
         b.keep_after(5);
         assert_eq!(b.rows(), 1);
         assert_eq!(b.ts, [6]);
@@ -379,7 +382,7 @@ mod tests {
     fn native_rows_are_per_cpu_in_time_order() {
         let frames = [("main", false)];
         let mut b = Batch::default();
-        let mut shipped = HashSet::new();
+        let mut shipped = Shipped::default();
         // Time order across CPUs, as the store gives them: (ts, cpu) 5/3, 6/1, 7/3, 8/1.
         for (ts, cpu) in [(5, 3), (6, 1), (7, 3), (8, 1)] {
             b.push(&SampleRef { cpu, ..sample(ts, &frames) }, &mut shipped);
@@ -398,16 +401,16 @@ mod tests {
     fn stacks_the_server_has_are_left_out_with_their_locations() {
         let (a, b, c) = ([("a", false)], [("b", false), ("b2", false)], [("c", true)]);
         let located = [("/bin/b", 0x10u64), ("/bin/b", 0x20)];
-        let with_b = |batch: &mut Batch, shipped: &mut HashSet<u64>| {
+        let with_b = |batch: &mut Batch, shipped: &mut Shipped| {
             batch.push(&SampleRef { locations: &located, ..sample(2, &b) }, shipped);
         };
-        let (mut all, mut shipped) = (Batch::default(), HashSet::new());
+        let (mut all, mut shipped) = (Batch::default(), Shipped::default());
         all.push(&sample(1, &a), &mut shipped);
         with_b(&mut all, &mut shipped);
         all.push(&sample(3, &c), &mut shipped);
         let ids: Vec<u64> = all.new_stack_ids().collect();
         assert_eq!((ids.len(), all.new_stacks), (3, 3));
-        let (mut fresh, mut shipped) = (Batch::default(), HashSet::new());
+        let (mut fresh, mut shipped) = (Batch::default(), Shipped::default());
         with_b(&mut fresh, &mut shipped);
         all.drop_known_stacks(&HashSet::from([ids[0], ids[2]]));
         assert_eq!((all.new_stacks, &all.stacks, &all.locations), (1, &fresh.stacks, &fresh.locations));
@@ -415,12 +418,12 @@ mod tests {
         assert_eq!(all.new_stack_ids().collect::<Vec<_>>(), [ids[1]]);
         assert_eq!(all.rows(), 3, "the samples stay");
         // Dropping the located one keeps the others' rows whole, and no location.
-        let (mut again, mut shipped) = (Batch::default(), HashSet::new());
+        let (mut again, mut shipped) = (Batch::default(), Shipped::default());
         again.push(&sample(1, &a), &mut shipped);
         with_b(&mut again, &mut shipped);
         again.push(&sample(3, &c), &mut shipped);
         again.drop_known_stacks(&HashSet::from([ids[1]]));
-        let (mut only, mut shipped) = (Batch::default(), HashSet::new());
+        let (mut only, mut shipped) = (Batch::default(), Shipped::default());
         only.push(&sample(1, &a), &mut shipped);
         only.push(&sample(3, &c), &mut shipped);
         assert_eq!((again.new_stacks, &again.stacks), (2, &only.stacks));
@@ -430,7 +433,7 @@ mod tests {
     #[test]
     fn cuda_rows_split_by_the_store_are_one_row_again() {
         let frames = [("launch", false)];
-        let (mut b, mut shipped) = (Batch::default(), HashSet::new());
+        let (mut b, mut shipped) = (Batch::default(), Shipped::default());
         let big = SampleRef { count: u64::from(u32::MAX), ..sample(5, &frames) };
         b.push_cuda(SampleKind::CudaCopies, &big, &mut shipped);
         b.push_cuda(SampleKind::CudaCopies, &SampleRef { count: 7, ..big }, &mut shipped);

@@ -92,7 +92,13 @@ pub fn supports_stack_dictionary(version: (u32, u32)) -> bool {
 /// (table, columns, engine and keys; `{ttl}` where a TTL on column `ts` goes).
 /// Names of the tables, as the shipper inserts into them and the fleet reads them.
 pub const SAMPLES: &str = "samples";
+/// Stacks as text (`frames Array(String)`): what daemons before the frames dictionary wrote;
+/// still created (empty) and read for the ids the dictionary lacks (`fleet::stack_text`).
 pub const STACKS: &str = "stacks";
+/// Stacks as frame ids (`frames::stack_row`), the frames' text in [`FRAME_DICT`].
+pub const STACK_FRAMES: &str = "stack_frames";
+/// The frames dictionary: each frame's text once fleet-wide, by its id (`frames::frame_id`).
+pub const FRAME_DICT: &str = "frames";
 pub const STACK_LOCATIONS: &str = "stack_locations";
 pub const FINDINGS: &str = "findings";
 pub const EVENTS: &str = "events";
@@ -137,6 +143,8 @@ pub mod col {
     pub const WORKLOAD: &str = "workload";
     pub const COUNT: &str = "count";
     pub const FRAMES: &str = "frames";
+    pub const FRAME_ID: &str = "frame_id";
+    pub const FRAME_IDS: &str = "frame_ids";
     pub const KERNEL: &str = "kernel";
     pub const FILES: &str = "files";
     pub const ADDRS: &str = "addrs";
@@ -196,6 +204,21 @@ const TABLES: &[Table] = &[
         STACKS,
         &[(STACK_ID, "UInt64"), (FRAMES, "Array(String)"), (KERNEL, "Array(UInt8)")],
         "ReplacingMergeTree ORDER BY stack_id SETTINGS index_granularity = 256",
+    ),
+    (
+        // A stack as the ids of its frames (8 bytes a frame, ~0.5 KB a Python training stack
+        // instead of ~10 KB of text): what reads fetch by id, then only the distinct frames
+        // they need from `frames`. Written, as `stacks` was, once per shard; granules of 256.
+        STACK_FRAMES,
+        &[(STACK_ID, "UInt64"), (FRAME_IDS, "Array(UInt64)"), (KERNEL, "Array(UInt8)")],
+        "ReplacingMergeTree ORDER BY stack_id SETTINGS index_granularity = 256",
+    ),
+    (
+        // Each frame's text once (a frame is ~60-150 bytes): granules of 1,024, a lookup's
+        // ~100 KB around each id.
+        FRAME_DICT,
+        &[(FRAME_ID, "UInt64"), (NAME, "String")],
+        "ReplacingMergeTree ORDER BY frame_id SETTINGS index_granularity = 1024",
     ),
     (
         // Where a stack's user frames live (`model::Location`), for the stacks that know it: a
@@ -477,7 +500,11 @@ pub fn statements_with(l: &Layout<'_>, keep: RollupKeep, dictionary: bool) -> Ve
             quote_ident(&local(name))
         ));
         // Rows of a node stay on one shard, so a node's window is read from one place.
-        let shard_by = if matches!(*name, STACKS | STACK_LOCATIONS) { "stack_id" } else { "cityHash64(node)" };
+        let shard_by = match *name {
+            STACKS | STACK_LOCATIONS | STACK_FRAMES => STACK_ID,
+            FRAME_DICT => FRAME_ID,
+            _ => "cityHash64(node)",
+        };
         out.extend(distributed(name, shard_by).map(|q| q + settings));
     }
     for r in ROLLUPS {
@@ -662,9 +689,22 @@ mod tests {
     fn stacks_are_read_in_small_granules() {
         let s = statements(&Layout { database: "p", cluster: None, ttl_secs: None, codecs: false });
         let of = |name: &str| s.iter().find(|q| q.contains(&format!("`p`.`{name}` ("))).unwrap();
-        for t in [STACKS, STACK_LOCATIONS] {
+        for t in [STACKS, STACK_LOCATIONS, STACK_FRAMES] {
             assert!(of(t).ends_with("ORDER BY stack_id SETTINGS index_granularity = 256"), "{}", of(t));
         }
+        assert_eq!(
+            of(STACK_FRAMES),
+            "CREATE TABLE IF NOT EXISTS `p`.`stack_frames` (stack_id UInt64, frame_ids Array(UInt64), \
+             kernel Array(UInt8)) ENGINE = ReplacingMergeTree ORDER BY stack_id SETTINGS index_granularity = 256"
+        );
+        assert_eq!(
+            of(FRAME_DICT),
+            "CREATE TABLE IF NOT EXISTS `p`.`frames` (frame_id UInt64, name String) \
+             ENGINE = ReplacingMergeTree ORDER BY frame_id SETTINGS index_granularity = 1024"
+        );
+        let c = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: None, codecs: true });
+        assert!(c.iter().any(|q| q.ends_with("Distributed(`c`, `p`, `frames_local`, frame_id)")));
+        assert!(c.iter().any(|q| q.ends_with("Distributed(`c`, `p`, `stack_frames_local`, stack_id)")));
     }
 
     #[test]

@@ -10,14 +10,11 @@
 //! after the server's latest are sent.
 //!
 //! In a sharded cluster every insert goes into the node's own server's `_local` tables, stacks
-//! included: an insert through a `Distributed` table made synchronous fails while any shard is
+//! and frames included: an insert through a `Distributed` table made synchronous fails while any shard is
 //! down, which would stop every node of the fleet whenever one shard stops. A stack may then be
 //! on several shards; readers take one row per id. Catching up is paced (`pace`).
 
-use std::{
-    collections::HashSet,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
@@ -25,12 +22,13 @@ use super::{
     config::Config,
     counters::CounterRows,
     error::ShipError,
+    frames::Shipped,
     http::Client,
     notes, pace,
     rows::{Batch, CpuSeconds},
     schema::{
         self,
-        col::{CPUS, HOST, HZ, NODE, ONLINE, TS, VERSION},
+        col::{CPUS, FRAME_ID, HOST, HZ, NODE, ONLINE, STACK_ID, TS, VERSION},
     },
 };
 use crate::{
@@ -56,8 +54,8 @@ const SETTLE_NS: u64 = 5 * SEC;
 const MIN_PENDING_NS: u64 = 5 * SEC;
 /// Seconds read from the store at a time (the memory bound beyond `batch_rows`).
 const STEP_NS: u64 = 10 * SEC;
-/// Stack ids remembered as shipped (~4 MiB of set); past this the set starts over (a re-sent
-/// stack collapses in merges).
+/// Stack ids (and frame ids, each) remembered as shipped (~4 MiB of set); past this the set
+/// starts over (a re-sent stack or frame collapses in merges).
 const SHIPPED_STACKS_MAX: usize = 1 << 18;
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -71,7 +69,8 @@ pub struct Follower {
     cursor: Cursor,
     stats: SharedStats,
     stop: watch::Receiver<bool>,
-    shipped_stacks: HashSet<u64>,
+    /// Stacks and frames sent (or in the batch being built).
+    shipped: Shipped,
     /// The last insert may or may not have landed.
     uncertain: bool,
     /// Server version, once the schema is in place.
@@ -121,7 +120,7 @@ impl Follower {
             cursor,
             stats,
             stop,
-            shipped_stacks: HashSet::new(),
+            shipped: Shipped::default(),
             uncertain: true,
             version: None,
             next_ns,
@@ -150,8 +149,9 @@ impl Follower {
                     self.uncertain = true;
                     // The server may be a new one, without our tables.
                     self.version = None;
-                    // The failed batch's new stacks were marked shipped when it was built.
-                    self.shipped_stacks.clear();
+                    // The failed batch's new stacks and frames were marked shipped when it was
+                    // built.
+                    self.shipped.clear();
                     self.node_shipped = None;
                     self.wait(backoff);
                     self.figures(|s| s.retries += 1);
@@ -248,7 +248,7 @@ impl Follower {
         {
             let next = (to + STEP_NS).min(settled).min(day_end);
             let window = Window::new(to, next)?;
-            let shipped = &mut self.shipped_stacks;
+            let shipped = &mut self.shipped;
             for_each_sample(&mut store, window, &Filter::default(), |s| batch.push(s, shipped))?;
             for (kind, store) in &mut cuda {
                 for_each_sample(store, window, &Filter::default(), |s| batch.push_cuda(*kind, s, shipped))?;
@@ -271,8 +271,18 @@ impl Follower {
         }
         if batch.new_stacks > 0 {
             // Only those the server lacks (`known`): a shard's nodes share most of their stacks.
-            let table = self.table(schema::STACKS);
-            batch.drop_known_stacks(&super::known::known(&self.client, &table, batch.new_stack_ids())?);
+            let table = self.table(schema::STACK_FRAMES);
+            batch.drop_known_stacks(&super::known::known(&self.client, &table, STACK_ID, batch.new_stack_ids())?);
+        }
+        if !batch.frames.is_empty() {
+            // And of their frames, those it lacks (frames of other stacks it has, mostly).
+            let table = self.table(schema::FRAME_DICT);
+            batch.frames.drop_known(&super::known::known(&self.client, &table, FRAME_ID, batch.frames.ids())?);
+        }
+        if !batch.frames.is_empty() {
+            // Before the stacks that name them: a reader that sees a stack finds its frames.
+            let bytes = self.client.insert(&self.table(schema::FRAME_DICT), "RowBinary", &batch.frames.encode())?;
+            self.figures(|s| s.stack_bytes += bytes as u64);
         }
         if batch.new_stacks > 0 {
             // Into the server the samples go to, before them: a reader never sees a sample whose
@@ -281,7 +291,7 @@ impl Follower {
                 // Before the stacks: a reader that sees a stack sees where it lives.
                 self.client.insert(&self.table(schema::STACK_LOCATIONS), "RowBinary", &batch.locations)?;
             }
-            let bytes = self.client.insert(&self.table(schema::STACKS), "RowBinary", &batch.stacks)?;
+            let bytes = self.client.insert(&self.table(schema::STACK_FRAMES), "RowBinary", &batch.stacks)?;
             self.figures(|s| s.stacks += batch.new_stacks as u64);
             self.figures(|s| s.stack_bytes += bytes as u64);
         }
@@ -330,8 +340,8 @@ impl Follower {
         self.cursor.save(to)?;
         self.next_ns = Some(to);
         self.figures(|s| s.cursor_ns = to);
-        if self.shipped_stacks.len() > SHIPPED_STACKS_MAX {
-            self.shipped_stacks.clear();
+        if self.shipped.stacks.len() > SHIPPED_STACKS_MAX || self.shipped.frames.len() > SHIPPED_STACKS_MAX {
+            self.shipped.clear();
         }
         Ok(Progress::Shipped { rows: 0 })
     }

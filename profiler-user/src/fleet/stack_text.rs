@@ -1,0 +1,271 @@
+//! The stacks' text, for every read that shows or filters by frames: through the frames
+//! dictionary (`stack_frames`: a stack as frame ids; `frames`: each frame's text once,
+//! `ship::clickhouse::frames`), assembled here. A read fetches 8 bytes a frame, then only the
+//! distinct frames its stacks name: a Python training fleet's stacks share most of their
+//! frames, so the text travels once, not once per stack.
+//!
+//! Servers that daemons of earlier versions shipped to hold stacks as text in `stacks`: a stack
+//! id the dictionary lacks is looked up there, and the conditions the server evaluates on a
+//! stack's frames (kernel-ending, softirq) read both while `stacks` has rows.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::atomic::Ordering::Relaxed,
+};
+
+use super::{Fleet, FleetError, pushdown::Frames};
+use crate::ship::clickhouse::schema::{self, col::*, quote_str};
+
+/// The frame shown where a stack names a frame id `frames` lacks (a frame's insert comes before
+/// its stacks', so only a table damaged or cut by hand shows it).
+pub(crate) const MISSING_FRAME: &str = "[frame not in ClickHouse]";
+/// Ids per request: 20 bytes of SQL each, well under the server's 256 KiB `max_query_size`.
+const BATCH: usize = 4_000;
+
+/// A stack as `stack_frames` holds it: frame ids root first, a kernel flag per frame.
+type IdStack = (Vec<u64>, Vec<u8>);
+
+/// The tables a server holds stacks in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sources {
+    /// `stack_frames` and `frames` exist (a shipper of this version made them).
+    pub dictionary: bool,
+    /// `stacks` holds rows (shipped by daemons from before the dictionary).
+    pub text: bool,
+}
+
+impl Sources {
+    /// What the server holds now (`stacks` checked at each call: an older daemon may still ship).
+    pub fn of(fleet: &Fleet) -> Result<Self, FleetError> {
+        let text =
+            !fleet.rows(&format!("SELECT 1 FROM {} LIMIT 1", fleet.table(schema::STACKS)), |r| r.u8())?.is_empty();
+        Ok(Self { dictionary: dictionary(fleet)?, text })
+    }
+
+    /// ` AND stack_id` among the stacks named by `ids` (a subquery of stack ids) whose frames
+    /// meet `cond`, on the server.
+    pub fn only(&self, fleet: &Fleet, ids: &str, cond: Cond) -> String {
+        let mut parts = Vec::new();
+        if self.dictionary {
+            parts.push(format!(
+                "{STACK_ID} GLOBAL IN (SELECT {STACK_ID} FROM {} WHERE {STACK_ID} GLOBAL IN ({ids}) AND {})",
+                fleet.table(schema::STACK_FRAMES),
+                cond.on_ids(fleet)
+            ));
+        }
+        if self.text || !self.dictionary {
+            parts.push(format!(
+                "{STACK_ID} GLOBAL IN (SELECT {STACK_ID} FROM {} WHERE {STACK_ID} GLOBAL IN ({ids}) AND {})",
+                fleet.table(schema::STACKS),
+                cond.on_text()
+            ));
+        }
+        format!(" AND ({})", parts.join(" OR "))
+    }
+
+    /// A `FROM` of (`stack_id`, `kernel`) rows of the stacks meeting `where_` (`stack_id`
+    /// conditions), from whichever tables hold them.
+    pub fn kernel_rows(&self, fleet: &Fleet, where_: &str) -> String {
+        let of = |t: &str| format!("SELECT {STACK_ID}, {KERNEL} FROM {} WHERE {where_}", fleet.table(t));
+        match (self.dictionary, self.text || !self.dictionary) {
+            (true, true) => format!("({} UNION ALL {})", of(schema::STACK_FRAMES), of(schema::STACKS)),
+            (true, false) => format!("({})", of(schema::STACK_FRAMES)),
+            _ => format!("({})", of(schema::STACKS)),
+        }
+    }
+}
+
+/// A condition on a stack's frames that the server evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cond {
+    /// The leaf is a kernel frame.
+    KernelLeaf,
+    /// The first kernel frame is a `[softirq:NAME]` marker (`exec_context`).
+    Softirq,
+}
+
+impl Cond {
+    fn on_text(self) -> String {
+        match self {
+            Cond::KernelLeaf => format!("{KERNEL}[length({KERNEL})] = 1"),
+            Cond::Softirq => format!(
+                "startsWith({FRAMES}[indexOf({KERNEL}, 1)], '[softirq:') AND endsWith({FRAMES}[indexOf({KERNEL}, 1)], ']')"
+            ),
+        }
+    }
+
+    fn on_ids(self, fleet: &Fleet) -> String {
+        match self {
+            Cond::KernelLeaf => format!("{KERNEL}[length({KERNEL})] = 1"),
+            // No kernel frame: index 0, id 0, which no frame has.
+            Cond::Softirq => format!(
+                "{FRAME_IDS}[indexOf({KERNEL}, 1)] GLOBAL IN (SELECT {FRAME_ID} FROM {} \
+                 WHERE startsWith({NAME}, '[softirq:') AND endsWith({NAME}, ']'))",
+                fleet.table(schema::FRAME_DICT)
+            ),
+        }
+    }
+}
+
+/// Whether the server has the dictionary's tables; once seen, remembered (they are not dropped).
+fn dictionary(fleet: &Fleet) -> Result<bool, FleetError> {
+    if fleet.dictionary.load(Relaxed) {
+        return Ok(true);
+    }
+    let sql = format!(
+        "SELECT toUInt64(count()) FROM system.tables WHERE database = {} AND name IN ({}, {})",
+        quote_str(&fleet.database),
+        quote_str(schema::STACK_FRAMES),
+        quote_str(schema::FRAME_DICT)
+    );
+    let there = fleet.rows(&sql, |r| r.u64())?.first().copied() == Some(2);
+    fleet.dictionary.store(there, Relaxed);
+    Ok(there)
+}
+
+/// Frames and kernel flags of the stacks `ids` name (those ClickHouse has; [`each`]).
+pub(super) fn by_id(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result<HashMap<u64, Frames>, FleetError> {
+    let mut out = HashMap::new();
+    each(fleet, ids, |id, stack| {
+        out.insert(id, stack);
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with the frames and kernel flags of each stack of `ids` that ClickHouse has: from
+/// the dictionary, then `stacks` for the ids it lacks. Requests go in id order, [`BATCH`] ids
+/// each, so that together they read each table's key once; each distinct frame's text is
+/// fetched once. A stack's text is made when `f` takes it (a fold of 40,000 deep stacks keeps
+/// their ids and each frame once, not 40,000 lists of names).
+pub(super) fn each(
+    fleet: &Fleet,
+    ids: impl IntoIterator<Item = u64>,
+    mut f: impl FnMut(u64, Frames),
+) -> Result<(), FleetError> {
+    let ids: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
+    let mut found = std::collections::HashSet::new();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    if dictionary(fleet)? {
+        let mut stacks: HashMap<u64, IdStack> = HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(BATCH) {
+            let rows = fleet.rows(
+                &format!(
+                    "SELECT {STACK_ID}, any({FRAME_IDS}), any({KERNEL}) FROM {} WHERE {STACK_ID} IN ({}) \
+                     GROUP BY {STACK_ID}",
+                    fleet.table(schema::STACK_FRAMES),
+                    list(chunk)
+                ),
+                |r| Ok((r.u64()?, (r.u64s()?, r.bytes()?.to_vec()))),
+            )?;
+            stacks.extend(rows);
+        }
+        let names = frame_names(fleet, stacks.values().flat_map(|s| s.0.iter().copied()))?;
+        for (id, stack) in stacks {
+            found.insert(id);
+            f(id, assemble(stack, &names));
+        }
+    }
+    let missing: Vec<u64> = ids.into_iter().filter(|id| !found.contains(id)).collect();
+    for chunk in missing.chunks(BATCH) {
+        let rows = fleet.rows(
+            &format!(
+                "SELECT {STACK_ID}, any({FRAMES}), any({KERNEL}) FROM {} WHERE {STACK_ID} IN ({}) GROUP BY {STACK_ID}",
+                fleet.table(schema::STACKS),
+                list(chunk)
+            ),
+            |r| {
+                let id = r.u64()?;
+                let frames = r.strings()?.into_iter().map(String::from).collect();
+                Ok((id, (frames, r.bytes()?.to_vec())))
+            },
+        )?;
+        for (id, stack) in rows {
+            f(id, stack);
+        }
+    }
+    Ok(())
+}
+
+/// Frames and kernel flags of the stacks the rows of `table` in `range` name.
+pub(super) fn of_window(fleet: &Fleet, table: &str, range: &str) -> Result<HashMap<u64, Frames>, FleetError> {
+    let ids = fleet.rows(&format!("SELECT DISTINCT {STACK_ID} FROM {table} WHERE {range}"), |r| r.u64())?;
+    by_id(fleet, ids)
+}
+
+/// The text of each frame id of `ids` that `frames` holds, in id order.
+fn frame_names(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result<HashMap<u64, String>, FleetError> {
+    let ids: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
+    let mut out = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(BATCH) {
+        let rows = fleet.rows(
+            &format!(
+                "SELECT {FRAME_ID}, any({NAME}) FROM {} WHERE {FRAME_ID} IN ({}) GROUP BY {FRAME_ID}",
+                fleet.table(schema::FRAME_DICT),
+                list(chunk)
+            ),
+            |r| Ok((r.u64()?, r.string()?.to_string())),
+        )?;
+        out.extend(rows);
+    }
+    Ok(out)
+}
+
+fn list(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// A stack as text: each frame id replaced by its name ([`MISSING_FRAME`] where `names` lacks
+/// it), the kernel flags as stored.
+fn assemble((frame_ids, kernel): IdStack, names: &HashMap<u64, String>) -> Frames {
+    let frames = frame_ids.iter().map(|f| names.get(f).map_or(MISSING_FRAME, String::as_str).to_string());
+    (frames.collect(), kernel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ship::clickhouse::frames::frame_id;
+
+    #[test]
+    fn stacks_are_assembled_from_their_frames_ids() {
+        let names: HashMap<u64, String> =
+            ["main", "work", "read_zero"].iter().map(|n| (frame_id(n), n.to_string())).collect();
+        let ids = |ns: &[&str]| ns.iter().map(|n| frame_id(n)).collect::<Vec<_>>();
+        let stacks = HashMap::from([
+            (1, (ids(&["main", "work", "read_zero"]), vec![0, 0, 1])),
+            (2, (ids(&["main", "main"]), vec![0, 0])),
+            (3, (ids(&["main", "gone"]), vec![0, 1])),
+            (4, (Vec::new(), Vec::new())),
+        ]);
+        let out: HashMap<u64, Frames> = stacks.into_iter().map(|(id, s)| (id, assemble(s, &names))).collect();
+        let text = |id: u64| out[&id].0.iter().map(String::as_str).collect::<Vec<_>>();
+        assert_eq!(text(1), ["main", "work", "read_zero"]);
+        assert_eq!(out[&1].1, [0, 0, 1], "the kernel flags as stored");
+        assert_eq!(text(2), ["main", "main"], "a frame the stack repeats");
+        assert_eq!(text(3), ["main", MISSING_FRAME], "a frame the dictionary lacks is said, not dropped");
+        assert_eq!(out[&3].1, [0, 1]);
+        assert!(out[&4].0.is_empty());
+        assert_eq!(out.len(), 4);
+    }
+
+    #[test]
+    fn conditions_read_the_dictionary_and_old_stacks_while_those_hold_rows() {
+        let fleet = Fleet::new("http://127.0.0.1:1", "p").unwrap();
+        let both = Sources { dictionary: true, text: true };
+        let q = both.only(&fleet, "SELECT stack_id FROM x", Cond::Softirq);
+        assert!(q.starts_with(" AND (stack_id GLOBAL IN (SELECT stack_id FROM `p`.`stack_frames` WHERE"), "{q}");
+        assert!(q.contains("frame_ids[indexOf(kernel, 1)] GLOBAL IN (SELECT frame_id FROM `p`.`frames`"), "{q}");
+        assert!(q.contains(" OR stack_id GLOBAL IN (SELECT stack_id FROM `p`.`stacks` WHERE"), "{q}");
+        assert!(q.contains("startsWith(frames[indexOf(kernel, 1)], '[softirq:')"), "{q}");
+        let new = Sources { dictionary: true, text: false };
+        let q = new.only(&fleet, "S", Cond::KernelLeaf);
+        assert!(!q.contains("`stacks`") && q.contains("kernel[length(kernel)] = 1"), "{q}");
+        let old = Sources { dictionary: false, text: false };
+        assert!(!old.only(&fleet, "S", Cond::KernelLeaf).contains("stack_frames"));
+        assert!(both.kernel_rows(&fleet, "1").contains(" UNION ALL "));
+        assert_eq!(new.kernel_rows(&fleet, "1"), "(SELECT stack_id, kernel FROM `p`.`stack_frames` WHERE 1)");
+        assert_eq!(old.kernel_rows(&fleet, "1"), "(SELECT stack_id, kernel FROM `p`.`stacks` WHERE 1)");
+    }
+}
