@@ -20,7 +20,7 @@ rank that computes and never waits: a step of 1 ms of Python work then 2 launche
 about 2,000 launches a second: under the probes' rate guard).
 
 With --runtime-rate N it loads the stand-in runtime and host stubs (as --names) and launches the
-vecAdd stub from launch_runtime_steady at N a second for 4 s (each launch through
+vecAdd stub from launch_runtime_steady at N a second for 4 s (--seconds S: S) (each launch through
 cudaLaunchKernel and the driver's cuLaunchKernel), printing {"launches": n}.
 
 With --names it also loads the stand-in runtime (libcudart.so.12) and host stubs (libkernels.so)
@@ -247,7 +247,8 @@ def main():
     if "--names" in sys.argv:
         print(json.dumps(names(lib, rt, kernels, early)), flush=True)
     elif "--runtime-rate" in sys.argv:
-        n = launch_runtime_steady(kernels, int(sys.argv[sys.argv.index("--runtime-rate") + 1]), 4.0)
+        secs = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 4.0
+        n = launch_runtime_steady(kernels, int(sys.argv[sys.argv.index("--runtime-rate") + 1]), secs)
         print(json.dumps({"launches": n}), flush=True)
     elif "--stall" in sys.argv:
         steps = stall(lib, float(sys.argv[sys.argv.index("--stall") + 1]))

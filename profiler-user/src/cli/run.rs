@@ -89,9 +89,9 @@ pub struct RunArgs {
     /// as `[gpu] cuda_probes = false` [default: probe every process that maps libcuda.so.1].
     #[arg(long)]
     no_cuda_probes: bool,
-    /// CUDA calls a second per process above which the probes are on only part of the time
-    /// (their cost is a trap per call; counts then are scaled estimates, marked); as `[gpu]
-    /// cuda_max_calls_per_sec` [default: 12000].
+    /// CUDA probe hits a second per process above which the probes are on only part of the
+    /// time (their cost is a trap per call: 3,000 are about 1 % of a core; counts then are
+    /// scaled estimates, marked); as `[gpu] cuda_max_calls_per_sec` [default: 3000].
     #[arg(long)]
     cuda_max_calls_per_sec: Option<u32>,
     /// Off-CPU time: waits at least this long (ms) are recorded by stack, state and second

@@ -226,7 +226,7 @@ pub struct GpuFile {
     pub poll_ms: Option<u64>,
     /// Uprobes on `libcuda.so.1` in every process mapping it (`gpu::cuda`) [default: true].
     pub cuda_probes: Option<bool>,
-    /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 12000].
+    /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 3000].
     pub cuda_max_calls_per_sec: Option<u32>,
 }
 
@@ -399,7 +399,7 @@ mod tests {
         let text = &readme[start..start + readme[start..].find("```").unwrap()];
         let file: ConfigFile = toml::from_str(text).unwrap_or_else(|e| panic!("README's example: {e}"));
         assert_eq!(file.gpu.cuda_probes, Some(true));
-        assert_eq!(file.gpu.cuda_max_calls_per_sec, Some(12_000));
+        assert_eq!(file.gpu.cuda_max_calls_per_sec, Some(3_000));
         let value: toml::Table = toml::from_str(text).unwrap();
         let detect = value["detect"].as_table().expect("[detect]");
         let serde_json::Value::Object(defaults) = serde_json::to_value(crate::detect::Thresholds::default()).unwrap()

@@ -2,7 +2,7 @@
 //! the program counts it (about 2.5 µs here with the walk, far more where the probed instruction
 //! must be single-stepped), so a process launching faster than the budget allows gets its
 //! probes for part of the time only: duty cycling over periods of `PERIOD_SECS`, attached for
-//! the seconds the budget pays for, with the counts of those seconds scaled to the period and
+//! the seconds the budget pays for (a budget of hits per period, so that a burst is exact), with the counts of those seconds scaled to the period and
 //! marked as estimates. Counting without stacks would not help: the trap is the cost.
 //!
 //! Each process has its own cycle (`super::Proc`): off, it is switched off in the kernel's
@@ -22,20 +22,23 @@ pub fn hits(key: &CudaKey, calls: u64) -> u64 {
     if key.kind == kind::LAUNCH && func::tag(key.func) == func::STUB { calls.saturating_mul(2) } else { calls }
 }
 
-/// One process's duty cycle.
+/// One process's duty cycle. The budget is spent over a period, not a second: a burst (a
+/// program's start, a few thousand launches at once) that stays within the period's hits is
+/// counted exactly; a sustained rate over the budget is cut as soon as it has spent it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DutyCycle {
     /// Seconds into the current period.
     second: u32,
     /// Seconds of the period the probes are attached (the first ones).
     on_secs: u32,
-    /// Highest per-process rate (calls a second) seen while attached in this period.
-    peak: f64,
+    /// Hits counted in this period's attached seconds, and how many seconds those were.
+    spent: f64,
+    measured: u32,
 }
 
 impl Default for DutyCycle {
     fn default() -> Self {
-        Self { second: 0, on_secs: PERIOD_SECS, peak: 0.0 }
+        Self { second: 0, on_secs: PERIOD_SECS, spent: 0.0, measured: 0 }
     }
 }
 
@@ -50,13 +53,15 @@ impl DutyCycle {
         self.on_secs < PERIOD_SECS
     }
 
-    /// A second passed; `rate`: the busiest process's calls in it, when the probes were attached
-    /// (`None`: they were not). Returns whether they are attached for the next second.
+    /// A second passed; `rate`: the process's hits in it, when the probes were attached
+    /// (`None`: they were not). `limit`: hits a second, on average over a period. Returns
+    /// whether they are attached for the next second.
     pub fn next(&mut self, rate: Option<f64>, limit: f64) -> bool {
         if let Some(r) = rate {
-            self.peak = self.peak.max(r);
-            // Over the budget while fully on: cut now, not at the period's end.
-            if !self.estimating() && r > limit {
+            self.spent += r;
+            self.measured += 1;
+            // The period's budget spent while fully on: cut now, not at the period's end.
+            if !self.estimating() && self.spent > limit * f64::from(PERIOD_SECS) {
                 self.start_period(limit);
                 return self.second < self.on_secs;
             }
@@ -68,11 +73,15 @@ impl DutyCycle {
         self.second < self.on_secs
     }
 
+    /// A new period, attached for the share of it the budget pays for at the rate measured in
+    /// the last one's attached seconds.
     fn start_period(&mut self, limit: f64) {
-        let fraction = if self.peak <= limit { 1.0 } else { limit / self.peak };
+        let rate = if self.measured == 0 { 0.0 } else { self.spent / f64::from(self.measured) };
+        let fraction = if rate <= limit { 1.0 } else { limit / rate };
         self.on_secs = ((fraction * f64::from(PERIOD_SECS)).floor() as u32).clamp(1, PERIOD_SECS);
         self.second = 0;
-        self.peak = 0.0;
+        self.spent = 0.0;
+        self.measured = 0;
     }
 }
 
@@ -80,27 +89,49 @@ impl DutyCycle {
 mod tests {
     use super::*;
 
+    /// Feeds `secs` seconds at `rate` (attached or not, as the cycle says); the seconds on.
+    fn run(d: &mut DutyCycle, secs: u32, rate: f64, limit: f64) -> u32 {
+        let mut attached = true;
+        let mut on = 0;
+        for _ in 0..secs {
+            attached = d.next(attached.then_some(rate), limit);
+            on += u32::from(attached);
+        }
+        on
+    }
+
     #[test]
     fn a_process_within_the_budget_keeps_its_probes_and_exact_counts() {
         let mut d = DutyCycle::default();
-        for _ in 0..35 {
-            assert!(d.next(Some(9_000.0), 10_000.0));
-        }
+        assert_eq!(run(&mut d, 35, 9_000.0, 10_000.0), 35);
         assert!(!d.estimating());
         assert_eq!(d.fraction(), 1.0);
     }
 
     #[test]
+    fn a_burst_within_the_periods_budget_is_counted_exactly() {
+        // A program's start: 25,000 launches in one second, then a few a second.
+        let mut d = DutyCycle::default();
+        assert!(d.next(Some(25_000.0), 3_000.0));
+        assert_eq!(run(&mut d, 30, 100.0, 3_000.0), 30);
+        assert!(!d.estimating());
+    }
+
+    #[test]
     fn a_process_over_the_budget_is_probed_the_share_of_time_the_budget_pays_for() {
         let mut d = DutyCycle::default();
-        // 25,000 launches a second against 10,000: 4 seconds of 10.
+        // 25,000 launches a second against 10,000: the period's 100,000 spent in the fifth
+        // second, then 4 seconds of 10.
+        for _ in 0..4 {
+            assert!(d.next(Some(25_000.0), 10_000.0));
+            assert!(!d.estimating());
+        }
         assert!(d.next(Some(25_000.0), 10_000.0));
         assert!(d.estimating());
         assert_eq!(d.fraction(), 0.4);
         let mut on = 0;
         for _ in 0..PERIOD_SECS * 3 {
-            let rate = Some(25_000.0);
-            if d.next(rate, 10_000.0) {
+            if d.next(Some(25_000.0), 10_000.0) {
                 on += 1;
             }
         }
@@ -108,9 +139,18 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_bound_loop_is_held_to_the_default_budget() {
+        // `cargo xtask bench cuda-step`: 13,200 launches a second against the default.
+        let mut d = DutyCycle::default();
+        run(&mut d, 60, 13_200.0, crate::gpu::cuda::MAX_CALLS_PER_SEC);
+        assert_eq!(d.fraction(), 0.2);
+        assert_eq!(run(&mut d, 100, 13_200.0, crate::gpu::cuda::MAX_CALLS_PER_SEC), 20);
+    }
+
+    #[test]
     fn the_probes_come_back_fully_once_the_rate_falls() {
         let mut d = DutyCycle::default();
-        d.next(Some(50_000.0), 10_000.0);
+        run(&mut d, 3, 50_000.0, 10_000.0);
         assert_eq!(d.on_secs, 2);
         let mut attached = true;
         for _ in 0..PERIOD_SECS * 2 {
@@ -128,7 +168,7 @@ mod tests {
         assert_eq!(hits(&key(kind::SYNC, 0), 50), 50);
         // 7,000 runtime launches a second are 14,000 hits: over a 12,000 budget.
         let mut d = DutyCycle::default();
-        d.next(Some(hits(&key(kind::LAUNCH, func::STUB | 1), 7_000) as f64), 12_000.0);
+        run(&mut d, 10, hits(&key(kind::LAUNCH, func::STUB | 1), 7_000) as f64, 12_000.0);
         assert!(d.estimating());
     }
 
