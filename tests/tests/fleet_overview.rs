@@ -411,6 +411,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
         window: Window::new(t, t + 10 * SEC).unwrap(),
         nodes: node_filter(&["n1".into()]),
         pieces,
+        fleet_pieces: Vec::new(),
         cpu: profiler::fleet::minutes::Split::raw(Window::new(t, t + 10 * SEC).unwrap()),
     };
     let queries = [
@@ -735,7 +736,8 @@ fn fleet_benchmark() {
         let fleet = Fleet::new(&url, "profiler").unwrap();
         let window = Window::new(start, end).unwrap();
         let cpu = profiler::fleet::minutes::Split::raw(window);
-        let sql = Sql { fleet: &fleet, window, nodes: String::new(), pieces: Vec::new(), cpu };
+        let sql =
+            Sql { fleet: &fleet, window, nodes: String::new(), pieces: Vec::new(), fleet_pieces: Vec::new(), cpu };
         let queries = [
             ("busy", sql.busy()),
             ("grid", sql.grid(choose_bucket(window).0)),

@@ -92,9 +92,21 @@ const FIRST_LOOK_NS: u64 = 86_400 * 1_000_000_000;
 impl Coverage {
     /// Read from the server for `window`: from which unit each rollup holds whole units there.
     /// A rollup with rows in the unit before the window ran before it (all of it resolves);
-    /// otherwise its first unit in the window may be its first ever, and is left out. Only the
-    /// partitions of the window's first day are read first, the rest only if those hold none.
+    /// otherwise its first unit in the window may be its first ever, and is left out, unless
+    /// the raw rows hold nothing before it either (from the unit before the window): then the
+    /// data begins there, and the view saw all of it (a fleet's first minutes; the scale bench).
+    /// Only the partitions of the window's first day are read first, the rest only if those
+    /// hold none.
     pub fn read(fleet: &Fleet, window: Window) -> Result<Self, FleetError> {
+        // Whether raw rows exist in [a, b): the first one found answers (the parts' ranges of
+        // `ts` skip the rest).
+        let raw_before = |a: u64, b: u64| -> Result<bool, FleetError> {
+            let sql = format!(
+                "SELECT toUInt64(count()) FROM (SELECT 1 FROM {} WHERE {TS} >= {a} AND {TS} < {b} LIMIT 1)",
+                fleet.table(schema::SAMPLES)
+            );
+            Ok(fleet.rows(&sql, |r| r.u64())?.first().is_some_and(|&n| n > 0))
+        };
         let first = |s: Source| -> Result<Option<u64>, FleetError> {
             let unit = s.unit_ns();
             let start = window.from_ns / unit * unit;
@@ -115,7 +127,12 @@ impl Coverage {
                 Err(FleetError::NoNodes(_)) => return Ok(None),
                 Err(e) => return Err(e),
             };
-            Ok(found.map(|ts| if ts < start { start } else { ts + unit }))
+            match found {
+                Some(ts) if ts < start => Ok(Some(start)),
+                Some(ts) if !raw_before(start.saturating_sub(unit), ts)? => Ok(Some(ts)),
+                Some(ts) => Ok(Some(ts + unit)),
+                None => Ok(None),
+            }
         };
         Ok(Self {
             minutes_from: first(Source::Minutes)?,
