@@ -45,6 +45,8 @@
  *   0 samples dry        (the buffer ran dry, as an idle GPU's does: NVML_ERROR_NOT_FOUND)
  *   0 samples none       (this GPU has none: NVML_ERROR_NOT_SUPPORTED)
  *   0 sample_clock boot
+ *   0 samples_room 200   (arrays under 200 samples are refused: NVML_ERROR_INSUFFICIENT_SIZE, the
+ *                        count set to 200, as a driver that wants room for all it may have)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -454,6 +456,11 @@ int nvmlDeviceGetSamples(nvmlDevice_t d, int type, unsigned long long last_seen,
     if (!samples) {
         *count = (unsigned int)SAMPLES_KEPT;
         return OK;
+    }
+    unsigned long long room = 0;
+    if (number(gpu, "samples_room", &room) == OK && *count < room) {
+        *count = (unsigned int)room;
+        return INSUFFICIENT_SIZE;
     }
     struct timespec now;
     clock_gettime(fact(gpu, "sample_clock", v, sizeof v) == 0 && strcmp(v, "boot") == 0 ? CLOCK_BOOTTIME : CLOCK_REALTIME,

@@ -6,7 +6,7 @@
 //!   poller's 100 ms grid), several a second, and `profiler status` says where they come from;
 //! - an idle GPU whose buffer runs dry (`NVML_ERROR_NOT_FOUND`) still reads, once a second;
 //! - samples stamped on the time since boot (as some drivers stamp them) land at their wall-clock
-//!   time.
+//!   time, from a driver that refuses an array smaller than it asks for.
 //!
 //! A driver without samples is polled every 100 ms: `gpu`'s half-library test.
 
@@ -108,14 +108,15 @@ fn utilisation_points_are_nvmls_samples_at_their_times_and_a_dry_buffer_still_re
 }
 
 #[test]
-fn samples_stamped_since_boot_land_at_their_wall_clock_time() {
-    let test = "samples_stamped_since_boot_land_at_their_wall_clock_time";
+fn samples_stamped_since_boot_land_at_their_wall_clock_time_whatever_room_the_driver_wants() {
+    let test = "samples_stamped_since_boot_land_at_their_wall_clock_time_whatever_room_the_driver_wants";
     let tmp = tempfile::tempdir().unwrap();
     let Some(nvml) = StandIn::build_or_skip(tmp.path(), false, test) else { return };
     if !privileged(test) {
         return;
     }
-    nvml.say(&facts("0 sample_clock boot\n"));
+    // And a driver that refuses an array with less room than it asks for (`samples_room`).
+    nvml.say(&facts("0 sample_clock boot\n0 samples_room 200\n"));
     let data = tmp.path().join("data");
     let mut daemon = Daemon::start(&data, &["--nvml-library", nvml.lib_str()]);
     daemon.wait_ready();

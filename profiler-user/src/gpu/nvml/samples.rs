@@ -12,7 +12,8 @@
 //! - no sample newer than that is `NVML_ERROR_NOT_FOUND`, or an empty answer: the buffer runs dry
 //!   while a GPU idles. Not an error: the caller takes one `nvmlDeviceGetUtilizationRates` then;
 //! - the array is filled oldest first with as many as it holds: one call with room for
-//!   [`CAPACITY`], again while it comes back full (bounded by [`MAX_CALLS`]);
+//!   [`CAPACITY`], again while it comes back full (bounded by [`MAX_CALLS`]); a driver answering
+//!   `NVML_ERROR_INSUFFICIENT_SIZE` instead gets the room its count asks for;
 //! - the value type is NVML's to say (unsigned int for utilisation, as documented; every type of
 //!   the union is read); a value outside 0-100 % is dropped (seen on drivers with stale
 //!   processes);
@@ -34,6 +35,8 @@ use nvml_wrapper::{
 pub const CAPACITY: usize = 128;
 /// Calls per GPU and kind in one read at most (a buffer refilled faster than read).
 pub const MAX_CALLS: usize = 8;
+/// Samples room is made for at most, for a driver that refuses a smaller array.
+const MAX_ROOM: usize = 4096;
 /// Stamps below this many µs are not on the Unix epoch (it is 2001-09-09): time since boot.
 const EPOCH_US_FLOOR: u64 = 1_000_000_000_000_000;
 
@@ -153,9 +156,9 @@ impl Sampler {
         let seen = self.gpus.get_mut(index as usize).ok_or(NvmlError::InvalidArg)?;
         let slot = kind as usize - 1;
         let mut raw: Vec<(u64, f64)> = Vec::new();
-        let mut buf = [RawSample::default(); CAPACITY];
+        let mut buf = vec![RawSample::default(); CAPACITY];
         for _ in 0..MAX_CALLS {
-            let (mut value_type, mut count) = (0u32, CAPACITY as u32);
+            let (mut value_type, mut count) = (0u32, buf.len() as u32);
             // SAFETY: NVML's own function, with a live handle, out-parameters that outlive the
             // call and an array of `count` samples laid out as `nvmlSample_t` (a u64 stamp, an
             // 8-byte union).
@@ -165,9 +168,15 @@ impl Sampler {
             match nvml_try(code) {
                 Ok(()) => {}
                 Err(NvmlError::NotFound) => break,
+                // A driver that wants room for all it has rather than filling what fits: `count`
+                // says how much (bounded), and the call is made again.
+                Err(NvmlError::InsufficientSize(_)) if (count as usize) > buf.len() && buf.len() < MAX_ROOM => {
+                    buf.resize((count as usize).min(MAX_ROOM), RawSample::default());
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
-            let got = (count as usize).min(CAPACITY);
+            let got = (count as usize).min(buf.len());
             for s in &buf[..got] {
                 // Not newer than asked (a driver that repeats the last one): already counted.
                 if s.ts_us <= seen.last_us[slot] {
@@ -179,7 +188,7 @@ impl Sampler {
             }
             let newest = buf[..got].iter().map(|s| s.ts_us).max().unwrap_or(0);
             seen.last_us[slot] = seen.last_us[slot].max(newest);
-            if got < CAPACITY {
+            if got < buf.len() {
                 break;
             }
         }
