@@ -189,16 +189,6 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
     let findings = same_answer(&data, &url, node, &[&["findings", "--format", "json"][..], &w].concat());
     assert!(String::from_utf8_lossy(&findings).contains(&finding));
     same_answer(&data, &url, node, &[&["events", "--format", "json"][..], &w].concat());
-    // `--around` and a report reach 1 s past a finding's end, and the daemon's stop closed
-    // findings at a time ClickHouse has no samples for yet: the next run ships them.
-    let stopped = now_secs().ceil() as u64;
-    let mut again = start_daemon(&data, node, &url, "");
-    wait_shipped(&data, (stopped + 2) * SEC);
-    again.kill9();
-    same_answer(&data, &url, node, &["flamegraph", "--format", "folded", "--around", &finding]);
-    let report = tmp.path().join("report.html");
-    same_report(&data, &url, node, &report, &w);
-    eprintln!("[{a}, {b}): {} folded lines and every read command alike", folded.lines().count());
 
     // A server that daemons from before the frames dictionary shipped to holds stacks as text
     // (`stacks`): the reads answer alike from it, and from one holding some stacks each way.
@@ -213,6 +203,16 @@ fn read_commands_answer_from_clickhouse_as_from_the_store() {
     ] {
         same_answer_in(&data, &url, "old", node, &[args, &w].concat());
     }
+    // `--around` and a report reach 1 s past a finding's end, and the daemon's stop closed
+    // findings at a time ClickHouse has no samples for yet: the next run ships them.
+    let stopped = now_secs().ceil() as u64;
+    let mut again = start_daemon(&data, node, &url, "");
+    wait_shipped(&data, (stopped + 2) * SEC);
+    again.kill9();
+    same_answer(&data, &url, node, &["flamegraph", "--format", "folded", "--around", &finding]);
+    let report = tmp.path().join("report.html");
+    same_report(&data, &url, node, &report, &w);
+    eprintln!("[{a}, {b}): {} folded lines and every read command alike", folded.lines().count());
 
     // A read bounded in rows: the heaviest come, the rest is summed as one line, said so.
     {

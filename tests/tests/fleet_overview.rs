@@ -377,9 +377,10 @@ fn fleet_sql_runs_on_current_clickhouse() {
             Fleet,
             overview::{Sql, node_filter},
             rollup::{Piece, Source},
+            stack_text::Sources,
         },
         query::Window,
-        ship::clickhouse::schema,
+        ship::clickhouse::{frames::frame_id, schema},
     };
     let mut statements =
         schema::statements(&schema::Layout { database: "p", cluster: None, ttl_secs: Some(604_800), codecs: true });
@@ -392,7 +393,10 @@ fn fleet_sql_runs_on_current_clickhouse() {
             "INSERT INTO p.cpu_seconds VALUES ('n1', {t}, {SEC}, 0, 90, 10, 9, 0, 99), ('n1', {t}, {SEC}, 0, 90, 10, 9, 0, 99), \
              ('n1', {t}, {SEC}, 1, 10, 10, 89, 0, 99)"
         ),
-        "INSERT INTO p.stacks VALUES (7, ['main', 'do_syscall_64'], [0, 1]), (8, ['main'], [0])".into(),
+        // Stack 7 as text (`stacks`, as daemons before the frames dictionary wrote it), 8 as ids.
+        "INSERT INTO p.stacks VALUES (7, ['main', 'do_syscall_64'], [0, 1])".into(),
+        format!("INSERT INTO p.stack_frames VALUES (8, [{}], [0])", frame_id("main")),
+        format!("INSERT INTO p.frames VALUES ({}, 'main')", frame_id("main")),
         format!("INSERT INTO p.samples VALUES ('n1', {}, 1, 2, 3, 'bash', 7, '', 4), ('n1', {}, 0, 2, 3, 'bash', 8, '', 6)", t + 1, t + 2),
         format!("INSERT INTO p.events VALUES ('n1', {}, 'e1', 'p', 'ena reset')", t + 3),
         format!("INSERT INTO p.findings VALUES ('n1', 'f1', 'saturated-core', {t}, 0, 0, 'warning', 's', '{{}}', 1)"),
@@ -421,10 +425,9 @@ fn fleet_sql_runs_on_current_clickhouse() {
         (sql.findings(), "n1\tsaturated-core\t1"),
         (sql.events(), "n1\t1"),
         (sql.top(1), "bash\t8\t11\t1"),
-        (sql.stacks(&[7]), "7\t['main','do_syscall_64']\t[0,1]"),
         (sql.matching_events("ena.*reset"), &format!("n1\t{}\te1\tena reset", t + 3)),
         (sql.matching_count("ena.*reset"), "1"),
-        (sql.event_cpu("n1", t + 3), "1\t4\t4"),
+        (sql.event_cpu("n1", t + 3, &Sources { dictionary: true, text: true }), "1\t4\t4"),
         (sql.event_stacks("n1", t + 3, 1), "bash\t7\t4"),
     ];
     let n = statements.len();
