@@ -90,8 +90,9 @@ pub struct RunArgs {
     #[arg(long)]
     no_cuda_probes: bool,
     /// CUDA probe hits a second per process above which the probes are on only part of the
-    /// time (their cost is a trap per call: 3,000 are about 1 % of a core; counts then are
-    /// scaled estimates, marked); as `[gpu] cuda_max_calls_per_sec` [default: 3000].
+    /// time (their cost is a trap per call; counts then are scaled estimates, marked); as
+    /// `[gpu] cuda_max_calls_per_sec` [default: 0, 1 % of the process's CPU time: 3,000 on a
+    /// core, at least 1,000].
     #[arg(long)]
     cuda_max_calls_per_sec: Option<u32>,
     /// Off-CPU time: waits at least this long (ms) are recorded by stack, state and second

@@ -226,21 +226,24 @@ pub struct GpuFile {
     pub poll_ms: Option<u64>,
     /// Uprobes on `libcuda.so.1` in every process mapping it (`gpu::cuda`) [default: true].
     pub cuda_probes: Option<bool>,
-    /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 3000].
+    /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 1 % of each process's CPU
+    /// time, about 3,000 hits a second on a core].
     pub cuda_max_calls_per_sec: Option<u32>,
 }
 
 /// `--cuda-max-calls-per-sec` / `[gpu] cuda_max_calls_per_sec`, checked.
-pub fn cuda_max_calls(value: Option<u32>) -> Result<f64, ConfigError> {
-    let v = value.map_or(crate::gpu::cuda::MAX_CALLS_PER_SEC, f64::from);
+/// `None` (unset, or 0): the default, a share of each process's CPU time
+/// (`gpu::cuda::guard::budget`).
+pub fn cuda_max_calls(value: Option<u32>) -> Result<Option<f64>, ConfigError> {
+    let Some(v) = value.filter(|&v| v != 0).map(f64::from) else { return Ok(crate::gpu::cuda::MAX_CALLS_PER_SEC) };
     if !(10.0..=10_000_000.0).contains(&v) {
         return Err(ConfigError::Range {
             key: "gpu.cuda_max_calls_per_sec",
             value: v.to_string(),
-            allowed: "10 to 10000000 calls a second, such as 10000",
+            allowed: "10 to 10000000 calls a second, such as 10000, or 0 for 1 % of each process's CPU time",
         });
     }
-    Ok(v)
+    Ok(Some(v))
 }
 
 /// The GPU poller's settings: `None` when GPU tracks are off.
@@ -399,7 +402,7 @@ mod tests {
         let text = &readme[start..start + readme[start..].find("```").unwrap()];
         let file: ConfigFile = toml::from_str(text).unwrap_or_else(|e| panic!("README's example: {e}"));
         assert_eq!(file.gpu.cuda_probes, Some(true));
-        assert_eq!(file.gpu.cuda_max_calls_per_sec, Some(3_000));
+        assert_eq!(file.gpu.cuda_max_calls_per_sec, Some(0));
         let value: toml::Table = toml::from_str(text).unwrap();
         let detect = value["detect"].as_table().expect("[detect]");
         let serde_json::Value::Object(defaults) = serde_json::to_value(crate::detect::Thresholds::default()).unwrap()

@@ -105,7 +105,7 @@ pub struct DaemonConfig {
     /// Whether `libcuda.so.1` is probed in the processes mapping it (`gpu::cuda`).
     pub cuda: bool,
     /// The CUDA probes' rate guard: calls a second per process above which they are duty-cycled.
-    pub cuda_max_calls: f64,
+    pub cuda_max_calls: Option<f64>,
     /// Off-CPU waits at least this long are recorded (`offcpu`); 0: off.
     pub offcpu_threshold_ns: u64,
 }

@@ -71,7 +71,7 @@ pub struct StageConfig {
     /// Probe `libcuda.so.1` (`gpu::cuda`).
     pub cuda: bool,
     /// The CUDA rate guard's limit, calls a second per process.
-    pub cuda_max_calls: f64,
+    pub cuda_max_calls: Option<f64>,
     /// Off-CPU waits at least this long are recorded (`offcpu`); 0: off.
     pub offcpu_threshold_ns: u64,
 }

@@ -8,13 +8,17 @@
 //!   processes' load sets;
 //! - two launchers run throughout, started once: one calls `libcuda.so.1` (probed), its twin
 //!   the same code as `libnotcuda.so.1` (never probed: it shows what the machine did to both);
-//! - in blocks, the daemon (the defaults) stopped then running, many short rounds of each
-//!   launcher alternately in each phase.
+//! - in blocks, the daemon (the defaults) stopped then running, short rounds of each launcher
+//!   alternately for `PHASE` in each phase. With the daemon, the phase starts once the rate
+//!   guard has cut the launcher (its steady state: the probes on the share of each 10 s period
+//!   the budget pays for) and lasts two whole periods, so that the seconds with the probes and
+//!   those without are in it in their proportion.
 //!
-//! The figure is the launcher's median CPU a step with the daemon against without, per block,
-//! and the median of the blocks, with their spread; beside it the twin's (the daemon's effect
-//! on a process it does not probe: sampling, and noise) and the probes alone (the launcher
-//! against its twin, with against without).
+//! The figure is the launcher's mean CPU a step with the daemon against without (a mean, not a
+//! median: the probes' cost is in some rounds of a period and not others), per block, and the
+//! median of the blocks, with their spread; beside it the twin's (the daemon's effect on a
+//! process it does not probe: sampling, and noise) and the probes alone (the launcher against
+//! its twin, with against without).
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -33,8 +37,8 @@ use super::{
 const ADDR: &str = "127.0.0.1:17079";
 /// Steps a round: about 0.3 s of CPU.
 const STEPS: u64 = 200;
-/// Rounds of each launcher in each phase of a block.
-const ROUNDS: usize = 8;
+/// How long each phase of a block runs its rounds: two of the rate guard's periods.
+const PHASE: Duration = Duration::from_secs(20);
 
 /// A launch loop in `serve` mode: runs rounds of steps on request.
 struct Launcher {
@@ -98,11 +102,19 @@ fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     if v.is_empty() { f64::NAN } else { v[((v.len() - 1) as f64 * q).round() as usize] }
 }
 
-/// One phase: `ROUNDS` rounds of each launcher, alternating which goes first. The CPU
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// One phase: rounds of each launcher for [`PHASE`], alternating which goes first. The CPU
 /// nanoseconds a step of each round, (probed, twin), and the wall of the probed ones.
 fn phase(probed: &mut Launcher, twin: &mut Launcher) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     let (mut a, mut b, mut wall) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..ROUNDS {
+    let start = std::time::Instant::now();
+    for i in 0.. {
+        if start.elapsed() >= PHASE {
+            break;
+        }
         if i % 2 == 0 {
             let (c, w) = probed.round(STEPS)?;
             a.push(c);
@@ -133,8 +145,9 @@ pub fn run(root: &Path, profiler: &Path, blocks: usize) -> anyhow::Result<()> {
     let iters: u64 = text.trim().strip_prefix("iters=").and_then(|v| v.parse().ok()).context("calibration")?;
     let (mut probed, mut twin) = (Launcher::start(&bin, &probed_lib, iters)?, Launcher::start(&bin, &twin_lib, iters)?);
     println!(
-        "{blocks} blocks; in each, the daemon stopped then running (its defaults), {ROUNDS} rounds of {STEPS} steps of each launcher alternately; \
-         a step: {iters} x 100 multiply-adds (~1.5 ms of CPU) and 20 launches. Launcher CPU a step, medians of a phase.\n"
+        "{blocks} blocks; in each, the daemon stopped then running (its defaults; from the rate guard's first cut), {} s of rounds of {STEPS} steps of each launcher alternately; \
+         a step: {iters} x 100 multiply-adds (~1.5 ms of CPU) and 20 launches. Launcher CPU a step, means of a phase.\n",
+        PHASE.as_secs()
     );
     println!(
         "| block | load | without daemon, µs CPU a step | with | launcher | twin (not probed) | probes alone | wall a step, with |"
@@ -158,12 +171,20 @@ pub fn run(root: &Path, profiler: &Path, blocks: usize) -> anyhow::Result<()> {
                 std::thread::sleep(Duration::from_millis(1500)); // a drain
                 (calls() > before).then_some(())
             })?;
+            // The guard's steady state: the launcher cut to its share (or, under a budget it
+            // stays within, always on: then 12 s of it).
+            let warm = std::time::Instant::now();
+            let cut = || metric_sum(&metrics(ADDR).unwrap_or_default(), "profiler_cuda_estimated_processes") >= 1.0;
+            while !cut() && warm.elapsed() < Duration::from_secs(12) {
+                probed.round(100)?;
+                twin.round(100)?;
+            }
             phase(&mut probed, &mut twin)
         })();
         let _ = daemon.kill();
         let _ = daemon.wait();
         let (on_a, on_b, wall) = on?;
-        let (ma0, mb0, ma1, mb1) = (median(off_a.clone()), median(off_b), median(on_a.clone()), median(on_b));
+        let (ma0, mb0, ma1, mb1) = (mean(&off_a), mean(&off_b), mean(&on_a), mean(&on_b));
         let pct = |x: f64, y: f64| (x / y - 1.0) * 100.0;
         launcher.push(pct(ma1, ma0));
         twin_d.push(pct(mb1, mb0));

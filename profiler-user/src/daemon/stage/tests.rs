@@ -53,7 +53,7 @@ fn rig(queue_bytes: u64, hook: impl FnMut() + Send + 'static) -> Rig {
         flight: Default::default(),
         node: "test".into(),
         cuda: false,
-        cuda_max_calls: 10_000.0,
+        cuda_max_calls: Some(10_000.0),
         offcpu_threshold_ns: 0,
     };
     let links = Links {

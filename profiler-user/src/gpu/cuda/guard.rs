@@ -14,6 +14,56 @@ use profiler_common::cuda::{CudaKey, func, kind};
 /// Seconds per duty cycle.
 pub const PERIOD_SECS: u32 = 10;
 
+/// The default budget: this share of the process's own CPU time spent in probe hits, so that a
+/// launch-bound step is at most that much slower, however much of a core the process gets.
+pub const BUDGET_SHARE: f64 = 0.01;
+/// What a hit is taken to cost: a trap the kernel emulates and a deep Python walk
+/// (`cargo xtask bench cuda`: 0.9 µs for a shallow C stack, 2.4-2.7 µs for a Python one).
+pub const HIT_COST_SECS: f64 = 3.3e-6;
+/// Hits a second any process may spend whatever its CPU (a third of a percent of a core):
+/// a program that mostly waits on its GPU keeps exact counts at a modest launch rate.
+pub const FLOOR_PER_SEC: f64 = 1_000.0;
+
+/// The default budget of a process using `cpu` cores: hits a second.
+pub fn budget(cpu: f64) -> f64 {
+    (BUDGET_SHARE * cpu.max(0.0) / HIT_COST_SECS).max(FLOOR_PER_SEC)
+}
+
+/// A process's CPU time, read once a second from `/proc/PID/stat` (user and system, every
+/// thread, the traps included), smoothed over about a period.
+#[derive(Debug, Clone, Default)]
+pub struct CpuUse {
+    last: Option<(u64, std::time::Instant)>,
+    /// Cores used, smoothed.
+    pub cores: f64,
+}
+
+impl CpuUse {
+    /// Reads `pid`'s CPU time; the cores it used, smoothed (0 until two readings).
+    pub fn update(&mut self, pid: u32) -> f64 {
+        let Some(ticks) = cpu_ticks(pid) else { return self.cores };
+        let now = std::time::Instant::now();
+        if let Some((before, at)) = self.last.replace((ticks, now)) {
+            let secs = now.duration_since(at).as_secs_f64();
+            if secs > 0.0 {
+                let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+                let cores = ticks.saturating_sub(before) as f64 / hz / secs;
+                // An average over about a period: the clock ticks are 10 ms apart.
+                self.cores = if self.cores == 0.0 { cores } else { 0.8 * self.cores + 0.2 * cores };
+            }
+        }
+        self.cores
+    }
+}
+
+/// utime + stime of `pid`, clock ticks (fields 14 and 15 of `/proc/PID/stat`, after the comm,
+/// which may hold spaces and parentheses).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut f = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    Some(f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?)
+}
+
 /// The probe hits (traps) behind `calls` counted under `key`, what the budget is spent in: a
 /// launch through the runtime (`cudaLaunchKernel`, its host stub in the key) hit the runtime's
 /// probe and then the driver's, and is counted once; every other count, one hit a call. (The
@@ -139,12 +189,32 @@ mod tests {
     }
 
     #[test]
-    fn a_launch_bound_loop_is_held_to_the_default_budget() {
-        // `cargo xtask bench cuda-step`: 13,200 launches a second against the default.
+    fn a_launch_bound_loop_is_held_to_a_percent_of_its_cpu() {
+        // `cargo xtask bench cuda-step`: 13,200 launches a second on a whole core.
         let mut d = DutyCycle::default();
-        run(&mut d, 60, 13_200.0, crate::gpu::cuda::MAX_CALLS_PER_SEC);
+        let limit = budget(1.0);
+        assert!((3_000.0..3_100.0).contains(&limit), "{limit}");
+        run(&mut d, 60, 13_200.0, limit);
         assert_eq!(d.fraction(), 0.2);
-        assert_eq!(run(&mut d, 100, 13_200.0, crate::gpu::cuda::MAX_CALLS_PER_SEC), 20);
+        assert_eq!(run(&mut d, 100, 13_200.0, limit), 20);
+        // Half a core, half the budget: the probes' share of its CPU is what is held.
+        assert!((budget(0.5) - limit / 2.0).abs() < 1.0);
+        // Eight cores, eight times; a process that waits on its GPU, the floor.
+        assert!((budget(8.0) - 8.0 * limit).abs() < 1.0);
+        assert_eq!(budget(0.02), FLOOR_PER_SEC);
+    }
+
+    #[test]
+    fn a_process_cpu_time_is_read_from_its_stat() {
+        let me = std::process::id();
+        let before = cpu_ticks(me).expect("this process's stat");
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(100) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+        }
+        assert!(cpu_ticks(me).unwrap() > before, "100 ms of CPU is at least a tick");
+        assert_eq!(cpu_ticks(u32::MAX), None);
     }
 
     #[test]

@@ -65,13 +65,13 @@ const TRACKS_MAX: usize = 32;
 /// with the symbolizer's cache.
 const STACKS_KEPT: usize = 1024;
 
-/// Probe hits a second per process above which the rate guard duty-cycles the probes: a budget
-/// of time, 1 % of one core, spent in hits of about 3.3 µs (a trap the kernel emulates and a
-/// deep Python walk: `cargo xtask bench cuda`, 0.9 µs for a shallow C stack, 2.4-2.7 µs for a
-/// Python one). A launch-bound step loop is then at most 1 % slower (`cargo xtask bench
+/// Probe hits a second per process above which the rate guard duty-cycles the probes, when
+/// none is configured: a budget of time, 1 % of the process's own CPU time spent in hits of
+/// about 3.3 µs, at least 1,000 a second (`guard::budget`): 3,000 a second for a process on
+/// one core. A launch-bound step loop is then at most 1 % slower (`cargo xtask bench
 /// cuda-step`); a process launching faster is counted part of the time, its counts scaled
-/// estimates. 12,000, before, let such a loop lose 3-4 %.
-pub const MAX_CALLS_PER_SEC: f64 = 3_000.0;
+/// estimates. A fixed 12,000, before, let such a loop lose 3-4 %.
+pub const MAX_CALLS_PER_SEC: Option<f64> = None;
 
 /// Library files probed at most: each holds an open file and its probes' file descriptors.
 /// Only files that passed the checks count (a refused file takes no slot).
@@ -128,6 +128,10 @@ struct Proc {
     /// Its `map_files` entry for the library: gone once the process unmapped it.
     map_files: PathBuf,
     duty: guard::DutyCycle,
+    /// Its CPU time, which its budget is a share of.
+    cpu: guard::CpuUse,
+    /// Its hits a second allowed, as last worked out.
+    limit: f64,
     /// Switched off in the kernel (`CUDA_GATE`) for the coming second.
     gated: bool,
     /// Its calls a second, last measured while counted.
@@ -177,7 +181,8 @@ pub struct Recorder {
     /// last drain (a map is read a drain after the probes left it).
     written_for: f64,
     last_alive: Instant,
-    max_calls_per_sec: f64,
+    /// A fixed budget (`--cuda-max-calls-per-sec`), or `None`: a share of each process's CPU.
+    max_calls_per_sec: Option<f64>,
     /// `cuda.<pid>.launches` and `cuda.<pid>.sync_ms` tracks, beside the GPUs' (`None` until
     /// the first drain with counts, or when the counters directory cannot be written).
     tracks: Option<crate::store::counters::CountersWriter>,
@@ -189,8 +194,9 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// `max_calls_per_sec`: the rate guard's limit per process ([`MAX_CALLS_PER_SEC`] by default).
-    pub fn new(data_dir: &Path, max_calls_per_sec: f64) -> Self {
+    /// `max_calls_per_sec`: the rate guard's limit per process, or `None` for the default
+    /// ([`MAX_CALLS_PER_SEC`]: a share of each process's CPU time).
+    pub fn new(data_dir: &Path, max_calls_per_sec: Option<f64>) -> Self {
         let kept = |n| NonZeroUsize::new(n).expect("non-zero");
         Self {
             data_dir: data_dir.to_path_buf(),
@@ -213,7 +219,7 @@ impl Recorder {
             tracks: None,
             kernels: kernels::Kernels::default(),
             named: LruCache::new(kept(STACKS_KEPT)),
-            status: status::Status { max_calls_per_sec, ..Default::default() },
+            status: status::Status { max_calls_per_sec: max_calls_per_sec.unwrap_or(0.0), ..Default::default() },
         }
     }
 
@@ -477,6 +483,8 @@ impl Recorder {
                 runtime_looked: Instant::now(),
                 map_files: m.map_files,
                 duty: guard::DutyCycle::default(),
+                cpu: guard::CpuUse::default(),
+                limit: 0.0,
                 gated: false,
                 rate: 0.0,
                 intervals: VecDeque::new(),
@@ -519,7 +527,11 @@ impl Recorder {
                 p.rate = r;
             }
             let was = p.duty.estimating();
-            let on = p.duty.next(measured, self.max_calls_per_sec);
+            p.limit = match self.max_calls_per_sec {
+                Some(l) => l,
+                None => guard::budget(p.cpu.update(pid)),
+            };
+            let on = p.duty.next(measured, p.limit);
             if p.duty.estimating() != was {
                 let path = self.files.get(&p.file).map(|f| f.path.display().to_string()).unwrap_or_default();
                 if p.duty.estimating() {
@@ -527,7 +539,7 @@ impl Recorder {
                         library = %path,
                         pid,
                         calls_per_sec = p.rate.round(),
-                        limit = self.max_calls_per_sec,
+                        limit = p.limit.round(),
                         attached_percent = (p.duty.fraction() * 100.0).round(),
                         "CUDA calls faster than the probes' budget: probes attached part of the time, counts are \
                          estimates scaled to the whole time (this process's only)"
@@ -608,7 +620,12 @@ impl Recorder {
             .procs
             .iter()
             .filter(|(_, p)| p.duty.estimating())
-            .map(|(&pid, p)| status::Guarded { pid, fraction: p.duty.fraction(), calls_per_sec: p.rate })
+            .map(|(&pid, p)| status::Guarded {
+                pid,
+                fraction: p.duty.fraction(),
+                calls_per_sec: p.rate,
+                limit: p.limit.round(),
+            })
             .collect();
         guarded.sort_by(|a, b| b.calls_per_sec.total_cmp(&a.calls_per_sec));
         guarded.truncate(LISTED_MAX);

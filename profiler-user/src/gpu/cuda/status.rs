@@ -31,6 +31,9 @@ pub struct Guarded {
     pub pid: u32,
     pub fraction: f64,
     pub calls_per_sec: f64,
+    /// Its limit, hits a second (its own: a share of its CPU, unless one is configured).
+    #[serde(default)]
+    pub limit: f64,
 }
 
 /// Libraries some process maps that are not probed, by why.
@@ -76,7 +79,8 @@ pub struct Status {
     pub copy_bytes: u64,
     /// Counts whose stack the kernel map had no room for (its user's share was used) (stored under `[stack lost: ...]`).
     pub stacks_lost: u64,
-    /// The guard's limit, calls a second per process.
+    /// The guard's limit configured, calls a second per process; 0: the default, a share of
+    /// each process's CPU time (`guard::budget`).
     pub max_calls_per_sec: f64,
 }
 
@@ -106,6 +110,15 @@ impl Status {
         serde_json::from_slice(&std::fs::read(data_dir.join(FILE)).ok()?).ok()
     }
 
+    /// The limit, as the status says it.
+    fn limit_words(&self) -> String {
+        if self.max_calls_per_sec > 0.0 {
+            format!("the limit of {:.0}", self.max_calls_per_sec)
+        } else {
+            "its budget (1 % of its CPU time)".to_string()
+        }
+    }
+
     /// Lines for `profiler status`.
     pub fn describe(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
@@ -114,13 +127,13 @@ impl Status {
             .map(|l| match &l.error {
                 Some(e) => format!("{}: not probed ({} processes map it): {e}", l.path, l.processes),
                 None if l.fraction < 1.0 => format!(
-                    "{}: {} probes, {} processes; the busiest calls {:.0} times a second, over the limit of {:.0}: \
-                     counted {:.0} % of the time, its counts are estimates (the others' stay exact)",
+                    "{}: {} probes, {} processes; the busiest calls {:.0} times a second, over {}: counted {:.0} % \
+                     of the time, its counts are estimates (the others' stay exact)",
                     l.path,
                     l.probes,
                     l.processes,
                     l.calls_per_sec,
-                    self.max_calls_per_sec,
+                    self.limit_words(),
                     l.fraction * 100.0
                 ),
                 None => format!("{}: {} probes, {} processes", l.path, l.probes, l.processes),
@@ -131,10 +144,10 @@ impl Status {
         }
         for g in &self.guarded {
             lines.push(format!(
-                "pid {}: {:.0} calls/s over the limit of {:.0}: counted {:.0} % of the time, its counts are estimates",
+                "pid {}: {:.0} calls/s over its limit of {:.0}: counted {:.0} % of the time, its counts are estimates",
                 g.pid,
                 g.calls_per_sec,
-                self.max_calls_per_sec,
+                if g.limit > 0.0 { g.limit } else { self.max_calls_per_sec },
                 g.fraction * 100.0
             ));
         }
