@@ -68,6 +68,18 @@ H1_FROM_1M = [H1[0], f"CREATE MATERIALIZED VIEW p.samples_1h_mv TO p.samples_1h 
 FLEET1M = ["CREATE TABLE p.samples_fleet_1m (ts UInt64, comm String, stack_id UInt64, workload String, count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000) ORDER BY (ts, comm, stack_id, workload)",
       f"CREATE MATERIALIZED VIEW p.samples_fleet_1m_mv TO p.samples_fleet_1m AS SELECT intDiv(s.ts, 60000000000) * 60000000000 AS ts, comm, stack_id, {workload_class('s.workload')} AS workload, sum(s.count) AS count FROM p.samples AS s GROUP BY ts, comm, stack_id, workload"]
 
+def fleet(name, unit_ns, partition="86400000000000"):
+    """A fleet-wide rollup by class read from `samples` (schema.rs's `samples_fleet_*`, `samples_1d`)."""
+    return [f"CREATE TABLE p.{name} (ts UInt64, comm String, stack_id UInt64, workload String, count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, {partition}) ORDER BY (ts, comm, stack_id, workload)",
+            f"CREATE MATERIALIZED VIEW p.{name}_mv TO p.{name} AS SELECT intDiv(s.ts, {unit_ns}) * {unit_ns} AS ts, comm, stack_id, {workload_class('s.workload')} AS workload, sum(s.count) AS count FROM p.samples AS s GROUP BY ts, comm, stack_id, workload"]
+
+FLEET10M = fleet("samples_fleet_10m", 600000000000)
+D1 = fleet("samples_1d", 86400000000000, "86400000000000 * 30")
+# The fleet's seconds (issue 39, the edges of a fleet-wide window), and 10 seconds tried beside them.
+FLEET1S = fleet("samples_fleet_1s", 1000000000)
+FLEET10S = fleet("samples_fleet_10s", 10000000000)
+EVERY = M1 + H1 + FLEET1M + FLEET10M + D1
+
 M1_HASHED = [M1[0], "CREATE MATERIALIZED VIEW p.samples_1m_mv TO p.samples_1m AS SELECT any(s.node) AS node, intDiv(s.ts, 60000000000) * 60000000000 AS ts, any(s.comm) AS comm, s.stack_id AS stack_id, any(s.workload) AS workload, sum(s.count) AS count FROM p.samples AS s GROUP BY ts, s.stack_id, cityHash64(s.node), cityHash64(s.comm), cityHash64(s.workload)"]
 CONFIGS = {
     "samples only": [],
@@ -78,7 +90,11 @@ CONFIGS = {
     "+ 1m + 1h from 1m": M1 + H1_FROM_1M,
     "+ 1m hashed": M1_HASHED,
     "+ 1m hashed + 1h from 1m": M1_HASHED + H1_FROM_1M,
+    "every view (d9944cf)": EVERY,
+    "every view + fleet_1s": EVERY + FLEET1S,
+    "every view + 1s + 10s": EVERY + FLEET1S + FLEET10S,
 }
+ROLLUPS = ["samples_1m", "samples_1h", "samples_fleet_1m", "samples_fleet_10m", "samples_1d", "samples_fleet_1s", "samples_fleet_10s"]
 
 def main():
     p = start()
@@ -109,11 +125,11 @@ def main():
             for b in batches:
                 q("INSERT INTO p.samples FORMAT Native", b, gz=True)
             c1 = cpu(p.pid)
-            for t in ["samples", "samples_1m", "samples_1h", "samples_fleet_1m"]:
+            for t in ["samples"] + ROLLUPS:
                 if t == "samples" or any(f"p.{t} " in s for s in stmts):
                     q(f"OPTIMIZE TABLE p.{t} FINAL")
             c2 = cpu(p.pid)
-            extra = {t: q(f"SELECT sum(count) FROM p.{t}").strip().decode() for t in ["samples_1m", "samples_1h", "samples_fleet_1m"] if any(f"p.{t} " in s for s in stmts)}
+            extra = {t: q(f"SELECT sum(count), count() FROM p.{t}").strip().decode() for t in ROLLUPS if any(f"p.{t} " in s for s in stmts)}
             print(extra)
             print(f"{name:<24} {c1 - c0:>8.2f} {c2 - c1:>8.2f} {c2 - c0:>8.2f} {ROWS / (c2 - c0) / 1e6:>14.2f}")
             sys.stdout.flush()
