@@ -28,6 +28,7 @@ pub mod model;
 pub mod offcpu;
 pub mod outfile;
 pub mod pipeline;
+pub mod prefetch;
 pub mod query;
 pub mod serve;
 pub mod ship;

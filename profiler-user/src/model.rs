@@ -24,6 +24,14 @@ pub struct Location {
     pub addr: u64,
 }
 
+/// The frames' counts are prefetched before the frames drop: one locked decrement after the
+/// other, each waited for its cache miss (`crate::prefetch`).
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.frames.iter().for_each(crate::prefetch::arc_count);
+    }
+}
+
 impl Stack {
     pub fn new(frames: Vec<Arc<str>>, user_len: usize) -> Self {
         Self { frames, user_len, locations: Vec::new() }

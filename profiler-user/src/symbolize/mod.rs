@@ -497,6 +497,9 @@ impl Symbolizer {
 
     /// The name of the user frame at `addr` and where it lives.
     fn user_frame(&mut self, pid: u32, addr: u64, now: Instant) -> (Arc<str>, Location) {
+        if let Some(named) = self.user_frame_named(pid, addr, now) {
+            return named;
+        }
         let Some(process) = self.processes.get(&pid) else {
             return (self.unknown.clone(), Location::default());
         };
@@ -563,6 +566,19 @@ impl Symbolizer {
             m.names.insert(offset, (name.clone(), at));
         }
         (name, Location { file: mapping.path.clone(), addr: at })
+    }
+
+    /// [`Self::user_frame`] when its file is open and the address named already: what it
+    /// returns then, without cloning the mapping (its path's count taken and given back: two
+    /// locked instructions per frame, each a barrier to the lookups around it).
+    fn user_frame_named(&self, pid: u32, addr: u64, now: Instant) -> Option<(Arc<str>, Location)> {
+        let mapping = maps::find(&self.processes.get(&pid)?.maps, addr).filter(|m| m.is_file())?;
+        let module = self.modules.get(&(mapping.dev, mapping.inode))?;
+        if module.failed_at.is_some_and(|t| now.duration_since(t) >= MAPS_REFRESH) {
+            return None; // due a retry
+        }
+        let (name, at) = module.names.get(&mapping.file_offset(addr))?;
+        Some((name.clone(), Location { file: mapping.path.clone(), addr: *at }))
     }
 
     /// A JIT frame lives in its runtime's perf map, as perf prints it.

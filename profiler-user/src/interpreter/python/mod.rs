@@ -73,9 +73,18 @@ impl Runtime for CPython {
     }
 
     fn name_frames(names: &mut PyNames, pid: u32, layout: &Layout, native: Vec<Frame>, words: &[u64]) -> Vec<Frame> {
-        let python: Vec<(Arc<str>, bool)> = frames(words)
+        // The names made already are looked up first, their counts prefetched, and only then
+        // cloned: cloned as they were found, each clone waited for its count's cache miss in
+        // turn (`crate::prefetch`). The others are made after, as before.
+        let frames = frames(words);
+        let found: Vec<Option<&Arc<str>>> =
+            frames.iter().map(|&(code, instr, _)| names.cached(pid, layout, code, instr)).collect();
+        found.iter().flatten().for_each(|n| crate::prefetch::arc_count(n));
+        let found: Vec<Option<Arc<str>>> = found.into_iter().map(Option::<&Arc<str>>::cloned).collect();
+        let python: Vec<(Arc<str>, bool)> = frames
             .into_iter()
-            .map(|(code, instr, entry)| (names.name(pid, layout, code, instr), entry))
+            .zip(found)
+            .map(|((code, instr, entry), name)| (name.unwrap_or_else(|| names.name(pid, layout, code, instr)), entry))
             .collect();
         merge(native, python, |f| is_eval(layout, f))
     }

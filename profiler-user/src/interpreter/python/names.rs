@@ -164,6 +164,14 @@ impl PyNames {
         name
     }
 
+    /// The name [`Self::name`] would hand out for this frame when it is made already; nothing
+    /// changes (no count taken: see `CPython::name_frames`, which prefetches the counts).
+    pub fn cached(&self, pid: u32, layout: &Layout, code: u64, instr: u64) -> Option<&Arc<str>> {
+        let info = self.entry(*self.codes.get(&(pid, code))?);
+        let line = info.line_at(layout.unit(code, instr));
+        info.named.iter().find(|(l, _)| *l == line).map(|(_, n)| n)
+    }
+
     fn entry(&self, slot: u32) -> &Cached {
         self.entries[slot as usize].as_ref().expect("a key leads to a live entry")
     }
@@ -360,6 +368,22 @@ mod tests {
         n.insert(9, CODE, code("/srv/m.py"));
         assert_eq!((n.entries.len(), n.free.len()), (2, 1));
         assert_eq!(&*n.name(9, layout, CODE, 0), "Model.forward (/srv/m.py:2)");
+    }
+
+    /// `cached` (the look-up `name_frames` prefetches by) finds what `name` made, the same
+    /// `Arc`, and nothing it has not made yet.
+    #[test]
+    fn a_cached_name_is_the_one_made_and_only_once_made() {
+        let layout = crate::interpreter::python::layout::table(11).expect("3.11");
+        let mut n = cached(Some(vec![0x80 | (10 << 3), 0, 0, 0x80 | (11 << 3), 0, 0]));
+        let start = CODE + layout.code_adaptive;
+        assert!(n.cached(1, layout, CODE, start).is_none(), "not made yet");
+        let made = n.name(1, layout, CODE, start);
+        assert!(Arc::ptr_eq(n.cached(1, layout, CODE, start).expect("made"), &made));
+        assert!(n.cached(1, layout, CODE, start + 2).is_none(), "another line: another name");
+        assert!(n.cached(2, layout, CODE, start).is_none(), "another process");
+        n.drop_names();
+        assert!(n.cached(1, layout, CODE, start).is_none(), "dropped with the names");
     }
 
     #[test]
