@@ -272,7 +272,9 @@ fn counter_tracks_gpu_and_kernel_reach_clickhouse_as_the_store_has_them() {
         })
         .collect();
     let util: Vec<&Row> = local.iter().filter(|r| r.0 == "gpu.0.util").collect();
-    assert!(util.len() >= 45, "ten GPU ticks a second: {util:?}");
+    // The driver's own samples (the stand-in's, like NVIDIA's, one every 167 ms), each at its
+    // time: about 30 in the 5 s.
+    assert!(util.len() >= 25, "six GPU samples a second: {util:?}");
     assert!(util.iter().any(|r| r.3 == "37") && util.iter().any(|r| r.3 == "81"), "{util:?}");
     assert!(local.iter().any(|r| r.1 >= 0 && !r.0.starts_with("gpu.")), "per-CPU kernel counters: {local:?}");
     let missing: Vec<&Row> = local.difference(&remote).take(5).collect();
