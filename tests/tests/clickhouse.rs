@@ -283,6 +283,49 @@ fn counter_tracks_gpu_and_kernel_reach_clickhouse_as_the_store_has_them() {
     eprintln!("[{a}, {b}): {} counter rows match, {} of them gpu.0.util", local.len(), util.len());
 }
 
+/// An off-CPU wait is counted when it ends, in the seconds it covered (its last 8): rows
+/// written into seconds the shipper had already sent. They reach ClickHouse all the same: the
+/// seconds before the cursor are sent again each step, and a row sent again replaces the one
+/// sent (the reads take one row per key).
+#[test]
+fn a_long_wait_counted_after_its_seconds_were_shipped_reaches_clickhouse() {
+    let test = "a_long_wait_counted_after_its_seconds_were_shipped_reaches_clickhouse";
+    if !privileged(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = start_daemon(&data, &ch);
+    // One wait of 9 s in one sleep, under a name of its own: after short ones (a thread's
+    // first long wait arms the walk of its stack), and alive a while after (its name is read
+    // when its wait is drained).
+    let script = "import ctypes, time\n\
+                  ctypes.CDLL(None).prctl(15, b'long-nap', 0, 0, 0)\n\
+                  for _ in range(5):\n    time.sleep(0.01)\n\
+                  time.sleep(9)\ntime.sleep(3)\n";
+    let start = now_secs();
+    assert!(Command::new("python3").args(["-c", script]).status().unwrap().success());
+    let end = now_secs();
+    let (a, b) = (start.floor() as u64, end.ceil() as u64);
+    // Counted within a drain of its end, then shipped once the cursor passes it.
+    wait_shipped(&data, (b + 1) * SEC);
+    let dir = data.to_str().unwrap();
+    let local: u64 = folded_window(dir, a as f64, b as f64, &["--samples", "off-cpu", "--comm", "long-nap"])
+        .unwrap_or_default()
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert!(local >= 7_000_000, "the 9 s wait's last 8 s in the store: {local} µs");
+    let remote = ch.number(&format!(
+        "SELECT sum(value) FROM profiler.cuda_samples FINAL WHERE {} AND kind = 'off-cpu' AND comm = 'long-nap'",
+        range(a * SEC, b * SEC)
+    ));
+    eprintln!("a 9 s wait: {local} µs in the store, {remote} µs in ClickHouse");
+    assert_eq!(remote, local, "the seconds counted after they were shipped");
+    daemon.stop();
+}
+
 #[test]
 fn schema_and_folded_query_run_on_current_clickhouse() {
     let mut statements =

@@ -452,7 +452,7 @@ fn cuda_counts_reach_clickhouse_and_an_otlp_receiver_as_the_store_has_them() {
     let page: u64 = integration_tests::parse_folded(&body).iter().map(|(_, n)| n).sum();
     assert_eq!(page, 5000, "launches on the page read from ClickHouse:\n{body}");
     let launches = ch.number(&format!(
-        "SELECT sum(value) FROM profiler.cuda_samples WHERE node = 'gpu-a' AND kind = 'cuda-launches' AND pid = {pid}"
+        "SELECT sum(value) FROM profiler.cuda_samples FINAL WHERE node = 'gpu-a' AND kind = 'cuda-launches' AND pid = {pid}"
     ));
     assert_eq!(launches, 5000, "launches in ClickHouse");
     // The OTLP receiver: every launch once, in profiles of type cuda_launches.

@@ -49,6 +49,10 @@ pub(super) const CURSOR: &str = "clickhouse";
 /// a flush interval (at most 1 s) of its end, plus the pipeline's queue. A sample written later
 /// than this is in the store but not in ClickHouse.
 const SETTLE_NS: u64 = 5 * SEC;
+/// How late a weighted row (CUDA counts, off-CPU time) may be written into a second already
+/// shipped: an off-CPU wait is spread over its last 8 seconds when it ends, drained within a
+/// second.
+const WEIGHTED_LATE_NS: u64 = 10 * SEC;
 /// Ship when this much is pending (fewer, larger inserts: ClickHouse prefers about one per
 /// second per table across the fleet, not one per node per second).
 const MIN_PENDING_NS: u64 = 5 * SEC;
@@ -242,6 +246,17 @@ impl Follower {
         let mut to = from;
         self.counters.clear();
         let mut cuda = self.cuda_stores()?;
+        // Weighted rows may be written after their second was shipped: an off-CPU wait is
+        // counted when it ends, in the seconds it covered (its last 8), and a drain is up to a
+        // second late. So the seconds just before `from` are sent again, each key's row summed
+        // as the store holds it now: a row sent again replaces the one sent (read as
+        // `max(value)` per key), a late one lands.
+        if let Ok(late) = Window::new(from.saturating_sub(WEIGHTED_LATE_NS), from) {
+            let shipped = &mut self.shipped;
+            for (kind, store) in &mut cuda {
+                for_each_sample(store, late, &Filter::default(), |s| batch.push_cuda(*kind, s, shipped))?;
+            }
+        }
         // The counter tracks and CUDA rows of the same seconds count toward the batch's bound.
         while to < settled.min(day_end)
             && batch.rows() + batch.cuda_rows() + self.counters.rows < self.config.batch_rows
