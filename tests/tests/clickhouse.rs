@@ -5,6 +5,9 @@
 //! checked on today's ClickHouse (the embedded chdb from PyPI). The counter tracks (kernel
 //! counters, and GPU tracks from the NVML stand-in) reach the `counters` table exactly.
 
+#[path = "shared/otlp_total.rs"]
+mod otlp_total;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
@@ -296,7 +299,16 @@ fn a_long_wait_counted_after_its_seconds_were_shipped_reaches_clickhouse() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
     let data = tmp.path().join("data");
-    let mut daemon = start_daemon(&data, &ch);
+    // And to an OTLP receiver, which takes a row sent again as more time: there the weighted
+    // stores go 10 s behind the samples, each second sent once.
+    let (otlp_url, received) = integration_tests::otlp::receiver(0);
+    let config = tmp.path().join("profiler.toml");
+    std::fs::write(&config, "[otlp]\ninterval = \"1s\"\n").unwrap();
+    let (url, config) = (ch.url(), config.to_str().unwrap().to_string());
+    let args =
+        ["--listen", "off", "--node", NODE, "--clickhouse", &url, "--otlp-endpoint", &otlp_url, "--config", &config];
+    let mut daemon = Daemon::start(&data, &args);
+    daemon.wait_ready();
     // One wait of 9 s in one sleep, under a name of its own: after short ones (a thread's
     // first long wait arms the walk of its stack), and alive a while after (its name is read
     // when its wait is drained).
@@ -305,24 +317,31 @@ fn a_long_wait_counted_after_its_seconds_were_shipped_reaches_clickhouse() {
                   for _ in range(5):\n    time.sleep(0.01)\n\
                   time.sleep(9)\ntime.sleep(3)\n";
     let start = now_secs();
-    assert!(Command::new("python3").args(["-c", script]).status().unwrap().success());
+    let mut napper = Command::new("python3").args(["-c", script]).spawn().unwrap();
+    let pid = napper.id();
+    assert!(napper.wait().unwrap().success());
     let end = now_secs();
     let (a, b) = (start.floor() as u64, end.ceil() as u64);
     // Counted within a drain of its end, then shipped once the cursor passes it.
     wait_shipped(&data, (b + 1) * SEC);
     let dir = data.to_str().unwrap();
-    let local: u64 = folded_window(dir, a as f64, b as f64, &["--samples", "off-cpu", "--comm", "long-nap"])
+    let local: u64 = folded_window(dir, a as f64, b as f64, &["--samples", "off-cpu", "--pid", &pid.to_string()])
         .unwrap_or_default()
         .iter()
         .map(|(_, n)| n)
         .sum();
     assert!(local >= 7_000_000, "the 9 s wait's last 8 s in the store: {local} µs");
     let remote = ch.number(&format!(
-        "SELECT sum(value) FROM profiler.cuda_samples FINAL WHERE {} AND kind = 'off-cpu' AND comm = 'long-nap'",
+        "SELECT sum(value) FROM profiler.cuda_samples FINAL WHERE {} AND kind = 'off-cpu' AND pid = {pid}",
         range(a * SEC, b * SEC)
     ));
     eprintln!("a 9 s wait: {local} µs in the store, {remote} µs in ClickHouse");
     assert_eq!(remote, local, "the seconds counted after they were shipped");
+    let pushed = wait_for("the wait at the OTLP receiver", Duration::from_secs(60), || {
+        let ns = otlp_total::total(&received.lock().unwrap().accepted, "off_cpu", i64::from(pid));
+        (ns >= local as i64 * 1_000).then_some(ns)
+    });
+    assert_eq!(pushed, local as i64 * 1_000, "the wait pushed over OTLP, once");
     daemon.stop();
 }
 

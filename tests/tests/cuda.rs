@@ -3,6 +3,9 @@
 //! synchronisations sleep) loaded by a Python program with ctypes. Only NVIDIA's library is
 //! replaced: the uprobes, the kernel, the unwinder and the Python frame reader are real.
 
+#[path = "shared/otlp_total.rs"]
+mod otlp_total;
+
 use std::{path::Path, time::Duration};
 
 use integration_tests::{
@@ -368,33 +371,6 @@ fn a_library_a_user_could_rewrite_is_not_probed() {
 }
 
 /// The sum of one CUDA kind's values for `pid` in the OTLP requests the receiver took.
-fn otlp_total(bodies: &[Vec<u8>], sample_type: &str, pid: i64) -> i64 {
-    use profiler::export::otlp::proto::{ExportProfilesServiceRequest, Value};
-    use prost::Message;
-    let mut total = 0;
-    for body in bodies {
-        let req = ExportProfilesServiceRequest::decode(&body[..]).expect("a request our definitions read");
-        let d = req.dictionary.as_ref().unwrap();
-        for p in &req.resource_profiles[0].scope_profiles[0].profiles {
-            let t = p.sample_type.as_ref().unwrap();
-            if d.string_table[t.type_strindex as usize] != sample_type {
-                continue;
-            }
-            for s in &p.samples {
-                let of_pid = s.attribute_indices.iter().any(|&i| {
-                    let a = &d.attribute_table[i as usize];
-                    d.string_table[a.key_strindex as usize] == "process.pid"
-                        && a.value.as_ref().and_then(|v| v.value.as_ref()) == Some(&Value::Int(pid))
-                });
-                if of_pid {
-                    total += s.values.iter().sum::<i64>();
-                }
-            }
-        }
-    }
-    total
-}
-
 /// CUDA counts go where the samples go: into ClickHouse, where `--clickhouse` reads them back as
 /// the node's store has them, and to an OTLP receiver as profiles of their own sample types.
 #[test]
@@ -461,7 +437,7 @@ fn cuda_counts_reach_clickhouse_and_an_otlp_receiver_as_the_store_has_them() {
         Duration::from_secs(60),
         Duration::from_millis(500),
         || {
-            let total = otlp_total(&received.lock().unwrap().accepted, "cuda_launches", i64::from(pid));
+            let total = otlp_total::total(&received.lock().unwrap().accepted, "cuda_launches", i64::from(pid));
             (total >= 5000).then_some(total)
         },
     );

@@ -31,6 +31,9 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 /// Most samples in one request: about 1.5 MB of protobuf before gzip, well under a
 /// collector's default 20 MiB body limit, and ~20 MB of memory while it is built.
 pub const MAX_BATCH_SAMPLES: u64 = 100_000;
+/// How late a weighted row (CUDA counts, off-CPU time) may be written into a second: an
+/// off-CPU wait is spread over its last 8 seconds when it ends, drained within a second.
+const WEIGHTED_LATE_NS: u64 = 10 * NS_PER_SEC;
 /// First wait after a failed attempt; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -109,6 +112,10 @@ impl Shipper {
         let mut stats = Stats::default();
         let mut owed = Owed::default();
         let interval = self.config.interval.as_secs() * NS_PER_SEC;
+        // The weighted stores go [`WEIGHTED_LATE_NS`] behind the samples: an off-CPU wait is
+        // written when it ends, into the seconds it covered, and a receiver takes a row sent
+        // again as more time, so each second is sent once, once no more can come.
+        let mut weighted_from = cursor.saturating_sub(WEIGHTED_LATE_NS);
         loop {
             self.publish(&stats, cursor);
             let ready = self.ready();
@@ -137,8 +144,12 @@ impl Shipper {
             if samples > 0 && !self.deliver(Signal::Profiles { samples }, body, &mut stats, cursor).await {
                 break; // stopped: the batch goes again after a restart
             }
-            if !self.send_cuda(cursor, end, &mut stats).await {
-                break;
+            let weighted_to = end.saturating_sub(WEIGHTED_LATE_NS);
+            if weighted_to > weighted_from {
+                if !self.send_cuda(weighted_from, weighted_to, &mut stats).await {
+                    break;
+                }
+                weighted_from = weighted_to;
             }
             if !self.send_findings(&mut owed, cursor, end, &mut stats).await {
                 break;
