@@ -12,6 +12,7 @@ mod known;
 pub mod metrics;
 mod notes;
 mod pace;
+mod rollups;
 pub mod rows;
 pub mod schema;
 mod shipper;
