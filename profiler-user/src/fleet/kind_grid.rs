@@ -36,8 +36,8 @@ pub fn grid(
     let ids = workloads(fleet, &table, &range, filter)?;
     // One row per key, its filter columns beside it.
     let one = format!(
-        "(SELECT {TS} AS t, {STACK_ID} AS sid, any({CPU}) AS k, any({PID}) AS p, any({COMM}) AS c, \
-         any({WORKLOAD}) AS w, max({VALUE}) AS v FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID})"
+        "(SELECT {TS} AS t, {STACK_ID} AS sid, any({CPU}) AS k, any({PID}) AS p, {COMM} AS c, \
+         any({WORKLOAD}) AS w, max({VALUE}) AS v FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}, {COMM})"
     );
     let seconds = fleet.rows(&format!("SELECT DISTINCT toUInt64(intDiv(t, {SEC})) FROM {one}"), |r| r.u64())?;
     for second in seconds {

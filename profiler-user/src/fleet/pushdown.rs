@@ -190,8 +190,8 @@ fn piece_rows(
             };
             (
                 format!(
-                    "(SELECT any({COMM}) AS c, {STACK_ID} AS sid, any({WORKLOAD}) AS w, any({CPU}) AS k, any({PID}) AS p, \
-                     max({VALUE}) AS v FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}) WHERE 1{w}"
+                    "(SELECT {COMM} AS c, {STACK_ID} AS sid, any({WORKLOAD}) AS w, any({CPU}) AS k, any({PID}) AS p, \
+                     max({VALUE}) AS v FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}, {COMM}) WHERE 1{w}"
                 ),
                 "c, sid, w".to_string(),
                 "v",

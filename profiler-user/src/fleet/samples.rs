@@ -174,9 +174,9 @@ pub fn for_each_sample(
             ),
             // A row sent twice is there twice until a merge: one per key.
             _ => format!(
-                "SELECT {TS}, {NODE}, any({CPU}), any({PID}), {TID}, any({COMM}), {STACK_ID}, any({WORKLOAD}), \
-                 max({VALUE}) FROM {table} WHERE {within} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID} \
-                 ORDER BY {TS}, {NODE}, {TID}, {STACK_ID}"
+                "SELECT {TS}, {NODE}, any({CPU}), any({PID}), {TID}, {COMM}, {STACK_ID}, any({WORKLOAD}), \
+                 max({VALUE}) FROM {table} WHERE {within} GROUP BY {NODE}, {TS}, {TID}, {STACK_ID}, {COMM} \
+                 ORDER BY {TS}, {NODE}, {TID}, {STACK_ID}, {COMM}"
             ),
         };
         let bytes = fleet.row_binary(&sql)?;

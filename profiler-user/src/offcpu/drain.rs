@@ -140,7 +140,8 @@ fn is_user_process(pid: u32) -> bool {
 }
 
 fn bare(pid: u32, tid: u32, ts_ns: u64, why: &str) -> Sample {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    // The thread's own name, as a walked stack carries it (the process's is its main thread's).
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
     Sample {
         ts_ns,
         cpu: 0,

@@ -76,17 +76,18 @@ pub struct Batch {
     stack_rows: Vec<(u64, usize, Option<usize>)>,
     /// Samples the rows stand for (more than rows in rolled-up data).
     pub samples_count: u64,
-    /// The CUDA stores' rows (`cuda_samples`), one per kind, second, thread and stack: rows
-    /// the store split at `u32::MAX` (bytes copied) are one again, so the table's key is the
-    /// row's identity and a row sent twice collapses in merges.
-    cuda: BTreeMap<(SampleKind, u64, u32, u64), CudaRow>,
+    /// The CUDA stores' rows (`cuda_samples`), one per kind, second, thread, stack and comm
+    /// (this batch's name id): rows the store split at `u32::MAX` (bytes copied) are one again,
+    /// so the table's key is the row's identity and a row sent twice collapses in merges. The
+    /// comm is in the key as the store keeps it apart: a thread renamed in a second, or whose
+    /// process exited between two drains of it (its name no longer readable), has two rows.
+    cuda: BTreeMap<(SampleKind, u64, u32, u64, u32), CudaRow>,
 }
 
 #[derive(Debug)]
 struct CudaRow {
     cpu: u16,
     pid: u32,
-    comm: u32,
     workload: u32,
     value: u64,
 }
@@ -127,10 +128,9 @@ impl Batch {
     pub fn push_cuda(&mut self, kind: SampleKind, s: &SampleRef<'_>, shipped: &mut Shipped) {
         let id = self.stack(s, shipped);
         let (comm, workload) = (self.name(s.comm), self.name(s.workload));
-        let row = self.cuda.entry((kind, s.ts_ns, s.tid, id)).or_insert(CudaRow {
+        let row = self.cuda.entry((kind, s.ts_ns, s.tid, id, comm)).or_insert(CudaRow {
             cpu: s.cpu.min(u16::MAX as u32) as u16,
             pid: s.pid,
-            comm,
             workload,
             value: 0,
         });
@@ -176,14 +176,14 @@ impl Batch {
     /// workload, value`.
     pub fn cuda(&self, node: &str) -> Vec<u8> {
         let mut o = Vec::with_capacity(self.cuda.len() * (node.len() + 64));
-        for (&(kind, ts, tid, stack), r) in &self.cuda {
+        for (&(kind, ts, tid, stack, comm), r) in &self.cuda {
             put_str(&mut o, node);
             o.extend_from_slice(&ts.to_le_bytes());
             put_str(&mut o, kind.name());
             o.extend_from_slice(&r.cpu.to_le_bytes());
             o.extend_from_slice(&r.pid.to_le_bytes());
             o.extend_from_slice(&tid.to_le_bytes());
-            put_str(&mut o, &self.names[r.comm as usize]);
+            put_str(&mut o, &self.names[comm as usize]);
             o.extend_from_slice(&stack.to_le_bytes());
             put_str(&mut o, &self.names[r.workload as usize]);
             o.extend_from_slice(&r.value.to_le_bytes());
@@ -446,6 +446,24 @@ mod tests {
         assert_eq!(&rows[10..24], b"\x0dcuda-launches");
         assert_eq!(&rows[launches - 8..launches], 3u64.to_le_bytes());
         assert_eq!(&rows[rows.len() - 8..], (u64::from(u32::MAX) + 7).to_le_bytes());
+    }
+
+    #[test]
+    fn a_threads_two_names_in_a_second_are_two_cuda_rows() {
+        // A thread whose process exited between two drains: its name unreadable in the second.
+        let frames = [("[off-cpu: runnable]", false)];
+        let (mut b, mut shipped) = (Batch::default(), Shipped::default());
+        let named = SampleRef { count: 5, ..sample(5, &frames) };
+        b.push_cuda(SampleKind::OffCpu, &named, &mut shipped);
+        b.push_cuda(SampleKind::OffCpu, &SampleRef { comm: "", count: 7, ..named }, &mut shipped);
+        b.push_cuda(SampleKind::OffCpu, &SampleRef { count: 1, ..named }, &mut shipped);
+        assert_eq!(b.cuda_rows(), 2, "one row per name, summed");
+        let rows = b.cuda("n");
+        // "bash" first (its name's id is the batch's first), four bytes longer than "".
+        let first = (rows.len() + 4) / 2;
+        let value = |end: usize| u64::from_le_bytes(rows[end - 8..end].try_into().unwrap());
+        assert_eq!((value(first), value(rows.len())), (6, 7));
+        assert_eq!(&rows[first - 8 - 1 - 8 - 5..first - 8 - 1 - 8], b"\x04bash");
     }
 
     #[test]

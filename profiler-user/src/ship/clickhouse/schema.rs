@@ -281,8 +281,8 @@ const TABLES: &[Table] = &[
     (
         // The CUDA stores' rows (`model::SampleKind`): `kind` is `cuda-launches` (value:
         // launches), `cuda-sync` (microseconds blocked) or `cuda-copies` (bytes), one row per
-        // kind, second, thread and stack, so a row sent again collapses in merges (read with
-        // `max(value)` per key, as `fleet` does). Stacks are in `stacks` with the samples'.
+        // kind, second, thread, stack and comm, so a row sent again collapses in merges (read
+        // with `max(value)` per key, as `fleet` does). Stacks are in `stacks` with the samples'.
         CUDA_SAMPLES,
         &[
             (NODE, "String"),
@@ -296,7 +296,7 @@ const TABLES: &[Table] = &[
             (WORKLOAD, "String"),
             (VALUE, "UInt64"),
         ],
-        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, kind, ts, tid, stack_id){ttl}",
+        "ReplacingMergeTree PARTITION BY intDiv(ts, 86400000000000) ORDER BY (node, kind, ts, tid, stack_id, comm){ttl}",
     ),
     (
         // How each node records: one row per daemon start or change, the latest wins.
