@@ -12,7 +12,8 @@
 //! FLEET_BIG_CPUS (192) and FLEET_BIG_SECS (3600) the one big node beside it (0: none);
 //! FLEET_ROLLUP_DAYS (30): days of hourly rollup rows written directly on the servers before the
 //! raw data (a 30-day fleet's raw rows would not fit); FLEET_SHIPPERS (16): shippers at once;
-//! FLEET_DIR: where the servers and stores go (default a temporary directory); FLEET_SHIPPED
+//! FLEET_DIR: where the servers and stores go (default a temporary directory); FLEET_HOLD: a
+//! file written with the URL before the reads, which wait until it is removed; FLEET_SHIPPED
 //! (FLEET_NODES): of the nodes, how many are written and shipped (ingest is measured on them),
 //! the rest copied from them by the servers (`fleet_scale/clone.rs`), for fleets larger than
 //! this machine writes and ships in a session.
@@ -492,6 +493,16 @@ fn fleet_scale_benchmark() {
             shards.iter().map(|s| rollup_rows(s, "samples_1d_local")).sum::<u64>(),
         ),
     );
+
+    // FLEET_HOLD: the servers stay up for reads by hand until the file it names is removed
+    // (its text: the URL and the window's end).
+    if let Some(hold) = std::env::var_os("FLEET_HOLD") {
+        std::fs::write(&hold, format!("{url} {}\n", end / SEC)).unwrap();
+        eprintln!("FLEET hold: servers at {url} until {} is removed", Path::new(&hold).display());
+        while Path::new(&hold).exists() {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
 
     // The reads, each the median of 7.
     let e = (end / SEC).to_string();

@@ -152,6 +152,19 @@ fn row_limit(budget: FoldBudget) -> usize {
     budget.max_stacks.saturating_mul(ROWS_PER_STACK).clamp(1, MAX_FOLD_ROWS)
 }
 
+/// The table and `WHERE` of one part of a window.
+fn piece_scope(fleet: &Fleet, sel: &Selection, kind: SampleKind, piece: Piece) -> (String, String) {
+    match piece.source {
+        Source::Raw => scope(fleet, sel, kind, piece.window),
+        rolled => {
+            // The fleet-wide tables have no node: they answer for the whole fleet only.
+            let nodes = if rolled.fleet_wide() { "1".to_string() } else { sel.predicate() };
+            let range = format!("{nodes} AND {TS} >= {} AND {TS} < {}", piece.window.from_ns, piece.window.to_ns);
+            (fleet.table(rolled.table()), range)
+        }
+    }
+}
+
 /// The summed rows of one part of a window from its table, heaviest first, at most `limit`;
 /// and the part's total weight (what the rows not sent weigh too).
 fn piece_rows(
@@ -162,15 +175,7 @@ fn piece_rows(
     filter: &Filter,
     limit: usize,
 ) -> Result<(Vec<Row>, u64), FleetError> {
-    let (table, range) = match piece.source {
-        Source::Raw => scope(fleet, sel, kind, piece.window),
-        rolled => {
-            // The fleet-wide tables have no node: they answer for the whole fleet only.
-            let nodes = if rolled.fleet_wide() { "1".to_string() } else { sel.predicate() };
-            let range = format!("{nodes} AND {TS} >= {} AND {TS} < {}", piece.window.from_ns, piece.window.to_ns);
-            (fleet.table(rolled.table()), range)
-        }
-    };
+    let (table, range) = piece_scope(fleet, sel, kind, piece);
     let ids = workloads(fleet, &table, &range, filter)?;
     let read = |r: &mut super::rowbinary::Reader<'_>| {
         Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.u64()?))
@@ -268,12 +273,21 @@ pub fn fold_reading(
     let parts =
         plan.iter().map(|&piece| piece_rows(fleet, sel, kind, piece, filter, limit)).collect::<Result<Vec<_>, _>>()?;
     let (rows, rest) = merged(parts, limit);
+    // Every stack of the window's parts, for the server to name the stacks' rows by; not when
+    // only the heaviest rows came (the window's stacks may then be many more).
+    let ids_sql = (rows.len() < limit).then(|| {
+        let of = |&piece: &Piece| {
+            let (table, range) = piece_scope(fleet, sel, kind, piece);
+            format!("SELECT {STACK_ID} FROM {table} WHERE {range}")
+        };
+        plan.iter().map(of).collect::<Vec<_>>().join(" UNION ALL ")
+    });
     let mut folded = Folded::default();
     let missing: Frames = (vec![MISSING_STACK.to_string()], vec![0u8]);
     // Bytes of the lines held: folded down as the store's scan folds, so that many distinct
     // stacks never hold more than half again the budget.
     let mut bytes = 0usize;
-    let (texts, missing) = (stack_texts(fleet, &rows, filter)?, stack_text(&missing, filter));
+    let (texts, missing) = (stack_texts(fleet, &rows, ids_sql.as_deref(), filter)?, stack_text(&missing, filter));
     for batch in rows.chunks(STACK_BATCH) {
         for (comm, id, workload, n) in batch {
             let Some(text) = texts.get(id).unwrap_or(&missing) else { continue };
@@ -323,12 +337,23 @@ pub fn fold_reading(
 /// tables once, whatever its rows' order; fetched per batch of the heaviest rows, every request
 /// named ids all over the key and read the whole table: 50 passes for 200,000 rows, 9 GB on a
 /// 100-node run), each distinct frame's text once. Held as text (what the fold's lines are
-/// made of), not as frame lists.
-fn stack_texts(fleet: &Fleet, rows: &[Row], filter: &Filter) -> Result<HashMap<u64, Option<String>>, FleetError> {
+/// made of), not as frame lists. `ids_sql`: a server-side query naming at least the rows'
+/// stacks, which then go in two requests (`stack_text::each_named_by`).
+fn stack_texts(
+    fleet: &Fleet,
+    rows: &[Row],
+    ids_sql: Option<&str>,
+    filter: &Filter,
+) -> Result<HashMap<u64, Option<String>>, FleetError> {
     let mut out = HashMap::new();
-    super::stack_text::each(fleet, rows.iter().map(|r| r.1), |id, stack| {
+    let ids = rows.iter().map(|r| r.1);
+    let keep = |id, stack: Frames| {
         out.insert(id, stack_text(&stack, filter));
-    })?;
+    };
+    match ids_sql {
+        Some(sql) => super::stack_text::each_named_by(fleet, sql, ids, keep)?,
+        None => super::stack_text::each(fleet, ids, keep)?,
+    }
     Ok(out)
 }
 
