@@ -237,7 +237,9 @@ impl Daemon {
         let mut child = self.child.take().expect("daemon running");
         // SAFETY: sending a signal to our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        wait_for("the daemon to exit after SIGTERM", Duration::from_secs(10), || child.try_wait().ok().flatten())
+        // Detaching its programs waits for RCU grace periods, one per link: a second here, but
+        // more than ten seconds was seen on a machine at load 15.
+        wait_for("the daemon to exit after SIGTERM", Duration::from_secs(30), || child.try_wait().ok().flatten())
     }
 }
 

@@ -272,16 +272,19 @@ pub fn fold_reading(
     };
     let parts =
         plan.iter().map(|&piece| piece_rows(fleet, sel, kind, piece, filter, limit)).collect::<Result<Vec<_>, _>>()?;
-    let (rows, rest) = merged(parts, limit);
-    // Every stack of the window's parts, for the server to name the stacks' rows by; not when
-    // only the heaviest rows came (the window's stacks may then be many more).
-    let ids_sql = (rows.len() < limit).then(|| {
-        let of = |&piece: &Piece| {
+    // For the whole fleet, the stacks of the window's parts that had rows, for the server to
+    // name the stacks' rows by (`stack_text::each_named_by`): those parts are the fleet's
+    // rollups, cheap to read again, where a node's raw hour costs more than lists of ids.
+    let ids_sql = sel.whole_fleet.then(|| {
+        let of = |(&piece, _): (&Piece, _)| {
             let (table, range) = piece_scope(fleet, sel, kind, piece);
             format!("SELECT {STACK_ID} FROM {table} WHERE {range}")
         };
-        plan.iter().map(of).collect::<Vec<_>>().join(" UNION ALL ")
+        plan.iter().zip(&parts).filter(|(_, p)| !p.0.is_empty()).map(of).collect::<Vec<_>>().join(" UNION ALL ")
     });
+    let (rows, rest) = merged(parts, limit);
+    // Not when only the heaviest rows came: the window's stacks may then be many more.
+    let ids_sql = ids_sql.filter(|sql| rows.len() < limit && !sql.is_empty());
     let mut folded = Folded::default();
     let missing: Frames = (vec![MISSING_STACK.to_string()], vec![0u8]);
     // Bytes of the lines held: folded down as the store's scan folds, so that many distinct

@@ -25,6 +25,8 @@ const BATCH: usize = 4_000;
 /// list of ids costs the server little, and a filtered read's few stacks are not worth the
 /// window's others that the query may name too.
 const NAMED_BY_MIN: usize = 256;
+/// List requests in flight at once ([`batched`]).
+const IN_FLIGHT: usize = 4;
 
 /// A stack as `stack_frames` holds it: frame ids root first, a kernel flag per frame.
 type IdStack = (Vec<u64>, Vec<u8>);
@@ -138,53 +140,43 @@ pub(super) fn by_id(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result
 
 /// Calls `f` with the frames and kernel flags of each stack of `ids` that ClickHouse has: from
 /// the dictionary, then `stacks` for the ids it lacks. Requests go in id order, [`BATCH`] ids
-/// each, so that together they read each table's key once; each distinct frame's text is
-/// fetched once. A stack's text is made when `f` takes it (a fold of 40,000 deep stacks keeps
-/// their ids and each frame once, not 40,000 lists of names).
+/// each ([`batched`]), so that together they read each table's key once; each distinct
+/// frame's text is fetched once. A stack's text is made when `f` takes it (a fold of 40,000
+/// deep stacks keeps their ids and each frame once, not 40,000 lists of names).
 pub(super) fn each(
     fleet: &Fleet,
     ids: impl IntoIterator<Item = u64>,
-    mut f: impl FnMut(u64, Frames),
+    f: impl FnMut(u64, Frames),
 ) -> Result<(), FleetError> {
     let ids: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
-    let mut found = HashSet::new();
     if ids.is_empty() {
         return Ok(());
     }
-    if dictionary(fleet)? {
-        let mut stacks: HashMap<u64, IdStack> = HashMap::with_capacity(ids.len());
-        for chunk in ids.chunks(BATCH) {
-            let rows = fleet.rows(
-                &format!(
-                    "SELECT {STACK_ID}, any({FRAME_IDS}), any({KERNEL}) FROM {} WHERE {STACK_ID} IN ({}) \
-                     GROUP BY {STACK_ID}",
-                    fleet.table(schema::STACK_FRAMES),
-                    list(chunk)
-                ),
-                |r| Ok((r.u64()?, (r.u64s()?, r.bytes()?.to_vec()))),
-            )?;
-            stacks.extend(rows);
-        }
-        let names = frame_names(fleet, stacks.values().flat_map(|s| s.0.iter().copied()))?;
-        for (id, stack) in stacks {
-            found.insert(id);
-            f(id, assemble(stack, &names));
-        }
+    if !dictionary(fleet)? {
+        return from_text(fleet, ids, f);
     }
-    from_text(fleet, ids.into_iter().filter(|id| !found.contains(id)), f)
+    let table = fleet.table(schema::STACK_FRAMES);
+    let stacks = batched(
+        fleet,
+        &ids,
+        |list| format!("SELECT {STACK_ID}, {FRAME_IDS}, {KERNEL} FROM {table} WHERE {STACK_ID} IN ({list})"),
+        |r| Ok((r.u64()?, (r.u64s()?, r.bytes()?.to_vec()))),
+    )?;
+    assembled(fleet, ids.iter().copied().collect(), stacks, None, f)
 }
 
 /// [`each`] for the stacks `wanted`, which the server-side query `ids_sql` (a `SELECT` of stack
-/// ids: the window's rows) names with others maybe: two requests asked at once, the stacks
-/// and their frames' text, whatever the number of stacks. 18.16 parses a list of 4,000 ids in
-/// 50-100 ms a request (twice through a `Distributed` table), so a fold of 30,000 stacks spent
-/// ~0.7 s of its 1.7 s listing ids. A few stacks ([`NAMED_BY_MIN`]) go by [`each`], as do servers without the
-/// dictionary; ids the dictionary lacks are read from `stacks`.
+/// ids: the window's rows; for the whole fleet's rollups, as re-reading a node's raw rows costs
+/// more than lists) names with others maybe. Many stacks ([`NAMED_BY_MIN`]) are asked in one
+/// request naming them by `ids_sql` rather than in lists of ids: 18.16 parses a list of
+/// 4,000 ids in 50-100 ms a request (twice through a `Distributed` table), and a fleet
+/// flamegraph of 30,000 stacks spent ~0.7 s of its 1.7 s listing them; their frames' text is
+/// asked at the same time, named by the same query. Fewer go by [`each`].
 pub(super) fn each_named_by(
     fleet: &Fleet,
     ids_sql: &str,
     wanted: impl IntoIterator<Item = u64>,
-    mut f: impl FnMut(u64, Frames),
+    f: impl FnMut(u64, Frames),
 ) -> Result<(), FleetError> {
     let wanted: HashSet<u64> = wanted.into_iter().collect();
     if wanted.len() <= NAMED_BY_MIN || !dictionary(fleet)? {
@@ -193,7 +185,8 @@ pub(super) fn each_named_by(
     let table = fleet.table(schema::STACK_FRAMES);
     let named = format!("{STACK_ID} GLOBAL IN ({ids_sql})");
     // Rows as stored (a stack shipped to both shards is there twice): no `GROUP BY` of arrays,
-    // which costs 18.16 more than the bytes.
+    // which costs 18.16 more than the bytes. The frames' text at the same time, named by the
+    // same query.
     let stacks_sql = format!("SELECT {STACK_ID}, {FRAME_IDS}, {KERNEL} FROM {table} WHERE {named}");
     let names_sql = format!(
         "SELECT {FRAME_ID}, {NAME} FROM {} WHERE {FRAME_ID} GLOBAL IN (SELECT arrayJoin({FRAME_IDS}) FROM {table} \
@@ -205,14 +198,65 @@ pub(super) fn each_named_by(
         let stacks = fleet.rows(&stacks_sql, |r| Ok((r.u64()?, (r.u64s()?, r.bytes()?.to_vec()))));
         (stacks, names.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     });
-    let names: HashMap<u64, String> = names?.into_iter().collect();
-    let mut found = HashSet::with_capacity(wanted.len());
-    for (id, stack) in stacks? {
-        if wanted.contains(&id) && found.insert(id) {
-            f(id, assemble(stack, &names));
+    assembled(fleet, wanted, stacks?, Some(names?.into_iter().collect()), f)
+}
+
+/// Calls `f` with each of `stacks` that `wanted` holds (once: a stack is stored on each shard
+/// that was sent it), its frames named by `names` (fetched here when `None`); then with those
+/// of `wanted` that `stacks` lacks, from `stacks` as text.
+fn assembled(
+    fleet: &Fleet,
+    wanted: HashSet<u64>,
+    stacks: Vec<(u64, IdStack)>,
+    names: Option<HashMap<u64, String>>,
+    mut f: impl FnMut(u64, Frames),
+) -> Result<(), FleetError> {
+    let mut kept: HashMap<u64, IdStack> = HashMap::with_capacity(wanted.len());
+    for (id, stack) in stacks {
+        if wanted.contains(&id) {
+            kept.entry(id).or_insert(stack);
         }
     }
-    from_text(fleet, wanted.into_iter().filter(|id| !found.contains(id)), f)
+    let names = match names {
+        Some(n) => n,
+        None => frame_names(fleet, kept.values().flat_map(|s| s.0.iter().copied()))?,
+    };
+    let missing: Vec<u64> = wanted.into_iter().filter(|id| !kept.contains_key(id)).collect();
+    for (id, stack) in kept {
+        f(id, assemble(stack, &names));
+    }
+    from_text(fleet, missing, f)
+}
+
+/// Rows of the requests `sql` makes of `ids` in id order, [`BATCH`] ids each, up to
+/// [`IN_FLIGHT`] at once: the server parses one list while it reads for another.
+fn batched<T: Send>(
+    fleet: &Fleet,
+    ids: &[u64],
+    sql: impl Fn(&str) -> String + Sync,
+    row: impl Fn(&mut super::rowbinary::Reader<'_>) -> Result<T, FleetError> + Sync,
+) -> Result<Vec<T>, FleetError> {
+    let ids: Vec<u64> = ids.iter().copied().collect::<BTreeSet<u64>>().into_iter().collect();
+    let chunks: Vec<&[u64]> = ids.chunks(BATCH).collect();
+    if chunks.len() <= 1 {
+        return chunks.first().map_or(Ok(Vec::new()), |c| fleet.rows(&sql(&list(c)), &row));
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || -> Result<Vec<T>, FleetError> {
+        let mut out = Vec::new();
+        while let Some(chunk) = chunks.get(next.fetch_add(1, Relaxed)) {
+            out.extend(fleet.rows(&sql(&list(chunk)), &row)?);
+        }
+        Ok(out)
+    };
+    std::thread::scope(|s| {
+        let others: Vec<_> = (1..IN_FLIGHT.min(chunks.len())).map(|_| s.spawn(work)).collect();
+        let mut out = work()?;
+        for t in others {
+            out.extend(t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?);
+        }
+        Ok(out)
+    })
 }
 
 /// Calls `f` with each stack of `ids` that `stacks` (stacks as text, from daemons before the
@@ -249,22 +293,17 @@ pub(super) fn of_window(fleet: &Fleet, table: &str, range: &str) -> Result<HashM
     by_id(fleet, ids)
 }
 
-/// The text of each frame id of `ids` that `frames` holds, in id order.
+/// The text of each frame id of `ids` that `frames` holds ([`batched`]).
 fn frame_names(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result<HashMap<u64, String>, FleetError> {
     let ids: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
-    let mut out = HashMap::with_capacity(ids.len());
-    for chunk in ids.chunks(BATCH) {
-        let rows = fleet.rows(
-            &format!(
-                "SELECT {FRAME_ID}, any({NAME}) FROM {} WHERE {FRAME_ID} IN ({}) GROUP BY {FRAME_ID}",
-                fleet.table(schema::FRAME_DICT),
-                list(chunk)
-            ),
-            |r| Ok((r.u64()?, r.string()?.to_string())),
-        )?;
-        out.extend(rows);
-    }
-    Ok(out)
+    let table = fleet.table(schema::FRAME_DICT);
+    let rows = batched(
+        fleet,
+        &ids,
+        |list| format!("SELECT {FRAME_ID}, {NAME} FROM {table} WHERE {FRAME_ID} IN ({list})"),
+        |r| Ok((r.u64()?, r.string()?.to_string())),
+    )?;
+    Ok(rows.into_iter().collect())
 }
 
 fn list(ids: &[u64]) -> String {
