@@ -132,8 +132,8 @@ fn dictionary(fleet: &Fleet) -> Result<bool, FleetError> {
 /// Frames and kernel flags of the stacks `ids` name (those ClickHouse has; [`each`]).
 pub(super) fn by_id(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result<HashMap<u64, Frames>, FleetError> {
     let mut out = HashMap::new();
-    each(fleet, ids, |id, stack| {
-        out.insert(id, stack);
+    each(fleet, ids, |id, frames, kernel| {
+        out.insert(id, (frames.iter().map(|f| f.to_string()).collect(), kernel.to_vec()));
     })?;
     Ok(out)
 }
@@ -141,12 +141,13 @@ pub(super) fn by_id(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result
 /// Calls `f` with the frames and kernel flags of each stack of `ids` that ClickHouse has: from
 /// the dictionary, then `stacks` for the ids it lacks. Requests go in id order, [`BATCH`] ids
 /// each ([`batched`]), so that together they read each table's key once; each distinct
-/// frame's text is fetched once. A stack's text is made when `f` takes it (a fold of 40,000
-/// deep stacks keeps their ids and each frame once, not 40,000 lists of names).
+/// frame's text is fetched once. `f` takes a stack's frames' names, root first, and kernel
+/// flags, borrowed: a fold of 40,000 deep stacks makes each frame's text once, not 40,000
+/// lists of names.
 pub(super) fn each(
     fleet: &Fleet,
     ids: impl IntoIterator<Item = u64>,
-    f: impl FnMut(u64, Frames),
+    f: impl FnMut(u64, &[&str], &[u8]),
 ) -> Result<(), FleetError> {
     let ids: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
     if ids.is_empty() {
@@ -176,7 +177,7 @@ pub(super) fn each_named_by(
     fleet: &Fleet,
     ids_sql: &str,
     wanted: impl IntoIterator<Item = u64>,
-    f: impl FnMut(u64, Frames),
+    f: impl FnMut(u64, &[&str], &[u8]),
 ) -> Result<(), FleetError> {
     let wanted: HashSet<u64> = wanted.into_iter().collect();
     if wanted.len() <= NAMED_BY_MIN || !dictionary(fleet)? {
@@ -209,7 +210,7 @@ fn assembled(
     wanted: HashSet<u64>,
     stacks: Vec<(u64, IdStack)>,
     names: Option<HashMap<u64, String>>,
-    mut f: impl FnMut(u64, Frames),
+    mut f: impl FnMut(u64, &[&str], &[u8]),
 ) -> Result<(), FleetError> {
     let mut kept: HashMap<u64, IdStack> = HashMap::with_capacity(wanted.len());
     for (id, stack) in stacks {
@@ -222,8 +223,11 @@ fn assembled(
         None => frame_names(fleet, kept.values().flat_map(|s| s.0.iter().copied()))?,
     };
     let missing: Vec<u64> = wanted.into_iter().filter(|id| !kept.contains_key(id)).collect();
-    for (id, stack) in kept {
-        f(id, assemble(stack, &names));
+    let mut frames = Vec::new();
+    for (id, (ids, kernel)) in kept {
+        frames.clear();
+        frames.extend(texts(&ids, &names));
+        f(id, &frames, &kernel);
     }
     from_text(fleet, missing, f)
 }
@@ -264,7 +268,7 @@ fn batched<T: Send>(
 fn from_text(
     fleet: &Fleet,
     ids: impl IntoIterator<Item = u64>,
-    mut f: impl FnMut(u64, Frames),
+    mut f: impl FnMut(u64, &[&str], &[u8]),
 ) -> Result<(), FleetError> {
     let missing: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
     for chunk in missing.chunks(BATCH) {
@@ -276,12 +280,12 @@ fn from_text(
             ),
             |r| {
                 let id = r.u64()?;
-                let frames = r.strings()?.into_iter().map(String::from).collect();
+                let frames: Vec<String> = r.strings()?.into_iter().map(String::from).collect();
                 Ok((id, (frames, r.bytes()?.to_vec())))
             },
         )?;
-        for (id, stack) in rows {
-            f(id, stack);
+        for (id, (frames, kernel)) in rows {
+            f(id, &frames.iter().map(String::as_str).collect::<Vec<_>>(), &kernel);
         }
     }
     Ok(())
@@ -310,11 +314,10 @@ fn list(ids: &[u64]) -> String {
     ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
 }
 
-/// A stack as text: each frame id replaced by its name ([`MISSING_FRAME`] where `names` lacks
-/// it), the kernel flags as stored.
-fn assemble((frame_ids, kernel): IdStack, names: &HashMap<u64, String>) -> Frames {
-    let frames = frame_ids.iter().map(|f| names.get(f).map_or(MISSING_FRAME, String::as_str).to_string());
-    (frames.collect(), kernel)
+/// A stack's frames as text: each frame id replaced by its name ([`MISSING_FRAME`] where
+/// `names` lacks it).
+fn texts<'a, 'b>(frame_ids: &'b [u64], names: &'a HashMap<u64, String>) -> impl Iterator<Item = &'a str> + use<'a, 'b> {
+    frame_ids.iter().map(|f| names.get(f).map_or(MISSING_FRAME, String::as_str))
 }
 
 #[cfg(test)]
@@ -327,21 +330,29 @@ mod tests {
         let names: HashMap<u64, String> =
             ["main", "work", "read_zero"].iter().map(|n| (frame_id(n), n.to_string())).collect();
         let ids = |ns: &[&str]| ns.iter().map(|n| frame_id(n)).collect::<Vec<_>>();
-        let stacks = HashMap::from([
+        let stacks = vec![
             (1, (ids(&["main", "work", "read_zero"]), vec![0, 0, 1])),
             (2, (ids(&["main", "main"]), vec![0, 0])),
             (3, (ids(&["main", "gone"]), vec![0, 1])),
             (4, (Vec::new(), Vec::new())),
-        ]);
-        let out: HashMap<u64, Frames> = stacks.into_iter().map(|(id, s)| (id, assemble(s, &names))).collect();
+            (9, (ids(&["not", "wanted"]), vec![0, 0])),
+            (1, (ids(&["a", "copy", "from", "another", "shard"]), vec![0, 0])),
+        ];
+        let fleet = Fleet::new("http://127.0.0.1:1", "p").unwrap();
+        let mut out: HashMap<u64, (Vec<String>, Vec<u8>)> = HashMap::new();
+        assembled(&fleet, HashSet::from([1, 2, 3, 4]), stacks, Some(names), |id, frames, kernel| {
+            let old = out.insert(id, (frames.iter().map(|f| f.to_string()).collect(), kernel.to_vec()));
+            assert!(old.is_none(), "stack {id} given twice");
+        })
+        .unwrap();
         let text = |id: u64| out[&id].0.iter().map(String::as_str).collect::<Vec<_>>();
-        assert_eq!(text(1), ["main", "work", "read_zero"]);
+        assert_eq!(text(1), ["main", "work", "read_zero"], "the first copy of a stack");
         assert_eq!(out[&1].1, [0, 0, 1], "the kernel flags as stored");
         assert_eq!(text(2), ["main", "main"], "a frame the stack repeats");
         assert_eq!(text(3), ["main", MISSING_FRAME], "a frame the dictionary lacks is said, not dropped");
         assert_eq!(out[&3].1, [0, 1]);
         assert!(out[&4].0.is_empty());
-        assert_eq!(out.len(), 4);
+        assert_eq!(out.len(), 4, "only the stacks wanted");
     }
 
     #[test]

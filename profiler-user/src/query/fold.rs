@@ -104,16 +104,26 @@ pub fn fold_names_with<'a>(comm: &str, frames: impl IntoIterator<Item = (&'a str
     push_name(&mut line, comm, true);
     for (name, kernel) in frames {
         line.push(';');
-        if kernel {
-            push_name(&mut line, name, false);
-        } else {
-            push_name(&mut line, &frame_name(name, lines), true);
-        }
-        if kernel {
-            line.push_str(KERNEL_SUFFIX);
-        }
+        push_piece(&mut line, name, kernel, lines);
     }
     line
+}
+
+/// One frame of a folded line as [`fold_names_with`] writes it after its `;`: what a reader of
+/// many stacks sharing frames makes once per frame.
+pub fn folded_piece(name: &str, kernel: bool, lines: bool) -> String {
+    let mut piece = String::new();
+    push_piece(&mut piece, name, kernel, lines);
+    piece
+}
+
+fn push_piece(line: &mut String, name: &str, kernel: bool, lines: bool) {
+    if kernel {
+        push_name(line, name, false);
+        line.push_str(KERNEL_SUFFIX);
+    } else {
+        push_name(line, &frame_name(name, lines), true);
+    }
 }
 
 /// The folded line of one stored stack: comm, user frames, kernel frames marked `_[k]`

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 pub use cputime::{Buckets, CpuTime, cpu_time};
 pub use fold::{
     FoldBudget, Folded, IDLE_FRAME, KERNEL_SUFFIX, fold, fold_line, fold_names, fold_names_with, fold_within,
+    folded_piece,
 };
 pub use grid::{Grid, subsecond_grid};
 pub use samples::{SampleRef, for_each_sample};
