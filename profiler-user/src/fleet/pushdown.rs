@@ -282,8 +282,14 @@ pub fn fold_reading(
         SampleKind::Cpu => rollup::plan(window, filter, sel, Coverage::read(fleet, window)?),
         _ => vec![Piece { source: Source::Raw, window }],
     };
-    let parts =
-        plan.iter().map(|&piece| piece_rows(fleet, sel, kind, piece, filter, limit)).collect::<Result<Vec<_>, _>>()?;
+    // The parts at once: each is a request the servers answer in 10-100 ms.
+    let parts = std::thread::scope(|s| {
+        let asked: Vec<_> =
+            plan.iter().map(|&piece| s.spawn(move || piece_rows(fleet, sel, kind, piece, filter, limit))).collect();
+        asked.into_iter().map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect::<Vec<_>>()
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
     // For the whole fleet, the stacks of the window's parts that had rows, for the server to
     // name the stacks' rows by (`stack_text::each_named_by`): those parts are the fleet's
     // rollups, cheap to read again, where a node's raw hour costs more than lists of ids.
