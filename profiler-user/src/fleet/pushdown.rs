@@ -109,8 +109,7 @@ pub(super) fn check_cpus(sel: &Selection, filter: &Filter) -> Result<(), FleetEr
 /// One summed row: (comm, stack id, workload, weight).
 type Row = (String, u64, String, u64);
 
-/// A stack's text (`stack_text`): frame names root first, and a kernel flag per frame.
-pub(super) type Frames = (Vec<String>, Vec<u8>);
+pub(super) use super::stack_text::Frames;
 
 /// `(name, kernel)` per frame, root first: kernel frames follow the user ones, as the copy
 /// reads them (a frame past the flags is a kernel frame).

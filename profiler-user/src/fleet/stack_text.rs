@@ -13,7 +13,7 @@ use std::{
     sync::atomic::Ordering::Relaxed,
 };
 
-use super::{Fleet, FleetError, pushdown::Frames};
+use super::{Fleet, FleetError};
 use crate::ship::clickhouse::schema::{self, col::*, quote_str};
 
 /// The frame shown where a stack names a frame id `frames` lacks (a frame's insert comes before
@@ -27,6 +27,9 @@ const BATCH: usize = 4_000;
 const NAMED_BY_MIN: usize = 256;
 /// List requests in flight at once ([`batched`]).
 const IN_FLIGHT: usize = 4;
+
+/// A stack's text: frame names root first, and a kernel flag per frame.
+pub(super) type Frames = (Vec<String>, Vec<u8>);
 
 /// A stack as `stack_frames` holds it: frame ids root first, a kernel flag per frame.
 type IdStack = (Vec<u64>, Vec<u8>);
