@@ -76,6 +76,25 @@ impl Drop for Kill {
     }
 }
 
+/// A child started in a process group of its own ([`spawn_group`]), killed with everything it
+/// started: chromedriver's Chromium outlived a driver killed alone (found left running after
+/// a suite).
+pub struct KillGroup(pub Child);
+
+/// Starts `cmd` as the leader of a new process group, for [`KillGroup`].
+pub fn spawn_group(cmd: &mut Command) -> KillGroup {
+    use std::os::unix::process::CommandExt;
+    KillGroup(cmd.process_group(0).spawn().unwrap_or_else(|e| panic!("start {:?}: {e}", cmd.get_program())))
+}
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the group our own child leads.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
 /// The `profiler` binary under test: `PROFILER_BIN` (set by `cargo xtask test`), else the
 /// workspace's debug build.
 pub fn profiler_bin() -> PathBuf {

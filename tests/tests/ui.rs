@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use integration_tests::{Daemon, Kill, helper_bin, now_secs, privileged, skip, wait_for};
+use integration_tests::{Daemon, helper_bin, now_secs, privileged, skip, spawn_group, wait_for};
 
 /// A plain HTTP/1.1 GET with the API token: (status, body).
 fn get(port: u16, path: &str) -> (u16, String) {
@@ -242,14 +242,8 @@ fn the_page_shows_the_flamegraph_of_a_range_selected_on_the_heatmap() {
     let grid = settled_heatmap(port, &query);
 
     let dport = free_port();
-    let _driver = Kill(
-        Command::new(driver)
-            .arg(format!("--port={dport}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver"),
-    );
+    let _driver =
+        spawn_group(Command::new(driver).arg(format!("--port={dport}")).stdout(Stdio::null()).stderr(Stdio::null()));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let grid2 = grid.clone();
     let irqs = rt.block_on(async move {

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use integration_tests::Kill;
+use integration_tests::{KillGroup, spawn_group};
 
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -21,15 +21,10 @@ pub fn installed() -> bool {
 }
 
 /// A session in a `width,height` window; the driver lives as long as the guard.
-pub async fn open(window: &str) -> (Kill, fantoccini::Client) {
+pub async fn open(window: &str) -> (KillGroup, fantoccini::Client) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let driver = Kill(
-        Command::new(CHROMEDRIVER)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver"),
+    let driver = spawn_group(
+        Command::new(CHROMEDRIVER).arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()),
     );
     let caps: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
         "goog:chromeOptions": {"binary": CHROMIUM, "args": ["--headless", "--no-sandbox", "--disable-gpu", format!("--window-size={window}")]}
