@@ -87,6 +87,20 @@ pub fn spawn_group(cmd: &mut Command) -> KillGroup {
     KillGroup(cmd.process_group(0).spawn().unwrap_or_else(|e| panic!("start {:?}: {e}", cmd.get_program())))
 }
 
+/// The live (not zombie) processes of process group `pgid`.
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // After the `(comm)`: state, ppid, pgrp.
+            let rest: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+            rest.first() != Some(&"Z") && rest.get(2) == Some(&pgid.to_string().as_str())
+        })
+        .collect()
+}
+
 impl Drop for KillGroup {
     fn drop(&mut self) {
         // SAFETY: a signal to the group our own child leads.

@@ -81,7 +81,7 @@ fn a_process_s_threads_show_where_they_waited_on_the_heatmap_s_time_axis() {
 
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async move {
-        let (_driver, client) = browser::open("1400,1000").await;
+        let (driver, client) = browser::open("1400,1000").await;
         client
             .goto(&format!("http://127.0.0.1:{port}/?from={from:.3}&to={to:.3}&threads={pid}#token={token}"))
             .await
@@ -135,5 +135,11 @@ fn a_process_s_threads_show_where_they_waited_on_the_heatmap_s_time_axis() {
         )
         .await;
         assert!(said.as_str().unwrap().contains("process id"), "{said}");
+        // The driver's guard takes its Chromium with it (killed alone, it left 11 processes).
+        let group = driver.0.id();
+        drop(driver);
+        integration_tests::wait_for("the driver's Chromium to be gone", Duration::from_secs(10), || {
+            integration_tests::group_members(group).is_empty().then_some(())
+        });
     });
 }
