@@ -191,6 +191,8 @@ pub struct Recorder {
     /// Stacks with their kernel's leaf frame, by stack hash and `CudaKey::func`.
     named: LruCache<(u64, u64), (Arc<str>, Arc<Stack>)>,
     pub status: status::Status,
+    /// The daemon's own pid, never looked at (`look_at`).
+    own_pid: u32,
 }
 
 impl Recorder {
@@ -220,6 +222,7 @@ impl Recorder {
             kernels: kernels::Kernels::default(),
             named: LruCache::new(kept(STACKS_KEPT)),
             status: status::Status { max_calls_per_sec: max_calls_per_sec.unwrap_or(0.0), ..Default::default() },
+            own_pid: std::process::id(),
         }
     }
 
@@ -340,7 +343,11 @@ impl Recorder {
     /// accepted driver library (newly). A process probed without its runtime is looked at
     /// again for it, at most every [`RUNTIME_EVERY`].
     fn look_at(&mut self, pid: u32) -> bool {
-        if pid == 0 || self.refused_by_pid.contains_key(&pid) || self.waiting.contains_key(&pid) {
+        // Never the daemon itself: its unwind-table builder maps a root-owned library it reads
+        // for a sampled process (`unwind::trusted_map`), so its own maps can list that
+        // `libcuda.so.1` for a while, and it was counted as one more process mapping the file.
+        if pid == 0 || pid == self.own_pid || self.refused_by_pid.contains_key(&pid) || self.waiting.contains_key(&pid)
+        {
             return false;
         }
         if let Some(p) = self.procs.get(&pid)
