@@ -45,7 +45,7 @@ impl Process {
             exe,
             maps: read.maps,
             read_at: now,
-            over_bound: read.truncated,
+            over_bound: read.truncated && !read.stalled,
             read_at_exec: false,
             seen_at: now,
             checked_at: now,
