@@ -237,7 +237,7 @@ fn merged(parts: Vec<(Vec<Row>, u64)>, limit: usize) -> (Vec<Row>, u64) {
     let rows: Vec<Row> = if parts.len() == 1 {
         parts.into_iter().next().map(|p| p.0).unwrap_or_default()
     } else {
-        let mut sums: HashMap<(String, u64, String), u64> = HashMap::new();
+        let mut sums: rustc_hash::FxHashMap<(String, u64, String), u64> = Default::default();
         for (comm, id, workload, n) in parts.into_iter().flat_map(|p| p.0) {
             *sums.entry((comm, id, workload)).or_default() += n;
         }
@@ -368,18 +368,28 @@ fn stack_texts(
     let mut out = HashMap::new();
     let ids = rows.iter().map(|r| r.1);
     // Each distinct frame as the fold writes it, made once (a fleet's stacks share most of
-    // their frames: 43,000 stacks of 1 M frames name 9,000).
-    let mut pieces: [rustc_hash::FxHashMap<String, String>; 2] = Default::default();
-    let keep = |id, frames: &[&str], kernel: &[u8]| {
+    // their frames: 43,000 stacks of 1 M frames name 9,000): by the frame's id where the
+    // dictionary gave one (hashing and comparing 8 bytes, not the name: half the reader's
+    // CPU went to names), by name for stacks stored as text.
+    let mut by_id: [rustc_hash::FxHashMap<u64, String>; 2] = Default::default();
+    let mut by_name: [rustc_hash::FxHashMap<String, String>; 2] = Default::default();
+    let lines = filter.lines;
+    let keep = |id, frames: &[&str], frame_ids: Option<&[u64]>, kernel: &[u8]| {
         let text = keeps_in(filter, frames, kernel).then(|| {
             let mut text = String::new();
-            for (name, k) in named_in(frames, kernel) {
-                let known = &mut pieces[usize::from(k)];
-                if !known.contains_key(name) {
-                    known.insert(name.to_string(), folded_piece(name, k, filter.lines));
-                }
+            for (i, (name, k)) in named_in(frames, kernel).enumerate() {
+                let piece = match frame_ids.and_then(|f| f.get(i)) {
+                    Some(&f) => by_id[usize::from(k)].entry(f).or_insert_with(|| folded_piece(name, k, lines)),
+                    None => {
+                        let known = &mut by_name[usize::from(k)];
+                        if !known.contains_key(name) {
+                            known.insert(name.to_string(), folded_piece(name, k, lines));
+                        }
+                        &known[name]
+                    }
+                };
                 text.push(';');
-                text.push_str(&known[name]);
+                text.push_str(piece);
             }
             text
         });

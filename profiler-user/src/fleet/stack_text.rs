@@ -9,9 +9,11 @@
 //! stack's frames (kernel-ending, softirq) read both while `stacks` has rows.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeSet, HashMap},
     sync::atomic::Ordering::Relaxed,
 };
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{Fleet, FleetError};
 use crate::ship::clickhouse::schema::{self, col::*, quote_str};
@@ -33,6 +35,10 @@ pub(super) type Frames = (Vec<String>, Vec<u8>);
 
 /// A stack as `stack_frames` holds it: frame ids root first, a kernel flag per frame.
 type IdStack = (Vec<u64>, Vec<u8>);
+
+/// Each frame id's text (`frames`). Keys are ids the servers made (hashes): no hasher that
+/// resists chosen keys is needed, and a fold looks up every frame of every stack.
+type Names = FxHashMap<u64, String>;
 
 /// The tables a server holds stacks in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +141,7 @@ fn dictionary(fleet: &Fleet) -> Result<bool, FleetError> {
 /// Frames and kernel flags of the stacks `ids` name (those ClickHouse has; [`each`]).
 pub(super) fn by_id(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result<HashMap<u64, Frames>, FleetError> {
     let mut out = HashMap::new();
-    each(fleet, ids, |id, frames, kernel| {
+    each(fleet, ids, |id, frames, _, kernel| {
         out.insert(id, (frames.iter().map(|f| f.to_string()).collect(), kernel.to_vec()));
     })?;
     Ok(out)
@@ -144,13 +150,13 @@ pub(super) fn by_id(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result
 /// Calls `f` with the frames and kernel flags of each stack of `ids` that ClickHouse has: from
 /// the dictionary, then `stacks` for the ids it lacks. Requests go in id order, [`BATCH`] ids
 /// each ([`batched`]), so that together they read each table's key once; each distinct
-/// frame's text is fetched once. `f` takes a stack's frames' names, root first, and kernel
-/// flags, borrowed: a fold of 40,000 deep stacks makes each frame's text once, not 40,000
-/// lists of names.
+/// frame's text is fetched once. `f` takes a stack's frames' names, root first, their ids in the
+/// dictionary (`None` for a stack stored as text), and kernel flags, borrowed: a fold of 40,000
+/// deep stacks makes each frame's text once, not 40,000 lists of names.
 pub(super) fn each(
     fleet: &Fleet,
     ids: impl IntoIterator<Item = u64>,
-    f: impl FnMut(u64, &[&str], &[u8]),
+    f: impl FnMut(u64, &[&str], Option<&[u64]>, &[u8]),
 ) -> Result<(), FleetError> {
     let ids: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
     if ids.is_empty() {
@@ -180,9 +186,9 @@ pub(super) fn each_named_by(
     fleet: &Fleet,
     ids_sql: &str,
     wanted: impl IntoIterator<Item = u64>,
-    f: impl FnMut(u64, &[&str], &[u8]),
+    f: impl FnMut(u64, &[&str], Option<&[u64]>, &[u8]),
 ) -> Result<(), FleetError> {
-    let wanted: HashSet<u64> = wanted.into_iter().collect();
+    let wanted: FxHashSet<u64> = wanted.into_iter().collect();
     if wanted.len() <= NAMED_BY_MIN || !dictionary(fleet)? {
         return each(fleet, wanted, f);
     }
@@ -210,12 +216,12 @@ pub(super) fn each_named_by(
 /// of `wanted` that `stacks` lacks, from `stacks` as text.
 fn assembled(
     fleet: &Fleet,
-    wanted: HashSet<u64>,
+    wanted: FxHashSet<u64>,
     stacks: Vec<(u64, IdStack)>,
-    names: Option<HashMap<u64, String>>,
-    mut f: impl FnMut(u64, &[&str], &[u8]),
+    names: Option<Names>,
+    mut f: impl FnMut(u64, &[&str], Option<&[u64]>, &[u8]),
 ) -> Result<(), FleetError> {
-    let mut kept: HashMap<u64, IdStack> = HashMap::with_capacity(wanted.len());
+    let mut kept: FxHashMap<u64, IdStack> = FxHashMap::with_capacity_and_hasher(wanted.len(), Default::default());
     for (id, stack) in stacks {
         if wanted.contains(&id) {
             kept.entry(id).or_insert(stack);
@@ -230,7 +236,7 @@ fn assembled(
     for (id, (ids, kernel)) in kept {
         frames.clear();
         frames.extend(texts(&ids, &names));
-        f(id, &frames, &kernel);
+        f(id, &frames, Some(&ids), &kernel);
     }
     from_text(fleet, missing, f)
 }
@@ -271,7 +277,7 @@ fn batched<T: Send>(
 fn from_text(
     fleet: &Fleet,
     ids: impl IntoIterator<Item = u64>,
-    mut f: impl FnMut(u64, &[&str], &[u8]),
+    mut f: impl FnMut(u64, &[&str], Option<&[u64]>, &[u8]),
 ) -> Result<(), FleetError> {
     let missing: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
     for chunk in missing.chunks(BATCH) {
@@ -288,7 +294,7 @@ fn from_text(
             },
         )?;
         for (id, (frames, kernel)) in rows {
-            f(id, &frames.iter().map(String::as_str).collect::<Vec<_>>(), &kernel);
+            f(id, &frames.iter().map(String::as_str).collect::<Vec<_>>(), None, &kernel);
         }
     }
     Ok(())
@@ -301,7 +307,7 @@ pub(super) fn of_window(fleet: &Fleet, table: &str, range: &str) -> Result<HashM
 }
 
 /// The text of each frame id of `ids` that `frames` holds ([`batched`]).
-fn frame_names(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result<HashMap<u64, String>, FleetError> {
+fn frame_names(fleet: &Fleet, ids: impl IntoIterator<Item = u64>) -> Result<Names, FleetError> {
     let ids: Vec<u64> = ids.into_iter().collect::<BTreeSet<u64>>().into_iter().collect();
     let table = fleet.table(schema::FRAME_DICT);
     let rows = batched(
@@ -319,7 +325,7 @@ fn list(ids: &[u64]) -> String {
 
 /// A stack's frames as text: each frame id replaced by its name ([`MISSING_FRAME`] where
 /// `names` lacks it).
-fn texts<'a, 'b>(frame_ids: &'b [u64], names: &'a HashMap<u64, String>) -> impl Iterator<Item = &'a str> + use<'a, 'b> {
+fn texts<'a, 'b>(frame_ids: &'b [u64], names: &'a Names) -> impl Iterator<Item = &'a str> + use<'a, 'b> {
     frame_ids.iter().map(|f| names.get(f).map_or(MISSING_FRAME, String::as_str))
 }
 
@@ -330,8 +336,7 @@ mod tests {
 
     #[test]
     fn stacks_are_assembled_from_their_frames_ids() {
-        let names: HashMap<u64, String> =
-            ["main", "work", "read_zero"].iter().map(|n| (frame_id(n), n.to_string())).collect();
+        let names: Names = ["main", "work", "read_zero"].iter().map(|n| (frame_id(n), n.to_string())).collect();
         let ids = |ns: &[&str]| ns.iter().map(|n| frame_id(n)).collect::<Vec<_>>();
         let stacks = vec![
             (1, (ids(&["main", "work", "read_zero"]), vec![0, 0, 1])),
@@ -343,7 +348,8 @@ mod tests {
         ];
         let fleet = Fleet::new("http://127.0.0.1:1", "p").unwrap();
         let mut out: HashMap<u64, (Vec<String>, Vec<u8>)> = HashMap::new();
-        assembled(&fleet, HashSet::from([1, 2, 3, 4]), stacks, Some(names), |id, frames, kernel| {
+        assembled(&fleet, FxHashSet::from_iter([1, 2, 3, 4]), stacks, Some(names), |id, frames, frame_ids, kernel| {
+            assert_eq!(frame_ids.map(<[u64]>::len), Some(frames.len()), "each frame's id with its name");
             let old = out.insert(id, (frames.iter().map(|f| f.to_string()).collect(), kernel.to_vec()));
             assert!(old.is_none(), "stack {id} given twice");
         })
