@@ -308,10 +308,14 @@ pub fn fold_reading(
     // stacks never hold more than half again the budget.
     let mut bytes = 0usize;
     let (texts, missing) = (stack_texts(fleet, &rows, ids_sql.as_deref(), filter)?, stack_text(&missing, filter));
+    // Each process's name as the line's head, made once.
+    let mut heads: rustc_hash::FxHashMap<&str, String> = Default::default();
     for batch in rows.chunks(STACK_BATCH) {
         for (comm, id, workload, n) in batch {
             let Some(text) = texts.get(id).unwrap_or(&missing) else { continue };
-            let mut line = fold_names_with(comm, std::iter::empty(), filter.lines);
+            let head = heads.entry(comm).or_insert_with(|| fold_names_with(comm, std::iter::empty(), filter.lines));
+            let mut line = String::with_capacity(head.len() + text.len());
+            line.push_str(head);
             line.push_str(text);
             let len = line.len();
             *folded.stacks.entry(line).or_insert_with(|| {
@@ -371,25 +375,38 @@ fn stack_texts(
     // their frames: 43,000 stacks of 1 M frames name 9,000): by the frame's id where the
     // dictionary gave one (hashing and comparing 8 bytes, not the name: half the reader's
     // CPU went to names), by name for stacks stored as text.
-    let mut by_id: [rustc_hash::FxHashMap<u64, String>; 2] = Default::default();
-    let mut by_name: [rustc_hash::FxHashMap<String, String>; 2] = Default::default();
+    let mut pieces: Vec<String> = Vec::new();
+    let mut by_id: rustc_hash::FxHashMap<(u64, bool), u32> = Default::default();
+    let mut by_name: [rustc_hash::FxHashMap<String, u32>; 2] = Default::default();
+    let mut of_stack: Vec<u32> = Vec::new();
     let lines = filter.lines;
     let keep = |id, frames: &[&str], frame_ids: Option<&[u64]>, kernel: &[u8]| {
         let text = keeps_in(filter, frames, kernel).then(|| {
-            let mut text = String::new();
+            of_stack.clear();
             for (i, (name, k)) in named_in(frames, kernel).enumerate() {
-                let piece = match frame_ids.and_then(|f| f.get(i)) {
-                    Some(&f) => by_id[usize::from(k)].entry(f).or_insert_with(|| folded_piece(name, k, lines)),
-                    None => {
-                        let known = &mut by_name[usize::from(k)];
-                        if !known.contains_key(name) {
-                            known.insert(name.to_string(), folded_piece(name, k, lines));
-                        }
-                        &known[name]
-                    }
+                let mut made = || {
+                    pieces.push(folded_piece(name, k, lines));
+                    (pieces.len() - 1) as u32
                 };
+                of_stack.push(match frame_ids.and_then(|f| f.get(i)) {
+                    Some(&f) => *by_id.entry((f, k)).or_insert_with(made),
+                    None => match by_name[usize::from(k)].get(name) {
+                        Some(&p) => p,
+                        None => {
+                            let p = made();
+                            by_name[usize::from(k)].insert(name.to_string(), p);
+                            p
+                        }
+                    },
+                });
+            }
+            // Sized once: a deep stack's text is kilobytes, grown piece by piece it was copied
+            // again at each doubling.
+            let len: usize = of_stack.iter().map(|&p| pieces[p as usize].len() + 1).sum();
+            let mut text = String::with_capacity(len);
+            for &p in &of_stack {
                 text.push(';');
-                text.push_str(piece);
+                text.push_str(&pieces[p as usize]);
             }
             text
         });
