@@ -201,7 +201,7 @@ impl Symbolizer {
     fn seed_from_parent(&mut self, child: u32, fork: Fork) {
         let Some(parent) = self.processes.get(&fork.parent) else { return };
         let (comms, exe) = (parent.comms.clone(), parent.exe.clone());
-        let read = maps::Read { maps: parent.maps.clone(), truncated: parent.over_bound, stalled: false };
+        let read = maps::Read { maps: parent.maps.clone(), truncated: parent.over_bound };
         let seeded =
             Process { read_at_exec: true, ..Process::new(self.next_image(), comms, exe, read, Instant::now()) };
         self.new_image(child);
@@ -240,7 +240,7 @@ mod tests {
     /// Caches `pid` with one mapping at 0x1000..0x2000 named `name` (a `[name]` pseudo-file).
     fn cache(s: &mut Symbolizer, pid: u32, name: &str) {
         let m = Mapping { start: 0x1000, end: 0x2000, offset: 0, dev: 0, inode: 0, path: Arc::from(name) };
-        let read = maps::Read { maps: vec![m], truncated: false, stalled: false };
+        let read = maps::Read { maps: vec![m], truncated: false };
         let p = Process::new(s.next_image(), vec![Arc::from("same")], None, read, Instant::now());
         s.processes.insert(pid, p);
     }

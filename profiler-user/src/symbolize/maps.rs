@@ -63,16 +63,7 @@ pub struct Read {
     pub maps: Vec<Mapping>,
     /// A byte, time or count budget stopped the read before the end.
     pub truncated: bool,
-    /// The time budget stopped it within [`STALLED_LINES`]: the reader waited for a CPU (a
-    /// loaded machine), the file is not one the kernel is slow to write. Read again at the
-    /// usual pace, not as maps over a bound.
-    pub stalled: bool,
 }
-
-/// Lines (about 100 KB) the kernel writes in well under the time budget: a read stopped by
-/// the clock before them was descheduled, not slow (under a load of 15 on 2 CPUs, reads of
-/// a 150-line Python process's maps took 22-108 ms).
-pub const STALLED_LINES: u64 = 1024;
 
 /// Executable mappings of a process, bounded as the module comment says; empty if it is gone.
 /// The mapping holding `wanted` (the address that made us read) is kept past the count bounds.
@@ -98,7 +89,6 @@ fn read_from(input: impl std::io::Read, wanted: Option<u64>, max_mappings: usize
     let started = std::time::Instant::now();
     let mut bytes = 0u64;
     let mut truncated = false;
-    let mut stalled = false;
     let mut kept = Kept::default();
     let mut input = BufReader::with_capacity(64 << 10, input);
     let mut line = Vec::new();
@@ -109,13 +99,8 @@ fn read_from(input: impl std::io::Read, wanted: Option<u64>, max_mappings: usize
             Ok(n) => bytes += n as u64,
         }
         // The clock is read every 64 lines: cheap next to what the kernel spends on a line.
-        if bytes >= MAX_MAPS_BYTES {
+        if (bytes >= MAX_MAPS_BYTES) || (kept.lines % 64 == 0 && started.elapsed() > budget) {
             truncated = true;
-            break;
-        }
-        if kept.lines % 64 == 0 && started.elapsed() > budget {
-            truncated = true;
-            stalled = kept.lines < STALLED_LINES;
             break;
         }
         kept.lines += 1;
@@ -150,7 +135,7 @@ fn read_from(input: impl std::io::Read, wanted: Option<u64>, max_mappings: usize
     truncated |= kept.out.len() >= max_mappings || kept.files.values().any(|(_, n)| *n >= MAX_MAPPINGS_PER_FILE);
     let mut maps = kept.out;
     maps.sort_by_key(|m| m.start);
-    Read { maps, truncated, stalled }
+    Read { maps, truncated }
 }
 
 /// What a read keeps: the mappings, one path per file, how many mappings each file has.
@@ -332,18 +317,6 @@ garbage line
             .collect();
         let read = read_from(text.as_bytes(), None, MAX_MAPPINGS, std::time::Duration::ZERO);
         assert!(read.truncated && read.maps.is_empty());
-        // Stopped by the clock at its first line: the reader waited for a CPU, the file is not
-        // over a bound (before, such a read left a process's frames `[unknown]` for 30 s).
-        assert!(read.stalled, "a read stopped before {STALLED_LINES} lines is a stall");
-        assert!(
-            !read_from(
-                &b"1000-2000 r-xp 00000000 fd:01 7 /lib/a.so\n"[..],
-                None,
-                MAX_MAPPINGS,
-                std::time::Duration::MAX
-            )
-            .stalled
-        );
         assert!(
             !read_from(
                 &b"1000-2000 r-xp 00000000 fd:01 7 /lib/a.so\n"[..],

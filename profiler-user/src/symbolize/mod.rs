@@ -517,7 +517,7 @@ impl Symbolizer {
                     p.maps = fresh.maps;
                 }
                 p.read_at = now;
-                p.over_bound = fresh.truncated && !fresh.stalled;
+                p.over_bound = fresh.truncated;
                 p.read_at_exec = false;
             }
         }

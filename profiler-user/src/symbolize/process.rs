@@ -45,7 +45,7 @@ impl Process {
             exe,
             maps: read.maps,
             read_at: now,
-            over_bound: read.truncated && !read.stalled,
+            over_bound: read.truncated,
             read_at_exec: false,
             seen_at: now,
             checked_at: now,

@@ -45,9 +45,7 @@ impl Recorder {
         // copy is gone.
         let counted: std::collections::HashSet<u64> = drained.counts.iter().map(|d| d.key.hash).collect();
         for (h, record) in drained.stacks.iter().filter(|(h, _)| !counted.contains(h)) {
-            if let Some(s) = pipeline.cuda_sample(record_bytes(record), now_ns, now)
-                && named_whole(&s.stack)
-            {
+            if let Some(s) = pipeline.cuda_sample(record_bytes(record), now_ns, now) {
                 self.stacks.put(*h, s);
             }
         }
@@ -86,12 +84,7 @@ impl Recorder {
                     Some(record) => {
                         let bytes = record_bytes(record);
                         let s = pipeline.cuda_sample(bytes, now_ns, now);
-                        // A frame nothing named yet (the process's maps read before the
-                        // loader mapped its file, or cut short by the reader's time budget
-                        // under load) is symbolized again at the next drain, as the
-                        // symbolizer does (`UNRESOLVED_TTL`): kept, it stayed `[unknown]` for
-                        // as long as the stack launched.
-                        if let Some(s) = s.as_ref().filter(|s| named_whole(&s.stack)) {
+                        if let Some(s) = &s {
                             self.stacks.put(d.key.hash, s.clone());
                         }
                         s
@@ -192,11 +185,6 @@ impl Recorder {
             Some(kernels::Symbol { name, file })
         });
         let Some(frame) = frame else { return s };
-        if !named_whole(&s.stack) {
-            // Not kept: the stack is named again at the next drain (see `drain`).
-            s.stack = Arc::new(kernels::with_leaf(&s.stack, frame));
-            return s;
-        }
         match self.named.get(&(key.hash, key.func)) {
             Some((f, stack)) if Arc::ptr_eq(f, &frame) => s.stack = stack.clone(),
             _ => {
@@ -279,12 +267,6 @@ impl Recorder {
         }
         self.writers.get_mut(&kind)
     }
-}
-
-/// Every frame of `stack` named: no `[unknown]`, which the symbolizer may name once it has
-/// read the process's maps again.
-pub(super) fn named_whole(stack: &Stack) -> bool {
-    !stack.frames.iter().any(|f| &**f == crate::symbolize::UNKNOWN)
 }
 
 /// A record's bytes as the ring would carry them (the parser reads only what the header counts).

@@ -153,11 +153,6 @@ impl Kernels {
             },
         };
         let p = self.procs.entry(pid).or_default();
-        // A stack with a frame not named yet may name another library once it is: its
-        // launcher's name is not kept.
-        if !super::drain::named_whole(stack) {
-            return Some(name);
-        }
         if p.named.len() >= NAMED_MAX {
             p.named.clear();
         }
