@@ -24,6 +24,16 @@ fn of_cpu_1(thread: &str) -> bool {
     })
 }
 
+#[test]
+fn a_kernel_thread_of_cpu_1_is_told_from_others() {
+    for name in ["kworker/1:4", "ksoftirqd/1", "migration/1", "kworker/1:0H"] {
+        assert!(of_cpu_1(name), "{name}");
+    }
+    for name in ["napper", "kworker/11:2", "kworker/u4:1", "ksoftirqd/0", "kworker/1:", "/1"] {
+        assert!(!of_cpu_1(name), "{name}");
+    }
+}
+
 fn spawn(cmd: &mut Command) -> Kill {
     Kill(cmd.stdout(std::process::Stdio::null()).spawn().expect("spawn"))
 }
