@@ -152,6 +152,24 @@ fn an_unprivileged_user_cannot_push_the_daemon_out_of_its_memory_budget() {
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     let complete: u64 = stacks.iter().filter(|(s, _)| s.split(';').any(|f| f == "main")).map(|(_, n)| n).sum();
     let share = complete as f64 / total as f64;
+    // Where the incomplete samples are, by second of the run and by stack: a failure says
+    // whether they are the program's first moments (its table not yet built) or all along.
+    let mut by_second = Vec::new();
+    let mut t = before_root.floor();
+    while t < after_root + 1.0 {
+        let s = folded_window(dir, t, t + 1.0, &["--comm", "budget-nofp"]).unwrap_or_default();
+        let n: u64 = s.iter().map(|(_, n)| n).sum();
+        let c: u64 = s.iter().filter(|(s, _)| s.split(';').any(|f| f == "main")).map(|(_, n)| n).sum();
+        by_second.push(format!("{c}/{n}"));
+        t += 1.0;
+    }
+    let mut incomplete: Vec<&(String, u64)> =
+        stacks.iter().filter(|(s, _)| !s.split(';').any(|f| f == "main")).collect();
+    incomplete.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    eprintln!("complete/all by second of root's run: {}", by_second.join(" "));
+    for (s, n) in incomplete.iter().take(8) {
+        eprintln!("  incomplete: {n} {s}");
+    }
 
     peak_anon = peak_anon.max(status_bytes(pid, "RssAnon"));
     let alive = daemon.child.as_mut().unwrap().try_wait().unwrap().is_none();

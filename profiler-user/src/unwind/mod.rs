@@ -9,7 +9,8 @@ pub mod registry;
 pub mod table;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap, VecDeque},
     fs::File,
     os::unix::fs::MetadataExt,
     sync::{
@@ -238,8 +239,9 @@ fn run(
     // When each process was last described.
     let mut read_at: HashMap<u32, Instant> = HashMap::new();
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
-    // Processes to describe again at a time: (when, pid), soonest last.
-    let mut again: Vec<(Instant, u32)> = Vec::new();
+    // Processes to describe again at a time: (when, pid), soonest on top (a heap: a thousand
+    // execs at once add two each).
+    let mut again: BinaryHeap<Reverse<(Instant, u32)>> = BinaryHeap::new();
     let mut pending: VecDeque<Request> = VecDeque::new();
     let vdso = Vdso::of_this_process();
     // Processes whose next description opens all their files (`FIRST_CHECKS`).
@@ -247,7 +249,7 @@ fn run(
     let mut describe_now = |registry: &mut Registry<Maps>,
                             builder: &mut Builder,
                             read_at: &mut HashMap<u32, Instant>,
-                            again: &mut Vec<(Instant, u32)>,
+                            again: &mut BinaryHeap<Reverse<(Instant, u32)>>,
                             pid: u32| {
         let checks = match unbounded.iter().position(|p| *p == pid) {
             Some(i) => {
@@ -260,8 +262,7 @@ fn run(
         read_at.insert(pid, Instant::now());
         if unchecked > 0 && again.len() < QUEUE && unbounded.len() < QUEUE {
             unbounded.push(pid);
-            again.push((Instant::now() + CHECK_THE_REST_AFTER, pid));
-            again.sort_by_key(|a| std::cmp::Reverse(a.0));
+            again.push(Reverse((Instant::now() + CHECK_THE_REST_AFTER, pid)));
         }
     };
     // Tables received since memory was last handed back, and when that was.
@@ -283,23 +284,28 @@ fn run(
             crate::budget::give_back_memory();
         }
         let now = Instant::now();
-        while again.last().is_some_and(|(at, _)| *at <= now) {
-            let (_, pid) = again.pop().expect("checked");
-            describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
-        }
         // Requests wait here; execs go first, and are looked for again after every
         // description, because one (a large binary's first table) can take a while.
         for r in rx.try_iter().take(QUEUE) {
-            queue(&mut pending, r);
+            queue(&mut registry, &mut pending, r);
+        }
+        // Then the descriptions due again, one at a time: a thousand processes started at
+        // once are each read again 20 and 500 ms after their exec, and a new program's exec
+        // must not wait behind all of them (its samples are walked without a table meanwhile).
+        let exec_waits = matches!(pending.front(), Some(Request::Exec(_)));
+        if !exec_waits && again.peek().is_some_and(|Reverse((at, _))| *at <= now) {
+            let Reverse((_, pid)) = again.pop().expect("checked");
+            describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
+            continue;
         }
         let Some(request) = pending.pop_front() else {
-            let mut wake = again.last().map_or(next_sweep, |(at, _)| (*at).min(next_sweep));
+            let mut wake = again.peek().map_or(next_sweep, |Reverse((at, _))| (*at).min(next_sweep));
             if builder.pending > 0 {
                 // Tables on their way: look for them often.
                 wake = wake.min(now + Duration::from_millis(5));
             }
             match rx.recv_timeout(wake.saturating_duration_since(now)) {
-                Ok(r) => queue(&mut pending, r),
+                Ok(r) => queue(&mut registry, &mut pending, r),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
@@ -308,8 +314,7 @@ fn run(
         };
         match request {
             Request::Seen(pid) => {
-                registry.touch(pid);
-                // Not known any more (its place or its tables went to a running process): now.
+                // (Touched when it arrived.) Not known any more (its place or its tables went to a running process): now.
                 let due = read_at.get(&pid).is_none_or(|at| at.elapsed() >= REREAD_AFTER);
                 if due
                     || (!registry.is_known(pid)
@@ -321,8 +326,7 @@ fn run(
             Request::Exec(pid) => {
                 describe_now(&mut registry, &mut builder, &mut read_at, &mut again, pid);
                 if again.len() < QUEUE {
-                    again.extend(AFTER_EXEC.iter().map(|d| (Instant::now() + *d, pid)));
-                    again.sort_by_key(|a| std::cmp::Reverse(a.0));
+                    again.extend(AFTER_EXEC.iter().map(|d| Reverse((Instant::now() + *d, pid))));
                 }
             }
         }
@@ -330,7 +334,12 @@ fn run(
     }
 }
 
-fn queue(pending: &mut VecDeque<Request>, r: Request) {
+/// A request waits its turn; a sample's process is marked sampled now, not when its turn
+/// comes (behind a thousand execs, its place in the kernel could go meanwhile).
+fn queue(registry: &mut Registry<Maps>, pending: &mut VecDeque<Request>, r: Request) {
+    if let Request::Seen(pid) = r {
+        registry.touch(pid);
+    }
     match r {
         Request::Exec(_) => pending.push_front(r),
         Request::Seen(_) if pending.len() < QUEUE => pending.push_back(r),
@@ -350,12 +359,14 @@ fn sweep(
         return;
     }
     *next_sweep = Instant::now() + SWEEP_EVERY;
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
     for pid in registry.pids() {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            registry.remove_process(pid);
+        if !alive(pid) {
+            registry.exited(pid);
             read_at.remove(&pid);
         }
     }
+    registry.keep_sampled(alive);
     read_at.retain(|pid, _| registry.is_known(*pid));
     if let Ok(mut v) = python_layouts.lock() {
         v.retain(|pid, _| registry.is_known(*pid));

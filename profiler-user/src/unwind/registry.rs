@@ -128,6 +128,10 @@ struct Process {
     seen_at: std::time::Instant,
 }
 
+/// Processes remembered as sampled, past this the set starts over (a running process is
+/// announced again within 80 s).
+const MAX_SAMPLED: usize = 65_536;
+
 /// A process not sampled for this long may lose the tables it uses to one that runs, when
 /// the rows array is full: a user's thousand sleeping processes cannot hold the rows that
 /// root's new program needs.
@@ -139,6 +143,11 @@ pub struct Registry<T: Tables> {
     /// Free row ranges `(start, len)`, sorted by start, never adjacent.
     free: Vec<(usize, usize)>,
     processes: HashMap<u32, Process>,
+    /// Processes a sample of which was seen, described or not (evicted, not yet described). A
+    /// full table's places go to them first: a description alone (an exec, a re-read of the
+    /// maps) makes a process recent, and a user's thousand new sleepers would otherwise push
+    /// out root's running program, which the pipeline announces only every 10 to 80 s.
+    sampled: std::collections::HashSet<u32>,
     /// Processes to describe again once a file's table is built.
     waiting: HashMap<FileKey, Vec<u32>>,
     clock: u64,
@@ -161,6 +170,7 @@ impl<T: Tables> Registry<T> {
             files: HashMap::new(),
             free: if capacity > 0 { vec![(0, capacity)] } else { Vec::new() },
             processes: HashMap::new(),
+            sampled: std::collections::HashSet::new(),
             waiting: HashMap::new(),
             clock: 0,
             did_not_fit: 0,
@@ -302,15 +312,36 @@ impl<T: Tables> Registry<T> {
             p.seen = self.clock;
             p.seen_at = std::time::Instant::now();
         }
+        if self.sampled.len() >= MAX_SAMPLED {
+            self.sampled.clear();
+        }
+        self.sampled.insert(pid);
+    }
+
+    /// `pid` exited: forgotten, its sampled mark too (pids are reused).
+    pub fn exited(&mut self, pid: u32) {
+        self.remove_process(pid);
+        self.sampled.remove(&pid);
+    }
+
+    /// Forgets the sampled marks of processes not described that `alive` says are gone.
+    pub fn keep_sampled(&mut self, mut alive: impl FnMut(u32) -> bool) {
+        let processes = &self.processes;
+        self.sampled.retain(|pid| processes.contains_key(pid) || alive(*pid));
     }
 
     /// Puts a description into the kernel's process table. When the table is full (a node runs
-    /// more processes than it holds, or a user started a thousand sleeping ones), the process
-    /// sampled least recently gives up its place, counted and logged: the processes that run
-    /// keep complete stacks.
+    /// more processes than it holds, or a user started a thousand sleeping ones), a process never
+    /// sampled gives up its place, else the one sampled least recently, counted and logged: the
+    /// processes that run keep complete stacks.
     fn insert_process(&mut self, pid: u32, table: &ProcessTable) -> Result<(), String> {
         let Err(first) = self.tables.set_process(pid, table) else { return Ok(()) };
-        let victim = self.processes.iter().filter(|(p, _)| **p != pid).min_by_key(|(_, p)| p.seen).map(|(p, _)| *p);
+        let victim = self
+            .processes
+            .iter()
+            .filter(|(p, _)| **p != pid)
+            .min_by_key(|(p, v)| (self.sampled.contains(p), v.seen))
+            .map(|(p, _)| *p);
         if let Some(victim) = victim {
             self.remove_process(victim);
             self.processes_evicted += 1;

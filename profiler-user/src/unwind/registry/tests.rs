@@ -316,6 +316,39 @@ fn a_full_process_table_makes_room_by_evicting_the_least_recently_sampled() {
 }
 
 #[test]
+fn a_running_program_keeps_its_place_while_new_sleepers_are_described_again_and_again() {
+    let mut r = Registry::new(Fake { rows: vec![0; 1000], max_processes: 3, ..Default::default() });
+    let mut compile = |_: &MappedFile, _| Build::Done(Ok(table(10, 7)));
+    r.set_process(1, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    r.touch(1);
+    // Root's program is described again (its maps re-read) and stays sampled.
+    r.set_process(1, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    // A user's sleepers: each described at its exec and again after it, never sampled.
+    for round in 0..3 {
+        for pid in 10..20 {
+            r.set_process(pid, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+            assert!(r.is_known(1), "root's running program lost its place to sleeper {pid} (round {round})");
+        }
+    }
+    assert!(r.kernel().processes.contains_key(&1));
+    assert!(r.stats().processes_evicted > 0);
+    // A program sampled before its description (its exec still queued) counts as sampled.
+    r.touch(2);
+    r.set_process(2, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    for pid in 20..30 {
+        r.set_process(pid, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    }
+    assert!(r.is_known(1) && r.is_known(2), "a sampled program lost its place to a sleeper");
+    // Once it exited, its pid's next process starts unsampled.
+    r.exited(2);
+    r.set_process(2, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    for pid in 30..32 {
+        r.set_process(pid, &[mapping(5, 0x7000_0000)], &mut compile).unwrap();
+    }
+    assert!(!r.is_known(2), "a new process under an exited one's pid inherited its place");
+}
+
+#[test]
 fn tables_of_processes_not_sampled_for_a_while_give_way_to_a_running_programs() {
     let mut r = registry(100);
     // Three sleepers, each with a table of 30 rows of its own: 90 of 100 rows.
