@@ -227,7 +227,7 @@ pub struct GpuFile {
     /// Uprobes on `libcuda.so.1` in every process mapping it (`gpu::cuda`) [default: true].
     pub cuda_probes: Option<bool>,
     /// The CUDA probes' rate guard (`gpu::cuda::guard`) [default: 1 % of each process's CPU
-    /// time, about 3,000 hits a second on a core].
+    /// time, about 2,300 hits a second on a core].
     pub cuda_max_calls_per_sec: Option<u32>,
 }
 

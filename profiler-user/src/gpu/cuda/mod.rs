@@ -67,7 +67,7 @@ const STACKS_KEPT: usize = 1024;
 
 /// Probe hits a second per process above which the rate guard duty-cycles the probes, when
 /// none is configured: a budget of time, 1 % of the process's own CPU time spent in hits of
-/// about 3.3 µs, at least 1,000 a second (`guard::budget`): 3,000 a second for a process on
+/// about 4.4 µs, at least 1,000 a second (`guard::budget`): 2,270 a second for a process on
 /// one core. A launch-bound step loop is then at most 1 % slower (`cargo xtask bench
 /// cuda-step`); a process launching faster is counted part of the time, its counts scaled
 /// estimates. A fixed 12,000, before, let such a loop lose 3-4 %.
