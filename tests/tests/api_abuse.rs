@@ -192,8 +192,13 @@ fn the_api_cannot_stop_the_sampling() {
         .min()
         .unwrap();
     let bound = (idle + MAX_ABOVE_IDLE_KIB).min(MEMORY_MAX_KIB);
+    // Mapped files the symbolizer took in meanwhile (the ELF files of whatever else runs: a
+    // compiler's libLLVM is 100 MB) are pages the kernel reclaims under the unit's limit, not
+    // the requests' memory: the peak may exceed the bound by that growth, and no more.
+    let idle_file = status_line(pid, "RssFile:");
+    let files_grown = || status_line(pid, "RssFile:").saturating_sub(idle_file);
     let mut seen = more_samples(port, 0, "at start");
-    eprintln!("idle RSS {idle} KiB; bound {bound} KiB");
+    eprintln!("idle RSS {idle} KiB (of it mapped files {idle_file} KiB); bound {bound} KiB");
 
     // 1. Each endpoint: its largest allowed request (coarsened or truncated, and saying so) and
     //    a too-large or malformed one (a sentence, no work).
@@ -246,7 +251,8 @@ fn the_api_cannot_stop_the_sampling() {
             peak,
             peak.saturating_sub(idle)
         ));
-        assert!(peak <= bound, "{path}: peak RSS {peak} KiB over {bound} KiB{NOISE}");
+        let grown = files_grown();
+        assert!(peak <= bound + grown, "{path}: peak RSS {peak} KiB over {bound} KiB and {grown} KiB of files mapped since idle{NOISE}");
     }
     // Memory goes back after the requests (the allocator keeps freed arenas otherwise: without
     // the daemon's trims, 50 MB more stayed resident after this list).
@@ -292,7 +298,8 @@ fn the_api_cannot_stop_the_sampling() {
         "| six at once (3 flamegraph -4d svg, 3 heatmap -4d rows=1000) | {ok} x 200 | | {peak} KiB | +{} KiB | | |",
         peak.saturating_sub(idle)
     ));
-    assert!(peak <= bound, "six at once: peak RSS {peak} KiB over {bound} KiB{NOISE}");
+    let grown = files_grown();
+    assert!(peak <= bound + grown, "six at once: peak RSS {peak} KiB over {bound} KiB and {grown} KiB of files mapped since idle{NOISE}");
     seen = more_samples(port, seen, "after six heavy requests");
 
     // 3. A /metrics flood for 3 s from 8 threads: a bounded number of answers, the rest 429.

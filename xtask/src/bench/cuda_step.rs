@@ -2,7 +2,7 @@
 //! part 8: at most 1 % slower), measured so that 1 % can show on a loaded machine:
 //! - a step is a fixed amount of arithmetic (calibrated once to about 1.5 ms of CPU) and 20
 //!   launches through the stand-in driver (`tests/cuda/standin.c`), about 13,000 launches a
-//!   second, over the default rate guard's 3,000 (the guard as users get it);
+//!   second, over the default rate guard's 2,270 (the guard as users get it);
 //! - what is measured is the launcher's own CPU time a step (`CLOCK_PROCESS_CPUTIME_ID`: user
 //!   and system, so a probe's trap and BPF program count), not steps a second, which the other
 //!   processes' load sets;
