@@ -252,7 +252,10 @@ fn the_api_cannot_stop_the_sampling() {
             peak.saturating_sub(idle)
         ));
         let grown = files_grown();
-        assert!(peak <= bound + grown, "{path}: peak RSS {peak} KiB over {bound} KiB and {grown} KiB of files mapped since idle{NOISE}");
+        assert!(
+            peak <= bound + grown,
+            "{path}: peak RSS {peak} KiB over {bound} KiB and {grown} KiB of files mapped since idle{NOISE}"
+        );
     }
     // Memory goes back after the requests (the allocator keeps freed arenas otherwise: without
     // the daemon's trims, 50 MB more stayed resident after this list).
@@ -299,7 +302,10 @@ fn the_api_cannot_stop_the_sampling() {
         peak.saturating_sub(idle)
     ));
     let grown = files_grown();
-    assert!(peak <= bound + grown, "six at once: peak RSS {peak} KiB over {bound} KiB and {grown} KiB of files mapped since idle{NOISE}");
+    assert!(
+        peak <= bound + grown,
+        "six at once: peak RSS {peak} KiB over {bound} KiB and {grown} KiB of files mapped since idle{NOISE}"
+    );
     seen = more_samples(port, seen, "after six heavy requests");
 
     // 3. A /metrics flood for 3 s from 8 threads: a bounded number of answers, the rest 429.
