@@ -314,7 +314,8 @@ fn run(
         };
         match request {
             Request::Seen(pid) => {
-                // (Touched when it arrived.) Not known any more (its place or its tables went to a running process): now.
+                // Marked sampled when it arrived (`queue`). Not known any more (its place or its
+                // tables went to a running process): now.
                 let due = read_at.get(&pid).is_none_or(|at| at.elapsed() >= REREAD_AFTER);
                 if due
                     || (!registry.is_known(pid)
