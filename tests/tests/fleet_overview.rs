@@ -277,6 +277,12 @@ fn fleet_answers_what_the_stores_hold() {
         "ksoftirqd/1;ret_from_fork_[k];kthread_[k];net_rx_action_[k];ena_io_poll_[k]"
     );
     assert_eq!(reset["stacks"][0]["samples"].as_u64(), Some(5 * 20));
+    // Two events, explained at once: each keeps its own CPU and stacks.
+    let two = fleet_json(&["--clickhouse", &url, "--from", &from, "--to", &to, "--event", "ena.*reset|soft lockup"]);
+    let two = two["events"]["events"].as_array().unwrap().clone();
+    assert_eq!(two.len(), 2, "{two:?}");
+    assert_eq!((two[0]["node"].as_str(), two[0]["ts_ns"].as_u64()), (Some("node-a"), Some(start + 10 * SEC)));
+    assert_eq!(two[1], *reset, "the reset explained alone and beside another event");
 
     // Text: a table a human reads.
     let out = profiler(&["fleet", "--clickhouse", &url, "--from", &from, "--to", &to, "--event", "reset"]);
