@@ -210,7 +210,12 @@ fn a_users_libraries_take_no_slot_and_roots_is_probed_next() {
         wait_for_every("22 processes' libraries refused", Duration::from_secs(30), Duration::from_millis(250), || {
             scene.alive();
             let s = status(&scene.data);
-            (s["unprobed"]["refused"] == 21).then_some(s)
+            // The 21 libraries may be listed before the stage has found the fake's second
+            // process (CI saw 1 of 2): wait for both too.
+            let fake_both = s["libraries"].as_array().is_some_and(|l| {
+                l.iter().any(|l| l["path"].as_str().is_some_and(|p| p.contains("/fake/")) && l["processes"] == 2)
+            });
+            (s["unprobed"]["refused"] == 21 && fake_both).then_some(s)
         });
     let libs = refused["libraries"].as_array().unwrap();
     let not_driver = libs.iter().find(|l| l["path"].as_str().unwrap().contains("/fake/")).expect("the fake listed");

@@ -82,3 +82,47 @@ fn runtime_launches_spend_two_probe_hits_of_the_guards_budget() {
     runtime.finish();
     daemon.stop();
 }
+
+/// The estimates add up: a process cut to a tenth of the time still shows about the launches it
+/// made. (On an H200, a PyTorch loop of 62,700 launches a second through the runtime was shown
+/// as a third of them: the attached seconds counted part of their length.)
+#[test]
+fn a_cut_processs_estimated_launches_add_up_to_what_it_made() {
+    if !privileged("cuda_guard") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda_guard") else { return };
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data, &["--listen", "off", "--cuda-max-calls-per-sec", "500"]);
+    daemon.wait_ready();
+    // 3,000 launches a second through the runtime, 6,000 hits against 500: attached one second
+    // in ten for 30 s, three periods.
+    let mut runtime = cuda::App::start(&lib, &["--runtime-rate", "3000", "--seconds", "30"], 1000);
+    let pid = runtime.pid();
+    wait_probed(&data, 2);
+    let made = runtime.go()["launches"].as_u64().unwrap();
+    // The last counts are drained a second or two after the launches: wait for the store to stop
+    // growing.
+    let dir = data.to_str().unwrap().to_string();
+    let count = || -> (u64, u64) {
+        let lines =
+            integration_tests::folded(&dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()])
+                .unwrap_or_default();
+        let estimated = lines.iter().filter(|(s, _)| s.contains("[estimate: probes on")).map(|(_, n)| n).sum();
+        (lines.iter().map(|(_, n)| n).sum(), estimated)
+    };
+    let mut last = (0, 0);
+    let (total, estimated) = wait_for_every("the counts settled", Duration::from_secs(20), Duration::from_millis(1500), || {
+        let now = count();
+        let settled = now == last && now.0 > 0;
+        last = now;
+        settled.then_some(now)
+    });
+    eprintln!("made {made}, shown {total} ({estimated} of them estimated)\n{}", daemon.log_text());
+    assert!(estimated > total / 2, "most counts estimates: {estimated} of {total}");
+    let ratio = total as f64 / made as f64;
+    assert!((0.8..1.25).contains(&ratio), "{made} launches made, {total} shown: {:.0} %", ratio * 100.0);
+    runtime.finish();
+    daemon.stop();
+}

@@ -260,8 +260,9 @@ def dmon_means(stamped, t0, t1, gpu=0):
 
 
 def gpm_verdict(daemon, smi):
-    """The daemon's track means beside dmon's: shares within 5 points, throughputs within 10 % (or
-    1 MB/s, for an idle link). (ok, lines)"""
+    """The daemon's track means beside dmon's: shares within 5 points, throughputs within 10 % or
+    5 MB/s: NVML's PCIe counter covers 20 ms of each second it is read, so two readers at other
+    instants of a light, bursty link differ by that much (an H200: 11.3 and 8.3 MB/s). (ok, lines)"""
     lines, ok = [], True
     for track in [t for _, t in GPM] + [t for _, t in PCIE]:
         d, s = daemon.get(track), smi.get(track)
@@ -269,7 +270,7 @@ def gpm_verdict(daemon, smi):
             lines.append(f"  {track:<16} daemon {fmt(d and d[0], '')} dmon {fmt(s and s[0], '')}: not compared")
             continue
         diff = abs(d[0] - s[0])
-        within = diff <= 5 if not track.endswith("mbps") else diff <= max(0.1 * s[0], 1.0)
+        within = diff <= 5 if not track.endswith("mbps") else diff <= max(0.1 * s[0], 5.0)
         ok = ok and within
         lines.append(f"  {track:<16} daemon {d[0]:.1f} ({d[1]} points)  dmon {s[0]:.1f} ({s[1]} rows)  "
                      f"diff {diff:.1f}: {within}")
@@ -510,8 +511,10 @@ def main():
         say_standin(a.standin_facts, 0, None)  # an idle GPU nobody holds, before the daemon looks
     port = 17077
     log = open(os.path.join(a.out, "daemon.log"), "w")
+    # The CUDA probes' attach and detach times in the log (each detach waits on the kernel).
+    env = dict(os.environ, RUST_LOG="info,profiler::collect::cuda=debug")
     daemon = subprocess.Popen([a.profiler, "run", "--data-dir", data, "--nvml-library", lib,
-                               "--listen", f"127.0.0.1:{port}"], stderr=log, stdout=subprocess.DEVNULL)
+                               "--listen", f"127.0.0.1:{port}"], stderr=log, stdout=subprocess.DEVNULL, env=env)
     started = time.time()
     try:
         code = check(a, daemon, data, lib, port, started)

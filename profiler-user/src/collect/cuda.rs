@@ -65,6 +65,22 @@ impl Program {
     }
 }
 
+/// Probes being detached in the background ([`Collector::cuda_detach`]).
+#[derive(Debug)]
+pub struct Detaching(Option<std::thread::JoinHandle<std::time::Duration>>);
+
+impl Detaching {
+    /// Whether every probe is gone.
+    pub fn done(&self) -> bool {
+        self.0.as_ref().is_none_or(std::thread::JoinHandle::is_finished)
+    }
+
+    /// How long it took, once [`Self::done`] (`None` before, or when it ran inline).
+    pub fn took(self) -> Option<std::time::Duration> {
+        self.0.filter(std::thread::JoinHandle::is_finished)?.join().ok()
+    }
+}
+
 /// The attachments of one file, to detach them together.
 #[derive(Debug, Default)]
 pub struct Links {
@@ -203,6 +219,7 @@ impl Collector {
     /// error only if none attached.
     pub fn cuda_attach(&mut self, target: &Path, probes: &[Probe]) -> Result<Links, CudaError> {
         self.cuda_load()?;
+        let started = std::time::Instant::now();
         let mut links = Links::default();
         let mut last_error = None;
         for p in probes {
@@ -225,6 +242,7 @@ impl Collector {
                 }
             }
         }
+        tracing::debug!(probes = links.links.len(), ms = started.elapsed().as_millis() as u64, "CUDA probes attached");
         match (links.links.is_empty(), last_error) {
             (true, Some(e)) => Err(e),
             _ => Ok(links),
@@ -244,13 +262,33 @@ impl Collector {
             .map_err(|source| CudaError::Attach { path: target.display().to_string(), offset, source })
     }
 
-    pub fn cuda_detach(&mut self, links: Links) {
+    /// Detaches `links` without waiting. Each uprobe's detach waits for the kernel's
+    /// RCU-tasks-trace grace period: about 110 ms here (6.18), so the stand-in driver's 21
+    /// probes, one after another, held the stage 2.4 s, and on an H200 the real driver's 59
+    /// held it long enough that the seconds the rate guard had them attached counted a third of
+    /// the launches. They are dropped on a thread of their own while the stage goes on. The
+    /// file is not probed again before [`Detaching::done`]: two sets of probes on it would
+    /// count each call twice.
+    pub fn cuda_detach(&mut self, links: Links) -> Detaching {
+        let mut owned = Vec::with_capacity(links.links.len());
         for (name, id) in links.links {
             let Ok(prog) = program(&mut self.ebpf, name) else { continue };
-            if let Err(e) = prog.detach(id) {
-                tracing::debug!(error = %e, "detaching a CUDA probe failed");
+            match prog.take_link(id) {
+                Ok(link) => owned.push(link),
+                Err(e) => tracing::debug!(error = %e, "detaching a CUDA probe failed"),
             }
         }
+        let detach = move || {
+            let (n, started) = (owned.len(), std::time::Instant::now());
+            // One at a time, in the order attached (the launches' probes first): the kernel
+            // serialises them anyway (21 on threads of their own took as long).
+            drop(owned);
+            let took = started.elapsed();
+            tracing::debug!(probes = n, ms = took.as_millis() as u64, "CUDA probes detached");
+            took
+        };
+        // No thread at all: the links are dropped with the closure, here, one by one.
+        Detaching(std::thread::Builder::new().name("cuda-detach".into()).spawn(detach).ok())
     }
 
     /// What the look-ups named since the last call (`CUDA_LOOKUPS`), the map emptied: a look-up

@@ -53,7 +53,9 @@ impl Recorder {
             return (rates, Vec::new());
         }
         for d in drained.counts {
-            *rates.entry(d.key.pid).or_default() += super::guard::hits(&d.key, d.count.calls) as f64 / elapsed;
+            let interval = read.get(&d.key.pid).copied().unwrap_or_default();
+            let covered = interval.covered(elapsed);
+            *rates.entry(d.key.pid).or_default() += super::guard::hits(&d.key, d.count.calls) as f64 / covered;
             let (kind, weight) = match d.key.kind {
                 kind::LAUNCH => {
                     self.status.launches += d.count.calls;
@@ -73,8 +75,9 @@ impl Recorder {
             };
             // Counted part of the time (the process's guard): scaled to the whole time, and
             // marked, by the state of the interval these counts were made in.
-            let estimate = read.get(&d.key.pid).filter(|i| i.estimating && i.fraction > 0.0).copied();
-            let scale = estimate.map_or(1.0, |i| 1.0 / i.fraction);
+            // (Over the interval's length: the probes may have come on late in it.)
+            let estimate = Some(interval).filter(|i| i.estimating && i.fraction > 0.0);
+            let scale = estimate.map_or(1.0, |i| elapsed / covered / i.fraction);
             // A number, however large: the kernel bounds each call's bytes (1 TiB) and a u64
             // holds millions of them; saturating past that.
             let weight = (weight as f64 * scale).round().min(u64::MAX as f64) as u64;

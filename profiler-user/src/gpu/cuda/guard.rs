@@ -8,8 +8,17 @@
 //! Each process has its own cycle (`super::Proc`): off, it is switched off in the kernel's
 //! `CUDA_GATE` while others keep the file's probes, so its flood turns no other process's
 //! counts into estimates; the file's probes come off only while all its processes are.
+//!
+//! Probes come off on a thread of their own (`Collector::cuda_detach`: each waits on the
+//! kernel, about 110 ms), and a process is switched on only once its probes are attached
+//! again, at a time noted so that its counts are read over the part of the second they cover.
+
+use std::{collections::HashMap, time::Instant};
 
 use profiler_common::cuda::{CudaKey, func, kind};
+
+use super::{Interval, Recorder, attach};
+use crate::collect::Collector;
 
 /// Seconds per duty cycle.
 pub const PERIOD_SECS: u32 = 10;
@@ -88,11 +97,14 @@ pub struct DutyCycle {
     /// Hits counted in this period's attached seconds, and how many seconds those were.
     spent: f64,
     measured: u32,
+    /// Seconds off a period must have at least: its probes' last detach took that long, and
+    /// they cannot be attached again before it ends.
+    pub min_off: u32,
 }
 
 impl Default for DutyCycle {
     fn default() -> Self {
-        Self { second: 0, on_secs: PERIOD_SECS, spent: 0.0, measured: 0 }
+        Self { second: 0, on_secs: PERIOD_SECS, spent: 0.0, measured: 0, min_off: 0 }
     }
 }
 
@@ -133,9 +145,99 @@ impl DutyCycle {
         let rate = if self.measured == 0 { 0.0 } else { self.spent / f64::from(self.measured) };
         let fraction = if rate <= limit { 1.0 } else { limit / rate };
         self.on_secs = ((fraction * f64::from(PERIOD_SECS)).floor() as u32).clamp(1, PERIOD_SECS);
+        if self.on_secs < PERIOD_SECS {
+            self.on_secs = self.on_secs.min(PERIOD_SECS.saturating_sub(self.min_off)).max(1);
+        }
         self.second = 0;
         self.spent = 0.0;
         self.measured = 0;
+    }
+}
+
+impl Recorder {
+    /// The rate guard, per process: each decides from its own calls whether it is counted the
+    /// coming second (`CUDA_GATE`); a file's probes stay attached while any of its processes
+    /// is counted, and go while none is (the trap is what costs). `rates`: calls a second per
+    /// process in the drain just done. Records each process's coming interval.
+    pub(super) fn guard(&mut self, collector: &mut Collector, rates: &HashMap<u32, f64>, read: &HashMap<u32, Interval>) {
+        for file in self.files.values_mut() {
+            file.settle();
+        }
+        let mut wanted_on: HashMap<u32, bool> = HashMap::with_capacity(self.procs.len());
+        for (&pid, p) in &mut self.procs {
+            // Only an interval counted whole says how fast the process calls.
+            let measured = read.get(&pid).is_some_and(|i| i.attached).then(|| rates.get(&pid).copied().unwrap_or(0.0));
+            if let Some(r) = measured {
+                p.rate = r;
+            }
+            let was = p.duty.estimating();
+            p.limit = match self.max_calls_per_sec {
+                Some(l) => l,
+                None => budget(p.cpu.update(pid)),
+            };
+            // Off long enough for its libraries' probes to be gone before they come back.
+            let files = [Some(&p.file), p.runtime.as_ref()].into_iter().flatten().filter_map(|f| self.files.get(f));
+            p.duty.min_off = files.map(|f| f.detach_secs).max().unwrap_or(0);
+            let on = p.duty.next(measured, p.limit);
+            if p.duty.estimating() != was {
+                let path = self.files.get(&p.file).map(|f| f.path.display().to_string()).unwrap_or_default();
+                if p.duty.estimating() {
+                    tracing::warn!(
+                        library = %path,
+                        pid,
+                        calls_per_sec = p.rate.round(),
+                        limit = p.limit.round(),
+                        attached_percent = (p.duty.fraction() * 100.0).round(),
+                        "CUDA calls faster than the probes' budget: probes attached part of the time, counts are \
+                         estimates scaled to the whole time (this process's only)"
+                    );
+                } else {
+                    tracing::info!(library = %path, pid, "CUDA calls within the budget again: probes always on, counts exact");
+                }
+            }
+            // Off now; on below, once its probes are attached.
+            if !on && !p.gated {
+                collector.cuda_gate(pid, true);
+                p.gated = true;
+            }
+            wanted_on.insert(pid, on);
+        }
+        for file in self.files.values_mut() {
+            if file.pids.is_empty() {
+                if file.links.is_some() {
+                    tracing::info!(library = %file.path.display(), "no process maps the CUDA library any more: probes removed");
+                    file.detach(collector);
+                }
+                continue;
+            }
+            let wanted = file.pids.iter().any(|p| wanted_on.get(p).copied().unwrap_or(false));
+            match (wanted, file.links.is_some()) {
+                (false, true) => file.detach(collector),
+                (true, false) if file.attachable() => attach(collector, file),
+                _ => {}
+            }
+        }
+        let late = Instant::now().duration_since(self.last_drain).as_secs_f64();
+        for (&pid, p) in &mut self.procs {
+            let attached = self.files.get(&p.file).is_some_and(|f| f.links.is_some());
+            let mut late_secs = 0.0;
+            if wanted_on.get(&pid).copied().unwrap_or(false) && p.gated && attached {
+                collector.cuda_gate(pid, false);
+                p.gated = false;
+                late_secs = late;
+            }
+            let counted = !p.gated && attached;
+            let now = Interval { attached: counted, estimating: p.duty.estimating(), fraction: p.duty.fraction(), late_secs };
+            p.intervals.push_back(now);
+            if p.intervals.len() > 3 {
+                p.intervals.pop_front();
+            }
+        }
+        // A file whose probes are still going stays, so that a process mapping it meanwhile does
+        // not get a second set.
+        self.files.retain(|_, f| {
+            !f.pids.is_empty() || f.links.is_some() || f.detaching.as_ref().is_some_and(|d| !d.done())
+        });
     }
 }
 
@@ -245,6 +347,23 @@ mod tests {
         let mut d = DutyCycle::default();
         run(&mut d, 10, hits(&key(kind::LAUNCH, func::STUB | 1), 7_000) as f64, 12_000.0);
         assert!(d.estimating());
+    }
+
+    #[test]
+    fn the_off_seconds_cover_the_last_detach() {
+        // 12,000 a second against 10,000: 8 seconds of 10, unless the probes take 3 s to go.
+        let mut d = DutyCycle::default();
+        run(&mut d, 20, 12_000.0, 10_000.0);
+        assert_eq!(d.on_secs, 8);
+        d.min_off = 3;
+        run(&mut d, 10, 12_000.0, 10_000.0);
+        assert_eq!(d.on_secs, 7);
+        // Never below a second on; a process within its budget is not cut for it.
+        d.min_off = 12;
+        run(&mut d, 10, 12_000.0, 10_000.0);
+        assert_eq!(d.on_secs, 1);
+        let mut d = DutyCycle { min_off: 5, ..DutyCycle::default() };
+        assert_eq!(run(&mut d, 20, 9_000.0, 10_000.0), 20);
     }
 
     #[test]

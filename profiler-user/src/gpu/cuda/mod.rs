@@ -37,7 +37,7 @@ use lru::LruCache;
 use crate::{
     collect::{
         Collector,
-        cuda::{Links, Probe},
+        cuda::{Detaching, Links, Probe},
     },
     detect::Changes,
     model::{Sample, SampleKind, Stack},
@@ -98,6 +98,16 @@ struct Interval {
     /// Counts of the interval are estimates, to be scaled by `1 / fraction`.
     estimating: bool,
     fraction: f64,
+    /// Seconds into the interval its counting began (the gate opened once the probes were
+    /// attached): the counts cover the rest of it.
+    late_secs: f64,
+}
+
+impl Interval {
+    /// The seconds of the interval, `elapsed` long, its counts cover.
+    fn covered(&self, elapsed: f64) -> f64 {
+        (elapsed - self.late_secs).max(0.001)
+    }
 }
 
 /// A library file accepted for probes.
@@ -115,6 +125,33 @@ struct File {
     failed: Option<String>,
     /// Its first attachment was logged (the guard detaches and attaches again).
     said: bool,
+    /// Its probes last detached, maybe still going (a detach waits on the kernel).
+    detaching: Option<Detaching>,
+    /// Whole seconds its probes' last detach took.
+    detach_secs: u32,
+}
+
+impl File {
+    /// Whether its probes may be attached now: not refused, and none left from a detach (two
+    /// sets would count each call twice).
+    fn attachable(&self) -> bool {
+        self.failed.is_none() && self.detaching.as_ref().is_none_or(Detaching::done)
+    }
+
+    fn detach(&mut self, collector: &mut Collector) {
+        if let Some(links) = self.links.take() {
+            self.detaching = Some(collector.cuda_detach(links));
+        }
+    }
+
+    /// Notes a detach that ended, and how long it took.
+    fn settle(&mut self) {
+        if self.detaching.as_ref().is_some_and(Detaching::done)
+            && let Some(took) = self.detaching.take().and_then(Detaching::took)
+        {
+            self.detach_secs = took.as_secs_f64().ceil() as u32;
+        }
+    }
 }
 
 /// A process mapping an accepted file: the rate guard is its own, so that one process's flood
@@ -311,14 +348,6 @@ impl Recorder {
         let (rates, threads) = self.drain(collector, pipeline, now_ns, elapsed, &read);
         self.write_tracks(&threads, now_ns, elapsed);
         self.guard(collector, &rates, &read);
-        for p in self.procs.values_mut() {
-            let counted = !p.gated && self.files.get(&p.file).is_some_and(|f| f.links.is_some());
-            let now = Interval { attached: counted, estimating: p.duty.estimating(), fraction: p.duty.fraction() };
-            p.intervals.push_back(now);
-            if p.intervals.len() > 3 {
-                p.intervals.pop_front();
-            }
-        }
         self.publish();
         pipeline.check_cuda(now_ns, elapsed, threads)
     }
@@ -418,6 +447,8 @@ impl Recorder {
                 pids: BTreeSet::new(),
                 failed: None,
                 said: false,
+                detaching: None,
+                detach_secs: 0,
             };
             self.files.insert(m.id.clone(), file);
         }
@@ -476,6 +507,8 @@ impl Recorder {
                 pids: BTreeSet::new(),
                 failed: None,
                 said: false,
+                detaching: None,
+                detach_secs: 0,
             };
             self.files.insert(m.id.clone(), file);
         }
@@ -513,69 +546,13 @@ impl Recorder {
     /// Probes the files that some process counted by them maps and that have none yet.
     fn attach_new(&mut self, collector: &mut Collector) {
         for file in self.files.values_mut() {
-            if file.links.is_some() || file.failed.is_some() {
+            if file.links.is_some() || !file.attachable() {
                 continue;
             }
             if file.pids.iter().any(|p| self.procs.get(p).is_some_and(|p| !p.gated)) {
                 attach(collector, file);
             }
         }
-    }
-
-    /// The rate guard, per process: each decides from its own calls whether it is counted the
-    /// coming second (`CUDA_GATE`); a file's probes stay attached while any of its processes
-    /// is counted, and go while none is (the trap is what costs). `rates`: calls a second per
-    /// process in the drain just done.
-    fn guard(&mut self, collector: &mut Collector, rates: &HashMap<u32, f64>, read: &HashMap<u32, Interval>) {
-        for (&pid, p) in &mut self.procs {
-            // Only an interval counted whole says how fast the process calls.
-            let measured = read.get(&pid).is_some_and(|i| i.attached).then(|| rates.get(&pid).copied().unwrap_or(0.0));
-            if let Some(r) = measured {
-                p.rate = r;
-            }
-            let was = p.duty.estimating();
-            p.limit = match self.max_calls_per_sec {
-                Some(l) => l,
-                None => guard::budget(p.cpu.update(pid)),
-            };
-            let on = p.duty.next(measured, p.limit);
-            if p.duty.estimating() != was {
-                let path = self.files.get(&p.file).map(|f| f.path.display().to_string()).unwrap_or_default();
-                if p.duty.estimating() {
-                    tracing::warn!(
-                        library = %path,
-                        pid,
-                        calls_per_sec = p.rate.round(),
-                        limit = p.limit.round(),
-                        attached_percent = (p.duty.fraction() * 100.0).round(),
-                        "CUDA calls faster than the probes' budget: probes attached part of the time, counts are \
-                         estimates scaled to the whole time (this process's only)"
-                    );
-                } else {
-                    tracing::info!(library = %path, pid, "CUDA calls within the budget again: probes always on, counts exact");
-                }
-            }
-            if on == p.gated {
-                collector.cuda_gate(pid, !on);
-                p.gated = !on;
-            }
-        }
-        for file in self.files.values_mut() {
-            if file.pids.is_empty() {
-                if let Some(links) = file.links.take() {
-                    tracing::info!(library = %file.path.display(), "no process maps the CUDA library any more: probes removed");
-                    collector.cuda_detach(links);
-                }
-                continue;
-            }
-            let wanted = file.pids.iter().any(|p| self.procs.get(p).is_some_and(|p| !p.gated));
-            match (wanted, file.links.is_some()) {
-                (false, true) => collector.cuda_detach(file.links.take().expect("attached")),
-                (true, false) if file.failed.is_none() => attach(collector, file),
-                _ => {}
-            }
-        }
-        self.files.retain(|_, f| !f.pids.is_empty() || f.links.is_some());
     }
 
     fn publish(&mut self) {

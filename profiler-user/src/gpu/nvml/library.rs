@@ -220,8 +220,13 @@ impl Source {
                 slow.gpm = Self::call(dead, index, "gpm", || sampler.read(nvml, d, index)).flatten();
                 let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
                 let since = self.last_process_ts[index as usize];
-                let samples =
-                    Self::call(dead, index, "process_utilization_stats", || d.process_utilization_stats(since));
+                // NOT_FOUND: no process ran anything since `since`, every holder at 0 %.
+                let samples = Self::call(dead, index, "process_utilization_stats", || {
+                    match d.process_utilization_stats(since) {
+                        Err(NvmlError::NotFound) => Ok(Vec::new()),
+                        r => r,
+                    }
+                });
                 if let Some(s) = &samples {
                     let newest = s.iter().map(|p| p.timestamp).max().unwrap_or(since);
                     self.last_process_ts[index as usize] = newest;
@@ -236,11 +241,14 @@ impl Source {
                                 UsedGpuMemory::Used(b) => Some(b as f64 / 1048576.0),
                                 UsedGpuMemory::Unavailable => None,
                             },
-                            sm_util: samples.as_ref().and_then(|s| {
-                                s.iter()
-                                    .filter(|x| x.pid == p.pid)
-                                    .max_by_key(|x| x.timestamp)
-                                    .map(|x| f64::from(x.sm_util))
+                            // The mean of its samples since the last read; none while the
+                            // GPU holds it: it ran nothing (NVML samples only the processes
+                            // that did), 0 %, as nvidia-smi pmon counts it. A track of only
+                            // its busy moments read 16.9 % where pmon read 5.7 % on an H200.
+                            sm_util: samples.as_ref().map(|s| {
+                                let mine: Vec<f64> =
+                                    s.iter().filter(|x| x.pid == p.pid).map(|x| f64::from(x.sm_util)).collect();
+                                if mine.is_empty() { 0.0 } else { mine.iter().sum::<f64>() / mine.len() as f64 }
                             }),
                             comm: None,
                             identity: None,
