@@ -106,19 +106,22 @@ fn a_cut_processs_estimated_launches_add_up_to_what_it_made() {
     // growing.
     let dir = data.to_str().unwrap().to_string();
     let count = || -> (u64, u64) {
-        let lines =
-            integration_tests::folded(&dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()])
-                .unwrap_or_default();
+        let lines = integration_tests::folded(
+            &dir,
+            &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()],
+        )
+        .unwrap_or_default();
         let estimated = lines.iter().filter(|(s, _)| s.contains("[estimate: probes on")).map(|(_, n)| n).sum();
         (lines.iter().map(|(_, n)| n).sum(), estimated)
     };
     let mut last = (0, 0);
-    let (total, estimated) = wait_for_every("the counts settled", Duration::from_secs(20), Duration::from_millis(1500), || {
-        let now = count();
-        let settled = now == last && now.0 > 0;
-        last = now;
-        settled.then_some(now)
-    });
+    let (total, estimated) =
+        wait_for_every("the counts settled", Duration::from_secs(20), Duration::from_millis(1500), || {
+            let now = count();
+            let settled = now == last && now.0 > 0;
+            last = now;
+            settled.then_some(now)
+        });
     eprintln!("made {made}, shown {total} ({estimated} of them estimated)\n{}", daemon.log_text());
     assert!(estimated > total / 2, "most counts estimates: {estimated} of {total}");
     let ratio = total as f64 / made as f64;

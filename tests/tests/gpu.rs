@@ -148,6 +148,17 @@ fn gpu_tracks_status_and_metrics_say_what_the_library_said() {
     wait_for("utilisation at 81 %", Duration::from_secs(10), || {
         (last_value(&gpu_tracks(dir), "gpu.0.util") == Some(81.0)).then_some(())
     });
+    // A holder NVML has no sample for ran nothing since the last read: 0 %, as nvidia-smi pmon
+    // counts it (a track of only its busy moments read 16.9 % where pmon read 5.7 % on an H200).
+    let facts = h100(81, &[4242, 4343], 0);
+    assert!(facts.contains("proc_util 4242:81,4343:81"), "{facts}");
+    nvml.say(&facts.replace("proc_util 4242:81,4343:81", "proc_util 4242:81"));
+    wait_for("the idle holder at 0 %", Duration::from_secs(10), || {
+        let t = gpu_tracks(dir);
+        (last_value(&t, "gpu.0.pid.4343.sm_util") == Some(0.0)
+            && last_value(&t, "gpu.0.pid.4242.sm_util") == Some(81.0))
+        .then_some(())
+    });
 
     let status = status_json(&data).expect("status");
     let gpu = &status["gpus"]["gpus"][0];

@@ -159,7 +159,12 @@ impl Recorder {
     /// coming second (`CUDA_GATE`); a file's probes stay attached while any of its processes
     /// is counted, and go while none is (the trap is what costs). `rates`: calls a second per
     /// process in the drain just done. Records each process's coming interval.
-    pub(super) fn guard(&mut self, collector: &mut Collector, rates: &HashMap<u32, f64>, read: &HashMap<u32, Interval>) {
+    pub(super) fn guard(
+        &mut self,
+        collector: &mut Collector,
+        rates: &HashMap<u32, f64>,
+        read: &HashMap<u32, Interval>,
+    ) {
         for file in self.files.values_mut() {
             file.settle();
         }
@@ -227,7 +232,8 @@ impl Recorder {
                 late_secs = late;
             }
             let counted = !p.gated && attached;
-            let now = Interval { attached: counted, estimating: p.duty.estimating(), fraction: p.duty.fraction(), late_secs };
+            let now =
+                Interval { attached: counted, estimating: p.duty.estimating(), fraction: p.duty.fraction(), late_secs };
             p.intervals.push_back(now);
             if p.intervals.len() > 3 {
                 p.intervals.pop_front();
@@ -235,9 +241,8 @@ impl Recorder {
         }
         // A file whose probes are still going stays, so that a process mapping it meanwhile does
         // not get a second set.
-        self.files.retain(|_, f| {
-            !f.pids.is_empty() || f.links.is_some() || f.detaching.as_ref().is_some_and(|d| !d.done())
-        });
+        self.files
+            .retain(|_, f| !f.pids.is_empty() || f.links.is_some() || f.detaching.as_ref().is_some_and(|d| !d.done()));
     }
 }
 

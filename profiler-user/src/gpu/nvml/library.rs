@@ -221,12 +221,11 @@ impl Source {
                 let procs = Self::call(dead, index, "running_compute_processes", || d.running_compute_processes());
                 let since = self.last_process_ts[index as usize];
                 // NOT_FOUND: no process ran anything since `since`, every holder at 0 %.
-                let samples = Self::call(dead, index, "process_utilization_stats", || {
-                    match d.process_utilization_stats(since) {
+                let samples =
+                    Self::call(dead, index, "process_utilization_stats", || match d.process_utilization_stats(since) {
                         Err(NvmlError::NotFound) => Ok(Vec::new()),
                         r => r,
-                    }
-                });
+                    });
                 if let Some(s) = &samples {
                     let newest = s.iter().map(|p| p.timestamp).max().unwrap_or(since);
                     self.last_process_ts[index as usize] = newest;
