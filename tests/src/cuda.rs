@@ -13,7 +13,7 @@ use std::{
 use crate::{folded, wait_for_every};
 
 /// Builds the stand-in as `dir/libcuda.so.1`, beside it the stand-in runtime
-/// (`dir/libcudart.so.12`, tests/cuda/runtime.c, linked to it) and host stubs of kernels
+/// (`dir/libcudart.so.12`, tests/cuda/runtime.c, which loads it when it starts) and host stubs of kernels
 /// (`dir/libkernels.so`, tests/cuda/kernels.c); root's, mode 0755, as the daemon wants the
 /// libraries it probes. Their functions start with `push %rbp` (built without optimisation),
 /// an instruction the kernel emulates at a uprobe: the probe then costs one trap, not a trap
@@ -38,7 +38,7 @@ pub fn build(dir: &Path) -> Result<PathBuf, String> {
         Ok(())
     };
     gcc(&lib, "standin.c", &[])?;
-    gcc(&dir.join("libcudart.so.12"), "runtime.c", &["-l:libcuda.so.1"])?;
+    gcc(&dir.join("libcudart.so.12"), "runtime.c", &["-ldl"])?;
     gcc(&dir.join("libkernels.so"), "kernels.c", &["-l:libcudart.so.12"])?;
     Ok(lib)
 }
@@ -122,8 +122,13 @@ impl App {
 
     /// Tells it to launch, without waiting for it to finish.
     pub fn start_work(&mut self) {
+        self.tell("go");
+    }
+
+    /// Writes `word` on a line of its stdin.
+    pub fn tell(&mut self, word: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin.write_all(b"go\n").and_then(|()| stdin.flush()).expect("tell the app to go");
+        stdin.write_all(format!("{word}\n").as_bytes()).and_then(|()| stdin.flush()).expect("tell the app");
     }
 
     /// Its report, when it finished.

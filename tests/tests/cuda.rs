@@ -490,6 +490,41 @@ fn launches_are_counted_under_their_kernels_name_once() {
     daemon.stop();
 }
 
+/// PyTorch maps the runtime at `import torch` and the driver only when CUDA starts, right before
+/// its first launches, whose kernels it looks up then (CUDA 13's `__cudaGetKernel`). Probed only
+/// once the driver was seen, the runtime missed every such look-up: on an H200 none of a PyTorch
+/// loop's eager kernels was named. The runtime is probed from the moment it is mapped.
+#[test]
+fn a_runtime_mapped_before_the_driver_is_probed_at_once_and_its_kernels_named() {
+    let Some((_tmp, lib, data, mut daemon)) = ready(&[]) else { return };
+    let mut app = cuda::App::start(&lib, &["--runtime-first"], 1000);
+    let pid = app.pid();
+    let runtime_probed = |s: &serde_json::Value| {
+        s["libraries"].as_array().is_some_and(|l| {
+            l.iter().any(|l| l["path"].as_str().is_some_and(|p| p.ends_with("libcudart.so.12")) && l["processes"] == 1)
+        })
+    };
+    // The runtime alone, no driver mapped yet.
+    let alone = wait_for_every("the runtime probed alone", Duration::from_secs(20), Duration::from_millis(100), || {
+        let s = status(&data);
+        runtime_probed(&s).then_some(s)
+    });
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("libcuda.so.1"), "the driver is not mapped yet: {alone}");
+    assert_eq!(app.go()["started"], true);
+    wait_probed(&data, 2);
+    app.tell("launch");
+    assert_eq!(app.report()["launches"], 600);
+    let named = cuda::settled_leaf(&data, pid, "launch_first", "[gpu] transpose(float*, float const*, int, int)", 600);
+    assert_eq!(named, 600, "{}", daemon.log_text());
+    app.finish();
+    // Gone, its runtime's probes go too.
+    wait_for_every("the runtime unlisted", Duration::from_secs(20), Duration::from_millis(250), || {
+        (!runtime_probed(&status(&data))).then_some(())
+    });
+    daemon.stop();
+}
+
 /// A kernel looked up before the daemon started is counted under the library that launched
 /// it, never under a name it was not looked up as; one looked up since is named.
 #[test]

@@ -23,6 +23,11 @@ With --runtime-rate N it loads the stand-in runtime and host stubs (as --names) 
 vecAdd stub from launch_runtime_steady at N a second for 4 s (--seconds S: S) (each launch through
 cudaLaunchKernel and the driver's cuLaunchKernel), printing {"launches": n}.
 
+With --runtime-first it loads the stand-in runtime and host stubs but not LIB (as PyTorch's
+`import torch`); on "go", __cudaGetKernel for the transpose stub starts the runtime, which loads
+the driver (LIB, beside it), and it prints {"started": true}; on "launch", launch_first launches
+by that kernel 600 times through cudaLaunchKernel and prints {"launches": 600}.
+
 With --names it also loads the stand-in runtime (libcudart.so.12) and host stubs (libkernels.so)
 beside LIB, and instead calls:
   launch_runtime: the vecAdd stub 1000 times (cudaLaunchKernel, then the driver's cuLaunchKernel);
@@ -99,6 +104,24 @@ def launch_cuda13(rt, kernels, n):
     grid, block = Dim3(32, 32, 1), Dim3(16, 16, 1)
     for _ in range(n):
         rt.cudaLaunchKernel(k, grid, block, None, ctypes.c_size_t(0), None)
+
+
+def launch_first(rt, k, n):
+    grid, block = Dim3(32, 32, 1), Dim3(16, 16, 1)
+    for _ in range(n):
+        assert rt.cudaLaunchKernel(k, grid, block, None, ctypes.c_size_t(0), None) == 0
+
+
+def runtime_first(rt, kernels):
+    k = ctypes.c_void_p()
+    stub = ctypes.cast(kernels._Z9transposePfPKfii, ctypes.c_void_p)
+    # The runtime starts: the driver is mapped now, right before the look-up.
+    assert getattr(rt, "__cudaGetKernel")(ctypes.byref(k), stub) == 0
+    print(json.dumps({"started": True}), flush=True)
+    if sys.stdin.readline().strip() != "launch":
+        return
+    launch_first(rt, k, 600)
+    print(json.dumps({"launches": 600}), flush=True)
 
 
 def launch_looked_up(lib, n):
@@ -229,12 +252,13 @@ def main():
     path = sys.argv[1]
     late = "--late" in sys.argv
     rate = int(sys.argv[sys.argv.index("--rate") + 1]) if "--rate" in sys.argv else 0
-    lib = None if late else ctypes.CDLL(path)
-    if "--names" in sys.argv or "--runtime-rate" in sys.argv:
+    first = "--runtime-first" in sys.argv
+    lib = None if late or first else ctypes.CDLL(path)
+    if "--names" in sys.argv or "--runtime-rate" in sys.argv or first:
         here = os.path.dirname(path)
         rt = ctypes.CDLL(os.path.join(here, "libcudart.so.12"))
         kernels = ctypes.CDLL(os.path.join(here, "libkernels.so"))
-        early = look_up(lib, b"early_kernel_do_not_name")
+        early = None if first else look_up(lib, b"early_kernel_do_not_name")
     spin(1.5)
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
@@ -244,7 +268,9 @@ def main():
         lib = ctypes.CDLL(path)
     else:
         loaded_at = None
-    if "--names" in sys.argv:
+    if first:
+        runtime_first(rt, kernels)
+    elif "--names" in sys.argv:
         print(json.dumps(names(lib, rt, kernels, early)), flush=True)
     elif "--runtime-rate" in sys.argv:
         secs = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 4.0

@@ -99,8 +99,8 @@ pub fn run(root: &Path, profiler: &Path, rounds: usize) -> anyhow::Result<()> {
     let runtime = root.join("tests/cuda/runtime.c");
     let emulated_rt = dir.join("emulated/libcudart.so.12");
     let plain_rt = dir.join("plain/libnotcudart.so.12");
-    gcc_with(&["-shared", "-fPIC", "-O0"], &emulated_rt, &runtime, &["-l:libcuda.so.1"])?;
-    gcc_with(&["-shared", "-fPIC", "-O0"], &plain_rt, &runtime, &["-l:libnotcuda.so.1"])?;
+    gcc_with(&["-shared", "-fPIC", "-O0"], &emulated_rt, &runtime, &[])?;
+    gcc_with(&["-shared", "-fPIC", "-O0", "-DCUDA_DRIVER=\"libnotcuda.so.1\""], &plain_rt, &runtime, &[])?;
     let bin = dir.join("launch_loop");
     gcc(&["-O2"], &bin, &root.join("tests/cuda/launch_loop.c"))?;
     let stats = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();

@@ -215,7 +215,9 @@ impl Recorder {
                 }
                 continue;
             }
-            let wanted = file.pids.iter().any(|p| wanted_on.get(p).copied().unwrap_or(false));
+            // A process waiting for its driver has its runtime's probes (it calls nothing yet).
+            let wanted =
+                file.pids.iter().any(|p| wanted_on.get(p).copied().unwrap_or(false) || self.early.contains_key(p));
             match (wanted, file.links.is_some()) {
                 (false, true) => file.detach(collector),
                 (true, false) if file.attachable() => attach(collector, file),

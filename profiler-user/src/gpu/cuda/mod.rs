@@ -16,8 +16,10 @@
 //! per user (`profiler_common::cuda::OwnerUse`), and a drain holds a row a key.
 //!
 //! A process's `libcudart.so.*` is probed too (its launches name their kernel by host stub),
-//! beside its driver; launches are counted under their kernel's name (`kernels`).
+//! beside its driver, from the moment it is mapped (`discover`); launches are counted under
+//! their kernel's name (`kernels`).
 
+mod discover;
 mod drain;
 pub mod guard;
 pub mod kernels;
@@ -202,6 +204,11 @@ pub struct Recorder {
     refused_by_pid: HashMap<u32, FileId>,
     /// Processes mapping a library that found no free slot, looked at again when one frees.
     waiting: BTreeMap<u32, library::Mapped>,
+    /// Processes mapping an accepted runtime library before the driver (`import torch` loads
+    /// the runtime; CUDA's start, right before the first launches, loads the driver): their
+    /// runtime's probes are attached now, so that the look-ups of those launches (CUDA 13's
+    /// `__cudaGetKernel`) are seen. By the `map_files` entry that shows they still map it.
+    early: HashMap<u32, PathBuf>,
     /// Processes forgotten while switched off in the kernel: their gate is lifted next tick.
     ungate: Vec<u32>,
     /// Each process's VM size (pages) when its maps were last read, and when.
@@ -244,6 +251,7 @@ impl Recorder {
             refused: LruCache::new(kept(REFUSED_KEPT)),
             refused_by_pid: HashMap::new(),
             waiting: BTreeMap::new(),
+            early: HashMap::new(),
             ungate: Vec::new(),
             sizes: HashMap::new(),
             writers: HashMap::new(),
@@ -276,6 +284,7 @@ impl Recorder {
 
     fn forget(&mut self, pid: u32) {
         self.kernels.forget(pid);
+        self.forget_early(pid);
         if let Some(p) = self.procs.remove(&pid) {
             if let Some(f) = self.files.get_mut(&p.file) {
                 f.pids.remove(&pid);
@@ -361,186 +370,12 @@ impl Recorder {
             .filter(|(_, p)| !p.map_files.exists())
             .map(|(&pid, _)| pid)
             .chain(self.refused_by_pid.keys().chain(self.waiting.keys()).copied().filter(|p| !alive(*p)))
+            .chain(self.early.iter().filter(|(_, m)| !m.exists()).map(|(&pid, _)| pid))
             .collect();
         for pid in gone {
             self.note_exit(pid);
         }
         self.sizes.retain(|p, _| alive(*p));
-    }
-
-    /// Reads the maps of `pid` if its size changed since the last look; true when it maps an
-    /// accepted driver library (newly). A process probed without its runtime is looked at
-    /// again for it, at most every [`RUNTIME_EVERY`].
-    fn look_at(&mut self, pid: u32) -> bool {
-        // Never the daemon itself: its unwind-table builder maps a root-owned library it reads
-        // for a sampled process (`unwind::trusted_map`), so its own maps can list that
-        // `libcuda.so.1` for a while, and it was counted as one more process mapping the file.
-        if pid == 0 || pid == self.own_pid || self.refused_by_pid.contains_key(&pid) || self.waiting.contains_key(&pid)
-        {
-            return false;
-        }
-        if let Some(p) = self.procs.get(&pid)
-            && (p.runtime.is_some() || p.runtime_looked.elapsed() < RUNTIME_EVERY)
-        {
-            return false;
-        }
-        let Some(size) = vm_pages(pid) else { return false };
-        let now = Instant::now();
-        match self.sizes.get(&pid) {
-            Some(&(s, _)) if s == size => return false,
-            // A process whose size keeps changing (an allocator's arenas) is read at most this
-            // often: its maps can be megabytes (60,000 mappings) and take its mmap lock.
-            Some(&(_, at)) if now.duration_since(at) < MAPS_EVERY => return false,
-            _ => {}
-        }
-        self.sizes.insert(pid, (size, now));
-        let found = library::find_in_maps(pid);
-        let new = match found.driver {
-            Some(m) if !self.procs.contains_key(&pid) => self.accept(pid, m),
-            _ => false,
-        };
-        let Some(p) = self.procs.get_mut(&pid) else { return new };
-        p.runtime_looked = now;
-        if let Some(m) = found.runtime {
-            self.accept_runtime(pid, m);
-        }
-        new
-    }
-
-    /// Probes the runtime library `m` that process `pid` (probed: it maps the driver) maps, if
-    /// it passes the checks and a slot is free.
-    fn accept_runtime(&mut self, pid: u32, m: library::Mapped) {
-        let decided = |procs: &mut HashMap<u32, Proc>, id: &FileId| {
-            if let Some(p) = procs.get_mut(&pid) {
-                p.runtime = Some(id.clone());
-            }
-        };
-        if let Some(r) = self.refused.get_mut(&m.id) {
-            r.pids.insert(pid);
-            decided(&mut self.procs, &m.id);
-            return;
-        }
-        if !self.files.contains_key(&m.id) {
-            // No slot: launches are counted by handle, and the runtime looked for again later.
-            if self.files.len() >= FILES_MAX {
-                return;
-            }
-            let checked =
-                library::open(&m).and_then(|open| Ok((library::probes(&open, &m.path, library::Role::Runtime)?, open)));
-            let (probes, open) = match checked {
-                Ok(v) => v,
-                Err(library::LibraryError::Read(..)) => return,
-                Err(e) => {
-                    tracing::warn!(library = %m.path.display(), pid, error = %e, "the CUDA runtime library is not probed: launches through it are named by handle");
-                    let refused = Refused { path: m.path.clone(), reason: e.to_string(), pids: BTreeSet::from([pid]) };
-                    self.refused.put(m.id.clone(), refused);
-                    decided(&mut self.procs, &m.id);
-                    return;
-                }
-            };
-            let file = File {
-                path: m.path.clone(),
-                role: library::Role::Runtime,
-                open,
-                probes,
-                links: None,
-                pids: BTreeSet::new(),
-                failed: None,
-                said: false,
-                detaching: None,
-                detach_secs: 0,
-            };
-            self.files.insert(m.id.clone(), file);
-        }
-        if let Some(f) = self.files.get_mut(&m.id) {
-            f.pids.insert(pid);
-        }
-        decided(&mut self.procs, &m.id);
-    }
-
-    /// Takes process `pid`, which maps `m`: under the file's probes if it passes the checks
-    /// and a slot is free; under the file's refusal if it failed them; else it waits for a slot.
-    fn accept(&mut self, pid: u32, m: library::Mapped) -> bool {
-        if let Some(r) = self.refused.get_mut(&m.id) {
-            r.pids.insert(pid);
-            self.refused_by_pid.insert(pid, m.id);
-            return false;
-        }
-        if !self.files.contains_key(&m.id) {
-            if self.files.len() >= FILES_MAX {
-                if self.waiting.len() < WAITING_MAX {
-                    if !self.waiting.values().any(|w| w.id == m.id) {
-                        tracing::warn!(
-                            library = %m.path.display(),
-                            pid,
-                            "more CUDA driver libraries than the daemon probes ({FILES_MAX}): not probed until one is \
-                             no longer mapped"
-                        );
-                    }
-                    self.waiting.insert(pid, m);
-                }
-                return false;
-            }
-            let checked =
-                library::open(&m).and_then(|open| Ok((library::probes(&open, &m.path, library::Role::Driver)?, open)));
-            let (probes, open) = match checked {
-                Ok(v) => v,
-                // The process exited or unmapped it meanwhile: looked at again if it runs.
-                Err(library::LibraryError::Read(..)) => {
-                    self.sizes.remove(&pid);
-                    return false;
-                }
-                Err(e) => {
-                    tracing::warn!(library = %m.path.display(), pid, error = %e, "the CUDA driver library is not probed");
-                    let refused = Refused { path: m.path.clone(), reason: e.to_string(), pids: BTreeSet::from([pid]) };
-                    self.refused.put(m.id.clone(), refused);
-                    self.refused_by_pid.insert(pid, m.id);
-                    return false;
-                }
-            };
-            let file = File {
-                path: m.path.clone(),
-                role: library::Role::Driver,
-                open,
-                probes,
-                links: None,
-                pids: BTreeSet::new(),
-                failed: None,
-                said: false,
-                detaching: None,
-                detach_secs: 0,
-            };
-            self.files.insert(m.id.clone(), file);
-        }
-        let file = self.files.get_mut(&m.id).expect("just checked");
-        file.pids.insert(pid);
-        self.procs.insert(
-            pid,
-            Proc {
-                file: m.id,
-                runtime: None,
-                // Looked for in this very read of the maps (`look_at`).
-                runtime_looked: Instant::now(),
-                map_files: m.map_files,
-                duty: guard::DutyCycle::default(),
-                cpu: guard::CpuUse::default(),
-                limit: 0.0,
-                gated: false,
-                rate: 0.0,
-                intervals: VecDeque::new(),
-            },
-        );
-        true
-    }
-
-    /// A slot freed: the processes that waited for one are taken, while they still map it.
-    fn admit_waiting(&mut self) {
-        let waiting = std::mem::take(&mut self.waiting);
-        for (pid, m) in waiting {
-            if m.map_files.exists() {
-                self.accept(pid, m);
-            }
-        }
     }
 
     /// Probes the files that some process counted by them maps and that have none yet.
@@ -549,7 +384,7 @@ impl Recorder {
             if file.links.is_some() || !file.attachable() {
                 continue;
             }
-            if file.pids.iter().any(|p| self.procs.get(p).is_some_and(|p| !p.gated)) {
+            if file.pids.iter().any(|p| self.procs.get(p).is_some_and(|p| !p.gated) || self.early.contains_key(p)) {
                 attach(collector, file);
             }
         }
@@ -659,11 +494,4 @@ fn alive(pid: u32) -> bool {
 fn all_pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
-}
-
-/// The process's virtual size in pages (`/proc/PID/statm`'s first field): a cheap read that
-/// changes when a library is mapped.
-fn vm_pages(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-    text.split_ascii_whitespace().next()?.parse().ok()
 }
