@@ -73,6 +73,8 @@ __attribute__((noinline)) CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
 __attribute__((noinline)) CUresult cuStreamSynchronize(CUstream s) { (void)s; nap(); return 0; }
 __attribute__((noinline)) CUresult cuEventSynchronize(CUevent e) { (void)e; nap(); return 0; }
 __attribute__((noinline)) CUresult cuCtxSynchronize(void) { nap(); return 0; }
+/* CUDA 13: the context given (NULL: the current one). */
+__attribute__((noinline)) CUresult cuCtxSynchronize_v2(void *ctx) { (void)ctx; nap(); return 0; }
 
 volatile size_t standin_bytes;
 

@@ -220,6 +220,9 @@ pub fn check_exact(data: &Path, app: &mut App) {
         (blocked - measured).abs() <= measured * 0.05,
         "blocked {blocked} µs counted against {measured} µs measured by the program"
     );
+    let measured = report["ctx_blocked_us"].as_f64().unwrap();
+    let blocked = settled(data, "cuda-sync", pid, "wait_context", (measured * 0.95) as u64) as f64;
+    assert!((blocked - measured).abs() <= measured * 0.05, "cuCtxSynchronize_v2: {blocked} µs against {measured} µs");
 }
 
 /// Builds the flood (`tests/cuda/flood.c`: many threads calling the library through many

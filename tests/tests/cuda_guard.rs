@@ -4,7 +4,7 @@
 //! so at the same launch rate a runtime launcher is cut where a driver launcher is not, and the
 //! runtime library's probes are under the same duty cycle. Stand-in libraries, real uprobes.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use integration_tests::{
     Daemon,
@@ -14,18 +14,24 @@ use integration_tests::{
 
 const WARNING: &str = "CUDA calls faster than the probes' budget";
 
-#[test]
-fn runtime_launches_spend_two_probe_hits_of_the_guards_budget() {
+/// The stand-in libraries, and a daemon whose guard allows 500 probe hits a second.
+fn guarded_daemon() -> Option<(tempfile::TempDir, PathBuf, PathBuf, Daemon)> {
     if !privileged("cuda_guard") {
-        return;
+        return None;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda_guard") else { return };
+    let lib = cuda::build_or_skip(&tmp.path().join("lib"), "cuda_guard")?;
     let data = tmp.path().join("data");
-    // Launchers at 1,000 launches a second against a budget of 500 hits a second, spent over
-    // periods of 10 s: 5,000 hits a period.
     let mut daemon = Daemon::start(&data, &["--listen", "off", "--cuda-max-calls-per-sec", "500"]);
     daemon.wait_ready();
+    Some((tmp, lib, data, daemon))
+}
+
+#[test]
+fn runtime_launches_spend_two_probe_hits_of_the_guards_budget() {
+    // Launchers at 1,000 launches a second against a budget of 500 hits a second, spent over
+    // periods of 10 s: 5,000 hits a period.
+    let Some((_tmp, lib, data, mut daemon)) = guarded_daemon() else { return };
 
     // Straight to the driver for 4 s: 4,000 hits, within the period's budget, every launch
     // counted.
@@ -85,17 +91,10 @@ fn runtime_launches_spend_two_probe_hits_of_the_guards_budget() {
 
 /// The estimates add up: a process cut to a tenth of the time still shows about the launches it
 /// made. (On an H200, a PyTorch loop of 62,700 launches a second through the runtime was shown
-/// as a third of them: the attached seconds counted part of their length.)
+/// as a third of them, while each cut held the daemon's stage for the probes' detach.)
 #[test]
 fn a_cut_processs_estimated_launches_add_up_to_what_it_made() {
-    if !privileged("cuda_guard") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(lib) = cuda::build_or_skip(&tmp.path().join("lib"), "cuda_guard") else { return };
-    let data = tmp.path().join("data");
-    let mut daemon = Daemon::start(&data, &["--listen", "off", "--cuda-max-calls-per-sec", "500"]);
-    daemon.wait_ready();
+    let Some((_tmp, lib, data, mut daemon)) = guarded_daemon() else { return };
     // 3,000 launches a second through the runtime, 6,000 hits against 500: attached one second
     // in ten for 30 s, three periods.
     let mut runtime = cuda::App::start(&lib, &["--runtime-rate", "3000", "--seconds", "30"], 1000);

@@ -110,19 +110,7 @@ impl Recorder {
                     return;
                 }
             };
-            let file = File {
-                path: m.path.clone(),
-                role: library::Role::Runtime,
-                open,
-                probes,
-                links: None,
-                pids: BTreeSet::new(),
-                failed: None,
-                said: false,
-                detaching: None,
-                detach_secs: 0,
-            };
-            self.files.insert(m.id.clone(), file);
+            self.files.insert(m.id.clone(), File::new(m.path.clone(), library::Role::Runtime, open, probes));
         }
         if let Some(f) = self.files.get_mut(&m.id) {
             f.pids.insert(pid);
@@ -170,19 +158,7 @@ impl Recorder {
                     return false;
                 }
             };
-            let file = File {
-                path: m.path.clone(),
-                role: library::Role::Driver,
-                open,
-                probes,
-                links: None,
-                pids: BTreeSet::new(),
-                failed: None,
-                said: false,
-                detaching: None,
-                detach_secs: 0,
-            };
-            self.files.insert(m.id.clone(), file);
+            self.files.insert(m.id.clone(), File::new(m.path.clone(), library::Role::Driver, open, probes));
         }
         let file = self.files.get_mut(&m.id).expect("just checked");
         file.pids.insert(pid);

@@ -144,7 +144,15 @@ pub fn functions() -> Vec<(&'static str, u64, bool)> {
     for name in ["cuGraphLaunch", "cuGraphLaunch_ptsz"] {
         v.push((name, graph, false));
     }
-    for name in ["cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuEventSynchronize", "cuCtxSynchronize"] {
+    // CUDA 13 adds cuCtxSynchronize_v2(ctx) (an H200 run with CUDA 13 counted no wait at all
+    // among a PyTorch job's 600 torch.cuda.synchronize() calls).
+    for name in [
+        "cuStreamSynchronize",
+        "cuStreamSynchronize_ptsz",
+        "cuEventSynchronize",
+        "cuCtxSynchronize",
+        "cuCtxSynchronize_v2",
+    ] {
         v.push((name, sync, true));
     }
     // (dst, src, bytes[, stream]): the byte count is the third argument. The v1 names (no `_v2`)

@@ -134,6 +134,22 @@ struct File {
 }
 
 impl File {
+    /// A file accepted, with the probes found in it: none attached yet, no process yet.
+    fn new(path: PathBuf, role: library::Role, open: std::fs::File, probes: Vec<Probe>) -> Self {
+        Self {
+            path,
+            role,
+            open,
+            probes,
+            links: None,
+            pids: BTreeSet::new(),
+            failed: None,
+            said: false,
+            detaching: None,
+            detach_secs: 0,
+        }
+    }
+
     /// Whether its probes may be attached now: not refused, and none left from a detach (two
     /// sets would count each call twice).
     fn attachable(&self) -> bool {
