@@ -394,7 +394,8 @@ fn symflood_elf(symbols: usize) -> Vec<u8> {
         out.extend_from_slice(&v.to_le_bytes());
     }
     // (name, type, flags, addr, offset, size, link, info, entsize)
-    let sections: [(u32, u32, u64, u64, u64, u64, u32, u32, u64); 5] = [
+    type Section = (u32, u32, u64, u64, u64, u64, u32, u32, u64);
+    let sections: [Section; 5] = [
         (0, 0, 0, 0, 0, 0, 0, 0, 0),
         (1, 1, 6, CODE_OFFSET as u64, CODE_OFFSET as u64, 16, 0, 0, 0),
         (7, 2, 0, 0, SYMTAB_AT as u64, symtab.len() as u64, 3, 1, 24),
