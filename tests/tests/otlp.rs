@@ -270,18 +270,21 @@ fn the_daemon_pushes_over_grpc_to_the_reference_server() {
     wait_for("4 requests taken by the gRPC receiver", Duration::from_secs(60), || (lines().len() >= 4).then_some(()));
     let logs = tmp.path().join("received.jsonl.logs");
     let open = wait_for_every(
-        "a finding's opening at the gRPC LogsService",
+        "the spinner's CPU's finding opening at the gRPC LogsService",
         Duration::from_secs(40),
         Duration::from_millis(250),
         || {
             let text = std::fs::read_to_string(&logs).unwrap_or_default();
+            // The spinner's CPU: the other may be saturated too for a while (CI saw CPU 0's
+            // opening first, in the daemon's first seconds beside the receiver's start).
             text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find(|l| {
                 l["event_name"] == "profiler.finding.open"
                     && l["attributes"]["profiler.finding.kind"] == "saturated-core"
+                    && l["attributes"]["cpu.logical_number"] == 1
             })
         },
     );
-    assert_eq!(open["attributes"]["cpu.logical_number"], 1, "{open}");
+    assert_eq!(open["attributes"]["profiler.finding.severity"], "warning", "{open}");
     assert!(daemon.stop().success(), "{}", daemon.log_text());
     let log = daemon.log_text();
     assert!(log.contains("gRPC status 14: warming up"), "UNAVAILABLE is retried: {log}");
