@@ -191,9 +191,12 @@ fn a_stripped_program_is_named_by_module_offset_or_its_debug_info() {
     assert!(text.lines().any(|l| l.trim_start_matches('\t') == want), "no line `{want}` in\n{}", head(&text));
     assert!(text.lines().any(|l| l.ends_with(": 10101010 cpu-clock: ")), "period of 99 Hz:\n{}", head(&text));
     // FlameScope's rule (app/common/libtype.py): a file starting with `[` is kernel code.
+    // An address in no mapping the symbolizer read (a sample at exec, while the loader maps, as
+    // above) is `0 [unknown] ([unknown])`, perf's own line for it: one in six runs had one.
     for l in text.lines().filter(|l| l.starts_with('\t') && !l.ends_with("([kernel.kallsyms])")) {
         let file = l.rsplit_once(" (").map(|(_, f)| f.trim_end_matches(')')).unwrap_or("");
-        assert!(!file.starts_with('['), "a user frame FlameScope would colour kernel: {l}");
+        let unmapped = l.trim_start() == "0 [unknown] ([unknown])";
+        assert!(!file.starts_with('[') || unmapped, "a user frame FlameScope would colour kernel: {l}");
     }
     let text = script(plain.0.id());
     let unnamed = format!(" [unknown] ({})", tmp.path().join("symprog").display());
