@@ -16,6 +16,7 @@ mod kernels;
 mod python_roots;
 mod setup;
 mod soak;
+mod steal;
 
 use std::{
     path::{Path, PathBuf},
