@@ -652,6 +652,14 @@ fn rollup_checks(db: &str) -> Vec<(&'static str, String, String)> {
             &format!("intDiv(ts, {s}) * {s} AS second, comm, stack_id, {class}", s = schema::SECOND_NS),
             "second, comm, stack_id, class",
         ),
+        // Which nodes ran each stack, per hour: what `profiler fleet` counts them from.
+        pair(
+            "stack_nodes_1h per hour, stack, comm and node",
+            "stack_nodes_1h",
+            "ts, stack_id, comm, node",
+            &format!("{hour}, stack_id, comm, node"),
+            "hour, stack_id, comm, node",
+        ),
     ]
 }
 

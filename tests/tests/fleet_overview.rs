@@ -307,6 +307,39 @@ fn fleet_answers_what_the_stores_hold() {
     assert!(e.contains("--event 'ena(' is not a regular expression"), "{e}");
 }
 
+/// The nodes a stack ran on, over whole hours, come from `stack_nodes_1h` (found by the stack,
+/// not by reading every node's minutes) and agree with the minutes' count: three nodes' minute
+/// in the middle of an hour two hours ago, asked for that whole hour and for the same hour less
+/// a second (minutes and raw rows only).
+#[test]
+fn fleet_counts_a_stacks_nodes_from_their_hours() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(ch) = ClickHouse::start(&tmp.path().join("clickhouse")) else { return };
+    let hour = 3600 * SEC;
+    let h = (now_secs() as u64 * SEC - 2 * hour) / hour * hour;
+    let end = h + 31 * 60 * SEC;
+    let nodes: Vec<(String, std::path::PathBuf)> = plans()
+        .into_iter()
+        .map(|(name, plan)| {
+            let data = tmp.path().join(name);
+            write_node(&data, name, end, &plan);
+            (name.to_string(), data)
+        })
+        .collect();
+    assert!(ship_all(&ch, &nodes, end).iter().all(|s| s.errors.is_empty()));
+    let ask = |from: u64| fleet_json(&["--clickhouse", &ch.url(), "--from", &format!("{}", from / SEC), "--to", &format!("{}", (h + hour) / SEC)]);
+    let (whole, minutes) = (ask(h), ask(h + SEC));
+    let read_from = whole["read_from"].as_str().unwrap();
+    assert!(read_from.contains("their nodes stack_nodes_1h 1h 0m"), "{read_from}");
+    assert!(!minutes["read_from"].as_str().unwrap().contains("stack_nodes_1h"), "{}", minutes["read_from"]);
+    let nodes_of = |j: &serde_json::Value| -> Vec<(String, u64)> {
+        j["top_stacks"].as_array().unwrap().iter().map(|t| (t["stack"].as_str().unwrap().into(), t["nodes"].as_u64().unwrap())).collect()
+    };
+    assert_eq!(nodes_of(&whole)[0], ("web;main;serve;handle".to_string(), 3));
+    assert_eq!(nodes_of(&whole), nodes_of(&minutes), "the hours' count and the minutes' agree");
+    assert!(nodes_of(&whole)[1..].iter().all(|(_, n)| *n == 1), "one more stack per node");
+}
+
 /// `--event` on a cluster of two 18.16 shards with Distributed tables, each node shipping to
 /// its own shard: the CPU behind the reset is found through either shard (its query joins
 /// `stacks` with a subquery of `samples`, both Distributed: it needs `GLOBAL`, which it once
@@ -422,8 +455,28 @@ fn fleet_sql_runs_on_current_clickhouse() {
         nodes: node_filter(&["n1".into()]),
         pieces,
         fleet_pieces: Vec::new(),
+        node_pieces: Vec::new(),
         cpu: profiler::fleet::minutes::Split::raw(Window::new(t, t + 10 * SEC).unwrap()),
     };
+    // The nodes of a stack from the nodes' hours (n1 and n2), with the raw rows' (n1).
+    let hour = (t / 3600 / SEC - 1) * 3600 * SEC;
+    statements.push(format!(
+        "INSERT INTO p.stack_nodes_1h VALUES ({hour}, 7, 'bash', 'n1', 3), ({hour}, 7, 'bash', 'n2', 1), ({hour}, 9, 'bash', 'n3', 1)"
+    ));
+    let node_pieces = vec![
+        Piece { source: Source::NodeHours, window: Window::new(hour, hour + 3600 * SEC).unwrap() },
+        Piece { source: Source::Raw, window: Window::new(t, t + 10 * SEC).unwrap() },
+    ];
+    let stack_nodes = Sql {
+        fleet: &fleet,
+        window: sql.window,
+        nodes: String::new(),
+        pieces: Vec::new(),
+        fleet_pieces: Vec::new(),
+        node_pieces,
+        cpu: profiler::fleet::minutes::Split::raw(sql.window),
+    }
+    .top_nodes(&[7]);
     let queries = [
         (sql.busy(), "n1\t100\t98\t0\t0.9090909090909091\t1000000000\t1000000000"),
         (sql.grid(1), "n1\t0\t100\t98"),
@@ -435,6 +488,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
         (sql.matching_count("ena.*reset"), "1"),
         (sql.event_cpu("n1", t + 3, &Sources { dictionary: true, text: true }), "1\t4\t4"),
         (sql.event_stacks("n1", t + 3, 1), "bash\t7\t4"),
+        (stack_nodes, "bash\t7\t2"),
     ];
     let n = statements.len();
     statements.extend(queries.iter().map(|(q, _)| format!("{q} FORMAT TSV")));
@@ -746,7 +800,7 @@ fn fleet_benchmark() {
         let window = Window::new(start, end).unwrap();
         let cpu = profiler::fleet::minutes::Split::raw(window);
         let sql =
-            Sql { fleet: &fleet, window, nodes: String::new(), pieces: Vec::new(), fleet_pieces: Vec::new(), cpu };
+            Sql { fleet: &fleet, window, nodes: String::new(), pieces: Vec::new(), fleet_pieces: Vec::new(), node_pieces: Vec::new(), cpu };
         let queries = [
             ("busy", sql.busy()),
             ("grid", sql.grid(choose_bucket(window).0)),

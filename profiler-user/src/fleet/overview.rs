@@ -183,6 +183,9 @@ pub struct Sql<'a> {
     /// class ([`rollup::plan`] of the whole fleet: far fewer rows than the nodes' minutes);
     /// empty for named nodes (the totals then come from [`Self::pieces`], with the nodes).
     pub fleet_pieces: Vec<Piece>,
+    /// Where [`Self::top_nodes`] counts the nodes a stack ran on ([`rollup::plan_nodes`]:
+    /// `stack_nodes_1h`'s whole hours, read by the stack). Empty: [`Self::pieces`].
+    pub node_pieces: Vec<Piece>,
     /// Where the per-CPU counts are read: `cpu_1m` for the whole minutes it holds, raw
     /// `cpu_seconds` at the edges ([`minutes`]).
     pub cpu: Split,
@@ -192,14 +195,20 @@ impl Sql<'_> {
     /// The window's sample rows as `(nd, cm, sid, n)`: node, comm, stack and count, from the
     /// table of each part (a `UNION ALL` of them).
     fn sample_rows(&self) -> String {
+        self.rows_of(&self.pieces, "")
+    }
+
+    /// The rows of `pieces` (raw rows for the whole window where empty) as `(nd, cm, sid, n)`,
+    /// each part's `WHERE` ending with `and`.
+    fn rows_of(&self, pieces: &[Piece], and: &str) -> String {
         let whole = [Piece { source: Source::Raw, window: self.window }];
-        let pieces = if self.pieces.is_empty() { &whole[..] } else { &self.pieces[..] };
+        let pieces = if pieces.is_empty() { &whole[..] } else { pieces };
         let parts: Vec<String> = pieces
             .iter()
             .map(|p| {
                 format!(
                     "SELECT {NODE} AS nd, {COMM} AS cm, {STACK_ID} AS sid, toUInt64({COUNT}) AS n FROM {} \
-                     WHERE {TS} >= {} AND {TS} < {}{}",
+                     WHERE {TS} >= {} AND {TS} < {}{}{and}",
                     self.fleet.table(p.source.table()),
                     p.window.from_ns,
                     p.window.to_ns,
@@ -305,13 +314,13 @@ impl Sql<'_> {
     }
 
     /// On how many nodes each of the stacks `ids` ran (per (comm, stack)): the nodes' rows of
-    /// those stacks only.
+    /// those stacks only, the stacks asked in each part (`stack_nodes_1h` finds them by its key).
     pub fn top_nodes(&self, ids: &[u64]) -> String {
         let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+        let pieces = if self.node_pieces.is_empty() { &self.pieces } else { &self.node_pieces };
         format!(
-            "SELECT cm, sid, toUInt64(uniqExact(nd)) FROM {} WHERE sid IN ({}) GROUP BY cm, sid",
-            self.sample_rows(),
-            list.join(", ")
+            "SELECT cm, sid, toUInt64(uniqExact(nd)) FROM {} GROUP BY cm, sid",
+            self.rows_of(pieces, &format!(" AND {STACK_ID} IN ({})", list.join(", ")))
         )
     }
 
@@ -399,7 +408,15 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     if !fleet_pieces.is_empty() {
         read_from.push_str(&format!("; top stacks {}", rollup::describe(&fleet_pieces)));
     }
-    let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces, fleet_pieces, cpu };
+    // The nodes of the top stacks: by the stack from the nodes' hours where they resolve.
+    let node_pieces = match selection.whole_fleet {
+        true => rollup::plan_nodes(w, cover),
+        false => Vec::new(),
+    };
+    if node_pieces.iter().any(|p| p.source == Source::NodeHours) {
+        read_from.push_str(&format!("; their nodes {}", rollup::describe(&node_pieces)));
+    }
+    let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces, fleet_pieces, node_pieces, cpu };
     let nodes = selection.nodes;
     let mut by_node: BTreeMap<String, NodeSummary> = nodes
         .iter()
@@ -567,6 +584,7 @@ mod tests {
             nodes: node_filter(&["n'1".into()]),
             pieces: Vec::new(),
             fleet_pieces: Vec::new(),
+            node_pieces: Vec::new(),
             cpu: Split::raw(w(10)),
         };
         let busy = sql.busy();
@@ -611,7 +629,20 @@ mod tests {
             "{top}"
         );
         let on = sql.top_nodes(&[7, 9]);
-        assert!(on.contains("`samples_1m` WHERE") && on.ends_with("WHERE sid IN (7, 9) GROUP BY cm, sid"), "{on}");
+        assert!(
+            on.contains("`samples` WHERE ts >= 1000000000000 AND ts < 1020000000000 AND stack_id IN (7, 9) UNION ALL")
+                && on.ends_with("AND stack_id IN (7, 9)) GROUP BY cm, sid"),
+            "{on}"
+        );
+        // From the nodes' hours where the plan has them, the stacks asked in each part.
+        let hour = Piece { source: Source::NodeHours, window: Window { from_ns: 3600 * SEC, to_ns: 7200 * SEC } };
+        let on = Sql { node_pieces: vec![hour], ..sql }.top_nodes(&[7]);
+        assert_eq!(
+            on,
+            "SELECT cm, sid, toUInt64(uniqExact(nd)) FROM (SELECT node AS nd, comm AS cm, stack_id AS sid, \
+             toUInt64(count) AS n FROM `p\\`x`.`stack_nodes_1h` WHERE ts >= 3600000000000 AND ts < 7200000000000 \
+             AND stack_id IN (7)) GROUP BY cm, sid"
+        );
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub enum Source {
     Days,
     /// Fleet-wide seconds by workload class (`samples_fleet_1s`): a window's edges.
     FleetSeconds,
+    /// Per hour, stack and node, no workload (`stack_nodes_1h`): only which nodes ran a stack
+    /// ([`plan_nodes`]); no fold reads it.
+    NodeHours,
 }
 
 impl Source {
@@ -46,6 +49,7 @@ impl Source {
             Self::Hours => schema::SAMPLES_1H,
             Self::Days => schema::SAMPLES_1D,
             Self::FleetSeconds => schema::SAMPLES_FLEET_1S,
+            Self::NodeHours => schema::STACK_NODES_1H,
         }
     }
 
@@ -55,7 +59,7 @@ impl Source {
             Self::FleetSeconds => SECOND_NS,
             Self::Minutes | Self::FleetMinutes => MINUTE_NS,
             Self::FleetTenMinutes => TEN_MINUTES_NS,
-            Self::Hours => HOUR_NS,
+            Self::Hours | Self::NodeHours => HOUR_NS,
             Self::Days => schema::DAY_NS,
         }
     }
@@ -83,6 +87,7 @@ pub struct Coverage {
     pub fleet_ten_minutes_from: Option<u64>,
     pub days_from: Option<u64>,
     pub fleet_seconds_from: Option<u64>,
+    pub node_hours_from: Option<u64>,
 }
 
 /// How far into a window the first look for a rollup's rows goes (the partitions it reads):
@@ -135,15 +140,16 @@ impl Coverage {
             }
         };
         // The rollups at once: each is one to three small requests, ~70 ms in a row.
-        const ALL: [Source; 6] = [
+        const ALL: [Source; 7] = [
             Source::Minutes,
             Source::Hours,
             Source::FleetMinutes,
             Source::FleetTenMinutes,
             Source::Days,
             Source::FleetSeconds,
+            Source::NodeHours,
         ];
-        let [minutes, hours, fleet_minutes, fleet_ten_minutes, days, fleet_seconds] = std::thread::scope(|s| {
+        let [minutes, hours, fleet_minutes, fleet_ten_minutes, days, fleet_seconds, node_hours] = std::thread::scope(|s| {
             ALL.map(|source| s.spawn(move || first(source)))
                 .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
         });
@@ -154,6 +160,7 @@ impl Coverage {
             fleet_ten_minutes_from: fleet_ten_minutes?,
             days_from: days?,
             fleet_seconds_from: fleet_seconds?,
+            node_hours_from: node_hours?,
         })
     }
 
@@ -166,6 +173,7 @@ impl Coverage {
             Source::Hours => self.hours_from,
             Source::Days => self.days_from,
             Source::FleetSeconds => self.fleet_seconds_from,
+            Source::NodeHours => self.node_hours_from,
         }
     }
 }
@@ -185,6 +193,17 @@ pub fn plan(window: Window, filter: &Filter, selection: &Selection, cover: Cover
     // The fleet-wide tables only for a read of the whole fleet that a class decides.
     let tiers: Vec<Source> =
         TIERS.into_iter().filter(|s| rolled && (whole_fleet || !s.fleet_wide()) && cover.from(*s).is_some()).collect();
+    let mut out = Vec::new();
+    split(window, &tiers, cover, &mut out);
+    out
+}
+
+/// The parts of `window` to count the nodes a stack ran on: whole hours from `stack_nodes_1h`,
+/// the minutes around them from the per-node minutes, raw rows at the edges (no workload, CPU or
+/// pid filter: the node and the stack are all it keeps).
+pub fn plan_nodes(window: Window, cover: Coverage) -> Vec<Piece> {
+    let tiers: Vec<Source> =
+        [Source::NodeHours, Source::Minutes].into_iter().filter(|s| cover.from(*s).is_some()).collect();
     let mut out = Vec::new();
     split(window, &tiers, cover, &mut out);
     out
@@ -276,6 +295,32 @@ mod tests {
     }
 
     #[test]
+    fn the_nodes_of_a_stack_are_counted_from_node_hours_then_node_minutes_then_raw_rows() {
+        let from = T0 + 59 * MINUTE_NS + 30_500_000_000;
+        let to = T0 + 3 * HOUR_NS + MINUTE_NS + 10_000_000_000;
+        // No fleet-wide table, whatever the coverage: they have no node.
+        let all = Some(0);
+        let cover = Coverage { minutes_from: all, hours_from: all, fleet_minutes_from: all, node_hours_from: all, ..Default::default() };
+        let got: Vec<(Source, u64, u64)> =
+            plan_nodes(w(from, to), cover).iter().map(|p| (p.source, p.window.from_ns, p.window.to_ns)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Source::Raw, from, T0 + HOUR_NS),
+                (Source::NodeHours, T0 + HOUR_NS, T0 + 3 * HOUR_NS),
+                (Source::Minutes, T0 + 3 * HOUR_NS, T0 + 3 * HOUR_NS + MINUTE_NS),
+                (Source::Raw, T0 + 3 * HOUR_NS + MINUTE_NS, to),
+            ]
+        );
+        // Node hours begun later (a database from before them): minutes until then.
+        let late = Coverage { node_hours_from: Some(T0 + 2 * HOUR_NS), ..cover };
+        let got: Vec<Source> = plan_nodes(w(T0, T0 + 3 * HOUR_NS), late).iter().map(|p| p.source).collect();
+        assert_eq!(got, [Source::Minutes, Source::NodeHours]);
+        // Neither: raw rows.
+        assert_eq!(plan_nodes(w(from, to), Coverage::default()), vec![Piece { source: Source::Raw, window: w(from, to) }]);
+    }
+
+    #[test]
     fn the_fleet_reads_its_class_tables_around_the_hours_and_some_nodes_do_not() {
         let all = Some(0);
         let cover = Coverage {
@@ -285,6 +330,7 @@ mod tests {
             fleet_ten_minutes_from: all,
             days_from: None,
             fleet_seconds_from: None,
+            node_hours_from: None,
         };
         // 00:42:10 to 02:13:30: raw, fleet minutes to 00:50, 10 minutes to 01:00, an hour,
         // 10 minutes to 02:10, fleet minutes to 02:13, raw.
@@ -340,6 +386,7 @@ mod tests {
             fleet_ten_minutes_from: all,
             days_from: all,
             fleet_seconds_from: all,
+            node_hours_from: all,
         };
         let m = |n: u64| T0 + n * MINUTE_NS;
         let s = |n: u64| T0 + n * SECOND_NS;

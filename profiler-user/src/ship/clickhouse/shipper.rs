@@ -473,6 +473,7 @@ impl Follower {
             (schema::SAMPLES_FLEET_10M, rollups.minutes_secs, schema::DAY_NS),
             (schema::SAMPLES_1H, rollups.hours_secs, schema::HOUR_PARTITION_NS),
             (schema::SAMPLES_1D, rollups.hours_secs, schema::HOUR_PARTITION_NS),
+            (schema::STACK_NODES_1H, rollups.minutes_secs, schema::HOUR_PARTITION_NS),
         ];
         for (table, keep_secs, partition_ns) in tables {
             // Partition `p` holds [p, p + 1) * partition_ns: it goes once that ended before the
