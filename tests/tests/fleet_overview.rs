@@ -310,7 +310,7 @@ fn fleet_answers_what_the_stores_hold() {
 /// The nodes a stack ran on, over whole hours, come from `stack_nodes_1h` (found by the stack,
 /// not by reading every node's minutes) and agree with the minutes' count: three nodes' minute
 /// in the middle of an hour two hours ago, asked for that whole hour and for the same hour less
-/// a second (minutes and raw rows only).
+/// a minute and a second (minutes only: the edge is widened to its minute).
 #[test]
 fn fleet_counts_a_stacks_nodes_from_their_hours() {
     let tmp = tempfile::tempdir().unwrap();
@@ -327,13 +327,27 @@ fn fleet_counts_a_stacks_nodes_from_their_hours() {
         })
         .collect();
     assert!(ship_all(&ch, &nodes, end).iter().all(|s| s.errors.is_empty()));
-    let ask = |from: u64| fleet_json(&["--clickhouse", &ch.url(), "--from", &format!("{}", from / SEC), "--to", &format!("{}", (h + hour) / SEC)]);
-    let (whole, minutes) = (ask(h), ask(h + SEC));
+    let ask = |from: u64| {
+        fleet_json(&[
+            "--clickhouse",
+            &ch.url(),
+            "--from",
+            &format!("{}", from / SEC),
+            "--to",
+            &format!("{}", (h + hour) / SEC),
+        ])
+    };
+    let (whole, minutes) = (ask(h), ask(h + 61 * SEC));
     let read_from = whole["read_from"].as_str().unwrap();
     assert!(read_from.contains("their nodes stack_nodes_1h 1h 0m"), "{read_from}");
     assert!(!minutes["read_from"].as_str().unwrap().contains("stack_nodes_1h"), "{}", minutes["read_from"]);
     let nodes_of = |j: &serde_json::Value| -> Vec<(String, u64)> {
-        j["top_stacks"].as_array().unwrap().iter().map(|t| (t["stack"].as_str().unwrap().into(), t["nodes"].as_u64().unwrap())).collect()
+        j["top_stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t["stack"].as_str().unwrap().into(), t["nodes"].as_u64().unwrap()))
+            .collect()
     };
     assert_eq!(nodes_of(&whole)[0], ("web;main;serve;handle".to_string(), 3));
     assert_eq!(nodes_of(&whole), nodes_of(&minutes), "the hours' count and the minutes' agree");
@@ -799,8 +813,15 @@ fn fleet_benchmark() {
         let fleet = Fleet::new(&url, "profiler").unwrap();
         let window = Window::new(start, end).unwrap();
         let cpu = profiler::fleet::minutes::Split::raw(window);
-        let sql =
-            Sql { fleet: &fleet, window, nodes: String::new(), pieces: Vec::new(), fleet_pieces: Vec::new(), node_pieces: Vec::new(), cpu };
+        let sql = Sql {
+            fleet: &fleet,
+            window,
+            nodes: String::new(),
+            pieces: Vec::new(),
+            fleet_pieces: Vec::new(),
+            node_pieces: Vec::new(),
+            cpu,
+        };
         let queries = [
             ("busy", sql.busy()),
             ("grid", sql.grid(choose_bucket(window).0)),

@@ -413,8 +413,8 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         true => rollup::plan_nodes(w, cover),
         false => Vec::new(),
     };
-    if node_pieces.iter().any(|p| p.source == Source::NodeHours) {
-        read_from.push_str(&format!("; their nodes {}", rollup::describe(&node_pieces)));
+    if !node_pieces.is_empty() {
+        read_from.push_str(&format!("; their nodes {} (edges to the minute)", rollup::describe(&node_pieces)));
     }
     let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces, fleet_pieces, node_pieces, cpu };
     let nodes = selection.nodes;

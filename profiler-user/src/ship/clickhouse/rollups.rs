@@ -4,8 +4,7 @@
 //! hour and day; per stack and node by hour (which nodes ran a stack).
 
 use super::schema::{
-    SAMPLES_1D, SAMPLES_1H, SAMPLES_1M, SAMPLES_FLEET_1M, SAMPLES_FLEET_1S, SAMPLES_FLEET_10M, STACK_NODES_1H,
-    col::*,
+    SAMPLES_1D, SAMPLES_1H, SAMPLES_1M, SAMPLES_FLEET_1M, SAMPLES_FLEET_1S, SAMPLES_FLEET_10M, STACK_NODES_1H, col::*,
 };
 
 /// How long the rollup tables keep rows, seconds (`[clickhouse] rollup_1m_days`,
