@@ -995,6 +995,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         nodes: node_filter(&["n0".into(), "n2".into()]),
         pieces: Vec::new(),
         fleet_pieces: Vec::new(),
+        node_pieces: Vec::new(),
         cpu: s.clone(),
     };
     let grouped = Rows::Grouped(vec![("n0".into(), "g".into()), ("n1".into(), "g".into()), ("n2".into(), "h".into())]);
