@@ -79,6 +79,9 @@ D1 = fleet("samples_1d", 86400000000000, "86400000000000 * 30")
 FLEET1S = fleet("samples_fleet_1s", 1000000000)
 FLEET10S = fleet("samples_fleet_10s", 10000000000)
 EVERY = M1 + H1 + FLEET1M + FLEET10M + D1
+# Which nodes ran a stack, by hour (schema.rs's `stack_nodes_1h`).
+NODES1H = ["CREATE TABLE p.stack_nodes_1h (ts UInt64, stack_id UInt64, comm String, node String, count UInt64) ENGINE = SummingMergeTree(count) PARTITION BY intDiv(ts, 86400000000000 * 30) ORDER BY (ts, stack_id, comm, node)",
+           "CREATE MATERIALIZED VIEW p.stack_nodes_1h_mv TO p.stack_nodes_1h AS SELECT intDiv(s.ts, 3600000000000) * 3600000000000 AS ts, stack_id, comm, node, sum(s.count) AS count FROM p.samples AS s GROUP BY ts, stack_id, comm, node"]
 
 M1_HASHED = [M1[0], "CREATE MATERIALIZED VIEW p.samples_1m_mv TO p.samples_1m AS SELECT any(s.node) AS node, intDiv(s.ts, 60000000000) * 60000000000 AS ts, any(s.comm) AS comm, s.stack_id AS stack_id, any(s.workload) AS workload, sum(s.count) AS count FROM p.samples AS s GROUP BY ts, s.stack_id, cityHash64(s.node), cityHash64(s.comm), cityHash64(s.workload)"]
 CONFIGS = {
@@ -93,8 +96,9 @@ CONFIGS = {
     "every view (d9944cf)": EVERY,
     "every view + fleet_1s": EVERY + FLEET1S,
     "every view + 1s + 10s": EVERY + FLEET1S + FLEET10S,
+    "every view + 1s + stack_nodes_1h": EVERY + FLEET1S + NODES1H,
 }
-ROLLUPS = ["samples_1m", "samples_1h", "samples_fleet_1m", "samples_fleet_10m", "samples_1d", "samples_fleet_1s", "samples_fleet_10s"]
+ROLLUPS = ["samples_1m", "samples_1h", "samples_fleet_1m", "samples_fleet_10m", "samples_1d", "samples_fleet_1s", "samples_fleet_10s", "stack_nodes_1h"]
 
 def main():
     p = start()
