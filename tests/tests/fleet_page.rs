@@ -885,33 +885,52 @@ fn fleet_page_latency() {
             b["findings"].as_array().unwrap().len()
         ));
     }
-    // `profiler fleet` over the same day: busy shares and grid, samples and top stacks.
-    let url = ch.url();
-    let args = ["fleet", "--clickhouse", &url, "--from", "-1d", "--to", "now", "--format", "json"];
-    let mut runs: Vec<f64> = (0..7)
-        .map(|_| {
-            let t = Instant::now();
-            let out = profiler(&args);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            t.elapsed().as_secs_f64() * 1000.0
-        })
-        .collect();
-    runs.sort_by(f64::total_cmp);
-    let o: Value = serde_json::from_slice(&profiler(&args).stdout).unwrap();
-    lines.push(format!(
-        "FLEET_OVERVIEW profiler fleet --from -1d --to now --format json: median {:.0} ms of 7 ({:.0}-{:.0}); {} nodes, \
-         grid {} x {} s, read from {}",
-        runs[3],
-        runs[0],
-        runs[6],
-        o["nodes"].as_array().unwrap().len(),
-        o["grid"]["columns"],
-        o["grid"]["bucket_seconds"],
-        o["read_from"]
-    ));
     for l in lines {
         println!("{l}");
     }
+    // `profiler fleet` over the same day: busy shares and grid, samples and top stacks. A run
+    // past the reader's 30 s is a figure too (its message), then the server's slowest queries.
+    let url = ch.url();
+    let args = ["fleet", "--clickhouse", &url, "--from", "-1d", "--to", "now", "--format", "json"];
+    let mut runs = Vec::new();
+    let started = Instant::now();
+    for _ in 0..7 {
+        let t = Instant::now();
+        let out = profiler(&args);
+        if !out.status.success() {
+            println!(
+                "FLEET_OVERVIEW profiler fleet --from -1d --to now: failed after {:.0} ms: {}",
+                t.elapsed().as_secs_f64() * 1000.0,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            break;
+        }
+        runs.push((t.elapsed().as_secs_f64() * 1000.0, out.stdout));
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    if let [first, .., last] = &runs[..] {
+        let o: Value = serde_json::from_slice(&runs[runs.len() / 2].1).unwrap();
+        println!(
+            "FLEET_OVERVIEW profiler fleet --from -1d --to now --format json: median {:.0} ms of {} ({:.0}-{:.0}); {} nodes, \
+             grid {} x {} s, read from {}",
+            runs[runs.len() / 2].0,
+            runs.len(),
+            first.0,
+            last.0,
+            o["nodes"].as_array().unwrap().len(),
+            o["grid"]["columns"],
+            o["grid"]["bucket_seconds"],
+            o["read_from"]
+        );
+    }
+    let _ = ch.query("SYSTEM FLUSH LOGS");
+    let slowest = ch.query(&format!(
+        "SELECT query_duration_ms, read_rows, substring(query, 1, 240) FROM system.query_log \
+         WHERE type != 1 AND event_time >= now() - {} AND query NOT LIKE '%query_log%' \
+         ORDER BY query_duration_ms DESC LIMIT 8 FORMAT TSV",
+        started.elapsed().as_secs() + 2
+    ));
+    println!("FLEET_OVERVIEW the servers' slowest queries (ms, rows, query):\n{}", slowest.unwrap_or_default());
 }
 
 /// The minute rollups of the per-CPU counts and GPU readings (`cpu_1m`, `gpu_util_1m`, made by

@@ -176,10 +176,12 @@ fn check(
         }
     };
     let query_ms = t0.elapsed().as_secs_f64() * 1e3;
-    // Seconds the hypervisor held CPU 1 away hold no samples (see `steal`).
+    // Seconds the hypervisor held CPU 1 away hold no samples (see `steal`). The floor leaves 7 %
+    // for timer ticks a loaded host delays without counting them as steal (CI's one short window
+    // was 5.2 % short); a lost second of data is 20 % of the window.
     let stolen = steal.between(to - WINDOW_S, to);
     let expected = HZ * (WINDOW_S - stolen);
-    if (samples as f64) < expected * 0.95 || (samples as f64) > HZ * WINDOW_S * 1.02 {
+    if (samples as f64) < expected * 0.93 || (samples as f64) > HZ * WINDOW_S * 1.02 {
         failures.push(format!("expected about {expected:.0} samples on CPU 1 ({stolen:.2} s of the window stolen)"));
     }
     if (named as f64) < samples as f64 * 0.5 {
