@@ -143,8 +143,12 @@ impl ReclaimSecond {
             self.ns[k] += other.ns[k];
         }
         latency::add(&mut self.histogram, &other.histogram);
-        if other.max_ns > self.max_ns {
-            self.max_ns = other.max_ns;
+        let longer = other.max_ns > self.max_ns;
+        self.max_ns = self.max_ns.max(other.max_ns);
+        // The longest stall's task where it was named, else any named one: a read whose stalls
+        // summed under `NAME_FROM_NS` names nobody, though it may hold the second's longest
+        // stall (a CI run's finding of 152 ms a second named no task and no cgroup).
+        if other.staller.is_some() && (longer || self.staller.is_none()) {
             self.staller = other.staller;
         }
     }
@@ -237,6 +241,38 @@ mod tests {
         let s = r.staller.expect("named");
         assert_eq!((s.kind, s.pid, s.tid, s.comm.as_str(), s.memcg_id), (reclaim::MEMCG, 4242, 4243, "dd", 2041));
         assert_eq!(decode(&v, 6).staller, None);
+    }
+
+    #[test]
+    fn a_second_keeps_a_named_staller_whichever_read_held_its_longest_stall() {
+        let named = |pid: u32| StallerInfo {
+            kind: reclaim::MEMCG,
+            pid,
+            tid: pid,
+            comm: "python3".into(),
+            memcg: None,
+            memcg_id: 7,
+        };
+        let read = |max_ns: u64, staller: Option<StallerInfo>| ReclaimSecond {
+            count: [0, 1, 0],
+            ns: [0, max_ns, 0],
+            histogram: Vec::new(),
+            max_ns,
+            staller,
+        };
+        // The longest stall in a read too small to name, before or after the named read.
+        for order in [false, true] {
+            let (a, b) = (read(5_500_000, None), read(3_000_000, Some(named(42))));
+            let mut s = if order { b.clone() } else { a.clone() };
+            s.add(if order { a } else { b });
+            assert_eq!((s.max_ns, s.staller.as_ref().map(|s| s.pid)), (5_500_000, Some(42)), "order {order}");
+        }
+        // Both named: the longest stall's task.
+        let mut s = read(3_000_000, Some(named(42)));
+        s.add(read(5_500_000, Some(named(43))));
+        assert_eq!(s.staller.as_ref().map(|s| s.pid), Some(43));
+        s.add(read(4_000_000, Some(named(44))));
+        assert_eq!(s.staller.as_ref().map(|s| s.pid), Some(43));
     }
 
     #[test]
