@@ -471,6 +471,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
         fleet_pieces: Vec::new(),
         node_pieces: Vec::new(),
         cpu: profiler::fleet::minutes::Split::raw(Window::new(t, t + 10 * SEC).unwrap()),
+        cpu_minutes: Default::default(),
     };
     // The nodes of a stack from the nodes' hours (n1 and n2), with the raw rows' (n1).
     let hour = (t / 3600 / SEC - 1) * 3600 * SEC;
@@ -489,6 +490,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
         fleet_pieces: Vec::new(),
         node_pieces,
         cpu: profiler::fleet::minutes::Split::raw(sql.window),
+        cpu_minutes: Default::default(),
     }
     .top_nodes(&[7]);
     let queries = [
@@ -821,6 +823,7 @@ fn fleet_benchmark() {
             fleet_pieces: Vec::new(),
             node_pieces: Vec::new(),
             cpu,
+            cpu_minutes: Default::default(),
         };
         let queries = [
             ("busy", sql.busy()),

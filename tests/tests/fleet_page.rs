@@ -933,11 +933,11 @@ fn fleet_page_latency() {
     println!("FLEET_OVERVIEW the servers' slowest queries (ms, rows, query):\n{}", slowest.unwrap_or_default());
 }
 
-/// The minute rollups of the per-CPU counts and GPU readings (`cpu_1m`, `gpu_util_1m`, made by
-/// the servers' views from the raw rows' inserts) give the raw rows' answers: every query of the
-/// page and of `profiler fleet`'s busy shares, read from the rollups for a window's whole
-/// minutes and raw rows at its edges, equals the same query over raw rows only, on 18.16 and on
-/// current ClickHouse (chdb).
+/// The minute rollups of the per-CPU counts and GPU readings (`cpu_1m`, `cpu_node_1m`,
+/// `gpu_util_1m`, made by the servers' views from the raw rows' inserts) give the raw rows'
+/// answers: every query of the page and of `profiler fleet`'s busy shares and grid (from either
+/// CPU rollup), read from the rollups for a window's whole minutes and raw rows at its edges,
+/// equals the same query over raw rows only, on 18.16 and on current ClickHouse (chdb).
 #[test]
 fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     use profiler::{
@@ -945,6 +945,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
             Fleet,
             board_sql::{BoardSql, Rows},
             minutes::{self, Split},
+            node_minutes::NodeMinutes,
             overview::{self, node_filter},
         },
         query::Window,
@@ -989,6 +990,10 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     let from = minutes::whole_from(&fleet, track_rollups::CPU_1M, window).unwrap();
     assert_eq!(from, Some(t + 60 * SEC));
     assert_eq!(minutes::whole_from(&fleet, track_rollups::GPU_UTIL_1M, window).unwrap(), from);
+    assert_eq!(minutes::whole_from(&fleet, track_rollups::CPU_NODE_1M, window).unwrap(), from);
+    // `profiler fleet` reads the per-node minutes where they start no later than the per-CPU ones.
+    let (node_split, by) = NodeMinutes::split(&fleet, window).unwrap();
+    assert_eq!((node_split.minutes, by), (Split::new(window, from).minutes, NodeMinutes::PerNode));
     let split = Split::new(window, from);
     assert!(minutes::describe_cpu(&split).starts_with("cpu_1m 1h 59m, cpu_seconds 43"), "{split:?}");
     let raw = Split::raw(window);
@@ -1008,7 +1013,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         gpu: s.clone(),
         rank: rank(s),
     };
-    let fleet_sql = |s: &Split| overview::Sql {
+    let fleet_sql = |s: &Split, cpu_minutes| overview::Sql {
         fleet: &fleet,
         window,
         nodes: node_filter(&["n0".into(), "n2".into()]),
@@ -1016,6 +1021,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         fleet_pieces: Vec::new(),
         node_pieces: Vec::new(),
         cpu: s.clone(),
+        cpu_minutes,
     };
     let grouped = Rows::Grouped(vec![("n0".into(), "g".into()), ("n1".into(), "g".into()), ("n2".into(), "h".into())]);
     let some = Rows::Nodes(vec!["n1".into(), "n2".into()]);
@@ -1027,7 +1033,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     };
     let queries = |s: &Split| {
         let b = board(s);
-        let o = fleet_sql(s);
+        let (o, per_node) = (fleet_sql(s, NodeMinutes::PerCpu), fleet_sql(s, NodeMinutes::PerNode));
         // Over whole hours the ranking's unit is the clock hour: raw rows grouped so too.
         let parts = minutes::Parts { fleet: &fleet, start_ns, bucket_ns, nodes: String::new() };
         let ranking = match s.minutes {
@@ -1043,11 +1049,15 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
             b.gpu_grid(&grouped, 50.0),
             o.busy(),
             o.grid(60),
+            per_node.busy(),
+            per_node.grid(60),
         ]
     };
     let (from_raw, from_rollups) = (queries(&raw), queries(&split));
     assert!(from_rollups.iter().all(|q| q.contains("_1m`")), "every query reads a rollup");
     assert!(from_rollups[0].contains("`cpu_1h`") && from_rollups[3].contains("`gpu_util_1h`"));
+    assert!(from_rollups[8].contains("`cpu_node_1m`") && from_rollups[9].contains("`cpu_node_1m`"));
+    assert!(!from_rollups[6].contains("`cpu_node_1m`"), "{}", from_rollups[6]);
     let mut answers = Vec::new();
     for (r, m) in from_raw.iter().zip(&from_rollups) {
         let a = ch.query(&format!("{r} FORMAT TSV")).unwrap_or_else(|e| panic!("18.16 refused {r}: {e}"));

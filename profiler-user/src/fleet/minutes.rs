@@ -9,7 +9,7 @@
 //! per (node, column) or per node GPU readings, their sum and those idle. Runs on 18.16 and on
 //! current servers: aggregate states merged with `-Merge`, every part's columns cast alike.
 
-use super::{Fleet, FleetError};
+use super::{Fleet, FleetError, node_minutes::NodeMinutes};
 use crate::{
     query::Window,
     ship::clickhouse::{
@@ -187,6 +187,12 @@ impl Parts<'_> {
     /// block sent twice counted once (`max` per block), for a few nodes' cells; the ranking
     /// over every node sums (a re-sent block repeats its busy and idle: shares hold).
     pub fn cpu_cells(&self, s: &Split, dedup: bool) -> String {
+        self.cpu_cells_from(s, dedup, NodeMinutes::PerCpu)
+    }
+
+    /// As [`Self::cpu_cells`], the whole minutes from `by`'s rollup (`cp` 0 from the per-node
+    /// one: for sums over a node's CPUs).
+    pub fn cpu_cells_from(&self, s: &Split, dedup: bool, by: NodeMinutes) -> String {
         let mut parts = Vec::new();
         for w in &s.raw {
             let range = format!("{TS} >= {} AND {TS} < {}{}", w.from_ns, w.to_ns, self.nodes);
@@ -206,15 +212,7 @@ impl Parts<'_> {
             });
         }
         if let Some(m) = s.minutes {
-            parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(sumMerge(busy_ticks)) AS pb, \
-                 toUInt64(sumMerge(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{} GROUP BY nd, col, cp",
-                self.col(MINUTE),
-                self.fleet.table(CPU_1M),
-                m.from_ns,
-                m.to_ns,
-                self.nodes
-            ));
+            parts.push(by.cells(self.fleet, &|ts| self.col(ts), m, &self.nodes));
         }
         format!(
             "SELECT nd, col, cp, sum(pb) AS sb, sum(pi) AS si FROM ({}) GROUP BY nd, col, cp",
@@ -352,9 +350,9 @@ impl Parts<'_> {
     }
 
     /// Per node (`profiler fleet`): `nd, pb, pi, pl, pp, psat, pspan`: busy, idle, lost ticks,
-    /// the busiest CPU block's share, ns with a CPU at least 90 % busy, ns covered. Raw blocks
-    /// sent twice count once.
-    pub fn cpu_nodes(&self, s: &Split, saturated_tenths: u64) -> String {
+    /// the busiest CPU block's share, ns with a CPU at least 90 % busy, ns covered; the whole
+    /// minutes from `by`'s rollup. Raw blocks sent twice count once.
+    pub fn cpu_nodes(&self, s: &Split, saturated_tenths: u64, by: NodeMinutes) -> String {
         let mut parts = Vec::new();
         for w in &s.raw {
             parts.push(format!(
@@ -372,22 +370,7 @@ impl Parts<'_> {
             ));
         }
         if let Some(m) = s.minutes {
-            // Per minute: the CPUs' sums, the longest CPU's spans (every CPU is in every block),
-            // the saturated seconds of any CPU (their masks OR-ed).
-            parts.push(format!(
-                "SELECT {NODE} AS nd, sum(bs) AS pb, sum(iss) AS pi, sum(ls) AS pl, max(peak) AS pp, \
-                 toUInt64(sum(length(bitmaskToArray(mask))) * {SEC}) AS psat, toUInt64(sum(span)) AS pspan FROM \
-                 (SELECT {NODE}, {MINUTE}, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
-                 max(sp) AS span, max(pk) AS peak, groupBitOr(sm) AS mask FROM \
-                 (SELECT {NODE}, {MINUTE}, {CPU}, sumMerge(busy_ticks) AS b, sumMerge(idle_ticks) AS i, \
-                 sumMerge(lost_ticks) AS l, sumMerge(span_ns) AS sp, toFloat64(maxMerge(peak)) AS pk, \
-                 groupBitOrMerge(saturated) AS sm FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{} \
-                 GROUP BY {NODE}, {MINUTE}, {CPU}) GROUP BY {NODE}, {MINUTE}) GROUP BY {NODE}",
-                self.fleet.table(CPU_1M),
-                m.from_ns,
-                m.to_ns,
-                self.nodes
-            ));
+            parts.push(by.busy(self.fleet, m, &self.nodes));
         }
         parts.join(" UNION ALL ")
     }
@@ -396,6 +379,11 @@ impl Parts<'_> {
 /// The tables a read's CPU and GPU parts came from, for a note (`cpu_1m 23h 55m, cpu_seconds 5m 0s`).
 pub fn describe_cpu(s: &Split) -> String {
     s.describe(CPU_1M, schema::CPU_SECONDS)
+}
+
+/// As [`describe_cpu`], the minutes from `by`'s rollup.
+pub fn describe_node_cpu(s: &Split, by: NodeMinutes) -> String {
+    s.describe(by.table(), schema::CPU_SECONDS)
 }
 
 pub fn describe_gpu(s: &Split) -> String {
@@ -495,7 +483,9 @@ mod tests {
         assert!(gpu.contains("FROM `p`.`counters` WHERE ts >="), "{gpu}");
         let gpu = p.gpu_cells(&s, 50.0);
         assert!(gpu.contains("FROM `p`.`gpu_util_1m` WHERE minute >=") && gpu.contains("countIf(value < 50)"), "{gpu}");
-        assert!(p.cpu_nodes(&s, 9).contains("groupBitOrMerge(saturated) AS sm FROM `p`.`cpu_1m`"));
+        assert!(p.cpu_nodes(&s, 9, NodeMinutes::PerCpu).contains("groupBitOrMerge(saturated) AS sm FROM `p`.`cpu_1m`"));
+        let per_node = p.cpu_nodes(&s, 9, NodeMinutes::PerNode);
+        assert!(per_node.contains("groupBitOrMerge(saturated) AS mask FROM `p`.`cpu_node_1m`"), "{per_node}");
         // Another idle line than the rollup's: raw rows.
         assert_eq!(p.gpu_split(s.raw[0], 30.0).unwrap(), Split::raw(s.raw[0]));
     }

@@ -9,6 +9,7 @@ pub mod counters;
 mod error;
 pub mod kind_grid;
 pub mod minutes;
+pub mod node_minutes;
 pub mod notes;
 pub mod overview;
 pub mod overview_text;

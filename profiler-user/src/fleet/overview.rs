@@ -22,6 +22,7 @@ use serde::Serialize;
 use super::{
     Fleet, FleetError, Node,
     minutes::{self, Parts, Split},
+    node_minutes::NodeMinutes,
     rollup::{self, Piece, Source},
     select::Selection,
     stack_text::Sources,
@@ -30,7 +31,6 @@ use crate::{
     query::{Window, fold_names},
     ship::clickhouse::{
         schema::{self, MINUTE_NS, col::*, quote_str},
-        track_rollups,
     },
     timespec,
 };
@@ -186,9 +186,11 @@ pub struct Sql<'a> {
     /// Where [`Self::top_nodes`] counts the nodes a stack ran on ([`rollup::plan_nodes`]:
     /// `stack_nodes_1h`'s whole hours, read by the stack). Empty: [`Self::pieces`].
     pub node_pieces: Vec<Piece>,
-    /// Where the per-CPU counts are read: `cpu_1m` for the whole minutes it holds, raw
+    /// Where the per-CPU counts are read: a minute rollup for the whole minutes it holds, raw
     /// `cpu_seconds` at the edges ([`minutes`]).
     pub cpu: Split,
+    /// The minute rollup of [`Self::cpu`]: `cpu_node_1m` where it holds the minutes.
+    pub cpu_minutes: NodeMinutes,
 }
 
 impl Sql<'_> {
@@ -239,12 +241,12 @@ impl Sql<'_> {
         format!(
             "SELECT nd, toUInt64(sum(pb)), toUInt64(sum(pi)), toUInt64(sum(pl)), toFloat64(max(pp)), \
              toUInt64(sum(psat)), toUInt64(sum(pspan)) FROM ({}) GROUP BY nd ORDER BY nd",
-            self.parts(1).cpu_nodes(&self.cpu, SATURATED_TENTHS)
+            self.parts(1).cpu_nodes(&self.cpu, SATURATED_TENTHS, self.cpu_minutes)
         )
     }
 
     /// Per node and column: busy and idle. Columns of whole minutes start on their bucket and
-    /// read `cpu_1m`'s minutes; others raw rows.
+    /// read the minute rollup; others raw rows.
     pub fn grid(&self, bucket_secs: u64) -> String {
         let parts = self.parts(bucket_secs);
         let raw = Split::raw(self.window);
@@ -252,7 +254,7 @@ impl Sql<'_> {
         format!(
             "SELECT nd, toUInt32(col) AS c, toUInt64(sum(sb)), toUInt64(sum(si)) FROM ({}) \
              GROUP BY nd, c ORDER BY nd, c",
-            parts.cpu_cells(split, true)
+            parts.cpu_cells_from(split, true, self.cpu_minutes)
         )
     }
 
@@ -403,8 +405,8 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         true => rollup::plan(w, &crate::query::Filter::default(), &selection, cover),
         false => Vec::new(),
     };
-    let cpu = Split::new(w, minutes::whole_from(fleet, track_rollups::CPU_1M, w)?);
-    let mut read_from = format!("{}; {}", rollup::describe(&pieces), minutes::describe_cpu(&cpu));
+    let (cpu, cpu_minutes) = NodeMinutes::split(fleet, w)?;
+    let mut read_from = format!("{}; {}", rollup::describe(&pieces), minutes::describe_node_cpu(&cpu, cpu_minutes));
     if !fleet_pieces.is_empty() {
         read_from.push_str(&format!("; top stacks {}", rollup::describe(&fleet_pieces)));
     }
@@ -416,7 +418,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     if !node_pieces.is_empty() {
         read_from.push_str(&format!("; their nodes {} (edges to the minute)", rollup::describe(&node_pieces)));
     }
-    let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces, fleet_pieces, node_pieces, cpu };
+    let sql = Sql { fleet, window: w, nodes: node_filter(&names), pieces, fleet_pieces, node_pieces, cpu, cpu_minutes };
     let nodes = selection.nodes;
     let mut by_node: BTreeMap<String, NodeSummary> = nodes
         .iter()
@@ -586,6 +588,7 @@ mod tests {
             fleet_pieces: Vec::new(),
             node_pieces: Vec::new(),
             cpu: Split::raw(w(10)),
+            cpu_minutes: NodeMinutes::PerNode,
         };
         let busy = sql.busy();
         assert!(
