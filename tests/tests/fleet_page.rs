@@ -799,7 +799,17 @@ fn fleet_page_latency() {
              toUInt64(3600) FROM (SELECT number, cityHash64(number) % 100 AS u FROM numbers({}))",
             n * hours * 8
         );
-        for s in [cpu, gpu, cpu_hours, gpu_hours] {
+        // The per-node minutes, as `cpu_node_1m_mv` folds a node's CPUs: from those just written.
+        let names: Vec<String> = (first..first + n).map(|i| format!("'gpu-{}-{}'", i / 100, i % 100)).collect();
+        let cpu_node = format!(
+            "INSERT INTO profiler.cpu_node_1m SELECT node, minute, sumState(b), sumState(i), sumState(l), \
+             arrayReduce('sumState', [max(sp)]), maxState(pk), groupBitOrState(sm) FROM \
+             (SELECT node, minute, cpu, sumMerge(busy_ticks) AS b, sumMerge(idle_ticks) AS i, sumMerge(lost_ticks) AS l, \
+             sumMerge(span_ns) AS sp, maxMerge(peak) AS pk, groupBitOrMerge(saturated) AS sm FROM profiler.cpu_1m \
+             WHERE minute < {t0} AND node IN ({}) GROUP BY node, minute, cpu) GROUP BY node, minute",
+            names.join(", ")
+        );
+        for s in [cpu, gpu, cpu_hours, gpu_hours, cpu_node] {
             ch.query(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
         }
     }
@@ -828,12 +838,13 @@ fn fleet_page_latency() {
         println!("FLEET_PAGE_SQL reads {}; {}", minutes::describe_cpu(&cpu), minutes::describe_gpu(&gpu));
         let rank = parts.tiers(w, None).unwrap();
         println!("FLEET_PAGE_SQL ranking reads {}", minutes::describe_ranking(&rank, false));
-        let sql = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, gpu, rank };
+        let cpu_minutes = Default::default();
+        let sql = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, cpu_minutes, gpu, rank };
         let some = Rows::Nodes((0..40).map(|i| format!("gpu-{}-{}", i / 100, i % 100)).collect());
         // The same SQL over raw rows only, for comparison (what the page read before the rollups).
         let (cpu, gpu) = (minutes::Split::raw(w), minutes::Split::raw(w));
         let rank = minutes::Tiers::raw(w);
-        let raw = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, gpu, rank };
+        let raw = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, cpu_minutes, gpu, rank };
         for (from, sql) in [("rollups", &sql), ("raw rows", &raw)] {
             for (name, q) in [
                 ("cpu_scores", sql.cpu_scores(&Rows::EachNode)),
@@ -1004,12 +1015,13 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     let tiers = minutes::Tiers::new(window, hours, from);
     assert_eq!(tiers.hours, Some(Window::new(t + 3600 * SEC, t + 7200 * SEC).unwrap()));
     let rank = |s: &Split| if s.minutes.is_some() { tiers.clone() } else { minutes::Tiers::raw(window) };
-    let board = |s: &Split| BoardSql {
+    let board = |s: &Split, cpu_minutes| BoardSql {
         fleet: &fleet,
         window,
         bucket_ns,
         start_ns,
         cpu: s.clone(),
+        cpu_minutes,
         gpu: s.clone(),
         rank: rank(s),
     };
@@ -1032,8 +1044,11 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         l.join("\n")
     };
     let queries = |s: &Split| {
-        let b = board(s);
+        let (b, busy_board) = (board(s, NodeMinutes::PerCpu), board(s, NodeMinutes::PerNode));
         let (o, per_node) = (fleet_sql(s, NodeMinutes::PerCpu), fleet_sql(s, NodeMinutes::PerNode));
+        // The `busy` measure's cells from the per-node minutes: their sums (the peak is the
+        // node's share there, unused by that measure).
+        let sums = |grid: String| format!("SELECT rk, c, cb, ci FROM ({grid})");
         // Over whole hours the ranking's unit is the clock hour: raw rows grouped so too.
         let parts = minutes::Parts { fleet: &fleet, start_ns, bucket_ns, nodes: String::new() };
         let ranking = match s.minutes {
@@ -1051,12 +1066,14 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
             o.grid(60),
             per_node.busy(),
             per_node.grid(60),
+            sums(busy_board.cpu_grid(&some)),
+            sums(busy_board.cpu_grid(&grouped)),
         ]
     };
     let (from_raw, from_rollups) = (queries(&raw), queries(&split));
     assert!(from_rollups.iter().all(|q| q.contains("_1m`")), "every query reads a rollup");
     assert!(from_rollups[0].contains("`cpu_1h`") && from_rollups[3].contains("`gpu_util_1h`"));
-    assert!(from_rollups[8].contains("`cpu_node_1m`") && from_rollups[9].contains("`cpu_node_1m`"));
+    assert!(from_rollups[8..].iter().all(|q| q.contains("`cpu_node_1m`")));
     assert!(!from_rollups[6].contains("`cpu_node_1m`"), "{}", from_rollups[6]);
     let mut answers = Vec::new();
     for (r, m) in from_raw.iter().zip(&from_rollups) {

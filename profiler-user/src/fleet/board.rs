@@ -29,6 +29,7 @@ use super::{
     Fleet, FleetError, Selection,
     board_sql::{BoardSql, Rows},
     minutes,
+    node_minutes::NodeMinutes,
     overview::choose_bucket,
     rollup::{self, Coverage},
     signatures::{self, Signature},
@@ -299,15 +300,20 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     let idle_below = crate::detect::thresholds::Thresholds::default().gpu_idle_below * 100.0;
     let parts = minutes::Parts { fleet, start_ns, bucket_ns: bucket * SEC, nodes: String::new() };
     let gpu_line = req.measure.gpu().then_some(idle_below);
-    let (cpu, gpu) = match gpu_line {
-        Some(_) => (minutes::Split::raw(w), parts.gpu_split(w, idle_below)?),
-        None => (parts.split(track_rollups::CPU_1M, w)?, minutes::Split::raw(w)),
+    // `busy` cells sum each node's CPUs: the per-node minutes answer them, 16-192 times fewer rows.
+    let ((cpu, cpu_minutes), gpu) = match gpu_line {
+        Some(_) => ((minutes::Split::raw(w), NodeMinutes::PerCpu), parts.gpu_split(w, idle_below)?),
+        None if req.measure == Measure::Busy => (parts.node_split(w)?, minutes::Split::raw(w)),
+        None => ((parts.split(track_rollups::CPU_1M, w)?, NodeMinutes::PerCpu), minutes::Split::raw(w)),
     };
     // The ranking over every node from the hourly rollups' whole hours.
     let rank = parts.tiers(w, gpu_line)?;
-    let cells = if req.measure.gpu() { minutes::describe_gpu(&gpu) } else { minutes::describe_cpu(&cpu) };
+    let cells = match req.measure.gpu() {
+        true => minutes::describe_gpu(&gpu),
+        false => minutes::describe_node_cpu(&cpu, cpu_minutes),
+    };
     let read_from = format!("ranking {}; cells {cells}", minutes::describe_ranking(&rank, req.measure.gpu()));
-    let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, gpu, rank };
+    let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, cpu_minutes, gpu, rank };
     let mut tallies: BTreeMap<String, Tally> = names.iter().map(|n| (n.clone(), Tally::default())).collect();
     if req.measure.gpu() {
         let read = |r: &mut super::rowbinary::Reader<'_>| {

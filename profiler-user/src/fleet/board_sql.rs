@@ -10,6 +10,7 @@
 use super::{
     Fleet,
     minutes::{Parts, Split, Tiers},
+    node_minutes::NodeMinutes,
 };
 use crate::{
     query::Window,
@@ -68,6 +69,9 @@ pub struct BoardSql<'a> {
     /// Column 0's start ([`super::minutes::aligned_start`]).
     pub start_ns: u64,
     pub cpu: Split,
+    /// The minute rollup of [`Self::cpu`]: per node for the `busy` measure, whose cells sum
+    /// each node's CPUs (their `peak` is then the node's share, not its busiest CPU's).
+    pub cpu_minutes: NodeMinutes,
     pub gpu: Split,
     /// Where the ranking over every node reads ([`Tiers`]: hourly rollups first).
     pub rank: Tiers,
@@ -77,7 +81,8 @@ impl<'a> BoardSql<'a> {
     /// Columns from the window's start, every row raw.
     pub fn raw(fleet: &'a Fleet, window: Window, bucket_ns: u64) -> Self {
         let (cpu, gpu, rank) = (Split::raw(window), Split::raw(window), Tiers::raw(window));
-        Self { fleet, window, bucket_ns, start_ns: window.from_ns, cpu, gpu, rank }
+        let cpu_minutes = NodeMinutes::PerCpu;
+        Self { fleet, window, bucket_ns, start_ns: window.from_ns, cpu, cpu_minutes, gpu, rank }
     }
 }
 
@@ -90,7 +95,7 @@ impl BoardSql<'_> {
     /// Rows of groups (hundreds of nodes each) are summed without that dedup, as the ranking
     /// is ([`BoardSql::cpu_scores`]): a re-sent block repeats its busy and idle, shares hold.
     fn cpu_cells(&self, rows: &Rows) -> String {
-        self.parts(rows).cpu_cells(&self.cpu, !matches!(rows, Rows::Grouped(_)))
+        self.parts(rows).cpu_cells_from(&self.cpu, !matches!(rows, Rows::Grouped(_)), self.cpu_minutes)
     }
 
     /// Per node: the busiest CPU's share in any column (in any clock hour where `rank` has
@@ -113,8 +118,8 @@ impl BoardSql<'_> {
     /// busy ticks, idle ticks.
     pub fn cpu_grid(&self, rows: &Rows) -> String {
         format!(
-            "SELECT {} AS rk, toUInt32(col) AS c, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), \
-             toUInt64(sum(sb)), toUInt64(sum(si)) FROM ({}) GROUP BY rk, c",
+            "SELECT {} AS rk, toUInt32(col) AS c, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))) AS cpk, \
+             toUInt64(sum(sb)) AS cb, toUInt64(sum(si)) AS ci FROM ({}) GROUP BY rk, c",
             rows.key(),
             self.cpu_cells(rows)
         )

@@ -173,10 +173,24 @@ impl Parts<'_> {
     /// The split of `w` for `table` (`cpu_1m` or `gpu_util_1m`): raw rows only where the
     /// columns are not whole minutes.
     pub fn split(&self, table: &str, w: Window) -> Result<Split, FleetError> {
-        if !self.bucket_ns.is_multiple_of(MINUTE_NS) || !self.start_ns.is_multiple_of(MINUTE_NS) {
+        if !self.whole_minutes() {
             return Ok(Split::raw(w));
         }
         Ok(Split::new(w, whole_from(self.fleet, table, w)?))
+    }
+
+    /// As [`Self::split`] for sums over each node's CPUs: the per-node rollup where it holds
+    /// the minutes ([`NodeMinutes::split`]).
+    pub fn node_split(&self, w: Window) -> Result<(Split, NodeMinutes), FleetError> {
+        if !self.whole_minutes() {
+            return Ok((Split::raw(w), NodeMinutes::PerCpu));
+        }
+        NodeMinutes::split(self.fleet, w)
+    }
+
+    /// Whether the columns are whole minutes (a rollup can answer them).
+    fn whole_minutes(&self) -> bool {
+        self.bucket_ns.is_multiple_of(MINUTE_NS) && self.start_ns.is_multiple_of(MINUTE_NS)
     }
 
     fn col(&self, ts: &str) -> String {
