@@ -494,8 +494,7 @@ fn fleet_sql_runs_on_current_clickhouse() {
     }
     .top_nodes(&[7]);
     let queries = [
-        (sql.busy(), "n1\t100\t98\t0\t0.9090909090909091\t1000000000\t1000000000"),
-        (sql.grid(1), "n1\t0\t100\t98"),
+        (sql.cells(1), "n1\t0\t100\t98\t0\t0.9090909090909091\t1000000000\t1000000000"),
         (sql.samples(), "n1\t15"),
         (sql.findings(), "n1\tsaturated-core\t1"),
         (sql.events(), "n1\t1"),
@@ -826,8 +825,7 @@ fn fleet_benchmark() {
             cpu_minutes: Default::default(),
         };
         let queries = [
-            ("busy", sql.busy()),
-            ("grid", sql.grid(choose_bucket(window).0)),
+            ("cells (busy shares and grid)", sql.cells(choose_bucket(window).0)),
             ("samples", sql.samples()),
             ("findings", sql.findings()),
             ("events", sql.events()),

@@ -1062,10 +1062,8 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
             b.gpu_scores(&Rows::EachNode, 50.0),
             b.gpu_grid(&some, 50.0),
             b.gpu_grid(&grouped, 50.0),
-            o.busy(),
-            o.grid(60),
-            per_node.busy(),
-            per_node.grid(60),
+            o.cells(60),
+            per_node.cells(60),
             sums(busy_board.cpu_grid(&some)),
             sums(busy_board.cpu_grid(&grouped)),
         ]
@@ -1073,7 +1071,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     let (from_raw, from_rollups) = (queries(&raw), queries(&split));
     assert!(from_rollups.iter().all(|q| q.contains("_1m`")), "every query reads a rollup");
     assert!(from_rollups[0].contains("`cpu_1h`") && from_rollups[3].contains("`gpu_util_1h`"));
-    assert!(from_rollups[8..].iter().all(|q| q.contains("`cpu_node_1m`")));
+    assert!(from_rollups[7..].iter().all(|q| q.contains("`cpu_node_1m`")));
     assert!(!from_rollups[6].contains("`cpu_node_1m`"), "{}", from_rollups[6]);
     let mut answers = Vec::new();
     for (r, m) in from_raw.iter().zip(&from_rollups) {

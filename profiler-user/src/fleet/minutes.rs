@@ -362,32 +362,6 @@ impl Parts<'_> {
         let hours = whole_hours_from(self.fleet, hourly, w)?;
         Ok(Tiers::new(w, hours, whole_from(self.fleet, minutely, w)?))
     }
-
-    /// Per node (`profiler fleet`): `nd, pb, pi, pl, pp, psat, pspan`: busy, idle, lost ticks,
-    /// the busiest CPU block's share, ns with a CPU at least 90 % busy, ns covered; the whole
-    /// minutes from `by`'s rollup. Raw blocks sent twice count once.
-    pub fn cpu_nodes(&self, s: &Split, saturated_tenths: u64, by: NodeMinutes) -> String {
-        let mut parts = Vec::new();
-        for w in &s.raw {
-            parts.push(format!(
-                "SELECT {NODE} AS nd, sum(bs) AS pb, sum(iss) AS pi, sum(ls) AS pl, max(peak) AS pp, \
-                 toUInt64(sumIf(span_ns, sat)) AS psat, toUInt64(sum(span_ns)) AS pspan FROM \
-                 (SELECT {NODE}, {TS}, max(sp) AS span_ns, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
-                 toFloat64(max(if(b + i = 0, toFloat64(0), b / (b + i)))) AS peak, \
-                 max(b + i > 0 AND b * 10 >= (b + i) * {saturated_tenths}) AS sat FROM \
-                 (SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l \
-                 FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY {NODE}, {TS}, {CPU}) GROUP BY {NODE}, {TS}) GROUP BY {NODE}",
-                self.fleet.table(schema::CPU_SECONDS),
-                w.from_ns,
-                w.to_ns,
-                self.nodes
-            ));
-        }
-        if let Some(m) = s.minutes {
-            parts.push(by.busy(self.fleet, m, &self.nodes));
-        }
-        parts.join(" UNION ALL ")
-    }
 }
 
 /// The tables a read's CPU and GPU parts came from, for a note (`cpu_1m 23h 55m, cpu_seconds 5m 0s`).
@@ -497,9 +471,6 @@ mod tests {
         assert!(gpu.contains("FROM `p`.`counters` WHERE ts >="), "{gpu}");
         let gpu = p.gpu_cells(&s, 50.0);
         assert!(gpu.contains("FROM `p`.`gpu_util_1m` WHERE minute >=") && gpu.contains("countIf(value < 50)"), "{gpu}");
-        assert!(p.cpu_nodes(&s, 9, NodeMinutes::PerCpu).contains("groupBitOrMerge(saturated) AS sm FROM `p`.`cpu_1m`"));
-        let per_node = p.cpu_nodes(&s, 9, NodeMinutes::PerNode);
-        assert!(per_node.contains("groupBitOrMerge(saturated) AS mask FROM `p`.`cpu_node_1m`"), "{per_node}");
         // Another idle line than the rollup's: raw rows.
         assert_eq!(p.gpu_split(s.raw[0], 30.0).unwrap(), Split::raw(s.raw[0]));
     }

@@ -11,7 +11,10 @@
 //! before its first minute reads `cpu_1m` (the same answers: `fleet_page.rs` compares both with
 //! the raw rows), until those minutes age out.
 
-use super::{Fleet, FleetError, minutes};
+use super::{
+    Fleet, FleetError,
+    minutes::{self, Parts, Split},
+};
 use crate::{
     query::Window,
     ship::clickhouse::{
@@ -42,26 +45,25 @@ impl NodeMinutes {
 
     /// The whole minutes of `w` and the rollup that answers them; raw rows elsewhere. The
     /// per-node rollup wherever it holds minutes from no later than the per-CPU one.
-    pub fn split(fleet: &Fleet, w: Window) -> Result<(minutes::Split, Self), FleetError> {
+    pub fn split(fleet: &Fleet, w: Window) -> Result<(Split, Self), FleetError> {
         let per_cpu = minutes::whole_from(fleet, CPU_1M, w)?;
         let per_node = minutes::whole_from(fleet, CPU_NODE_1M, w)?;
         Ok(match (per_node, per_cpu) {
-            (Some(n), Some(c)) if n > c => (minutes::Split::new(w, Some(c)), Self::PerCpu),
-            (Some(n), _) => (minutes::Split::new(w, Some(n)), Self::PerNode),
-            (None, c) => (minutes::Split::new(w, c), Self::PerCpu),
+            (Some(n), Some(c)) if n > c => (Split::new(w, Some(c)), Self::PerCpu),
+            (Some(n), _) => (Split::new(w, Some(n)), Self::PerNode),
+            (None, c) => (Split::new(w, c), Self::PerCpu),
         })
     }
 
-    /// Per node over the whole minutes `m`: `nd, pb, pi, pl, pp, psat, pspan` (busy, idle, lost
-    /// ticks, the busiest block's share, ns with a CPU at least 90 % busy, ns covered). Each
-    /// minute's saturated seconds are its CPUs' masks OR-ed, counted in whole seconds.
-    pub fn busy(self, fleet: &Fleet, m: Window, nodes: &str) -> String {
-        let per_minute = match self {
-            // The CPUs' sums, the longest CPU's spans (every CPU is in every block), the
-            // saturated seconds of any CPU.
+    /// Per node and minute of `m` (whole minutes): `node, minute, bs, iss, ls, msp, mpk, mask`:
+    /// busy, idle, lost ticks, ns covered, the busiest block's share, the seconds with a CPU at
+    /// least 90 % busy as a mask (the CPUs' masks OR-ed).
+    fn per_minute(self, fleet: &Fleet, m: Window, nodes: &str) -> String {
+        match self {
+            // The CPUs' sums, the longest CPU's spans (every CPU is in every block).
             Self::PerCpu => format!(
                 "SELECT {NODE}, {MINUTE}, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
-                 max(sp) AS span, max(pk) AS peak, groupBitOr(sm) AS mask FROM \
+                 toUInt64(max(sp)) AS msp, max(pk) AS mpk, groupBitOr(sm) AS mask FROM \
                  (SELECT {NODE}, {MINUTE}, {CPU}, sumMerge(busy_ticks) AS b, sumMerge(idle_ticks) AS i, \
                  sumMerge(lost_ticks) AS l, sumMerge(span_ns) AS sp, toFloat64(maxMerge(peak)) AS pk, \
                  groupBitOrMerge(saturated) AS sm FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{nodes} \
@@ -72,20 +74,14 @@ impl NodeMinutes {
             ),
             Self::PerNode => format!(
                 "SELECT {NODE}, {MINUTE}, toUInt64(sumMerge(busy_ticks)) AS bs, toUInt64(sumMerge(idle_ticks)) AS iss, \
-                 toUInt64(sumMerge(lost_ticks)) AS ls, sumMerge(span_ns) AS span, toFloat64(maxMerge(peak)) AS pk, \
+                 toUInt64(sumMerge(lost_ticks)) AS ls, toUInt64(sumMerge(span_ns)) AS msp, toFloat64(maxMerge(peak)) AS mpk, \
                  groupBitOrMerge(saturated) AS mask FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{nodes} \
                  GROUP BY {NODE}, {MINUTE}",
                 fleet.table(CPU_NODE_1M),
                 m.from_ns,
                 m.to_ns
             ),
-        };
-        let peak = if self == Self::PerCpu { "peak" } else { "pk" };
-        format!(
-            "SELECT {NODE} AS nd, sum(bs) AS pb, sum(iss) AS pi, sum(ls) AS pl, max({peak}) AS pp, \
-             toUInt64(sum(length(bitmaskToArray(mask))) * {SEC}) AS psat, toUInt64(sum(span)) AS pspan FROM \
-             ({per_minute}) GROUP BY {NODE}"
-        )
+        }
     }
 
     /// Per node and column over the whole minutes `m`: `nd, col, cp, pb, pi` (busy and idle
@@ -106,6 +102,46 @@ impl NodeMinutes {
     }
 }
 
+/// `profiler fleet`'s CPU figures in one scan: per node and column of `parts` (columns of whole
+/// minutes when `s` has minutes), `nd, c, b, i, l, pk, sat, span`: busy, idle and lost ticks,
+/// the busiest CPU block's share, ns with a CPU at least `saturated_tenths` busy, ns covered.
+/// The grid is these cells; a node's figures are their sums (and the peak's max). Raw blocks sent
+/// twice count once (`max` per block); the whole minutes from `by`'s rollup, whose saturated
+/// seconds are whole seconds.
+pub fn node_cells(parts: &Parts<'_>, s: &Split, saturated_tenths: u64, by: NodeMinutes) -> String {
+    let col = |ts: &str| format!("intDiv({ts} - {}, {})", parts.start_ns, parts.bucket_ns);
+    let mut units = Vec::new();
+    for w in &s.raw {
+        units.push(format!(
+            "SELECT {NODE} AS nd, {} AS col, bs, iss, ls, peak AS upk, toUInt64(if(sat, span_ns, 0)) AS usat, \
+             toUInt64(span_ns) AS usp FROM \
+             (SELECT {NODE}, {TS}, max(sp) AS span_ns, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
+             toFloat64(max(if(b + i = 0, toFloat64(0), b / (b + i)))) AS peak, \
+             max(b + i > 0 AND b * 10 >= (b + i) * {saturated_tenths}) AS sat FROM \
+             (SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l \
+             FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY {NODE}, {TS}, {CPU}) GROUP BY {NODE}, {TS})",
+            col(TS),
+            parts.fleet.table(crate::ship::clickhouse::schema::CPU_SECONDS),
+            w.from_ns,
+            w.to_ns,
+            parts.nodes
+        ));
+    }
+    if let Some(m) = s.minutes {
+        units.push(format!(
+            "SELECT {NODE} AS nd, {} AS col, bs, iss, ls, mpk AS upk, toUInt64(length(bitmaskToArray(mask)) * {SEC}) AS usat, \
+             msp AS usp FROM ({})",
+            col(MINUTE),
+            by.per_minute(parts.fleet, m, &parts.nodes)
+        ));
+    }
+    format!(
+        "SELECT nd, toUInt32(col) AS c, toUInt64(sum(bs)), toUInt64(sum(iss)), toUInt64(sum(ls)), toFloat64(max(upk)), \
+         toUInt64(sum(usat)), toUInt64(sum(usp)) FROM ({}) GROUP BY nd, c",
+        units.join(" UNION ALL ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,19 +149,24 @@ mod tests {
     #[test]
     fn the_per_node_rollup_is_read_without_its_cpus() {
         let fleet = Fleet::new("http://h:1", "p").unwrap();
-        let m = Window { from_ns: 60 * SEC, to_ns: 600 * SEC };
-        let busy = NodeMinutes::PerNode.busy(&fleet, m, " AND node IN ('a')");
+        let parts = Parts { fleet: &fleet, start_ns: 0, bucket_ns: 300 * SEC, nodes: " AND node IN ('a')".into() };
+        let s = Split::new(Window { from_ns: 30 * SEC, to_ns: 600 * SEC }, Some(0));
+        let q = node_cells(&parts, &s, 9, NodeMinutes::PerNode);
+        // The raw edge, each block once; the minutes from the per-node rollup, without CPUs.
+        assert!(q.contains("FROM `p`.`cpu_seconds` WHERE ts >= 30000000000 AND ts < 60000000000 AND node IN ('a') GROUP BY node, ts, cpu"), "{q}");
         assert!(
-            busy.contains(
+            q.contains(
                 "FROM `p`.`cpu_node_1m` WHERE minute >= 60000000000 AND minute < 600000000000 AND node IN ('a') \
                  GROUP BY node, minute)"
             ),
-            "{busy}"
+            "{q}"
         );
-        assert!(!busy.contains("GROUP BY node, minute, cpu"), "{busy}");
-        let per_cpu = NodeMinutes::PerCpu.busy(&fleet, m, "");
+        assert!(q.contains("intDiv(minute - 0, 300000000000) AS col") && q.ends_with("GROUP BY nd, c"), "{q}");
+        assert!(!q.contains("GROUP BY node, minute, cpu"), "{q}");
+        let per_cpu = node_cells(&parts, &s, 9, NodeMinutes::PerCpu);
         assert!(per_cpu.contains("FROM `p`.`cpu_1m` WHERE") && per_cpu.contains("GROUP BY node, minute, cpu)"), "{per_cpu}");
         let col = |ts: &str| format!("intDiv({ts} - 0, 60000000000)");
+        let m = s.minutes.unwrap();
         let cells = NodeMinutes::PerNode.cells(&fleet, &col, m, "");
         assert!(cells.contains("toUInt16(0) AS cp") && cells.contains("FROM `p`.`cpu_node_1m`"), "{cells}");
         assert!(NodeMinutes::PerCpu.cells(&fleet, &col, m, "").contains("cpu AS cp"));

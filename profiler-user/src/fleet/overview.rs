@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::{
     Fleet, FleetError, Node,
     minutes::{self, Parts, Split},
-    node_minutes::NodeMinutes,
+    node_minutes::{NodeMinutes, node_cells},
     rollup::{self, Piece, Source},
     select::Selection,
     stack_text::Sources,
@@ -235,27 +235,14 @@ impl Sql<'_> {
         }
     }
 
-    /// Per node: busy, idle, lost, peak CPU share, saturated ns, covered ns (a block sent twice
-    /// counted once in raw rows).
-    pub fn busy(&self) -> String {
-        format!(
-            "SELECT nd, toUInt64(sum(pb)), toUInt64(sum(pi)), toUInt64(sum(pl)), toFloat64(max(pp)), \
-             toUInt64(sum(psat)), toUInt64(sum(pspan)) FROM ({}) GROUP BY nd ORDER BY nd",
-            self.parts(1).cpu_nodes(&self.cpu, SATURATED_TENTHS, self.cpu_minutes)
-        )
-    }
-
-    /// Per node and column: busy and idle. Columns of whole minutes start on their bucket and
-    /// read the minute rollup; others raw rows.
-    pub fn grid(&self, bucket_secs: u64) -> String {
+    /// The CPU figures per node and column of `bucket_secs` in one scan ([`node_cells`]): `nd,
+    /// c, b, i, l, pk, sat, span`. The grid is the cells; a node's figures are their sums.
+    /// Columns of whole minutes start on their bucket and read the minute rollup; others raw rows.
+    pub fn cells(&self, bucket_secs: u64) -> String {
         let parts = self.parts(bucket_secs);
         let raw = Split::raw(self.window);
         let split = if (bucket_secs * SEC).is_multiple_of(MINUTE_NS) { &self.cpu } else { &raw };
-        format!(
-            "SELECT nd, toUInt32(col) AS c, toUInt64(sum(sb)), toUInt64(sum(si)) FROM ({}) \
-             GROUP BY nd, c ORDER BY nd, c",
-            parts.cpu_cells_from(split, true, self.cpu_minutes)
-        )
+        node_cells(&parts, split, SATURATED_TENTHS, self.cpu_minutes)
     }
 
     /// Busy samples per node.
@@ -424,16 +411,37 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         .iter()
         .map(|n| (n.name.clone(), NodeSummary { node: n.name.clone(), cpus: n.cpus, hz: n.hz, ..Default::default() }))
         .collect();
-    let busy = fleet.rows(&sql.busy(), |r| {
-        Ok((r.string()?.to_string(), r.u64()?, r.u64()?, r.u64()?, r.f64()?, r.u64()?, r.u64()?))
+    // The grid's cells, and each node's figures summed from its cells.
+    let (bucket, _) = choose_bucket(w);
+    let cells = fleet.rows(&sql.cells(bucket), |r| {
+        Ok(Cell {
+            node: r.string()?.to_string(),
+            col: r.u32()?,
+            busy: r.u64()?,
+            idle: r.u64()?,
+            lost: r.u64()?,
+            peak: r.f64()?,
+            saturated_ns: r.u64()?,
+            span_ns: r.u64()?,
+        })
     })?;
-    for (node, b, i, lost, peak, sat_ns, span_ns) in busy {
-        if let Some(s) = by_node.get_mut(&node) {
-            s.busy_share = share(b, i);
-            s.peak_cpu_busy_share = s.busy_share.map(|_| peak);
-            s.saturated_seconds = sat_ns as f64 / SEC as f64;
-            s.seconds = span_ns as f64 / SEC as f64;
-            s.lost = lost;
+    let mut totals: HashMap<&str, Cell> = HashMap::new();
+    for c in &cells {
+        let t = totals.entry(c.node.as_str()).or_default();
+        t.busy += c.busy;
+        t.idle += c.idle;
+        t.lost += c.lost;
+        t.peak = t.peak.max(c.peak);
+        t.saturated_ns += c.saturated_ns;
+        t.span_ns += c.span_ns;
+    }
+    for (node, t) in totals {
+        if let Some(s) = by_node.get_mut(node) {
+            s.busy_share = share(t.busy, t.idle);
+            s.peak_cpu_busy_share = s.busy_share.map(|_| t.peak);
+            s.saturated_seconds = t.saturated_ns as f64 / SEC as f64;
+            s.seconds = t.span_ns as f64 / SEC as f64;
+            s.lost = t.lost;
         }
     }
     for (node, n) in fleet.rows(&sql.samples(), |r| Ok((r.string()?.to_string(), r.u64()?)))? {
@@ -463,7 +471,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     }
     let nodes_without_data = (before - by_node.len()) as u64;
     let nodes: Vec<Node> = nodes.into_iter().filter(|n| by_node.contains_key(&n.name)).collect();
-    let grid = grid(fleet, &sql, &nodes)?;
+    let grid = grid(&sql, &nodes, &cells);
     let mut top = fleet.rows(&sql.top(req.top), |r| Ok((r.string()?.to_string(), r.u64()?, r.u64()?, r.u64()?)))?;
     if !sql.fleet_pieces.is_empty() && !top.is_empty() {
         let ids: Vec<u64> = top.iter().map(|t| t.1).collect();
@@ -503,25 +511,31 @@ fn share(busy: u64, idle: u64) -> Option<f64> {
     (busy + idle > 0).then(|| busy as f64 / (busy + idle) as f64)
 }
 
-fn grid(fleet: &Fleet, sql: &Sql<'_>, nodes: &[Node]) -> Result<Grid, FleetError> {
+/// A node's CPU figures in one column of the grid ([`Sql::cells`]), or summed over them.
+#[derive(Debug, Default)]
+struct Cell {
+    node: String,
+    col: u32,
+    busy: u64,
+    idle: u64,
+    lost: u64,
+    peak: f64,
+    saturated_ns: u64,
+    span_ns: u64,
+}
+
+fn grid(sql: &Sql<'_>, nodes: &[Node], cells: &[Cell]) -> Grid {
     let (bucket, _) = choose_bucket(sql.window);
     let start_ns = minutes::aligned_start(sql.window, bucket * SEC);
     let columns = (sql.window.to_ns - start_ns).div_ceil(bucket * SEC);
     let row_of: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut values = vec![vec![None; columns as usize]; nodes.len()];
-    let cells = fleet.rows(&sql.grid(bucket), |r| Ok((r.string()?.to_string(), r.u32()?, r.u64()?, r.u64()?)))?;
-    for (node, col, b, i) in cells {
-        if let Some(v) = row_of.get(node.as_str()).and_then(|&row| values[row].get_mut(col as usize)) {
-            *v = share(b, i);
+    for c in cells {
+        if let Some(v) = row_of.get(c.node.as_str()).and_then(|&row| values[row].get_mut(c.col as usize)) {
+            *v = share(c.busy, c.idle);
         }
     }
-    Ok(Grid {
-        bucket_seconds: bucket,
-        columns,
-        start_ns,
-        nodes: nodes.iter().map(|n| n.name.clone()).collect(),
-        values,
-    })
+    Grid { bucket_seconds: bucket, columns, start_ns, nodes: nodes.iter().map(|n| n.name.clone()).collect(), values }
 }
 
 /// Frames of the stacks the answer names (`stack_text`), fetched once each.
@@ -590,12 +604,12 @@ mod tests {
             cpu: Split::raw(w(10)),
             cpu_minutes: NodeMinutes::PerNode,
         };
-        let busy = sql.busy();
+        let cells = sql.cells(1);
         assert!(
-            busy.contains(
+            cells.contains(
                 "FROM `p\\`x`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1010000000000 AND node IN ('n\\'1')"
             ),
-            "{busy}"
+            "{cells}"
         );
         let ev = sql.matching_events("ena.*reset'; DROP TABLE x");
         assert!(ev.contains("match(message, 'ena.*reset\\'; DROP TABLE x')"), "{ev}");
@@ -606,7 +620,7 @@ mod tests {
         // Old `stacks` rows too, while there are some.
         let both = sql.event_cpu("n'1", 20 * SEC, &Sources { dictionary: true, text: true });
         assert_eq!(both.matches("ts >= 15000000000").count(), 3, "{both}");
-        assert!(sql.grid(10).contains("intDiv(ts - 1000000000000, 10000000000)"));
+        assert!(sql.cells(10).contains("intDiv(ts - 1000000000000, 10000000000)"));
         assert!(sql.top(7).ends_with("LIMIT 7"));
         // Parts of the window from the minute rollup and from raw rows, summed together.
         let minute = 60 * SEC;
