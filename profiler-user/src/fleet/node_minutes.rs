@@ -55,28 +55,38 @@ impl NodeMinutes {
         })
     }
 
-    /// Per node and minute of `m` (whole minutes): `node, minute, bs, iss, ls, msp, mpk, mask`:
-    /// busy, idle, lost ticks, ns covered, the busiest block's share, the seconds with a CPU at
-    /// least 90 % busy as a mask (the CPUs' masks OR-ed).
-    fn per_minute(self, fleet: &Fleet, m: Window, nodes: &str) -> String {
+    /// Per node and column (`col` makes it of `minute`) over the whole minutes `m`: `nd, col,
+    /// bs, iss, ls, upk, usat, usp`: busy, idle, lost ticks, the busiest block's share, ns with
+    /// a CPU at least 90 % busy (whole seconds), ns covered.
+    fn units(self, fleet: &Fleet, col: &str, m: Window, nodes: &str) -> String {
         match self {
-            // The CPUs' sums, the longest CPU's spans (every CPU is in every block).
+            // Per minute the CPUs' sums, the longest CPU's spans (every CPU is in every block),
+            // the seconds saturated on any CPU (their masks OR-ed): the CPUs' masks overlap.
             Self::PerCpu => format!(
-                "SELECT {NODE}, {MINUTE}, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
+                "SELECT {NODE} AS nd, {col} AS col, bs, iss, ls, mpk AS upk, \
+                 toUInt64(length(bitmaskToArray(mask)) * {SEC}) AS usat, msp AS usp FROM \
+                 (SELECT {NODE}, {MINUTE}, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
                  toUInt64(max(sp)) AS msp, max(pk) AS mpk, groupBitOr(sm) AS mask FROM \
                  (SELECT {NODE}, {MINUTE}, {CPU}, sumMerge(busy_ticks) AS b, sumMerge(idle_ticks) AS i, \
                  sumMerge(lost_ticks) AS l, sumMerge(span_ns) AS sp, toFloat64(maxMerge(peak)) AS pk, \
                  groupBitOrMerge(saturated) AS sm FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{nodes} \
-                 GROUP BY {NODE}, {MINUTE}, {CPU}) GROUP BY {NODE}, {MINUTE}",
+                 GROUP BY {NODE}, {MINUTE}, {CPU}) GROUP BY {NODE}, {MINUTE})",
                 fleet.table(CPU_1M),
                 m.from_ns,
                 m.to_ns
             ),
+            // Straight to the columns, each row's saturated seconds counted on its own: a
+            // minute's rows not merged yet come from different batches, which hold different
+            // seconds (grouping 1.44 M node-minutes first to OR their masks took 3 times as
+            // long). A batch sent twice counts its seconds twice until the table merges it, as
+            // its ticks and spans are summed twice.
             Self::PerNode => format!(
-                "SELECT {NODE}, {MINUTE}, toUInt64(sumMerge(busy_ticks)) AS bs, toUInt64(sumMerge(idle_ticks)) AS iss, \
-                 toUInt64(sumMerge(lost_ticks)) AS ls, toUInt64(sumMerge(span_ns)) AS msp, toFloat64(maxMerge(peak)) AS mpk, \
-                 groupBitOrMerge(saturated) AS mask FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{nodes} \
-                 GROUP BY {NODE}, {MINUTE}",
+                "SELECT {NODE} AS nd, {col} AS col, toUInt64(sumMerge(busy_ticks)) AS bs, \
+                 toUInt64(sumMerge(idle_ticks)) AS iss, toUInt64(sumMerge(lost_ticks)) AS ls, \
+                 toFloat64(maxMerge(peak)) AS upk, \
+                 toUInt64(sum(length(bitmaskToArray(finalizeAggregation(saturated)))) * {SEC}) AS usat, \
+                 toUInt64(sumMerge(span_ns)) AS usp FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{nodes} \
+                 GROUP BY nd, col",
                 fleet.table(CPU_NODE_1M),
                 m.from_ns,
                 m.to_ns
@@ -128,12 +138,7 @@ pub fn node_cells(parts: &Parts<'_>, s: &Split, saturated_tenths: u64, by: NodeM
         ));
     }
     if let Some(m) = s.minutes {
-        units.push(format!(
-            "SELECT {NODE} AS nd, {} AS col, bs, iss, ls, mpk AS upk, toUInt64(length(bitmaskToArray(mask)) * {SEC}) AS usat, \
-             msp AS usp FROM ({})",
-            col(MINUTE),
-            by.per_minute(parts.fleet, m, &parts.nodes)
-        ));
+        units.push(by.units(parts.fleet, &col(MINUTE), m, &parts.nodes));
     }
     format!(
         "SELECT nd, toUInt32(col) AS c, toUInt64(sum(bs)), toUInt64(sum(iss)), toUInt64(sum(ls)), toFloat64(max(upk)), \
@@ -157,12 +162,12 @@ mod tests {
         assert!(
             q.contains(
                 "FROM `p`.`cpu_node_1m` WHERE minute >= 60000000000 AND minute < 600000000000 AND node IN ('a') \
-                 GROUP BY node, minute)"
+                 GROUP BY nd, col"
             ),
             "{q}"
         );
         assert!(q.contains("intDiv(minute - 0, 300000000000) AS col") && q.ends_with("GROUP BY nd, c"), "{q}");
-        assert!(!q.contains("GROUP BY node, minute, cpu"), "{q}");
+        assert!(!q.contains("GROUP BY node, minute"), "{q}");
         let per_cpu = node_cells(&parts, &s, 9, NodeMinutes::PerCpu);
         assert!(per_cpu.contains("FROM `p`.`cpu_1m` WHERE") && per_cpu.contains("GROUP BY node, minute, cpu)"), "{per_cpu}");
         let col = |ts: &str| format!("intDiv({ts} - 0, 60000000000)");
