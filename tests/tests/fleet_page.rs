@@ -936,12 +936,15 @@ fn fleet_page_latency() {
     }
     let _ = ch.query("SYSTEM FLUSH LOGS");
     let slowest = ch.query(&format!(
-        "SELECT query_duration_ms, read_rows, substring(query, 1, 240) FROM system.query_log \
-         WHERE type != 1 AND event_time >= now() - {} AND query NOT LIKE '%query_log%' \
-         ORDER BY query_duration_ms DESC LIMIT 8 FORMAT TSV",
+        "SELECT count() AS runs, toUInt64(avg(query_duration_ms)) AS ms, max(read_rows), substring(query, 1, 100) AS q \
+         FROM system.query_log WHERE type != 1 AND event_time >= now() - {} AND query NOT LIKE '%query_log%' \
+         GROUP BY q ORDER BY ms DESC LIMIT 16 FORMAT TSV",
         started.elapsed().as_secs() + 2
     ));
-    println!("FLEET_OVERVIEW the servers' slowest queries (ms, rows, query):\n{}", slowest.unwrap_or_default());
+    println!(
+        "FLEET_OVERVIEW the servers' slowest queries, by their first 100 characters (runs, mean ms, most rows read, query):\n{}",
+        slowest.unwrap_or_default()
+    );
 }
 
 /// The minute rollups of the per-CPU counts and GPU readings (`cpu_1m`, `cpu_node_1m`,
@@ -1011,6 +1014,14 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     // `profiler fleet` reads the per-node minutes where they start no later than the per-CPU ones.
     let (node_split, by) = NodeMinutes::split(&fleet, window).unwrap();
     assert_eq!((node_split.minutes, by), (Split::new(window, from).minutes, NodeMinutes::PerNode));
+    // A window starting after the rollups' first minute: whole minutes from its own first one
+    // (found by the rows of the minute before it).
+    let later = Window::new(t + 137 * SEC, t + 7200 * SEC).unwrap();
+    for table in [track_rollups::CPU_1M, track_rollups::CPU_NODE_1M, track_rollups::GPU_UTIL_1M] {
+        assert_eq!(minutes::whole_from(&fleet, table, later).unwrap(), Some(t + 120 * SEC), "{table}");
+    }
+    assert_eq!(minutes::whole_hours_from(&fleet, track_rollups::CPU_1H, later).unwrap(), Some(t + 3600 * SEC));
+    assert_eq!(NodeMinutes::split(&fleet, later).unwrap().1, NodeMinutes::PerNode);
     let split = Split::new(window, from);
     assert!(minutes::describe_cpu(&split).starts_with("cpu_1m 1h 59m, cpu_seconds 43"), "{split:?}");
     let raw = Split::raw(window);

@@ -140,6 +140,21 @@ pub fn whole_hours_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<
 
 fn whole_units_from(fleet: &Fleet, table: &str, column: &str, unit: u64, w: Window) -> Result<Option<u64>, FleetError> {
     let start = w.from_ns / unit * unit;
+    // The usual answer first: rows in the unit before the window (a rollup that has been filling
+    // since). The tables are sorted by node, so a time range reads every row of its days (a
+    // day's `cpu_1m` at 1,000 nodes: 23 M rows, 0.15 s); `LIMIT 1` stops at the first row met.
+    let probe = format!(
+        "SELECT toUInt64(count()) FROM (SELECT 1 FROM {} WHERE {column} >= {} AND {column} < {start} LIMIT 1)",
+        fleet.table(table),
+        start.saturating_sub(unit)
+    );
+    match fleet.rows(&probe, |r| r.u64()) {
+        Ok(n) if n.first().is_some_and(|&n| n > 0) => return Ok(Some(start)),
+        Ok(_) => {}
+        // A server shipped to before the rollups existed has no such table.
+        Err(FleetError::NoNodes(_)) => return Ok(None),
+        Err(e) => return Err(e),
+    }
     let look = |a: u64, b: u64| -> Result<Option<u64>, FleetError> {
         let sql = format!(
             "SELECT count(), min({column}) FROM {} WHERE {column} >= {a} AND {column} < {b}",

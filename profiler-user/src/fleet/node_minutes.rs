@@ -18,7 +18,7 @@ use super::{
 use crate::{
     query::Window,
     ship::clickhouse::{
-        schema::col::*,
+        schema::{MINUTE_NS, col::*},
         track_rollups::{CPU_1M, CPU_NODE_1M, MINUTE},
     },
 };
@@ -46,8 +46,12 @@ impl NodeMinutes {
     /// The whole minutes of `w` and the rollup that answers them; raw rows elsewhere. The
     /// per-node rollup wherever it holds minutes from no later than the per-CPU one.
     pub fn split(fleet: &Fleet, w: Window) -> Result<(Split, Self), FleetError> {
-        let per_cpu = minutes::whole_from(fleet, CPU_1M, w)?;
         let per_node = minutes::whole_from(fleet, CPU_NODE_1M, w)?;
+        // Whole minutes from the window's first: nothing could start sooner.
+        if per_node == Some(w.from_ns / MINUTE_NS * MINUTE_NS) {
+            return Ok((Split::new(w, per_node), Self::PerNode));
+        }
+        let per_cpu = minutes::whole_from(fleet, CPU_1M, w)?;
         Ok(match (per_node, per_cpu) {
             (Some(n), Some(c)) if n > c => (Split::new(w, Some(c)), Self::PerCpu),
             (Some(n), _) => (Split::new(w, Some(n)), Self::PerNode),
