@@ -339,8 +339,8 @@ impl Parts<'_> {
         }
         for m in &t.minutes {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(sumMerge(busy_ticks)) AS pb, \
-                 toUInt64(sumMerge(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{} GROUP BY nd, hr, cp",
+                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(finalizeAggregation(busy_ticks)) AS pb, \
+                 toUInt64(finalizeAggregation(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
                 hr(MINUTE),
                 self.fleet.table(CPU_1M),
                 m.from_ns,
@@ -350,8 +350,8 @@ impl Parts<'_> {
         }
         if let Some(h) = t.hours {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(sum(busy_ticks)) AS pb, toUInt64(sum(idle_ticks)) AS pi \
-                 FROM {} WHERE {HOUR} >= {} AND {HOUR} < {}{} GROUP BY nd, hr, cp",
+                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi \
+                 FROM {} WHERE {HOUR} >= {} AND {HOUR} < {}{}",
                 hr(HOUR),
                 self.fleet.table(CPU_1H),
                 h.from_ns,
@@ -470,13 +470,13 @@ mod tests {
         );
         assert!(
             cells.contains(&format!(
-                "intDiv(minute - {T0}, 300000000000) AS col, cpu AS cp, toUInt64(sumMerge(busy_ticks)) AS pb"
+                "intDiv(minute - {T0}, 300000000000) AS col, cpu AS cp, toUInt64(finalizeAggregation(busy_ticks)) AS pb"
             )),
             "{cells}"
         );
         assert!(
             cells.contains(&format!(
-                "FROM `p`.`cpu_1m` WHERE minute >= {} AND minute < {} AND node IN ('a') GROUP BY nd, col, cp",
+                "FROM `p`.`cpu_1m` WHERE minute >= {} AND minute < {} AND node IN ('a')) GROUP BY nd, col, cp",
                 T0 + MINUTE_NS,
                 T0 + 600 * SEC
             )),
