@@ -303,14 +303,14 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     // `busy` cells sum each node's CPUs: the per-node minutes answer them, 16-192 times fewer rows.
     let ((cpu, cpu_minutes), gpu) = match gpu_line {
         Some(_) => ((minutes::Split::raw(w), NodeMinutes::PerCpu), parts.gpu_split(w, idle_below)?),
-        None if req.measure == Measure::Busy => (parts.node_split(w)?, minutes::Split::raw(w)),
+        None if req.measure == Measure::Busy => (NodeMinutes::split_for(&parts, w)?, minutes::Split::raw(w)),
         None => ((parts.split(track_rollups::CPU_1M, w)?, NodeMinutes::PerCpu), minutes::Split::raw(w)),
     };
     // The ranking over every node from the hourly rollups' whole hours.
     let rank = parts.tiers(w, gpu_line)?;
     let cells = match req.measure.gpu() {
         true => minutes::describe_gpu(&gpu),
-        false => minutes::describe_node_cpu(&cpu, cpu_minutes),
+        false => minutes::describe_cpu_from(&cpu, cpu_minutes.table()),
     };
     let read_from = format!("ranking {}; cells {cells}", minutes::describe_ranking(&rank, req.measure.gpu()));
     let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, cpu_minutes, gpu, rank };

@@ -95,7 +95,7 @@ impl BoardSql<'_> {
     /// Rows of groups (hundreds of nodes each) are summed without that dedup, as the ranking
     /// is ([`BoardSql::cpu_scores`]): a re-sent block repeats its busy and idle, shares hold.
     fn cpu_cells(&self, rows: &Rows) -> String {
-        self.parts(rows).cpu_cells_from(&self.cpu, !matches!(rows, Rows::Grouped(_)), self.cpu_minutes)
+        self.parts(rows).cpu_cells_from(&self.cpu, !matches!(rows, Rows::Grouped(_)), self.cpu_minutes.table())
     }
 
     /// Per node: the busiest CPU's share in any column (in any clock hour where `rank` has

@@ -9,7 +9,7 @@
 //! per (node, column) or per node GPU readings, their sum and those idle. Runs on 18.16 and on
 //! current servers: aggregate states merged with `-Merge`, every part's columns cast alike.
 
-use super::{Fleet, FleetError, node_minutes::NodeMinutes};
+use super::{Fleet, FleetError};
 use crate::{
     query::Window,
     ship::clickhouse::{
@@ -194,17 +194,8 @@ impl Parts<'_> {
         Ok(Split::new(w, whole_from(self.fleet, table, w)?))
     }
 
-    /// As [`Self::split`] for sums over each node's CPUs: the per-node rollup where it holds
-    /// the minutes ([`NodeMinutes::split`]).
-    pub fn node_split(&self, w: Window) -> Result<(Split, NodeMinutes), FleetError> {
-        if !self.whole_minutes() {
-            return Ok((Split::raw(w), NodeMinutes::PerCpu));
-        }
-        NodeMinutes::split(self.fleet, w)
-    }
-
     /// Whether the columns are whole minutes (a rollup can answer them).
-    fn whole_minutes(&self) -> bool {
+    pub fn whole_minutes(&self) -> bool {
         self.bucket_ns.is_multiple_of(MINUTE_NS) && self.start_ns.is_multiple_of(MINUTE_NS)
     }
 
@@ -216,12 +207,12 @@ impl Parts<'_> {
     /// block sent twice counted once (`max` per block), for a few nodes' cells; the ranking
     /// over every node sums (a re-sent block repeats its busy and idle: shares hold).
     pub fn cpu_cells(&self, s: &Split, dedup: bool) -> String {
-        self.cpu_cells_from(s, dedup, NodeMinutes::PerCpu)
+        self.cpu_cells_from(s, dedup, CPU_1M)
     }
 
-    /// As [`Self::cpu_cells`], the whole minutes from `by`'s rollup (`cp` 0 from the per-node
-    /// one: for sums over a node's CPUs).
-    pub fn cpu_cells_from(&self, s: &Split, dedup: bool, by: NodeMinutes) -> String {
+    /// As [`Self::cpu_cells`], the whole minutes from `rollup`: `cpu_1m`, or `cpu_node_1m`
+    /// (`cp` 0: for sums over a node's CPUs).
+    pub fn cpu_cells_from(&self, s: &Split, dedup: bool, rollup: &str) -> String {
         let mut parts = Vec::new();
         for w in &s.raw {
             let range = format!("{TS} >= {} AND {TS} < {}{}", w.from_ns, w.to_ns, self.nodes);
@@ -241,7 +232,18 @@ impl Parts<'_> {
             });
         }
         if let Some(m) = s.minutes {
-            parts.push(by.cells(self.fleet, &|ts| self.col(ts), m, &self.nodes));
+            let cpu = if rollup == CPU_1M { CPU } else { "toUInt16(0)" };
+            // Each row's own figures, summed once by the grouping below: grouping here too took
+            // twice as long (a day of 1,000 nodes' CPU columns is 4.6 M groups).
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {} AS col, {cpu} AS cp, toUInt64(finalizeAggregation(busy_ticks)) AS pb, \
+                 toUInt64(finalizeAggregation(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
+                self.col(MINUTE),
+                self.fleet.table(rollup),
+                m.from_ns,
+                m.to_ns,
+                self.nodes
+            ));
         }
         format!(
             "SELECT nd, col, cp, sum(pb) AS sb, sum(pi) AS si FROM ({}) GROUP BY nd, col, cp",
@@ -384,9 +386,9 @@ pub fn describe_cpu(s: &Split) -> String {
     s.describe(CPU_1M, schema::CPU_SECONDS)
 }
 
-/// As [`describe_cpu`], the minutes from `by`'s rollup.
-pub fn describe_node_cpu(s: &Split, by: NodeMinutes) -> String {
-    s.describe(by.table(), schema::CPU_SECONDS)
+/// As [`describe_cpu`], the minutes from `rollup`.
+pub fn describe_cpu_from(s: &Split, rollup: &str) -> String {
+    s.describe(rollup, schema::CPU_SECONDS)
 }
 
 pub fn describe_gpu(s: &Split) -> String {

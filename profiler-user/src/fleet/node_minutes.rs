@@ -59,6 +59,14 @@ impl NodeMinutes {
         })
     }
 
+    /// As [`Self::split`] for columns of `parts`: raw rows where they are not whole minutes.
+    pub fn split_for(parts: &Parts<'_>, w: Window) -> Result<(Split, Self), FleetError> {
+        match parts.whole_minutes() {
+            true => Self::split(parts.fleet, w),
+            false => Ok((Split::raw(w), Self::PerCpu)),
+        }
+    }
+
     /// Per node and column (`col` makes it of `minute`) over the whole minutes `m`: `nd, col,
     /// bs, iss, ls, upk, usat, usp`: busy, idle, lost ticks, the busiest block's share, ns with
     /// a CPU at least 90 % busy (whole seconds), ns covered.
@@ -96,25 +104,6 @@ impl NodeMinutes {
                 m.to_ns
             ),
         }
-    }
-
-    /// Per node and column over the whole minutes `m`: `nd, col, cp, pb, pi` (busy and idle
-    /// ticks; `cp` 0 from the per-node rollup), `col` the column of `minute` as `col` makes it.
-    pub fn cells(self, fleet: &Fleet, col: &dyn Fn(&str) -> String, m: Window, nodes: &str) -> String {
-        let cpu = match self {
-            Self::PerCpu => CPU.to_string(),
-            Self::PerNode => "toUInt16(0)".to_string(),
-        };
-        // Each row's own figures, summed once by the caller's grouping: grouping here too took
-        // twice as long (a day of 1,000 nodes' CPU columns is 4.6 M groups).
-        format!(
-            "SELECT {NODE} AS nd, {} AS col, {cpu} AS cp, toUInt64(finalizeAggregation(busy_ticks)) AS pb, \
-             toUInt64(finalizeAggregation(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{nodes}",
-            col(MINUTE),
-            fleet.table(self.table()),
-            m.from_ns,
-            m.to_ns
-        )
     }
 }
 
@@ -176,10 +165,9 @@ mod tests {
         assert!(!q.contains("GROUP BY node, minute"), "{q}");
         let per_cpu = node_cells(&parts, &s, 9, NodeMinutes::PerCpu);
         assert!(per_cpu.contains("FROM `p`.`cpu_1m` WHERE") && per_cpu.contains("GROUP BY node, minute, cpu)"), "{per_cpu}");
-        let col = |ts: &str| format!("intDiv({ts} - 0, 60000000000)");
-        let m = s.minutes.unwrap();
-        let cells = NodeMinutes::PerNode.cells(&fleet, &col, m, "");
+        // The fleet page's cells of the `busy` measure: each node's CPUs as one.
+        let cells = parts.cpu_cells_from(&s, true, NodeMinutes::PerNode.table());
         assert!(cells.contains("toUInt16(0) AS cp") && cells.contains("FROM `p`.`cpu_node_1m`"), "{cells}");
-        assert!(NodeMinutes::PerCpu.cells(&fleet, &col, m, "").contains("cpu AS cp"));
+        assert!(parts.cpu_cells_from(&s, true, NodeMinutes::PerCpu.table()).contains("cpu AS cp"));
     }
 }

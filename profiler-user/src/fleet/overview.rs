@@ -393,7 +393,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         false => Vec::new(),
     };
     let (cpu, cpu_minutes) = NodeMinutes::split(fleet, w)?;
-    let mut read_from = format!("{}; {}", rollup::describe(&pieces), minutes::describe_node_cpu(&cpu, cpu_minutes));
+    let mut read_from = format!("{}; {}", rollup::describe(&pieces), minutes::describe_cpu_from(&cpu, cpu_minutes.table()));
     if !fleet_pieces.is_empty() {
         read_from.push_str(&format!("; top stacks {}", rollup::describe(&fleet_pieces)));
     }
