@@ -132,19 +132,19 @@ fn rollups() -> [Rollup; 5] {
                       span_ns AggregateFunction(sum, UInt64), peak AggregateFunction(max, Float64), \
                       saturated AggregateFunction(groupBitOr, UInt64)",
             engine: "AggregatingMergeTree PARTITION BY intDiv(minute, 86400000000000) ORDER BY (node, minute)",
-            // A shipped batch holds every CPU's row of each of its blocks (the shipper sends a
-            // block's summary whole), so an insert's spans summed over its rows are its CPUs'
-            // count times its blocks' spans: divided by the CPUs it holds, they are the seconds
-            // covered, the raw rows' `max` per block summed. Exact unless the server cuts a
-            // batch inside a block's CPUs (over `max_insert_block_size`, a million rows: an
-            // hour and a half of 192 CPUs), where one block's span is shared out unevenly.
-            // `arrayReduce` makes the quotient a sum's state (an aggregate cannot take
+            // The seconds covered are the raw rows' span per block (`ts`), summed: an insert's
+            // distinct (block, span) pairs, summed. Not the spans over the CPUs' count: a block
+            // lacks the CPUs that took no sample in it (a real daemon's minute read 48-56 s so
+            // against 55-60 s). A block whose CPUs carry two spans (a second written in two
+            // flushes, a CPU in one only) counts both; a batch the server cuts inside a
+            // block's rows (over `max_insert_block_size`, a million rows) counts that block
+            // twice. `arrayReduce` makes the sum a sum's state (an aggregate cannot take
             // another's result, and 18.16 reads a subquery's aliases in a view as the source's
             // columns). A re-sent batch counts its spans twice, as `cpu_1m`'s do.
             select: format!(
                 "SELECT node, intDiv(ts, {MINUTE_NS}) * {MINUTE_NS} AS minute, sumState(toUInt64(busy)) AS busy_ticks, \
                  sumState(toUInt64(idle)) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, \
-                 arrayReduce('sumState', [toUInt64(intDiv(sum(span), uniqExact(cpu)))]) AS span_ns, \
+                 arrayReduce('sumState', [toUInt64(arraySum(arrayMap(p -> tupleElement(p, 2), groupUniqArray((ts, span)))))]) AS span_ns, \
                  maxState(if(busy + idle = 0, toFloat64(0), busy / (busy + idle))) AS peak, \
                  groupBitOrState({SATURATED_MASK}) AS saturated FROM {{source}} GROUP BY node, minute"
             ),
@@ -208,7 +208,7 @@ mod tests {
         assert!(s[3].contains("countIf(value < 50) AS below") && s[3].contains("FROM `p`.`counters` WHERE cpu = -1"));
         let node = &s[s.len() - 1];
         assert!(node.starts_with("CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`cpu_node_1m_mv` TO `p`.`cpu_node_1m`"), "{node}");
-        assert!(node.contains("[toUInt64(intDiv(sum(span), uniqExact(cpu)))]) AS span_ns"), "{node}");
+        assert!(node.contains("groupUniqArray((ts, span)))))]) AS span_ns"), "{node}");
         assert!(node.ends_with("FROM `p`.`cpu_seconds` GROUP BY node, minute"), "{node}");
         let ttl = Layout { ttl_secs: Some(60), ..plain.clone() };
         assert!(
