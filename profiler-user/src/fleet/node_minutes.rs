@@ -164,7 +164,10 @@ mod tests {
         assert!(q.contains("intDiv(minute - 0, 300000000000) AS col") && q.ends_with("GROUP BY nd, c"), "{q}");
         assert!(!q.contains("GROUP BY node, minute"), "{q}");
         let per_cpu = node_cells(&parts, &s, 9, NodeMinutes::PerCpu);
-        assert!(per_cpu.contains("FROM `p`.`cpu_1m` WHERE") && per_cpu.contains("GROUP BY node, minute, cpu)"), "{per_cpu}");
+        assert!(
+            per_cpu.contains("FROM `p`.`cpu_1m` WHERE") && per_cpu.contains("GROUP BY node, minute, cpu)"),
+            "{per_cpu}"
+        );
         // The fleet page's cells of the `busy` measure: each node's CPUs as one.
         let cells = parts.cpu_cells_from(&s, true, NodeMinutes::PerNode.table());
         assert!(cells.contains("toUInt16(0) AS cp") && cells.contains("FROM `p`.`cpu_node_1m`"), "{cells}");

@@ -29,9 +29,7 @@ use super::{
 };
 use crate::{
     query::{Window, fold_names},
-    ship::clickhouse::{
-        schema::{self, MINUTE_NS, col::*, quote_str},
-    },
+    ship::clickhouse::schema::{self, MINUTE_NS, col::*, quote_str},
     timespec,
 };
 
@@ -393,7 +391,8 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         false => Vec::new(),
     };
     let (cpu, cpu_minutes) = NodeMinutes::split(fleet, w)?;
-    let mut read_from = format!("{}; {}", rollup::describe(&pieces), minutes::describe_cpu_from(&cpu, cpu_minutes.table()));
+    let mut read_from =
+        format!("{}; {}", rollup::describe(&pieces), minutes::describe_cpu_from(&cpu, cpu_minutes.table()));
     if !fleet_pieces.is_empty() {
         read_from.push_str(&format!("; top stacks {}", rollup::describe(&fleet_pieces)));
     }

@@ -207,7 +207,10 @@ mod tests {
         assert!(s[1].ends_with("FROM `p`.`cpu_seconds` GROUP BY node, minute, cpu"), "{}", s[1]);
         assert!(s[3].contains("countIf(value < 50) AS below") && s[3].contains("FROM `p`.`counters` WHERE cpu = -1"));
         let node = &s[s.len() - 1];
-        assert!(node.starts_with("CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`cpu_node_1m_mv` TO `p`.`cpu_node_1m`"), "{node}");
+        assert!(
+            node.starts_with("CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`cpu_node_1m_mv` TO `p`.`cpu_node_1m`"),
+            "{node}"
+        );
         assert!(node.contains("groupUniqArray((ts, span)))))]) AS span_ns"), "{node}");
         assert!(node.ends_with("FROM `p`.`cpu_seconds` GROUP BY node, minute"), "{node}");
         let ttl = Layout { ttl_secs: Some(60), ..plain.clone() };
