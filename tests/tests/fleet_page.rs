@@ -809,7 +809,14 @@ fn fleet_page_latency() {
              WHERE minute < {t0} AND node IN ({}) GROUP BY node, minute, cpu) GROUP BY node, minute",
             names.join(", ")
         );
-        for s in [cpu, gpu, cpu_hours, gpu_hours, cpu_node] {
+        // The five minutes, as `cpu_5m_mv` sums a CPU's seconds: from the minutes just written.
+        let cpu_fives = format!(
+            "INSERT INTO profiler.cpu_5m SELECT node, intDiv(minute, 300 * {SEC}) * 300 * {SEC} AS five, cpu, \
+             sum(finalizeAggregation(busy_ticks)), sum(finalizeAggregation(idle_ticks)) FROM profiler.cpu_1m \
+             WHERE minute < {t0} AND node IN ({}) GROUP BY node, five, cpu",
+            names.join(", ")
+        );
+        for s in [cpu, gpu, cpu_hours, gpu_hours, cpu_node, cpu_fives] {
             ch.query(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
         }
     }
@@ -833,16 +840,17 @@ fn fleet_page_latency() {
         let bucket_ns = choose_bucket(w).0 * SEC;
         let start_ns = minutes::aligned_start(w, bucket_ns);
         let parts = minutes::Parts { fleet: &fleet, start_ns, bucket_ns, nodes: String::new() };
-        let cpu = parts.split(profiler::ship::clickhouse::track_rollups::CPU_1M, w).unwrap();
+        let cpu = parts.cpu_tiers(w).unwrap();
         let gpu = parts.gpu_split(w, 50.0).unwrap();
-        println!("FLEET_PAGE_SQL reads {}; {}", minutes::describe_cpu(&cpu), minutes::describe_gpu(&gpu));
+        let cpu_1m = profiler::ship::clickhouse::track_rollups::CPU_1M;
+        println!("FLEET_PAGE_SQL reads {}; {}", minutes::describe_cpu_tiers(&cpu, cpu_1m), minutes::describe_gpu(&gpu));
         let rank = parts.tiers(w, None).unwrap();
         println!("FLEET_PAGE_SQL ranking reads {}", minutes::describe_ranking(&rank, false));
         let cpu_minutes = Default::default();
         let sql = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, cpu_minutes, gpu, rank };
         let some = Rows::Nodes((0..40).map(|i| format!("gpu-{}-{}", i / 100, i % 100)).collect());
         // The same SQL over raw rows only, for comparison (what the page read before the rollups).
-        let (cpu, gpu) = (minutes::Split::raw(w), minutes::Split::raw(w));
+        let (cpu, gpu) = (minutes::Tiers::raw(w), minutes::Split::raw(w));
         let rank = minutes::Tiers::raw(w);
         let raw = BoardSql { fleet: &fleet, window: w, bucket_ns, start_ns, cpu, cpu_minutes, gpu, rank };
         for (from, sql) in [("rollups", &sql), ("raw rows", &raw)] {
@@ -1040,7 +1048,7 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         window,
         bucket_ns,
         start_ns,
-        cpu: s.clone(),
+        cpu: s.clone().into(),
         cpu_minutes,
         gpu: s.clone(),
         rank: rank(s),
@@ -1088,11 +1096,51 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
             sums(busy_board.cpu_grid(&grouped)),
         ]
     };
-    let (from_raw, from_rollups) = (queries(&raw), queries(&split));
+    let (mut from_raw, mut from_rollups) = (queries(&raw), queries(&split));
     assert!(from_rollups.iter().all(|q| q.contains("_1m`")), "every query reads a rollup");
     assert!(from_rollups[0].contains("`cpu_1h`") && from_rollups[3].contains("`gpu_util_1h`"));
     assert!(from_rollups[7..].iter().all(|q| q.contains("`cpu_node_1m`")));
     assert!(!from_rollups[6].contains("`cpu_node_1m`"), "{}", from_rollups[6]);
+    // Columns of five minutes: the per-CPU cells' whole five minutes from `cpu_5m` (the view
+    // began with the first five minutes: whole ones from the second), minutes, raw rows.
+    let five_ns = 300 * SEC;
+    let parts5 = minutes::Parts { fleet: &fleet, start_ns: t, bucket_ns: five_ns, nodes: String::new() };
+    assert_eq!(minutes::aligned_start(window, five_ns), t);
+    assert_eq!(minutes::whole_fives_from(&fleet, window).unwrap(), Some(t + five_ns));
+    assert_eq!(
+        minutes::whole_fives_from(&fleet, later).unwrap(),
+        Some(t + five_ns),
+        "the first five minutes are not whole"
+    );
+    let fives = parts5.cpu_tiers(window).unwrap();
+    assert_eq!(fives.fives, vec![Window::new(t + five_ns, t + 7200 * SEC).unwrap()]);
+    assert_eq!(
+        minutes::describe_cpu_tiers(&fives, track_rollups::CPU_1M),
+        "cpu_5m 1h 55m, cpu_1m 4m 0s, cpu_seconds 43.000s"
+    );
+    let board5 = |cpu| BoardSql {
+        fleet: &fleet,
+        window,
+        bucket_ns: five_ns,
+        start_ns: t,
+        cpu,
+        cpu_minutes: NodeMinutes::PerCpu,
+        gpu: raw.clone(),
+        rank: minutes::Tiers::raw(window),
+    };
+    let five_queries = |b: BoardSql<'_>| vec![b.cpu_grid(&some), b.cpu_grid(&grouped), b.cpu_scores(&Rows::EachNode)];
+    let rolled5 = five_queries(board5(fives));
+    assert!(rolled5.iter().all(|q| q.contains("`cpu_5m`") && q.contains("`cpu_1m`")), "{rolled5:?}");
+    from_raw.extend(five_queries(board5(minutes::Tiers::raw(window))));
+    from_rollups.extend(rolled5);
+    // The ranking: whole hours, the five minutes around them, minutes, raw rows (the GPU's
+    // have no five minutes).
+    let rank5 = parts5.tiers(window, None).unwrap();
+    let cut = |t: &minutes::Tiers| (t.hours.is_some(), t.fives.len(), t.minutes.len(), t.raw.len());
+    assert_eq!(cut(&rank5), (true, 1, 1, 1), "{rank5:?}");
+    assert_eq!(cut(&parts5.tiers(window, Some(50.0)).unwrap()), (true, 0, 1, 1));
+    from_raw.push(parts5.cpu_ranking(&minutes::Tiers::raw(window)));
+    from_rollups.push(parts5.cpu_ranking(&rank5));
     let mut answers = Vec::new();
     for (r, m) in from_raw.iter().zip(&from_rollups) {
         let a = ch.query(&format!("{r} FORMAT TSV")).unwrap_or_else(|e| panic!("18.16 refused {r}: {e}"));

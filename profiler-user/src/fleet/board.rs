@@ -34,10 +34,7 @@ use super::{
     rollup::{self, Coverage},
     signatures::{self, Signature},
 };
-use crate::{
-    query::Window,
-    ship::clickhouse::{schema::quote_str, track_rollups},
-};
+use crate::{query::Window, ship::clickhouse::schema::quote_str};
 
 const SEC: u64 = 1_000_000_000;
 /// Most rows an answer has.
@@ -301,16 +298,21 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     let parts = minutes::Parts { fleet, start_ns, bucket_ns: bucket * SEC, nodes: String::new() };
     let gpu_line = req.measure.gpu().then_some(idle_below);
     // `busy` cells sum each node's CPUs: the per-node minutes answer them, 16-192 times fewer rows.
+    // The others need each CPU's sums per cell: whole five minutes from `cpu_5m` (a day's
+    // columns), a cell a row.
     let ((cpu, cpu_minutes), gpu) = match gpu_line {
-        Some(_) => ((minutes::Split::raw(w), NodeMinutes::PerCpu), parts.gpu_split(w, idle_below)?),
-        None if req.measure == Measure::Busy => (NodeMinutes::split_for(&parts, w)?, minutes::Split::raw(w)),
-        None => ((parts.split(track_rollups::CPU_1M, w)?, NodeMinutes::PerCpu), minutes::Split::raw(w)),
+        Some(_) => ((minutes::Tiers::raw(w), NodeMinutes::PerCpu), parts.gpu_split(w, idle_below)?),
+        None if req.measure == Measure::Busy => {
+            let (split, by) = NodeMinutes::split_for(&parts, w)?;
+            ((split.into(), by), minutes::Split::raw(w))
+        }
+        None => ((parts.cpu_tiers(w)?, NodeMinutes::PerCpu), minutes::Split::raw(w)),
     };
     // The ranking over every node from the hourly rollups' whole hours.
     let rank = parts.tiers(w, gpu_line)?;
     let cells = match req.measure.gpu() {
         true => minutes::describe_gpu(&gpu),
-        false => minutes::describe_cpu_from(&cpu, cpu_minutes.table()),
+        false => minutes::describe_cpu_tiers(&cpu, cpu_minutes.table()),
     };
     let read_from = format!("ranking {}; cells {cells}", minutes::describe_ranking(&rank, req.measure.gpu()));
     let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, cpu_minutes, gpu, rank };

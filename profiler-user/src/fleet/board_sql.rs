@@ -68,7 +68,9 @@ pub struct BoardSql<'a> {
     pub bucket_ns: u64,
     /// Column 0's start ([`super::minutes::aligned_start`]).
     pub start_ns: u64,
-    pub cpu: Split,
+    /// The per-CPU cells' tiers: `cpu_5m`'s five minutes (per-CPU cells only), the minutes of
+    /// [`Self::cpu_minutes`], raw rows.
+    pub cpu: Tiers,
     /// The minute rollup of [`Self::cpu`]: per node for the `busy` measure, whose cells sum
     /// each node's CPUs (their `peak` is then the node's share, not its busiest CPU's).
     pub cpu_minutes: NodeMinutes,
@@ -80,7 +82,7 @@ pub struct BoardSql<'a> {
 impl<'a> BoardSql<'a> {
     /// Columns from the window's start, every row raw.
     pub fn raw(fleet: &'a Fleet, window: Window, bucket_ns: u64) -> Self {
-        let (cpu, gpu, rank) = (Split::raw(window), Split::raw(window), Tiers::raw(window));
+        let (cpu, gpu, rank) = (Tiers::raw(window), Split::raw(window), Tiers::raw(window));
         let cpu_minutes = NodeMinutes::PerCpu;
         Self { fleet, window, bucket_ns, start_ns: window.from_ns, cpu, cpu_minutes, gpu, rank }
     }
@@ -110,7 +112,7 @@ impl BoardSql<'_> {
         format!(
             "SELECT nd, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), toUInt64(sum(sb)), toUInt64(sum(si)) \
              FROM ({}) GROUP BY nd",
-            self.parts(rows).cpu_cells(&self.cpu, false)
+            self.parts(rows).cpu_cells_from(&self.cpu, false, self.cpu_minutes.table())
         )
     }
 
@@ -205,9 +207,13 @@ mod tests {
         // Whole minutes from the rollups.
         let w = Window::new(1020 * SEC, 1560 * SEC).unwrap();
         let rank = Tiers::new(s.window, None, Some(0));
-        let rolled =
-            BoardSql { cpu: Split::new(s.window, Some(0)), gpu: Split::new(s.window, Some(0)), rank, ..sql(&fleet) };
-        assert_eq!(rolled.cpu.minutes, Some(w));
+        let rolled = BoardSql {
+            cpu: Split::new(s.window, Some(0)).into(),
+            gpu: Split::new(s.window, Some(0)),
+            rank,
+            ..sql(&fleet)
+        };
+        assert_eq!(rolled.cpu.minutes, vec![w]);
         assert!(
             rolled
                 .cpu_scores(&Rows::EachNode)

@@ -14,7 +14,10 @@ use crate::{
     query::Window,
     ship::clickhouse::{
         schema::{self, HOUR_NS, MINUTE_NS, col::*, quote_str},
-        track_rollups::{CPU_1H, CPU_1M, GPU_UTIL_1H, GPU_UTIL_1M, GPU_UTIL_TRACK, HOUR, IDLE_BELOW_PERCENT, MINUTE},
+        track_rollups::{
+            CPU_1H, CPU_1M, CPU_5M, FIVE_MINUTES_NS, GPU_UTIL_1H, GPU_UTIL_1M, GPU_UTIL_TRACK, HOUR,
+            IDLE_BELOW_PERCENT, MINUTE,
+        },
     },
 };
 
@@ -66,48 +69,52 @@ impl Split {
     }
 }
 
-/// A window cut for the ranking over every node: its whole hours from an hourly rollup
-/// (`cpu_1h`, `gpu_util_1h`), the whole minutes around them from the minute rollup, raw rows at
-/// the edges.
+/// A window cut for the rollups: its whole hours from an hourly rollup (`cpu_1h`,
+/// `gpu_util_1h`: the ranking over every node), whole five minutes from `cpu_5m` around them (or
+/// throughout: the page's per-CPU cells), the whole minutes around those from the minute rollup,
+/// raw rows at the edges.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tiers {
     pub hours: Option<Window>,
+    pub fives: Vec<Window>,
     pub minutes: Vec<Window>,
     pub raw: Vec<Window>,
 }
 
 impl Tiers {
     pub fn raw(w: Window) -> Self {
-        Self { hours: None, minutes: Vec::new(), raw: vec![w] }
+        Self { raw: vec![w], ..Default::default() }
     }
 
     /// `w`'s whole hours from `hours_from` on to the hourly rollup, then as [`Split::new`].
     pub fn new(w: Window, hours_from: Option<u64>, minutes_from: Option<u64>) -> Self {
-        if let Some(from) = hours_from {
-            let a = w.from_ns.max(from).div_ceil(HOUR_NS) * HOUR_NS;
-            let b = w.to_ns / HOUR_NS * HOUR_NS;
-            if a < b {
-                let mut t = Self { hours: Some(Window { from_ns: a, to_ns: b }), ..Default::default() };
-                for (x, y) in [(w.from_ns, a), (b, w.to_ns)] {
-                    if x < y {
-                        let s = Split::new(Window { from_ns: x, to_ns: y }, minutes_from);
-                        t.minutes.extend(s.minutes);
-                        t.raw.extend(s.raw);
-                    }
-                }
-                return t;
-            }
-        }
-        let s = Split::new(w, minutes_from);
-        Self { hours: None, minutes: s.minutes.into_iter().collect(), raw: s.raw }
+        Self::cut(w, hours_from, None, minutes_from)
     }
 
-    /// For a note: `cpu_1h 23h 0m, cpu_1m 59m 0s, cpu_seconds 1m 0s`.
+    /// `w`'s whole hours from `hours_from` on, whole five minutes from `fives_from` on around
+    /// them, then as [`Split::new`].
+    pub fn cut(w: Window, hours_from: Option<u64>, fives_from: Option<u64>, minutes_from: Option<u64>) -> Self {
+        let (hours, rest) = whole_units(w, HOUR_NS, hours_from);
+        let mut t = Self { hours, ..Default::default() };
+        for e in rest {
+            let (five, rest) = whole_units(e, FIVE_MINUTES_NS, fives_from);
+            t.fives.extend(five);
+            for r in rest {
+                let s = Split::new(r, minutes_from);
+                t.minutes.extend(s.minutes);
+                t.raw.extend(s.raw);
+            }
+        }
+        t
+    }
+
+    /// For a note: `cpu_1h 23h 0m, cpu_5m 55m 0s, cpu_1m 4m 0s, cpu_seconds 1m 0s`.
     pub fn describe(&self, hours: &str, minutes: &str, raw: &str) -> String {
         let span = |ws: &[Window]| ws.iter().map(|w| w.to_ns - w.from_ns).sum::<u64>();
         let mut out = Vec::new();
         for (table, ns) in [
             (hours, self.hours.map_or(0, |w| w.to_ns - w.from_ns)),
+            (CPU_5M, span(&self.fives)),
             (minutes, span(&self.minutes)),
             (raw, span(&self.raw)),
         ] {
@@ -116,6 +123,25 @@ impl Tiers {
             }
         }
         out.join(", ")
+    }
+}
+
+/// `w`'s whole `unit`s from `from` on, and the slivers before and after them (all of `w` when
+/// there are none).
+fn whole_units(w: Window, unit: u64, from: Option<u64>) -> (Option<Window>, Vec<Window>) {
+    let Some(from) = from else { return (None, vec![w]) };
+    let a = w.from_ns.max(from).div_ceil(unit) * unit;
+    let b = w.to_ns / unit * unit;
+    if a >= b {
+        return (None, vec![w]);
+    }
+    let edges = [(w.from_ns, a), (b, w.to_ns)].into_iter().filter(|(x, y)| x < y);
+    (Some(Window { from_ns: a, to_ns: b }), edges.map(|(from_ns, to_ns)| Window { from_ns, to_ns }).collect())
+}
+
+impl From<Split> for Tiers {
+    fn from(s: Split) -> Self {
+        Self { minutes: s.minutes.into_iter().collect(), raw: s.raw, ..Default::default() }
     }
 }
 
@@ -136,6 +162,11 @@ pub fn whole_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<u64>, 
 /// As [`whole_from`], for an hourly rollup.
 pub fn whole_hours_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<u64>, FleetError> {
     whole_units_from(fleet, table, HOUR, HOUR_NS, w)
+}
+
+/// As [`whole_from`], for `cpu_5m`'s five minutes.
+pub fn whole_fives_from(fleet: &Fleet, w: Window) -> Result<Option<u64>, FleetError> {
+    whole_units_from(fleet, CPU_5M, MINUTE, FIVE_MINUTES_NS, w)
 }
 
 fn whole_units_from(fleet: &Fleet, table: &str, column: &str, unit: u64, w: Window) -> Result<Option<u64>, FleetError> {
@@ -194,9 +225,27 @@ impl Parts<'_> {
         Ok(Split::new(w, whole_from(self.fleet, table, w)?))
     }
 
+    /// The per-CPU cells' tiers: `cpu_5m`'s whole five minutes where the columns are whole five
+    /// minutes, `cpu_1m`'s whole minutes around them (or throughout), raw rows at the edges.
+    pub fn cpu_tiers(&self, w: Window) -> Result<Tiers, FleetError> {
+        if !self.whole_minutes() {
+            return Ok(Tiers::raw(w));
+        }
+        let minutes_from = whole_from(self.fleet, CPU_1M, w)?;
+        let fives_from = match minutes_from.is_some() && self.whole_units(FIVE_MINUTES_NS) {
+            true => whole_fives_from(self.fleet, w)?,
+            false => None,
+        };
+        Ok(Tiers::cut(w, None, fives_from, minutes_from))
+    }
+
     /// Whether the columns are whole minutes (a rollup can answer them).
     pub fn whole_minutes(&self) -> bool {
-        self.bucket_ns.is_multiple_of(MINUTE_NS) && self.start_ns.is_multiple_of(MINUTE_NS)
+        self.whole_units(MINUTE_NS)
+    }
+
+    fn whole_units(&self, unit: u64) -> bool {
+        self.bucket_ns.is_multiple_of(unit) && self.start_ns.is_multiple_of(unit)
     }
 
     fn col(&self, ts: &str) -> String {
@@ -207,14 +256,14 @@ impl Parts<'_> {
     /// block sent twice counted once (`max` per block), for a few nodes' cells; the ranking
     /// over every node sums (a re-sent block repeats its busy and idle: shares hold).
     pub fn cpu_cells(&self, s: &Split, dedup: bool) -> String {
-        self.cpu_cells_from(s, dedup, CPU_1M)
+        self.cpu_cells_from(&s.clone().into(), dedup, CPU_1M)
     }
 
-    /// As [`Self::cpu_cells`], the whole minutes from `rollup`: `cpu_1m`, or `cpu_node_1m`
-    /// (`cp` 0: for sums over a node's CPUs).
-    pub fn cpu_cells_from(&self, s: &Split, dedup: bool, rollup: &str) -> String {
+    /// As [`Self::cpu_cells`] for `t`: the whole minutes from `rollup` (`cpu_1m`, or
+    /// `cpu_node_1m`: `cp` 0, for sums over a node's CPUs), the whole five minutes from `cpu_5m`.
+    pub fn cpu_cells_from(&self, t: &Tiers, dedup: bool, rollup: &str) -> String {
         let mut parts = Vec::new();
-        for w in &s.raw {
+        for w in &t.raw {
             let range = format!("{TS} >= {} AND {TS} < {}{}", w.from_ns, w.to_ns, self.nodes);
             let table = self.fleet.table(schema::CPU_SECONDS);
             parts.push(if dedup {
@@ -231,8 +280,8 @@ impl Parts<'_> {
                 )
             });
         }
-        if let Some(m) = s.minutes {
-            let cpu = if rollup == CPU_1M { CPU } else { "toUInt16(0)" };
+        let cpu = if rollup == CPU_1M { CPU } else { "toUInt16(0)" };
+        for m in &t.minutes {
             // Each row's own figures, summed once by the grouping below: grouping here too took
             // twice as long (a day of 1,000 nodes' CPU columns is 4.6 M groups).
             parts.push(format!(
@@ -242,6 +291,17 @@ impl Parts<'_> {
                 self.fleet.table(rollup),
                 m.from_ns,
                 m.to_ns,
+                self.nodes
+            ));
+        }
+        for f in &t.fives {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {} AS col, {cpu} AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi \
+                 FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
+                self.col(MINUTE),
+                self.fleet.table(CPU_5M),
+                f.from_ns,
+                f.to_ns,
                 self.nodes
             ));
         }
@@ -350,6 +410,17 @@ impl Parts<'_> {
                 self.nodes
             ));
         }
+        for f in &t.fives {
+            parts.push(format!(
+                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi \
+                 FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
+                hr(MINUTE),
+                self.fleet.table(CPU_5M),
+                f.from_ns,
+                f.to_ns,
+                self.nodes
+            ));
+        }
         if let Some(h) = t.hours {
             parts.push(format!(
                 "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi \
@@ -377,7 +448,14 @@ impl Parts<'_> {
             None => (CPU_1H, CPU_1M),
         };
         let hours = whole_hours_from(self.fleet, hourly, w)?;
-        Ok(Tiers::new(w, hours, whole_from(self.fleet, minutely, w)?))
+        let minutes = whole_from(self.fleet, minutely, w)?;
+        // The CPU's hours have five minutes around them (a day's window: 2 h of edges, 1.9 M
+        // `cpu_1m` rows at 1,000 nodes of 16 CPUs, 0.4 M in `cpu_5m`).
+        let fives = match gpu.is_none() && minutes.is_some() {
+            true => whole_fives_from(self.fleet, w)?,
+            false => None,
+        };
+        Ok(Tiers::cut(w, hours, fives, minutes))
     }
 }
 
@@ -389,6 +467,11 @@ pub fn describe_cpu(s: &Split) -> String {
 /// As [`describe_cpu`], the minutes from `rollup`.
 pub fn describe_cpu_from(s: &Split, rollup: &str) -> String {
     s.describe(rollup, schema::CPU_SECONDS)
+}
+
+/// As [`describe_cpu_from`], for tiers: `cpu_5m 23h 50m, cpu_1m 9m 0s, cpu_seconds 1m 0s`.
+pub fn describe_cpu_tiers(t: &Tiers, rollup: &str) -> String {
+    t.describe(CPU_5M, rollup, schema::CPU_SECONDS)
 }
 
 pub fn describe_gpu(s: &Split) -> String {
@@ -436,7 +519,8 @@ mod tests {
         let t = Tiers::new(w, Some(0), Some(0));
         assert_eq!(t.hours, Some(Window { from_ns: h0, to_ns: (T0 + 3 * H + 2 * MINUTE_NS + SEC) / H * H }));
         assert!(!t.minutes.is_empty() && !t.raw.is_empty(), "{t:?}");
-        let covered: u64 = t.minutes.iter().chain(&t.raw).chain(t.hours.iter()).map(|x| x.to_ns - x.from_ns).sum();
+        let covered: u64 =
+            t.minutes.iter().chain(&t.raw).chain(t.hours.iter()).chain(&t.fives).map(|x| x.to_ns - x.from_ns).sum();
         assert_eq!(covered, w.to_ns - w.from_ns, "{t:?}");
         assert_eq!(Tiers::new(w, None, None), Tiers::raw(w));
         let fleet = Fleet::new("http://h:1", "p").unwrap();
@@ -447,6 +531,64 @@ mod tests {
             "{q}"
         );
         assert!(q.contains("GROUP BY nd, hr, cp) GROUP BY nd"), "{q}");
+    }
+
+    /// A day's per-CPU cells: whole five minutes from `cpu_5m`, a cell a row; the minutes
+    /// around them from `cpu_1m`; raw rows at the edges.
+    #[test]
+    fn cells_of_whole_five_minutes_read_the_five_minute_rollup() {
+        const F: u64 = FIVE_MINUTES_NS;
+        let w = w(T0 + 30 * SEC, T0 + 86_400 * SEC + 2 * MINUTE_NS + SEC);
+        let t = Tiers::cut(w, None, Some(0), Some(0));
+        assert_eq!(t.fives, vec![Window { from_ns: T0.div_ceil(F) * F, to_ns: w.to_ns / F * F }]);
+        let covered: u64 = t.minutes.iter().chain(&t.raw).chain(&t.fives).map(|x| x.to_ns - x.from_ns).sum();
+        assert_eq!(covered, w.to_ns - w.from_ns, "{t:?}");
+        // The five-minute rollup started later: minutes before it.
+        let f0 = T0.div_ceil(F) * F;
+        let later = Tiers::cut(w, None, Some(f0 + 3 * F + SEC), Some(0));
+        assert_eq!(later.fives.first().map(|c| c.from_ns), Some(f0 + 4 * F));
+        assert_eq!(later.minutes.first().map(|m| (m.from_ns, m.to_ns)), Some((T0 + MINUTE_NS, f0 + 4 * F)));
+        let fleet = Fleet::new("http://h:1", "p").unwrap();
+        let p = Parts { fleet: &fleet, start_ns: T0, bucket_ns: F, nodes: String::new() };
+        let cells = p.cpu_cells_from(&t, false, CPU_1M);
+        assert!(
+            cells.contains(&format!(
+                "intDiv(minute - {T0}, 300000000000) AS col, cpu AS cp, toUInt64(busy_ticks) AS pb, \
+                 toUInt64(idle_ticks) AS pi FROM `p`.`cpu_5m` WHERE minute >= {} AND minute < {})",
+                T0.div_ceil(F) * F,
+                w.to_ns / F * F
+            )),
+            "{cells}"
+        );
+        assert!(cells.contains("FROM `p`.`cpu_1m` WHERE minute >=") && cells.contains("FROM `p`.`cpu_seconds`"));
+        let said = describe_cpu_tiers(&t, CPU_1M);
+        assert!(said.starts_with("cpu_5m 23h 55m, cpu_1m 6m 0s, cpu_seconds 31"), "{said}");
+    }
+
+    /// The ranking's day: whole hours, five minutes around them, minutes around those, raw rows.
+    #[test]
+    fn the_ranking_reads_five_minutes_around_its_hours() {
+        const F: u64 = FIVE_MINUTES_NS;
+        let w = w(T0 + 30 * SEC, T0 + 86_400 * SEC + 7 * MINUTE_NS + SEC);
+        let t = Tiers::cut(w, Some(0), Some(0), Some(0));
+        let (h0, h1) = (T0.div_ceil(HOUR_NS) * HOUR_NS, w.to_ns / HOUR_NS * HOUR_NS);
+        assert_eq!(t.hours, Some(Window { from_ns: h0, to_ns: h1 }));
+        assert_eq!(
+            t.fives.iter().map(|f| (f.from_ns, f.to_ns)).collect::<Vec<_>>(),
+            [(T0.div_ceil(F) * F, h0), (h1, w.to_ns / F * F)]
+        );
+        let covered: u64 =
+            t.minutes.iter().chain(&t.raw).chain(&t.fives).chain(t.hours.iter()).map(|x| x.to_ns - x.from_ns).sum();
+        assert_eq!(covered, w.to_ns - w.from_ns, "{t:?}");
+        let fleet = Fleet::new("http://h:1", "p").unwrap();
+        let p = Parts { fleet: &fleet, start_ns: T0, bucket_ns: F, nodes: String::new() };
+        let q = p.cpu_ranking(&t);
+        assert!(q.contains("intDiv(minute, 3600000000000) AS hr, cpu AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi FROM `p`.`cpu_5m`"), "{q}");
+        assert!(
+            t.describe(CPU_1H, CPU_1M, "raw").starts_with("cpu_1h 23h 0m, cpu_5m 1h 0m, cpu_1m 6m 0s, raw 31"),
+            "{}",
+            t.describe(CPU_1H, CPU_1M, "raw")
+        );
     }
 
     #[test]

@@ -169,8 +169,8 @@ mod tests {
             "{per_cpu}"
         );
         // The fleet page's cells of the `busy` measure: each node's CPUs as one.
-        let cells = parts.cpu_cells_from(&s, true, NodeMinutes::PerNode.table());
+        let cells = parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerNode.table());
         assert!(cells.contains("toUInt16(0) AS cp") && cells.contains("FROM `p`.`cpu_node_1m`"), "{cells}");
-        assert!(parts.cpu_cells_from(&s, true, NodeMinutes::PerCpu.table()).contains("cpu AS cp"));
+        assert!(parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerCpu.table()).contains("cpu AS cp"));
     }
 }

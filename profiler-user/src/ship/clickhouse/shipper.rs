@@ -469,6 +469,7 @@ impl Follower {
             (super::track_rollups::CPU_1H, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (super::track_rollups::GPU_UTIL_1H, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (super::track_rollups::CPU_NODE_1M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
+            (super::track_rollups::CPU_5M, rollups.minutes_secs, super::track_rollups::PARTITION_NS),
             (schema::SAMPLES_1M, rollups.minutes_secs, schema::DAY_NS),
             (schema::SAMPLES_FLEET_1M, rollups.minutes_secs, schema::DAY_NS),
             (schema::SAMPLES_FLEET_10M, rollups.minutes_secs, schema::DAY_NS),
