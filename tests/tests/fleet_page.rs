@@ -811,9 +811,12 @@ fn fleet_page_latency() {
         );
         // The five minutes, as `cpu_5m_mv` sums a CPU's seconds: from the minutes just written.
         let cpu_fives = format!(
-            "INSERT INTO profiler.cpu_5m SELECT node, intDiv(minute, 300 * {SEC}) * 300 * {SEC} AS five, cpu, \
-             sum(finalizeAggregation(busy_ticks)), sum(finalizeAggregation(idle_ticks)) FROM profiler.cpu_1m \
-             WHERE minute < {t0} AND node IN ({}) GROUP BY node, five, cpu",
+            "INSERT INTO profiler.cpu_5m SELECT node, five, \
+             sumForEachState(arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), b)), \
+             sumForEachState(arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), i)) FROM \
+             (SELECT node, intDiv(minute, 300 * {SEC}) * 300 * {SEC} AS five, cpu, toUInt64(sum(finalizeAggregation(busy_ticks))) AS b, \
+             toUInt64(sum(finalizeAggregation(idle_ticks))) AS i FROM profiler.cpu_1m WHERE minute < {t0} AND node IN ({}) \
+             GROUP BY node, five, cpu) GROUP BY node, five",
             names.join(", ")
         );
         for s in [cpu, gpu, cpu_hours, gpu_hours, cpu_node, cpu_fives] {
@@ -1101,7 +1104,8 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
     assert!(from_rollups[0].contains("`cpu_1h`") && from_rollups[3].contains("`gpu_util_1h`"));
     assert!(from_rollups[7..].iter().all(|q| q.contains("`cpu_node_1m`")));
     assert!(!from_rollups[6].contains("`cpu_node_1m`"), "{}", from_rollups[6]);
-    // Columns of five minutes: the per-CPU cells' whole five minutes from `cpu_5m` (the view
+    // Columns of five minutes: the per-CPU cells' whole five minutes from `cpu_5m`'s per-CPU
+    // arrays, summed across the rows of two inserts (the view
     // began with the first five minutes: whole ones from the second), minutes, raw rows.
     let five_ns = 300 * SEC;
     let parts5 = minutes::Parts { fleet: &fleet, start_ns: t, bucket_ns: five_ns, nodes: String::new() };

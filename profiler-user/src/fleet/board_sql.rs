@@ -9,7 +9,7 @@
 
 use super::{
     Fleet,
-    minutes::{Parts, Split, Tiers},
+    minutes::{PEAK_SHARE, Parts, Split, Tiers},
     node_minutes::NodeMinutes,
 };
 use crate::{
@@ -110,7 +110,7 @@ impl BoardSql<'_> {
             return self.parts(rows).cpu_ranking(&self.rank);
         }
         format!(
-            "SELECT nd, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), toUInt64(sum(sb)), toUInt64(sum(si)) \
+            "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))) \
              FROM ({}) GROUP BY nd",
             self.parts(rows).cpu_cells_from(&self.cpu, false, self.cpu_minutes.table())
         )
@@ -120,8 +120,8 @@ impl BoardSql<'_> {
     /// busy ticks, idle ticks.
     pub fn cpu_grid(&self, rows: &Rows) -> String {
         format!(
-            "SELECT {} AS rk, toUInt32(col) AS c, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))) AS cpk, \
-             toUInt64(sum(sb)) AS cb, toUInt64(sum(si)) AS ci FROM ({}) GROUP BY rk, c",
+            "SELECT {} AS rk, toUInt32(col) AS c, toFloat64(max({PEAK_SHARE})) AS cpk, \
+             toUInt64(sum(arraySum(sb))) AS cb, toUInt64(sum(arraySum(si))) AS ci FROM ({}) GROUP BY rk, c",
             rows.key(),
             self.cpu_cells(rows)
         )

@@ -164,6 +164,14 @@ pub fn whole_hours_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<
     whole_units_from(fleet, table, HOUR, HOUR_NS, w)
 }
 
+/// Per cell of [`Parts::cpu_cells`]: the busiest CPU's share (0 for a CPU with no ticks).
+pub const PEAK_SHARE: &str = "arrayReduce('max', arrayMap((b, i) -> if(b + i > 0, b / (b + i), 0), sb, si))";
+
+/// `v` at index `cpu` of an array of zeros: what `sumForEach` sums per CPU.
+fn per_cpu(cpu: &str, v: &str) -> String {
+    format!("arrayPushBack(arrayResize(emptyArrayUInt64(), {cpu}), toUInt64({v}))")
+}
+
 /// As [`whole_from`], for `cpu_5m`'s five minutes.
 pub fn whole_fives_from(fleet: &Fleet, w: Window) -> Result<Option<u64>, FleetError> {
     whole_units_from(fleet, CPU_5M, MINUTE, FIVE_MINUTES_NS, w)
@@ -252,7 +260,9 @@ impl Parts<'_> {
         format!("intDiv({ts} - {}, {})", self.start_ns, self.bucket_ns)
     }
 
-    /// Per node, column and CPU: `nd, col, cp, sb, si` (busy and idle ticks). `dedup`: a raw
+    /// Per node and column: `nd, col, sb, si`, each CPU's busy and idle ticks (arrays by CPU:
+    /// a day of a fleet's cells is one row per node and column, not one per CPU, which 18.16
+    /// grouped 5 times slower; [`PEAK_SHARE`] is the busiest one's share). `dedup`: a raw
     /// block sent twice counted once (`max` per block), for a few nodes' cells; the ranking
     /// over every node sums (a re-sent block repeats its busy and idle: shares hold).
     pub fn cpu_cells(&self, s: &Split, dedup: bool) -> String {
@@ -266,7 +276,7 @@ impl Parts<'_> {
         for w in &t.raw {
             let range = format!("{TS} >= {} AND {TS} < {}{}", w.from_ns, w.to_ns, self.nodes);
             let table = self.fleet.table(schema::CPU_SECONDS);
-            parts.push(if dedup {
+            let rows = if dedup {
                 format!(
                     "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(max({BUSY})) AS pb, toUInt64(max({IDLE})) AS pi \
                      FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {CPU}",
@@ -278,16 +288,22 @@ impl Parts<'_> {
                      FROM {table} WHERE {range} GROUP BY nd, col, cp",
                     self.col(TS)
                 )
-            });
+            };
+            parts.push(format!(
+                "SELECT nd, col, {} AS ab, {} AS ai FROM ({rows})",
+                per_cpu("cp", "pb"),
+                per_cpu("cp", "pi")
+            ));
         }
         let cpu = if rollup == CPU_1M { CPU } else { "toUInt16(0)" };
         for m in &t.minutes {
             // Each row's own figures, summed once by the grouping below: grouping here too took
             // twice as long (a day of 1,000 nodes' CPU columns is 4.6 M groups).
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS col, {cpu} AS cp, toUInt64(finalizeAggregation(busy_ticks)) AS pb, \
-                 toUInt64(finalizeAggregation(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
+                "SELECT {NODE} AS nd, {} AS col, {} AS ab, {} AS ai FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
                 self.col(MINUTE),
+                per_cpu(cpu, "finalizeAggregation(busy_ticks)"),
+                per_cpu(cpu, "finalizeAggregation(idle_ticks)"),
                 self.fleet.table(rollup),
                 m.from_ns,
                 m.to_ns,
@@ -296,7 +312,7 @@ impl Parts<'_> {
         }
         for f in &t.fives {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS col, {cpu} AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi \
+                "SELECT {NODE} AS nd, {} AS col, finalizeAggregation(busy_cpus) AS ab, finalizeAggregation(idle_cpus) AS ai \
                  FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
                 self.col(MINUTE),
                 self.fleet.table(CPU_5M),
@@ -306,7 +322,7 @@ impl Parts<'_> {
             ));
         }
         format!(
-            "SELECT nd, col, cp, sum(pb) AS sb, sum(pi) AS si FROM ({}) GROUP BY nd, col, cp",
+            "SELECT nd, col, sumForEach(ab) AS sb, sumForEach(ai) AS si FROM ({}) GROUP BY nd, col",
             parts.join(" UNION ALL ")
         )
     }
@@ -411,9 +427,11 @@ impl Parts<'_> {
             ));
         }
         for f in &t.fives {
+            // A row per node and five minutes holds its CPUs' ticks: one per CPU again here.
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi \
-                 FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
+                "SELECT nd, hr, toUInt16(k - 1) AS cp, pb, pi FROM (SELECT {NODE} AS nd, {} AS hr, \
+                 finalizeAggregation(busy_cpus) AS ab, finalizeAggregation(idle_cpus) AS ai FROM {} \
+                 WHERE {MINUTE} >= {} AND {MINUTE} < {}{}) ARRAY JOIN ab AS pb, ai AS pi, arrayEnumerate(ab) AS k",
                 hr(MINUTE),
                 self.fleet.table(CPU_5M),
                 f.from_ns,
@@ -553,8 +571,8 @@ mod tests {
         let cells = p.cpu_cells_from(&t, false, CPU_1M);
         assert!(
             cells.contains(&format!(
-                "intDiv(minute - {T0}, 300000000000) AS col, cpu AS cp, toUInt64(busy_ticks) AS pb, \
-                 toUInt64(idle_ticks) AS pi FROM `p`.`cpu_5m` WHERE minute >= {} AND minute < {})",
+                "intDiv(minute - {T0}, 300000000000) AS col, finalizeAggregation(busy_cpus) AS ab, \
+                 finalizeAggregation(idle_cpus) AS ai FROM `p`.`cpu_5m` WHERE minute >= {} AND minute < {})",
                 T0.div_ceil(F) * F,
                 w.to_ns / F * F
             )),
@@ -583,7 +601,8 @@ mod tests {
         let fleet = Fleet::new("http://h:1", "p").unwrap();
         let p = Parts { fleet: &fleet, start_ns: T0, bucket_ns: F, nodes: String::new() };
         let q = p.cpu_ranking(&t);
-        assert!(q.contains("intDiv(minute, 3600000000000) AS hr, cpu AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi FROM `p`.`cpu_5m`"), "{q}");
+        assert!(q.contains("finalizeAggregation(idle_cpus) AS ai FROM `p`.`cpu_5m` WHERE minute >="), "{q}");
+        assert!(q.contains(") ARRAY JOIN ab AS pb, ai AS pi, arrayEnumerate(ab) AS k UNION ALL"), "{q}");
         assert!(
             t.describe(CPU_1H, CPU_1M, "raw").starts_with("cpu_1h 23h 0m, cpu_5m 1h 0m, cpu_1m 6m 0s, raw 31"),
             "{}",
@@ -614,13 +633,14 @@ mod tests {
         );
         assert!(
             cells.contains(&format!(
-                "intDiv(minute - {T0}, 300000000000) AS col, cpu AS cp, toUInt64(finalizeAggregation(busy_ticks)) AS pb"
+                "intDiv(minute - {T0}, 300000000000) AS col, arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), \
+                 toUInt64(finalizeAggregation(busy_ticks))) AS ab"
             )),
             "{cells}"
         );
         assert!(
             cells.contains(&format!(
-                "FROM `p`.`cpu_1m` WHERE minute >= {} AND minute < {} AND node IN ('a')) GROUP BY nd, col, cp",
+                "FROM `p`.`cpu_1m` WHERE minute >= {} AND minute < {} AND node IN ('a')) GROUP BY nd, col",
                 T0 + MINUTE_NS,
                 T0 + 600 * SEC
             )),

@@ -170,7 +170,11 @@ mod tests {
         );
         // The fleet page's cells of the `busy` measure: each node's CPUs as one.
         let cells = parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerNode.table());
-        assert!(cells.contains("toUInt16(0) AS cp") && cells.contains("FROM `p`.`cpu_node_1m`"), "{cells}");
-        assert!(parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerCpu.table()).contains("cpu AS cp"));
+        assert!(
+            cells.contains("emptyArrayUInt64(), toUInt16(0))") && cells.contains("FROM `p`.`cpu_node_1m`"),
+            "{cells}"
+        );
+        let per_cpu = parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerCpu.table());
+        assert!(per_cpu.contains("emptyArrayUInt64(), cpu), toUInt64(finalizeAggregation(busy_ticks)))"), "{per_cpu}");
     }
 }

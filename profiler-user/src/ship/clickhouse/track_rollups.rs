@@ -42,10 +42,12 @@ pub const GPU_UTIL_1H: &str = "gpu_util_1h";
 /// the blocks covered. What `profiler fleet` reads per node: a day of 1,000 nodes is 1.44 M rows
 /// where `cpu_1m` holds 23 M for 16 CPUs each (`fleet::node_minutes`).
 pub const CPU_NODE_1M: &str = "cpu_node_1m";
-/// Per (node, five minutes, CPU): busy and idle ticks, `minute` the five minutes' first. What
-/// the page's per-CPU cells read where its columns are whole five minutes (a day's columns are
-/// 5 minutes at the least): a day of 1,000 nodes of 16 CPUs is 4.6 M rows, one a cell, where
-/// `cpu_1m` holds 23 M that the read had to group into those 4.6 M cells (`fleet::minutes`).
+/// Per (node, five minutes): each CPU's busy and idle ticks, as arrays by CPU (`sumForEach`),
+/// `minute` the five minutes' first. What the page's per-CPU cells read where its columns are
+/// whole five minutes (a day's columns are 5 minutes at the least): a day of 1,000 nodes is
+/// 288,000 rows, one a cell, where `cpu_1m` holds 23 M rows for 16 CPUs that the read had to
+/// group into 4.6 M (node, column, CPU) cells (`fleet::minutes`). Arrays, not a row per CPU:
+/// 18.16 groups 4.6 M keys in 2.8 s, these rows' 288,000 with their arrays in 0.6 s.
 pub const CPU_5M: &str = "cpu_5m";
 /// [`CPU_5M`]'s unit.
 pub const FIVE_MINUTES_NS: u64 = 5 * MINUTE_NS;
@@ -159,11 +161,16 @@ fn rollups() -> [Rollup; 6] {
         Rollup {
             name: CPU_5M,
             source: CPU_SECONDS,
-            columns: "node String, minute UInt64, cpu UInt16, busy_ticks UInt64, idle_ticks UInt64",
-            engine: "SummingMergeTree PARTITION BY intDiv(minute, 86400000000000) ORDER BY (node, minute, cpu)",
+            columns: "node String, minute UInt64, busy_cpus AggregateFunction(sumForEach, Array(UInt64)), \
+                      idle_cpus AggregateFunction(sumForEach, Array(UInt64))",
+            engine: "AggregatingMergeTree PARTITION BY intDiv(minute, 86400000000000) ORDER BY (node, minute)",
+            // A row's ticks at its CPU's index of an array of zeros (18.16 reads no outer column
+            // inside a lambda: `arrayResize`, not `arrayMap`).
             select: format!(
-                "SELECT node, intDiv(ts, {FIVE_MINUTES_NS}) * {FIVE_MINUTES_NS} AS minute, cpu, sum(toUInt64(busy)) AS busy_ticks, \
-                 sum(toUInt64(idle)) AS idle_ticks FROM {{source}} GROUP BY node, minute, cpu"
+                "SELECT node, intDiv(ts, {FIVE_MINUTES_NS}) * {FIVE_MINUTES_NS} AS minute, \
+                 sumForEachState(arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), toUInt64(busy))) AS busy_cpus, \
+                 sumForEachState(arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), toUInt64(idle))) AS idle_cpus \
+                 FROM {{source}} GROUP BY node, minute"
             ),
         },
     ]
