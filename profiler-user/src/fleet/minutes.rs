@@ -1,13 +1,15 @@
-//! The per-CPU counts and GPU readings of a window, read from the per-minute rollups
-//! (`ship::clickhouse::track_rollups`: `cpu_1m`, `gpu_util_1m`) for its whole minutes and from the
+//! The per-CPU counts and GPU readings of a window, read from the rollups
+//! (`ship::clickhouse::track_rollups`: `cpu_1m`, `gpu_util_1m` for its whole minutes, `cpu_5m`
+//! for its whole five minutes, the hourly ones for the ranking's whole hours) and from the
 //! raw rows (`cpu_seconds`, `counters`) at its edges, as [`super::rollup`] does for samples. A
 //! rollup holds whole minutes only after its first one (the view may have started mid-minute),
 //! and a grid's columns take minutes only when they are whole minutes: a column width of a
 //! multiple of 60 s from a start on a minute ([`aligned_start`]); otherwise every row is raw.
 //!
-//! The SQL here makes the parts each read sums: per (node, column, CPU) busy and idle ticks,
-//! per (node, column) or per node GPU readings, their sum and those idle. Runs on 18.16 and on
-//! current servers: aggregate states merged with `-Merge`, every part's columns cast alike.
+//! The SQL here makes the parts each read sums: per (node, column) each CPU's busy and idle
+//! ticks (arrays by CPU), per (node, hour, CPU) for the ranking, per (node, column) or per node
+//! GPU readings, their sum and those idle. Runs on 18.16 and on current servers: aggregate
+//! states merged with `-Merge` or finalized per row, every part's columns cast alike.
 
 use super::{Fleet, FleetError};
 use crate::{
@@ -270,7 +272,7 @@ impl Parts<'_> {
     }
 
     /// As [`Self::cpu_cells`] for `t`: the whole minutes from `rollup` (`cpu_1m`, or
-    /// `cpu_node_1m`: `cp` 0, for sums over a node's CPUs), the whole five minutes from `cpu_5m`.
+    /// `cpu_node_1m`: arrays of one, a node's CPUs summed), the whole five minutes from `cpu_5m`.
     pub fn cpu_cells_from(&self, t: &Tiers, dedup: bool, rollup: &str) -> String {
         let mut parts = Vec::new();
         for w in &t.raw {
