@@ -405,11 +405,18 @@ impl Parts<'_> {
     /// block repeats its busy and idle: shares hold).
     pub fn cpu_ranking(&self, t: &Tiers) -> String {
         let hr = |ts: &str| format!("intDiv({ts}, {HOUR_NS})");
+        // Each CPU's ticks in arrays, as the cells: grouped per (node, hour), 16-192 times fewer
+        // keys than per CPU (0.15 s against 0.23 s for a day's 384,000 hourly rows on 18.16).
+        let arrays = |busy: &str, idle: &str| format!("{} AS ab, {} AS ai", per_cpu(CPU, busy), per_cpu(CPU, idle));
         let mut parts = Vec::new();
         for w in &t.raw {
+            // Summed per CPU first: a minute of a fleet's raw rows is ~1 M rows, 16,000 sums.
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi \
-                 FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY nd, hr, cp",
+                "SELECT nd, hr, {} AS ab, {} AS ai FROM (SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, \
+                 toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi FROM {} WHERE {TS} >= {} AND {TS} < {}{} \
+                 GROUP BY nd, hr, cp)",
+                per_cpu("cp", "pb"),
+                per_cpu("cp", "pi"),
                 hr(TS),
                 self.fleet.table(schema::CPU_SECONDS),
                 w.from_ns,
@@ -419,9 +426,9 @@ impl Parts<'_> {
         }
         for m in &t.minutes {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(finalizeAggregation(busy_ticks)) AS pb, \
-                 toUInt64(finalizeAggregation(idle_ticks)) AS pi FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
+                "SELECT {NODE} AS nd, {} AS hr, {} FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
                 hr(MINUTE),
+                arrays("finalizeAggregation(busy_ticks)", "finalizeAggregation(idle_ticks)"),
                 self.fleet.table(CPU_1M),
                 m.from_ns,
                 m.to_ns,
@@ -429,11 +436,9 @@ impl Parts<'_> {
             ));
         }
         for f in &t.fives {
-            // A row per node and five minutes holds its CPUs' ticks: one per CPU again here.
             parts.push(format!(
-                "SELECT nd, hr, toUInt16(k - 1) AS cp, pb, pi FROM (SELECT {NODE} AS nd, {} AS hr, \
-                 finalizeAggregation(busy_cpus) AS ab, finalizeAggregation(idle_cpus) AS ai FROM {} \
-                 WHERE {MINUTE} >= {} AND {MINUTE} < {}{}) ARRAY JOIN ab AS pb, ai AS pi, arrayEnumerate(ab) AS k",
+                "SELECT {NODE} AS nd, {} AS hr, finalizeAggregation(busy_cpus) AS ab, finalizeAggregation(idle_cpus) AS ai \
+                 FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
                 hr(MINUTE),
                 self.fleet.table(CPU_5M),
                 f.from_ns,
@@ -443,9 +448,9 @@ impl Parts<'_> {
         }
         if let Some(h) = t.hours {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, toUInt64(busy_ticks) AS pb, toUInt64(idle_ticks) AS pi \
-                 FROM {} WHERE {HOUR} >= {} AND {HOUR} < {}{}",
+                "SELECT {NODE} AS nd, {} AS hr, {} FROM {} WHERE {HOUR} >= {} AND {HOUR} < {}{}",
                 hr(HOUR),
+                arrays("busy_ticks", "idle_ticks"),
                 self.fleet.table(CPU_1H),
                 h.from_ns,
                 h.to_ns,
@@ -453,8 +458,8 @@ impl Parts<'_> {
             ));
         }
         format!(
-            "SELECT nd, toFloat64(max(if(sb + si > 0, sb / (sb + si), 0))), toUInt64(sum(sb)), toUInt64(sum(si)) FROM \
-             (SELECT nd, hr, cp, sum(pb) AS sb, sum(pi) AS si FROM ({}) GROUP BY nd, hr, cp) GROUP BY nd",
+            "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))) FROM \
+             (SELECT nd, hr, sumForEach(ab) AS sb, sumForEach(ai) AS si FROM ({}) GROUP BY nd, hr) GROUP BY nd",
             parts.join(" UNION ALL ")
         )
     }
@@ -550,7 +555,7 @@ mod tests {
             q.contains("FROM `p`.`cpu_1h` WHERE hour >=") && q.contains("FROM `p`.`cpu_1m` WHERE minute >="),
             "{q}"
         );
-        assert!(q.contains("GROUP BY nd, hr, cp) GROUP BY nd"), "{q}");
+        assert!(q.contains("GROUP BY nd, hr, cp) UNION ALL") && q.contains("GROUP BY nd, hr) GROUP BY nd"), "{q}");
     }
 
     /// A day's per-CPU cells: whole five minutes from `cpu_5m`, a cell a row; the minutes
@@ -604,7 +609,7 @@ mod tests {
         let p = Parts { fleet: &fleet, start_ns: T0, bucket_ns: F, nodes: String::new() };
         let q = p.cpu_ranking(&t);
         assert!(q.contains("finalizeAggregation(idle_cpus) AS ai FROM `p`.`cpu_5m` WHERE minute >="), "{q}");
-        assert!(q.contains(") ARRAY JOIN ab AS pb, ai AS pi, arrayEnumerate(ab) AS k UNION ALL"), "{q}");
+        assert!(q.contains("GROUP BY nd, hr) GROUP BY nd"), "{q}");
         assert!(
             t.describe(CPU_1H, CPU_1M, "raw").starts_with("cpu_1h 23h 0m, cpu_5m 1h 0m, cpu_1m 6m 0s, raw 31"),
             "{}",
