@@ -297,18 +297,15 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     let idle_below = crate::detect::thresholds::Thresholds::default().gpu_idle_below * 100.0;
     let parts = minutes::Parts { fleet, start_ns, bucket_ns: bucket * SEC, nodes: String::new() };
     let gpu_line = req.measure.gpu().then_some(idle_below);
-    // The CPU cells' whole five minutes from `cpu_5m` (a day's columns): a row a cell, each
-    // CPU's ticks in arrays. Otherwise `busy` cells, sums of each node's CPUs, read the per-node
-    // minutes (16-192 times fewer rows than the per-CPU ones the others need).
+    // `busy` cells sum each node's CPUs: the per-node minutes answer them, 16-192 times fewer rows.
+    // The others need each CPU's sums per cell: whole five minutes from `cpu_5m` (a day's
+    // columns), a cell a row.
     let ((cpu, cpu_minutes), gpu) = match gpu_line {
         Some(_) => ((minutes::Tiers::raw(w), NodeMinutes::PerCpu), parts.gpu_split(w, idle_below)?),
-        None if req.measure == Measure::Busy => match parts.cpu_tiers(w)? {
-            t if !t.fives.is_empty() => ((t, NodeMinutes::PerCpu), minutes::Split::raw(w)),
-            _ => {
-                let (split, by) = NodeMinutes::split_for(&parts, w)?;
-                ((split.into(), by), minutes::Split::raw(w))
-            }
-        },
+        None if req.measure == Measure::Busy => {
+            let (split, by) = NodeMinutes::split_for(&parts, w)?;
+            ((split.into(), by), minutes::Split::raw(w))
+        }
         None => ((parts.cpu_tiers(w)?, NodeMinutes::PerCpu), minutes::Split::raw(w)),
     };
     // The ranking over every node from the hourly rollups' whole hours.

@@ -14,10 +14,7 @@ use super::{
 };
 use crate::{
     query::Window,
-    ship::clickhouse::{
-        schema::{col::*, quote_str},
-        track_rollups::CPU_1M,
-    },
+    ship::clickhouse::schema::{col::*, quote_str},
 };
 
 /// The GPU utilisation tracks (`gpu.N.util`, percent; `gpu::nvml::poll`), as an RE2 pattern.
@@ -115,7 +112,7 @@ impl BoardSql<'_> {
         format!(
             "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))) \
              FROM ({}) GROUP BY nd",
-            self.parts(rows).cpu_cells_from(&self.cpu, false, CPU_1M)
+            self.parts(rows).cpu_cells_from(&self.cpu, false, self.cpu_minutes.table())
         )
     }
 
