@@ -14,7 +14,10 @@ use super::{
 };
 use crate::{
     query::Window,
-    ship::clickhouse::schema::{col::*, quote_str},
+    ship::clickhouse::{
+        schema::{col::*, quote_str},
+        track_rollups::CPU_1M,
+    },
 };
 
 /// The GPU utilisation tracks (`gpu.N.util`, percent; `gpu::nvml::poll`), as an RE2 pattern.
@@ -112,7 +115,7 @@ impl BoardSql<'_> {
         format!(
             "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))) \
              FROM ({}) GROUP BY nd",
-            self.parts(rows).cpu_cells_from(&self.cpu, false, self.cpu_minutes.table())
+            self.parts(rows).cpu_cells_from(&self.cpu, false, CPU_1M)
         )
     }
 
