@@ -181,12 +181,17 @@ pub fn total(data: &Path, kind: &str, pid: u32, function: &str) -> u64 {
 /// Waits until `kind`'s count through `function` reaches `want` (drained once a second), then
 /// gives the count as it stands a drain later (so a count past `want` shows).
 pub fn settled(data: &Path, kind: &str, pid: u32, function: &str, want: u64) -> u64 {
-    wait_for_every(
-        &format!("{want} {kind} in {function}"),
-        Duration::from_secs(20),
-        Duration::from_millis(250),
-        || (total(data, kind, pid, function) >= want).then_some(()),
-    );
+    let waited = std::panic::catch_unwind(|| {
+        wait_for_every(
+            &format!("{want} {kind} in {function}"),
+            Duration::from_secs(20),
+            Duration::from_millis(250),
+            || (total(data, kind, pid, function) >= want).then_some(()),
+        )
+    });
+    if waited.is_err() {
+        panic!("{kind} in {function}: {} after 20 s, {want} wanted", total(data, kind, pid, function));
+    }
     std::thread::sleep(Duration::from_millis(1500));
     total(data, kind, pid, function)
 }

@@ -9,7 +9,7 @@ samples it, prints "ready", waits for a line "go" on stdin, then calls:
   launch_nested: cuLaunchKernel 2000 times (which passes through cuLaunchKernelEx: one launch);
   copy_up: cuMemcpyHtoD_v2 100 times, 1 MiB each;
   wait_gpu: cuStreamSynchronize 50 times, measuring the time blocked;
-  wait_context: cuCtxSynchronize_v2 (CUDA 13's) 10 times, likewise;
+  wait_context: cuCtxSynchronize_v2 (CUDA 13's) 50 times, likewise;
 then prints one JSON line with what it did, and waits for stdin to close before exiting.
 With --rate N it instead launches from launch_steady at N a second for 4 s and prints, in the
 JSON line, when it loaded the library and how many launches it made after each 100 ms, and in
@@ -72,22 +72,23 @@ def copy_up(lib, n, size):
         lib.cuMemcpyHtoD_v2(ctypes.c_uint64(0), None, ctypes.c_size_t(size))
 
 
-def wait_gpu(lib, n):
+def timed_calls(f, n):
+    """The seconds spent in n calls of f(None), timed around the call alone: the function is
+    looked up before (ctypes resolves a symbol at its first use, which the probes never see)."""
     blocked = 0.0
     for _ in range(n):
         t = time.perf_counter()
-        lib.cuStreamSynchronize(None)
+        f(None)
         blocked += time.perf_counter() - t
     return blocked
+
+
+def wait_gpu(lib, n):
+    return timed_calls(lib.cuStreamSynchronize, n)
 
 
 def wait_context(lib, n):
-    blocked = 0.0
-    for _ in range(n):
-        t = time.perf_counter()
-        lib.cuCtxSynchronize_v2(None)
-        blocked += time.perf_counter() - t
-    return blocked
+    return timed_calls(lib.cuCtxSynchronize_v2, n)
 
 
 class Dim3(ctypes.Structure):
@@ -304,7 +305,7 @@ def main():
         launch_nested(lib, 2000)
         copy_up(lib, 100, 1 << 20)
         blocked = wait_gpu(lib, 50)
-        ctx = wait_context(lib, 10)
+        ctx = wait_context(lib, 50)
         print(json.dumps({"direct": 3000, "nested": 2000, "copied": 100 << 20, "blocked_us": blocked * 1e6,
                           "ctx_blocked_us": ctx * 1e6}), flush=True)
     sys.stdin.read()
