@@ -181,19 +181,27 @@ pub fn total(data: &Path, kind: &str, pid: u32, function: &str) -> u64 {
 /// Waits until `kind`'s count through `function` reaches `want` (drained once a second), then
 /// gives the count as it stands a drain later (so a count past `want` shows).
 pub fn settled(data: &Path, kind: &str, pid: u32, function: &str, want: u64) -> u64 {
-    let waited = std::panic::catch_unwind(|| {
-        wait_for_every(
-            &format!("{want} {kind} in {function}"),
-            Duration::from_secs(20),
-            Duration::from_millis(250),
-            || (total(data, kind, pid, function) >= want).then_some(()),
-        )
-    });
-    if waited.is_err() {
-        panic!("{kind} in {function}: {} after 20 s, {want} wanted", total(data, kind, pid, function));
+    settle(
+        want,
+        || total(data, kind, pid, function),
+        |n| format!("{kind} in {function}: {n} after 20 s, {want} wanted"),
+    )
+}
+
+/// Waits up to 20 s until `count` reaches `want`, then gives it a drain later (so a count past
+/// `want` shows); past 20 s, panics with `say` of the count reached.
+fn settle(want: u64, count: impl Fn() -> u64, say: impl FnOnce(u64) -> String) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = count();
+        if n >= want {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", say(n));
+        std::thread::sleep(Duration::from_millis(250));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    total(data, kind, pid, function)
+    count()
 }
 
 /// Every launch and copy of the app counted, whatever the stacks (the first calls of a process
@@ -290,19 +298,13 @@ pub fn by_leaf(data: &Path, pid: u32, function: &str, leaf: &str) -> u64 {
 /// Waits until the launches of `pid` whose leaf is `leaf` (through `function`) reach `want`,
 /// then gives their count a drain later (so a count past `want` shows).
 pub fn settled_leaf(data: &Path, pid: u32, function: &str, leaf: &str, want: u64) -> u64 {
-    let waited = std::panic::catch_unwind(|| {
-        wait_for_every(
-            &format!("{want} launches named {leaf:?} in {function}"),
-            Duration::from_secs(20),
-            Duration::from_millis(250),
-            || (by_leaf(data, pid, function, leaf) >= want).then_some(()),
-        )
-    });
-    if waited.is_err() {
-        let dir = data.to_str().unwrap();
-        let all = folded(dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()]);
-        panic!("no {want} launches named {leaf:?} in {function}; the store has: {all:#?}");
-    }
-    std::thread::sleep(Duration::from_millis(1500));
-    by_leaf(data, pid, function, leaf)
+    settle(
+        want,
+        || by_leaf(data, pid, function, leaf),
+        |n| {
+            let dir = data.to_str().unwrap();
+            let all = folded(dir, &["--samples", "cuda-launches", "--from", "-5m", "--pid", &pid.to_string()]);
+            format!("{n} of {want} launches named {leaf:?} in {function} after 20 s; the store has: {all:#?}")
+        },
+    )
 }
