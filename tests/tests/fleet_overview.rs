@@ -42,9 +42,11 @@ fn stack(frames: &[&str], user_len: usize) -> Arc<Stack> {
     Arc::new(Stack::new(frames.iter().map(|f| Arc::from(*f)).collect(), user_len))
 }
 
-/// One CPU of a synthetic node: `busy` of every `HZ` ticks run `stack` as `comm`, the rest idle.
+/// One CPU of a synthetic node: `busy` of every `HZ` ticks run `stack` as `comm`, the rest idle
+/// (`ticks_idle`: false for a CPU whose idle takes no cpu-clock ticks, as on some VMs).
 struct CpuPlan {
     busy: u64,
+    ticks_idle: bool,
     comm: &'static str,
     stack: Arc<Stack>,
 }
@@ -80,7 +82,7 @@ fn write_node(data: &Path, node: &str, end: u64, plan: &[CpuPlan; 2]) {
                         stack: p.stack.clone(),
                         workload: Arc::from(""),
                     });
-                } else {
+                } else if p.ticks_idle {
                     w.push_idle(ts_ns, cpu as u32);
                 }
             }
@@ -142,23 +144,25 @@ fn plans() -> Vec<(&'static str, [CpuPlan; 2])> {
         (
             "node-a",
             [
-                CpuPlan { busy: 45, comm: "web", stack: shared.clone() },
-                CpuPlan { busy: 5, comm: "cron", stack: user("tick") },
+                CpuPlan { busy: 45, ticks_idle: true, comm: "web", stack: shared.clone() },
+                CpuPlan { busy: 5, ticks_idle: true, comm: "cron", stack: user("tick") },
             ],
         ),
         (
             "node-b",
             [
-                CpuPlan { busy: 25, comm: "web", stack: shared.clone() },
-                CpuPlan { busy: 10, comm: "db", stack: user("query") },
+                CpuPlan { busy: 25, ticks_idle: true, comm: "web", stack: shared.clone() },
+                CpuPlan { busy: 10, ticks_idle: true, comm: "db", stack: user("query") },
             ],
         ),
         (
             "node-c",
             [
                 // More samples than CPU 1, none in the kernel: `--event` must pick CPU 1.
-                CpuPlan { busy: 30, comm: "web", stack: shared },
-                CpuPlan { busy: 20, comm: "ksoftirqd/1", stack: kernel },
+                CpuPlan { busy: 30, ticks_idle: true, comm: "web", stack: shared },
+                // Its idle takes no ticks: 20 busy ticks of 50 a second are 40 %, not 100 %, and no
+                // second of it is saturated.
+                CpuPlan { busy: 20, ticks_idle: false, comm: "ksoftirqd/1", stack: kernel },
             ],
         ),
     ]

@@ -52,6 +52,8 @@ fn pod(namespace: &str) -> Arc<str> {
 struct Plan {
     name: &'static str,
     busy: [u64; 2],
+    /// A CPU whose idle takes no cpu-clock ticks (as on some VMs): its busy ticks only.
+    tickless: Option<u32>,
     comm: &'static str,
     namespace: &'static str,
     gpus: &'static [f64],
@@ -60,9 +62,17 @@ struct Plan {
 fn plans() -> Vec<Plan> {
     vec![
         // The zombie signature: one core saturated in the kernel under a 50 % average.
-        Plan { name: "gpu-a-01", busy: [50, 0], comm: "ecs-agent", namespace: "ml", gpus: &[5.0, 90.0] },
-        Plan { name: "gpu-a-02", busy: [25, 25], comm: "ecs-agent", namespace: "ml", gpus: &[80.0] },
-        Plan { name: "cpu-b-01", busy: [10, 5], comm: "nginx", namespace: "web", gpus: &[] },
+        Plan {
+            name: "gpu-a-01",
+            busy: [50, 0],
+            tickless: None,
+            comm: "ecs-agent",
+            namespace: "ml",
+            gpus: &[5.0, 90.0],
+        },
+        Plan { name: "gpu-a-02", busy: [25, 25], tickless: None, comm: "ecs-agent", namespace: "ml", gpus: &[80.0] },
+        // CPU 1's 5 busy ticks of 50 a second are 10 %, not 100 %: the busiest CPU is CPU 0.
+        Plan { name: "cpu-b-01", busy: [10, 5], tickless: Some(1), comm: "nginx", namespace: "web", gpus: &[] },
     ]
 }
 
@@ -100,7 +110,7 @@ fn write_node(data: &Path, p: &Plan, end: u64) {
                         stack: if cpu == 0 { hot.clone() } else { user.clone() },
                         workload: pod(p.namespace),
                     });
-                } else {
+                } else if p.tickless != Some(cpu) {
                     w.push_idle(ts_ns, cpu);
                 }
             }
@@ -193,28 +203,38 @@ fn board(base: &str, token: &str, query: &str) -> Value {
 pub fn raw_cells(ch: &ClickHouse, from: u64, to: u64, bucket: u64) -> BTreeMap<(String, u64), (f64, f64)> {
     let rows = ch
         .query(&format!(
-            "SELECT node, ts, cpu, max(busy), max(idle) FROM profiler.cpu_seconds WHERE ts >= {from} AND ts < {to} \
-             GROUP BY node, ts, cpu FORMAT TSV"
+            "SELECT node, ts, cpu, max(busy), max(idle), max(span) FROM profiler.cpu_seconds WHERE ts >= {from} \
+             AND ts < {to} GROUP BY node, ts, cpu FORMAT TSV"
         ))
         .unwrap();
     let mut per_cpu: BTreeMap<(String, u64, u64), (u64, u64)> = BTreeMap::new();
+    // Per cell the ns its blocks covered: what 2 CPUs at `HZ` should have ticked in.
+    let mut covered: BTreeMap<(String, u64), BTreeMap<u64, u64>> = BTreeMap::new();
     for line in rows.lines() {
         let f: Vec<&str> = line.split('\t').collect();
-        let col = (f[1].parse::<u64>().unwrap() - from) / (bucket * SEC);
+        let ts = f[1].parse::<u64>().unwrap();
+        let col = (ts - from) / (bucket * SEC);
         let e = per_cpu.entry((f[0].to_string(), col, f[2].parse().unwrap())).or_default();
         e.0 += f[3].parse::<u64>().unwrap();
         e.1 += f[4].parse::<u64>().unwrap();
+        covered.entry((f[0].to_string(), col)).or_default().insert(ts, f[5].parse().unwrap());
     }
-    let mut out: BTreeMap<(String, u64), (f64, u64, u64)> = BTreeMap::new();
+    // Per cell: the busiest CPU's busy ticks, the most ticks a CPU had (a CPU whose idle takes
+    // no ticks is not read 100 % busy: the cell's ticks are its best-ticking CPU's), busy, idle.
+    let mut out: BTreeMap<(String, u64), (u64, u64, u64, u64)> = BTreeMap::new();
     for ((node, col, _), (b, i)) in per_cpu {
         let e = out.entry((node, col)).or_default();
-        if b + i > 0 {
-            e.0 = e.0.max(b as f64 / (b + i) as f64);
-        }
-        e.1 += b;
-        e.2 += i;
+        e.0 = e.0.max(b);
+        e.1 = e.1.max(b + i);
+        e.2 += b;
+        e.3 += i;
     }
-    out.into_iter().map(|(k, (p, b, i))| (k, (p, b as f64 / (b + i) as f64))).collect()
+    out.into_iter()
+        .map(|(k, (pb, pt, b, i))| {
+            let ticks = (b + i).max(2 * HZ * covered[&k].values().sum::<u64>() / SEC);
+            (k, (if pt > 0 { pb as f64 / pt as f64 } else { 0.0 }, b as f64 / ticks as f64))
+        })
+        .collect()
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -636,9 +656,14 @@ fn fleet_page_sql_runs_on_current_clickhouse() {
     let grouped = Rows::Grouped(vec![("n1".into(), "g".into()), ("n2".into(), "g".into())]);
     let order = |q: String, by: &str| format!("SELECT * FROM ({q}) ORDER BY {by}");
     let queries = [
-        (order(sql.cpu_scores(&Rows::EachNode), "1"), "n1\t1\t198\t99\nn2\t0.5050505050505051\t100\t98"),
-        (order(sql.cpu_grid(&grouped), "1, 2"), "g\t0\t1\t99\t99\ng\t1\t0.5050505050505051\t100\t98"),
-        (order(sql.cpu_grid(&Rows::Nodes(vec!["n2".into()])), "1, 2"), "n2\t1\t0.5050505050505051\t100\t98"),
+        (order(sql.cpu_scores(&Rows::EachNode), "1"), "n1\t1\t198\t99\t198\nn2\t0.5050505050505051\t100\t98\t99"),
+        (order(sql.cpu_grid(&grouped, None), "1, 2"), "g\t0\t1\t99\t99\ng\t1\t0.5050505050505051\t100\t98"),
+        (order(sql.cpu_grid(&Rows::Nodes(vec!["n2".into()]), None), "1, 2"), "n2\t1\t0.5050505050505051\t100\t98"),
+        // The mean's idle at least the ticks of the seconds covered: 2 CPUs at 100 Hz, 200.
+        (
+            order(sql.cpu_grid(&Rows::Nodes(vec!["n2".into()]), Some(&[("n2".into(), 200)])), "1, 2"),
+            "n2\t1\t0.5050505050505051\t100\t100",
+        ),
         (
             order(sql.gpu_scores(&Rows::EachNode, 50.0), "1"),
             "n1\t2\t86.66666666666667\t1.3333333333333333\t2\nn2\t1\t70\t0\t1",
@@ -678,7 +703,7 @@ fn fleet_page_sql_runs_on_current_clickhouse() {
                 .trim()
                 .replace("\ts1", "\t")
                 .replace("\ts2", "\t")
-                .replace("n1\t1\t198\t99", "n1\t1\t99\t99")
+                .replace("n1\t1\t198\t99\t198", "n1\t1\t99\t99\t99")
                 .replace("g\t0\t1\t198\t99", "g\t0\t1\t99\t99");
             s.lines().map(|l| l.trim_end_matches('\t')).collect::<Vec<_>>().join("\n")
         };
@@ -859,7 +884,7 @@ fn fleet_page_latency() {
         for (from, sql) in [("rollups", &sql), ("raw rows", &raw)] {
             for (name, q) in [
                 ("cpu_scores", sql.cpu_scores(&Rows::EachNode)),
-                ("cpu_grid of 40 rows", sql.cpu_grid(&some)),
+                ("cpu_grid of 40 rows", sql.cpu_grid(&some, None)),
                 ("gpu_scores (its ranking from the CPU tables' tiers)", sql.gpu_scores(&Rows::EachNode, 50.0)),
                 ("gpu_grid of 40 rows", sql.gpu_grid(&some, 50.0)),
                 ("signatures", signatures::sql(&fleet, w, "")),
@@ -1074,6 +1099,8 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         l.sort_unstable();
         l.join("\n")
     };
+    // Each node's CPUs x Hz: its seconds' ticks, what the `busy` cells' idle is at least.
+    let ticks: Vec<(String, u64)> = (0..3).map(|n| (format!("n{n}"), 2 * 99)).collect();
     let queries = |s: &Split| {
         let (b, busy_board) = (board(s, NodeMinutes::PerCpu), board(s, NodeMinutes::PerNode));
         let (o, per_node) = (fleet_sql(s, NodeMinutes::PerCpu), fleet_sql(s, NodeMinutes::PerNode));
@@ -1088,15 +1115,15 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         };
         vec![
             ranking,
-            b.cpu_grid(&some),
-            b.cpu_grid(&grouped),
+            b.cpu_grid(&some, None),
+            b.cpu_grid(&grouped, None),
             b.gpu_scores(&Rows::EachNode, 50.0),
             b.gpu_grid(&some, 50.0),
             b.gpu_grid(&grouped, 50.0),
             o.cells(60),
             per_node.cells(60),
-            sums(busy_board.cpu_grid(&some)),
-            sums(busy_board.cpu_grid(&grouped)),
+            sums(busy_board.cpu_grid(&some, Some(&ticks))),
+            sums(busy_board.cpu_grid(&grouped, Some(&ticks))),
         ]
     };
     let (mut from_raw, mut from_rollups) = (queries(&raw), queries(&split));
@@ -1132,7 +1159,8 @@ fn cpu_and_gpu_rollups_answer_as_the_raw_rows() {
         gpu: raw.clone(),
         rank: minutes::Tiers::raw(window),
     };
-    let five_queries = |b: BoardSql<'_>| vec![b.cpu_grid(&some), b.cpu_grid(&grouped), b.cpu_scores(&Rows::EachNode)];
+    let five_queries =
+        |b: BoardSql<'_>| vec![b.cpu_grid(&some, None), b.cpu_grid(&grouped, None), b.cpu_scores(&Rows::EachNode)];
     let rolled5 = five_queries(board5(fives));
     assert!(rolled5.iter().all(|q| q.contains("`cpu_5m`") && q.contains("`cpu_1m`")), "{rolled5:?}");
     from_raw.extend(five_queries(board5(minutes::Tiers::raw(window))));

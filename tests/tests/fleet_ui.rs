@@ -282,15 +282,17 @@ fn fleet_page_cells(ch: &ClickHouse, base: &str, token: Option<&str>, a: u64, b:
             b * SEC
         ))
         .unwrap();
-    let mut want: std::collections::BTreeMap<(String, usize), f64> = Default::default();
+    // Per cell the busiest CPU's busy ticks over the most ticks a CPU had there: this VM's
+    // CPU 1 takes no ticks while idle, and busy / (busy + idle) read it 100 % busy.
+    let mut most: std::collections::BTreeMap<(String, usize), (f64, f64)> = Default::default();
     for line in raw.lines() {
         let f: Vec<&str> = line.split('\t').collect();
         let (busy, idle): (f64, f64) = (f[3].parse().unwrap(), f[4].parse().unwrap());
-        let peak = want.entry((f[0].to_string(), f[1].parse().unwrap())).or_insert(0.0);
-        if busy + idle > 0.0 {
-            *peak = peak.max(busy / (busy + idle));
-        }
+        let m = most.entry((f[0].to_string(), f[1].parse().unwrap())).or_default();
+        *m = (m.0.max(busy), m.1.max(busy + idle));
     }
+    let want: std::collections::BTreeMap<(String, usize), f64> =
+        most.into_iter().map(|(k, (b, t))| (k, if t > 0.0 { b / t } else { 0.0 })).collect();
     let rows = board["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{board}");
     for row in rows {

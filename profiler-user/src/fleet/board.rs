@@ -5,11 +5,14 @@
 //! the worst first by the measure, and how many more rows and nodes there are.
 //!
 //! Measures, all summed by the server ([`super::board_sql`]):
-//! - `peak-cpu`: per cell, the busiest CPU's share (busy / (busy + idle) of each CPU over the
-//!   cell, the max over CPUs and the row's nodes): one saturated core under a healthy average,
+//! - `peak-cpu`: per cell, the busiest CPU's share (its busy ticks over the most ticks a CPU
+//!   of its node had in the cell, the max over the row's nodes): one saturated core under a
+//!   healthy average,
 //!   the zombie signature, shows; rows rank by it (by the busiest CPU's share in a clock hour
 //!   over a window's whole hours, from `cpu_1h`);
-//! - `busy`: per cell, the share of all the row's CPUs busy;
+//! - `busy`: per cell, the share of all the row's CPUs busy: busy ticks over the ticks the
+//!   nodes' CPUs x Hz give the seconds covered, where the nodes counted fewer (a CPU whose idle
+//!   takes no cpu-clock ticks, as on some VMs, would read busier than it was);
 //! - `gpu-util`: per cell, the mean of the `gpu.N.util` tracks (percent of the time a kernel ran);
 //! - `gpu-idle`: per cell, the share of GPU-time below the detectors' idle line
 //!   ([`crate::detect::thresholds`]' `gpu_idle_below`), with the `gpu-*` finding covering most
@@ -316,6 +319,7 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     };
     let read_from = format!("ranking {}; cells {cells}", minutes::describe_ranking(&rank, req.measure.gpu()));
     let sql = BoardSql { fleet, window: w, bucket_ns: bucket * SEC, start_ns, cpu, cpu_minutes, gpu, rank };
+    let cpus_of: HashMap<&str, u64> = sel.nodes.iter().map(|n| (n.name.as_str(), u64::from(n.cpus))).collect();
     let mut tallies: BTreeMap<String, Tally> = names.iter().map(|n| (n.clone(), Tally::default())).collect();
     if req.measure.gpu() {
         let read = |r: &mut super::rowbinary::Reader<'_>| {
@@ -329,11 +333,15 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
             }
         }
     } else {
-        for (node, peak, b, i) in
-            fleet.rows(&sql.cpu_scores(&chosen), |r| Ok((r.string()?.to_string(), r.f64()?, r.u64()?, r.u64()?)))?
-        {
+        let read = |r: &mut super::rowbinary::Reader<'_>| {
+            Ok((r.string()?.to_string(), r.f64()?, r.u64()?, r.u64()?, r.u64()?))
+        };
+        for (node, peak, b, i, most) in fleet.rows(&sql.cpu_scores(&chosen), read)? {
             if let Some(t) = tallies.get_mut(&node) {
-                t.cpu = Some((peak, b, i));
+                // Idle: the ticks the node's CPUs should have had as its best-ticking CPU did
+                // (a CPU whose idle takes no cpu-clock ticks counts fewer), less the busy ones.
+                let cpus = cpus_of.get(node.as_str()).copied().unwrap_or(0);
+                t.cpu = Some((peak, b, (b + i).max(most * cpus) - b));
             }
         }
     }
@@ -381,8 +389,19 @@ pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
             cell(&rk, c, v);
         }
     } else {
-        let cells = fleet
-            .rows(&sql.cpu_grid(&keyed), |r| Ok((r.string()?.to_string(), r.u32()?, r.f64()?, r.u64()?, r.u64()?)))?;
+        // The mean busy share counts the ticks a node's seconds should have had (CPUs x Hz).
+        let ticks = (req.measure == Measure::Busy).then(|| {
+            let shown: std::collections::HashSet<&str> =
+                shown.iter().flat_map(|r| r.1.iter().map(|n| n.as_str())).collect();
+            sel.nodes
+                .iter()
+                .filter(|n| shown.contains(n.name.as_str()))
+                .map(|n| (n.name.clone(), u64::from(n.cpus) * u64::from(n.hz)))
+                .collect::<Vec<_>>()
+        });
+        let cells = fleet.rows(&sql.cpu_grid(&keyed, ticks.as_deref()), |r| {
+            Ok((r.string()?.to_string(), r.u32()?, r.f64()?, r.u64()?, r.u64()?))
+        })?;
         for (rk, c, peak, b, i) in cells {
             let v =
                 share(b as f64, (b + i) as f64).map(|busy| if req.measure == Measure::PeakCpu { peak } else { busy });

@@ -9,7 +9,7 @@
 
 use super::{
     Fleet,
-    minutes::{PEAK_SHARE, Parts, Split, Tiers},
+    minutes::{MOST_TICKS, PEAK_SHARE, Parts, Split, Tiers},
     node_minutes::NodeMinutes,
 };
 use crate::{
@@ -99,8 +99,8 @@ impl BoardSql<'_> {
     /// Per node, column and CPU: busy and idle ticks (a retried batch's copies counted once).
     /// Rows of groups (hundreds of nodes each) are summed without that dedup, as the ranking
     /// is ([`BoardSql::cpu_scores`]): a re-sent block repeats its busy and idle, shares hold.
-    fn cpu_cells(&self, rows: &Rows) -> String {
-        self.parts(rows).cpu_cells_from(&self.cpu, !matches!(rows, Rows::Grouped(_)), self.cpu_minutes.table())
+    fn cpu_cells(&self, rows: &Rows, spans: bool) -> String {
+        self.parts(rows).cpu_cells_from(&self.cpu, !matches!(rows, Rows::Grouped(_)), self.cpu_minutes.table(), spans)
     }
 
     /// Per node: the busiest CPU's share in any column (in any clock hour where `rank` has
@@ -113,20 +113,35 @@ impl BoardSql<'_> {
             return self.parts(rows).cpu_ranking(&self.rank);
         }
         format!(
-            "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))) \
-             FROM ({}) GROUP BY nd",
-            self.parts(rows).cpu_cells_from(&self.cpu, false, CPU_1M)
+            "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))), \
+             toUInt64(sum({MOST_TICKS})) FROM ({}) GROUP BY nd",
+            self.parts(rows).cpu_cells_from(&self.cpu, false, CPU_1M, false)
         )
     }
 
     /// Per row and column: the busiest CPU's share (max over the row's nodes and their CPUs),
-    /// busy ticks, idle ticks.
-    pub fn cpu_grid(&self, rows: &Rows) -> String {
+    /// busy ticks, idle ticks. `ticks`: per node its CPUs x Hz, to count as idle the ticks a
+    /// cell's seconds should have had and did not (a CPU whose idle takes no cpu-clock ticks, as
+    /// on some VMs, would read the node busier than it was): what the mean busy share needs.
+    pub fn cpu_grid(&self, rows: &Rows, ticks: Option<&[(String, u64)]>) -> String {
+        let idle = match ticks {
+            Some(t) => {
+                let (names, k): (Vec<String>, Vec<String>) =
+                    t.iter().map(|(n, k)| (quote_str(n), k.to_string())).unzip();
+                format!(
+                    "toUInt64(sum(greatest(arraySum(sb) + arraySum(si), intDiv(arrayReduce('max', ssp) * \
+                     transform(nd, [{}], [{}], toUInt64(0)), 1000000000))) - sum(arraySum(sb)))",
+                    names.join(", "),
+                    k.join(", ")
+                )
+            }
+            None => "toUInt64(sum(arraySum(si)))".into(),
+        };
         format!(
             "SELECT {} AS rk, toUInt32(col) AS c, toFloat64(max({PEAK_SHARE})) AS cpk, \
-             toUInt64(sum(arraySum(sb))) AS cb, toUInt64(sum(arraySum(si))) AS ci FROM ({}) GROUP BY rk, c",
+             toUInt64(sum(arraySum(sb))) AS cb, {idle} AS ci FROM ({}) GROUP BY rk, c",
             rows.key(),
-            self.cpu_cells(rows)
+            self.cpu_cells(rows, ticks.is_some())
         )
     }
 
@@ -199,11 +214,15 @@ mod tests {
     fn cells_fall_in_columns_of_the_window_and_each_cpu_block_counts_once() {
         let fleet = Fleet::new("http://h:1", "p").unwrap();
         let s = sql(&fleet);
-        let grid = s.cpu_grid(&Rows::Nodes(vec!["n1".into()]));
+        let grid = s.cpu_grid(&Rows::Nodes(vec!["n1".into()]), None);
         assert!(grid.contains("intDiv(ts - 1000000000000, 10000000000) AS col"), "{grid}");
-        assert!(grid.contains("toUInt64(max(busy)) AS pb, toUInt64(max(idle)) AS pi FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND node IN ('n1') GROUP BY node, ts, cpu"), "{grid}");
-        assert!(grid.ends_with("GROUP BY rk, c"), "{grid}");
-        assert!(s.cpu_scores(&Rows::EachNode).contains("toUInt64(sum(busy)) AS pb, toUInt64(sum(idle)) AS pi FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 GROUP BY nd, col, cp"));
+        assert!(grid.contains("toUInt64(max(busy)) AS pb, toUInt64(max(idle)) AS pi, toUInt64(max(span)) AS ps FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND node IN ('n1') GROUP BY node, ts, cpu"), "{grid}");
+        assert!(grid.ends_with("GROUP BY rk, c") && !grid.contains("ssp"), "{grid}");
+        // The mean's idle: the ticks each node's CPUs x Hz give its seconds covered, at least.
+        let busy = s.cpu_grid(&Rows::Nodes(vec!["n1".into()]), Some(&[("n1".into(), 16 * 99)]));
+        assert!(busy.contains("arrayReduce('max', ssp) * transform(nd, ['n1'], [1584], toUInt64(0))"), "{busy}");
+        assert!(busy.contains("sumForEach(asp) AS ssp"), "{busy}");
+        assert!(s.cpu_scores(&Rows::EachNode).contains("toUInt64(sum(busy)) AS pb, toUInt64(sum(idle)) AS pi, toUInt64(sum(span)) AS ps FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 GROUP BY nd, col, cp"));
         let gpu = s.gpu_grid(&Rows::EachNode, 50.0);
         assert!(gpu.contains("toUInt64(countIf(value < 50)) AS pi"), "{gpu}");
         assert!(gpu.contains("FROM `p`.`counters` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND cpu = -1 AND match(name, '^gpu\\\\.[0-9]+\\\\.util$')"), "{gpu}");

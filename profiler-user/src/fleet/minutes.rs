@@ -166,8 +166,19 @@ pub fn whole_hours_from(fleet: &Fleet, table: &str, w: Window) -> Result<Option<
     whole_units_from(fleet, table, HOUR, HOUR_NS, w)
 }
 
-/// Per cell of [`Parts::cpu_cells`]: the busiest CPU's share (0 for a CPU with no ticks).
-pub const PEAK_SHARE: &str = "arrayReduce('max', arrayMap((b, i) -> if(b + i > 0, b / (b + i), 0), sb, si))";
+/// Per cell of [`Parts::cpu_cells`]: the busiest CPU's share of the cell's ticks, its busy
+/// ticks over the most ticks any of the node's CPUs had there (0 for a cell with none). Not
+/// each CPU's busy / (busy + idle): where an idle CPU gets no cpu-clock ticks (some VMs: one
+/// here had 30,291 busy and 0 idle over 688 s), that CPU reads 100 % busy in every cell it ran
+/// in. A CPU that ticks through idle gives the cell's ticks, as the node's detectors divide by
+/// Hz x seconds. `max(b) / max(b + i)`: each CPU over the same most ticks, and 18.16 reads no
+/// outer column inside a lambda.
+pub const PEAK_SHARE: &str = "if(arrayReduce('max', arrayMap((b, i) -> b + i, sb, si)) > 0, \
+     arrayReduce('max', sb) / arrayReduce('max', arrayMap((b, i) -> b + i, sb, si)), 0)";
+
+/// Per cell of [`Parts::cpu_cells`]: the most ticks any CPU of the node had there. The node's
+/// CPUs times this is its ticks where a CPU whose idle takes none counted fewer.
+pub const MOST_TICKS: &str = "arrayReduce('max', arrayMap((b, i) -> b + i, sb, si))";
 
 /// `v` at index `cpu` of an array of zeros: what `sumForEach` sums per CPU.
 fn per_cpu(cpu: &str, v: &str) -> String {
@@ -268,33 +279,37 @@ impl Parts<'_> {
     /// block sent twice counted once (`max` per block), for a few nodes' cells; the ranking
     /// over every node sums (a re-sent block repeats its busy and idle: shares hold).
     pub fn cpu_cells(&self, s: &Split, dedup: bool) -> String {
-        self.cpu_cells_from(&s.clone().into(), dedup, CPU_1M)
+        self.cpu_cells_from(&s.clone().into(), dedup, CPU_1M, false)
     }
 
     /// As [`Self::cpu_cells`] for `t`: the whole minutes from `rollup` (`cpu_1m`, or
     /// `cpu_node_1m`: arrays of one, a node's CPUs summed), the whole five minutes from `cpu_5m`.
-    pub fn cpu_cells_from(&self, t: &Tiers, dedup: bool, rollup: &str) -> String {
+    /// `spans`: also `ssp`, the ns each CPU's blocks covered (`cpu_node_1m`: the node's), the
+    /// most of which is the seconds the node's cell covered (`cpu_5m` has none: empty).
+    pub fn cpu_cells_from(&self, t: &Tiers, dedup: bool, rollup: &str, spans: bool) -> String {
+        let span = |v: &str| if spans { format!(", {v} AS asp") } else { String::new() };
         let mut parts = Vec::new();
         for w in &t.raw {
             let range = format!("{TS} >= {} AND {TS} < {}{}", w.from_ns, w.to_ns, self.nodes);
             let table = self.fleet.table(schema::CPU_SECONDS);
             let rows = if dedup {
                 format!(
-                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(max({BUSY})) AS pb, toUInt64(max({IDLE})) AS pi \
-                     FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {CPU}",
+                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(max({BUSY})) AS pb, toUInt64(max({IDLE})) AS pi, \
+                     toUInt64(max({SPAN})) AS ps FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {CPU}",
                     self.col(TS)
                 )
             } else {
                 format!(
-                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi \
-                     FROM {table} WHERE {range} GROUP BY nd, col, cp",
+                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi, \
+                     toUInt64(sum({SPAN})) AS ps FROM {table} WHERE {range} GROUP BY nd, col, cp",
                     self.col(TS)
                 )
             };
             parts.push(format!(
-                "SELECT nd, col, {} AS ab, {} AS ai FROM ({rows})",
+                "SELECT nd, col, {} AS ab, {} AS ai{} FROM ({rows})",
                 per_cpu("cp", "pb"),
-                per_cpu("cp", "pi")
+                per_cpu("cp", "pi"),
+                span(&per_cpu("cp", "ps"))
             ));
         }
         let cpu = if rollup == CPU_1M { CPU } else { "toUInt16(0)" };
@@ -302,10 +317,11 @@ impl Parts<'_> {
             // Each row's own figures, summed once by the grouping below: grouping here too took
             // twice as long (a day of 1,000 nodes' CPU columns is 4.6 M groups).
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS col, {} AS ab, {} AS ai FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
+                "SELECT {NODE} AS nd, {} AS col, {} AS ab, {} AS ai{} FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
                 self.col(MINUTE),
                 per_cpu(cpu, "finalizeAggregation(busy_ticks)"),
                 per_cpu(cpu, "finalizeAggregation(idle_ticks)"),
+                span(&per_cpu(cpu, "finalizeAggregation(span_ns)")),
                 self.fleet.table(rollup),
                 m.from_ns,
                 m.to_ns,
@@ -314,9 +330,10 @@ impl Parts<'_> {
         }
         for f in &t.fives {
             parts.push(format!(
-                "SELECT {NODE} AS nd, {} AS col, finalizeAggregation(busy_cpus) AS ab, finalizeAggregation(idle_cpus) AS ai \
+                "SELECT {NODE} AS nd, {} AS col, finalizeAggregation(busy_cpus) AS ab, finalizeAggregation(idle_cpus) AS ai{} \
                  FROM {} WHERE {MINUTE} >= {} AND {MINUTE} < {}{}",
                 self.col(MINUTE),
+                span("emptyArrayUInt64()"),
                 self.fleet.table(CPU_5M),
                 f.from_ns,
                 f.to_ns,
@@ -324,7 +341,8 @@ impl Parts<'_> {
             ));
         }
         format!(
-            "SELECT nd, col, sumForEach(ab) AS sb, sumForEach(ai) AS si FROM ({}) GROUP BY nd, col",
+            "SELECT nd, col, sumForEach(ab) AS sb, sumForEach(ai) AS si{} FROM ({}) GROUP BY nd, col",
+            if spans { ", sumForEach(asp) AS ssp" } else { "" },
             parts.join(" UNION ALL ")
         )
     }
@@ -399,10 +417,10 @@ impl Parts<'_> {
         self.gpu_parts(&s.raw, &Self::gpu_minutes(s), idle_below, true).join(" UNION ALL ")
     }
 
-    /// The ranking's CPU figures per node: `nd, share, busy, idle`, the share the busiest CPU's
+    /// The ranking's CPU figures per node: `nd, share, busy, idle, most`, the share the busiest CPU's
     /// in any clock hour of the window (its part in the window), from `cpu_1h`'s whole hours,
     /// `cpu_1m`'s whole minutes and raw rows, summed without the per-block dedup (a re-sent
-    /// block repeats its busy and idle: shares hold).
+    /// block repeats its busy and idle: shares hold); `most`: [`MOST_TICKS`] over its hours.
     pub fn cpu_ranking(&self, t: &Tiers) -> String {
         let hr = |ts: &str| format!("intDiv({ts}, {HOUR_NS})");
         // Each CPU's ticks in arrays, as the cells: grouped per (node, hour), 16-192 times fewer
@@ -458,7 +476,8 @@ impl Parts<'_> {
             ));
         }
         format!(
-            "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))) FROM \
+            "SELECT nd, toFloat64(max({PEAK_SHARE})), toUInt64(sum(arraySum(sb))), toUInt64(sum(arraySum(si))), \
+             toUInt64(sum({MOST_TICKS})) FROM \
              (SELECT nd, hr, sumForEach(ab) AS sb, sumForEach(ai) AS si FROM ({}) GROUP BY nd, hr) GROUP BY nd",
             parts.join(" UNION ALL ")
         )
@@ -575,7 +594,7 @@ mod tests {
         assert_eq!(later.minutes.first().map(|m| (m.from_ns, m.to_ns)), Some((T0 + MINUTE_NS, f0 + 4 * F)));
         let fleet = Fleet::new("http://h:1", "p").unwrap();
         let p = Parts { fleet: &fleet, start_ns: T0, bucket_ns: F, nodes: String::new() };
-        let cells = p.cpu_cells_from(&t, false, CPU_1M);
+        let cells = p.cpu_cells_from(&t, false, CPU_1M, false);
         assert!(
             cells.contains(&format!(
                 "intDiv(minute - {T0}, 300000000000) AS col, finalizeAggregation(busy_cpus) AS ab, \

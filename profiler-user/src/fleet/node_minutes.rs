@@ -19,7 +19,7 @@ use crate::{
     query::Window,
     ship::clickhouse::{
         schema::{MINUTE_NS, col::*},
-        track_rollups::{CPU_1M, CPU_NODE_1M, MINUTE},
+        track_rollups::{self, CPU_1M, CPU_NODE_1M, MINUTE},
     },
 };
 
@@ -121,11 +121,13 @@ pub fn node_cells(parts: &Parts<'_>, s: &Split, saturated_tenths: u64, by: NodeM
             "SELECT {NODE} AS nd, {} AS col, bs, iss, ls, peak AS upk, toUInt64(if(sat, span_ns, 0)) AS usat, \
              toUInt64(span_ns) AS usp FROM \
              (SELECT {NODE}, {TS}, max(sp) AS span_ns, toUInt64(sum(b)) AS bs, toUInt64(sum(i)) AS iss, toUInt64(sum(l)) AS ls, \
-             toFloat64(max(if(b + i = 0, toFloat64(0), b / (b + i)))) AS peak, \
-             max(b + i > 0 AND b * 10 >= (b + i) * {saturated_tenths}) AS sat FROM \
-             (SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l \
-             FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY {NODE}, {TS}, {CPU}) GROUP BY {NODE}, {TS})",
+             toFloat64(max(if(t = 0, toFloat64(0), b / t))) AS peak, \
+             max(t > 0 AND b * 10 >= t * {saturated_tenths}) AS sat FROM \
+             (SELECT {NODE}, {TS}, {CPU}, sp, b, i, l, {} AS t FROM \
+             (SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l, \
+             max({HZ}) AS h FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY {NODE}, {TS}, {CPU})) GROUP BY {NODE}, {TS})",
             col(TS),
+            track_rollups::block_ticks("b", "i", "l", "h", "sp"),
             parts.fleet.table(crate::ship::clickhouse::schema::CPU_SECONDS),
             w.from_ns,
             w.to_ns,
@@ -169,12 +171,12 @@ mod tests {
             "{per_cpu}"
         );
         // The fleet page's cells of the `busy` measure: each node's CPUs as one.
-        let cells = parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerNode.table());
+        let cells = parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerNode.table(), true);
         assert!(
             cells.contains("emptyArrayUInt64(), toUInt16(0))") && cells.contains("FROM `p`.`cpu_node_1m`"),
             "{cells}"
         );
-        let per_cpu = parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerCpu.table());
+        let per_cpu = parts.cpu_cells_from(&s.clone().into(), true, NodeMinutes::PerCpu.table(), false);
         assert!(per_cpu.contains("emptyArrayUInt64(), cpu), toUInt64(finalizeAggregation(busy_ticks)))"), "{per_cpu}");
     }
 }

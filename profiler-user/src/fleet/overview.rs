@@ -85,7 +85,8 @@ pub struct NodeSummary {
     pub node: String,
     pub cpus: u32,
     pub hz: u32,
-    /// busy / (busy + idle) over every CPU and second of the window; `None` without data.
+    /// Busy ticks over the node's ticks in the window (busy, idle and lost, or CPUs x Hz x the
+    /// seconds covered where they are fewer); `None` without data.
     pub busy_share: Option<f64>,
     /// The busiest single CPU over one stored block (a second).
     pub peak_cpu_busy_share: Option<f64>,
@@ -436,7 +437,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     }
     for (node, t) in totals {
         if let Some(s) = by_node.get_mut(node) {
-            s.busy_share = share(t.busy, t.idle);
+            s.busy_share = t.busy_share(s.cpus, s.hz);
             s.peak_cpu_busy_share = s.busy_share.map(|_| t.peak);
             s.saturated_seconds = t.saturated_ns as f64 / SEC as f64;
             s.seconds = t.span_ns as f64 / SEC as f64;
@@ -506,8 +507,15 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     })
 }
 
-fn share(busy: u64, idle: u64) -> Option<f64> {
-    (busy + idle > 0).then(|| busy as f64 / (busy + idle) as f64)
+impl Cell {
+    /// Busy ticks over the node's ticks: busy, idle and lost, or Hz x the seconds covered x
+    /// its CPUs where they counted fewer (an idle CPU that takes no cpu-clock ticks, as on some
+    /// VMs, would otherwise read 100 % busy); `None` without ticks.
+    fn busy_share(&self, cpus: u32, hz: u32) -> Option<f64> {
+        let expected = u128::from(self.span_ns) * u128::from(hz) * u128::from(cpus) / u128::from(SEC);
+        let ticks = u128::from(self.busy + self.idle + self.lost).max(expected);
+        (ticks > 0).then(|| self.busy as f64 / ticks as f64)
+    }
 }
 
 /// A node's CPU figures in one column of the grid ([`Sql::cells`]), or summed over them.
@@ -530,8 +538,9 @@ fn grid(sql: &Sql<'_>, nodes: &[Node], cells: &[Cell]) -> Grid {
     let row_of: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let mut values = vec![vec![None; columns as usize]; nodes.len()];
     for c in cells {
-        if let Some(v) = row_of.get(c.node.as_str()).and_then(|&row| values[row].get_mut(c.col as usize)) {
-            *v = share(c.busy, c.idle);
+        let Some(&row) = row_of.get(c.node.as_str()) else { continue };
+        if let Some(v) = values[row].get_mut(c.col as usize) {
+            *v = c.busy_share(nodes[row].cpus, nodes[row].hz);
         }
     }
     Grid { bucket_seconds: bucket, columns, start_ns, nodes: nodes.iter().map(|n| n.name.clone()).collect(), values }
@@ -667,8 +676,18 @@ mod tests {
         s.frames.insert(1, (vec!["main".into(), "x;y".into(), "do_syscall_64".into()], vec![0, 0, 1]));
         assert_eq!(s.line("a 1", 1), "a_1;main;x:y;do_syscall_64_[k]");
         assert_eq!(s.line("c", 2), "c;[stack not in ClickHouse]");
-        assert_eq!(share(0, 0), None);
-        assert_eq!(share(9, 1), Some(0.9));
+    }
+
+    #[test]
+    fn a_cpu_whose_idle_takes_no_ticks_is_not_read_busy() {
+        let cell = |busy, idle, lost, span_ns| Cell { busy, idle, lost, span_ns, ..Default::default() };
+        assert_eq!(cell(0, 0, 0, 0).busy_share(2, 100), None);
+        assert_eq!(cell(9, 1, 0, 0).busy_share(1, 100), Some(0.9));
+        // 2 CPUs at 100 Hz for 10 s: 2,000 ticks, whatever fewer the node counted.
+        assert_eq!(cell(500, 500, 0, 10 * SEC).busy_share(2, 100), Some(0.25));
+        assert_eq!(cell(1500, 450, 50, 10 * SEC).busy_share(2, 100), Some(0.75));
+        // More ticks than Hz x seconds (a timer's jitter): the ticks.
+        assert_eq!(cell(1010, 1010, 0, 10 * SEC).busy_share(2, 100), Some(0.5));
     }
 
     #[test]

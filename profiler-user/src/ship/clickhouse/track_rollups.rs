@@ -7,8 +7,8 @@
 //! whole minutes of a window (`fleet::minutes` picks them, raw rows at the edges).
 //!
 //! `cpu_1m` is an `AggregatingMergeTree`: sums of busy, idle, lost ticks and of the blocks'
-//! spans (a CPU's share over any set of whole minutes is `sum(busy) / sum(busy + idle)`, the raw
-//! rows' answer), the busiest block's share (`max`), and which seconds of the minute had a CPU
+//! spans (the raw rows' sums over any set of whole minutes), the busiest block's share (`max`,
+//! of [`block_ticks`]), and which seconds of the minute had a CPU
 //! at least 90 % busy (`groupBitOr` of a 60-bit mask: OR-ed over CPUs it is the node's
 //! saturated seconds, as `profiler fleet` counts them). 18.16 has no `SimpleAggregateFunction`,
 //! and its `uniqExactArray` states read back wrong after a round trip through a table: a bit
@@ -68,11 +68,31 @@ pub const IDLE_BELOW_PERCENT: f64 = 50.0;
 /// The `gpu.N.util` tracks (`gpu::nvml::poll`), as an RE2 pattern.
 pub const GPU_UTIL_TRACK: &str = "^gpu\\.[0-9]+\\.util$";
 
+/// A raw block's ticks on one CPU, what its busy share divides by: its busy, idle and lost
+/// ticks, or Hz x its span where it counted fewer. Where an idle CPU gets no cpu-clock ticks
+/// (some VMs: one here had 30,291 busy and 0 idle over 688 s), busy / (busy + idle) reads a
+/// block with one busy tick 100 % busy; the node's detectors divide by Hz x seconds too.
+pub fn block_ticks(busy: &str, idle: &str, lost: &str, hz: &str, span: &str) -> String {
+    format!("greatest(toUInt64({busy}) + {idle} + {lost}, intDiv(toUInt64({hz}) * {span}, 1000000000))")
+}
+
 /// A block's saturated seconds in its minute as a 60-bit mask (bit `k`: second `k`), or 0 for
-/// a block under 90 % busy. A block reaching past its minute's end keeps its seconds inside it.
-const SATURATED_MASK: &str = "if(busy + idle > 0 AND busy * 10 >= (busy + idle) * 9, \
-     bitShiftLeft(toUInt64(bitShiftLeft(toUInt64(1), least(toUInt8(least(intDiv(span, 1000000000), 60)), \
-     toUInt8(60 - intDiv(ts, 1000000000) % 60))) - 1), toUInt8(intDiv(ts, 1000000000) % 60)), toUInt64(0))";
+/// a block under 90 % busy (of [`block_ticks`]). A block reaching past its minute's end keeps
+/// its seconds inside it.
+fn saturated_mask() -> String {
+    let t = block_ticks("busy", "idle", "lost", "hz", "span");
+    format!(
+        "if({t} > 0 AND busy * 10 >= {t} * 9, \
+         bitShiftLeft(toUInt64(bitShiftLeft(toUInt64(1), least(toUInt8(least(intDiv(span, 1000000000), 60)), \
+         toUInt8(60 - intDiv(ts, 1000000000) % 60))) - 1), toUInt8(intDiv(ts, 1000000000) % 60)), toUInt64(0))"
+    )
+}
+
+/// A block's busy share of [`block_ticks`] (0 for none), what `peak` keeps the largest of.
+fn block_share() -> String {
+    let t = block_ticks("busy", "idle", "lost", "hz", "span");
+    format!("if({t} = 0, toFloat64(0), busy / {t})")
+}
 
 struct Rollup {
     name: &'static str,
@@ -95,8 +115,10 @@ fn rollups() -> [Rollup; 6] {
             select: format!(
                 "SELECT node, intDiv(ts, {MINUTE_NS}) * {MINUTE_NS} AS minute, cpu, sumState(toUInt64(busy)) AS busy_ticks, \
                  sumState(toUInt64(idle)) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, sumState(span) AS span_ns, \
-                 maxState(if(busy + idle = 0, toFloat64(0), busy / (busy + idle))) AS peak, \
-                 groupBitOrState({SATURATED_MASK}) AS saturated FROM {{source}} GROUP BY node, minute, cpu"
+                 maxState({}) AS peak, \
+                 groupBitOrState({}) AS saturated FROM {{source}} GROUP BY node, minute, cpu",
+                block_share(),
+                saturated_mask()
             ),
         },
         Rollup {
@@ -154,8 +176,10 @@ fn rollups() -> [Rollup; 6] {
                 "SELECT node, intDiv(ts, {MINUTE_NS}) * {MINUTE_NS} AS minute, sumState(toUInt64(busy)) AS busy_ticks, \
                  sumState(toUInt64(idle)) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, \
                  arrayReduce('sumState', [toUInt64(arraySum(arrayMap(p -> tupleElement(p, 2), groupUniqArray((ts, span)))))]) AS span_ns, \
-                 maxState(if(busy + idle = 0, toFloat64(0), busy / (busy + idle))) AS peak, \
-                 groupBitOrState({SATURATED_MASK}) AS saturated FROM {{source}} GROUP BY node, minute"
+                 maxState({}) AS peak, \
+                 groupBitOrState({}) AS saturated FROM {{source}} GROUP BY node, minute",
+                block_share(),
+                saturated_mask()
             ),
         },
         Rollup {
@@ -229,6 +253,10 @@ mod tests {
         assert!(s[0].starts_with("CREATE TABLE IF NOT EXISTS `p`.`cpu_1m` (node String, minute UInt64, cpu UInt16,"));
         assert!(s[1].starts_with("CREATE MATERIALIZED VIEW IF NOT EXISTS `p`.`cpu_1m_mv` TO `p`.`cpu_1m` AS SELECT"));
         assert!(s[1].ends_with("FROM `p`.`cpu_seconds` GROUP BY node, minute, cpu"), "{}", s[1]);
+        // Shares against the ticks a block should have had: Hz x its span where it counted fewer.
+        let ticks = "greatest(toUInt64(busy) + idle + lost, intDiv(toUInt64(hz) * span, 1000000000))";
+        assert!(s[1].contains(&format!("maxState(if({ticks} = 0, toFloat64(0), busy / {ticks})) AS peak")), "{}", s[1]);
+        assert!(s[1].contains(&format!("groupBitOrState(if({ticks} > 0 AND busy * 10 >= {ticks} * 9,")), "{}", s[1]);
         assert!(s[3].contains("countIf(value < 50) AS below") && s[3].contains("FROM `p`.`counters` WHERE cpu = -1"));
         let node = s.iter().find(|q| q.contains("`cpu_node_1m_mv`")).expect("the per-node view");
         assert!(
