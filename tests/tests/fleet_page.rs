@@ -317,6 +317,17 @@ fn the_fleet_page_answers_from_clickhouse() {
     for row in wide["rows"].as_array().unwrap() {
         check_row(&wide, row, &raw10, true);
     }
+    // A day: columns of five minutes, the window widened to whole ones (the rollups answer it
+    // all), each cell what the raw rows give for it.
+    let day = board(&base, &token, &format!("from={}&to={}", end / SEC - 86_400 + 7, end / SEC + 3));
+    assert_eq!(day["bucket_seconds"], 300);
+    let (a, z) = (day["from_ns"].as_u64().unwrap(), day["to_ns"].as_u64().unwrap());
+    assert!(a.is_multiple_of(300 * SEC) && z.is_multiple_of(300 * SEC) && a == day["start_ns"], "{a} {z}");
+    assert!(a <= end - 86_393 * SEC && a + 300 * SEC > end - 86_393 * SEC && z >= end + 3 * SEC && z < end + 303 * SEC);
+    let raw300 = raw_cells(&ch, day["start_ns"].as_u64().unwrap(), z, 300);
+    for row in day["rows"].as_array().unwrap() {
+        check_row(&day, row, &raw300, true);
+    }
     // The worst row and a count of the rest; groups by pool and by namespace.
     let one = board(&base, &token, &format!("{window}&rows=1"));
     assert_eq!(

@@ -290,8 +290,9 @@ pub fn causes(
 /// Answers `req`.
 pub fn board(fleet: &Fleet, req: &Request) -> Result<Board, FleetError> {
     let sel = fleet.select(&req.nodes)?;
-    let w = req.window;
-    let (bucket, _) = choose_bucket(w);
+    let (bucket, _) = choose_bucket(req.window);
+    // Columns of whole minutes are whole columns: the rollups answer all of it.
+    let w = minutes::whole_columns(req.window, bucket * SEC);
     // Columns of whole minutes start on their bucket, so the minute rollups answer them.
     let start_ns = minutes::aligned_start(w, bucket * SEC);
     let columns = (w.to_ns - start_ns).div_ceil(bucket * SEC);
