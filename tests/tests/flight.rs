@@ -116,9 +116,13 @@ fn a_user_opening_findings_again_and_again_does_not_replace_roots_recording() {
     // A core saturated in the kernel after 2 s whatever else runs, recordings of 2 s, 5 kept:
     // root's, the user's 3, and room for one more of root's (a finding about another process,
     // when something else shares the machine); without the bound the user's 5 replace root's.
+    // No hot kernel function findings (a share of 1.0): dd's spin opened them too, now and then,
+    // after dd had exited (their owner gone, not the user), and their recordings took that room
+    // twice over (a suite of 2026-11-30: root's replaced by 3 of the user's and 2 of those).
     std::fs::write(
         config.path(),
-        "[flight]\nhz = 999\nsecs = 2\nkeep = 5\n[detect]\nsaturated_secs = 2\nmachine_busy_max = 1.0\nsaturated_kernel_min = 0.6\n",
+        "[flight]\nhz = 999\nsecs = 2\nkeep = 5\n[detect]\nsaturated_secs = 2\nmachine_busy_max = 1.0\nsaturated_kernel_min = 0.6\n\
+         hot_share = 1.0\nwatch_share = 1.0\nhot_critical_share = 1.0\n",
     )
     .unwrap();
     let (_tmp, data, mut daemon) = Daemon::ready_in_tempdir(&["--config", config.path().to_str().unwrap()]);
