@@ -9,7 +9,9 @@
 //! of another. And a process owner other than root causes at most [`PER_OWNER_PER_HOUR`]
 //! recordings an hour (the owner of the first process the finding names; a finding that
 //! names none is the kernel's, root's): past it the finding opens as always, without a
-//! recording, said once an hour in the log.
+//! recording, said once an hour in the log. A user's recordings (named `…-uUID`, or `…-gone`
+//! when the process had exited) make room only by replacing users' recordings, never root's;
+//! root's replace users' first: however many users there are, root's stay.
 //!
 //! The main store, the detectors and the exports keep seeing the base frequency: of a boosted
 //! CPU's samples, the first of each base-frequency period goes on to them ([`Flight::route`]),
@@ -140,10 +142,24 @@ impl Flight {
         if !self.owner_may_record(owner, now_ns) {
             return Ok(None);
         }
-        // A name of our own (finding ids carry a cgroup path for some kinds).
-        let name = format!("{}-cpu{cpu}-{}", f.kind.name(), f.start_ns / NS_PER_SEC);
+        // A name of our own (finding ids carry a cgroup path for some kinds), with its owner
+        // when not root: what pruning goes by.
+        let by = match owner {
+            0 => String::new(),
+            GONE => "-gone".to_string(),
+            uid => format!("-u{uid}"),
+        };
+        let name = format!("{}-cpu{cpu}-{}{by}", f.kind.name(), f.start_ns / NS_PER_SEC);
         let dir = flight_dir(&self.data_dir).join(&name);
-        self.prune(f.kind.name())?;
+        if !self.prune(f.kind.name(), owner == 0)? {
+            tracing::info!(
+                finding = %f.id,
+                "no flight recording for a finding about a user's process: the {} recordings kept are root's, \
+                 which a user's never replace",
+                self.settings.keep
+            );
+            return Ok(None);
+        }
         // Root's alone, checked like the data directory (no links, no other owner).
         crate::store::files::prepare_private_dir(&dir)?;
         let segments = crate::store::segments_dir(&dir);
@@ -280,33 +296,42 @@ impl Flight {
     }
 
     /// Removes recordings so that a new one of `kind` leaves at most `keep`: each time the
-    /// oldest of the kind with the most (the new one counted; on a tie, the new one's kind).
-    fn prune(&self, kind: &str) -> Result<(), StoreError> {
+    /// oldest of the kind with the most (the new one counted; on a tie, the new one's kind),
+    /// users' recordings first; root's only for a new one of root's (`by_root`). Whether there
+    /// is room now: a user's finding finds none when every recording kept is root's.
+    fn prune(&self, kind: &str, by_root: bool) -> Result<bool, StoreError> {
         let dir = flight_dir(&self.data_dir);
-        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(()) };
-        let mut by_kind: HashMap<String, Vec<(std::time::SystemTime, PathBuf)>> = HashMap::new();
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(true) };
+        // Users' recordings, then root's: by kind, (modified, path).
+        type ByKind = HashMap<String, Vec<(std::time::SystemTime, PathBuf)>>;
+        let (mut users, mut roots) = (ByKind::new(), ByKind::new());
         for e in entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
             let Some(modified) = e.metadata().ok().and_then(|m| m.modified().ok()) else { continue };
             let name = e.file_name().to_string_lossy().into_owned();
-            by_kind.entry(kind_of(&name).to_string()).or_default().push((modified, e.path()));
+            let of = if by_user(&name) { &mut users } else { &mut roots };
+            of.entry(kind_of(&name).to_string()).or_default().push((modified, e.path()));
         }
-        let mut total: usize = by_kind.values().map(Vec::len).sum::<usize>() + 1;
-        while total > self.settings.keep.max(1) {
-            let count = |k: &str, v: &Vec<_>| v.len() + usize::from(k == kind);
-            let Some((_, oldest)) = by_kind
-                .iter_mut()
-                .filter(|(_, v)| !v.is_empty())
-                .max_by_key(|(k, v)| (count(k, v), *k == kind))
-                .map(|(k, v)| (k.clone(), v))
-            else {
-                break;
-            };
-            oldest.sort();
-            let (_, path) = oldest.remove(0);
-            std::fs::remove_dir_all(&path).map_err(|e| StoreError::Io(path.clone(), e))?;
-            total -= 1;
+        let held = |m: &ByKind| m.values().map(Vec::len).sum::<usize>();
+        let mut total = held(&users) + held(&roots) + 1;
+        let keep = self.settings.keep.max(1);
+        for (pool, may) in [(&mut users, true), (&mut roots, by_root)] {
+            while may && total > keep {
+                let count = |k: &str, v: &Vec<_>| v.len() + usize::from(k == kind);
+                let Some((_, oldest)) = pool
+                    .iter_mut()
+                    .filter(|(_, v)| !v.is_empty())
+                    .max_by_key(|(k, v)| (count(k, v), *k == kind))
+                    .map(|(k, v)| (k.clone(), v))
+                else {
+                    break;
+                };
+                oldest.sort();
+                let (_, path) = oldest.remove(0);
+                std::fs::remove_dir_all(&path).map_err(|e| StoreError::Io(path.clone(), e))?;
+                total -= 1;
+            }
         }
-        Ok(())
+        Ok(total <= keep)
     }
 }
 
@@ -321,9 +346,16 @@ fn owner_of(f: &Finding) -> u32 {
     std::fs::metadata(format!("/proc/{pid}")).map_or(GONE, |m| m.uid())
 }
 
-/// The kind of finding a recording is of: its name is `KIND-cpuN-START`.
+/// The kind of finding a recording is of: its name is `KIND-cpuN-START[-uUID|-gone]`.
 fn kind_of(name: &str) -> &str {
     name.rsplit_once("-cpu").map_or(name, |(kind, _)| kind)
+}
+
+/// Whether a recording was caused by a user's process (not root's, not the kernel's).
+fn by_user(name: &str) -> bool {
+    let last = name.rsplit_once('-').map_or("", |(_, l)| l);
+    last == "gone"
+        || last.strip_prefix('u').is_some_and(|uid| !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]
@@ -458,6 +490,61 @@ mod tests {
         f.flush((s + 2) * NS_PER_SEC, u64::MAX);
         let s = t0 + 3_600;
         assert!(f.start_for(&finding(Some(0), s), 1000, s * NS_PER_SEC, 2, "n").unwrap().is_some());
+    }
+
+    /// Many users (or processes gone before their owner was read) each within their bound: their
+    /// recordings replace one another's, never root's; root's replace theirs first.
+    #[test]
+    fn users_recordings_never_replace_roots_and_roots_replace_users_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Flight::new(Settings { hz: 999, secs: 1, keep: 3 }, 99, dir.path());
+        let left = || {
+            let mut v: Vec<String> = std::fs::read_dir(flight_dir(dir.path()))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let at = |owner: u32, s: u64, f: &mut Flight| {
+            // Distinct modification times for the pruning order.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let started = f.start_for(&finding(Some(0), s), owner, s * NS_PER_SEC, 2, "n").unwrap().is_some();
+            f.flush((s + 2) * NS_PER_SEC, u64::MAX);
+            started
+        };
+        assert!(at(0, 1_800_000_000, &mut f));
+        // Ten users and a process gone, one finding each: every one records, replacing users'.
+        for (i, owner) in (1000..1010).chain([GONE]).enumerate() {
+            assert!(at(owner, 1_800_000_100 + i as u64, &mut f), "owner {owner}");
+        }
+        assert_eq!(
+            left(),
+            [
+                "saturated-core-cpu0-1800000000",
+                "saturated-core-cpu0-1800000109-u1009",
+                "saturated-core-cpu0-1800000110-gone"
+            ]
+        );
+        // Root's replace users' first.
+        assert!(at(0, 1_800_000_200, &mut f));
+        assert!(at(0, 1_800_000_300, &mut f));
+        assert_eq!(
+            left(),
+            ["saturated-core-cpu0-1800000000", "saturated-core-cpu0-1800000200", "saturated-core-cpu0-1800000300"]
+        );
+        // All root's: a user's finding opens without a recording, and root's stay.
+        assert!(!at(2000, 1_800_000_400, &mut f));
+        assert_eq!(left().len(), 3);
+        assert!(left().iter().all(|n| !by_user(n)));
+        // Root's own go oldest first, as before.
+        assert!(at(0, 1_800_000_500, &mut f));
+        assert_eq!(left()[0], "saturated-core-cpu0-1800000200");
+        assert!(
+            by_user("hot-kernel-function-cpu1-7-u0")
+                && !by_user("hot-kernel-function-cpu1-7")
+                && !by_user("x-cpu1-7-u")
+        );
     }
 
     #[test]

@@ -117,8 +117,10 @@ fn a_user_opening_findings_again_and_again_does_not_replace_roots_recording() {
     // root's, the user's 3, and room for one more of root's (a finding about another process,
     // when something else shares the machine); without the bound the user's 5 replace root's.
     // No hot kernel function findings (a share of 1.0): dd's spin opened them too, now and then,
-    // after dd had exited (their owner gone, not the user), and their recordings took that room
-    // twice over (a suite of 2026-11-30: root's replaced by 3 of the user's and 2 of those).
+    // after dd had exited (their owner gone, not the user). Their recordings once replaced
+    // root's (a suite of 2026-11-30); a user's recording no longer replaces root's (the unit
+    // test `users_recordings_never_replace_roots_and_roots_replace_users_first`), but they
+    // would still make this count of the user's recordings depend on timing.
     std::fs::write(
         config.path(),
         "[flight]\nhz = 999\nsecs = 2\nkeep = 5\n[detect]\nsaturated_secs = 2\nmachine_busy_max = 1.0\nsaturated_kernel_min = 0.6\n\
@@ -177,5 +179,11 @@ fn a_user_opening_findings_again_and_again_does_not_replace_roots_recording() {
     assert!(std::path::Path::new(&root_recording).is_dir(), "root's recording {root_recording} was replaced: {left:?}");
     assert!(left.len() <= 5, "{left:?}");
     assert!(daemon.log_text().contains("caused 3 flight recordings in the last hour"), "{}", daemon.log_text());
+    // Named for their owner (what pruning goes by); root's for none.
+    for f in users.iter().filter_map(|f| f["evidence"]["flight_recording"]["dir"].as_str()) {
+        assert!(f.ends_with("-u65534"), "a recording of user nobody's dd: {f}");
+    }
+    let root_name = std::path::Path::new(&root_recording).file_name().unwrap().to_string_lossy().into_owned();
+    assert!(!root_name.contains("-u") && !root_name.ends_with("-gone"), "{root_recording}");
     assert!(daemon.stop().success());
 }
