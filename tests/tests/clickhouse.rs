@@ -670,7 +670,7 @@ fn rollup_checks(db: &str) -> Vec<(&'static str, String, String)> {
 fn edges_check(db: &str, a: u64, b: u64) -> (String, String) {
     let m = schema::MINUTE_NS;
     let (ma, mb) = (a.div_ceil(m) * m, b / m * m);
-    assert!(a % m != 0 && b % m != 0 && ma < mb, "edges inside minutes, whole minutes between");
+    assert!(!a.is_multiple_of(m) && !b.is_multiple_of(m) && ma < mb, "edges inside minutes, whole minutes between");
     let class = schema::workload_class("workload");
     let key = "comm, stack_id, workload";
     (
@@ -720,7 +720,7 @@ fn rollups_add_up_to_the_raw_samples_on_18_16() {
     // A window with edges inside minutes: the fleet's seconds and minutes, the raw rows' sums.
     let first = ch.number("SELECT min(ts) FROM profiler.samples") / SEC * SEC;
     let m = schema::MINUTE_NS;
-    let a = if (first + SEC) % m == 0 { first + 2 * SEC } else { first + SEC };
+    let a = if (first + SEC).is_multiple_of(m) { first + 2 * SEC } else { first + SEC };
     let b = (a.div_ceil(m) + 1) * m + 7 * SEC;
     let (edges, edges_raw) = edges_check("profiler", a, b);
     let (edges, edges_raw) = (answer(&edges), answer(&edges_raw));
@@ -770,7 +770,7 @@ fn rollups_add_up_to_the_raw_samples_on_current_clickhouse() {
         statements.extend([rollup.clone(), raw.clone()]);
     }
     // Edges 17 s into a minute and 23 s before one, over an hour of the 3.4 h.
-    let off_minute = |t: u64| if t % schema::MINUTE_NS == 0 { t + SEC } else { t };
+    let off_minute = |t: u64| if t.is_multiple_of(schema::MINUTE_NS) { t + SEC } else { t };
     let (a, b) = (off_minute(start + 77 * SEC), off_minute(start + 3637 * SEC));
     let (edges, edges_raw) = edges_check("profiler", a, b);
     statements.extend([edges, edges_raw]);

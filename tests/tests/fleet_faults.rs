@@ -98,7 +98,7 @@ impl LiveNode {
                         }
                     }
                     second += SEC;
-                    if second % (10 * SEC) == 0 || second + SEC > now_ns() {
+                    if second.is_multiple_of(10 * SEC) || second + SEC > now_ns() {
                         w.flush(second).unwrap();
                     }
                 }

@@ -632,7 +632,7 @@ fn fleet_page_sql_runs_on_current_clickhouse() {
     );
     let gpu = ev(json!({"processes": [{"comm": "python3"}], "top_functions": [{"function": "augment"}]}));
     let ml = ev(json!({"pod_namespace": "ml", "pod_name": "p"}));
-    let rows = vec![
+    let rows = [
         "INSERT INTO p.nodes VALUES ('n1', 2, 99, '0-1', 'h', 1), ('n2', 2, 99, '0-1', 'h', 1)".to_string(),
         // n1: CPU 0 saturated, CPU 1 idle, a retried row; n2: both half busy, one second later.
         format!(

@@ -376,7 +376,7 @@ fn fleet_scale_benchmark() {
     assert_eq!(on_servers, samples, "every sample written is on a shard");
     // The rest of the fleet, copied by the servers from the shipped nodes.
     let samples = if shipped < nodes {
-        say("copies", clone::copies(&shards, shipped, nodes));
+        say("copies", clone::copies(&shards, shipped, nodes, secs));
         wait_for("the servers' merges to finish", Duration::from_secs(3600), || {
             shards.iter().all(|s| s.number("SELECT count() FROM system.merges") == 0).then_some(())
         });

@@ -13,20 +13,22 @@ use integration_tests::clickhouse::ClickHouse;
 /// The per-node tables a copy is made in (each shard's `_local` table).
 const TABLES: &[&str] = &["samples", "cpu_seconds", "counters", "cuda_samples", "findings", "events", "nodes"];
 
-/// Shipped nodes copied per statement: each statement stays well inside the harness's 30 s
-/// request timeout on a loaded 18.16.
-const NODES_PER_STATEMENT: u64 = 10;
+/// Shipped nodes' minutes copied per statement (10 nodes of one minute, one node of ten): each
+/// statement stays well inside the harness's 30 s request timeout on a loaded 18.16, where 2 M
+/// rows through every view take ~25 s of a server's CPU.
+const NODE_MINUTES_PER_STATEMENT: u64 = 10;
 
 /// Copies nodes `gpu-0000 .. gpu-{shipped-1}` into `gpu-{shipped} .. gpu-{total-1}`: node `i`
 /// of copy round `k` becomes `i + k * shipped`, on the same shard as its source (`shipped` is
 /// even, so the parity that placed a node on its shard is kept). Returns what it did, in words.
-pub fn copies(shards: &[ClickHouse], shipped: u64, total: u64) -> String {
-    assert!(shipped % 2 == 0 && shipped > 0, "FLEET_SHIPPED must be even and positive");
+pub fn copies(shards: &[ClickHouse], shipped: u64, total: u64, secs: u64) -> String {
+    assert!(shipped.is_multiple_of(2) && shipped > 0, "FLEET_SHIPPED must be even and positive");
     let rounds = total.div_ceil(shipped);
+    let per_statement = (NODE_MINUTES_PER_STATEMENT * 60 / secs.max(1)).max(1);
     let t = Instant::now();
     // The shards copy at the same time, each its own nodes.
     let rows: u64 = std::thread::scope(|scope| {
-        let each: Vec<_> = shards.iter().map(|s| scope.spawn(move || copy_on(s, shipped, total, rounds))).collect();
+        let each: Vec<_> = shards.iter().map(|s| scope.spawn(move || copy_on(s, shipped, total, rounds, per_statement))).collect();
         each.into_iter().map(|h| h.join().unwrap()).sum()
     });
     format!(
@@ -38,7 +40,7 @@ pub fn copies(shards: &[ClickHouse], shipped: u64, total: u64) -> String {
 }
 
 /// One shard's copies; the sample rows it added.
-fn copy_on(s: &ClickHouse, shipped: u64, total: u64, rounds: u64) -> u64 {
+fn copy_on(s: &ClickHouse, shipped: u64, total: u64, rounds: u64, per_statement: u64) -> u64 {
     let mut rows = 0u64;
     {
         for table in TABLES {
@@ -73,8 +75,8 @@ fn copy_on(s: &ClickHouse, shipped: u64, total: u64, rounds: u64) -> u64 {
                         c => c.to_string(),
                     })
                     .collect();
-                for first in (0..shipped).step_by(NODES_PER_STATEMENT as usize) {
-                    let last = (first + NODES_PER_STATEMENT).min(shipped).min(total.saturating_sub(shift));
+                for first in (0..shipped).step_by(per_statement as usize) {
+                    let last = (first + per_statement).min(shipped).min(total.saturating_sub(shift));
                     if first >= last {
                         continue;
                     }
