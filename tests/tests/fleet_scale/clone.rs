@@ -28,7 +28,8 @@ pub fn copies(shards: &[ClickHouse], shipped: u64, total: u64, secs: u64) -> Str
     let t = Instant::now();
     // The shards copy at the same time, each its own nodes.
     let rows: u64 = std::thread::scope(|scope| {
-        let each: Vec<_> = shards.iter().map(|s| scope.spawn(move || copy_on(s, shipped, total, rounds, per_statement))).collect();
+        let each: Vec<_> =
+            shards.iter().map(|s| scope.spawn(move || copy_on(s, shipped, total, rounds, per_statement))).collect();
         each.into_iter().map(|h| h.join().unwrap()).sum()
     });
     format!(
