@@ -5,9 +5,12 @@
 //! checked on today's ClickHouse (the embedded chdb from PyPI). The counter tracks (kernel
 //! counters, and GPU tracks from the NVML stand-in) reach the `counters` table exactly.
 
+#[path = "shared/ch_store.rs"]
+mod ch_store;
 #[path = "shared/otlp_total.rs"]
 mod otlp_total;
 
+use ch_store::{ship_with, synthetic_store, synthetic_store_ending, synthetic_store_with};
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
@@ -375,60 +378,6 @@ fn schema_and_folded_query_run_on_current_clickhouse() {
     assert_eq!(answers[n - 1].trim(), want.join("\n"), "each frame once");
 }
 
-/// A store written directly (no BPF, no root): `cpus` CPUs at 50 Hz for `secs` that ended 30 s
-/// ago.
-fn synthetic_store(data: &Path, cpus: u32, secs: u64) -> (u64, u64) {
-    synthetic_store_ending(data, cpus, secs, (now_secs() as u64 - 30) * SEC)
-}
-
-fn synthetic_store_ending(data: &Path, cpus: u32, secs: u64, end: u64) -> (u64, u64) {
-    synthetic_store_with(data, cpus, secs, end, 50, 20)
-}
-
-/// `cpus` CPUs sampled at `hz` for `secs` up to `end`, `stacks` distinct stacks in turn.
-fn synthetic_store_with(data: &Path, cpus: u32, secs: u64, end: u64, hz: u64, stacks: usize) -> (u64, u64) {
-    use std::sync::Arc;
-
-    use profiler::{
-        model::{Sample, Stack},
-        store::{StoreWriter, create_and_lock, segments_dir},
-    };
-    let _lock = create_and_lock(data).unwrap();
-    let start = end - secs * SEC;
-    let n_stacks = stacks as u64;
-    let stacks: Vec<Arc<Stack>> = (0..stacks)
-        .map(|i| {
-            let frames = ["main".to_string(), format!("work_{i}"), "do_syscall_64".into()];
-            Arc::new(Stack::new(frames.iter().map(|f| Arc::from(f.as_str())).collect(), 2))
-        })
-        .collect();
-    let mut w = StoreWriter::new(&segments_dir(data));
-    let mut ts = start;
-    let mut i = 0u64;
-    while ts < end {
-        for cpu in 0..cpus {
-            w.push(&Sample {
-                ts_ns: ts + u64::from(cpu) * 1000,
-                cpu,
-                pid: 100 + cpu,
-                tid: 100 + cpu,
-                cgroup_id: 0,
-                comm: Arc::from(["app", "db", "web"][cpu as usize % 3]),
-                stack: stacks[(i % n_stacks) as usize].clone(),
-                workload: Arc::from(""),
-            });
-            i += 1;
-        }
-        let next = ts + SEC / hz;
-        if next / SEC != ts / SEC {
-            w.flush(ts).unwrap();
-        }
-        ts = next;
-    }
-    w.flush(end).unwrap();
-    (start, end)
-}
-
 /// Runs a shipper over `data` until its cursor passes `to`; returns its figures.
 fn ship_until(ch: &ClickHouse, data: &Path, to: u64, batch_rows: usize) -> Stats {
     ship_while(ch, data, batch_rows, 86_400, || wait_shipped(data, to))
@@ -439,30 +388,6 @@ fn ship_while(ch: &ClickHouse, data: &Path, batch_rows: usize, max_age_secs: u64
     use profiler::ship::clickhouse::FileConfig;
     let file = FileConfig { batch_rows: Some(batch_rows), ..Default::default() };
     ship_with(&ch.url(), NODE, data, &file, max_age_secs, wait)
-}
-
-/// Runs a shipper of node `node` with the `[clickhouse]` table `file` while `wait` waits.
-fn ship_with(
-    url: &str,
-    node: &str,
-    data: &Path,
-    file: &profiler::ship::clickhouse::FileConfig,
-    max_age_secs: u64,
-    wait: impl FnOnce(),
-) -> Stats {
-    use profiler::ship::{
-        SharedStats,
-        clickhouse::{Config, Shipper},
-    };
-    let config =
-        Config::resolve(Some(url.to_string()), Some(file), node, data.to_path_buf(), max_age_secs).unwrap().unwrap();
-    let stats = SharedStats::default();
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    let thread = profiler::ship::spawn(Shipper { config, stats: stats.clone(), stop: stop_rx }).unwrap();
-    wait();
-    let _ = stop.send(true);
-    thread.join().unwrap();
-    stats.lock().unwrap().clone()
 }
 
 #[test]

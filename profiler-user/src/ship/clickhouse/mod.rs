@@ -17,6 +17,7 @@ pub mod rows;
 pub mod schema;
 mod shipper;
 pub mod track_rollups;
+pub mod views;
 
 use tokio::sync::watch;
 

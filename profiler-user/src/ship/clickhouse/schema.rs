@@ -13,8 +13,8 @@
 
 use col::*;
 
-use super::rollups::ROLLUPS;
 pub use super::rollups::{RollupKeep, WORKLOAD_CLASS_FIELDS, view_name, workload_class};
+use super::{rollups::ROLLUPS, views};
 
 /// Nanoseconds in a day: the partition key is `intDiv(ts, DAY_NS)`.
 pub const DAY_NS: u64 = 86_400 * 1_000_000_000;
@@ -317,20 +317,22 @@ const TABLES: &[Table] = &[
     ),
 ];
 
-/// Every statement, in order, each safe to run again, the rollups keeping [`RollupKeep::DEFAULT`].
+/// Every statement of a schema made by hand, in order, each safe to run again, the rollups
+/// keeping [`RollupKeep::DEFAULT`]; the views recorded as made ([`views::by_hand`]).
 pub fn statements(l: &Layout<'_>) -> Vec<String> {
     statements_keeping(l, RollupKeep::DEFAULT)
 }
 
-/// Every statement, in order, each safe to run again; with codecs, `stack_id` as
-/// [`STACK_DICTIONARY`] (a server from 25.1 on: the shipper asks [`statements_with`] for older
-/// ones).
+/// Every statement of a schema made by hand, in order, each safe to run again; with codecs,
+/// `stack_id` as [`STACK_DICTIONARY`] (a server from 25.1 on: the shipper asks
+/// [`statements_with`] for older ones).
 pub fn statements_keeping(l: &Layout<'_>, keep: RollupKeep) -> Vec<String> {
-    statements_with(l, keep, true)
+    views::by_hand(&quote_ident(l.database), statements_with(l, keep, true))
 }
 
-/// Every statement, in order, each safe to run again; `dictionary`: with codecs, `samples`'
-/// `stack_id` is [`STACK_DICTIONARY`] ([`supports_stack_dictionary`]).
+/// The tables and views, in order, each safe to run again (the shipper runs them through
+/// [`views::ensure`], which replaces views whose definition changed); `dictionary`: with
+/// codecs, `samples`' `stack_id` is [`STACK_DICTIONARY`] ([`supports_stack_dictionary`]).
 pub fn statements_with(l: &Layout<'_>, keep: RollupKeep, dictionary: bool) -> Vec<String> {
     let db = quote_ident(l.database);
     let ttl = |secs: Option<u64>| {
@@ -389,10 +391,7 @@ pub fn statements_with(l: &Layout<'_>, keep: RollupKeep, dictionary: bool) -> Ve
             .select
             .replace("{source}", &format!("{db}.{}", quote_ident(&local(SAMPLES))))
             .replace("{workload_class}", &workload_class("s.workload"));
-        out.push(format!(
-            "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{} TO {db}.{table} AS {select}",
-            quote_ident(&view_name(r.name))
-        ));
+        out.push(views::create(&db, &view_name(r.name), &table, &select));
     }
     out
 }
@@ -441,14 +440,20 @@ mod tests {
     #[test]
     fn plain_layout_has_no_distributed_and_quotes_names() {
         let s = statements(&Layout { database: "pro`f", cluster: None, ttl_secs: None, codecs: false });
-        assert_eq!(s.len(), 1 + TABLES.len() + 2 * ROLLUPS.len());
+        // Made by hand: the table of view versions and a record of each view follow.
+        assert_eq!(s.len(), 1 + TABLES.len() + 2 * ROLLUPS.len() + 1 + ROLLUPS.len());
         assert!(s.iter().all(|q| !q.contains("Distributed") && !q.contains("TTL")));
+        assert!(s[s.len() - 1].starts_with("INSERT INTO `pro\\`f`.`schema_views`"), "{}", s[s.len() - 1]);
         assert_eq!(s[0], "CREATE DATABASE IF NOT EXISTS `pro\\`f`");
     }
 
     #[test]
     fn cluster_layout_adds_local_tables_and_ttl_where_asked() {
-        let s = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: Some(60), codecs: true });
+        let s = statements_with(
+            &Layout { database: "p", cluster: Some("c"), ttl_secs: Some(60), codecs: true },
+            RollupKeep::DEFAULT,
+            true,
+        );
         assert_eq!(s.len(), 1 + 2 * TABLES.len() + 3 * ROLLUPS.len());
         assert!(s[1].contains("`samples_local` (") && s[1].contains("toIntervalSecond(60)"));
         assert!(s[2].contains("Distributed(`c`, `p`, `samples_local`, cityHash64(node))"));
@@ -575,7 +580,8 @@ mod tests {
 
     #[test]
     fn cluster_rollups_read_the_shards_samples_and_are_read_through_distributed_tables() {
-        let s = statements(&Layout { database: "p", cluster: Some("c"), ttl_secs: None, codecs: false });
+        let l = Layout { database: "p", cluster: Some("c"), ttl_secs: None, codecs: false };
+        let s = statements_with(&l, RollupKeep::DEFAULT, true);
         let rollups = &s[1 + 2 * TABLES.len()..];
         assert_eq!(rollups.len(), 3 * ROLLUPS.len());
         assert!(rollups[0].starts_with("CREATE TABLE IF NOT EXISTS `p`.`samples_1m_local` (node String,"));

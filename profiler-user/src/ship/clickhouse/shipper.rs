@@ -209,11 +209,11 @@ impl Follower {
             codecs: schema::supports_codecs(version),
         };
         // The per-minute CPU and GPU rollups (`track_rollups`) after the tables their views read.
-        let rollups = super::track_rollups::statements(&layout, self.config.rollups.minutes_secs);
-        let ours = schema::statements_with(&layout, self.config.rollups, schema::supports_stack_dictionary(version));
-        for statement in ours.into_iter().chain(rollups) {
-            self.client.query(&statement)?;
-        }
+        let rollups = super::track_rollups::definitions(&layout, self.config.rollups.minutes_secs);
+        let mut ours =
+            schema::statements_with(&layout, self.config.rollups, schema::supports_stack_dictionary(version));
+        ours.extend(rollups);
+        super::views::ensure(&self.client, &self.config.database, ours)?;
         self.version = Some(version);
         Ok(version)
     }

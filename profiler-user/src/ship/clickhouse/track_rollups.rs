@@ -200,9 +200,15 @@ fn rollups() -> [Rollup; 6] {
     ]
 }
 
+/// [`definitions`] for a schema made by hand: the views recorded as made
+/// ([`super::views::by_hand`]).
+pub fn statements(l: &Layout<'_>, keep_secs: u64) -> Vec<String> {
+    super::views::by_hand(&quote_ident(l.database), definitions(l, keep_secs))
+}
+
 /// The tables, their `Distributed` tables on a cluster, and the views, each safe to run again;
 /// rows kept `keep_secs` where the server has `TTL` (`l.ttl_secs` set).
-pub fn statements(l: &Layout<'_>, keep_secs: u64) -> Vec<String> {
+pub fn definitions(l: &Layout<'_>, keep_secs: u64) -> Vec<String> {
     let db = quote_ident(l.database);
     let local = |name: &str| if l.cluster.is_some() { format!("{name}_local") } else { name.to_string() };
     let mut out = Vec::new();
@@ -224,10 +230,7 @@ pub fn statements(l: &Layout<'_>, keep_secs: u64) -> Vec<String> {
         }
         // With a cluster each shard rolls up the rows it receives, into its own table.
         let select = r.select.replace("{source}", &format!("{db}.{}", quote_ident(&local(r.source))));
-        out.push(format!(
-            "CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{} TO {db}.{table} AS {select}",
-            quote_ident(&format!("{}_mv", r.name))
-        ));
+        out.push(super::views::create(&db, &format!("{}_mv", r.name), &table, &select));
     }
     out
 }
@@ -247,7 +250,7 @@ mod tests {
     #[test]
     fn tables_views_and_ttl() {
         let plain = Layout { database: "p", cluster: None, ttl_secs: None, codecs: false };
-        let s = statements(&plain, 120);
+        let s = definitions(&plain, 120);
         assert_eq!(s.len(), count(&plain));
         assert!(s.iter().all(|q| !q.contains("TTL") && !q.contains("Distributed")));
         assert!(s[0].starts_with("CREATE TABLE IF NOT EXISTS `p`.`cpu_1m` (node String, minute UInt64, cpu UInt16,"));
@@ -270,10 +273,10 @@ mod tests {
         assert!(five.contains("intDiv(ts, 300000000000) * 300000000000 AS minute"), "{five}");
         let ttl = Layout { ttl_secs: Some(60), ..plain.clone() };
         assert!(
-            statements(&ttl, 120)[0].ends_with("TTL toDateTime(intDiv(minute, 1000000000)) + toIntervalSecond(120)")
+            definitions(&ttl, 120)[0].ends_with("TTL toDateTime(intDiv(minute, 1000000000)) + toIntervalSecond(120)")
         );
         let cluster = Layout { cluster: Some("c"), ..plain };
-        let s = statements(&cluster, 120);
+        let s = definitions(&cluster, 120);
         assert_eq!(s.len(), count(&cluster));
         assert!(s[1].ends_with("Distributed(`c`, `p`, `cpu_1m_local`, cityHash64(node))"), "{}", s[1]);
         assert!(s[2].contains("TO `p`.`cpu_1m_local` AS") && s[2].contains("FROM `p`.`cpu_seconds_local`"));
