@@ -52,8 +52,8 @@ fn pod(namespace: &str) -> Arc<str> {
 struct Plan {
     name: &'static str,
     busy: [u64; 2],
-    /// A CPU whose idle takes no cpu-clock ticks (as on some VMs): its busy ticks only.
-    tickless: Option<u32>,
+    /// CPUs whose idle takes no cpu-clock ticks (as on some VMs): their busy ticks only.
+    tickless: [bool; 2],
     comm: &'static str,
     namespace: &'static str,
     gpus: &'static [f64],
@@ -65,14 +65,22 @@ fn plans() -> Vec<Plan> {
         Plan {
             name: "gpu-a-01",
             busy: [50, 0],
-            tickless: None,
+            tickless: [false; 2],
             comm: "ecs-agent",
             namespace: "ml",
             gpus: &[5.0, 90.0],
         },
-        Plan { name: "gpu-a-02", busy: [25, 25], tickless: None, comm: "ecs-agent", namespace: "ml", gpus: &[80.0] },
-        // CPU 1's 5 busy ticks of 50 a second are 10 %, not 100 %: the busiest CPU is CPU 0.
-        Plan { name: "cpu-b-01", busy: [10, 5], tickless: Some(1), comm: "nginx", namespace: "web", gpus: &[] },
+        Plan {
+            name: "gpu-a-02",
+            busy: [25, 25],
+            tickless: [false; 2],
+            comm: "ecs-agent",
+            namespace: "ml",
+            gpus: &[80.0],
+        },
+        // Neither CPU ticks through idle (a 2-vCPU VM, as this one): CPU 0's 10 busy ticks of 50
+        // a second are 20 %, CPU 1's 5 are 10 %, not 100 %.
+        Plan { name: "cpu-b-01", busy: [10, 5], tickless: [true; 2], comm: "nginx", namespace: "web", gpus: &[] },
     ]
 }
 
@@ -110,7 +118,7 @@ fn write_node(data: &Path, p: &Plan, end: u64) {
                         stack: if cpu == 0 { hot.clone() } else { user.clone() },
                         workload: pod(p.namespace),
                     });
-                } else if p.tickless != Some(cpu) {
+                } else if !p.tickless[cpu as usize] {
                     w.push_idle(ts_ns, cpu);
                 }
             }
@@ -215,12 +223,15 @@ pub fn raw_cells(ch: &ClickHouse, from: u64, to: u64, bucket: u64) -> BTreeMap<(
         let ts = f[1].parse::<u64>().unwrap();
         let col = (ts - from) / (bucket * SEC);
         let e = per_cpu.entry((f[0].to_string(), col, f[2].parse().unwrap())).or_default();
-        e.0 += f[3].parse::<u64>().unwrap();
-        e.1 += f[4].parse::<u64>().unwrap();
+        // Idle: the ticks `HZ` gives the block's span that were not busy, at least those counted.
+        let (busy, idle, span) =
+            (f[3].parse::<u64>().unwrap(), f[4].parse::<u64>().unwrap(), f[5].parse::<u64>().unwrap());
+        e.0 += busy;
+        e.1 += idle.max((HZ * span / SEC).saturating_sub(busy));
         covered.entry((f[0].to_string(), col)).or_default().insert(ts, f[5].parse().unwrap());
     }
     // Per cell: the busiest CPU's busy ticks, the most ticks a CPU had (a CPU whose idle takes
-    // no ticks is not read 100 % busy: the cell's ticks are its best-ticking CPU's), busy, idle.
+    // no ticks is not read 100 % busy), busy, idle.
     let mut out: BTreeMap<(String, u64), (u64, u64, u64, u64)> = BTreeMap::new();
     for ((node, col, _), (b, i)) in per_cpu {
         let e = out.entry((node, col)).or_default();

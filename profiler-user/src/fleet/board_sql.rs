@@ -216,13 +216,13 @@ mod tests {
         let s = sql(&fleet);
         let grid = s.cpu_grid(&Rows::Nodes(vec!["n1".into()]), None);
         assert!(grid.contains("intDiv(ts - 1000000000000, 10000000000) AS col"), "{grid}");
-        assert!(grid.contains("toUInt64(max(busy)) AS pb, toUInt64(max(idle)) AS pi, toUInt64(max(span)) AS ps FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND node IN ('n1') GROUP BY node, ts, cpu"), "{grid}");
+        assert!(grid.contains("toUInt64(max(busy)) AS pb, toUInt64(max(toUInt64(greatest(toUInt64(busy) + idle + lost, intDiv(toUInt64(hz) * span, 1000000000)) - toUInt64(busy) - lost))) AS pi, toUInt64(max(span)) AS ps FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND node IN ('n1') GROUP BY node, ts, cpu"), "{grid}");
         assert!(grid.ends_with("GROUP BY rk, c") && !grid.contains("ssp"), "{grid}");
         // The mean's idle: the ticks each node's CPUs x Hz give its seconds covered, at least.
         let busy = s.cpu_grid(&Rows::Nodes(vec!["n1".into()]), Some(&[("n1".into(), 16 * 99)]));
         assert!(busy.contains("arrayReduce('max', ssp) * transform(nd, ['n1'], [1584], toUInt64(0))"), "{busy}");
         assert!(busy.contains("sumForEach(asp) AS ssp"), "{busy}");
-        assert!(s.cpu_scores(&Rows::EachNode).contains("toUInt64(sum(busy)) AS pb, toUInt64(sum(idle)) AS pi, toUInt64(sum(span)) AS ps FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 GROUP BY nd, col, cp"));
+        assert!(s.cpu_scores(&Rows::EachNode).contains("toUInt64(sum(busy)) AS pb, toUInt64(sum(toUInt64(greatest(toUInt64(busy) + idle + lost, intDiv(toUInt64(hz) * span, 1000000000)) - toUInt64(busy) - lost))) AS pi, toUInt64(sum(span)) AS ps FROM `p`.`cpu_seconds` WHERE ts >= 1000000000000 AND ts < 1600000000000 GROUP BY nd, col, cp"));
         let gpu = s.gpu_grid(&Rows::EachNode, 50.0);
         assert!(gpu.contains("toUInt64(countIf(value < 50)) AS pi"), "{gpu}");
         assert!(gpu.contains("FROM `p`.`counters` WHERE ts >= 1000000000000 AND ts < 1600000000000 AND cpu = -1 AND match(name, '^gpu\\\\.[0-9]+\\\\.util$')"), "{gpu}");

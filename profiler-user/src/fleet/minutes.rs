@@ -17,13 +17,19 @@ use crate::{
     ship::clickhouse::{
         schema::{self, HOUR_NS, MINUTE_NS, col::*, quote_str},
         track_rollups::{
-            CPU_1H, CPU_1M, CPU_5M, FIVE_MINUTES_NS, GPU_UTIL_1H, GPU_UTIL_1M, GPU_UTIL_TRACK, HOUR,
+            self, CPU_1H, CPU_1M, CPU_5M, FIVE_MINUTES_NS, GPU_UTIL_1H, GPU_UTIL_1M, GPU_UTIL_TRACK, HOUR,
             IDLE_BELOW_PERCENT, MINUTE,
         },
     },
 };
 
 const SEC: u64 = 1_000_000_000;
+
+/// A raw `cpu_seconds` row's idle ticks as the rollups keep them ([`track_rollups::idle_ticks`]):
+/// a CPU whose idle takes no ticks reads its busy share, in raw cells as in rolled-up ones.
+pub(super) fn raw_idle() -> String {
+    track_rollups::idle_ticks(BUSY, IDLE, LOST, HZ, SPAN)
+}
 
 /// A window cut for one rollup: its whole minutes the rollup answers, the rest raw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -309,15 +315,17 @@ impl Parts<'_> {
             let table = self.fleet.table(schema::CPU_SECONDS);
             let rows = if dedup {
                 format!(
-                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(max({BUSY})) AS pb, toUInt64(max({IDLE})) AS pi, \
+                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(max({BUSY})) AS pb, toUInt64(max({})) AS pi, \
                      toUInt64(max({SPAN})) AS ps FROM {table} WHERE {range} GROUP BY {NODE}, {TS}, {CPU}",
-                    self.col(TS)
+                    self.col(TS),
+                    raw_idle()
                 )
             } else {
                 format!(
-                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi, \
+                    "SELECT {NODE} AS nd, {} AS col, {CPU} AS cp, toUInt64(sum({BUSY})) AS pb, toUInt64(sum({})) AS pi, \
                      toUInt64(sum({SPAN})) AS ps FROM {table} WHERE {range} GROUP BY nd, col, cp",
-                    self.col(TS)
+                    self.col(TS),
+                    raw_idle()
                 )
             };
             parts.push(format!(
@@ -446,11 +454,12 @@ impl Parts<'_> {
             // Summed per CPU first: a minute of a fleet's raw rows is ~1 M rows, 16,000 sums.
             parts.push(format!(
                 "SELECT nd, hr, {} AS ab, {} AS ai FROM (SELECT {NODE} AS nd, {} AS hr, {CPU} AS cp, \
-                 toUInt64(sum({BUSY})) AS pb, toUInt64(sum({IDLE})) AS pi FROM {} WHERE {TS} >= {} AND {TS} < {}{} \
+                 toUInt64(sum({BUSY})) AS pb, toUInt64(sum({})) AS pi FROM {} WHERE {TS} >= {} AND {TS} < {}{} \
                  GROUP BY nd, hr, cp)",
                 per_cpu("cp", "pb"),
                 per_cpu("cp", "pi"),
                 hr(TS),
+                raw_idle(),
                 self.fleet.table(schema::CPU_SECONDS),
                 w.from_ns,
                 w.to_ns,

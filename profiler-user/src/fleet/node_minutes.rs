@@ -124,10 +124,11 @@ pub fn node_cells(parts: &Parts<'_>, s: &Split, saturated_tenths: u64, by: NodeM
              toFloat64(max(if(t = 0, toFloat64(0), b / t))) AS peak, \
              max(t > 0 AND b * 10 >= t * {saturated_tenths}) AS sat FROM \
              (SELECT {NODE}, {TS}, {CPU}, sp, b, i, l, {} AS t FROM \
-             (SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({IDLE}) AS i, max({LOST}) AS l, \
+             (SELECT {NODE}, {TS}, {CPU}, max({SPAN}) AS sp, max({BUSY}) AS b, max({}) AS i, max({LOST}) AS l, \
              max({HZ}) AS h FROM {} WHERE {TS} >= {} AND {TS} < {}{} GROUP BY {NODE}, {TS}, {CPU})) GROUP BY {NODE}, {TS})",
             col(TS),
             track_rollups::block_ticks("b", "i", "l", "h", "sp"),
+            super::minutes::raw_idle(),
             parts.fleet.table(crate::ship::clickhouse::schema::CPU_SECONDS),
             w.from_ns,
             w.to_ns,

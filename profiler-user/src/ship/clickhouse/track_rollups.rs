@@ -76,6 +76,21 @@ pub fn block_ticks(busy: &str, idle: &str, lost: &str, hz: &str, span: &str) -> 
     format!("greatest(toUInt64({busy}) + {idle} + {lost}, intDiv(toUInt64({hz}) * {span}, 1000000000))")
 }
 
+/// A raw block's idle ticks on one CPU as the fleet reads them: the ticks of [`block_ticks`]
+/// neither busy nor lost. Its idle ticks where it counted Hz x its span; more where it counted
+/// fewer: a CPU whose idle takes no cpu-clock ticks (some VMs: every CPU of a 2-vCPU node
+/// here) then reads its busy share, not 100 %, in every rollup and per-CPU cell, also where no
+/// CPU of its node ticks through idle. The node's own reads (`profiler cputime`, its summary)
+/// keep the idle ticks counted, as its store does.
+pub fn idle_ticks(busy: &str, idle: &str, lost: &str, hz: &str, span: &str) -> String {
+    format!("toUInt64({} - toUInt64({busy}) - {lost})", block_ticks(busy, idle, lost, hz, span))
+}
+
+/// [`idle_ticks`] of a `cpu_seconds` row.
+fn row_idle() -> String {
+    idle_ticks("busy", "idle", "lost", "hz", "span")
+}
+
 /// A block's saturated seconds in its minute as a 60-bit mask (bit `k`: second `k`), or 0 for
 /// a block under 90 % busy (of [`block_ticks`]). A block reaching past its minute's end keeps
 /// its seconds inside it.
@@ -114,9 +129,10 @@ fn rollups() -> [Rollup; 6] {
             engine: "AggregatingMergeTree PARTITION BY intDiv(minute, 86400000000000) ORDER BY (node, minute, cpu)",
             select: format!(
                 "SELECT node, intDiv(ts, {MINUTE_NS}) * {MINUTE_NS} AS minute, cpu, sumState(toUInt64(busy)) AS busy_ticks, \
-                 sumState(toUInt64(idle)) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, sumState(span) AS span_ns, \
+                 sumState({}) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, sumState(span) AS span_ns, \
                  maxState({}) AS peak, \
                  groupBitOrState({}) AS saturated FROM {{source}} GROUP BY node, minute, cpu",
+                row_idle(),
                 block_share(),
                 saturated_mask()
             ),
@@ -140,7 +156,8 @@ fn rollups() -> [Rollup; 6] {
             engine: "SummingMergeTree PARTITION BY intDiv(hour, 86400000000000) ORDER BY (node, hour, cpu)",
             select: format!(
                 "SELECT node, intDiv(ts, {HOUR_NS}) * {HOUR_NS} AS hour, cpu, sum(toUInt64(busy)) AS busy_ticks, \
-                 sum(toUInt64(idle)) AS idle_ticks FROM {{source}} GROUP BY node, hour, cpu"
+                 sum({}) AS idle_ticks FROM {{source}} GROUP BY node, hour, cpu",
+                row_idle()
             ),
         },
         Rollup {
@@ -174,10 +191,11 @@ fn rollups() -> [Rollup; 6] {
             // columns). A re-sent batch counts its spans twice, as `cpu_1m`'s do.
             select: format!(
                 "SELECT node, intDiv(ts, {MINUTE_NS}) * {MINUTE_NS} AS minute, sumState(toUInt64(busy)) AS busy_ticks, \
-                 sumState(toUInt64(idle)) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, \
+                 sumState({}) AS idle_ticks, sumState(toUInt64(lost)) AS lost_ticks, \
                  arrayReduce('sumState', [toUInt64(arraySum(arrayMap(p -> tupleElement(p, 2), groupUniqArray((ts, span)))))]) AS span_ns, \
                  maxState({}) AS peak, \
                  groupBitOrState({}) AS saturated FROM {{source}} GROUP BY node, minute",
+                row_idle(),
                 block_share(),
                 saturated_mask()
             ),
@@ -193,8 +211,9 @@ fn rollups() -> [Rollup; 6] {
             select: format!(
                 "SELECT node, intDiv(ts, {FIVE_MINUTES_NS}) * {FIVE_MINUTES_NS} AS minute, \
                  sumForEachState(arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), toUInt64(busy))) AS busy_cpus, \
-                 sumForEachState(arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), toUInt64(idle))) AS idle_cpus \
-                 FROM {{source}} GROUP BY node, minute"
+                 sumForEachState(arrayPushBack(arrayResize(emptyArrayUInt64(), cpu), {})) AS idle_cpus \
+                 FROM {{source}} GROUP BY node, minute",
+                row_idle()
             ),
         },
     ]
@@ -260,6 +279,12 @@ mod tests {
         let ticks = "greatest(toUInt64(busy) + idle + lost, intDiv(toUInt64(hz) * span, 1000000000))";
         assert!(s[1].contains(&format!("maxState(if({ticks} = 0, toFloat64(0), busy / {ticks})) AS peak")), "{}", s[1]);
         assert!(s[1].contains(&format!("groupBitOrState(if({ticks} > 0 AND busy * 10 >= {ticks} * 9,")), "{}", s[1]);
+        // Idle: the ticks due neither busy nor lost, in every per-CPU rollup (no CPU of a node
+        // need tick through idle for its shares to read right).
+        let idle = format!("toUInt64({ticks} - toUInt64(busy) - lost)");
+        assert!(s[1].contains(&format!("sumState({idle}) AS idle_ticks")), "{}", s[1]);
+        assert!(s.iter().filter(|q| q.contains(&idle)).count() == 4, "cpu_1m, cpu_1h, cpu_node_1m, cpu_5m");
+        assert!(!s.iter().any(|q| q.contains("toUInt64(idle)")));
         assert!(s[3].contains("countIf(value < 50) AS below") && s[3].contains("FROM `p`.`counters` WHERE cpu = -1"));
         let node = s.iter().find(|q| q.contains("`cpu_node_1m_mv`")).expect("the per-node view");
         assert!(

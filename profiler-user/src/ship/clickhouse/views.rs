@@ -39,12 +39,12 @@ const VERSIONS: &[(&str, u32, u64)] = &[
     ("samples_1d_mv", 1, 0xc553ab4fac4b9201),
     ("samples_fleet_1s_mv", 1, 0xa0cb8dfbe77e7c5),
     ("stack_nodes_1h_mv", 1, 0x27322156bd825aa),
-    ("cpu_1m_mv", 1, 0x64efa666e1c688e5),
+    ("cpu_1m_mv", 2, 0x6ff6b8a38a8df4ce),
     ("gpu_util_1m_mv", 1, 0x4fe2cf2d5aa37e77),
-    ("cpu_1h_mv", 1, 0xa82680b655d5d52a),
+    ("cpu_1h_mv", 2, 0x302169524e2a27fb),
     ("gpu_util_1h_mv", 1, 0x46bf74656b3f07fd),
-    ("cpu_node_1m_mv", 1, 0x7a63d994dec75462),
-    ("cpu_5m_mv", 1, 0x6f97240dc06ec350),
+    ("cpu_node_1m_mv", 2, 0x9ba58c5d472d652e),
+    ("cpu_5m_mv", 2, 0xbd64b745eb015973),
 ];
 
 /// A view's version (1 for one not listed: the first recorded version).
@@ -216,7 +216,7 @@ mod tests {
         let hand = by_hand("`p`", vec!["CREATE DATABASE IF NOT EXISTS `p`".into(), s]);
         assert_eq!(hand.len(), 4);
         assert!(hand[2].starts_with("CREATE TABLE IF NOT EXISTS `p`.`schema_views`"), "{}", hand[2]);
-        assert_eq!(hand[3], "INSERT INTO `p`.`schema_views` (view, version, at) VALUES ('cpu_5m_mv', 1, 0)");
+        assert_eq!(hand[3], "INSERT INTO `p`.`schema_views` (view, version, at) VALUES ('cpu_5m_mv', 2, 0)");
         assert_eq!(by_hand("`p`", vec!["SELECT 1".into()]).len(), 1, "no views, no record");
     }
 
