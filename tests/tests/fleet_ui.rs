@@ -275,15 +275,17 @@ fn fleet_page_cells(ch: &ClickHouse, base: &str, token: Option<&str>, a: u64, b:
     let raw = ch
         .query(&format!(
             "SELECT node, intDiv(ts - {}, {SEC}) AS col, cpu, sum(b), sum(i) FROM (SELECT node, ts, cpu, max(busy) AS b, \
-             max(idle) AS i FROM profiler.cpu_seconds WHERE ts >= {} AND ts < {} GROUP BY node, ts, cpu) \
+             max(greatest(toInt64(idle), toInt64(intDiv(toUInt64(hz) * span, 1000000000)) - busy - lost)) AS i \
+             FROM profiler.cpu_seconds WHERE ts >= {} AND ts < {} GROUP BY node, ts, cpu) \
              GROUP BY node, col, cpu FORMAT TSV",
             a * SEC,
             a * SEC,
             b * SEC
         ))
         .unwrap();
-    // Per cell the busiest CPU's busy ticks over the most ticks a CPU had there: this VM's
-    // CPU 1 takes no ticks while idle, and busy / (busy + idle) read it 100 % busy.
+    // Per cell the busiest CPU's busy ticks over the most ticks a CPU had there, idle being the
+    // ticks Hz gives a block's span that were neither busy nor lost (at least those counted):
+    // this VM's CPUs take no ticks while idle, and busy / (busy + idle) read them 100 % busy.
     let mut most: std::collections::BTreeMap<(String, usize), (f64, f64)> = Default::default();
     for line in raw.lines() {
         let f: Vec<&str> = line.split('\t').collect();
