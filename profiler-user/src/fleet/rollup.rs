@@ -191,7 +191,7 @@ impl Coverage {
             Source::NodeHours,
         ];
         let (firsts, quiet) = std::thread::scope(|s| {
-            let quiet = s.spawn(|| quiet_until(window, now_ns, |a, b| raw_before(a, b)));
+            let quiet = s.spawn(|| quiet_until(window, now_ns, &raw_before));
             let firsts = ALL
                 .map(|source| s.spawn(move || first(source)))
                 .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
