@@ -1,5 +1,6 @@
 //! A node's store of synthetic samples, and a shipper run over it: what the ClickHouse tests
-//! share.
+//! share. Each test file uses some of them.
+#![allow(dead_code)]
 
 use std::path::Path;
 
