@@ -16,7 +16,8 @@
 //! The cost, said in docs/clickhouse.md: an insert that arrives in the milliseconds between the
 //! drop and the create is missing from that rollup, and rows rolled up before keep the old
 //! formula. Schemas made by hand from `schema::statements` record their views as made (`at` 0,
-//! so that any shipper's later record is newer).
+//! so that any shipper's later record is newer). Only a view's `SELECT` is upgraded: a rollup
+//! table whose columns change would need an `ALTER TABLE` of its own, which nothing here makes.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
