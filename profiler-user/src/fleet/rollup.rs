@@ -107,9 +107,10 @@ const SETTLED_NS: u64 = 60 * SECOND_NS;
 /// (`rows_in(a, b)`: whether `[a, b)` holds any), among units that are not being filled now:
 /// the window ends now (or later), or the unit is settled. A read that runs for more than
 /// about 4 s may then count rows sent meanwhile after a window that ends now, as a read of
-/// raw rows counts rows sent meanwhile inside it. A window ending now, or where the fleet's data stops, thus
-/// reads its last unit whole from the rollups, which hold only the rows before its end; the
-/// fleet's seconds for a last minute still being merged cost ~0.4 s a shard at 1,000 nodes.
+/// raw rows counts rows sent meanwhile inside it. A window ending now, or where the fleet's
+/// data stops, thus reads its last unit whole from the rollups, which hold only the rows
+/// before its end; the fleet's seconds for a last minute still being merged cost ~0.4 s a
+/// shard at 1,000 nodes.
 pub fn quiet_until(
     window: Window,
     now_ns: u64,
