@@ -188,6 +188,8 @@ fn fleet_answers_what_the_stores_hold() {
     };
     event(2, event_ts, "ev-reset", "ena 0000:00:06.0: Device reset completed successfully");
     event(0, start + 10 * SEC, "ev-lockup", "watchdog: BUG: soft lockup - CPU#1 stuck for 22s!");
+    // 2 s after the reset on its node: their lookbacks share 3 s.
+    event(2, event_ts + 2 * SEC, "ev-watchdog", "NETDEV WATCHDOG: ens5 (ena): transmit queue 3 timed out");
     let finding = Finding {
         id: "f-1".into(),
         kind: detect::Kind::SaturatedCore,
@@ -224,7 +226,7 @@ fn fleet_answers_what_the_stores_hold() {
         assert_eq!(n["saturated_seconds"].as_f64(), Some(saturated as f64), "{name}");
         assert_eq!(n["seconds"].as_f64(), Some(SECS as f64), "{name}");
         assert_eq!(n["samples"].as_u64(), Some(busy * SECS), "{name}");
-        assert_eq!(n["events"].as_u64(), Some(u64::from(i != 1)), "{name}");
+        assert_eq!(n["events"].as_u64(), Some([1, 0, 2][i]), "{name}");
         top_samples += plan[0].busy * SECS;
     }
     assert_eq!(j["nodes"][0]["findings"], 1);
@@ -287,6 +289,14 @@ fn fleet_answers_what_the_stores_hold() {
     assert_eq!(two.len(), 2, "{two:?}");
     assert_eq!((two[0]["node"].as_str(), two[0]["ts_ns"].as_u64()), (Some("node-a"), Some(start + 10 * SEC)));
     assert_eq!(two[1], *reset, "the reset explained alone and beside another event");
+    // Two events of one node 2 s apart: the seconds both look back on count for each.
+    let near = fleet_json(&["--clickhouse", &url, "--from", &from, "--to", &to, "--event", "ena.*reset|WATCHDOG"]);
+    let near = near["events"]["events"].as_array().unwrap().clone();
+    assert_eq!(near.len(), 2, "{near:?}");
+    assert_eq!(near[0], *reset, "the reset explained beside an event whose lookback overlaps it");
+    assert_eq!((near[1]["node"].as_str(), near[1]["cpu"].as_u64()), (Some("node-c"), Some(1)), "{near:?}");
+    assert_eq!(near[1]["cpu_kernel_samples"].as_u64(), Some(5 * 20), "{near:?}");
+    assert_eq!(near[1]["stacks"], reset["stacks"], "{near:?}");
 
     // Text: a table a human reads.
     let out = profiler(&["fleet", "--clickhouse", &url, "--from", &from, "--to", &to, "--event", "reset"]);
@@ -499,14 +509,17 @@ fn fleet_sql_runs_on_current_clickhouse() {
     .top_nodes(&[7]);
     let queries = [
         (sql.cells(1), "n1\t0\t100\t98\t0\t0.9090909090909091\t1000000000\t1000000000"),
-        (sql.samples(), "n1\t15"),
         (sql.findings(), "n1\tsaturated-core\t1"),
         (sql.events(), "n1\t1"),
         (sql.top(1), "bash\t8\t11\t1"),
         (sql.matching_events("ena.*reset"), &format!("n1\t{}\te1\tena reset", t + 3)),
         (sql.matching_count("ena.*reset"), "1"),
-        (sql.event_cpu("n1", t + 3, &Sources { dictionary: true, text: true }), "1\t4\t4"),
-        (sql.event_stacks("n1", t + 3, 1), "bash\t7\t4"),
+        // Two events of one node whose lookbacks overlap: the sample of t + 1 counts in both.
+        (
+            sql.event_cpus(&[("n1", t + 3), ("n1", t + 2)], &Sources { dictionary: true, text: true }),
+            "0\t0\t0\t6\n0\t1\t4\t4\n1\t1\t4\t4",
+        ),
+        (sql.event_stacks(&[("n1", t + 3, 1), ("n1", t + 3, 0)]), "0\tbash\t7\t4\n1\tbash\t8\t6"),
         (stack_nodes, "bash\t7\t2"),
     ];
     let n = statements.len();
@@ -830,7 +843,6 @@ fn fleet_benchmark() {
         };
         let queries = [
             ("cells (busy shares and grid)", sql.cells(choose_bucket(window).0)),
-            ("samples", sql.samples()),
             ("findings", sql.findings()),
             ("events", sql.events()),
             ("top", sql.top(10)),

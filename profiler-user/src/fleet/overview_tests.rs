@@ -1,6 +1,7 @@
 //! Tests of [`super`]: the pure logic of `fleet::overview` (SQL text, cuts of windows, shares).
 
 use super::*;
+use crate::fleet::stack_text::Sources;
 
 fn w(secs: u64) -> Window {
     Window::new(1000 * SEC, (1000 + secs) * SEC).unwrap()
@@ -46,13 +47,17 @@ fn sql_quotes_what_users_type() {
     );
     let ev = sql.matching_events("ena.*reset'; DROP TABLE x");
     assert!(ev.contains("match(message, 'ena.*reset\\'; DROP TABLE x')"), "{ev}");
-    let cpu = sql.event_cpu("n'1", 20 * SEC, &Sources { dictionary: true, text: false });
+    let cpu = sql.event_cpus(&[("n'1", 20 * SEC), ("n2", 30 * SEC)], &Sources { dictionary: true, text: false });
     assert!(cpu.contains("node = 'n\\'1' AND ts >= 15000000000 AND ts < 20000000000"), "{cpu}");
-    assert_eq!(cpu.matches("ts >= 15000000000").count(), 2, "{cpu}");
+    // Each lookback in the rows' event, the WHERE and the stacks' WHERE.
+    assert_eq!(cpu.matches("ts >= 15000000000").count(), 3, "{cpu}");
+    assert_eq!(cpu.matches("ts >= 25000000000").count(), 3, "{cpu}");
     assert!(cpu.contains("FROM (SELECT stack_id, kernel FROM `p\\`x`.`stack_frames` WHERE"), "{cpu}");
     // Old `stacks` rows too, while there are some.
-    let both = sql.event_cpu("n'1", 20 * SEC, &Sources { dictionary: true, text: true });
-    assert_eq!(both.matches("ts >= 15000000000").count(), 3, "{both}");
+    let both = sql.event_cpus(&[("n'1", 20 * SEC)], &Sources { dictionary: true, text: true });
+    assert_eq!(both.matches("ts >= 15000000000").count(), 4, "{both}");
+    let stacks = sql.event_stacks(&[("n'1", 20 * SEC, 3)]);
+    assert!(stacks.contains("AND cpu = 3") && stacks.ends_with("LIMIT 3 BY ev"), "{stacks}");
     assert!(sql.cells(10).contains("intDiv(ts - 1000000000000, 10000000000)"));
     assert!(sql.top(7).ends_with("LIMIT 7"));
     // Parts of the window from the minute rollup and from raw rows, summed together.
