@@ -14,11 +14,12 @@
 use super::{
     Fleet, FleetError,
     minutes::{self, Parts, Split},
+    rollup,
 };
 use crate::{
     query::Window,
     ship::clickhouse::{
-        schema::{MINUTE_NS, col::*},
+        schema::{CPU_SECONDS, MINUTE_NS, col::*},
         track_rollups::{self, CPU_1M, CPU_NODE_1M, MINUTE},
     },
 };
@@ -57,6 +58,23 @@ impl NodeMinutes {
             (Some(n), _) => (Split::new(w, Some(n)), Self::PerNode),
             (None, c) => (Split::new(w, c), Self::PerCpu),
         })
+    }
+
+    /// As [`Self::split`], `w`'s end moved to its minute's end where no per-CPU row follows it
+    /// there ([`rollup::quiet_until`] on `cpu_seconds`: a window ending now, or where the
+    /// fleet's data stops), so that the rollup answers that minute whole. Its rows are those of
+    /// `w`, and a raw sliver at the end read every node's granule around it (`cpu_seconds` is
+    /// sorted by node: 9.3 M rows, 0.32 s a shard for a day of 1,000 nodes).
+    pub fn split_quiet(fleet: &Fleet, w: Window) -> Result<(Split, Self), FleetError> {
+        let end = w.to_ns.div_ceil(MINUTE_NS).saturating_mul(MINUTE_NS);
+        if end == w.to_ns {
+            return Self::split(fleet, w);
+        }
+        let rows_in = |a, b| rollup::rows_in(fleet, CPU_SECONDS, a, b);
+        match rollup::quiet_until(w, rollup::now_ns(), rows_in)? {
+            Some(quiet) if quiet >= end => Self::split(fleet, Window { from_ns: w.from_ns, to_ns: end }),
+            _ => Self::split(fleet, w),
+        }
     }
 
     /// As [`Self::split`] for columns of `parts`: raw rows where they are not whole minutes.

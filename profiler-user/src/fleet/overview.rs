@@ -191,7 +191,21 @@ pub struct Sql<'a> {
     pub cpu_minutes: NodeMinutes,
 }
 
-impl Sql<'_> {
+impl<'a> Sql<'a> {
+    /// Raw rows for the whole window: what the events read.
+    fn raw(fleet: &'a Fleet, window: Window, nodes: String) -> Self {
+        Sql {
+            fleet,
+            window,
+            nodes,
+            pieces: Vec::new(),
+            fleet_pieces: Vec::new(),
+            node_pieces: Vec::new(),
+            cpu: Split::raw(window),
+            cpu_minutes: NodeMinutes::default(),
+        }
+    }
+
     /// The window's sample rows as `(nd, cm, sid, n)`: node, comm, stack and count, from the
     /// table of each part (a `UNION ALL` of them).
     fn sample_rows(&self) -> String {
@@ -340,6 +354,22 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     // Named nodes (globs resolved) are filtered by name; the whole fleet needs no filter.
     let names: Vec<String> =
         if selection.whole_fleet { Vec::new() } else { selection.nodes.iter().map(|n| n.name.clone()).collect() };
+    // The events beside the rest: they read raw rows of their own seconds only, and most of
+    // the time of either is the server's answering many small requests, not its CPU.
+    let raw = Sql::raw(fleet, w, node_filter(&names));
+    std::thread::scope(|s| {
+        let events = req.event.as_deref().map(|p| s.spawn(|| events::explain_events(&raw, p)));
+        let mut o = summarize(fleet, req, selection, names)?;
+        if let Some(e) = events {
+            o.events = Some(e.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?);
+        }
+        Ok(o)
+    })
+}
+
+/// Everything but the events, for the nodes of `selection` (`names`: none for the whole fleet).
+fn summarize(fleet: &Fleet, req: &Request, selection: Selection, names: Vec<String>) -> Result<Overview, FleetError> {
+    let w = req.window;
     // The top stacks and the samples per node from the minute rollup where it resolves the
     // window: it keeps the node (the hourly one does not).
     let some_nodes = Selection { whole_fleet: false, ..selection.clone() };
@@ -351,7 +381,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         true => rollup::plan(w, &crate::query::Filter::default(), &selection, cover),
         false => Vec::new(),
     };
-    let (cpu, cpu_minutes) = NodeMinutes::split(fleet, w)?;
+    let (cpu, cpu_minutes) = NodeMinutes::split_quiet(fleet, w)?;
     let mut read_from =
         format!("{}; {}", rollup::describe(&pieces), minutes::describe_cpu_from(&cpu, cpu_minutes.table()));
     if !fleet_pieces.is_empty() {
@@ -446,10 +476,6 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
     stacks.fetch(&sql, top.iter().map(|t| t.1))?;
     let top_stacks: Vec<TopStack> =
         top.iter().map(|(comm, id, n, k)| TopStack { stack: stacks.line(comm, *id), samples: *n, nodes: *k }).collect();
-    let events = match &req.event {
-        Some(p) => Some(events::explain_events(&sql, p, &mut stacks)?),
-        None => None,
-    };
     let nodes: Vec<NodeSummary> = by_node.into_values().collect();
     Ok(Overview {
         from_ns: w.from_ns,
@@ -461,7 +487,7 @@ pub fn overview(fleet: &Fleet, req: &Request) -> Result<Overview, FleetError> {
         nodes_without_data,
         top_stacks,
         grid,
-        events,
+        events: None,
         read_from,
     })
 }

@@ -1,7 +1,6 @@
 //! Tests of [`super`]: the pure logic of `fleet::overview` (SQL text, cuts of windows, shares).
 
 use super::*;
-use crate::fleet::stack_text::Sources;
 
 fn w(secs: u64) -> Window {
     Window::new(1000 * SEC, (1000 + secs) * SEC).unwrap()
@@ -47,15 +46,10 @@ fn sql_quotes_what_users_type() {
     );
     let ev = sql.matching_events("ena.*reset'; DROP TABLE x");
     assert!(ev.contains("match(message, 'ena.*reset\\'; DROP TABLE x')"), "{ev}");
-    let cpu = sql.event_cpus(&[("n'1", 20 * SEC), ("n2", 30 * SEC)], &Sources { dictionary: true, text: false });
-    assert!(cpu.contains("node = 'n\\'1' AND ts >= 15000000000 AND ts < 20000000000"), "{cpu}");
-    // Each lookback in the rows' event, the WHERE and the stacks' WHERE.
-    assert_eq!(cpu.matches("ts >= 15000000000").count(), 3, "{cpu}");
-    assert_eq!(cpu.matches("ts >= 25000000000").count(), 3, "{cpu}");
-    assert!(cpu.contains("FROM (SELECT stack_id, kernel FROM `p\\`x`.`stack_frames` WHERE"), "{cpu}");
-    // Old `stacks` rows too, while there are some.
-    let both = sql.event_cpus(&[("n'1", 20 * SEC)], &Sources { dictionary: true, text: true });
-    assert_eq!(both.matches("ts >= 15000000000").count(), 4, "{both}");
+    // One branch per event, each on its node's whole seconds before the event's second.
+    let cpu = sql.event_cpus(&[("n'1", 20 * SEC + 300), ("n2", 30 * SEC)]);
+    assert!(cpu.contains("SELECT toUInt32(0) AS ev, cpu, ts, max(kernel) AS kn, max(busy) AS bs FROM `p\\`x`.`cpu_seconds` WHERE node = 'n\\'1' AND ts >= 15000000000 AND ts < 20000000000 GROUP BY cpu, ts UNION ALL SELECT toUInt32(1) AS ev"), "{cpu}");
+    assert!(cpu.contains("node = 'n2' AND ts >= 25000000000 AND ts < 30000000000"), "{cpu}");
     let stacks = sql.event_stacks(&[("n'1", 20 * SEC, 3)]);
     assert!(stacks.contains("AND cpu = 3") && stacks.ends_with("LIMIT 3 BY ev"), "{stacks}");
     assert!(sql.cells(10).contains("intDiv(ts - 1000000000000, 10000000000)"));

@@ -1,76 +1,73 @@
 //! `profiler fleet --event`: each kernel log event that matches, with the CPU that spent most
 //! samples in the kernel in the seconds before it and what ran there.
 //!
-//! Every event is answered by the same two reads: the per-CPU counts of all events'
-//! lookbacks, then the top stacks of each event's chosen CPU. Each sample row is given the
-//! events whose lookback holds it ([`event_of`]: several where two events of a node are less
-//! than [`EVENT_LOOKBACK_NS`] apart) and counted once per event. (Two reads per event, four
-//! events at a time, took 4.2 s for 100 events at 1,000 nodes: each joined the kernel flags of
-//! its own stacks, 18 MB of stack rows read a hundred times.)
+//! The seconds before an event are the [`EVENT_LOOKBACK_NS`] of whole seconds before the
+//! second it happened in: the store's resolution, and that of `cpu_seconds`, whose per-CPU
+//! kernel-mode counts (stacks with kernel frames, counted as each block was written) choose
+//! the CPU. Every event is answered by the same two reads, one `UNION ALL` branch per event
+//! (each finds its node by the primary key; 18.16 reads every row for a hundred `OR`ed
+//! nodes): the per-CPU counts, then the top stacks of each event's chosen CPU. (Two reads per
+//! event, each joining the kernel flags of its stacks from `samples`, took 4.2 s for 100
+//! events at 1,000 nodes: 18 MB of stack rows read a hundred times, and every CPU's rows of
+//! the node.)
 
 use std::collections::HashMap;
 
 use super::{EVENT_LOOKBACK_NS, EVENT_STACKS, EventAnswer, EventCause, MAX_EVENTS, Sql, Stacks, TopStack};
 use crate::{
-    fleet::{Fleet, FleetError, stack_text::Sources},
+    fleet::{Fleet, FleetError},
     ship::clickhouse::schema::{self, col::*},
     timespec,
 };
 
+const SEC: u64 = 1_000_000_000;
+
 /// `(event, cpu, kernel samples, samples)`.
 type CpuCounts = (usize, u32, u64, u64);
 
-/// The `arrayJoin` of the (0-based) events whose condition in `conds` a row meets: one row
-/// per event that holds it. Each condition is 0 or 1, so `cond * (i + 1)` names the event or
-/// is 0, and the zeros are filtered out.
-fn event_of(conds: &[String]) -> String {
-    let items: Vec<String> = conds.iter().enumerate().map(|(i, c)| format!("({c}) * {}", i + 1)).collect();
-    format!("arrayJoin(arrayFilter(x -> x != 0, [{}])) - 1", items.join(", "))
+/// `node = ... AND ts` in the whole seconds before `ts_ns`'s second.
+fn lookback(node: &str, ts_ns: u64) -> String {
+    let second = ts_ns / SEC * SEC;
+    Fleet::node_range(node, second.saturating_sub(EVENT_LOOKBACK_NS), second)
 }
 
-/// Rows meeting any of `conds` (the primary key `(node, cpu, ts)` finds each).
-fn any_of(conds: &[String]) -> String {
-    let items: Vec<String> = conds.iter().map(|c| format!("({c})")).collect();
-    items.join(" OR ")
-}
-
-/// `node = ... AND ts` in the lookback before `ts_ns`, and on `cpu` where given.
-fn lookback(node: &str, ts_ns: u64, cpu: Option<u32>) -> String {
-    let on = cpu.map(|c| format!(" AND {CPU} = {c}")).unwrap_or_default();
-    format!("{}{on}", Fleet::node_range(node, ts_ns.saturating_sub(EVENT_LOOKBACK_NS), ts_ns))
+/// One `SELECT` per event (`branch(i, event)`), each with its index as `ev`.
+fn union<T>(events: &[T], branch: impl Fn(usize, &T) -> String) -> String {
+    let parts: Vec<String> = events.iter().enumerate().map(|(i, e)| branch(i, e)).collect();
+    format!("({})", parts.join(" UNION ALL "))
 }
 
 impl Sql<'_> {
-    /// Per event of `events` (`(node, ts)`) and CPU, the kernel-mode samples (a stack with
-    /// kernel frames) and all samples in the lookback: `e, cpu, kn, n`. `GLOBAL`: on a cluster
-    /// `samples` and `stacks` are `Distributed`, and a subquery over one inside a query over
-    /// another is refused (`distributed_product_mode = 'deny'`); the initiator runs them once
-    /// and sends the result (the events' few seconds). Plain tables read `GLOBAL` as the local
-    /// form. The kernel flags from whichever tables hold stacks (`stack_text::Sources`).
-    pub fn event_cpus(&self, events: &[(&str, u64)], sources: &Sources) -> String {
-        let conds: Vec<String> = events.iter().map(|(node, ts)| lookback(node, *ts, None)).collect();
-        let any = any_of(&conds);
-        let samples = self.fleet.table(schema::SAMPLES);
-        let kernel = sources
-            .kernel_rows(self.fleet, &format!("{STACK_ID} GLOBAL IN (SELECT {STACK_ID} FROM {samples} WHERE {any})"));
+    /// Per event of `events` (`(node, ts)`) and CPU, the kernel-mode and busy samples of the
+    /// lookback, from `cpu_seconds` (a row sent twice counted once): `ev, cpu, kernel, busy`.
+    pub fn event_cpus(&self, events: &[(&str, u64)]) -> String {
+        let table = self.fleet.table(schema::CPU_SECONDS);
+        let rows = union(events, |i, (node, ts)| {
+            format!(
+                "SELECT toUInt32({i}) AS ev, {CPU}, {TS}, max({KERNEL}) AS kn, max({BUSY}) AS bs FROM {table} \
+                 WHERE {} GROUP BY {CPU}, {TS}",
+                lookback(node, *ts)
+            )
+        });
         format!(
-            "SELECT toUInt32({}) AS ev, toUInt32({CPU}), toUInt64(sumIf({COUNT}, k = 1)), toUInt64(sum({COUNT})) \
-             FROM {samples} GLOBAL ANY LEFT JOIN (SELECT {STACK_ID}, has(any({KERNEL}), 1) AS k FROM {kernel} \
-             GROUP BY {STACK_ID}) AS s USING {STACK_ID} WHERE {any} GROUP BY ev, {CPU} ORDER BY ev, {CPU}",
-            event_of(&conds)
+            "SELECT ev, toUInt32({CPU}), toUInt64(sum(kn)), toUInt64(sum(bs)) FROM {rows} GROUP BY ev, {CPU} \
+             ORDER BY ev, {CPU}"
         )
     }
 
-    /// Per event of `events` (`(node, ts, cpu)`), that CPU's top stacks in the lookback: `e,
+    /// Per event of `events` (`(node, ts, cpu)`), that CPU's top stacks in the lookback: `ev,
     /// comm, stack, n`, at most [`EVENT_STACKS`] per event.
     pub fn event_stacks(&self, events: &[(&str, u64, u32)]) -> String {
-        let conds: Vec<String> = events.iter().map(|(node, ts, cpu)| lookback(node, *ts, Some(*cpu))).collect();
+        let table = self.fleet.table(schema::SAMPLES);
+        let rows = union(events, |i, (node, ts, cpu)| {
+            format!(
+                "SELECT toUInt32({i}) AS ev, {COMM}, {STACK_ID}, {COUNT} FROM {table} WHERE {} AND {CPU} = {cpu}",
+                lookback(node, *ts)
+            )
+        });
         format!(
-            "SELECT toUInt32({}) AS ev, {COMM}, {STACK_ID}, toUInt64(sum({COUNT})) AS n FROM {} WHERE {} \
-             GROUP BY ev, {COMM}, {STACK_ID} ORDER BY ev, n DESC, {COMM}, {STACK_ID} LIMIT {EVENT_STACKS} BY ev",
-            event_of(&conds),
-            self.fleet.table(schema::SAMPLES),
-            any_of(&conds)
+            "SELECT ev, {COMM}, {STACK_ID}, toUInt64(sum({COUNT})) AS n FROM {rows} GROUP BY ev, {COMM}, {STACK_ID} \
+             ORDER BY ev, n DESC, {COMM}, {STACK_ID} LIMIT {EVENT_STACKS} BY ev"
         )
     }
 }
@@ -88,7 +85,8 @@ fn busiest(rows: &[CpuCounts]) -> HashMap<usize, (u32, u64, u64)> {
     best
 }
 
-pub(super) fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) -> Result<EventAnswer, FleetError> {
+pub(super) fn explain_events(sql: &Sql<'_>, pattern: &str) -> Result<EventAnswer, FleetError> {
+    let mut stacks = Stacks::default();
     let fleet = sql.fleet;
     let all = fleet.rows(&sql.matching_events(pattern), |r| {
         Ok((r.string()?.to_string(), r.u64()?, r.string()?.to_string(), r.string()?.to_string()))
@@ -100,10 +98,8 @@ pub(super) fn explain_events(sql: &Sql<'_>, pattern: &str, stacks: &mut Stacks) 
     let mut cpus = HashMap::new();
     let mut tops: HashMap<usize, Vec<(String, u64, u64)>> = HashMap::new();
     if !all.is_empty() {
-        let sources = Sources::of(fleet)?;
         let events: Vec<(&str, u64)> = all.iter().map(|(node, ts, ..)| (node.as_str(), *ts)).collect();
-        let rows = fleet
-            .rows(&sql.event_cpus(&events, &sources), |r| Ok((r.u32()? as usize, r.u32()?, r.u64()?, r.u64()?)))?;
+        let rows = fleet.rows(&sql.event_cpus(&events), |r| Ok((r.u32()? as usize, r.u32()?, r.u64()?, r.u64()?)))?;
         cpus = busiest(&rows);
         let chosen: Vec<(usize, (&str, u64, u32))> =
             events.iter().enumerate().filter_map(|(e, (node, ts))| Some((e, (*node, *ts, cpus.get(&e)?.0)))).collect();
@@ -162,14 +158,9 @@ mod tests {
     }
 
     #[test]
-    fn rows_are_given_the_events_whose_lookback_holds_them() {
-        let conds = vec![lookback("a'b", 20_000_000_000, None), lookback("c", 30_000_000_000, Some(7))];
-        assert_eq!(conds[0], "node = 'a\\'b' AND ts >= 15000000000 AND ts < 20000000000");
-        assert_eq!(conds[1], "node = 'c' AND ts >= 25000000000 AND ts < 30000000000 AND cpu = 7");
-        assert_eq!(
-            event_of(&conds),
-            format!("arrayJoin(arrayFilter(x -> x != 0, [({}) * 1, ({}) * 2])) - 1", conds[0], conds[1])
-        );
-        assert_eq!(any_of(&conds), format!("({}) OR ({})", conds[0], conds[1]));
+    fn each_event_is_a_branch_over_the_seconds_before_its_own() {
+        assert_eq!(lookback("a'b", 20_700_000_000), "node = 'a\\'b' AND ts >= 15000000000 AND ts < 20000000000");
+        let u = union(&[1, 2], |i, e| format!("SELECT {i} AS ev, {e}"));
+        assert_eq!(u, "(SELECT 0 AS ev, 1 UNION ALL SELECT 1 AS ev, 2)");
     }
 }
