@@ -35,7 +35,8 @@ fn a_window_ending_now_reads_its_last_hour_from_the_hours_and_answers_as_the_sto
     ship_with(&ch.url(), NODE, &data, &file, 86_400, || wait_shipped(&data, end));
 
     // The planner, as a read of the whole fleet to now sees it: the last piece is the hour that
-    // holds now, from the hourly rollup (nothing follows now in it).
+    // holds now, from the hourly rollup (nothing follows now in it); or, where the window holds
+    // the midnight before now (a read between 00:00 and 02:30 UTC), today from the daily one.
     let fleet = Fleet::new(&ch.url(), "profiler").unwrap();
     let now = now_secs() as u64 * SEC;
     let window = Window::new(start + 61 * SEC + SEC / 2, now).unwrap();
@@ -44,8 +45,11 @@ fn a_window_ending_now_reads_its_last_hour_from_the_hours_and_answers_as_the_sto
     let whole = Selection { nodes: Vec::new(), whole_fleet: true };
     let plan = rollup::plan(window, &Filter::default(), &whole, cover);
     let last = plan.last().unwrap();
-    let hour = rollup::HOUR_NS;
-    assert_eq!((last.source, last.window.to_ns), (Source::Hours, now.div_ceil(hour) * hour), "{plan:?}");
+    let (hour, day) = (rollup::HOUR_NS, 86_400 * SEC);
+    let midnight = now / day * day;
+    let today = midnight >= window.from_ns;
+    let want = if today { (Source::Days, midnight + day) } else { (Source::Hours, now.div_ceil(hour) * hour) };
+    assert_eq!((last.source, last.window.to_ns), want, "{plan:?}");
     // A window that ends 20 s before the data does: rows follow it, nothing is widened.
     let before = Window::new(window.from_ns, end - 20 * SEC - SEC / 4).unwrap();
     let cover = Coverage::read(&fleet, before).unwrap();
@@ -67,10 +71,14 @@ fn a_window_ending_now_reads_its_last_hour_from_the_hours_and_answers_as_the_sto
     assert!(total > 80_000, "{total} samples in the window");
     for node in [&[][..], &["--node", NODE][..]] {
         let (answer, note) = read(&[&["--clickhouse", &ch.url()][..], node].concat());
-        // The last hour's part from the hours (the only node is the whole fleet, so `--node`
-        // reads the fleet's tables too).
-        let hours = (now_secs() as u64 * SEC).div_ceil(hour) - window.from_ns.div_ceil(hour);
-        assert!(note.contains(&format!("samples_1h {hours}h 0m")), "{hours} hours: {note}");
+        // The last hour's part from the hours, or today's from the days (the only node is the
+        // whole fleet, so `--node` reads the fleet's tables too).
+        let last = if today { midnight / hour } else { (now_secs() as u64 * SEC).div_ceil(hour) };
+        let hours = last - window.from_ns.div_ceil(hour);
+        if hours > 0 {
+            assert!(note.contains(&format!("samples_1h {hours}h 0m")), "{hours} hours: {note}");
+        }
+        assert!(!today || note.contains("samples_1d 24h 0m"), "today from the days: {note}");
         assert!(
             store == answer,
             "{node:?}: the rollups' answer differs from the store's:\n--- store\n{}\n--- ClickHouse\n{}",
