@@ -137,8 +137,9 @@ pub struct EventCause {
     pub time: String,
     pub id: String,
     pub message: String,
-    /// The CPU with the most kernel-mode samples in the 5 s before (ties: most samples, then
-    /// the lowest number); `None` when the node has no samples there.
+    /// The CPU with the most kernel-mode samples in the 5 whole seconds before the event's
+    /// second (ties: most samples, then the lowest number); `None` when the node has no
+    /// per-CPU counts there.
     pub cpu: Option<u32>,
     pub cpu_kernel_samples: u64,
     pub cpu_samples: u64,
