@@ -160,7 +160,11 @@ impl Symbolizer {
             None => true,
         };
         if exec {
+            // Read as the exec event would have (it may come later, or have been lost).
             self.load_process(pid, comm, now);
+            if let Some(p) = self.processes.get_mut(&pid) {
+                p.read_at_exec = true;
+            }
         }
     }
 

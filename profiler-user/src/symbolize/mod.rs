@@ -97,6 +97,12 @@ const MAPS_REFRESH: Duration = Duration::from_secs(1);
 /// ...and at most this often when its maps are over a bound (see `maps`): reading them is what
 /// costs, and what is past the bound stays unknown anyway.
 const MAPS_REFRESH_OVER_BOUND: Duration = Duration::from_secs(30);
+/// Maps read as a process exec'd (or first met) are re-read at once on an address outside
+/// them, until one such read finds its address, at most this many times...
+const EXEC_REREADS: u8 = 8;
+/// ...within this long of the first read: the loader maps a program's libraries in its first
+/// milliseconds.
+const EXEC_SETTLE: Duration = Duration::from_secs(1);
 /// A stack with a frame nothing could name is answered from the cache this long, then resolved
 /// again (the maps may have been read before the loader mapped the library it points into).
 const UNRESOLVED_TTL: Duration = MAPS_REFRESH;
@@ -505,11 +511,15 @@ impl Symbolizer {
         };
         let mut mapping = maps::find(&process.maps, addr).cloned();
         let every = if process.over_bound { MAPS_REFRESH_OVER_BOUND } else { MAPS_REFRESH };
-        if mapping.is_none() && (process.read_at_exec || now.duration_since(process.read_at) >= every) {
+        let settling = process.read_at_exec
+            && process.exec_rereads < EXEC_REREADS
+            && now.duration_since(process.loaded_at) < EXEC_SETTLE;
+        if mapping.is_none() && (settling || now.duration_since(process.read_at) >= every) {
             // Something mapped since we looked (dlopen, a JIT, the loader after exec).
             let fresh = self.read_maps(pid, Some(addr));
             mapping = maps::find(&fresh.maps, addr).cloned();
-            if mapping.is_some() && !self.processes.get(&pid).is_some_and(|p| p.read_at_exec) {
+            // (What the loader maps as the program starts is not a `dlopen`.)
+            if mapping.is_some() && !settling {
                 self.mapped_since = Some(pid);
             }
             if let Some(p) = self.processes.get_mut(&pid) {
@@ -518,7 +528,9 @@ impl Symbolizer {
                 }
                 p.read_at = now;
                 p.over_bound = fresh.truncated;
-                p.read_at_exec = false;
+                // A made-up frame finds nothing: the next address outside re-reads again.
+                p.read_at_exec &= mapping.is_none();
+                p.exec_rereads = p.exec_rereads.saturating_add(1);
             }
         }
         let Some(mapping) = mapping else {

@@ -22,6 +22,12 @@ pub(super) struct Process {
     /// address outside them re-reads them at once (waiting `MAPS_REFRESH` left a stripped
     /// program's first third of a second with `[unknown]` for libc).
     pub(super) read_at_exec: bool,
+    /// Re-reads made for `read_at_exec` that did not find their address (a frame the walk
+    /// made up, before the loader mapped what the next frames need): the flag lasts for
+    /// [`super::EXEC_REREADS`] of them within [`super::EXEC_SETTLE`] of `loaded_at`.
+    pub(super) exec_rereads: u8,
+    /// When this image's maps were first read.
+    pub(super) loaded_at: Instant,
     pub(super) seen_at: Instant,
     /// When the sweep last looked at it (see `IDLE_RECHECK`).
     pub(super) checked_at: Instant,
@@ -47,6 +53,8 @@ impl Process {
             read_at: now,
             over_bound: read.truncated,
             read_at_exec: false,
+            exec_rereads: 0,
+            loaded_at: now,
             seen_at: now,
             checked_at: now,
             image,
