@@ -77,17 +77,6 @@ impl Sources {
         }
         format!(" AND ({})", parts.join(" OR "))
     }
-
-    /// A `FROM` of (`stack_id`, `kernel`) rows of the stacks meeting `where_` (`stack_id`
-    /// conditions), from whichever tables hold them.
-    pub fn kernel_rows(&self, fleet: &Fleet, where_: &str) -> String {
-        let of = |t: &str| format!("SELECT {STACK_ID}, {KERNEL} FROM {} WHERE {where_}", fleet.table(t));
-        match (self.dictionary, self.text || !self.dictionary) {
-            (true, true) => format!("({} UNION ALL {})", of(schema::STACK_FRAMES), of(schema::STACKS)),
-            (true, false) => format!("({})", of(schema::STACK_FRAMES)),
-            _ => format!("({})", of(schema::STACKS)),
-        }
-    }
 }
 
 /// A condition on a stack's frames that the server evaluates.
@@ -378,8 +367,5 @@ mod tests {
         assert!(!q.contains("`stacks`") && q.contains("kernel[length(kernel)] = 1"), "{q}");
         let old = Sources { dictionary: false, text: false };
         assert!(!old.only(&fleet, "S", Cond::KernelLeaf).contains("stack_frames"));
-        assert!(both.kernel_rows(&fleet, "1").contains(" UNION ALL "));
-        assert_eq!(new.kernel_rows(&fleet, "1"), "(SELECT stack_id, kernel FROM `p`.`stack_frames` WHERE 1)");
-        assert_eq!(old.kernel_rows(&fleet, "1"), "(SELECT stack_id, kernel FROM `p`.`stacks` WHERE 1)");
     }
 }
