@@ -356,3 +356,40 @@ fn a_stripped_program_is_named_by_module_offset_and_through_its_debug_link() {
         assert!(s.stacks.peek(&key).unwrap().until.is_none());
     }
 }
+
+/// Maps read as a process exec'd stay "just read" past a frame that points nowhere (a walk
+/// that made one up before the loader mapped what the next frames need): the next address
+/// outside them re-reads them at once, so a library mapped in between is named, not
+/// `[unknown]` until the next periodic read. What the loader maps then is not a `dlopen`.
+/// The times are given, not waited for: the re-reads depend on them alone.
+#[test]
+fn a_made_up_frame_after_exec_does_not_stop_the_next_reread() {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", "import sys; sys.stdin.readline(); import _ctypes; print(1, flush=True); sys.stdin.readline()"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let pid = child.id();
+    let mut s = Symbolizer::new();
+    text_of(pid, "python3");
+    s.note_exec(pid, "python3");
+    let loaded = s.processes[&pid].loaded_at;
+    let at = |ms| loaded + Duration::from_millis(ms);
+    // A made-up frame: the re-read finds nothing there.
+    assert!(Arc::ptr_eq(&s.user_frame(pid, 0x10, at(10)).0, &s.unknown));
+    // Then the library the next frame is in is mapped.
+    let mut stdin = child.stdin.take().expect("stdin");
+    writeln!(stdin).expect("the child reads");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("stdout")), &mut line)
+        .expect("the child imported _ctypes");
+    let lib = text_of(pid, "_ctypes");
+    let (name, location) = s.user_frame(pid, lib.start + 16, at(20));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!Arc::ptr_eq(&name, &s.unknown), "{name}: not read again 10 ms after a re-read");
+    assert!(location.file.contains("_ctypes"), "{}", location.file);
+    assert_eq!(s.take_mapped(), None, "mapped within its first second: counted as the loader's, not a dlopen");
+}
