@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use profiler_common::offcpu::state;
+
 /// A symbolized call stack, root first: user frames, then kernel frames.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Stack {
@@ -161,6 +163,58 @@ impl SampleKind {
     pub fn flamegraph_title(self, differential: bool) -> String {
         let what = self.label();
         if differential { format!("Differential {what} flamegraph") } else { format!("{what} flamegraph") }
+    }
+}
+
+/// The state a thread waited off its CPU in (the off-CPU recorder's rows, `--state`), named
+/// as the stacks' root frames name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OffState {
+    /// Runnable: preempted, waiting for a CPU.
+    Runnable,
+    /// Interruptible sleep: futex, poll/epoll, pipe or socket read, nanosleep.
+    Sleep,
+    /// Uninterruptible (D state): disk or network file system I/O, or a kernel lock.
+    Io,
+}
+
+impl OffState {
+    pub const ALL: [OffState; 3] = [Self::Runnable, Self::Sleep, Self::Io];
+
+    pub fn of(s: u32) -> Option<Self> {
+        match s {
+            state::RUNNABLE => Some(Self::Runnable),
+            state::SLEEP => Some(Self::Sleep),
+            state::IO => Some(Self::Io),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Runnable => "runnable",
+            Self::Sleep => "sleep",
+            Self::Io => "io",
+        }
+    }
+
+    /// The root frame of its stacks: `[off-cpu: io]`.
+    pub fn frame(self) -> &'static str {
+        match self {
+            Self::Runnable => "[off-cpu: runnable]",
+            Self::Sleep => "[off-cpu: sleep]",
+            Self::Io => "[off-cpu: io]",
+        }
+    }
+}
+
+impl std::str::FromStr for OffState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|k| k.name()).collect();
+            format!("state '{s}' is not one of {}", names.join(", "))
+        })
     }
 }
 

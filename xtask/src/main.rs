@@ -323,6 +323,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Test { args } => {
             setup::ensure()?;
             setup::ensure_test_tools()?;
+            // The CPythons of other distributions, in minimal roots.
+            python_roots::ensure()?;
             let bin = build(false)?;
             // `cargo xtask test crash`: a first argument naming a file of tests/tests/ runs that
             // file's integration tests (the rest of the arguments filter them), not the tests

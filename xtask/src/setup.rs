@@ -149,8 +149,6 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
     if output(Command::new("promtool").arg("--version")).is_none() {
         missing.push("prometheus");
     }
-    // The CPythons of other distributions, in minimal roots (`python_roots`).
-    crate::python_roots::ensure()?;
     if missing.is_empty() {
         return Ok(());
     }
@@ -158,11 +156,7 @@ pub fn ensure_test_tools() -> anyhow::Result<()> {
         "xtask: installing {} (Debian) for the UI, unwinder, symbolizer and alerting rules tests",
         missing.join(" ")
     );
-    run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
-    run(
-        Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),
-        "the test tools",
-    )
+    apt_install(&missing, "the test tools")
 }
 
 /// Installs Debian packages (the package lists updated first).
@@ -185,9 +179,5 @@ pub fn ensure_bench_tools() -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!("xtask: installing {} (Debian) for the benchmarks", missing.join(" and "));
-    run(Command::new("apt-get").args(["update", "-qq"]), "the Debian package lists")?;
-    run(
-        Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"),
-        "the benchmark tools",
-    )
+    apt_install(&missing, "the benchmark tools")
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::{detect::iostall::Wait, offcpu::OffState};
+use crate::{detect::iostall::Wait, model::OffState};
 use crate::{
     detect::{CpuSecond, Second},
     gpu_readings::{GpuInfo, GpuSecond, Inventory, ThreadDemand},

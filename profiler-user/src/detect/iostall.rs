@@ -14,7 +14,7 @@ use std::{
 use serde_json::json;
 
 use super::{Active, Kind, Severity, seconds::percent};
-use crate::{offcpu::OffState, store::format::NS_PER_SEC};
+use crate::{model::OffState, store::format::NS_PER_SEC};
 
 pub const WINDOW_SECS: u64 = 10;
 pub const IO_SHARE: f64 = 0.5;

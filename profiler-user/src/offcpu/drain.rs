@@ -3,7 +3,8 @@
 
 use std::{collections::BTreeSet, sync::Arc, time::Instant};
 
-use super::{OffState, Recorder, WaitOn, fs_of, waits_in};
+use super::{Recorder, WaitOn, fs_of, waits_in};
+use crate::model::OffState;
 use crate::{
     collect::Collector,
     detect::{Changes, cuda::python_line, gpu::waiting::on_queue, iostall::Wait},

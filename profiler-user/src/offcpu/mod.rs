@@ -19,7 +19,6 @@ use std::{
 };
 
 use lru::LruCache;
-use profiler_common::offcpu::state;
 
 use crate::{
     collect::{Collector, offcpu::Settings},
@@ -42,57 +41,6 @@ const STATUS_EVERY: Duration = Duration::from_secs(5);
 const STACKS_KEPT: usize = 1024;
 /// Rows held while the store cannot be written (three drains of full maps).
 const ROWS_HELD: usize = 3 * profiler_common::offcpu::OFFCPU_COUNTS_MAX as usize;
-
-/// A state to filter on (`--state`), named as the stacks' root frames name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OffState {
-    /// Runnable: preempted, waiting for a CPU.
-    Runnable,
-    /// Interruptible sleep: futex, poll/epoll, pipe or socket read, nanosleep.
-    Sleep,
-    /// Uninterruptible (D state): disk or network file system I/O, or a kernel lock.
-    Io,
-}
-
-impl OffState {
-    pub const ALL: [OffState; 3] = [Self::Runnable, Self::Sleep, Self::Io];
-
-    pub fn of(s: u32) -> Option<Self> {
-        match s {
-            state::RUNNABLE => Some(Self::Runnable),
-            state::SLEEP => Some(Self::Sleep),
-            state::IO => Some(Self::Io),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Runnable => "runnable",
-            Self::Sleep => "sleep",
-            Self::Io => "io",
-        }
-    }
-
-    /// The root frame of its stacks: `[off-cpu: io]`.
-    pub fn frame(self) -> &'static str {
-        match self {
-            Self::Runnable => "[off-cpu: runnable]",
-            Self::Sleep => "[off-cpu: sleep]",
-            Self::Io => "[off-cpu: io]",
-        }
-    }
-}
-
-impl std::str::FromStr for OffState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
-            let names: Vec<_> = Self::ALL.iter().map(|k| k.name()).collect();
-            format!("state '{s}' is not one of {}", names.join(", "))
-        })
-    }
-}
 
 /// Kernel functions that only say a thread went to sleep, not on what: the wait is named by
 /// the first frame under them (`pipe_read`, `futex_wait`, `ext4_file_read_iter`).

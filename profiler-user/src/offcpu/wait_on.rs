@@ -1,7 +1,8 @@
 //! What a waiting thread waited on (a lock, a pipe, a socket, a file...), read from the kernel
 //! frames of the stack it left in, and what `--state` selects.
 
-use super::{OffState, fs_of};
+use super::fs_of;
+use crate::model::OffState;
 use crate::model::Stack;
 
 /// What a waiting thread waited on, read from its kernel stack (the state alone says only

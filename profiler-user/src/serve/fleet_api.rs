@@ -63,14 +63,9 @@ impl FleetParams {
         if !(1..=MAX_ROWS).contains(&rows) {
             return Err(bad(format!("rows={rows} is out of range: the fleet page shows 1 to {MAX_ROWS} rows")));
         }
-        let nodes = node_patterns(pick(&self.nodes).unwrap_or(""));
+        let nodes = super::source::node_patterns(pick(&self.nodes).unwrap_or(""));
         Ok(board::Request { window, nodes, measure, group, rows })
     }
-}
-
-/// `a,b,gpu-*` as patterns (a node named with a comma cannot be asked this way).
-pub(super) fn node_patterns(list: &str) -> Vec<String> {
-    list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
 }
 
 pub(super) async fn fleet_api(State(s): State<Shared>, Query(p): Query<FleetParams>) -> Result<Response, Failure> {

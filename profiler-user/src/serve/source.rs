@@ -174,12 +174,15 @@ impl FleetSource {
     /// The nodes a request reads: one, or the fleet page's list or globs.
     fn selection(&self, asked: Option<&str>) -> Result<Selection, SourceError> {
         Ok(match asked {
-            Some(list) if list.contains([',', '*', '?']) => {
-                self.fleet.select(&super::fleet_api::node_patterns(list))?
-            }
+            Some(list) if list.contains([',', '*', '?']) => self.fleet.select(&node_patterns(list))?,
             _ => Selection { nodes: vec![self.fleet.node(Some(&self.resolve(asked)?))?], whole_fleet: false },
         })
     }
+}
+
+/// `a,b,gpu-*` as patterns (a node named with a comma cannot be asked this way).
+pub(super) fn node_patterns(list: &str) -> Vec<String> {
+    list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
 }
 
 #[cfg(test)]

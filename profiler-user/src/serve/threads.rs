@@ -1,6 +1,6 @@
 //! `/api/threads`: one process's threads over a window, each bucket of each thread split into
 //! running (its CPU samples, at the sampling frequency), runnable (preempted, waiting for a CPU),
-//! blocked in I/O and blocked otherwise (its off-CPU time by state, `offcpu::OffState`): the
+//! blocked in I/O and blocked otherwise (its off-CPU time by state, `model::OffState`): the
 //! page draws it as a strip a thread under the heatmap, on the same time axis. Bounded: at most
 //! [`MAX_COLUMNS`] buckets (a longer window gets longer buckets, said in `note`) and the
 //! [`MAX_THREADS`] threads with the most time in the window (the others counted).
@@ -19,8 +19,7 @@ use super::{
     source::SourceError,
 };
 use crate::{
-    model::SampleKind,
-    offcpu::OffState,
+    model::{OffState, SampleKind},
     query::{Filter, SampleRef, Window},
     timespec,
 };

@@ -23,7 +23,7 @@ use crate::{
     detect::{iostall::Wait, percent},
     gpu_readings::GpuSecond,
     interpreter::python,
-    offcpu::OffState,
+    model::OffState,
     store::format::NS_PER_SEC,
 };
 

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use super::rows::put_str;
+use super::binary::put_str;
 use crate::store::counters::{self, Select};
 
 /// A batch's counter rows.

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use super::rows::{put_len, put_str};
+use super::binary::{put_len, put_str};
 
 /// The id of a frame: XXH3-64 of its text (the name as stacks hold it). The same frame has the
 /// same id on every node and in every run. Two names that collide would show one name for the

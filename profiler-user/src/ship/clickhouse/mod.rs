@@ -3,6 +3,7 @@
 //! the store with a cursor persisted in the data directory: ClickHouse being slow, down or
 //! restarted costs lag, never samples, and sampling never waits for it.
 
+mod binary;
 mod config;
 mod counters;
 mod error;

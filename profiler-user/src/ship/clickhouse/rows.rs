@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{
+    binary::{put_len, put_str},
     frames::{self, NewFrames, Shipped},
     schema::col,
 };
@@ -29,23 +30,6 @@ pub fn stack_id(frames: &[(&str, bool)], locations: &[(&str, u64)]) -> u64 {
         }
     }
     h.digest()
-}
-
-pub(super) fn put_len(out: &mut Vec<u8>, mut n: usize) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
-pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
-    put_len(out, s.len());
-    out.extend_from_slice(s.as_bytes());
 }
 
 /// The samples of one insert, as columns: sent in ClickHouse's `Native` format (a column after
