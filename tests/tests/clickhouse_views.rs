@@ -111,3 +111,20 @@ fn the_record_of_views_runs_on_current_clickhouse() {
     assert_eq!(existing.lines().count(), views_made - 1);
     assert!(!existing.lines().any(|l| l == "cpu_5m_mv"), "dropped: {existing}");
 }
+
+/// What each rollup view on `samples` costs a current engine per sample (BENCHMARKS.md,
+/// "Ingest on a current engine"): the schema a server from 25.1 gets, measured by
+/// `xtask/src/bench/clickhouse_views.py` on chdb. A benchmark, not a test: `--ignored`.
+#[test]
+#[ignore]
+fn views_ingest_benchmark() {
+    let l = Layout { database: "p", cluster: None, ttl_secs: None, codecs: true };
+    let sql: String =
+        schema::statements_with(&l, RollupKeep::DEFAULT, true).iter().map(|s| s.replace('\n', " ") + "\n").collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("schema.sql");
+    std::fs::write(&file, sql).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../xtask/src/bench/clickhouse_views.py");
+    let status = std::process::Command::new("python3").arg(script).arg(&file).status().expect("python3 runs");
+    assert!(status.success(), "{script} failed");
+}
