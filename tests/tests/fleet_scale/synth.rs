@@ -399,14 +399,16 @@ pub fn signature_of(i: u64) -> Signature {
 }
 
 /// A CPU's role and how busy it is: the main thread on CPU 0, data loaders on up to 16 CPUs
-/// (half of a small node), the autograd thread beside them, daemons on the rest.
+/// (half of a small node), the autograd thread beside them, daemons on the rest; a saturated
+/// node's last CPU is kubelet's whatever else it would have run (on a node of 4 CPUs or fewer,
+/// a loader's or the autograd thread's: the signature was lost there).
 pub fn cpu_role(cpu: u32, cpus: u32, sig: Signature) -> (Role, f64) {
     let loaders = (cpus / 2).min(16);
     match cpu {
         0 => (Role::Main, 0.97),
+        c if c == cpus - 1 && sig == Signature::SaturatedMemcg => (Role::System, 0.99),
         c if c <= loaders => (Role::Loader, if sig == Signature::GpuStarved { 0.97 } else { 0.72 }),
         c if c == loaders + 1 => (Role::Autograd, if sig == Signature::GpuStarved { 0.1 } else { 0.5 }),
-        c if c == cpus - 1 && sig == Signature::SaturatedMemcg => (Role::System, 0.99),
         _ => (Role::System, 0.1),
     }
 }
