@@ -11,6 +11,8 @@ profiler-user/src/ship/clickhouse/schema.rs at the time of writing.
 """
 import os, subprocess, sys, time, urllib.request, urllib.parse, gzip, shutil, json
 
+from ingest_rows import source_table
+
 D = sys.argv[1]
 HTTP, TCP = 18123, 19000 + os.getpid() % 1000  # loopback only (config below)
 ROWS = int(os.environ.get("ROWS", "2000000"))
@@ -104,14 +106,7 @@ def main():
     p = start()
     try:
         q("CREATE DATABASE src")
-        # A 16-CPU node's samples: 99 Hz per CPU with jitter, 30 comms, 8 workloads (pod JSON), ~5,000 stacks Zipf-like.
-        q("CREATE TABLE src.s ENGINE = MergeTree ORDER BY n AS SELECT number AS n, 'node-0001' AS node, "
-          "toUInt64(1795392000000000000 + intDiv(number, 16) * 10101010 + (number % 16) * 631313 + rand() % 3000) AS ts, "
-          "toUInt16(number % 16) AS cpu, toUInt32(1000 + intDiv(number, 4000) % 40 * 37) AS pid, toUInt32(1000 + intDiv(number, 4000) % 40 * 37 + intDiv(number, 16000) % 4) AS tid, "
-          "concat('comm-', toString(intDiv(number, 4000) % 30)) AS comm, cityHash64(toUInt64(pow(rand(1) / 4294967295, 3) * 5000)) AS stack_id, "
-          "concat('{\"pod_namespace\":\"ns-', toString(intDiv(number, 4000) % 4), '\",\"pod_name\":\"trainer-7f9c-', toString(intDiv(number, 4000) % 8), "
-          "'\",\"pod_uid\":\"6f1c2a9e-0b3d-4c7e-9a51-', toString(intDiv(number, 4000) % 8), '\",\"container_name\":\"trainer\",\"container_id\":\"containerd://0d1e2f', toString(intDiv(number, 4000) % 8), '\"}') AS workload, "
-          f"toUInt32(1) AS count FROM numbers({ROWS})")
+        q(source_table("src.s", ROWS))
         batches = []
         for b in range(ROWS // BATCH):
             batches.append(q(f"SELECT node, ts, cpu, pid, tid, comm, stack_id, workload, count FROM src.s WHERE n >= {b * BATCH} AND n < {(b + 1) * BATCH} ORDER BY {SORT} FORMAT Native"))

@@ -19,6 +19,8 @@ into a `Null` table (the least of three), per configuration:
 import os, re, resource, sys, tempfile
 from chdb.session import Session
 
+from ingest_rows import source_table
+
 ROWS = int(os.environ.get("ROWS", "2000000"))
 BATCH = 500_000
 COLS = "node, ts, cpu, pid, tid, comm, stack_id, workload, count"
@@ -34,13 +36,7 @@ def main():
     s = Session(tempfile.mkdtemp(prefix="views"))
     q = lambda sql: s.query(sql, "TSV").bytes().decode().strip()
     q("CREATE DATABASE src")
-    q("CREATE TABLE src.s ENGINE = MergeTree ORDER BY n AS SELECT number AS n, 'node-0001' AS node, "
-      "toUInt64(1795392000000000000 + intDiv(number, 16) * 10101010 + (number % 16) * 631313 + rand() % 3000) AS ts, "
-      "toUInt16(number % 16) AS cpu, toUInt32(1000 + intDiv(number, 4000) % 40 * 37) AS pid, toUInt32(1000 + intDiv(number, 4000) % 40 * 37 + intDiv(number, 16000) % 4) AS tid, "
-      "concat('comm-', toString(intDiv(number, 4000) % 30)) AS comm, cityHash64(toUInt64(pow(rand(1) / 4294967295, 3) * 5000)) AS stack_id, "
-      "concat('{\"pod_namespace\":\"ns-', toString(intDiv(number, 4000) % 4), '\",\"pod_name\":\"trainer-7f9c-', toString(intDiv(number, 4000) % 8), "
-      "'\",\"pod_uid\":\"6f1c2a9e-0b3d-4c7e-9a51-', toString(intDiv(number, 4000) % 8), '\",\"container_name\":\"trainer\",\"container_id\":\"containerd://0d1e2f', toString(intDiv(number, 4000) % 8), '\"}') AS workload, "
-      f"toUInt32(1) AS count FROM numbers({ROWS})")
+    q(source_table("src.s", ROWS))
     tables = [st for st in stmts if st.startswith("CREATE TABLE")]
     views = [st for st in stmts if st.startswith("CREATE MATERIALIZED VIEW") and "FROM `p`.`samples` AS s" in st]
     samples = next(t for t in tables if "`p`.`samples` (" in t)
