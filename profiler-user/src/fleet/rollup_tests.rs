@@ -9,6 +9,17 @@ fn sel(whole_fleet: bool) -> Selection {
 
 const T0: u64 = 1_795_000_000 * 1_000_000_000 / HOUR_NS * HOUR_NS;
 
+/// The node and fleet minutes, ten minutes and hours from `from`; nothing else.
+fn covered(from: Option<u64>) -> Coverage {
+    Coverage {
+        minutes_from: from,
+        hours_from: from,
+        fleet_minutes_from: from,
+        fleet_ten_minutes_from: from,
+        ..Default::default()
+    }
+}
+
 fn w(a: u64, b: u64) -> Window {
     Window { from_ns: a, to_ns: b }
 }
@@ -179,17 +190,7 @@ fn the_nodes_of_a_stack_are_counted_from_node_hours_then_node_minutes_then_raw_r
 #[test]
 fn the_fleet_reads_its_class_tables_around_the_hours_and_some_nodes_do_not() {
     let all = Some(0);
-    let cover = Coverage {
-        minutes_from: all,
-        hours_from: all,
-        fleet_minutes_from: all,
-        fleet_ten_minutes_from: all,
-        days_from: None,
-        fleet_seconds_from: None,
-        node_hours_from: None,
-        quiet_until: None,
-        raw_empty_until: None,
-    };
+    let cover = covered(all);
     // 00:42:10 to 02:13:30: raw, fleet minutes to 00:50, 10 minutes to 01:00, an hour,
     // 10 minutes to 02:10, fleet minutes to 02:13, raw.
     let from = T0 + 42 * MINUTE_NS + 10_000_000_000;
@@ -237,17 +238,8 @@ fn the_fleet_reads_its_class_tables_around_the_hours_and_some_nodes_do_not() {
 #[test]
 fn the_fleet_reads_its_seconds_at_the_edges_and_raw_rows_only_within_a_second() {
     let all = Some(0);
-    let cover = Coverage {
-        minutes_from: all,
-        hours_from: all,
-        fleet_minutes_from: all,
-        fleet_ten_minutes_from: all,
-        days_from: all,
-        fleet_seconds_from: all,
-        node_hours_from: all,
-        quiet_until: None,
-        raw_empty_until: None,
-    };
+    // Every rollup but the quiet end and the empty start.
+    let cover = Coverage { days_from: all, fleet_seconds_from: all, node_hours_from: all, ..covered(all) };
     let m = |n: u64| T0 + n * MINUTE_NS;
     let s = |n: u64| T0 + n * SECOND_NS;
     // 00:42:10.25 to 00:51:03.5: raw to 00:42:11, seconds to 00:43, fleet minutes to
