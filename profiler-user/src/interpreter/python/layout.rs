@@ -206,8 +206,7 @@ impl std::fmt::Display for Version {
 pub(super) fn version_of(path: &str) -> Option<Version> {
     let name = path.rsplit('/').next()?;
     let rest = name.strip_prefix("libpython3.").or_else(|| name.strip_prefix("python3."))?;
-    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-    let after = &rest[digits.len()..];
+    let (digits, after) = rest.split_at(rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len()));
     let free_threaded = after.starts_with('t');
     let after = after.strip_prefix('t').unwrap_or(after);
     if !(after.is_empty() || after.starts_with('.') || after.starts_with('d') || after.starts_with('m')) {
