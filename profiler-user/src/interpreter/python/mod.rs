@@ -78,8 +78,7 @@ impl Runtime for CPython {
         // cloned: cloned as they were found, each clone waited for its count's cache miss in
         // turn (`crate::prefetch`). The others are made after, as before.
         let frames = merge::frames(words);
-        let found: Vec<Option<&Arc<str>>> =
-            frames.iter().map(|&(code, instr, _)| names.cached(pid, layout, code, instr)).collect();
+        let found = names.cached_all(pid, layout, &frames);
         found.iter().flatten().for_each(|n| crate::prefetch::arc_count(n));
         let found: Vec<Option<Arc<str>>> = found.into_iter().map(Option::<&Arc<str>>::cloned).collect();
         let python: Vec<(Arc<str>, bool)> = frames
