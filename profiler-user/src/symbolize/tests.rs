@@ -174,6 +174,31 @@ fn exited_processes_and_their_modules_are_forgotten() {
     assert_eq!(open_fds_on(&text.path), 0, "the evicted binary's file is closed");
 }
 
+/// The stack cache is walked only when an image it may hold stacks of is gone: one made since
+/// the last walk, or one that walk kept. Both kinds of exit must take their stacks with them.
+#[test]
+fn the_stacks_of_a_process_that_outlived_a_walk_go_when_it_exits() {
+    let mut s = Symbolizer::new();
+    let spawn = || std::process::Command::new("sleep").arg("30").spawn().expect("sleep runs");
+    let (mut kept, mut gone) = (spawn(), spawn());
+    for c in [&kept, &gone] {
+        let text = text_of(c.id(), "sleep");
+        s.stack(c.id(), "sleep", &[], &[text.start + 16]);
+    }
+    assert_eq!(s.stats().stacks, 2);
+    let now = Instant::now();
+    gone.kill().expect("kill sleep");
+    gone.wait().expect("reap sleep");
+    // A walk: `gone` was made since the last (none), and is gone; `kept` stays, in the walk.
+    s.sweep(now + EXITED_GRACE + Duration::from_secs(1));
+    assert_eq!((s.stats().processes, s.stats().stacks), (1, 1));
+    kept.kill().expect("kill sleep");
+    kept.wait().expect("reap sleep");
+    // No image made since: only `kept` being in the last walk says to walk again.
+    s.sweep(now + 2 * (EXITED_GRACE + PROCESS_TTL));
+    assert_eq!((s.stats().processes, s.stats().stacks), (0, 0));
+}
+
 #[test]
 fn process_cache_is_bounded() {
     let mut s = Symbolizer::new();

@@ -171,8 +171,9 @@ impl PyNames {
         self.cached_all(pid, layout, &[(code, instr, false)]).pop().flatten()
     }
 
-    /// The names [`Self::name`] would hand out, made already, for each of a stack's frames (`(code, instr, _)`, as `merge::frames`
-    /// gives them), in stages: the entries, then the lines, then the names. Each frame's
+    /// The names [`Self::name`] would hand out, made already, for each of a stack's frames
+    /// (`(code, instr, _)`, as `merge::frames` gives them), in stages: the entries, then the
+    /// lines, then the names. Each frame's
     /// look-up is a chain of cache misses (map, entry, line table, names); frame after frame,
     /// each chain waited for the one before (11 % of the daemon's CPU per Python sample), where
     /// stage by stage the misses of a whole stack overlap.
