@@ -173,10 +173,9 @@ impl PyNames {
 
     /// The names [`Self::name`] would hand out, made already, for each of a stack's frames
     /// (`(code, instr, _)`, as `merge::frames` gives them), in stages: the entries, then the
-    /// lines, then the names. Each frame's
-    /// look-up is a chain of cache misses (map, entry, line table, names); frame after frame,
-    /// each chain waited for the one before (11 % of the daemon's CPU per Python sample), where
-    /// stage by stage the misses of a whole stack overlap.
+    /// lines, then the names. Each frame's look-up is a chain of cache misses (map, entry, line
+    /// table, names); frame after frame, each chain waited for the one before (11 % of the
+    /// daemon's CPU per Python sample), where stage by stage the misses of a whole stack overlap.
     pub fn cached_all(&self, pid: u32, layout: &Layout, frames: &[(u64, u64, bool)]) -> Vec<Option<&Arc<str>>> {
         let entries: Vec<Option<&Cached>> =
             frames.iter().map(|&(code, _, _)| self.codes.get(&(pid, code)).map(|&slot| self.entry(slot))).collect();
